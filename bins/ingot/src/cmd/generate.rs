@@ -1,0 +1,210 @@
+//! `ingot generate`: stream a completion (or a chat) to stdout.
+
+use std::io::{BufRead, Write};
+
+use anyhow::Context;
+use clap::Args;
+use ingot_core::{SamplingParams, StopCriteria, TokenId};
+use ingot_engine::Generator;
+use ingot_tokenizer::{ChatMessage, ChatTemplate};
+
+use crate::model::{load_generator, ModelArgs};
+
+/// Flags of `ingot generate`.
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The prompt (read from stdin when absent and --chat is not given).
+    #[arg(long, short = 'p')]
+    prompt: Option<String>,
+    /// Treat the prompt as a user message and apply the model's chat
+    /// template; without --prompt, chat interactively (one line per turn).
+    #[arg(long)]
+    chat: bool,
+    /// System message for --chat (default: whatever the template does).
+    #[arg(long)]
+    system: Option<String>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+}
+
+/// Sampling flags, named as in the OpenAI API.
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    /// 0 is greedy (the default for this command).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Keep the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Nucleus mass.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Drop tokens below min_p × the top probability.
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    /// >1 discourages tokens already in prompt or output.
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    /// Penalty per occurrence in the output.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    frequency_penalty: f32,
+    /// Penalty for any occurrence in the output.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    presence_penalty: f32,
+    /// Seed for reproducible sampling.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Stop string (repeatable); never printed.
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Keep going past the end-of-sequence token.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Print each token's logprob and this many alternatives to stderr.
+    #[arg(long)]
+    logprobs: Option<usize>,
+}
+
+impl SamplingArgs {
+    fn params(&self) -> anyhow::Result<(SamplingParams, StopCriteria)> {
+        let params = SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            seed: self.seed,
+            logprobs: self.logprobs,
+        };
+        params.validate()?;
+        let stop = StopCriteria {
+            max_tokens: self.max_tokens,
+            stop_strings: self.stop.clone(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: self.ignore_eos,
+        };
+        Ok((params, stop))
+    }
+}
+
+/// Runs the command.
+pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+    let (params, stop) = args.sampling.params()?;
+    let mut gen = load_generator(&args.model)?;
+    if !args.chat {
+        let prompt = match &args.prompt {
+            Some(p) => p.clone(),
+            None => std::io::read_to_string(std::io::stdin())
+                .context("cannot read the prompt from stdin")?,
+        };
+        let ids = gen.tokenizer().encode(&prompt, true)?;
+        stream(
+            &mut gen,
+            ids,
+            &params,
+            &stop,
+            args.sampling.logprobs.is_some(),
+        )?;
+        return Ok(());
+    }
+    let template = chat_template(&gen)?;
+    let mut messages = Vec::new();
+    if let Some(system) = &args.system {
+        messages.push(ChatMessage::new("system", system));
+    }
+    if let Some(p) = &args.prompt {
+        messages.push(ChatMessage::new("user", p));
+        let ids = render(&gen, &template, &messages)?;
+        stream(
+            &mut gen,
+            ids,
+            &params,
+            &stop,
+            args.sampling.logprobs.is_some(),
+        )?;
+        return Ok(());
+    }
+    // Interactive: one line per user turn until EOF.
+    let stdin = std::io::stdin();
+    loop {
+        eprint!("> ");
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        messages.push(ChatMessage::new("user", line.trim_end()));
+        let ids = render(&gen, &template, &messages)?;
+        let reply = stream(
+            &mut gen,
+            ids,
+            &params,
+            &stop,
+            args.sampling.logprobs.is_some(),
+        )?;
+        messages.push(ChatMessage::new("assistant", &reply));
+    }
+}
+
+fn chat_template(gen: &Generator) -> anyhow::Result<ChatTemplate> {
+    ChatTemplate::for_tokenizer(gen.tokenizer())?
+        .context("this model has no chat template; use --prompt without --chat")
+}
+
+fn render(
+    gen: &Generator,
+    template: &ChatTemplate,
+    messages: &[ChatMessage],
+) -> anyhow::Result<Vec<TokenId>> {
+    let text = template.render(messages, true, None)?;
+    Ok(gen.tokenizer().encode(&text, false)?)
+}
+
+/// Generates and prints; returns the full text.
+fn stream(
+    gen: &mut Generator,
+    prompt: Vec<TokenId>,
+    params: &SamplingParams,
+    stop: &StopCriteria,
+    show_logprobs: bool,
+) -> anyhow::Result<String> {
+    let tokenizer = gen.tokenizer().clone();
+    let mut out = std::io::stdout().lock();
+    let mut text = String::new();
+    let mut io_result = Ok(());
+    gen.generate(prompt, params.clone(), stop.clone(), &mut |t| {
+        text.push_str(&t.text);
+        if io_result.is_ok() {
+            io_result = out.write_all(t.text.as_bytes()).and_then(|()| out.flush());
+        }
+        if show_logprobs {
+            let alts: Vec<String> = t
+                .sampled
+                .top_logprobs
+                .iter()
+                .map(|a| {
+                    format!(
+                        "{:?}={:.4}",
+                        tokenizer.id_to_token(a.token).unwrap_or_default(),
+                        a.logprob
+                    )
+                })
+                .collect();
+            eprintln!(
+                "[{} logprob={:.4} top: {}]",
+                t.sampled.token,
+                t.sampled.logprob,
+                alts.join(" ")
+            );
+        }
+    })?;
+    writeln!(out)?;
+    io_result?;
+    Ok(text)
+}

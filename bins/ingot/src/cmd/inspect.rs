@@ -1,0 +1,90 @@
+//! `ingot inspect`: what a model file is, without loading its weights.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::model;
+
+/// Flags of `ingot inspect`.
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    /// A GGUF file or a Hugging Face model directory.
+    path: PathBuf,
+}
+
+/// Runs the command.
+pub fn run(args: InspectArgs) -> anyhow::Result<()> {
+    let (files, tok) = model::open(&args.path, "auto")?;
+    let c = &files.config;
+    println!("path:            {}", args.path.display());
+    println!("format:          {}", files.format);
+    println!("architecture:    {}", c.architecture.name());
+    println!(
+        "parameters:      {} ({:.1} M)",
+        c.num_parameters(),
+        c.num_parameters() as f64 / 1e6
+    );
+    let dtypes: Vec<String> = files
+        .tensors
+        .dtype_summary()
+        .into_iter()
+        .map(|(t, n)| format!("{t} x{n}"))
+        .collect();
+    println!("tensor types:    {}", dtypes.join(", "));
+    println!("context length:  {}", c.max_context);
+    println!(
+        "shape:           {} layers, hidden {}, ffn {}, {} q heads / {} kv heads, head_dim {}",
+        c.num_layers, c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim
+    );
+    println!("vocab size:      {}", c.vocab_size);
+    println!(
+        "rope:            theta {} scaling {:?}",
+        c.rope.theta,
+        scaling_name(&c.rope.scaling)
+    );
+    println!(
+        "tied embeddings: {}, qkv bias: {}, qk norm: {}",
+        c.tie_word_embeddings, c.qkv_bias, c.qk_norm
+    );
+    println!("tokenizer:       {}", tok.kind());
+    let sp = tok.special_tokens();
+    let named = [
+        ("bos", &sp.bos),
+        ("eos", &sp.eos),
+        ("unk", &sp.unk),
+        ("pad", &sp.pad),
+    ];
+    let mut specials: Vec<String> = named
+        .iter()
+        .filter_map(|(name, t)| {
+            t.as_ref()
+                .map(|t| format!("{name}={:?} ({})", t.text, t.id))
+        })
+        .collect();
+    let stops: Vec<String> = sp
+        .stop
+        .iter()
+        .map(|t| format!("{:?} ({})", t.text, t.id))
+        .collect();
+    specials.push(format!("stop=[{}]", stops.join(", ")));
+    println!("special tokens:  {}", specials.join(", "));
+    println!(
+        "add bos/eos:     {}/{} ({} special tokens)",
+        sp.add_bos, sp.add_eos, sp.n_special
+    );
+    match tok.chat_template() {
+        Some(t) => println!("chat template:\n{t}"),
+        None => println!("chat template:   none"),
+    }
+    Ok(())
+}
+
+fn scaling_name(s: &ingot_models::RopeScaling) -> &'static str {
+    match s {
+        ingot_models::RopeScaling::None => "none",
+        ingot_models::RopeScaling::Linear { .. } => "linear",
+        ingot_models::RopeScaling::Llama3 { .. } => "llama3",
+        ingot_models::RopeScaling::FreqFactors(_) => "freq factors",
+    }
+}

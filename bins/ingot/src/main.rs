@@ -1,0 +1,54 @@
+//! `ingot`: the one binary. Subcommands: `generate`, `inspect`, `bench`.
+
+mod cmd;
+mod model;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// ingot: an LLM serving engine.
+#[derive(Parser)]
+#[command(version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt (or chat interactively) and stream it to stdout.
+    Generate(cmd::generate::GenerateArgs),
+    /// Print a model's architecture, size, tensor types, tokenizer and chat template.
+    Inspect(cmd::inspect::InspectArgs),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(cmd::bench::BenchCommand),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("INGOT_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(args) => cmd::generate::run(args),
+        Command::Inspect(args) => cmd::inspect::run(args),
+        Command::Bench(cmd) => cmd::bench::run(cmd),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line for the user; the chain joined with ": ".
+            eprintln!("error: {e:#}");
+            if std::env::var_os("RUST_BACKTRACE").is_some() {
+                eprintln!("{}", e.backtrace());
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

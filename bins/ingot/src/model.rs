@@ -1,0 +1,104 @@
+//! Opening a model and building a runner: the one place that picks a backend.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use ingot_engine::Generator;
+use ingot_models::{LlamaWeights, LoadFormat, ModelFiles};
+use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig};
+use ingot_tokenizer::Tokenizer;
+
+/// Flags shared by every command that loads a model.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// A GGUF file or a Hugging Face model directory.
+    #[arg(long, short = 'm', env = "INGOT_MODEL")]
+    pub model: PathBuf,
+    /// `auto` reads weights from the files; `dummy` makes random weights
+    /// of the configured shapes (benchmarks only).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "dummy"])]
+    pub load_format: String,
+    /// Worker threads for the CPU backend (default: all cores).
+    #[arg(long, env = "INGOT_THREADS")]
+    pub threads: Option<usize>,
+    /// Tokens of KV cache to allocate (default: the model's context length).
+    #[arg(long)]
+    pub kv_cache_tokens: Option<usize>,
+    /// Cap the context length below the model's.
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Longest prompt chunk per forward pass.
+    #[arg(long, default_value_t = 512)]
+    pub prefill_chunk: usize,
+}
+
+/// KV block size (token slots per block).
+pub const BLOCK_SIZE: usize = 16;
+
+/// Opens the model files and its tokenizer.
+pub fn open(path: &Path, load_format: &str) -> anyhow::Result<(ModelFiles, Arc<Tokenizer>)> {
+    let format = if load_format == "dummy" {
+        LoadFormat::Dummy
+    } else {
+        LoadFormat::Auto
+    };
+    let files = ingot_models::open(path, format)
+        .with_context(|| format!("cannot load model {}", path.display()))?;
+    let tokenizer = match (&files.gguf, &files.hf_dir) {
+        (Some(gguf), _) => Tokenizer::from_gguf(gguf),
+        (None, Some(dir)) => Tokenizer::from_hf_dir(dir),
+        (None, None) => anyhow::bail!("{} has no tokenizer", path.display()),
+    }
+    .with_context(|| format!("cannot load the tokenizer of {}", path.display()))?;
+    Ok((files, Arc::new(tokenizer)))
+}
+
+/// Loads weights onto the CPU backend and wraps it in a generator.
+pub fn load_generator(args: &ModelArgs) -> anyhow::Result<Generator> {
+    if let Some(n) = args.threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("cannot size the thread pool")?;
+    }
+    let (mut files, tokenizer) = open(&args.model, &args.load_format)?;
+    if let Some(len) = args.max_model_len {
+        files.config.max_context = files.config.max_context.min(len.max(1));
+    }
+    let config = files.config.clone();
+    let start = Instant::now();
+    let bar = ProgressBar::new(0).with_style(
+        ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} tensors")
+            .expect("static template. This is a bug.")
+            .progress_chars("=> "),
+    );
+    bar.set_message(files.format);
+    let weights = LlamaWeights::load(&config, files.tensors.as_ref(), &|done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })
+    .with_context(|| format!("cannot load weights of {}", args.model.display()))?;
+    bar.finish_and_clear();
+    let kv_tokens = args
+        .kv_cache_tokens
+        .unwrap_or(config.max_context)
+        .max(BLOCK_SIZE);
+    let runner = CpuRunner::new(
+        config,
+        weights,
+        CpuRunnerConfig {
+            num_blocks: kv_tokens.div_ceil(BLOCK_SIZE),
+            block_size: BLOCK_SIZE,
+        },
+    )?;
+    tracing::info!(elapsed = ?start.elapsed(), "model loaded");
+    Ok(Generator::new(
+        Box::new(runner),
+        tokenizer,
+        args.prefill_chunk,
+    ))
+}

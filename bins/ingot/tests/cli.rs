@@ -1,0 +1,243 @@
+//! End-to-end tests of the `ingot` binary on the real test model.
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn ingot(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ingot"))
+        .args(args)
+        .env("INGOT_THREADS", "2")
+        .output()
+        .expect("the ingot binary runs")
+}
+
+fn model() -> String {
+    ingot_testkit::smollm2_gguf().display().to_string()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A user error: non-zero exit, one `error:` line naming the problem, no panic.
+fn assert_clean_error(o: &Output, needle: &str) {
+    let err = stderr(o);
+    assert!(
+        !o.status.success(),
+        "expected failure, got success; stderr: {err}"
+    );
+    assert!(!err.contains("panicked"), "panic: {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "want one error line, got: {err}");
+    assert!(lines[0].starts_with("error: "), "{err}");
+    assert!(
+        lines[0].contains(needle),
+        "error should mention {needle:?}: {err}"
+    );
+}
+
+#[test]
+fn chat_answers_capital_of_france() {
+    let o = ingot(&[
+        "generate",
+        "--model",
+        &model(),
+        "--chat",
+        "--prompt",
+        "What is the capital of France?",
+        "--max-tokens",
+        "32",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("Paris"), "answer: {}", stdout(&o));
+}
+
+#[test]
+fn stop_string_is_not_printed_and_max_tokens_bounds_output() {
+    let o = ingot(&[
+        "generate",
+        "--model",
+        &model(),
+        "--prompt",
+        "The capital of France is",
+        "--stop",
+        ".",
+        "--max-tokens",
+        "20",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert_eq!(out.trim_end(), " Paris", "{out:?}");
+}
+
+#[test]
+fn seeded_sampling_is_reproducible() {
+    let run = |seed: &str| {
+        stdout(&ingot(&[
+            "generate",
+            "--model",
+            &model(),
+            "--prompt",
+            "Once upon a time",
+            "--temperature",
+            "0.9",
+            "--top-p",
+            "0.95",
+            "--seed",
+            seed,
+            "--max-tokens",
+            "24",
+        ]))
+    };
+    let a = run("42");
+    assert!(!a.trim().is_empty());
+    assert_eq!(a, run("42"));
+}
+
+#[test]
+fn inspect_reports_the_model() {
+    let o = ingot(&["inspect", &model()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for needle in [
+        "architecture:    llama",
+        "Q4_1",
+        "Q8_0",
+        "context length:  8192",
+        "vocab size:      49152",
+        "<|im_start|>",
+        "<|im_end|>",
+        "chat template:",
+        "gpt2",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in:\n{out}");
+    }
+    assert!(
+        out.contains("134.5 M") || out.contains("134.") || out.contains("135."),
+        "{out}"
+    );
+}
+
+#[test]
+fn bench_latency_reports_rates() {
+    let o = ingot(&[
+        "bench",
+        "latency",
+        "--model",
+        &model(),
+        "--input-len",
+        "16",
+        "--output-len",
+        "4",
+        "--num-iters",
+        "1",
+        "--num-iters-warmup",
+        "0",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).expect("json");
+    assert!(v["decode_tok_s"].as_f64().unwrap() > 0.0);
+    assert!(v["prefill_ms"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn missing_model_file_is_one_clear_line() {
+    let o = ingot(&[
+        "generate",
+        "--model",
+        "/nonexistent/model.gguf",
+        "--prompt",
+        "hi",
+    ]);
+    assert_clean_error(&o, "/nonexistent/model.gguf");
+}
+
+#[test]
+fn truncated_gguf_is_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let cut = dir.path().join("cut.gguf");
+    let bytes = std::fs::read(model()).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let o = ingot(&[
+        "generate",
+        "--model",
+        cut.to_str().unwrap(),
+        "--prompt",
+        "hi",
+    ]);
+    assert_clean_error(&o, "truncated");
+    let garbage = dir.path().join("garbage.gguf");
+    std::fs::write(&garbage, b"definitely not a gguf file").unwrap();
+    let o = ingot(&["inspect", garbage.to_str().unwrap()]);
+    assert_clean_error(&o, "GGUF");
+}
+
+fn hf_dir(dir: &Path, architecture: &str) -> PathBuf {
+    std::fs::write(
+        dir.join("config.json"),
+        format!(
+            r#"{{"architectures":["{architecture}"],"hidden_size":64,"intermediate_size":128,
+            "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"vocab_size":32}}"#
+        ),
+    )
+    .unwrap();
+    dir.to_path_buf()
+}
+
+#[test]
+fn unknown_architecture_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = hf_dir(dir.path(), "GPTBigCodeForCausalLM");
+    let o = ingot(&["inspect", d.to_str().unwrap()]);
+    assert_clean_error(&o, "GPTBigCodeForCausalLM");
+}
+
+#[test]
+fn corrupt_safetensors_is_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = hf_dir(dir.path(), "LlamaForCausalLM");
+    std::fs::write(
+        d.join("model.safetensors"),
+        b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}",
+    )
+    .unwrap();
+    let o = ingot(&["inspect", d.to_str().unwrap()]);
+    assert_clean_error(&o, "safetensors");
+}
+
+#[test]
+fn prompt_longer_than_context_is_rejected() {
+    let long = "word ".repeat(100);
+    let o = ingot(&[
+        "generate",
+        "--model",
+        &model(),
+        "--max-model-len",
+        "64",
+        "--prompt",
+        &long,
+        "--max-tokens",
+        "8",
+    ]);
+    assert_clean_error(&o, "context length of 64");
+}
+
+#[test]
+fn invalid_sampling_value_names_the_field() {
+    let o = ingot(&[
+        "generate",
+        "--model",
+        &model(),
+        "--prompt",
+        "hi",
+        "--top-p",
+        "1.5",
+    ]);
+    assert_clean_error(&o, "top_p");
+}

@@ -1,0 +1,259 @@
+//! The resolved decoder configuration: every field decided, no `Option`s.
+//!
+//! Built from a Hugging Face `config.json` ([`crate::hf`]) or GGUF metadata
+//! ([`crate::gguf_model`]); the rest of the engine only sees [`ModelConfig`].
+
+use crate::ModelError;
+
+/// Decoder families served by the one Llama-style decoder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    /// Llama 2/3.x, SmolLM2, TinyLlama.
+    Llama,
+    /// Mistral (Llama layout).
+    Mistral,
+    /// Qwen2 / Qwen2.5: bias on q/k/v.
+    Qwen2,
+    /// Qwen3: RMSNorm on q and k per head, no bias.
+    Qwen3,
+}
+
+impl Architecture {
+    /// Maps an HF `architectures[0]` or a GGUF `general.architecture` name.
+    pub fn from_name(name: &str) -> Result<Self, ModelError> {
+        Ok(match name {
+            "LlamaForCausalLM" | "llama" => Self::Llama,
+            "MistralForCausalLM" | "mistral" => Self::Mistral,
+            "Qwen2ForCausalLM" | "qwen2" => Self::Qwen2,
+            "Qwen3ForCausalLM" | "qwen3" => Self::Qwen3,
+            other => {
+                return Err(ModelError::UnsupportedArchitecture {
+                    name: other.to_string(),
+                })
+            }
+        })
+    }
+
+    /// Short display name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Mistral => "mistral",
+            Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+        }
+    }
+}
+
+/// How rotary frequencies are stretched for long contexts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    None,
+    /// Positions divided by `factor`.
+    Linear {
+        /// Stretch factor.
+        factor: f32,
+    },
+    /// Llama 3.1 wavelength-dependent scaling.
+    Llama3 {
+        /// Scale for low frequencies.
+        factor: f32,
+        /// Wavelength bound below which frequencies are scaled fully.
+        low_freq_factor: f32,
+        /// Wavelength bound above which frequencies are kept.
+        high_freq_factor: f32,
+        /// Context the model was pre-trained with.
+        original_max_position: usize,
+    },
+    /// Per-frequency divisors stored in the file (GGUF `rope_freqs.weight`).
+    FreqFactors(Vec<f32>),
+}
+
+/// Rotary position embedding parameters. Rotation is always applied in the
+/// Hugging Face "rotate half" layout; GGUF llama weights are un-permuted at load.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RopeConfig {
+    /// Base of the frequency geometric series.
+    pub theta: f32,
+    /// Long-context scaling.
+    pub scaling: RopeScaling,
+}
+
+impl RopeConfig {
+    /// Inverse frequencies, one per rotated pair (`head_dim / 2` values).
+    pub fn inv_freqs(&self, head_dim: usize) -> Vec<f32> {
+        let half = head_dim / 2;
+        (0..half)
+            .map(|i| {
+                let base = 1.0 / (self.theta as f64).powf(2.0 * i as f64 / head_dim as f64);
+                (match &self.scaling {
+                    RopeScaling::None => base,
+                    RopeScaling::Linear { factor } => base / *factor as f64,
+                    RopeScaling::FreqFactors(f) => base / f.get(i).copied().unwrap_or(1.0) as f64,
+                    RopeScaling::Llama3 {
+                        factor,
+                        low_freq_factor,
+                        high_freq_factor,
+                        original_max_position,
+                    } => llama3_scale(
+                        base,
+                        *factor as f64,
+                        *low_freq_factor as f64,
+                        *high_freq_factor as f64,
+                        *original_max_position as f64,
+                    ),
+                }) as f32
+            })
+            .collect()
+    }
+}
+
+/// Llama 3.1 rope scaling (see `_compute_llama3_parameters` in transformers).
+fn llama3_scale(inv_freq: f64, factor: f64, low: f64, high: f64, orig: f64) -> f64 {
+    let wavelen = 2.0 * std::f64::consts::PI / inv_freq;
+    let low_wavelen = orig / low;
+    let high_wavelen = orig / high;
+    if wavelen < high_wavelen {
+        inv_freq
+    } else if wavelen > low_wavelen {
+        inv_freq / factor
+    } else {
+        let smooth = (orig / wavelen - low) / (high - low);
+        (1.0 - smooth) * inv_freq / factor + smooth * inv_freq
+    }
+}
+
+/// A fully resolved decoder configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// Decoder family.
+    pub architecture: Architecture,
+    /// Model width.
+    pub hidden_size: usize,
+    /// Gated-MLP inner width.
+    pub intermediate_size: usize,
+    /// Decoder layers.
+    pub num_layers: usize,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads (GQA when smaller than `num_heads`).
+    pub num_kv_heads: usize,
+    /// Width of one attention head.
+    pub head_dim: usize,
+    /// Rows of the embedding table.
+    pub vocab_size: usize,
+    /// Longest supported sequence (prompt + generated).
+    pub max_context: usize,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f32,
+    /// Rotary embedding parameters.
+    pub rope: RopeConfig,
+    /// Bias on the q/k/v projections (Qwen2).
+    pub qkv_bias: bool,
+    /// RMSNorm on q and k per head (Qwen3).
+    pub qk_norm: bool,
+    /// The output projection reuses the embedding table.
+    pub tie_word_embeddings: bool,
+}
+
+impl ModelConfig {
+    /// Width of the query projection output.
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    /// Width of the key (and value) projection output.
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Checks the shape relations the forward pass relies on.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let bad = |msg: String| Err(ModelError::InvalidConfig(msg));
+        if self.hidden_size == 0 || self.num_layers == 0 || self.vocab_size == 0 {
+            return bad("hidden_size, num_layers and vocab_size must be non-zero".into());
+        }
+        if self.num_heads == 0 || self.num_kv_heads == 0 || !self.num_heads.is_multiple_of(self.num_kv_heads)
+        {
+            return bad(format!(
+                "num_heads ({}) must be a non-zero multiple of num_kv_heads ({})",
+                self.num_heads, self.num_kv_heads
+            ));
+        }
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
+            return bad(format!("head_dim must be even, got {}", self.head_dim));
+        }
+        if self.rope.theta.is_nan() || self.rope.theta <= 0.0 {
+            return bad(format!(
+                "rope theta must be positive, got {}",
+                self.rope.theta
+            ));
+        }
+        Ok(())
+    }
+
+    /// Parameter count of the decoder as configured.
+    pub fn num_parameters(&self) -> u64 {
+        let d = self.hidden_size as u64;
+        let attn = d * (self.q_dim() as u64) * 2 + d * (self.kv_dim() as u64) * 2;
+        let bias = if self.qkv_bias {
+            (self.q_dim() + 2 * self.kv_dim()) as u64
+        } else {
+            0
+        };
+        let qk_norm = if self.qk_norm {
+            2 * self.head_dim as u64
+        } else {
+            0
+        };
+        let mlp = 3 * d * self.intermediate_size as u64;
+        let layer = attn + bias + qk_norm + mlp + 2 * d;
+        let embed = self.vocab_size as u64 * d;
+        let head = if self.tie_word_embeddings { 0 } else { embed };
+        layer * self.num_layers as u64 + embed + head + d
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_inv_freqs() {
+        let r = RopeConfig {
+            theta: 10000.0,
+            scaling: RopeScaling::None,
+        };
+        let f = r.inv_freqs(8);
+        assert_eq!(f.len(), 4);
+        assert!((f[0] - 1.0).abs() < 1e-7);
+        assert!((f[1] - 0.1).abs() < 1e-7);
+    }
+
+    #[test]
+    fn llama3_scaling_keeps_high_and_divides_low_frequencies() {
+        let r = RopeConfig {
+            theta: 500000.0,
+            scaling: RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position: 8192,
+            },
+        };
+        let plain = RopeConfig {
+            theta: 500000.0,
+            scaling: RopeScaling::None,
+        };
+        let (a, b) = (r.inv_freqs(128), plain.inv_freqs(128));
+        assert_eq!(a[0], b[0]);
+        assert!((a[63] - b[63] / 8.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn unknown_architecture_is_named() {
+        let e = Architecture::from_name("GPTBigCodeForCausalLM").unwrap_err();
+        assert!(e.to_string().contains("GPTBigCodeForCausalLM"));
+    }
+}

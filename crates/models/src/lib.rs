@@ -1,0 +1,24 @@
+//! Model files and architectures: GGUF files and Hugging Face directories in,
+//! a resolved [`ModelConfig`] and host weights out.
+//!
+//! - [`gguf`]: the GGUF container (metadata, tensor infos, dequantization).
+//! - [`hf`]: Hugging Face `config.json` + safetensors (sharded or not).
+//! - [`gguf_model`]: GGUF metadata → config, GGUF tensor names → HF names.
+//! - [`llama`]: the weights of the Llama-family decoder.
+//! - [`dummy`]: random weights for benchmarking shapes without downloads.
+
+pub mod config;
+pub mod dummy;
+mod error;
+pub mod gguf;
+pub mod gguf_model;
+pub mod hf;
+pub mod llama;
+mod source;
+mod tensor;
+
+pub use config::{Architecture, ModelConfig, RopeConfig, RopeScaling};
+pub use error::ModelError;
+pub use llama::{LayerWeights, LlamaWeights};
+pub use source::{open, LoadFormat, ModelFiles, TensorSource};
+pub use tensor::HostTensor;

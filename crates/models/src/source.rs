@@ -1,0 +1,94 @@
+//! Opening a model: format detection and the [`TensorSource`] seam.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::gguf::GgufFile;
+use crate::{dummy, gguf_model, hf, HostTensor, ModelConfig, ModelError};
+
+/// Where weights come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LoadFormat {
+    /// Weights from the model files (GGUF or safetensors).
+    #[default]
+    Auto,
+    /// Random weights in the configured shapes (benchmarks only).
+    Dummy,
+}
+
+/// Named tensors, loaded on demand as f32 under Hugging Face names
+/// (`model.layers.0.self_attn.q_proj.weight`, ...).
+pub trait TensorSource: Send + Sync {
+    /// Loads one tensor by canonical name, converted to f32.
+    fn load(&self, name: &str) -> Result<HostTensor, ModelError>;
+    /// True when the tensor exists.
+    fn contains(&self, name: &str) -> bool;
+    /// Storage types with their tensor counts, for `ingot inspect`.
+    fn dtype_summary(&self) -> Vec<(String, usize)>;
+}
+
+/// An opened model: resolved config plus lazy access to its tensors.
+pub struct ModelFiles {
+    /// The path given by the user.
+    pub path: PathBuf,
+    /// The resolved decoder configuration.
+    pub config: ModelConfig,
+    /// "gguf", "safetensors" or "dummy".
+    pub format: &'static str,
+    /// The weights.
+    pub tensors: Box<dyn TensorSource>,
+    /// The GGUF file, when the model is one (its metadata holds the tokenizer).
+    pub gguf: Option<Arc<GgufFile>>,
+    /// The Hugging Face directory, when the model is one.
+    pub hf_dir: Option<PathBuf>,
+}
+
+/// Opens a GGUF file or a Hugging Face model directory.
+pub fn open(path: &Path, format: LoadFormat) -> Result<ModelFiles, ModelError> {
+    let meta = std::fs::metadata(path).map_err(|source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if meta.is_dir() || path.file_name().is_some_and(|n| n == "config.json") {
+        let dir = if meta.is_dir() {
+            path.to_path_buf()
+        } else {
+            path.parent().unwrap_or(Path::new(".")).to_path_buf()
+        };
+        if !dir.join("config.json").is_file() {
+            return Err(ModelError::UnknownFormat {
+                path: path.to_path_buf(),
+            });
+        }
+        let config = hf::load_config(&dir.join("config.json"))?;
+        let (format_name, tensors): (_, Box<dyn TensorSource>) = match format {
+            LoadFormat::Dummy => ("dummy", Box::new(dummy::DummySource::new(&config, 0))),
+            LoadFormat::Auto => ("safetensors", Box::new(hf::SafetensorsSource::open(&dir)?)),
+        };
+        return Ok(ModelFiles {
+            path: path.to_path_buf(),
+            config,
+            format: format_name,
+            tensors,
+            gguf: None,
+            hf_dir: Some(dir),
+        });
+    }
+    let gguf = Arc::new(GgufFile::open(path)?);
+    let config = gguf_model::config_from_gguf(&gguf)?;
+    let (format_name, tensors): (_, Box<dyn TensorSource>) = match format {
+        LoadFormat::Dummy => ("dummy", Box::new(dummy::DummySource::new(&config, 0))),
+        LoadFormat::Auto => (
+            "gguf",
+            Box::new(gguf_model::GgufSource::new(gguf.clone(), &config)),
+        ),
+    };
+    Ok(ModelFiles {
+        path: path.to_path_buf(),
+        config,
+        format: format_name,
+        tensors,
+        gguf: Some(gguf),
+        hf_dir: None,
+    })
+}

@@ -1,0 +1,28 @@
+//! A dense f32 tensor in host memory.
+
+/// Row-major f32 data with its shape (outermost dimension first, as in PyTorch).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostTensor {
+    /// Dimensions, outermost first.
+    pub shape: Vec<usize>,
+    /// `shape.iter().product()` values.
+    pub data: Vec<f32>,
+}
+
+impl HostTensor {
+    /// Wraps data; the caller guarantees `data.len()` matches `shape`.
+    pub fn new(shape: Vec<usize>, data: Vec<f32>) -> Self {
+        debug_assert_eq!(shape.iter().product::<usize>(), data.len());
+        Self { shape, data }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// True when the tensor holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+}

@@ -1,0 +1,323 @@
+//! [`ModelRunner`] on the CPU: the Llama-family decoder in f32.
+//!
+//! Weights are kept in f32, dequantized exactly at load. That costs 4 bytes
+//! per parameter of memory bandwidth per decoded token (bf16 would halve it),
+//! but makes this backend an exact reference: its logits match a plain f32
+//! forward pass to rounding, and the CUDA backend is checked against it.
+//! q/k/v and gate/up projections are fused into one GEMM each.
+
+mod attention;
+mod ops;
+
+use attention::{
+    paged_attention, AttentionShape, LayerKv, TokenSite, MAX_BLOCK_SIZE, MAX_HEAD_DIM,
+};
+use ingot_models::{LlamaWeights, ModelConfig};
+use ingot_runner::{ForwardBatch, KvCacheShape, ModelRunner, RunnerError};
+
+/// Sizes chosen by the caller.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuRunnerConfig {
+    /// KV blocks to allocate.
+    pub num_blocks: usize,
+    /// Token slots per block.
+    pub block_size: usize,
+}
+
+/// One decoder block with fused projections.
+struct Layer {
+    attn_norm: Vec<f32>,
+    /// `[q_dim + 2 * kv_dim, hidden]`: q, k, v rows stacked.
+    qkv: Vec<f32>,
+    qkv_bias: Option<Vec<f32>>,
+    qk_norm: Option<(Vec<f32>, Vec<f32>)>,
+    o_proj: Vec<f32>,
+    mlp_norm: Vec<f32>,
+    /// `[2 * intermediate, hidden]`: gate rows then up rows.
+    gate_up: Vec<f32>,
+    down: Vec<f32>,
+}
+
+/// Activation buffers, grown to the largest batch seen, never shrunk.
+#[derive(Default)]
+struct Workspace {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    qkv: Vec<f32>,
+    q: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+    gate_up: Vec<f32>,
+    act: Vec<f32>,
+    last: Vec<f32>,
+    logits: Vec<f32>,
+    positions: Vec<usize>,
+    slots: Vec<usize>,
+}
+
+fn grow(buf: &mut Vec<f32>, len: usize) {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+}
+
+/// The CPU backend.
+pub struct CpuRunner {
+    config: ModelConfig,
+    embed: Vec<f32>,
+    /// `None` when tied to `embed`.
+    lm_head: Option<Vec<f32>>,
+    norm: Vec<f32>,
+    layers: Vec<Layer>,
+    kv: Vec<LayerKv>,
+    kv_shape: KvCacheShape,
+    /// `[position, head_dim / 2]` tables.
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    ws: Workspace,
+}
+
+impl CpuRunner {
+    /// Takes ownership of the weights (fusing projections) and allocates the KV pool.
+    pub fn new(
+        config: ModelConfig,
+        weights: LlamaWeights,
+        opts: CpuRunnerConfig,
+    ) -> Result<Self, RunnerError> {
+        if config.head_dim > MAX_HEAD_DIM
+            || opts.block_size > MAX_BLOCK_SIZE
+            || opts.block_size == 0
+        {
+            return Err(RunnerError::Backend(format!(
+                "CPU attention supports head_dim <= {MAX_HEAD_DIM} and block_size in 1..={MAX_BLOCK_SIZE}"
+            )));
+        }
+        let layers = weights
+            .layers
+            .into_iter()
+            .map(|l| Layer {
+                attn_norm: l.attn_norm.data,
+                qkv: [l.q_proj.data, l.k_proj.data, l.v_proj.data].concat(),
+                qkv_bias: l
+                    .qkv_bias
+                    .map(|[q, k, v]| [q.data, k.data, v.data].concat()),
+                qk_norm: l.qk_norm.map(|[q, k]| (q.data, k.data)),
+                o_proj: l.o_proj.data,
+                mlp_norm: l.mlp_norm.data,
+                gate_up: [l.gate_proj.data, l.up_proj.data].concat(),
+                down: l.down_proj.data,
+            })
+            .collect();
+        let slots = opts.num_blocks * opts.block_size * config.kv_dim();
+        let kv = (0..config.num_layers)
+            .map(|_| LayerKv {
+                k: vec![0.0; slots],
+                v: vec![0.0; slots],
+            })
+            .collect();
+        let (cos, sin) = rope_tables(&config);
+        Ok(Self {
+            embed: weights.embed_tokens.data,
+            lm_head: weights.lm_head.map(|t| t.data),
+            norm: weights.norm.data,
+            layers,
+            kv,
+            kv_shape: KvCacheShape {
+                num_blocks: opts.num_blocks,
+                block_size: opts.block_size,
+            },
+            cos,
+            sin,
+            ws: Workspace::default(),
+            config,
+        })
+    }
+
+    /// Bytes of KV cache per token position (all layers, K and V).
+    pub fn kv_bytes_per_token(config: &ModelConfig) -> usize {
+        config.num_layers * 2 * config.kv_dim() * std::mem::size_of::<f32>()
+    }
+
+    fn check(&self, batch: &ForwardBatch<'_>) -> Result<(), RunnerError> {
+        let bs = self.kv_shape.block_size;
+        for c in &batch.chunks {
+            if c.tokens.is_empty() {
+                return Err(RunnerError::InvalidBatch("empty chunk".into()));
+            }
+            if c.end_pos() > self.config.max_context {
+                return Err(RunnerError::InvalidBatch(format!(
+                    "position {} exceeds the context length {}",
+                    c.end_pos(),
+                    self.config.max_context
+                )));
+            }
+            if c.block_table.len() * bs < c.end_pos() {
+                return Err(RunnerError::InvalidBatch(format!(
+                    "block table of {} blocks cannot hold {} positions",
+                    c.block_table.len(),
+                    c.end_pos()
+                )));
+            }
+            if let Some(&b) = c
+                .block_table
+                .iter()
+                .find(|&&b| b as usize >= self.kv_shape.num_blocks)
+            {
+                return Err(RunnerError::InvalidBatch(format!(
+                    "block {b} outside the pool"
+                )));
+            }
+            if let Some(&id) = c
+                .tokens
+                .iter()
+                .find(|&&t| t as usize >= self.config.vocab_size)
+            {
+                return Err(RunnerError::TokenOutOfRange {
+                    id,
+                    vocab_size: self.config.vocab_size,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// cos/sin of every (position, frequency) pair, computed in f64.
+fn rope_tables(config: &ModelConfig) -> (Vec<f32>, Vec<f32>) {
+    let inv = config.rope.inv_freqs(config.head_dim);
+    let n = config.max_context * inv.len();
+    let (mut cos, mut sin) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for pos in 0..config.max_context {
+        for &f in &inv {
+            let angle = pos as f64 * f as f64;
+            cos.push(angle.cos() as f32);
+            sin.push(angle.sin() as f32);
+        }
+    }
+    (cos, sin)
+}
+
+impl ModelRunner for CpuRunner {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn kv_cache_shape(&self) -> KvCacheShape {
+        self.kv_shape
+    }
+
+    fn device_name(&self) -> String {
+        format!("cpu ({} threads)", rayon::current_num_threads())
+    }
+
+    fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<&[f32], RunnerError> {
+        self.check(batch)?;
+        let c = &self.config;
+        let (d, qd, kvd, hd, ff) = (
+            c.hidden_size,
+            c.q_dim(),
+            c.kv_dim(),
+            c.head_dim,
+            c.intermediate_size,
+        );
+        let qkv_w = qd + 2 * kvd;
+        let t = batch.num_tokens();
+        let s = batch.chunks.len();
+        let bs = self.kv_shape.block_size;
+        let ws = &mut self.ws;
+        grow(&mut ws.x, t * d);
+        grow(&mut ws.xn, t * d);
+        grow(&mut ws.qkv, t * qkv_w);
+        grow(&mut ws.q, t * qd);
+        grow(&mut ws.attn, t * qd);
+        grow(&mut ws.proj, t * d);
+        grow(&mut ws.gate_up, t * 2 * ff);
+        grow(&mut ws.act, t * ff);
+        grow(&mut ws.last, s * d);
+        grow(&mut ws.logits, s * c.vocab_size);
+        ws.positions.clear();
+        ws.slots.clear();
+        let mut sites = Vec::with_capacity(t);
+        for chunk in &batch.chunks {
+            for (i, &tok) in chunk.tokens.iter().enumerate() {
+                let pos = chunk.start_pos + i;
+                ws.positions.push(pos);
+                ws.slots
+                    .push(chunk.block_table[pos / bs] as usize * bs + pos % bs);
+                let row = ws.positions.len() - 1;
+                ws.x[row * d..(row + 1) * d]
+                    .copy_from_slice(&self.embed[tok as usize * d..(tok as usize + 1) * d]);
+                sites.push(TokenSite {
+                    block_table: chunk.block_table,
+                    pos,
+                });
+            }
+        }
+        let shape = AttentionShape {
+            num_heads: c.num_heads,
+            num_kv_heads: c.num_kv_heads,
+            head_dim: hd,
+            block_size: bs,
+        };
+        let half = hd / 2;
+        for (layer, kv) in self.layers.iter().zip(self.kv.iter_mut()) {
+            ops::rms_norm(
+                &ws.x[..t * d],
+                &layer.attn_norm,
+                c.rms_norm_eps,
+                &mut ws.xn[..t * d],
+            );
+            ops::linear(&ws.xn, &layer.qkv, &mut ws.qkv, t, d, qkv_w);
+            if let Some(bias) = &layer.qkv_bias {
+                ops::add_bias(&mut ws.qkv[..t * qkv_w], bias);
+            }
+            for row in 0..t {
+                let r = &mut ws.qkv[row * qkv_w..(row + 1) * qkv_w];
+                let (q, rest) = r.split_at_mut(qd);
+                let (k, v) = rest.split_at_mut(kvd);
+                if let Some((qn, kn)) = &layer.qk_norm {
+                    ops::rms_norm_heads_in_place(q, qn, c.rms_norm_eps);
+                    ops::rms_norm_heads_in_place(k, kn, c.rms_norm_eps);
+                }
+                let p = ws.positions[row];
+                let (cos, sin) = (
+                    &self.cos[p * half..(p + 1) * half],
+                    &self.sin[p * half..(p + 1) * half],
+                );
+                ops::rope_in_place(q, hd, cos, sin);
+                ops::rope_in_place(k, hd, cos, sin);
+                let slot = ws.slots[row];
+                kv.k[slot * kvd..(slot + 1) * kvd].copy_from_slice(k);
+                kv.v[slot * kvd..(slot + 1) * kvd].copy_from_slice(v);
+                ws.q[row * qd..(row + 1) * qd].copy_from_slice(q);
+            }
+            paged_attention(shape, &ws.q[..t * qd], kv, &sites, &mut ws.attn[..t * qd]);
+            ops::linear(&ws.attn, &layer.o_proj, &mut ws.proj, t, qd, d);
+            ops::add_in_place(&mut ws.x[..t * d], &ws.proj[..t * d]);
+            ops::rms_norm(
+                &ws.x[..t * d],
+                &layer.mlp_norm,
+                c.rms_norm_eps,
+                &mut ws.xn[..t * d],
+            );
+            ops::linear(&ws.xn, &layer.gate_up, &mut ws.gate_up, t, d, 2 * ff);
+            ops::silu_mul(&ws.gate_up[..t * 2 * ff], &mut ws.act[..t * ff], ff);
+            ops::linear(&ws.act, &layer.down, &mut ws.proj, t, ff, d);
+            ops::add_in_place(&mut ws.x[..t * d], &ws.proj[..t * d]);
+        }
+        let mut end = 0;
+        for (i, chunk) in batch.chunks.iter().enumerate() {
+            end += chunk.tokens.len();
+            let row = end - 1;
+            ops::rms_norm_row(
+                &ws.x[row * d..(row + 1) * d],
+                &self.norm,
+                c.rms_norm_eps,
+                &mut ws.last[i * d..(i + 1) * d],
+            );
+        }
+        let head = self.lm_head.as_deref().unwrap_or(&self.embed);
+        ops::linear(&ws.last, head, &mut ws.logits, s, d, c.vocab_size);
+        Ok(&ws.logits[..s * c.vocab_size])
+    }
+}

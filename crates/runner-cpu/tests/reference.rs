@@ -1,0 +1,109 @@
+//! Exactness against an independent f32 reference (tests/reference/
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
+//! llama_reference.py, numpy + the `gguf` package): first-step logits within
+//! 1e-3 and 32 greedy tokens identical, for every committed fixture prompt.
+
+use ingot_kv_cache::{BlockPool, BlockTable};
+use ingot_models::{LlamaWeights, LoadFormat};
+use ingot_runner::{ForwardBatch, ModelRunner, SequenceChunk};
+use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig};
+use serde_json::Value;
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn read_f32(path: &std::path::Path) -> Vec<f32> {
+    std::fs::read(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+#[test]
+fn smollm2_matches_f32_reference() {
+    let files = ingot_models::open(&ingot_testkit::smollm2_gguf(), LoadFormat::Auto).unwrap();
+    let config = files.config.clone();
+    let weights = LlamaWeights::load(&config, files.tensors.as_ref(), &|_, _| {}).unwrap();
+    let block_size = 16;
+    let num_blocks = 64;
+    let mut runner = CpuRunner::new(
+        config,
+        weights,
+        CpuRunnerConfig {
+            num_blocks,
+            block_size,
+        },
+    )
+    .unwrap();
+    let mut pool = BlockPool::new(num_blocks, block_size);
+    let expected: Value = serde_json::from_str(
+        &std::fs::read_to_string(ingot_testkit::fixture("smollm2/expected.json")).unwrap(),
+    )
+    .unwrap();
+    let cases = expected.as_array().unwrap();
+    assert!(cases.len() >= 8, "need at least 8 fixture prompts");
+    let ids = |v: &Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let mut failures = Vec::new();
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let prompt = ids(&case["prompt_ids"]);
+        let want = ids(&case["greedy_ids"]);
+        let ref_logits = read_f32(&ingot_testkit::fixture(&format!(
+            "smollm2/{}",
+            case["logits_file"].as_str().unwrap()
+        )));
+        let mut table = BlockTable::new();
+        table.reserve(&mut pool, prompt.len() + want.len()).unwrap();
+        let mut tokens = prompt.clone();
+        let mut got = Vec::new();
+        let mut pos = 0;
+        while got.len() < want.len() {
+            let batch = ForwardBatch {
+                chunks: vec![SequenceChunk {
+                    tokens: &tokens[pos..],
+                    start_pos: pos,
+                    block_table: table.blocks(),
+                }],
+            };
+            let logits = runner.forward(&batch).unwrap();
+            if pos == 0 {
+                let max_err = logits
+                    .iter()
+                    .zip(&ref_logits)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert_eq!(logits.len(), ref_logits.len());
+                assert!(
+                    max_err < 1e-3,
+                    "{name}: first-step logits max abs error {max_err}"
+                );
+            }
+            pos = tokens.len();
+            let next = argmax(logits);
+            got.push(next);
+            tokens.push(next);
+        }
+        table.release(&mut pool);
+        if got != want {
+            let at = got.iter().zip(&want).position(|(a, b)| a != b);
+            failures.push(format!(
+                "{name}: diverged at step {at:?}: got {got:?}, want {want:?}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -1,0 +1,49 @@
+//! Test fixtures shared by the workspace's test suites: paths to the real
+//! test model and reference data, fetched on first use by the repo's scripts.
+//! Dev-dependency only.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The workspace root (where `scripts/` and `tests/fixtures/` live).
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("the workspace root exists. This is a bug.")
+}
+
+/// Runs a fetch script from `scripts/` and returns the path it prints.
+///
+/// Panics with the script's stderr when it fails (no network, checksum
+/// mismatch): tests that need real assets must fail loudly, never skip.
+pub fn fetched(script: &str) -> PathBuf {
+    let path = workspace_root().join("scripts").join(script);
+    let out = Command::new(&path)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", path.display()));
+    assert!(
+        out.status.success(),
+        "{} failed (is the network reachable?):\n{}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    let last = printed
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    PathBuf::from(last)
+}
+
+/// The default test model, SmolLM2-135M-Instruct Q4_1 GGUF.
+pub fn smollm2_gguf() -> PathBuf {
+    fetched("fetch-test-model")
+}
+
+/// `tests/fixtures/<rel>` under the workspace root.
+pub fn fixture(rel: &str) -> PathBuf {
+    workspace_root().join("tests/fixtures").join(rel)
+}
