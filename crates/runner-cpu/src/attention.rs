@@ -4,6 +4,8 @@
 
 use rayon::prelude::*;
 
+use crate::simd::{dot_fn, DotFn};
+
 /// Largest head width the stack buffers hold.
 pub const MAX_HEAD_DIM: usize = 512;
 /// Largest KV block the stack buffers hold.
@@ -51,10 +53,11 @@ pub fn paged_attention(
     let hd = shape.head_dim;
     let group = shape.num_heads / shape.num_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
+    let dot = dot_fn();
     out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
         let (t, h) = (idx / shape.num_heads, idx % shape.num_heads);
         let qh = &q[idx * hd..(idx + 1) * hd];
-        attend_one(shape, qh, kv, sites[t], h / group, scale, o);
+        attend_one(shape, qh, kv, sites[t], (h / group, scale), dot, o);
     });
 }
 
@@ -63,8 +66,8 @@ fn attend_one(
     q: &[f32],
     kv: &LayerKv,
     site: TokenSite<'_>,
-    kv_head: usize,
-    scale: f32,
+    (kv_head, scale): (usize, f32),
+    dot: DotFn,
     out: &mut [f32],
 ) {
     let hd = shape.head_dim;
@@ -104,23 +107,6 @@ fn attend_one(
     for (o, a) in out.iter_mut().zip(acc.iter()) {
         *o = a * inv;
     }
-}
-
-/// Dot product with eight independent accumulators (lets the compiler vectorise).
-#[inline]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
-        for l in 0..8 {
-            acc[l] += a[c * 8 + l] * b[c * 8 + l];
-        }
-    }
-    let mut sum: f32 = acc.iter().sum();
-    for i in chunks * 8..a.len() {
-        sum += a[i] * b[i];
-    }
-    sum
 }
 
 #[cfg(test)]

@@ -4,10 +4,14 @@
 //! per parameter of memory bandwidth per decoded token (bf16 would halve it),
 //! but makes this backend an exact reference: its logits match a plain f32
 //! forward pass to rounding, and the CUDA backend is checked against it.
-//! q/k/v and gate/up projections are fused into one GEMM each.
+//! q/k/v and gate/up projections are fused into one matmul each. Every
+//! kernel is batch-invariant (see [`matmul`]): a sequence's logits are
+//! bit-identical whatever it is batched with.
 
 mod attention;
+pub mod matmul;
 mod ops;
+mod simd;
 
 use attention::{
     paged_attention, AttentionShape, LayerKv, TokenSite, MAX_BLOCK_SIZE, MAX_HEAD_DIM,

@@ -1,44 +1,9 @@
 //! f32 kernels of the CPU forward pass. Row-major throughout; parallel over
 //! rows with rayon; no allocation.
 
-use gemm::Parallelism;
 use rayon::prelude::*;
 
-/// `out[m, n] = x[m, k] · w[n, k]ᵀ` (a PyTorch linear layer without bias).
-pub fn linear(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
-    assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
-    let threads = rayon::current_num_threads();
-    let parallelism = if threads > 1 && m * n * k > 1 << 16 {
-        Parallelism::Rayon(threads)
-    } else {
-        Parallelism::None
-    };
-    // SAFETY: the asserts above bound every index gemm touches: lhs is
-    // m×k with row stride k, rhs is wᵀ (k×n, column stride k), dst is m×n.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            x.as_ptr(),
-            1,
-            k as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism,
-        );
-    }
-}
+pub use crate::matmul::linear;
 
 /// Adds `bias` to every row of `x`.
 pub fn add_bias(x: &mut [f32], bias: &[f32]) {
