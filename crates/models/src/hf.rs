@@ -35,6 +35,18 @@ struct RawConfig {
     #[serde(default)]
     tie_word_embeddings: bool,
     attention_bias: Option<bool>,
+    hidden_act: Option<String>,
+    sliding_window: Option<usize>,
+    use_sliding_window: Option<bool>,
+}
+
+/// Just enough of `config.json` to name the architecture before the rest
+/// is parsed, so an unsupported model is reported as such.
+#[derive(Debug, Deserialize)]
+struct ArchitectureOnly {
+    #[serde(default)]
+    architectures: Vec<String>,
+    model_type: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -72,10 +84,14 @@ pub fn load_config(path: &Path) -> Result<ModelConfig, ModelError> {
         path: path.to_path_buf(),
         source,
     })?;
-    let raw: RawConfig = serde_json::from_str(&text).map_err(|e| ModelError::ConfigFile {
+    let bad = |e: serde_json::Error| ModelError::ConfigFile {
         path: path.to_path_buf(),
         message: e.to_string(),
-    })?;
+    };
+    let arch: ArchitectureOnly = serde_json::from_str(&text).map_err(bad)?;
+    let name = arch.architectures.first().cloned().or(arch.model_type);
+    Architecture::from_name(name.as_deref().unwrap_or("unknown"))?;
+    let raw: RawConfig = serde_json::from_str(&text).map_err(bad)?;
     resolve(raw)
 }
 
@@ -98,7 +114,11 @@ fn resolve(raw: RawConfig) -> Result<ModelConfig, ModelError> {
                 factor: s.factor as f32,
                 low_freq_factor: s.low_freq_factor as f32,
                 high_freq_factor: s.high_freq_factor as f32,
-                original_max_position: s.original_max_position_embeddings.unwrap_or(8192),
+                original_max_position: s.original_max_position_embeddings.ok_or_else(|| {
+                    ModelError::InvalidConfig(
+                        "llama3 rope_scaling needs original_max_position_embeddings".into(),
+                    )
+                })?,
             },
             other => {
                 return Err(ModelError::InvalidConfig(format!(
@@ -107,6 +127,33 @@ fn resolve(raw: RawConfig) -> Result<ModelConfig, ModelError> {
             }
         },
     };
+    if let Some(act) = raw.hidden_act.as_deref().filter(|a| *a != "silu") {
+        return Err(ModelError::InvalidConfig(format!(
+            "hidden_act '{act}' is not supported (only silu)"
+        )));
+    }
+    // Llama/Mistral/Qwen3 `attention_bias` also adds an o_proj bias, which
+    // this decoder does not have; refuse rather than compute the wrong thing.
+    if raw.attention_bias == Some(true) && architecture != Architecture::Qwen2 {
+        return Err(ModelError::InvalidConfig(
+            "attention_bias=true (biased o_proj) is not supported for this architecture".into(),
+        ));
+    }
+    let mut max_context = raw.max_position_embeddings;
+    // Sliding-window attention is not implemented: serve only the context
+    // where it equals full attention.
+    if let Some(window) = raw
+        .sliding_window
+        .filter(|_| raw.use_sliding_window != Some(false))
+    {
+        if architecture == Architecture::Mistral && window < max_context {
+            tracing::warn!(
+                window,
+                "sliding window attention: capping the context at the window"
+            );
+            max_context = window;
+        }
+    }
     let heads = raw.num_attention_heads;
     let config = ModelConfig {
         architecture,
@@ -119,7 +166,7 @@ fn resolve(raw: RawConfig) -> Result<ModelConfig, ModelError> {
             .head_dim
             .unwrap_or(raw.hidden_size.checked_div(heads).unwrap_or(0)),
         vocab_size: raw.vocab_size,
-        max_context: raw.max_position_embeddings,
+        max_context,
         rms_norm_eps: raw.rms_norm_eps as f32,
         rope: RopeConfig {
             theta: raw.rope_theta as f32,
