@@ -237,7 +237,8 @@ def main():
         text = prompt_text(model, tok, kind, prompt)
         ids = tok.encode(text)
         _, out, margins = generate(model, ids, args.n)
-        print(json.dumps({"prompt_ids": ids, "greedy_ids": out, "min_margin": min(margins)}))
+        print(json.dumps({"prompt_ids": ids, "greedy_ids": out, "min_margin": min(margins),
+                          "greedy_text": tok.decode(out)}, ensure_ascii=False))
         print(repr(text + tok.decode(out)) if kind == "chat" else repr(tok.decode(ids + out)))
         return
 
@@ -245,7 +246,7 @@ def main():
         prompts = json.load(f)
     check = Llama(args.model, np.float64) if args.verify else None
     os.makedirs(args.out, exist_ok=True)
-    expected, worst = [], 0.0
+    expected, worst, diverged = [], 0.0, []
     for p in prompts:
         t1 = time.time()
         text = prompt_text(model, tok, p["kind"], p["prompt"])
@@ -266,6 +267,7 @@ def main():
             same = out == out64
             msg += f" | f64: greedy {'same' if same else 'DIVERGES'}, logits max|diff| {diff:.3e}"
             if not same:
+                diverged.append(p["name"])
                 k = next(i for i, (a, b) in enumerate(zip(out, out64)) if a != b)
                 msg += f" at step {k} (f32 margin {margins[k]:.4g}, f64 margin {margins64[k]:.4g})"
         print(msg, file=sys.stderr)
@@ -275,6 +277,8 @@ def main():
     if check is not None:
         print(f"max |f32 - f64| first-step logits over all prompts: {worst:.3e}", file=sys.stderr)
     print(f"total {time.time() - t0:.1f}s", file=sys.stderr)
+    if diverged:
+        sys.exit(f"f32 and f64 greedy tokens diverge for: {', '.join(diverged)}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ fn ingot(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ingot"))
         .args(args)
         .env("INGOT_THREADS", "2")
+        .env_remove("RUST_BACKTRACE")
         .output()
         .expect("the ingot binary runs")
 }

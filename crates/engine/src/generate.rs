@@ -46,7 +46,7 @@ impl Generator {
     ) -> Self {
         let shape = runner.kv_cache_shape();
         Self {
-            pool: BlockPool::new(shape.num_blocks, shape.block_size),
+            pool: BlockPool::new(shape.num_blocks, shape.block_size, false),
             runner,
             tokenizer,
             prefill_chunk: prefill_chunk.max(1),
@@ -95,7 +95,7 @@ impl Generator {
             max_context,
         );
         let result = self.run(&mut seq, &mut stats, on_token);
-        seq.block_table.release(&mut self.pool);
+        self.pool.release(&mut seq.block_table);
         result.map(|()| stats)
     }
 
@@ -111,8 +111,8 @@ impl Generator {
             let step_start = Instant::now();
             let pending = seq.pending_tokens();
             let n = pending.len().min(self.prefill_chunk);
-            seq.block_table
-                .reserve(&mut self.pool, seq.num_computed + n)?;
+            self.pool
+                .reserve(&mut seq.block_table, seq.num_computed + n)?;
             let batch = ForwardBatch {
                 chunks: vec![SequenceChunk {
                     tokens: &pending[..n],

@@ -1,11 +1,24 @@
-//! Paged KV-cache bookkeeping: a pool of fixed-size blocks and per-sequence
-//! block tables. Pure CPU state: no tensors, no clocks, no threads. The
-//! runner owns the memory; this crate only decides which block holds which
-//! positions (PagedAttention, <https://arxiv.org/abs/2309.06180>).
+//! Paged KV-cache bookkeeping: a pool of fixed-size blocks, per-sequence
+//! block tables and automatic prefix caching. Pure CPU state: no tensors,
+//! no clocks, no threads. The runner owns the memory; this crate decides
+//! which block holds which positions (PagedAttention,
+//! <https://arxiv.org/abs/2309.06180>).
 //!
-//! Invariants: a block id is either in the free list or owned by exactly one
-//! table; `allocate`/`free` are O(1).
+//! Prefix caching (as in vLLM's automatic prefix caching): a *full* block is
+//! named by a hash chained over (parent block's hash, its token ids), so a
+//! name identifies the whole prefix up to the block's end. When a sequence
+//! finishes, its named blocks keep their contents and become *evictable*;
+//! a later sequence whose prompt starts with the same tokens takes them back
+//! instead of recomputing. Evictable blocks are reclaimed least recently
+//! used first, only when a free block is needed.
+//!
+//! Invariants: every block is exactly one of free (no name), in use
+//! (ref count > 0) or evictable (ref count 0, named, in the LRU); a name maps
+//! to at most one block. Allocation, free and lookup are O(1) amortised
+//! (LRU removal is O(log n)).
 
+mod hash;
 mod pool;
 
-pub use pool::{BlockId, BlockPool, BlockTable, OutOfBlocks};
+pub use hash::BlockHash;
+pub use pool::{BlockId, BlockPool, BlockTable, OutOfBlocks, PrefixCacheStats};

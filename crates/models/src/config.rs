@@ -174,7 +174,9 @@ impl ModelConfig {
         if self.hidden_size == 0 || self.num_layers == 0 || self.vocab_size == 0 {
             return bad("hidden_size, num_layers and vocab_size must be non-zero".into());
         }
-        if self.num_heads == 0 || self.num_kv_heads == 0 || !self.num_heads.is_multiple_of(self.num_kv_heads)
+        if self.num_heads == 0
+            || self.num_kv_heads == 0
+            || !self.num_heads.is_multiple_of(self.num_kv_heads)
         {
             return bad(format!(
                 "num_heads ({}) must be a non-zero multiple of num_kv_heads ({})",

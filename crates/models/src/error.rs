@@ -9,7 +9,7 @@ use crate::gguf::GgufError;
 #[non_exhaustive]
 pub enum ModelError {
     /// A file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {}", path.display())]
     Io {
         /// The file.
         path: PathBuf,

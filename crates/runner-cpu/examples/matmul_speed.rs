@@ -4,7 +4,12 @@
 use std::time::Instant;
 
 fn main() {
-    for (m, k, n) in [(512, 576, 1536), (128, 576, 3072), (1, 576, 3072), (16, 576, 3072)] {
+    for (m, k, n) in [
+        (512, 576, 1536),
+        (128, 576, 3072),
+        (1, 576, 3072),
+        (16, 576, 3072),
+    ] {
         let x: Vec<f32> = (0..m * k).map(|i| (i % 17) as f32 * 0.01).collect();
         let w: Vec<f32> = (0..n * k).map(|i| (i % 13) as f32 * 0.01).collect();
         let mut out = vec![0.0; m * n];

@@ -179,7 +179,7 @@ impl Checker {
 
 /// Every comparison of one model against its reference; panics with all failures.
 fn check_against_reference(name: &str, runner: &mut CpuRunner, r: &Reference) {
-    let mut pool = BlockPool::new(NUM_BLOCKS, BLOCK_SIZE);
+    let mut pool = BlockPool::new(NUM_BLOCKS, BLOCK_SIZE, false);
     let mut check = Checker {
         tol: REL_TOL * r.logit_scale,
         worst: 0.0,
@@ -193,7 +193,7 @@ fn check_against_reference(name: &str, runner: &mut CpuRunner, r: &Reference) {
     let mut pos = 0;
     let mut prefill = Vec::new();
     for (step, want) in r.logits.iter().enumerate() {
-        a.reserve(&mut pool, tokens.len()).unwrap();
+        pool.reserve(&mut a, tokens.len()).unwrap();
         let rows = forward(runner, vec![chunk(&tokens[pos..], pos, &a)]);
         check.compare(&format!("step {step}"), &rows[0], want);
         if step == 0 {
@@ -216,8 +216,8 @@ fn check_against_reference(name: &str, runner: &mut CpuRunner, r: &Reference) {
     let (mut b, mut c) = (BlockTable::new(), BlockTable::new());
     let total = r.prompt.len() + 1;
     for n in (BLOCK_SIZE..total + BLOCK_SIZE).step_by(BLOCK_SIZE) {
-        b.reserve(&mut pool, n.min(total)).unwrap();
-        c.reserve(&mut pool, n.min(total)).unwrap();
+        pool.reserve(&mut b, n.min(total)).unwrap();
+        pool.reserve(&mut c, n.min(total)).unwrap();
     }
     let split = r.prompt.len() / 2;
     assert_ne!(
@@ -251,7 +251,7 @@ fn check_against_reference(name: &str, runner: &mut CpuRunner, r: &Reference) {
     check.compare("batched decode (B)", &rows[0], &r.logits[1]);
     check.compare("batched decode (C)", &rows[1], &r.logits[1]);
     for t in [&mut a, &mut b, &mut c] {
-        t.release(&mut pool);
+        pool.release(t);
     }
 
     eprintln!(

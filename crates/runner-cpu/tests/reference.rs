@@ -43,7 +43,7 @@ fn smollm2_matches_f32_reference() {
         },
     )
     .unwrap();
-    let mut pool = BlockPool::new(num_blocks, block_size);
+    let mut pool = BlockPool::new(num_blocks, block_size, false);
     let expected: Value = serde_json::from_str(
         &std::fs::read_to_string(ingot_testkit::fixture("smollm2/expected.json")).unwrap(),
     )
@@ -67,7 +67,7 @@ fn smollm2_matches_f32_reference() {
             case["logits_file"].as_str().unwrap()
         )));
         let mut table = BlockTable::new();
-        table.reserve(&mut pool, prompt.len() + want.len()).unwrap();
+        pool.reserve(&mut table, prompt.len() + want.len()).unwrap();
         let mut tokens = prompt.clone();
         let mut got = Vec::new();
         let mut pos = 0;
@@ -97,7 +97,7 @@ fn smollm2_matches_f32_reference() {
             got.push(next);
             tokens.push(next);
         }
-        table.release(&mut pool);
+        pool.release(&mut table);
         if got != want {
             let at = got.iter().zip(&want).position(|(a, b)| a != b);
             failures.push(format!(

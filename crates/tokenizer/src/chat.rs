@@ -13,13 +13,14 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use minijinja::value::Value;
+use minijinja::value::{Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
 
 use crate::{Tokenizer, TokenizerError};
 
 mod json;
+mod pyrepr;
 mod time;
 
 /// One message of a conversation. `role` and `content` are what every
@@ -105,10 +106,31 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |message: String| -> Result<Value, Error> {
-            Err(Error::new(ErrorKind::InvalidOperation, message.clone()).with_source(Raised(message)))
-        });
+        env.add_function(
+            "raise_exception",
+            |message: String| -> Result<Value, Error> {
+                Err(Error::new(ErrorKind::InvalidOperation, message.clone())
+                    .with_source(Raised(message)))
+            },
+        );
         env.add_filter("tojson", json::tojson);
+        // Jinja2 prints dicts and lists (and `|string`s them) as Python
+        // reprs, and `none is iterable` is false there.
+        env.set_formatter(|out, state, value| {
+            if matches!(value.kind(), ValueKind::Map | ValueKind::Seq) && !value.is_safe() {
+                out.write_str(&pyrepr::repr(value)).map_err(Error::from)
+            } else {
+                minijinja::escape_formatter(out, state, value)
+            }
+        });
+        env.add_filter("string", |value: Value| match value.kind() {
+            ValueKind::Map | ValueKind::Seq => Value::from(pyrepr::repr(&value)),
+            ValueKind::String => value,
+            _ => Value::from(value.to_string()),
+        });
+        env.add_test("iterable", |value: Value| {
+            !value.is_none() && !value.is_undefined() && value.try_iter().is_ok()
+        });
         env.add_function("strftime_now", |fmt: &str| {
             let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -141,8 +163,9 @@ impl ChatTemplate {
     /// Makes `strftime_now` report this instant (seconds since the Unix
     /// epoch, UTC) instead of the clock: for reproducible prompts and tests.
     pub fn with_fixed_time(mut self, unix_seconds: i64) -> ChatTemplate {
-        self.env
-            .add_function("strftime_now", move |fmt: &str| time::strftime(fmt, unix_seconds));
+        self.env.add_function("strftime_now", move |fmt: &str| {
+            time::strftime(fmt, unix_seconds)
+        });
         self
     }
 
@@ -154,7 +177,12 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
     ) -> Result<String, TokenizerError> {
-        self.render_with_kwargs(messages, add_generation_prompt, tools, &serde_json::Map::new())
+        self.render_with_kwargs(
+            messages,
+            add_generation_prompt,
+            tools,
+            &serde_json::Map::new(),
+        )
     }
 
     /// [`render`](Self::render) with extra template variables, like
@@ -179,8 +207,14 @@ impl ChatTemplate {
             ctx.push((k.clone(), Value::from_serialize(v)));
         }
         ctx.push(("messages".into(), Value::from_serialize(messages)));
-        ctx.push(("add_generation_prompt".into(), Value::from(add_generation_prompt)));
-        ctx.push(("tools".into(), tools.map_or(Value::from(()), Value::from_serialize)));
+        ctx.push((
+            "add_generation_prompt".into(),
+            Value::from(add_generation_prompt),
+        ));
+        ctx.push((
+            "tools".into(),
+            tools.map_or(Value::from(()), Value::from_serialize),
+        ));
         let ctx: Value = ctx.into_iter().collect();
         let template = self
             .env
@@ -301,8 +335,14 @@ mod tests {
     #[test]
     fn generation_blocks_render_their_body() {
         let src = "{%- for m in messages %}{% generation %}[{{ m.content }}]{%- endgeneration %}{% endfor %}";
-        assert_eq!(render(src, &[ChatMessage::new("assistant", "x")]).unwrap(), "[x]");
-        assert_eq!(without_generation_blocks("a{%- generation -%}b"), "a{%- if true -%}b");
+        assert_eq!(
+            render(src, &[ChatMessage::new("assistant", "x")]).unwrap(),
+            "[x]"
+        );
+        assert_eq!(
+            without_generation_blocks("a{%- generation -%}b"),
+            "a{%- if true -%}b"
+        );
     }
 
     #[test]

@@ -29,11 +29,12 @@ pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
             path: tokenizer_json,
         });
     }
-    let mut inner =
-        tokenizers::Tokenizer::from_file(&tokenizer_json).map_err(|e| TokenizerError::InvalidFile {
+    let mut inner = tokenizers::Tokenizer::from_file(&tokenizer_json).map_err(|e| {
+        TokenizerError::InvalidFile {
             path: tokenizer_json.clone(),
             message: e.to_string(),
-        })?;
+        }
+    })?;
     let config = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
     let generation = read_json(&dir.join("generation_config.json"))?.unwrap_or(Value::Null);
 
@@ -46,7 +47,12 @@ pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
         let id = inner.token_to_id(&text)?;
         Some(TokenInfo { id, text })
     };
-    let (bos, eos, unk, pad) = (token("bos_token"), token("eos_token"), token("unk_token"), token("pad_token"));
+    let (bos, eos, unk, pad) = (
+        token("bos_token"),
+        token("eos_token"),
+        token("unk_token"),
+        token("pad_token"),
+    );
 
     let (mut add_bos, mut add_eos) = probe_bos_eos(&inner, bos.as_ref(), eos.as_ref());
     let want_bos = config.get("add_bos_token").and_then(Value::as_bool);
@@ -164,12 +170,20 @@ fn chat_templates(
         match std::fs::read_to_string(&jinja) {
             Ok(t) => default = Some(t),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => return Err(TokenizerError::Io { path: jinja, source }),
+            Err(source) => {
+                return Err(TokenizerError::Io {
+                    path: jinja,
+                    source,
+                })
+            }
         }
     }
     if default.is_none() {
         if let Some(v) = read_json(&dir.join("chat_template.json"))? {
-            default = v.get("chat_template").and_then(Value::as_str).map(str::to_owned);
+            default = v
+                .get("chat_template")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
         }
     }
     Ok((default, named))
@@ -187,4 +201,90 @@ fn describe(inner: &tokenizers::Tokenizer) -> String {
         ModelWrapper::WordLevel(_) => "WordLevel",
     };
     format!("tokenizer.json: {model}")
+}
+
+#[cfg(test)]
+mod tests {
+    use tokenizers::models::bpe::BPE;
+    use tokenizers::AddedToken;
+
+    use super::*;
+
+    /// A throwaway model directory with a tiny tokenizer.json.
+    fn model_dir(config: &str, generation: Option<&str>) -> PathBuf {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("ingot-hf-test-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let vocab: tokenizers::models::bpe::Vocab = [
+            ("<s>", 0),
+            ("</s>", 1),
+            ("a", 2),
+            ("b", 3),
+            ("<|eot_id|>", 4),
+        ]
+        .into_iter()
+        .map(|(t, i)| (t.to_owned(), i))
+        .collect();
+        let model = BPE::builder()
+            .vocab_and_merges(vocab, vec![])
+            .build()
+            .unwrap();
+        let mut tk = tokenizers::Tokenizer::new(model);
+        tk.add_special_tokens(["<s>", "</s>", "<|eot_id|>"].map(|t| AddedToken::from(t, true)))
+            .unwrap();
+        tk.save(dir.join("tokenizer.json"), false).unwrap();
+        std::fs::write(dir.join("tokenizer_config.json"), config).unwrap();
+        if let Some(g) = generation {
+            std::fs::write(dir.join("generation_config.json"), g).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn config_forms() {
+        let dir = model_dir(
+            r#"{"bos_token": {"content": "<s>", "lstrip": false, "__type": "AddedToken"},
+                "eos_token": "</s>", "add_bos_token": true,
+                "chat_template": [{"name": "default", "template": "D"}, {"name": "tool_use", "template": "T"}]}"#,
+            Some(r#"{"eos_token_id": [1, 3]}"#),
+        );
+        let tok = Tokenizer::from_hf_dir(&dir).unwrap();
+        assert_eq!(tok.bos_id(), Some(0));
+        assert_eq!(tok.encode("ab", true).unwrap(), [0, 2, 3]);
+        assert_eq!(tok.encode("ab", false).unwrap(), [2, 3]);
+        assert_eq!(tok.eos_ids(), [1, 3, 4]);
+        assert_eq!(tok.chat_template(), Some("D"));
+        assert_eq!(tok.named_chat_template("tool_use"), Some("T"));
+        assert!(tok.special_tokens().add_bos && !tok.special_tokens().add_eos);
+        assert_eq!(tok.kind(), "tokenizer.json: BPE");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn template_file_and_single_eos_id() {
+        let dir = model_dir(
+            r#"{"eos_token": "</s>", "add_eos_token": true}"#,
+            Some(r#"{"eos_token_id": 4}"#),
+        );
+        std::fs::write(dir.join("chat_template.jinja"), "J").unwrap();
+        let tok = Tokenizer::from_hf_dir(&dir).unwrap();
+        assert_eq!(tok.bos_id(), None);
+        assert_eq!(tok.encode("a", true).unwrap(), [2, 1]);
+        assert_eq!(tok.eos_ids(), [1, 4]);
+        assert_eq!(tok.chat_template(), Some("J"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn missing_and_broken_files() {
+        let missing = std::env::temp_dir().join("ingot-hf-test-does-not-exist");
+        let err = Tokenizer::from_hf_dir(&missing).unwrap_err();
+        assert!(err.to_string().contains("tokenizer.json"), "{err}");
+        let dir = model_dir("{not json", None);
+        let err = Tokenizer::from_hf_dir(&dir).unwrap_err();
+        assert!(matches!(err, TokenizerError::InvalidFile { .. }), "{err}");
+        assert!(err.to_string().contains("tokenizer_config.json"), "{err}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }

@@ -152,7 +152,11 @@ impl Tokenizer {
     /// `<|im_start|>` in a rendered chat template) become their ids, as in
     /// Hugging Face. `add_special_tokens` adds BOS/EOS as the tokenizer is
     /// configured to ([`SpecialTokens::add_bos`]).
-    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<TokenId>, TokenizerError> {
+    pub fn encode(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<TokenId>, TokenizerError> {
         let enc = self
             .inner
             .encode_fast(text, add_special_tokens)
@@ -163,7 +167,11 @@ impl Tokenizer {
     /// Text for `ids`; `skip_special_tokens` leaves out special tokens.
     /// Incomplete UTF-8 (a cut multi-byte character) decodes to U+FFFD; use
     /// [`crate::IncrementalDecoder`] for streaming.
-    pub fn decode(&self, ids: &[TokenId], skip_special_tokens: bool) -> Result<String, TokenizerError> {
+    pub fn decode(
+        &self,
+        ids: &[TokenId],
+        skip_special_tokens: bool,
+    ) -> Result<String, TokenizerError> {
         self.inner
             .decode(ids, skip_special_tokens)
             .map_err(|e| TokenizerError::backend("decode", e))
@@ -294,4 +302,28 @@ pub(crate) fn post_processor(
         .build()
         .map_err(|e| TokenizerError::backend("build", e))?;
     Ok(Some(tp.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shareable_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Tokenizer>();
+        assert_send_sync::<crate::ChatTemplate>();
+        assert_send_sync::<crate::IncrementalDecoder>();
+    }
+
+    #[test]
+    fn post_processor_names_pieces_not_texts() {
+        // A token text with ':' would break a text-based template.
+        let bos = TokenInfo {
+            id: 7,
+            text: "<sentinel:0>".into(),
+        };
+        assert!(post_processor(Some(&bos), None).unwrap().is_some());
+        assert!(post_processor(None, None).unwrap().is_none());
+    }
 }

@@ -12,13 +12,16 @@
 //! `gemma-4` (model `gemma4`, SentencePiece-style BPE over raw UTF-8); both
 //! must be refused with an error naming the model.
 
+// Helpers outside #[test] fns unwrap too: this is a test binary.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ingot_models::gguf::GgufFile;
-use ingot_tokenizer::{Tokenizer, TokenizerError};
+use ingot_tokenizer::{IncrementalDecoder, Tokenizer, TokenizerError};
 
 fn vocab_path(name: &str) -> PathBuf {
     common::fetch("fetch-llama-cpp-sdist").join(format!("ggml-vocab-{name}.gguf"))
@@ -76,7 +79,11 @@ fn conformance(name: &str) {
         cases.len(),
         failures.join("\n")
     );
-    for text in cases.iter().map(|(t, _)| t.as_str()).chain(common::STREAM_TEXTS.iter().copied()) {
+    for text in cases
+        .iter()
+        .map(|(t, _)| t.as_str())
+        .chain(common::STREAM_TEXTS.iter().copied())
+    {
         let ids = tok.encode(text, false).unwrap();
         common::check_streaming(&tok, &ids, true).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
@@ -149,7 +156,11 @@ fn deepseek_coder() {
 
 #[test]
 fn unsupported_models_are_named() {
-    for (name, model) in [("bert-bge", "bert"), ("gemma-4", "gemma4"), ("nomic-bert-moe", "t5")] {
+    for (name, model) in [
+        ("bert-bge", "bert"),
+        ("gemma-4", "gemma4"),
+        ("nomic-bert-moe", "t5"),
+    ] {
         let file = GgufFile::open(&vocab_path(name)).unwrap();
         match Tokenizer::from_gguf(&file) {
             Err(e @ TokenizerError::UnsupportedModel { .. }) => {
@@ -172,21 +183,52 @@ fn special_tokens_and_bos() {
 
     let l3 = load("llama-bpe");
     assert_eq!(l3.kind(), "gpt2 BPE (pre: llama-bpe)");
-    assert_eq!(l3.encode("Hello world", true).unwrap(), [128000, 9906, 1917]);
-    // <|end_of_text|>, <|eot_id|> and <|eom_id|> all end generation.
+    assert_eq!(
+        l3.encode("Hello world", true).unwrap(),
+        [128000, 9906, 1917]
+    );
+    // <|end_of_text|> and <|eot_id|> both end generation.
     let eos = l3.eos_ids();
-    for id in [128001, 128009, 128008] {
+    for id in [128001, 128009] {
         assert!(eos.contains(&id), "{id} not in {eos:?}");
     }
     assert_eq!(l3.vocab_size(), 128256);
     // Special tokens written in the text are parsed (HF semantics).
     assert_eq!(
-        l3.encode("<|start_header_id|>user<|end_header_id|>", false).unwrap(),
+        l3.encode("<|start_header_id|>user<|end_header_id|>", false)
+            .unwrap(),
         [128006, 882, 128007]
     );
 
     let q = load("qwen2");
-    assert_eq!(q.encode("Hello", true).unwrap(), [9707], "qwen2 adds no BOS");
+    assert_eq!(
+        q.encode("Hello", true).unwrap(),
+        [9707],
+        "qwen2 adds no BOS"
+    );
     let phi = load("phi-3");
-    assert!(phi.eos_ids().contains(&32007), "<|end|> stops phi-3: {:?}", phi.eos_ids());
+    assert!(
+        phi.eos_ids().contains(&32007),
+        "<|end|> stops phi-3: {:?}",
+        phi.eos_ids()
+    );
+}
+
+/// SentencePiece's `▁`: the first token of a text loses its space (as in the
+/// full decode), a continuation of a prompt keeps it; byte-fallback pieces
+/// of an emoji are held back until the character is complete.
+#[test]
+fn spm_streaming_spaces_and_bytes() {
+    let tok = Arc::new(load("llama-spm"));
+    let ids = tok.encode("Hello 🦙 world", false).unwrap();
+    let stream = |mut dec: IncrementalDecoder| -> Vec<String> {
+        let mut chunks: Vec<String> = ids.iter().filter_map(|&id| dec.step(id).unwrap()).collect();
+        chunks.extend(dec.finish().unwrap());
+        chunks
+    };
+    let fresh = stream(IncrementalDecoder::new(tok.clone(), true));
+    assert_eq!(fresh, ["Hello", " ", "🦙", " world"]);
+    let prompt = tok.encode("Say:", true).unwrap();
+    let continued = stream(IncrementalDecoder::with_prompt(tok.clone(), &prompt, true));
+    assert_eq!(continued.concat(), " Hello 🦙 world");
 }

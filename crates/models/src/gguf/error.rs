@@ -10,7 +10,7 @@ use super::GgmlType;
 #[non_exhaustive]
 pub enum GgufError {
     /// The file could not be opened or mapped.
-    #[error("cannot read GGUF file {}: {source}", path.display())]
+    #[error("cannot read GGUF file {}", path.display())]
     Io {
         /// The file.
         path: PathBuf,

@@ -152,10 +152,18 @@ fn python_float(f: f64) -> String {
         return "NaN".into();
     }
     if f.is_infinite() {
-        return if f > 0.0 { "Infinity".into() } else { "-Infinity".into() };
+        return if f > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        };
     }
     if f == 0.0 {
-        return if f.is_sign_negative() { "-0.0".into() } else { "0.0".into() };
+        return if f.is_sign_negative() {
+            "-0.0".into()
+        } else {
+            "0.0".into()
+        };
     }
     let exp = f.abs().log10().floor() as i32;
     if (-4..16).contains(&exp) {
@@ -199,7 +207,10 @@ mod tests {
             r#"{"b": [1, 2.0, 1e-05, 1e+16, null, true], "a": "é<\"\n>", "e": {}, "f": []}"#
         );
         assert_eq!(
-            render("{{ x | tojson(ensure_ascii=True, sort_keys=true) }}", ctx.clone()),
+            render(
+                "{{ x | tojson(ensure_ascii=True, sort_keys=true) }}",
+                ctx.clone()
+            ),
             r#"{"a": "\u00e9<\"\n>", "b": [1, 2.0, 1e-05, 1e+16, null, true], "e": {}, "f": []}"#
         );
         assert_eq!(
@@ -210,6 +221,9 @@ mod tests {
             render("{{ {'k': [1]} | tojson(indent=4) }}", ctx.clone()),
             "{\n    \"k\": [\n        1\n    ]\n}"
         );
-        assert_eq!(render("{{ 'x' | tojson(separators=(',', ':')) }}", ctx), "\"x\"");
+        assert_eq!(
+            render("{{ 'x' | tojson(separators=(',', ':')) }}", ctx),
+            "\"x\""
+        );
     }
 }

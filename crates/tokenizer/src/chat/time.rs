@@ -7,11 +7,27 @@
 /// copied as written, as glibc does.
 pub(crate) fn strftime(fmt: &str, unix_seconds: i64) -> String {
     const MONTHS: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September",
-        "October", "November", "December",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
     ];
     const DAYS: [&str; 7] = [
-        "Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday",
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
     ];
     let days = unix_seconds.div_euclid(86_400);
     let secs = unix_seconds.rem_euclid(86_400);
@@ -105,7 +121,10 @@ mod tests {
         assert_eq!(strftime("%Y-%m-%d", t), "2024-02-29");
         assert_eq!(strftime("%d %b %Y", t), "29 Feb 2024");
         assert_eq!(strftime("%B %d, %Y", t), "February 29, 2024");
-        assert_eq!(strftime("%A %a %j %H:%M:%S %I%p %y", t), "Thursday Thu 060 13:05:09 01PM 24");
+        assert_eq!(
+            strftime("%A %a %j %H:%M:%S %I%p %y", t),
+            "Thursday Thu 060 13:05:09 01PM 24"
+        );
         assert_eq!(strftime("%-d/%-m %% %Q", t), "29/2 % %Q");
         assert_eq!(strftime("%Y-%m-%d", 0), "1970-01-01");
         assert_eq!(strftime("%Y-%m-%d %a", -86_400), "1969-12-31 Wed");

@@ -167,7 +167,12 @@ impl GgufVocab {
             match u32::try_from(v) {
                 Ok(v) if (v as usize) < n => Some(v),
                 _ => {
-                    tracing::warn!(key, id = v, vocab = n, "special token id out of range; ignored");
+                    tracing::warn!(
+                        key,
+                        id = v,
+                        vocab = n,
+                        "special token id out of range; ignored"
+                    );
                     None
                 }
             }
@@ -178,7 +183,11 @@ impl GgufVocab {
             (types.get(i as usize) == Some(&TokenType::Control)).then_some(i)
         };
         let (bos_d, eos_d, unk_d) = match model.as_str() {
-            "llama" => (default(1), default(2), Some(0).filter(|&i| (i as usize) < n)),
+            "llama" => (
+                default(1),
+                default(2),
+                Some(0).filter(|&i| (i as usize) < n),
+            ),
             "gpt2" => (default(11), default(11), None),
             _ => (None, None, None),
         };
@@ -258,7 +267,11 @@ impl GgufVocab {
     /// All ids that end generation: EOS, EOT/EOM/FIM keys, and tokens whose
     /// text llama.cpp recognises as end-of-generation.
     fn stop_ids(&self) -> Vec<u32> {
-        let mut ids: Vec<u32> = self.eos.into_iter().chain(self.stop_keys.iter().copied()).collect();
+        let mut ids: Vec<u32> = self
+            .eos
+            .into_iter()
+            .chain(self.stop_keys.iter().copied())
+            .collect();
         let has = |text: &str| self.tokens.iter().any(|t| t == text);
         // llama.cpp's two exceptions: in harmony-style vocabularies `<|end|>`
         // ends a message, not the turn; gemma4/plamo use `</s>` as text.
@@ -281,29 +294,49 @@ impl GgufVocab {
 
 /// Whether `</s>` is ordinary text in this vocabulary (gemma4, plamo).
 fn plain_s(tokens: &[String]) -> bool {
-    tokens.iter().any(|t| t == "<|tool_response>" || t == "<|plamo:eos|>")
+    tokens
+        .iter()
+        .any(|t| t == "<|tool_response>" || t == "<|plamo:eos|>")
 }
 
 /// Builds the tokenizer described by a GGUF file's metadata.
 pub(crate) fn from_gguf(file: &GgufFile) -> Result<Tokenizer, TokenizerError> {
+    // Refuse unsupported models before reading a vocabulary they may lack.
+    match file.get_str("tokenizer.ggml.model") {
+        Some("gpt2" | "llama") | None => {}
+        Some(other) => {
+            return Err(TokenizerError::UnsupportedModel {
+                model: other.to_owned(),
+            })
+        }
+    }
     let v = GgufVocab::read(file)?;
     let (mut inner, kind, add_bos, add_space_prefix) = match v.model.as_str() {
         "gpt2" => {
-            let spec =
-                pre::pre_spec(v.pre.as_deref()).map_err(|reason| {
-                    TokenizerError::UnsupportedPreTokenizer {
-                        pre: v.pre.clone().unwrap_or_default(),
-                        reason,
-                    }
-                })?;
+            let spec = pre::pre_spec(v.pre.as_deref()).map_err(|reason| {
+                TokenizerError::UnsupportedPreTokenizer {
+                    pre: v.pre.clone().unwrap_or_default(),
+                    reason,
+                }
+            })?;
             let inner = byte_level_bpe(&v, spec.regexes, spec.ignore_merges)?;
             let pre = v.pre.as_deref().unwrap_or("default");
-            (inner, format!("gpt2 BPE (pre: {pre})"), v.add_bos.unwrap_or(spec.add_bos), false)
+            (
+                inner,
+                format!("gpt2 BPE (pre: {pre})"),
+                v.add_bos.unwrap_or(spec.add_bos),
+                false,
+            )
         }
         "llama" => {
             let prefix = v.add_space_prefix.unwrap_or(true);
             let inner = sentencepiece_bpe(&v, prefix)?;
-            (inner, "llama SPM".to_owned(), v.add_bos.unwrap_or(true), prefix)
+            (
+                inner,
+                "llama SPM".to_owned(),
+                v.add_bos.unwrap_or(true),
+                prefix,
+            )
         }
         other => {
             return Err(TokenizerError::UnsupportedModel {
@@ -319,7 +352,13 @@ pub(crate) fn from_gguf(file: &GgufFile) -> Result<Tokenizer, TokenizerError> {
         if add_eos { eos.as_ref() } else { None },
     )?;
     inner.with_post_processor(pp);
-    tracing::debug!(kind, add_bos, add_eos, add_space_prefix, "built tokenizer from GGUF");
+    tracing::debug!(
+        kind,
+        add_bos,
+        add_eos,
+        add_space_prefix,
+        "built tokenizer from GGUF"
+    );
     Tokenizer::from_parts(TokenizerParts {
         inner,
         kind,
@@ -345,16 +384,25 @@ fn byte_level_bpe(
     regexes: &[&str],
     ignore_merges: bool,
 ) -> Result<tokenizers::Tokenizer, TokenizerError> {
-    let raw = v.merges.as_ref().ok_or_else(|| TokenizerError::MissingMetadata {
-        key: "tokenizer.ggml.merges".into(),
-    })?;
-    let index: HashMap<&str, u32> =
-        v.tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i as u32)).collect();
+    let raw = v
+        .merges
+        .as_ref()
+        .ok_or_else(|| TokenizerError::MissingMetadata {
+            key: "tokenizer.ggml.merges".into(),
+        })?;
+    let index: HashMap<&str, u32> = v
+        .tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.as_str(), i as u32))
+        .collect();
     let mut merges: Merges = Vec::with_capacity(raw.len());
     let mut skipped = 0usize;
     for m in raw {
-        // llama.cpp splits at the first space after the first byte.
-        let Some(pos) = m.get(1..).and_then(|s| s.find(' ')).map(|p| p + 1) else {
+        // llama.cpp splits at the first space after the first byte, so a
+        // merge's left part may itself be a space.
+        let first = m.chars().next().map_or(0, char::len_utf8);
+        let Some(pos) = m[first..].find(' ').map(|p| p + first) else {
             skipped += 1;
             continue;
         };
@@ -362,14 +410,20 @@ fn byte_level_bpe(
         // The BPE model refuses merges whose parts or result are not tokens;
         // llama.cpp would merge and then fall back to bytes, which the byte
         // tokens reproduce in all but contrived vocabularies.
-        if index.contains_key(a) && index.contains_key(b) && index.contains_key(format!("{a}{b}").as_str()) {
+        if index.contains_key(a)
+            && index.contains_key(b)
+            && index.contains_key(format!("{a}{b}").as_str())
+        {
             merges.push((a.to_owned(), b.to_owned()));
         } else {
             skipped += 1;
         }
     }
     if skipped > 0 {
-        tracing::debug!(skipped, "GGUF merges not usable (parts or result not in vocab)");
+        tracing::debug!(
+            skipped,
+            "GGUF merges not usable (parts or result not in vocab)"
+        );
     }
     let model = BPE::builder()
         .vocab_and_merges(v.vocab(), merges)
@@ -378,8 +432,12 @@ fn byte_level_bpe(
         .map_err(backend)?;
     let mut pre: Vec<PreTokenizerWrapper> = Vec::with_capacity(regexes.len() + 1);
     for re in regexes {
-        let split = Split::new(SplitPattern::Regex((*re).to_owned()), SplitDelimiterBehavior::Isolated, false)
-            .map_err(backend)?;
+        let split = Split::new(
+            SplitPattern::Regex((*re).to_owned()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(backend)?;
         pre.push(split.into());
     }
     pre.push(ByteLevel::new(false, false, false).into());
@@ -391,10 +449,16 @@ fn byte_level_bpe(
 }
 
 /// `llama`: SentencePiece BPE, merges derived from the scores.
-fn sentencepiece_bpe(v: &GgufVocab, add_space_prefix: bool) -> Result<tokenizers::Tokenizer, TokenizerError> {
-    let scores = v.scores.as_ref().ok_or_else(|| TokenizerError::MissingMetadata {
-        key: "tokenizer.ggml.scores".into(),
-    })?;
+fn sentencepiece_bpe(
+    v: &GgufVocab,
+    add_space_prefix: bool,
+) -> Result<tokenizers::Tokenizer, TokenizerError> {
+    let scores = v
+        .scores
+        .as_ref()
+        .ok_or_else(|| TokenizerError::MissingMetadata {
+            key: "tokenizer.ggml.scores".into(),
+        })?;
     let merges = merges_from_scores(&v.tokens, scores);
     let mut builder = BPE::builder()
         .vocab_and_merges(v.vocab(), merges)
@@ -418,7 +482,8 @@ fn sentencepiece_bpe(v: &GgufVocab, add_space_prefix: bool) -> Result<tokenizers
         dec.push(Strip::new(' ', 1, 0).into());
     }
     let mut tk = tokenizers::Tokenizer::new(model);
-    tk.with_normalizer(Some(NormSequence::new(norm))).map_err(backend)?;
+    tk.with_normalizer(Some(NormSequence::new(norm)))
+        .map_err(backend)?;
     tk.with_decoder(Some(DecoderSequence::new(dec)));
     tk.add_tokens(v.added_tokens()).map_err(backend)?;
     Ok(tk)
@@ -429,8 +494,11 @@ fn sentencepiece_bpe(v: &GgufVocab, add_space_prefix: bool) -> Result<tokenizers
 /// Ranked this way, BPE's "lowest rank, leftmost" merge order is SPM's
 /// "highest score, leftmost" order.
 fn merges_from_scores(tokens: &[String], scores: &[f32]) -> Merges {
-    let index: HashMap<&str, u32> =
-        tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i as u32)).collect();
+    let index: HashMap<&str, u32> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.as_str(), i as u32))
+        .collect();
     let mut ranked: Vec<(f32, u32, usize)> = Vec::new();
     for (id, t) in tokens.iter().enumerate() {
         for (split, _) in t.char_indices().skip(1) {
@@ -455,7 +523,10 @@ mod tests {
 
     #[test]
     fn merges_rank_by_score_of_the_whole_token() {
-        let tokens: Vec<String> = ["a", "b", "c", "ab", "bc", "abc"].iter().map(|s| s.to_string()).collect();
+        let tokens: Vec<String> = ["a", "b", "c", "ab", "bc", "abc"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         let scores = [0.0, 0.0, 0.0, -2.0, -1.0, -3.0];
         let m = merges_from_scores(&tokens, &scores);
         let pairs: Vec<(&str, &str)> = m.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();

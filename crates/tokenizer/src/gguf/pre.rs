@@ -27,9 +27,7 @@ pub(crate) struct PreSpec {
     pub add_bos: bool,
 }
 
-const GPT2: &[&str] = &[
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
-];
+const GPT2: &[&str] = &[r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"];
 const DEFAULT: &[&str] = &[
     r"[\p{P}\$\+<=>\^~\|]+",
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
@@ -87,8 +85,7 @@ const QWEN2: &[&str] = &[
 const QWEN35: &[&str] = &[
     r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
 ];
-const PORO_WORDS: &str =
-    r" ?[^(\s|.,!?\x{2026}\x{3002}\x{FF0C}\x{3001}\x{964}\x{6D4}\x{60C})]+";
+const PORO_WORDS: &str = r" ?[^(\s|.,!?\x{2026}\x{3002}\x{FF0C}\x{3001}\x{964}\x{6D4}\x{60C})]+";
 const PORO: &[&str] = &[PORO_WORDS];
 const VIKING: &[&str] = &[PORO_WORDS, r"\p{N}"];
 const TEKKEN: &[&str] = &[
@@ -114,9 +111,8 @@ const BAILINGMOE: &[&str] = &[
 const SEED_CODER: &[&str] = &[
     r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+",
 ];
-const UFAKZEKA: &[&str] = &[
-    r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-];
+const UFAKZEKA: &[&str] =
+    &[r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"];
 const LAGUNA: &[&str] = &[
     r"[^\n]+|[\n]+",
     r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
@@ -166,12 +162,13 @@ pub(crate) fn pre_spec(pre: Option<&str>) -> Result<PreSpec, String> {
         "falcon" => spec("falcon", FALCON),
         "gpt-2" | "mpt" | "olmo" | "jais" | "trillion" | "granite-docling" | "phi-2"
         | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0"
-        | "mellum" | "modern-bert" | "exaone4" | "jina-v1-en" | "jina-v2-code"
-        | "roberta-bpe" => spec("gpt-2", GPT2),
-        "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone"
-        | "minerva-7b" | "mellum2" => spec("starcoder", STARCODER),
-        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "stablelm2" | "megrez"
-        | "hunyuan" | "solar-open" | "grok-2" => spec("qwen2", QWEN2),
+        | "mellum" | "modern-bert" | "exaone4" | "jina-v1-en" | "jina-v2-code" | "roberta-bpe" => {
+            spec("gpt-2", GPT2)
+        }
+        "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone" | "minerva-7b"
+        | "mellum2" => spec("starcoder", STARCODER),
+        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "stablelm2" | "megrez" | "hunyuan"
+        | "solar-open" | "grok-2" => spec("qwen2", QWEN2),
         "qwen35" => spec("qwen35", QWEN35),
         "poro-chat" | "bloom" | "gpt3-finnish" => spec("poro", PORO),
         "chatglm-bpe" => spec("chatglm4", LLAMA3),

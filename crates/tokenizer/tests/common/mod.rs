@@ -36,7 +36,10 @@ pub fn fetch(name: &str) -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    assert!(path.exists(), "scripts/{name} printed {path:?}, which does not exist");
+    assert!(
+        path.exists(),
+        "scripts/{name} printed {path:?}, which does not exist"
+    );
     cache.push((name.to_owned(), path.clone()));
     path
 }
@@ -44,7 +47,11 @@ pub fn fetch(name: &str) -> PathBuf {
 /// Streams `ids` through an [`IncrementalDecoder`] and checks that the
 /// chunks concatenate to the full decode and that no chunk holds a U+FFFD
 /// the full text does not have.
-pub fn check_streaming(tok: &Arc<Tokenizer>, ids: &[u32], skip_special: bool) -> Result<(), String> {
+pub fn check_streaming(
+    tok: &Arc<Tokenizer>,
+    ids: &[u32],
+    skip_special: bool,
+) -> Result<(), String> {
     let full = tok.decode(ids, skip_special).map_err(|e| e.to_string())?;
     let mut dec = IncrementalDecoder::new(tok.clone(), skip_special);
     let mut chunks = Vec::new();
@@ -62,7 +69,9 @@ pub fn check_streaming(tok: &Arc<Tokenizer>, ids: &[u32], skip_special: bool) ->
     chunks.extend(tail);
     let streamed: String = chunks.concat();
     if streamed != full {
-        return Err(format!("streamed {streamed:?} != decoded {full:?} (ids {ids:?}, chunks {chunks:?})"));
+        return Err(format!(
+            "streamed {streamed:?} != decoded {full:?} (ids {ids:?}, chunks {chunks:?})"
+        ));
     }
     Ok(())
 }
