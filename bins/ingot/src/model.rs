@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use ingot_engine::Generator;
+use ingot_engine::{start_engine, EngineConfig, EngineHandle};
 use ingot_models::{LlamaWeights, LoadFormat, ModelFiles};
 use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig};
 use ingot_tokenizer::Tokenizer;
@@ -31,9 +31,9 @@ pub struct ModelArgs {
     /// Cap the context length below the model's.
     #[arg(long)]
     pub max_model_len: Option<usize>,
-    /// Longest prompt chunk per forward pass.
+    /// Most tokens per engine step (prefill chunks + decodes).
     #[arg(long, default_value_t = 512)]
-    pub prefill_chunk: usize,
+    pub max_num_batched_tokens: usize,
 }
 
 /// KV block size (token slots per block).
@@ -57,8 +57,8 @@ pub fn open(path: &Path, load_format: &str) -> anyhow::Result<(ModelFiles, Arc<T
     Ok((files, Arc::new(tokenizer)))
 }
 
-/// Loads weights onto the CPU backend and wraps it in a generator.
-pub fn load_generator(args: &ModelArgs) -> anyhow::Result<Generator> {
+/// Loads weights onto the CPU backend and starts an engine over it.
+pub fn load_engine(args: &ModelArgs, mut engine: EngineConfig) -> anyhow::Result<EngineHandle> {
     if let Some(n) = args.threads {
         rayon::ThreadPoolBuilder::new()
             .num_threads(n)
@@ -96,9 +96,6 @@ pub fn load_generator(args: &ModelArgs) -> anyhow::Result<Generator> {
         },
     )?;
     tracing::info!(elapsed = ?start.elapsed(), "model loaded");
-    Ok(Generator::new(
-        Box::new(runner),
-        tokenizer,
-        args.prefill_chunk,
-    ))
+    engine.scheduler.max_num_batched_tokens = args.max_num_batched_tokens;
+    Ok(start_engine(Box::new(runner), tokenizer, engine)?)
 }

@@ -226,7 +226,7 @@ fn prompt_longer_than_context_is_rejected() {
         "--max-tokens",
         "8",
     ]);
-    assert_clean_error(&o, "context length of 64");
+    assert_clean_error(&o, "maximum context length is 64 tokens");
 }
 
 #[test]

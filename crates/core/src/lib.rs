@@ -1,9 +1,11 @@
 //! Domain types shared by every ingot crate: token ids, sampling parameters,
 //! stop criteria and finish reasons. No I/O, no tensors.
 
+mod priority;
 mod sampling;
 
-pub use sampling::{SamplingError, SamplingParams, StopCriteria};
+pub use priority::Priority;
+pub use sampling::{SamplingError, SamplingParams, StopCriteria, MAX_LOGPROBS};
 
 /// A vocabulary index.
 pub type TokenId = u32;

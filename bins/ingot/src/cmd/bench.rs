@@ -1,12 +1,13 @@
 //! `ingot bench`: performance measurements.
 
-use std::time::Duration;
+use std::time::Instant;
 
 use clap::{Args, Subcommand};
 use ingot_core::{SamplingParams, StopCriteria, TokenId};
+use ingot_engine::{EngineConfig, EngineHandle, EngineRequest, TokenEvent};
 use rand::{Rng, SeedableRng};
 
-use crate::model::{load_generator, ModelArgs};
+use crate::model::{load_engine, ModelArgs};
 
 /// Benchmarks.
 #[derive(Subcommand, Debug)]
@@ -44,6 +45,44 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     }
 }
 
+/// Seconds from submission to the first and to the last token.
+struct RunTimes {
+    first_token: f64,
+    total: f64,
+}
+
+fn run_once(
+    gen: &EngineHandle,
+    prompt: Vec<TokenId>,
+    output_len: usize,
+) -> anyhow::Result<RunTimes> {
+    let start = Instant::now();
+    let mut events = gen.submit(EngineRequest {
+        prompt,
+        sampling: SamplingParams::greedy(),
+        stop: StopCriteria {
+            max_tokens: output_len,
+            ignore_eos: true,
+            ..Default::default()
+        },
+        priority: Default::default(),
+    })?;
+    let mut first_token = None;
+    while let Some(event) = events.next_blocking() {
+        match event {
+            TokenEvent::Token(_) => {
+                first_token.get_or_insert_with(|| start.elapsed().as_secs_f64());
+            }
+            TokenEvent::Finished(_) => break,
+            TokenEvent::Error(e) => anyhow::bail!("generation failed: {e}"),
+        }
+    }
+    Ok(RunTimes {
+        first_token: first_token.unwrap_or_default(),
+        total: start.elapsed().as_secs_f64(),
+    })
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     match v.len() {
@@ -61,32 +100,22 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
     let mut args = args;
     let needed = args.input_len + args.output_len;
     args.model.kv_cache_tokens = Some(args.model.kv_cache_tokens.unwrap_or(needed).max(needed));
-    let mut gen = load_generator(&args.model)?;
-    let vocab = gen.runner().config().vocab_size as TokenId;
+    let gen = load_engine(&args.model, EngineConfig::default())?;
+    let vocab = gen.model_config().vocab_size as TokenId;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-    let prompt: Vec<TokenId> = (0..args.input_len)
-        .map(|_| rng.random_range(0..vocab))
-        .collect();
-    let criteria = StopCriteria {
-        max_tokens: args.output_len,
-        ignore_eos: true,
-        ..Default::default()
-    };
     let (mut prefill, mut per_token, mut total) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..args.num_iters_warmup + args.num_iters {
-        let stats = gen.generate(
-            prompt.clone(),
-            SamplingParams::greedy(),
-            criteria.clone(),
-            &mut |_| {},
-        )?;
+        // A fresh random prompt each time, so the prefix cache cannot help.
+        let prompt: Vec<TokenId> = (0..args.input_len)
+            .map(|_| rng.random_range(0..vocab))
+            .collect();
+        let t = run_once(&gen, prompt, args.output_len)?;
         if i < args.num_iters_warmup {
             continue;
         }
-        let decode: Duration = stats.decode_steps.iter().sum();
-        prefill.push(stats.prefill.as_secs_f64() * 1e3);
-        per_token.push(decode.as_secs_f64() * 1e3 / stats.decode_steps.len().max(1) as f64);
-        total.push((stats.prefill + decode).as_secs_f64());
+        prefill.push(t.first_token * 1e3);
+        per_token.push((t.total - t.first_token) * 1e3 / (args.output_len - 1).max(1) as f64);
+        total.push(t.total);
     }
     let (prefill, per_token, total) = (median(prefill), median(per_token), median(total));
     let decode_tps = 1e3 / per_token;
@@ -95,7 +124,7 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
         println!(
             "{}",
             serde_json::json!({
-                "device": gen.runner().device_name(),
+                "device": format!("cpu ({} threads)", rayon::current_num_threads()),
                 "input_len": args.input_len, "output_len": args.output_len, "num_iters": args.num_iters,
                 "prefill_ms": prefill, "prefill_tok_s": prefill_tps,
                 "decode_ms_per_token": per_token, "decode_tok_s": decode_tps,
@@ -103,7 +132,10 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
             })
         );
     } else {
-        println!("device:            {}", gen.runner().device_name());
+        println!(
+            "device:            cpu ({} threads)",
+            rayon::current_num_threads()
+        );
         println!(
             "input/output:      {} / {} tokens, median of {}",
             args.input_len, args.output_len, args.num_iters

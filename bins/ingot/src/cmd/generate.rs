@@ -5,10 +5,10 @@ use std::io::{BufRead, Write};
 use anyhow::Context;
 use clap::Args;
 use ingot_core::{SamplingParams, StopCriteria, TokenId};
-use ingot_engine::Generator;
+use ingot_engine::{EngineConfig, EngineHandle, EngineRequest, TokenEvent};
 use ingot_tokenizer::{ChatMessage, ChatTemplate};
 
-use crate::model::{load_generator, ModelArgs};
+use crate::model::{load_engine, ModelArgs};
 
 /// Flags of `ingot generate`.
 #[derive(Args, Debug)]
@@ -97,7 +97,7 @@ impl SamplingArgs {
 /// Runs the command.
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let (params, stop) = args.sampling.params()?;
-    let mut gen = load_generator(&args.model)?;
+    let gen = load_engine(&args.model, EngineConfig::default())?;
     if !args.chat {
         let prompt = match &args.prompt {
             Some(p) => p.clone(),
@@ -105,13 +105,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
                 .context("cannot read the prompt from stdin")?,
         };
         let ids = gen.tokenizer().encode(&prompt, true)?;
-        stream(
-            &mut gen,
-            ids,
-            &params,
-            &stop,
-            args.sampling.logprobs.is_some(),
-        )?;
+        stream(&gen, ids, &params, &stop, args.sampling.logprobs.is_some())?;
         return Ok(());
     }
     let template = chat_template(&gen)?;
@@ -122,13 +116,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     if let Some(p) = &args.prompt {
         messages.push(ChatMessage::new("user", p));
         let ids = render(&gen, &template, &messages)?;
-        stream(
-            &mut gen,
-            ids,
-            &params,
-            &stop,
-            args.sampling.logprobs.is_some(),
-        )?;
+        stream(&gen, ids, &params, &stop, args.sampling.logprobs.is_some())?;
         return Ok(());
     }
     // Interactive: one line per user turn until EOF.
@@ -141,24 +129,18 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         }
         messages.push(ChatMessage::new("user", line.trim_end()));
         let ids = render(&gen, &template, &messages)?;
-        let reply = stream(
-            &mut gen,
-            ids,
-            &params,
-            &stop,
-            args.sampling.logprobs.is_some(),
-        )?;
+        let reply = stream(&gen, ids, &params, &stop, args.sampling.logprobs.is_some())?;
         messages.push(ChatMessage::new("assistant", &reply));
     }
 }
 
-fn chat_template(gen: &Generator) -> anyhow::Result<ChatTemplate> {
+fn chat_template(gen: &EngineHandle) -> anyhow::Result<ChatTemplate> {
     ChatTemplate::for_tokenizer(gen.tokenizer())?
         .context("this model has no chat template; use --prompt without --chat")
 }
 
 fn render(
-    gen: &Generator,
+    gen: &EngineHandle,
     template: &ChatTemplate,
     messages: &[ChatMessage],
 ) -> anyhow::Result<Vec<TokenId>> {
@@ -168,43 +150,48 @@ fn render(
 
 /// Generates and prints; returns the full text.
 fn stream(
-    gen: &mut Generator,
+    gen: &EngineHandle,
     prompt: Vec<TokenId>,
     params: &SamplingParams,
     stop: &StopCriteria,
     show_logprobs: bool,
 ) -> anyhow::Result<String> {
     let tokenizer = gen.tokenizer().clone();
+    let mut events = gen.submit(EngineRequest {
+        prompt,
+        sampling: params.clone(),
+        stop: stop.clone(),
+        priority: Default::default(),
+    })?;
     let mut out = std::io::stdout().lock();
     let mut text = String::new();
-    let mut io_result = Ok(());
-    gen.generate(prompt, params.clone(), stop.clone(), &mut |t| {
-        text.push_str(&t.text);
-        if io_result.is_ok() {
-            io_result = out.write_all(t.text.as_bytes()).and_then(|()| out.flush());
+    while let Some(event) = events.next_blocking() {
+        match event {
+            TokenEvent::Token(t) => {
+                text.push_str(&t.text);
+                out.write_all(t.text.as_bytes())?;
+                out.flush()?;
+                if show_logprobs {
+                    let alts: Vec<String> = t
+                        .top_logprobs
+                        .iter()
+                        .map(|a| {
+                            let piece = tokenizer.id_to_token(a.token).unwrap_or_default();
+                            format!("{piece:?}={:.4}", a.logprob)
+                        })
+                        .collect();
+                    eprintln!(
+                        "[{} logprob={:.4} top: {}]",
+                        t.token,
+                        t.logprob,
+                        alts.join(" ")
+                    );
+                }
+            }
+            TokenEvent::Finished(_) => break,
+            TokenEvent::Error(e) => anyhow::bail!("generation failed: {e}"),
         }
-        if show_logprobs {
-            let alts: Vec<String> = t
-                .sampled
-                .top_logprobs
-                .iter()
-                .map(|a| {
-                    format!(
-                        "{:?}={:.4}",
-                        tokenizer.id_to_token(a.token).unwrap_or_default(),
-                        a.logprob
-                    )
-                })
-                .collect();
-            eprintln!(
-                "[{} logprob={:.4} top: {}]",
-                t.sampled.token,
-                t.sampled.logprob,
-                alts.join(" ")
-            );
-        }
-    })?;
+    }
     writeln!(out)?;
-    io_result?;
     Ok(text)
 }

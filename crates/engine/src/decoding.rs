@@ -1,11 +1,10 @@
-//! One request's generation state and the post-processing of each sampled
-//! token: stop token ids, EOS, max_tokens, incremental detokenization and
-//! stop strings.
+//! Turning a sequence's logits into client output: sampling, then the stop
+//! rules (stop token ids, EOS, max_tokens, context length), incremental
+//! detokenization and stop strings.
 
 use std::sync::Arc;
 
 use ingot_core::{FinishReason, SamplingParams, StopCriteria, TokenId};
-use ingot_kv_cache::BlockTable;
 use ingot_tokenizer::{IncrementalDecoder, Tokenizer, TokenizerError};
 
 use crate::sampler::{SampledToken, Sampler};
@@ -22,28 +21,23 @@ pub struct TokenOutput {
     pub finish: Option<FinishReason>,
 }
 
-/// A sequence being generated.
-pub struct Sequence {
-    /// Prompt token ids.
-    pub prompt: Vec<TokenId>,
-    /// Generated token ids (including a final stop token, if any).
-    pub output: Vec<TokenId>,
-    /// KV blocks holding this sequence's positions.
-    pub block_table: BlockTable,
-    /// Positions already in the KV cache.
-    pub num_computed: usize,
+/// Output-side state of one sequence.
+pub struct Decoding {
     sampler: Sampler,
     criteria: StopCriteria,
     stop: StopMatcher,
     detok: IncrementalDecoder,
     eos: Vec<TokenId>,
+    /// Prompt plus output may not exceed this.
     max_context: usize,
+    prompt_len: usize,
+    num_output: usize,
 }
 
-impl Sequence {
-    /// Prepares a sequence; `eos` are the model's end-of-sequence ids.
+impl Decoding {
+    /// Output state for a sequence starting from `prompt`.
     pub fn new(
-        prompt: Vec<TokenId>,
+        prompt: &[TokenId],
         params: SamplingParams,
         criteria: StopCriteria,
         tokenizer: Arc<Tokenizer>,
@@ -51,40 +45,27 @@ impl Sequence {
     ) -> Self {
         let eos = tokenizer.eos_ids().to_vec();
         Self {
-            sampler: Sampler::new(params, &prompt),
+            sampler: Sampler::new(params, prompt),
             stop: StopMatcher::new(&criteria.stop_strings),
-            detok: IncrementalDecoder::new(tokenizer, true),
-            prompt,
-            output: Vec::new(),
-            block_table: BlockTable::new(),
-            num_computed: 0,
+            detok: IncrementalDecoder::with_prompt(tokenizer, prompt, true),
             criteria,
             eos,
             max_context,
+            prompt_len: prompt.len(),
+            num_output: 0,
         }
     }
 
-    /// Prompt plus output length.
-    pub fn len(&self) -> usize {
-        self.prompt.len() + self.output.len()
-    }
-
-    /// True for a sequence with no tokens at all (never valid to run).
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Tokens not yet in the KV cache.
-    pub fn pending_tokens(&self) -> Vec<TokenId> {
-        let all = self.prompt.iter().chain(self.output.iter());
-        all.skip(self.num_computed).copied().collect()
+    /// Tokens generated so far.
+    pub fn num_output(&self) -> usize {
+        self.num_output
     }
 
     /// Samples from this sequence's logits row and applies every stop rule.
     pub fn accept_logits(&mut self, logits: &mut [f32]) -> Result<TokenOutput, TokenizerError> {
         let sampled = self.sampler.sample(logits);
         let token = sampled.token;
-        self.output.push(token);
+        self.num_output += 1;
         let is_stop_token = (!self.criteria.ignore_eos && self.eos.contains(&token))
             || self.criteria.stop_token_ids.contains(&token);
         if is_stop_token {
@@ -105,8 +86,8 @@ impl Sequence {
             });
         }
         let mut text = outcome.emit;
-        let at_limit =
-            self.output.len() >= self.criteria.max_tokens || self.len() >= self.max_context;
+        let at_limit = self.num_output >= self.criteria.max_tokens
+            || self.prompt_len + self.num_output >= self.max_context;
         let mut finish = None;
         if at_limit {
             // Release text held back for a possible stop string or an

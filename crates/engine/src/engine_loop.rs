@@ -1,0 +1,450 @@
+//! The step loop, on its own OS thread: take commands, schedule, run one
+//! forward pass, sample, and send each request its events. Never awaits;
+//! blocks only when there is nothing to do.
+//!
+//! Backpressure: every request has a bounded event channel. When a client
+//! stops reading, its events queue in a backlog and its sequence is paused
+//! (it keeps its KV blocks but is not stepped), so the batch never waits for
+//! it; after `stall_timeout` it is cut off and its blocks freed.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ingot_core::{FinishReason, Priority};
+use ingot_kv_cache::BlockPool;
+use ingot_runner::{ForwardBatch, ModelRunner, SequenceChunk};
+use ingot_scheduler::{ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput};
+use ingot_tokenizer::Tokenizer;
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::mpsc::Sender;
+
+use crate::decoding::{Decoding, TokenOutput};
+use crate::handle::{
+    Command, Completion, EngineHandle, EngineStats, GeneratedToken, Limits, RequestId, Shared,
+    TokenEvent,
+};
+use crate::metrics as m;
+
+/// Engine settings (the scheduler's plus the engine's own).
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Batching limits and priority policy.
+    pub scheduler: SchedulerConfig,
+    /// Reuse KV blocks across requests with a common prefix.
+    pub prefix_caching: bool,
+    /// Events buffered per request before its sequence is paused.
+    pub stream_buffer: usize,
+    /// A client that reads nothing for this long is cut off.
+    pub stall_timeout: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            scheduler: SchedulerConfig::default(),
+            prefix_caching: true,
+            stream_buffer: 64,
+            stall_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Starts the engine thread over `runner` and returns a handle to it. The
+/// thread exits when every handle and request stream is dropped.
+pub fn start_engine(
+    runner: Box<dyn ModelRunner>,
+    tokenizer: Arc<Tokenizer>,
+    config: EngineConfig,
+) -> std::io::Result<EngineHandle> {
+    let (commands, rx) = std_mpsc::channel();
+    let shape = runner.kv_cache_shape();
+    let pool = BlockPool::new(shape.num_blocks, shape.block_size, config.prefix_caching);
+    let model = runner.config().clone();
+    let stats = Arc::new(EngineStats::default());
+    stats
+        .kv_blocks_total
+        .store(shape.num_blocks, Ordering::Relaxed);
+    let limits = Limits {
+        max_context: model.max_context,
+        kv_capacity_tokens: shape.num_blocks * shape.block_size,
+        max_waiting: config.scheduler.max_waiting,
+        stream_buffer: config.stream_buffer.max(1),
+    };
+    let state = EngineLoop {
+        scheduler: Scheduler::new(config.scheduler.clone(), pool),
+        row: vec![0.0; model.vocab_size],
+        runner,
+        tokenizer: tokenizer.clone(),
+        active: HashMap::new(),
+        stats: stats.clone(),
+        config,
+        idle_wait: false,
+        last_prefix: Default::default(),
+        last_preemptions: 0,
+    };
+    std::thread::Builder::new()
+        .name("ingot-engine".into())
+        .spawn(move || state.run(rx))?;
+    Ok(EngineHandle {
+        shared: Arc::new(Shared {
+            commands,
+            stats,
+            next_id: Default::default(),
+            config: model,
+            tokenizer,
+            limits,
+        }),
+    })
+}
+
+/// One request the engine is serving.
+struct Active {
+    decoding: Decoding,
+    events: Sender<TokenEvent>,
+    /// Events the client has not taken yet; non-empty means paused.
+    backlog: VecDeque<TokenEvent>,
+    stalled_since: Option<Instant>,
+    priority: Priority,
+    arrival: Instant,
+    prompt_tokens: usize,
+    cached_tokens: usize,
+    /// Still counted in `EngineStats::waiting`.
+    queued: bool,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    /// The sequence ended; only the backlog remains to deliver.
+    done: bool,
+}
+
+enum Delivery {
+    Sent,
+    Backlogged,
+    ClientGone,
+}
+
+impl Active {
+    fn deliver(&mut self, event: TokenEvent) -> Delivery {
+        if !self.backlog.is_empty() {
+            self.backlog.push_back(event);
+            return Delivery::Backlogged;
+        }
+        match self.events.try_send(event) {
+            Ok(()) => Delivery::Sent,
+            Err(TrySendError::Full(event)) => {
+                self.backlog.push_back(event);
+                Delivery::Backlogged
+            }
+            Err(TrySendError::Closed(_)) => Delivery::ClientGone,
+        }
+    }
+
+    /// Sends as much backlog as the channel takes. `Err` when the client is gone.
+    fn flush(&mut self) -> Result<(), ()> {
+        while let Some(event) = self.backlog.pop_front() {
+            match self.events.try_send(event) {
+                Ok(()) => {}
+                Err(TrySendError::Full(event)) => {
+                    self.backlog.push_front(event);
+                    return Ok(());
+                }
+                Err(TrySendError::Closed(_)) => return Err(()),
+            }
+        }
+        Ok(())
+    }
+}
+
+struct EngineLoop {
+    scheduler: Scheduler,
+    runner: Box<dyn ModelRunner>,
+    tokenizer: Arc<Tokenizer>,
+    active: HashMap<RequestId, Active>,
+    stats: Arc<EngineStats>,
+    config: EngineConfig,
+    /// Scratch row of logits (samplers modify it in place).
+    row: Vec<f32>,
+    /// The last step scheduled nothing although work exists (all paused).
+    idle_wait: bool,
+    last_prefix: ingot_kv_cache::PrefixCacheStats,
+    last_preemptions: u64,
+}
+
+impl EngineLoop {
+    fn run(mut self, commands: std_mpsc::Receiver<Command>) {
+        while self.receive(&commands) {
+            let now = Instant::now();
+            self.flush_backlogs(now);
+            let out = self.scheduler.schedule(now);
+            self.note_started(&out, now);
+            self.idle_wait = out.chunks.is_empty();
+            if !out.chunks.is_empty() {
+                self.step(&out.chunks);
+            }
+            self.publish_stats();
+        }
+        tracing::debug!("engine thread exiting");
+    }
+
+    /// Applies pending commands. Blocks when idle; false when every handle
+    /// is gone and no work remains.
+    fn receive(&mut self, commands: &std_mpsc::Receiver<Command>) -> bool {
+        if self.active.is_empty() {
+            match commands.recv() {
+                Ok(c) => self.apply(c),
+                Err(_) => return false,
+            }
+        } else if self.idle_wait {
+            if let Ok(c) = commands.recv_timeout(Duration::from_millis(2)) {
+                self.apply(c);
+            }
+        }
+        while let Ok(c) = commands.try_recv() {
+            self.apply(c);
+        }
+        true
+    }
+
+    fn apply(&mut self, command: Command) {
+        match command {
+            Command::Add {
+                id,
+                request,
+                events,
+                arrival,
+            } => {
+                let decoding = Decoding::new(
+                    &request.prompt,
+                    request.sampling,
+                    request.stop.clone(),
+                    self.tokenizer.clone(),
+                    self.runner.config().max_context,
+                );
+                self.active.insert(
+                    id,
+                    Active {
+                        decoding,
+                        events,
+                        backlog: VecDeque::new(),
+                        stalled_since: None,
+                        priority: request.priority,
+                        arrival,
+                        prompt_tokens: request.prompt.len(),
+                        cached_tokens: 0,
+                        queued: true,
+                        first_token: None,
+                        last_token: None,
+                        done: false,
+                    },
+                );
+                self.scheduler.add(
+                    id,
+                    request.prompt,
+                    request.priority,
+                    request.stop.max_tokens,
+                    arrival,
+                );
+            }
+            Command::Abort(id) => self.drop_request(id, Some(FinishReason::Abort)),
+        }
+    }
+
+    /// Forgets a request and frees its blocks. `reason` is counted in
+    /// metrics when the request had not finished.
+    fn drop_request(&mut self, id: RequestId, reason: Option<FinishReason>) {
+        self.scheduler.remove(id);
+        if let Some(a) = self.active.remove(&id) {
+            if a.queued {
+                self.stats.waiting.fetch_sub(1, Ordering::SeqCst);
+            }
+            if let (false, Some(reason)) = (a.done, reason) {
+                m::request_finished(reason, a.priority);
+            }
+        }
+    }
+
+    fn note_started(&mut self, out: &SchedulerOutput, now: Instant) {
+        for &(id, cached) in &out.started {
+            if let Some(a) = self.active.get_mut(&id) {
+                if a.queued {
+                    a.queued = false;
+                    a.cached_tokens = cached;
+                    self.stats.waiting.fetch_sub(1, Ordering::SeqCst);
+                    m::queue_time(now.saturating_duration_since(a.arrival), a.priority);
+                }
+            }
+        }
+    }
+
+    /// Delivers backlogs of paused requests; resumes the ones that drained
+    /// and cuts off the ones stalled too long or gone.
+    fn flush_backlogs(&mut self, now: Instant) {
+        let mut resume = Vec::new();
+        let mut cut = Vec::new();
+        for (&id, a) in self
+            .active
+            .iter_mut()
+            .filter(|(_, a)| !a.backlog.is_empty())
+        {
+            if a.flush().is_err() {
+                cut.push(id);
+            } else if a.backlog.is_empty() {
+                a.stalled_since = None;
+                resume.push((id, a.done));
+            } else if a
+                .stalled_since
+                .is_some_and(|t| now.saturating_duration_since(t) > self.config.stall_timeout)
+            {
+                tracing::warn!(id, "client stalled; request cut off");
+                cut.push(id);
+            }
+        }
+        for (id, done) in resume {
+            if done {
+                self.active.remove(&id);
+            } else {
+                self.scheduler.set_paused(id, false);
+            }
+        }
+        for id in cut {
+            self.drop_request(id, Some(FinishReason::Abort));
+        }
+    }
+
+    /// One forward pass over the scheduled chunks, then sampling.
+    fn step(&mut self, chunks: &[ScheduledChunk]) {
+        let started = Instant::now();
+        let batch = ForwardBatch {
+            chunks: chunks
+                .iter()
+                .filter_map(|c| {
+                    let v = self.scheduler.view(c.id)?;
+                    Some(SequenceChunk {
+                        tokens: &v.tokens[c.start..c.start + c.len],
+                        start_pos: c.start,
+                        block_table: v.blocks,
+                    })
+                })
+                .collect(),
+        };
+        let num_tokens = batch.num_tokens();
+        let vocab = self.row.len();
+        let logits = match self.runner.forward(&batch) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "forward pass failed");
+                drop(batch);
+                for c in chunks {
+                    self.fail(c.id, &e.to_string());
+                }
+                return;
+            }
+        };
+        let mut outputs = Vec::new();
+        for (i, c) in chunks.iter().enumerate() {
+            let Some(a) = self.active.get_mut(&c.id) else {
+                continue;
+            };
+            if !c.sample {
+                continue;
+            }
+            self.row
+                .copy_from_slice(&logits[i * vocab..(i + 1) * vocab]);
+            outputs.push((c.id, a.decoding.accept_logits(&mut self.row)));
+        }
+        drop(batch);
+        m::iteration(num_tokens, started.elapsed());
+        let now = Instant::now();
+        for (id, out) in outputs {
+            match out {
+                Ok(out) => self.emit(id, out, now),
+                Err(e) => self.fail(id, &e.to_string()),
+            }
+        }
+    }
+
+    fn emit(&mut self, id: RequestId, out: TokenOutput, now: Instant) {
+        self.scheduler.append_token(id, out.sampled.token);
+        let Some(a) = self.active.get_mut(&id) else {
+            return;
+        };
+        match a.last_token {
+            None => m::time_to_first_token(now.saturating_duration_since(a.arrival), a.priority),
+            Some(prev) => m::inter_token_latency(now.saturating_duration_since(prev)),
+        }
+        a.first_token.get_or_insert(now);
+        a.last_token = Some(now);
+        let token = TokenEvent::Token(GeneratedToken {
+            token: out.sampled.token,
+            text: out.text,
+            logprob: out.sampled.logprob,
+            top_logprobs: out.sampled.top_logprobs,
+        });
+        let mut delivery = a.deliver(token);
+        if let Some(reason) = out.finish {
+            let completion = Completion {
+                reason,
+                prompt_tokens: a.prompt_tokens,
+                completion_tokens: a.decoding.num_output(),
+                cached_tokens: a.cached_tokens,
+            };
+            m::request_done(
+                &completion,
+                now.saturating_duration_since(a.arrival),
+                a.priority,
+            );
+            a.done = true;
+            if !matches!(delivery, Delivery::ClientGone) {
+                delivery = a.deliver(TokenEvent::Finished(completion));
+            }
+            self.scheduler.remove(id);
+        }
+        match delivery {
+            Delivery::Sent if out.finish.is_some() => {
+                self.active.remove(&id);
+            }
+            Delivery::Sent => {}
+            Delivery::Backlogged => {
+                a.stalled_since.get_or_insert(now);
+                self.scheduler.set_paused(id, true);
+            }
+            Delivery::ClientGone => self.drop_request(id, Some(FinishReason::Abort)),
+        }
+    }
+
+    fn fail(&mut self, id: RequestId, message: &str) {
+        if let Some(a) = self.active.get_mut(&id) {
+            let _ = a.events.try_send(TokenEvent::Error(message.to_string()));
+        }
+        self.drop_request(id, Some(FinishReason::Abort));
+    }
+
+    fn publish_stats(&mut self) {
+        let s = &self.stats;
+        let pool = self.scheduler.pool();
+        s.running
+            .store(self.scheduler.num_running(), Ordering::Relaxed);
+        s.kv_blocks_used.store(pool.num_in_use(), Ordering::Relaxed);
+        let prefix = pool.prefix_cache_stats();
+        s.prefix_cache_queries
+            .store(prefix.queries, Ordering::Relaxed);
+        s.prefix_cache_hits.store(prefix.hits, Ordering::Relaxed);
+        s.preemptions
+            .store(self.scheduler.num_preemptions(), Ordering::Relaxed);
+        s.steps.fetch_add(1, Ordering::Relaxed);
+        m::gauges(
+            self.scheduler.num_running(),
+            self.scheduler.num_waiting(),
+            pool.usage(),
+        );
+        m::prefix_cache(
+            prefix.queries - self.last_prefix.queries,
+            prefix.hits - self.last_prefix.hits,
+        );
+        m::preemptions(self.scheduler.num_preemptions() - self.last_preemptions);
+        self.last_prefix = prefix;
+        self.last_preemptions = self.scheduler.num_preemptions();
+    }
+}

@@ -1,0 +1,288 @@
+//! The async world's door to the engine: a cloneable [`EngineHandle`] that
+//! submits requests and returns a [`RequestStream`] of [`TokenEvent`]s.
+//! Nothing here blocks on the model; the engine runs on its own OS thread.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ingot_core::{FinishReason, Priority, SamplingParams, StopCriteria, TokenId};
+use ingot_models::ModelConfig;
+use ingot_tokenizer::Tokenizer;
+use tokio::sync::mpsc;
+
+use crate::sampler::TokenLogprob;
+
+/// Identifies a request for its whole life.
+pub type RequestId = u64;
+
+/// A validated request, in token ids.
+#[derive(Debug, Clone)]
+pub struct EngineRequest {
+    /// Prompt token ids (non-empty).
+    pub prompt: Vec<TokenId>,
+    /// How to sample.
+    pub sampling: SamplingParams,
+    /// When to stop.
+    pub stop: StopCriteria,
+    /// Scheduling tier.
+    pub priority: Priority,
+}
+
+/// One generated token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GeneratedToken {
+    /// The token id.
+    pub token: TokenId,
+    /// Text that became final with this token (may be empty; never a
+    /// partial UTF-8 character, never part of a stop string).
+    pub text: String,
+    /// Log-probability of the token under the model.
+    pub logprob: f32,
+    /// Most likely alternatives, when requested.
+    pub top_logprobs: Vec<TokenLogprob>,
+}
+
+/// How a request ended, with its usage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// Why it ended.
+    pub reason: FinishReason,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens (including a final stop token).
+    pub completion_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+/// What a request's stream carries.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TokenEvent {
+    /// A token was generated.
+    Token(GeneratedToken),
+    /// The request ended; the last event.
+    Finished(Completion),
+    /// The engine failed while serving the request; the last event.
+    Error(String),
+}
+
+/// Why a request was not accepted.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubmitError {
+    /// The waiting queue is full for this priority.
+    #[error("the server is overloaded ({waiting} requests waiting); retry later")]
+    Overloaded {
+        /// Requests waiting.
+        waiting: usize,
+        /// Suggested wait before retrying.
+        retry_after: Duration,
+    },
+    /// Prompt plus max_tokens exceed what the model or the KV cache holds.
+    #[error("this model's maximum context length is {max_context} tokens; the request has {prompt_tokens} prompt tokens and max_tokens {max_tokens} ({} in total)", prompt_tokens + max_tokens)]
+    TooLong {
+        /// Prompt length.
+        prompt_tokens: usize,
+        /// Requested output length.
+        max_tokens: usize,
+        /// The limit.
+        max_context: usize,
+    },
+    /// The prompt has no tokens.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    /// A token id outside the vocabulary.
+    #[error("token id {id} is outside the vocabulary (size {vocab_size})")]
+    TokenOutOfRange {
+        /// The id.
+        id: TokenId,
+        /// Vocabulary size.
+        vocab_size: usize,
+    },
+    /// A sampling parameter is invalid.
+    #[error(transparent)]
+    Sampling(#[from] ingot_core::SamplingError),
+    /// The engine is shutting down or has stopped.
+    #[error("the engine is not running")]
+    Stopped,
+}
+
+pub(crate) enum Command {
+    Add {
+        id: RequestId,
+        request: EngineRequest,
+        events: mpsc::Sender<TokenEvent>,
+        arrival: Instant,
+    },
+    Abort(RequestId),
+}
+
+/// Counters the engine thread publishes for the handle (and `/metrics`).
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    /// Requests waiting for admission, including ones not yet seen by the
+    /// engine thread (admission control counts them).
+    pub waiting: AtomicUsize,
+    /// Requests running.
+    pub running: AtomicUsize,
+    /// KV blocks in use.
+    pub kv_blocks_used: AtomicUsize,
+    /// KV blocks in total.
+    pub kv_blocks_total: AtomicUsize,
+    /// Prompt tokens looked up in the prefix cache.
+    pub prefix_cache_queries: AtomicU64,
+    /// Prompt tokens found.
+    pub prefix_cache_hits: AtomicU64,
+    /// Preemptions since start.
+    pub preemptions: AtomicU64,
+    /// Engine steps run.
+    pub steps: AtomicU64,
+}
+
+impl EngineStats {
+    /// Fraction of KV blocks in use, in [0, 1].
+    pub fn kv_usage(&self) -> f64 {
+        let total = self.kv_blocks_total.load(Ordering::Relaxed);
+        if total == 0 {
+            return 0.0;
+        }
+        self.kv_blocks_used.load(Ordering::Relaxed) as f64 / total as f64
+    }
+}
+
+pub(crate) struct Shared {
+    pub commands: std_mpsc::Sender<Command>,
+    pub stats: Arc<EngineStats>,
+    pub next_id: AtomicU64,
+    pub config: ModelConfig,
+    pub tokenizer: Arc<Tokenizer>,
+    pub limits: Limits,
+}
+
+/// Bounds checked at submission, before the engine thread sees a request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub max_context: usize,
+    pub kv_capacity_tokens: usize,
+    pub max_waiting: usize,
+    pub stream_buffer: usize,
+}
+
+/// A cloneable handle to a running engine.
+#[derive(Clone)]
+pub struct EngineHandle {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl EngineHandle {
+    /// The model's resolved configuration.
+    pub fn model_config(&self) -> &ModelConfig {
+        &self.shared.config
+    }
+
+    /// The model's tokenizer.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.shared.tokenizer
+    }
+
+    /// Live counters.
+    pub fn stats(&self) -> &EngineStats {
+        &self.shared.stats
+    }
+
+    /// Longest prompt + max_tokens a request may have.
+    pub fn max_context(&self) -> usize {
+        self.shared
+            .limits
+            .max_context
+            .min(self.shared.limits.kv_capacity_tokens)
+    }
+
+    /// Validates and queues a request. Fails fast when the queue is full
+    /// for its priority (see `Scheduler::admit`).
+    pub fn submit(&self, request: EngineRequest) -> Result<RequestStream, SubmitError> {
+        request.sampling.validate()?;
+        if request.prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        let vocab_size = self.shared.config.vocab_size;
+        if let Some(&id) = request.prompt.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(SubmitError::TokenOutOfRange { id, vocab_size });
+        }
+        let max_context = self.max_context();
+        if request.prompt.len() + request.stop.max_tokens > max_context {
+            return Err(SubmitError::TooLong {
+                prompt_tokens: request.prompt.len(),
+                max_tokens: request.stop.max_tokens,
+                max_context,
+            });
+        }
+        let stats = &self.shared.stats;
+        let waiting = stats.waiting.fetch_add(1, Ordering::SeqCst);
+        if let Err(e) = admission(request.priority, waiting, self.shared.limits.max_waiting) {
+            stats.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(e);
+        }
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(self.shared.limits.stream_buffer);
+        let sent = self.shared.commands.send(Command::Add {
+            id,
+            request,
+            events: tx,
+            arrival: Instant::now(),
+        });
+        if sent.is_err() {
+            stats.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(SubmitError::Stopped);
+        }
+        Ok(RequestStream {
+            id,
+            events: rx,
+            abort: Some(self.shared.commands.clone()),
+        })
+    }
+}
+
+fn admission(priority: Priority, waiting: usize, max_waiting: usize) -> Result<(), SubmitError> {
+    ingot_scheduler::admit(priority, waiting, max_waiting).map_err(|e| SubmitError::Overloaded {
+        waiting: e.waiting,
+        retry_after: Duration::from_secs(1),
+    })
+}
+
+/// The events of one request. Dropping it aborts the request and frees its
+/// KV blocks within one engine step.
+pub struct RequestStream {
+    id: RequestId,
+    events: mpsc::Receiver<TokenEvent>,
+    abort: Option<std_mpsc::Sender<Command>>,
+}
+
+impl RequestStream {
+    /// The request's id.
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// The next event; `None` after the last one.
+    pub async fn next(&mut self) -> Option<TokenEvent> {
+        self.events.recv().await
+    }
+
+    /// The next event, blocking the current (non-async) thread.
+    pub fn next_blocking(&mut self) -> Option<TokenEvent> {
+        self.events.blocking_recv()
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if let Some(tx) = self.abort.take() {
+            // Harmless when the request already finished: the engine ignores
+            // unknown ids. Fails only when the engine is gone.
+            let _ = tx.send(Command::Abort(self.id));
+        }
+    }
+}

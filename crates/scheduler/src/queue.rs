@@ -1,0 +1,728 @@
+//! The scheduler state and its step.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use ingot_core::{Priority, TokenId};
+use ingot_kv_cache::{BlockId, BlockPool, BlockTable};
+
+/// Identifies a sequence inside the engine.
+pub type SeqId = u64;
+
+/// Limits and policy knobs.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Most sequences running at once.
+    pub max_num_seqs: usize,
+    /// Most tokens (decode + prefill) per step.
+    pub max_num_batched_tokens: usize,
+    /// Waiting-queue bound; tiers below high are shed earlier (see [`admit`]).
+    pub max_waiting: usize,
+    /// First-token deadline per tier, most urgent first.
+    pub tier_deadlines: [Duration; 5],
+    /// Waiting this long promotes a request by one tier.
+    pub aging: Duration,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            max_num_seqs: 64,
+            max_num_batched_tokens: 2048,
+            max_waiting: 256,
+            tier_deadlines: [
+                Duration::from_millis(250),
+                Duration::from_millis(1000),
+                Duration::from_secs(5),
+                Duration::from_secs(30),
+                Duration::from_secs(120),
+            ],
+            aging: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The waiting queue is full for this tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the server is overloaded: {waiting} requests waiting (limit {limit} for this priority)")]
+pub struct AdmissionError {
+    /// Requests waiting now.
+    pub waiting: usize,
+    /// The bound that applied to this tier.
+    pub limit: usize,
+}
+
+/// Whether a request of `priority` may join a queue of `waiting` requests
+/// bounded by `max_waiting`. Less urgent tiers are shed first: background
+/// at half the bound, low at three quarters, normal at the bound, high and
+/// critical at 1.25× (a reserve so urgent traffic still gets in).
+pub fn admit(priority: Priority, waiting: usize, max_waiting: usize) -> Result<(), AdmissionError> {
+    let max = max_waiting;
+    let limit = match priority {
+        Priority::Critical | Priority::High => max + max / 4,
+        Priority::Normal => max,
+        Priority::Low => max * 3 / 4,
+        Priority::Background => max / 2,
+    };
+    if waiting >= limit {
+        Err(AdmissionError { waiting, limit })
+    } else {
+        Ok(())
+    }
+}
+
+/// One sequence's work in a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScheduledChunk {
+    /// The sequence.
+    pub id: SeqId,
+    /// Position of the chunk's first token.
+    pub start: usize,
+    /// Tokens in the chunk.
+    pub len: usize,
+    /// The chunk ends at the sequence's last token: sample from its logits.
+    pub sample: bool,
+}
+
+/// What one step runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SchedulerOutput {
+    /// Chunks to run, one per sequence.
+    pub chunks: Vec<ScheduledChunk>,
+    /// Sequences preempted this step (blocks freed, back to waiting).
+    pub preempted: Vec<SeqId>,
+    /// Sequences that left the waiting queue this step, with the number of
+    /// prompt tokens found in the prefix cache.
+    pub started: Vec<(SeqId, usize)>,
+}
+
+/// Read access to a sequence for building the forward batch.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqView<'a> {
+    /// All tokens (prompt then output).
+    pub tokens: &'a [TokenId],
+    /// KV blocks in position order.
+    pub blocks: &'a [BlockId],
+}
+
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+enum State {
+    Waiting,
+    Running,
+}
+
+#[derive(Debug)]
+struct Seq {
+    priority: Priority,
+    arrival: Instant,
+    tokens: Vec<TokenId>,
+    max_tokens: usize,
+    prompt_len: usize,
+    num_computed: usize,
+    table: BlockTable,
+    state: State,
+    paused: bool,
+}
+
+impl Seq {
+    fn pending(&self) -> usize {
+        self.tokens.len() - self.num_computed
+    }
+}
+
+/// Continuous-batching scheduler over a KV block pool.
+#[derive(Debug)]
+pub struct Scheduler {
+    config: SchedulerConfig,
+    pool: BlockPool,
+    seqs: HashMap<SeqId, Seq>,
+    waiting: Vec<SeqId>,
+    running: Vec<SeqId>,
+    num_preemptions: u64,
+}
+
+impl Scheduler {
+    /// A scheduler allocating from `pool`.
+    pub fn new(config: SchedulerConfig, pool: BlockPool) -> Self {
+        Self {
+            config,
+            pool,
+            seqs: HashMap::new(),
+            waiting: Vec::new(),
+            running: Vec::new(),
+            num_preemptions: 0,
+        }
+    }
+
+    /// The block pool (usage, prefix-cache counters).
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// Sequences waiting for admission.
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Sequences holding KV blocks and being stepped.
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Preemptions since start.
+    pub fn num_preemptions(&self) -> u64 {
+        self.num_preemptions
+    }
+
+    /// True when nothing is waiting or running.
+    pub fn is_idle(&self) -> bool {
+        self.seqs.is_empty()
+    }
+
+    /// Positions the whole pool can hold: longer sequences can never run.
+    pub fn capacity_tokens(&self) -> usize {
+        self.pool.num_blocks() * self.pool.block_size()
+    }
+
+    /// Queues a sequence. `max_tokens` only feeds the shortest-job estimate.
+    pub fn add(
+        &mut self,
+        id: SeqId,
+        prompt: Vec<TokenId>,
+        priority: Priority,
+        max_tokens: usize,
+        now: Instant,
+    ) {
+        let prompt_len = prompt.len();
+        self.seqs.insert(
+            id,
+            Seq {
+                priority,
+                arrival: now,
+                tokens: prompt,
+                max_tokens,
+                prompt_len,
+                num_computed: 0,
+                table: BlockTable::new(),
+                state: State::Waiting,
+                paused: false,
+            },
+        );
+        self.waiting.push(id);
+    }
+
+    /// Removes a sequence (finished or aborted) and frees its blocks.
+    /// Returns false when the id is unknown.
+    pub fn remove(&mut self, id: SeqId) -> bool {
+        let Some(mut seq) = self.seqs.remove(&id) else {
+            return false;
+        };
+        self.pool.release(&mut seq.table);
+        match seq.state {
+            State::Waiting => self.waiting.retain(|&w| w != id),
+            State::Running => self.running.retain(|&r| r != id),
+        }
+        true
+    }
+
+    /// Appends a sampled token to a sequence.
+    pub fn append_token(&mut self, id: SeqId, token: TokenId) {
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            seq.tokens.push(token);
+        }
+    }
+
+    /// A paused sequence keeps its blocks but is not stepped (its client is
+    /// not reading).
+    pub fn set_paused(&mut self, id: SeqId, paused: bool) {
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            seq.paused = paused;
+        }
+    }
+
+    /// Tokens and blocks of a sequence.
+    pub fn view(&self, id: SeqId) -> Option<SeqView<'_>> {
+        self.seqs.get(&id).map(|s| SeqView {
+            tokens: &s.tokens,
+            blocks: s.table.blocks(),
+        })
+    }
+
+    /// Generated tokens of a sequence so far.
+    pub fn num_output_tokens(&self, id: SeqId) -> usize {
+        self.seqs
+            .get(&id)
+            .map_or(0, |s| s.tokens.len() - s.prompt_len)
+    }
+
+    /// Tier after aging: one level more urgent per `aging` waited.
+    fn effective_rank(&self, seq: &Seq, now: Instant) -> usize {
+        let waited = now.saturating_duration_since(seq.arrival);
+        let steps = if self.config.aging.is_zero() {
+            0
+        } else {
+            (waited.as_secs_f64() / self.config.aging.as_secs_f64()) as usize
+        };
+        seq.priority.rank().saturating_sub(steps)
+    }
+
+    fn waiting_key(&self, id: SeqId, now: Instant) -> (usize, bool, usize, Instant, SeqId) {
+        let seq = &self.seqs[&id];
+        let waited = now.saturating_duration_since(seq.arrival);
+        let overdue = waited >= self.config.tier_deadlines[seq.priority.rank()];
+        let job = seq.pending() + seq.max_tokens;
+        (
+            self.effective_rank(seq, now),
+            !overdue,
+            job,
+            seq.arrival,
+            id,
+        )
+    }
+
+    /// Running sequences, least urgent (then latest) first: preemption order.
+    fn victims(&self) -> Vec<SeqId> {
+        let mut v = self.running.clone();
+        v.sort_by_key(|id| {
+            let s = &self.seqs[id];
+            (
+                std::cmp::Reverse(s.priority),
+                std::cmp::Reverse(s.arrival),
+                std::cmp::Reverse(*id),
+            )
+        });
+        v
+    }
+
+    fn preempt(&mut self, id: SeqId, out: &mut SchedulerOutput) {
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        self.pool.release(&mut seq.table);
+        seq.num_computed = 0;
+        seq.state = State::Waiting;
+        self.running.retain(|&r| r != id);
+        self.waiting.push(id);
+        self.num_preemptions += 1;
+        out.preempted.push(id);
+        out.chunks.retain(|c| c.id != id);
+    }
+
+    /// Decides this step's work.
+    pub fn schedule(&mut self, now: Instant) -> SchedulerOutput {
+        let mut out = SchedulerOutput::default();
+        self.preempt_for_urgent_waiting(now, &mut out);
+        let urgent_preemptions = out.preempted.len();
+        let mut budget = self.config.max_num_batched_tokens;
+        // 1. Running sequences, most urgent first.
+        let mut order = self.running.clone();
+        order.sort_by_key(|id| (self.seqs[id].priority, self.seqs[id].arrival, *id));
+        for id in order {
+            if budget == 0 {
+                break;
+            }
+            let Some(seq) = self.seqs.get(&id) else {
+                continue;
+            };
+            if seq.state != State::Running || seq.paused || seq.pending() == 0 {
+                continue;
+            }
+            let n = seq.pending().min(budget);
+            if self.reserve_or_preempt(id, n, &mut out) {
+                self.push_chunk(id, n, &mut out);
+                budget -= n;
+            }
+        }
+        // 2. Waiting sequences, unless running ones were short of memory.
+        if out.preempted.len() == urgent_preemptions {
+            self.admit_waiting(now, &mut budget, &mut out);
+        }
+        self.commit(&out);
+        out
+    }
+
+    /// Grows `id`'s table for `n` more tokens, preempting less urgent running
+    /// sequences (or `id` itself, as a last resort). True when it can run.
+    fn reserve_or_preempt(&mut self, id: SeqId, n: usize, out: &mut SchedulerOutput) -> bool {
+        loop {
+            let seq = self
+                .seqs
+                .get_mut(&id)
+                .expect("scheduled ids exist. This is a bug.");
+            let target = seq.num_computed + n;
+            if self.pool.reserve(&mut seq.table, target).is_ok() {
+                return true;
+            }
+            let victim = self.victims().into_iter().find(|v| *v != id);
+            let me_first = victim.is_none_or(|v| self.seqs[&v].priority < self.seqs[&id].priority);
+            if me_first {
+                self.preempt(id, out);
+                return false;
+            }
+            if let Some(v) = victim {
+                self.preempt(v, out);
+            }
+        }
+    }
+
+    fn push_chunk(&mut self, id: SeqId, n: usize, out: &mut SchedulerOutput) {
+        let seq = &self.seqs[&id];
+        out.chunks.push(ScheduledChunk {
+            id,
+            start: seq.num_computed,
+            len: n,
+            sample: seq.num_computed + n == seq.tokens.len(),
+        });
+    }
+
+    /// Makes room for the most urgent waiting sequence when it outranks
+    /// running ones and there is no slot or no memory for its first chunk.
+    fn preempt_for_urgent_waiting(&mut self, now: Instant, out: &mut SchedulerOutput) {
+        let Some(&best) = self.sorted_waiting(now).first() else {
+            return;
+        };
+        let (rank, need) = {
+            let s = &self.seqs[&best];
+            let chunk = s.pending().min(self.config.max_num_batched_tokens);
+            (s.priority, self.pool.blocks_for(s.num_computed + chunk))
+        };
+        loop {
+            let short_of_slots = self.running.len() >= self.config.max_num_seqs;
+            let short_of_blocks = need > self.pool.num_available();
+            if !short_of_slots && !short_of_blocks {
+                return;
+            }
+            match self.victims().first() {
+                Some(&v) if self.seqs[&v].priority > rank => self.preempt(v, out),
+                _ => return,
+            }
+        }
+    }
+
+    fn sorted_waiting(&self, now: Instant) -> Vec<SeqId> {
+        let mut w = self.waiting.clone();
+        w.sort_by_cached_key(|&id| self.waiting_key(id, now));
+        w
+    }
+
+    fn admit_waiting(&mut self, now: Instant, budget: &mut usize, out: &mut SchedulerOutput) {
+        for id in self.sorted_waiting(now) {
+            if *budget == 0 || self.running.len() >= self.config.max_num_seqs {
+                return;
+            }
+            if out.preempted.contains(&id) {
+                continue;
+            }
+            let seq = self
+                .seqs
+                .get_mut(&id)
+                .expect("waiting ids exist. This is a bug.");
+            let cached = self.pool.reuse_prefix(&mut seq.table, &seq.tokens);
+            seq.num_computed = cached;
+            let n = seq.pending().min(*budget);
+            if self
+                .pool
+                .reserve(&mut seq.table, seq.num_computed + n)
+                .is_err()
+            {
+                // Not enough memory: give the prefix back and stop admitting,
+                // so a large request is not overtaken forever by small ones.
+                self.pool.release(&mut seq.table);
+                seq.num_computed = 0;
+                return;
+            }
+            seq.state = State::Running;
+            self.waiting.retain(|&w| w != id);
+            self.running.push(id);
+            out.started.push((id, cached));
+            self.push_chunk(id, n, out);
+            *budget -= n;
+        }
+    }
+
+    /// Marks scheduled tokens computed and publishes newly full blocks to
+    /// the prefix cache (their contents are written by this step's forward).
+    fn commit(&mut self, out: &SchedulerOutput) {
+        for c in &out.chunks {
+            let seq = self
+                .seqs
+                .get_mut(&c.id)
+                .expect("scheduled ids exist. This is a bug.");
+            seq.num_computed = c.start + c.len;
+            self.pool
+                .publish_full_blocks(&mut seq.table, &seq.tokens, seq.num_computed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BS: usize = 4;
+
+    fn sched(blocks: usize, f: impl FnOnce(&mut SchedulerConfig)) -> Scheduler {
+        let mut c = SchedulerConfig {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 16,
+            max_waiting: 8,
+            aging: Duration::from_secs(10),
+            ..SchedulerConfig::default()
+        };
+        f(&mut c);
+        Scheduler::new(c, BlockPool::new(blocks, BS, true))
+    }
+
+    fn prompt(n: usize, base: u32) -> Vec<TokenId> {
+        (0..n as u32).map(|i| base + i).collect()
+    }
+
+    /// Plays the engine: every sampled chunk appends one token.
+    fn step(s: &mut Scheduler, now: Instant) -> SchedulerOutput {
+        let out = s.schedule(now);
+        for c in &out.chunks {
+            if c.sample {
+                s.append_token(c.id, 7);
+            }
+        }
+        out
+    }
+
+    fn ids(out: &SchedulerOutput) -> Vec<SeqId> {
+        out.chunks.iter().map(|c| c.id).collect()
+    }
+
+    #[test]
+    fn long_prompt_is_chunked_and_decodes_keep_running() {
+        let t0 = Instant::now();
+        let mut s = sched(64, |_| {});
+        s.add(1, prompt(3, 0), Priority::Normal, 10, t0);
+        let out = step(&mut s, t0);
+        assert_eq!(
+            out.chunks,
+            vec![ScheduledChunk {
+                id: 1,
+                start: 0,
+                len: 3,
+                sample: true
+            }]
+        );
+        s.add(2, prompt(40, 100), Priority::Normal, 10, t0);
+        // Budget 16: seq 1 decodes 1 token, seq 2 prefills 15, then 15, then 10.
+        let mut prefilled = 0;
+        for _ in 0..3 {
+            let out = step(&mut s, t0);
+            let c1 = out.chunks[0];
+            assert_eq!(
+                (c1.id, c1.len, c1.sample),
+                (1, 1, true),
+                "decode keeps going"
+            );
+            let c2 = out.chunks[1];
+            assert_eq!((c2.id, c2.start), (2, prefilled));
+            assert!(out.chunks.iter().map(|c| c.len).sum::<usize>() <= 16);
+            prefilled += c2.len;
+            assert_eq!(c2.sample, prefilled == 40);
+        }
+        assert_eq!(prefilled, 40);
+    }
+
+    #[test]
+    fn max_num_seqs_bounds_the_batch() {
+        let t0 = Instant::now();
+        let mut s = sched(64, |c| c.max_num_seqs = 2);
+        for id in 0..4 {
+            s.add(id, prompt(2, id as u32 * 10), Priority::Normal, 4, t0);
+        }
+        let out = step(&mut s, t0);
+        assert_eq!(out.chunks.len(), 2);
+        assert_eq!(s.num_running(), 2);
+        assert_eq!(s.num_waiting(), 2);
+        s.remove(0);
+        let out = step(&mut s, t0);
+        assert_eq!(out.chunks.len(), 2);
+        assert_eq!(out.started.len(), 1);
+    }
+
+    #[test]
+    fn shared_prefix_starts_from_the_cache() {
+        let t0 = Instant::now();
+        let mut s = sched(64, |c| c.max_num_batched_tokens = 64);
+        s.add(1, prompt(20, 0), Priority::Normal, 4, t0);
+        step(&mut s, t0);
+        s.remove(1);
+        let mut p = prompt(16, 0);
+        p.extend([500, 501, 502]);
+        s.add(2, p, Priority::Normal, 4, t0);
+        let out = step(&mut s, t0);
+        assert_eq!(out.started, vec![(2, 16)]);
+        assert_eq!(
+            out.chunks,
+            vec![ScheduledChunk {
+                id: 2,
+                start: 16,
+                len: 3,
+                sample: true
+            }]
+        );
+        assert_eq!(s.pool().prefix_cache_stats().hits, 16);
+    }
+
+    #[test]
+    fn out_of_blocks_preempts_the_least_urgent_latest_and_recovers() {
+        let t0 = Instant::now();
+        // 6 blocks of 4 = 24 slots. Three sequences of 7 tokens need 2 blocks
+        // each, then grow.
+        let mut s = sched(6, |c| c.max_num_batched_tokens = 64);
+        s.add(1, prompt(7, 0), Priority::High, 100, t0);
+        s.add(2, prompt(7, 100), Priority::Normal, 100, t0);
+        s.add(
+            3,
+            prompt(7, 200),
+            Priority::Normal,
+            100,
+            t0 + Duration::from_millis(1),
+        );
+        step(&mut s, t0);
+        assert_eq!(s.num_running(), 3);
+        // Decode until someone must be preempted.
+        let mut preempted = Vec::new();
+        for _ in 0..8 {
+            let out = step(&mut s, t0 + Duration::from_millis(2));
+            preempted.extend(out.preempted);
+            if !preempted.is_empty() {
+                break;
+            }
+        }
+        assert_eq!(preempted.first(), Some(&3), "latest normal goes first");
+        assert!(s.pool().num_in_use() <= 6);
+        // Finishing the others lets the preempted one come back and finish.
+        s.remove(1);
+        s.remove(2);
+        let out = step(&mut s, t0 + Duration::from_millis(3));
+        assert!(ids(&out).contains(&3));
+        assert_eq!(s.num_preemptions(), preempted.len() as u64);
+    }
+
+    #[test]
+    fn a_sequence_alone_without_memory_preempts_itself_instead_of_hanging() {
+        let t0 = Instant::now();
+        let mut s = sched(2, |c| c.max_num_batched_tokens = 64);
+        s.add(1, prompt(8, 0), Priority::Normal, 100, t0);
+        step(&mut s, t0); // 2 blocks used
+        let out = step(&mut s, t0); // needs a third block
+        assert_eq!(out.preempted, vec![1]);
+        assert!(out.chunks.is_empty());
+        assert_eq!(s.pool().num_in_use(), 0);
+    }
+
+    #[test]
+    fn urgent_tiers_first_then_shortest_job() {
+        let t0 = Instant::now();
+        let mut s = sched(64, |c| c.max_num_seqs = 1);
+        s.add(1, prompt(8, 0), Priority::Normal, 100, t0);
+        s.add(2, prompt(8, 10), Priority::Normal, 2, t0);
+        s.add(
+            3,
+            prompt(8, 20),
+            Priority::Critical,
+            100,
+            t0 + Duration::from_millis(5),
+        );
+        s.add(4, prompt(8, 30), Priority::Background, 1, t0);
+        let now = t0 + Duration::from_millis(6);
+        let mut order = Vec::new();
+        for _ in 0..4 {
+            let out = step(&mut s, now);
+            let id = out.chunks[0].id;
+            order.push(id);
+            s.remove(id);
+        }
+        assert_eq!(order, vec![3, 2, 1, 4]);
+    }
+
+    #[test]
+    fn aging_lets_background_overtake_newer_normal() {
+        let t0 = Instant::now();
+        let mut s = sched(64, |c| c.max_num_seqs = 1);
+        s.add(1, prompt(4, 0), Priority::Background, 4, t0);
+        // 25 s later: background has aged two tiers (rank 4 -> 2 = normal) and
+        // arrived earlier; a fresh normal request waits behind it.
+        let later = t0 + Duration::from_secs(25);
+        s.add(2, prompt(4, 10), Priority::Normal, 4, later);
+        let out = step(&mut s, later);
+        assert_eq!(ids(&out), vec![1]);
+    }
+
+    #[test]
+    fn overdue_requests_go_first_within_a_tier() {
+        let t0 = Instant::now();
+        let mut s = sched(64, |c| c.max_num_seqs = 1);
+        s.add(1, prompt(4, 0), Priority::Normal, 1000, t0);
+        let later = t0 + Duration::from_secs(6); // past normal's 5 s deadline
+        s.add(2, prompt(4, 10), Priority::Normal, 1, later);
+        assert_eq!(
+            ids(&step(&mut s, later)),
+            vec![1],
+            "overdue beats a shorter job"
+        );
+    }
+
+    #[test]
+    fn critical_preempts_background_for_a_slot() {
+        let t0 = Instant::now();
+        let mut s = sched(64, |c| c.max_num_seqs = 1);
+        s.add(1, prompt(4, 0), Priority::Background, 100, t0);
+        step(&mut s, t0);
+        s.add(2, prompt(4, 10), Priority::Critical, 100, t0);
+        let out = step(&mut s, t0);
+        assert_eq!(out.preempted, vec![1]);
+        assert_eq!(ids(&out), vec![2]);
+        // A normal request does not preempt a running normal one.
+        let mut s = sched(64, |c| c.max_num_seqs = 1);
+        s.add(1, prompt(4, 0), Priority::Normal, 100, t0);
+        step(&mut s, t0);
+        s.add(2, prompt(4, 10), Priority::Normal, 100, t0);
+        let out = step(&mut s, t0);
+        assert!(out.preempted.is_empty());
+        assert_eq!(ids(&out), vec![1]);
+    }
+
+    #[test]
+    fn admission_sheds_background_and_low_first() {
+        assert!(admit(Priority::Background, 3, 8).is_ok());
+        assert!(admit(Priority::Background, 4, 8).is_err());
+        assert!(admit(Priority::Low, 5, 8).is_ok());
+        assert!(admit(Priority::Low, 6, 8).is_err());
+        assert!(admit(Priority::Normal, 7, 8).is_ok());
+        assert!(admit(Priority::Normal, 8, 8).is_err());
+        assert!(admit(Priority::Critical, 9, 8).is_ok());
+        assert!(admit(Priority::Critical, 10, 8).is_err());
+    }
+
+    #[test]
+    fn paused_sequences_hold_blocks_but_are_not_stepped() {
+        let t0 = Instant::now();
+        let mut s = sched(64, |_| {});
+        s.add(1, prompt(4, 0), Priority::Normal, 10, t0);
+        s.add(2, prompt(4, 10), Priority::Normal, 10, t0);
+        step(&mut s, t0);
+        s.set_paused(1, true);
+        assert_eq!(ids(&step(&mut s, t0)), vec![2]);
+        s.set_paused(1, false);
+        assert_eq!(ids(&step(&mut s, t0)).len(), 2);
+    }
+
+    #[test]
+    fn remove_frees_blocks_immediately() {
+        let t0 = Instant::now();
+        let mut s = sched(16, |_| {});
+        s.add(1, prompt(10, 0), Priority::Normal, 10, t0);
+        step(&mut s, t0);
+        assert_eq!(s.pool().num_in_use(), 3);
+        assert!(s.remove(1));
+        assert_eq!(s.pool().num_in_use(), 0);
+        assert!(s.is_idle());
+        assert!(!s.remove(1));
+    }
+}
