@@ -1,4 +1,4 @@
-//! `ingot`: the one binary. Subcommands: `generate`, `inspect`, `bench`.
+//! `ingot`: the one binary. Subcommands: `serve`, `generate`, `inspect`, `bench`.
 
 mod cmd;
 mod model;
@@ -17,6 +17,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(cmd::serve::ServeArgs),
     /// Generate text from a prompt (or chat interactively) and stream it to stdout.
     Generate(cmd::generate::GenerateArgs),
     /// Print a model's architecture, size, tensor types, tokenizer and chat template.
@@ -36,6 +38,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve(args) => cmd::serve::run(args),
         Command::Generate(args) => cmd::generate::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
         Command::Bench(cmd) => cmd::bench::run(cmd),

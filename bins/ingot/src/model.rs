@@ -25,7 +25,8 @@ pub struct ModelArgs {
     /// Worker threads for the CPU backend (default: all cores).
     #[arg(long, env = "INGOT_THREADS")]
     pub threads: Option<usize>,
-    /// Tokens of KV cache to allocate (default: the model's context length).
+    /// Tokens of KV cache to allocate (default: 1 GiB worth, at least one
+    /// full context).
     #[arg(long)]
     pub kv_cache_tokens: Option<usize>,
     /// Cap the context length below the model's.
@@ -38,6 +39,9 @@ pub struct ModelArgs {
 
 /// KV block size (token slots per block).
 pub const BLOCK_SIZE: usize = 16;
+
+/// KV cache memory when `--kv-cache-tokens` is not given.
+const DEFAULT_KV_BYTES: usize = 1 << 30;
 
 /// Opens the model files and its tokenizer.
 pub fn open(path: &Path, load_format: &str) -> anyhow::Result<(ModelFiles, Arc<Tokenizer>)> {
@@ -83,9 +87,11 @@ pub fn load_engine(args: &ModelArgs, mut engine: EngineConfig) -> anyhow::Result
     })
     .with_context(|| format!("cannot load weights of {}", args.model.display()))?;
     bar.finish_and_clear();
+    // Default: 1 GiB of KV cache, and never less than one full context.
+    let per_token = CpuRunner::kv_bytes_per_token(&config).max(1);
     let kv_tokens = args
         .kv_cache_tokens
-        .unwrap_or(config.max_context)
+        .unwrap_or_else(|| (DEFAULT_KV_BYTES / per_token).max(config.max_context))
         .max(BLOCK_SIZE);
     let runner = CpuRunner::new(
         config,

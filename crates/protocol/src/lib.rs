@@ -1,0 +1,15 @@
+//! OpenAI wire types: requests parsed and validated into `Valid*` values,
+//! responses and stream chunks serialised byte-compatible with the OpenAI
+//! API. No I/O; one module per endpoint.
+
+pub mod chat;
+pub mod completions;
+mod error;
+pub mod models;
+mod parse;
+pub mod sampling;
+pub mod tokenize;
+pub mod usage;
+
+pub use error::ProtocolError;
+pub use parse::{body_json, parse_json};

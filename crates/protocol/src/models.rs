@@ -1,0 +1,27 @@
+//! `GET /v1/models`.
+
+use serde::Serialize;
+
+/// One served model.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ModelCard {
+    /// The name clients pass as `model`.
+    pub id: String,
+    /// "model".
+    pub object: &'static str,
+    /// Unix seconds when it was loaded.
+    pub created: u64,
+    /// "ingot".
+    pub owned_by: &'static str,
+    /// Longest prompt + output.
+    pub max_model_len: usize,
+}
+
+/// The model list.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ModelList {
+    /// "list".
+    pub object: &'static str,
+    /// The models.
+    pub data: Vec<ModelCard>,
+}

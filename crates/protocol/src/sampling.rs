@@ -1,0 +1,255 @@
+//! Fields shared by chat and text completions: sampling, stopping, `n`,
+//! priority, streaming. Parsed from the same JSON object as the
+//! endpoint-specific fields (unknown fields are ignored, as OpenAI does).
+
+use ingot_core::{Priority, SamplingParams, StopCriteria, TokenId, MAX_LOGPROBS};
+use serde::Deserialize;
+
+use crate::ProtocolError;
+
+/// Most choices per request.
+pub const MAX_N: u32 = 16;
+/// Most stop strings per request.
+pub const MAX_STOP_STRINGS: usize = 16;
+/// Longest stop string, in bytes.
+pub const MAX_STOP_LEN: usize = 256;
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopField {
+    /// A single stop string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+/// `priority`: a tier name or its rank (0 = critical … 4 = background).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PriorityField {
+    /// "critical", "high", "normal", "low", "background".
+    Name(String),
+    /// 0..=4.
+    Rank(i64),
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send a final chunk with usage.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// The shared fields as sent.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SamplingFields {
+    /// Model name.
+    pub model: Option<String>,
+    /// Output token limit (completions; deprecated in chat).
+    pub max_tokens: Option<u32>,
+    /// Output token limit (chat).
+    pub max_completion_tokens: Option<u32>,
+    /// Sampling temperature.
+    pub temperature: Option<f32>,
+    /// Nucleus mass.
+    pub top_p: Option<f32>,
+    /// Top-k (extension). 0 or -1 disables.
+    pub top_k: Option<i32>,
+    /// Min-p (extension).
+    pub min_p: Option<f32>,
+    /// Choices per prompt.
+    pub n: Option<u32>,
+    /// Stop strings.
+    pub stop: Option<StopField>,
+    /// Stop token ids (extension).
+    pub stop_token_ids: Option<Vec<TokenId>>,
+    /// Seed.
+    pub seed: Option<i64>,
+    /// Presence penalty.
+    pub presence_penalty: Option<f32>,
+    /// Frequency penalty.
+    pub frequency_penalty: Option<f32>,
+    /// Repetition penalty (extension).
+    pub repetition_penalty: Option<f32>,
+    /// Keep going past EOS (extension).
+    pub ignore_eos: Option<bool>,
+    /// Scheduling tier (extension).
+    pub priority: Option<PriorityField>,
+    /// Stream with SSE.
+    pub stream: Option<bool>,
+    /// Streaming options.
+    pub stream_options: Option<StreamOptions>,
+    /// End-user id (accepted, unused).
+    pub user: Option<String>,
+}
+
+/// Validated shared fields.
+#[derive(Debug, Clone)]
+pub struct ValidSampling {
+    /// The requested model name, if any.
+    pub model: Option<String>,
+    /// Sampling parameters (logprobs filled in by the endpoint).
+    pub params: SamplingParams,
+    /// Stop criteria; `max_tokens` is `None` when the client left it to
+    /// the server (fill with the room left in the context).
+    pub stop: StopCriteria,
+    /// Requested output limit, if any.
+    pub max_tokens: Option<usize>,
+    /// Choices per prompt.
+    pub n: usize,
+    /// Scheduling tier.
+    pub priority: Priority,
+    /// Stream with SSE.
+    pub stream: bool,
+    /// Final usage chunk when streaming.
+    pub include_usage: bool,
+}
+
+impl SamplingFields {
+    /// Checks bounds; `max_tokens_field` is the name the endpoint uses.
+    pub fn validate(self) -> Result<ValidSampling, ProtocolError> {
+        let max_tokens = match (self.max_completion_tokens, self.max_tokens) {
+            (Some(m), _) => Some(("max_completion_tokens", m)),
+            (None, Some(m)) => Some(("max_tokens", m)),
+            (None, None) => None,
+        };
+        if let Some((field, 0)) = max_tokens {
+            return Err(ProtocolError::bound(field, "at least 1", 0));
+        }
+        let n = self.n.unwrap_or(1);
+        if n == 0 || n > MAX_N {
+            return Err(ProtocolError::bound("n", &format!("in [1, {MAX_N}]"), n));
+        }
+        let stop_strings = match self.stop {
+            None => Vec::new(),
+            Some(StopField::One(s)) => vec![s],
+            Some(StopField::Many(v)) => v,
+        };
+        if stop_strings.len() > MAX_STOP_STRINGS {
+            return Err(ProtocolError::bound(
+                "stop",
+                &format!("at most {MAX_STOP_STRINGS} strings"),
+                format!("{} strings", stop_strings.len()),
+            ));
+        }
+        if let Some(s) = stop_strings.iter().find(|s| s.len() > MAX_STOP_LEN) {
+            return Err(ProtocolError::bound(
+                "stop",
+                &format!("strings of at most {MAX_STOP_LEN} bytes"),
+                format!("{} bytes", s.len()),
+            ));
+        }
+        let top_k = match self.top_k {
+            None | Some(-1) | Some(0) => 0,
+            Some(k) if k > 0 => k as usize,
+            Some(k) => return Err(ProtocolError::bound("top_k", "-1, 0 or positive", k)),
+        };
+        let priority = match self.priority {
+            None => Priority::Normal,
+            Some(PriorityField::Name(name)) => name
+                .parse()
+                .map_err(|e: String| ProtocolError::field("priority", e))?,
+            Some(PriorityField::Rank(r)) if (0..=4).contains(&r) => Priority::from_rank(r as usize),
+            Some(PriorityField::Rank(r)) => {
+                return Err(ProtocolError::bound(
+                    "priority",
+                    "in [0, 4] or a tier name",
+                    r,
+                ))
+            }
+        };
+        let params = SamplingParams {
+            temperature: self.temperature.unwrap_or(1.0),
+            top_k,
+            top_p: self.top_p.unwrap_or(1.0),
+            min_p: self.min_p.unwrap_or(0.0),
+            repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            seed: self.seed.map(|s| s as u64),
+            logprobs: None,
+        };
+        params
+            .validate()
+            .map_err(|e| ProtocolError::field(e.field, e.to_string()))?;
+        Ok(ValidSampling {
+            model: self.model,
+            params,
+            stop: StopCriteria {
+                max_tokens: max_tokens.map_or(0, |(_, m)| m as usize),
+                stop_strings,
+                stop_token_ids: self.stop_token_ids.unwrap_or_default(),
+                ignore_eos: self.ignore_eos.unwrap_or(false),
+            },
+            max_tokens: max_tokens.map(|(_, m)| m as usize),
+            n: n as usize,
+            priority,
+            stream: self.stream.unwrap_or(false),
+            include_usage: self.stream_options.is_some_and(|o| o.include_usage),
+        })
+    }
+}
+
+/// Checks a requested number of top alternatives.
+pub fn check_top_logprobs(field: &str, n: usize) -> Result<(), ProtocolError> {
+    if n > MAX_LOGPROBS {
+        return Err(ProtocolError::bound(
+            field,
+            &format!("in [0, {MAX_LOGPROBS}]"),
+            n,
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse_json;
+
+    fn parse(v: serde_json::Value) -> Result<ValidSampling, ProtocolError> {
+        parse_json::<SamplingFields>(&v)?.validate()
+    }
+
+    #[test]
+    fn defaults_follow_openai() {
+        let s = parse(serde_json::json!({})).unwrap();
+        assert_eq!(s.params.temperature, 1.0);
+        assert_eq!((s.n, s.stream, s.max_tokens), (1, false, None));
+        assert_eq!(s.priority, Priority::Normal);
+    }
+
+    #[test]
+    fn type_errors_name_the_field() {
+        let e = parse(serde_json::json!({"temperature": "hot"})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+        let e = parse(serde_json::json!({"max_tokens": -1})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+    }
+
+    #[test]
+    fn bounds_name_field_bound_and_value() {
+        let e = parse(serde_json::json!({"temperature": 5})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+        assert_eq!(e.message, "temperature must be in [0, 2], got 5");
+        let e = parse(serde_json::json!({"n": 0})).unwrap_err();
+        assert_eq!(e.message, "n must be in [1, 16], got 0");
+        let stops: Vec<String> = (0..17).map(|i| i.to_string()).collect();
+        let e = parse(serde_json::json!({ "stop": stops })).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stop"));
+        let e = parse(serde_json::json!({"priority": "urgent"})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("priority"));
+    }
+
+    #[test]
+    fn stop_and_priority_forms() {
+        let s = parse(serde_json::json!({"stop": "x", "priority": "critical"})).unwrap();
+        assert_eq!(s.stop.stop_strings, vec!["x"]);
+        assert_eq!(s.priority, Priority::Critical);
+        let s = parse(serde_json::json!({"stop": ["a", "b"], "priority": 4})).unwrap();
+        assert_eq!(s.stop.stop_strings.len(), 2);
+        assert_eq!(s.priority, Priority::Background);
+    }
+}

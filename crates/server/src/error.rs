@@ -1,0 +1,147 @@
+//! Every failure a client can see, mapped to an HTTP status and the OpenAI
+//! error body `{"error": {"message", "type", "param", "code"}}` in one place.
+
+use std::time::Duration;
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use ingot_engine::SubmitError;
+use ingot_protocol::ProtocolError;
+
+/// An error response.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The request is invalid (400).
+    #[error("{0}")]
+    BadRequest(ProtocolError),
+    /// The named model is not served (404).
+    #[error("the model '{0}' does not exist")]
+    ModelNotFound(String),
+    /// No such route (404).
+    #[error("no route for {0}")]
+    RouteNotFound(String),
+    /// The body exceeds the size limit (413).
+    #[error("the request body exceeds the limit of {0} bytes")]
+    PayloadTooLarge(usize),
+    /// The queue is full (429).
+    #[error("{message}")]
+    Overloaded {
+        /// What happened.
+        message: String,
+        /// When to retry.
+        retry_after: Duration,
+    },
+    /// Not ready or shutting down (503).
+    #[error("{0}")]
+    Unavailable(String),
+    /// A server-side failure (500); details are logged, not returned.
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl ApiError {
+    fn parts(
+        &self,
+    ) -> (
+        StatusCode,
+        &'static str,
+        Option<String>,
+        Option<&'static str>,
+    ) {
+        match self {
+            ApiError::BadRequest(e) => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                e.param.clone(),
+                e.code,
+            ),
+            ApiError::ModelNotFound(_) => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("model".into()),
+                Some("model_not_found"),
+            ),
+            ApiError::RouteNotFound(_) => {
+                (StatusCode::NOT_FOUND, "invalid_request_error", None, None)
+            }
+            ApiError::PayloadTooLarge(_) => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                None,
+                Some("request_too_large"),
+            ),
+            ApiError::Overloaded { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_exceeded",
+                None,
+                Some("server_overloaded"),
+            ),
+            ApiError::Unavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                None,
+                None,
+            ),
+            ApiError::Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal_error",
+                None,
+                None,
+            ),
+        }
+    }
+
+    /// The JSON error body.
+    pub fn body(&self) -> serde_json::Value {
+        let (_, kind, param, code) = self.parts();
+        serde_json::json!({
+            "error": {"message": self.to_string(), "type": kind, "param": param, "code": code}
+        })
+    }
+
+    /// Maps an engine refusal; `prompt_param` names the prompt field.
+    pub fn from_submit(e: SubmitError, prompt_param: &str) -> Self {
+        match e {
+            SubmitError::Overloaded { retry_after, .. } => ApiError::Overloaded {
+                message: e.to_string(),
+                retry_after,
+            },
+            SubmitError::TooLong { .. } => ApiError::BadRequest(
+                ProtocolError::field(prompt_param, e.to_string())
+                    .with_code("context_length_exceeded"),
+            ),
+            SubmitError::Sampling(ref s) => {
+                ApiError::BadRequest(ProtocolError::field(s.field, e.to_string()))
+            }
+            SubmitError::Stopped => ApiError::Unavailable(e.to_string()),
+            other => ApiError::BadRequest(ProtocolError::field(prompt_param, other.to_string())),
+        }
+    }
+}
+
+impl From<ProtocolError> for ApiError {
+    fn from(e: ProtocolError) -> Self {
+        ApiError::BadRequest(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, ..) = self.parts();
+        if let ApiError::Internal(detail) = &self {
+            tracing::error!(detail, "internal error");
+        }
+        let mut response = (status, axum::Json(self.body())).into_response();
+        let retry = match &self {
+            ApiError::Overloaded { retry_after, .. } => Some(retry_after.as_secs().max(1)),
+            ApiError::Unavailable(_) => Some(1),
+            _ => None,
+        };
+        if let Some(secs) = retry {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}

@@ -1,0 +1,173 @@
+//! Shared by the chat and completions handlers: fan a request out into
+//! `prompts × n` engine requests, then collect them (non-streaming) or merge
+//! their events into one stream (SSE).
+
+use futures_util::stream::{self, BoxStream, StreamExt};
+use ingot_core::TokenId;
+use ingot_engine::{
+    Completion, EngineHandle, EngineRequest, GeneratedToken, RequestStream, TokenEvent,
+};
+use ingot_protocol::sampling::ValidSampling;
+use ingot_protocol::usage::Usage;
+
+use crate::ApiError;
+
+/// One choice being generated.
+pub struct Job {
+    /// Choice index in the response (prompt index × n + choice number).
+    pub index: usize,
+    /// Which prompt it continues.
+    pub prompt_index: usize,
+    stream: RequestStream,
+}
+
+/// Submits `n` requests per prompt. Choice `c` of a seeded request uses
+/// seed + c, so choices differ yet the whole response is reproducible.
+pub fn submit(
+    engine: &EngineHandle,
+    prompts: &[Vec<TokenId>],
+    sampling: &ValidSampling,
+    prompt_param: &str,
+) -> Result<Vec<Job>, ApiError> {
+    let max_context = engine.max_context();
+    let mut jobs = Vec::with_capacity(prompts.len() * sampling.n);
+    for (p, prompt) in prompts.iter().enumerate() {
+        for c in 0..sampling.n {
+            let mut params = sampling.params.clone();
+            params.seed = params.seed.map(|s| s.wrapping_add(c as u64));
+            let mut stop = sampling.stop.clone();
+            // Like vLLM: without max_tokens, generate up to the context.
+            stop.max_tokens = sampling
+                .max_tokens
+                .unwrap_or_else(|| max_context.saturating_sub(prompt.len()).max(1));
+            let stream = engine
+                .submit(EngineRequest {
+                    prompt: prompt.clone(),
+                    sampling: params,
+                    stop,
+                    priority: sampling.priority,
+                })
+                .map_err(|e| ApiError::from_submit(e, prompt_param))?;
+            jobs.push(Job {
+                index: p * sampling.n + c,
+                prompt_index: p,
+                stream,
+            });
+        }
+    }
+    Ok(jobs)
+}
+
+/// A finished choice.
+pub struct ChoiceResult {
+    /// Choice index.
+    pub index: usize,
+    /// Prompt index.
+    pub prompt_index: usize,
+    /// The generated text.
+    pub text: String,
+    /// Every generated token.
+    pub tokens: Vec<GeneratedToken>,
+    /// How it ended.
+    pub completion: Completion,
+}
+
+/// Waits for every job; on failure the others are aborted (dropped).
+pub async fn collect(jobs: Vec<Job>) -> Result<Vec<ChoiceResult>, ApiError> {
+    let results = futures_util::future::join_all(jobs.into_iter().map(collect_one)).await;
+    results.into_iter().collect()
+}
+
+async fn collect_one(mut job: Job) -> Result<ChoiceResult, ApiError> {
+    let mut text = String::new();
+    let mut tokens = Vec::new();
+    while let Some(event) = job.stream.next().await {
+        match event {
+            TokenEvent::Token(t) => {
+                text.push_str(&t.text);
+                tokens.push(t);
+            }
+            TokenEvent::Finished(completion) => {
+                return Ok(ChoiceResult {
+                    index: job.index,
+                    prompt_index: job.prompt_index,
+                    text,
+                    tokens,
+                    completion,
+                })
+            }
+            TokenEvent::Error(e) => return Err(ApiError::Internal(e)),
+        }
+    }
+    Err(ApiError::Internal("the engine dropped the request".into()))
+}
+
+/// Usage over choices: prompt tokens once per prompt, completions summed.
+pub fn usage_of<'a>(done: impl Iterator<Item = (usize, &'a Completion)>) -> Usage {
+    let mut seen = std::collections::BTreeMap::new();
+    let mut completion_tokens = 0;
+    for (prompt_index, c) in done {
+        seen.entry(prompt_index)
+            .or_insert((c.prompt_tokens, c.cached_tokens));
+        completion_tokens += c.completion_tokens;
+    }
+    let prompt: usize = seen.values().map(|v| v.0).sum();
+    let cached: usize = seen.values().map(|v| v.1).sum();
+    Usage::new(prompt, completion_tokens, cached)
+}
+
+/// An event of one choice in a merged stream.
+pub enum ChoiceEvent {
+    /// A token of choice `index`.
+    Token {
+        /// Choice index.
+        index: usize,
+        /// The token.
+        token: GeneratedToken,
+    },
+    /// Choice `index` ended.
+    Done {
+        /// Choice index.
+        index: usize,
+        /// Prompt index.
+        prompt_index: usize,
+        /// How.
+        completion: Completion,
+    },
+    /// Choice `index` failed.
+    Failed(String),
+}
+
+/// Interleaves the events of every job as they arrive. Dropping the stream
+/// aborts every unfinished job.
+pub fn merge(jobs: Vec<Job>) -> BoxStream<'static, ChoiceEvent> {
+    let streams = jobs.into_iter().map(|job| {
+        stream::unfold(Some(job), |job| async move {
+            let mut job = job?;
+            let event = match job.stream.next().await {
+                Some(TokenEvent::Token(token)) => ChoiceEvent::Token {
+                    index: job.index,
+                    token,
+                },
+                Some(TokenEvent::Finished(completion)) => {
+                    let done = ChoiceEvent::Done {
+                        index: job.index,
+                        prompt_index: job.prompt_index,
+                        completion,
+                    };
+                    return Some((done, None));
+                }
+                Some(TokenEvent::Error(e)) => return Some((ChoiceEvent::Failed(e), None)),
+                None => {
+                    return Some((
+                        ChoiceEvent::Failed("the engine dropped the request".into()),
+                        None,
+                    ))
+                }
+            };
+            Some((event, Some(job)))
+        })
+        .boxed()
+    });
+    stream::select_all(streams).boxed()
+}

@@ -1,0 +1,68 @@
+//! The router: one module per endpoint family.
+
+mod chat;
+mod completions;
+mod info;
+mod sse;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{StatusCode, Uri};
+use axum::routing::{get, post};
+use axum::Router;
+use ingot_protocol::body_json;
+use rand::Rng;
+
+use crate::{ApiError, AppState};
+
+/// The application with every route, limited to `max_body_bytes` per body.
+pub fn app(state: AppState, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/models", get(info::models))
+        .route("/tokenize", post(info::tokenize))
+        .route("/detokenize", post(info::detokenize))
+        .route("/health", get(info::health))
+        .route("/ready", get(info::ready))
+        .route("/metrics", get(info::metrics))
+        .fallback(|uri: Uri| async move { ApiError::RouteNotFound(uri.path().to_string()) })
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state((state, max_body_bytes))
+}
+
+/// Shared state as the router carries it.
+type Shared = (AppState, usize);
+
+/// The body as a JSON object; 413 over the limit, 400 when malformed.
+fn json_body(
+    body: Result<Bytes, BytesRejection>,
+    limit: usize,
+) -> Result<serde_json::Value, ApiError> {
+    let bytes = body.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge(limit)
+        } else {
+            ApiError::BadRequest(ingot_protocol::ProtocolError {
+                message: format!("cannot read the request body: {r}"),
+                param: None,
+                code: None,
+            })
+        }
+    })?;
+    Ok(body_json(&bytes)?)
+}
+
+/// `prefix-<24 hex digits>`.
+fn response_id(prefix: &str) -> String {
+    let n: u128 = rand::rng().random();
+    format!("{prefix}-{:024x}", n & ((1u128 << 96) - 1))
+}
+
+/// Unix seconds now.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,143 @@
+//! Binding, loading, serving and graceful shutdown.
+//!
+//! The listener comes up first (`/health` answers, `/ready` is 503) while
+//! the model loads on a blocking thread. On SIGTERM/SIGINT the server
+//! drains: `/ready` and new generation requests get 503, in-flight ones run
+//! to completion (at most `shutdown_timeout`), then the process exits.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use ingot_engine::EngineHandle;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::{app, AppState};
+
+/// Server settings.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Address to bind (port 0: any free port).
+    pub addr: SocketAddr,
+    /// The name clients pass as `model`.
+    pub model_name: String,
+    /// Largest request body.
+    pub max_body_bytes: usize,
+    /// Longest wait for in-flight requests at shutdown.
+    pub shutdown_timeout: Duration,
+}
+
+/// Installs the Prometheus recorder (once per process).
+fn install_metrics() -> Option<PrometheusHandle> {
+    let latency = [
+        0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+        20.0, 40.0, 80.0,
+    ];
+    let tokens = [
+        1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
+    ];
+    PrometheusBuilder::new()
+        .set_buckets(&latency)
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("tokens_total".into()), &tokens))
+        .and_then(|b| b.install_recorder())
+        .map_err(|e| tracing::warn!(error = %e, "metrics disabled"))
+        .ok()
+}
+
+/// Serves until SIGTERM/SIGINT. `load` builds the engine (slow, blocking).
+pub async fn serve<F>(config: ServeConfig, load: F) -> Result<(), ServeError>
+where
+    F: FnOnce() -> Result<EngineHandle, String> + Send + 'static,
+{
+    let state = AppState::new(config.model_name.clone(), install_metrics());
+    let listener = tokio::net::TcpListener::bind(config.addr)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: config.addr,
+            source,
+        })?;
+    let local = listener.local_addr().map_err(|source| ServeError::Bind {
+        addr: config.addr,
+        source,
+    })?;
+    eprintln!("listening on http://{local}");
+    let loader = {
+        let state = state.clone();
+        tokio::task::spawn_blocking(move || -> Result<(), String> {
+            let engine = load()?;
+            state.set_engine(engine);
+            tracing::info!("model loaded; ready");
+            Ok(())
+        })
+    };
+    let router = app(state.clone(), config.max_body_bytes);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(listener, router).with_graceful_shutdown(async move {
+        let _ = stop_rx.await;
+    });
+    let server = tokio::spawn(async move { server.await });
+    // A failed load ends the process with its error; a signal drains.
+    tokio::select! {
+        loaded = loader => {
+            match loaded {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(ServeError::Load(e)),
+                Err(e) => return Err(ServeError::Load(format!("model loading panicked: {e}"))),
+            }
+            shutdown_signal().await;
+        }
+        () = shutdown_signal() => {}
+    }
+    tracing::info!(inflight = state.inflight(), "shutting down: draining");
+    state.start_draining();
+    if tokio::time::timeout(config.shutdown_timeout, state.wait_idle())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            inflight = state.inflight(),
+            "shutdown timeout; closing in-flight requests"
+        );
+    }
+    let _ = stop_tx.send(());
+    // Connections still open (idle keep-alive, cut streams) get a moment.
+    let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+/// Why the server stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The address could not be bound.
+    #[error("cannot bind {addr}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The model failed to load.
+    #[error("{0}")]
+    Load(String),
+}

@@ -1,0 +1,62 @@
+"""Fixtures: the real `ingot serve` binary on an ephemeral port.
+
+- `server`: one default server shared by the whole session.
+- `server_factory`: starts servers with extra CLI flags for one test.
+Every server is stopped with SIGTERM at teardown and must exit 0.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ingot_e2e import Server, default_model_name, model_path
+
+
+@pytest.fixture(scope="session")
+def model_name() -> str:
+    return default_model_name()
+
+
+@pytest.fixture(scope="session")
+def server():
+    model_path()  # fetch outside the server's startup deadline
+    srv = Server()
+    try:
+        yield srv
+    finally:
+        srv.stop_and_check()
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    c = server.openai()
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="session")
+def http(server):
+    with server.http() as c:
+        yield c
+
+
+@pytest.fixture
+def server_factory():
+    started: list[Server] = []
+
+    def start(*args: str) -> Server:
+        srv = Server(*args)
+        started.append(srv)
+        return srv
+
+    yield start
+    failures = []
+    for srv in started:
+        if srv.returncode is not None:
+            continue  # the test stopped it (and checked its exit code)
+        try:
+            srv.stop_and_check()
+        except AssertionError as e:
+            failures.append(str(e))
+    if failures:
+        pytest.fail("\n\n".join(failures))

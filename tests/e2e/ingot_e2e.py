@@ -1,0 +1,348 @@
+"""Helpers for the `ingot serve` end-to-end suite: the server process, a tiny
+Prometheus text parser, SSE parsing and OpenAI error-shape assertions.
+
+Environment:
+  INGOT_BIN         the binary (default: target/debug/ingot)
+  INGOT_TEST_MODEL  the model (default: the path printed by scripts/fetch-test-model)
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx2 as httpx
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(os.environ.get("INGOT_BIN") or REPO / "target" / "debug" / "ingot")
+
+# Deadlines (seconds). Generous: they bound a hang, they are not expectations.
+LISTEN_DEADLINE = 60.0
+READY_DEADLINE = 120.0
+EXIT_DEADLINE = 30.0
+HTTP_TIMEOUT = 120.0
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:(\d+))")
+
+
+@functools.lru_cache(maxsize=None)
+def model_path() -> str:
+    env = os.environ.get("INGOT_TEST_MODEL")
+    if env:
+        return env
+    out = subprocess.run(
+        [str(REPO / "scripts" / "fetch-test-model")],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip()
+
+
+def default_model_name() -> str:
+    """The served model name when --served-model-name is not given: the file stem."""
+    return Path(model_path()).stem
+
+
+class Server:
+    """One `ingot serve` child process on an ephemeral port."""
+
+    def __init__(self, *extra_args: str):
+        if not BIN.exists():
+            raise AssertionError(f"ingot binary not found at {BIN} (set INGOT_BIN or run cargo build -p ingot)")
+        self.args = [
+            str(BIN),
+            "serve",
+            "--model",
+            model_path(),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            *extra_args,
+        ]
+        self.log: collections.deque[str] = collections.deque(maxlen=400)
+        self._listening = threading.Event()
+        self.url: str | None = None
+        self.returncode: int | None = None
+        self.proc = subprocess.Popen(
+            self.args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "NO_COLOR": "1"},
+        )
+        # Drain both pipes for the whole life of the process so it never blocks.
+        self._threads = [
+            threading.Thread(target=self._drain, args=(self.proc.stderr, "err"), daemon=True),
+            threading.Thread(target=self._drain, args=(self.proc.stdout, "out"), daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+        try:
+            self._wait_listening()
+            self._wait_ready()
+        except BaseException:
+            self.kill()
+            raise
+
+    # -- process ---------------------------------------------------------
+
+    def _drain(self, pipe, tag: str) -> None:
+        for raw in iter(pipe.readline, b""):
+            line = _ANSI.sub("", raw.decode("utf-8", "replace")).rstrip("\n")
+            self.log.append(f"[{tag}] {line}")
+            if tag == "err" and self.url is None:
+                m = _LISTENING.search(line)
+                if m:
+                    self.url = m.group(1)
+                    self._listening.set()
+        pipe.close()
+
+    def log_tail(self, n: int = 60) -> str:
+        return "\n".join(list(self.log)[-n:])
+
+    def _wait_listening(self) -> None:
+        deadline = time.monotonic() + LISTEN_DEADLINE
+        while not self._listening.wait(0.05):
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"ingot serve exited with {self.proc.returncode} before listening\n"
+                    f"cmd: {' '.join(self.args)}\n{self.log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"no 'listening on http://127.0.0.1:PORT' line on stderr within {LISTEN_DEADLINE}s\n{self.log_tail()}"
+                )
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_DEADLINE
+        with httpx.Client(base_url=self.url, timeout=5.0) as c:
+            while True:
+                if self.proc.poll() is not None:
+                    raise AssertionError(f"ingot serve exited with {self.proc.returncode} before ready\n{self.log_tail()}")
+                try:
+                    r = c.get("/ready")
+                    assert r.status_code in (200, 503), f"/ready returned {r.status_code}: {r.text!r}"
+                    if r.status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"/ready not 200 within {READY_DEADLINE}s\n{self.log_tail()}")
+                time.sleep(0.05)
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def send_signal(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = EXIT_DEADLINE) -> int:
+        """Waits for exit; returns the exit code (raises on timeout)."""
+        try:
+            self.returncode = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"ingot serve did not exit within {timeout}s\n{self.log_tail()}")
+        for t in self._threads:
+            t.join(timeout=5)
+        return self.returncode
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = EXIT_DEADLINE) -> int:
+        """SIGTERM (or `sig`) and wait; returns the exit code."""
+        if self.proc.poll() is None:
+            self.send_signal(sig)
+        try:
+            return self.wait(timeout)
+        except AssertionError:
+            self.kill()
+            raise
+
+    def stop_and_check(self) -> None:
+        rc = self.stop()
+        assert rc == 0, f"ingot serve exited with {rc} after SIGTERM (expected 0)\n{self.log_tail()}"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    # -- clients ---------------------------------------------------------
+
+    def openai(self, **kw):
+        import openai
+
+        return openai.OpenAI(
+            base_url=self.url + "/v1",
+            api_key="EMPTY",
+            max_retries=0,
+            timeout=kw.pop("timeout", HTTP_TIMEOUT),
+            **kw,
+        )
+
+    def async_openai(self, **kw):
+        import openai
+
+        return openai.AsyncOpenAI(
+            base_url=self.url + "/v1",
+            api_key="EMPTY",
+            max_retries=0,
+            timeout=kw.pop("timeout", HTTP_TIMEOUT),
+            **kw,
+        )
+
+    def http(self, **kw) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=kw.pop("timeout", HTTP_TIMEOUT), **kw)
+
+    def metrics(self) -> "Metrics":
+        r = httpx.get(self.url + "/metrics", timeout=10.0)
+        assert r.status_code == 200, f"/metrics returned {r.status_code}: {r.text[:500]!r}"
+        return Metrics(r.text)
+
+
+# -- Prometheus text format ----------------------------------------------
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?\s*$")
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+
+
+def _parse_value(s: str) -> float:
+    if s in ("+Inf", "Inf"):
+        return math.inf
+    if s == "-Inf":
+        return -math.inf
+    return float(s)
+
+
+class Metrics:
+    """Samples of one /metrics scrape."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.samples: list[tuple[str, dict[str, str], float]] = []
+        self.types: dict[str, str] = {}
+        for line in text.splitlines():
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("#"):
+                parts = line.split(None, 3)
+                if len(parts) >= 4 and parts[1] == "TYPE":
+                    self.types[parts[2]] = parts[3].strip()
+                continue
+            m = _SAMPLE.match(line)
+            if not m:
+                raise AssertionError(f"unparseable /metrics line: {line!r}")
+            name, labels_s, value = m.groups()
+            labels = {}
+            if labels_s:
+                for lm in _LABEL.finditer(labels_s):
+                    labels[lm.group(1)] = lm.group(2).replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+            self.samples.append((name, labels, _parse_value(value)))
+
+    def names(self) -> list[str]:
+        return sorted({n for n, _, _ in self.samples})
+
+    def has(self, name: str) -> bool:
+        return any(n == name for n, _, _ in self.samples)
+
+    def get(self, name: str, default: float | None = None, **labels: str) -> float:
+        """Sum of the samples named `name` whose labels include `labels`.
+        Raises when no sample has that name, unless a default is given."""
+        if not self.has(name):
+            if default is not None:
+                return default
+            ingot = [n for n in self.names() if n.startswith("ingot:")]
+            raise AssertionError(f"metric {name!r} not in /metrics; ingot metrics present: {ingot}")
+        return sum(v for n, lab, v in self.samples if n == name and all(lab.get(k) == w for k, w in labels.items()))
+
+
+# -- SSE -----------------------------------------------------------------
+
+
+def iter_sse_data(response: httpx.Response):
+    """Yields the payload of each `data: ...` line of a streaming response
+    (SSE comments, i.e. lines starting with ':', are skipped). Fails on any
+    other non-empty line."""
+    for line in response.iter_lines():
+        if not line or line.startswith(":"):
+            continue
+        assert line.startswith("data: "), f"SSE line does not start with 'data: ': {line!r}"
+        yield line[len("data: ") :]
+
+
+def split_sse_events(raw: bytes) -> list[str]:
+    """Strictly splits a complete SSE body into events (blank-line separated)."""
+    text = raw.decode("utf-8")
+    text = text.replace("\r\n", "\n")
+    assert text.endswith("\n\n"), f"SSE body does not end with a blank line: {text[-80:]!r}"
+    events = text[:-2].split("\n\n")
+    return events
+
+
+# -- errors --------------------------------------------------------------
+
+_MISSING = object()
+
+
+def assert_error(
+    resp: httpx.Response,
+    status: int,
+    type_: str | None = None,
+    param=_MISSING,
+    code=_MISSING,
+    message_contains: tuple[str, ...] = (),
+) -> dict:
+    """Asserts an OpenAI-shaped error: status, `{"error": {message, type,
+    param, code}}` and the given field values. Returns the error object."""
+    desc = f"{resp.request.method} {resp.request.url.path} -> {resp.status_code} {resp.text[:600]!r}"
+    assert resp.status_code == status, f"expected HTTP {status}: {desc}"
+    ctype = resp.headers.get("content-type", "")
+    assert ctype.startswith("application/json"), f"error content-type {ctype!r}: {desc}"
+    try:
+        body = resp.json()
+    except json.JSONDecodeError:
+        raise AssertionError(f"error body is not JSON: {desc}")
+    assert isinstance(body, dict) and isinstance(body.get("error"), dict), f"no error object: {desc}"
+    err = body["error"]
+    for key in ("message", "type", "param", "code"):
+        assert key in err, f"error object lacks {key!r}: {desc}"
+    assert isinstance(err["message"], str) and err["message"], desc
+    assert isinstance(err["type"], str) and err["type"], desc
+    assert err["param"] is None or isinstance(err["param"], str), desc
+    assert err["code"] is None or isinstance(err["code"], str), desc
+    if type_ is not None:
+        assert err["type"] == type_, f"expected type {type_!r}: {desc}"
+    if param is not _MISSING:
+        assert err["param"] == param, f"expected param {param!r}: {desc}"
+    if code is not _MISSING:
+        assert err["code"] == code, f"expected code {code!r}: {desc}"
+    for s in message_contains:
+        assert s in err["message"], f"expected {s!r} in the message: {desc}"
+    return err
+
+
+def wait_for(pred, timeout: float, interval: float = 0.02, what: str = "condition"):
+    """Polls pred() until it returns a truthy value; returns it. On timeout
+    raises with the last value."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        last = pred()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout}s (last: {last!r})")
+        time.sleep(interval)

@@ -1,0 +1,102 @@
+"""Greedy output does not depend on what else is in the batch: 16 different
+prompts (12 completions, 4 chats) run one at a time, then all at once, give
+identical text."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+PROMPTS = [
+    "The capital of France is",
+    "1, 2, 3, 4,",
+    "Once upon a time",
+    "The quick brown fox",
+    "def fibonacci(n):",
+    "The largest planet in the solar system is",
+    "In 1492, Columbus",
+    "Photosynthesis is the process by which plants",
+    "A haiku about the sea:\n",
+    "The recipe for pancakes: first,",
+    "Q: What is 2 + 2?\nA:",
+    "Machine learning is a field of computer science that gives computers the ability to learn without being explicitly programmed. It",
+]
+CHAT = [
+    "What is the capital of France?",
+    "Name a fruit that is yellow.",
+    "Write one sentence about cats.",
+    "What is 3 times 4?",
+]
+
+
+def test_batch_invariance(server_factory, model_name):
+    # No prefix caching: the second pass recomputes every prompt, so the only
+    # difference between the passes is the batch composition.
+    srv = server_factory("--no-prefix-caching")
+    sync = srv.openai()
+
+    def run_one(i):
+        if i < len(PROMPTS):
+            r = sync.completions.create(model=model_name, prompt=PROMPTS[i], max_tokens=16, temperature=0)
+            c = r.choices[0]
+            return c.text, c.finish_reason, r.usage.completion_tokens
+        r = sync.chat.completions.create(
+            model=model_name, messages=[{"role": "user", "content": CHAT[i - len(PROMPTS)]}], max_tokens=16, temperature=0
+        )
+        c = r.choices[0]
+        return c.message.content, c.finish_reason, r.usage.completion_tokens
+
+    n = len(PROMPTS) + len(CHAT)
+    sequential = [run_one(i) for i in range(n)]
+    assert len({s[0] for s in sequential}) == n, "prompts should give distinct outputs"
+
+    # Concurrent pass; sample the running gauge meanwhile to prove a real batch.
+    peak = [0.0]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            try:
+                peak[0] = max(peak[0], srv.metrics().get("ingot:num_requests_running"))
+            except Exception:
+                pass
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+
+    async def run_all():
+        client = srv.async_openai()
+        try:
+            async def one(i):
+                if i < len(PROMPTS):
+                    r = await client.completions.create(model=model_name, prompt=PROMPTS[i], max_tokens=16, temperature=0)
+                    c = r.choices[0]
+                    return c.text, c.finish_reason, r.usage.completion_tokens
+                r = await client.chat.completions.create(
+                    model=model_name,
+                    messages=[{"role": "user", "content": CHAT[i - len(PROMPTS)]}],
+                    max_tokens=16,
+                    temperature=0,
+                )
+                c = r.choices[0]
+                return c.message.content, c.finish_reason, r.usage.completion_tokens
+
+            return await asyncio.gather(*(one(i) for i in range(n)))
+        finally:
+            await client.close()
+
+    try:
+        concurrent = asyncio.run(run_all())
+    finally:
+        stop.set()
+        sampler.join()
+
+    mismatches = [(i, sequential[i], concurrent[i]) for i in range(n) if sequential[i] != concurrent[i]]
+    assert not mismatches, "batched output differs from unbatched:\n" + "\n".join(
+        f"  #{i}: alone={a!r}\n       batched={b!r}" for i, a, b in mismatches
+    )
+    assert peak[0] >= 4, f"at most {peak[0]} requests ran at once; the concurrent pass did not batch"
+    # --no-prefix-caching: nothing was served from the cache
+    assert srv.metrics().get("ingot:prefix_cache_hits", default=0.0) == 0

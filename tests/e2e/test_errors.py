@@ -1,0 +1,204 @@
+"""Error responses: HTTP status and the OpenAI error body
+`{"error": {"message", "type", "param", "code"}}`."""
+
+from __future__ import annotations
+
+import pytest
+
+from ingot_e2e import assert_error
+
+INVALID = "invalid_request_error"
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def chat_body(model_name, **kw):
+    return {"model": model_name, "messages": MESSAGES, "max_tokens": 4, "temperature": 0, **kw}
+
+
+def test_malformed_json(http):
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        r = http.post(path, content=b'{"model": "x", "messages": [', headers={"content-type": "application/json"})
+        assert_error(r, 400, INVALID)
+    r = http.post("/v1/chat/completions", content=b"not json at all", headers={"content-type": "application/json"})
+    assert_error(r, 400, INVALID)
+    # JSON, but not an object
+    r = http.post("/v1/chat/completions", json=[1, 2, 3])
+    assert_error(r, 400, INVALID)
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("temperature", "hot"),
+        ("max_tokens", "many"),
+        ("n", 1.5),
+        ("stream", "yes"),
+        ("messages", "hello"),
+        ("stop", 7),
+    ],
+)
+def test_wrong_type(http, model_name, field, value):
+    r = http.post("/v1/chat/completions", json=chat_body(model_name, **{field: value}))
+    assert_error(r, 400, INVALID, param=field, message_contains=(field,))
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("temperature", 5),
+        ("temperature", -0.5),
+        ("top_p", 0),
+        ("top_p", 1.5),
+        ("n", 0),
+        ("max_tokens", -1),
+        ("max_tokens", 0),
+        ("max_completion_tokens", -1),
+        ("presence_penalty", 3),
+        ("frequency_penalty", -3),
+        ("top_logprobs", 50),
+    ],
+)
+def test_out_of_range_chat(http, model_name, field, value):
+    body = chat_body(model_name, **{field: value})
+    if field == "top_logprobs":
+        body["logprobs"] = True
+    if field == "max_completion_tokens":
+        del body["max_tokens"]
+    r = http.post("/v1/chat/completions", json=body)
+    # The message names the field and the offending value.
+    assert_error(r, 400, INVALID, param=field, message_contains=(field, str(value)))
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("top_k", -5),
+        ("min_p", 1.5),
+        ("repetition_penalty", 0),
+        ("priority", "urgent"),
+    ],
+)
+def test_out_of_range_extras(http, model_name, field, value):
+    r = http.post("/v1/chat/completions", json=chat_body(model_name, **{field: value}))
+    assert_error(r, 400, INVALID, param=field, message_contains=(field,))
+
+
+def test_out_of_range_completions(http, model_name):
+    base = {"model": model_name, "prompt": "Hello", "max_tokens": 4}
+    r = http.post("/v1/completions", json={**base, "logprobs": 50})
+    assert_error(r, 400, INVALID, param="logprobs", message_contains=("logprobs", "50"))
+    r = http.post("/v1/completions", json={**base, "temperature": 5})
+    assert_error(r, 400, INVALID, param="temperature", message_contains=("temperature", "5"))
+    r = http.post("/v1/completions", json={**base, "max_tokens": -1})
+    assert_error(r, 400, INVALID, param="max_tokens")
+
+
+def test_temperature_bound_in_message(http, model_name):
+    r = http.post("/v1/chat/completions", json=chat_body(model_name, temperature=5))
+    err = assert_error(r, 400, INVALID, param="temperature")
+    assert "5" in err["message"] and "2" in err["message"], err["message"]
+
+
+def test_unknown_model(http):
+    r = http.post("/v1/chat/completions", json=chat_body("no-such-model"))
+    assert_error(r, 404, param="model", code="model_not_found", message_contains=("no-such-model",))
+    r = http.post("/v1/completions", json={"model": "no-such-model", "prompt": "hi", "max_tokens": 2})
+    assert_error(r, 404, param="model", code="model_not_found")
+
+
+def test_missing_and_empty_messages(http, model_name):
+    r = http.post("/v1/chat/completions", json={"model": model_name, "max_tokens": 4})
+    assert_error(r, 400, INVALID, param="messages")
+    r = http.post("/v1/chat/completions", json={"model": model_name, "messages": [], "max_tokens": 4})
+    assert_error(r, 400, INVALID, param="messages")
+    r = http.post("/v1/chat/completions", json={"model": model_name, "messages": [{"content": "no role"}], "max_tokens": 4})
+    assert_error(r, 400, INVALID)
+    r = http.post("/v1/completions", json={"model": model_name, "max_tokens": 4})
+    assert_error(r, 400, INVALID, param="prompt")
+    r = http.post("/v1/completions", json={"model": model_name, "prompt": [], "max_tokens": 4})
+    assert_error(r, 400, INVALID, param="prompt")
+
+
+def test_token_id_out_of_vocabulary(http, model_name):
+    r = http.post("/v1/completions", json={"model": model_name, "prompt": [1, 2, 10_000_000], "max_tokens": 2})
+    assert_error(r, 400, INVALID, param="prompt", message_contains=("10000000",))
+
+
+def test_context_length_exceeded_default(http, model_name):
+    max_len = http.post("/tokenize", json={"prompt": "hi"}).json()["max_model_len"]
+    r = http.post("/v1/chat/completions", json=chat_body(model_name, max_tokens=max_len))
+    assert_error(r, 400, INVALID, code="context_length_exceeded", message_contains=(str(max_len),))
+
+
+def test_too_many_stop_strings(http, model_name):
+    stops = [f"stop{i}" for i in range(100)]
+    r = http.post("/v1/chat/completions", json=chat_body(model_name, stop=stops))
+    assert_error(r, 400, INVALID, param="stop")
+    r = http.post("/v1/chat/completions", json=chat_body(model_name, stop=stops[:4]))
+    assert r.status_code == 200, r.text
+
+
+def test_still_serves_after_errors(client, model_name):
+    r = client.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=16, temperature=0)
+    assert "Paris" in r.choices[0].message.content
+
+
+def test_context_length_small_server(server_factory, model_name):
+    srv = server_factory("--max-model-len", "128")
+    with srv.http() as http:
+        t = http.post("/tokenize", json={"prompt": "hello " * 300}).json()
+        assert t["max_model_len"] == 128, t["max_model_len"]
+        ids = t["tokens"][:120]
+        assert len(ids) == 120
+        body = {"model": model_name, "prompt": ids, "temperature": 0}
+        # prompt + max_tokens == max_model_len is allowed ...
+        r = http.post("/v1/completions", json={**body, "max_tokens": 8})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == 120
+        # ... one more is not
+        r = http.post("/v1/completions", json={**body, "max_tokens": 9})
+        assert_error(r, 400, INVALID, code="context_length_exceeded", message_contains=("128",))
+        # a prompt longer than the context
+        r = http.post("/v1/completions", json={"model": model_name, "prompt": "hello " * 300, "max_tokens": 1})
+        assert_error(r, 400, INVALID, code="context_length_exceeded")
+        r = http.post(
+            "/v1/chat/completions",
+            json={"model": model_name, "messages": [{"role": "user", "content": "hello " * 300}], "max_tokens": 1},
+        )
+        assert_error(r, 400, INVALID, code="context_length_exceeded")
+        # without max_tokens the default fits the remaining context
+        r = http.post("/v1/completions", json={"model": model_name, "prompt": ids, "temperature": 0})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] <= 8
+        # still serving
+        r = http.post("/v1/completions", json={"model": model_name, "prompt": "The capital of France is", "max_tokens": 4,
+                                               "temperature": 0})
+        assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["text"], r.text
+
+
+def test_body_too_large(server_factory, model_name):
+    srv = server_factory("--max-body-bytes", "1000")
+    with srv.http() as http:
+        big = {"model": model_name, "messages": [{"role": "user", "content": "x" * 2000}], "max_tokens": 2}
+        r = http.post("/v1/chat/completions", json=big)
+        assert_error(r, 413)
+
+        # same without a Content-Length (chunked upload)
+        import json
+
+        payload = json.dumps(big).encode()
+
+        def chunks():
+            for i in range(0, len(payload), 256):
+                yield payload[i : i + 256]
+
+        r = http.post("/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"})
+        assert_error(r, 413)
+
+        # a body under the limit is served, and so is the next request
+        small = {"model": model_name, "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                 "max_tokens": 16, "temperature": 0}
+        assert len(json.dumps(small)) < 1000
+        r = http.post("/v1/chat/completions", json=small)
+        assert r.status_code == 200, r.text
+        assert "Paris" in r.json()["choices"][0]["message"]["content"]

@@ -1,0 +1,125 @@
+"""Process lifecycle: CLI, startup failures, graceful shutdown."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+
+import httpx2 as httpx
+
+from ingot_e2e import BIN, Server, iter_sse_data
+
+SERVE_FLAGS = [
+    "--model", "--host", "--port", "--served-model-name", "--max-num-seqs", "--max-num-batched-tokens",
+    "--max-waiting", "--kv-cache-tokens", "--max-model-len", "--no-prefix-caching", "--stall-timeout",
+    "--shutdown-timeout", "--max-body-bytes", "--threads",
+]
+
+
+def test_serve_help_lists_flags():
+    out = subprocess.run([str(BIN), "serve", "--help"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    missing = [f for f in SERVE_FLAGS if f not in out.stdout]
+    assert not missing, f"`ingot serve --help` lacks {missing}"
+
+
+def test_missing_model_fails_fast():
+    p = subprocess.run(
+        [str(BIN), "serve", "--model", "/nonexistent/model.gguf", "--host", "127.0.0.1", "--port", "0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert p.returncode != 0
+    assert "/nonexistent/model.gguf" in p.stderr, p.stderr[-2000:]
+
+
+def test_sigint_idle_exits_zero(server_factory):
+    srv = server_factory()
+    rc = srv.stop(signal.SIGINT)
+    assert rc == 0, f"exit code {rc} after SIGINT\n{srv.log_tail()}"
+
+
+def test_graceful_shutdown_finishes_in_flight(server_factory, model_name):
+    srv = server_factory("--shutdown-timeout", "60")
+    body = {"model": model_name, "messages": [{"role": "user", "content": "Tell me a story about a lighthouse."}],
+            "max_tokens": 64, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.Client(base_url=srv.url, timeout=120.0) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            it = iter_sse_data(r)
+            first = [next(it) for _ in range(3)]
+            assert "[DONE]" not in first
+
+            srv.send_signal(signal.SIGTERM)
+            t_sig = time.monotonic()
+
+            # /ready turns 503 (or the listener is gone); new work is refused.
+            with httpx.Client(base_url=srv.url, timeout=5.0) as other:
+                ready = None
+                while time.monotonic() - t_sig < 5.0:
+                    try:
+                        ready = other.get("/ready").status_code
+                    except httpx.ConnectError:
+                        ready = "refused"
+                    if ready != 200:
+                        break
+                    time.sleep(0.02)
+                assert ready in (503, "refused"), f"/ready still {ready} 5 s after SIGTERM"
+                try:
+                    nr = other.post("/v1/chat/completions",
+                                    json={"model": model_name, "messages": [{"role": "user", "content": "hi"}],
+                                          "max_tokens": 4})
+                    new_status = nr.status_code
+                    if new_status == 503:
+                        json.loads(nr.text)["error"]  # OpenAI-shaped
+                except httpx.ConnectError:
+                    new_status = "refused"
+                except httpx.TimeoutException:
+                    new_status = "timeout (connection accepted but never answered)"
+                assert new_status in (503, "refused"), f"new request after SIGTERM got {new_status}"
+
+            # the in-flight stream runs to its end
+            rest = list(it)
+    assert rest and rest[-1] == "[DONE]", f"stream cut: last events {rest[-3:]}"
+    chunks = [json.loads(d) for d in first + rest[:-1]]
+    finishes = [c["finish_reason"] for ch in chunks for c in ch.get("choices") or [] if c.get("finish_reason")]
+    assert finishes == ["length"], finishes
+    usage = [ch["usage"] for ch in chunks if ch.get("usage")]
+    assert usage and usage[-1]["completion_tokens"] == 64, usage
+    rc = srv.wait(timeout=30)
+    assert rc == 0, f"exit code {rc} after SIGTERM\n{srv.log_tail()}"
+
+
+def test_shutdown_timeout_bounds_the_drain(model_name):
+    """With --shutdown-timeout 1 a long stream does not keep the process alive."""
+    srv = Server("--shutdown-timeout", "1")
+    try:
+        body = {"model": model_name, "prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0,
+                "ignore_eos": True, "stream": True}
+        with httpx.Client(base_url=srv.url, timeout=60.0) as http:
+            with http.stream("POST", "/v1/completions", json=body) as r:
+                it = iter_sse_data(r)
+                next(it)
+                t0 = time.monotonic()
+                srv.send_signal(signal.SIGTERM)
+                # keep reading in the background so the server can write
+                drained = threading.Event()
+
+                def drain():
+                    try:
+                        for _ in it:
+                            pass
+                    except Exception:
+                        pass
+                    drained.set()
+
+                threading.Thread(target=drain, daemon=True).start()
+                rc = srv.wait(timeout=15)
+                elapsed = time.monotonic() - t0
+        assert rc == 0, f"exit code {rc}\n{srv.log_tail()}"
+        assert elapsed < 8, f"exit took {elapsed:.1f}s with --shutdown-timeout 1"
+    finally:
+        srv.kill()

@@ -1,0 +1,81 @@
+"""Backpressure: a full waiting queue answers 429 with Retry-After; accepted
+requests all complete; the server recovers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx2 as httpx
+
+from ingot_e2e import assert_error
+
+
+def test_overload_429(server_factory, model_name):
+    srv = server_factory("--max-num-seqs", "2", "--max-waiting", "4")
+
+    async def fire():
+        async with httpx.AsyncClient(base_url=srv.url, timeout=120.0,
+                                     limits=httpx.Limits(max_connections=64)) as c:
+            async def one(i):
+                body = {"model": model_name, "prompt": f"Story {i}: once upon a time", "max_tokens": 16,
+                        "temperature": 0, "ignore_eos": True}
+                return await c.post("/v1/completions", json=body)
+
+            return await asyncio.gather(*(one(i) for i in range(20)))
+
+    responses = asyncio.run(fire())
+    codes = [r.status_code for r in responses]
+    rejected = [r for r in responses if r.status_code == 429]
+    accepted = [r for r in responses if r.status_code != 429]
+    assert rejected, f"no 429 among 20 concurrent requests with 2 slots + 4 waiting: {codes}"
+    assert len(accepted) >= 4, f"fewer requests accepted than the waiting queue holds: {codes}"
+    for r in accepted:
+        assert r.status_code == 200, f"{r.status_code} {r.text[:300]}"
+        body = r.json()
+        assert body["choices"][0]["finish_reason"] == "length"
+        assert body["usage"]["completion_tokens"] == 16
+    for r in rejected:
+        assert_error(r, 429, "rate_limit_exceeded")
+        ra = r.headers.get("retry-after")
+        assert ra is not None, f"429 without Retry-After: {dict(r.headers)}"
+        assert ra.strip().isdigit(), f"Retry-After must be delay-seconds (an integer), got {ra!r}"
+
+    with srv.http() as http:
+        assert http.get("/health").status_code == 200
+        assert http.get("/ready").status_code == 200
+        r = http.post("/v1/completions", json={"model": model_name, "prompt": "The capital of France is",
+                                               "max_tokens": 4, "temperature": 0})
+        assert r.status_code == 200, r.text
+        assert "Paris" in r.json()["choices"][0]["text"]
+    m = srv.metrics()
+    assert m.get("ingot:num_requests_running") == 0
+    assert m.get("ingot:num_requests_waiting") == 0
+    assert m.get("ingot:request_success_total") == len(accepted) + 1
+
+
+def test_overload_streaming_429(server_factory, model_name):
+    """A streaming request that is rejected gets a plain 429 (not a 200 SSE
+    stream carrying an error)."""
+    srv = server_factory("--max-num-seqs", "1", "--max-waiting", "1")
+
+    async def fire():
+        async with httpx.AsyncClient(base_url=srv.url, timeout=120.0) as c:
+            async def one(i):
+                body = {"model": model_name, "prompt": f"Story {i}:", "max_tokens": 16, "temperature": 0,
+                        "ignore_eos": True, "stream": True}
+                async with c.stream("POST", "/v1/completions", json=body) as r:
+                    raw = await r.aread()
+                    return r.status_code, r.headers, raw
+
+            return await asyncio.gather(*(one(i) for i in range(8)))
+
+    results = asyncio.run(fire())
+    codes = [s for s, _, _ in results]
+    assert 429 in codes, codes
+    for status, headers, raw in results:
+        if status == 429:
+            assert "retry-after" in headers
+            assert b"rate_limit_exceeded" in raw
+        else:
+            assert status == 200
+            assert raw.rstrip().endswith(b"data: [DONE]"), raw[-200:]
