@@ -14,6 +14,30 @@ use crate::model::{load_engine, ModelArgs};
 pub enum BenchCommand {
     /// Single-request latency: prefill time, per-token decode time, tok/s.
     Latency(LatencyArgs),
+    /// Offline throughput: many requests through the engine at once (no HTTP).
+    Throughput(ThroughputArgs),
+}
+
+/// Flags of `ingot bench throughput`.
+#[derive(Args, Debug)]
+pub struct ThroughputArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Requests to run.
+    #[arg(long, default_value_t = 64)]
+    num_prompts: usize,
+    /// Prompt length in tokens (random ids, seeded).
+    #[arg(long, default_value_t = 128)]
+    input_len: usize,
+    /// Tokens generated per request (EOS ignored).
+    #[arg(long, default_value_t = 128)]
+    output_len: usize,
+    /// Sequences running at once (the concurrency measured).
+    #[arg(long, default_value_t = 64)]
+    max_num_seqs: usize,
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Flags of `ingot bench latency`.
@@ -42,6 +66,7 @@ pub struct LatencyArgs {
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Latency(args) => latency(args),
+        BenchCommand::Throughput(args) => throughput(args),
     }
 }
 
@@ -106,9 +131,7 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
     let (mut prefill, mut per_token, mut total) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..args.num_iters_warmup + args.num_iters {
         // A fresh random prompt each time, so the prefix cache cannot help.
-        let prompt: Vec<TokenId> = (0..args.input_len)
-            .map(|_| rng.random_range(0..vocab))
-            .collect();
+        let prompt = random_prompt(&mut rng, args.input_len, vocab);
         let t = run_once(&gen, prompt, args.output_len)?;
         if i < args.num_iters_warmup {
             continue;
@@ -145,4 +168,98 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
         println!("end to end:        {total:.3} s");
     }
     Ok(())
+}
+
+fn random_prompt(rng: &mut rand_chacha::ChaCha8Rng, len: usize, vocab: TokenId) -> Vec<TokenId> {
+    (0..len).map(|_| rng.random_range(0..vocab)).collect()
+}
+
+fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.num_prompts > 0 && args.input_len > 0 && args.output_len > 0 && args.max_num_seqs > 0,
+        "--num-prompts, --input-len, --output-len and --max-num-seqs must be positive"
+    );
+    let mut engine = EngineConfig::default();
+    engine.scheduler.max_num_seqs = args.max_num_seqs;
+    engine.scheduler.max_waiting = args.num_prompts * 2;
+    let gen = load_engine(&args.model, engine)?;
+    let vocab = gen.model_config().vocab_size as TokenId;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    let prompts: Vec<Vec<TokenId>> = (0..args.num_prompts)
+        .map(|_| random_prompt(&mut rng, args.input_len, vocab))
+        .collect();
+    // Warm up threads and caches with one short request.
+    run_once(&gen, random_prompt(&mut rng, 8, vocab), 2)?;
+    let start = Instant::now();
+    let generated = std::thread::scope(|scope| -> anyhow::Result<usize> {
+        let handles: Vec<_> = prompts
+            .into_iter()
+            .map(|prompt| {
+                let gen = gen.clone();
+                let output_len = args.output_len;
+                scope.spawn(move || count_tokens(&gen, prompt, output_len))
+            })
+            .collect();
+        let mut total = 0;
+        for h in handles {
+            total += h
+                .join()
+                .map_err(|_| anyhow::anyhow!("a benchmark thread panicked"))??;
+        }
+        Ok(total)
+    })?;
+    let elapsed = start.elapsed().as_secs_f64();
+    let out_tps = generated as f64 / elapsed;
+    let total_tps = (generated + args.num_prompts * args.input_len) as f64 / elapsed;
+    let req_s = args.num_prompts as f64 / elapsed;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "device": format!("cpu ({} threads)", rayon::current_num_threads()),
+                "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
+                "max_num_seqs": args.max_num_seqs, "elapsed_s": elapsed, "requests_per_s": req_s,
+                "output_tok_s": out_tps, "total_tok_s": total_tps,
+            })
+        );
+    } else {
+        println!(
+            "device:            cpu ({} threads)",
+            rayon::current_num_threads()
+        );
+        println!(
+            "requests:          {} x ({} in, {} out), {} at once",
+            args.num_prompts, args.input_len, args.output_len, args.max_num_seqs
+        );
+        println!("elapsed:           {elapsed:.2} s ({req_s:.2} req/s)");
+        println!("output:            {out_tps:.1} tok/s");
+        println!("total (in + out):  {total_tps:.1} tok/s");
+    }
+    Ok(())
+}
+
+/// Runs one request to completion and returns its generated token count.
+fn count_tokens(
+    gen: &EngineHandle,
+    prompt: Vec<TokenId>,
+    output_len: usize,
+) -> anyhow::Result<usize> {
+    let mut events = gen.submit(EngineRequest {
+        prompt,
+        sampling: SamplingParams::greedy(),
+        stop: StopCriteria {
+            max_tokens: output_len,
+            ignore_eos: true,
+            ..Default::default()
+        },
+        priority: Default::default(),
+    })?;
+    while let Some(event) = events.next_blocking() {
+        match event {
+            TokenEvent::Token(_) => {}
+            TokenEvent::Finished(c) => return Ok(c.completion_tokens),
+            TokenEvent::Error(e) => anyhow::bail!("generation failed: {e}"),
+        }
+    }
+    anyhow::bail!("the engine dropped a request")
 }

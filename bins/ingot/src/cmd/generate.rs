@@ -27,6 +27,10 @@ pub struct GenerateArgs {
     system: Option<String>,
     #[command(flatten)]
     sampling: SamplingArgs,
+    /// After generating, print {"prompt_ids": [...], "output_ids": [...]}
+    /// as one JSON line on stderr (for comparisons with references).
+    #[arg(long)]
+    print_ids: bool,
 }
 
 /// Sampling flags, named as in the OpenAI API.
@@ -97,6 +101,10 @@ impl SamplingArgs {
 /// Runs the command.
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let (params, stop) = args.sampling.params()?;
+    let show = Show {
+        logprobs: args.sampling.logprobs.is_some(),
+        ids: args.print_ids,
+    };
     let gen = load_engine(&args.model, EngineConfig::default())?;
     if !args.chat {
         let prompt = match &args.prompt {
@@ -105,7 +113,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
                 .context("cannot read the prompt from stdin")?,
         };
         let ids = gen.tokenizer().encode(&prompt, true)?;
-        stream(&gen, ids, &params, &stop, args.sampling.logprobs.is_some())?;
+        stream(&gen, ids, &params, &stop, show)?;
         return Ok(());
     }
     let template = chat_template(&gen)?;
@@ -116,7 +124,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     if let Some(p) = &args.prompt {
         messages.push(ChatMessage::new("user", p));
         let ids = render(&gen, &template, &messages)?;
-        stream(&gen, ids, &params, &stop, args.sampling.logprobs.is_some())?;
+        stream(&gen, ids, &params, &stop, show)?;
         return Ok(());
     }
     // Interactive: one line per user turn until EOF.
@@ -129,7 +137,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         }
         messages.push(ChatMessage::new("user", line.trim_end()));
         let ids = render(&gen, &template, &messages)?;
-        let reply = stream(&gen, ids, &params, &stop, args.sampling.logprobs.is_some())?;
+        let reply = stream(&gen, ids, &params, &stop, show)?;
         messages.push(ChatMessage::new("assistant", &reply));
     }
 }
@@ -154,9 +162,11 @@ fn stream(
     prompt: Vec<TokenId>,
     params: &SamplingParams,
     stop: &StopCriteria,
-    show_logprobs: bool,
+    show: Show,
 ) -> anyhow::Result<String> {
     let tokenizer = gen.tokenizer().clone();
+    let prompt_ids = show.ids.then(|| prompt.clone());
+    let mut output_ids = Vec::new();
     let mut events = gen.submit(EngineRequest {
         prompt,
         sampling: params.clone(),
@@ -168,10 +178,11 @@ fn stream(
     while let Some(event) = events.next_blocking() {
         match event {
             TokenEvent::Token(t) => {
+                output_ids.push(t.token);
                 text.push_str(&t.text);
                 out.write_all(t.text.as_bytes())?;
                 out.flush()?;
-                if show_logprobs {
+                if show.logprobs {
                     let alts: Vec<String> = t
                         .top_logprobs
                         .iter()
@@ -193,5 +204,18 @@ fn stream(
         }
     }
     writeln!(out)?;
+    if let Some(prompt_ids) = prompt_ids {
+        eprintln!(
+            "{}",
+            serde_json::json!({"prompt_ids": prompt_ids, "output_ids": output_ids})
+        );
+    }
     Ok(text)
+}
+
+/// What to print besides the text.
+#[derive(Debug, Clone, Copy)]
+struct Show {
+    logprobs: bool,
+    ids: bool,
 }
