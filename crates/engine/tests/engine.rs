@@ -1,0 +1,232 @@
+//! The engine loop end to end on a small random-weight model with the real
+//! SmolLM2 tokenizer: batch invariance, preemption by recompute, abort,
+//! backpressure and admission control.
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ingot_core::{FinishReason, Priority, SamplingParams, StopCriteria};
+use ingot_engine::{
+    start_engine, EngineConfig, EngineHandle, EngineRequest, SubmitError, TokenEvent,
+};
+use ingot_models::dummy::DummySource;
+use ingot_models::{Architecture, LlamaWeights, ModelConfig, RopeConfig, RopeScaling};
+use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig};
+use ingot_scheduler::SchedulerConfig;
+use ingot_tokenizer::Tokenizer;
+
+fn tokenizer() -> Arc<Tokenizer> {
+    let gguf = ingot_models::gguf::GgufFile::open(&ingot_testkit::smollm2_gguf()).unwrap();
+    Arc::new(Tokenizer::from_gguf(&gguf).unwrap())
+}
+
+fn tiny_config() -> ModelConfig {
+    ModelConfig {
+        architecture: Architecture::Llama,
+        hidden_size: 64,
+        intermediate_size: 128,
+        num_layers: 2,
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 16,
+        vocab_size: 49152,
+        max_context: 512,
+        rms_norm_eps: 1e-5,
+        rope: RopeConfig {
+            theta: 10000.0,
+            scaling: RopeScaling::None,
+        },
+        qkv_bias: false,
+        qk_norm: false,
+        tie_word_embeddings: true,
+    }
+}
+
+fn engine(num_blocks: usize, f: impl FnOnce(&mut EngineConfig)) -> EngineHandle {
+    let config = tiny_config();
+    let weights = LlamaWeights::load(&config, &DummySource::new(&config, 1), &|_, _| {}).unwrap();
+    let runner = CpuRunner::new(
+        config,
+        weights,
+        CpuRunnerConfig {
+            num_blocks,
+            block_size: 16,
+        },
+    )
+    .unwrap();
+    let mut c = EngineConfig {
+        scheduler: SchedulerConfig {
+            max_num_batched_tokens: 64,
+            ..SchedulerConfig::default()
+        },
+        ..EngineConfig::default()
+    };
+    f(&mut c);
+    start_engine(Box::new(runner), tokenizer(), c).unwrap()
+}
+
+fn request(seed: u32, len: usize, max_tokens: usize) -> EngineRequest {
+    EngineRequest {
+        prompt: (0..len as u32)
+            .map(|i| (i * 7919 + seed * 104_729) % 49_000 + 10)
+            .collect(),
+        sampling: SamplingParams::greedy(),
+        stop: StopCriteria {
+            max_tokens,
+            ignore_eos: true,
+            ..Default::default()
+        },
+        priority: Priority::Normal,
+    }
+}
+
+/// Runs a request to its end; returns its tokens and finish reason.
+fn run(handle: &EngineHandle, req: EngineRequest) -> (Vec<u32>, FinishReason) {
+    let mut s = handle.submit(req).unwrap();
+    let mut tokens = Vec::new();
+    while let Some(e) = s.next_blocking() {
+        match e {
+            TokenEvent::Token(t) => tokens.push(t.token),
+            TokenEvent::Finished(c) => return (tokens, c.reason),
+            TokenEvent::Error(e) => panic!("engine error: {e}"),
+        }
+    }
+    panic!("stream ended without Finished");
+}
+
+fn run_concurrently(handle: &EngineHandle, reqs: Vec<EngineRequest>) -> Vec<Vec<u32>> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = reqs
+            .into_iter()
+            .map(|r| s.spawn(|| run(handle, r).0))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn wait_until(what: &str, f: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn concurrent_requests_match_sequential_bit_for_bit() {
+    let e = engine(256, |_| {});
+    let reqs: Vec<_> = (0..8)
+        .map(|i| request(i, 20 + 9 * i as usize, 12))
+        .collect();
+    let alone: Vec<_> = reqs.iter().map(|r| run(&e, r.clone()).0).collect();
+    let together = run_concurrently(&e, reqs);
+    assert_eq!(alone, together);
+}
+
+#[test]
+fn preemption_recomputes_to_the_same_tokens() {
+    // 12 blocks of 16 = 192 slots; 6 requests of 40 + 24 tokens (4 blocks
+    // each at the end) cannot all fit, so some are preempted and recomputed.
+    let e = engine(12, |c| c.scheduler.max_num_seqs = 6);
+    let reqs: Vec<_> = (0..6).map(|i| request(i, 40, 24)).collect();
+    let alone: Vec<_> = reqs.iter().map(|r| run(&e, r.clone()).0).collect();
+    let together = run_concurrently(&e, reqs);
+    assert_eq!(alone, together);
+    assert!(
+        e.stats()
+            .preemptions
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0,
+        "test needs preemption"
+    );
+    wait_until("blocks freed", || e.stats().kv_usage() == 0.0);
+}
+
+#[test]
+fn dropping_a_stream_aborts_and_frees_blocks() {
+    let e = engine(256, |_| {});
+    let mut streams: Vec<_> = (0..4)
+        .map(|i| e.submit(request(i, 30, 400)).unwrap())
+        .collect();
+    for s in &mut streams {
+        assert!(matches!(s.next_blocking(), Some(TokenEvent::Token(_))));
+    }
+    assert!(e.stats().kv_usage() > 0.0);
+    drop(streams);
+    wait_until("idle after abort", || {
+        e.stats().running.load(std::sync::atomic::Ordering::Relaxed) == 0
+            && e.stats().kv_usage() == 0.0
+    });
+}
+
+#[test]
+fn a_client_that_stops_reading_is_paused_then_cut_off_without_stalling_others() {
+    let e = engine(256, |c| {
+        c.stream_buffer = 2;
+        c.stall_timeout = Duration::from_millis(300);
+    });
+    let mut stalled = e.submit(request(1, 10, 200)).unwrap();
+    // The others finish while the stalled one sits paused.
+    let (tokens, reason) = run(&e, request(2, 10, 30));
+    assert_eq!((tokens.len(), reason), (30, FinishReason::Length));
+    std::thread::sleep(Duration::from_millis(600));
+    wait_until("stalled request freed", || e.stats().kv_usage() == 0.0);
+    // It got its buffered events and then the channel closed, without Finished.
+    let mut seen = 0;
+    while let Some(ev) = stalled.next_blocking() {
+        assert!(matches!(ev, TokenEvent::Token(_)));
+        seen += 1;
+    }
+    assert!(seen >= 2 && seen < 200, "saw {seen} events");
+}
+
+#[test]
+fn a_full_queue_refuses_background_first() {
+    let e = engine(256, |c| {
+        c.scheduler.max_waiting = 4;
+        c.scheduler.max_num_seqs = 1;
+    });
+    // Occupy the engine and fill the queue.
+    let _running = e.submit(request(0, 10, 300)).unwrap();
+    wait_until("first request running", || {
+        e.stats().running.load(std::sync::atomic::Ordering::Relaxed) == 1
+    });
+    let _queued: Vec<_> = (1..3)
+        .map(|i| e.submit(request(i, 10, 10)).unwrap())
+        .collect();
+    let mut bg = request(9, 10, 10);
+    bg.priority = Priority::Background;
+    assert!(
+        matches!(e.submit(bg), Err(SubmitError::Overloaded { .. })),
+        "background shed at half"
+    );
+    let _more: Vec<_> = (3..5)
+        .map(|i| e.submit(request(i, 10, 10)).unwrap())
+        .collect();
+    assert!(matches!(
+        e.submit(request(5, 10, 10)),
+        Err(SubmitError::Overloaded { .. })
+    ));
+    let mut critical = request(6, 10, 10);
+    critical.priority = Priority::Critical;
+    assert!(e.submit(critical).is_ok(), "critical has a reserve");
+}
+
+#[test]
+fn too_long_and_bad_tokens_are_refused_up_front() {
+    let e = engine(256, |_| {});
+    assert!(matches!(
+        e.submit(request(0, 500, 100)),
+        Err(SubmitError::TooLong { .. })
+    ));
+    let mut bad = request(0, 5, 5);
+    bad.prompt[2] = 10_000_000;
+    assert!(matches!(
+        e.submit(bad),
+        Err(SubmitError::TokenOutOfRange { .. })
+    ));
+    let mut empty = request(0, 5, 5);
+    empty.prompt.clear();
+    assert!(matches!(e.submit(empty), Err(SubmitError::EmptyPrompt)));
+}
