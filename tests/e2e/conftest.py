@@ -44,8 +44,8 @@ def http(server):
 def server_factory():
     started: list[Server] = []
 
-    def start(*args: str) -> Server:
-        srv = Server(*args)
+    def start(*args: str, wait_ready: bool = True) -> Server:
+        srv = Server(*args, wait_ready=wait_ready)
         started.append(srv)
         return srv
 

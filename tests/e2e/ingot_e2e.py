@@ -57,7 +57,7 @@ def default_model_name() -> str:
 class Server:
     """One `ingot serve` child process on an ephemeral port."""
 
-    def __init__(self, *extra_args: str):
+    def __init__(self, *extra_args: str, wait_ready: bool = True):
         if not BIN.exists():
             raise AssertionError(f"ingot binary not found at {BIN} (set INGOT_BIN or run cargo build -p ingot)")
         self.args = [
@@ -91,7 +91,8 @@ class Server:
             t.start()
         try:
             self._wait_listening()
-            self._wait_ready()
+            if wait_ready:
+                self.wait_ready()
         except BaseException:
             self.kill()
             raise
@@ -125,7 +126,7 @@ class Server:
                     f"no 'listening on http://127.0.0.1:PORT' line on stderr within {LISTEN_DEADLINE}s\n{self.log_tail()}"
                 )
 
-    def _wait_ready(self) -> None:
+    def wait_ready(self) -> None:
         deadline = time.monotonic() + READY_DEADLINE
         with httpx.Client(base_url=self.url, timeout=5.0) as c:
             while True:

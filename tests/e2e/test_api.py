@@ -138,6 +138,34 @@ def test_chat_stream_include_usage(greedy_chat, client, model_name):
     assert all(c.usage is None for c in chunks[:-1]), [c.usage for c in chunks[:-1] if c.usage]
 
 
+def test_chat_default_max_tokens_and_multi_turn(greedy_chat, client, model_name, http):
+    # No max_tokens: generation runs to EOS.
+    r = chat(client, model_name, max_tokens=None)
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.content == greedy_chat.choices[0].message.content
+    # A system message replaces the template's default one; assistant turns are rendered.
+    msgs = [
+        {"role": "system", "content": "You are a geography teacher."},
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": greedy_chat.choices[0].message.content},
+        {"role": "user", "content": "And of Italy?"},
+    ]
+    r = chat(client, model_name, messages=msgs, max_tokens=16)
+    assert r.usage.prompt_tokens == tokenize(http, messages=msgs)["count"]
+    assert "Rome" in r.choices[0].message.content, r.choices[0].message.content
+
+
+def test_non_ascii_stream_matches_non_stream(client, model_name):
+    for prompt in ("Le café à Paris est", "日本の首都は", "Emoji story: 🐉🔥"):
+        r = complete(client, model_name, prompt, max_tokens=16)
+        text = r.choices[0].text
+        parts = [c.choices[0].text for c in complete(client, model_name, prompt, max_tokens=16, stream=True) if c.choices]
+        assert "".join(parts) == text, (prompt, parts, text)
+        # no replacement characters, except for a character cut by max_tokens
+        body = text[:-1] if r.choices[0].finish_reason == "length" else text
+        assert "\ufffd" not in body, (prompt, text)
+
+
 def test_chat_max_tokens_length(client, model_name):
     r = chat(client, model_name, max_tokens=5)
     assert r.choices[0].finish_reason == "length"
@@ -264,6 +292,20 @@ def test_completions_string_prompt(client, model_name, http):
     assert r.choices[0].finish_reason in ("stop", "length")
     assert r.usage.prompt_tokens == tokenize(http, prompt=prompt)["count"]
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_completions_default_max_tokens(server_factory, model_name):
+    """OpenAI's /v1/completions defaults max_tokens to 16 (chat defaults to the
+    rest of the context). A small context bounds the cost if it does not."""
+    srv = server_factory("--max-model-len", "64")
+    c = srv.openai()
+    r = c.completions.create(model=model_name, prompt="Once upon a time", temperature=0, extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 16, f"completions without max_tokens generated {r.usage.completion_tokens} tokens"
+    r = c.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "hi"}], temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.total_tokens == 64  # chat: up to the context
 
 
 def test_completions_length(client, model_name):
@@ -464,6 +506,9 @@ def test_metrics_count_a_request(server, client, model_name):
             for h in ("ingot:time_to_first_token_seconds", "ingot:e2e_request_latency_seconds",
                       "ingot:request_queue_time_seconds"):
                 assert delta(after, h + "_count") == 1, h
+            # idle: nothing running, no KV block referenced (cached blocks count as free)
+            assert after.get("ingot:num_requests_running") == 0
+            assert after.get("ingot:kv_cache_usage_perc") == 0
             break
         except AssertionError:
             if time.monotonic() > deadline:
@@ -482,3 +527,17 @@ def test_metrics_count_a_request(server, client, model_name):
         assert after.types.get(c) == "counter", (c, after.types.get(c))
     for g in ("ingot:num_requests_running", "ingot:num_requests_waiting", "ingot:kv_cache_usage_perc"):
         assert after.types.get(g) == "gauge", (g, after.types.get(g))
+
+
+def test_metrics_fresh_server(server_factory):
+    """Every gauge and counter is exported (at 0) before the first request,
+    so scrapers and autoscalers see a complete picture from the start."""
+    srv = server_factory()
+    m = srv.metrics()
+    missing = [n for n in ("ingot:num_requests_running", "ingot:num_requests_waiting", "ingot:kv_cache_usage_perc",
+                           "ingot:prefix_cache_queries", "ingot:prefix_cache_hits", "ingot:num_preemptions_total",
+                           "ingot:prompt_tokens_total", "ingot:generation_tokens_total") if not m.has(n)]
+    assert not missing, f"fresh server's /metrics lacks {missing}; it has {m.names()}"
+    assert m.get("ingot:num_requests_running") == 0
+    assert m.get("ingot:num_requests_waiting") == 0
+    assert m.get("ingot:kv_cache_usage_perc") == 0

@@ -100,3 +100,61 @@ def test_batch_invariance(server_factory, model_name):
     assert peak[0] >= 4, f"at most {peak[0]} requests ran at once; the concurrent pass did not batch"
     # --no-prefix-caching: nothing was served from the cache
     assert srv.metrics().get("ingot:prefix_cache_hits", default=0.0) == 0
+
+
+def test_preemption_invariance(server_factory, model_name):
+    """A KV cache too small for the batch forces preemption (recompute); the
+    greedy text is still the text of an uncontended run."""
+    srv = server_factory("--kv-cache-tokens", "128")
+    sync = srv.openai()
+    prompts = [f"Write a list of {i + 3} animals:" for i in range(6)]
+    kw = dict(model=model_name, max_tokens=32, temperature=0, extra_body={"ignore_eos": True})
+    solo = [sync.completions.create(prompt=p, **kw).choices[0].text for p in prompts]
+    assert srv.metrics().get("ingot:num_preemptions_total") == 0
+
+    async def run_all():
+        client = srv.async_openai()
+        try:
+            rs = await asyncio.gather(*(client.completions.create(prompt=p, **kw) for p in prompts))
+        finally:
+            await client.close()
+        return [r.choices[0].text for r in rs], [r.usage.completion_tokens for r in rs]
+
+    batched, counts = asyncio.run(run_all())
+    assert counts == [32] * len(prompts)
+    preemptions = srv.metrics().get("ingot:num_preemptions_total")
+    assert preemptions > 0, "6 x 40 tokens in a 128-token KV cache ran without preemption?"
+    mismatches = [(i, a, b) for i, (a, b) in enumerate(zip(solo, batched)) if a != b]
+    assert not mismatches, f"{preemptions:.0f} preemptions changed outputs:\n" + "\n".join(
+        f"  #{i}: alone={a!r}\n       batched={b!r}" for i, a, b in mismatches
+    )
+
+
+def test_chunked_prefill_invariance(server_factory, model_name):
+    """A 200-token prompt prefilled in one step (default budget 512) and in
+    chunks of at most 32 tokens (--max-num-batched-tokens 32) gives the same
+    greedy continuation."""
+    prompt = " ".join(f"Line {i}: the {w} jumps over the lazy dog." for i, w in
+                      enumerate(["quick", "slow", "brown", "red", "happy", "sad", "old", "young"] * 2))
+    prompt += " Summary:"
+    texts = []
+    for args in ((), ("--max-num-batched-tokens", "32")):
+        srv = server_factory("--no-prefix-caching", *args)
+        with srv.http() as http:
+            n = http.post("/tokenize", json={"prompt": prompt}).json()["count"]
+            assert n > 160, n
+            r = http.post("/v1/completions", json={"model": model_name, "prompt": prompt, "max_tokens": 12, "temperature": 0})
+            assert r.status_code == 200, r.text
+            texts.append(r.json()["choices"][0]["text"])
+        m = srv.metrics()
+        if args:
+            # every engine step stayed within the 32-token budget
+            count = m.get("ingot:iteration_tokens_total_count")
+            bounds = sorted(float(lab["le"]) for name, lab, _ in m.samples if name == "ingot:iteration_tokens_total_bucket")
+            le = next(b for b in bounds if b >= 32)
+            within = sum(v for name, lab, v in m.samples
+                         if name == "ingot:iteration_tokens_total_bucket" and float(lab["le"]) == le)
+            assert within == count, f"{count - within:.0f} steps had more than {le:g} tokens with --max-num-batched-tokens 32"
+            assert count >= n / 32, f"{count:.0f} steps for a {n}-token prompt with a 32-token budget"
+        srv.stop_and_check()
+    assert texts[0] == texts[1], texts

@@ -202,3 +202,10 @@ def test_body_too_large(server_factory, model_name):
         r = http.post("/v1/chat/completions", json=small)
         assert r.status_code == 200, r.text
         assert "Paris" in r.json()["choices"][0]["message"]["content"]
+
+
+def test_tokenize_errors(http):
+    assert_error(http.post("/tokenize", json={"model": "nope", "prompt": "hi"}), 404, param="model", code="model_not_found")
+    assert_error(http.post("/tokenize", json={}), 400, INVALID)
+    assert_error(http.post("/detokenize", json={"tokens": [10_000_000]}), 400, INVALID, param="tokens")
+    assert_error(http.post("/detokenize", json={"tokens": "abc"}), 400, INVALID, param="tokens")

@@ -35,6 +35,24 @@ def test_missing_model_fails_fast():
     assert "/nonexistent/model.gguf" in p.stderr, p.stderr[-2000:]
 
 
+def test_not_ready_until_loaded(server_factory, model_name):
+    """The listener is up before the model is loaded (~0.7 s here): /health
+    is 200 at once, /ready and generation answer 503 until the model is in."""
+    srv = server_factory(wait_ready=False)
+    with httpx.Client(base_url=srv.url, timeout=10.0) as c:
+        assert c.get("/health").status_code == 200
+        ready = c.get("/ready").status_code
+        gen = c.post("/v1/completions", json={"model": model_name, "prompt": "hi", "max_tokens": 2})
+    assert ready == 503, f"/ready answered {ready} right after the listening line (model not loaded yet?)"
+    assert gen.status_code == 503, f"a completion before the model is loaded got {gen.status_code}: {gen.text[:300]}"
+    assert "error" in gen.json()
+    srv.wait_ready()
+    with srv.http() as c:
+        r = c.post("/v1/completions", json={"model": model_name, "prompt": "The capital of France is", "max_tokens": 4,
+                                            "temperature": 0})
+        assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["text"], r.text
+
+
 def test_sigint_idle_exits_zero(server_factory):
     srv = server_factory()
     rc = srv.stop(signal.SIGINT)
@@ -123,3 +141,58 @@ def test_shutdown_timeout_bounds_the_drain(model_name):
         assert elapsed < 8, f"exit took {elapsed:.1f}s with --shutdown-timeout 1"
     finally:
         srv.kill()
+
+
+def test_shutdown_drains_queued_requests(server_factory, model_name):
+    """Requests still waiting for a slot at SIGTERM are in flight too: they
+    run to completion."""
+    srv = server_factory("--shutdown-timeout", "60", "--max-num-seqs", "1")
+    results: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        body = {"model": model_name, "prompt": f"Story {i}: once upon a time", "max_tokens": 32, "temperature": 0,
+                "ignore_eos": True, "stream": True}
+        try:
+            with httpx.Client(base_url=srv.url, timeout=120.0) as c:
+                with c.stream("POST", "/v1/completions", json=body) as r:
+                    data = list(iter_sse_data(r)) if r.status_code == 200 else [r.read().decode()]
+                    results[i] = (r.status_code, data)
+        except Exception as e:  # reported below
+            results[i] = repr(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 10
+    while True:
+        m = srv.metrics()
+        live = (m.get("ingot:num_requests_running", default=-1), m.get("ingot:num_requests_waiting", default=-1))
+        if live == (1, 2):
+            break
+        assert time.monotonic() < deadline, f"expected 1 running + 2 waiting, got {live}"
+        time.sleep(0.01)
+    srv.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(timeout=120)
+    for i in range(3):
+        res = results.get(i)
+        assert isinstance(res, tuple) and res[0] == 200, f"request {i}: {res!r}"
+        data = res[1]
+        assert data[-1] == "[DONE]", f"request {i} cut: {data[-2:]}"
+        finishes = [c["finish_reason"] for d in data[:-1] for c in json.loads(d)["choices"] if c.get("finish_reason")]
+        assert finishes == ["length"], (i, finishes)
+    rc = srv.wait(timeout=30)
+    assert rc == 0, f"exit code {rc}\n{srv.log_tail()}"
+
+
+def test_idle_keepalive_connection_does_not_delay_exit(server_factory, model_name):
+    srv = server_factory("--shutdown-timeout", "60")
+    with httpx.Client(base_url=srv.url, timeout=30.0) as c:  # keeps its connection open
+        r = c.post("/v1/completions", json={"model": model_name, "prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 200
+        t0 = time.monotonic()
+        srv.send_signal(signal.SIGTERM)
+        rc = srv.wait(timeout=30)
+        elapsed = time.monotonic() - t0
+    assert rc == 0
+    assert elapsed < 5, f"an idle keep-alive connection held the process for {elapsed:.1f}s after SIGTERM"

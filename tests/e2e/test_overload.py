@@ -27,6 +27,7 @@ def test_overload_429(server_factory, model_name):
     codes = [r.status_code for r in responses]
     rejected = [r for r in responses if r.status_code == 429]
     accepted = [r for r in responses if r.status_code != 429]
+    print(f"\noverload: {codes}, Retry-After {[r.headers.get('retry-after') for r in rejected]}")
     assert rejected, f"no 429 among 20 concurrent requests with 2 slots + 4 waiting: {codes}"
     assert len(accepted) >= 4, f"fewer requests accepted than the waiting queue holds: {codes}"
     for r in accepted:
@@ -79,3 +80,32 @@ def test_overload_streaming_429(server_factory, model_name):
         else:
             assert status == 200
             assert raw.rstrip().endswith(b"data: [DONE]"), raw[-200:]
+
+
+def test_burst_within_queue_bound(server, model_name):
+    """64 concurrent requests (half streaming) on the default server: all
+    accepted and completed; the server is idle afterwards."""
+
+    async def fire():
+        async with httpx.AsyncClient(base_url=server.url, timeout=120.0,
+                                     limits=httpx.Limits(max_connections=128)) as c:
+            async def one(i):
+                body = {"model": model_name, "prompt": f"Item {i}: the", "max_tokens": 4, "temperature": 0,
+                        "ignore_eos": True, "stream": i % 2 == 0}
+                r = await c.post("/v1/completions", json=body)
+                if r.status_code != 200:
+                    return r.status_code, r.text[:200]
+                if i % 2 == 0:
+                    assert r.text.rstrip().endswith("data: [DONE]"), r.text[-200:]
+                    return 200, None
+                return 200, r.json()["usage"]["completion_tokens"]
+
+            return await asyncio.gather(*(one(i) for i in range(64)))
+
+    results = asyncio.run(fire())
+    bad = [(i, r) for i, r in enumerate(results) if r[0] != 200 or (i % 2 and r[1] != 4)]
+    assert not bad, bad
+    m = server.metrics()
+    assert m.get("ingot:num_requests_running") == 0
+    assert m.get("ingot:num_requests_waiting") == 0
+    assert m.get("ingot:kv_cache_usage_perc") == 0

@@ -112,6 +112,7 @@ def test_prefix_cache_hits_and_ttft(server_factory, model_name):
     ma, mb = statistics.median(a_ttft), statistics.median(b_ttft)
     detail = "\n".join(f"  group {g}: prefix {n} tok, TTFT A {ta*1000:.0f} ms, B {tb*1000:.0f} ms, hits A {ha:.0f} B {hb:.0f}"
                        for g, n, ta, tb, ha, hb, _, _ in rows)
+    print(f"\nprefix cache:\n{detail}")
     assert mb < ma / 2, f"cached TTFT median {mb*1000:.0f} ms is not < half of uncached {ma*1000:.0f} ms\n{detail}"
 
 

@@ -76,6 +76,7 @@ def test_priority_critical_first_background_completes(server_factory, model_name
     med = statistics.median(normal_ttft)
     summary = (f"normal TTFTs {[round(t, 2) for t in sorted(normal_ttft)]} (median {med:.2f}s), "
                f"critical {[round(t, 2) for t in critical]}, background {[round(t, 2) for t in background]}")
+    print("\npriority: " + summary)
     assert all(t < med for t in critical), "a critical request waited longer than the median normal one: " + summary
     assert max(critical) < statistics.median(background), "background served before critical: " + summary
     # per-priority metrics are labelled

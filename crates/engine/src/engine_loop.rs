@@ -85,6 +85,7 @@ pub fn start_engine(
         last_prefix: Default::default(),
         last_preemptions: 0,
     };
+    m::register();
     std::thread::Builder::new()
         .name("ingot-engine".into())
         .spawn(move || state.run(rx))?;

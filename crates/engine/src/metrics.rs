@@ -8,6 +8,16 @@ use metrics::{counter, gauge, histogram};
 
 use crate::handle::Completion;
 
+/// Registers every gauge and counter at zero, so `/metrics` lists them
+/// before the first request.
+pub fn register() {
+    gauges(0, 0, 0.0);
+    prefix_cache(0, 0);
+    preemptions(0);
+    counter!("ingot:prompt_tokens_total").increment(0);
+    counter!("ingot:generation_tokens_total").increment(0);
+}
+
 /// Running / waiting gauges and KV usage (fraction in [0, 1]).
 pub fn gauges(running: usize, waiting: usize, kv_usage: f64) {
     gauge!("ingot:num_requests_running").set(running as f64);

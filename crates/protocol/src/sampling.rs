@@ -118,6 +118,12 @@ impl SamplingFields {
         if let Some((field, 0)) = max_tokens {
             return Err(ProtocolError::bound(field, "at least 1", 0));
         }
+        if self.stream_options.is_some() && self.stream != Some(true) {
+            return Err(ProtocolError::field(
+                "stream_options",
+                "stream_options is only allowed when stream is true",
+            ));
+        }
         let n = self.n.unwrap_or(1);
         if n == 0 || n > MAX_N {
             return Err(ProtocolError::bound("n", &format!("in [1, {MAX_N}]"), n));

@@ -20,6 +20,9 @@ pub enum ApiError {
     /// No such route (404).
     #[error("no route for {0}")]
     RouteNotFound(String),
+    /// The route exists with another method (405).
+    #[error("method not allowed: {0}")]
+    MethodNotAllowed(String),
     /// The body exceeds the size limit (413).
     #[error("the request body exceeds the limit of {0} bytes")]
     PayloadTooLarge(usize),
@@ -64,6 +67,12 @@ impl ApiError {
             ApiError::RouteNotFound(_) => {
                 (StatusCode::NOT_FOUND, "invalid_request_error", None, None)
             }
+            ApiError::MethodNotAllowed(_) => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                None,
+                None,
+            ),
             ApiError::PayloadTooLarge(_) => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "invalid_request_error",

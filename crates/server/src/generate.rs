@@ -21,14 +21,37 @@ pub struct Job {
     stream: RequestStream,
 }
 
+/// Which endpoint a request came from: names the prompt field in errors and
+/// sets the default output length.
+#[derive(Debug, Clone, Copy)]
+pub enum Endpoint {
+    /// `/v1/chat/completions`: without max_tokens, up to the context end.
+    Chat,
+    /// `/v1/completions`: without max_tokens, 16 tokens (OpenAI's default).
+    Completions,
+}
+
+impl Endpoint {
+    fn prompt_param(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "messages",
+            Endpoint::Completions => "prompt",
+        }
+    }
+}
+
+/// OpenAI's default `max_tokens` for `/v1/completions`.
+const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;
+
 /// Submits `n` requests per prompt. Choice `c` of a seeded request uses
 /// seed + c, so choices differ yet the whole response is reproducible.
 pub fn submit(
     engine: &EngineHandle,
     prompts: &[Vec<TokenId>],
     sampling: &ValidSampling,
-    prompt_param: &str,
+    endpoint: Endpoint,
 ) -> Result<Vec<Job>, ApiError> {
+    let prompt_param = endpoint.prompt_param();
     let max_context = engine.max_context();
     let mut jobs = Vec::with_capacity(prompts.len() * sampling.n);
     for (p, prompt) in prompts.iter().enumerate() {
@@ -36,10 +59,11 @@ pub fn submit(
             let mut params = sampling.params.clone();
             params.seed = params.seed.map(|s| s.wrapping_add(c as u64));
             let mut stop = sampling.stop.clone();
-            // Like vLLM: without max_tokens, generate up to the context.
-            stop.max_tokens = sampling
-                .max_tokens
-                .unwrap_or_else(|| max_context.saturating_sub(prompt.len()).max(1));
+            let room = max_context.saturating_sub(prompt.len()).max(1);
+            stop.max_tokens = sampling.max_tokens.unwrap_or(match endpoint {
+                Endpoint::Chat => room,
+                Endpoint::Completions => COMPLETIONS_DEFAULT_MAX_TOKENS.min(room),
+            });
             let stream = engine
                 .submit(EngineRequest {
                     prompt: prompt.clone(),

@@ -75,7 +75,7 @@ pub async fn chat_completions(
     })
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))?;
-    let jobs = generate::submit(&engine, &[ids?], &req.sampling, "messages")?;
+    let jobs = generate::submit(&engine, &[ids?], &req.sampling, generate::Endpoint::Chat)?;
     let meta = Meta {
         id: response_id("chatcmpl"),
         created: unix_now(),

@@ -56,7 +56,12 @@ pub async fn completions(
         .map_err(|e| ApiError::Internal(e.to_string()))??;
     let ids: Vec<Vec<u32>> = encoded.iter().map(|(ids, _)| ids.clone()).collect();
     let echo: Vec<String> = encoded.into_iter().map(|(_, text)| text).collect();
-    let jobs = generate::submit(&engine, &ids, &req.sampling, "prompt")?;
+    let jobs = generate::submit(
+        &engine,
+        &ids,
+        &req.sampling,
+        generate::Endpoint::Completions,
+    )?;
     let meta = Meta {
         id: response_id("cmpl"),
         created: unix_now(),

@@ -8,7 +8,7 @@ mod sse;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::DefaultBodyLimit;
-use axum::http::{StatusCode, Uri};
+use axum::http::{Method, StatusCode, Uri};
 use axum::routing::{get, post};
 use axum::Router;
 use ingot_protocol::body_json;
@@ -28,6 +28,9 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
         .route("/ready", get(info::ready))
         .route("/metrics", get(info::metrics))
         .fallback(|uri: Uri| async move { ApiError::RouteNotFound(uri.path().to_string()) })
+        .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
+            ApiError::MethodNotAllowed(format!("{method} {}", uri.path()))
+        })
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state((state, max_body_bytes))
 }
