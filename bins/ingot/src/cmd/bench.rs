@@ -16,6 +16,16 @@ pub enum BenchCommand {
     Latency(LatencyArgs),
     /// Offline throughput: many requests through the engine at once (no HTTP).
     Throughput(ThroughputArgs),
+    /// Load an OpenAI-compatible server and report TTFT, TPOT, ITL, E2E, throughput.
+    Serve(ingot_bench::serve::ServeArgs),
+    /// Run `serve` over several rates or concurrencies; table and plots.
+    Sweep(ingot_bench::sweep::SweepArgs),
+    /// Raise the load step by step until the SLO or the error rate breaks.
+    Stress(ingot_bench::stress::StressArgs),
+    /// Hold a load for a duration and watch for drift.
+    Soak(ingot_bench::soak::SoakArgs),
+    /// Compare two result files; exit 1 on regression.
+    Compare(ingot_bench::compare::CompareArgs),
 }
 
 /// Flags of `ingot bench throughput`.
@@ -67,6 +77,11 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Latency(args) => latency(args),
         BenchCommand::Throughput(args) => throughput(args),
+        BenchCommand::Serve(args) => gate(ingot_bench::serve::run(args)?),
+        BenchCommand::Sweep(args) => gate(ingot_bench::sweep::run(args)?),
+        BenchCommand::Stress(args) => gate(ingot_bench::stress::run(args)?),
+        BenchCommand::Soak(args) => gate(ingot_bench::soak::run(args)?),
+        BenchCommand::Compare(args) => gate(ingot_bench::compare::run(args)?),
     }
 }
 
@@ -106,6 +121,14 @@ fn run_once(
         first_token: first_token.unwrap_or_default(),
         total: start.elapsed().as_secs_f64(),
     })
+}
+
+/// A completed run whose gate failed exits with status 1.
+fn gate(passed: bool) -> anyhow::Result<()> {
+    if !passed {
+        std::process::exit(1);
+    }
+    Ok(())
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

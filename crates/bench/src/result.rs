@@ -1,0 +1,265 @@
+//! The result file of a run: configuration, per-request samples and a
+//! summary. `compare` reads two of these; `sweep` writes one per point.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// One request as the client saw it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct RequestRecord {
+    /// Completed with a 200 and a finish reason.
+    pub ok: bool,
+    /// HTTP status, if a response arrived.
+    pub status: Option<u16>,
+    /// What went wrong (transport error, non-OpenAI body, error event).
+    pub error: Option<String>,
+    /// Prompt tokens (as built by the client; the server's usage when given).
+    pub prompt_tokens: usize,
+    /// Generated tokens (usage when given, else streamed chunks).
+    pub output_tokens: usize,
+    /// Seconds from the run start to sending the request.
+    pub start_s: f64,
+    /// Seconds to the first token.
+    pub ttft_s: Option<f64>,
+    /// Seconds to the last byte.
+    pub e2e_s: f64,
+    /// Gaps between consecutive token chunks, seconds.
+    pub itl_s: Vec<f64>,
+}
+
+impl RequestRecord {
+    /// Time per output token after the first, seconds (None with < 2 tokens).
+    pub fn tpot_s(&self) -> Option<f64> {
+        let ttft = self.ttft_s?;
+        (self.output_tokens > 1).then(|| (self.e2e_s - ttft) / (self.output_tokens - 1) as f64)
+    }
+}
+
+/// Distribution of one metric, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct Stats {
+    /// Samples.
+    pub count: usize,
+    /// Mean.
+    pub mean: f64,
+    /// Sample standard deviation.
+    pub std: f64,
+    /// 50th percentile.
+    pub median: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Smallest.
+    pub min: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+impl Stats {
+    /// Statistics of samples given in seconds (reported in ms). Percentiles
+    /// interpolate linearly between order statistics (numpy's default).
+    pub fn from_seconds(samples: impl IntoIterator<Item = f64>) -> Stats {
+        let mut v: Vec<f64> = samples
+            .into_iter()
+            .filter(|x| x.is_finite())
+            .map(|s| s * 1e3)
+            .collect();
+        if v.is_empty() {
+            return Stats::default();
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let mean = v.iter().sum::<f64>() / n as f64;
+        let var = if n > 1 {
+            v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64
+        } else {
+            0.0
+        };
+        let pct = |p: f64| {
+            let pos = p / 100.0 * (n - 1) as f64;
+            let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+            v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
+        };
+        Stats {
+            count: n,
+            mean,
+            std: var.sqrt(),
+            median: pct(50.0),
+            p90: pct(90.0),
+            p95: pct(95.0),
+            p99: pct(99.0),
+            min: v[0],
+            max: v[n - 1],
+        }
+    }
+}
+
+/// Service-level objective for goodput: a request counts when it meets all.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct Slo {
+    /// Largest time to first token, ms.
+    pub ttft_ms: Option<f64>,
+    /// Largest time per output token, ms.
+    pub tpot_ms: Option<f64>,
+    /// Largest end-to-end latency, ms.
+    pub e2e_ms: Option<f64>,
+}
+
+impl Slo {
+    /// Whether a completed request meets every set bound.
+    pub fn met_by(&self, r: &RequestRecord) -> bool {
+        let within = |bound: Option<f64>, value: Option<f64>| match (bound, value) {
+            (None, _) => true,
+            (Some(b), Some(v)) => v * 1e3 <= b,
+            (Some(_), None) => false,
+        };
+        r.ok && within(self.ttft_ms, r.ttft_s)
+            && within(self.tpot_ms, r.tpot_s())
+            && within(self.e2e_ms, Some(r.e2e_s))
+    }
+}
+
+/// Aggregates of a run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Summary {
+    /// Requests that completed.
+    pub completed: usize,
+    /// Requests that failed.
+    pub failed: usize,
+    /// Failures by HTTP status ("429", "500") or "transport" / "protocol".
+    pub errors: BTreeMap<String, usize>,
+    /// Wall time of the measured part, seconds.
+    pub duration_s: f64,
+    /// Completed requests per second.
+    pub request_throughput: f64,
+    /// Prompt tokens per second (completed requests).
+    pub input_tok_s: f64,
+    /// Generated tokens per second.
+    pub output_tok_s: f64,
+    /// Both.
+    pub total_tok_s: f64,
+    /// Requests per second meeting the SLO (when one is set).
+    pub goodput: Option<f64>,
+    /// Time to first token.
+    pub ttft: Stats,
+    /// Time per output token.
+    pub tpot: Stats,
+    /// Inter-token latency (every gap).
+    pub itl: Stats,
+    /// End-to-end latency.
+    pub e2e: Stats,
+}
+
+impl Summary {
+    /// Summarises records of a run that took `duration_s`.
+    pub fn of(records: &[RequestRecord], duration_s: f64, slo: Option<&Slo>) -> Summary {
+        let ok: Vec<&RequestRecord> = records.iter().filter(|r| r.ok).collect();
+        let mut errors = BTreeMap::new();
+        for r in records.iter().filter(|r| !r.ok) {
+            let key = r
+                .status
+                .map_or_else(|| "transport".to_string(), |s| s.to_string());
+            *errors.entry(key).or_insert(0) += 1;
+        }
+        let per_s = |x: f64| {
+            if duration_s > 0.0 {
+                x / duration_s
+            } else {
+                0.0
+            }
+        };
+        let input: usize = ok.iter().map(|r| r.prompt_tokens).sum();
+        let output: usize = ok.iter().map(|r| r.output_tokens).sum();
+        Summary {
+            completed: ok.len(),
+            failed: records.len() - ok.len(),
+            errors,
+            duration_s,
+            request_throughput: per_s(ok.len() as f64),
+            input_tok_s: per_s(input as f64),
+            output_tok_s: per_s(output as f64),
+            total_tok_s: per_s((input + output) as f64),
+            goodput: slo.map(|s| per_s(ok.iter().filter(|r| s.met_by(r)).count() as f64)),
+            ttft: Stats::from_seconds(ok.iter().filter_map(|r| r.ttft_s)),
+            tpot: Stats::from_seconds(ok.iter().filter_map(|r| r.tpot_s())),
+            itl: Stats::from_seconds(ok.iter().flat_map(|r| r.itl_s.iter().copied())),
+            e2e: Stats::from_seconds(ok.iter().map(|r| r.e2e_s)),
+        }
+    }
+}
+
+/// What was measured.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ServerInfo {
+    /// Base URL.
+    pub base_url: String,
+    /// Model name used in requests.
+    pub model: String,
+    /// `/v1/models` entry or other self-description, as returned.
+    pub details: serde_json::Value,
+}
+
+/// The file `ingot bench serve --out` writes.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct BenchResult {
+    /// Every option of the run (dataset, arrival, seed, SLO, ...).
+    pub config: serde_json::Value,
+    /// `git rev-parse HEAD` of the client's checkout, when known.
+    pub git_commit: Option<String>,
+    /// The server measured.
+    pub server: ServerInfo,
+    /// Unix seconds at the start.
+    pub started_unix: u64,
+    /// The run ended early (Ctrl-C); results are partial.
+    pub partial: bool,
+    /// Aggregates.
+    pub summary: Summary,
+    /// Per-request samples (warmup excluded).
+    pub requests: Vec<RequestRecord>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_interpolate_like_numpy() {
+        let s = Stats::from_seconds((1..=10).map(|i| i as f64 / 1e3));
+        assert_eq!(s.count, 10);
+        assert!((s.median - 5.5).abs() < 1e-9);
+        assert!((s.p90 - 9.1).abs() < 1e-9);
+        assert!((s.mean - 5.5).abs() < 1e-9);
+        assert!((s.std - 3.0276503540974917).abs() < 1e-9);
+    }
+
+    #[test]
+    fn summary_counts_errors_and_goodput() {
+        let ok = |ttft| RequestRecord {
+            ok: true,
+            status: Some(200),
+            prompt_tokens: 10,
+            output_tokens: 5,
+            ttft_s: Some(ttft),
+            e2e_s: 1.0,
+            ..Default::default()
+        };
+        let failed = RequestRecord {
+            status: Some(429),
+            ..Default::default()
+        };
+        let slo = Slo {
+            ttft_ms: Some(200.0),
+            ..Default::default()
+        };
+        let s = Summary::of(&[ok(0.1), ok(0.3), failed], 2.0, Some(&slo));
+        assert_eq!((s.completed, s.failed), (2, 1));
+        assert_eq!(s.errors["429"], 1);
+        assert_eq!(s.goodput, Some(0.5));
+        assert_eq!(s.output_tok_s, 5.0);
+        assert!((s.tpot.mean - 200.0).abs() < 1e-6); // (1.0 - 0.2 avg) / 4
+    }
+}
