@@ -16,6 +16,7 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once at startup
 enum Command {
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(cmd::serve::ServeArgs),

@@ -89,6 +89,8 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
 struct RunTimes {
     first_token: f64,
     total: f64,
+    /// Tokens generated.
+    tokens: usize,
 }
 
 fn run_once(
@@ -113,14 +115,17 @@ fn run_once(
             TokenEvent::Token(_) => {
                 first_token.get_or_insert_with(|| start.elapsed().as_secs_f64());
             }
-            TokenEvent::Finished(_) => break,
+            TokenEvent::Finished(c) => {
+                return Ok(RunTimes {
+                    first_token: first_token.unwrap_or_default(),
+                    total: start.elapsed().as_secs_f64(),
+                    tokens: c.completion_tokens,
+                })
+            }
             TokenEvent::Error(e) => anyhow::bail!("generation failed: {e}"),
         }
     }
-    Ok(RunTimes {
-        first_token: first_token.unwrap_or_default(),
-        total: start.elapsed().as_secs_f64(),
-    })
+    anyhow::bail!("the engine dropped a request")
 }
 
 /// A completed run whose gate failed exits with status 1.
@@ -220,7 +225,7 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
             .map(|prompt| {
                 let gen = gen.clone();
                 let output_len = args.output_len;
-                scope.spawn(move || count_tokens(&gen, prompt, output_len))
+                scope.spawn(move || run_once(&gen, prompt, output_len).map(|t| t.tokens))
             })
             .collect();
         let mut total = 0;
@@ -259,30 +264,4 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
         println!("total (in + out):  {total_tps:.1} tok/s");
     }
     Ok(())
-}
-
-/// Runs one request to completion and returns its generated token count.
-fn count_tokens(
-    gen: &EngineHandle,
-    prompt: Vec<TokenId>,
-    output_len: usize,
-) -> anyhow::Result<usize> {
-    let mut events = gen.submit(EngineRequest {
-        prompt,
-        sampling: SamplingParams::greedy(),
-        stop: StopCriteria {
-            max_tokens: output_len,
-            ignore_eos: true,
-            ..Default::default()
-        },
-        priority: Default::default(),
-    })?;
-    while let Some(event) = events.next_blocking() {
-        match event {
-            TokenEvent::Token(_) => {}
-            TokenEvent::Finished(c) => return Ok(c.completion_tokens),
-            TokenEvent::Error(e) => anyhow::bail!("generation failed: {e}"),
-        }
-    }
-    anyhow::bail!("the engine dropped a request")
 }

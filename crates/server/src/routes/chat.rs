@@ -5,18 +5,20 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::stream::{self, StreamExt};
+use ingot_engine::{Completion, GeneratedToken};
 use ingot_protocol::chat::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta,
     ChatLogprobs, ChatTurn, ValidChatRequest,
 };
+use ingot_protocol::usage::Usage;
 use ingot_protocol::ProtocolError;
 use ingot_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
 use super::{json_body, response_id, sse, unix_now, Shared};
-use crate::generate::{self, ChoiceEvent};
+use crate::generate;
 use crate::logprobs::resolve;
 use crate::state::InflightGuard;
 use crate::ApiError;
@@ -170,86 +172,51 @@ fn stream_response(
             sse::data(&meta.chunk(vec![choice], include_usage))
         })
         .collect();
-    let state = StreamState {
-        events: generate::merge(jobs),
-        done: Vec::new(),
-        finished: false,
+    let format = ChatChunks {
         meta,
         include_usage,
-        _guard: guard,
     };
-    let body = stream::once(async move { head })
-        .chain(stream::unfold(state, |mut st| async move {
-            if st.finished {
-                return None;
-            }
-            let events = st.next_events().await;
-            Some((events, st))
-        }))
-        .boxed();
-    sse::response(body)
+    sse::stream_choices(head, jobs, format, include_usage, guard)
 }
 
-struct StreamState {
-    events: futures_util::stream::BoxStream<'static, ChoiceEvent>,
-    done: Vec<(usize, ingot_engine::Completion)>,
-    finished: bool,
+struct ChatChunks {
     meta: Meta,
     include_usage: bool,
-    _guard: InflightGuard,
 }
 
-impl StreamState {
-    async fn next_events(&mut self) -> Vec<axum::response::sse::Event> {
+impl sse::ChunkFormat for ChatChunks {
+    fn token(&mut self, index: usize, token: GeneratedToken) -> Option<Event> {
         let m = &self.meta;
-        match self.events.next().await {
-            Some(ChoiceEvent::Token { index, token }) => {
-                if token.text.is_empty() && !m.logprobs {
-                    return Vec::new();
-                }
-                let choice = ChatChunkChoice {
-                    index,
-                    delta: ChatDelta {
-                        role: None,
-                        content: Some(token.text.clone()),
-                    },
-                    logprobs: m.logprobs.then(|| ChatLogprobs {
-                        content: vec![(&resolve(&m.tokenizer, &token)).into()],
-                    }),
-                    finish_reason: None,
-                };
-                vec![sse::data(&m.chunk(vec![choice], self.include_usage))]
-            }
-            Some(ChoiceEvent::Done {
-                index,
-                prompt_index,
-                completion,
-            }) => {
-                self.done.push((prompt_index, completion));
-                let choice = ChatChunkChoice {
-                    index,
-                    delta: ChatDelta::default(),
-                    logprobs: None,
-                    finish_reason: Some(completion.reason.as_str()),
-                };
-                vec![sse::data(&m.chunk(vec![choice], self.include_usage))]
-            }
-            Some(ChoiceEvent::Failed(message)) => {
-                self.finished = true;
-                vec![sse::error(&message), sse::done()]
-            }
-            None => {
-                self.finished = true;
-                let mut out = Vec::new();
-                if self.include_usage {
-                    let usage = generate::usage_of(self.done.iter().map(|(p, c)| (*p, c)));
-                    let mut chunk = m.chunk(Vec::new(), true);
-                    chunk.usage = Some(Some(usage));
-                    out.push(sse::data(&chunk));
-                }
-                out.push(sse::done());
-                out
-            }
+        if token.text.is_empty() && !m.logprobs {
+            return None;
         }
+        let choice = ChatChunkChoice {
+            index,
+            delta: ChatDelta {
+                role: None,
+                content: Some(token.text.clone()),
+            },
+            logprobs: m.logprobs.then(|| ChatLogprobs {
+                content: vec![(&resolve(&m.tokenizer, &token)).into()],
+            }),
+            finish_reason: None,
+        };
+        Some(sse::data(&m.chunk(vec![choice], self.include_usage)))
+    }
+
+    fn finish(&mut self, index: usize, completion: &Completion) -> Event {
+        let choice = ChatChunkChoice {
+            index,
+            delta: ChatDelta::default(),
+            logprobs: None,
+            finish_reason: Some(completion.reason.as_str()),
+        };
+        sse::data(&self.meta.chunk(vec![choice], self.include_usage))
+    }
+
+    fn usage(&self, usage: Usage) -> Event {
+        let mut chunk = self.meta.chunk(Vec::new(), true);
+        chunk.usage = Some(Some(usage));
+        sse::data(&chunk)
     }
 }

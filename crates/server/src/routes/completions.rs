@@ -7,14 +7,18 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::stream::{self, StreamExt};
+use std::collections::HashMap;
+
+use axum::response::sse::Event;
+use ingot_engine::{Completion as EngineCompletion, GeneratedToken};
 use ingot_protocol::completions::{
     Completion, CompletionChoice, CompletionLogprobs, Prompt, ValidCompletionRequest,
 };
+use ingot_protocol::usage::Usage;
 use ingot_tokenizer::Tokenizer;
 
 use super::{json_body, response_id, sse, unix_now, Shared};
-use crate::generate::{self, ChoiceEvent};
+use crate::generate;
 use crate::logprobs::resolve;
 use crate::state::InflightGuard;
 use crate::ApiError;
@@ -149,104 +153,72 @@ fn stream_response(
     guard: InflightGuard,
 ) -> Response {
     // With echo, each choice starts with its prompt.
+    let mut offsets = HashMap::new();
     let head: Vec<_> = jobs
         .iter()
         .filter(|_| meta.echo.is_some())
         .map(|j| {
+            let text = meta.echo_of(j.prompt_index).to_string();
+            offsets.insert(j.index, text.len());
             let choice = CompletionChoice {
                 index: j.index,
-                text: meta.echo_of(j.prompt_index).to_string(),
+                text,
                 logprobs: None,
                 finish_reason: None,
             };
             sse::data(&meta.chunk(vec![choice], include_usage))
         })
         .collect();
-    let state = StreamState {
-        events: generate::merge(jobs),
-        done: Vec::new(),
-        finished: false,
+    let format = CompletionChunks {
         meta,
         include_usage,
-        offsets: std::collections::HashMap::new(),
-        _guard: guard,
+        offsets,
     };
-    let body = stream::once(async move { head })
-        .chain(stream::unfold(state, |mut st| async move {
-            if st.finished {
-                return None;
-            }
-            let events = st.next_events().await;
-            Some((events, st))
-        }))
-        .boxed();
-    sse::response(body)
+    sse::stream_choices(head, jobs, format, include_usage, guard)
 }
 
-struct StreamState {
-    events: futures_util::stream::BoxStream<'static, ChoiceEvent>,
-    done: Vec<(usize, ingot_engine::Completion)>,
-    finished: bool,
+struct CompletionChunks {
     meta: Meta,
     include_usage: bool,
-    /// Text emitted so far per choice (for logprob text offsets).
-    offsets: std::collections::HashMap<usize, usize>,
-    _guard: InflightGuard,
+    /// Text sent so far per choice (for logprob text offsets).
+    offsets: HashMap<usize, usize>,
 }
 
-impl StreamState {
-    async fn next_events(&mut self) -> Vec<axum::response::sse::Event> {
+impl sse::ChunkFormat for CompletionChunks {
+    fn token(&mut self, index: usize, token: GeneratedToken) -> Option<Event> {
         let m = &self.meta;
-        match self.events.next().await {
-            Some(ChoiceEvent::Token { index, token }) => {
-                if token.text.is_empty() && !m.logprobs {
-                    return Vec::new();
-                }
-                let offset = self.offsets.entry(index).or_insert(0);
-                let logprobs = m.logprobs.then(|| {
-                    let mut l = CompletionLogprobs::default();
-                    l.push(&resolve(&m.tokenizer, &token), *offset);
-                    l
-                });
-                *offset += token.text.len();
-                let choice = CompletionChoice {
-                    index,
-                    text: token.text,
-                    logprobs,
-                    finish_reason: None,
-                };
-                vec![sse::data(&m.chunk(vec![choice], self.include_usage))]
-            }
-            Some(ChoiceEvent::Done {
-                index,
-                prompt_index,
-                completion,
-            }) => {
-                self.done.push((prompt_index, completion));
-                let choice = CompletionChoice {
-                    index,
-                    text: String::new(),
-                    logprobs: None,
-                    finish_reason: Some(completion.reason.as_str()),
-                };
-                vec![sse::data(&m.chunk(vec![choice], self.include_usage))]
-            }
-            Some(ChoiceEvent::Failed(message)) => {
-                self.finished = true;
-                vec![sse::error(&message), sse::done()]
-            }
-            None => {
-                self.finished = true;
-                let mut out = Vec::new();
-                if self.include_usage {
-                    let usage = generate::usage_of(self.done.iter().map(|(p, c)| (*p, c)));
-                    let mut chunk = m.chunk(Vec::new(), true);
-                    chunk.usage = Some(Some(usage));
-                    out.push(sse::data(&chunk));
-                }
-                out.push(sse::done());
-                out
-            }
+        if token.text.is_empty() && !m.logprobs {
+            return None;
         }
+        let offset = self.offsets.entry(index).or_insert(0);
+        let logprobs = m.logprobs.then(|| {
+            let mut l = CompletionLogprobs::default();
+            l.push(&resolve(&m.tokenizer, &token), *offset);
+            l
+        });
+        *offset += token.text.len();
+        let choice = CompletionChoice {
+            index,
+            text: token.text,
+            logprobs,
+            finish_reason: None,
+        };
+        Some(sse::data(&m.chunk(vec![choice], self.include_usage)))
+    }
+
+    fn finish(&mut self, index: usize, completion: &EngineCompletion) -> Event {
+        let choice = CompletionChoice {
+            index,
+            text: String::new(),
+            logprobs: None,
+            finish_reason: Some(completion.reason.as_str()),
+        };
+        sse::data(&self.meta.chunk(vec![choice], self.include_usage))
+    }
+
+    fn usage(&self, usage: Usage) -> Event {
+        let mut chunk = self.meta.chunk(Vec::new(), true);
+        chunk.usage = Some(Some(usage));
+        sse::data(&chunk)
     }
 }
