@@ -8,7 +8,7 @@ pub enum BenchError {
     #[error("{0}")]
     Options(String),
     /// A file could not be read or written.
-    #[error("{path}: {source}")]
+    #[error("{}", path.display())]
     Io {
         /// The file.
         path: std::path::PathBuf,

@@ -7,11 +7,18 @@
 //! returns `Ok(true)` on success, `Ok(false)` when the run completed but
 //! failed its gate (regression, thresholds): the binary exits 1 then.
 
+pub mod client;
 pub mod compare;
+pub mod dataset;
 mod error;
+mod load;
+pub mod plot;
+pub mod probe;
 pub mod result;
+mod runs;
 pub mod serve;
 pub mod soak;
+pub mod statistics;
 pub mod stress;
 pub mod sweep;
 

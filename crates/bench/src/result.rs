@@ -5,6 +5,36 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+/// Why a request failed; [`Summary::errors`] counts failures by it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// A non-2xx HTTP status ([`RequestRecord::status`] holds it).
+    Status,
+    /// No response: connection refused or reset, DNS, ...
+    Transport,
+    /// A response that is not an OpenAI SSE stream, or an error event in it.
+    Protocol,
+    /// No complete response within the per-request timeout.
+    Timeout,
+    /// Stopped by the user (Ctrl-C) before it finished.
+    Cancelled,
+}
+
+impl FailureKind {
+    /// The key in [`Summary::errors`] (the status code for [`FailureKind::Status`]).
+    pub fn key(self, status: Option<u16>) -> String {
+        match (self, status) {
+            (FailureKind::Status, Some(s)) => s.to_string(),
+            (FailureKind::Status, None) => "status".into(),
+            (FailureKind::Transport, _) => "transport".into(),
+            (FailureKind::Protocol, _) => "protocol".into(),
+            (FailureKind::Timeout, _) => "timeout".into(),
+            (FailureKind::Cancelled, _) => "cancelled".into(),
+        }
+    }
+}
+
 /// One request as the client saw it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct RequestRecord {
@@ -26,6 +56,15 @@ pub struct RequestRecord {
     pub e2e_s: f64,
     /// Gaps between consecutive token chunks, seconds.
     pub itl_s: Vec<f64>,
+    /// Why it failed (None when `ok`, and in files written before this field).
+    #[serde(default)]
+    pub failure: Option<FailureKind>,
+    /// The server's `finish_reason` ("length", "stop", ...).
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+    /// Turn within its conversation (0-based; always 0 outside `multiturn`).
+    #[serde(default)]
+    pub turn: usize,
 }
 
 impl RequestRecord {
@@ -130,8 +169,15 @@ pub struct Summary {
     pub completed: usize,
     /// Requests that failed.
     pub failed: usize,
-    /// Failures by HTTP status ("429", "500") or "transport" / "protocol".
+    /// Failures by HTTP status ("429", "500") or "transport" / "protocol" /
+    /// "timeout" / "cancelled" (see [`FailureKind::key`]).
     pub errors: BTreeMap<String, usize>,
+    /// Prompt tokens of the completed requests.
+    #[serde(default)]
+    pub input_tokens: usize,
+    /// Generated tokens of the completed requests.
+    #[serde(default)]
+    pub output_tokens: usize,
     /// Wall time of the measured part, seconds.
     pub duration_s: f64,
     /// Completed requests per second.
@@ -160,9 +206,13 @@ impl Summary {
         let ok: Vec<&RequestRecord> = records.iter().filter(|r| r.ok).collect();
         let mut errors = BTreeMap::new();
         for r in records.iter().filter(|r| !r.ok) {
-            let key = r
-                .status
-                .map_or_else(|| "transport".to_string(), |s| s.to_string());
+            let key = match r.failure {
+                Some(kind) => kind.key(r.status),
+                // Records without a kind (older files): status or transport.
+                None => r
+                    .status
+                    .map_or_else(|| "transport".to_string(), |s| s.to_string()),
+            };
             *errors.entry(key).or_insert(0) += 1;
         }
         let per_s = |x: f64| {
@@ -178,6 +228,8 @@ impl Summary {
             completed: ok.len(),
             failed: records.len() - ok.len(),
             errors,
+            input_tokens: input,
+            output_tokens: output,
             duration_s,
             request_throughput: per_s(ok.len() as f64),
             input_tok_s: per_s(input as f64),
