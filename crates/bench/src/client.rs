@@ -209,11 +209,13 @@ impl HttpClient {
             .header(ACCEPT, "text/event-stream")
             .body(Full::new(req.body.clone()))
             .map_err(|e| Failure::protocol(format!("cannot build the request: {e}")))?;
-        let resp = self
-            .inner
-            .request(request)
-            .await
-            .map_err(|e| Failure::new(FailureKind::Transport, error_chain(&e)))?;
+        let resp = match self.inner.request(request.clone()).await {
+            // A pooled keep-alive connection the server had just closed:
+            // nothing was processed, so send once more on a fresh one.
+            Err(e) if closed_before_response(&e) => self.inner.request(request).await,
+            other => other,
+        }
+        .map_err(|e| Failure::new(FailureKind::Transport, error_chain(&e)))?;
         let status = resp.status();
         st.status = Some(status.as_u16());
         let content_type = resp
@@ -753,4 +755,17 @@ mod tests {
         assert_eq!(error_message("plain text"), "plain text");
         assert_eq!(snippet(&"é".repeat(300)).chars().count(), 203);
     }
+}
+
+/// True when the server closed a reused connection before any response
+/// (hyper's "connection closed before message completed").
+fn closed_before_response(e: &hyper_util::client::legacy::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(err) = source {
+        if let Some(h) = err.downcast_ref::<hyper::Error>() {
+            return h.is_incomplete_message();
+        }
+        source = err.source();
+    }
+    false
 }

@@ -1,7 +1,9 @@
 //! `ingot bench sweep`: `serve` at several request rates or concurrencies.
 //!
-//! Every other `serve` flag applies to each point unchanged (the same
-//! seed, so the same prompts). `--out-dir` receives one result file per
+//! Every other `serve` flag applies to each point unchanged, except the
+//! seed: point i uses seed + i, so each point sends fresh prompts (with the
+//! same prompts, a server's prefix cache would serve later points from
+//! earlier ones and TTFT would measure cache hits). `--out-dir` receives one result file per
 //! point (`rate-2.json`, `concurrency-4.json`; the `serve --out` schema, so
 //! `compare` reads them), `summary.md` (a markdown table, rewritten after
 //! each point so an interrupted sweep keeps what it measured) and three
@@ -149,7 +151,7 @@ fn summary_md(args: &SweepArgs, results: &[(Point, BenchResult)], plots: bool) -
     });
     let _ = writeln!(
         md,
-        "Server {}{model}; {} per point, input {} / output {} tokens, seed {}.\n",
+        "Server {}{model}; {} per point, input {} / output {} tokens, seed {} (+ point index).\n",
         base_url(s),
         match s.duration {
             Some(d) => format!("{d} s"),
@@ -247,6 +249,7 @@ pub fn run(args: SweepArgs) -> Result<bool, BenchError> {
     let mut results: Vec<(Point, BenchResult)> = Vec::new();
     for (i, p) in points.iter().enumerate() {
         let mut serve = p.apply(&args.serve);
+        serve.seed = args.serve.seed.wrapping_add(i as u64);
         if i > 0 {
             // The server is warm after the first point.
             serve.num_warmup = 0;
