@@ -637,6 +637,19 @@ pub(crate) fn snippet(s: &str) -> String {
     }
 }
 
+/// True when the server closed a reused connection before any response
+/// (hyper's "connection closed before message completed").
+fn closed_before_response(e: &hyper_util::client::legacy::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(err) = source {
+        if let Some(h) = err.downcast_ref::<hyper::Error>() {
+            return h.is_incomplete_message();
+        }
+        source = err.source();
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -755,17 +768,4 @@ mod tests {
         assert_eq!(error_message("plain text"), "plain text");
         assert_eq!(snippet(&"é".repeat(300)).chars().count(), 203);
     }
-}
-
-/// True when the server closed a reused connection before any response
-/// (hyper's "connection closed before message completed").
-fn closed_before_response(e: &hyper_util::client::legacy::Error) -> bool {
-    let mut source = std::error::Error::source(e);
-    while let Some(err) = source {
-        if let Some(h) = err.downcast_ref::<hyper::Error>() {
-            return h.is_incomplete_message();
-        }
-        source = err.source();
-    }
-    false
 }
