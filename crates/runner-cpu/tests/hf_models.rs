@@ -21,6 +21,7 @@ use ingot_models::{
 };
 use ingot_runner::{ForwardBatch, ModelRunner, SequenceChunk};
 use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig};
+use ingot_testkit::{argmax, max_abs_diff};
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -87,24 +88,6 @@ fn generate(name: &str) -> (TempDir, PathBuf) {
     eprint!("{log}");
     let dir = tmp.path().join(name);
     (tmp, dir)
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len(), "logit rows differ in length");
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max)
 }
 
 /// Opens the directory, checks the storage dtype, and builds a CPU runner.

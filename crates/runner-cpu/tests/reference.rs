@@ -9,15 +9,7 @@ use ingot_runner::{ForwardBatch, ModelRunner, SequenceChunk};
 use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig};
 use serde_json::Value;
 
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
+use ingot_testkit::{argmax, max_abs_diff};
 
 fn read_f32(path: &std::path::Path) -> Vec<f32> {
     std::fs::read(path)
@@ -81,12 +73,7 @@ fn smollm2_matches_f32_reference() {
             };
             let logits = runner.forward(&batch).unwrap();
             if pos == 0 {
-                let max_err = logits
-                    .iter()
-                    .zip(&ref_logits)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0f32, f32::max);
-                assert_eq!(logits.len(), ref_logits.len());
+                let max_err = max_abs_diff(logits, &ref_logits);
                 assert!(
                     max_err < 1e-3,
                     "{name}: first-step logits max abs error {max_err}"

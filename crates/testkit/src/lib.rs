@@ -47,3 +47,23 @@ pub fn smollm2_gguf() -> PathBuf {
 pub fn fixture(rel: &str) -> PathBuf {
     workspace_root().join("tests/fixtures").join(rel)
 }
+
+/// Index of the largest logit; ties go to the lowest id (numpy's argmax).
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Largest absolute elementwise difference of two equal-length rows.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "rows differ in length");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
