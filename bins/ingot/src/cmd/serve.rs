@@ -46,6 +46,21 @@ pub struct ServeArgs {
     /// Seconds waited per tier before a request is promoted one tier.
     #[arg(long, default_value_t = 10.0)]
     aging: f64,
+    /// First-token deadlines in seconds for critical,high,normal,low,background;
+    /// a request past its deadline is scheduled before others of its tier.
+    #[arg(long, default_value = "0.25,1,5,30,120")]
+    priority_deadlines: String,
+}
+
+/// Parses five comma-separated second values.
+fn deadlines(spec: &str) -> anyhow::Result<[Duration; 5]> {
+    let values: Vec<Duration> = spec
+        .split(',')
+        .map(|v| secs("priority-deadlines", v.trim().parse().unwrap_or(f64::NAN)))
+        .collect::<anyhow::Result<_>>()?;
+    values.try_into().map_err(|v: Vec<Duration>| {
+        anyhow::anyhow!("--priority-deadlines needs 5 values, got {}", v.len())
+    })
 }
 
 fn secs(name: &str, v: f64) -> anyhow::Result<Duration> {
@@ -74,7 +89,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             max_num_batched_tokens: args.model.max_num_batched_tokens,
             max_waiting: args.max_waiting,
             aging: secs("aging", args.aging)?,
-            ..SchedulerConfig::default()
+            tier_deadlines: deadlines(&args.priority_deadlines)?,
         },
         prefix_caching: !args.no_prefix_caching,
         stall_timeout: secs("stall-timeout", args.stall_timeout)?,
