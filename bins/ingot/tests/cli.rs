@@ -242,3 +242,21 @@ fn invalid_sampling_value_names_the_field() {
     ]);
     assert_clean_error(&o, "top_p");
 }
+
+#[test]
+fn bf16_weights_still_answer_paris() {
+    let o = ingot(&[
+        "generate",
+        "--model",
+        &model(),
+        "--dtype",
+        "bf16",
+        "--chat",
+        "--prompt",
+        "What is the capital of France?",
+        "--max-tokens",
+        "16",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("Paris"), "answer: {}", stdout(&o));
+}

@@ -52,6 +52,7 @@ fn engine(num_blocks: usize, f: impl FnOnce(&mut EngineConfig)) -> EngineHandle 
         CpuRunnerConfig {
             num_blocks,
             block_size: 16,
+            weight_dtype: Default::default(),
         },
     )
     .unwrap();

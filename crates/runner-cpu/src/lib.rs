@@ -10,6 +10,7 @@
 
 mod attention;
 pub mod matmul;
+mod matrix;
 mod ops;
 mod simd;
 
@@ -18,6 +19,8 @@ use attention::{
 };
 use ingot_models::{LlamaWeights, ModelConfig};
 use ingot_runner::{ForwardBatch, KvCacheShape, ModelRunner, RunnerError};
+use matrix::Matrix;
+pub use matrix::WeightDtype;
 
 /// Sizes chosen by the caller.
 #[derive(Debug, Clone, Copy)]
@@ -26,20 +29,22 @@ pub struct CpuRunnerConfig {
     pub num_blocks: usize,
     /// Token slots per block.
     pub block_size: usize,
+    /// Storage type of the weight matrices (norms and biases stay f32).
+    pub weight_dtype: WeightDtype,
 }
 
 /// One decoder block with fused projections.
 struct Layer {
     attn_norm: Vec<f32>,
     /// `[q_dim + 2 * kv_dim, hidden]`: q, k, v rows stacked.
-    qkv: Vec<f32>,
+    qkv: Matrix,
     qkv_bias: Option<Vec<f32>>,
     qk_norm: Option<(Vec<f32>, Vec<f32>)>,
-    o_proj: Vec<f32>,
+    o_proj: Matrix,
     mlp_norm: Vec<f32>,
     /// `[2 * intermediate, hidden]`: gate rows then up rows.
-    gate_up: Vec<f32>,
-    down: Vec<f32>,
+    gate_up: Matrix,
+    down: Matrix,
 }
 
 /// Activation buffers, grown to the largest batch seen, never shrunk.
@@ -68,9 +73,9 @@ fn grow(buf: &mut Vec<f32>, len: usize) {
 /// The CPU backend.
 pub struct CpuRunner {
     config: ModelConfig,
-    embed: Vec<f32>,
+    embed: Matrix,
     /// `None` when tied to `embed`.
-    lm_head: Option<Vec<f32>>,
+    lm_head: Option<Matrix>,
     norm: Vec<f32>,
     layers: Vec<Layer>,
     kv: Vec<LayerKv>,
@@ -96,20 +101,21 @@ impl CpuRunner {
                 "CPU attention supports head_dim <= {MAX_HEAD_DIM} and block_size in 1..={MAX_BLOCK_SIZE}"
             )));
         }
+        let dt = opts.weight_dtype;
         let layers = weights
             .layers
             .into_iter()
             .map(|l| Layer {
                 attn_norm: l.attn_norm.data,
-                qkv: [l.q_proj.data, l.k_proj.data, l.v_proj.data].concat(),
+                qkv: Matrix::new([l.q_proj.data, l.k_proj.data, l.v_proj.data].concat(), dt),
                 qkv_bias: l
                     .qkv_bias
                     .map(|[q, k, v]| [q.data, k.data, v.data].concat()),
                 qk_norm: l.qk_norm.map(|[q, k]| (q.data, k.data)),
-                o_proj: l.o_proj.data,
+                o_proj: Matrix::new(l.o_proj.data, dt),
                 mlp_norm: l.mlp_norm.data,
-                gate_up: [l.gate_proj.data, l.up_proj.data].concat(),
-                down: l.down_proj.data,
+                gate_up: Matrix::new([l.gate_proj.data, l.up_proj.data].concat(), dt),
+                down: Matrix::new(l.down_proj.data, dt),
             })
             .collect();
         let slots = opts.num_blocks * opts.block_size * config.kv_dim();
@@ -121,8 +127,8 @@ impl CpuRunner {
             .collect();
         let (cos, sin) = rope_tables(&config);
         Ok(Self {
-            embed: weights.embed_tokens.data,
-            lm_head: weights.lm_head.map(|t| t.data),
+            embed: Matrix::new(weights.embed_tokens.data, dt),
+            lm_head: weights.lm_head.map(|t| Matrix::new(t.data, dt)),
             norm: weights.norm.data,
             layers,
             kv,
@@ -249,8 +255,8 @@ impl ModelRunner for CpuRunner {
                 ws.slots
                     .push(chunk.block_table[pos / bs] as usize * bs + pos % bs);
                 let row = ws.positions.len() - 1;
-                ws.x[row * d..(row + 1) * d]
-                    .copy_from_slice(&self.embed[tok as usize * d..(tok as usize + 1) * d]);
+                self.embed
+                    .row_into(tok as usize, &mut ws.x[row * d..(row + 1) * d]);
                 sites.push(TokenSite {
                     block_table: chunk.block_table,
                     pos,
@@ -271,7 +277,7 @@ impl ModelRunner for CpuRunner {
                 c.rms_norm_eps,
                 &mut ws.xn[..t * d],
             );
-            ops::linear(&ws.xn, &layer.qkv, &mut ws.qkv, t, d, qkv_w);
+            layer.qkv.linear(&ws.xn, &mut ws.qkv, t, d, qkv_w);
             if let Some(bias) = &layer.qkv_bias {
                 ops::add_bias(&mut ws.qkv[..t * qkv_w], bias);
             }
@@ -296,7 +302,7 @@ impl ModelRunner for CpuRunner {
                 ws.q[row * qd..(row + 1) * qd].copy_from_slice(q);
             }
             paged_attention(shape, &ws.q[..t * qd], kv, &sites, &mut ws.attn[..t * qd]);
-            ops::linear(&ws.attn, &layer.o_proj, &mut ws.proj, t, qd, d);
+            layer.o_proj.linear(&ws.attn, &mut ws.proj, t, qd, d);
             ops::add_in_place(&mut ws.x[..t * d], &ws.proj[..t * d]);
             ops::rms_norm(
                 &ws.x[..t * d],
@@ -304,9 +310,9 @@ impl ModelRunner for CpuRunner {
                 c.rms_norm_eps,
                 &mut ws.xn[..t * d],
             );
-            ops::linear(&ws.xn, &layer.gate_up, &mut ws.gate_up, t, d, 2 * ff);
+            layer.gate_up.linear(&ws.xn, &mut ws.gate_up, t, d, 2 * ff);
             ops::silu_mul(&ws.gate_up[..t * 2 * ff], &mut ws.act[..t * ff], ff);
-            ops::linear(&ws.act, &layer.down, &mut ws.proj, t, ff, d);
+            layer.down.linear(&ws.act, &mut ws.proj, t, ff, d);
             ops::add_in_place(&mut ws.x[..t * d], &ws.proj[..t * d]);
         }
         let mut end = 0;
@@ -320,8 +326,8 @@ impl ModelRunner for CpuRunner {
                 &mut ws.last[i * d..(i + 1) * d],
             );
         }
-        let head = self.lm_head.as_deref().unwrap_or(&self.embed);
-        ops::linear(&ws.last, head, &mut ws.logits, s, d, c.vocab_size);
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        head.linear(&ws.last, &mut ws.logits, s, d, c.vocab_size);
         Ok(&ws.logits[..s * c.vocab_size])
     }
 }

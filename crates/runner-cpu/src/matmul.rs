@@ -23,13 +23,38 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
-type TileFn = unsafe fn(&[f32], &[f32], usize, usize, usize, OutPtr, usize);
+/// A weight element the kernels read: f32, or bf16 widened to f32 on load
+/// (half the memory traffic; products and sums stay f32).
+pub trait Weight: Copy + Send + Sync + 'static {
+    /// Stored as bf16.
+    const BF16: bool;
+    /// The value as f32.
+    fn to_f32(self) -> f32;
+}
+
+impl Weight for f32 {
+    const BF16: bool = false;
+    #[inline]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl Weight for half::bf16 {
+    const BF16: bool = true;
+    #[inline]
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+}
+
+type TileFn<W> = unsafe fn(&[f32], &[W], usize, usize, usize, OutPtr, usize);
 
 /// `out[m, n] = x[m, k] · w[n, k]ᵀ` (a PyTorch linear layer without bias).
-pub fn linear(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
+pub fn linear<W: Weight>(x: &[f32], w: &[W], out: &mut [f32], m: usize, k: usize, n: usize) {
     assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
     let ptr = OutPtr(out.as_mut_ptr());
-    let tile = tile_fn();
+    let tile = tile_fn::<W>();
     let x = &x[..m * k];
     // Small tasks for decode (balance); larger ones for prefill, so each
     // block of x is reused by more weight rows.
@@ -45,14 +70,14 @@ pub fn linear(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usiz
         });
 }
 
-fn tile_fn() -> TileFn {
+fn tile_fn<W: Weight>() -> TileFn<W> {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            return x86::rows_avx2;
+            return x86::rows_avx2::<W>;
         }
     }
-    rows_portable
+    rows_portable::<W>
 }
 
 /// Portable kernel: the same per-element order (8 lanes, then a fixed
@@ -60,9 +85,9 @@ fn tile_fn() -> TileFn {
 ///
 /// # Safety
 /// `out` must be valid for `m * n` writes and `j0 + rows.len() / k <= n`.
-unsafe fn rows_portable(
+unsafe fn rows_portable<W: Weight>(
     x: &[f32],
-    rows: &[f32],
+    rows: &[W],
     m: usize,
     k: usize,
     n: usize,
@@ -76,12 +101,12 @@ unsafe fn rows_portable(
             let body = k / 8 * 8;
             for c in (0..body).step_by(8) {
                 for l in 0..8 {
-                    lanes[l] = xr[c + l].mul_add(wr[c + l], lanes[l]);
+                    lanes[l] = xr[c + l].mul_add(wr[c + l].to_f32(), lanes[l]);
                 }
             }
             let mut s = hsum8(&lanes);
             for t in body..k {
-                s += xr[t] * wr[t];
+                s += xr[t] * wr[t].to_f32();
             }
             // SAFETY: i < m, j0 + r < n (caller contract).
             unsafe { *out.0.add(i * n + j0 + r) = s };
@@ -101,7 +126,26 @@ fn hsum8(l: &[f32; 8]) -> f32 {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{OutPtr, ROW_BLOCK};
+    use super::{OutPtr, Weight, ROW_BLOCK};
+
+    /// Eight weights widened to f32 (bf16: zero-extend and shift into the
+    /// high half, which is exact).
+    ///
+    /// # Safety
+    /// `p` must be valid for 8 reads.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn load_w<W: Weight>(p: *const W) -> __m256 {
+        // SAFETY: 8 elements readable (caller contract).
+        unsafe {
+            if W::BF16 {
+                let h = _mm_loadu_si128(p as *const __m128i);
+                _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+            } else {
+                _mm256_loadu_ps(p as *const f32)
+            }
+        }
+    }
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
@@ -118,19 +162,19 @@ mod x86 {
     /// `x` and `w` must be valid for `k` reads.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn dot(x: *const f32, w: *const f32, k: usize) -> f32 {
+    unsafe fn dot<W: Weight>(x: *const f32, w: *const W, k: usize) -> f32 {
         // SAFETY: reads stay below k (caller contract).
         unsafe {
             let body = k / 8 * 8;
             let mut acc = _mm256_setzero_ps();
             let mut c = 0;
             while c < body {
-                acc = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(c)), _mm256_loadu_ps(w.add(c)), acc);
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(c)), load_w(w.add(c)), acc);
                 c += 8;
             }
             let mut s = hsum(acc);
             for t in body..k {
-                s += *x.add(t) * *w.add(t);
+                s += *x.add(t) * (*w.add(t)).to_f32();
             }
             s
         }
@@ -143,10 +187,10 @@ mod x86 {
     /// Inputs valid for `k` reads, outputs valid for one write each.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn tile_2x4(
+    unsafe fn tile_2x4<W: Weight>(
         x0: *const f32,
         x1: *const f32,
-        w: [*const f32; 4],
+        w: [*const W; 4],
         k: usize,
         out: [[*mut f32; 4]; 2],
     ) {
@@ -161,16 +205,16 @@ mod x86 {
             while c < body {
                 let xa = _mm256_loadu_ps(x0.add(c));
                 let xb = _mm256_loadu_ps(x1.add(c));
-                let w0 = _mm256_loadu_ps(w[0].add(c));
+                let w0 = load_w(w[0].add(c));
                 a00 = _mm256_fmadd_ps(xa, w0, a00);
                 a10 = _mm256_fmadd_ps(xb, w0, a10);
-                let w1 = _mm256_loadu_ps(w[1].add(c));
+                let w1 = load_w(w[1].add(c));
                 a01 = _mm256_fmadd_ps(xa, w1, a01);
                 a11 = _mm256_fmadd_ps(xb, w1, a11);
-                let w2 = _mm256_loadu_ps(w[2].add(c));
+                let w2 = load_w(w[2].add(c));
                 a02 = _mm256_fmadd_ps(xa, w2, a02);
                 a12 = _mm256_fmadd_ps(xb, w2, a12);
-                let w3 = _mm256_loadu_ps(w[3].add(c));
+                let w3 = load_w(w[3].add(c));
                 a03 = _mm256_fmadd_ps(xa, w3, a03);
                 a13 = _mm256_fmadd_ps(xb, w3, a13);
                 c += 8;
@@ -180,7 +224,7 @@ mod x86 {
                 for j in 0..4 {
                     let mut s = hsum(a[i][j]);
                     for t in body..k {
-                        s += *x.add(t) * *w[j].add(t);
+                        s += *x.add(t) * (*w[j].add(t)).to_f32();
                     }
                     *out[i][j] = s;
                 }
@@ -192,9 +236,9 @@ mod x86 {
     /// AVX2 and FMA must be available; `out` valid for `m * n` writes and
     /// `j0 + rows.len() / k <= n`.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn rows_avx2(
+    pub unsafe fn rows_avx2<W: Weight>(
         x: &[f32],
-        rows: &[f32],
+        rows: &[W],
         m: usize,
         k: usize,
         n: usize,
@@ -301,5 +345,20 @@ mod tests {
             .zip(&full)
             .all(|(a, b)| (a - b).abs() < 1e-5);
         assert!(close);
+    }
+
+    #[test]
+    fn bf16_weights_equal_f32_weights_holding_the_same_values() {
+        let (m, k, n) = (5, 200, 37);
+        let x = data(m * k, 5);
+        let w16: Vec<half::bf16> = data(n * k, 6)
+            .into_iter()
+            .map(half::bf16::from_f32)
+            .collect();
+        let w32: Vec<f32> = w16.iter().map(|v| v.to_f32()).collect();
+        let (mut a, mut b) = (vec![0.0; m * n], vec![0.0; m * n]);
+        linear(&x, &w16, &mut a, m, k, n);
+        linear(&x, &w32, &mut b, m, k, n);
+        assert_eq!(a, b, "widening is exact and the order is the same");
     }
 }

@@ -3,8 +3,6 @@
 
 use rayon::prelude::*;
 
-pub use crate::matmul::linear;
-
 /// Adds `bias` to every row of `x`.
 pub fn add_bias(x: &mut [f32], bias: &[f32]) {
     for row in x.chunks_exact_mut(bias.len()) {
@@ -77,21 +75,6 @@ pub fn add_in_place(x: &mut [f32], y: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn linear_matches_naive() {
-        let (m, k, n) = (3, 5, 4);
-        let x: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
-        let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.11).cos()).collect();
-        let mut out = vec![0.0; m * n];
-        linear(&x, &w, &mut out, m, k, n);
-        for i in 0..m {
-            for j in 0..n {
-                let want: f32 = (0..k).map(|t| x[i * k + t] * w[j * k + t]).sum();
-                assert!((out[i * n + j] - want).abs() < 1e-5);
-            }
-        }
-    }
 
     #[test]
     fn rope_rotates_pairs_across_halves() {

@@ -107,6 +107,7 @@ fn open_model(dir: &Path, dtype: &str) -> (ModelConfig, CpuRunner) {
         CpuRunnerConfig {
             num_blocks: NUM_BLOCKS,
             block_size: BLOCK_SIZE,
+            weight_dtype: Default::default(),
         },
     )
     .unwrap();

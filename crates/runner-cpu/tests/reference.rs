@@ -32,6 +32,7 @@ fn smollm2_matches_f32_reference() {
         CpuRunnerConfig {
             num_blocks,
             block_size,
+            weight_dtype: Default::default(),
         },
     )
     .unwrap();
@@ -93,4 +94,71 @@ fn smollm2_matches_f32_reference() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// bf16 weight storage: first-step logits stay within bf16 rounding of the
+/// f32 reference and the first greedy token agrees wherever the reference's
+/// margin is clear.
+#[test]
+fn smollm2_bf16_weights_stay_close_to_the_reference() {
+    let files = ingot_models::open(&ingot_testkit::smollm2_gguf(), LoadFormat::Auto).unwrap();
+    let config = files.config.clone();
+    let weights = LlamaWeights::load(&config, files.tensors.as_ref(), &|_, _| {}).unwrap();
+    let mut runner = CpuRunner::new(
+        config,
+        weights,
+        CpuRunnerConfig {
+            num_blocks: 64,
+            block_size: 16,
+            weight_dtype: ingot_runner_cpu::WeightDtype::Bf16,
+        },
+    )
+    .unwrap();
+    let mut pool = BlockPool::new(64, 16, false);
+    let expected: Value = serde_json::from_str(
+        &std::fs::read_to_string(ingot_testkit::fixture("smollm2/expected.json")).unwrap(),
+    )
+    .unwrap();
+    for case in expected.as_array().unwrap() {
+        let prompt: Vec<u32> = case["prompt_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        let ref_logits = read_f32(&ingot_testkit::fixture(&format!(
+            "smollm2/{}",
+            case["logits_file"].as_str().unwrap()
+        )));
+        let mut table = BlockTable::new();
+        pool.reserve(&mut table, prompt.len()).unwrap();
+        let batch = ForwardBatch {
+            chunks: vec![SequenceChunk {
+                tokens: &prompt,
+                start_pos: 0,
+                block_table: table.blocks(),
+            }],
+        };
+        let logits = runner.forward(&batch).unwrap();
+        let scale = ref_logits.iter().fold(0f32, |a, b| a.max(b.abs()));
+        let err = max_abs_diff(logits, &ref_logits);
+        assert!(
+            err < 0.01 * scale,
+            "{}: bf16 error {err} vs logit scale {scale}",
+            case["name"]
+        );
+        if case["margins"][0].as_f64().unwrap() > 0.5 {
+            assert_eq!(
+                argmax(logits),
+                case["greedy_ids"][0].as_u64().unwrap() as u32,
+                "{}",
+                case["name"]
+            );
+        }
+        eprintln!(
+            "{}: max abs error {err:.4} (scale {scale:.1})",
+            case["name"].as_str().unwrap()
+        );
+        pool.release(&mut table);
+    }
 }
