@@ -222,10 +222,7 @@ fn judge(point: Point, r: &BenchResult, args: &StressArgs) -> Step {
             _ => (None, None),
         }
     };
-    let (rate, concurrency) = match point {
-        Point::Rate(x) => (Some(x), None),
-        Point::Concurrency(c) => (None, Some(c)),
-    };
+    let (rate, concurrency) = point.rate_and_concurrency();
     Step {
         load: point.label(),
         rate,
@@ -249,10 +246,7 @@ fn judge(point: Point, r: &BenchResult, args: &StressArgs) -> Step {
 
 /// A step whose server stopped answering.
 fn unreachable(point: Point, message: String) -> Step {
-    let (rate, concurrency) = match point {
-        Point::Rate(x) => (Some(x), None),
-        Point::Concurrency(c) => (None, Some(c)),
-    };
+    let (rate, concurrency) = point.rate_and_concurrency();
     Step {
         load: point.label(),
         rate,

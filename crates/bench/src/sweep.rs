@@ -58,6 +58,14 @@ impl Point {
         }
     }
 
+    /// The request rate and concurrency limit this point sets.
+    pub fn rate_and_concurrency(&self) -> (Option<f64>, Option<usize>) {
+        match *self {
+            Point::Rate(x) => (Some(x), None),
+            Point::Concurrency(c) => (None, Some(c)),
+        }
+    }
+
     /// File name of the point's result.
     pub fn file_name(&self) -> String {
         match self {

@@ -108,7 +108,7 @@ pub struct ValidSampling {
 }
 
 impl SamplingFields {
-    /// Checks bounds; `max_tokens_field` is the name the endpoint uses.
+    /// Checks every bound; errors name the field the client used.
     pub fn validate(self) -> Result<ValidSampling, ProtocolError> {
         let max_tokens = match (self.max_completion_tokens, self.max_tokens) {
             (Some(m), _) => Some(("max_completion_tokens", m)),

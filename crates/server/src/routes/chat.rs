@@ -24,7 +24,7 @@ use crate::state::InflightGuard;
 use crate::ApiError;
 
 /// Renders the conversation and tokenizes it (runs on a blocking thread).
-fn prompt_ids(
+pub(super) fn prompt_ids(
     req: &ValidChatRequest,
     template: &ChatTemplate,
     tokenizer: &Tokenizer,

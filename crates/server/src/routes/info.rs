@@ -12,7 +12,6 @@ use ingot_protocol::tokenize::{
     DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
 };
 use ingot_protocol::{parse_json, ProtocolError};
-use ingot_tokenizer::ChatMessage;
 
 use super::{json_body, Shared};
 use crate::ApiError;
@@ -49,25 +48,9 @@ pub async fn tokenize(
             .encode(&text, req.add_special_tokens.unwrap_or(true))
             .map_err(|e| ApiError::Internal(e.to_string()))?,
         (None, Some(_)) => {
+            // The same rendering and encoding as a chat request.
             let chat = ValidChatRequest::parse(&body)?;
-            let template = state.chat_template()?;
-            let messages: Vec<ChatMessage> = chat
-                .messages
-                .iter()
-                .map(|t| ChatMessage::new(t.role.clone(), t.content.clone()))
-                .collect();
-            let text = template
-                .render(
-                    &messages,
-                    req.add_generation_prompt.unwrap_or(true),
-                    chat.tools.as_ref(),
-                )
-                .map_err(|e| {
-                    ApiError::BadRequest(ProtocolError::field("messages", e.to_string()))
-                })?;
-            tokenizer
-                .encode(&text, false)
-                .map_err(|e| ApiError::Internal(e.to_string()))?
+            super::chat::prompt_ids(&chat, &*state.chat_template()?, &tokenizer)?
         }
         _ => {
             return Err(ApiError::BadRequest(ProtocolError::field(
