@@ -24,6 +24,9 @@ enum Command {
     Generate(cmd::generate::GenerateArgs),
     /// Print a model's architecture, size, tensor types, tokenizer and chat template.
     Inspect(cmd::inspect::InspectArgs),
+    /// Run one forward pass and write the last position's logits (for
+    /// correctness checks across backends and frameworks).
+    Logits(cmd::logits::LogitsArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
@@ -42,6 +45,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => cmd::serve::run(args),
         Command::Generate(args) => cmd::generate::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
+        Command::Logits(args) => cmd::logits::run(args),
         Command::Bench(cmd) => cmd::bench::run(cmd),
     };
     match result {

@@ -9,7 +9,9 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use ingot_engine::{start_engine, EngineConfig, EngineHandle};
 use ingot_models::{LlamaWeights, LoadFormat, ModelFiles};
+use ingot_runner::ModelRunner;
 use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig, WeightDtype};
+use ingot_runner_cuda::{CudaRunner, CudaRunnerConfig};
 use ingot_tokenizer::Tokenizer;
 
 /// Flags shared by every command that loads a model.
@@ -39,6 +41,16 @@ pub struct ModelArgs {
     /// Most tokens per engine step (prefill chunks + decodes).
     #[arg(long, default_value_t = 512)]
     pub max_num_batched_tokens: usize,
+    /// Where to run: `cuda` when a GPU driver and this build's kernels are
+    /// present (`auto`, the default), else `cpu`.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "cpu", "cuda"], env = "INGOT_DEVICE")]
+    pub device: String,
+    /// Share of GPU memory for weights, workspace and KV cache (CUDA).
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f64,
+    /// Run every step eagerly instead of replaying captured CUDA graphs.
+    #[arg(long)]
+    pub enforce_eager: bool,
 }
 
 /// KV block size (token slots per block).
@@ -65,8 +77,19 @@ pub fn open(path: &Path, load_format: &str) -> anyhow::Result<(ModelFiles, Arc<T
     Ok((files, Arc::new(tokenizer)))
 }
 
-/// Loads weights onto the CPU backend and starts an engine over it.
+/// Loads the model onto the chosen device and starts an engine over it.
 pub fn load_engine(args: &ModelArgs, mut engine: EngineConfig) -> anyhow::Result<EngineHandle> {
+    engine.scheduler.max_num_batched_tokens = args.max_num_batched_tokens;
+    let (runner, tokenizer) = load_runner(args, engine.scheduler.max_num_seqs)?;
+    Ok(start_engine(runner, tokenizer, engine)?)
+}
+
+/// Opens the model and builds the runner for `--device`; `max_num_seqs`
+/// sizes the GPU workspace and graph buckets.
+pub fn load_runner(
+    args: &ModelArgs,
+    max_num_seqs: usize,
+) -> anyhow::Result<(Box<dyn ModelRunner>, Arc<Tokenizer>)> {
     if let Some(n) = args.threads {
         rayon::ThreadPoolBuilder::new()
             .num_threads(n)
@@ -77,7 +100,6 @@ pub fn load_engine(args: &ModelArgs, mut engine: EngineConfig) -> anyhow::Result
     if let Some(len) = args.max_model_len {
         files.config.max_context = files.config.max_context.min(len.max(1));
     }
-    let config = files.config.clone();
     let start = Instant::now();
     let bar = ProgressBar::new(0).with_style(
         ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} tensors")
@@ -85,19 +107,82 @@ pub fn load_engine(args: &ModelArgs, mut engine: EngineConfig) -> anyhow::Result
             .progress_chars("=> "),
     );
     bar.set_message(files.format);
-    let weights = LlamaWeights::load(&config, files.tensors.as_ref(), &|done, total| {
+    let progress = |done: usize, total: usize| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
-    })
-    .with_context(|| format!("cannot load weights of {}", args.model.display()))?;
+    };
+    let runner: Box<dyn ModelRunner> = match pick_device(&args.device)? {
+        Device::Cuda => Box::new(cuda_runner(args, &files, max_num_seqs, &progress)?),
+        Device::Cpu => Box::new(cpu_runner(args, &files, &progress)?),
+    };
     bar.finish_and_clear();
+    eprintln!(
+        "ingot: {} on {} (loaded in {:.1} s)",
+        args.model.display(),
+        runner.device_name(),
+        start.elapsed().as_secs_f64()
+    );
+    Ok((runner, tokenizer))
+}
+
+enum Device {
+    Cpu,
+    Cuda,
+}
+
+/// `auto` takes CUDA when it can and says why not otherwise.
+fn pick_device(flag: &str) -> anyhow::Result<Device> {
+    match (flag, ingot_runner_cuda::availability()) {
+        ("cpu", _) => Ok(Device::Cpu),
+        ("cuda", Err(e)) => Err(anyhow::anyhow!("--device cuda: {e}")),
+        (_, Ok(())) => Ok(Device::Cuda),
+        (_, Err(e)) => {
+            tracing::info!(reason = %e, "running on the CPU");
+            Ok(Device::Cpu)
+        }
+    }
+}
+
+fn cuda_runner(
+    args: &ModelArgs,
+    files: &ModelFiles,
+    max_num_seqs: usize,
+    progress: &dyn Fn(usize, usize),
+) -> anyhow::Result<CudaRunner> {
+    anyhow::ensure!(
+        args.gpu_memory_utilization > 0.0 && args.gpu_memory_utilization <= 1.0,
+        "--gpu-memory-utilization must be in (0, 1]"
+    );
+    let opts = CudaRunnerConfig {
+        block_size: BLOCK_SIZE,
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        max_num_seqs,
+        gpu_memory_utilization: args.gpu_memory_utilization,
+        kv_cache_tokens: args.kv_cache_tokens,
+        cuda_graphs: !args.enforce_eager,
+        ..Default::default()
+    };
+    let runner = CudaRunner::new(files.config.clone(), files.tensors.as_ref(), opts, progress)
+        .with_context(|| format!("cannot load {} on the GPU", args.model.display()))?;
+    runner.memory().publish();
+    Ok(runner)
+}
+
+fn cpu_runner(
+    args: &ModelArgs,
+    files: &ModelFiles,
+    progress: &dyn Fn(usize, usize),
+) -> anyhow::Result<CpuRunner> {
+    let config = files.config.clone();
+    let weights = LlamaWeights::load(&config, files.tensors.as_ref(), progress)
+        .with_context(|| format!("cannot load weights of {}", args.model.display()))?;
     // Default: 1 GiB of KV cache, and never less than one full context.
     let per_token = CpuRunner::kv_bytes_per_token(&config).max(1);
     let kv_tokens = args
         .kv_cache_tokens
         .unwrap_or_else(|| (DEFAULT_KV_BYTES / per_token).max(config.max_context))
         .max(BLOCK_SIZE);
-    let runner = CpuRunner::new(
+    Ok(CpuRunner::new(
         config,
         weights,
         CpuRunnerConfig {
@@ -109,8 +194,5 @@ pub fn load_engine(args: &ModelArgs, mut engine: EngineConfig) -> anyhow::Result
                 WeightDtype::F32
             },
         },
-    )?;
-    tracing::info!(elapsed = ?start.elapsed(), "model loaded");
-    engine.scheduler.max_num_batched_tokens = args.max_num_batched_tokens;
-    Ok(start_engine(Box::new(runner), tokenizer, engine)?)
+    )?)
 }

@@ -64,6 +64,21 @@ impl Decoding {
     /// Samples from this sequence's logits row and applies every stop rule.
     pub fn accept_logits(&mut self, logits: &mut [f32]) -> Result<TokenOutput, TokenizerError> {
         let sampled = self.sampler.sample(logits);
+        self.accept(sampled)
+    }
+
+    /// Whether the backend may pick this sequence's tokens by argmax.
+    pub fn is_plain_greedy(&self) -> bool {
+        self.sampler.is_plain_greedy()
+    }
+
+    /// Takes a token the backend picked greedily and applies every stop rule.
+    pub fn accept_greedy(&mut self, token: TokenId) -> Result<TokenOutput, TokenizerError> {
+        let sampled = self.sampler.accept_greedy(token);
+        self.accept(sampled)
+    }
+
+    fn accept(&mut self, sampled: SampledToken) -> Result<TokenOutput, TokenizerError> {
         let token = sampled.token;
         self.num_output += 1;
         let is_stop_token = (!self.criteria.ignore_eos && self.eos.contains(&token))

@@ -13,7 +13,7 @@ use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ingot_core::{FinishReason, Priority};
+use ingot_core::{FinishReason, Priority, TokenId};
 use ingot_kv_cache::BlockPool;
 use ingot_runner::{ForwardBatch, ModelRunner, SequenceChunk};
 use ingot_scheduler::{ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput};
@@ -63,6 +63,7 @@ pub fn start_engine(
     let shape = runner.kv_cache_shape();
     let pool = BlockPool::new(shape.num_blocks, shape.block_size, config.prefix_caching);
     let model = runner.config().clone();
+    let device = runner.device_name();
     let stats = Arc::new(EngineStats::default());
     stats
         .kv_blocks_total
@@ -82,13 +83,18 @@ pub fn start_engine(
         stats: stats.clone(),
         config,
         idle_wait: false,
+        stopping: false,
         last_prefix: Default::default(),
         last_preemptions: 0,
     };
     m::register();
+    let (stopped_tx, stopped) = std_mpsc::channel::<()>();
     std::thread::Builder::new()
         .name("ingot-engine".into())
-        .spawn(move || state.run(rx))?;
+        .spawn(move || {
+            state.run(rx);
+            drop(stopped_tx);
+        })?;
     Ok(EngineHandle {
         shared: Arc::new(Shared {
             commands,
@@ -97,6 +103,8 @@ pub fn start_engine(
             config: model,
             tokenizer,
             limits,
+            device,
+            stopped: std::sync::Mutex::new(Some(stopped)),
         }),
     })
 }
@@ -169,6 +177,8 @@ struct EngineLoop {
     row: Vec<f32>,
     /// The last step scheduled nothing although work exists (all paused).
     idle_wait: bool,
+    /// Set by `Command::Shutdown`: leave the loop and drop the runner.
+    stopping: bool,
     last_prefix: ingot_kv_cache::PrefixCacheStats,
     last_preemptions: u64,
 }
@@ -205,11 +215,12 @@ impl EngineLoop {
         while let Ok(c) = commands.try_recv() {
             self.apply(c);
         }
-        true
+        !self.stopping
     }
 
     fn apply(&mut self, command: Command) {
         match command {
+            Command::Shutdown => self.stopping = true,
             Command::Add {
                 id,
                 request,
@@ -331,9 +342,20 @@ impl EngineLoop {
                 .collect(),
         };
         let num_tokens = batch.num_tokens();
-        let vocab = self.row.len();
-        let logits = match self.runner.forward(&batch) {
-            Ok(l) => l,
+        // All-greedy steps let the backend pick on its device: only ids
+        // come back instead of a vocabulary of logits per sequence.
+        let greedy = chunks.iter().filter(|c| c.sample).all(|c| {
+            self.active
+                .get(&c.id)
+                .is_none_or(|a| a.decoding.is_plain_greedy())
+        });
+        let picked = if greedy {
+            self.runner.forward_greedy(&batch).map(Picked::Ids)
+        } else {
+            self.runner.forward(&batch).map(Picked::Logits)
+        };
+        let picked = match picked {
+            Ok(p) => p,
             Err(e) => {
                 tracing::error!(error = %e, "forward pass failed");
                 drop(batch);
@@ -343,6 +365,7 @@ impl EngineLoop {
                 return;
             }
         };
+        let vocab = self.row.len();
         let mut outputs = Vec::new();
         for (i, c) in chunks.iter().enumerate() {
             let Some(a) = self.active.get_mut(&c.id) else {
@@ -351,9 +374,15 @@ impl EngineLoop {
             if !c.sample {
                 continue;
             }
-            self.row
-                .copy_from_slice(&logits[i * vocab..(i + 1) * vocab]);
-            outputs.push((c.id, a.decoding.accept_logits(&mut self.row)));
+            let out = match &picked {
+                Picked::Ids(ids) => a.decoding.accept_greedy(ids[i]),
+                Picked::Logits(logits) => {
+                    self.row
+                        .copy_from_slice(&logits[i * vocab..(i + 1) * vocab]);
+                    a.decoding.accept_logits(&mut self.row)
+                }
+            };
+            outputs.push((c.id, out));
         }
         drop(batch);
         m::iteration(num_tokens, started.elapsed());
@@ -448,4 +477,12 @@ impl EngineLoop {
         self.last_prefix = prefix;
         self.last_preemptions = self.scheduler.num_preemptions();
     }
+}
+
+/// What a forward pass returned.
+enum Picked<'a> {
+    /// Greedy ids picked by the backend, one per chunk.
+    Ids(Vec<TokenId>),
+    /// Logits rows, one per chunk.
+    Logits(&'a [f32]),
 }

@@ -117,6 +117,8 @@ pub(crate) enum Command {
         arrival: Instant,
     },
     Abort(RequestId),
+    /// The last handle is gone: stop and release the runner.
+    Shutdown,
 }
 
 /// Counters the engine thread publishes for the handle (and `/metrics`).
@@ -159,6 +161,20 @@ pub(crate) struct Shared {
     pub config: ModelConfig,
     pub tokenizer: Arc<Tokenizer>,
     pub limits: Limits,
+    pub device: String,
+    /// Closed by the engine thread once it has released the runner.
+    pub stopped: std::sync::Mutex<Option<std_mpsc::Receiver<()>>>,
+}
+
+impl Drop for Shared {
+    /// Stops the engine thread and waits (boundedly) until it has dropped
+    /// the runner, so a GPU backend is torn down before the process exits.
+    fn drop(&mut self) {
+        let _ = self.commands.send(Command::Shutdown);
+        if let Some(stopped) = self.stopped.get_mut().ok().and_then(Option::take) {
+            let _ = stopped.recv_timeout(std::time::Duration::from_secs(10));
+        }
+    }
 }
 
 /// Bounds checked at submission, before the engine thread sees a request.
@@ -180,6 +196,11 @@ impl EngineHandle {
     /// The model's resolved configuration.
     pub fn model_config(&self) -> &ModelConfig {
         &self.shared.config
+    }
+
+    /// The device the model runs on ("cpu (16 threads)", "cuda:0 NVIDIA H100 ...").
+    pub fn device_name(&self) -> &str {
+        &self.shared.device
     }
 
     /// The model's tokenizer.

@@ -101,6 +101,23 @@ impl Sampler {
         }
     }
 
+    /// True when the choice is the plain argmax of the raw logits and no
+    /// logprobs are wanted: the backend may then pick on its device.
+    pub fn is_plain_greedy(&self) -> bool {
+        self.params.is_greedy() && !self.has_penalties() && self.params.logprobs.is_none()
+    }
+
+    /// Records a token the backend picked by argmax (see [`Self::is_plain_greedy`]).
+    pub fn accept_greedy(&mut self, token: TokenId) -> SampledToken {
+        *self.output_counts.entry(token).or_insert(0) += 1;
+        SampledToken {
+            token,
+            // Not computed on this path; only reported when logprobs are asked for.
+            logprob: 0.0,
+            top_logprobs: Vec::new(),
+        }
+    }
+
     fn has_penalties(&self) -> bool {
         let p = &self.params;
         p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0
@@ -188,16 +205,7 @@ impl Sampler {
     }
 }
 
-/// Index of the largest value; ties go to the lowest index.
-pub fn argmax(v: &[f32]) -> TokenId {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as TokenId
-}
+pub use ingot_runner::argmax;
 
 /// `log Σ exp(v)`, stable.
 pub fn log_sum_exp(v: &[f32]) -> f32 {

@@ -109,6 +109,24 @@ impl RopeConfig {
     }
 }
 
+impl RopeConfig {
+    /// cos and sin of every (position, frequency) pair for positions
+    /// `0..max_positions`, each `[max_positions, head_dim / 2]`, computed in f64.
+    pub fn tables(&self, head_dim: usize, max_positions: usize) -> (Vec<f32>, Vec<f32>) {
+        let inv = self.inv_freqs(head_dim);
+        let n = max_positions * inv.len();
+        let (mut cos, mut sin) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for pos in 0..max_positions {
+            for &f in &inv {
+                let angle = pos as f64 * f as f64;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        (cos, sin)
+    }
+}
+
 /// Llama 3.1 rope scaling (see `_compute_llama3_parameters` in transformers).
 fn llama3_scale(inv_freq: f64, factor: f64, low: f64, high: f64, orig: f64) -> f64 {
     let wavelen = 2.0 * std::f64::consts::PI / inv_freq;

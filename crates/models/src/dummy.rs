@@ -59,4 +59,8 @@ impl TensorSource for DummySource {
     fn dtype_summary(&self) -> Vec<(String, usize)> {
         vec![("random f32".to_string(), self.shapes.len())]
     }
+
+    fn random_seed(&self) -> Option<u64> {
+        Some(self.seed)
+    }
 }

@@ -25,6 +25,11 @@ pub trait TensorSource: Send + Sync {
     fn contains(&self, name: &str) -> bool;
     /// Storage types with their tensor counts, for `ingot inspect`.
     fn dtype_summary(&self) -> Vec<(String, usize)>;
+    /// `Some(seed)` when the weights are random (`--load-format dummy`): a
+    /// backend may then generate them in place instead of copying them in.
+    fn random_seed(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// An opened model: resolved config plus lazy access to its tensors.

@@ -125,7 +125,7 @@ impl CpuRunner {
                 v: vec![0.0; slots],
             })
             .collect();
-        let (cos, sin) = rope_tables(&config);
+        let (cos, sin) = config.rope.tables(config.head_dim, config.max_context);
         Ok(Self {
             embed: Matrix::new(weights.embed_tokens.data, dt),
             lm_head: weights.lm_head.map(|t| Matrix::new(t.data, dt)),
@@ -147,64 +147,6 @@ impl CpuRunner {
     pub fn kv_bytes_per_token(config: &ModelConfig) -> usize {
         config.num_layers * 2 * config.kv_dim() * std::mem::size_of::<f32>()
     }
-
-    fn check(&self, batch: &ForwardBatch<'_>) -> Result<(), RunnerError> {
-        let bs = self.kv_shape.block_size;
-        for c in &batch.chunks {
-            if c.tokens.is_empty() {
-                return Err(RunnerError::InvalidBatch("empty chunk".into()));
-            }
-            if c.end_pos() > self.config.max_context {
-                return Err(RunnerError::InvalidBatch(format!(
-                    "position {} exceeds the context length {}",
-                    c.end_pos(),
-                    self.config.max_context
-                )));
-            }
-            if c.block_table.len() * bs < c.end_pos() {
-                return Err(RunnerError::InvalidBatch(format!(
-                    "block table of {} blocks cannot hold {} positions",
-                    c.block_table.len(),
-                    c.end_pos()
-                )));
-            }
-            if let Some(&b) = c
-                .block_table
-                .iter()
-                .find(|&&b| b as usize >= self.kv_shape.num_blocks)
-            {
-                return Err(RunnerError::InvalidBatch(format!(
-                    "block {b} outside the pool"
-                )));
-            }
-            if let Some(&id) = c
-                .tokens
-                .iter()
-                .find(|&&t| t as usize >= self.config.vocab_size)
-            {
-                return Err(RunnerError::TokenOutOfRange {
-                    id,
-                    vocab_size: self.config.vocab_size,
-                });
-            }
-        }
-        Ok(())
-    }
-}
-
-/// cos/sin of every (position, frequency) pair, computed in f64.
-fn rope_tables(config: &ModelConfig) -> (Vec<f32>, Vec<f32>) {
-    let inv = config.rope.inv_freqs(config.head_dim);
-    let n = config.max_context * inv.len();
-    let (mut cos, mut sin) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    for pos in 0..config.max_context {
-        for &f in &inv {
-            let angle = pos as f64 * f as f64;
-            cos.push(angle.cos() as f32);
-            sin.push(angle.sin() as f32);
-        }
-    }
-    (cos, sin)
 }
 
 impl ModelRunner for CpuRunner {
@@ -221,7 +163,7 @@ impl ModelRunner for CpuRunner {
     }
 
     fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<&[f32], RunnerError> {
-        self.check(batch)?;
+        ingot_runner::validate_batch(&self.config, self.kv_shape, batch)?;
         let c = &self.config;
         let (d, qd, kvd, hd, ff) = (
             c.hidden_size,

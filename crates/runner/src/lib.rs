@@ -85,4 +85,65 @@ pub trait ModelRunner: Send {
 
     /// Short name of the device ("cpu (2 threads)", "cuda:0 H100").
     fn device_name(&self) -> String;
+
+    /// Runs the batch and returns the greedy choice (argmax, lowest id on
+    /// ties) for the last token of each chunk. Backends that can pick on the
+    /// device override this so that only ids, not logits, leave it.
+    fn forward_greedy(&mut self, batch: &ForwardBatch<'_>) -> Result<Vec<TokenId>, RunnerError> {
+        let vocab = self.config().vocab_size;
+        let logits = self.forward(batch)?;
+        Ok(logits.chunks_exact(vocab).map(argmax).collect())
+    }
+}
+
+/// Index of the largest value; ties go to the lowest index.
+pub fn argmax(v: &[f32]) -> TokenId {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as TokenId
+}
+
+/// Checks what every backend relies on: non-empty chunks inside the context,
+/// block tables that cover them and stay in the pool, tokens in the vocabulary.
+pub fn validate_batch(
+    config: &ModelConfig,
+    kv: KvCacheShape,
+    batch: &ForwardBatch<'_>,
+) -> Result<(), RunnerError> {
+    let bs = kv.block_size;
+    for c in &batch.chunks {
+        if c.tokens.is_empty() {
+            return Err(RunnerError::InvalidBatch("empty chunk".into()));
+        }
+        if c.end_pos() > config.max_context {
+            return Err(RunnerError::InvalidBatch(format!(
+                "position {} exceeds the context length {}",
+                c.end_pos(),
+                config.max_context
+            )));
+        }
+        if c.block_table.len() * bs < c.end_pos() {
+            return Err(RunnerError::InvalidBatch(format!(
+                "block table of {} blocks cannot hold {} positions",
+                c.block_table.len(),
+                c.end_pos()
+            )));
+        }
+        if let Some(&b) = c.block_table.iter().find(|&&b| b as usize >= kv.num_blocks) {
+            return Err(RunnerError::InvalidBatch(format!(
+                "block {b} outside the pool"
+            )));
+        }
+        if let Some(&id) = c.tokens.iter().find(|&&t| t as usize >= config.vocab_size) {
+            return Err(RunnerError::TokenOutOfRange {
+                id,
+                vocab_size: config.vocab_size,
+            });
+        }
+    }
+    Ok(())
 }

@@ -91,6 +91,8 @@ struct RunTimes {
     total: f64,
     /// Tokens generated.
     tokens: usize,
+    /// When each token arrived, in seconds since the run's epoch.
+    token_times: Vec<f64>,
 }
 
 fn run_once(
@@ -98,7 +100,18 @@ fn run_once(
     prompt: Vec<TokenId>,
     output_len: usize,
 ) -> anyhow::Result<RunTimes> {
+    run_from(gen, prompt, output_len, Instant::now())
+}
+
+/// One request; token times are measured from `epoch`.
+fn run_from(
+    gen: &EngineHandle,
+    prompt: Vec<TokenId>,
+    output_len: usize,
+    epoch: Instant,
+) -> anyhow::Result<RunTimes> {
     let start = Instant::now();
+    let mut token_times = Vec::with_capacity(output_len);
     let mut events = gen.submit(EngineRequest {
         prompt,
         sampling: SamplingParams::greedy(),
@@ -113,6 +126,7 @@ fn run_once(
     while let Some(event) = events.next_blocking() {
         match event {
             TokenEvent::Token(_) => {
+                token_times.push(epoch.elapsed().as_secs_f64());
                 first_token.get_or_insert_with(|| start.elapsed().as_secs_f64());
             }
             TokenEvent::Finished(c) => {
@@ -120,6 +134,7 @@ fn run_once(
                     first_token: first_token.unwrap_or_default(),
                     total: start.elapsed().as_secs_f64(),
                     tokens: c.completion_tokens,
+                    token_times,
                 })
             }
             TokenEvent::Error(e) => anyhow::bail!("generation failed: {e}"),
@@ -175,7 +190,7 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
         println!(
             "{}",
             serde_json::json!({
-                "device": format!("cpu ({} threads)", rayon::current_num_threads()),
+                "device": gen.device_name(),
                 "input_len": args.input_len, "output_len": args.output_len, "num_iters": args.num_iters,
                 "prefill_ms": prefill, "prefill_tok_s": prefill_tps,
                 "decode_ms_per_token": per_token, "decode_tok_s": decode_tps,
@@ -183,10 +198,7 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
             })
         );
     } else {
-        println!(
-            "device:            cpu ({} threads)",
-            rayon::current_num_threads()
-        );
+        println!("device:            {}", gen.device_name());
         println!(
             "input/output:      {} / {} tokens, median of {}",
             args.input_len, args.output_len, args.num_iters
@@ -219,24 +231,26 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
     // Warm up threads and caches with one short request.
     run_once(&gen, random_prompt(&mut rng, 8, vocab), 2)?;
     let start = Instant::now();
-    let generated = std::thread::scope(|scope| -> anyhow::Result<usize> {
+    let runs = std::thread::scope(|scope| -> anyhow::Result<Vec<RunTimes>> {
         let handles: Vec<_> = prompts
             .into_iter()
             .map(|prompt| {
                 let gen = gen.clone();
                 let output_len = args.output_len;
-                scope.spawn(move || run_once(&gen, prompt, output_len).map(|t| t.tokens))
+                scope.spawn(move || run_from(&gen, prompt, output_len, start))
             })
             .collect();
-        let mut total = 0;
-        for h in handles {
-            total += h
-                .join()
-                .map_err(|_| anyhow::anyhow!("a benchmark thread panicked"))??;
-        }
-        Ok(total)
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("a benchmark thread panicked"))?
+            })
+            .collect()
     })?;
     let elapsed = start.elapsed().as_secs_f64();
+    let generated: usize = runs.iter().map(|r| r.tokens).sum();
+    let decode_tps = decode_after_prefill(&runs);
     let out_tps = generated as f64 / elapsed;
     let total_tps = (generated + args.num_prompts * args.input_len) as f64 / elapsed;
     let req_s = args.num_prompts as f64 / elapsed;
@@ -244,17 +258,15 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
         println!(
             "{}",
             serde_json::json!({
-                "device": format!("cpu ({} threads)", rayon::current_num_threads()),
+                "device": gen.device_name(),
                 "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
                 "max_num_seqs": args.max_num_seqs, "elapsed_s": elapsed, "requests_per_s": req_s,
                 "output_tok_s": out_tps, "total_tok_s": total_tps,
+                "decode_tok_s_after_prefill": decode_tps,
             })
         );
     } else {
-        println!(
-            "device:            cpu ({} threads)",
-            rayon::current_num_threads()
-        );
+        println!("device:            {}", gen.device_name());
         println!(
             "requests:          {} x ({} in, {} out), {} at once",
             args.num_prompts, args.input_len, args.output_len, args.max_num_seqs
@@ -262,6 +274,30 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
         println!("elapsed:           {elapsed:.2} s ({req_s:.2} req/s)");
         println!("output:            {out_tps:.1} tok/s");
         println!("total (in + out):  {total_tps:.1} tok/s");
+        println!("decode after all prefills: {decode_tps:.1} tok/s");
     }
     Ok(())
+}
+
+/// Tokens per second across all sequences once every prompt has its first
+/// token (the pure-decode phase; meaningful when all requests run at once).
+fn decode_after_prefill(runs: &[RunTimes]) -> f64 {
+    let first = runs
+        .iter()
+        .filter_map(|r| r.token_times.first().copied())
+        .fold(0.0, f64::max);
+    let end = runs
+        .iter()
+        .filter_map(|r| r.token_times.last().copied())
+        .fold(0.0, f64::max);
+    let after = runs
+        .iter()
+        .flat_map(|r| &r.token_times)
+        .filter(|&&t| t > first)
+        .count();
+    if end > first {
+        after as f64 / (end - first)
+    } else {
+        f64::NAN
+    }
 }

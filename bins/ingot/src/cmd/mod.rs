@@ -3,4 +3,5 @@
 pub mod bench;
 pub mod generate;
 pub mod inspect;
+pub mod logits;
 pub mod serve;

@@ -1,0 +1,320 @@
+// Attention over the paged KV cache. Every token's keys and values are in
+// the cache before these run (rope_qkv writes them), so prefix-cached blocks,
+// chunked prefill and decode all read the same way: token at position p
+// attends to positions 0..=p of its sequence through its block table.
+//
+//   paged_attention_hd{HD}_g{G}: one block per (token, kv head, split); its 4
+//     warps walk the split's keys, each keeping an online softmax for the G
+//     query heads that share the kv head (GQA reads K/V once for all of them).
+//     With num_splits > 1 it writes partial results for attention_combine
+//     (flash-decoding: long contexts at small batch still fill the GPU).
+//   prefill_attention_hd{HD}: one block per (64-token query tile of one
+//     chunk, query head); tensor cores (wmma bf16) for QK^T and PV, K/V tiles
+//     staged in shared memory: the O(n^2) work of long prompts.
+#include <mma.h>
+#include "common.cuh"
+
+using namespace nvcuda;
+
+constexpr int DECODE_WARPS = 4;
+constexpr int DECODE_UNROLL = 4;
+
+template <int HD, int G>
+__device__ __forceinline__ void decode_attention(
+    const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+    const int* __restrict__ block_tables, const int* __restrict__ table_stride, const int* __restrict__ token_seq,
+    const int* __restrict__ positions, const int* __restrict__ token_ids, bf16* __restrict__ out,
+    float* __restrict__ part_acc, float* __restrict__ part_ml, int num_heads, int num_kv_heads,
+    int block_size, float scale_log2, int num_splits) {
+  constexpr int D = HD / 32;
+  __shared__ float s_m[DECODE_WARPS][G], s_l[DECODE_WARPS][G];
+  __shared__ float s_acc[DECODE_WARPS][G][HD];
+  const int b = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+  const int tok = token_ids ? token_ids[b] : b;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int qd = num_heads * HD, kvd = num_kv_heads * HD;
+  const int ctx = positions[tok] + 1;
+  const int per_split = (ctx + num_splits - 1) / num_splits;
+  const int start = split * per_split, end = min(ctx, start + per_split);
+  const int* table = block_tables + (size_t)token_seq[tok] * *table_stride;
+
+  float qv[G][D], acc[G][D], m[G], l[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    load_bf16<D>(q + (size_t)tok * qd + (kvh * G + g) * HD + lane * D, qv[g]);
+#pragma unroll
+    for (int d = 0; d < D; ++d) {
+      qv[g][d] *= scale_log2;
+      acc[g][d] = 0.f;
+    }
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+  }
+  for (int j0 = start + warp * DECODE_UNROLL; j0 < end; j0 += DECODE_WARPS * DECODE_UNROLL) {
+    float kv[DECODE_UNROLL][D], vv[DECODE_UNROLL][D];
+#pragma unroll
+    for (int u = 0; u < DECODE_UNROLL; ++u) {
+      const int j = min(j0 + u, end - 1);
+      const long long slot = (long long)table[j / block_size] * block_size + j % block_size;
+      const size_t off = (size_t)slot * kvd + kvh * HD + lane * D;
+      load_bf16<D>(k_cache + off, kv[u]);
+      load_bf16<D>(v_cache + off, vv[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < DECODE_UNROLL; ++u) {
+      if (j0 + u >= end) break;
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float s = 0.f;
+#pragma unroll
+        for (int d = 0; d < D; ++d) s += qv[g][d] * kv[u][d];
+        s = warp_sum(s);
+        const float m_new = fmaxf(m[g], s);
+        const float corr = exp2f(m[g] - m_new), p = exp2f(s - m_new);
+        l[g] = l[g] * corr + p;
+#pragma unroll
+        for (int d = 0; d < D; ++d) acc[g][d] = acc[g][d] * corr + p * vv[u][d];
+        m[g] = m_new;
+      }
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (lane == 0) {
+      s_m[warp][g] = m[g];
+      s_l[warp][g] = l[g];
+    }
+#pragma unroll
+    for (int d = 0; d < D; ++d) s_acc[warp][g][lane * D + d] = acc[g][d];
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
+    const int g = idx / HD, d = idx % HD;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < DECODE_WARPS; ++w) mx = fmaxf(mx, s_m[w][g]);
+    float sum_l = 0.f, sum_a = 0.f;
+    if (mx != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < DECODE_WARPS; ++w) {
+        const float f = exp2f(s_m[w][g] - mx);
+        sum_l += s_l[w][g] * f;
+        sum_a += s_acc[w][g][d] * f;
+      }
+    }
+    const int h = kvh * G + g;
+    if (num_splits == 1) {
+      out[(size_t)tok * qd + h * HD + d] = to_bf16(sum_l > 0.f ? sum_a / sum_l : 0.f);
+    } else {
+      const size_t p = ((size_t)b * num_heads + h) * num_splits + split;
+      part_acc[p * HD + d] = sum_a;
+      if (d == 0) {
+        part_ml[2 * p] = mx;
+        part_ml[2 * p + 1] = sum_l;
+      }
+    }
+  }
+}
+
+#define DECODE_KERNEL(HD, G)                                                                               \
+  extern "C" __global__ void __launch_bounds__(DECODE_WARPS * 32) paged_attention_hd##HD##_g##G(          \
+      const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* block_tables, const int* table_stride,  \
+      const int* token_seq, const int* positions, const int* token_ids, bf16* out, float* part_acc,        \
+      float* part_ml, int num_heads, int num_kv_heads, int block_size, float scale_log2, int num_splits) { \
+    decode_attention<HD, G>(q, k_cache, v_cache, block_tables, table_stride, token_seq, positions,         \
+                            token_ids, out, part_acc, part_ml, num_heads, num_kv_heads, block_size,        \
+                            scale_log2, num_splits);                                                       \
+  }
+#define DECODE_KERNELS(HD) \
+  DECODE_KERNEL(HD, 1)     \
+  DECODE_KERNEL(HD, 2)     \
+  DECODE_KERNEL(HD, 3)     \
+  DECODE_KERNEL(HD, 4)     \
+  DECODE_KERNEL(HD, 5)     \
+  DECODE_KERNEL(HD, 6)     \
+  DECODE_KERNEL(HD, 7)     \
+  DECODE_KERNEL(HD, 8)
+DECODE_KERNELS(64)
+DECODE_KERNELS(128)
+DECODE_KERNELS(256)
+
+// Merges the splits of paged_attention. Grid: (tokens, heads); block: 128.
+extern "C" __global__ void attention_combine(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
+                                             const int* __restrict__ token_ids, bf16* __restrict__ out,
+                                             int num_heads, int hd, int num_splits) {
+  const int b = blockIdx.x, h = blockIdx.y;
+  const int tok = token_ids ? token_ids[b] : b;
+  const size_t base = ((size_t)b * num_heads + h) * num_splits;
+  float mx = -INFINITY;
+  for (int s = 0; s < num_splits; ++s) mx = fmaxf(mx, part_ml[2 * (base + s)]);
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float sum_l = 0.f, sum_a = 0.f;
+    if (mx != -INFINITY) {
+      for (int s = 0; s < num_splits; ++s) {
+        const float f = exp2f(part_ml[2 * (base + s)] - mx);
+        sum_l += part_ml[2 * (base + s) + 1] * f;
+        sum_a += part_acc[(base + s) * hd + d] * f;
+      }
+    }
+    out[((size_t)tok * num_heads + h) * hd + d] = to_bf16(sum_l > 0.f ? sum_a / sum_l : 0.f);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Prefill: 64 query rows x 64 keys per tile, 4 warps of 16 rows each.
+
+constexpr int TILE = 64;
+constexpr int PREFILL_WARPS = 4;
+
+template <int HD>
+struct PrefillSmem {
+  static constexpr int LD = HD + 8;        // bf16 rows of Q, K, V
+  static constexpr int LDS = TILE + 4;     // f32 scores
+  static constexpr int LDP = TILE + 8;     // bf16 probabilities
+  static constexpr int LDO = HD + 4;       // f32 output accumulators
+  static constexpr int Q = 0;
+  static constexpr int K = Q + TILE * LD * 2;
+  static constexpr int V = K + TILE * LD * 2;
+  static constexpr int S = V + TILE * LD * 2;
+  static constexpr int P = S + PREFILL_WARPS * 16 * LDS * 4;
+  static constexpr int O = P + PREFILL_WARPS * 16 * LDP * 2;
+  static constexpr int BYTES = O + PREFILL_WARPS * 16 * LDO * 4;
+};
+
+// Copies 64 rows of HD bf16 (row r from src_row(r), or zeros) into shared memory.
+template <int HD, typename RowPtr>
+__device__ __forceinline__ void stage_rows(bf16* dst, RowPtr src_row) {
+  constexpr int VEC = HD / 8;  // 16-byte vectors per row
+  constexpr int LD = PrefillSmem<HD>::LD;
+  for (int idx = threadIdx.x; idx < TILE * VEC; idx += blockDim.x) {
+    const int r = idx / VEC, c = idx % VEC;
+    const bf16* src = src_row(r);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (src) v = reinterpret_cast<const uint4*>(src)[c];
+    *reinterpret_cast<uint4*>(dst + r * LD + c * 8) = v;
+  }
+}
+
+template <int HD>
+__device__ __forceinline__ void prefill_attention(
+    const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+    const int* __restrict__ block_tables, const int* __restrict__ table_stride, const int* __restrict__ tiles,
+    const int* __restrict__ positions, bf16* __restrict__ out, int num_heads, int num_kv_heads,
+    int block_size, float scale_log2) {
+  using L = PrefillSmem<HD>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem + L::Q);
+  bf16* sK = reinterpret_cast<bf16*>(smem + L::K);
+  bf16* sV = reinterpret_cast<bf16*>(smem + L::V);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float* sS = reinterpret_cast<float*>(smem + L::S) + warp * 16 * L::LDS;
+  bf16* sP = reinterpret_cast<bf16*>(smem + L::P) + warp * 16 * L::LDP;
+  float* sO = reinterpret_cast<float*>(smem + L::O) + warp * 16 * L::LDO;
+
+  const int t0 = tiles[3 * blockIdx.x], n = tiles[3 * blockIdx.x + 1], seq = tiles[3 * blockIdx.x + 2];
+  const int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
+  const int qd = num_heads * HD, kvd = num_kv_heads * HD;
+  const int p0 = positions[t0], last = p0 + n - 1;
+  const int* table = block_tables + (size_t)seq * *table_stride;
+
+  stage_rows<HD>(sQ, [&](int r) -> const bf16* { return r < n ? q + (size_t)(t0 + r) * qd + h * HD : nullptr; });
+  for (int i = lane; i < 16 * L::LDO; i += 32) sO[i] = 0.f;
+
+  // This lane's share of the softmax: half of one row of the warp's 16.
+  const int row = lane >> 1, c0 = (lane & 1) * (TILE / 2);
+  const int qpos = p0 + min(warp * 16 + row, n - 1);
+  float m = -INFINITY, l = 0.f;
+
+  for (int kt = 0; kt * TILE <= last; ++kt) {
+    __syncthreads();  // the previous tile's K/V are no longer read
+    auto kv_row = [&](const bf16* cache) {
+      return [=](int r) -> const bf16* {
+        const int j = kt * TILE + r;
+        if (j > last) return nullptr;
+        const long long slot = (long long)table[j / block_size] * block_size + j % block_size;
+        return cache + (size_t)slot * kvd + kvh * HD;
+      };
+    };
+    stage_rows<HD>(sK, kv_row(k_cache));
+    stage_rows<HD>(sV, kv_row(v_cache));
+    __syncthreads();
+
+    // S = Q K^T for this warp's 16 rows.
+#pragma unroll
+    for (int nt = 0; nt < TILE / 16; ++nt) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> s_frag;
+      wmma::fill_fragment(s_frag, 0.f);
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> b;
+        wmma::load_matrix_sync(a, sQ + warp * 16 * L::LD + kk * 16, L::LD);
+        wmma::load_matrix_sync(b, sK + nt * 16 * L::LD + kk * 16, L::LD);
+        wmma::mma_sync(s_frag, a, b, s_frag);
+      }
+      wmma::store_matrix_sync(sS + nt * 16, s_frag, L::LDS, wmma::mem_row_major);
+    }
+    __syncwarp();
+
+    // Online softmax on this lane's half row; rescale its half of O.
+    float s[TILE / 2];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < TILE / 2; ++c) {
+      const int key = kt * TILE + c0 + c;
+      s[c] = key <= qpos ? sS[row * L::LDS + c0 + c] * scale_log2 : -INFINITY;
+      mx = fmaxf(mx, s[c]);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    const float m_new = fmaxf(m, mx);
+    const float corr = exp2f(m - m_new);
+    float sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < TILE / 2; ++c) {
+      const float p = exp2f(s[c] - m_new);
+      sum += p;
+      sP[row * L::LDP + c0 + c] = to_bf16(p);
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    l = l * corr + sum;
+    m = m_new;
+    for (int d = (lane & 1) * (HD / 2); d < (lane & 1) * (HD / 2) + HD / 2; ++d) sO[row * L::LDO + d] *= corr;
+    __syncwarp();
+
+    // O += P V.
+#pragma unroll
+    for (int nt = 0; nt < HD / 16; ++nt) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> o_frag;
+      wmma::load_matrix_sync(o_frag, sO + nt * 16, L::LDO, wmma::mem_row_major);
+#pragma unroll
+      for (int kk = 0; kk < TILE / 16; ++kk) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> b;
+        wmma::load_matrix_sync(a, sP + kk * 16, L::LDP);
+        wmma::load_matrix_sync(b, sV + kk * 16 * L::LD + nt * 16, L::LD);
+        wmma::mma_sync(o_frag, a, b, o_frag);
+      }
+      wmma::store_matrix_sync(sO + nt * 16, o_frag, L::LDO, wmma::mem_row_major);
+    }
+    __syncwarp();
+  }
+
+  const int r = warp * 16 + row;
+  if (r < n) {
+    const float inv = 1.f / l;
+    bf16* dst = out + (size_t)(t0 + r) * qd + h * HD;
+    for (int d = (lane & 1) * (HD / 2); d < (lane & 1) * (HD / 2) + HD / 2; ++d)
+      dst[d] = to_bf16(sO[row * L::LDO + d] * inv);
+  }
+}
+
+#define PREFILL_KERNEL(HD)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(PREFILL_WARPS * 32) prefill_attention_hd##HD(               \
+      const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* block_tables, const int* table_stride,   \
+      const int* tiles, const int* positions, bf16* out, int num_heads, int num_kv_heads, int block_size,  \
+      float scale_log2) {                                                                                   \
+    prefill_attention<HD>(q, k_cache, v_cache, block_tables, table_stride, tiles, positions, out,          \
+                          num_heads, num_kv_heads, block_size, scale_log2);                                 \
+  }
+PREFILL_KERNEL(64)
+PREFILL_KERNEL(128)

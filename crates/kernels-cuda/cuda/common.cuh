@@ -1,0 +1,55 @@
+// Shared helpers for ingot's kernels. Activations of the residual stream are
+// f32; GEMM inputs/outputs, weights and the KV cache are bf16.
+#pragma once
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+typedef __nv_bfloat16 bf16;
+
+#define LOG2E 1.4426950408889634f
+
+__device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ bf16 to_bf16(float v) { return __float2bfloat16(v); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every
+// thread gets the result. Uses 33 floats of shared memory.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float partial[33];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float s = lane < (int)(blockDim.x >> 5) ? partial[lane] : 0.f;
+    s = warp_sum(s);
+    if (lane == 0) partial[32] = s;
+  }
+  __syncthreads();
+  float total = partial[32];
+  __syncthreads();  // partial may be reused by the caller's next block_sum
+  return total;
+}
+
+// Loads N consecutive bf16 (N even, 4-byte aligned) as floats.
+template <int N>
+__device__ __forceinline__ void load_bf16(const bf16* p, float* out) {
+  const __nv_bfloat162* p2 = reinterpret_cast<const __nv_bfloat162*>(p);
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) {
+    float2 f = __bfloat1622float2(p2[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}

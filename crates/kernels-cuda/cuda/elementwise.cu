@@ -1,0 +1,118 @@
+// Row-wise kernels: embedding gather, residual add + RMSNorm, SiLU x mul,
+// greedy argmax, and the random fill behind `--load-format dummy`.
+#include "common.cuh"
+
+// x[t] = table[ids[t]] (f32 residual stream). Grid: tokens.
+extern "C" __global__ void embed_rows(const int* __restrict__ ids, const bf16* __restrict__ table,
+                                      float* __restrict__ x, int d) {
+  const int t = blockIdx.x;
+  const bf16* row = table + (size_t)ids[t] * d;
+  float* out = x + (size_t)t * d;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) out[i] = to_f32(row[i]);
+}
+
+// Fused residual add and RMSNorm. Grid: output rows; block: 256..1024 threads.
+//   delta != null: x[r] += delta[r] (written back), then out[r] = norm(x[r]).
+//   rows  != null: reads (and adds into) row rows[r] instead of r: gathers the
+//                  last token of each sequence before the LM head.
+extern "C" __global__ void add_rms_norm(float* __restrict__ x, const bf16* __restrict__ delta,
+                                        const int* __restrict__ rows, const float* __restrict__ weight,
+                                        bf16* __restrict__ out, int d, float eps) {
+  const int r = blockIdx.x, src = rows ? rows[r] : r;
+  float* xr = x + (size_t)src * d;
+  float ss = 0.f;
+  if (delta) {
+    const bf16* dr = delta + (size_t)src * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+      float v = xr[i] + to_f32(dr[i]);
+      xr[i] = v;
+      ss += v * v;
+    }
+  } else {
+    for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
+  }
+  const float inv = rsqrtf(block_sum(ss) / d + eps);
+  bf16* o = out + (size_t)r * d;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = to_bf16(xr[i] * inv * weight[i]);
+}
+
+// out[t, j] = silu(gate[t, j]) * up[t, j], with gate_up = [gate | up] per row.
+// Grid: (tokens, ceil(ff / (2 * blockDim.x))); two elements per thread.
+extern "C" __global__ void silu_mul(const bf16* __restrict__ gate_up, bf16* __restrict__ out, int ff) {
+  const int t = blockIdx.x;
+  const int j = 2 * (blockIdx.y * blockDim.x + threadIdx.x);
+  if (j >= ff) return;
+  const bf16* g = gate_up + (size_t)t * 2 * ff;
+  const bf16* u = g + ff;
+  bf16* o = out + (size_t)t * ff;
+  const int n = min(2, ff - j);
+  for (int k = 0; k < n; ++k) {
+    float gv = to_f32(g[j + k]);
+    o[j + k] = to_bf16(gv / (1.f + __expf(-gv)) * to_f32(u[j + k]));
+  }
+}
+
+// Greedy pick per row: the largest logit, the lowest index on ties (as the
+// host sampler does). Grid: rows; block: 1024 threads.
+extern "C" __global__ void argmax_rows(const float* __restrict__ logits, int vocab, int* __restrict__ out) {
+  __shared__ float best_v[32];
+  __shared__ int best_i[32];
+  const float* row = logits + (size_t)blockIdx.x * vocab;
+  float v = -INFINITY;
+  int idx = 0x7fffffff;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    float x = row[i];
+    if (x > v) { v = x; idx = i; }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (ov > v || (ov == v && oi < idx)) { v = ov; idx = oi; }
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) { best_v[warp] = v; best_i[warp] = idx; }
+  __syncthreads();
+  if (warp == 0) {
+    const int nw = blockDim.x >> 5;
+    v = lane < nw ? best_v[lane] : -INFINITY;
+    idx = lane < nw ? best_i[lane] : 0x7fffffff;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      float ov = __shfl_xor_sync(0xffffffffu, v, o);
+      int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+      if (ov > v || (ov == v && oi < idx)) { v = ov; idx = oi; }
+    }
+    // A row of NaNs has no maximum: report token 0 rather than garbage.
+    if (lane == 0) out[blockIdx.x] = idx == 0x7fffffff ? 0 : idx;
+  }
+}
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// out[i] = offset + scale * u_i with u_i uniform in [-0.5, 0.5), a pure
+// function of (seed, i): dummy weights made on the device, no host traffic.
+extern "C" __global__ void fill_uniform_bf16(bf16* __restrict__ out, long long n, unsigned long long seed,
+                                             float scale, float offset) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x) {
+    const uint64_t h = mix64(seed + 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1));
+    const float u = (float)(h >> 40) * (1.0f / 16777216.0f) - 0.5f;
+    out[i] = to_bf16(offset + scale * u);
+  }
+}
+
+// Same fill in f32 (norm weights).
+extern "C" __global__ void fill_uniform_f32(float* __restrict__ out, long long n, unsigned long long seed,
+                                            float scale, float offset) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x) {
+    const uint64_t h = mix64(seed + 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1));
+    const float u = (float)(h >> 40) * (1.0f / 16777216.0f) - 0.5f;
+    out[i] = offset + scale * u;
+  }
+}

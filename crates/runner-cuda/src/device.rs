@@ -1,0 +1,271 @@
+//! The GPU context: one stream, the embedded kernels, raw launches, device
+//! memory arenas and pinned host buffers.
+//!
+//! Launches go straight to `cuLaunchKernel` with raw device pointers: the
+//! hot path has no per-launch bookkeeping (event tracking is off), which
+//! matters for eager prefill steps of several hundred kernels.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys, CudaContext, CudaModule, CudaStream};
+use cudarc::nvrtc::Ptx;
+
+use crate::CudaError;
+
+/// A device address.
+pub type DevPtr = sys::CUdeviceptr;
+
+/// One kernel argument, passed by value.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg {
+    /// A device pointer (0 for null).
+    Ptr(DevPtr),
+    /// A 32-bit int.
+    I32(i32),
+    /// A 64-bit int.
+    I64(i64),
+    /// A float.
+    F32(f32),
+}
+
+/// The device, its stream and the loaded kernel modules.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub name: String,
+    modules: Vec<(&'static str, Arc<CudaModule>)>,
+}
+
+impl Gpu {
+    /// Opens device `ordinal` and loads the embedded kernels (cubin on
+    /// sm_90, PTX elsewhere).
+    pub fn open(ordinal: usize) -> Result<Self, CudaError> {
+        crate::availability()?;
+        let ctx = CudaContext::new(ordinal)?;
+        // Every buffer lives on one stream; cudarc's per-slice event
+        // tracking would only add host work to each launch.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream()?;
+        let name = ctx.name()?;
+        let cc = ctx.compute_capability()?;
+        if cc.0 < 8 {
+            return Err(CudaError::Unsupported(format!(
+                "{name} has compute capability {}.{}; ingot's kernels need 8.0 or newer",
+                cc.0, cc.1
+            )));
+        }
+        let mut modules = Vec::new();
+        for m in ingot_kernels_cuda::MODULES {
+            let image = if cc == (9, 0) {
+                Ptx::from_binary(m.cubin_sm90.to_vec())
+            } else {
+                Ptx::from_src(m.ptx_compute80)
+            };
+            modules.push((m.name, ctx.load_module(image)?));
+        }
+        Ok(Self {
+            ctx,
+            stream,
+            name,
+            modules,
+        })
+    }
+
+    /// A kernel by name from any loaded module.
+    pub fn kernel(&self, name: &str) -> Result<Kernel, CudaError> {
+        for (_, m) in &self.modules {
+            if let Ok(f) = m.load_function(name) {
+                return Ok(Kernel {
+                    raw: f.cu_function(),
+                    _module: m.clone(),
+                });
+            }
+        }
+        Err(CudaError::Unsupported(format!(
+            "kernel {name} is not in this build"
+        )))
+    }
+
+    /// Enqueues `kernel` on the stream.
+    pub fn launch(
+        &self,
+        kernel: &Kernel,
+        grid: (u32, u32, u32),
+        block: u32,
+        shared_mem: u32,
+        args: &[Arg],
+    ) -> Result<(), CudaError> {
+        let mut values = [0u64; 24];
+        let mut params = [std::ptr::null_mut::<c_void>(); 24];
+        debug_assert!(args.len() <= values.len());
+        for (i, a) in args.iter().enumerate() {
+            // Little-endian: a 4-byte argument is read from the first bytes.
+            values[i] = match *a {
+                Arg::Ptr(p) => p,
+                Arg::I32(v) => v as u32 as u64,
+                Arg::I64(v) => v as u64,
+                Arg::F32(v) => v.to_bits() as u64,
+            };
+        }
+        for (i, p) in params.iter_mut().enumerate().take(args.len()) {
+            *p = &mut values[i] as *mut u64 as *mut c_void;
+        }
+        unsafe {
+            result::launch_kernel(
+                kernel.raw,
+                grid,
+                (block, 1, 1),
+                shared_mem,
+                self.stream.cu_stream(),
+                &mut params[..args.len()],
+            )?
+        };
+        Ok(())
+    }
+
+    /// Waits for all enqueued work.
+    pub fn sync(&self) -> Result<(), CudaError> {
+        Ok(self.stream.synchronize()?)
+    }
+
+    /// (free, total) device memory in bytes.
+    pub fn memory(&self) -> Result<(usize, usize), CudaError> {
+        Ok(self.ctx.mem_get_info()?)
+    }
+
+    /// Enqueues a host-to-device copy. The host memory must stay untouched
+    /// until the stream has passed this point (pinned buffers are synced
+    /// before reuse by the runner).
+    pub fn upload<T>(&self, dst: DevPtr, src: &[T]) -> Result<(), CudaError> {
+        unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream())? };
+        Ok(())
+    }
+
+    /// Enqueues a device-to-host copy.
+    pub fn download<T>(&self, dst: &mut [T], src: DevPtr) -> Result<(), CudaError> {
+        unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream())? };
+        Ok(())
+    }
+}
+
+/// A loaded kernel; keeps its module alive.
+#[derive(Clone)]
+pub struct Kernel {
+    raw: sys::CUfunction,
+    _module: Arc<CudaModule>,
+}
+
+impl Kernel {
+    /// Allows `bytes` of dynamic shared memory (above the 48 KiB default).
+    pub fn allow_shared_memory(&self, bytes: u32) -> Result<(), CudaError> {
+        unsafe {
+            result::function::set_function_attribute(
+                self.raw,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )?
+        };
+        Ok(())
+    }
+}
+
+/// One device allocation handed out in aligned pieces: the weights, the
+/// activation workspace and the KV pool each live in one, allocated at
+/// start-up, so the hot path never allocates.
+pub struct Arena {
+    base: DevPtr,
+    size: usize,
+    used: usize,
+    label: &'static str,
+}
+
+const ALIGN: usize = 256;
+
+impl Arena {
+    /// Allocates `size` bytes on the current context.
+    pub fn new(gpu: &Gpu, label: &'static str, size: usize) -> Result<Self, CudaError> {
+        gpu.ctx.bind_to_thread()?;
+        let base = unsafe { result::malloc_sync(size.max(ALIGN)) }.map_err(|e| {
+            CudaError::OutOfMemory(format!("cannot allocate {label} ({} MiB): {e}", size >> 20))
+        })?;
+        Ok(Self {
+            base,
+            size,
+            used: 0,
+            label,
+        })
+    }
+
+    /// Bytes needed for pieces of these sizes (each rounded to the alignment).
+    pub fn size_of(pieces: impl IntoIterator<Item = usize>) -> usize {
+        pieces.into_iter().map(|b| b.next_multiple_of(ALIGN)).sum()
+    }
+
+    /// The next `bytes` of the arena.
+    pub fn take(&mut self, bytes: usize) -> Result<DevPtr, CudaError> {
+        let bytes = bytes.next_multiple_of(ALIGN);
+        if self.used + bytes > self.size {
+            return Err(CudaError::OutOfMemory(format!(
+                "{} arena of {} bytes is full (asked for {bytes} more after {})",
+                self.label, self.size, self.used
+            )));
+        }
+        let p = self.base + self.used as u64;
+        self.used += bytes;
+        Ok(p)
+    }
+
+    /// Bytes reserved.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        if let Err(e) = unsafe { result::free_sync(self.base) } {
+            tracing::warn!(arena = self.label, error = %e, "cannot free device memory");
+        }
+    }
+}
+
+/// Page-locked host memory: copies from it run at full PCIe speed and
+/// asynchronously.
+pub struct Pinned<T: Copy> {
+    ptr: *mut T,
+    len: usize,
+}
+
+// The buffer is owned memory like a Vec; the runner is used from one thread.
+unsafe impl<T: Copy + Send> Send for Pinned<T> {}
+
+impl<T: Copy + Default> Pinned<T> {
+    /// `len` zeroed elements.
+    pub fn new(gpu: &Gpu, len: usize) -> Result<Self, CudaError> {
+        gpu.ctx.bind_to_thread()?;
+        let bytes = (len.max(1) * std::mem::size_of::<T>()).max(8);
+        let ptr = unsafe { result::malloc_host(bytes, 0)? } as *mut T;
+        let mut p = Self { ptr, len };
+        p.as_mut_slice().fill(T::default());
+        Ok(p)
+    }
+
+    /// The whole buffer.
+    pub fn as_slice(&self) -> &[T] {
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// The whole buffer, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl<T: Copy> Drop for Pinned<T> {
+    fn drop(&mut self) {
+        if let Err(e) = unsafe { result::free_host(self.ptr as *mut c_void) } {
+            tracing::warn!(error = %e, "cannot free pinned host memory");
+        }
+    }
+}

@@ -1,0 +1,495 @@
+//! [`ModelRunner`] on an NVIDIA GPU: the Llama-family decoder in bf16 with
+//! f32 accumulation.
+//!
+//! - Memory: three arenas allocated at start-up (weights, activation
+//!   workspace sized for `max_num_batched_tokens`, the KV block pool sized
+//!   from `--gpu-memory-utilization` after a profiling forward pass); the
+//!   hot path never allocates.
+//! - GEMMs: cuBLASLt with per-shape cached plans ([`gemm`]); everything else
+//!   is ingot's own kernels (`ingot-kernels-cuda`).
+//! - Decode steps replay CUDA graphs captured per batch-size bucket; other
+//!   steps (prefill, mixed, larger batches) run eagerly.
+//! - A step's inputs (ids, positions, slots, block tables) go up in one copy
+//!   from pinned memory; only greedy ids or the requested logits come back.
+
+mod device;
+mod gemm;
+mod profile;
+mod step;
+mod weights;
+
+use std::time::Instant;
+
+use cudarc::driver::{sys, CudaGraph};
+use ingot_core::TokenId;
+use ingot_models::{ModelConfig, ModelError, TensorSource};
+use ingot_runner::{ForwardBatch, KvCacheShape, ModelRunner, RunnerError};
+
+use device::{Arena, Gpu, Pinned};
+use gemm::Gemm;
+use profile::{Marks, Profiler};
+use step::{Buffers, Kernels, StepPlan};
+use weights::DeviceWeights;
+
+/// A failure of the CUDA backend.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CudaError {
+    /// No driver, no GPU, or no kernels in this build.
+    #[error("CUDA unavailable: {0}")]
+    Unavailable(String),
+    /// The model or GPU needs something this backend lacks.
+    #[error("unsupported on CUDA: {0}")]
+    Unsupported(String),
+    /// Device memory ran out.
+    #[error("out of GPU memory: {0}")]
+    OutOfMemory(String),
+    /// A driver call failed.
+    #[error("CUDA driver: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
+    /// A cuBLASLt call failed.
+    #[error("cuBLASLt: {0:?}")]
+    Blas(#[from] cudarc::cublaslt::result::CublasError),
+    /// Reading weights failed.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}
+
+impl From<CudaError> for RunnerError {
+    fn from(e: CudaError) -> Self {
+        RunnerError::Backend(e.to_string())
+    }
+}
+
+/// Whether this process can run the CUDA backend: kernels compiled in and a
+/// driver library present (checked without touching the GPU).
+pub fn availability() -> Result<(), CudaError> {
+    if !ingot_kernels_cuda::compiled() {
+        return Err(CudaError::Unavailable(
+            "this build has no CUDA kernels (nvcc was not found when it was compiled)".into(),
+        ));
+    }
+    if !unsafe { sys::is_culib_present() } {
+        return Err(CudaError::Unavailable(
+            "no CUDA driver (libcuda) found".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Sizes and switches chosen by the caller.
+#[derive(Debug, Clone)]
+pub struct CudaRunnerConfig {
+    /// GPU ordinal.
+    pub device: usize,
+    /// Token slots per KV block.
+    pub block_size: usize,
+    /// Most tokens in one forward pass (sizes the workspace).
+    pub max_num_batched_tokens: usize,
+    /// Most sequences in one forward pass (graph buckets go up to it).
+    pub max_num_seqs: usize,
+    /// Share of the GPU's memory to use in all (weights + workspace + KV).
+    pub gpu_memory_utilization: f64,
+    /// KV tokens to allocate instead of filling the memory budget.
+    pub kv_cache_tokens: Option<usize>,
+    /// Capture decode steps in CUDA graphs.
+    pub cuda_graphs: bool,
+}
+
+impl Default for CudaRunnerConfig {
+    fn default() -> Self {
+        Self {
+            device: 0,
+            block_size: 16,
+            max_num_batched_tokens: 2048,
+            max_num_seqs: 256,
+            gpu_memory_utilization: 0.9,
+            kv_cache_tokens: None,
+            cuda_graphs: true,
+        }
+    }
+}
+
+/// Device memory reserved at start-up, by use.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryReport {
+    /// Weights and rotary tables.
+    pub weights: usize,
+    /// Activations, step inputs and the cuBLASLt workspace.
+    pub workspace: usize,
+    /// The KV block pool.
+    pub kv_cache: usize,
+    /// The GPU's memory.
+    pub total: usize,
+}
+
+impl MemoryReport {
+    /// Sets the `ingot:gpu_memory_bytes{use=...}` gauges shown on /metrics.
+    pub fn publish(&self) {
+        for (use_, bytes) in [
+            ("weights", self.weights),
+            ("workspace", self.workspace),
+            ("kv_cache", self.kv_cache),
+            ("total", self.total),
+        ] {
+            metrics::gauge!("ingot:gpu_memory_bytes", "use" => use_).set(bytes as f64);
+        }
+    }
+}
+
+/// A captured decode step for batches of up to `size` sequences.
+struct DecodeGraph {
+    size: usize,
+    graph: CudaGraph,
+}
+
+/// The CUDA backend.
+pub struct CudaRunner {
+    config: ModelConfig,
+    opts: CudaRunnerConfig,
+    kv_shape: KvCacheShape,
+    graphs: Vec<DecodeGraph>,
+    logits_host: Pinned<f32>,
+    ids_host: Pinned<i32>,
+    memory: MemoryReport,
+    /// Set by `INGOT_CUDA_PROFILE=1`.
+    profiler: Option<Profiler>,
+    // Drop order: graphs above reference the buffers below.
+    gemm: Gemm,
+    buffers: Buffers,
+    kernels: Kernels,
+    weights: DeviceWeights,
+    gpu: Gpu,
+}
+
+impl CudaRunner {
+    /// Loads the weights, sizes the workspace and KV pool, and captures the
+    /// decode graphs. `progress(done, total)` is called per tensor.
+    pub fn new(
+        config: ModelConfig,
+        source: &dyn TensorSource,
+        opts: CudaRunnerConfig,
+        progress: &dyn Fn(usize, usize),
+    ) -> Result<Self, CudaError> {
+        let gpu = Gpu::open(opts.device)?;
+        let kernels = Kernels::load(&gpu, &config)?;
+        let (_, total) = gpu.memory()?;
+        let weights = DeviceWeights::load(&gpu, &config, source, progress)?;
+        let max_tokens = opts.max_num_batched_tokens.max(opts.max_num_seqs);
+        let max_seqs = opts.max_num_seqs;
+        let mut workspace = Arena::new(
+            &gpu,
+            "workspace",
+            Buffers::bytes(&config, max_tokens, max_seqs, opts.block_size)
+                + Gemm::workspace_bytes(),
+        )?;
+        let gemm = Gemm::new(&mut workspace)?;
+        let buffers = Buffers::new(
+            &gpu,
+            &config,
+            (max_tokens, max_seqs, opts.block_size),
+            workspace,
+        )?;
+        let mut runner = Self {
+            kv_shape: KvCacheShape {
+                num_blocks: 0,
+                block_size: opts.block_size,
+            },
+            graphs: Vec::new(),
+            logits_host: Pinned::new(&gpu, max_seqs * config.vocab_size)?,
+            ids_host: Pinned::new(&gpu, max_seqs)?,
+            profiler: std::env::var("INGOT_CUDA_PROFILE")
+                .is_ok_and(|v| v == "1")
+                .then(Profiler::default),
+            memory: MemoryReport {
+                weights: weights.arena.size(),
+                workspace: 0,
+                kv_cache: 0,
+                total,
+            },
+            gemm,
+            buffers,
+            kernels,
+            weights,
+            gpu,
+            config,
+            opts,
+        };
+        runner.memory.workspace = runner.buffers.workspace_size();
+        runner.profile_and_allocate_kv()?;
+        if runner.opts.cuda_graphs {
+            runner.capture_graphs()?;
+        }
+        Ok(runner)
+    }
+
+    /// Device memory by use.
+    pub fn memory(&self) -> MemoryReport {
+        self.memory
+    }
+
+    /// Bytes of KV cache per token position (all layers, K and V, bf16).
+    pub fn kv_bytes_per_token(config: &ModelConfig) -> usize {
+        config.num_layers * 2 * config.kv_dim() * 2
+    }
+
+    /// Runs one forward pass at the largest token count with a temporary KV
+    /// pool (so cuBLASLt and the driver allocate whatever they lazily need),
+    /// then gives the KV pool what is left of the memory budget.
+    fn profile_and_allocate_kv(&mut self) -> Result<(), CudaError> {
+        let bs = self.opts.block_size;
+        let tokens = self.buffers.max_tokens.min(self.config.max_context);
+        let blocks = tokens.div_ceil(bs);
+        let started = Instant::now();
+        self.buffers
+            .set_kv(&self.gpu, &self.config, blocks + 1, bs)?;
+        let ids: Vec<TokenId> = (0..tokens as TokenId)
+            .map(|i| i % self.config.vocab_size as TokenId)
+            .collect();
+        let table: Vec<u32> = (0..blocks as u32).collect();
+        let batch = ForwardBatch {
+            chunks: vec![ingot_runner::SequenceChunk {
+                tokens: &ids,
+                start_pos: 0,
+                block_table: &table,
+            }],
+        };
+        self.kv_shape.num_blocks = blocks;
+        self.run(&batch, false)?;
+        self.buffers.drop_kv();
+        let (free, total) = self.gpu.memory()?;
+        let per_block = Self::kv_bytes_per_token(&self.config) * bs;
+        let num_blocks = match self.opts.kv_cache_tokens {
+            Some(t) => t.div_ceil(bs),
+            None => {
+                // Keep room for graph executables and driver growth.
+                let reserve = 512usize << 20;
+                let budget = (total as f64 * self.opts.gpu_memory_utilization) as usize;
+                let used = total - free;
+                budget.saturating_sub(used + reserve) / per_block
+            }
+        };
+        // An explicit size is the caller's choice; the engine checks requests against it.
+        let need = match self.opts.kv_cache_tokens {
+            Some(_) => 1,
+            None => self
+                .config
+                .max_context
+                .min(self.buffers.max_tokens)
+                .div_ceil(bs),
+        };
+        if num_blocks < need {
+            return Err(CudaError::OutOfMemory(format!(
+                "only {num_blocks} KV blocks fit ({} MiB free of {} MiB); raise --gpu-memory-utilization or lower --max-num-batched-tokens",
+                free >> 20,
+                total >> 20
+            )));
+        }
+        self.buffers
+            .set_kv(&self.gpu, &self.config, num_blocks + 1, bs)?;
+        self.kv_shape.num_blocks = num_blocks;
+        self.memory.kv_cache = (num_blocks + 1) * per_block;
+        tracing::info!(
+            profile_ms = started.elapsed().as_secs_f64() * 1e3,
+            weights_mib = self.memory.weights >> 20,
+            workspace_mib = self.memory.workspace >> 20,
+            kv_cache_mib = self.memory.kv_cache >> 20,
+            kv_tokens = num_blocks * bs,
+            "GPU memory reserved"
+        );
+        Ok(())
+    }
+
+    /// Batch sizes that get a captured decode graph.
+    fn graph_sizes(&self) -> Vec<usize> {
+        let max = self.opts.max_num_seqs.min(self.buffers.max_tokens);
+        let mut sizes = vec![1, 2, 4, 8, 16, 24, 32];
+        let mut s = 48;
+        while s <= 512 {
+            sizes.push(s);
+            s += 16;
+        }
+        sizes.retain(|&s| s < max);
+        sizes.push(max);
+        sizes.dedup();
+        sizes
+    }
+
+    /// Captures one graph per batch-size bucket; logs the time it took.
+    fn capture_graphs(&mut self) -> Result<(), CudaError> {
+        let started = Instant::now();
+        for size in self.graph_sizes() {
+            let empty = ForwardBatch::default();
+            let plan = self.buffers.prepare_graph_decode(
+                &empty,
+                size,
+                self.scratch_block(),
+                self.kernels.num_sms,
+                &self.config,
+            );
+            self.buffers.upload(&self.gpu, &plan)?;
+            // Run once eagerly: creates cuBLASLt plans outside the capture.
+            step::encode(
+                &self.gpu,
+                &mut self.gemm,
+                &self.kernels,
+                &self.weights,
+                &self.buffers,
+                &self.config,
+                &plan,
+                None,
+            )?;
+            self.gpu.sync()?;
+            self.gpu
+                .stream
+                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+            let encoded = step::encode(
+                &self.gpu,
+                &mut self.gemm,
+                &self.kernels,
+                &self.weights,
+                &self.buffers,
+                &self.config,
+                &plan,
+                None,
+            );
+            let graph = self
+                .gpu
+                .stream
+                .end_capture(sys::CUgraphInstantiate_flags(0))?;
+            encoded?;
+            let graph = graph.ok_or_else(|| CudaError::Unsupported("empty decode graph".into()))?;
+            graph.upload()?;
+            self.graphs.push(DecodeGraph { size, graph });
+        }
+        self.gpu.sync()?;
+        tracing::info!(
+            graphs = self.graphs.len(),
+            largest = self.graphs.last().map_or(0, |g| g.size),
+            warmup_ms = started.elapsed().as_secs_f64() * 1e3,
+            "CUDA graphs captured"
+        );
+        Ok(())
+    }
+
+    /// The extra block behind the pool that padded graph rows write into.
+    fn scratch_block(&self) -> u32 {
+        self.kv_shape.num_blocks as u32
+    }
+
+    /// Uploads the step's inputs and runs it (graph or eager); the argmax
+    /// of each row is always computed, the logits stay on the device.
+    fn run(&mut self, batch: &ForwardBatch<'_>, allow_graph: bool) -> Result<StepPlan, CudaError> {
+        self.gpu.ctx.bind_to_thread()?;
+        let started = Instant::now();
+        let decode = batch.chunks.iter().all(|c| c.tokens.len() == 1);
+        let graph = if allow_graph && decode && self.profiler.is_none() {
+            self.graphs.iter().find(|g| g.size >= batch.chunks.len())
+        } else {
+            None
+        };
+        let plan = match graph {
+            Some(g) => self.buffers.prepare_graph_decode(
+                batch,
+                g.size,
+                self.scratch_block(),
+                self.kernels.num_sms,
+                &self.config,
+            ),
+            None => self.buffers.prepare(
+                batch,
+                self.kernels.num_sms,
+                &self.config,
+                self.kernels.has_prefill(),
+            ),
+        };
+        let mut marks = match self.profiler {
+            Some(_) => Some(Marks::begin(&self.gpu)?),
+            None => None,
+        };
+        self.buffers.upload(&self.gpu, &plan)?;
+        match graph {
+            Some(g) => g.graph.launch()?,
+            None => step::encode(
+                &self.gpu,
+                &mut self.gemm,
+                &self.kernels,
+                &self.weights,
+                &self.buffers,
+                &self.config,
+                &plan,
+                marks.as_mut(),
+            )?,
+        }
+        if let (Some(p), Some(m)) = (self.profiler.as_mut(), marks) {
+            self.gpu.sync()?;
+            p.add(m, decode, batch.num_tokens(), started)?;
+        }
+        Ok(plan)
+    }
+}
+
+impl Drop for CudaRunner {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profiler {
+            p.report();
+        }
+    }
+}
+
+// The runner is built on one thread and then moved to the engine's thread,
+// which alone uses it (binding the context there at every step); cudarc's
+// raw handles are not marked Send only because they are pointers.
+unsafe impl Send for CudaRunner {}
+
+impl ModelRunner for CudaRunner {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn kv_cache_shape(&self) -> KvCacheShape {
+        self.kv_shape
+    }
+
+    fn device_name(&self) -> String {
+        format!("cuda:{} {}", self.opts.device, self.gpu.name)
+    }
+
+    fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<&[f32], RunnerError> {
+        ingot_runner::validate_batch(&self.config, self.kv_shape, batch)?;
+        self.check_capacity(batch)?;
+        self.run(batch, true)?;
+        let n = batch.chunks.len() * self.config.vocab_size;
+        let host = &mut self.logits_host.as_mut_slice()[..n];
+        self.gpu.download(host, self.buffers.logits)?;
+        self.gpu.sync()?;
+        Ok(&self.logits_host.as_slice()[..n])
+    }
+
+    fn forward_greedy(&mut self, batch: &ForwardBatch<'_>) -> Result<Vec<TokenId>, RunnerError> {
+        ingot_runner::validate_batch(&self.config, self.kv_shape, batch)?;
+        self.check_capacity(batch)?;
+        self.run(batch, true)?;
+        let n = batch.chunks.len();
+        let host = &mut self.ids_host.as_mut_slice()[..n];
+        self.gpu.download(host, self.buffers.sampled)?;
+        self.gpu.sync()?;
+        Ok(self.ids_host.as_slice()[..n]
+            .iter()
+            .map(|&i| i as TokenId)
+            .collect())
+    }
+}
+
+impl CudaRunner {
+    fn check_capacity(&self, batch: &ForwardBatch<'_>) -> Result<(), RunnerError> {
+        let (tokens, seqs) = (batch.num_tokens(), batch.chunks.len());
+        if tokens > self.buffers.max_tokens || seqs > self.buffers.max_seqs {
+            return Err(RunnerError::InvalidBatch(format!(
+                "{tokens} tokens in {seqs} sequences exceed the workspace ({} tokens, {} sequences)",
+                self.buffers.max_tokens, self.buffers.max_seqs
+            )));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,682 @@
+//! One forward step: the step's inputs laid out for a single upload, the
+//! activation buffers, and [`encode`], which enqueues every kernel and GEMM
+//! of the decoder (the same sequence is captured into the decode graphs).
+
+use cudarc::driver::sys::CUdevice_attribute;
+use ingot_models::ModelConfig;
+use ingot_runner::ForwardBatch;
+
+use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel, Pinned};
+use crate::gemm::{Gemm, OutType};
+use crate::profile::{Category, Marks};
+use crate::weights::DeviceWeights;
+use crate::CudaError;
+
+/// Query rows per prefill-attention tile (the kernel's `TILE`).
+const PREFILL_TILE: usize = 64;
+/// Chunks at least this long use the tensor-core prefill attention.
+const PREFILL_MIN_TOKENS: usize = 8;
+/// Most (token, split) rows of split-K partial results.
+const PART_ROWS: usize = 1024;
+/// Most splits of one token's keys.
+const MAX_SPLITS: usize = 32;
+
+/// The kernels this model needs.
+pub struct Kernels {
+    embed_rows: Kernel,
+    add_rms_norm: Kernel,
+    rope_qkv: Kernel,
+    silu_mul: Kernel,
+    argmax_rows: Kernel,
+    decode_attention: Kernel,
+    combine: Kernel,
+    /// Absent for head sizes without a tensor-core kernel.
+    prefill_attention: Option<(Kernel, u32)>,
+    pub num_sms: usize,
+}
+
+impl Kernels {
+    /// Loads the kernels for `config`'s head size and GQA group.
+    pub fn load(gpu: &Gpu, config: &ModelConfig) -> Result<Self, CudaError> {
+        let (hd, group) = (
+            config.head_dim,
+            config.num_heads / config.num_kv_heads.max(1),
+        );
+        if group * config.num_kv_heads != config.num_heads || !(1..=8).contains(&group) {
+            return Err(CudaError::Unsupported(format!(
+                "{} query heads over {} kv heads (groups of 1 to 8 are supported)",
+                config.num_heads, config.num_kv_heads
+            )));
+        }
+        let decode_attention = gpu
+            .kernel(&format!("paged_attention_hd{hd}_g{group}"))
+            .map_err(|_| {
+                CudaError::Unsupported(format!("head_dim {hd} (64, 128 and 256 are supported)"))
+            })?;
+        let prefill_attention = match gpu.kernel(&format!("prefill_attention_hd{hd}")) {
+            Ok(k) => {
+                let bytes = prefill_shared_bytes(hd) as u32;
+                k.allow_shared_memory(bytes)?;
+                Some((k, bytes))
+            }
+            Err(_) => None,
+        };
+        Ok(Self {
+            embed_rows: gpu.kernel("embed_rows")?,
+            add_rms_norm: gpu.kernel("add_rms_norm")?,
+            rope_qkv: gpu.kernel("rope_qkv")?,
+            silu_mul: gpu.kernel("silu_mul")?,
+            argmax_rows: gpu.kernel("argmax_rows")?,
+            decode_attention,
+            combine: gpu.kernel("attention_combine")?,
+            prefill_attention,
+            num_sms: gpu
+                .ctx
+                .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+                as usize,
+        })
+    }
+}
+
+impl Kernels {
+    /// Whether long chunks can use the tensor-core prefill attention.
+    pub fn has_prefill(&self) -> bool {
+        self.prefill_attention.is_some()
+    }
+}
+
+/// Mirrors `PrefillSmem<HD>::BYTES` in attention.cu.
+fn prefill_shared_bytes(hd: usize) -> usize {
+    let (tile, warps) = (PREFILL_TILE, 4);
+    3 * tile * (hd + 8) * 2
+        + warps * 16 * (tile + 4) * 4
+        + warps * 16 * (tile + 8) * 2
+        + warps * 16 * (hd + 4) * 4
+}
+
+/// What one step runs: counts that pick grid sizes.
+#[derive(Debug, Clone, Copy)]
+pub struct StepPlan {
+    /// Token rows (padded up to the graph size for graph steps).
+    pub tokens: usize,
+    /// Sequences (rows of logits).
+    pub seqs: usize,
+    /// Tokens for the paged decode kernel.
+    pub decode_tokens: usize,
+    /// Whether the decode kernel reads a token list (else tokens 0..n).
+    pub decode_list: bool,
+    /// Prefill-attention tiles.
+    pub tiles: usize,
+    /// Splits of each decode token's keys.
+    pub splits: usize,
+    /// i32 elements of the input region to upload.
+    upload_len: usize,
+}
+
+/// Offsets (in i32 elements) of the step inputs inside one region that is
+/// mirrored in pinned host memory and copied up in one transfer.
+#[derive(Debug, Clone, Copy)]
+struct InputLayout {
+    slots: usize,
+    ids: usize,
+    positions: usize,
+    token_seq: usize,
+    decode_ids: usize,
+    tiles: usize,
+    last_rows: usize,
+    stride: usize,
+    tables: usize,
+    len: usize,
+}
+
+impl InputLayout {
+    fn new(max_tokens: usize, max_seqs: usize, max_blocks: usize) -> Self {
+        let max_tiles = max_tokens / PREFILL_TILE + max_seqs + 1;
+        let slots = 0;
+        let ids = slots + 2 * max_tokens;
+        let positions = ids + max_tokens;
+        let token_seq = positions + max_tokens;
+        let decode_ids = token_seq + max_tokens;
+        let tiles = decode_ids + max_tokens;
+        let last_rows = tiles + 3 * max_tiles;
+        let stride = last_rows + max_seqs;
+        let tables = stride + 2;
+        Self {
+            slots,
+            ids,
+            positions,
+            token_seq,
+            decode_ids,
+            tiles,
+            last_rows,
+            stride,
+            tables,
+            len: tables + max_seqs * max_blocks,
+        }
+    }
+}
+
+/// The activation workspace, the step inputs and the KV pool.
+pub struct Buffers {
+    pub max_tokens: usize,
+    pub max_seqs: usize,
+    block_size: usize,
+    layout: InputLayout,
+    inputs: DevPtr,
+    inputs_host: Pinned<i32>,
+    x: DevPtr,
+    xn: DevPtr,
+    qkv: DevPtr,
+    q: DevPtr,
+    attn: DevPtr,
+    gate_up: DevPtr,
+    act: DevPtr,
+    last: DevPtr,
+    pub logits: DevPtr,
+    pub sampled: DevPtr,
+    part_acc: DevPtr,
+    part_ml: DevPtr,
+    arena: Arena,
+    /// (k, v) per layer, `[blocks, block_size, kv_dim]` bf16 each.
+    kv_layers: Vec<(DevPtr, DevPtr)>,
+    kv: Option<Arena>,
+}
+
+/// Bytes of each workspace buffer, in the order [`Buffers::new`] takes them.
+fn piece_sizes(c: &ModelConfig, t: usize, s: usize, layout: &InputLayout) -> [usize; 13] {
+    let (d, qd, kvd, ff, v) = (
+        c.hidden_size,
+        c.q_dim(),
+        c.kv_dim(),
+        c.intermediate_size,
+        c.vocab_size,
+    );
+    [
+        layout.len * 4,
+        t * d * 4,              // x (f32 residual)
+        t * d * 2,              // xn
+        t * (qd + 2 * kvd) * 2, // qkv
+        t * qd * 2,             // q
+        t * qd * 2,             // attn
+        t * 2 * ff * 2,         // gate_up
+        t * ff * 2,             // act
+        s * d * 2,              // last
+        s * v * 4,              // logits
+        s * 4,                  // sampled
+        PART_ROWS * c.num_heads * c.head_dim * 4,
+        PART_ROWS * c.num_heads * 2 * 4,
+    ]
+}
+
+impl Buffers {
+    fn layout(c: &ModelConfig, t: usize, s: usize, bs: usize) -> InputLayout {
+        InputLayout::new(t, s, c.max_context.div_ceil(bs))
+    }
+
+    /// Workspace bytes for `t` tokens and `s` sequences per step.
+    pub fn bytes(c: &ModelConfig, t: usize, s: usize, bs: usize) -> usize {
+        Arena::size_of(piece_sizes(c, t, s, &Self::layout(c, t, s, bs)))
+    }
+
+    /// Carves the workspace out of `arena` (which also holds cuBLASLt's).
+    pub fn new(
+        gpu: &Gpu,
+        c: &ModelConfig,
+        (t, s, bs): (usize, usize, usize),
+        mut arena: Arena,
+    ) -> Result<Self, CudaError> {
+        let layout = Self::layout(c, t, s, bs);
+        let sizes = piece_sizes(c, t, s, &layout);
+        let mut p = [0; 13];
+        for (slot, &bytes) in p.iter_mut().zip(sizes.iter()) {
+            *slot = arena.take(bytes.max(1))?;
+        }
+        Ok(Self {
+            max_tokens: t,
+            max_seqs: s,
+            block_size: bs,
+            layout,
+            inputs: p[0],
+            inputs_host: Pinned::new(gpu, layout.len)?,
+            x: p[1],
+            xn: p[2],
+            qkv: p[3],
+            q: p[4],
+            attn: p[5],
+            gate_up: p[6],
+            act: p[7],
+            last: p[8],
+            logits: p[9],
+            sampled: p[10],
+            part_acc: p[11],
+            part_ml: p[12],
+            arena,
+            kv_layers: Vec::new(),
+            kv: None,
+        })
+    }
+
+    /// Bytes of the workspace arena.
+    pub fn workspace_size(&self) -> usize {
+        self.arena.size()
+    }
+
+    /// (Re)allocates the KV pool with `blocks` blocks per layer.
+    pub fn set_kv(
+        &mut self,
+        gpu: &Gpu,
+        c: &ModelConfig,
+        blocks: usize,
+        bs: usize,
+    ) -> Result<(), CudaError> {
+        self.drop_kv();
+        let per_layer = blocks * bs * c.kv_dim() * 2;
+        let mut arena = Arena::new(
+            gpu,
+            "kv cache",
+            Arena::size_of(vec![per_layer; 2 * c.num_layers]),
+        )?;
+        self.kv_layers = (0..c.num_layers)
+            .map(|_| Ok((arena.take(per_layer)?, arena.take(per_layer)?)))
+            .collect::<Result<_, CudaError>>()?;
+        self.kv = Some(arena);
+        Ok(())
+    }
+
+    /// Frees the KV pool.
+    pub fn drop_kv(&mut self) {
+        self.kv_layers.clear();
+        self.kv = None;
+    }
+
+    /// Lays out an arbitrary batch (eager step).
+    pub fn prepare(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+        num_sms: usize,
+        c: &ModelConfig,
+        prefill: bool,
+    ) -> StepPlan {
+        let (l, bs) = (self.layout, self.block_size);
+        let stride = batch
+            .chunks
+            .iter()
+            .map(|ch| ch.block_table.len())
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let host = self.inputs_host.as_mut_slice();
+        let (mut t, mut n_decode, mut n_tiles, mut max_ctx) = (0, 0, 0, 1);
+        for (s, ch) in batch.chunks.iter().enumerate() {
+            let first = t;
+            for (i, &tok) in ch.tokens.iter().enumerate() {
+                let pos = ch.start_pos + i;
+                write_token(
+                    host,
+                    &l,
+                    t,
+                    tok as i32,
+                    pos,
+                    ch.block_table[pos / bs] as usize * bs + pos % bs,
+                    s,
+                );
+                t += 1;
+            }
+            host[l.last_rows + s] = (t - 1) as i32;
+            if prefill && ch.tokens.len() >= PREFILL_MIN_TOKENS {
+                for start in (0..ch.tokens.len()).step_by(PREFILL_TILE) {
+                    let n = PREFILL_TILE.min(ch.tokens.len() - start);
+                    host[l.tiles + 3 * n_tiles..l.tiles + 3 * n_tiles + 3].copy_from_slice(&[
+                        (first + start) as i32,
+                        n as i32,
+                        s as i32,
+                    ]);
+                    n_tiles += 1;
+                }
+            } else {
+                for tok in first..t {
+                    host[l.decode_ids + n_decode] = tok as i32;
+                    n_decode += 1;
+                }
+                max_ctx = max_ctx.max(ch.end_pos());
+            }
+            write_table(host, &l, s, stride, ch.block_table);
+        }
+        host[l.stride] = stride as i32;
+        let by_gpu = (2 * num_sms).div_ceil((n_decode * c.num_kv_heads).max(1));
+        let splits = by_gpu
+            .min(max_ctx.div_ceil(128))
+            .min(MAX_SPLITS)
+            .min(PART_ROWS / n_decode.max(1))
+            .max(1);
+        StepPlan {
+            tokens: t,
+            seqs: batch.chunks.len(),
+            decode_tokens: n_decode,
+            decode_list: true,
+            tiles: n_tiles,
+            splits,
+            upload_len: l.tables + batch.chunks.len() * stride,
+        }
+    }
+
+    /// Lays out a decode batch padded to a graph's `size`: padded rows
+    /// read and write only the scratch block.
+    pub fn prepare_graph_decode(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+        size: usize,
+        scratch: u32,
+        num_sms: usize,
+        c: &ModelConfig,
+    ) -> StepPlan {
+        let (l, bs) = (self.layout, self.block_size);
+        let stride = batch
+            .chunks
+            .iter()
+            .map(|ch| ch.block_table.len())
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let host = self.inputs_host.as_mut_slice();
+        for s in 0..size {
+            match batch.chunks.get(s) {
+                Some(ch) => {
+                    let pos = ch.start_pos;
+                    let slot = ch.block_table[pos / bs] as usize * bs + pos % bs;
+                    write_token(host, &l, s, ch.tokens[0] as i32, pos, slot, s);
+                    write_table(host, &l, s, stride, ch.block_table);
+                }
+                None => {
+                    write_token(host, &l, s, 0, 0, scratch as usize * bs, s);
+                    write_table(host, &l, s, stride, &[scratch]);
+                }
+            }
+            host[l.last_rows + s] = s as i32;
+        }
+        host[l.stride] = stride as i32;
+        StepPlan {
+            tokens: size,
+            seqs: size,
+            decode_tokens: size,
+            decode_list: false,
+            tiles: 0,
+            splits: graph_splits(size, num_sms, c),
+            upload_len: l.tables + size * stride,
+        }
+    }
+
+    /// Copies the step's inputs to the device (stream-ordered).
+    pub fn upload(&self, gpu: &Gpu, plan: &StepPlan) -> Result<(), CudaError> {
+        gpu.upload(self.inputs, &self.inputs_host.as_slice()[..plan.upload_len])
+    }
+
+    fn input(&self, offset: usize) -> DevPtr {
+        self.inputs + (offset * 4) as u64
+    }
+}
+
+/// Splits for a graph of `size` decode rows (fixed at capture: the context
+/// length is not known then, empty splits cost one early exit).
+fn graph_splits(size: usize, num_sms: usize, c: &ModelConfig) -> usize {
+    (2 * num_sms)
+        .div_ceil(size * c.num_kv_heads)
+        .min(MAX_SPLITS)
+        .min(PART_ROWS / size)
+        .max(1)
+}
+
+/// Row `s` of the block tables, zero-padded to `stride`.
+fn write_table(host: &mut [i32], l: &InputLayout, s: usize, stride: usize, blocks: &[u32]) {
+    let row = &mut host[l.tables + s * stride..l.tables + (s + 1) * stride];
+    row.fill(0);
+    for (dst, &b) in row.iter_mut().zip(blocks) {
+        *dst = b as i32;
+    }
+}
+
+fn write_token(
+    host: &mut [i32],
+    l: &InputLayout,
+    t: usize,
+    id: i32,
+    pos: usize,
+    slot: usize,
+    seq: usize,
+) {
+    host[l.ids + t] = id;
+    host[l.positions + t] = pos as i32;
+    host[l.token_seq + t] = seq as i32;
+    let slot = slot as i64;
+    host[l.slots + 2 * t] = slot as i32;
+    host[l.slots + 2 * t + 1] = (slot >> 32) as i32;
+}
+
+/// Threads for row-wise kernels over `d` elements.
+fn row_threads(d: usize) -> u32 {
+    if d >= 2048 {
+        512
+    } else {
+        256
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // the runner's parts, borrowed separately
+/// Enqueues the whole decoder for `plan` on the stream: embedding, every
+/// layer, final norm of each sequence's last token, LM head and argmax.
+pub fn encode(
+    gpu: &Gpu,
+    gemm: &mut Gemm,
+    k: &Kernels,
+    w: &DeviceWeights,
+    b: &Buffers,
+    c: &ModelConfig,
+    plan: &StepPlan,
+    mut marks: Option<&mut Marks>,
+) -> Result<(), CudaError> {
+    let l = b.layout;
+    let mut mark = |cat: Category| match marks.as_deref_mut() {
+        Some(m) => m.mark(gpu, cat),
+        None => Ok(()),
+    };
+    let (d, qd, kvd, hd, ff) = (
+        c.hidden_size,
+        c.q_dim(),
+        c.kv_dim(),
+        c.head_dim,
+        c.intermediate_size,
+    );
+    let (heads, kv_heads) = (c.num_heads as i32, c.num_kv_heads as i32);
+    let t = plan.tokens;
+    let (t32, d32) = (t as u32, d as i32);
+    let eps = c.rms_norm_eps;
+    let rt = row_threads(d);
+    let scale_log2 = std::f32::consts::LOG2_E / (hd as f32).sqrt();
+    let (ids, positions, slots) = (b.input(l.ids), b.input(l.positions), b.input(l.slots));
+    let (token_seq, tables, stride) = (b.input(l.token_seq), b.input(l.tables), b.input(l.stride));
+    let decode_ids = if plan.decode_list {
+        b.input(l.decode_ids)
+    } else {
+        0
+    };
+    use Arg::{Ptr, F32, I32};
+
+    gpu.launch(
+        &k.embed_rows,
+        (t32, 1, 1),
+        256,
+        0,
+        &[Ptr(ids), Ptr(w.embed), Ptr(b.x), I32(d32)],
+    )?;
+    mark(Category::Other)?;
+    for (layer, &(k_cache, v_cache)) in w.layers.iter().zip(&b.kv_layers) {
+        let norm_args = [
+            Ptr(b.x),
+            Ptr(0),
+            Ptr(0),
+            Ptr(layer.attn_norm),
+            Ptr(b.xn),
+            I32(d32),
+            F32(eps),
+        ];
+        gpu.launch(&k.add_rms_norm, (t32, 1, 1), rt, 0, &norm_args)?;
+        mark(Category::Other)?;
+        gemm.linear(
+            gpu,
+            b.xn,
+            layer.qkv,
+            b.qkv,
+            t,
+            d,
+            qd + 2 * kvd,
+            OutType::Bf16,
+        )?;
+        mark(Category::Gemm)?;
+        let (q_norm, k_norm) = layer.qk_norm.unwrap_or((0, 0));
+        let rope_args = [
+            Ptr(b.qkv),
+            Ptr(layer.qkv_bias.unwrap_or(0)),
+            Ptr(q_norm),
+            Ptr(k_norm),
+            Ptr(positions),
+            Ptr(slots),
+            Ptr(w.cos),
+            Ptr(w.sin),
+            Ptr(b.q),
+            Ptr(k_cache),
+            Ptr(v_cache),
+            I32(heads),
+            I32(kv_heads),
+            I32(hd as i32),
+            F32(eps),
+        ];
+        let rope_threads = (hd / 2).next_multiple_of(32) as u32;
+        let rope_grid = (t32, (c.num_heads + 2 * c.num_kv_heads) as u32, 1);
+        gpu.launch(&k.rope_qkv, rope_grid, rope_threads, 0, &rope_args)?;
+        mark(Category::Other)?;
+        if plan.decode_tokens > 0 {
+            let n = plan.decode_tokens as u32;
+            let args = [
+                Ptr(b.q),
+                Ptr(k_cache),
+                Ptr(v_cache),
+                Ptr(tables),
+                Ptr(stride),
+                Ptr(token_seq),
+                Ptr(positions),
+                Ptr(decode_ids),
+                Ptr(b.attn),
+                Ptr(b.part_acc),
+                Ptr(b.part_ml),
+                I32(heads),
+                I32(kv_heads),
+                I32(b.block_size as i32),
+                F32(scale_log2),
+                I32(plan.splits as i32),
+            ];
+            let grid = (n, kv_heads as u32, plan.splits as u32);
+            gpu.launch(&k.decode_attention, grid, 128, 0, &args)?;
+            if plan.splits > 1 {
+                let args = [
+                    Ptr(b.part_acc),
+                    Ptr(b.part_ml),
+                    Ptr(decode_ids),
+                    Ptr(b.attn),
+                    I32(heads),
+                    I32(hd as i32),
+                    I32(plan.splits as i32),
+                ];
+                gpu.launch(&k.combine, (n, heads as u32, 1), 128, 0, &args)?;
+            }
+        }
+        if plan.tiles > 0 {
+            let (kernel, smem) = k.prefill_attention.as_ref().ok_or_else(|| {
+                CudaError::Unsupported("prefill tiles without a prefill kernel".into())
+            })?;
+            let args = [
+                Ptr(b.q),
+                Ptr(k_cache),
+                Ptr(v_cache),
+                Ptr(tables),
+                Ptr(stride),
+                Ptr(b.input(l.tiles)),
+                Ptr(positions),
+                Ptr(b.attn),
+                I32(heads),
+                I32(kv_heads),
+                I32(b.block_size as i32),
+                F32(scale_log2),
+            ];
+            gpu.launch(
+                kernel,
+                (plan.tiles as u32, heads as u32, 1),
+                128,
+                *smem,
+                &args,
+            )?;
+        }
+        mark(Category::Attention)?;
+        gemm.linear(gpu, b.attn, layer.o_proj, b.x, t, qd, d, OutType::AddF32)?;
+        mark(Category::Gemm)?;
+        let norm_args = [
+            Ptr(b.x),
+            Ptr(0),
+            Ptr(0),
+            Ptr(layer.mlp_norm),
+            Ptr(b.xn),
+            I32(d32),
+            F32(eps),
+        ];
+        gpu.launch(&k.add_rms_norm, (t32, 1, 1), rt, 0, &norm_args)?;
+        mark(Category::Other)?;
+        gemm.linear(
+            gpu,
+            b.xn,
+            layer.gate_up,
+            b.gate_up,
+            t,
+            d,
+            2 * ff,
+            OutType::Bf16,
+        )?;
+        mark(Category::Gemm)?;
+        let silu_grid = (t32, ff.div_ceil(512) as u32, 1);
+        gpu.launch(
+            &k.silu_mul,
+            silu_grid,
+            256,
+            0,
+            &[Ptr(b.gate_up), Ptr(b.act), I32(ff as i32)],
+        )?;
+        mark(Category::Other)?;
+        gemm.linear(gpu, b.act, layer.down, b.x, t, ff, d, OutType::AddF32)?;
+        mark(Category::Gemm)?;
+    }
+    let s = plan.seqs;
+    let last_rows = b.input(l.last_rows);
+    let norm_args = [
+        Ptr(b.x),
+        Ptr(0),
+        Ptr(last_rows),
+        Ptr(w.norm),
+        Ptr(b.last),
+        I32(d32),
+        F32(eps),
+    ];
+    gpu.launch(&k.add_rms_norm, (s as u32, 1, 1), rt, 0, &norm_args)?;
+    mark(Category::Other)?;
+    gemm.linear(
+        gpu,
+        b.last,
+        w.lm_head,
+        b.logits,
+        s,
+        d,
+        c.vocab_size,
+        OutType::F32,
+    )?;
+    mark(Category::Gemm)?;
+    let argmax_args = [Ptr(b.logits), I32(c.vocab_size as i32), Ptr(b.sampled)];
+    gpu.launch(&k.argmax_rows, (s as u32, 1, 1), 1024, 0, &argmax_args)?;
+    mark(Category::Other)
+}

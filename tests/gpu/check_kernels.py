@@ -1,0 +1,303 @@
+#!/usr/bin/env python3
+"""Checks every ingot CUDA kernel against a float64 NumPy reference on random
+inputs (never zeros). Loads the cubins that build.rs embedded (copied next to
+the binary by scripts/gpu-bundle) through the driver API, with PyTorch only
+allocating device memory.
+
+    python3 tests/gpu/check_kernels.py --cubins DIR
+
+Prints one line per check and exits 1 if any fails.
+"""
+import argparse
+import ctypes
+import math
+import os
+import sys
+
+import numpy as np
+import torch
+
+cu = ctypes.CDLL("libcuda.so.1")
+FAILS = []
+
+
+def ok(r, what):
+    if r != 0:
+        raise RuntimeError(f"{what} failed with CUresult {r}")
+
+
+class Module:
+    def __init__(self, path):
+        self.handle = ctypes.c_void_p()
+        data = open(path, "rb").read()
+        ok(cu.cuModuleLoadData(ctypes.byref(self.handle), data), f"load {path}")
+
+    def fn(self, name):
+        f = ctypes.c_void_p()
+        ok(cu.cuModuleGetFunction(ctypes.byref(f), self.handle, name.encode()), f"get {name}")
+        return f
+
+
+KEEP = []  # tensors passed to kernels stay alive (and unaliased) until exit
+
+
+def ptr(t):
+    if t is None:
+        return ctypes.c_uint64(0)
+    KEEP.append(t)
+    return ctypes.c_uint64(t.data_ptr())
+
+
+def launch(f, grid, block, args, smem=0):
+    if smem:
+        ok(cu.cuFuncSetAttribute(f, 8, smem), "set max dynamic smem")
+    holders = list(args)
+    params = (ctypes.c_void_p * len(holders))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in holders])
+    g = tuple(grid) + (1,) * (3 - len(grid))
+    ok(cu.cuLaunchKernel(f, g[0], g[1], g[2], block, 1, 1, smem, None, params, None), "launch")
+    torch.cuda.synchronize()
+
+
+def i32(v):
+    return ctypes.c_int(int(v))
+
+
+def f32(v):
+    return ctypes.c_float(float(v))
+
+
+def report(name, err, tol):
+    status = "ok" if err < tol else "FAIL"
+    if status == "FAIL":
+        FAILS.append(name)
+    print(f"{status:4} {name:55} max rel err {err:.2e} (tol {tol:.0e})")
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+def dev(a, dtype):
+    return torch.tensor(np.asarray(a), dtype=torch.float64).to(dtype).cuda()
+
+
+def host(t):
+    return t.float().cpu().numpy().astype(np.float64)
+
+
+def rnd(rng, *shape, scale=1.0):
+    # Uniform in ±scale, never exactly zero.
+    x = rng.uniform(-scale, scale, size=shape)
+    x[x == 0] = scale / 3
+    return x
+
+
+def bf(x):
+    """Rounds through bf16 (what the kernel actually reads)."""
+    return torch.tensor(x, dtype=torch.float64).to(torch.bfloat16).double().numpy()
+
+
+def check_elementwise(m, rng):
+    # embed_rows
+    V, d, T = 1000, 576, 37
+    table = bf(rnd(rng, V, d))
+    ids = rng.integers(0, V, T)
+    x = torch.empty(T, d, dtype=torch.float32, device="cuda")
+    launch(m.fn("embed_rows"), (T,), 256, [ptr(dev(ids, torch.int32)), ptr(dev(table, torch.bfloat16)), ptr(x), i32(d)])
+    report("embed_rows", rel(host(x), table[ids]), 1e-7)
+
+    # add_rms_norm: residual add + norm, then the gather form
+    for d in (576, 4096):
+        x0 = rnd(rng, T, d, scale=2.0).astype(np.float32).astype(np.float64)
+        delta = bf(rnd(rng, T, d))
+        w = (1 + 0.2 * rnd(rng, d)).astype(np.float32).astype(np.float64)
+        xd, out = dev(x0, torch.float32), torch.empty(T, d, dtype=torch.bfloat16, device="cuda")
+        threads = 512 if d >= 2048 else 256
+        launch(m.fn("add_rms_norm"), (T,), threads,
+               [ptr(xd), ptr(dev(delta, torch.bfloat16)), ptr(None), ptr(dev(w, torch.float32)), ptr(out), i32(d), f32(1e-5)])
+        xs = x0 + delta
+        ref = xs / np.sqrt((xs ** 2).mean(-1, keepdims=True) + 1e-5) * w
+        report(f"add_rms_norm d={d} (residual written back)", rel(host(xd), xs), 1e-6)
+        report(f"add_rms_norm d={d} (normed, bf16 out)", rel(host(out), ref), 8e-3)
+        rows = rng.permutation(T)[:5]
+        out2 = torch.empty(5, d, dtype=torch.bfloat16, device="cuda")
+        xd2 = dev(x0, torch.float32)
+        launch(m.fn("add_rms_norm"), (5,), threads,
+               [ptr(xd2), ptr(dev(delta, torch.bfloat16)), ptr(dev(rows, torch.int32)), ptr(dev(w, torch.float32)), ptr(out2), i32(d), f32(1e-5)])
+        report(f"add_rms_norm d={d} gather rows", rel(host(out2), ref[rows]), 8e-3)
+
+    # silu_mul
+    ff = 1536
+    gu = bf(rnd(rng, T, 2 * ff, scale=4.0))
+    out = torch.empty(T, ff, dtype=torch.bfloat16, device="cuda")
+    launch(m.fn("silu_mul"), (T, math.ceil(ff / 512)), 256, [ptr(dev(gu, torch.bfloat16)), ptr(out), i32(ff)])
+    g, u = gu[:, :ff], gu[:, ff:]
+    report("silu_mul", rel(host(out), g / (1 + np.exp(-g)) * u), 8e-3)
+
+    # argmax_rows (ties: lowest index)
+    S, V = 9, 151936
+    logits = rnd(rng, S, V).astype(np.float32)
+    logits[3, 100] = logits[3, 200] = 5.0
+    ids = torch.empty(S, dtype=torch.int32, device="cuda")
+    launch(m.fn("argmax_rows"), (S,), 1024, [ptr(dev(logits, torch.float32)), i32(V), ptr(ids)])
+    got, want = ids.cpu().numpy(), logits.argmax(-1)
+    err = float(np.mean(got != want))
+    report("argmax_rows (exact, ties to lowest id)", err, 1e-9)
+
+    # fill_uniform_bf16: range and moments of offset + scale * U(-0.5, 0.5)
+    n = 1 << 20
+    buf = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+    launch(m.fn("fill_uniform_bf16"), (1024,), 256, [ptr(buf), ctypes.c_longlong(n), ctypes.c_ulonglong(7), f32(0.2), f32(1.0)])
+    v = host(buf)
+    err = max(abs(v.mean() - 1.0) / 0.2, abs(v.std() - 0.2 / math.sqrt(12)) / 0.2, float(v.min() < 0.89 or v.max() > 1.11))  # bf16 spacing near 1 is 2^-7
+    report("fill_uniform_bf16 (mean, std, range)", err, 1e-2)
+
+
+def rope_tables(hd, max_pos, theta):
+    inv = 1.0 / theta ** (np.arange(0, hd // 2) * 2.0 / hd)
+    ang = np.arange(max_pos)[:, None] * inv[None, :]
+    return np.cos(ang), np.sin(ang)
+
+
+def check_rope(m, rng):
+    for H, KVH, hd, bias, qk_norm in ((9, 3, 64, False, False), (16, 8, 128, False, True), (28, 4, 128, True, False)):
+        T, max_pos, nslots = 19, 4096, 512
+        w = (H + 2 * KVH) * hd
+        qkv = bf(rnd(rng, T, w, scale=2.0))
+        b = rnd(rng, w, scale=0.5).astype(np.float32).astype(np.float64) if bias else None
+        qn = (1 + 0.3 * rnd(rng, hd)).astype(np.float32).astype(np.float64) if qk_norm else None
+        kn = (1 + 0.3 * rnd(rng, hd)).astype(np.float32).astype(np.float64) if qk_norm else None
+        pos = rng.integers(0, max_pos, T)
+        slots = rng.permutation(nslots)[:T]
+        cos, sin = rope_tables(hd, max_pos, 10000.0)
+        cos, sin = cos.astype(np.float32).astype(np.float64), sin.astype(np.float32).astype(np.float64)
+        q_out = torch.empty(T, H * hd, dtype=torch.bfloat16, device="cuda")
+        kc = torch.zeros(nslots, KVH * hd, dtype=torch.bfloat16, device="cuda")
+        vc = torch.zeros(nslots, KVH * hd, dtype=torch.bfloat16, device="cuda")
+        args = [ptr(dev(qkv, torch.bfloat16)), ptr(dev(b, torch.float32) if bias else None),
+                ptr(dev(qn, torch.float32) if qk_norm else None), ptr(dev(kn, torch.float32) if qk_norm else None),
+                ptr(dev(pos, torch.int32)), ptr(dev(slots, torch.int64)),
+                ptr(dev(cos, torch.float32)), ptr(dev(sin, torch.float32)),
+                ptr(q_out), ptr(kc), ptr(vc), i32(H), i32(KVH), i32(hd), f32(1e-6)]
+        launch(m.fn("rope_qkv"), (T, H + 2 * KVH), max(32, (hd // 2 + 31) // 32 * 32), args)
+        x = qkv + (b if bias else 0)
+        q = x[:, :H * hd].reshape(T, H, hd)
+        k = x[:, H * hd:(H + KVH) * hd].reshape(T, KVH, hd)
+        v = x[:, (H + KVH) * hd:].reshape(T, KVH, hd)
+        if qk_norm:
+            q = q / np.sqrt((q ** 2).mean(-1, keepdims=True) + 1e-6) * qn
+            k = k / np.sqrt((k ** 2).mean(-1, keepdims=True) + 1e-6) * kn
+
+        def rot(a):
+            c, s = cos[pos][:, None, :], sin[pos][:, None, :]
+            a1, a2 = a[..., :hd // 2], a[..., hd // 2:]
+            return np.concatenate([a1 * c - a2 * s, a2 * c + a1 * s], -1)
+
+        tag = f"H={H} KVH={KVH} hd={hd}{' bias' if bias else ''}{' qk_norm' if qk_norm else ''}"
+        report(f"rope_qkv q {tag}", rel(host(q_out).reshape(T, H, hd), rot(q)), 8e-3)
+        report(f"rope_qkv k -> cache slot {tag}", rel(host(kc)[slots].reshape(T, KVH, hd), rot(k)), 8e-3)
+        report(f"rope_qkv v -> cache slot {tag}", rel(host(vc)[slots].reshape(T, KVH, hd), v), 8e-3)
+
+
+def paged_setup(rng, lens, KVH, hd, bs):
+    """Random K/V in a shuffled block pool; returns tables padded to one stride."""
+    nblocks = sum(math.ceil(n / bs) for n in lens) + 3
+    perm = rng.permutation(nblocks)
+    tables, at = [], 0
+    for n in lens:
+        nb = math.ceil(n / bs)
+        tables.append(list(perm[at:at + nb]))
+        at += nb
+    stride = max(len(t) for t in tables)
+    table = np.zeros((len(lens), stride), np.int64)
+    for i, t in enumerate(tables):
+        table[i, :len(t)] = t
+    k = bf(rnd(rng, nblocks * bs, KVH * hd, scale=1.5))
+    v = bf(rnd(rng, nblocks * bs, KVH * hd))
+    return table, stride, k, v
+
+
+def reference_attention(q, k, v, table, seq, pos, H, KVH, hd, bs):
+    """q: [H, hd] of one token at position pos of sequence seq."""
+    keys = np.arange(pos + 1)
+    slots = table[seq][keys // bs] * bs + keys % bs
+    kk = k[slots].reshape(-1, KVH, hd)
+    vv = v[slots].reshape(-1, KVH, hd)
+    g = H // KVH
+    out = np.zeros((H, hd))
+    for h in range(H):
+        s = kk[:, h // g, :] @ q[h] / math.sqrt(hd)
+        p = np.exp(s - s.max())
+        out[h] = (p / p.sum()) @ vv[:, h // g, :]
+    return out
+
+
+def check_attention(m, rng):
+    bs = 16
+    for H, KVH, hd in ((9, 3, 64), (32, 8, 128)):
+        g = H // KVH
+        scale_log2 = math.log2(math.e) / math.sqrt(hd)
+        # Decode: one token per sequence at the end of contexts of various lengths.
+        lens = [1, 17, 300, 1000, 64]
+        table, stride, k, v = paged_setup(rng, lens, KVH, hd, bs)
+        n = len(lens)
+        q = bf(rnd(rng, n, H * hd))
+        pos = np.array(lens) - 1
+        want = np.stack([reference_attention(q[i].reshape(H, hd), k, v, table, i, pos[i], H, KVH, hd, bs) for i in range(n)])
+        for splits in (1, 4):
+            out = torch.zeros(n, H * hd, dtype=torch.bfloat16, device="cuda")
+            part_acc = torch.zeros(n * H * splits * hd, dtype=torch.float32, device="cuda")
+            part_ml = torch.zeros(n * H * splits * 2, dtype=torch.float32, device="cuda")
+            tabled = dev(table.reshape(-1), torch.int32)
+            strided = dev([stride], torch.int32)
+            seq = dev(np.arange(n), torch.int32)
+            posd = dev(pos, torch.int32)
+            args = [ptr(dev(q, torch.bfloat16)), ptr(dev(k, torch.bfloat16)), ptr(dev(v, torch.bfloat16)), ptr(tabled),
+                    ptr(strided), ptr(seq), ptr(posd), ptr(None), ptr(out), ptr(part_acc), ptr(part_ml),
+                    i32(H), i32(KVH), i32(bs), f32(scale_log2), i32(splits)]
+            launch(m.fn(f"paged_attention_hd{hd}_g{g}"), (n, KVH, splits), 128, args)
+            if splits > 1:
+                launch(m.fn("attention_combine"), (n, H), 128,
+                       [ptr(part_acc), ptr(part_ml), ptr(None), ptr(out), i32(H), i32(hd), i32(splits)])
+            report(f"paged_attention hd={hd} g={g} splits={splits} ctx={lens}", rel(host(out).reshape(n, H, hd), want), 2e-2)
+
+        # Prefill: a 150-token chunk after a 70-token cached prefix, plus a short chunk.
+        prefix, chunk = 70, 150
+        lens = [prefix + chunk, 20]
+        table, stride, k, v = paged_setup(rng, lens, KVH, hd, bs)
+        T = chunk + 20
+        q = bf(rnd(rng, T, H * hd))
+        pos = np.concatenate([prefix + np.arange(chunk), np.arange(20)])
+        seqs = np.concatenate([np.zeros(chunk, int), np.ones(20, int)])
+        tiles = []
+        for start in range(0, chunk, 64):
+            tiles += [start, min(64, chunk - start), 0]
+        for start in range(0, 20, 64):
+            tiles += [chunk + start, min(64, 20 - start), 1]
+        out = torch.zeros(T, H * hd, dtype=torch.bfloat16, device="cuda")
+        smem = 3 * 64 * (hd + 8) * 2 + 4 * 16 * 68 * 4 + 4 * 16 * 72 * 2 + 4 * 16 * (hd + 4) * 4
+        args = [ptr(dev(q, torch.bfloat16)), ptr(dev(k, torch.bfloat16)), ptr(dev(v, torch.bfloat16)),
+                ptr(dev(table.reshape(-1), torch.int32)), ptr(dev([stride], torch.int32)), ptr(dev(tiles, torch.int32)),
+                ptr(dev(pos, torch.int32)), ptr(out), i32(H), i32(KVH), i32(bs), f32(scale_log2)]
+        launch(m.fn(f"prefill_attention_hd{hd}"), (len(tiles) // 3, H), 128, args, smem=smem)
+        want = np.stack([reference_attention(q[t].reshape(H, hd), k, v, table, seqs[t], pos[t], H, KVH, hd, bs) for t in range(T)])
+        report(f"prefill_attention hd={hd} H={H} KVH={KVH} (cached prefix {prefix})", rel(host(out).reshape(T, H, hd), want), 2e-2)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cubins", required=True, help="folder with elementwise/rope/attention .sm_90.cubin")
+    args = ap.parse_args()
+    torch.zeros(1, device="cuda")  # makes the primary context current for the driver calls
+    rng = np.random.default_rng(0)
+    mods = {n: Module(os.path.join(args.cubins, f"{n}.sm_90.cubin")) for n in ("elementwise", "rope", "attention")}
+    check_elementwise(mods["elementwise"], rng)
+    check_rope(mods["rope"], rng)
+    check_attention(mods["attention"], rng)
+    print(f"kernel checks: {'all passed' if not FAILS else 'FAILED: ' + ', '.join(FAILS)}")
+    sys.exit(1 if FAILS else 0)
+
+
+if __name__ == "__main__":
+    main()

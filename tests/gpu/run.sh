@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine over a .gpu/ bundle (scripts/gpu-bundle): unpacks
+# it, then the phases named on the command line, each printing a short table.
+#   kernels   every kernel vs a float64 NumPy reference (check_kernels.py)
+#   hf        CUDA vs transformers on 2-layer Llama-3-8B / Qwen3 shapes
+#   smollm2   CUDA vs CPU backend on SmolLM2 (bf16 weights); batch-1 speed
+#   bench     8B-shaped dummy: batch 1, prefill 1024, 256 x 1024 decode
+#   profile   per-step GPU time by category (eager) and CPU gaps
+#   torch     PyTorch eager baselines for the bench shapes
+# Results also go to $OUT (when set) as JSON lines.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export PYTHONUNBUFFERED=1
+B=${GPU_BUNDLE:-.gpu}
+W=${GPU_WORK:-/root/ingot-gpu}
+O=${OUT:-/tmp/ingot-out}
+mkdir -p "$W" "$O"
+if [ -f "$B/ingot.gz" ]; then gunzip -c "$B/ingot.gz" > "$W/ingot"; chmod +x "$W/ingot"; fi
+for f in "$B"/tokenizers/*/*.gz; do
+  [ -e "$f" ] || continue
+  name=$(basename "$(dirname "$f")"); mkdir -p "$W/tokenizers/$name"
+  gunzip -c "$f" > "$W/tokenizers/$name/$(basename "$f" .gz)"
+done
+[ -d "$B/cubins" ] && cp "$B"/cubins/*.cubin "$W/" 2>/dev/null
+for p in 1 2; do [ -f "$B/smollm2/part$p" ] && cp "$B/smollm2/part$p" "$W/smollm2.part$p"; done
+[ -f "$B/smollm2/sha256" ] && cp "$B/smollm2/sha256" "$W/smollm2.sha256"
+ING="$W/ingot"
+SMOL="$W/smollm2.gguf"
+if [ ! -f "$SMOL" ] && [ -f "$W/smollm2.part1" ] && [ -f "$W/smollm2.part2" ]; then
+  cat "$W/smollm2.part1" "$W/smollm2.part2" > "$SMOL"
+  echo "$(cat "$W/smollm2.sha256")  $SMOL" | sha256sum -c - || rm -f "$SMOL"
+fi
+llama8b() {
+  mkdir -p "$W/llama-3.1-8b"
+  cp tests/gpu/configs/llama-3.1-8b/config.json "$W/llama-3.1-8b/"
+  cp "$W"/tokenizers/llama3/* "$W/llama-3.1-8b/"
+  echo "$W/llama-3.1-8b"
+}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+for phase in "$@"; do
+  echo "=== $phase"
+  case $phase in
+    kernels) python3 tests/gpu/check_kernels.py --cubins "$W" ;;
+    hf) python3 tests/gpu/compare_hf.py --ingot "$ING" --tokenizers "$W/tokenizers" --work "$W/hf" ;;
+    smollm2)
+      [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
+      python3 tests/gpu/compare_backends.py --ingot "$ING" --model "$SMOL"
+      for eager in "" "--enforce-eager"; do
+        "$ING" bench latency --model "$SMOL" --input-len 128 --output-len 256 --num-iters 3 $eager --json | tee -a "$O/bench.jsonl"
+      done ;;
+    bench)
+      M=$(llama8b)
+      "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl"
+      "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 5 --json | tee -a "$O/bench.jsonl"
+      "$ING" bench throughput --model "$M" --load-format dummy --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl" ;;
+    profile)
+      M=$(llama8b)
+      INGOT_CUDA_PROFILE=1 "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 64 --num-iters 1 --json
+      INGOT_CUDA_PROFILE=1 "$ING" bench throughput --model "$M" --load-format dummy --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 32 --max-num-batched-tokens 8192 --json ;;
+    torch)
+      M=$(llama8b)
+      python3 tests/gpu/torch_bench.py --model-dir "$M" --case latency --input-len 128 --output-len 256 | tee -a "$O/bench.jsonl"
+      python3 tests/gpu/torch_bench.py --model-dir "$M" --case decode256 --batch 256 --input-len 1024 --output-len 128 | tee -a "$O/bench.jsonl" ;;
+    *) echo "unknown phase $phase" ;;
+  esac
+done
