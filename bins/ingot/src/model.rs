@@ -116,11 +116,11 @@ pub fn load_runner(
         Device::Cpu => Box::new(cpu_runner(args, &files, &progress)?),
     };
     bar.finish_and_clear();
-    eprintln!(
-        "ingot: {} on {} (loaded in {:.1} s)",
-        args.model.display(),
-        runner.device_name(),
-        start.elapsed().as_secs_f64()
+    tracing::info!(
+        model = %args.model.display(),
+        device = runner.device_name(),
+        elapsed = ?start.elapsed(),
+        "model loaded"
     );
     Ok((runner, tokenizer))
 }

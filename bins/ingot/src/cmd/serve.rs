@@ -108,7 +108,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(ingot_server::serve(config, move || {
-        load_engine(&model, engine).map_err(|e| format!("{e:#}"))
+        let gen = load_engine(&model, engine).map_err(|e| format!("{e:#}"))?;
+        eprintln!("ingot: serving on {}", gen.device_name());
+        Ok(gen)
     }))?;
     Ok(())
 }
