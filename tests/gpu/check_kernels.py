@@ -154,6 +154,15 @@ def check_elementwise(m, rng):
     report("fill_uniform_bf16 (mean, std, range)", err, 1e-2)
 
 
+def to_device_layout(a, KVH, hd, bs):
+    """[slots, KVH * hd] (slot = block * bs + offset) -> the cache's [blocks, KVH, bs, hd]."""
+    return a.reshape(-1, bs, KVH, hd).transpose(0, 2, 1, 3).reshape(a.shape[0], KVH * hd)
+
+
+def from_device_layout(a, KVH, hd, bs):
+    return a.reshape(-1, KVH, bs, hd).transpose(0, 2, 1, 3).reshape(a.shape[0], KVH * hd)
+
+
 def rope_tables(hd, max_pos, theta):
     inv = 1.0 / theta ** (np.arange(0, hd // 2) * 2.0 / hd)
     ang = np.arange(max_pos)[:, None] * inv[None, :]
@@ -179,7 +188,7 @@ def check_rope(m, rng):
                 ptr(dev(qn, torch.float32) if qk_norm else None), ptr(dev(kn, torch.float32) if qk_norm else None),
                 ptr(dev(pos, torch.int32)), ptr(dev(slots, torch.int64)),
                 ptr(dev(cos, torch.float32)), ptr(dev(sin, torch.float32)),
-                ptr(q_out), ptr(kc), ptr(vc), i32(H), i32(KVH), i32(hd), f32(1e-6)]
+                ptr(q_out), ptr(kc), ptr(vc), i32(H), i32(KVH), i32(hd), f32(1e-6), i32(16)]
         launch(m.fn("rope_qkv"), (T, H + 2 * KVH), max(32, (hd // 2 + 31) // 32 * 32), args)
         x = qkv + (b if bias else 0)
         q = x[:, :H * hd].reshape(T, H, hd)
@@ -196,8 +205,10 @@ def check_rope(m, rng):
 
         tag = f"H={H} KVH={KVH} hd={hd}{' bias' if bias else ''}{' qk_norm' if qk_norm else ''}"
         report(f"rope_qkv q {tag}", rel(host(q_out).reshape(T, H, hd), rot(q)), 8e-3)
-        report(f"rope_qkv k -> cache slot {tag}", rel(host(kc)[slots].reshape(T, KVH, hd), rot(k)), 8e-3)
-        report(f"rope_qkv v -> cache slot {tag}", rel(host(vc)[slots].reshape(T, KVH, hd), v), 8e-3)
+        kh = from_device_layout(host(kc), KVH, hd, 16)
+        vh = from_device_layout(host(vc), KVH, hd, 16)
+        report(f"rope_qkv k -> cache slot {tag}", rel(kh[slots].reshape(T, KVH, hd), rot(k)), 8e-3)
+        report(f"rope_qkv v -> cache slot {tag}", rel(vh[slots].reshape(T, KVH, hd), v), 8e-3)
 
 
 def paged_setup(rng, lens, KVH, hd, bs):
@@ -253,7 +264,8 @@ def check_attention(m, rng):
             strided = dev([stride], torch.int32)
             seq = dev(np.arange(n), torch.int32)
             posd = dev(pos, torch.int32)
-            args = [ptr(dev(q, torch.bfloat16)), ptr(dev(k, torch.bfloat16)), ptr(dev(v, torch.bfloat16)), ptr(tabled),
+            kd, vd = (dev(to_device_layout(a, KVH, hd, bs), torch.bfloat16) for a in (k, v))
+            args = [ptr(dev(q, torch.bfloat16)), ptr(kd), ptr(vd), ptr(tabled),
                     ptr(strided), ptr(seq), ptr(posd), ptr(None), ptr(out), ptr(part_acc), ptr(part_ml),
                     i32(H), i32(KVH), i32(bs), f32(scale_log2), i32(splits)]
             launch(m.fn(f"paged_attention_hd{hd}_g{g}"), (n, KVH, splits), 128, args)
@@ -270,19 +282,45 @@ def check_attention(m, rng):
         q = bf(rnd(rng, T, H * hd))
         pos = np.concatenate([prefix + np.arange(chunk), np.arange(20)])
         seqs = np.concatenate([np.zeros(chunk, int), np.ones(20, int)])
-        tiles = []
-        for start in range(0, chunk, 64):
-            tiles += [start, min(64, chunk - start), 0]
-        for start in range(0, 20, 64):
-            tiles += [chunk + start, min(64, 20 - start), 1]
+        tiles, tt = [], 64 // g  # a tile is 64 / G tokens x the G heads of a kv head
+        for start in range(0, chunk, tt):
+            tiles += [start, min(tt, chunk - start), 0]
+        for start in range(0, 20, tt):
+            tiles += [chunk + start, min(tt, 20 - start), 1]
         out = torch.zeros(T, H * hd, dtype=torch.bfloat16, device="cuda")
         smem = 3 * 64 * (hd + 8) * 2 + 4 * 16 * 68 * 4 + 4 * 16 * 72 * 2 + 4 * 16 * (hd + 4) * 4
-        args = [ptr(dev(q, torch.bfloat16)), ptr(dev(k, torch.bfloat16)), ptr(dev(v, torch.bfloat16)),
+        kd, vd = (dev(to_device_layout(a, KVH, hd, bs), torch.bfloat16) for a in (k, v))
+        args = [ptr(dev(q, torch.bfloat16)), ptr(kd), ptr(vd),
                 ptr(dev(table.reshape(-1), torch.int32)), ptr(dev([stride], torch.int32)), ptr(dev(tiles, torch.int32)),
                 ptr(dev(pos, torch.int32)), ptr(out), i32(H), i32(KVH), i32(bs), f32(scale_log2)]
-        launch(m.fn(f"prefill_attention_hd{hd}"), (len(tiles) // 3, H), 128, args, smem=smem)
+        launch(m.fn(f"prefill_attention_hd{hd}"), (len(tiles) // 3, KVH), 128, args, smem=smem)
         want = np.stack([reference_attention(q[t].reshape(H, hd), k, v, table, seqs[t], pos[t], H, KVH, hd, bs) for t in range(T)])
         report(f"prefill_attention hd={hd} H={H} KVH={KVH} (cached prefix {prefix})", rel(host(out).reshape(T, H, hd), want), 2e-2)
+
+
+def check_gemv(m, rng):
+    for n, inp, out in ((1, 576, 960), (3, 1536, 576), (8, 4096, 1000)):
+        x = bf(rnd(rng, n, inp))
+        w = bf(rnd(rng, out, inp, scale=0.05))
+        want = x @ w.T
+        xd, wd = dev(x, torch.bfloat16), dev(w, torch.bfloat16)
+        grid = (math.ceil(out / 8),)
+        y = torch.empty(n, out, dtype=torch.bfloat16, device="cuda")
+        launch(m.fn(f"gemv_n{n}_bf16"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out)])
+        report(f"gemv n={n} {inp}->{out} bf16 out", rel(host(y), want), 8e-3)
+        y = torch.empty(n, out, dtype=torch.float32, device="cuda")
+        launch(m.fn(f"gemv_n{n}_f32"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out)])
+        report(f"gemv n={n} {inp}->{out} f32 out", rel(host(y), want), 1e-5)
+        base = rnd(rng, n, out).astype(np.float32).astype(np.float64)
+        y = dev(base, torch.float32)
+        launch(m.fn(f"gemv_n{n}_add_f32"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out)])
+        report(f"gemv n={n} {inp}->{out} f32 accumulate", rel(host(y), base + want), 1e-5)
+        gu = bf(rnd(rng, n, 2 * inp, scale=3.0))
+        g, u = gu[:, :inp], gu[:, inp:]
+        act = bf(g / (1 + np.exp(-g)) * u)  # the kernel rounds the activation to bf16 for the dot
+        y = dev(base, torch.float32)
+        launch(m.fn(f"gemv_n{n}_silu_add_f32"), grid, 256, [ptr(dev(gu, torch.bfloat16)), ptr(wd), ptr(y), i32(inp), i32(out)])
+        report(f"gemv n={n} {inp}->{out} silu(gate)*up, f32 accumulate", rel(host(y), base + act @ w.T), 1e-3)
 
 
 def main():
@@ -291,10 +329,11 @@ def main():
     args = ap.parse_args()
     torch.zeros(1, device="cuda")  # makes the primary context current for the driver calls
     rng = np.random.default_rng(0)
-    mods = {n: Module(os.path.join(args.cubins, f"{n}.sm_90.cubin")) for n in ("elementwise", "rope", "attention")}
+    mods = {n: Module(os.path.join(args.cubins, f"{n}.sm_90.cubin")) for n in ("elementwise", "rope", "attention", "gemv")}
     check_elementwise(mods["elementwise"], rng)
     check_rope(mods["rope"], rng)
     check_attention(mods["attention"], rng)
+    check_gemv(mods["gemv"], rng)
     print(f"kernel checks: {'all passed' if not FAILS else 'FAILED: ' + ', '.join(FAILS)}")
     sys.exit(1 if FAILS else 0)
 

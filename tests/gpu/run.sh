@@ -21,7 +21,7 @@ for f in "$B"/tokenizers/*/*.gz; do
   name=$(basename "$(dirname "$f")"); mkdir -p "$W/tokenizers/$name"
   gunzip -c "$f" > "$W/tokenizers/$name/$(basename "$f" .gz)"
 done
-[ -d "$B/cubins" ] && cp "$B"/cubins/*.cubin "$W/" 2>/dev/null
+for f in "$B"/cubins/*.cubin.gz; do [ -e "$f" ] && gunzip -c "$f" > "$W/$(basename "$f" .gz)"; done
 for p in 1 2; do [ -f "$B/smollm2/part$p" ] && cp "$B/smollm2/part$p" "$W/smollm2.part$p"; done
 [ -f "$B/smollm2/sha256" ] && cp "$B/smollm2/sha256" "$W/smollm2.sha256"
 ING="$W/ingot"
@@ -36,6 +36,7 @@ llama8b() {
   cp "$W"/tokenizers/llama3/* "$W/llama-3.1-8b/"
   echo "$W/llama-3.1-8b"
 }
+[ -d "$W/tokenizers/llama3" ] && llama8b >/dev/null
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 for phase in "$@"; do
   echo "=== $phase"
@@ -56,6 +57,7 @@ for phase in "$@"; do
     profile)
       M=$(llama8b)
       INGOT_CUDA_PROFILE=1 "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 64 --num-iters 1 --json
+      INGOT_CUDA_PROFILE=1 "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 2 --json
       INGOT_CUDA_PROFILE=1 "$ING" bench throughput --model "$M" --load-format dummy --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 32 --max-num-batched-tokens 8192 --json ;;
     torch)
       M=$(llama8b)

@@ -67,6 +67,13 @@ impl Decoding {
         self.accept(sampled)
     }
 
+    /// True when the next accepted token will end the sequence by length
+    /// (max_tokens or the context).
+    pub fn next_hits_limit(&self) -> bool {
+        self.num_output + 1 >= self.criteria.max_tokens
+            || self.prompt_len + self.num_output + 1 >= self.max_context
+    }
+
     /// Whether the backend may pick this sequence's tokens by argmax.
     pub fn is_plain_greedy(&self) -> bool {
         self.sampler.is_plain_greedy()

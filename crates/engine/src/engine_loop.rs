@@ -328,7 +328,7 @@ impl EngineLoop {
     /// One forward pass over the scheduled chunks, then sampling.
     fn step(&mut self, chunks: &[ScheduledChunk]) {
         let started = Instant::now();
-        let batch = ForwardBatch {
+        let mut batch = ForwardBatch {
             chunks: chunks
                 .iter()
                 .filter_map(|c| {
@@ -340,6 +340,7 @@ impl EngineLoop {
                     })
                 })
                 .collect(),
+            expect_next: false,
         };
         let num_tokens = batch.num_tokens();
         // All-greedy steps let the backend pick on its device: only ids
@@ -349,6 +350,18 @@ impl EngineLoop {
                 .get(&c.id)
                 .is_none_or(|a| a.decoding.is_plain_greedy())
         });
+        // Steady decode (nothing waiting, nobody at a length limit): the
+        // backend may launch the next step before this one returns.
+        batch.expect_next = greedy
+            && self.scheduler.num_waiting() == 0
+            && chunks.iter().all(|c| {
+                c.len == 1
+                    && c.sample
+                    && self
+                        .active
+                        .get(&c.id)
+                        .is_some_and(|a| !a.decoding.next_hits_limit())
+            });
         let picked = if greedy {
             self.runner.forward_greedy(&batch).map(Picked::Ids)
         } else {
@@ -384,7 +397,16 @@ impl EngineLoop {
             };
             outputs.push((c.id, out));
         }
+        let expect_next = batch.expect_next;
         drop(batch);
+        tracing::debug!(
+            tokens = num_tokens,
+            seqs = chunks.len(),
+            greedy,
+            expect_next,
+            step_ms = started.elapsed().as_secs_f64() * 1e3,
+            "step"
+        );
         m::iteration(num_tokens, started.elapsed());
         let now = Instant::now();
         for (id, out) in outputs {

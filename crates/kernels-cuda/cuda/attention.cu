@@ -8,9 +8,10 @@
 //     query heads that share the kv head (GQA reads K/V once for all of them).
 //     With num_splits > 1 it writes partial results for attention_combine
 //     (flash-decoding: long contexts at small batch still fill the GPU).
-//   prefill_attention_hd{HD}: one block per (64-token query tile of one
-//     chunk, query head); tensor cores (wmma bf16) for QK^T and PV, K/V tiles
-//     staged in shared memory: the O(n^2) work of long prompts.
+//   prefill_attention_hd{HD}: one block per (query tile of one chunk, kv
+//     head): 64 rows = 64 / G tokens x the G query heads sharing the kv
+//     head; tensor cores (wmma bf16) for QK^T and PV, K/V tiles staged in
+//     shared memory once for the whole group: the O(n^2) work of prompts.
 #include <mma.h>
 #include "common.cuh"
 
@@ -26,13 +27,14 @@ __device__ __forceinline__ void decode_attention(
     const int* __restrict__ positions, const int* __restrict__ token_ids, bf16* __restrict__ out,
     float* __restrict__ part_acc, float* __restrict__ part_ml, int num_heads, int num_kv_heads,
     int block_size, float scale_log2, int num_splits) {
+  pdl_begin();
   constexpr int D = HD / 32;
   __shared__ float s_m[DECODE_WARPS][G], s_l[DECODE_WARPS][G];
   __shared__ float s_acc[DECODE_WARPS][G][HD];
   const int b = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int tok = token_ids ? token_ids[b] : b;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int qd = num_heads * HD, kvd = num_kv_heads * HD;
+  const int qd = num_heads * HD;
   const int ctx = positions[tok] + 1;
   const int per_split = (ctx + num_splits - 1) / num_splits;
   const int start = split * per_split, end = min(ctx, start + per_split);
@@ -55,8 +57,7 @@ __device__ __forceinline__ void decode_attention(
 #pragma unroll
     for (int u = 0; u < DECODE_UNROLL; ++u) {
       const int j = min(j0 + u, end - 1);
-      const long long slot = (long long)table[j / block_size] * block_size + j % block_size;
-      const size_t off = (size_t)slot * kvd + kvh * HD + lane * D;
+      const size_t off = kv_index(table[j / block_size], kvh, j % block_size, num_kv_heads, block_size, HD) + lane * D;
       load_bf16<D>(k_cache + off, kv[u]);
       load_bf16<D>(v_cache + off, vv[u]);
     }
@@ -142,6 +143,7 @@ DECODE_KERNELS(256)
 extern "C" __global__ void attention_combine(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                                              const int* __restrict__ token_ids, bf16* __restrict__ out,
                                              int num_heads, int hd, int num_splits) {
+  pdl_begin();
   const int b = blockIdx.x, h = blockIdx.y;
   const int tok = token_ids ? token_ids[b] : b;
   const size_t base = ((size_t)b * num_heads + h) * num_splits;
@@ -201,6 +203,7 @@ __device__ __forceinline__ void prefill_attention(
     const int* __restrict__ block_tables, const int* __restrict__ table_stride, const int* __restrict__ tiles,
     const int* __restrict__ positions, bf16* __restrict__ out, int num_heads, int num_kv_heads,
     int block_size, float scale_log2) {
+  pdl_begin();
   using L = PrefillSmem<HD>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem + L::Q);
@@ -211,18 +214,23 @@ __device__ __forceinline__ void prefill_attention(
   bf16* sP = reinterpret_cast<bf16*>(smem + L::P) + warp * 16 * L::LDP;
   float* sO = reinterpret_cast<float*>(smem + L::O) + warp * 16 * L::LDO;
 
+  // Rows are (token, query head) pairs of one kv head's group: the G heads
+  // that share K/V read each staged K/V tile together (GQA).
   const int t0 = tiles[3 * blockIdx.x], n = tiles[3 * blockIdx.x + 1], seq = tiles[3 * blockIdx.x + 2];
-  const int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
-  const int qd = num_heads * HD, kvd = num_kv_heads * HD;
+  const int kvh = blockIdx.y, group = num_heads / num_kv_heads;
+  const int qd = num_heads * HD;
   const int p0 = positions[t0], last = p0 + n - 1;
   const int* table = block_tables + (size_t)seq * *table_stride;
+  auto q_row = [&](int r) -> const bf16* {
+    return r / group < n ? q + (size_t)(t0 + r / group) * qd + (kvh * group + r % group) * HD : nullptr;
+  };
 
-  stage_rows<HD>(sQ, [&](int r) -> const bf16* { return r < n ? q + (size_t)(t0 + r) * qd + h * HD : nullptr; });
+  stage_rows<HD>(sQ, q_row);
   for (int i = lane; i < 16 * L::LDO; i += 32) sO[i] = 0.f;
 
   // This lane's share of the softmax: half of one row of the warp's 16.
   const int row = lane >> 1, c0 = (lane & 1) * (TILE / 2);
-  const int qpos = p0 + min(warp * 16 + row, n - 1);
+  const int qpos = p0 + min((warp * 16 + row) / group, n - 1);
   float m = -INFINITY, l = 0.f;
 
   for (int kt = 0; kt * TILE <= last; ++kt) {
@@ -231,8 +239,7 @@ __device__ __forceinline__ void prefill_attention(
       return [=](int r) -> const bf16* {
         const int j = kt * TILE + r;
         if (j > last) return nullptr;
-        const long long slot = (long long)table[j / block_size] * block_size + j % block_size;
-        return cache + (size_t)slot * kvd + kvh * HD;
+        return cache + kv_index(table[j / block_size], kvh, j % block_size, num_kv_heads, block_size, HD);
       };
     };
     stage_rows<HD>(sK, kv_row(k_cache));
@@ -300,9 +307,9 @@ __device__ __forceinline__ void prefill_attention(
   }
 
   const int r = warp * 16 + row;
-  if (r < n) {
+  if (r / group < n) {
     const float inv = 1.f / l;
-    bf16* dst = out + (size_t)(t0 + r) * qd + h * HD;
+    bf16* dst = out + (size_t)(t0 + r / group) * qd + (kvh * group + r % group) * HD;
     for (int d = (lane & 1) * (HD / 2); d < (lane & 1) * (HD / 2) + HD / 2; ++d)
       dst[d] = to_bf16(sO[row * L::LDO + d] * inv);
   }

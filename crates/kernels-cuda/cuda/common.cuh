@@ -8,6 +8,29 @@ typedef __nv_bfloat16 bf16;
 
 #define LOG2E 1.4426950408889634f
 
+// Programmatic dependent launch (Hopper): every kernel first waits until the
+// previous kernel's writes are visible, then lets the next kernel's blocks
+// be scheduled, so launch latency and ramp-up overlap the previous tail.
+// The host sets the launch attribute; without it (or before sm_90) these
+// are no-ops.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// For short kernels: wait, then let the next one in at once.
+__device__ __forceinline__ void pdl_begin() {
+  pdl_wait();
+  pdl_launch_dependents();
+}
+
 __device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ bf16 to_bf16(float v) { return __float2bfloat16(v); }
 
@@ -52,4 +75,12 @@ __device__ __forceinline__ void load_bf16(const bf16* p, float* out) {
     out[2 * i] = f.x;
     out[2 * i + 1] = f.y;
   }
+}
+
+// KV cache layout: [block][kv_head][offset in block][head_dim]. A block's
+// keys of one head are contiguous (block_size * head_dim * 2 bytes), so the
+// decode kernel streams whole runs instead of 256-byte pieces 2 KiB apart.
+__device__ __forceinline__ size_t kv_index(long long block, int kv_head, int offset, int num_kv_heads,
+                                           int block_size, int hd) {
+  return (((size_t)block * num_kv_heads + kv_head) * block_size + offset) * hd;
 }

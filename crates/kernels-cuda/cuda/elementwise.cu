@@ -5,6 +5,7 @@
 // x[t] = table[ids[t]] (f32 residual stream). Grid: tokens.
 extern "C" __global__ void embed_rows(const int* __restrict__ ids, const bf16* __restrict__ table,
                                       float* __restrict__ x, int d) {
+  pdl_begin();
   const int t = blockIdx.x;
   const bf16* row = table + (size_t)ids[t] * d;
   float* out = x + (size_t)t * d;
@@ -18,6 +19,7 @@ extern "C" __global__ void embed_rows(const int* __restrict__ ids, const bf16* _
 extern "C" __global__ void add_rms_norm(float* __restrict__ x, const bf16* __restrict__ delta,
                                         const int* __restrict__ rows, const float* __restrict__ weight,
                                         bf16* __restrict__ out, int d, float eps) {
+  pdl_begin();
   const int r = blockIdx.x, src = rows ? rows[r] : r;
   float* xr = x + (size_t)src * d;
   float ss = 0.f;
@@ -39,6 +41,7 @@ extern "C" __global__ void add_rms_norm(float* __restrict__ x, const bf16* __res
 // out[t, j] = silu(gate[t, j]) * up[t, j], with gate_up = [gate | up] per row.
 // Grid: (tokens, ceil(ff / (2 * blockDim.x))); two elements per thread.
 extern "C" __global__ void silu_mul(const bf16* __restrict__ gate_up, bf16* __restrict__ out, int ff) {
+  pdl_begin();
   const int t = blockIdx.x;
   const int j = 2 * (blockIdx.y * blockDim.x + threadIdx.x);
   if (j >= ff) return;
@@ -55,6 +58,7 @@ extern "C" __global__ void silu_mul(const bf16* __restrict__ gate_up, bf16* __re
 // Greedy pick per row: the largest logit, the lowest index on ties (as the
 // host sampler does). Grid: rows; block: 1024 threads.
 extern "C" __global__ void argmax_rows(const float* __restrict__ logits, int vocab, int* __restrict__ out) {
+  pdl_begin();
   __shared__ float best_v[32];
   __shared__ int best_i[32];
   const float* row = logits + (size_t)blockIdx.x * vocab;
@@ -115,4 +119,18 @@ extern "C" __global__ void fill_uniform_f32(float* __restrict__ out, long long n
     const float u = (float)(h >> 40) * (1.0f / 16777216.0f) - 0.5f;
     out[i] = offset + scale * u;
   }
+}
+
+// Turns a decode step's inputs into the next step's on the device: each
+// row's next token is the one just picked, one position further, in the
+// next slot of the same block (the host only does this inside a block).
+// Lets the runner launch step N+1 before the host has seen step N's ids.
+extern "C" __global__ void advance_decode(int* __restrict__ ids, int* __restrict__ positions,
+                                          long long* __restrict__ slots, const int* __restrict__ sampled, int n) {
+  pdl_begin();
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= n) return;
+  ids[t] = sampled[t];
+  positions[t] += 1;
+  slots[t] += 1;
 }

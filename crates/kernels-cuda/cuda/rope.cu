@@ -11,13 +11,14 @@
 //   cos/sin:  [max_position, hd / 2] f32 (all rope scalings are baked in)
 //   slots:    [tokens] cache slot (block * block_size + offset)
 //   q_out:    [tokens, H * hd] bf16
-//   k/v cache: [slots, KVH * hd] bf16
+//   k/v cache: [blocks, KVH, block_size, hd] bf16 (see kv_index)
 extern "C" __global__ void rope_qkv(const bf16* __restrict__ qkv, const float* __restrict__ bias,
                                     const float* __restrict__ q_norm, const float* __restrict__ k_norm,
                                     const int* __restrict__ positions, const long long* __restrict__ slots,
                                     const float* __restrict__ cos_t, const float* __restrict__ sin_t,
                                     bf16* __restrict__ q_out, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
-                                    int num_heads, int num_kv_heads, int hd, float eps) {
+                                    int num_heads, int num_kv_heads, int hd, float eps, int block_size) {
+  pdl_begin();
   const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x, half = hd / 2;
   const int qd = num_heads * hd, kvd = num_kv_heads * hd;
   const bf16* row = qkv + (size_t)t * (qd + 2 * kvd);
@@ -43,9 +44,11 @@ extern "C" __global__ void rope_qkv(const bf16* __restrict__ qkv, const float* _
     }
   }
   const long long slot = slots[t];
+  const long long block = slot / block_size;
+  const int offset = (int)(slot % block_size);
   if (kind == 2) {  // uniform across the block: no thread reaches block_sum below
     if (active) {
-      bf16* v = v_cache + slot * kvd + (col - qd - kvd);
+      bf16* v = v_cache + kv_index(block, (col - qd - kvd) / hd, offset, num_kv_heads, block_size, hd);
       v[i] = to_bf16(a);
       v[i + half] = to_bf16(b);
     }
@@ -63,7 +66,8 @@ extern "C" __global__ void rope_qkv(const bf16* __restrict__ qkv, const float* _
   const size_t p = (size_t)positions[t] * half + i;
   const float c = cos_t[p], s = sin_t[p];
   const float ra = a * c - b * s, rb = b * c + a * s;
-  bf16* dst = kind == 0 ? q_out + (size_t)t * qd + col : k_cache + slot * kvd + (col - qd);
+  bf16* dst = kind == 0 ? q_out + (size_t)t * qd + col
+                        : k_cache + kv_index(block, (col - qd) / hd, offset, num_kv_heads, block_size, hd);
   dst[i] = to_bf16(ra);
   dst[i + half] = to_bf16(rb);
 }

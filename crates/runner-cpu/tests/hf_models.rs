@@ -128,7 +128,12 @@ fn assert_common_shape(c: &ModelConfig, layers: usize, head_dim: usize) {
 fn forward(runner: &mut CpuRunner, chunks: Vec<SequenceChunk<'_>>) -> Vec<Vec<f32>> {
     let vocab = runner.config().vocab_size;
     let n = chunks.len();
-    let logits = runner.forward(&ForwardBatch { chunks }).unwrap();
+    let logits = runner
+        .forward(&ForwardBatch {
+            chunks,
+            expect_next: false,
+        })
+        .unwrap();
     assert_eq!(logits.len(), n * vocab);
     logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect()
 }

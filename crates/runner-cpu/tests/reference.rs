@@ -71,6 +71,7 @@ fn smollm2_matches_f32_reference() {
                     start_pos: pos,
                     block_table: table.blocks(),
                 }],
+                expect_next: false,
             };
             let logits = runner.forward(&batch).unwrap();
             if pos == 0 {
@@ -138,6 +139,7 @@ fn smollm2_bf16_weights_stay_close_to_the_reference() {
                 start_pos: 0,
                 block_table: table.blocks(),
             }],
+            expect_next: false,
         };
         let logits = runner.forward(&batch).unwrap();
         let scale = ref_logits.iter().fold(0f32, |a, b| a.max(b.abs()));

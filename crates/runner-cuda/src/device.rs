@@ -34,6 +34,13 @@ pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     pub name: String,
+    /// Launch with programmatic stream serialization (sm_90+): each kernel
+    /// may start while the previous one drains (the kernels wait in
+    /// `pdl_begin` until its writes are visible).
+    pdl: bool,
+    /// `INGOT_CUDA_CHECK=1`: synchronize after every launch and name the
+    /// kernel that failed (debugging only).
+    check_each: bool,
     modules: Vec<(&'static str, Arc<CudaModule>)>,
 }
 
@@ -64,10 +71,13 @@ impl Gpu {
             };
             modules.push((m.name, ctx.load_module(image)?));
         }
+        let pdl = cc.0 >= 9 && std::env::var("INGOT_CUDA_PDL").map_or(true, |v| v != "0");
         Ok(Self {
             ctx,
             stream,
             name,
+            pdl,
+            check_each: std::env::var("INGOT_CUDA_CHECK").is_ok_and(|v| v == "1"),
             modules,
         })
     }
@@ -78,6 +88,7 @@ impl Gpu {
             if let Ok(f) = m.load_function(name) {
                 return Ok(Kernel {
                     raw: f.cu_function(),
+                    name: name.to_string(),
                     _module: m.clone(),
                 });
             }
@@ -111,16 +122,38 @@ impl Gpu {
         for (i, p) in params.iter_mut().enumerate().take(args.len()) {
             *p = &mut values[i] as *mut u64 as *mut c_void;
         }
-        unsafe {
-            result::launch_kernel(
-                kernel.raw,
-                grid,
-                (block, 1, 1),
-                shared_mem,
-                self.stream.cu_stream(),
-                &mut params[..args.len()],
-            )?
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: unsafe { std::mem::zeroed() },
         };
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: shared_mem,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: u32::from(self.pdl),
+        };
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                kernel.raw,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+            .result()?;
+        }
+        if self.check_each {
+            self.stream.synchronize().map_err(|e| {
+                CudaError::Unsupported(format!("kernel {} grid {grid:?} failed: {e}", kernel.name))
+            })?;
+        }
         Ok(())
     }
 
@@ -153,6 +186,7 @@ impl Gpu {
 #[derive(Clone)]
 pub struct Kernel {
     raw: sys::CUfunction,
+    name: String,
     _module: Arc<CudaModule>,
 }
 

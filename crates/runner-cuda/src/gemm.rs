@@ -1,17 +1,28 @@
-//! GEMMs through cuBLASLt: bf16 inputs, f32 accumulation, bf16 or f32
-//! output. Descriptors and the heuristic's algorithm are built once per
-//! shape and cached, so a step's GEMMs cost one `cublasLtMatmul` call each.
+//! Linear layers: bf16 inputs, f32 accumulation, bf16 or f32 output.
+//!
+//! Up to [`GEMV_MAX_TOKENS`] tokens (decode at small batch) run ingot's own
+//! GEMV kernels, which stream each weight row once at memory speed. Larger
+//! shapes go to cuBLASLt; descriptors and the algorithm are built once per
+//! shape and cached. While [`Gemm::tune`] is set (start-up: the profiling
+//! pass and the graph warm-up, whose data is scratch) the heuristic's top
+//! candidates are timed on the real shape and the fastest is kept.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
 
 use cudarc::cublaslt::{result, sys};
 
-use crate::device::{Arena, DevPtr, Gpu};
+use cudarc::driver::sys::CUevent_flags;
+
+use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel};
 use crate::CudaError;
 
 /// cuBLASLt's recommended workspace on Hopper.
 const WORKSPACE_BYTES: usize = 32 << 20;
+/// Most tokens handled by the GEMV kernels.
+pub const GEMV_MAX_TOKENS: usize = 8;
+/// Candidates timed per shape while tuning.
+const TUNE_CANDIDATES: usize = 8;
 
 /// Output element type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -40,6 +51,8 @@ struct Plan {
     x: sys::cublasLtMatrixLayout_t,
     y: sys::cublasLtMatrixLayout_t,
     algo: sys::cublasLtMatmulAlgo_t,
+    /// beta = 1: add into the output.
+    accumulate: bool,
 }
 
 /// `y[tokens, outputs] = x[tokens, inputs] · w[outputs, inputs]ᵀ` (row-major,
@@ -48,6 +61,10 @@ pub struct Gemm {
     handle: sys::cublasLtHandle_t,
     workspace: DevPtr,
     plans: HashMap<Shape, Plan>,
+    /// `[tokens - 1][mode]`: bf16, f32, f32 accumulate, silu·up f32 accumulate.
+    gemv: Vec<[Kernel; 4]>,
+    /// Time the candidates of new shapes (only while buffers hold scratch).
+    pub tune: bool,
 }
 
 // The handle is only used from the runner's thread.
@@ -55,11 +72,28 @@ unsafe impl Send for Gemm {}
 
 impl Gemm {
     /// A handle whose workspace is taken from `arena`.
-    pub fn new(arena: &mut Arena) -> Result<Self, CudaError> {
+    pub fn new(gpu: &Gpu, arena: &mut Arena) -> Result<Self, CudaError> {
+        // `gemv8_*` keep 8 loads in flight per lane instead of 4.
+        let family = match std::env::var("INGOT_GEMV_UNROLL").as_deref() {
+            Ok("8") => "gemv8",
+            _ => "gemv",
+        };
+        let gemv = (1..=GEMV_MAX_TOKENS)
+            .map(|n| {
+                Ok([
+                    gpu.kernel(&format!("{family}_n{n}_bf16"))?,
+                    gpu.kernel(&format!("{family}_n{n}_f32"))?,
+                    gpu.kernel(&format!("{family}_n{n}_add_f32"))?,
+                    gpu.kernel(&format!("{family}_n{n}_silu_add_f32"))?,
+                ])
+            })
+            .collect::<Result<_, CudaError>>()?;
         Ok(Self {
             handle: result::create_handle()?,
             workspace: arena.take(WORKSPACE_BYTES)?,
             plans: HashMap::new(),
+            gemv,
+            tune: false,
         })
     }
 
@@ -81,6 +115,22 @@ impl Gemm {
         outputs: usize,
         out: OutType,
     ) -> Result<(), CudaError> {
+        if (1..=GEMV_MAX_TOKENS).contains(&tokens) && inputs.is_multiple_of(8) {
+            let mode = match out {
+                OutType::Bf16 => 0,
+                OutType::F32 => 1,
+                OutType::AddF32 => 2,
+            };
+            let grid = (outputs.div_ceil(8) as u32, 1, 1);
+            let args = [
+                Arg::Ptr(x),
+                Arg::Ptr(w),
+                Arg::Ptr(y),
+                Arg::I32(inputs as i32),
+                Arg::I32(outputs as i32),
+            ];
+            return gpu.launch(&self.gemv[tokens - 1][mode], grid, 256, 0, &args);
+        }
         let shape = Shape {
             tokens,
             inputs,
@@ -88,12 +138,54 @@ impl Gemm {
             out,
         };
         if !self.plans.contains_key(&shape) {
-            let plan = self.plan(shape)?;
+            let plan = self.plan(gpu, shape, (x, w, y))?;
             self.plans.insert(shape, plan);
         }
         let plan = &self.plans[&shape];
+        self.matmul(gpu, plan, &plan.algo, (x, w, y))
+    }
+
+    /// `y += (silu(gate) * up) · wᵀ` straight from the `[tokens, 2 * inputs]`
+    /// gate/up output when the GEMV path applies; false otherwise (the
+    /// caller then runs the activation and [`Gemm::linear`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn silu_down(
+        &self,
+        gpu: &Gpu,
+        gate_up: DevPtr,
+        w: DevPtr,
+        y: DevPtr,
+        tokens: usize,
+        inputs: usize,
+        outputs: usize,
+    ) -> Result<bool, CudaError> {
+        // The fused activation costs an exp per weight element's input in
+        // every warp: worth it for small MLPs (one launch fewer), not for
+        // wide ones, where the separate kernel is cheaper.
+        if !(1..=GEMV_MAX_TOKENS).contains(&tokens) || !inputs.is_multiple_of(8) || inputs > 4096 {
+            return Ok(false);
+        }
+        let grid = (outputs.div_ceil(8) as u32, 1, 1);
+        let args = [
+            Arg::Ptr(gate_up),
+            Arg::Ptr(w),
+            Arg::Ptr(y),
+            Arg::I32(inputs as i32),
+            Arg::I32(outputs as i32),
+        ];
+        gpu.launch(&self.gemv[tokens - 1][3], grid, 256, 0, &args)?;
+        Ok(true)
+    }
+
+    fn matmul(
+        &self,
+        gpu: &Gpu,
+        plan: &Plan,
+        algo: &sys::cublasLtMatmulAlgo_t,
+        (x, w, y): (DevPtr, DevPtr, DevPtr),
+    ) -> Result<(), CudaError> {
         let alpha = 1.0f32;
-        let beta = if out == OutType::AddF32 { 1.0f32 } else { 0.0 };
+        let beta = if plan.accumulate { 1.0f32 } else { 0.0 };
         unsafe {
             result::matmul(
                 self.handle,
@@ -108,7 +200,7 @@ impl Gemm {
                 plan.y,
                 y as *mut c_void,
                 plan.y,
-                &plan.algo,
+                algo,
                 self.workspace as *mut c_void,
                 WORKSPACE_BYTES,
                 gpu.stream.cu_stream() as sys::cudaStream_t,
@@ -119,7 +211,7 @@ impl Gemm {
 
     /// Column-major view: `yᵀ[outputs, tokens] = op(W)[outputs, inputs] · xᵀ[inputs, tokens]`
     /// where the row-major `w` is a column-major `[inputs, outputs]`, transposed.
-    fn plan(&self, s: Shape) -> Result<Plan, CudaError> {
+    fn plan(&self, gpu: &Gpu, s: Shape, ptrs: (DevPtr, DevPtr, DevPtr)) -> Result<Plan, CudaError> {
         let bf16 = sys::cudaDataType_t::CUDA_R_16BF;
         let out_type = match s.out {
             OutType::Bf16 => bf16,
@@ -143,7 +235,11 @@ impl Gemm {
         let x = result::create_matrix_layout(bf16, k, n, k as i64)?;
         let y = result::create_matrix_layout(out_type, m, n, m as i64)?;
         let pref = result::create_matmul_pref()?;
-        let heuristic = unsafe {
+        let mut found = [std::mem::MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::zeroed();
+            TUNE_CANDIDATES];
+        let mut count = 0i32;
+        let wanted = if self.tune { TUNE_CANDIDATES } else { 1 };
+        let status = unsafe {
             let ws = WORKSPACE_BYTES;
             result::set_matmul_pref_attribute(
                 pref,
@@ -151,17 +247,76 @@ impl Gemm {
                 &ws as *const usize as *const c_void,
                 std::mem::size_of::<usize>(),
             )?;
-            let h = result::get_matmul_algo_heuristic(self.handle, desc, w, x, y, y, pref);
+            let status = sys::cublasLtMatmulAlgoGetHeuristic(
+                self.handle,
+                desc,
+                w,
+                x,
+                y,
+                y,
+                pref,
+                wanted as i32,
+                found.as_mut_ptr() as *mut sys::cublasLtMatmulHeuristicResult_t,
+                &mut count,
+            );
             result::destroy_matmul_pref(pref)?;
-            h?
+            status
         };
-        Ok(Plan {
+        status.result()?;
+        if count == 0 {
+            return Err(CudaError::Unsupported(format!(
+                "no cuBLASLt algorithm for {s:?}"
+            )));
+        }
+        let algos: Vec<sys::cublasLtMatmulAlgo_t> = found[..count as usize]
+            .iter()
+            .map(|r| unsafe { r.assume_init() }.algo)
+            .collect();
+        let mut plan = Plan {
             desc,
             w,
             x,
             y,
-            algo: heuristic.algo,
-        })
+            algo: algos[0],
+            accumulate: s.out == OutType::AddF32,
+        };
+        if algos.len() > 1 {
+            plan.algo = self.fastest(gpu, &plan, &algos, ptrs)?;
+        }
+        Ok(plan)
+    }
+
+    /// Times each candidate (after one warm-up call) and returns the fastest.
+    fn fastest(
+        &self,
+        gpu: &Gpu,
+        plan: &Plan,
+        algos: &[sys::cublasLtMatmulAlgo_t],
+        ptrs: (DevPtr, DevPtr, DevPtr),
+    ) -> Result<sys::cublasLtMatmulAlgo_t, CudaError> {
+        const RUNS: usize = 5;
+        let mut best = (f32::INFINITY, algos[0]);
+        for algo in algos {
+            // Some candidates fail for this shape; skip them.
+            if self.matmul(gpu, plan, algo, ptrs).is_err() {
+                continue;
+            }
+            let start = gpu
+                .stream
+                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            for _ in 0..RUNS {
+                self.matmul(gpu, plan, algo, ptrs)?;
+            }
+            let end = gpu
+                .stream
+                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            end.synchronize()?;
+            let ms = start.elapsed_ms(&end)?;
+            if ms < best.0 {
+                best = (ms, *algo);
+            }
+        }
+        Ok(best.1)
     }
 }
 

@@ -12,12 +12,15 @@ use crate::profile::{Category, Marks};
 use crate::weights::DeviceWeights;
 use crate::CudaError;
 
-/// Query rows per prefill-attention tile (the kernel's `TILE`).
+/// Query rows per prefill-attention tile (the kernel's `TILE`): 64 / G
+/// tokens of a chunk times the G query heads of a kv head.
 const PREFILL_TILE: usize = 64;
 /// Chunks at least this long use the tensor-core prefill attention.
 const PREFILL_MIN_TOKENS: usize = 8;
 /// Most (token, split) rows of split-K partial results.
-const PART_ROWS: usize = 1024;
+const PART_ROWS: usize = 2048;
+/// Keys per split that make a block long enough to be worth its launch.
+const KEYS_PER_SPLIT: usize = 256;
 /// Most splits of one token's keys.
 const MAX_SPLITS: usize = 32;
 
@@ -30,6 +33,7 @@ pub struct Kernels {
     argmax_rows: Kernel,
     decode_attention: Kernel,
     combine: Kernel,
+    advance_decode: Kernel,
     /// Absent for head sizes without a tensor-core kernel.
     prefill_attention: Option<(Kernel, u32)>,
     pub num_sms: usize,
@@ -69,6 +73,7 @@ impl Kernels {
             argmax_rows: gpu.kernel("argmax_rows")?,
             decode_attention,
             combine: gpu.kernel("attention_combine")?,
+            advance_decode: gpu.kernel("advance_decode")?,
             prefill_attention,
             num_sms: gpu
                 .ctx
@@ -111,6 +116,8 @@ pub struct StepPlan {
     pub splits: usize,
     /// i32 elements of the input region to upload.
     upload_len: usize,
+    /// The captured graph this step replays (its padded size).
+    pub graph_size: Option<usize>,
 }
 
 /// Offsets (in i32 elements) of the step inputs inside one region that is
@@ -131,7 +138,8 @@ struct InputLayout {
 
 impl InputLayout {
     fn new(max_tokens: usize, max_seqs: usize, max_blocks: usize) -> Self {
-        let max_tiles = max_tokens / PREFILL_TILE + max_seqs + 1;
+        // Tiles hold 64 / G tokens; G is at most 8.
+        let max_tiles = max_tokens * 8 / PREFILL_TILE + max_seqs + 1;
         let slots = 0;
         let ids = slots + 2 * max_tokens;
         let positions = ids + max_tokens;
@@ -177,7 +185,7 @@ pub struct Buffers {
     part_acc: DevPtr,
     part_ml: DevPtr,
     arena: Arena,
-    /// (k, v) per layer, `[blocks, block_size, kv_dim]` bf16 each.
+    /// (k, v) per layer, `[blocks, kv_heads, block_size, head_dim]` bf16 each.
     kv_layers: Vec<(DevPtr, DevPtr)>,
     kv: Option<Arena>,
 }
@@ -324,8 +332,9 @@ impl Buffers {
             }
             host[l.last_rows + s] = (t - 1) as i32;
             if prefill && ch.tokens.len() >= PREFILL_MIN_TOKENS {
-                for start in (0..ch.tokens.len()).step_by(PREFILL_TILE) {
-                    let n = PREFILL_TILE.min(ch.tokens.len() - start);
+                let tile_tokens = PREFILL_TILE / (c.num_heads / c.num_kv_heads);
+                for start in (0..ch.tokens.len()).step_by(tile_tokens) {
+                    let n = tile_tokens.min(ch.tokens.len() - start);
                     host[l.tiles + 3 * n_tiles..l.tiles + 3 * n_tiles + 3].copy_from_slice(&[
                         (first + start) as i32,
                         n as i32,
@@ -343,12 +352,7 @@ impl Buffers {
             write_table(host, &l, s, stride, ch.block_table);
         }
         host[l.stride] = stride as i32;
-        let by_gpu = (2 * num_sms).div_ceil((n_decode * c.num_kv_heads).max(1));
-        let splits = by_gpu
-            .min(max_ctx.div_ceil(128))
-            .min(MAX_SPLITS)
-            .min(PART_ROWS / n_decode.max(1))
-            .max(1);
+        let splits = decode_splits(n_decode, max_ctx, num_sms, c);
         StepPlan {
             tokens: t,
             seqs: batch.chunks.len(),
@@ -357,6 +361,7 @@ impl Buffers {
             tiles: n_tiles,
             splits,
             upload_len: l.tables + batch.chunks.len() * stride,
+            graph_size: None,
         }
     }
 
@@ -403,6 +408,7 @@ impl Buffers {
             tiles: 0,
             splits: graph_splits(size, num_sms, c),
             upload_len: l.tables + size * stride,
+            graph_size: Some(size),
         }
     }
 
@@ -416,14 +422,24 @@ impl Buffers {
     }
 }
 
-/// Splits for a graph of `size` decode rows (fixed at capture: the context
-/// length is not known then, empty splits cost one early exit).
-fn graph_splits(size: usize, num_sms: usize, c: &ModelConfig) -> usize {
-    (2 * num_sms)
-        .div_ceil(size * c.num_kv_heads)
+/// Splits of each decode token's keys: enough blocks to fill the GPU at
+/// small batch, and blocks of at most ~[`KEYS_PER_SPLIT`] keys at large
+/// batch, so the last wave of long blocks does not idle most SMs.
+fn decode_splits(tokens: usize, max_ctx: usize, num_sms: usize, c: &ModelConfig) -> usize {
+    let tokens = tokens.max(1);
+    let fill = (2 * num_sms).div_ceil(tokens * c.num_kv_heads);
+    let by_length = max_ctx.div_ceil(KEYS_PER_SPLIT);
+    fill.max(by_length)
+        .min(max_ctx.div_ceil(16))
         .min(MAX_SPLITS)
-        .min(PART_ROWS / size)
+        .min(PART_ROWS / tokens)
         .max(1)
+}
+
+/// Splits for a graph of `size` decode rows, fixed at capture for the
+/// longest context (empty splits exit at once).
+fn graph_splits(size: usize, num_sms: usize, c: &ModelConfig) -> usize {
+    decode_splits(size, c.max_context, num_sms, c)
 }
 
 /// Row `s` of the block tables, zero-padded to `stride`.
@@ -450,6 +466,26 @@ fn write_token(
     let slot = slot as i64;
     host[l.slots + 2 * t] = slot as i32;
     host[l.slots + 2 * t + 1] = (slot >> 32) as i32;
+}
+
+/// Rewrites the inputs of the decode step just enqueued into those of the
+/// step after it (next token = the one picked, one position further).
+pub fn advance_decode(gpu: &Gpu, k: &Kernels, b: &Buffers, rows: usize) -> Result<(), CudaError> {
+    let l = b.layout;
+    let args = [
+        Arg::Ptr(b.input(l.ids)),
+        Arg::Ptr(b.input(l.positions)),
+        Arg::Ptr(b.input(l.slots)),
+        Arg::Ptr(b.sampled),
+        Arg::I32(rows as i32),
+    ];
+    gpu.launch(
+        &k.advance_decode,
+        (rows.div_ceil(128) as u32, 1, 1),
+        128,
+        0,
+        &args,
+    )
 }
 
 /// Threads for row-wise kernels over `d` elements.
@@ -549,6 +585,7 @@ pub fn encode(
             I32(kv_heads),
             I32(hd as i32),
             F32(eps),
+            I32(b.block_size as i32),
         ];
         let rope_threads = (hd / 2).next_multiple_of(32) as u32;
         let rope_grid = (t32, (c.num_heads + 2 * c.num_kv_heads) as u32, 1);
@@ -609,7 +646,7 @@ pub fn encode(
             ];
             gpu.launch(
                 kernel,
-                (plan.tiles as u32, heads as u32, 1),
+                (plan.tiles as u32, kv_heads as u32, 1),
                 128,
                 *smem,
                 &args,
@@ -640,16 +677,14 @@ pub fn encode(
             OutType::Bf16,
         )?;
         mark(Category::Gemm)?;
-        let silu_grid = (t32, ff.div_ceil(512) as u32, 1);
-        gpu.launch(
-            &k.silu_mul,
-            silu_grid,
-            256,
-            0,
-            &[Ptr(b.gate_up), Ptr(b.act), I32(ff as i32)],
-        )?;
-        mark(Category::Other)?;
-        gemm.linear(gpu, b.act, layer.down, b.x, t, ff, d, OutType::AddF32)?;
+        // Small batches fuse the activation into the down projection.
+        if !gemm.silu_down(gpu, b.gate_up, layer.down, b.x, t, ff, d)? {
+            let silu_grid = (t32, ff.div_ceil(512) as u32, 1);
+            let silu_args = [Ptr(b.gate_up), Ptr(b.act), I32(ff as i32)];
+            gpu.launch(&k.silu_mul, silu_grid, 256, 0, &silu_args)?;
+            mark(Category::Other)?;
+            gemm.linear(gpu, b.act, layer.down, b.x, t, ff, d, OutType::AddF32)?;
+        }
         mark(Category::Gemm)?;
     }
     let s = plan.seqs;

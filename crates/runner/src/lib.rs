@@ -32,6 +32,11 @@ impl SequenceChunk<'_> {
 pub struct ForwardBatch<'a> {
     /// One entry per sequence; each yields one row of logits (its last token).
     pub chunks: Vec<SequenceChunk<'a>>,
+    /// A hint from the engine: it expects the next step to be these same
+    /// decode chunks one token further (nothing waiting, no sequence at its
+    /// length limit). A backend may start that step before this one's
+    /// results are read; it must check the next batch and discard on a miss.
+    pub expect_next: bool,
 }
 
 impl ForwardBatch<'_> {

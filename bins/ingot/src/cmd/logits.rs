@@ -43,6 +43,7 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
             start_pos: 0,
             block_table: &table,
         }],
+        expect_next: false,
     };
     let device = runner.device_name();
     let logits = runner.forward(&batch)?;
