@@ -131,7 +131,7 @@ def check_elementwise(m, rng):
     ff = 1536
     gu = bf(rnd(rng, T, 2 * ff, scale=4.0))
     out = torch.empty(T, ff, dtype=torch.bfloat16, device="cuda")
-    launch(m.fn("silu_mul"), (T, math.ceil(ff / 512)), 256, [ptr(dev(gu, torch.bfloat16)), ptr(out), i32(ff)])
+    launch(m.fn("silu_mul"), (T, math.ceil(ff / (8 * 256))), 256, [ptr(dev(gu, torch.bfloat16)), ptr(out), i32(ff)])
     g, u = gu[:, :ff], gu[:, ff:]
     report("silu_mul", rel(host(out), g / (1 + np.exp(-g)) * u), 8e-3)
 
@@ -315,12 +315,12 @@ def check_gemv(m, rng):
         y = dev(base, torch.float32)
         launch(m.fn(f"gemv_n{n}_add_f32"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out)])
         report(f"gemv n={n} {inp}->{out} f32 accumulate", rel(host(y), base + want), 1e-5)
-        gu = bf(rnd(rng, n, 2 * inp, scale=3.0))
-        g, u = gu[:, :inp], gu[:, inp:]
-        act = bf(g / (1 + np.exp(-g)) * u)  # the kernel rounds the activation to bf16 for the dot
-        y = dev(base, torch.float32)
-        launch(m.fn(f"gemv_n{n}_silu_add_f32"), grid, 256, [ptr(dev(gu, torch.bfloat16)), ptr(wd), ptr(y), i32(inp), i32(out)])
-        report(f"gemv n={n} {inp}->{out} silu(gate)*up, f32 accumulate", rel(host(y), base + act @ w.T), 1e-3)
+        # SwiGLU: w2 stacks gate rows then up rows; y = silu(x·gate) * (x·up).
+        w2 = bf(rnd(rng, 2 * out, inp, scale=0.05))
+        gate, up = x @ w2[:out].T, x @ w2[out:].T
+        y = torch.empty(n, out, dtype=torch.bfloat16, device="cuda")
+        launch(m.fn(f"gemv_n{n}_swiglu"), grid, 256, [ptr(xd), ptr(dev(w2, torch.bfloat16)), ptr(y), i32(inp), i32(out)])
+        report(f"gemv n={n} {inp}->{out} swiglu (bf16 out)", rel(host(y), gate / (1 + np.exp(-gate)) * up), 8e-3)
 
 
 def main():

@@ -216,7 +216,10 @@ __device__ __forceinline__ void prefill_attention(
 
   // Rows are (token, query head) pairs of one kv head's group: the G heads
   // that share K/V read each staged K/V tile together (GQA).
-  const int t0 = tiles[3 * blockIdx.x], n = tiles[3 * blockIdx.x + 1], seq = tiles[3 * blockIdx.x + 2];
+  // Tiles are listed in prompt order; the last ones see the most keys, so
+  // they are started first and the short ones fill the tail.
+  const int tile = gridDim.x - 1 - blockIdx.x;
+  const int t0 = tiles[3 * tile], n = tiles[3 * tile + 1], seq = tiles[3 * tile + 2];
   const int kvh = blockIdx.y, group = num_heads / num_kv_heads;
   const int qd = num_heads * HD;
   const int p0 = positions[t0], last = p0 + n - 1;
@@ -273,19 +276,24 @@ __device__ __forceinline__ void prefill_attention(
       mx = fmaxf(mx, s[c]);
     }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    const float m_new = fmaxf(m, mx);
-    const float corr = exp2f(m - m_new);
+    // Lazy rescaling: keep the running maximum unless the new one exceeds
+    // it by more than 2^8 (p stays <= 256, exact enough in bf16 and f32), so
+    // the O rows are rarely rewritten.
+    if (mx > m + 8.f) {
+      const float corr = exp2f(m - mx);
+      l *= corr;
+      m = mx;
+      for (int d = (lane & 1) * (HD / 2); d < (lane & 1) * (HD / 2) + HD / 2; ++d) sO[row * L::LDO + d] *= corr;
+    }
     float sum = 0.f;
 #pragma unroll
     for (int c = 0; c < TILE / 2; ++c) {
-      const float p = exp2f(s[c] - m_new);
+      const float p = exp2f(s[c] - m);
       sum += p;
       sP[row * L::LDP + c0 + c] = to_bf16(p);
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    l = l * corr + sum;
-    m = m_new;
-    for (int d = (lane & 1) * (HD / 2); d < (lane & 1) * (HD / 2) + HD / 2; ++d) sO[row * L::LDO + d] *= corr;
+    l += sum;
     __syncwarp();
 
     // O += P V.

@@ -61,7 +61,7 @@ pub struct Gemm {
     handle: sys::cublasLtHandle_t,
     workspace: DevPtr,
     plans: HashMap<Shape, Plan>,
-    /// `[tokens - 1][mode]`: bf16, f32, f32 accumulate, silu·up f32 accumulate.
+    /// `[tokens - 1][mode]`: bf16, f32, f32 accumulate, SwiGLU.
     gemv: Vec<[Kernel; 4]>,
     /// Time the candidates of new shapes (only while buffers hold scratch).
     pub tune: bool,
@@ -73,18 +73,13 @@ unsafe impl Send for Gemm {}
 impl Gemm {
     /// A handle whose workspace is taken from `arena`.
     pub fn new(gpu: &Gpu, arena: &mut Arena) -> Result<Self, CudaError> {
-        // `gemv8_*` keep 8 loads in flight per lane instead of 4.
-        let family = match std::env::var("INGOT_GEMV_UNROLL").as_deref() {
-            Ok("8") => "gemv8",
-            _ => "gemv",
-        };
         let gemv = (1..=GEMV_MAX_TOKENS)
             .map(|n| {
                 Ok([
-                    gpu.kernel(&format!("{family}_n{n}_bf16"))?,
-                    gpu.kernel(&format!("{family}_n{n}_f32"))?,
-                    gpu.kernel(&format!("{family}_n{n}_add_f32"))?,
-                    gpu.kernel(&format!("{family}_n{n}_silu_add_f32"))?,
+                    gpu.kernel(&format!("gemv_n{n}_bf16"))?,
+                    gpu.kernel(&format!("gemv_n{n}_f32"))?,
+                    gpu.kernel(&format!("gemv_n{n}_add_f32"))?,
+                    gpu.kernel(&format!("gemv_n{n}_swiglu"))?,
                 ])
             })
             .collect::<Result<_, CudaError>>()?;
@@ -145,31 +140,26 @@ impl Gemm {
         self.matmul(gpu, plan, &plan.algo, (x, w, y))
     }
 
-    /// `y += (silu(gate) * up) · wᵀ` straight from the `[tokens, 2 * inputs]`
-    /// gate/up output when the GEMV path applies; false otherwise (the
-    /// caller then runs the activation and [`Gemm::linear`]).
-    #[allow(clippy::too_many_arguments)]
-    pub fn silu_down(
+    /// `act[t, i] = silu(x·gateᵢ) · (x·upᵢ)` straight from the fused
+    /// `[2 * outputs, inputs]` gate/up matrix when the GEMV path applies
+    /// (the activation then costs no kernel); false otherwise (the caller
+    /// runs [`Gemm::linear`] and the activation kernel).
+    pub fn swiglu(
         &self,
         gpu: &Gpu,
-        gate_up: DevPtr,
-        w: DevPtr,
-        y: DevPtr,
+        (x, w, act): (DevPtr, DevPtr, DevPtr),
         tokens: usize,
         inputs: usize,
         outputs: usize,
     ) -> Result<bool, CudaError> {
-        // The fused activation costs an exp per weight element's input in
-        // every warp: worth it for small MLPs (one launch fewer), not for
-        // wide ones, where the separate kernel is cheaper.
-        if !(1..=GEMV_MAX_TOKENS).contains(&tokens) || !inputs.is_multiple_of(8) || inputs > 4096 {
+        if !(1..=GEMV_MAX_TOKENS).contains(&tokens) || !inputs.is_multiple_of(8) {
             return Ok(false);
         }
         let grid = (outputs.div_ceil(8) as u32, 1, 1);
         let args = [
-            Arg::Ptr(gate_up),
+            Arg::Ptr(x),
             Arg::Ptr(w),
-            Arg::Ptr(y),
+            Arg::Ptr(act),
             Arg::I32(inputs as i32),
             Arg::I32(outputs as i32),
         ];

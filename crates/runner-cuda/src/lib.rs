@@ -225,9 +225,7 @@ impl CudaRunner {
             pending: None,
             speculation_hits: 0,
             speculation_misses: 0,
-            profiler: std::env::var("INGOT_CUDA_PROFILE")
-                .is_ok_and(|v| v == "1")
-                .then(Profiler::default),
+            profiler: None,
             memory: MemoryReport {
                 weights: weights.arena.size(),
                 workspace: 0,
@@ -248,6 +246,10 @@ impl CudaRunner {
             runner.capture_graphs()?;
         }
         runner.gemm.tune = false;
+        // Set after start-up so the profiling pass and warm-up are not counted.
+        runner.profiler = std::env::var("INGOT_CUDA_PROFILE")
+            .is_ok_and(|v| v == "1")
+            .then(Profiler::default);
         Ok(runner)
     }
 

@@ -52,6 +52,12 @@ impl Kernels {
                 config.num_heads, config.num_kv_heads
             )));
         }
+        if !config.intermediate_size.is_multiple_of(8) || !config.hidden_size.is_multiple_of(8) {
+            return Err(CudaError::Unsupported(format!(
+                "hidden size {} / MLP width {} (multiples of 8 are supported)",
+                config.hidden_size, config.intermediate_size
+            )));
+        }
         let decode_attention = gpu
             .kernel(&format!("paged_attention_hd{hd}_g{group}"))
             .map_err(|_| {
@@ -666,25 +672,26 @@ pub fn encode(
         ];
         gpu.launch(&k.add_rms_norm, (t32, 1, 1), rt, 0, &norm_args)?;
         mark(Category::Other)?;
-        gemm.linear(
-            gpu,
-            b.xn,
-            layer.gate_up,
-            b.gate_up,
-            t,
-            d,
-            2 * ff,
-            OutType::Bf16,
-        )?;
-        mark(Category::Gemm)?;
-        // Small batches fuse the activation into the down projection.
-        if !gemm.silu_down(gpu, b.gate_up, layer.down, b.x, t, ff, d)? {
-            let silu_grid = (t32, ff.div_ceil(512) as u32, 1);
-            let silu_args = [Ptr(b.gate_up), Ptr(b.act), I32(ff as i32)];
+        // Small batches fuse the activation into the gate/up projection.
+        if !gemm.swiglu(gpu, (b.xn, layer.gate_up, b.act), t, d, ff)? {
+            let gate_up = b.gate_up;
+            gemm.linear(
+                gpu,
+                b.xn,
+                layer.gate_up,
+                gate_up,
+                t,
+                d,
+                2 * ff,
+                OutType::Bf16,
+            )?;
+            mark(Category::Gemm)?;
+            let silu_grid = (t32, ff.div_ceil(8 * 256) as u32, 1);
+            let silu_args = [Ptr(gate_up), Ptr(b.act), I32(ff as i32)];
             gpu.launch(&k.silu_mul, silu_grid, 256, 0, &silu_args)?;
             mark(Category::Other)?;
-            gemm.linear(gpu, b.act, layer.down, b.x, t, ff, d, OutType::AddF32)?;
         }
+        gemm.linear(gpu, b.act, layer.down, b.x, t, ff, d, OutType::AddF32)?;
         mark(Category::Gemm)?;
     }
     let s = plan.seqs;
