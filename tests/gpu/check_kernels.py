@@ -323,6 +323,42 @@ def check_gemv(m, rng):
         report(f"gemv n={n} {inp}->{out} swiglu (bf16 out)", rel(host(y), gate / (1 + np.exp(-gate)) * up), 8e-3)
 
 
+def check_qkv_rope(m, rng):
+    """Fused q/k/v GEMV + bias + rope + paged KV write vs GEMV then the reference rope."""
+    for n, H, KVH, hd, d, bias in ((1, 9, 3, 64, 576, False), (4, 32, 8, 128, 4096, True)):
+        w = (H + 2 * KVH) * hd
+        x = bf(rnd(rng, n, d))
+        wq = bf(rnd(rng, w, d, scale=0.05))
+        b = rnd(rng, w, scale=0.5).astype(np.float32).astype(np.float64) if bias else np.zeros(w)
+        y = x @ wq.T + b
+        max_pos, bs, nslots = 4096, 16, 512
+        pos = rng.integers(0, max_pos, n)
+        slots = rng.permutation(nslots)[:n]
+        cos, sin = (a.astype(np.float32).astype(np.float64) for a in rope_tables(hd, max_pos, 10000.0))
+        q_out = torch.zeros(n, H * hd, dtype=torch.bfloat16, device="cuda")
+        kc = torch.zeros(nslots, KVH * hd, dtype=torch.bfloat16, device="cuda")
+        vc = torch.zeros(nslots, KVH * hd, dtype=torch.bfloat16, device="cuda")
+        args = [ptr(dev(x, torch.bfloat16)), ptr(dev(wq, torch.bfloat16)), i32(d), ptr(dev(b, torch.float32) if bias else None),
+                ptr(dev(pos, torch.int32)), ptr(dev(slots, torch.int64)), ptr(dev(cos, torch.float32)), ptr(dev(sin, torch.float32)),
+                ptr(q_out), ptr(kc), ptr(vc), i32(H), i32(KVH), i32(hd), i32(bs)]
+        launch(m.fn(f"gemv_n{n}_qkv_rope"), (math.ceil(w // 2 / 8),), 256, args)
+
+        def rot(a):
+            c_, s_ = cos[pos][:, None, :], sin[pos][:, None, :]
+            a1, a2 = a[..., :hd // 2], a[..., hd // 2:]
+            return np.concatenate([a1 * c_ - a2 * s_, a2 * c_ + a1 * s_], -1)
+
+        q = y[:, :H * hd].reshape(n, H, hd)
+        k = y[:, H * hd:(H + KVH) * hd].reshape(n, KVH, hd)
+        v = y[:, (H + KVH) * hd:].reshape(n, KVH, hd)
+        kh = from_device_layout(host(kc), KVH, hd, bs)[slots].reshape(n, KVH, hd)
+        vh = from_device_layout(host(vc), KVH, hd, bs)[slots].reshape(n, KVH, hd)
+        tag = f"n={n} H={H} KVH={KVH} hd={hd}{' bias' if bias else ''}"
+        report(f"gemv qkv_rope q {tag}", rel(host(q_out).reshape(n, H, hd), rot(q)), 8e-3)
+        report(f"gemv qkv_rope k -> cache {tag}", rel(kh, rot(k)), 8e-3)
+        report(f"gemv qkv_rope v -> cache {tag}", rel(vh, v), 8e-3)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cubins", required=True, help="folder with elementwise/rope/attention .sm_90.cubin")
@@ -334,6 +370,7 @@ def main():
     check_rope(mods["rope"], rng)
     check_attention(mods["attention"], rng)
     check_gemv(mods["gemv"], rng)
+    check_qkv_rope(mods["gemv"], rng)
     print(f"kernel checks: {'all passed' if not FAILS else 'FAILED: ' + ', '.join(FAILS)}")
     sys.exit(1 if FAILS else 0)
 

@@ -1,12 +1,19 @@
 // Skinny GEMMs for decode at small batch: y[n, out] = x[n, in] · w[out, in]ᵀ
-// for n <= 8. One warp streams one weight row (two for SwiGLU) with 16-byte
-// loads, software-pipelined so the next loads are in flight while the
-// current ones are used, and applies it to every x row. At this shape the
-// weights are read exactly once and the kernel runs at memory speed.
-//   MODE 0: y bf16;  MODE 1: y f32;  MODE 2: y f32 += (residual stream);
-//   MODE 3 (SwiGLU): w is the fused [2 * out, in] gate/up matrix; the warp
-//     for column i reads gate row i and up row out + i and writes
-//     y[n, i] = silu(gate) * up in bf16: the MLP activation costs no kernel.
+// for n <= 8. One warp streams one weight row (two for the paired modes)
+// with 16-byte loads, software-pipelined so the next loads are in flight
+// while the current ones are used, and applies it to every x row. At this
+// shape the weights are read exactly once and the kernel runs at memory
+// speed. Kernels, each for n = 1..8:
+//   gemv_n{n}_bf16 / _f32:  y = x·wᵀ
+//   gemv_n{n}_add_f32:      y += x·wᵀ (the f32 residual stream)
+//   gemv_n{n}_swiglu:       w is the fused [2·ff, in] gate/up matrix; the
+//                           warp for column i reads gate row i and up row
+//                           ff + i and writes silu(gate)·up (bf16)
+//   gemv_n{n}_qkv_rope:     w is the fused q/k/v matrix; the warp for a
+//                           rotary pair reads rows i and i + hd/2 of one
+//                           head, adds the bias, rotates q and k and writes
+//                           q and the paged K/V cache (what rope_qkv does
+//                           after a plain GEMM, without the round trip)
 #include "common.cuh"
 
 constexpr int GEMV_WARPS = 8;
@@ -36,17 +43,16 @@ __device__ __forceinline__ void load_batch(const uint4* const (&wr)[ROWS], int b
     }
 }
 
-template <int N, int MODE>
-__device__ __forceinline__ void gemv(const bf16* __restrict__ x, const bf16* __restrict__ w, void* __restrict__ y,
-                                     int in, int out) {
-  constexpr int ROWS = MODE == 3 ? 2 : 1;
+// acc[r][n] = x[n] · w[rows[r]] for this warp's rows, reduced over the warp
+// (every lane holds the result).
+template <int N, int ROWS>
+__device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const bf16* __restrict__ w, int in,
+                                          const size_t (&rows)[ROWS], float (&acc)[ROWS][N]) {
   const int lane = threadIdx.x & 31;
-  const int col = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-  const int row = min(col, out - 1);
   const int vecs = in / 8;
   const uint4* wr[ROWS];
 #pragma unroll
-  for (int r = 0; r < ROWS; ++r) wr[r] = reinterpret_cast<const uint4*>(w + ((size_t)row + r * out) * in);
+  for (int r = 0; r < ROWS; ++r) wr[r] = reinterpret_cast<const uint4*>(w + rows[r] * in);
   const uint4* xr = reinterpret_cast<const uint4*>(x);
   // Weights do not depend on the previous kernel: the first loads go out
   // before waiting for it (with PDL this overlaps the previous kernel's tail).
@@ -54,7 +60,6 @@ __device__ __forceinline__ void gemv(const bf16* __restrict__ x, const bf16* __r
   load_batch<ROWS>(wr, lane, vecs, cur);
   pdl_wait();
   pdl_launch_dependents();
-  float acc[ROWS][N];
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)
 #pragma unroll
@@ -82,38 +87,110 @@ __device__ __forceinline__ void gemv(const bf16* __restrict__ x, const bf16* __r
   for (int r = 0; r < ROWS; ++r)
 #pragma unroll
     for (int n = 0; n < N; ++n) acc[r][n] = warp_sum(acc[r][n]);
-  if (lane != 0 || col >= out) return;
+}
+
+// The warp's output column; out-of-range warps compute a duplicate and skip
+// the write (they still take part in PDL).
+__device__ __forceinline__ int warp_column() { return blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5); }
+
+// MODE 0: bf16 out, 1: f32 out, 2: f32 accumulate.
+template <int N, int MODE>
+__device__ __forceinline__ void gemv_plain(const bf16* x, const bf16* w, void* y, int in, int out) {
+  const int col = warp_column();
+  const size_t rows[1] = {(size_t)min(col, out - 1)};
+  float acc[1][N];
+  gemv_rows<N, 1>(x, w, in, rows, acc);
+  if ((threadIdx.x & 31) != 0 || col >= out) return;
 #pragma unroll
   for (int n = 0; n < N; ++n) {
-    const size_t o = (size_t)n * out + row;
-    if (MODE == 0) {
-      reinterpret_cast<bf16*>(y)[o] = to_bf16(acc[0][n]);
-    } else if (MODE == 1) {
-      reinterpret_cast<float*>(y)[o] = acc[0][n];
-    } else if (MODE == 2) {
-      reinterpret_cast<float*>(y)[o] += acc[0][n];
-    } else {
-      const float g = acc[0][n];
-      reinterpret_cast<bf16*>(y)[o] = to_bf16(g / (1.f + __expf(-g)) * acc[ROWS - 1][n]);
-    }
+    const size_t o = (size_t)n * out + col;
+    if (MODE == 0) reinterpret_cast<bf16*>(y)[o] = to_bf16(acc[0][n]);
+    else if (MODE == 1) reinterpret_cast<float*>(y)[o] = acc[0][n];
+    else reinterpret_cast<float*>(y)[o] += acc[0][n];
   }
 }
 
-#define GEMV_KERNEL(N, MODE, NAME)                                                 \
-  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                    \
-      gemv_n##N##_##NAME(const bf16* x, const bf16* w, void* y, int in, int out) { \
-    gemv<N, MODE>(x, w, y, in, out);                                               \
+template <int N>
+__device__ __forceinline__ void gemv_swiglu(const bf16* x, const bf16* w, bf16* y, int in, int ff) {
+  const int col = warp_column();
+  const size_t c = min(col, ff - 1);
+  const size_t rows[2] = {c, c + ff};
+  float acc[2][N];
+  gemv_rows<N, 2>(x, w, in, rows, acc);
+  if ((threadIdx.x & 31) != 0 || col >= ff) return;
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    const float g = acc[0][n];
+    y[(size_t)n * ff + col] = to_bf16(g / (1.f + __expf(-g)) * acc[1][n]);
   }
-#define GEMV_MODES(N)         \
-  GEMV_KERNEL(N, 0, bf16)     \
-  GEMV_KERNEL(N, 1, f32)      \
-  GEMV_KERNEL(N, 2, add_f32)  \
-  GEMV_KERNEL(N, 3, swiglu)
-GEMV_MODES(1)
-GEMV_MODES(2)
-GEMV_MODES(3)
-GEMV_MODES(4)
-GEMV_MODES(5)
-GEMV_MODES(6)
-GEMV_MODES(7)
-GEMV_MODES(8)
+}
+
+// Columns are rotary pairs: (H + 2 KVH) heads x hd / 2.
+template <int N>
+__device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const bf16* w, int in, const float* bias,
+                                              const int* positions, const long long* slots, const float* cos_t,
+                                              const float* sin_t, bf16* q_out, bf16* k_cache, bf16* v_cache,
+                                              int num_heads, int num_kv_heads, int hd, int block_size) {
+  const int half = hd / 2, pairs = (num_heads + 2 * num_kv_heads) * half;
+  const int col = warp_column();
+  const int c = min(col, pairs - 1);
+  const int head = c / half, i = c % half;
+  const size_t rows[2] = {(size_t)head * hd + i, (size_t)head * hd + i + half};
+  float acc[2][N];
+  gemv_rows<N, 2>(x, w, in, rows, acc);
+  if ((threadIdx.x & 31) != 0 || col >= pairs) return;
+  const float b0 = bias ? bias[rows[0]] : 0.f, b1 = bias ? bias[rows[1]] : 0.f;
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    const float a = acc[0][n] + b0, b = acc[1][n] + b1;
+    const long long slot = slots[n];
+    const long long block = slot / block_size;
+    const int offset = (int)(slot % block_size);
+    if (head >= num_heads + num_kv_heads) {
+      bf16* v = v_cache + kv_index(block, head - num_heads - num_kv_heads, offset, num_kv_heads, block_size, hd);
+      v[i] = to_bf16(a);
+      v[i + half] = to_bf16(b);
+      continue;
+    }
+    const size_t p = (size_t)positions[n] * half + i;
+    const float cs = cos_t[p], sn = sin_t[p];
+    bf16* dst = head < num_heads
+                    ? q_out + (size_t)n * num_heads * hd + (size_t)head * hd
+                    : k_cache + kv_index(block, head - num_heads, offset, num_kv_heads, block_size, hd);
+    dst[i] = to_bf16(a * cs - b * sn);
+    dst[i + half] = to_bf16(b * cs + a * sn);
+  }
+}
+
+#define GEMV_KERNELS(N)                                                                                          \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
+      gemv_n##N##_bf16(const bf16* x, const bf16* w, void* y, int in, int out) {                                 \
+    gemv_plain<N, 0>(x, w, y, in, out);                                                                          \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
+      gemv_n##N##_f32(const bf16* x, const bf16* w, void* y, int in, int out) {                                  \
+    gemv_plain<N, 1>(x, w, y, in, out);                                                                          \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
+      gemv_n##N##_add_f32(const bf16* x, const bf16* w, void* y, int in, int out) {                              \
+    gemv_plain<N, 2>(x, w, y, in, out);                                                                          \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
+      gemv_n##N##_swiglu(const bf16* x, const bf16* w, void* y, int in, int out) {                               \
+    gemv_swiglu<N>(x, w, reinterpret_cast<bf16*>(y), in, out);                                                   \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_n##N##_qkv_rope(                            \
+      const bf16* x, const bf16* w, int in, const float* bias, const int* positions, const long long* slots,    \
+      const float* cos_t, const float* sin_t, bf16* q_out, bf16* k_cache, bf16* v_cache, int num_heads,         \
+      int num_kv_heads, int hd, int block_size) {                                                                \
+    gemv_qkv_rope<N>(x, w, in, bias, positions, slots, cos_t, sin_t, q_out, k_cache, v_cache, num_heads,        \
+                     num_kv_heads, hd, block_size);                                                              \
+  }
+GEMV_KERNELS(1)
+GEMV_KERNELS(2)
+GEMV_KERNELS(3)
+GEMV_KERNELS(4)
+GEMV_KERNELS(5)
+GEMV_KERNELS(6)
+GEMV_KERNELS(7)
+GEMV_KERNELS(8)

@@ -61,8 +61,8 @@ pub struct Gemm {
     handle: sys::cublasLtHandle_t,
     workspace: DevPtr,
     plans: HashMap<Shape, Plan>,
-    /// `[tokens - 1][mode]`: bf16, f32, f32 accumulate, SwiGLU.
-    gemv: Vec<[Kernel; 4]>,
+    /// `[tokens - 1][mode]`: bf16, f32, f32 accumulate, SwiGLU, q/k/v + rope.
+    gemv: Vec<[Kernel; 5]>,
     /// Time the candidates of new shapes (only while buffers hold scratch).
     pub tune: bool,
 }
@@ -80,6 +80,7 @@ impl Gemm {
                     gpu.kernel(&format!("gemv_n{n}_f32"))?,
                     gpu.kernel(&format!("gemv_n{n}_add_f32"))?,
                     gpu.kernel(&format!("gemv_n{n}_swiglu"))?,
+                    gpu.kernel(&format!("gemv_n{n}_qkv_rope"))?,
                 ])
             })
             .collect::<Result<_, CudaError>>()?;
@@ -165,6 +166,13 @@ impl Gemm {
         ];
         gpu.launch(&self.gemv[tokens - 1][3], grid, 256, 0, &args)?;
         Ok(true)
+    }
+
+    /// The fused q/k/v projection + rotary + KV write kernel for `tokens`
+    /// rows of `inputs` wide activations, when the GEMV path applies.
+    pub fn qkv_rope_kernel(&self, tokens: usize, inputs: usize) -> Option<&Kernel> {
+        ((1..=GEMV_MAX_TOKENS).contains(&tokens) && inputs.is_multiple_of(8))
+            .then(|| &self.gemv[tokens - 1][4])
     }
 
     fn matmul(

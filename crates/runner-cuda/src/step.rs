@@ -9,7 +9,7 @@ use ingot_runner::ForwardBatch;
 use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel, Pinned};
 use crate::gemm::{Gemm, OutType};
 use crate::profile::{Category, Marks};
-use crate::weights::DeviceWeights;
+use crate::weights::{DeviceWeights, LayerWeights};
 use crate::CudaError;
 
 /// Query rows per prefill-attention tile (the kernel's `TILE`): 64 / G
@@ -494,6 +494,84 @@ pub fn advance_decode(gpu: &Gpu, k: &Kernels, b: &Buffers, rows: usize) -> Resul
     )
 }
 
+/// q/k/v projection, bias, q/k norm, rotary embedding and the paged KV
+/// write: one fused GEMV at small batch (models without q/k norm), else a
+/// GEMM followed by `rope_qkv`.
+#[allow(clippy::too_many_arguments)]
+fn project_qkv(
+    gpu: &Gpu,
+    gemm: &mut Gemm,
+    k: &Kernels,
+    w: &DeviceWeights,
+    b: &Buffers,
+    c: &ModelConfig,
+    layer: &LayerWeights,
+    t: usize,
+    (k_cache, v_cache): (DevPtr, DevPtr),
+    mark: &mut impl FnMut(Category) -> Result<(), CudaError>,
+) -> Result<(), CudaError> {
+    use Arg::{Ptr, F32, I32};
+    let l = b.layout;
+    let (d, hd) = (c.hidden_size, c.head_dim);
+    let width = c.q_dim() + 2 * c.kv_dim();
+    let (positions, slots) = (b.input(l.positions), b.input(l.slots));
+    let heads = (
+        I32(c.num_heads as i32),
+        I32(c.num_kv_heads as i32),
+        I32(hd as i32),
+    );
+    if let Some(fused) = gemm
+        .qkv_rope_kernel(t, d)
+        .filter(|_| layer.qk_norm.is_none())
+    {
+        let args = [
+            Ptr(b.xn),
+            Ptr(layer.qkv),
+            I32(d as i32),
+            Ptr(layer.qkv_bias.unwrap_or(0)),
+            Ptr(positions),
+            Ptr(slots),
+            Ptr(w.cos),
+            Ptr(w.sin),
+            Ptr(b.q),
+            Ptr(k_cache),
+            Ptr(v_cache),
+            heads.0,
+            heads.1,
+            heads.2,
+            I32(b.block_size as i32),
+        ];
+        let grid = ((width / 2).div_ceil(8) as u32, 1, 1);
+        gpu.launch(fused, grid, 256, 0, &args)?;
+        return mark(Category::Gemm);
+    }
+    gemm.linear(gpu, b.xn, layer.qkv, b.qkv, t, d, width, OutType::Bf16)?;
+    mark(Category::Gemm)?;
+    let (q_norm, k_norm) = layer.qk_norm.unwrap_or((0, 0));
+    let args = [
+        Ptr(b.qkv),
+        Ptr(layer.qkv_bias.unwrap_or(0)),
+        Ptr(q_norm),
+        Ptr(k_norm),
+        Ptr(positions),
+        Ptr(slots),
+        Ptr(w.cos),
+        Ptr(w.sin),
+        Ptr(b.q),
+        Ptr(k_cache),
+        Ptr(v_cache),
+        heads.0,
+        heads.1,
+        heads.2,
+        F32(c.rms_norm_eps),
+        I32(b.block_size as i32),
+    ];
+    let threads = (hd / 2).next_multiple_of(32) as u32;
+    let grid = (t as u32, (c.num_heads + 2 * c.num_kv_heads) as u32, 1);
+    gpu.launch(&k.rope_qkv, grid, threads, 0, &args)?;
+    mark(Category::Other)
+}
+
 /// Threads for row-wise kernels over `d` elements.
 fn row_threads(d: usize) -> u32 {
     if d >= 2048 {
@@ -521,20 +599,14 @@ pub fn encode(
         Some(m) => m.mark(gpu, cat),
         None => Ok(()),
     };
-    let (d, qd, kvd, hd, ff) = (
-        c.hidden_size,
-        c.q_dim(),
-        c.kv_dim(),
-        c.head_dim,
-        c.intermediate_size,
-    );
+    let (d, qd, hd, ff) = (c.hidden_size, c.q_dim(), c.head_dim, c.intermediate_size);
     let (heads, kv_heads) = (c.num_heads as i32, c.num_kv_heads as i32);
     let t = plan.tokens;
     let (t32, d32) = (t as u32, d as i32);
     let eps = c.rms_norm_eps;
     let rt = row_threads(d);
     let scale_log2 = std::f32::consts::LOG2_E / (hd as f32).sqrt();
-    let (ids, positions, slots) = (b.input(l.ids), b.input(l.positions), b.input(l.slots));
+    let (ids, positions) = (b.input(l.ids), b.input(l.positions));
     let (token_seq, tables, stride) = (b.input(l.token_seq), b.input(l.tables), b.input(l.stride));
     let decode_ids = if plan.decode_list {
         b.input(l.decode_ids)
@@ -563,40 +635,18 @@ pub fn encode(
         ];
         gpu.launch(&k.add_rms_norm, (t32, 1, 1), rt, 0, &norm_args)?;
         mark(Category::Other)?;
-        gemm.linear(
+        project_qkv(
             gpu,
-            b.xn,
-            layer.qkv,
-            b.qkv,
+            gemm,
+            k,
+            w,
+            b,
+            c,
+            layer,
             t,
-            d,
-            qd + 2 * kvd,
-            OutType::Bf16,
+            (k_cache, v_cache),
+            &mut mark,
         )?;
-        mark(Category::Gemm)?;
-        let (q_norm, k_norm) = layer.qk_norm.unwrap_or((0, 0));
-        let rope_args = [
-            Ptr(b.qkv),
-            Ptr(layer.qkv_bias.unwrap_or(0)),
-            Ptr(q_norm),
-            Ptr(k_norm),
-            Ptr(positions),
-            Ptr(slots),
-            Ptr(w.cos),
-            Ptr(w.sin),
-            Ptr(b.q),
-            Ptr(k_cache),
-            Ptr(v_cache),
-            I32(heads),
-            I32(kv_heads),
-            I32(hd as i32),
-            F32(eps),
-            I32(b.block_size as i32),
-        ];
-        let rope_threads = (hd / 2).next_multiple_of(32) as u32;
-        let rope_grid = (t32, (c.num_heads + 2 * c.num_kv_heads) as u32, 1);
-        gpu.launch(&k.rope_qkv, rope_grid, rope_threads, 0, &rope_args)?;
-        mark(Category::Other)?;
         if plan.decode_tokens > 0 {
             let n = plan.decode_tokens as u32;
             let args = [
