@@ -260,3 +260,61 @@ fn bf16_weights_still_answer_paris() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("Paris"), "answer: {}", stdout(&o));
 }
+
+#[test]
+fn logits_writes_one_vocab_row_and_auto_device_falls_back_to_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("logits.f32");
+    let o = ingot(&[
+        "logits",
+        "--model",
+        &model(),
+        "--prompt-ids",
+        "1,504,3575,282",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let json: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    // No GPU on the test machine: auto picks the CPU and says so.
+    let device = json["device"].as_str().unwrap();
+    if ingot_runner_cuda_unavailable() {
+        assert!(device.starts_with("cpu"), "{device}");
+    }
+    assert_eq!(json["prompt_ids"], serde_json::json!([1, 504, 3575, 282]));
+    let bytes = std::fs::read(&out).unwrap();
+    assert_eq!(bytes.len(), 49152 * 4);
+    let logits: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let top = json["top"][0][0].as_u64().unwrap() as usize;
+    let argmax = (0..logits.len())
+        .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
+        .unwrap();
+    assert_eq!(top, argmax);
+}
+
+/// True on machines without a CUDA driver (CI).
+fn ingot_runner_cuda_unavailable() -> bool {
+    !Path::new("/proc/driver/nvidia").exists()
+}
+
+#[test]
+fn device_cuda_without_a_gpu_is_a_clear_error() {
+    if !ingot_runner_cuda_unavailable() {
+        return; // a GPU machine runs the CUDA checks in tests/gpu instead
+    }
+    let o = ingot(&[
+        "logits",
+        "--model",
+        &model(),
+        "--device",
+        "cuda",
+        "--prompt-ids",
+        "1",
+        "--out",
+        "/dev/null",
+    ]);
+    assert_clean_error(&o, "--device cuda: CUDA unavailable");
+}

@@ -231,3 +231,124 @@ fn too_long_and_bad_tokens_are_refused_up_front() {
     empty.prompt.clear();
     assert!(matches!(e.submit(empty), Err(SubmitError::EmptyPrompt)));
 }
+
+/// Wraps the CPU runner and records, per step, which entry point the engine
+/// used and its `expect_next` hint.
+struct Recording {
+    inner: CpuRunner,
+    steps: Arc<std::sync::Mutex<Vec<(&'static str, usize, bool)>>>,
+}
+
+impl ingot_runner::ModelRunner for Recording {
+    fn config(&self) -> &ModelConfig {
+        self.inner.config()
+    }
+
+    fn kv_cache_shape(&self) -> ingot_runner::KvCacheShape {
+        self.inner.kv_cache_shape()
+    }
+
+    fn forward(
+        &mut self,
+        batch: &ingot_runner::ForwardBatch<'_>,
+    ) -> Result<&[f32], ingot_runner::RunnerError> {
+        let n = batch.num_tokens();
+        self.steps
+            .lock()
+            .unwrap()
+            .push(("logits", n, batch.expect_next));
+        self.inner.forward(batch)
+    }
+
+    fn forward_greedy(
+        &mut self,
+        batch: &ingot_runner::ForwardBatch<'_>,
+    ) -> Result<Vec<u32>, ingot_runner::RunnerError> {
+        let n = batch.num_tokens();
+        self.steps
+            .lock()
+            .unwrap()
+            .push(("greedy", n, batch.expect_next));
+        self.inner.forward_greedy(batch)
+    }
+
+    fn device_name(&self) -> String {
+        "recording".into()
+    }
+}
+
+fn recording_engine() -> (
+    EngineHandle,
+    Arc<std::sync::Mutex<Vec<(&'static str, usize, bool)>>>,
+) {
+    let config = tiny_config();
+    let weights = LlamaWeights::load(&config, &DummySource::new(&config, 1), &|_, _| {}).unwrap();
+    let inner = CpuRunner::new(
+        config,
+        weights,
+        CpuRunnerConfig {
+            num_blocks: 64,
+            block_size: 16,
+            weight_dtype: Default::default(),
+        },
+    )
+    .unwrap();
+    let steps = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let runner = Recording {
+        inner,
+        steps: steps.clone(),
+    };
+    let handle = start_engine(Box::new(runner), tokenizer(), EngineConfig::default()).unwrap();
+    (handle, steps)
+}
+
+#[test]
+fn greedy_steps_ask_for_ids_and_mark_steady_decode() {
+    let (handle, steps) = recording_engine();
+    let (tokens, reason) = run(&handle, request(3, 20, 4));
+    assert_eq!((tokens.len(), reason), (4, FinishReason::Length));
+    let steps = steps.lock().unwrap().clone();
+    // Prefill (20 tokens) cannot be continued on the device; the decode
+    // steps can, except the one that produces the last allowed token.
+    assert_eq!(
+        steps,
+        vec![
+            ("greedy", 20, false),
+            ("greedy", 1, true),
+            ("greedy", 1, true),
+            ("greedy", 1, false)
+        ]
+    );
+}
+
+#[test]
+fn sampled_or_logprob_requests_get_logits() {
+    let (handle, steps) = recording_engine();
+    let mut req = request(4, 8, 2);
+    req.sampling.temperature = 0.7;
+    req.sampling.seed = Some(1);
+    run(&handle, req);
+    let mut req = request(5, 8, 2);
+    req.sampling.logprobs = Some(2);
+    run(&handle, req);
+    let steps = steps.lock().unwrap().clone();
+    assert!(!steps.is_empty());
+    assert!(
+        steps
+            .iter()
+            .all(|&(kind, _, hint)| kind == "logits" && !hint),
+        "{steps:?}"
+    );
+}
+
+#[test]
+fn greedy_ids_match_the_logits_path() {
+    // The same prompt greedily through forward_greedy and (with logprobs
+    // requested) through the host sampler gives the same tokens.
+    let (handle, _) = recording_engine();
+    let (plain, _) = run(&handle, request(6, 12, 6));
+    let mut req = request(6, 12, 6);
+    req.sampling.logprobs = Some(1);
+    let (with_logprobs, _) = run(&handle, req);
+    assert_eq!(plain, with_logprobs);
+}

@@ -772,3 +772,75 @@ pub fn encode(
     gpu.launch(&k.argmax_rows, (s as u32, 1, 1), 1024, 0, &argmax_args)?;
     mark(Category::Other)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ingot_models::{Architecture, RopeConfig, RopeScaling};
+
+    fn llama8b() -> ModelConfig {
+        ModelConfig {
+            architecture: Architecture::Llama,
+            hidden_size: 4096,
+            intermediate_size: 14336,
+            num_layers: 32,
+            num_heads: 32,
+            num_kv_heads: 8,
+            head_dim: 128,
+            vocab_size: 128256,
+            max_context: 4096,
+            rms_norm_eps: 1e-5,
+            rope: RopeConfig {
+                theta: 500000.0,
+                scaling: RopeScaling::None,
+            },
+            qkv_bias: false,
+            qk_norm: false,
+            tie_word_embeddings: false,
+        }
+    }
+
+    #[test]
+    fn splits_fill_the_gpu_at_batch_one_and_stay_within_the_partials() {
+        let c = llama8b();
+        // One token, long context: many splits (capped).
+        assert_eq!(decode_splits(1, 4096, 132, &c), MAX_SPLITS);
+        // Short contexts never get splits shorter than 16 keys.
+        assert_eq!(decode_splits(1, 40, 132, &c), 3);
+        // Large batches: splits by length, within the partial buffer.
+        for tokens in [64, 128, 256, 512, 1024, 2048] {
+            let s = decode_splits(tokens, 4096, 132, &c);
+            assert!(s >= 1 && tokens * s <= PART_ROWS, "{tokens}: {s}");
+        }
+        assert_eq!(decode_splits(256, 1024, 132, &c), 4);
+    }
+
+    #[test]
+    fn input_regions_do_not_overlap() {
+        let l = InputLayout::new(512, 64, 256);
+        let regions = [
+            (l.slots, 2 * 512),
+            (l.ids, 512),
+            (l.positions, 512),
+            (l.token_seq, 512),
+            (l.decode_ids, 512),
+            (l.tiles, 3 * (512 * 8 / PREFILL_TILE + 64 + 1)),
+            (l.last_rows, 64),
+            (l.stride, 2),
+            (l.tables, 64 * 256),
+        ];
+        for w in regions.windows(2) {
+            assert_eq!(w[0].0 + w[0].1, w[1].0, "{regions:?}");
+        }
+        assert_eq!(l.tables + 64 * 256, l.len);
+        // i64 slots start 8-byte aligned.
+        assert_eq!(l.slots % 2, 0);
+    }
+
+    #[test]
+    fn prefill_shared_memory_fits_hopper() {
+        // 227 KiB per block on sm_90; two blocks per SM for head_dim 128.
+        assert!(prefill_shared_bytes(128) * 2 <= 227 * 1024);
+        assert!(prefill_shared_bytes(64) <= 163 * 1024, "sm_80 limit");
+    }
+}

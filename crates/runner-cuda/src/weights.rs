@@ -318,3 +318,24 @@ fn upload(gpu: &Gpu, source: &dyn TensorSource, p: &Placement) -> Result<(), Cud
     }
     gpu.sync()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fused_parts_land_at_their_row_offsets() {
+        let (g, i) = fused_part("model.layers.3.self_attn.k_proj.weight").unwrap_or_default();
+        assert_eq!((g.as_str(), i), ("model.layers.3.qkv", 1));
+        let (g, i) = fused_part("model.layers.0.mlp.up_proj.weight").unwrap_or_default();
+        assert_eq!((g.as_str(), i), ("model.layers.0.gate_up", 1));
+        assert!(fused_part("model.layers.0.self_attn.o_proj.weight").is_none());
+        assert!(fused_part("model.norm.weight").is_none());
+    }
+
+    #[test]
+    fn matrices_are_bf16_and_vectors_f32() {
+        assert!(dtype_of("x", &[4, 4]) == Dtype::Bf16);
+        assert!(dtype_of("x", &[4]) == Dtype::F32);
+    }
+}
