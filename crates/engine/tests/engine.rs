@@ -232,11 +232,14 @@ fn too_long_and_bad_tokens_are_refused_up_front() {
     assert!(matches!(e.submit(empty), Err(SubmitError::EmptyPrompt)));
 }
 
+/// Per step: the entry point used ("greedy" or "logits"), tokens, hint.
+type StepLog = Arc<std::sync::Mutex<Vec<(&'static str, usize, bool)>>>;
+
 /// Wraps the CPU runner and records, per step, which entry point the engine
 /// used and its `expect_next` hint.
 struct Recording {
     inner: CpuRunner,
-    steps: Arc<std::sync::Mutex<Vec<(&'static str, usize, bool)>>>,
+    steps: StepLog,
 }
 
 impl ingot_runner::ModelRunner for Recording {
@@ -277,10 +280,7 @@ impl ingot_runner::ModelRunner for Recording {
     }
 }
 
-fn recording_engine() -> (
-    EngineHandle,
-    Arc<std::sync::Mutex<Vec<(&'static str, usize, bool)>>>,
-) {
+fn recording_engine() -> (EngineHandle, StepLog) {
     let config = tiny_config();
     let weights = LlamaWeights::load(&config, &DummySource::new(&config, 1), &|_, _| {}).unwrap();
     let inner = CpuRunner::new(
