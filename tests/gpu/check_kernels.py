@@ -323,6 +323,39 @@ def check_gemv(m, rng):
         report(f"gemv n={n} {inp}->{out} swiglu (bf16 out)", rel(host(y), gate / (1 + np.exp(-gate)) * up), 8e-3)
 
 
+def check_fused_norm(m, rng):
+    """SwiGLU and q/k/v+rope GEMVs that apply the input RMSNorm themselves."""
+    n, d, ff, eps = 2, 576, 1536, 1e-5
+    x = rnd(rng, n, d, scale=3.0).astype(np.float32).astype(np.float64)
+    nw = (1 + 0.2 * rnd(rng, d)).astype(np.float32).astype(np.float64)
+    xn = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * nw
+    w2 = bf(rnd(rng, 2 * ff, d, scale=0.05))
+    gate, up = xn @ w2[:ff].T, xn @ w2[ff:].T
+    y = torch.empty(n, ff, dtype=torch.bfloat16, device="cuda")
+    launch(m.fn(f"gemv_n{n}_swiglu_norm"), (math.ceil(ff / 8),), 256,
+           [ptr(dev(x, torch.float32)), ptr(dev(nw, torch.float32)), f32(eps), ptr(dev(w2, torch.bfloat16)), ptr(y), i32(d), i32(ff)])
+    report(f"gemv n={n} swiglu with fused RMSNorm", rel(host(y), gate / (1 + np.exp(-gate)) * up), 8e-3)
+    H, KVH, hd = 9, 3, 64
+    w = (H + 2 * KVH) * hd
+    wq = bf(rnd(rng, w, d, scale=0.05))
+    yq = xn @ wq.T
+    pos, slots = rng.integers(0, 512, n), rng.permutation(64)[:n]
+    cos, sin = (a.astype(np.float32).astype(np.float64) for a in rope_tables(hd, 512, 10000.0))
+    q_out = torch.zeros(n, H * hd, dtype=torch.bfloat16, device="cuda")
+    kc = torch.zeros(64, KVH * hd, dtype=torch.bfloat16, device="cuda")
+    vc = torch.zeros(64, KVH * hd, dtype=torch.bfloat16, device="cuda")
+    launch(m.fn(f"gemv_n{n}_qkv_rope_norm"), (math.ceil(w // 2 / 8),), 256,
+           [ptr(dev(x, torch.float32)), ptr(dev(nw, torch.float32)), f32(eps), ptr(dev(wq, torch.bfloat16)), i32(d), ptr(None),
+            ptr(dev(pos, torch.int32)), ptr(dev(slots, torch.int64)), ptr(dev(cos, torch.float32)), ptr(dev(sin, torch.float32)),
+            ptr(q_out), ptr(kc), ptr(vc), i32(H), i32(KVH), i32(hd), i32(16)])
+    q = yq[:, :H * hd].reshape(n, H, hd)
+    c_, s_ = cos[pos][:, None, :], sin[pos][:, None, :]
+    want = np.concatenate([q[..., :hd // 2] * c_ - q[..., hd // 2:] * s_, q[..., hd // 2:] * c_ + q[..., :hd // 2] * s_], -1)
+    report(f"gemv n={n} qkv_rope with fused RMSNorm (q)", rel(host(q_out).reshape(n, H, hd), want), 8e-3)
+    vh = from_device_layout(host(vc), KVH, hd, 16)[slots].reshape(n, KVH, hd)
+    report(f"gemv n={n} qkv_rope with fused RMSNorm (v)", rel(vh, yq[:, (H + KVH) * hd:].reshape(n, KVH, hd)), 8e-3)
+
+
 def check_qkv_rope(m, rng):
     """Fused q/k/v GEMV + bias + rope + paged KV write vs GEMV then the reference rope."""
     for n, H, KVH, hd, d, bias in ((1, 9, 3, 64, 576, False), (4, 32, 8, 128, 4096, True)):
@@ -371,6 +404,7 @@ def main():
     check_attention(mods["attention"], rng)
     check_gemv(mods["gemv"], rng)
     check_qkv_rope(mods["gemv"], rng)
+    check_fused_norm(mods["gemv"], rng)
     print(f"kernel checks: {'all passed' if not FAILS else 'FAILED: ' + ', '.join(FAILS)}")
     sys.exit(1 if FAILS else 0)
 

@@ -14,6 +14,8 @@
 //                           head, adds the bias, rotates q and k and writes
 //                           q and the paged K/V cache (what rope_qkv does
 //                           after a plain GEMM, without the round trip)
+//   ..._swiglu_norm / _qkv_rope_norm: the same with the input RMSNorm
+//                           computed on the fly from the f32 residual
 #include "common.cuh"
 
 constexpr int GEMV_WARPS = 8;
@@ -45,9 +47,28 @@ __device__ __forceinline__ void load_batch(const uint4* const (&wr)[ROWS], int b
 
 // acc[r][n] = x[n] · w[rows[r]] for this warp's rows, reduced over the warp
 // (every lane holds the result).
-template <int N, int ROWS>
+// Input rows: bf16 activations, or (NORM) the f32 residual stream with the
+// RMSNorm applied on the fly: x·inv_rms·norm_weight, so the norm costs no
+// kernel (used for small models, where launches dominate).
+struct NormIn {
+  const float* x;       // [n, in] f32
+  const float* weight;  // [in]
+  float eps;
+};
+
+__device__ __forceinline__ void dot8f(const uint4& wv, const float (&xf)[8], float& acc) {
+  const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 a = __bfloat1622float2(w2[i]);
+    acc = fmaf(a.x, xf[2 * i], acc);
+    acc = fmaf(a.y, xf[2 * i + 1], acc);
+  }
+}
+
+template <int N, int ROWS, bool NORM = false>
 __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const bf16* __restrict__ w, int in,
-                                          const size_t (&rows)[ROWS], float (&acc)[ROWS][N]) {
+                                          const size_t (&rows)[ROWS], float (&acc)[ROWS][N], NormIn norm = {}) {
   const int lane = threadIdx.x & 31;
   const int vecs = in / 8;
   const uint4* wr[ROWS];
@@ -60,6 +81,19 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const bf16
   load_batch<ROWS>(wr, lane, vecs, cur);
   pdl_wait();
   pdl_launch_dependents();
+  float inv[N];
+  if (NORM) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      const float4* xn = reinterpret_cast<const float4*>(norm.x + (size_t)n * in);
+      float ss = 0.f;
+      for (int i = lane; i < in / 4; i += 32) {
+        const float4 v = xn[i];
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      }
+      inv[n] = rsqrtf(warp_sum(ss) / in + norm.eps);
+    }
+  }
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)
 #pragma unroll
@@ -71,11 +105,26 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const bf16
     for (int u = 0; u < GEMV_UNROLL; ++u) {
       const int i = base + u * 32;
       if (i >= vecs) break;
+      if (NORM) {
+        const float4* nw = reinterpret_cast<const float4*>(norm.weight) + 2 * i;
+        const float4 w0 = __ldg(nw), w1 = __ldg(nw + 1);
 #pragma unroll
-      for (int n = 0; n < N; ++n) {
-        const uint4 xv = __ldg(xr + (size_t)n * vecs + i);
+        for (int n = 0; n < N; ++n) {
+          const float4* xn = reinterpret_cast<const float4*>(norm.x + (size_t)n * in) + 2 * i;
+          const float4 a = __ldg(xn), b = __ldg(xn + 1);
+          const float s = inv[n];
+          const float xf[8] = {a.x * s * w0.x, a.y * s * w0.y, a.z * s * w0.z, a.w * s * w0.w,
+                               b.x * s * w1.x, b.y * s * w1.y, b.z * s * w1.z, b.w * s * w1.w};
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r) dot8(cur[r][u], xv, acc[r][n]);
+          for (int r = 0; r < ROWS; ++r) dot8f(cur[r][u], xf, acc[r][n]);
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < N; ++n) {
+          const uint4 xv = __ldg(xr + (size_t)n * vecs + i);
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) dot8(cur[r][u], xv, acc[r][n]);
+        }
       }
     }
 #pragma unroll
@@ -110,13 +159,13 @@ __device__ __forceinline__ void gemv_plain(const bf16* x, const bf16* w, void* y
   }
 }
 
-template <int N>
-__device__ __forceinline__ void gemv_swiglu(const bf16* x, const bf16* w, bf16* y, int in, int ff) {
+template <int N, bool NORM = false>
+__device__ __forceinline__ void gemv_swiglu(const bf16* x, const bf16* w, bf16* y, int in, int ff, NormIn norm = {}) {
   const int col = warp_column();
   const size_t c = min(col, ff - 1);
   const size_t rows[2] = {c, c + ff};
   float acc[2][N];
-  gemv_rows<N, 2>(x, w, in, rows, acc);
+  gemv_rows<N, 2, NORM>(x, w, in, rows, acc, norm);
   if ((threadIdx.x & 31) != 0 || col >= ff) return;
 #pragma unroll
   for (int n = 0; n < N; ++n) {
@@ -126,18 +175,19 @@ __device__ __forceinline__ void gemv_swiglu(const bf16* x, const bf16* w, bf16* 
 }
 
 // Columns are rotary pairs: (H + 2 KVH) heads x hd / 2.
-template <int N>
+template <int N, bool NORM = false>
 __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const bf16* w, int in, const float* bias,
                                               const int* positions, const long long* slots, const float* cos_t,
                                               const float* sin_t, bf16* q_out, bf16* k_cache, bf16* v_cache,
-                                              int num_heads, int num_kv_heads, int hd, int block_size) {
+                                              int num_heads, int num_kv_heads, int hd, int block_size,
+                                              NormIn norm = {}) {
   const int half = hd / 2, pairs = (num_heads + 2 * num_kv_heads) * half;
   const int col = warp_column();
   const int c = min(col, pairs - 1);
   const int head = c / half, i = c % half;
   const size_t rows[2] = {(size_t)head * hd + i, (size_t)head * hd + i + half};
   float acc[2][N];
-  gemv_rows<N, 2>(x, w, in, rows, acc);
+  gemv_rows<N, 2, NORM>(x, w, in, rows, acc, norm);
   if ((threadIdx.x & 31) != 0 || col >= pairs) return;
   const float b0 = bias ? bias[rows[0]] : 0.f, b1 = bias ? bias[rows[1]] : 0.f;
 #pragma unroll
@@ -185,6 +235,18 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const bf16* w, int 
       int num_kv_heads, int hd, int block_size) {                                                                \
     gemv_qkv_rope<N>(x, w, in, bias, positions, slots, cos_t, sin_t, q_out, k_cache, v_cache, num_heads,        \
                      num_kv_heads, hd, block_size);                                                              \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
+      gemv_n##N##_swiglu_norm(const float* x, const float* norm_w, float eps, const bf16* w, void* y, int in,    \
+                              int out) {                                                                         \
+    gemv_swiglu<N, true>(nullptr, w, reinterpret_cast<bf16*>(y), in, out, NormIn{x, norm_w, eps});             \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_n##N##_qkv_rope_norm(                       \
+      const float* x, const float* norm_w, float eps, const bf16* w, int in, const float* bias,                 \
+      const int* positions, const long long* slots, const float* cos_t, const float* sin_t, bf16* q_out,        \
+      bf16* k_cache, bf16* v_cache, int num_heads, int num_kv_heads, int hd, int block_size) {                   \
+    gemv_qkv_rope<N, true>(nullptr, w, in, bias, positions, slots, cos_t, sin_t, q_out, k_cache, v_cache,        \
+                           num_heads, num_kv_heads, hd, block_size, NormIn{x, norm_w, eps});                     \
   }
 GEMV_KERNELS(1)
 GEMV_KERNELS(2)

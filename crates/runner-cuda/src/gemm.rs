@@ -61,8 +61,9 @@ pub struct Gemm {
     handle: sys::cublasLtHandle_t,
     workspace: DevPtr,
     plans: HashMap<Shape, Plan>,
-    /// `[tokens - 1][mode]`: bf16, f32, f32 accumulate, SwiGLU, q/k/v + rope.
-    gemv: Vec<[Kernel; 5]>,
+    /// `[tokens - 1][mode]`: bf16, f32, f32 accumulate, SwiGLU, q/k/v + rope,
+    /// then SwiGLU and q/k/v + rope with the input RMSNorm fused.
+    gemv: Vec<[Kernel; 7]>,
     /// Time the candidates of new shapes (only while buffers hold scratch).
     pub tune: bool,
 }
@@ -81,6 +82,8 @@ impl Gemm {
                     gpu.kernel(&format!("gemv_n{n}_add_f32"))?,
                     gpu.kernel(&format!("gemv_n{n}_swiglu"))?,
                     gpu.kernel(&format!("gemv_n{n}_qkv_rope"))?,
+                    gpu.kernel(&format!("gemv_n{n}_swiglu_norm"))?,
+                    gpu.kernel(&format!("gemv_n{n}_qkv_rope_norm"))?,
                 ])
             })
             .collect::<Result<_, CudaError>>()?;
@@ -152,27 +155,40 @@ impl Gemm {
         tokens: usize,
         inputs: usize,
         outputs: usize,
+        norm: Option<(DevPtr, DevPtr, f32)>,
     ) -> Result<bool, CudaError> {
         if !(1..=GEMV_MAX_TOKENS).contains(&tokens) || !inputs.is_multiple_of(8) {
             return Ok(false);
         }
         let grid = (outputs.div_ceil(8) as u32, 1, 1);
-        let args = [
-            Arg::Ptr(x),
+        let tail = [
             Arg::Ptr(w),
             Arg::Ptr(act),
             Arg::I32(inputs as i32),
             Arg::I32(outputs as i32),
         ];
-        gpu.launch(&self.gemv[tokens - 1][3], grid, 256, 0, &args)?;
+        match norm {
+            // (f32 residual, norm weight, eps) instead of normed bf16 x.
+            Some((residual, weight, eps)) => {
+                let head = [Arg::Ptr(residual), Arg::Ptr(weight), Arg::F32(eps)];
+                let args: Vec<Arg> = head.iter().chain(&tail).copied().collect();
+                gpu.launch(&self.gemv[tokens - 1][5], grid, 256, 0, &args)?;
+            }
+            None => {
+                let args: Vec<Arg> = std::iter::once(Arg::Ptr(x)).chain(tail).collect();
+                gpu.launch(&self.gemv[tokens - 1][3], grid, 256, 0, &args)?;
+            }
+        }
         Ok(true)
     }
 
     /// The fused q/k/v projection + rotary + KV write kernel for `tokens`
     /// rows of `inputs` wide activations, when the GEMV path applies.
-    pub fn qkv_rope_kernel(&self, tokens: usize, inputs: usize) -> Option<&Kernel> {
+    /// With `norm`, the variant that reads the f32 residual and applies
+    /// the RMSNorm itself (arguments: x, norm weight, eps, then the rest).
+    pub fn qkv_rope_kernel(&self, tokens: usize, inputs: usize, norm: bool) -> Option<&Kernel> {
         ((1..=GEMV_MAX_TOKENS).contains(&tokens) && inputs.is_multiple_of(8))
-            .then(|| &self.gemv[tokens - 1][4])
+            .then(|| &self.gemv[tokens - 1][if norm { 6 } else { 4 }])
     }
 
     fn matmul(

@@ -7,7 +7,7 @@ use ingot_models::ModelConfig;
 use ingot_runner::ForwardBatch;
 
 use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel, Pinned};
-use crate::gemm::{Gemm, OutType};
+use crate::gemm::{Gemm, OutType, GEMV_MAX_TOKENS};
 use crate::profile::{Category, Marks};
 use crate::weights::{DeviceWeights, LayerWeights};
 use crate::CudaError;
@@ -508,6 +508,7 @@ fn project_qkv(
     layer: &LayerWeights,
     t: usize,
     (k_cache, v_cache): (DevPtr, DevPtr),
+    norm: Option<DevPtr>,
     mark: &mut impl FnMut(Category) -> Result<(), CudaError>,
 ) -> Result<(), CudaError> {
     use Arg::{Ptr, F32, I32};
@@ -521,11 +522,16 @@ fn project_qkv(
         I32(hd as i32),
     );
     if let Some(fused) = gemm
-        .qkv_rope_kernel(t, d)
+        .qkv_rope_kernel(t, d, norm.is_some())
         .filter(|_| layer.qk_norm.is_none())
     {
-        let args = [
-            Ptr(b.xn),
+        // The normed variant reads (f32 residual, norm weight, eps) instead
+        // of the normed bf16 activations.
+        let input: &[Arg] = match norm {
+            Some(weight) => &[Ptr(b.x), Ptr(weight), F32(c.rms_norm_eps)],
+            None => &[Ptr(b.xn)],
+        };
+        let rest = [
             Ptr(layer.qkv),
             I32(d as i32),
             Ptr(layer.qkv_bias.unwrap_or(0)),
@@ -541,6 +547,7 @@ fn project_qkv(
             heads.2,
             I32(b.block_size as i32),
         ];
+        let args: Vec<Arg> = input.iter().chain(&rest).copied().collect();
         let grid = ((width / 2).div_ceil(8) as u32, 1, 1);
         gpu.launch(fused, grid, 256, 0, &args)?;
         return mark(Category::Gemm);
@@ -605,6 +612,10 @@ pub fn encode(
     let (t32, d32) = (t as u32, d as i32);
     let eps = c.rms_norm_eps;
     let rt = row_threads(d);
+    // Launch-bound small models at small batch compute the RMSNorms inside
+    // the GEMVs that consume them (wide models would re-read the row in
+    // every block).
+    let fuse_norms = t <= GEMV_MAX_TOKENS && d <= 2048;
     let scale_log2 = std::f32::consts::LOG2_E / (hd as f32).sqrt();
     let (ids, positions) = (b.input(l.ids), b.input(l.positions));
     let (token_seq, tables, stride) = (b.input(l.token_seq), b.input(l.tables), b.input(l.stride));
@@ -633,8 +644,13 @@ pub fn encode(
             I32(d32),
             F32(eps),
         ];
-        gpu.launch(&k.add_rms_norm, (t32, 1, 1), rt, 0, &norm_args)?;
-        mark(Category::Other)?;
+        // Small models at small batch: the norms run inside the GEMVs.
+        let fuse_attn_norm = fuse_norms && layer.qk_norm.is_none();
+        if !fuse_attn_norm {
+            gpu.launch(&k.add_rms_norm, (t32, 1, 1), rt, 0, &norm_args)?;
+            mark(Category::Other)?;
+        }
+        let attn_norm = fuse_attn_norm.then_some(layer.attn_norm);
         project_qkv(
             gpu,
             gemm,
@@ -645,6 +661,7 @@ pub fn encode(
             layer,
             t,
             (k_cache, v_cache),
+            attn_norm,
             &mut mark,
         )?;
         if plan.decode_tokens > 0 {
@@ -720,10 +737,13 @@ pub fn encode(
             I32(d32),
             F32(eps),
         ];
-        gpu.launch(&k.add_rms_norm, (t32, 1, 1), rt, 0, &norm_args)?;
-        mark(Category::Other)?;
+        if !fuse_norms {
+            gpu.launch(&k.add_rms_norm, (t32, 1, 1), rt, 0, &norm_args)?;
+            mark(Category::Other)?;
+        }
         // Small batches fuse the activation into the gate/up projection.
-        if !gemm.swiglu(gpu, (b.xn, layer.gate_up, b.act), t, d, ff)? {
+        let mlp_norm = fuse_norms.then_some((b.x, layer.mlp_norm, eps));
+        if !gemm.swiglu(gpu, (b.xn, layer.gate_up, b.act), t, d, ff, mlp_norm)? {
             let gate_up = b.gate_up;
             gemm.linear(
                 gpu,
