@@ -6,6 +6,7 @@
 #   smollm2   CUDA vs CPU backend on SmolLM2 (bf16 weights); batch-1 speed
 #   bench     8B-shaped dummy: batch 1, prefill 1024, 256 x 1024 decode
 #   profile   per-step GPU time by category (eager) and CPU gaps
+#   serve     the HTTP server on CUDA with curl (serve_smoke.sh), 8B dummy
 #   torch     PyTorch eager baselines for the bench shapes
 # Results also go to $OUT (when set) as JSON lines.
 set -uo pipefail
@@ -59,6 +60,7 @@ for phase in "$@"; do
       INGOT_CUDA_PROFILE=1 "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 64 --num-iters 1 --json
       INGOT_CUDA_PROFILE=1 "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 2 --json
       INGOT_CUDA_PROFILE=1 "$ING" bench throughput --model "$M" --load-format dummy --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 32 --max-num-batched-tokens 8192 --json ;;
+    serve) bash tests/gpu/serve_smoke.sh "$ING" "$(llama8b)" --load-format dummy --max-model-len 4096 --max-num-seqs 32 ;;
     torch)
       M=$(llama8b)
       python3 tests/gpu/torch_bench.py --model-dir "$M" --case latency --input-len 128 --output-len 256 | tee -a "$O/bench.jsonl"
