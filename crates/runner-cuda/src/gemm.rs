@@ -7,6 +7,7 @@
 //! pass and the graph warm-up, whose data is scratch) the heuristic's top
 //! candidates are timed on the real shape and the fastest is kept.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 
@@ -60,7 +61,8 @@ struct Plan {
 pub struct Gemm {
     handle: sys::cublasLtHandle_t,
     workspace: DevPtr,
-    plans: HashMap<Shape, Plan>,
+    /// Interior mutability: steps borrow the runner's parts immutably.
+    plans: RefCell<HashMap<Shape, Plan>>,
     /// `[tokens - 1][mode]`: bf16, f32, f32 accumulate, SwiGLU, q/k/v + rope,
     /// then SwiGLU and q/k/v + rope with the input RMSNorm fused.
     gemv: Vec<[Kernel; 7]>,
@@ -90,7 +92,7 @@ impl Gemm {
         Ok(Self {
             handle: result::create_handle()?,
             workspace: arena.take(WORKSPACE_BYTES)?,
-            plans: HashMap::new(),
+            plans: RefCell::new(HashMap::new()),
             gemv,
             tune: false,
         })
@@ -104,7 +106,7 @@ impl Gemm {
     /// Enqueues one linear layer on `gpu`'s stream.
     #[allow(clippy::too_many_arguments)]
     pub fn linear(
-        &mut self,
+        &self,
         gpu: &Gpu,
         x: DevPtr,
         w: DevPtr,
@@ -136,11 +138,12 @@ impl Gemm {
             outputs,
             out,
         };
-        if !self.plans.contains_key(&shape) {
+        if !self.plans.borrow().contains_key(&shape) {
             let plan = self.plan(gpu, shape, (x, w, y))?;
-            self.plans.insert(shape, plan);
+            self.plans.borrow_mut().insert(shape, plan);
         }
-        let plan = &self.plans[&shape];
+        let plans = self.plans.borrow();
+        let plan = &plans[&shape];
         self.matmul(gpu, plan, &plan.algo, (x, w, y))
     }
 
@@ -337,7 +340,7 @@ impl Gemm {
 impl Drop for Gemm {
     fn drop(&mut self) {
         unsafe {
-            for (_, p) in self.plans.drain() {
+            for (_, p) in self.plans.get_mut().drain() {
                 let _ = result::destroy_matrix_layout(p.w);
                 let _ = result::destroy_matrix_layout(p.x);
                 let _ = result::destroy_matrix_layout(p.y);

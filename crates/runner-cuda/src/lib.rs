@@ -360,30 +360,12 @@ impl CudaRunner {
             );
             self.buffers.upload(&self.gpu, &plan)?;
             // Run once eagerly: creates cuBLASLt plans outside the capture.
-            step::encode(
-                &self.gpu,
-                &mut self.gemm,
-                &self.kernels,
-                &self.weights,
-                &self.buffers,
-                &self.config,
-                &plan,
-                None,
-            )?;
+            step::encode(&self.model(), &plan, None)?;
             self.gpu.sync()?;
             self.gpu
                 .stream
                 .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-            let encoded = step::encode(
-                &self.gpu,
-                &mut self.gemm,
-                &self.kernels,
-                &self.weights,
-                &self.buffers,
-                &self.config,
-                &plan,
-                None,
-            );
+            let encoded = step::encode(&self.model(), &plan, None);
             let graph = self
                 .gpu
                 .stream
@@ -401,6 +383,18 @@ impl CudaRunner {
             "CUDA graphs captured"
         );
         Ok(())
+    }
+
+    /// The parts a step reads.
+    fn model(&self) -> step::Model<'_> {
+        step::Model {
+            gpu: &self.gpu,
+            gemm: &self.gemm,
+            kernels: &self.kernels,
+            weights: &self.weights,
+            buffers: &self.buffers,
+            config: &self.config,
+        }
     }
 
     /// The extra block behind the pool that padded graph rows write into.
@@ -441,16 +435,7 @@ impl CudaRunner {
         self.buffers.upload(&self.gpu, &plan)?;
         match graph {
             Some(g) => g.graph.launch()?,
-            None => step::encode(
-                &self.gpu,
-                &mut self.gemm,
-                &self.kernels,
-                &self.weights,
-                &self.buffers,
-                &self.config,
-                &plan,
-                marks.as_mut(),
-            )?,
+            None => step::encode(&self.model(), &plan, marks.as_mut())?,
         }
         if let (Some(p), Some(m)) = (self.profiler.as_mut(), marks) {
             self.gpu.sync()?;

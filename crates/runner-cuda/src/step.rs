@@ -497,14 +497,8 @@ pub fn advance_decode(gpu: &Gpu, k: &Kernels, b: &Buffers, rows: usize) -> Resul
 /// q/k/v projection, bias, q/k norm, rotary embedding and the paged KV
 /// write: one fused GEMV at small batch (models without q/k norm), else a
 /// GEMM followed by `rope_qkv`.
-#[allow(clippy::too_many_arguments)]
 fn project_qkv(
-    gpu: &Gpu,
-    gemm: &mut Gemm,
-    k: &Kernels,
-    w: &DeviceWeights,
-    b: &Buffers,
-    c: &ModelConfig,
+    m: &Model<'_>,
     layer: &LayerWeights,
     t: usize,
     (k_cache, v_cache): (DevPtr, DevPtr),
@@ -512,6 +506,14 @@ fn project_qkv(
     mark: &mut impl FnMut(Category) -> Result<(), CudaError>,
 ) -> Result<(), CudaError> {
     use Arg::{Ptr, F32, I32};
+    let Model {
+        gpu,
+        gemm,
+        kernels: k,
+        weights: w,
+        buffers: b,
+        config: c,
+    } = *m;
     let l = b.layout;
     let (d, hd) = (c.hidden_size, c.head_dim);
     let width = c.q_dim() + 2 * c.kv_dim();
@@ -588,19 +590,33 @@ fn row_threads(d: usize) -> u32 {
     }
 }
 
-#[allow(clippy::too_many_arguments)] // the runner's parts, borrowed separately
+/// What a step reads: the device, GEMM handle, kernels, weights, buffers
+/// and shapes.
+#[derive(Clone, Copy)]
+pub struct Model<'a> {
+    pub gpu: &'a Gpu,
+    pub gemm: &'a Gemm,
+    pub kernels: &'a Kernels,
+    pub weights: &'a DeviceWeights,
+    pub buffers: &'a Buffers,
+    pub config: &'a ModelConfig,
+}
+
 /// Enqueues the whole decoder for `plan` on the stream: embedding, every
 /// layer, final norm of each sequence's last token, LM head and argmax.
 pub fn encode(
-    gpu: &Gpu,
-    gemm: &mut Gemm,
-    k: &Kernels,
-    w: &DeviceWeights,
-    b: &Buffers,
-    c: &ModelConfig,
+    m: &Model<'_>,
     plan: &StepPlan,
     mut marks: Option<&mut Marks>,
 ) -> Result<(), CudaError> {
+    let Model {
+        gpu,
+        gemm,
+        kernels: k,
+        weights: w,
+        buffers: b,
+        config: c,
+    } = *m;
     let l = b.layout;
     let mut mark = |cat: Category| match marks.as_deref_mut() {
         Some(m) => m.mark(gpu, cat),
@@ -651,19 +667,7 @@ pub fn encode(
             mark(Category::Other)?;
         }
         let attn_norm = fuse_attn_norm.then_some(layer.attn_norm);
-        project_qkv(
-            gpu,
-            gemm,
-            k,
-            w,
-            b,
-            c,
-            layer,
-            t,
-            (k_cache, v_cache),
-            attn_norm,
-            &mut mark,
-        )?;
+        project_qkv(m, layer, t, (k_cache, v_cache), attn_norm, &mut mark)?;
         if plan.decode_tokens > 0 {
             let n = plan.decode_tokens as u32;
             let args = [
