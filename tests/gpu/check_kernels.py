@@ -163,6 +163,14 @@ def from_device_layout(a, KVH, hd, bs):
     return a.reshape(-1, KVH, bs, hd).transpose(0, 2, 1, 3).reshape(a.shape[0], KVH * hd)
 
 
+def rotate(a, cos, sin, pos):
+    """Rotate-half RoPE of a [tokens, heads, hd] array at the tokens' positions."""
+    c, s = cos[pos][:, None, :], sin[pos][:, None, :]
+    half = a.shape[-1] // 2
+    a1, a2 = a[..., :half], a[..., half:]
+    return np.concatenate([a1 * c - a2 * s, a2 * c + a1 * s], -1)
+
+
 def rope_tables(hd, max_pos, theta):
     inv = 1.0 / theta ** (np.arange(0, hd // 2) * 2.0 / hd)
     ang = np.arange(max_pos)[:, None] * inv[None, :]
@@ -199,9 +207,7 @@ def check_rope(m, rng):
             k = k / np.sqrt((k ** 2).mean(-1, keepdims=True) + 1e-6) * kn
 
         def rot(a):
-            c, s = cos[pos][:, None, :], sin[pos][:, None, :]
-            a1, a2 = a[..., :hd // 2], a[..., hd // 2:]
-            return np.concatenate([a1 * c - a2 * s, a2 * c + a1 * s], -1)
+            return rotate(a, cos, sin, pos)
 
         tag = f"H={H} KVH={KVH} hd={hd}{' bias' if bias else ''}{' qk_norm' if qk_norm else ''}"
         report(f"rope_qkv q {tag}", rel(host(q_out).reshape(T, H, hd), rot(q)), 8e-3)
@@ -349,8 +355,7 @@ def check_fused_norm(m, rng):
             ptr(dev(pos, torch.int32)), ptr(dev(slots, torch.int64)), ptr(dev(cos, torch.float32)), ptr(dev(sin, torch.float32)),
             ptr(q_out), ptr(kc), ptr(vc), i32(H), i32(KVH), i32(hd), i32(16)])
     q = yq[:, :H * hd].reshape(n, H, hd)
-    c_, s_ = cos[pos][:, None, :], sin[pos][:, None, :]
-    want = np.concatenate([q[..., :hd // 2] * c_ - q[..., hd // 2:] * s_, q[..., hd // 2:] * c_ + q[..., :hd // 2] * s_], -1)
+    want = rotate(q, cos, sin, pos)
     report(f"gemv n={n} qkv_rope with fused RMSNorm (q)", rel(host(q_out).reshape(n, H, hd), want), 8e-3)
     vh = from_device_layout(host(vc), KVH, hd, 16)[slots].reshape(n, KVH, hd)
     report(f"gemv n={n} qkv_rope with fused RMSNorm (v)", rel(vh, yq[:, (H + KVH) * hd:].reshape(n, KVH, hd)), 8e-3)
@@ -377,9 +382,7 @@ def check_qkv_rope(m, rng):
         launch(m.fn(f"gemv_n{n}_qkv_rope"), (math.ceil(w // 2 / 8),), 256, args)
 
         def rot(a):
-            c_, s_ = cos[pos][:, None, :], sin[pos][:, None, :]
-            a1, a2 = a[..., :hd // 2], a[..., hd // 2:]
-            return np.concatenate([a1 * c_ - a2 * s_, a2 * c_ + a1 * s_], -1)
+            return rotate(a, cos, sin, pos)
 
         q = y[:, :H * hd].reshape(n, H, hd)
         k = y[:, H * hd:(H + KVH) * hd].reshape(n, KVH, hd)

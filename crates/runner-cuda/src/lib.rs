@@ -477,12 +477,11 @@ impl ModelRunner for CudaRunner {
     }
 
     fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<&[f32], RunnerError> {
-        ingot_runner::validate_batch(&self.config, self.kv_shape, batch)?;
+        self.check_batch(batch)?;
         // A speculative step still in the stream runs first; its result is unused.
         if self.pending.take().is_some() {
             self.speculation_misses += 1;
         }
-        self.check_capacity(batch)?;
         self.run(batch, true)?;
         let n = batch.chunks.len() * self.config.vocab_size;
         let host = &mut self.logits_host.as_mut_slice()[..n];
@@ -492,8 +491,7 @@ impl ModelRunner for CudaRunner {
     }
 
     fn forward_greedy(&mut self, batch: &ForwardBatch<'_>) -> Result<Vec<TokenId>, RunnerError> {
-        ingot_runner::validate_batch(&self.config, self.kv_shape, batch)?;
-        self.check_capacity(batch)?;
+        self.check_batch(batch)?;
         let n = batch.chunks.len();
         let pending = self.pending.take();
         let hit = pending
@@ -585,7 +583,9 @@ impl CudaRunner {
 }
 
 impl CudaRunner {
-    fn check_capacity(&self, batch: &ForwardBatch<'_>) -> Result<(), RunnerError> {
+    /// The shared batch checks, then this runner's workspace limits.
+    fn check_batch(&self, batch: &ForwardBatch<'_>) -> Result<(), RunnerError> {
+        ingot_runner::validate_batch(&self.config, self.kv_shape, batch)?;
         let (tokens, seqs) = (batch.num_tokens(), batch.chunks.len());
         if tokens > self.buffers.max_tokens || seqs > self.buffers.max_seqs {
             return Err(RunnerError::InvalidBatch(format!(

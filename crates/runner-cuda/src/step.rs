@@ -581,6 +581,35 @@ fn project_qkv(
     mark(Category::Other)
 }
 
+/// `out[r] = RMSNorm(x[r]) · weight` for `rows` rows of the residual stream;
+/// with `gather` (a device list of row indices, or 0) row r reads x[gather[r]].
+fn rms_norm(
+    m: &Model<'_>,
+    rows: usize,
+    gather: DevPtr,
+    weight: DevPtr,
+    out: DevPtr,
+) -> Result<(), CudaError> {
+    let (b, c) = (m.buffers, m.config);
+    let args = [
+        Arg::Ptr(b.x),
+        Arg::Ptr(0), // no residual delta: o_proj/down already added into x
+        Arg::Ptr(gather),
+        Arg::Ptr(weight),
+        Arg::Ptr(out),
+        Arg::I32(c.hidden_size as i32),
+        Arg::F32(c.rms_norm_eps),
+    ];
+    let threads = row_threads(c.hidden_size);
+    m.gpu.launch(
+        &m.kernels.add_rms_norm,
+        (rows as u32, 1, 1),
+        threads,
+        0,
+        &args,
+    )
+}
+
 /// Threads for row-wise kernels over `d` elements.
 fn row_threads(d: usize) -> u32 {
     if d >= 2048 {
@@ -627,7 +656,6 @@ pub fn encode(
     let t = plan.tokens;
     let (t32, d32) = (t as u32, d as i32);
     let eps = c.rms_norm_eps;
-    let rt = row_threads(d);
     // Launch-bound small models at small batch compute the RMSNorms inside
     // the GEMVs that consume them (wide models would re-read the row in
     // every block).
@@ -651,19 +679,10 @@ pub fn encode(
     )?;
     mark(Category::Other)?;
     for (layer, &(k_cache, v_cache)) in w.layers.iter().zip(&b.kv_layers) {
-        let norm_args = [
-            Ptr(b.x),
-            Ptr(0),
-            Ptr(0),
-            Ptr(layer.attn_norm),
-            Ptr(b.xn),
-            I32(d32),
-            F32(eps),
-        ];
         // Small models at small batch: the norms run inside the GEMVs.
         let fuse_attn_norm = fuse_norms && layer.qk_norm.is_none();
         if !fuse_attn_norm {
-            gpu.launch(&k.add_rms_norm, (t32, 1, 1), rt, 0, &norm_args)?;
+            rms_norm(m, t, 0, layer.attn_norm, b.xn)?;
             mark(Category::Other)?;
         }
         let attn_norm = fuse_attn_norm.then_some(layer.attn_norm);
@@ -732,17 +751,8 @@ pub fn encode(
         mark(Category::Attention)?;
         gemm.linear(gpu, b.attn, layer.o_proj, b.x, t, qd, d, OutType::AddF32)?;
         mark(Category::Gemm)?;
-        let norm_args = [
-            Ptr(b.x),
-            Ptr(0),
-            Ptr(0),
-            Ptr(layer.mlp_norm),
-            Ptr(b.xn),
-            I32(d32),
-            F32(eps),
-        ];
         if !fuse_norms {
-            gpu.launch(&k.add_rms_norm, (t32, 1, 1), rt, 0, &norm_args)?;
+            rms_norm(m, t, 0, layer.mlp_norm, b.xn)?;
             mark(Category::Other)?;
         }
         // Small batches fuse the activation into the gate/up projection.
@@ -770,16 +780,7 @@ pub fn encode(
     }
     let s = plan.seqs;
     let last_rows = b.input(l.last_rows);
-    let norm_args = [
-        Ptr(b.x),
-        Ptr(0),
-        Ptr(last_rows),
-        Ptr(w.norm),
-        Ptr(b.last),
-        I32(d32),
-        F32(eps),
-    ];
-    gpu.launch(&k.add_rms_norm, (s as u32, 1, 1), rt, 0, &norm_args)?;
+    rms_norm(m, s, last_rows, w.norm, b.last)?;
     mark(Category::Other)?;
     gemm.linear(
         gpu,
