@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const SOURCES: &[&str] = &["elementwise", "rope", "attention", "gemv"];
+const SOURCES: &[&str] = &["elementwise", "rope", "attention", "gemv", "sampling"];
 
 fn main() {
     println!("cargo:rerun-if-changed=cuda");

@@ -135,16 +135,6 @@ def check_elementwise(m, rng):
     g, u = gu[:, :ff], gu[:, ff:]
     report("silu_mul", rel(host(out), g / (1 + np.exp(-g)) * u), 8e-3)
 
-    # argmax_rows (ties: lowest index)
-    S, V = 9, 151936
-    logits = rnd(rng, S, V).astype(np.float32)
-    logits[3, 100] = logits[3, 200] = 5.0
-    ids = torch.empty(S, dtype=torch.int32, device="cuda")
-    launch(m.fn("argmax_rows"), (S,), 1024, [ptr(dev(logits, torch.float32)), i32(V), ptr(ids)])
-    got, want = ids.cpu().numpy(), logits.argmax(-1)
-    err = float(np.mean(got != want))
-    report("argmax_rows (exact, ties to lowest id)", err, 1e-9)
-
     # fill_uniform_bf16: range and moments of offset + scale * U(-0.5, 0.5)
     n = 1 << 20
     buf = torch.empty(n, dtype=torch.bfloat16, device="cuda")
@@ -152,6 +142,118 @@ def check_elementwise(m, rng):
     v = host(buf)
     err = max(abs(v.mean() - 1.0) / 0.2, abs(v.std() - 0.2 / math.sqrt(12)) / 0.2, float(v.min() < 0.89 or v.max() > 1.11))  # bf16 spacing near 1 is 2^-7
     report("fill_uniform_bf16 (mean, std, range)", err, 1e-2)
+
+
+SAMPLE_PARAMS = np.dtype(
+    [("temperature", "<f4"), ("top_p", "<f4"), ("min_p", "<f4"), ("repetition_penalty", "<f4"),
+     ("frequency_penalty", "<f4"), ("presence_penalty", "<f4"), ("top_k", "<i4"), ("seen_start", "<i4"),
+     ("seen_count", "<i4"), ("pad", "<i4"), ("random", "<u8")], align=True)
+assert SAMPLE_PARAMS.itemsize == 48
+
+
+def sample_params(rows, **fields):
+    p = np.zeros(rows, SAMPLE_PARAMS)
+    p["temperature"], p["top_p"], p["repetition_penalty"] = 1.0, 1.0, 1.0
+    for k, v in fields.items():
+        p[k] = v
+    return torch.from_numpy(p.view(np.uint8).copy()).cuda()
+
+
+def survivors(l, T, k, p, min_p):
+    """The host sampler's truncation (float64): ids most likely first and
+    their renormalised probabilities."""
+    order = np.argsort(-l, kind="stable")
+    if k > 0:
+        order = order[:k]
+    probs = np.exp((l[order] - l[order[0]]) / T)
+    z = probs.sum()
+    keep = len(probs)
+    if min_p > 0:
+        keep = max(1, int(np.sum(probs >= min_p)))
+    if p < 1:
+        cum = np.cumsum(probs[:keep] / z)
+        keep = min(keep, int(np.searchsorted(cum, p)) + 1)
+    return order, probs[:keep] / probs[:keep].sum()
+
+
+def check_sampling(m, rng):
+    # argmax_rows (ties: lowest index)
+    S, V = 9, 151936
+    logits = rnd(rng, S, V).astype(np.float32)
+    logits[3, 100] = logits[3, 200] = 5.0
+    ids = torch.empty(S, dtype=torch.int32, device="cuda")
+    launch(m.fn("argmax_rows"), (S,), 1024, [ptr(dev(logits, torch.float32)), i32(V), ptr(ids)])
+    got, want = ids.cpu().numpy(), logits.argmax(-1)
+    report("argmax_rows (exact, ties to lowest id)", float(np.mean(got != want)), 1e-9)
+
+    # sample_rows, greedy with penalties: logits rewritten in place, then argmax.
+    S = 16
+    logits = rnd(rng, S, V, scale=4.0).astype(np.float32)
+    seen, params = [], np.zeros(S, SAMPLE_PARAMS)
+    want_l = logits.astype(np.float64).copy()
+    for r in range(S):
+        toks = rng.choice(V, size=int(rng.integers(1, 400)), replace=False)
+        counts = rng.integers(0, 4, size=len(toks))
+        params[r] = (0.0, 1.0, 0.0, 1.3, 0.4, 0.25, 0, len(seen), len(toks), 0, 0)
+        for t, c in zip(toks, counts):
+            seen.append((t, c))
+            x = want_l[r, t]
+            x = x / 1.3 if x > 0 else x * 1.3
+            want_l[r, t] = x - (0.4 * c + 0.25 if c > 0 else 0.0)
+    ld = dev(logits, torch.float32)
+    seen_d = torch.tensor(np.array(seen, np.int32)).cuda()
+    ids = torch.empty(S, dtype=torch.int32, device="cuda")
+    pd = torch.from_numpy(params.view(np.uint8).copy()).cuda()
+    launch(m.fn("sample_rows"), (S,), 512, [ptr(ld), i32(V), ptr(pd), ptr(seen_d), ptr(ids)])
+    report("sample_rows penalties (logits in place)", rel(host(ld), want_l), 1e-6)
+    report("sample_rows greedy after penalties (exact)",
+           float(np.mean(ids.cpu().numpy() != want_l.argmax(-1))), 1e-9)
+
+    # sample_rows draws: many rows of one logits row, each its own random
+    # bits; every draw must be a survivor (allowing the boundary token, where
+    # f32 and f64 sums may disagree) and the draws must follow the
+    # renormalised survivors as closely as NumPy's own multinomial does.
+    R = 8192
+    cases = [dict(temperature=0.7, top_k=50), dict(top_p=0.9), dict(temperature=1.3, min_p=0.05),
+             dict(temperature=0.8, top_k=300, top_p=0.8, min_p=0.002), dict(temperature=0.6)]
+    for n, case in enumerate(cases):
+        # Odd vocabularies take the scalar path, multiples of 4 the float4 one.
+        V = 32003 if n % 2 else 32000
+        row = rnd(rng, V, scale=9.0).astype(np.float32)
+        T = case.get("temperature", 1.0)
+        order, probs = survivors(row.astype(np.float64), T, case.get("top_k", 0), case.get("top_p", 1.0),
+                                 case.get("min_p", 0.0))
+        K = len(probs)
+        ld = dev(np.tile(row, (R, 1)), torch.float32)
+        randoms = rng.integers(0, 2**63, size=R, dtype=np.uint64)
+        pd = sample_params(R, random=randoms, **case)
+        ids = torch.empty(R, dtype=torch.int32, device="cuda")
+        launch(m.fn("sample_rows"), (R,), 512, [ptr(ld), i32(V), ptr(pd), ptr(seen_d), ptr(ids)])
+        got = ids.cpu().numpy()
+        rank = {int(t): i for i, t in enumerate(order[:K + 1])}
+        outside = float(np.mean([int(t) not in rank for t in got]))
+        hist = np.bincount([min(rank.get(int(t), K), K - 1) for t in got], minlength=K)[:K] / R
+        tv = 0.5 * np.abs(hist - probs).sum()
+        ref = np.mean([0.5 * np.abs(rng.multinomial(R, probs) / R - probs).sum() for _ in range(20)])
+        report(f"sample_rows V={V} {case} draws outside the survivors", outside, 1e-9)
+        report(f"sample_rows V={V} {case} total variation / (1.5 x NumPy's)", tv / (1.5 * ref + 1e-3), 1.0)
+
+    # Time at a serving shape: 256 rows of a 128k vocabulary.
+    R, V = 256, 128256
+    big = rnd(rng, R, V, scale=9.0).astype(np.float32)
+    for case in [dict(temperature=0.7), dict(temperature=0.7, top_k=50), dict(top_p=0.9),
+                 dict(temperature=0.7, top_k=50, top_p=0.95, min_p=0.05)]:
+        best = float("inf")
+        for _ in range(3):
+            ld = dev(big, torch.float32)
+            pd = sample_params(R, random=rng.integers(0, 2**63, size=R, dtype=np.uint64), **case)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            launch(m.fn("sample_rows"), (R,), 512, [ptr(ld), i32(V), ptr(pd), ptr(seen_d), ptr(ids)])
+            end.record()
+            torch.cuda.synchronize()
+            best = min(best, start.elapsed_time(end))
+        print(f"time sample_rows {R} x {V} {case}: {best * 1e3:.0f} us")
 
 
 def to_device_layout(a, KVH, hd, bs):
@@ -401,8 +503,9 @@ def main():
     args = ap.parse_args()
     torch.zeros(1, device="cuda")  # makes the primary context current for the driver calls
     rng = np.random.default_rng(0)
-    mods = {n: Module(os.path.join(args.cubins, f"{n}.sm_90.cubin")) for n in ("elementwise", "rope", "attention", "gemv")}
+    mods = {n: Module(os.path.join(args.cubins, f"{n}.sm_90.cubin")) for n in ("elementwise", "rope", "attention", "gemv", "sampling")}
     check_elementwise(mods["elementwise"], rng)
+    check_sampling(mods["sampling"], rng)
     check_rope(mods["rope"], rng)
     check_attention(mods["attention"], rng)
     check_gemv(mods["gemv"], rng)

@@ -8,6 +8,7 @@
 #   profile   per-step GPU time by category (eager) and CPU gaps
 #   serve     the HTTP server on CUDA with curl (serve_smoke.sh), 8B dummy
 #   torch     PyTorch eager baselines for the bench shapes
+#   ncu       ncu sections of the decode attention at 256 x 1k (one launch)
 # Results also go to $OUT (when set) as JSON lines.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -39,10 +40,17 @@ llama8b() {
 }
 [ -d "$W/tokenizers/llama3" ] && llama8b >/dev/null
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+# Each command is bounded (PHASE_TIMEOUT seconds) so one hang cannot eat a
+# whole device call; a timeout prints "TIMEOUT" and the next phase runs.
+T=${PHASE_TIMEOUT:-150}
+ING_RAW=$ING
+ING="$W/ingot-bounded"
+printf '#!/bin/sh\ntimeout -k 5 %s "%s" "$@"; rc=$?; [ $rc = 124 ] && echo "TIMEOUT: ingot $*" >&2; exit $rc\n' "$T" "$ING_RAW" > "$ING"
+chmod +x "$ING"
 for phase in "$@"; do
   echo "=== $phase"
   case $phase in
-    kernels) python3 tests/gpu/check_kernels.py --cubins "$W" ;;
+    kernels) timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" ;;
     hf) python3 tests/gpu/compare_hf.py --ingot "$ING" --tokenizers "$W/tokenizers" --work "$W/hf" ;;
     smollm2)
       [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
@@ -65,6 +73,15 @@ for phase in "$@"; do
       M=$(llama8b)
       python3 tests/gpu/torch_bench.py --model-dir "$M" --case latency --input-len 128 --output-len 256 | tee -a "$O/bench.jsonl"
       python3 tests/gpu/torch_bench.py --model-dir "$M" --case decode256 --batch 256 --input-len 1024 --output-len 128 | tee -a "$O/bench.jsonl" ;;
+    ncu)
+      M=$(llama8b)
+      timeout -k 5 300 ncu --kernel-name regex:paged_attention --launch-skip 1500 --launch-count 1 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+        --section SchedulerStats --section Occupancy --section LaunchStats --section InstructionStats \
+        "$ING_RAW" bench throughput --model "$M" --load-format dummy --max-model-len 4096 --num-prompts 256 \
+        --max-num-seqs 256 --input-len 1024 --output-len 32 --max-num-batched-tokens 8192 --enforce-eager \
+        > "$O/ncu_attention.txt" 2>&1
+      grep -vE '^ +-+|^$' "$O/ncu_attention.txt" | grep -E 'paged|Duration|Throughput|Busy|Stall|Issue|Occupancy|Registers|Block Size|Grid Size|Warp Cycles|Eligible|Hit Rate|Bandwidth|Executed Ipc|One or More|No Eligible|Active Warps' | head -60 ;;
     *) echo "unknown phase $phase" ;;
   esac
 done

@@ -30,6 +30,18 @@ check "chat greedy" 200 "${J[@]}" "$URL/v1/chat/completions" -d '{"messages":[{"
 check "chat sampled" 200 "${J[@]}" "$URL/v1/chat/completions" -d '{"messages":[{"role":"user","content":"Say hi"}],"max_tokens":8,"temperature":0.8,"top_p":0.9,"top_k":40,"seed":1,"frequency_penalty":0.5}'
 check "completion logprobs" 200 "${J[@]}" "$URL/v1/completions" -d '{"prompt":"Once upon a time","max_tokens":4,"logprobs":3}'
 check "chat stream" 200 "${J[@]}" "$URL/v1/chat/completions" -d '{"messages":[{"role":"user","content":"Count"}],"max_tokens":6,"stream":true}'
+# Sampling runs on the GPU: the same seed gives the same text, and top_k 1 is greedy.
+SAMPLED='{"prompt":"Once upon a time","max_tokens":24,"temperature":0.9,"top_p":0.95,"top_k":50,"min_p":0.02,"seed":7,"presence_penalty":0.3,"repetition_penalty":1.1}'
+a=$(curl -s "${J[@]}" "$URL/v1/completions" -d "$SAMPLED" | grep -o '"text":"[^"]*"')
+b=$(curl -s "${J[@]}" "$URL/v1/completions" -d "$SAMPLED" | grep -o '"text":"[^"]*"')
+echo "seeded sample: $a"
+[ -n "$a" ] && [ "$a" = "$b" ] && echo "seeded sample repeat: same" || { echo "seeded sample repeat: DIFFERENT ($b)"; fail=1; }
+g=$(curl -s "${J[@]}" "$URL/v1/completions" -d '{"prompt":"The capital of France is","max_tokens":8,"temperature":0}' | grep -o '"text":"[^"]*"')
+k=$(curl -s "${J[@]}" "$URL/v1/completions" -d '{"prompt":"The capital of France is","max_tokens":8,"temperature":1.0,"top_k":1}' | grep -o '"text":"[^"]*"')
+[ -n "$g" ] && [ "$g" = "$k" ] && echo "top_k 1 = greedy: same" || { echo "top_k 1 = greedy: DIFFERENT ($g vs $k)"; fail=1; }
+# 16 concurrent sampled requests, different seeds: all answer.
+seq 16 | xargs -P 16 -I{} curl -s "${J[@]}" "$URL/v1/completions" -d '{"prompt":"Tell me a story","max_tokens":16,"temperature":1.0,"top_p":0.9,"seed":{}}' \
+  | grep -o '"finish_reason"' | wc -l | sed 's/^/concurrent sampled answered (of 16): /'
 check "malformed json" 400 "${J[@]}" "$URL/v1/chat/completions" -d '{"messages":'
 check "bad temperature" 400 "${J[@]}" "$URL/v1/chat/completions" -d '{"messages":[{"role":"user","content":"x"}],"temperature":-1}'
 # 16 concurrent greedy requests with the same prompt must agree (batch invariance is not promised on GPU, but greedy ids at a clear margin should).

@@ -79,9 +79,25 @@ impl Decoding {
         self.sampler.is_plain_greedy()
     }
 
-    /// Takes a token the backend picked greedily and applies every stop rule.
-    pub fn accept_greedy(&mut self, token: TokenId) -> Result<TokenOutput, TokenizerError> {
-        let sampled = self.sampler.accept_greedy(token);
+    /// Whether the host needs this sequence's logits (logprobs asked for).
+    pub fn needs_logits(&self) -> bool {
+        self.sampler.needs_logits()
+    }
+
+    /// The sampler, for a backend that picks tokens itself.
+    pub fn sampler(&self) -> &Sampler {
+        &self.sampler
+    }
+
+    /// The sampler, to draw a step's randomness.
+    pub fn sampler_mut(&mut self) -> &mut Sampler {
+        &mut self.sampler
+    }
+
+    /// Takes a token the backend picked (greedily or by the sampler's row)
+    /// and applies every stop rule.
+    pub fn accept_picked(&mut self, token: TokenId) -> Result<TokenOutput, TokenizerError> {
+        let sampled = self.sampler.accept_picked(token);
         self.accept(sampled)
     }
 

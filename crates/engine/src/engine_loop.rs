@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use ingot_core::{FinishReason, Priority, TokenId};
 use ingot_kv_cache::BlockPool;
-use ingot_runner::{ForwardBatch, ModelRunner, SequenceChunk};
+use ingot_runner::{ForwardBatch, ModelRunner, RowSampling, SequenceChunk};
 use ingot_scheduler::{ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput};
 use ingot_tokenizer::Tokenizer;
 use tokio::sync::mpsc::error::TrySendError;
@@ -343,16 +343,23 @@ impl EngineLoop {
             expect_next: false,
         };
         let num_tokens = batch.num_tokens();
-        // All-greedy steps let the backend pick on its device: only ids
-        // come back instead of a vocabulary of logits per sequence.
-        let greedy = chunks.iter().filter(|c| c.sample).all(|c| {
+        let sampled = |c: &&ScheduledChunk| c.sample;
+        // How the step's tokens are picked: greedy steps and sampled steps
+        // without logprobs stay on the backend's device (only ids come back);
+        // logprobs need the host to see the logits.
+        let needs_logits = chunks.iter().filter(sampled).any(|c| {
+            self.active
+                .get(&c.id)
+                .is_some_and(|a| a.decoding.needs_logits())
+        });
+        let greedy = chunks.iter().filter(sampled).all(|c| {
             self.active
                 .get(&c.id)
                 .is_none_or(|a| a.decoding.is_plain_greedy())
         });
         // Steady decode (nothing waiting, nobody at a length limit): the
         // backend may launch the next step before this one returns.
-        batch.expect_next = greedy
+        batch.expect_next = !needs_logits
             && self.scheduler.num_waiting() == 0
             && chunks.iter().all(|c| {
                 c.len == 1
@@ -362,10 +369,28 @@ impl EngineLoop {
                         .get(&c.id)
                         .is_some_and(|a| !a.decoding.next_hits_limit())
             });
-        let picked = if greedy {
+        let picked = if needs_logits {
+            self.runner.forward(&batch).map(Picked::Logits)
+        } else if greedy {
             self.runner.forward_greedy(&batch).map(Picked::Ids)
         } else {
-            self.runner.forward(&batch).map(Picked::Logits)
+            // Draw first (mutably), then lend the samplers' state to the rows.
+            let randoms: Vec<u64> = chunks
+                .iter()
+                .map(|c| match self.active.get_mut(&c.id) {
+                    Some(a) if c.sample => a.decoding.sampler_mut().draw_random(),
+                    _ => 0,
+                })
+                .collect();
+            let rows: Vec<RowSampling<'_>> = chunks
+                .iter()
+                .zip(randoms)
+                .map(|(c, random)| match self.active.get(&c.id) {
+                    Some(a) if c.sample => a.decoding.sampler().row(random),
+                    _ => RowSampling::GREEDY,
+                })
+                .collect();
+            self.runner.forward_sample(&batch, &rows).map(Picked::Ids)
         };
         let picked = match picked {
             Ok(p) => p,
@@ -388,7 +413,7 @@ impl EngineLoop {
                 continue;
             }
             let out = match &picked {
-                Picked::Ids(ids) => a.decoding.accept_greedy(ids[i]),
+                Picked::Ids(ids) => a.decoding.accept_picked(ids[i]),
                 Picked::Logits(logits) => {
                     self.row
                         .copy_from_slice(&logits[i * vocab..(i + 1) * vocab]);
@@ -503,7 +528,7 @@ impl EngineLoop {
 
 /// What a forward pass returned.
 enum Picked<'a> {
-    /// Greedy ids picked by the backend, one per chunk.
+    /// Ids picked by the backend (greedy or sampled), one per chunk.
     Ids(Vec<TokenId>),
     /// Logits rows, one per chunk.
     Logits(&'a [f32]),

@@ -1,14 +1,15 @@
 //! Turning one row of logits into the next token: penalties, temperature,
 //! top-k / top-p / min-p truncation, seeded sampling and logprobs.
 //!
-//! Order follows vLLM and HF: penalties on the raw logits, then temperature,
-//! then truncation, then a draw. Logprobs are reported from the raw model
-//! distribution (vLLM's default), so they do not depend on the sampling knobs.
-
-use std::collections::HashMap;
+//! The choice itself is [`ingot_runner::sampling`]'s, shared with backends
+//! that sample on their device; this keeps the per-sequence state (seeded
+//! RNG, tokens seen) and the logprobs. Logprobs are reported from the raw
+//! model distribution (vLLM's default), so they do not depend on the
+//! sampling knobs.
 
 use ingot_core::{SamplingParams, TokenId};
-use rand::{Rng, SeedableRng};
+use ingot_runner::sampling::{sample_row, RowSampling};
+use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// A token with its log-probability.
@@ -25,20 +26,19 @@ pub struct TokenLogprob {
 pub struct SampledToken {
     /// The chosen token.
     pub token: TokenId,
-    /// Its logprob (always computed; cheap next to the forward pass).
+    /// Its logprob (computed when the host saw the logits; 0 otherwise).
     pub logprob: f32,
     /// The `n` most likely alternatives when logprobs were requested.
     pub top_logprobs: Vec<TokenLogprob>,
 }
 
-/// Per-sequence sampling state: the RNG and output token counts.
+/// Per-sequence sampling state: the RNG and the tokens seen so far.
 pub struct Sampler {
     params: SamplingParams,
     rng: ChaCha8Rng,
-    /// Occurrences of each token in the generated output.
-    output_counts: HashMap<TokenId, u32>,
-    /// Tokens of the prompt (for the repetition penalty).
-    prompt_tokens: Vec<TokenId>,
+    /// Prompt (when the repetition penalty is on) and output tokens, sorted
+    /// by id, with their count in the output.
+    seen: Vec<(TokenId, u32)>,
     /// Scratch: candidate indices.
     order: Vec<u32>,
 }
@@ -50,14 +50,16 @@ impl Sampler {
             Some(s) => ChaCha8Rng::seed_from_u64(s),
             None => ChaCha8Rng::from_os_rng(),
         };
-        let mut prompt_tokens = prompt.to_vec();
-        prompt_tokens.sort_unstable();
-        prompt_tokens.dedup();
+        let mut seen: Vec<(TokenId, u32)> = Vec::new();
+        if params.repetition_penalty != 1.0 {
+            seen = prompt.iter().map(|&t| (t, 0)).collect();
+            seen.sort_unstable();
+            seen.dedup_by_key(|e| e.0);
+        }
         Self {
             params,
             rng,
-            output_counts: HashMap::new(),
-            prompt_tokens,
+            seen,
             order: Vec::new(),
         }
     }
@@ -67,7 +69,8 @@ impl Sampler {
         &self.params
     }
 
-    /// Chooses the next token; `logits` is modified in place.
+    /// Chooses the next token from the host's copy of the logits (modified
+    /// in place) and reports logprobs when asked for.
     pub fn sample(&mut self, logits: &mut [f32]) -> SampledToken {
         let log_z = log_sum_exp(logits);
         let top_logprobs = match self.params.logprobs {
@@ -80,20 +83,16 @@ impl Sampler {
                 .collect(),
             _ => Vec::new(),
         };
-        let penalised = self.has_penalties();
+        let random = self.draw_random();
+        let mut order = std::mem::take(&mut self.order);
+        let row = self.row(random);
         // Penalties rewrite logits in place; keep the raw row for the logprob.
-        let raw_copy = penalised.then(|| logits.to_vec());
-        if penalised {
-            self.apply_penalties(logits);
-        }
-        let token = if self.params.is_greedy() {
-            argmax(logits)
-        } else {
-            self.draw(logits)
-        };
+        let raw_copy = row.has_penalties().then(|| logits.to_vec());
+        let token = sample_row(logits, &row, &mut order);
+        self.order = order;
         let raw = raw_copy.as_deref().unwrap_or(logits);
         let logprob = raw[token as usize] - log_z;
-        *self.output_counts.entry(token).or_insert(0) += 1;
+        self.record(token);
         SampledToken {
             token,
             logprob,
@@ -107,9 +106,44 @@ impl Sampler {
         self.params.is_greedy() && !self.has_penalties() && self.params.logprobs.is_none()
     }
 
-    /// Records a token the backend picked by argmax (see [`Self::is_plain_greedy`]).
-    pub fn accept_greedy(&mut self, token: TokenId) -> SampledToken {
-        *self.output_counts.entry(token).or_insert(0) += 1;
+    /// True when logprobs are asked for: the host needs the logits row.
+    pub fn needs_logits(&self) -> bool {
+        self.params.logprobs.is_some()
+    }
+
+    /// Random bits for the next draw (none are used by greedy choices, so
+    /// a seeded sequence draws the same stream on every backend).
+    pub fn draw_random(&mut self) -> u64 {
+        if self.params.is_greedy() {
+            0
+        } else {
+            self.rng.next_u64()
+        }
+    }
+
+    /// What a backend needs to pick the next token itself.
+    pub fn row(&self, random: u64) -> RowSampling<'_> {
+        let p = &self.params;
+        RowSampling {
+            temperature: p.temperature,
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            repetition_penalty: p.repetition_penalty,
+            frequency_penalty: p.frequency_penalty,
+            presence_penalty: p.presence_penalty,
+            seen: if self.has_penalties() {
+                &self.seen
+            } else {
+                &[]
+            },
+            random,
+        }
+    }
+
+    /// Records a token the backend picked (see [`Self::row`]).
+    pub fn accept_picked(&mut self, token: TokenId) -> SampledToken {
+        self.record(token);
         SampledToken {
             token,
             // Not computed on this path; only reported when logprobs are asked for.
@@ -118,90 +152,19 @@ impl Sampler {
         }
     }
 
+    fn record(&mut self, token: TokenId) {
+        if !self.has_penalties() {
+            return;
+        }
+        match self.seen.binary_search_by_key(&token, |e| e.0) {
+            Ok(i) => self.seen[i].1 += 1,
+            Err(i) => self.seen.insert(i, (token, 1)),
+        }
+    }
+
     fn has_penalties(&self) -> bool {
         let p = &self.params;
         p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0
-    }
-
-    fn apply_penalties(&self, logits: &mut [f32]) {
-        let p = &self.params;
-        if p.repetition_penalty != 1.0 {
-            let seen = self
-                .prompt_tokens
-                .iter()
-                .copied()
-                .chain(self.output_counts.keys().copied());
-            for t in seen {
-                let l = &mut logits[t as usize];
-                *l = if *l > 0.0 {
-                    *l / p.repetition_penalty
-                } else {
-                    *l * p.repetition_penalty
-                };
-            }
-        }
-        if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
-            for (&t, &n) in &self.output_counts {
-                logits[t as usize] -= p.frequency_penalty * n as f32 + p.presence_penalty;
-            }
-        }
-    }
-
-    /// Temperature, truncation, then an inverse-CDF draw over the survivors.
-    fn draw(&mut self, logits: &[f32]) -> TokenId {
-        let p = &self.params;
-        let inv_t = 1.0 / p.temperature;
-        self.order.clear();
-        self.order.extend(0..logits.len() as u32);
-        let by_logit_desc = |a: &u32, b: &u32| {
-            logits[*b as usize]
-                .total_cmp(&logits[*a as usize])
-                .then(a.cmp(b))
-        };
-        let k = if p.top_k > 0 {
-            p.top_k.min(logits.len())
-        } else {
-            logits.len()
-        };
-        if k < logits.len() {
-            self.order.select_nth_unstable_by(k - 1, by_logit_desc);
-            self.order.truncate(k);
-        }
-        self.order.sort_unstable_by(by_logit_desc);
-        let max = logits[self.order[0] as usize] * inv_t;
-        let mut probs: Vec<f32> = self
-            .order
-            .iter()
-            .map(|&t| (logits[t as usize] * inv_t - max).exp())
-            .collect();
-        let z: f32 = probs.iter().sum();
-        // min-p: relative to the most likely token (probs[0] == 1 before normalising).
-        let mut keep = probs.len();
-        if p.min_p > 0.0 {
-            keep = probs.iter().take_while(|&&x| x >= p.min_p).count().max(1);
-        }
-        if p.top_p < 1.0 {
-            let mut cum = 0.0;
-            let mut n = 0;
-            for &x in &probs[..keep] {
-                n += 1;
-                cum += x / z;
-                if cum >= p.top_p {
-                    break;
-                }
-            }
-            keep = n.max(1);
-        }
-        probs.truncate(keep);
-        let total: f32 = probs.iter().sum();
-        let mut u = self.rng.random::<f32>() * total;
-        for (i, &x) in probs.iter().enumerate() {
-            if u < x {
-                return self.order[i];
-            }
-            u -= x;
-        }
-        self.order[keep - 1]
     }
 }
 
@@ -265,34 +228,6 @@ mod tests {
         };
         assert_eq!(run(1), run(1));
         assert_ne!(run(1), run(2));
-    }
-
-    #[test]
-    fn top_k_one_and_tiny_top_p_are_greedy() {
-        for p in [params(|p| p.top_k = 1), params(|p| p.top_p = 1e-6)] {
-            let mut s = Sampler::new(p, &[]);
-            for _ in 0..20 {
-                assert_eq!(s.sample(&mut [0.1, 0.3, 0.2]).token, 1);
-            }
-        }
-    }
-
-    #[test]
-    fn top_k_never_samples_outside_the_k_best() {
-        let mut s = Sampler::new(params(|p| p.top_k = 2), &[]);
-        for _ in 0..200 {
-            let t = s.sample(&mut [1.0, 0.9, 0.95, 0.0]).token;
-            assert!(t == 0 || t == 2, "got {t}");
-        }
-    }
-
-    #[test]
-    fn min_p_drops_unlikely_tokens() {
-        let mut s = Sampler::new(params(|p| p.min_p = 0.5), &[]);
-        for _ in 0..200 {
-            // exp(-1) ≈ 0.37 < 0.5 relative to the best: only token 0 survives.
-            assert_eq!(s.sample(&mut [1.0, 0.0, 0.0]).token, 0);
-        }
     }
 
     #[test]

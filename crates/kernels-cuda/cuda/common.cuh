@@ -65,6 +65,14 @@ __device__ __forceinline__ float block_sum(float v) {
   return total;
 }
 
+// A 64-bit mixer (SplitMix64's finaliser): random bits as a pure function
+// of (seed, index), for dummy weights and sampling noise.
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 // Loads N consecutive bf16 (N even, 4-byte aligned) as floats.
 template <int N>
 __device__ __forceinline__ void load_bf16(const bf16* p, float* out) {

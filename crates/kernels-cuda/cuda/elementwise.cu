@@ -1,5 +1,5 @@
 // Row-wise kernels: embedding gather, residual add + RMSNorm, SiLU x mul,
-// greedy argmax, and the random fill behind `--load-format dummy`.
+// and the random fill behind `--load-format dummy`.
 #include "common.cuh"
 
 // x[t] = table[ids[t]] (f32 residual stream). Grid: tokens.
@@ -60,49 +60,6 @@ extern "C" __global__ void silu_mul(const bf16* __restrict__ gate_up, bf16* __re
     r2[i] = __floats2bfloat162_rn(a.x / (1.f + __expf(-a.x)) * b.x, a.y / (1.f + __expf(-a.y)) * b.y);
   }
   *reinterpret_cast<uint4*>(out + (size_t)t * ff + j) = r;
-}
-
-// Greedy pick per row: the largest logit, the lowest index on ties (as the
-// host sampler does). Grid: rows; block: 1024 threads.
-extern "C" __global__ void argmax_rows(const float* __restrict__ logits, int vocab, int* __restrict__ out) {
-  pdl_begin();
-  __shared__ float best_v[32];
-  __shared__ int best_i[32];
-  const float* row = logits + (size_t)blockIdx.x * vocab;
-  float v = -INFINITY;
-  int idx = 0x7fffffff;
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    float x = row[i];
-    if (x > v) { v = x; idx = i; }
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    float ov = __shfl_xor_sync(0xffffffffu, v, o);
-    int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-    if (ov > v || (ov == v && oi < idx)) { v = ov; idx = oi; }
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) { best_v[warp] = v; best_i[warp] = idx; }
-  __syncthreads();
-  if (warp == 0) {
-    const int nw = blockDim.x >> 5;
-    v = lane < nw ? best_v[lane] : -INFINITY;
-    idx = lane < nw ? best_i[lane] : 0x7fffffff;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      float ov = __shfl_xor_sync(0xffffffffu, v, o);
-      int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-      if (ov > v || (ov == v && oi < idx)) { v = ov; idx = oi; }
-    }
-    // A row of NaNs has no maximum: report token 0 rather than garbage.
-    if (lane == 0) out[blockIdx.x] = idx == 0x7fffffff ? 0 : idx;
-  }
-}
-
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
 }
 
 // out[i] = offset + scale * u_i with u_i uniform in [-0.5, 0.5), a pure

@@ -15,6 +15,7 @@
 mod device;
 mod gemm;
 mod profile;
+mod sampling;
 mod step;
 mod weights;
 
@@ -23,11 +24,12 @@ use std::time::Instant;
 use cudarc::driver::{sys, CudaEvent, CudaGraph};
 use ingot_core::TokenId;
 use ingot_models::{ModelConfig, ModelError, TensorSource};
-use ingot_runner::{ForwardBatch, KvCacheShape, ModelRunner, RunnerError};
+use ingot_runner::{ForwardBatch, KvCacheShape, ModelRunner, RowSampling, RunnerError};
 
 use device::{Arena, Gpu, Pinned};
 use gemm::Gemm;
 use profile::{Marks, Profiler};
+use sampling::DeviceSampler;
 use step::{Buffers, Kernels, StepPlan};
 use weights::DeviceWeights;
 
@@ -174,6 +176,8 @@ pub struct CudaRunner {
     memory: MemoryReport,
     /// Set by `INGOT_CUDA_PROFILE=1`.
     profiler: Option<Profiler>,
+    /// Staging for sampled steps; sized once the KV pool is known.
+    sampler: Option<DeviceSampler>,
     // Drop order: graphs above reference the buffers below.
     gemm: Gemm,
     buffers: Buffers,
@@ -226,6 +230,7 @@ impl CudaRunner {
             speculation_hits: 0,
             speculation_misses: 0,
             profiler: None,
+            sampler: None,
             memory: MemoryReport {
                 weights: weights.arena.size(),
                 workspace: 0,
@@ -242,6 +247,15 @@ impl CudaRunner {
         };
         runner.memory.workspace = runner.buffers.workspace_size();
         runner.profile_and_allocate_kv()?;
+        // A batch's seen tokens are at most its sequences' tokens, which
+        // all sit in the KV pool.
+        let sampler = DeviceSampler::new(
+            &runner.gpu,
+            max_seqs,
+            runner.kv_shape.num_blocks * runner.kv_shape.block_size + max_seqs,
+        )?;
+        runner.memory.workspace += sampler.bytes();
+        runner.sampler = Some(sampler);
         if runner.opts.cuda_graphs {
             runner.capture_graphs()?;
         }
@@ -491,6 +505,30 @@ impl ModelRunner for CudaRunner {
     }
 
     fn forward_greedy(&mut self, batch: &ForwardBatch<'_>) -> Result<Vec<TokenId>, RunnerError> {
+        self.forward_ids(batch, None)
+    }
+
+    fn forward_sample(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+        rows: &[RowSampling<'_>],
+    ) -> Result<Vec<TokenId>, RunnerError> {
+        ingot_runner::check_rows(batch, rows)?;
+        let plain_argmax = rows.iter().all(|r| r.is_greedy() && !r.has_penalties());
+        self.forward_ids(batch, (!plain_argmax).then_some(rows))
+    }
+}
+
+impl CudaRunner {
+    /// Runs the batch (or takes the speculated step that already ran it),
+    /// picks ids on the device (argmax, or `rows`' sampling), and, when the
+    /// engine expects the same decode next, launches that step before
+    /// returning.
+    fn forward_ids(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+        rows: Option<&[RowSampling<'_>]>,
+    ) -> Result<Vec<TokenId>, RunnerError> {
         self.check_batch(batch)?;
         let n = batch.chunks.len();
         let pending = self.pending.take();
@@ -502,17 +540,35 @@ impl ModelRunner for CudaRunner {
             Some(false) => self.speculation_misses += 1,
             None => {}
         }
-        let (buffer, done, graph) = match pending {
-            Some(spec) if hit == Some(true) => (spec.buffer, spec.done, Some(spec.graph)),
+        let speculated = match pending {
+            Some(spec) if hit == Some(true) => Some(spec),
             // A miss: the stream runs the wasted step first; nothing else to undo.
-            _ => {
-                let plan = self.run(batch, true)?;
-                let (buffer, done) = self.download_ids(n)?;
-                (buffer, done, plan.graph_size)
+            _ => None,
+        };
+        let graph = match &speculated {
+            Some(spec) => Some(spec.graph),
+            None => self.run(batch, true)?.graph_size,
+        };
+        let (buffer, done) = match (rows, speculated) {
+            (Some(rows), _) => {
+                let sampler = self
+                    .sampler
+                    .as_mut()
+                    .ok_or_else(|| RunnerError::Backend("no device sampler".into()))?;
+                sampler.launch(
+                    &self.gpu,
+                    rows,
+                    self.buffers.logits,
+                    self.config.vocab_size,
+                    self.buffers.sampled,
+                )?;
+                self.download_ids(n)?
             }
+            (None, Some(spec)) => (spec.buffer, spec.done),
+            (None, None) => self.download_ids(n)?,
         };
         if let Some(size) = graph.filter(|_| batch.expect_next && self.profiler.is_none()) {
-            if let Some(rows) = self.next_rows(batch) {
+            if let Some(next) = self.next_rows(batch) {
                 step::advance_decode(&self.gpu, &self.kernels, &self.buffers, n)?;
                 let g = self
                     .graphs
@@ -522,7 +578,7 @@ impl ModelRunner for CudaRunner {
                 g.graph.launch().map_err(CudaError::from)?;
                 let (buffer, done) = self.download_ids(n)?;
                 self.pending = Some(Speculation {
-                    rows,
+                    rows: next,
                     graph: size,
                     buffer,
                     done,

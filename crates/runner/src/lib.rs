@@ -5,9 +5,13 @@
 //! the engine owns the bookkeeping (block tables) and tells the runner which
 //! blocks each chunk uses.
 
+pub mod sampling;
+
 use ingot_core::TokenId;
 use ingot_kv_cache::BlockId;
 use ingot_models::ModelConfig;
+
+pub use sampling::RowSampling;
 
 /// Consecutive tokens of one sequence to run through the model.
 #[derive(Debug, Clone, Copy)]
@@ -99,6 +103,42 @@ pub trait ModelRunner: Send {
         let logits = self.forward(batch)?;
         Ok(logits.chunks_exact(vocab).map(argmax).collect())
     }
+
+    /// Runs the batch and picks each chunk's next token as `rows` (one per
+    /// chunk) say: penalties, temperature, truncation and a draw. Backends
+    /// that can sample on the device override this so that only ids leave
+    /// it; the default samples the downloaded logits on the host.
+    fn forward_sample(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+        rows: &[RowSampling<'_>],
+    ) -> Result<Vec<TokenId>, RunnerError> {
+        check_rows(batch, rows)?;
+        let vocab = self.config().vocab_size;
+        let logits = self.forward(batch)?;
+        let (mut row, mut order) = (Vec::with_capacity(vocab), Vec::new());
+        Ok(logits
+            .chunks_exact(vocab)
+            .zip(rows)
+            .map(|(l, r)| {
+                row.clear();
+                row.extend_from_slice(l);
+                sampling::sample_row(&mut row, r, &mut order)
+            })
+            .collect())
+    }
+}
+
+/// One sampling row per chunk.
+pub fn check_rows(batch: &ForwardBatch<'_>, rows: &[RowSampling<'_>]) -> Result<(), RunnerError> {
+    if rows.len() != batch.chunks.len() {
+        return Err(RunnerError::InvalidBatch(format!(
+            "{} sampling rows for {} chunks",
+            rows.len(),
+            batch.chunks.len()
+        )));
+    }
+    Ok(())
 }
 
 /// Index of the largest value; ties go to the lowest index.

@@ -1,0 +1,164 @@
+//! Sampling on the device: each row's knobs, random bits and seen tokens go
+//! up in one copy from pinned memory, and `sample_rows` writes the picked
+//! ids where the greedy argmax writes them, so only ids come back.
+
+use ingot_runner::RowSampling;
+
+use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel, Pinned};
+use crate::CudaError;
+
+/// 32-bit words of one row's `SampleParams` (see `sampling.cu`).
+const PARAM_WORDS: usize = 12;
+/// Threads of one `sample_rows` block (its `SAMPLE_THREADS`).
+const SAMPLE_THREADS: u32 = 512;
+
+/// The device side of sampling: parameters and seen tokens, staged.
+pub struct DeviceSampler {
+    kernel: Kernel,
+    dev: DevPtr,
+    host: Pinned<u32>,
+    max_rows: usize,
+    _arena: Arena,
+}
+
+impl DeviceSampler {
+    /// Room for `max_rows` rows and `max_seen` (token, count) pairs in all.
+    pub fn new(gpu: &Gpu, max_rows: usize, max_seen: usize) -> Result<Self, CudaError> {
+        let words = Self::words(max_rows, max_seen);
+        let mut arena = Arena::new(gpu, "sampling", Arena::size_of([words * 4]))?;
+        Ok(Self {
+            kernel: gpu.kernel("sample_rows")?,
+            dev: arena.take(words * 4)?,
+            host: Pinned::new(gpu, words)?,
+            max_rows,
+            _arena: arena,
+        })
+    }
+
+    fn words(max_rows: usize, max_seen: usize) -> usize {
+        max_rows * PARAM_WORDS + 2 * max_seen
+    }
+
+    /// Device bytes reserved.
+    pub fn bytes(&self) -> usize {
+        self.host.as_slice().len() * 4
+    }
+
+    /// Stages `rows`, uploads them and enqueues the kernel, which applies
+    /// the penalties to `logits` in place and writes one id per row to `out`.
+    pub fn launch(
+        &mut self,
+        gpu: &Gpu,
+        rows: &[RowSampling<'_>],
+        logits: DevPtr,
+        vocab: usize,
+        out: DevPtr,
+    ) -> Result<(), CudaError> {
+        let used = encode_rows(self.host.as_mut_slice(), self.max_rows, rows)?;
+        gpu.upload(self.dev, &self.host.as_slice()[..used])?;
+        let seen = self.dev + (rows.len() * PARAM_WORDS * 4) as u64;
+        let args = [
+            Arg::Ptr(logits),
+            Arg::I32(vocab as i32),
+            Arg::Ptr(self.dev),
+            Arg::Ptr(seen),
+            Arg::Ptr(out),
+        ];
+        gpu.launch(
+            &self.kernel,
+            (rows.len() as u32, 1, 1),
+            SAMPLE_THREADS,
+            0,
+            &args,
+        )
+    }
+}
+
+/// Writes the rows' parameters, then all seen pairs, into `words`; returns
+/// the words used.
+fn encode_rows(
+    words: &mut [u32],
+    max_rows: usize,
+    rows: &[RowSampling<'_>],
+) -> Result<usize, CudaError> {
+    let seen_total: usize = rows.iter().map(|r| r.seen.len()).sum();
+    let used = rows.len() * PARAM_WORDS + 2 * seen_total;
+    if rows.len() > max_rows || used > words.len() {
+        return Err(CudaError::Unsupported(format!(
+            "{} sampling rows with {seen_total} seen tokens exceed the staging buffer",
+            rows.len()
+        )));
+    }
+    let (params, seen) = words.split_at_mut(rows.len() * PARAM_WORDS);
+    let mut start = 0;
+    for (r, p) in rows.iter().zip(params.chunks_exact_mut(PARAM_WORDS)) {
+        let top_k = u32::try_from(r.top_k)
+            .unwrap_or(u32::MAX)
+            .min(i32::MAX as u32);
+        p.copy_from_slice(&[
+            r.temperature.to_bits(),
+            r.top_p.to_bits(),
+            r.min_p.to_bits(),
+            r.repetition_penalty.to_bits(),
+            r.frequency_penalty.to_bits(),
+            r.presence_penalty.to_bits(),
+            top_k,
+            start as u32,
+            r.seen.len() as u32,
+            0,
+            r.random as u32,
+            (r.random >> 32) as u32,
+        ]);
+        for (i, &(token, count)) in r.seen.iter().enumerate() {
+            seen[2 * (start + i)] = token;
+            seen[2 * (start + i) + 1] = count;
+        }
+        start += r.seen.len();
+    }
+    Ok(used)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_are_laid_out_as_the_kernel_reads_them() {
+        let seen_a = [(5, 0), (9, 2)];
+        let seen_b = [(7, 1)];
+        let rows = [
+            RowSampling {
+                temperature: 0.5,
+                top_k: 40,
+                seen: &seen_a,
+                random: 0x0123_4567_89ab_cdef,
+                ..RowSampling::GREEDY
+            },
+            RowSampling {
+                top_p: 0.9,
+                seen: &seen_b,
+                ..RowSampling::GREEDY
+            },
+        ];
+        let mut words = vec![0u32; 64];
+        let used = encode_rows(&mut words, 4, &rows).unwrap();
+        assert_eq!(used, 2 * PARAM_WORDS + 6);
+        assert_eq!(f32::from_bits(words[0]), 0.5);
+        assert_eq!(words[6], 40);
+        assert_eq!((words[7], words[8]), (0, 2));
+        assert_eq!((words[10], words[11]), (0x89ab_cdef, 0x0123_4567));
+        assert_eq!(f32::from_bits(words[PARAM_WORDS + 1]), 0.9);
+        assert_eq!((words[PARAM_WORDS + 7], words[PARAM_WORDS + 8]), (2, 1));
+        assert_eq!(&words[2 * PARAM_WORDS..used], &[5, 0, 9, 2, 7, 1]);
+    }
+
+    #[test]
+    fn too_many_seen_tokens_is_an_error() {
+        let seen = [(1, 1); 8];
+        let rows = [RowSampling {
+            seen: &seen,
+            ..RowSampling::GREEDY
+        }];
+        assert!(encode_rows(&mut [0u32; 20], 4, &rows).is_err());
+    }
+}
