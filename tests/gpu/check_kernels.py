@@ -104,8 +104,10 @@ def check_elementwise(m, rng):
     table = bf(rnd(rng, V, d))
     ids = rng.integers(0, V, T)
     x = torch.empty(T, d, dtype=torch.float32, device="cuda")
-    launch(m.fn("embed_rows"), (T,), 256, [ptr(dev(ids, torch.int32)), ptr(dev(table, torch.bfloat16)), ptr(x), i32(d)])
+    ssb = sumsq_buffer()
+    launch(m.fn("embed_rows"), (T,), 256, [ptr(dev(ids, torch.int32)), ptr(dev(table, torch.bfloat16)), ptr(x), i32(d), ptr(ssb)])
     report("embed_rows", rel(host(x), table[ids]), 1e-7)
+    report("embed_rows sums of squares (first 8 rows)", rel(host(ssb)[:8], (table[ids[:8]] ** 2).sum(-1)), 1e-5)
 
     # add_rms_norm: residual add + norm, then the gather form
     for d in (576, 4096):
@@ -406,6 +408,17 @@ def check_attention(m, rng):
         report(f"prefill_attention hd={hd} H={H} KVH={KVH} (cached prefix {prefix})", rel(host(out).reshape(T, H, hd), want), 2e-2)
 
 
+SUMSQ_BYTES = 4 * (8 + 8 + 8 * 4096)  # SumSq in common.cuh
+
+
+def sumsq_buffer(ss=None):
+    """A zeroed SumSq (counter 0), optionally holding row sums of squares."""
+    buf = torch.zeros(SUMSQ_BYTES // 4, dtype=torch.float32, device="cuda")
+    if ss is not None:
+        buf[:len(ss)] = torch.tensor(np.asarray(ss), dtype=torch.float32)
+    return buf
+
+
 def check_gemv(m, rng):
     for n, inp, out in ((1, 576, 960), (3, 1536, 576), (8, 4096, 1000)):
         x = bf(rnd(rng, n, inp))
@@ -414,15 +427,20 @@ def check_gemv(m, rng):
         xd, wd = dev(x, torch.bfloat16), dev(w, torch.bfloat16)
         grid = (math.ceil(out / 8),)
         y = torch.empty(n, out, dtype=torch.bfloat16, device="cuda")
-        launch(m.fn(f"gemv_n{n}_bf16"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out)])
+        launch(m.fn(f"gemv_n{n}_bf16"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(None)])
         report(f"gemv n={n} {inp}->{out} bf16 out", rel(host(y), want), 8e-3)
         y = torch.empty(n, out, dtype=torch.float32, device="cuda")
-        launch(m.fn(f"gemv_n{n}_f32"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out)])
+        launch(m.fn(f"gemv_n{n}_f32"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(None)])
         report(f"gemv n={n} {inp}->{out} f32 out", rel(host(y), want), 1e-5)
         base = rnd(rng, n, out).astype(np.float32).astype(np.float64)
         y = dev(base, torch.float32)
-        launch(m.fn(f"gemv_n{n}_add_f32"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out)])
+        ssb = sumsq_buffer()
+        for rep in range(2):  # the second run checks that the counter was reset
+            y = dev(base, torch.float32)
+            launch(m.fn(f"gemv_n{n}_add_f32"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(ssb)])
         report(f"gemv n={n} {inp}->{out} f32 accumulate", rel(host(y), base + want), 1e-5)
+        report(f"gemv n={n} {inp}->{out} f32 accumulate: sums of squares", rel(host(ssb)[:n], ((base + want) ** 2).sum(-1)), 1e-5)
+        report(f"gemv n={n} {inp}->{out} f32 accumulate: counter reset", float(ssb.view(torch.int32)[8].item()), 0.5)
         # SwiGLU: w2 stacks gate rows then up rows; y = silu(x·gate) * (x·up).
         w2 = bf(rnd(rng, 2 * out, inp, scale=0.05))
         gate, up = x @ w2[:out].T, x @ w2[out:].T
@@ -437,11 +455,12 @@ def check_fused_norm(m, rng):
     x = rnd(rng, n, d, scale=3.0).astype(np.float32).astype(np.float64)
     nw = (1 + 0.2 * rnd(rng, d)).astype(np.float32).astype(np.float64)
     xn = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * nw
+    ssb = sumsq_buffer((x ** 2).sum(-1))
     w2 = bf(rnd(rng, 2 * ff, d, scale=0.05))
     gate, up = xn @ w2[:ff].T, xn @ w2[ff:].T
     y = torch.empty(n, ff, dtype=torch.bfloat16, device="cuda")
     launch(m.fn(f"gemv_n{n}_swiglu_norm"), (math.ceil(ff / 8),), 256,
-           [ptr(dev(x, torch.float32)), ptr(dev(nw, torch.float32)), f32(eps), ptr(dev(w2, torch.bfloat16)), ptr(y), i32(d), i32(ff)])
+           [ptr(dev(x, torch.float32)), ptr(dev(nw, torch.float32)), f32(eps), ptr(ssb), ptr(dev(w2, torch.bfloat16)), ptr(y), i32(d), i32(ff)])
     report(f"gemv n={n} swiglu with fused RMSNorm", rel(host(y), gate / (1 + np.exp(-gate)) * up), 8e-3)
     H, KVH, hd = 9, 3, 64
     w = (H + 2 * KVH) * hd
@@ -453,7 +472,7 @@ def check_fused_norm(m, rng):
     kc = torch.zeros(64, KVH * hd, dtype=torch.bfloat16, device="cuda")
     vc = torch.zeros(64, KVH * hd, dtype=torch.bfloat16, device="cuda")
     launch(m.fn(f"gemv_n{n}_qkv_rope_norm"), (math.ceil(w // 2 / 8),), 256,
-           [ptr(dev(x, torch.float32)), ptr(dev(nw, torch.float32)), f32(eps), ptr(dev(wq, torch.bfloat16)), i32(d), ptr(None),
+           [ptr(dev(x, torch.float32)), ptr(dev(nw, torch.float32)), f32(eps), ptr(ssb), ptr(dev(wq, torch.bfloat16)), i32(d), ptr(None),
             ptr(dev(pos, torch.int32)), ptr(dev(slots, torch.int64)), ptr(dev(cos, torch.float32)), ptr(dev(sin, torch.float32)),
             ptr(q_out), ptr(kc), ptr(vc), i32(H), i32(KVH), i32(hd), i32(16)])
     q = yq[:, :H * hd].reshape(n, H, hd)

@@ -4,8 +4,10 @@
 // attends to positions 0..=p of its sequence through its block table.
 //
 //   paged_attention_hd{HD}_g{G}: one block per (token, kv head, split); its 4
-//     warps walk the split's keys, each keeping an online softmax for the G
-//     query heads that share the kv head (GQA reads K/V once for all of them).
+//     warps walk the split's keys four at a time, each keeping an online
+//     softmax for the G query heads that share the kv head (GQA reads K/V
+//     once for all of them); the 4G dot products of a step are summed over
+//     the warp in one reduce-scatter.
 //     With num_splits > 1 it writes partial results for attention_combine
 //     (flash-decoding: long contexts at small batch still fill the GPU).
 //   prefill_attention_hd{HD}: one block per (query tile of one chunk, kv
@@ -19,6 +21,31 @@ using namespace nvcuda;
 
 constexpr int DECODE_WARPS = 4;
 constexpr int DECODE_UNROLL = 4;
+
+__host__ __device__ constexpr int pow2_at_least(int n) { return n <= 1 ? 1 : 2 * pow2_at_least((n + 1) / 2); }
+__host__ __device__ constexpr int log2_of(int n) { return n <= 1 ? 0 : 1 + log2_of(n / 2); }
+
+// Sums V values (a power of two, at most 32) over the warp at once: each
+// halving step sends half of the values to the partner lane and keeps the
+// other half, so V sums cost V - 1 shuffles (+ the plain steps left) rather
+// than 5 each. Lane l ends with the total of value l >> (5 - log2 V).
+template <int V>
+__device__ __forceinline__ float warp_reduce_scatter(float (&v)[V], int lane) {
+#pragma unroll
+  for (int c = V, o = 16; c > 1; c >>= 1, o >>= 1) {
+    const bool upper = lane & o;
+#pragma unroll
+    for (int i = 0; i < c / 2; ++i) {
+      const float keep = upper ? v[c / 2 + i] : v[i];
+      const float send = upper ? v[i] : v[c / 2 + i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+    }
+  }
+  float r = v[0];
+#pragma unroll
+  for (int o = 16 >> log2_of(V); o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+  return r;
+}
 
 template <int HD, int G>
 __device__ __forceinline__ void decode_attention(
@@ -52,6 +79,8 @@ __device__ __forceinline__ void decode_attention(
     m[g] = -INFINITY;
     l[g] = 0.f;
   }
+  constexpr int V = pow2_at_least(G * DECODE_UNROLL);
+  constexpr int SHIFT = 5 - log2_of(V);  // lane >> SHIFT: the score a lane ends with
   for (int j0 = start + warp * DECODE_UNROLL; j0 < end; j0 += DECODE_WARPS * DECODE_UNROLL) {
     float kv[DECODE_UNROLL][D], vv[DECODE_UNROLL][D];
 #pragma unroll
@@ -61,22 +90,41 @@ __device__ __forceinline__ void decode_attention(
       load_bf16<D>(k_cache + off, kv[u]);
       load_bf16<D>(v_cache + off, vv[u]);
     }
+    // Partial q·k of every (head, key) pair, then one reduce-scatter over
+    // the warp for all of them (V - 1 + SHIFT shuffles instead of 5 each).
+    float part[V];
 #pragma unroll
-    for (int u = 0; u < DECODE_UNROLL; ++u) {
-      if (j0 + u >= end) break;
+    for (int i = 0; i < V; ++i) part[i] = 0.f;
 #pragma unroll
-      for (int g = 0; g < G; ++g) {
-        float s = 0.f;
+    for (int g = 0; g < G; ++g)
 #pragma unroll
-        for (int d = 0; d < D; ++d) s += qv[g][d] * kv[u][d];
-        s = warp_sum(s);
-        const float m_new = fmaxf(m[g], s);
-        const float corr = exp2f(m[g] - m_new), p = exp2f(s - m_new);
-        l[g] = l[g] * corr + p;
+      for (int u = 0; u < DECODE_UNROLL; ++u)
 #pragma unroll
-        for (int d = 0; d < D; ++d) acc[g][d] = acc[g][d] * corr + p * vv[u][d];
-        m[g] = m_new;
+        for (int d = 0; d < D; ++d) part[g * DECODE_UNROLL + u] += qv[g][d] * kv[u][d];
+    const float mine = warp_reduce_scatter<V>(part, lane);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float sc[DECODE_UNROLL];
+      float m_new = m[g];
+#pragma unroll
+      for (int u = 0; u < DECODE_UNROLL; ++u) {
+        sc[u] = __shfl_sync(0xffffffffu, mine, (g * DECODE_UNROLL + u) << SHIFT);
+        if (j0 + u >= end) sc[u] = -INFINITY;
+        m_new = fmaxf(m_new, sc[u]);
       }
+      // One rescale per group of keys; the first key is always valid.
+      const float corr = exp2f(m[g] - m_new);
+      l[g] *= corr;
+#pragma unroll
+      for (int d = 0; d < D; ++d) acc[g][d] *= corr;
+#pragma unroll
+      for (int u = 0; u < DECODE_UNROLL; ++u) {
+        const float pr = exp2f(sc[u] - m_new);
+        l[g] += pr;
+#pragma unroll
+        for (int d = 0; d < D; ++d) acc[g][d] += pr * vv[u][d];
+      }
+      m[g] = m_new;
     }
   }
 #pragma unroll

@@ -73,6 +73,20 @@ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// Sums of squares of the residual rows, for RMSNorms fused into the GEMVs
+// that consume them (decode at n <= 8). The kernels that write the residual
+// (embed_rows, the accumulating GEMVs) leave sum(x[n]^2) in ss[n]: each
+// block writes its partial, and the last block to finish adds them in a
+// fixed order, so the result does not depend on scheduling.
+constexpr int SUMSQ_ROWS = 8;
+constexpr int SUMSQ_MAX_BLOCKS = 4096;
+struct SumSq {
+  float ss[SUMSQ_ROWS];
+  unsigned counter;
+  unsigned pad[7];
+  float partial[SUMSQ_ROWS][SUMSQ_MAX_BLOCKS];
+};
+
 // Loads N consecutive bf16 (N even, 4-byte aligned) as floats.
 template <int N>
 __device__ __forceinline__ void load_bf16(const bf16* p, float* out) {

@@ -2,14 +2,24 @@
 // and the random fill behind `--load-format dummy`.
 #include "common.cuh"
 
-// x[t] = table[ids[t]] (f32 residual stream). Grid: tokens.
+// x[t] = table[ids[t]] (f32 residual stream); with sumsq, also the row's
+// sum of squares for the first fused RMSNorm (t < SUMSQ_ROWS). Grid: tokens.
 extern "C" __global__ void embed_rows(const int* __restrict__ ids, const bf16* __restrict__ table,
-                                      float* __restrict__ x, int d) {
+                                      float* __restrict__ x, int d, SumSq* __restrict__ sumsq) {
   pdl_begin();
   const int t = blockIdx.x;
   const bf16* row = table + (size_t)ids[t] * d;
   float* out = x + (size_t)t * d;
-  for (int i = threadIdx.x; i < d; i += blockDim.x) out[i] = to_f32(row[i]);
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    const float v = to_f32(row[i]);
+    out[i] = v;
+    ss += v * v;
+  }
+  if (sumsq && t < SUMSQ_ROWS) {
+    ss = block_sum(ss);
+    if (threadIdx.x == 0) sumsq->ss[t] = ss;
+  }
 }
 
 // Fused residual add and RMSNorm. Grid: output rows; block: 256..1024 threads.

@@ -15,7 +15,8 @@
 //                           q and the paged K/V cache (what rope_qkv does
 //                           after a plain GEMM, without the round trip)
 //   ..._swiglu_norm / _qkv_rope_norm: the same with the input RMSNorm
-//                           computed on the fly from the f32 residual
+//                           applied on the fly to the f32 residual, from
+//                           the sums of squares its writer left (SumSq)
 #include "common.cuh"
 
 constexpr int GEMV_WARPS = 8;
@@ -54,6 +55,7 @@ struct NormIn {
   const float* x;       // [n, in] f32
   const float* weight;  // [in]
   float eps;
+  const SumSq* sumsq;   // sum of squares of each x row
 };
 
 __device__ __forceinline__ void dot8f(const uint4& wv, const float (&xf)[8], float& acc) {
@@ -84,15 +86,7 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const bf16
   float inv[N];
   if (NORM) {
 #pragma unroll
-    for (int n = 0; n < N; ++n) {
-      const float4* xn = reinterpret_cast<const float4*>(norm.x + (size_t)n * in);
-      float ss = 0.f;
-      for (int i = lane; i < in / 4; i += 32) {
-        const float4 v = xn[i];
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-      }
-      inv[n] = rsqrtf(warp_sum(ss) / in + norm.eps);
-    }
+    for (int n = 0; n < N; ++n) inv[n] = rsqrtf(norm.sumsq->ss[n] / in + norm.eps);
   }
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)
@@ -142,21 +136,63 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const bf16
 // the write (they still take part in PDL).
 __device__ __forceinline__ int warp_column() { return blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5); }
 
-// MODE 0: bf16 out, 1: f32 out, 2: f32 accumulate.
+// After an accumulating GEMV: sum(x[n]^2) of the updated residual rows
+// into sumsq (see SumSq). `sq[n]` is this lane's column squared (lane 0 of
+// each warp; 0 elsewhere). Every thread of the block must call it.
+template <int N>
+__device__ __forceinline__ void gemv_sumsq(SumSq* sumsq, const float (&sq)[N]) {
+  __shared__ float s_sq[GEMV_WARPS][N];
+  __shared__ bool s_last;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0)
+#pragma unroll
+    for (int n = 0; n < N; ++n) s_sq[warp][n] = sq[n];
+  __syncthreads();
+  if (threadIdx.x < N) {
+    float t = 0.f;
+#pragma unroll
+    for (int w = 0; w < GEMV_WARPS; ++w) t += s_sq[w][threadIdx.x];
+    sumsq->partial[threadIdx.x][blockIdx.x] = t;
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = atomicAdd(&sumsq->counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  for (int n = warp; n < N; n += GEMV_WARPS) {
+    float t = 0.f;
+    for (int b = lane; b < (int)gridDim.x; b += 32) t += __ldcg(&sumsq->partial[n][b]);
+    t = warp_sum(t);
+    if (lane == 0) sumsq->ss[n] = t;
+  }
+  if (threadIdx.x == 0) sumsq->counter = 0;
+}
+
+// MODE 0: bf16 out, 1: f32 out, 2: f32 accumulate (and, with sumsq, the
+// updated rows' sums of squares for the next fused RMSNorm).
 template <int N, int MODE>
-__device__ __forceinline__ void gemv_plain(const bf16* x, const bf16* w, void* y, int in, int out) {
+__device__ __forceinline__ void gemv_plain(const bf16* x, const bf16* w, void* y, int in, int out, SumSq* sumsq) {
   const int col = warp_column();
   const size_t rows[1] = {(size_t)min(col, out - 1)};
   float acc[1][N];
   gemv_rows<N, 1>(x, w, in, rows, acc);
-  if ((threadIdx.x & 31) != 0 || col >= out) return;
+  const bool writer = (threadIdx.x & 31) == 0 && col < out;
+  float sq[N];
 #pragma unroll
   for (int n = 0; n < N; ++n) {
     const size_t o = (size_t)n * out + col;
+    sq[n] = 0.f;
+    if (!writer) continue;
     if (MODE == 0) reinterpret_cast<bf16*>(y)[o] = to_bf16(acc[0][n]);
     else if (MODE == 1) reinterpret_cast<float*>(y)[o] = acc[0][n];
-    else reinterpret_cast<float*>(y)[o] += acc[0][n];
+    else {
+      const float v = reinterpret_cast<float*>(y)[o] + acc[0][n];
+      reinterpret_cast<float*>(y)[o] = v;
+      sq[n] = v * v;
+    }
   }
+  if (MODE == 2 && sumsq) gemv_sumsq<N>(sumsq, sq);
 }
 
 template <int N, bool NORM = false>
@@ -214,16 +250,16 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const bf16* w, int 
 
 #define GEMV_KERNELS(N)                                                                                          \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
-      gemv_n##N##_bf16(const bf16* x, const bf16* w, void* y, int in, int out) {                                 \
-    gemv_plain<N, 0>(x, w, y, in, out);                                                                          \
+      gemv_n##N##_bf16(const bf16* x, const bf16* w, void* y, int in, int out, SumSq* sumsq) {                   \
+    gemv_plain<N, 0>(x, w, y, in, out, sumsq);                                                                   \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
-      gemv_n##N##_f32(const bf16* x, const bf16* w, void* y, int in, int out) {                                  \
-    gemv_plain<N, 1>(x, w, y, in, out);                                                                          \
+      gemv_n##N##_f32(const bf16* x, const bf16* w, void* y, int in, int out, SumSq* sumsq) {                    \
+    gemv_plain<N, 1>(x, w, y, in, out, sumsq);                                                                   \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
-      gemv_n##N##_add_f32(const bf16* x, const bf16* w, void* y, int in, int out) {                              \
-    gemv_plain<N, 2>(x, w, y, in, out);                                                                          \
+      gemv_n##N##_add_f32(const bf16* x, const bf16* w, void* y, int in, int out, SumSq* sumsq) {                \
+    gemv_plain<N, 2>(x, w, y, in, out, sumsq);                                                                   \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
       gemv_n##N##_swiglu(const bf16* x, const bf16* w, void* y, int in, int out) {                               \
@@ -237,16 +273,16 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const bf16* w, int 
                      num_kv_heads, hd, block_size);                                                              \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
-      gemv_n##N##_swiglu_norm(const float* x, const float* norm_w, float eps, const bf16* w, void* y, int in,    \
-                              int out) {                                                                         \
-    gemv_swiglu<N, true>(nullptr, w, reinterpret_cast<bf16*>(y), in, out, NormIn{x, norm_w, eps});             \
+      gemv_n##N##_swiglu_norm(const float* x, const float* norm_w, float eps, const SumSq* sumsq, const bf16* w,  \
+                              void* y, int in, int out) {                                                        \
+    gemv_swiglu<N, true>(nullptr, w, reinterpret_cast<bf16*>(y), in, out, NormIn{x, norm_w, eps, sumsq});      \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_n##N##_qkv_rope_norm(                       \
-      const float* x, const float* norm_w, float eps, const bf16* w, int in, const float* bias,                 \
+      const float* x, const float* norm_w, float eps, const SumSq* sumsq, const bf16* w, int in, const float* bias, \
       const int* positions, const long long* slots, const float* cos_t, const float* sin_t, bf16* q_out,        \
       bf16* k_cache, bf16* v_cache, int num_heads, int num_kv_heads, int hd, int block_size) {                   \
     gemv_qkv_rope<N, true>(nullptr, w, in, bias, positions, slots, cos_t, sin_t, q_out, k_cache, v_cache,        \
-                           num_heads, num_kv_heads, hd, block_size, NormIn{x, norm_w, eps});                     \
+                           num_heads, num_kv_heads, hd, block_size, NormIn{x, norm_w, eps, sumsq});              \
   }
 GEMV_KERNELS(1)
 GEMV_KERNELS(2)

@@ -68,6 +68,9 @@ pub struct Gemm {
     gemv: Vec<[Kernel; 7]>,
     /// Time the candidates of new shapes (only while buffers hold scratch).
     pub tune: bool,
+    /// Where accumulating GEMVs leave the residual's sums of squares
+    /// (`SumSq`); set once the workspace is carved.
+    pub sumsq: DevPtr,
 }
 
 // The handle is only used from the runner's thread.
@@ -95,6 +98,7 @@ impl Gemm {
             plans: RefCell::new(HashMap::new()),
             gemv,
             tune: false,
+            sumsq: 0,
         })
     }
 
@@ -117,10 +121,10 @@ impl Gemm {
         out: OutType,
     ) -> Result<(), CudaError> {
         if (1..=GEMV_MAX_TOKENS).contains(&tokens) && inputs.is_multiple_of(8) {
-            let mode = match out {
-                OutType::Bf16 => 0,
-                OutType::F32 => 1,
-                OutType::AddF32 => 2,
+            let (mode, sumsq) = match out {
+                OutType::Bf16 => (0, 0),
+                OutType::F32 => (1, 0),
+                OutType::AddF32 => (2, self.sumsq),
             };
             let grid = (outputs.div_ceil(8) as u32, 1, 1);
             let args = [
@@ -129,6 +133,7 @@ impl Gemm {
                 Arg::Ptr(y),
                 Arg::I32(inputs as i32),
                 Arg::I32(outputs as i32),
+                Arg::Ptr(sumsq),
             ];
             return gpu.launch(&self.gemv[tokens - 1][mode], grid, 256, 0, &args);
         }
@@ -158,7 +163,7 @@ impl Gemm {
         tokens: usize,
         inputs: usize,
         outputs: usize,
-        norm: Option<(DevPtr, DevPtr, f32)>,
+        norm: Option<(DevPtr, DevPtr, f32, DevPtr)>,
     ) -> Result<bool, CudaError> {
         if !(1..=GEMV_MAX_TOKENS).contains(&tokens) || !inputs.is_multiple_of(8) {
             return Ok(false);
@@ -171,9 +176,15 @@ impl Gemm {
             Arg::I32(outputs as i32),
         ];
         match norm {
-            // (f32 residual, norm weight, eps) instead of normed bf16 x.
-            Some((residual, weight, eps)) => {
-                let head = [Arg::Ptr(residual), Arg::Ptr(weight), Arg::F32(eps)];
+            // (f32 residual, norm weight, eps, sums of squares) instead of
+            // normed bf16 x.
+            Some((residual, weight, eps, sumsq)) => {
+                let head = [
+                    Arg::Ptr(residual),
+                    Arg::Ptr(weight),
+                    Arg::F32(eps),
+                    Arg::Ptr(sumsq),
+                ];
                 let args: Vec<Arg> = head.iter().chain(&tail).copied().collect();
                 gpu.launch(&self.gemv[tokens - 1][5], grid, 256, 0, &args)?;
             }
@@ -188,7 +199,8 @@ impl Gemm {
     /// The fused q/k/v projection + rotary + KV write kernel for `tokens`
     /// rows of `inputs` wide activations, when the GEMV path applies.
     /// With `norm`, the variant that reads the f32 residual and applies
-    /// the RMSNorm itself (arguments: x, norm weight, eps, then the rest).
+    /// the RMSNorm itself (arguments: x, norm weight, eps, sums of squares,
+    /// then the rest).
     pub fn qkv_rope_kernel(&self, tokens: usize, inputs: usize, norm: bool) -> Option<&Kernel> {
         ((1..=GEMV_MAX_TOKENS).contains(&tokens) && inputs.is_multiple_of(8))
             .then(|| &self.gemv[tokens - 1][if norm { 6 } else { 4 }])

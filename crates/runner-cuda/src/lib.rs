@@ -216,6 +216,9 @@ impl CudaRunner {
             (max_tokens, max_seqs, opts.block_size),
             workspace,
         )?;
+        // The counter in SumSq must start at zero; the kernels keep it there.
+        gpu.upload(buffers.sumsq, &vec![0u32; step::SUMSQ_BYTES / 4])?;
+        gemm.sumsq = buffers.sumsq;
         let mut runner = Self {
             kv_shape: KvCacheShape {
                 num_blocks: 0,

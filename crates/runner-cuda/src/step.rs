@@ -17,6 +17,13 @@ use crate::CudaError;
 const PREFILL_TILE: usize = 64;
 /// Chunks at least this long use the tensor-core prefill attention.
 const PREFILL_MIN_TOKENS: usize = 8;
+/// Bytes of the kernels' `SumSq` (common.cuh): 8 sums, a counter and 8 x
+/// 4,096 block partials.
+pub const SUMSQ_BYTES: usize = 4 * (8 + 8 + 8 * SUMSQ_MAX_BLOCKS);
+/// Most blocks of an accumulating GEMV that can leave sums of squares
+/// (one per 8 output columns).
+const SUMSQ_MAX_BLOCKS: usize = 4096;
+
 /// Most (token, split) rows of split-K partial results.
 const PART_ROWS: usize = 2048;
 /// Keys per split that make a block long enough to be worth its launch.
@@ -190,6 +197,8 @@ pub struct Buffers {
     pub sampled: DevPtr,
     part_acc: DevPtr,
     part_ml: DevPtr,
+    /// `SumSq` (common.cuh): row sums of squares for fused RMSNorms.
+    pub sumsq: DevPtr,
     arena: Arena,
     /// (k, v) per layer, `[blocks, kv_heads, block_size, head_dim]` bf16 each.
     kv_layers: Vec<(DevPtr, DevPtr)>,
@@ -197,7 +206,7 @@ pub struct Buffers {
 }
 
 /// Bytes of each workspace buffer, in the order [`Buffers::new`] takes them.
-fn piece_sizes(c: &ModelConfig, t: usize, s: usize, layout: &InputLayout) -> [usize; 13] {
+fn piece_sizes(c: &ModelConfig, t: usize, s: usize, layout: &InputLayout) -> [usize; 14] {
     let (d, qd, kvd, ff, v) = (
         c.hidden_size,
         c.q_dim(),
@@ -219,6 +228,7 @@ fn piece_sizes(c: &ModelConfig, t: usize, s: usize, layout: &InputLayout) -> [us
         s * 4,                  // sampled
         PART_ROWS * c.num_heads * c.head_dim * 4,
         PART_ROWS * c.num_heads * 2 * 4,
+        SUMSQ_BYTES,
     ]
 }
 
@@ -241,7 +251,7 @@ impl Buffers {
     ) -> Result<Self, CudaError> {
         let layout = Self::layout(c, t, s, bs);
         let sizes = piece_sizes(c, t, s, &layout);
-        let mut p = [0; 13];
+        let mut p = [0; 14];
         for (slot, &bytes) in p.iter_mut().zip(sizes.iter()) {
             *slot = arena.take(bytes.max(1))?;
         }
@@ -264,6 +274,7 @@ impl Buffers {
             sampled: p[10],
             part_acc: p[11],
             part_ml: p[12],
+            sumsq: p[13],
             arena,
             kv_layers: Vec::new(),
             kv: None,
@@ -530,7 +541,7 @@ fn project_qkv(
         // The normed variant reads (f32 residual, norm weight, eps) instead
         // of the normed bf16 activations.
         let input: &[Arg] = match norm {
-            Some(weight) => &[Ptr(b.x), Ptr(weight), F32(c.rms_norm_eps)],
+            Some(weight) => &[Ptr(b.x), Ptr(weight), F32(c.rms_norm_eps), Ptr(b.sumsq)],
             None => &[Ptr(b.xn)],
         };
         let rest = [
@@ -656,10 +667,10 @@ pub fn encode(
     let t = plan.tokens;
     let (t32, d32) = (t as u32, d as i32);
     let eps = c.rms_norm_eps;
-    // Launch-bound small models at small batch compute the RMSNorms inside
-    // the GEMVs that consume them (wide models would re-read the row in
-    // every block).
-    let fuse_norms = t <= GEMV_MAX_TOKENS && d <= 2048;
+    // At GEMV batch sizes the RMSNorms run inside the GEMVs that consume
+    // them, from the sums of squares that the residual's writer (embedding
+    // or accumulating GEMV) left: no norm kernels between the projections.
+    let fuse_norms = t <= GEMV_MAX_TOKENS && d.div_ceil(8) <= SUMSQ_MAX_BLOCKS;
     let scale_log2 = std::f32::consts::LOG2_E / (hd as f32).sqrt();
     let (ids, positions) = (b.input(l.ids), b.input(l.positions));
     let (token_seq, tables, stride) = (b.input(l.token_seq), b.input(l.tables), b.input(l.stride));
@@ -675,7 +686,7 @@ pub fn encode(
         (t32, 1, 1),
         256,
         0,
-        &[Ptr(ids), Ptr(w.embed), Ptr(b.x), I32(d32)],
+        &[Ptr(ids), Ptr(w.embed), Ptr(b.x), I32(d32), Ptr(b.sumsq)],
     )?;
     mark(Category::Other)?;
     for (layer, &(k_cache, v_cache)) in w.layers.iter().zip(&b.kv_layers) {
@@ -756,7 +767,7 @@ pub fn encode(
             mark(Category::Other)?;
         }
         // Small batches fuse the activation into the gate/up projection.
-        let mlp_norm = fuse_norms.then_some((b.x, layer.mlp_norm, eps));
+        let mlp_norm = fuse_norms.then_some((b.x, layer.mlp_norm, eps, b.sumsq));
         if !gemm.swiglu(gpu, (b.xn, layer.gate_up, b.act), t, d, ff, mlp_norm)? {
             let gate_up = b.gate_up;
             gemm.linear(

@@ -1,5 +1,5 @@
-//! `ingot logits`: one forward pass over a prompt, the last position's
-//! logits written to a file. The cross-backend and cross-framework
+//! `ingot logits`: a prompt through the model (a prefill, then its last
+//! token as a decode step), the last position's logits written to a file. The cross-backend and cross-framework
 //! correctness checks (`tests/gpu/`) compare these files.
 
 use std::io::Write;
@@ -37,16 +37,15 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
     };
     anyhow::ensure!(!ids.is_empty(), "give --prompt-ids or --prompt");
     let table: Vec<u32> = (0..ids.len().div_ceil(BLOCK_SIZE) as u32).collect();
-    let batch = ForwardBatch {
-        chunks: vec![SequenceChunk {
-            tokens: &ids,
-            start_pos: 0,
-            block_table: &table,
-        }],
-        expect_next: false,
-    };
+    // The prompt runs as a prefill of all but the last token, then the last
+    // token as a decode step: the logits come from the decode path (the one
+    // every generated token takes), with the prefill path behind its cache.
+    let last = ids.len() - 1;
+    if last > 0 {
+        runner.forward(&one_chunk(&ids[..last], 0, &table))?;
+    }
     let device = runner.device_name();
-    let logits = runner.forward(&batch)?;
+    let logits = runner.forward(&one_chunk(&ids[last..], last, &table))?;
     let mut file = std::fs::File::create(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     for v in logits {
@@ -60,4 +59,15 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
         serde_json::json!({"device": device, "prompt_ids": ids, "top": top})
     );
     Ok(())
+}
+
+fn one_chunk<'a>(tokens: &'a [TokenId], start_pos: usize, table: &'a [u32]) -> ForwardBatch<'a> {
+    ForwardBatch {
+        chunks: vec![SequenceChunk {
+            tokens,
+            start_pos,
+            block_table: table,
+        }],
+        expect_next: false,
+    }
 }
