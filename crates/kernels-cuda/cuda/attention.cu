@@ -30,21 +30,52 @@ __host__ __device__ constexpr int log2_of(int n) { return n <= 1 ? 0 : 1 + log2_
 // other half, so V sums cost V - 1 shuffles (+ the plain steps left) rather
 // than 5 each. Lane l ends with the total of value l >> (5 - log2 V).
 template <int V>
-__device__ __forceinline__ float warp_reduce_scatter(float (&v)[V], int lane) {
+struct Partials {
+  float v[V];
+};
+
+// One halving step per level: C values left, partner lanes O apart.
+template <int C, int V>
+__device__ __forceinline__ void reduce_halves(Partials<V>& p, int lane) {
+  if constexpr (C > 1) {
+    constexpr int H = C / 2, O = 16 * C / V;
+    // Bitwise choice (not a select): the compiler would otherwise turn
+    // "upper ? v[a] : v[b]" into a dynamically indexed, local-memory array.
+    const int upper = (lane & O) ? -1 : 0;
 #pragma unroll
-  for (int c = V, o = 16; c > 1; c >>= 1, o >>= 1) {
-    const bool upper = lane & o;
-#pragma unroll
-    for (int i = 0; i < c / 2; ++i) {
-      const float keep = upper ? v[c / 2 + i] : v[i];
-      const float send = upper ? v[i] : v[c / 2 + i];
-      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+    for (int i = 0; i < H; ++i) {
+      const int lo = __float_as_int(p.v[i]), hi = __float_as_int(p.v[H + i]);
+      const float keep = __int_as_float((lo & ~upper) | (hi & upper));
+      const float send = __int_as_float((hi & ~upper) | (lo & upper));
+      p.v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
     }
+    reduce_halves<H, V>(p, lane);
   }
-  float r = v[0];
+}
+
+template <int V>
+__device__ __forceinline__ float warp_reduce_scatter(Partials<V> p, int lane) {
+  reduce_halves<V, V>(p, lane);
+  float r = p.v[0];
 #pragma unroll
-  for (int o = 16 >> log2_of(V); o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+  for (int o = 16 / V; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
   return r;
+}
+
+// Ring stages of the decode kernel: the static shared memory (48 KiB) holds
+// 4 stages up to head_dim 128, 2 at 256.
+__host__ __device__ constexpr int decode_stages(int hd) { return hd <= 128 ? 4 : 2; }
+
+// Asynchronous global -> shared copy of BYTES (4, 8 or 16) and its groups.
+template <int BYTES>
+__device__ __forceinline__ void cp_async(void* smem_dst, const void* gmem_src) {
+  const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(dst), "l"(gmem_src), "n"(BYTES) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
 }
 
 template <int HD, int G>
@@ -56,8 +87,15 @@ __device__ __forceinline__ void decode_attention(
     int block_size, float scale_log2, int num_splits) {
   pdl_begin();
   constexpr int D = HD / 32;
+  constexpr int S = decode_stages(HD);
+  // Per warp, S stages of its lanes' K/V pieces (cp.async ring); after the
+  // loop the same memory holds the warps' accumulators.
+  using Ring = bf16[DECODE_WARPS][S][DECODE_UNROLL][2][32][D];
+  using Acc = float[DECODE_WARPS][G][HD];
+  __shared__ __align__(16) unsigned char smem[sizeof(Ring) > sizeof(Acc) ? sizeof(Ring) : sizeof(Acc)];
+  Ring& ring = *reinterpret_cast<Ring*>(smem);
+  Acc& s_acc = *reinterpret_cast<Acc*>(smem);
   __shared__ float s_m[DECODE_WARPS][G], s_l[DECODE_WARPS][G];
-  __shared__ float s_acc[DECODE_WARPS][G][HD];
   const int b = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int tok = token_ids ? token_ids[b] : b;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -81,26 +119,49 @@ __device__ __forceinline__ void decode_attention(
   }
   constexpr int V = pow2_at_least(G * DECODE_UNROLL);
   constexpr int SHIFT = 5 - log2_of(V);  // lane >> SHIFT: the score a lane ends with
-  for (int j0 = start + warp * DECODE_UNROLL; j0 < end; j0 += DECODE_WARPS * DECODE_UNROLL) {
+  // Each lane streams its own D-element pieces of every key row through a
+  // ring of S stages (cp.async): S - 1 batches stay in flight while one is
+  // used, without holding them in registers. A lane only reads what it
+  // copied itself, so no barrier is needed.
+  constexpr int STEP = DECODE_WARPS * DECODE_UNROLL;
+  auto issue = [=, &ring](int st, int j0) {
+    if (j0 < end) {
+#pragma unroll
+      for (int u = 0; u < DECODE_UNROLL; ++u) {
+        const int j = min(j0 + u, end - 1);
+        const size_t off = kv_index(table[j / block_size], kvh, j % block_size, num_kv_heads, block_size, HD) + lane * D;
+        cp_async<D * 2>(ring[warp][st][u][0][lane], k_cache + off);
+        cp_async<D * 2>(ring[warp][st][u][1][lane], v_cache + off);
+      }
+    }
+    cp_async_commit();  // empty past the end: keeps the group count uniform
+  };
+  int next = start + warp * DECODE_UNROLL;
+#pragma unroll
+  for (int st = 0; st < S - 1; ++st, next += STEP) issue(st, next);
+  int stage = 0;
+  for (int j0 = start + warp * DECODE_UNROLL; j0 < end; j0 += STEP) {
+    issue((stage + S - 1) % S, next);
+    next += STEP;
+    cp_async_wait<S - 1>();
     float kv[DECODE_UNROLL][D], vv[DECODE_UNROLL][D];
 #pragma unroll
     for (int u = 0; u < DECODE_UNROLL; ++u) {
-      const int j = min(j0 + u, end - 1);
-      const size_t off = kv_index(table[j / block_size], kvh, j % block_size, num_kv_heads, block_size, HD) + lane * D;
-      load_bf16<D>(k_cache + off, kv[u]);
-      load_bf16<D>(v_cache + off, vv[u]);
+      load_bf16<D>(ring[warp][stage][u][0][lane], kv[u]);
+      load_bf16<D>(ring[warp][stage][u][1][lane], vv[u]);
     }
+    stage = (stage + 1) % S;
     // Partial q·k of every (head, key) pair, then one reduce-scatter over
     // the warp for all of them (V - 1 + SHIFT shuffles instead of 5 each).
-    float part[V];
+    Partials<V> part;
 #pragma unroll
-    for (int i = 0; i < V; ++i) part[i] = 0.f;
+    for (int i = 0; i < V; ++i) part.v[i] = 0.f;
 #pragma unroll
     for (int g = 0; g < G; ++g)
 #pragma unroll
       for (int u = 0; u < DECODE_UNROLL; ++u)
 #pragma unroll
-        for (int d = 0; d < D; ++d) part[g * DECODE_UNROLL + u] += qv[g][d] * kv[u][d];
+        for (int d = 0; d < D; ++d) part.v[g * DECODE_UNROLL + u] += qv[g][d] * kv[u][d];
     const float mine = warp_reduce_scatter<V>(part, lane);
 #pragma unroll
     for (int g = 0; g < G; ++g) {
@@ -127,6 +188,8 @@ __device__ __forceinline__ void decode_attention(
       m[g] = m_new;
     }
   }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the ring before it holds accumulators
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     if (lane == 0) {
