@@ -471,7 +471,7 @@ def check_fused_norm(m, rng):
     q_out = torch.zeros(n, H * hd, dtype=torch.bfloat16, device="cuda")
     kc = torch.zeros(64, KVH * hd, dtype=torch.bfloat16, device="cuda")
     vc = torch.zeros(64, KVH * hd, dtype=torch.bfloat16, device="cuda")
-    launch(m.fn(f"gemv_n{n}_qkv_rope_norm"), (math.ceil(w // 2 / 8),), 256,
+    launch(m.fn(f"gemv_n{n}_qkv_rope_norm"), (math.ceil(w / 8),), 256,
            [ptr(dev(x, torch.float32)), ptr(dev(nw, torch.float32)), f32(eps), ptr(ssb), ptr(dev(wq, torch.bfloat16)), i32(d), ptr(None),
             ptr(dev(pos, torch.int32)), ptr(dev(slots, torch.int64)), ptr(dev(cos, torch.float32)), ptr(dev(sin, torch.float32)),
             ptr(q_out), ptr(kc), ptr(vc), i32(H), i32(KVH), i32(hd), i32(16)])
@@ -500,7 +500,7 @@ def check_qkv_rope(m, rng):
         args = [ptr(dev(x, torch.bfloat16)), ptr(dev(wq, torch.bfloat16)), i32(d), ptr(dev(b, torch.float32) if bias else None),
                 ptr(dev(pos, torch.int32)), ptr(dev(slots, torch.int64)), ptr(dev(cos, torch.float32)), ptr(dev(sin, torch.float32)),
                 ptr(q_out), ptr(kc), ptr(vc), i32(H), i32(KVH), i32(hd), i32(bs)]
-        launch(m.fn(f"gemv_n{n}_qkv_rope"), (math.ceil(w // 2 / 8),), 256, args)
+        launch(m.fn(f"gemv_n{n}_qkv_rope"), (math.ceil(w / 8),), 256, args)
 
         def rot(a):
             return rotate(a, cos, sin, pos)

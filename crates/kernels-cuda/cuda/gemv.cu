@@ -9,9 +9,10 @@
 //   gemv_n{n}_swiglu:       w is the fused [2·ff, in] gate/up matrix; the
 //                           warp for column i reads gate row i and up row
 //                           ff + i and writes silu(gate)·up (bf16)
-//   gemv_n{n}_qkv_rope:     w is the fused q/k/v matrix; the warp for a
-//                           rotary pair reads rows i and i + hd/2 of one
-//                           head, adds the bias, rotates q and k and writes
+//   gemv_n{n}_qkv_rope:     w is the fused q/k/v matrix; two warps for a
+//                           rotary pair read rows i and i + hd/2 of one
+//                           head (half of the input each), add the bias,
+//                           rotate q and k and write
 //                           q and the paged K/V cache (what rope_qkv does
 //                           after a plain GEMM, without the round trip)
 //   ..._swiglu_norm / _qkv_rope_norm: the same with the input RMSNorm
@@ -68,11 +69,13 @@ __device__ __forceinline__ void dot8f(const uint4& wv, const float (&xf)[8], flo
   }
 }
 
+// Over the 8-element vectors [v0, v1) of the rows (v1 < 0: to the end).
 template <int N, int ROWS, bool NORM = false>
 __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const bf16* __restrict__ w, int in,
-                                          const size_t (&rows)[ROWS], float (&acc)[ROWS][N], NormIn norm = {}) {
+                                          const size_t (&rows)[ROWS], float (&acc)[ROWS][N], NormIn norm = {},
+                                          int v0 = 0, int v1 = -1) {
   const int lane = threadIdx.x & 31;
-  const int vecs = in / 8;
+  const int vecs = in / 8, end = v1 < 0 ? vecs : v1;
   const uint4* wr[ROWS];
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) wr[r] = reinterpret_cast<const uint4*>(w + rows[r] * in);
@@ -80,7 +83,7 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const bf16
   // Weights do not depend on the previous kernel: the first loads go out
   // before waiting for it (with PDL this overlaps the previous kernel's tail).
   uint4 cur[ROWS][GEMV_UNROLL];
-  load_batch<ROWS>(wr, lane, vecs, cur);
+  load_batch<ROWS>(wr, v0 + lane, end, cur);
   pdl_wait();
   pdl_launch_dependents();
   float inv[N];
@@ -92,13 +95,13 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const bf16
   for (int r = 0; r < ROWS; ++r)
 #pragma unroll
     for (int n = 0; n < N; ++n) acc[r][n] = 0.f;
-  for (int base = lane; base < vecs; base += 32 * GEMV_UNROLL) {
+  for (int base = v0 + lane; base < end; base += 32 * GEMV_UNROLL) {
     uint4 next[ROWS][GEMV_UNROLL];
-    load_batch<ROWS>(wr, base + 32 * GEMV_UNROLL, vecs, next);
+    load_batch<ROWS>(wr, base + 32 * GEMV_UNROLL, end, next);
 #pragma unroll
     for (int u = 0; u < GEMV_UNROLL; ++u) {
       const int i = base + u * 32;
-      if (i >= vecs) break;
+      if (i >= end) break;
       if (NORM) {
         const float4* nw = reinterpret_cast<const float4*>(norm.weight) + 2 * i;
         const float4 w0 = __ldg(nw), w1 = __ldg(nw + 1);
@@ -217,14 +220,32 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const bf16* w, int 
                                               const float* sin_t, bf16* q_out, bf16* k_cache, bf16* v_cache,
                                               int num_heads, int num_kv_heads, int hd, int block_size,
                                               NormIn norm = {}) {
+  // Two warps per rotary pair, each over half of the input: twice the
+  // warps of one per pair, so the grid divides into the resident slots
+  // evenly (an 8B-class q/k/v, 3,072 pairs, filled 1.45 waves otherwise).
   const int half = hd / 2, pairs = (num_heads + 2 * num_kv_heads) * half;
-  const int col = warp_column();
+  const int task = warp_column(), col = task >> 1, part = task & 1;
   const int c = min(col, pairs - 1);
   const int head = c / half, i = c % half;
   const size_t rows[2] = {(size_t)head * hd + i, (size_t)head * hd + i + half};
   float acc[2][N];
-  gemv_rows<N, 2, NORM>(x, w, in, rows, acc, norm);
-  if ((threadIdx.x & 31) != 0 || col >= pairs) return;
+  const int mid = in / 16;
+  gemv_rows<N, 2, NORM>(x, w, in, rows, acc, norm, part ? mid : 0, part ? -1 : mid);
+  __shared__ float s_upper[GEMV_WARPS / 2][2][N];
+  const int lane = threadIdx.x & 31, pair_slot = (threadIdx.x >> 5) >> 1;
+  if (part && lane == 0)
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      s_upper[pair_slot][0][n] = acc[0][n];
+      s_upper[pair_slot][1][n] = acc[1][n];
+    }
+  __syncthreads();
+  if (part || lane != 0 || col >= pairs) return;
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    acc[0][n] += s_upper[pair_slot][0][n];
+    acc[1][n] += s_upper[pair_slot][1][n];
+  }
   const float b0 = bias ? bias[rows[0]] : 0.f, b1 = bias ? bias[rows[1]] : 0.f;
 #pragma unroll
   for (int n = 0; n < N; ++n) {

@@ -561,7 +561,8 @@ fn project_qkv(
             I32(b.block_size as i32),
         ];
         let args: Vec<Arg> = input.iter().chain(&rest).copied().collect();
-        let grid = ((width / 2).div_ceil(8) as u32, 1, 1);
+        // Two warps (of 8 per block) per rotary pair.
+        let grid = (width.div_ceil(8) as u32, 1, 1);
         gpu.launch(fused, grid, 256, 0, &args)?;
         return mark(Category::Gemm);
     }
