@@ -9,6 +9,7 @@
 #   serve     the HTTP server on CUDA with curl (serve_smoke.sh), 8B dummy
 #   torch     PyTorch eager baselines for the bench shapes
 #   ncu       ncu sections of the decode attention at 256 x 1k (one launch)
+#   ncu1      per-kernel time and bandwidth of one batch-1 decode step (8B)
 # Results also go to $OUT (when set) as JSON lines.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -82,6 +83,7 @@ for phase in "$@"; do
         --max-num-seqs 256 --input-len 1024 --output-len 32 --max-num-batched-tokens 8192 --enforce-eager \
         > "$O/ncu_attention.txt" 2>&1
       grep -vE '^ +-+|^$' "$O/ncu_attention.txt" | grep -E 'paged|Duration|Throughput|Busy|Stall|Issue|Occupancy|Registers|Block Size|Grid Size|Warp Cycles|Eligible|Hit Rate|Bandwidth|Executed Ipc|One or More|No Eligible|Active Warps' | head -60 ;;
+    ncu1) bash tests/gpu/ncu_decode.sh "$ING_RAW" "$(llama8b)" "$O/ncu_decode.csv" ;;
     *) echo "unknown phase $phase" ;;
   esac
 done

@@ -11,10 +11,21 @@ extern "C" __global__ void embed_rows(const int* __restrict__ ids, const bf16* _
   const bf16* row = table + (size_t)ids[t] * d;
   float* out = x + (size_t)t * d;
   float ss = 0.f;
-  for (int i = threadIdx.x; i < d; i += blockDim.x) {
-    const float v = to_f32(row[i]);
-    out[i] = v;
-    ss += v * v;
+  // 8 elements per 16-byte load (d is a multiple of 8).
+  for (int i = threadIdx.x * 8; i < d; i += blockDim.x * 8) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(row + i);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    float v[8];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = __bfloat1622float2(h[e]);
+      v[2 * e] = f.x;
+      v[2 * e + 1] = f.y;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ss += v[e] * v[e];
+    reinterpret_cast<float4*>(out + i)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(out + i)[1] = make_float4(v[4], v[5], v[6], v[7]);
   }
   if (sumsq && t < SUMSQ_ROWS) {
     ss = block_sum(ss);

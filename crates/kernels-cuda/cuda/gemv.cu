@@ -162,12 +162,15 @@ __device__ __forceinline__ void gemv_sumsq(SumSq* sumsq, const float (&sq)[N]) {
   if (threadIdx.x == 0) s_last = atomicAdd(&sumsq->counter, 1u) == gridDim.x - 1;
   __syncthreads();
   if (!s_last) return;
+  // This runs after every other block: the whole block sums the partials
+  // (a few loads per thread, one round trip), so the tail stays short.
   __threadfence();
-  for (int n = warp; n < N; n += GEMV_WARPS) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
     float t = 0.f;
-    for (int b = lane; b < (int)gridDim.x; b += 32) t += __ldcg(&sumsq->partial[n][b]);
-    t = warp_sum(t);
-    if (lane == 0) sumsq->ss[n] = t;
+    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) t += __ldcg(&sumsq->partial[n][b]);
+    t = block_sum(t);
+    if (threadIdx.x == 0) sumsq->ss[n] = t;
   }
   if (threadIdx.x == 0) sumsq->counter = 0;
 }
