@@ -43,6 +43,8 @@ llama8b() {
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 # Each command is bounded (PHASE_TIMEOUT seconds) so one hang cannot eat a
 # whole device call; a timeout prints "TIMEOUT" and the next phase runs.
+# (Scripts that start a server in the background get the raw binary: a
+# wrapper's PID would not be the server's, and the server would outlive it.)
 T=${PHASE_TIMEOUT:-150}
 ING_RAW=$ING
 ING="$W/ingot-bounded"
@@ -55,7 +57,7 @@ for phase in "$@"; do
     hf) python3 tests/gpu/compare_hf.py --ingot "$ING" --tokenizers "$W/tokenizers" --work "$W/hf" ;;
     smollm2)
       [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
-      python3 tests/gpu/compare_backends.py --ingot "$ING" --model "$SMOL"
+      python3 tests/gpu/compare_backends.py --ingot "$ING_RAW" --model "$SMOL"
       for eager in "" "--enforce-eager"; do
         "$ING" bench latency --model "$SMOL" --input-len 128 --output-len 256 --num-iters 3 $eager --json | tee -a "$O/bench.jsonl"
       done ;;
@@ -69,7 +71,7 @@ for phase in "$@"; do
       INGOT_CUDA_PROFILE=1 "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 64 --num-iters 1 --json
       INGOT_CUDA_PROFILE=1 "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 2 --json
       INGOT_CUDA_PROFILE=1 "$ING" bench throughput --model "$M" --load-format dummy --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 32 --max-num-batched-tokens 8192 --json ;;
-    serve) bash tests/gpu/serve_smoke.sh "$ING" "$(llama8b)" --load-format dummy --max-model-len 4096 --max-num-seqs 32 ;;
+    serve) bash tests/gpu/serve_smoke.sh "$ING_RAW" "$(llama8b)" --load-format dummy --max-model-len 4096 --max-num-seqs 32 ;;
     torch)
       M=$(llama8b)
       python3 tests/gpu/torch_bench.py --model-dir "$M" --case latency --input-len 128 --output-len 256 | tee -a "$O/bench.jsonl"
