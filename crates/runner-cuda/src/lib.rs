@@ -10,7 +10,8 @@
 //! - Decode steps replay CUDA graphs captured per batch-size bucket; other
 //!   steps (prefill, mixed, larger batches) run eagerly.
 //! - A step's inputs (ids, positions, slots, block tables) go up in one copy
-//!   from pinned memory; only greedy ids or the requested logits come back.
+//!   from pinned memory; only picked ids (greedy or sampled on the device)
+//!   or, for logprobs, the logits come back.
 
 mod device;
 mod gemm;
