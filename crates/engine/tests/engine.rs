@@ -342,6 +342,33 @@ fn sampled_or_logprob_requests_get_logits() {
 }
 
 #[test]
+fn sampled_ids_match_the_logits_path() {
+    // A seeded, penalised, truncated request picked by the backend
+    // (forward_sample) and, with logprobs requested, by the host sampler
+    // from downloaded logits: the same seed draws the same stream, so the
+    // tokens agree.
+    let (handle, _) = recording_engine();
+    let sampled = |logprobs| {
+        let mut req = request(3, 10, 8);
+        req.sampling = SamplingParams {
+            temperature: 0.8,
+            top_k: 20,
+            top_p: 0.9,
+            min_p: 0.01,
+            repetition_penalty: 1.2,
+            frequency_penalty: 0.3,
+            presence_penalty: 0.2,
+            seed: Some(11),
+            logprobs,
+        };
+        run(&handle, req).0
+    };
+    let on_backend = sampled(None);
+    assert_eq!(on_backend, sampled(Some(1)));
+    assert_eq!(on_backend, sampled(None));
+}
+
+#[test]
 fn greedy_ids_match_the_logits_path() {
     // The same prompt greedily through forward_greedy and (with logprobs
     // requested) through the host sampler gives the same tokens.
