@@ -83,9 +83,13 @@ pub fn apply_penalties(logits: &mut [f32], row: &RowSampling<'_>) {
     }
 }
 
-/// Penalties, then the row's choice: the argmax for greedy rows, else an
-/// inverse-CDF draw (most likely first) among the truncated survivors.
-/// `order` is scratch space.
+/// Penalties, then the row's choice: the argmax for greedy rows, else a
+/// draw among the truncated survivors. `order` is scratch space.
+///
+/// Without top-k and top-p the survivors need no ranking (min-p is relative
+/// to the best token): one inverse-CDF pass in vocabulary order. Otherwise
+/// the draw walks the survivors most likely first; top-p without top-k
+/// ranks only as many of the best tokens as the nucleus needs.
 pub fn sample_row(logits: &mut [f32], row: &RowSampling<'_>, order: &mut Vec<u32>) -> TokenId {
     if row.has_penalties() {
         apply_penalties(logits, row);
@@ -95,55 +99,105 @@ pub fn sample_row(logits: &mut [f32], row: &RowSampling<'_>, order: &mut Vec<u32
     }
     let logits = &*logits;
     let inv_t = 1.0 / row.temperature;
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) * inv_t;
+    // Weight relative to the most likely token (1 for it).
+    let weight = |t: u32| (logits[t as usize] * inv_t - max).exp();
+    let v = logits.len();
+    let top_k = match row.top_k {
+        0 => v,
+        k => k.min(v),
+    };
+    if top_k == v && row.top_p >= 1.0 {
+        return draw_unranked(v, weight, row.min_p, row.uniform());
+    }
+    // top-p is a share of the top-k set's mass (all tokens without top-k).
+    let total = (top_k == v).then(|| (0..v as u32).map(weight).sum::<f32>());
     order.clear();
-    order.extend(0..logits.len() as u32);
+    order.extend(0..v as u32);
+    let mut ranked = if top_k < v { top_k } else { v.min(256) };
+    loop {
+        rank_best(order, logits, ranked);
+        let probs: Vec<f32> = order[..ranked].iter().map(|&t| weight(t)).collect();
+        let z = total.unwrap_or_else(|| probs.iter().sum());
+        if let Some(keep) = survivors(&probs, row.min_p, row.top_p, z, ranked == top_k) {
+            return draw_ranked(&order[..keep], &probs[..keep], row.uniform());
+        }
+        ranked = (ranked * 8).min(v);
+    }
+}
+
+/// Moves the `k` most likely tokens to the front of `order`, most likely
+/// first (ties: lower id first).
+fn rank_best(order: &mut [u32], logits: &[f32], k: usize) {
     let by_logit_desc = |a: &u32, b: &u32| {
         logits[*b as usize]
             .total_cmp(&logits[*a as usize])
             .then(a.cmp(b))
     };
-    let k = match row.top_k {
-        0 => logits.len(),
-        k => k.min(logits.len()),
-    };
-    if k < logits.len() {
+    if k < order.len() {
         order.select_nth_unstable_by(k - 1, by_logit_desc);
-        order.truncate(k);
     }
-    order.sort_unstable_by(by_logit_desc);
-    let max = logits[order[0] as usize] * inv_t;
-    let mut probs: Vec<f32> = order
-        .iter()
-        .map(|&t| (logits[t as usize] * inv_t - max).exp())
-        .collect();
-    let z: f32 = probs.iter().sum();
-    // min-p: relative to the most likely token (probs[0] == 1 before normalising).
-    let mut keep = probs.len();
-    if row.min_p > 0.0 {
-        keep = probs.iter().take_while(|&&x| x >= row.min_p).count().max(1);
-    }
-    if row.top_p < 1.0 {
+    order[..k].sort_unstable_by(by_logit_desc);
+}
+
+/// How many of the ranked tokens survive min-p and top-p, or None when the
+/// cut may lie beyond them (`all` says they are every candidate).
+fn survivors(probs: &[f32], min_p: f32, top_p: f32, z: f32, all: bool) -> Option<usize> {
+    let by_min_p = probs.iter().take_while(|&&x| x >= min_p).count();
+    let mut keep = by_min_p.max(1);
+    let mut decided = all || by_min_p < probs.len();
+    if top_p < 1.0 {
         let mut cum = 0.0;
-        let mut n = 0;
-        for &x in &probs[..keep] {
-            n += 1;
+        for (n, &x) in probs[..keep].iter().enumerate() {
             cum += x / z;
-            if cum >= row.top_p {
+            if cum >= top_p {
+                keep = n + 1;
+                decided = true;
                 break;
             }
         }
-        keep = n.max(1);
     }
-    probs.truncate(keep);
+    decided.then_some(keep)
+}
+
+/// Inverse-CDF draw over tokens ranked most likely first.
+fn draw_ranked(tokens: &[u32], probs: &[f32], uniform: f32) -> TokenId {
     let total: f32 = probs.iter().sum();
-    let mut u = row.uniform() * total;
-    for (i, &x) in probs.iter().enumerate() {
+    let mut u = uniform * total;
+    for (&t, &x) in tokens.iter().zip(probs) {
         if u < x {
-            return order[i];
+            return t;
         }
         u -= x;
     }
-    order[keep - 1]
+    tokens[tokens.len() - 1]
+}
+
+/// Inverse-CDF draw in vocabulary order over the tokens whose weight
+/// reaches `min_p` (the best token always does).
+fn draw_unranked(v: usize, weight: impl Fn(u32) -> f32, min_p: f32, uniform: f32) -> TokenId {
+    let kept = |t: u32| {
+        let w = weight(t);
+        if w >= min_p {
+            w
+        } else {
+            0.0
+        }
+    };
+    let total: f32 = (0..v as u32).map(kept).sum();
+    let mut u = uniform * total;
+    let mut last = 0;
+    for t in 0..v as u32 {
+        let w = kept(t);
+        if w > 0.0 {
+            if u < w {
+                return t;
+            }
+            u -= w;
+            last = t;
+        }
+    }
+    last
 }
 
 #[cfg(test)]
@@ -201,6 +255,28 @@ mod tests {
         let got = draws(row(|_| {}), &l, 4000);
         let share = got.iter().filter(|&&t| t == 0).count() as f32 / 4000.0;
         assert!((share - 0.5).abs() < 0.04, "{share}");
+    }
+
+    #[test]
+    fn a_wide_nucleus_is_ranked_as_far_as_it_reaches() {
+        // 3,000 near-equal tokens: the 0.9 nucleus holds ~2,700 of them,
+        // beyond the first 256 ranked; every draw must fall inside it.
+        let logits: Vec<f32> = (0..3000).map(|i| 1.0 - i as f32 * 1e-5).collect();
+        let got = draws(row(|r| r.top_p = 0.9), &logits, 2000);
+        let nucleus = (0.9f64 * 3000.0).ceil() as u32 + 1;
+        assert!(got.iter().all(|&t| t < nucleus), "{:?}", got.iter().max());
+        assert!(
+            got.iter().any(|&t| t >= 256),
+            "never past the first rank step"
+        );
+    }
+
+    #[test]
+    fn unranked_draws_skip_tokens_below_min_p() {
+        // p relative to the best: [1, e^-3 ≈ 0.05, 0.9]: min-p 0.1 keeps 0 and 2.
+        let got = draws(row(|r| r.min_p = 0.1), &[1.0, -2.0, 1.0 + 0.9f32.ln()], 500);
+        assert!(got.iter().all(|&t| t != 1));
+        assert!(got.contains(&0) && got.contains(&2));
     }
 
     #[test]
