@@ -17,12 +17,15 @@ use crate::CudaError;
 const PREFILL_TILE: usize = 64;
 /// Chunks at least this long use the tensor-core prefill attention.
 const PREFILL_MIN_TOKENS: usize = 8;
-/// Bytes of the kernels' `SumSq` (common.cuh): 8 sums, a counter and 8 x
-/// 4,096 block partials.
-pub const SUMSQ_BYTES: usize = 4 * (8 + 8 + 8 * SUMSQ_MAX_BLOCKS);
+/// Bytes of the kernels' `SumSq` (common.cuh): the row sums, a counter
+/// padded to 8 words, and the block partials of every row.
+pub const SUMSQ_BYTES: usize = 4 * (SUMSQ_ROWS + 8 + SUMSQ_ROWS * SUMSQ_MAX_BLOCKS);
 /// Most blocks of an accumulating GEMV that can leave sums of squares
 /// (one per 8 output columns).
 const SUMSQ_MAX_BLOCKS: usize = 4096;
+/// Rows `SumSq` holds: every GEMV batch size.
+const SUMSQ_ROWS: usize = 8;
+const _: () = assert!(GEMV_MAX_TOKENS <= SUMSQ_ROWS);
 
 /// Most (token, split) rows of split-K partial results.
 const PART_ROWS: usize = 2048;
