@@ -6,6 +6,7 @@
 #   smollm2   CUDA vs CPU backend on SmolLM2 (bf16 weights); batch-1 speed
 #   bench     8B-shaped dummy: batch 1, prefill 1024, 256 x 1024 decode
 #   profile   per-step GPU time by category (eager) and CPU gaps
+#   sampled   the bench shapes with sampling on the GPU (temperature, top-p, top-k)
 #   serve     the HTTP server on CUDA with curl (serve_smoke.sh), 8B dummy
 #   torch     PyTorch eager baselines for the bench shapes
 #   ncu       ncu sections of the decode attention at 256 x 1k (one launch)
@@ -66,6 +67,11 @@ for phase in "$@"; do
       "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl"
       "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 5 --json | tee -a "$O/bench.jsonl"
       "$ING" bench throughput --model "$M" --load-format dummy --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl" ;;
+    sampled)
+      M=$(llama8b)
+      S="--temperature 0.8 --top-p 0.95 --top-k 50"
+      "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 $S --json | tee -a "$O/bench.jsonl"
+      "$ING" bench throughput --model "$M" --load-format dummy --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 $S --json | tee -a "$O/bench.jsonl" ;;
     profile)
       M=$(llama8b)
       INGOT_CUDA_PROFILE=1 "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 64 --num-iters 1 --json

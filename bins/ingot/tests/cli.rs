@@ -148,6 +148,38 @@ fn bench_latency_reports_rates() {
 }
 
 #[test]
+fn bench_throughput_samples_when_asked_and_rejects_bad_knobs() {
+    let base = [
+        "bench",
+        "throughput",
+        "--model",
+        &model(),
+        "--num-prompts",
+        "3",
+        "--input-len",
+        "8",
+        "--output-len",
+        "4",
+        "--max-num-seqs",
+        "3",
+        "--json",
+    ];
+    let sampled: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain(["--temperature", "0.8", "--top-p", "0.9", "--top-k", "40"])
+        .collect();
+    let o = ingot(&sampled);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).expect("json");
+    assert!(v["output_tok_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["sampling"]["top_k"], 40);
+    assert!((v["sampling"]["temperature"].as_f64().unwrap() - 0.8).abs() < 1e-6);
+    let bad: Vec<&str> = base.iter().copied().chain(["--top-p", "1.5"]).collect();
+    assert_clean_error(&ingot(&bad), "top_p must be in (0, 1]");
+}
+
+#[test]
 fn missing_model_file_is_one_clear_line() {
     let o = ingot(&[
         "generate",

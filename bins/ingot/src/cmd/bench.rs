@@ -45,9 +45,63 @@ pub struct ThroughputArgs {
     /// Sequences running at once (the concurrency measured).
     #[arg(long, default_value_t = 64)]
     max_num_seqs: usize,
+    #[command(flatten)]
+    sampling: BenchSampling,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
+}
+
+/// How the benchmark's requests pick tokens: greedy unless a temperature is
+/// given (each request then has its own seed, so runs repeat).
+#[derive(Args, Debug, Clone)]
+pub struct BenchSampling {
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Nucleus sampling mass (1 disables).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Keep the k most likely tokens (0 disables).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Drop tokens below min_p times the best one's probability (0 disables).
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+}
+
+impl BenchSampling {
+    /// The parameters of request `i`, checked like an API request's.
+    fn params(&self, i: usize) -> anyhow::Result<SamplingParams> {
+        let p = SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            seed: Some(i as u64),
+            ..SamplingParams::default()
+        };
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// The knobs in words, for the text result.
+    fn describe(&self) -> String {
+        if self.temperature == 0.0 {
+            return "greedy".into();
+        }
+        format!(
+            "temperature {}, top_p {}, top_k {}, min_p {}",
+            self.temperature, self.top_p, self.top_k, self.min_p
+        )
+    }
+
+    /// The knobs, for the JSON result.
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+        })
+    }
 }
 
 /// Flags of `ingot bench latency`.
@@ -67,6 +121,8 @@ pub struct LatencyArgs {
     /// Unmeasured repetitions first.
     #[arg(long, default_value_t = 1)]
     num_iters_warmup: usize,
+    #[command(flatten)]
+    sampling: BenchSampling,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -99,8 +155,9 @@ fn run_once(
     gen: &EngineHandle,
     prompt: Vec<TokenId>,
     output_len: usize,
+    sampling: SamplingParams,
 ) -> anyhow::Result<RunTimes> {
-    run_from(gen, prompt, output_len, Instant::now())
+    run_from(gen, prompt, output_len, sampling, Instant::now())
 }
 
 /// One request; token times are measured from `epoch`.
@@ -108,13 +165,14 @@ fn run_from(
     gen: &EngineHandle,
     prompt: Vec<TokenId>,
     output_len: usize,
+    sampling: SamplingParams,
     epoch: Instant,
 ) -> anyhow::Result<RunTimes> {
     let start = Instant::now();
     let mut token_times = Vec::with_capacity(output_len);
     let mut events = gen.submit(EngineRequest {
         prompt,
-        sampling: SamplingParams::greedy(),
+        sampling,
         stop: StopCriteria {
             max_tokens: output_len,
             ignore_eos: true,
@@ -165,6 +223,7 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
         args.input_len > 0 && args.output_len > 0,
         "--input-len and --output-len must be positive"
     );
+    args.sampling.params(0)?;
     let mut args = args;
     let needed = args.input_len + args.output_len;
     args.model.kv_cache_tokens = Some(args.model.kv_cache_tokens.unwrap_or(needed).max(needed));
@@ -175,7 +234,7 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
     for i in 0..args.num_iters_warmup + args.num_iters {
         // A fresh random prompt each time, so the prefix cache cannot help.
         let prompt = random_prompt(&mut rng, args.input_len, vocab);
-        let t = run_once(&gen, prompt, args.output_len)?;
+        let t = run_once(&gen, prompt, args.output_len, args.sampling.params(i)?)?;
         if i < args.num_iters_warmup {
             continue;
         }
@@ -194,7 +253,7 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
                 "input_len": args.input_len, "output_len": args.output_len, "num_iters": args.num_iters,
                 "prefill_ms": prefill, "prefill_tok_s": prefill_tps,
                 "decode_ms_per_token": per_token, "decode_tok_s": decode_tps,
-                "e2e_s": total,
+                "e2e_s": total, "sampling": args.sampling.json(),
             })
         );
     } else {
@@ -203,6 +262,7 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
             "input/output:      {} / {} tokens, median of {}",
             args.input_len, args.output_len, args.num_iters
         );
+        println!("sampling:          {}", args.sampling.describe());
         println!("prefill:           {prefill:.1} ms ({prefill_tps:.1} tok/s)");
         println!("decode:            {per_token:.2} ms/token ({decode_tps:.1} tok/s)");
         println!("end to end:        {total:.3} s");
@@ -219,6 +279,7 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
         args.num_prompts > 0 && args.input_len > 0 && args.output_len > 0 && args.max_num_seqs > 0,
         "--num-prompts, --input-len, --output-len and --max-num-seqs must be positive"
     );
+    args.sampling.params(0)?;
     let mut engine = EngineConfig::default();
     engine.scheduler.max_num_seqs = args.max_num_seqs;
     engine.scheduler.max_waiting = args.num_prompts * 2;
@@ -229,15 +290,22 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
         .map(|_| random_prompt(&mut rng, args.input_len, vocab))
         .collect();
     // Warm up threads and caches with one short request.
-    run_once(&gen, random_prompt(&mut rng, 8, vocab), 2)?;
+    run_once(
+        &gen,
+        random_prompt(&mut rng, 8, vocab),
+        2,
+        args.sampling.params(0)?,
+    )?;
     let start = Instant::now();
     let runs = std::thread::scope(|scope| -> anyhow::Result<Vec<RunTimes>> {
         let handles: Vec<_> = prompts
             .into_iter()
-            .map(|prompt| {
+            .enumerate()
+            .map(|(i, prompt)| {
                 let gen = gen.clone();
                 let output_len = args.output_len;
-                scope.spawn(move || run_from(&gen, prompt, output_len, start))
+                let sampling = args.sampling.params(i);
+                scope.spawn(move || run_from(&gen, prompt, output_len, sampling?, start))
             })
             .collect();
         handles
@@ -262,7 +330,7 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
                 "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
                 "max_num_seqs": args.max_num_seqs, "elapsed_s": elapsed, "requests_per_s": req_s,
                 "output_tok_s": out_tps, "total_tok_s": total_tps,
-                "decode_tok_s_after_prefill": decode_tps,
+                "decode_tok_s_after_prefill": decode_tps, "sampling": args.sampling.json(),
             })
         );
     } else {
@@ -271,6 +339,7 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
             "requests:          {} x ({} in, {} out), {} at once",
             args.num_prompts, args.input_len, args.output_len, args.max_num_seqs
         );
+        println!("sampling:          {}", args.sampling.describe());
         println!("elapsed:           {elapsed:.2} s ({req_s:.2} req/s)");
         println!("output:            {out_tps:.1} tok/s");
         println!("total (in + out):  {total_tps:.1} tok/s");
