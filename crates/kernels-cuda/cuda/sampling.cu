@@ -18,7 +18,8 @@
 constexpr int SAMPLE_THREADS = 512;
 constexpr int PIVOTS = 15;
 
-// Per-row parameters; the layout of ingot-runner-cuda's `SampleParams`.
+// Per-row parameters, as `encode_rows` in ingot-runner-cuda's sampling.rs
+// writes them (12 words).
 struct SampleParams {
   float temperature, top_p, min_p, repetition_penalty, frequency_penalty, presence_penalty;
   int top_k;  // 0: off
