@@ -46,31 +46,33 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every
-// thread gets the result. Uses 33 floats of shared memory.
-__device__ __forceinline__ float block_sum(float v) {
-  __shared__ float partial[33];
+// Sum (or maximum) over the whole block (blockDim.x a multiple of 32, at
+// most 1024); every thread gets the result. Every warp reduces the warp
+// partials in the same order, so all threads see the same bits.
+template <bool MAX>
+__device__ __forceinline__ float block_reduce(float v) {
+  __shared__ float partial[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_sum(v);
+  v = MAX ? warp_max(v) : warp_sum(v);
   if (lane == 0) partial[warp] = v;
   __syncthreads();
-  if (warp == 0) {
-    float s = lane < (int)(blockDim.x >> 5) ? partial[lane] : 0.f;
-    s = warp_sum(s);
-    if (lane == 0) partial[32] = s;
-  }
-  __syncthreads();
-  float total = partial[32];
-  __syncthreads();  // partial may be reused by the caller's next block_sum
-  return total;
+  const float identity = MAX ? -INFINITY : 0.f;
+  v = lane < (int)(blockDim.x >> 5) ? partial[lane] : identity;
+  v = MAX ? warp_max(v) : warp_sum(v);
+  __syncthreads();  // partial may be reused by the caller's next reduction
+  return v;
 }
 
-// A 64-bit mixer (SplitMix64's finaliser): random bits as a pure function
-// of (seed, index), for dummy weights and sampling noise.
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+__device__ __forceinline__ float block_sum(float v) { return block_reduce<false>(v); }
+__device__ __forceinline__ float block_max(float v) { return block_reduce<true>(v); }
+
+// 24 random bits as a pure function of (seed, index), from SplitMix64's
+// finaliser: dummy weights and sampling noise, no state, no host traffic.
+__device__ __forceinline__ unsigned hash24(uint64_t seed, uint64_t i) {
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (i + 1);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
+  return (unsigned)((z ^ (z >> 31)) >> 40);
 }
 
 // Sums of squares of the residual rows, for RMSNorms fused into the GEMVs

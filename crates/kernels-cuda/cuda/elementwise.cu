@@ -85,25 +85,25 @@ extern "C" __global__ void silu_mul(const bf16* __restrict__ gate_up, bf16* __re
 
 // out[i] = offset + scale * u_i with u_i uniform in [-0.5, 0.5), a pure
 // function of (seed, i): dummy weights made on the device, no host traffic.
-extern "C" __global__ void fill_uniform_bf16(bf16* __restrict__ out, long long n, unsigned long long seed,
-                                             float scale, float offset) {
+// bf16 for weights, f32 for norm weights.
+template <typename T>
+__device__ __forceinline__ void fill_uniform(T* __restrict__ out, long long n, unsigned long long seed, float scale,
+                                             float offset) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x) {
-    const uint64_t h = mix64(seed + 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1));
-    const float u = (float)(h >> 40) * (1.0f / 16777216.0f) - 0.5f;
-    out[i] = to_bf16(offset + scale * u);
+    const float u = (float)hash24(seed, (uint64_t)i) * (1.0f / 16777216.0f) - 0.5f;
+    out[i] = static_cast<T>(offset + scale * u);
   }
 }
 
-// Same fill in f32 (norm weights).
+extern "C" __global__ void fill_uniform_bf16(bf16* __restrict__ out, long long n, unsigned long long seed,
+                                             float scale, float offset) {
+  fill_uniform(out, n, seed, scale, offset);
+}
+
 extern "C" __global__ void fill_uniform_f32(float* __restrict__ out, long long n, unsigned long long seed,
                                             float scale, float offset) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-       i += (long long)gridDim.x * blockDim.x) {
-    const uint64_t h = mix64(seed + 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1));
-    const float u = (float)(h >> 40) * (1.0f / 16777216.0f) - 0.5f;
-    out[i] = offset + scale * u;
-  }
+  fill_uniform(out, n, seed, scale, offset);
 }
 
 // Turns a decode step's inputs into the next step's on the device: each

@@ -114,18 +114,6 @@ extern "C" __global__ void argmax_rows(const float* __restrict__ logits, int voc
   if (threadIdx.x == 0) out[blockIdx.x] = idx;
 }
 
-// Maximum over the block; every thread gets it.
-__device__ __forceinline__ float block_max(float v) {
-  __shared__ float part[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_max(v);
-  if (lane == 0) part[warp] = v;
-  __syncthreads();
-  v = warp_max(lane < (int)(blockDim.x >> 5) ? part[lane] : -INFINITY);
-  __syncthreads();
-  return v;
-}
-
 // Sums PIVOTS values over the block; every thread gets the totals.
 __device__ __forceinline__ void block_sums(float (&v)[PIVOTS]) {
   __shared__ float part[32][PIVOTS];
@@ -223,12 +211,12 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     floor_key = search_threshold<false>(row, vocab, floor_key, top_key, (float)p.top_k, mx, scale);
   if (p.top_p < 1.f) {
     // Mass of the top-k survivors, then where top_p of it is reached.
-    float z[PIVOTS] = {};
+    float z = 0.f;
     for_each_logit(row, vocab, [&](int, float l) {
-      if (ordered_key(l) >= floor_key) z[0] += exp2f((l - mx) * scale);
+      if (ordered_key(l) >= floor_key) z += exp2f((l - mx) * scale);
     });
-    block_sums(z);
-    floor_key = search_threshold<true>(row, vocab, floor_key, top_key, p.top_p * z[0], mx, scale);
+    z = block_sum(z);
+    floor_key = search_threshold<true>(row, vocab, floor_key, top_key, p.top_p * z, mx, scale);
   }
   // Gumbel-max over the survivors (min-p: weight >= min_p).
   float best = -INFINITY;
@@ -240,8 +228,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     // for v uniform in (0, 1). The inner log is the accurate one: v comes
     // within 2^-25 of 1, where the fast log could return 0 (E = 0 would
     // make any token win).
-    const uint64_t h = mix64(p.random + 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1));
-    const float v = ((float)(h >> 40) + 0.5f) * (1.0f / 16777216.0f);
+    const float v = ((float)hash24(p.random, (uint64_t)i) + 0.5f) * (1.0f / 16777216.0f);
     const float g = x * (1.f / LOG2E) - __logf(-logf(v));
     if (g > best) { best = g; idx = i; }
   });
