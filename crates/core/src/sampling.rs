@@ -31,14 +31,7 @@ impl Default for SamplingParams {
     fn default() -> Self {
         Self {
             temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            frequency_penalty: 0.0,
-            presence_penalty: 0.0,
-            seed: None,
-            logprobs: None,
+            ..Self::GREEDY
         }
     }
 }
@@ -59,12 +52,22 @@ pub struct SamplingError {
 pub const MAX_LOGPROBS: usize = 20;
 
 impl SamplingParams {
+    /// Greedy decoding, no penalties.
+    pub const GREEDY: Self = Self {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        repetition_penalty: 1.0,
+        frequency_penalty: 0.0,
+        presence_penalty: 0.0,
+        seed: None,
+        logprobs: None,
+    };
+
     /// Greedy decoding.
     pub fn greedy() -> Self {
-        Self {
-            temperature: 0.0,
-            ..Self::default()
-        }
+        Self::GREEDY
     }
 
     /// Checks every field against its bound.
@@ -117,6 +120,13 @@ impl SamplingParams {
     /// True when the choice is a plain argmax.
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0 || self.top_k == 1
+    }
+
+    /// True when any penalty changes the logits.
+    pub fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0
+            || self.frequency_penalty != 0.0
+            || self.presence_penalty != 0.0
     }
 }
 

@@ -103,7 +103,7 @@ impl Sampler {
     /// True when the choice is the plain argmax of the raw logits and no
     /// logprobs are wanted: the backend may then pick on its device.
     pub fn is_plain_greedy(&self) -> bool {
-        self.params.is_greedy() && !self.has_penalties() && self.params.logprobs.is_none()
+        self.params.is_greedy() && !self.params.has_penalties() && self.params.logprobs.is_none()
     }
 
     /// True when logprobs are asked for: the host needs the logits row.
@@ -123,16 +123,9 @@ impl Sampler {
 
     /// What a backend needs to pick the next token itself.
     pub fn row(&self, random: u64) -> RowSampling<'_> {
-        let p = &self.params;
         RowSampling {
-            temperature: p.temperature,
-            top_k: p.top_k,
-            top_p: p.top_p,
-            min_p: p.min_p,
-            repetition_penalty: p.repetition_penalty,
-            frequency_penalty: p.frequency_penalty,
-            presence_penalty: p.presence_penalty,
-            seen: if self.has_penalties() {
+            params: &self.params,
+            seen: if self.params.has_penalties() {
                 &self.seen
             } else {
                 &[]
@@ -153,18 +146,13 @@ impl Sampler {
     }
 
     fn record(&mut self, token: TokenId) {
-        if !self.has_penalties() {
+        if !self.params.has_penalties() {
             return;
         }
         match self.seen.binary_search_by_key(&token, |e| e.0) {
             Ok(i) => self.seen[i].1 += 1,
             Err(i) => self.seen.insert(i, (token, 1)),
         }
-    }
-
-    fn has_penalties(&self) -> bool {
-        let p = &self.params;
-        p.repetition_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0
     }
 }
 

@@ -91,17 +91,18 @@ fn encode_rows(
     }
     let (params, seen) = words.split_at_mut(rows.len() * PARAM_WORDS);
     let mut start = 0;
-    for (r, p) in rows.iter().zip(params.chunks_exact_mut(PARAM_WORDS)) {
-        let top_k = u32::try_from(r.top_k)
+    for (r, words) in rows.iter().zip(params.chunks_exact_mut(PARAM_WORDS)) {
+        let p = r.params;
+        let top_k = u32::try_from(p.top_k)
             .unwrap_or(u32::MAX)
             .min(i32::MAX as u32);
-        p.copy_from_slice(&[
-            r.temperature.to_bits(),
-            r.top_p.to_bits(),
-            r.min_p.to_bits(),
-            r.repetition_penalty.to_bits(),
-            r.frequency_penalty.to_bits(),
-            r.presence_penalty.to_bits(),
+        words.copy_from_slice(&[
+            p.temperature.to_bits(),
+            p.top_p.to_bits(),
+            p.min_p.to_bits(),
+            p.repetition_penalty.to_bits(),
+            p.frequency_penalty.to_bits(),
+            p.presence_penalty.to_bits(),
             top_k,
             start as u32,
             r.seen.len() as u32,
@@ -121,23 +122,31 @@ fn encode_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ingot_core::SamplingParams;
 
     #[test]
     fn rows_are_laid_out_as_the_kernel_reads_them() {
         let seen_a = [(5, 0), (9, 2)];
         let seen_b = [(7, 1)];
+        let sampled = SamplingParams {
+            temperature: 0.5,
+            top_k: 40,
+            ..SamplingParams::GREEDY
+        };
+        let nucleus = SamplingParams {
+            top_p: 0.9,
+            ..SamplingParams::GREEDY
+        };
         let rows = [
             RowSampling {
-                temperature: 0.5,
-                top_k: 40,
+                params: &sampled,
                 seen: &seen_a,
                 random: 0x0123_4567_89ab_cdef,
-                ..RowSampling::GREEDY
             },
             RowSampling {
-                top_p: 0.9,
+                params: &nucleus,
                 seen: &seen_b,
-                ..RowSampling::GREEDY
+                random: 0,
             },
         ];
         let mut words = vec![0u32; 64];

@@ -2,6 +2,7 @@
 //! 49,152-token vocabulary (SmolLM2's): `cargo run --release -p
 //! ingot-runner --example sample_speed`.
 
+use ingot_core::SamplingParams;
 use ingot_runner::sampling::{sample_row, RowSampling};
 
 fn main() {
@@ -9,17 +10,26 @@ fn main() {
     let logits: Vec<f32> = (0..vocab)
         .map(|i| ((i * 7919 % 1000) as f32) * 0.01)
         .collect();
-    let base = RowSampling {
-        temperature: 1.0,
-        ..RowSampling::GREEDY
-    };
+    let base = SamplingParams::default();
     let cases = [
-        ("temperature 1", base),
-        ("top_p 0.9", RowSampling { top_p: 0.9, ..base }),
-        ("top_k 50", RowSampling { top_k: 50, ..base }),
+        ("temperature 1", base.clone()),
+        (
+            "top_p 0.9",
+            SamplingParams {
+                top_p: 0.9,
+                ..base.clone()
+            },
+        ),
+        (
+            "top_k 50",
+            SamplingParams {
+                top_k: 50,
+                ..base.clone()
+            },
+        ),
         (
             "min_p 0.05",
-            RowSampling {
+            SamplingParams {
                 min_p: 0.05,
                 ..base
             },
@@ -27,12 +37,13 @@ fn main() {
     ];
     let mut order = Vec::new();
     let rows = 200u64;
-    for (name, row) in cases {
+    for (name, params) in &cases {
         let started = std::time::Instant::now();
         for i in 0..rows {
             let r = RowSampling {
+                params,
+                seen: &[],
                 random: i.wrapping_mul(0x9e37_79b9_7f4a_7c15),
-                ..row
             };
             let mut l = logits.clone();
             std::hint::black_box(sample_row(&mut l, &r, &mut order));

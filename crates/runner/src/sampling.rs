@@ -5,25 +5,14 @@
 //! then top-k, min-p (relative to the best token) and top-p (over the top-k
 //! mass), then a draw among the survivors.
 
-use ingot_core::TokenId;
+use ingot_core::{SamplingParams, TokenId};
 
-/// One row's sampling knobs (already validated) and this draw's randomness.
+/// One row's sampling knobs (already validated), the tokens seen for the
+/// penalties and this draw's randomness.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RowSampling<'a> {
-    /// 0 means greedy.
-    pub temperature: f32,
-    /// 0 disables.
-    pub top_k: usize,
-    /// 1 disables.
-    pub top_p: f32,
-    /// 0 disables.
-    pub min_p: f32,
-    /// 1 disables; applies to every token of `seen`.
-    pub repetition_penalty: f32,
-    /// Per occurrence in the output.
-    pub frequency_penalty: f32,
-    /// Once per token present in the output.
-    pub presence_penalty: f32,
+    /// Temperature, truncation and penalties.
+    pub params: &'a SamplingParams,
     /// Tokens of prompt and output, each once, with their count in the
     /// output (0 for prompt-only tokens). Empty without penalties.
     pub seen: &'a [(TokenId, u32)],
@@ -34,27 +23,19 @@ pub struct RowSampling<'a> {
 impl RowSampling<'_> {
     /// A plain argmax row.
     pub const GREEDY: RowSampling<'static> = RowSampling {
-        temperature: 0.0,
-        top_k: 0,
-        top_p: 1.0,
-        min_p: 0.0,
-        repetition_penalty: 1.0,
-        frequency_penalty: 0.0,
-        presence_penalty: 0.0,
+        params: &SamplingParams::GREEDY,
         seen: &[],
         random: 0,
     };
 
     /// True when the choice is the argmax of the (penalised) logits.
     pub fn is_greedy(&self) -> bool {
-        self.temperature == 0.0 || self.top_k == 1
+        self.params.is_greedy()
     }
 
     /// True when any penalty changes the logits.
     pub fn has_penalties(&self) -> bool {
-        self.repetition_penalty != 1.0
-            || self.frequency_penalty != 0.0
-            || self.presence_penalty != 0.0
+        self.params.has_penalties()
     }
 
     /// A uniform draw in [0, 1) from the row's random bits (24 bits, like
@@ -66,19 +47,20 @@ impl RowSampling<'_> {
 
 /// Applies the repetition, frequency and presence penalties in place.
 pub fn apply_penalties(logits: &mut [f32], row: &RowSampling<'_>) {
+    let p = row.params;
     for &(token, count) in row.seen {
         let Some(l) = logits.get_mut(token as usize) else {
             continue;
         };
-        if row.repetition_penalty != 1.0 {
+        if p.repetition_penalty != 1.0 {
             *l = if *l > 0.0 {
-                *l / row.repetition_penalty
+                *l / p.repetition_penalty
             } else {
-                *l * row.repetition_penalty
+                *l * p.repetition_penalty
             };
         }
         if count > 0 {
-            *l -= row.frequency_penalty * count as f32 + row.presence_penalty;
+            *l -= p.frequency_penalty * count as f32 + p.presence_penalty;
         }
     }
 }
@@ -97,18 +79,18 @@ pub fn sample_row(logits: &mut [f32], row: &RowSampling<'_>, order: &mut Vec<u32
     if row.is_greedy() {
         return crate::argmax(logits);
     }
-    let logits = &*logits;
-    let inv_t = 1.0 / row.temperature;
+    let (logits, p) = (&*logits, row.params);
+    let inv_t = 1.0 / p.temperature;
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) * inv_t;
     // Weight relative to the most likely token (1 for it).
     let weight = |t: u32| (logits[t as usize] * inv_t - max).exp();
     let v = logits.len();
-    let top_k = match row.top_k {
+    let top_k = match p.top_k {
         0 => v,
         k => k.min(v),
     };
-    if top_k == v && row.top_p >= 1.0 {
-        return draw_unranked(v, weight, row.min_p, row.uniform());
+    if top_k == v && p.top_p >= 1.0 {
+        return draw_unranked(v, weight, p.min_p, row.uniform());
     }
     // top-p is a share of the top-k set's mass (all tokens without top-k).
     let total = (top_k == v).then(|| (0..v as u32).map(weight).sum::<f32>());
@@ -119,7 +101,7 @@ pub fn sample_row(logits: &mut [f32], row: &RowSampling<'_>, order: &mut Vec<u32
         rank_best(order, logits, ranked);
         let probs: Vec<f32> = order[..ranked].iter().map(|&t| weight(t)).collect();
         let z = total.unwrap_or_else(|| probs.iter().sum());
-        if let Some(keep) = survivors(&probs, row.min_p, row.top_p, z, ranked == top_k) {
+        if let Some(keep) = survivors(&probs, p.min_p, p.top_p, z, ranked == top_k) {
             return draw_ranked(&order[..keep], &probs[..keep], row.uniform());
         }
         ranked = (ranked * 8).min(v);
@@ -204,23 +186,20 @@ fn draw_unranked(v: usize, weight: impl Fn(u32) -> f32, min_p: f32, uniform: f32
 mod tests {
     use super::*;
 
-    fn row(f: impl FnOnce(&mut RowSampling<'static>)) -> RowSampling<'static> {
-        let mut r = RowSampling {
-            temperature: 1.0,
-            random: 0x1234_5678_9abc_def0,
-            ..RowSampling::GREEDY
-        };
-        f(&mut r);
-        r
+    fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
+        let mut p = SamplingParams::default();
+        f(&mut p);
+        p
     }
 
-    fn draws(r: RowSampling<'_>, logits: &[f32], n: u64) -> Vec<TokenId> {
+    fn draws(p: &SamplingParams, logits: &[f32], n: u64) -> Vec<TokenId> {
         let mut order = Vec::new();
         (0..n)
             .map(|i| {
                 let r = RowSampling {
+                    params: p,
+                    seen: &[],
                     random: i.wrapping_mul(0x9e37_79b9_7f4a_7c15),
-                    ..r
                 };
                 sample_row(&mut logits.to_vec(), &r, &mut order)
             })
@@ -229,14 +208,14 @@ mod tests {
 
     #[test]
     fn top_k_one_and_tiny_top_p_are_greedy() {
-        for r in [row(|r| r.top_k = 1), row(|r| r.top_p = 1e-6)] {
-            assert!(draws(r, &[0.1, 0.3, 0.2], 50).iter().all(|&t| t == 1));
+        for p in [params(|p| p.top_k = 1), params(|p| p.top_p = 1e-6)] {
+            assert!(draws(&p, &[0.1, 0.3, 0.2], 50).iter().all(|&t| t == 1));
         }
     }
 
     #[test]
     fn top_k_never_samples_outside_the_k_best() {
-        let got = draws(row(|r| r.top_k = 2), &[1.0, 0.9, 0.95, 0.0], 200);
+        let got = draws(&params(|p| p.top_k = 2), &[1.0, 0.9, 0.95, 0.0], 200);
         assert!(got.iter().all(|&t| t == 0 || t == 2), "{got:?}");
         assert!(got.contains(&0) && got.contains(&2));
     }
@@ -244,7 +223,7 @@ mod tests {
     #[test]
     fn min_p_drops_unlikely_tokens() {
         // exp(-1) ≈ 0.37 < 0.5 relative to the best: only token 0 survives.
-        let got = draws(row(|r| r.min_p = 0.5), &[1.0, 0.0, 0.0], 200);
+        let got = draws(&params(|p| p.min_p = 0.5), &[1.0, 0.0, 0.0], 200);
         assert!(got.iter().all(|&t| t == 0));
     }
 
@@ -252,7 +231,7 @@ mod tests {
     fn draws_follow_the_distribution() {
         // p = [0.5, 0.25, 0.25]
         let l = [2f32.ln(), 0.0, 0.0];
-        let got = draws(row(|_| {}), &l, 4000);
+        let got = draws(&params(|_| {}), &l, 4000);
         let share = got.iter().filter(|&&t| t == 0).count() as f32 / 4000.0;
         assert!((share - 0.5).abs() < 0.04, "{share}");
     }
@@ -262,7 +241,7 @@ mod tests {
         // 3,000 near-equal tokens: the 0.9 nucleus holds ~2,700 of them,
         // beyond the first 256 ranked; every draw must fall inside it.
         let logits: Vec<f32> = (0..3000).map(|i| 1.0 - i as f32 * 1e-5).collect();
-        let got = draws(row(|r| r.top_p = 0.9), &logits, 2000);
+        let got = draws(&params(|p| p.top_p = 0.9), &logits, 2000);
         let nucleus = (0.9f64 * 3000.0).ceil() as u32 + 1;
         assert!(got.iter().all(|&t| t < nucleus), "{:?}", got.iter().max());
         assert!(
@@ -274,7 +253,11 @@ mod tests {
     #[test]
     fn unranked_draws_skip_tokens_below_min_p() {
         // p relative to the best: [1, e^-3 ≈ 0.05, 0.9]: min-p 0.1 keeps 0 and 2.
-        let got = draws(row(|r| r.min_p = 0.1), &[1.0, -2.0, 1.0 + 0.9f32.ln()], 500);
+        let got = draws(
+            &params(|p| p.min_p = 0.1),
+            &[1.0, -2.0, 1.0 + 0.9f32.ln()],
+            500,
+        );
         assert!(got.iter().all(|&t| t != 1));
         assert!(got.contains(&0) && got.contains(&2));
     }
@@ -282,12 +265,15 @@ mod tests {
     #[test]
     fn penalties_touch_only_seen_tokens() {
         let seen = [(0, 0), (1, 2)];
+        let p = params(|p| {
+            p.repetition_penalty = 2.0;
+            p.frequency_penalty = 0.5;
+            p.presence_penalty = 0.25;
+        });
         let r = RowSampling {
-            repetition_penalty: 2.0,
-            frequency_penalty: 0.5,
-            presence_penalty: 0.25,
+            params: &p,
             seen: &seen,
-            ..RowSampling::GREEDY
+            random: 0,
         };
         let mut l = vec![1.0, -1.0, 3.0];
         apply_penalties(&mut l, &r);
