@@ -68,8 +68,9 @@ pub struct Gemm {
     gemv: Vec<[Kernel; 7]>,
     /// Time the candidates of new shapes (only while buffers hold scratch).
     pub tune: bool,
-    /// Where accumulating GEMVs leave the residual's sums of squares
-    /// (`SumSq`); set once the workspace is carved.
+    /// Where accumulating GEMVs leave the residual's sums of squares and
+    /// the normed SwiGLU GEMV reads them (`SumSq`); set once the workspace
+    /// is carved.
     pub sumsq: DevPtr,
 }
 
@@ -163,7 +164,7 @@ impl Gemm {
         tokens: usize,
         inputs: usize,
         outputs: usize,
-        norm: Option<(DevPtr, DevPtr, f32, DevPtr)>,
+        norm: Option<(DevPtr, DevPtr, f32)>,
     ) -> Result<bool, CudaError> {
         if !(1..=GEMV_MAX_TOKENS).contains(&tokens) || !inputs.is_multiple_of(8) {
             return Ok(false);
@@ -178,12 +179,12 @@ impl Gemm {
         match norm {
             // (f32 residual, norm weight, eps, sums of squares) instead of
             // normed bf16 x.
-            Some((residual, weight, eps, sumsq)) => {
+            Some((residual, weight, eps)) => {
                 let head = [
                     Arg::Ptr(residual),
                     Arg::Ptr(weight),
                     Arg::F32(eps),
-                    Arg::Ptr(sumsq),
+                    Arg::Ptr(self.sumsq),
                 ];
                 let args: Vec<Arg> = head.iter().chain(&tail).copied().collect();
                 gpu.launch(&self.gemv[tokens - 1][5], grid, 256, 0, &args)?;

@@ -771,7 +771,7 @@ pub fn encode(
             mark(Category::Other)?;
         }
         // Small batches fuse the activation into the gate/up projection.
-        let mlp_norm = fuse_norms.then_some((b.x, layer.mlp_norm, eps, b.sumsq));
+        let mlp_norm = fuse_norms.then_some((b.x, layer.mlp_norm, eps));
         if !gemm.swiglu(gpu, (b.xn, layer.gate_up, b.act), t, d, ff, mlp_norm)? {
             let gate_up = b.gate_up;
             gemm.linear(
