@@ -107,7 +107,9 @@ def check_elementwise(m, rng):
     ssb = sumsq_buffer()
     launch(m.fn("embed_rows"), (T,), 256, [ptr(dev(ids, torch.int32)), ptr(dev(table, torch.bfloat16)), ptr(x), i32(d), ptr(ssb)])
     report("embed_rows", rel(host(x), table[ids]), 1e-7)
-    report("embed_rows sums of squares (first 8 rows)", rel(host(ssb)[:8], (table[ids[:8]] ** 2).sum(-1)), 1e-5)
+    got, blocks = sumsq_rows(ssb, 8)
+    report("embed_rows sums of squares (first 8 rows)", rel(got, (table[ids[:8]] ** 2).sum(-1)), 1e-5)
+    report("embed_rows sums of squares: one partial per row", abs(blocks - 1), 0.5)
 
     # add_rms_norm: residual add + norm, then the gather form
     for d in (576, 4096):
@@ -366,6 +368,7 @@ def check_attention(m, rng):
         q = bf(rnd(rng, n, H * hd))
         pos = np.array(lens) - 1
         want = np.stack([reference_attention(q[i].reshape(H, hd), k, v, table, i, pos[i], H, KVH, hd, bs) for i in range(n)])
+        prefetch = torch.ones(3 << 19, dtype=torch.bfloat16, device="cuda")
         for splits in (1, 4):
             out = torch.zeros(n, H * hd, dtype=torch.bfloat16, device="cuda")
             part_acc = torch.zeros(n * H * splits * hd, dtype=torch.float32, device="cuda")
@@ -377,7 +380,10 @@ def check_attention(m, rng):
             kd, vd = (dev(to_device_layout(a, KVH, hd, bs), torch.bfloat16) for a in (k, v))
             args = [ptr(dev(q, torch.bfloat16)), ptr(kd), ptr(vd), ptr(tabled),
                     ptr(strided), ptr(seq), ptr(posd), ptr(None), ptr(out), ptr(part_acc), ptr(part_ml),
-                    i32(H), i32(KVH), i32(bs), f32(scale_log2), i32(splits)]
+                    i32(H), i32(KVH), i32(bs), f32(scale_log2), i32(splits),
+                    # L2 prefetch of some other buffer (a hint: must not change the result):
+                    # early without a hint with one split, late with evict-last with four.
+                    ptr(prefetch), ctypes.c_uint64(prefetch.numel() * 2), i32(1 if splits == 1 else 2)]
             launch(m.fn(f"paged_attention_hd{hd}_g{g}"), (n, KVH, splits), 128, args)
             if splits > 1:
                 launch(m.fn("attention_combine"), (n, H), 128,
@@ -408,15 +414,24 @@ def check_attention(m, rng):
         report(f"prefill_attention hd={hd} H={H} KVH={KVH} (cached prefix {prefix})", rel(host(out).reshape(T, H, hd), want), 2e-2)
 
 
-SUMSQ_BYTES = 4 * (8 + 8 + 8 * 4096)  # SumSq in common.cuh
+SUMSQ_BYTES = 4 * (8 + 8 * 4096)  # SumSq in common.cuh: block count (+7 pad), partials[8][4096]
 
 
 def sumsq_buffer(ss=None):
-    """A zeroed SumSq (counter 0), optionally holding row sums of squares."""
+    """A SumSq, optionally holding each row's sum of squares as one partial."""
     buf = torch.zeros(SUMSQ_BYTES // 4, dtype=torch.float32, device="cuda")
     if ss is not None:
-        buf[:len(ss)] = torch.tensor(np.asarray(ss), dtype=torch.float32)
+        buf.view(torch.int32)[0] = 1
+        for n, v in enumerate(np.asarray(ss)):
+            buf[8 + n * 4096] = float(v)
     return buf
+
+
+def sumsq_rows(buf, rows):
+    """Each row's total over the writer's block partials, and the block count."""
+    blocks = int(buf.view(torch.int32)[0].item())
+    parts = host(buf)[8:].reshape(8, 4096)
+    return parts[:rows, :blocks].sum(-1), blocks
 
 
 def check_gemv(m, rng):
@@ -435,12 +450,12 @@ def check_gemv(m, rng):
         base = rnd(rng, n, out).astype(np.float32).astype(np.float64)
         y = dev(base, torch.float32)
         ssb = sumsq_buffer()
-        for rep in range(2):  # the second run checks that the counter was reset
-            y = dev(base, torch.float32)
-            launch(m.fn(f"gemv_n{n}_add_f32"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(ssb)])
+        y = dev(base, torch.float32)
+        launch(m.fn(f"gemv_n{n}_add_f32"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(ssb)])
         report(f"gemv n={n} {inp}->{out} f32 accumulate", rel(host(y), base + want), 1e-5)
-        report(f"gemv n={n} {inp}->{out} f32 accumulate: sums of squares", rel(host(ssb)[:n], ((base + want) ** 2).sum(-1)), 1e-5)
-        report(f"gemv n={n} {inp}->{out} f32 accumulate: counter reset", float(ssb.view(torch.int32)[8].item()), 0.5)
+        got, blocks = sumsq_rows(ssb, n)
+        report(f"gemv n={n} {inp}->{out} f32 accumulate: sums of squares", rel(got, ((base + want) ** 2).sum(-1)), 1e-5)
+        report(f"gemv n={n} {inp}->{out} f32 accumulate: one partial per block", abs(blocks - grid[0]), 0.5)
         # SwiGLU: w2 stacks gate rows then up rows; y = silu(x·gate) * (x·up).
         w2 = bf(rnd(rng, 2 * out, inp, scale=0.05))
         gate, up = x @ w2[:out].T, x @ w2[out:].T

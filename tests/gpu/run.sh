@@ -5,6 +5,7 @@
 #   hf        CUDA vs transformers on 2-layer Llama-3-8B / Qwen3 shapes
 #   smollm2   CUDA vs CPU backend on SmolLM2 (bf16 weights); batch-1 speed
 #   bench     8B-shaped dummy: batch 1, prefill 1024, 256 x 1024 decode
+#   b1        only the batch-1 row of bench (for A/B runs of one knob)
 #   profile   per-step GPU time by category (eager) and CPU gaps
 #   sampled   the bench shapes with sampling on the GPU (temperature, top-p, top-k)
 #   serve     the HTTP server on CUDA with curl (serve_smoke.sh), 8B dummy
@@ -67,6 +68,8 @@ for phase in "$@"; do
       "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl"
       "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 5 --json | tee -a "$O/bench.jsonl"
       "$ING" bench throughput --model "$M" --load-format dummy --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl" ;;
+    b1)
+      "$ING" bench latency --model "$(llama8b)" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl" ;;
     sampled)
       M=$(llama8b)
       S="--temperature 0.8 --top-p 0.95 --top-k 50"

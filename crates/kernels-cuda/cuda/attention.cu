@@ -84,8 +84,14 @@ __device__ __forceinline__ void decode_attention(
     const int* __restrict__ block_tables, const int* __restrict__ table_stride, const int* __restrict__ token_seq,
     const int* __restrict__ positions, const int* __restrict__ token_ids, bf16* __restrict__ out,
     float* __restrict__ part_acc, float* __restrict__ part_ml, int num_heads, int num_kv_heads,
-    int block_size, float scale_log2, int num_splits) {
+    int block_size, float scale_log2, int num_splits, const void* prefetch, unsigned long long prefetch_bytes,
+    int prefetch_mode) {
+  // At small batch this kernel is latency-bound: DRAM is free to bring in
+  // the output projection's weights (bit 0: before the wait, i.e. while
+  // the q/k/v GEMV still runs).
+  if (prefetch_mode & 1) l2_prefetch(prefetch, prefetch_bytes, prefetch_mode);
   pdl_begin();
+  if (!(prefetch_mode & 1)) l2_prefetch(prefetch, prefetch_bytes, prefetch_mode);
   constexpr int D = HD / 32;
   constexpr int S = decode_stages(HD);
   // Per warp, S stages of its lanes' K/V pieces (cp.async ring); after the
@@ -232,10 +238,11 @@ __device__ __forceinline__ void decode_attention(
   extern "C" __global__ void __launch_bounds__(DECODE_WARPS * 32) paged_attention_hd##HD##_g##G(          \
       const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* block_tables, const int* table_stride,  \
       const int* token_seq, const int* positions, const int* token_ids, bf16* out, float* part_acc,        \
-      float* part_ml, int num_heads, int num_kv_heads, int block_size, float scale_log2, int num_splits) { \
+      float* part_ml, int num_heads, int num_kv_heads, int block_size, float scale_log2, int num_splits,    \
+      const void* prefetch, unsigned long long prefetch_bytes, int prefetch_mode) {                         \
     decode_attention<HD, G>(q, k_cache, v_cache, block_tables, table_stride, token_seq, positions,         \
                             token_ids, out, part_acc, part_ml, num_heads, num_kv_heads, block_size,        \
-                            scale_log2, num_splits);                                                       \
+                            scale_log2, num_splits, prefetch, prefetch_bytes, prefetch_mode);              \
   }
 #define DECODE_KERNELS(HD) \
   DECODE_KERNEL(HD, 1)     \

@@ -31,6 +31,32 @@ __device__ __forceinline__ void pdl_begin() {
   pdl_launch_dependents();
 }
 
+// Warms L2 with the first `bytes` (a multiple of 16) at `base`: weights a
+// later kernel streams, fetched while a latency-bound kernel leaves DRAM
+// idle. The range is split over the grid's blocks; thread 0 of each issues
+// bulk prefetches (Hopper's copy engine, no registers or warps held).
+// mode bit 1: evict-last hint. A no-op for base == nullptr and before sm_90.
+__device__ __forceinline__ void l2_prefetch(const void* base, unsigned long long bytes, int mode) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (base == nullptr || threadIdx.x + threadIdx.y + threadIdx.z != 0) return;
+  const unsigned long long blocks = (unsigned long long)gridDim.x * gridDim.y * gridDim.z;
+  const unsigned long long id = blockIdx.x + (unsigned long long)gridDim.x * (blockIdx.y + (unsigned long long)gridDim.y * blockIdx.z);
+  const unsigned long long chunk = ((bytes + blocks - 1) / blocks + 15) & ~15ull;
+  const unsigned long long end = min(bytes, (id + 1) * chunk);
+  const char* p = static_cast<const char*>(base);
+  uint64_t policy = 0;
+  if (mode & 2) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  for (unsigned long long at = id * chunk; at < end; at += 65536) {
+    const unsigned size = (unsigned)min(65536ull, end - at);
+    if (mode & 2)
+      asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p + at), "r"(size), "l"(policy)
+                   : "memory");
+    else
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + at), "r"(size) : "memory");
+  }
+#endif
+}
+
 __device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ bf16 to_bf16(float v) { return __float2bfloat16(v); }
 
@@ -77,14 +103,13 @@ __device__ __forceinline__ unsigned hash24(uint64_t seed, uint64_t i) {
 
 // Sums of squares of the residual rows, for RMSNorms fused into the GEMVs
 // that consume them (decode at n <= 8). The kernels that write the residual
-// (embed_rows, the accumulating GEMVs) leave sum(x[n]^2) in ss[n]: each
-// block writes its partial, and the last block to finish adds them in a
-// fixed order, so the result does not depend on scheduling.
+// (embed_rows, the accumulating GEMVs) leave one partial sum per block and
+// row and their block count; each consuming block adds the partials in a
+// fixed order (deterministic, and the writer has no serial tail).
 constexpr int SUMSQ_ROWS = 8;
 constexpr int SUMSQ_MAX_BLOCKS = 4096;
 struct SumSq {
-  float ss[SUMSQ_ROWS];
-  unsigned counter;
+  unsigned blocks;  // partials per row
   unsigned pad[7];
   float partial[SUMSQ_ROWS][SUMSQ_MAX_BLOCKS];
 };

@@ -3,7 +3,8 @@
 #include "common.cuh"
 
 // x[t] = table[ids[t]] (f32 residual stream); with sumsq, also the row's
-// sum of squares for the first fused RMSNorm (t < SUMSQ_ROWS). Grid: tokens.
+// sum of squares (as its single partial) for the first fused RMSNorm
+// (t < SUMSQ_ROWS). Grid: tokens.
 extern "C" __global__ void embed_rows(const int* __restrict__ ids, const bf16* __restrict__ table,
                                       float* __restrict__ x, int d, SumSq* __restrict__ sumsq) {
   pdl_begin();
@@ -29,7 +30,10 @@ extern "C" __global__ void embed_rows(const int* __restrict__ ids, const bf16* _
   }
   if (sumsq && t < SUMSQ_ROWS) {
     ss = block_sum(ss);
-    if (threadIdx.x == 0) sumsq->ss[t] = ss;
+    if (threadIdx.x == 0) {
+      sumsq->partial[t][0] = ss;
+      if (t == 0) sumsq->blocks = 1;
+    }
   }
 }
 

@@ -88,8 +88,22 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const bf16
   pdl_launch_dependents();
   float inv[N];
   if (NORM) {
+    // The first warp adds the writer's partials (fixed order), the block
+    // shares the result.
+    __shared__ float s_inv[SUMSQ_ROWS];
+    if (threadIdx.x < 32) {
+      const int blocks = (int)norm.sumsq->blocks;
 #pragma unroll
-    for (int n = 0; n < N; ++n) inv[n] = rsqrtf(norm.sumsq->ss[n] / in + norm.eps);
+      for (int n = 0; n < N; ++n) {
+        float t = 0.f;
+        for (int b = lane; b < blocks; b += 32) t += norm.sumsq->partial[n][b];
+        t = warp_sum(t);
+        if (lane == 0) s_inv[n] = rsqrtf(t / in + norm.eps);
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int n = 0; n < N; ++n) inv[n] = s_inv[n];
   }
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)
@@ -139,13 +153,13 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const bf16
 // the write (they still take part in PDL).
 __device__ __forceinline__ int warp_column() { return blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5); }
 
-// After an accumulating GEMV: sum(x[n]^2) of the updated residual rows
-// into sumsq (see SumSq). `sq[n]` is this lane's column squared (lane 0 of
-// each warp; 0 elsewhere). Every thread of the block must call it.
+// After an accumulating GEMV: this block's part of sum(x[n]^2) over the
+// updated residual rows into sumsq (see SumSq). `sq[n]` is this lane's
+// column squared (lane 0 of each warp; 0 elsewhere). Every thread of the
+// block must call it.
 template <int N>
 __device__ __forceinline__ void gemv_sumsq(SumSq* sumsq, const float (&sq)[N]) {
   __shared__ float s_sq[GEMV_WARPS][N];
-  __shared__ bool s_last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0)
 #pragma unroll
@@ -157,22 +171,7 @@ __device__ __forceinline__ void gemv_sumsq(SumSq* sumsq, const float (&sq)[N]) {
     for (int w = 0; w < GEMV_WARPS; ++w) t += s_sq[w][threadIdx.x];
     sumsq->partial[threadIdx.x][blockIdx.x] = t;
   }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) s_last = atomicAdd(&sumsq->counter, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!s_last) return;
-  // This runs after every other block: the whole block sums the partials
-  // (a few loads per thread, one round trip), so the tail stays short.
-  __threadfence();
-#pragma unroll
-  for (int n = 0; n < N; ++n) {
-    float t = 0.f;
-    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) t += __ldcg(&sumsq->partial[n][b]);
-    t = block_sum(t);
-    if (threadIdx.x == 0) sumsq->ss[n] = t;
-  }
-  if (threadIdx.x == 0) sumsq->counter = 0;
+  if (blockIdx.x == 0 && threadIdx.x == 0) sumsq->blocks = gridDim.x;
 }
 
 // MODE 0: bf16 out, 1: f32 out, 2: f32 accumulate (and, with sumsq, the

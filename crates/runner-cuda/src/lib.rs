@@ -217,7 +217,7 @@ impl CudaRunner {
             (max_tokens, max_seqs, opts.block_size),
             workspace,
         )?;
-        // The counter in SumSq must start at zero; the kernels keep it there.
+        // SumSq starts empty (every step's embedding fills it first).
         gpu.upload(buffers.sumsq, &vec![0u32; step::SUMSQ_BYTES / 4])?;
         gemm.sumsq = buffers.sumsq;
         let mut runner = Self {
