@@ -105,8 +105,12 @@ def check_elementwise(m, rng):
     ids = rng.integers(0, V, T)
     x = torch.empty(T, d, dtype=torch.float32, device="cuda")
     ssb = sumsq_buffer()
-    launch(m.fn("embed_rows"), (T,), 256, [ptr(dev(ids, torch.int32)), ptr(dev(table, torch.bfloat16)), ptr(x), i32(d), ptr(ssb)])
+    g = (1 + 0.2 * rnd(rng, d)).astype(np.float32).astype(np.float64)
+    xg = torch.empty(T, d, dtype=torch.bfloat16, device="cuda")
+    launch(m.fn("embed_rows"), (T,), 256, [ptr(dev(ids, torch.int32)), ptr(dev(table, torch.bfloat16)), ptr(x), i32(d), ptr(ssb),
+                                           ptr(dev(g, torch.float32)), ptr(xg)])
     report("embed_rows", rel(host(x), table[ids]), 1e-7)
+    report("embed_rows pre-scaled bf16 copy (x * norm weight)", rel(host(xg), table[ids] * g), 4e-3)
     got, blocks = sumsq_rows(ssb, 8)
     report("embed_rows sums of squares (first 8 rows)", rel(got, (table[ids[:8]] ** 2).sum(-1)), 1e-5)
     report("embed_rows sums of squares: one partial per row", abs(blocks - 1), 0.5)
@@ -442,17 +446,21 @@ def check_gemv(m, rng):
         xd, wd = dev(x, torch.bfloat16), dev(w, torch.bfloat16)
         grid = (math.ceil(out / 8),)
         y = torch.empty(n, out, dtype=torch.bfloat16, device="cuda")
-        launch(m.fn(f"gemv_n{n}_bf16"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(None)])
+        launch(m.fn(f"gemv_n{n}_bf16"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(None), ptr(None), ptr(None)])
         report(f"gemv n={n} {inp}->{out} bf16 out", rel(host(y), want), 8e-3)
         y = torch.empty(n, out, dtype=torch.float32, device="cuda")
-        launch(m.fn(f"gemv_n{n}_f32"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(None)])
+        launch(m.fn(f"gemv_n{n}_f32"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(None), ptr(None), ptr(None)])
         report(f"gemv n={n} {inp}->{out} f32 out", rel(host(y), want), 1e-5)
         base = rnd(rng, n, out).astype(np.float32).astype(np.float64)
         y = dev(base, torch.float32)
         ssb = sumsq_buffer()
         y = dev(base, torch.float32)
-        launch(m.fn(f"gemv_n{n}_add_f32"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(ssb)])
+        g = (1 + 0.2 * rnd(rng, out)).astype(np.float32).astype(np.float64)
+        xg = torch.empty(n, out, dtype=torch.bfloat16, device="cuda")
+        launch(m.fn(f"gemv_n{n}_add_f32"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(ssb),
+                                                     ptr(dev(g, torch.float32)), ptr(xg)])
         report(f"gemv n={n} {inp}->{out} f32 accumulate", rel(host(y), base + want), 1e-5)
+        report(f"gemv n={n} {inp}->{out} f32 accumulate: pre-scaled bf16 copy", rel(host(xg), (base + want) * g), 4e-3)
         got, blocks = sumsq_rows(ssb, n)
         report(f"gemv n={n} {inp}->{out} f32 accumulate: sums of squares", rel(got, ((base + want) ** 2).sum(-1)), 1e-5)
         report(f"gemv n={n} {inp}->{out} f32 accumulate: one partial per block", abs(blocks - grid[0]), 0.5)
@@ -465,17 +473,19 @@ def check_gemv(m, rng):
 
 
 def check_fused_norm(m, rng):
-    """SwiGLU and q/k/v+rope GEMVs that apply the input RMSNorm themselves."""
+    """SwiGLU and q/k/v+rope GEMVs that apply the input RMSNorm themselves,
+    from the pre-scaled input xg = bf16(x * g) and the sums of squares of x."""
     n, d, ff, eps = 2, 576, 1536, 1e-5
     x = rnd(rng, n, d, scale=3.0).astype(np.float32).astype(np.float64)
     nw = (1 + 0.2 * rnd(rng, d)).astype(np.float32).astype(np.float64)
-    xn = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * nw
+    xg = bf(x * nw)
+    xn = xg / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)
     ssb = sumsq_buffer((x ** 2).sum(-1))
     w2 = bf(rnd(rng, 2 * ff, d, scale=0.05))
     gate, up = xn @ w2[:ff].T, xn @ w2[ff:].T
     y = torch.empty(n, ff, dtype=torch.bfloat16, device="cuda")
     launch(m.fn(f"gemv_n{n}_swiglu_norm"), (math.ceil(ff / 8),), 256,
-           [ptr(dev(x, torch.float32)), ptr(dev(nw, torch.float32)), f32(eps), ptr(ssb), ptr(dev(w2, torch.bfloat16)), ptr(y), i32(d), i32(ff)])
+           [ptr(dev(xg, torch.bfloat16)), f32(eps), ptr(ssb), ptr(dev(w2, torch.bfloat16)), ptr(y), i32(d), i32(ff)])
     report(f"gemv n={n} swiglu with fused RMSNorm", rel(host(y), gate / (1 + np.exp(-gate)) * up), 8e-3)
     H, KVH, hd = 9, 3, 64
     w = (H + 2 * KVH) * hd
@@ -487,7 +497,7 @@ def check_fused_norm(m, rng):
     kc = torch.zeros(64, KVH * hd, dtype=torch.bfloat16, device="cuda")
     vc = torch.zeros(64, KVH * hd, dtype=torch.bfloat16, device="cuda")
     launch(m.fn(f"gemv_n{n}_qkv_rope_norm"), (math.ceil(w / 8),), 256,
-           [ptr(dev(x, torch.float32)), ptr(dev(nw, torch.float32)), f32(eps), ptr(ssb), ptr(dev(wq, torch.bfloat16)), i32(d), ptr(None),
+           [ptr(dev(xg, torch.bfloat16)), f32(eps), ptr(ssb), ptr(dev(wq, torch.bfloat16)), i32(d), ptr(None),
             ptr(dev(pos, torch.int32)), ptr(dev(slots, torch.int64)), ptr(dev(cos, torch.float32)), ptr(dev(sin, torch.float32)),
             ptr(q_out), ptr(kc), ptr(vc), i32(H), i32(KVH), i32(hd), i32(16)])
     q = yq[:, :H * hd].reshape(n, H, hd)

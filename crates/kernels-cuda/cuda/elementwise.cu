@@ -4,9 +4,11 @@
 
 // x[t] = table[ids[t]] (f32 residual stream); with sumsq, also the row's
 // sum of squares (as its single partial) for the first fused RMSNorm
-// (t < SUMSQ_ROWS). Grid: tokens.
+// (t < SUMSQ_ROWS), and with norm_w that norm's pre-scaled input
+// xg[t] = bf16(x[t] ⊙ norm_w) (see gemv.cu). Grid: tokens.
 extern "C" __global__ void embed_rows(const int* __restrict__ ids, const bf16* __restrict__ table,
-                                      float* __restrict__ x, int d, SumSq* __restrict__ sumsq) {
+                                      float* __restrict__ x, int d, SumSq* __restrict__ sumsq,
+                                      const float* __restrict__ norm_w, bf16* __restrict__ xg) {
   pdl_begin();
   const int t = blockIdx.x;
   const bf16* row = table + (size_t)ids[t] * d;
@@ -27,6 +29,15 @@ extern "C" __global__ void embed_rows(const int* __restrict__ ids, const bf16* _
     for (int e = 0; e < 8; ++e) ss += v[e] * v[e];
     reinterpret_cast<float4*>(out + i)[0] = make_float4(v[0], v[1], v[2], v[3]);
     reinterpret_cast<float4*>(out + i)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    if (norm_w) {
+      const float4 g0 = reinterpret_cast<const float4*>(norm_w + i)[0];
+      const float4 g1 = reinterpret_cast<const float4*>(norm_w + i)[1];
+      const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+      __nv_bfloat162 o[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[e] = __floats2bfloat162_rn(v[2 * e] * g[2 * e], v[2 * e + 1] * g[2 * e + 1]);
+      *reinterpret_cast<uint4*>(xg + (size_t)t * d + i) = *reinterpret_cast<const uint4*>(o);
+    }
   }
   if (sumsq && t < SUMSQ_ROWS) {
     ss = block_sum(ss);

@@ -16,8 +16,12 @@
 //                           q and the paged K/V cache (what rope_qkv does
 //                           after a plain GEMM, without the round trip)
 //   ..._swiglu_norm / _qkv_rope_norm: the same with the input RMSNorm
-//                           applied on the fly to the f32 residual, from
-//                           the sums of squares its writer left (SumSq)
+//                           fused: x is the residual already multiplied by
+//                           the norm weight (bf16, left by the residual's
+//                           writer), and the dot products are scaled by
+//                           1/rms from the sums of squares it left (SumSq):
+//                           rmsnorm(x)·w = (1/rms)·((x ⊙ g)·w), so the
+//                           inner loop is the plain GEMV's
 #include "common.cuh"
 
 constexpr int GEMV_WARPS = 8;
@@ -48,24 +52,26 @@ __device__ __forceinline__ void load_batch(const uint4* const (&wr)[ROWS], int b
 }
 
 // acc[r][n] = x[n] · w[rows[r]] for this warp's rows, reduced over the warp
-// (every lane holds the result).
-// Input rows: bf16 activations, or (NORM) the f32 residual stream with the
-// RMSNorm applied on the fly: x·inv_rms·norm_weight, so the norm costs no
-// kernel (used for small models, where launches dominate).
+// (every lane holds the result). With NORM, x is x ⊙ g of the f32
+// residual and the results are scaled by its 1/rms (see the header).
 struct NormIn {
-  const float* x;       // [n, in] f32
-  const float* weight;  // [in]
   float eps;
-  const SumSq* sumsq;   // sum of squares of each x row
+  const SumSq* sumsq;  // sums of squares of the residual rows
 };
 
-__device__ __forceinline__ void dot8f(const uint4& wv, const float (&xf)[8], float& acc) {
-  const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
+// With NORM, the first warp adds the residual writer's per-block partial
+// sums of squares (a fixed order) into s_inv[n] = 1/rms of row n; the block
+// reads them after a barrier at the end, so the loads overlap the weights.
+template <int N>
+__device__ __forceinline__ void norm_scales(const NormIn& norm, int in, float (&s_inv)[SUMSQ_ROWS]) {
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x, blocks = (int)norm.sumsq->blocks;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 a = __bfloat1622float2(w2[i]);
-    acc = fmaf(a.x, xf[2 * i], acc);
-    acc = fmaf(a.y, xf[2 * i + 1], acc);
+  for (int n = 0; n < N; ++n) {
+    float t = 0.f;
+    for (int b = lane; b < blocks; b += 32) t += norm.sumsq->partial[n][b];
+    t = warp_sum(t);
+    if (lane == 0) s_inv[n] = rsqrtf(t / in + norm.eps);
   }
 }
 
@@ -86,25 +92,8 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const bf16
   load_batch<ROWS>(wr, v0 + lane, end, cur);
   pdl_wait();
   pdl_launch_dependents();
-  float inv[N];
-  if (NORM) {
-    // The first warp adds the writer's partials (fixed order), the block
-    // shares the result.
-    __shared__ float s_inv[SUMSQ_ROWS];
-    if (threadIdx.x < 32) {
-      const int blocks = (int)norm.sumsq->blocks;
-#pragma unroll
-      for (int n = 0; n < N; ++n) {
-        float t = 0.f;
-        for (int b = lane; b < blocks; b += 32) t += norm.sumsq->partial[n][b];
-        t = warp_sum(t);
-        if (lane == 0) s_inv[n] = rsqrtf(t / in + norm.eps);
-      }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int n = 0; n < N; ++n) inv[n] = s_inv[n];
-  }
+  __shared__ float s_inv[SUMSQ_ROWS];
+  if (NORM) norm_scales<N>(norm, in, s_inv);
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)
 #pragma unroll
@@ -116,26 +105,11 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const bf16
     for (int u = 0; u < GEMV_UNROLL; ++u) {
       const int i = base + u * 32;
       if (i >= end) break;
-      if (NORM) {
-        const float4* nw = reinterpret_cast<const float4*>(norm.weight) + 2 * i;
-        const float4 w0 = __ldg(nw), w1 = __ldg(nw + 1);
 #pragma unroll
-        for (int n = 0; n < N; ++n) {
-          const float4* xn = reinterpret_cast<const float4*>(norm.x + (size_t)n * in) + 2 * i;
-          const float4 a = __ldg(xn), b = __ldg(xn + 1);
-          const float s = inv[n];
-          const float xf[8] = {a.x * s * w0.x, a.y * s * w0.y, a.z * s * w0.z, a.w * s * w0.w,
-                               b.x * s * w1.x, b.y * s * w1.y, b.z * s * w1.z, b.w * s * w1.w};
+      for (int n = 0; n < N; ++n) {
+        const uint4 xv = __ldg(xr + (size_t)n * vecs + i);
 #pragma unroll
-          for (int r = 0; r < ROWS; ++r) dot8f(cur[r][u], xf, acc[r][n]);
-        }
-      } else {
-#pragma unroll
-        for (int n = 0; n < N; ++n) {
-          const uint4 xv = __ldg(xr + (size_t)n * vecs + i);
-#pragma unroll
-          for (int r = 0; r < ROWS; ++r) dot8(cur[r][u], xv, acc[r][n]);
-        }
+        for (int r = 0; r < ROWS; ++r) dot8(cur[r][u], xv, acc[r][n]);
       }
     }
 #pragma unroll
@@ -147,6 +121,13 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const bf16
   for (int r = 0; r < ROWS; ++r)
 #pragma unroll
     for (int n = 0; n < N; ++n) acc[r][n] = warp_sum(acc[r][n]);
+  if (NORM) {
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int n = 0; n < N; ++n) acc[r][n] *= s_inv[n];
+  }
 }
 
 // The warp's output column; out-of-range warps compute a duplicate and skip
@@ -175,9 +156,11 @@ __device__ __forceinline__ void gemv_sumsq(SumSq* sumsq, const float (&sq)[N]) {
 }
 
 // MODE 0: bf16 out, 1: f32 out, 2: f32 accumulate (and, with sumsq, the
-// updated rows' sums of squares for the next fused RMSNorm).
+// updated rows' sums of squares for the next fused RMSNorm; with next_norm,
+// also xg = bf16(y ⊙ next_norm), that norm's pre-scaled input).
 template <int N, int MODE>
-__device__ __forceinline__ void gemv_plain(const bf16* x, const bf16* w, void* y, int in, int out, SumSq* sumsq) {
+__device__ __forceinline__ void gemv_plain(const bf16* x, const bf16* w, void* y, int in, int out, SumSq* sumsq,
+                                           const float* next_norm, bf16* xg) {
   const int col = warp_column();
   const size_t rows[1] = {(size_t)min(col, out - 1)};
   float acc[1][N];
@@ -195,6 +178,7 @@ __device__ __forceinline__ void gemv_plain(const bf16* x, const bf16* w, void* y
       const float v = reinterpret_cast<float*>(y)[o] + acc[0][n];
       reinterpret_cast<float*>(y)[o] = v;
       sq[n] = v * v;
+      if (next_norm) xg[o] = to_bf16(v * next_norm[col]);
     }
   }
   if (MODE == 2 && sumsq) gemv_sumsq<N>(sumsq, sq);
@@ -273,16 +257,19 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const bf16* w, int 
 
 #define GEMV_KERNELS(N)                                                                                          \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
-      gemv_n##N##_bf16(const bf16* x, const bf16* w, void* y, int in, int out, SumSq* sumsq) {                   \
-    gemv_plain<N, 0>(x, w, y, in, out, sumsq);                                                                   \
+      gemv_n##N##_bf16(const bf16* x, const bf16* w, void* y, int in, int out, SumSq* sumsq,               \
+                          const float* next_norm, bf16* xg) {                   \
+    gemv_plain<N, 0>(x, w, y, in, out, sumsq, next_norm, xg);                                                                   \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
-      gemv_n##N##_f32(const bf16* x, const bf16* w, void* y, int in, int out, SumSq* sumsq) {                    \
-    gemv_plain<N, 1>(x, w, y, in, out, sumsq);                                                                   \
+      gemv_n##N##_f32(const bf16* x, const bf16* w, void* y, int in, int out, SumSq* sumsq,               \
+                          const float* next_norm, bf16* xg) {                    \
+    gemv_plain<N, 1>(x, w, y, in, out, sumsq, next_norm, xg);                                                                   \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
-      gemv_n##N##_add_f32(const bf16* x, const bf16* w, void* y, int in, int out, SumSq* sumsq) {                \
-    gemv_plain<N, 2>(x, w, y, in, out, sumsq);                                                                   \
+      gemv_n##N##_add_f32(const bf16* x, const bf16* w, void* y, int in, int out, SumSq* sumsq,               \
+                          const float* next_norm, bf16* xg) {                \
+    gemv_plain<N, 2>(x, w, y, in, out, sumsq, next_norm, xg);                                                                   \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
       gemv_n##N##_swiglu(const bf16* x, const bf16* w, void* y, int in, int out) {                               \
@@ -296,16 +283,16 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const bf16* w, int 
                      num_kv_heads, hd, block_size);                                                              \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
-      gemv_n##N##_swiglu_norm(const float* x, const float* norm_w, float eps, const SumSq* sumsq, const bf16* w,  \
-                              void* y, int in, int out) {                                                        \
-    gemv_swiglu<N, true>(nullptr, w, reinterpret_cast<bf16*>(y), in, out, NormIn{x, norm_w, eps, sumsq});      \
+      gemv_n##N##_swiglu_norm(const bf16* xg, float eps, const SumSq* sumsq, const bf16* w, void* y, int in,     \
+                              int out) {                                                                         \
+    gemv_swiglu<N, true>(xg, w, reinterpret_cast<bf16*>(y), in, out, NormIn{eps, sumsq});                      \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_n##N##_qkv_rope_norm(                       \
-      const float* x, const float* norm_w, float eps, const SumSq* sumsq, const bf16* w, int in, const float* bias, \
+      const bf16* xg, float eps, const SumSq* sumsq, const bf16* w, int in, const float* bias,                   \
       const int* positions, const long long* slots, const float* cos_t, const float* sin_t, bf16* q_out,        \
       bf16* k_cache, bf16* v_cache, int num_heads, int num_kv_heads, int hd, int block_size) {                   \
-    gemv_qkv_rope<N, true>(nullptr, w, in, bias, positions, slots, cos_t, sin_t, q_out, k_cache, v_cache,        \
-                           num_heads, num_kv_heads, hd, block_size, NormIn{x, norm_w, eps, sumsq});              \
+    gemv_qkv_rope<N, true>(xg, w, in, bias, positions, slots, cos_t, sin_t, q_out, k_cache, v_cache, num_heads,  \
+                           num_kv_heads, hd, block_size, NormIn{eps, sumsq});                                    \
   }
 GEMV_KERNELS(1)
 GEMV_KERNELS(2)

@@ -121,22 +121,8 @@ impl Gemm {
         outputs: usize,
         out: OutType,
     ) -> Result<(), CudaError> {
-        if (1..=GEMV_MAX_TOKENS).contains(&tokens) && inputs.is_multiple_of(8) {
-            let (mode, sumsq) = match out {
-                OutType::Bf16 => (0, 0),
-                OutType::F32 => (1, 0),
-                OutType::AddF32 => (2, self.sumsq),
-            };
-            let grid = (outputs.div_ceil(8) as u32, 1, 1);
-            let args = [
-                Arg::Ptr(x),
-                Arg::Ptr(w),
-                Arg::Ptr(y),
-                Arg::I32(inputs as i32),
-                Arg::I32(outputs as i32),
-                Arg::Ptr(sumsq),
-            ];
-            return gpu.launch(&self.gemv[tokens - 1][mode], grid, 256, 0, &args);
+        if self.gemv(gpu, (x, w, y), tokens, inputs, outputs, out, None)? {
+            return Ok(());
         }
         let shape = Shape {
             tokens,
@@ -153,6 +139,74 @@ impl Gemm {
         self.matmul(gpu, plan, &plan.algo, (x, w, y))
     }
 
+    /// `residual += x·wᵀ` (f32). At GEMV sizes it also leaves the sums of
+    /// squares of the updated rows, and with `next_norm = (g, xg)` the next
+    /// RMSNorm's pre-scaled input `xg = bf16(residual ⊙ g)`, which the
+    /// normed SwiGLU and q/k/v GEMVs read.
+    #[allow(clippy::too_many_arguments)]
+    pub fn accumulate(
+        &self,
+        gpu: &Gpu,
+        x: DevPtr,
+        w: DevPtr,
+        residual: DevPtr,
+        tokens: usize,
+        inputs: usize,
+        outputs: usize,
+        next_norm: Option<(DevPtr, DevPtr)>,
+    ) -> Result<(), CudaError> {
+        let out = OutType::AddF32;
+        if self.gemv(
+            gpu,
+            (x, w, residual),
+            tokens,
+            inputs,
+            outputs,
+            out,
+            next_norm,
+        )? {
+            return Ok(());
+        }
+        self.linear(gpu, x, w, residual, tokens, inputs, outputs, out)
+    }
+
+    /// Runs the GEMV kernel when `tokens` and `inputs` suit it; false
+    /// otherwise (the caller runs cuBLASLt).
+    #[allow(clippy::too_many_arguments)]
+    fn gemv(
+        &self,
+        gpu: &Gpu,
+        (x, w, y): (DevPtr, DevPtr, DevPtr),
+        tokens: usize,
+        inputs: usize,
+        outputs: usize,
+        out: OutType,
+        next_norm: Option<(DevPtr, DevPtr)>,
+    ) -> Result<bool, CudaError> {
+        if !(1..=GEMV_MAX_TOKENS).contains(&tokens) || !inputs.is_multiple_of(8) {
+            return Ok(false);
+        }
+        let (mode, sumsq) = match out {
+            OutType::Bf16 => (0, 0),
+            OutType::F32 => (1, 0),
+            OutType::AddF32 => (2, self.sumsq),
+        };
+        let (norm, xg) = next_norm.unwrap_or((0, 0));
+        let grid = (outputs.div_ceil(8) as u32, 1, 1);
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(w),
+            Arg::Ptr(y),
+            Arg::I32(inputs as i32),
+            Arg::I32(outputs as i32),
+            Arg::Ptr(sumsq),
+            Arg::Ptr(norm),
+            Arg::Ptr(xg),
+        ];
+        gpu.launch(&self.gemv[tokens - 1][mode], grid, 256, 0, &args)?;
+        Ok(true)
+    }
+
     /// `act[t, i] = silu(x·gateᵢ) · (x·upᵢ)` straight from the fused
     /// `[2 * outputs, inputs]` gate/up matrix when the GEMV path applies
     /// (the activation then costs no kernel); false otherwise (the caller
@@ -164,7 +218,7 @@ impl Gemm {
         tokens: usize,
         inputs: usize,
         outputs: usize,
-        norm: Option<(DevPtr, DevPtr, f32)>,
+        norm_eps: Option<f32>,
     ) -> Result<bool, CudaError> {
         if !(1..=GEMV_MAX_TOKENS).contains(&tokens) || !inputs.is_multiple_of(8) {
             return Ok(false);
@@ -176,32 +230,21 @@ impl Gemm {
             Arg::I32(inputs as i32),
             Arg::I32(outputs as i32),
         ];
-        match norm {
-            // (f32 residual, norm weight, eps, sums of squares) instead of
-            // normed bf16 x.
-            Some((residual, weight, eps)) => {
-                let head = [
-                    Arg::Ptr(residual),
-                    Arg::Ptr(weight),
-                    Arg::F32(eps),
-                    Arg::Ptr(self.sumsq),
-                ];
-                let args: Vec<Arg> = head.iter().chain(&tail).copied().collect();
-                gpu.launch(&self.gemv[tokens - 1][5], grid, 256, 0, &args)?;
-            }
-            None => {
-                let args: Vec<Arg> = std::iter::once(Arg::Ptr(x)).chain(tail).collect();
-                gpu.launch(&self.gemv[tokens - 1][3], grid, 256, 0, &args)?;
-            }
-        }
+        let (kernel, head) = match norm_eps {
+            // x is the pre-scaled residual (see `accumulate`); the kernel
+            // applies 1/rms from the sums of squares.
+            Some(eps) => (5, vec![Arg::Ptr(x), Arg::F32(eps), Arg::Ptr(self.sumsq)]),
+            None => (3, vec![Arg::Ptr(x)]),
+        };
+        let args: Vec<Arg> = head.into_iter().chain(tail).collect();
+        gpu.launch(&self.gemv[tokens - 1][kernel], grid, 256, 0, &args)?;
         Ok(true)
     }
 
     /// The fused q/k/v projection + rotary + KV write kernel for `tokens`
     /// rows of `inputs` wide activations, when the GEMV path applies.
-    /// With `norm`, the variant that reads the f32 residual and applies
-    /// the RMSNorm itself (arguments: x, norm weight, eps, sums of squares,
-    /// then the rest).
+    /// With `norm`, the variant that applies the RMSNorm to a pre-scaled
+    /// input (arguments: xg, eps, sums of squares, then the rest).
     pub fn qkv_rope_kernel(&self, tokens: usize, inputs: usize, norm: bool) -> Option<&Kernel> {
         ((1..=GEMV_MAX_TOKENS).contains(&tokens) && inputs.is_multiple_of(8))
             .then(|| &self.gemv[tokens - 1][if norm { 6 } else { 4 }])

@@ -563,7 +563,7 @@ fn project_qkv(
     layer: &LayerWeights,
     t: usize,
     (k_cache, v_cache): (DevPtr, DevPtr),
-    norm: Option<DevPtr>,
+    fused_norm: bool,
     mark: &mut impl FnMut(Category) -> Result<(), CudaError>,
 ) -> Result<(), CudaError> {
     use Arg::{Ptr, F32, I32};
@@ -585,14 +585,15 @@ fn project_qkv(
         I32(hd as i32),
     );
     if let Some(fused) = gemm
-        .qkv_rope_kernel(t, d, norm.is_some())
+        .qkv_rope_kernel(t, d, fused_norm)
         .filter(|_| layer.qk_norm.is_none())
     {
-        // The normed variant reads (f32 residual, norm weight, eps) instead
-        // of the normed bf16 activations.
-        let input: &[Arg] = match norm {
-            Some(weight) => &[Ptr(b.x), Ptr(weight), F32(c.rms_norm_eps), Ptr(b.sumsq)],
-            None => &[Ptr(b.xn)],
+        // xn holds the normed activations, or (fused norm) the pre-scaled
+        // residual that the kernel scales by 1/rms.
+        let input: &[Arg] = if fused_norm {
+            &[Ptr(b.xn), F32(c.rms_norm_eps), Ptr(b.sumsq)]
+        } else {
+            &[Ptr(b.xn)]
         };
         let rest = [
             Ptr(layer.qkv),
@@ -732,23 +733,40 @@ pub fn encode(
     };
     use Arg::{Ptr, F32, I32};
 
+    // A fused norm reads xg = bf16(x ⊙ g) (in xn) that the residual's
+    // writer leaves: the attention norm of layers without q/k norm (the
+    // q/k/v GEMV then does rope too) and every MLP norm.
+    let fused_attn_norm = |i: usize| {
+        w.layers
+            .get(i)
+            .filter(|l| fuse_norms && l.qk_norm.is_none())
+            .map(|l| (l.attn_norm, b.xn))
+    };
+    let [embed_norm, embed_xg] =
+        fused_attn_norm(0).map_or([Ptr(0), Ptr(0)], |(g, xg)| [Ptr(g), Ptr(xg)]);
     gpu.launch(
         &k.embed_rows,
         (t32, 1, 1),
         256,
         0,
-        &[Ptr(ids), Ptr(w.embed), Ptr(b.x), I32(d32), Ptr(b.sumsq)],
+        &[
+            Ptr(ids),
+            Ptr(w.embed),
+            Ptr(b.x),
+            I32(d32),
+            Ptr(b.sumsq),
+            embed_norm,
+            embed_xg,
+        ],
     )?;
     mark(Category::Other)?;
-    for (layer, &(k_cache, v_cache)) in w.layers.iter().zip(&b.kv_layers) {
-        // Small models at small batch: the norms run inside the GEMVs.
-        let fuse_attn_norm = fuse_norms && layer.qk_norm.is_none();
+    for (i, (layer, &(k_cache, v_cache))) in w.layers.iter().zip(&b.kv_layers).enumerate() {
+        let fuse_attn_norm = fused_attn_norm(i).is_some();
         if !fuse_attn_norm {
             rms_norm(m, t, 0, layer.attn_norm, b.xn)?;
             mark(Category::Other)?;
         }
-        let attn_norm = fuse_attn_norm.then_some(layer.attn_norm);
-        project_qkv(m, layer, t, (k_cache, v_cache), attn_norm, &mut mark)?;
+        project_qkv(m, layer, t, (k_cache, v_cache), fuse_attn_norm, &mut mark)?;
         if plan.decode_tokens > 0 {
             let n = plan.decode_tokens as u32;
             // The output projection streams its weights only at GEMV sizes.
@@ -817,15 +835,16 @@ pub fn encode(
             )?;
         }
         mark(Category::Attention)?;
-        gemm.linear(gpu, b.attn, layer.o_proj, b.x, t, qd, d, OutType::AddF32)?;
+        let mlp_norm = fuse_norms.then_some((layer.mlp_norm, b.xn));
+        gemm.accumulate(gpu, b.attn, layer.o_proj, b.x, t, qd, d, mlp_norm)?;
         mark(Category::Gemm)?;
         if !fuse_norms {
             rms_norm(m, t, 0, layer.mlp_norm, b.xn)?;
             mark(Category::Other)?;
         }
         // Small batches fuse the activation into the gate/up projection.
-        let mlp_norm = fuse_norms.then_some((b.x, layer.mlp_norm, eps));
-        if !gemm.swiglu(gpu, (b.xn, layer.gate_up, b.act), t, d, ff, mlp_norm)? {
+        let norm_eps = fuse_norms.then_some(eps);
+        if !gemm.swiglu(gpu, (b.xn, layer.gate_up, b.act), t, d, ff, norm_eps)? {
             let gate_up = b.gate_up;
             gemm.linear(
                 gpu,
@@ -843,7 +862,8 @@ pub fn encode(
             gpu.launch(&k.silu_mul, silu_grid, 256, 0, &silu_args)?;
             mark(Category::Other)?;
         }
-        gemm.linear(gpu, b.act, layer.down, b.x, t, ff, d, OutType::AddF32)?;
+        let next_norm = fused_attn_norm(i + 1);
+        gemm.accumulate(gpu, b.act, layer.down, b.x, t, ff, d, next_norm)?;
         mark(Category::Gemm)?;
     }
     let s = plan.seqs;
