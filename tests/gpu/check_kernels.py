@@ -155,16 +155,49 @@ def check_elementwise(m, rng):
 SAMPLE_PARAMS = np.dtype(
     [("temperature", "<f4"), ("top_p", "<f4"), ("min_p", "<f4"), ("repetition_penalty", "<f4"),
      ("frequency_penalty", "<f4"), ("presence_penalty", "<f4"), ("top_k", "<i4"), ("seen_start", "<i4"),
-     ("seen_count", "<i4"), ("pad", "<i4"), ("random", "<u8")], align=True)
+     ("seen_count", "<i4"), ("logprobs", "<i4"), ("random", "<u8")], align=True)
 assert SAMPLE_PARAMS.itemsize == 48
 
 
 def sample_params(rows, **fields):
     p = np.zeros(rows, SAMPLE_PARAMS)
-    p["temperature"], p["top_p"], p["repetition_penalty"] = 1.0, 1.0, 1.0
+    p["temperature"], p["top_p"], p["repetition_penalty"], p["logprobs"] = 1.0, 1.0, 1.0, -1
     for k, v in fields.items():
         p[k] = v
     return torch.from_numpy(p.view(np.uint8).copy()).cuda()
+
+
+LOGPROB_WORDS = 42  # RowLogprobs in sampling.cu: chosen, count, ids[20], values[20]
+
+
+def read_logprobs(lp):
+    """Each row's (chosen, [(id, logprob)...]) from RowLogprobs words."""
+    w = lp.cpu().numpy()
+    out = []
+    for row in w:
+        count = int(row[1])
+        vals = row[22:42].view(np.float32)
+        out.append((float(row[:1].view(np.float32)[0]), [(int(row[2 + k]), float(vals[k])) for k in range(count)]))
+    return out
+
+
+def logprobs_ref(raw, picked, n):
+    """float64 reference: the raw rows' log-softmax at the picks and the n
+    largest (ties: lower id first)."""
+    out = []
+    for row, pick in zip(raw.astype(np.float64), picked):
+        ls = row - (row.max() + np.log(np.exp(row - row.max()).sum()))
+        order = np.lexsort((np.arange(len(row)), -row))[:n]
+        out.append((float(ls[pick]), [(int(i), float(ls[i])) for i in order]))
+    return out
+
+
+def check_logprobs(name, want, got):
+    ids_ok = all([i for i, _ in g[1]] == [i for i, _ in w[1]] for w, g in zip(want, got))
+    err = max([abs(g[0] - w[0]) for w, g in zip(want, got)]
+              + [abs(gv - wv) for w, g in zip(want, got) for (_, gv), (_, wv) in zip(g[1], w[1])])
+    report(f"sample_rows logprobs {name}: ids (exact)", 0.0 if ids_ok else 1.0, 0.5)
+    report(f"sample_rows logprobs {name}: values (abs err)", err, 1e-4)
 
 
 def survivors(l, T, k, p, min_p):
@@ -202,7 +235,7 @@ def check_sampling(m, rng):
     for r in range(S):
         toks = rng.choice(V, size=int(rng.integers(1, 400)), replace=False)
         counts = rng.integers(0, 4, size=len(toks))
-        params[r] = (0.0, 1.0, 0.0, 1.3, 0.4, 0.25, 0, len(seen), len(toks), 0, 0)
+        params[r] = (0.0, 1.0, 0.0, 1.3, 0.4, 0.25, 0, len(seen), len(toks), 5, 0)
         for t, c in zip(toks, counts):
             seen.append((t, c))
             x = want_l[r, t]
@@ -212,10 +245,30 @@ def check_sampling(m, rng):
     seen_d = torch.tensor(np.array(seen, np.int32)).cuda()
     ids = torch.empty(S, dtype=torch.int32, device="cuda")
     pd = torch.from_numpy(params.view(np.uint8).copy()).cuda()
-    launch(m.fn("sample_rows"), (S,), 512, [ptr(ld), i32(V), ptr(pd), ptr(seen_d), ptr(ids)])
+    seen_raw = torch.empty(len(seen), dtype=torch.float32, device="cuda")
+    lp = torch.zeros(S, LOGPROB_WORDS, dtype=torch.int32, device="cuda")
+    launch(m.fn("sample_rows"), (S,), 512, [ptr(ld), i32(V), ptr(pd), ptr(seen_d), ptr(ids), ptr(seen_raw), ptr(lp)])
     report("sample_rows penalties (logits in place)", rel(host(ld), want_l), 1e-6)
     report("sample_rows greedy after penalties (exact)",
            float(np.mean(ids.cpu().numpy() != want_l.argmax(-1))), 1e-9)
+    check_logprobs("greedy after penalties, top 5", logprobs_ref(logits, ids.cpu().numpy(), 5), read_logprobs(lp))
+
+    # Logprobs of sampled rows, ties at the top-n boundary (lowest ids
+    # first), n = 0 and n = 20.
+    V = 1000
+    rows = rnd(rng, 4, V, scale=2.0).astype(np.float32)
+    rows[0, 10], rows[0, [3, 500, 700, 999]] = 9.0, 8.0  # top 3: 10, 3, 500
+    rows[1, [4, 40, 400]] = 7.0  # top 2: 4, 40
+    want_n = [3, 2, 0, 20]
+    pd = sample_params(4, temperature=0.8, random=rng.integers(0, 2**63, size=4, dtype=np.uint64),
+                       logprobs=np.array(want_n, np.int32))
+    ids = torch.empty(4, dtype=torch.int32, device="cuda")
+    lp = torch.zeros(4, LOGPROB_WORDS, dtype=torch.int32, device="cuda")
+    launch(m.fn("sample_rows"), (4,), 512, [ptr(dev(rows, torch.float32)), i32(V), ptr(pd), ptr(seen_d), ptr(ids),
+                                            ptr(seen_raw), ptr(lp)])
+    got = read_logprobs(lp)
+    want = [logprobs_ref(rows[r:r + 1], ids.cpu().numpy()[r:r + 1], n)[0] for r, n in enumerate(want_n)]
+    check_logprobs("sampled rows, ties at the boundary, n = 3/2/0/20", want, got)
 
     # sample_rows draws: many rows of one logits row, each its own random
     # bits; every draw must be a survivor (allowing the boundary token, where
@@ -236,7 +289,7 @@ def check_sampling(m, rng):
         randoms = rng.integers(0, 2**63, size=R, dtype=np.uint64)
         pd = sample_params(R, random=randoms, **case)
         ids = torch.empty(R, dtype=torch.int32, device="cuda")
-        launch(m.fn("sample_rows"), (R,), 512, [ptr(ld), i32(V), ptr(pd), ptr(seen_d), ptr(ids)])
+        launch(m.fn("sample_rows"), (R,), 512, [ptr(ld), i32(V), ptr(pd), ptr(seen_d), ptr(ids), ptr(None), ptr(None)])
         got = ids.cpu().numpy()
         rank = {int(t): i for i, t in enumerate(order[:K + 1])}
         outside = float(np.mean([int(t) not in rank for t in got]))
@@ -249,15 +302,16 @@ def check_sampling(m, rng):
     # Time at a serving shape: 256 rows of a 128k vocabulary.
     R, V = 256, 128256
     big = rnd(rng, R, V, scale=9.0).astype(np.float32)
+    lp_big = torch.zeros(R, LOGPROB_WORDS, dtype=torch.int32, device="cuda")
     for case in [dict(temperature=0.7), dict(temperature=0.7, top_k=50), dict(top_p=0.9),
-                 dict(temperature=0.7, top_k=50, top_p=0.95, min_p=0.05)]:
+                 dict(temperature=0.7, top_k=50, top_p=0.95, min_p=0.05), dict(temperature=0.7, logprobs=20)]:
         best = float("inf")
         for _ in range(3):
             ld = dev(big, torch.float32)
             pd = sample_params(R, random=rng.integers(0, 2**63, size=R, dtype=np.uint64), **case)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            launch(m.fn("sample_rows"), (R,), 512, [ptr(ld), i32(V), ptr(pd), ptr(seen_d), ptr(ids)])
+            launch(m.fn("sample_rows"), (R,), 512, [ptr(ld), i32(V), ptr(pd), ptr(seen_d), ptr(ids), ptr(seen_raw), ptr(lp_big)])
             end.record()
             torch.cuda.synchronize()
             best = min(best, start.elapsed_time(end))

@@ -39,6 +39,24 @@ echo "seeded sample: $a"
 g=$(curl -s "${J[@]}" "$URL/v1/completions" -d '{"prompt":"The capital of France is","max_tokens":8,"temperature":0}' | grep -o '"text":"[^"]*"')
 k=$(curl -s "${J[@]}" "$URL/v1/completions" -d '{"prompt":"The capital of France is","max_tokens":8,"temperature":1.0,"top_k":1}' | grep -o '"text":"[^"]*"')
 [ -n "$g" ] && [ "$g" = "$k" ] && echo "top_k 1 = greedy: same" || { echo "top_k 1 = greedy: DIFFERENT ($g vs $k)"; fail=1; }
+# Logprobs come from the GPU sampler: greedy picks are their own top-1,
+# alternatives sorted, and asking for them does not change the text.
+LP='{"messages":[{"role":"user","content":"Name a color"}],"max_tokens":8,"temperature":0,"logprobs":true,"top_logprobs":3}'
+PLAIN='{"messages":[{"role":"user","content":"Name a color"}],"max_tokens":8,"temperature":0}'
+curl -s "${J[@]}" "$URL/v1/chat/completions" -d "$LP" > "$LOG.lp"
+curl -s "${J[@]}" "$URL/v1/chat/completions" -d "$PLAIN" > "$LOG.plain"
+python3 - "$LOG.lp" "$LOG.plain" <<'PY' || fail=1
+import json, sys
+lp, plain = (json.load(open(f))["choices"][0] for f in sys.argv[1:])
+entries = lp["logprobs"]["content"]
+ok = len(entries) > 0 and lp["message"]["content"] == plain["message"]["content"]
+for e in entries:
+    tops = [t["logprob"] for t in e["top_logprobs"]]
+    ok &= len(tops) == 3 and tops == sorted(tops, reverse=True) and e["logprob"] <= 0
+    ok &= e["token"] == e["top_logprobs"][0]["token"] and abs(e["logprob"] - tops[0]) < 1e-5
+print(f"{'chat logprobs (GPU)':34} {'ok' if ok else 'FAILED'} {len(entries)} tokens, first {entries[0] if entries else None}"[:200])
+sys.exit(0 if ok else 1)
+PY
 # 16 concurrent sampled requests, different seeds: all answer.
 seq 16 | xargs -P 16 -I{} curl -s "${J[@]}" "$URL/v1/completions" -d '{"prompt":"Tell me a story","max_tokens":16,"temperature":1.0,"top_p":0.9,"seed":{}}' \
   | grep -o '"finish_reason"' | wc -l | sed 's/^/concurrent sampled answered (of 16): /'

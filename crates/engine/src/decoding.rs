@@ -1,10 +1,11 @@
-//! Turning a sequence's logits into client output: sampling, then the stop
+//! Turning a sequence's picked tokens into client output: the stop
 //! rules (stop token ids, EOS, max_tokens, context length), incremental
 //! detokenization and stop strings.
 
 use std::sync::Arc;
 
 use ingot_core::{FinishReason, SamplingParams, StopCriteria, TokenId};
+use ingot_runner::Pick;
 use ingot_tokenizer::{IncrementalDecoder, Tokenizer, TokenizerError};
 
 use crate::sampler::{SampledToken, Sampler};
@@ -61,12 +62,6 @@ impl Decoding {
         self.num_output
     }
 
-    /// Samples from this sequence's logits row and applies every stop rule.
-    pub fn accept_logits(&mut self, logits: &mut [f32]) -> Result<TokenOutput, TokenizerError> {
-        let sampled = self.sampler.sample(logits);
-        self.accept(sampled)
-    }
-
     /// True when the next accepted token will end the sequence by length
     /// (max_tokens or the context).
     pub fn next_hits_limit(&self) -> bool {
@@ -77,11 +72,6 @@ impl Decoding {
     /// Whether the backend may pick this sequence's tokens by argmax.
     pub fn is_plain_greedy(&self) -> bool {
         self.sampler.is_plain_greedy()
-    }
-
-    /// Whether the host needs this sequence's logits (logprobs asked for).
-    pub fn needs_logits(&self) -> bool {
-        self.sampler.needs_logits()
     }
 
     /// The sampler, for a backend that picks tokens itself.
@@ -96,8 +86,8 @@ impl Decoding {
 
     /// Takes a token the backend picked (greedily or by the sampler's row)
     /// and applies every stop rule.
-    pub fn accept_picked(&mut self, token: TokenId) -> Result<TokenOutput, TokenizerError> {
-        let sampled = self.sampler.accept_picked(token);
+    pub fn accept_picked(&mut self, pick: Pick) -> Result<TokenOutput, TokenizerError> {
+        let sampled = self.sampler.accept_picked(pick);
         self.accept(sampled)
     }
 

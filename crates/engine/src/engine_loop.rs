@@ -13,9 +13,9 @@ use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ingot_core::{FinishReason, Priority, TokenId};
+use ingot_core::{FinishReason, Priority};
 use ingot_kv_cache::BlockPool;
-use ingot_runner::{ForwardBatch, ModelRunner, RowSampling, SequenceChunk};
+use ingot_runner::{ForwardBatch, ModelRunner, Pick, RowSampling, SequenceChunk};
 use ingot_scheduler::{ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput};
 use ingot_tokenizer::Tokenizer;
 use tokio::sync::mpsc::error::TrySendError;
@@ -76,7 +76,6 @@ pub fn start_engine(
     };
     let state = EngineLoop {
         scheduler: Scheduler::new(config.scheduler.clone(), pool),
-        row: vec![0.0; model.vocab_size],
         runner,
         tokenizer: tokenizer.clone(),
         active: HashMap::new(),
@@ -173,8 +172,6 @@ struct EngineLoop {
     active: HashMap<RequestId, Active>,
     stats: Arc<EngineStats>,
     config: EngineConfig,
-    /// Scratch row of logits (samplers modify it in place).
-    row: Vec<f32>,
     /// The last step scheduled nothing although work exists (all paused).
     idle_wait: bool,
     /// Set by `Command::Shutdown`: leave the loop and drop the runner.
@@ -343,24 +340,17 @@ impl EngineLoop {
             expect_next: false,
         };
         let num_tokens = batch.num_tokens();
-        let sampled = |c: &&ScheduledChunk| c.sample;
-        // How the step's tokens are picked: greedy steps and sampled steps
-        // without logprobs stay on the backend's device (only ids come back);
-        // logprobs need the host to see the logits.
-        let needs_logits = chunks.iter().filter(sampled).any(|c| {
-            self.active
-                .get(&c.id)
-                .is_some_and(|a| a.decoding.needs_logits())
-        });
-        let greedy = chunks.iter().filter(sampled).all(|c| {
+        // How the step's tokens are picked: on the backend's device either
+        // way (only ids and asked-for logprobs come back), by plain argmax
+        // when every sampled row is greedy without penalties or logprobs.
+        let greedy = chunks.iter().filter(|c| c.sample).all(|c| {
             self.active
                 .get(&c.id)
                 .is_none_or(|a| a.decoding.is_plain_greedy())
         });
         // Steady decode (nothing waiting, nobody at a length limit): the
         // backend may launch the next step before this one returns.
-        batch.expect_next = !needs_logits
-            && self.scheduler.num_waiting() == 0
+        batch.expect_next = self.scheduler.num_waiting() == 0
             && chunks.iter().all(|c| {
                 c.len == 1
                     && c.sample
@@ -369,10 +359,10 @@ impl EngineLoop {
                         .get(&c.id)
                         .is_some_and(|a| !a.decoding.next_hits_limit())
             });
-        let picked = if needs_logits {
-            self.runner.forward(&batch).map(Picked::Logits)
-        } else if greedy {
-            self.runner.forward_greedy(&batch).map(Picked::Ids)
+        let picked = if greedy {
+            self.runner
+                .forward_greedy(&batch)
+                .map(|ids| ids.into_iter().map(Pick::from).collect())
         } else {
             // Draw first (mutably), then lend the samplers' state to the rows.
             let randoms: Vec<u64> = chunks
@@ -390,9 +380,9 @@ impl EngineLoop {
                     _ => RowSampling::GREEDY,
                 })
                 .collect();
-            self.runner.forward_sample(&batch, &rows).map(Picked::Ids)
+            self.runner.forward_sample(&batch, &rows)
         };
-        let picked = match picked {
+        let picked: Vec<Pick> = match picked {
             Ok(p) => p,
             Err(e) => {
                 tracing::error!(error = %e, "forward pass failed");
@@ -403,24 +393,15 @@ impl EngineLoop {
                 return;
             }
         };
-        let vocab = self.row.len();
         let mut outputs = Vec::new();
-        for (i, c) in chunks.iter().enumerate() {
+        for (c, pick) in chunks.iter().zip(picked) {
             let Some(a) = self.active.get_mut(&c.id) else {
                 continue;
             };
             if !c.sample {
                 continue;
             }
-            let out = match &picked {
-                Picked::Ids(ids) => a.decoding.accept_picked(ids[i]),
-                Picked::Logits(logits) => {
-                    self.row
-                        .copy_from_slice(&logits[i * vocab..(i + 1) * vocab]);
-                    a.decoding.accept_logits(&mut self.row)
-                }
-            };
-            outputs.push((c.id, out));
+            outputs.push((c.id, a.decoding.accept_picked(pick)));
         }
         let expect_next = batch.expect_next;
         drop(batch);
@@ -524,12 +505,4 @@ impl EngineLoop {
         self.last_prefix = prefix;
         self.last_preemptions = self.scheduler.num_preemptions();
     }
-}
-
-/// What a forward pass returned.
-enum Picked<'a> {
-    /// Ids picked by the backend (greedy or sampled), one per chunk.
-    Ids(Vec<TokenId>),
-    /// Logits rows, one per chunk.
-    Logits(&'a [f32]),
 }

@@ -1,25 +1,16 @@
-//! Turning one row of logits into the next token: penalties, temperature,
-//! top-k / top-p / min-p truncation, seeded sampling and logprobs.
+//! Per-sequence sampling state: the seeded RNG and the tokens seen (for the
+//! penalties), lent to the backend as a [`RowSampling`] each step.
 //!
-//! The choice itself is [`ingot_runner::sampling`]'s, shared with backends
-//! that sample on their device; this keeps the per-sequence state (seeded
-//! RNG, tokens seen) and the logprobs. Logprobs are reported from the raw
-//! model distribution (vLLM's default), so they do not depend on the
-//! sampling knobs.
+//! The choice itself (and the logprobs, from the raw model distribution,
+//! vLLM's default) is the backend's: [`ingot_runner::sampling`] on the host,
+//! or the device's sampler.
 
 use ingot_core::{SamplingParams, TokenId};
-use ingot_runner::sampling::{sample_row, RowSampling};
+use ingot_runner::sampling::RowSampling;
+pub use ingot_runner::sampling::TokenLogprob;
+use ingot_runner::Pick;
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-
-/// A token with its log-probability.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TokenLogprob {
-    /// The token.
-    pub token: TokenId,
-    /// Natural-log probability under the raw model distribution.
-    pub logprob: f32,
-}
 
 /// What the sampler chose.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,8 +30,6 @@ pub struct Sampler {
     /// Prompt (when the repetition penalty is on) and output tokens, sorted
     /// by id, with their count in the output.
     seen: Vec<(TokenId, u32)>,
-    /// Scratch: candidate indices.
-    order: Vec<u32>,
 }
 
 impl Sampler {
@@ -56,12 +45,7 @@ impl Sampler {
             seen.sort_unstable();
             seen.dedup_by_key(|e| e.0);
         }
-        Self {
-            params,
-            rng,
-            seen,
-            order: Vec::new(),
-        }
+        Self { params, rng, seen }
     }
 
     /// The parameters this sampler applies.
@@ -69,46 +53,10 @@ impl Sampler {
         &self.params
     }
 
-    /// Chooses the next token from the host's copy of the logits (modified
-    /// in place) and reports logprobs when asked for.
-    pub fn sample(&mut self, logits: &mut [f32]) -> SampledToken {
-        let log_z = log_sum_exp(logits);
-        let top_logprobs = match self.params.logprobs {
-            Some(n) if n > 0 => top_n(logits, n)
-                .into_iter()
-                .map(|token| TokenLogprob {
-                    token,
-                    logprob: logits[token as usize] - log_z,
-                })
-                .collect(),
-            _ => Vec::new(),
-        };
-        let random = self.draw_random();
-        let mut order = std::mem::take(&mut self.order);
-        let row = self.row(random);
-        // Penalties rewrite logits in place; keep the raw row for the logprob.
-        let raw_copy = row.has_penalties().then(|| logits.to_vec());
-        let token = sample_row(logits, &row, &mut order);
-        self.order = order;
-        let raw = raw_copy.as_deref().unwrap_or(logits);
-        let logprob = raw[token as usize] - log_z;
-        self.record(token);
-        SampledToken {
-            token,
-            logprob,
-            top_logprobs,
-        }
-    }
-
     /// True when the choice is the plain argmax of the raw logits and no
     /// logprobs are wanted: the backend may then pick on its device.
     pub fn is_plain_greedy(&self) -> bool {
         self.params.is_greedy() && !self.params.has_penalties() && self.params.logprobs.is_none()
-    }
-
-    /// True when logprobs are asked for: the host needs the logits row.
-    pub fn needs_logits(&self) -> bool {
-        self.params.logprobs.is_some()
     }
 
     /// Random bits for the next draw (none are used by greedy choices, so
@@ -135,13 +83,15 @@ impl Sampler {
     }
 
     /// Records a token the backend picked (see [`Self::row`]).
-    pub fn accept_picked(&mut self, token: TokenId) -> SampledToken {
-        self.record(token);
+    pub fn accept_picked(&mut self, pick: Pick) -> SampledToken {
+        self.record(pick.token);
+        let (logprob, top_logprobs) = pick
+            .logprobs
+            .map_or((0.0, Vec::new()), |l| (l.chosen, l.top));
         SampledToken {
-            token,
-            // Not computed on this path; only reported when logprobs are asked for.
-            logprob: 0.0,
-            top_logprobs: Vec::new(),
+            token: pick.token,
+            logprob,
+            top_logprobs,
         }
     }
 
@@ -156,32 +106,18 @@ impl Sampler {
     }
 }
 
-pub use ingot_runner::argmax;
-
-/// `log Σ exp(v)`, stable.
-pub fn log_sum_exp(v: &[f32]) -> f32 {
-    let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f32 = v.iter().map(|x| (x - max).exp()).sum();
-    max + sum.ln()
-}
-
-/// The `n` largest entries, largest first (ties: lower id first).
-pub fn top_n(v: &[f32], n: usize) -> Vec<TokenId> {
-    let mut idx: Vec<TokenId> = (0..v.len() as TokenId).collect();
-    let n = n.min(v.len());
-    let cmp = |a: &TokenId, b: &TokenId| v[*b as usize].total_cmp(&v[*a as usize]).then(a.cmp(b));
-    if n == 0 {
-        return Vec::new();
-    }
-    idx.select_nth_unstable_by(n - 1, cmp);
-    idx.truncate(n);
-    idx.sort_unstable_by(cmp);
-    idx
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Sampler {
+        /// The host backend's pick from `logits`, recorded.
+        fn sample(&mut self, logits: &mut [f32]) -> SampledToken {
+            let random = self.draw_random();
+            let pick = ingot_runner::sampling::pick_row(logits, &self.row(random), &mut Vec::new());
+            self.accept_picked(pick)
+        }
+    }
 
     fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
         let mut p = SamplingParams {
@@ -194,7 +130,13 @@ mod tests {
 
     #[test]
     fn greedy_takes_argmax_and_reports_its_logprob() {
-        let mut s = Sampler::new(params(|p| p.temperature = 0.0), &[]);
+        let mut s = Sampler::new(
+            params(|p| {
+                p.temperature = 0.0;
+                p.logprobs = Some(0);
+            }),
+            &[],
+        );
         let mut logits = vec![0.0, 2.0, 1.0];
         let out = s.sample(&mut logits);
         assert_eq!(out.token, 1);

@@ -232,7 +232,7 @@ fn too_long_and_bad_tokens_are_refused_up_front() {
     assert!(matches!(e.submit(empty), Err(SubmitError::EmptyPrompt)));
 }
 
-/// Per step: the entry point used ("greedy" or "logits"), tokens, hint.
+/// Per step: the entry point used ("greedy", "sample" or "logits"), tokens, hint.
 type StepLog = Arc<std::sync::Mutex<Vec<(&'static str, usize, bool)>>>;
 
 /// Wraps the CPU runner and records, per step, which entry point the engine
@@ -273,6 +273,19 @@ impl ingot_runner::ModelRunner for Recording {
             .unwrap()
             .push(("greedy", n, batch.expect_next));
         self.inner.forward_greedy(batch)
+    }
+
+    fn forward_sample(
+        &mut self,
+        batch: &ingot_runner::ForwardBatch<'_>,
+        rows: &[ingot_runner::RowSampling<'_>],
+    ) -> Result<Vec<ingot_runner::Pick>, ingot_runner::RunnerError> {
+        let n = batch.num_tokens();
+        self.steps
+            .lock()
+            .unwrap()
+            .push(("sample", n, batch.expect_next));
+        self.inner.forward_sample(batch, rows)
     }
 
     fn device_name(&self) -> String {
@@ -322,31 +335,67 @@ fn greedy_steps_ask_for_ids_and_mark_steady_decode() {
 }
 
 #[test]
-fn sampled_or_logprob_requests_get_logits() {
+fn sampled_or_logprob_requests_are_sampled_by_the_backend() {
+    // Neither needs the logits on the engine's side: the backend picks
+    // (and reports logprobs), and steady decode is still marked so the
+    // backend may run the next step ahead.
     let (handle, steps) = recording_engine();
-    let mut req = request(4, 8, 2);
+    let mut req = request(4, 8, 3);
     req.sampling.temperature = 0.7;
     req.sampling.seed = Some(1);
     run(&handle, req);
-    let mut req = request(5, 8, 2);
+    let mut req = request(5, 8, 3);
     req.sampling.logprobs = Some(2);
-    run(&handle, req);
+    let (tokens, _) = run(&handle, req);
+    assert_eq!(tokens.len(), 3);
     let steps = steps.lock().unwrap().clone();
-    assert!(!steps.is_empty());
-    assert!(
-        steps
-            .iter()
-            .all(|&(kind, _, hint)| kind == "logits" && !hint),
+    let sampled: Vec<_> = steps.iter().filter(|s| s.0 == "sample").collect();
+    assert_eq!(
+        sampled,
+        [
+            &("sample", 8, false),
+            &("sample", 1, true),
+            &("sample", 1, false),
+            &("sample", 8, false),
+            &("sample", 1, true),
+            &("sample", 1, false)
+        ],
         "{steps:?}"
     );
 }
 
 #[test]
-fn sampled_ids_match_the_logits_path() {
-    // A seeded, penalised, truncated request picked by the backend
-    // (forward_sample) and, with logprobs requested, by the host sampler
-    // from downloaded logits: the same seed draws the same stream, so the
-    // tokens agree.
+fn logprobs_come_back_with_the_tokens() {
+    let (handle, _) = recording_engine();
+    let mut req = request(7, 9, 4);
+    req.sampling.logprobs = Some(3);
+    let mut stream = handle.submit(req).unwrap();
+    let mut events = Vec::new();
+    while let Some(e) = stream.next_blocking() {
+        match e {
+            TokenEvent::Token(t) => events.push(t),
+            TokenEvent::Finished(_) => break,
+            TokenEvent::Error(e) => panic!("engine error: {e}"),
+        }
+    }
+    assert_eq!(events.len(), 4);
+    for t in &events {
+        assert_eq!(t.top_logprobs.len(), 3);
+        assert!(t
+            .top_logprobs
+            .windows(2)
+            .all(|w| w[0].logprob >= w[1].logprob));
+        // Greedy: the pick is the most likely token.
+        assert_eq!(t.token, t.top_logprobs[0].token);
+        assert!((t.logprob - t.top_logprobs[0].logprob).abs() < 1e-6);
+        assert!(t.logprob < 0.0);
+    }
+}
+
+#[test]
+fn logprobs_do_not_change_sampled_tokens() {
+    // A seeded, penalised, truncated request with and without logprobs:
+    // the same seed draws the same stream, so the tokens agree.
     let (handle, _) = recording_engine();
     let sampled = |logprobs| {
         let mut req = request(3, 10, 8);
@@ -369,9 +418,9 @@ fn sampled_ids_match_the_logits_path() {
 }
 
 #[test]
-fn greedy_ids_match_the_logits_path() {
+fn logprobs_do_not_change_greedy_tokens() {
     // The same prompt greedily through forward_greedy and (with logprobs
-    // requested) through the host sampler gives the same tokens.
+    // requested) through forward_sample gives the same tokens.
     let (handle, _) = recording_engine();
     let (plain, _) = run(&handle, request(6, 12, 6));
     let mut req = request(6, 12, 6);

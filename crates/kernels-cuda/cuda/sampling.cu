@@ -4,7 +4,10 @@
 //   argmax_rows:  greedy (lowest id on ties, as the host sampler).
 //   sample_rows:  penalties in place, then temperature, top-k, min-p and
 //                 top-p (over the top-k mass) as the host sampler orders
-//                 them, then a draw among the survivors.
+//                 them, then a draw among the survivors; for rows that ask,
+//                 also the logprobs of the pick and of the most likely
+//                 tokens under the raw distribution (before penalties), so
+//                 logprobs requests need no logits on the host either.
 //
 // Thresholds are found without sorting: the k-th largest logit (top-k) and
 // the logit where the mass from the top reaches top_p (top-p) are searched
@@ -24,8 +27,19 @@ struct SampleParams {
   float temperature, top_p, min_p, repetition_penalty, frequency_penalty, presence_penalty;
   int top_k;  // 0: off
   int seen_start, seen_count;
-  int pad;
+  int logprobs;  // -1: none; else how many top alternatives (<= MAX_TOP_LOGPROBS)
   unsigned long long random;
+};
+
+constexpr int MAX_TOP_LOGPROBS = 20;
+// A row's logprobs (natural log, raw distribution): the picked token's and
+// the `count` most likely tokens', largest first, ties to the lower id (as
+// the host sampler's top_n). 42 words, as sampling.rs reads them.
+struct RowLogprobs {
+  float chosen;
+  int count;
+  int ids[MAX_TOP_LOGPROBS];
+  float values[MAX_TOP_LOGPROBS];
 };
 
 // Calls f(i, row[i]) for this thread's share of the row. Rows of a
@@ -171,31 +185,122 @@ __device__ unsigned search_threshold(const float* row, int vocab, unsigned lo, u
   return lo;
 }
 
+// log Z of the raw row, and its n largest entries as logprobs into lp (all
+// threads call it; thread 0 writes). The n-th largest key t is searched as
+// top-k's threshold; the entries above it (fewer than n) are gathered and
+// sorted, and the rest of the n are the lowest ids whose key equals t.
+__device__ float raw_logprobs(const float* row, int vocab, int n, RowLogprobs& lp) {
+  float mx = -INFINITY, mn = INFINITY;
+  for_each_logit(row, vocab, [&](int, float l) {
+    mx = fmaxf(mx, l);
+    mn = fminf(mn, l);
+  });
+  mx = block_max(mx);
+  mn = -block_max(-mn);
+  float z = 0.f;
+  for_each_logit(row, vocab, [&](int, float l) { z += __expf(l - mx); });
+  const float log_z = mx + logf(block_sum(z));
+  n = min(min(n, MAX_TOP_LOGPROBS), vocab);
+  if (n <= 0) {
+    if (threadIdx.x == 0) lp.count = 0;
+    return log_z;
+  }
+  const unsigned t = search_threshold<false>(row, vocab, ordered_key(mn), ordered_key(mx), (float)n, mx, 1.f);
+  __shared__ int s_count;
+  __shared__ int s_ids[MAX_TOP_LOGPROBS];
+  __shared__ float s_vals[MAX_TOP_LOGPROBS];
+  if (threadIdx.x == 0) s_count = 0;
+  __syncthreads();
+  for_each_logit(row, vocab, [&](int i, float l) {
+    if (ordered_key(l) <= t) return;
+    const int at = atomicAdd(&s_count, 1);  // < n by the choice of t
+    s_ids[at] = i;
+    s_vals[at] = l;
+  });
+  __syncthreads();
+  const int above = s_count;
+  // Ties at t, lowest ids first: one pass per slot (usually one).
+  int count = above;
+  for (int last = -1; count < n; ++count) {
+    int best = 0x7fffffff;
+    for_each_logit(row, vocab, [&](int i, float l) {
+      if (i > last && i < best && ordered_key(l) == t) best = i;
+    });
+    best = block_argmax(0.f, best);  // equal values: the lowest id
+    if (best == 0x7fffffff) break;   // fewer than n comparable entries (NaNs)
+    last = best;
+    if (threadIdx.x == 0) {
+      s_ids[count] = best;
+      s_vals[count] = row[best];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    // Insertion sort of the entries above t (equal values: lower id first).
+    for (int a = 1; a < above; ++a) {
+      const int id = s_ids[a];
+      const float v = s_vals[a];
+      int b = a - 1;
+      for (; b >= 0 && (s_vals[b] < v || (s_vals[b] == v && s_ids[b] > id)); --b) {
+        s_ids[b + 1] = s_ids[b];
+        s_vals[b + 1] = s_vals[b];
+      }
+      s_ids[b + 1] = id;
+      s_vals[b + 1] = v;
+    }
+    lp.count = count;
+    for (int k = 0; k < count; ++k) {
+      lp.ids[k] = s_ids[k];
+      lp.values[k] = s_vals[k] - log_z;
+    }
+  }
+  return log_z;
+}
+
+__device__ int pick(const float* row, int vocab, const SampleParams& p);
+
 // Grid: rows; block: SAMPLE_THREADS. `seen` holds (token, count in output)
-// pairs, `params[r].seen_count` of them from `seen_start`.
+// pairs, `params[r].seen_count` of them from `seen_start`; `seen_raw`
+// (same indexing) receives their logits before the penalties, so the
+// pick's raw logprob survives them. `lp` (one per row) may be null.
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_rows(float* __restrict__ logits, int vocab, const SampleParams* __restrict__ params,
-                const int2* __restrict__ seen, int* __restrict__ out) {
+                const int2* __restrict__ seen, int* __restrict__ out, float* __restrict__ seen_raw,
+                RowLogprobs* __restrict__ lp) {
   pdl_begin();
   const SampleParams p = params[blockIdx.x];
   float* row = logits + (size_t)blockIdx.x * vocab;
+  const bool want_lp = lp != nullptr && p.logprobs >= 0;
+  const float log_z = want_lp ? raw_logprobs(row, vocab, p.logprobs, lp[blockIdx.x]) : 0.f;
 
   // Penalties: each seen token once, so no two threads write one logit.
   for (int e = threadIdx.x; e < p.seen_count; e += blockDim.x) {
     const int2 s = seen[p.seen_start + e];
     if (s.x < 0 || s.x >= vocab) continue;
     float l = row[s.x];
+    if (want_lp) seen_raw[p.seen_start + e] = l;
     if (p.repetition_penalty != 1.f) l = l > 0.f ? l / p.repetition_penalty : l * p.repetition_penalty;
     if (s.y > 0) l -= p.frequency_penalty * (float)s.y + p.presence_penalty;
     row[s.x] = l;
   }
   __syncthreads();
 
-  if (p.temperature == 0.f || p.top_k == 1) {
-    const int idx = row_argmax(row, vocab);
-    if (threadIdx.x == 0) out[blockIdx.x] = idx;
-    return;
-  }
+  const int idx = pick(row, vocab, p);
+  if (threadIdx.x == 0) out[blockIdx.x] = idx;
+  if (!want_lp) return;
+  // The pick's raw logit: its penalised one, unless it was seen.
+  __shared__ float s_raw;
+  if (threadIdx.x == 0) s_raw = row[idx];
+  __syncthreads();
+  for (int e = threadIdx.x; e < p.seen_count; e += blockDim.x)
+    if (seen[p.seen_start + e].x == idx) s_raw = seen_raw[p.seen_start + e];
+  __syncthreads();
+  if (threadIdx.x == 0) lp[blockIdx.x].chosen = s_raw - log_z;
+}
+
+// The row's token after penalties: argmax when greedy, else the draw.
+__device__ int pick(const float* row, int vocab, const SampleParams& p) {
+  if (p.temperature == 0.f || p.top_k == 1) return row_argmax(row, vocab);
   // Weights relative to the best token: exp2((l - max) * scale).
   const float scale = LOG2E / p.temperature;
   float mx = -INFINITY, mn = INFINITY;
@@ -234,5 +339,5 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
   });
   idx = block_argmax(best, idx);
   // The best token always survives; only a row of NaNs has no winner.
-  if (threadIdx.x == 0) out[blockIdx.x] = idx == 0x7fffffff ? 0 : idx;
+  return idx == 0x7fffffff ? 0 : idx;
 }

@@ -25,7 +25,7 @@ use std::time::Instant;
 use cudarc::driver::{sys, CudaEvent, CudaGraph};
 use ingot_core::TokenId;
 use ingot_models::{ModelConfig, ModelError, TensorSource};
-use ingot_runner::{ForwardBatch, KvCacheShape, ModelRunner, RowSampling, RunnerError};
+use ingot_runner::{ForwardBatch, KvCacheShape, ModelRunner, Pick, RowSampling, RunnerError};
 
 use device::{Arena, Gpu, Pinned};
 use gemm::Gemm;
@@ -516,10 +516,22 @@ impl ModelRunner for CudaRunner {
         &mut self,
         batch: &ForwardBatch<'_>,
         rows: &[RowSampling<'_>],
-    ) -> Result<Vec<TokenId>, RunnerError> {
+    ) -> Result<Vec<Pick>, RunnerError> {
         ingot_runner::check_rows(batch, rows)?;
-        let plain_argmax = rows.iter().all(|r| r.is_greedy() && !r.has_penalties());
-        self.forward_ids(batch, (!plain_argmax).then_some(rows))
+        let plain_argmax = rows
+            .iter()
+            .all(|r| r.is_greedy() && !r.has_penalties() && r.params.logprobs.is_none());
+        let ids = self.forward_ids(batch, (!plain_argmax).then_some(rows))?;
+        let sampler = self.sampler.as_ref();
+        Ok(ids
+            .into_iter()
+            .zip(rows)
+            .enumerate()
+            .map(|(i, (token, r))| Pick {
+                token,
+                logprobs: r.params.logprobs.and(sampler).map(|s| s.logprobs(i)),
+            })
+            .collect())
     }
 }
 

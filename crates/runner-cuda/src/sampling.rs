@@ -1,8 +1,10 @@
 //! Sampling on the device: each row's knobs, random bits and seen tokens go
 //! up in one copy from pinned memory, and `sample_rows` writes the picked
-//! ids where the greedy argmax writes them, so only ids come back.
+//! ids where the greedy argmax writes them, so only ids come back (and,
+//! for rows that ask, 42 words of logprobs).
 
-use ingot_runner::RowSampling;
+use ingot_core::TokenId;
+use ingot_runner::{Logprobs, RowSampling, TokenLogprob};
 
 use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel, Pinned};
 use crate::CudaError;
@@ -11,27 +13,43 @@ use crate::CudaError;
 const PARAM_WORDS: usize = 12;
 /// Threads of one `sample_rows` block (its `SAMPLE_THREADS`).
 const SAMPLE_THREADS: u32 = 512;
+/// Most alternatives per row (the kernel's `MAX_TOP_LOGPROBS`, the API's limit).
+const MAX_TOP_LOGPROBS: usize = 20;
+/// 32-bit words of one row's `RowLogprobs`: chosen, count, ids, values.
+const LOGPROB_WORDS: usize = 2 + 2 * MAX_TOP_LOGPROBS;
 
-/// The device side of sampling: parameters and seen tokens, staged.
+/// The device side of sampling: parameters and seen tokens, staged, and
+/// the logprobs coming back.
 pub struct DeviceSampler {
     kernel: Kernel,
+    /// Parameters and seen pairs (uploaded each step).
     dev: DevPtr,
     host: Pinned<u32>,
+    /// The seen tokens' logits before the penalties (device scratch).
+    seen_raw: DevPtr,
+    /// `RowLogprobs` per row, and their host copy.
+    logprobs_dev: DevPtr,
+    logprobs_host: Pinned<u32>,
     max_rows: usize,
-    _arena: Arena,
+    arena: Arena,
 }
 
 impl DeviceSampler {
     /// Room for `max_rows` rows and `max_seen` (token, count) pairs in all.
     pub fn new(gpu: &Gpu, max_rows: usize, max_seen: usize) -> Result<Self, CudaError> {
         let words = Self::words(max_rows, max_seen);
-        let mut arena = Arena::new(gpu, "sampling", Arena::size_of([words * 4]))?;
+        let lp_words = max_rows * LOGPROB_WORDS;
+        let pieces = [words * 4, max_seen * 4, lp_words * 4];
+        let mut arena = Arena::new(gpu, "sampling", Arena::size_of(pieces))?;
         Ok(Self {
             kernel: gpu.kernel("sample_rows")?,
-            dev: arena.take(words * 4)?,
+            dev: arena.take(pieces[0])?,
             host: Pinned::new(gpu, words)?,
+            seen_raw: arena.take(pieces[1])?,
+            logprobs_dev: arena.take(pieces[2])?,
+            logprobs_host: Pinned::new(gpu, lp_words)?,
             max_rows,
-            _arena: arena,
+            arena,
         })
     }
 
@@ -41,11 +59,13 @@ impl DeviceSampler {
 
     /// Device bytes reserved.
     pub fn bytes(&self) -> usize {
-        self.host.as_slice().len() * 4
+        self.arena.size()
     }
 
     /// Stages `rows`, uploads them and enqueues the kernel, which applies
-    /// the penalties to `logits` in place and writes one id per row to `out`.
+    /// the penalties to `logits` in place, writes one id per row to `out`
+    /// and, for rows that ask, their logprobs; those are then copied back
+    /// (read them with [`Self::logprobs`] once the stream has passed here).
     pub fn launch(
         &mut self,
         gpu: &Gpu,
@@ -63,6 +83,8 @@ impl DeviceSampler {
             Arg::Ptr(self.dev),
             Arg::Ptr(seen),
             Arg::Ptr(out),
+            Arg::Ptr(self.seen_raw),
+            Arg::Ptr(self.logprobs_dev),
         ];
         gpu.launch(
             &self.kernel,
@@ -70,7 +92,34 @@ impl DeviceSampler {
             SAMPLE_THREADS,
             0,
             &args,
-        )
+        )?;
+        if rows.iter().any(|r| r.params.logprobs.is_some()) {
+            let host = &mut self.logprobs_host.as_mut_slice()[..rows.len() * LOGPROB_WORDS];
+            gpu.download(host, self.logprobs_dev)?;
+        }
+        Ok(())
+    }
+
+    /// Row `i`'s logprobs from the last launch (which must have asked).
+    pub fn logprobs(&self, i: usize) -> Logprobs {
+        decode_logprobs(&self.logprobs_host.as_slice()[i * LOGPROB_WORDS..(i + 1) * LOGPROB_WORDS])
+    }
+}
+
+/// One `RowLogprobs` (see `sampling.cu`).
+fn decode_logprobs(words: &[u32]) -> Logprobs {
+    let count = (words[1] as usize).min(MAX_TOP_LOGPROBS);
+    let (ids, values) = words[2..].split_at(MAX_TOP_LOGPROBS);
+    Logprobs {
+        chosen: f32::from_bits(words[0]),
+        top: ids[..count]
+            .iter()
+            .zip(&values[..count])
+            .map(|(&token, &v)| TokenLogprob {
+                token: token as TokenId,
+                logprob: f32::from_bits(v),
+            })
+            .collect(),
     }
 }
 
@@ -106,7 +155,9 @@ fn encode_rows(
             top_k,
             start as u32,
             r.seen.len() as u32,
-            0,
+            // -1: no logprobs.
+            p.logprobs
+                .map_or(u32::MAX, |n| n.min(MAX_TOP_LOGPROBS) as u32),
             r.random as u32,
             (r.random >> 32) as u32,
         ]);
@@ -135,6 +186,7 @@ mod tests {
         };
         let nucleus = SamplingParams {
             top_p: 0.9,
+            logprobs: Some(3),
             ..SamplingParams::GREEDY
         };
         let rows = [
@@ -154,11 +206,43 @@ mod tests {
         assert_eq!(used, 2 * PARAM_WORDS + 6);
         assert_eq!(f32::from_bits(words[0]), 0.5);
         assert_eq!(words[6], 40);
-        assert_eq!((words[7], words[8]), (0, 2));
+        assert_eq!((words[7], words[8], words[9]), (0, 2, u32::MAX));
         assert_eq!((words[10], words[11]), (0x89ab_cdef, 0x0123_4567));
         assert_eq!(f32::from_bits(words[PARAM_WORDS + 1]), 0.9);
-        assert_eq!((words[PARAM_WORDS + 7], words[PARAM_WORDS + 8]), (2, 1));
+        assert_eq!(
+            (
+                words[PARAM_WORDS + 7],
+                words[PARAM_WORDS + 8],
+                words[PARAM_WORDS + 9]
+            ),
+            (2, 1, 3)
+        );
         assert_eq!(&words[2 * PARAM_WORDS..used], &[5, 0, 9, 2, 7, 1]);
+    }
+
+    #[test]
+    fn logprobs_are_read_as_the_kernel_writes_them() {
+        let mut words = vec![0u32; LOGPROB_WORDS];
+        words[0] = (-0.5f32).to_bits();
+        words[1] = 2;
+        words[2..4].copy_from_slice(&[7, 3]);
+        words[2 + MAX_TOP_LOGPROBS] = (-0.25f32).to_bits();
+        words[3 + MAX_TOP_LOGPROBS] = (-1.5f32).to_bits();
+        let lp = decode_logprobs(&words);
+        assert_eq!(lp.chosen, -0.5);
+        assert_eq!(
+            lp.top,
+            [
+                TokenLogprob {
+                    token: 7,
+                    logprob: -0.25
+                },
+                TokenLogprob {
+                    token: 3,
+                    logprob: -1.5
+                }
+            ]
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use ingot_core::TokenId;
 use ingot_kv_cache::BlockId;
 use ingot_models::ModelConfig;
 
-pub use sampling::RowSampling;
+pub use sampling::{Logprobs, Pick, RowSampling, TokenLogprob};
 
 /// Consecutive tokens of one sequence to run through the model.
 #[derive(Debug, Clone, Copy)]
@@ -105,14 +105,15 @@ pub trait ModelRunner: Send {
     }
 
     /// Runs the batch and picks each chunk's next token as `rows` (one per
-    /// chunk) say: penalties, temperature, truncation and a draw. Backends
-    /// that can sample on the device override this so that only ids leave
-    /// it; the default samples the downloaded logits on the host.
+    /// chunk) say: penalties, temperature, truncation and a draw, plus the
+    /// logprobs a row asks for. Backends that can sample on the device
+    /// override this so that only ids (and logprobs) leave it; the default
+    /// samples the downloaded logits on the host.
     fn forward_sample(
         &mut self,
         batch: &ForwardBatch<'_>,
         rows: &[RowSampling<'_>],
-    ) -> Result<Vec<TokenId>, RunnerError> {
+    ) -> Result<Vec<Pick>, RunnerError> {
         check_rows(batch, rows)?;
         let vocab = self.config().vocab_size;
         let logits = self.forward(batch)?;
@@ -123,7 +124,7 @@ pub trait ModelRunner: Send {
             .map(|(l, r)| {
                 row.clear();
                 row.extend_from_slice(l);
-                sampling::sample_row(&mut row, r, &mut order)
+                sampling::pick_row(&mut row, r, &mut order)
             })
             .collect())
     }

@@ -45,6 +45,99 @@ impl RowSampling<'_> {
     }
 }
 
+/// A token with its log-probability.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenLogprob {
+    /// The token.
+    pub token: TokenId,
+    /// Natural-log probability under the raw model distribution.
+    pub logprob: f32,
+}
+
+/// The logprobs a row asked for (`SamplingParams::logprobs`), reported
+/// from the raw model distribution (vLLM's default), so they do not
+/// depend on the sampling knobs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logprobs {
+    /// The picked token's.
+    pub chosen: f32,
+    /// The row's most likely tokens, largest first (ties: lower id first).
+    pub top: Vec<TokenLogprob>,
+}
+
+/// A row's picked token, with its logprobs when the row asked for them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pick {
+    /// The chosen token.
+    pub token: TokenId,
+    /// `Some` exactly when the row's parameters ask for logprobs.
+    pub logprobs: Option<Logprobs>,
+}
+
+impl From<TokenId> for Pick {
+    fn from(token: TokenId) -> Self {
+        Self {
+            token,
+            logprobs: None,
+        }
+    }
+}
+
+/// The row's pick from its raw logits (rewritten in place): the logprobs
+/// it asks for from the raw row, then [`sample_row`].
+pub fn pick_row(logits: &mut [f32], row: &RowSampling<'_>, order: &mut Vec<u32>) -> Pick {
+    let Some(n) = row.params.logprobs else {
+        return sample_row(logits, row, order).into();
+    };
+    let log_z = log_sum_exp(logits);
+    let top = top_n(logits, n)
+        .into_iter()
+        .map(|token| TokenLogprob {
+            token,
+            logprob: logits[token as usize] - log_z,
+        })
+        .collect();
+    // Penalties rewrite the seen tokens' logits; keep the raw ones.
+    let raw_seen: Vec<(TokenId, f32)> = row
+        .seen
+        .iter()
+        .filter_map(|&(t, _)| Some((t, *logits.get(t as usize)?)))
+        .collect();
+    let token = sample_row(logits, row, order);
+    let raw = raw_seen
+        .iter()
+        .find(|&&(t, _)| t == token)
+        .map_or(logits[token as usize], |&(_, l)| l);
+    Pick {
+        token,
+        logprobs: Some(Logprobs {
+            chosen: raw - log_z,
+            top,
+        }),
+    }
+}
+
+/// `ln(sum(exp(v)))`, computed stably.
+pub fn log_sum_exp(v: &[f32]) -> f32 {
+    let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = v.iter().map(|x| (x - max).exp()).sum();
+    max + sum.ln()
+}
+
+/// The `n` largest entries, largest first (ties: lower id first).
+pub fn top_n(v: &[f32], n: usize) -> Vec<TokenId> {
+    let mut idx: Vec<TokenId> = (0..v.len() as TokenId).collect();
+    let n = n.min(v.len());
+    let cmp = |a: &TokenId, b: &TokenId| v[*b as usize].total_cmp(&v[*a as usize]).then(a.cmp(b));
+    if n == 0 {
+        return Vec::new();
+    }
+    idx.select_nth_unstable_by(n - 1, cmp);
+    idx.truncate(n);
+    idx.sort_unstable_by(cmp);
+    idx
+}
+
 /// Applies the repetition, frequency and presence penalties in place.
 pub fn apply_penalties(logits: &mut [f32], row: &RowSampling<'_>) {
     let p = row.params;
@@ -278,5 +371,36 @@ mod tests {
         let mut l = vec![1.0, -1.0, 3.0];
         apply_penalties(&mut l, &r);
         assert_eq!(l, vec![0.5, -2.0 - 1.0 - 0.25, 3.0]);
+    }
+
+    #[test]
+    fn pick_logprobs_come_from_the_raw_row() {
+        let p = SamplingParams {
+            repetition_penalty: 2.0,
+            logprobs: Some(2),
+            ..SamplingParams::GREEDY
+        };
+        let seen = [(1, 0)];
+        let row = RowSampling {
+            params: &p,
+            seen: &seen,
+            random: 0,
+        };
+        // Token 1 is penalised to 1.5 and still wins over 1.4.
+        let mut logits = vec![1.0, 3.0, 1.4];
+        let pick = pick_row(&mut logits, &row, &mut Vec::new());
+        assert_eq!(pick.token, 1);
+        let z = (1f32.exp() + 3f32.exp() + 1.4f32.exp()).ln();
+        let lp = pick.logprobs.unwrap();
+        assert!((lp.chosen - (3.0 - z)).abs() < 1e-6);
+        let top: Vec<_> = lp.top.iter().map(|t| t.token).collect();
+        assert_eq!(top, [1, 2]);
+        assert!((lp.top[1].logprob - (1.4 - z)).abs() < 1e-6);
+        // Without logprobs asked for, none are reported.
+        let plain = RowSampling::GREEDY;
+        assert_eq!(
+            pick_row(&mut [0.0, 1.0], &plain, &mut Vec::new()).logprobs,
+            None
+        );
     }
 }
