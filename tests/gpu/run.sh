@@ -8,6 +8,7 @@
 #   b1        only the batch-1 row of bench (for A/B runs of one knob)
 #   profile   per-step GPU time by category (eager) and CPU gaps
 #   sampled   the bench shapes with sampling on the GPU (temperature, top-p, top-k)
+#   logprobs  the same two with 5 top logprobs per token (also on the GPU)
 #   serve     the HTTP server on CUDA with curl (serve_smoke.sh), 8B dummy
 #   torch     PyTorch eager baselines for the bench shapes
 #   ncu       ncu sections of the decode attention at 256 x 1k (one launch)
@@ -73,6 +74,11 @@ for phase in "$@"; do
     sampled)
       M=$(llama8b)
       S="--temperature 0.8 --top-p 0.95 --top-k 50"
+      "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 $S --json | tee -a "$O/bench.jsonl"
+      "$ING" bench throughput --model "$M" --load-format dummy --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 $S --json | tee -a "$O/bench.jsonl" ;;
+    logprobs)
+      M=$(llama8b)
+      S="--temperature 0.8 --top-p 0.95 --top-k 50 --logprobs 5"
       "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 $S --json | tee -a "$O/bench.jsonl"
       "$ING" bench throughput --model "$M" --load-format dummy --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 $S --json | tee -a "$O/bench.jsonl" ;;
     profile)

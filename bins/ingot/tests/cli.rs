@@ -168,6 +168,7 @@ fn bench_throughput_samples_when_asked_and_rejects_bad_knobs() {
         .iter()
         .copied()
         .chain(["--temperature", "0.8", "--top-p", "0.9", "--top-k", "40"])
+        .chain(["--logprobs", "3"])
         .collect();
     let o = ingot(&sampled);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -175,8 +176,11 @@ fn bench_throughput_samples_when_asked_and_rejects_bad_knobs() {
     assert!(v["output_tok_s"].as_f64().unwrap() > 0.0);
     assert_eq!(v["sampling"]["top_k"], 40);
     assert!((v["sampling"]["temperature"].as_f64().unwrap() - 0.8).abs() < 1e-6);
+    assert_eq!(v["sampling"]["logprobs"], 3);
     let bad: Vec<&str> = base.iter().copied().chain(["--top-p", "1.5"]).collect();
     assert_clean_error(&ingot(&bad), "top_p must be in (0, 1]");
+    let bad: Vec<&str> = base.iter().copied().chain(["--logprobs", "21"]).collect();
+    assert_clean_error(&ingot(&bad), "top_logprobs");
 }
 
 #[test]

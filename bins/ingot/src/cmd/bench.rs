@@ -68,6 +68,10 @@ pub struct BenchSampling {
     /// Drop tokens below min_p times the best one's probability (0 disables).
     #[arg(long, default_value_t = 0.0)]
     min_p: f32,
+    /// Also report this many top logprobs per token (0 to 20; off when
+    /// absent).
+    #[arg(long)]
+    logprobs: Option<usize>,
 }
 
 impl BenchSampling {
@@ -79,6 +83,7 @@ impl BenchSampling {
             top_k: self.top_k,
             min_p: self.min_p,
             seed: Some(i as u64),
+            logprobs: self.logprobs,
             ..SamplingParams::default()
         };
         p.validate()?;
@@ -87,19 +92,25 @@ impl BenchSampling {
 
     /// The knobs in words, for the text result.
     fn describe(&self) -> String {
-        if self.temperature == 0.0 {
-            return "greedy".into();
+        let picks = if self.temperature == 0.0 {
+            "greedy".into()
+        } else {
+            format!(
+                "temperature {}, top_p {}, top_k {}, min_p {}",
+                self.temperature, self.top_p, self.top_k, self.min_p
+            )
+        };
+        match self.logprobs {
+            Some(n) => format!("{picks}, top {n} logprobs"),
+            None => picks,
         }
-        format!(
-            "temperature {}, top_p {}, top_k {}, min_p {}",
-            self.temperature, self.top_p, self.top_k, self.min_p
-        )
     }
 
     /// The knobs, for the JSON result.
     fn json(&self) -> serde_json::Value {
         serde_json::json!({
             "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+            "logprobs": self.logprobs,
         })
     }
 }
