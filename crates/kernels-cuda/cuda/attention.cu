@@ -12,12 +12,10 @@
 //     (flash-decoding: long contexts at small batch still fill the GPU).
 //   prefill_attention_hd{HD}: one block per (query tile of one chunk, kv
 //     head): 64 rows = 64 / G tokens x the G query heads sharing the kv
-//     head; tensor cores (wmma bf16) for QK^T and PV, K/V tiles staged in
+//     head; tensor cores (mma.sync bf16, FlashAttention-2 style with S, P
+//     and O in registers) for QK^T and PV, K/V tiles double-buffered in
 //     shared memory once for the whole group: the O(n^2) work of prompts.
-#include <mma.h>
 #include "common.cuh"
-
-using namespace nvcuda;
 
 constexpr int DECODE_WARPS = 4;
 constexpr int DECODE_UNROLL = 4;
@@ -281,27 +279,52 @@ extern "C" __global__ void attention_combine(const float* __restrict__ part_acc,
 }
 
 // ---------------------------------------------------------------------------
-// Prefill: 64 query rows x 64 keys per tile, 4 warps of 16 rows each.
+// Prefill: 64 query rows x 64 keys per tile, 4 warps of 16 rows each, in the
+// FlashAttention-2 arrangement: S = QK^T, the online softmax and O stay in
+// registers (mma.sync m16n8k16 fragments; P is reused as the A operand of
+// PV without leaving them), K/V tiles are double-buffered in shared memory
+// by cp.async while the previous tile is used.
 
 constexpr int TILE = 64;
 constexpr int PREFILL_WARPS = 4;
 
 template <int HD>
 struct PrefillSmem {
-  static constexpr int LD = HD + 8;        // bf16 rows of Q, K, V
-  static constexpr int LDS = TILE + 4;     // f32 scores
-  static constexpr int LDP = TILE + 8;     // bf16 probabilities
-  static constexpr int LDO = HD + 4;       // f32 output accumulators
-  static constexpr int Q = 0;
-  static constexpr int K = Q + TILE * LD * 2;
-  static constexpr int V = K + TILE * LD * 2;
-  static constexpr int S = V + TILE * LD * 2;
-  static constexpr int P = S + PREFILL_WARPS * 16 * LDS * 4;
-  static constexpr int O = P + PREFILL_WARPS * 16 * LDP * 2;
-  static constexpr int BYTES = O + PREFILL_WARPS * 16 * LDO * 4;
+  static constexpr int LD = HD + 8;           // bf16 row stride: conflict-free ldmatrix
+  static constexpr int ROWS = TILE * LD;      // elements of one staged tile
+  static constexpr int BYTES = 5 * ROWS * 2;  // Q, then K and V twice each
 };
 
-// Copies 64 rows of HD bf16 (row r from src_row(r), or zeros) into shared memory.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const bf16* p) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const bf16* p) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+// d += a (16x16, row-major) * b (16x8, col-major); bf16 in, f32 accumulate.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&v);
+}
+
+// Starts copying 64 rows of HD bf16 (row r from src_row(r); zeros where
+// it returns null) into shared memory; the caller commits and waits.
 template <int HD, typename RowPtr>
 __device__ __forceinline__ void stage_rows(bf16* dst, RowPtr src_row) {
   constexpr int VEC = HD / 8;  // 16-byte vectors per row
@@ -309,9 +332,9 @@ __device__ __forceinline__ void stage_rows(bf16* dst, RowPtr src_row) {
   for (int idx = threadIdx.x; idx < TILE * VEC; idx += blockDim.x) {
     const int r = idx / VEC, c = idx % VEC;
     const bf16* src = src_row(r);
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (src) v = reinterpret_cast<const uint4*>(src)[c];
-    *reinterpret_cast<uint4*>(dst + r * LD + c * 8) = v;
+    bf16* d = dst + r * LD + c * 8;
+    if (src) cp_async<16>(d, src + c * 8);
+    else *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -323,14 +346,13 @@ __device__ __forceinline__ void prefill_attention(
     int block_size, float scale_log2) {
   pdl_begin();
   using L = PrefillSmem<HD>;
+  constexpr int LD = L::LD, DT = HD / 8;  // DT: 8-wide column tiles of O
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* sQ = reinterpret_cast<bf16*>(smem + L::Q);
-  bf16* sK = reinterpret_cast<bf16*>(smem + L::K);
-  bf16* sV = reinterpret_cast<bf16*>(smem + L::V);
+  bf16* sQ = reinterpret_cast<bf16*>(smem);
+  bf16* sK = sQ + L::ROWS;      // [2][ROWS]
+  bf16* sV = sK + 2 * L::ROWS;  // [2][ROWS]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float* sS = reinterpret_cast<float*>(smem + L::S) + warp * 16 * L::LDS;
-  bf16* sP = reinterpret_cast<bf16*>(smem + L::P) + warp * 16 * L::LDP;
-  float* sO = reinterpret_cast<float*>(smem + L::O) + warp * 16 * L::LDO;
+  const int g = lane >> 2, c = lane & 3;  // fragment row group and column pair
 
   // Rows are (token, query head) pairs of one kv head's group: the G heads
   // that share K/V read each staged K/V tile together (GQA).
@@ -345,99 +367,133 @@ __device__ __forceinline__ void prefill_attention(
   auto q_row = [&](int r) -> const bf16* {
     return r / group < n ? q + (size_t)(t0 + r / group) * qd + (kvh * group + r % group) * HD : nullptr;
   };
-
-  stage_rows<HD>(sQ, q_row);
-  for (int i = lane; i < 16 * L::LDO; i += 32) sO[i] = 0.f;
-
-  // This lane's share of the softmax: half of one row of the warp's 16.
-  const int row = lane >> 1, c0 = (lane & 1) * (TILE / 2);
-  const int qpos = p0 + min((warp * 16 + row) / group, n - 1);
-  float m = -INFINITY, l = 0.f;
-
-  for (int kt = 0; kt * TILE <= last; ++kt) {
-    __syncthreads();  // the previous tile's K/V are no longer read
-    auto kv_row = [&](const bf16* cache) {
-      return [=](int r) -> const bf16* {
-        const int j = kt * TILE + r;
-        if (j > last) return nullptr;
-        return cache + kv_index(table[j / block_size], kvh, j % block_size, num_kv_heads, block_size, HD);
-      };
+  auto kv_row = [&](const bf16* cache, int kt) {
+    return [=](int r) -> const bf16* {
+      const int j = kt * TILE + r;
+      if (j > last) return nullptr;
+      return cache + kv_index(table[j / block_size], kvh, j % block_size, num_kv_heads, block_size, HD);
     };
-    stage_rows<HD>(sK, kv_row(k_cache));
-    stage_rows<HD>(sV, kv_row(v_cache));
+  };
+  stage_rows<HD>(sQ, q_row);
+  stage_rows<HD>(sK, kv_row(k_cache, 0));
+  stage_rows<HD>(sV, kv_row(v_cache, 0));
+  cp_async_commit();
+
+  // This thread's two rows of the warp's 16: g and g + 8.
+  int qpos[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) qpos[i] = p0 + min((warp * 16 + g + 8 * i) / group, n - 1);
+  float o[DT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int d = 0; d < DT; ++d)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[d][e] = 0.f;
+  unsigned qf[HD / 16][4];
+
+  const int key_tiles = last / TILE + 1;
+  for (int kt = 0; kt < key_tiles; ++kt) {
+    const int buf = kt & 1;
+    if (kt + 1 < key_tiles) {
+      stage_rows<HD>(sK + (buf ^ 1) * L::ROWS, kv_row(k_cache, kt + 1));
+      stage_rows<HD>(sV + (buf ^ 1) * L::ROWS, kv_row(v_cache, kt + 1));
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
+    if (kt == 0) {
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk)
+        ldmatrix_x4(qf[kk], sQ + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
+    }
+    const bf16* K = sK + buf * L::ROWS;
+    const bf16* V = sV + buf * L::ROWS;
 
-    // S = Q K^T for this warp's 16 rows.
+    // S = Q K^T: 8 column tiles of 8 keys.
+    float s[TILE / 8][4];
 #pragma unroll
-    for (int nt = 0; nt < TILE / 16; ++nt) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> s_frag;
-      wmma::fill_fragment(s_frag, 0.f);
+    for (int t = 0; t < TILE / 8; ++t)
 #pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> b;
-        wmma::load_matrix_sync(a, sQ + warp * 16 * L::LD + kk * 16, L::LD);
-        wmma::load_matrix_sync(b, sK + nt * 16 * L::LD + kk * 16, L::LD);
-        wmma::mma_sync(s_frag, a, b, s_frag);
+      for (int e = 0; e < 4; ++e) s[t][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk)
+#pragma unroll
+      for (int np = 0; np < TILE / 16; ++np) {
+        unsigned b[4];
+        ldmatrix_x4(b, K + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
+        mma_bf16(s[2 * np], qf[kk], b[0], b[1]);
+        mma_bf16(s[2 * np + 1], qf[kk], b[2], b[3]);
       }
-      wmma::store_matrix_sync(sS + nt * 16, s_frag, L::LDS, wmma::mem_row_major);
-    }
-    __syncwarp();
 
-    // Online softmax on this lane's half row; rescale its half of O.
-    float s[TILE / 2];
-    float mx = -INFINITY;
+    // Causal mask and the online softmax (log2 domain) of both rows; each
+    // row's 64 scores are spread over the 4 lanes of a quad.
+    float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int c = 0; c < TILE / 2; ++c) {
-      const int key = kt * TILE + c0 + c;
-      s[c] = key <= qpos ? sS[row * L::LDS + c0 + c] * scale_log2 : -INFINITY;
-      mx = fmaxf(mx, s[c]);
-    }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    // Lazy rescaling: keep the running maximum unless the new one exceeds
-    // it by more than 2^8 (p stays <= 256, exact enough in bf16 and f32), so
-    // the O rows are rarely rewritten.
-    if (mx > m + 8.f) {
-      const float corr = exp2f(m - mx);
-      l *= corr;
-      m = mx;
-      for (int d = (lane & 1) * (HD / 2); d < (lane & 1) * (HD / 2) + HD / 2; ++d) sO[row * L::LDO + d] *= corr;
-    }
-    float sum = 0.f;
+    for (int t = 0; t < TILE / 8; ++t)
 #pragma unroll
-    for (int c = 0; c < TILE / 2; ++c) {
-      const float p = exp2f(s[c] - m);
-      sum += p;
-      sP[row * L::LDP + c0 + c] = to_bf16(p);
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    l += sum;
-    __syncwarp();
-
-    // O += P V.
-#pragma unroll
-    for (int nt = 0; nt < HD / 16; ++nt) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> o_frag;
-      wmma::load_matrix_sync(o_frag, sO + nt * 16, L::LDO, wmma::mem_row_major);
-#pragma unroll
-      for (int kk = 0; kk < TILE / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> b;
-        wmma::load_matrix_sync(a, sP + kk * 16, L::LDP);
-        wmma::load_matrix_sync(b, sV + kk * 16 * L::LD + nt * 16, L::LD);
-        wmma::mma_sync(o_frag, a, b, o_frag);
+      for (int e = 0; e < 4; ++e) {
+        const int key = kt * TILE + t * 8 + 2 * c + (e & 1);
+        const float v = key <= qpos[e >> 1] ? s[t][e] * scale_log2 : -INFINITY;
+        s[t][e] = v;
+        mx[e >> 1] = fmaxf(mx[e >> 1], v);
       }
-      wmma::store_matrix_sync(sO + nt * 16, o_frag, L::LDO, wmma::mem_row_major);
+    float base[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      const float m_new = fmaxf(m[i], mx[i]);
+      // A row with no key yet (only possible before its first tile) keeps 0.
+      const float corr = m[i] == -INFINITY ? 0.f : exp2f(m[i] - m_new);
+      m[i] = m_new;
+      base[i] = m_new == -INFINITY ? 0.f : m_new;
+      l[i] *= corr;
+#pragma unroll
+      for (int d = 0; d < DT; ++d) {
+        o[d][2 * i] *= corr;
+        o[d][2 * i + 1] *= corr;
+      }
     }
-    __syncwarp();
+#pragma unroll
+    for (int t = 0; t < TILE / 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = exp2f(s[t][e] - base[e >> 1]);
+        l[e >> 1] += p;
+        s[t][e] = p;
+      }
+
+    // O += P V: two S column tiles make one A fragment of 16 keys.
+#pragma unroll
+    for (int kc = 0; kc < TILE / 16; ++kc) {
+      const unsigned a[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
+                             pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                             pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < DT / 2; ++dp) {
+        unsigned b[4];
+        ldmatrix_x4_trans(b, V + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 + (lane >> 4) * 8);
+        mma_bf16(o[2 * dp], a, b[0], b[1]);
+        mma_bf16(o[2 * dp + 1], a, b[2], b[3]);
+      }
+    }
+    __syncthreads();  // this buffer is restaged two tiles on
   }
 
-  const int r = warp * 16 + row;
-  if (r / group < n) {
-    const float inv = 1.f / l;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float total = l[i];
+    total += __shfl_xor_sync(0xffffffffu, total, 1);
+    total += __shfl_xor_sync(0xffffffffu, total, 2);
+    const int r = warp * 16 + g + 8 * i;
+    if (r / group >= n) continue;
+    const float inv = 1.f / total;
     bf16* dst = out + (size_t)(t0 + r / group) * qd + (kvh * group + r % group) * HD;
-    for (int d = (lane & 1) * (HD / 2); d < (lane & 1) * (HD / 2) + HD / 2; ++d)
-      dst[d] = to_bf16(sO[row * L::LDO + d] * inv);
+#pragma unroll
+    for (int d = 0; d < DT; ++d)
+      *reinterpret_cast<__nv_bfloat162*>(dst + d * 8 + 2 * c) =
+          __floats2bfloat162_rn(o[d][2 * i] * inv, o[d][2 * i + 1] * inv);
   }
 }
 

@@ -155,11 +155,8 @@ impl Kernels {
 
 /// Mirrors `PrefillSmem<HD>::BYTES` in attention.cu.
 fn prefill_shared_bytes(hd: usize) -> usize {
-    let (tile, warps) = (PREFILL_TILE, 4);
-    3 * tile * (hd + 8) * 2
-        + warps * 16 * (tile + 4) * 4
-        + warps * 16 * (tile + 8) * 2
-        + warps * 16 * (hd + 4) * 4
+    // Q, then K and V double-buffered: 64-row tiles of hd + 8 bf16.
+    5 * PREFILL_TILE * (hd + 8) * 2
 }
 
 /// What one step runs: counts that pick grid sizes.
