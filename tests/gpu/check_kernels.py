@@ -462,7 +462,7 @@ def check_attention(m, rng):
         for start in range(0, 20, tt):
             tiles += [chunk + start, min(tt, 20 - start), 1]
         out = torch.zeros(T, H * hd, dtype=torch.bfloat16, device="cuda")
-        smem = 5 * 64 * (hd + 8) * 2  # PrefillSmem: Q, then K and V double-buffered
+        smem = 3 * 64 * (hd + 8) * 2  # PrefillSmem: Q, K, V
         kd, vd = (dev(to_device_layout(a, KVH, hd, bs), torch.bfloat16) for a in (k, v))
         args = [ptr(dev(q, torch.bfloat16)), ptr(kd), ptr(vd),
                 ptr(dev(table.reshape(-1), torch.int32)), ptr(dev([stride], torch.int32)), ptr(dev(tiles, torch.int32)),

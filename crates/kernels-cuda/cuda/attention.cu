@@ -282,8 +282,9 @@ extern "C" __global__ void attention_combine(const float* __restrict__ part_acc,
 // Prefill: 64 query rows x 64 keys per tile, 4 warps of 16 rows each, in the
 // FlashAttention-2 arrangement: S = QK^T, the online softmax and O stay in
 // registers (mma.sync m16n8k16 fragments; P is reused as the A operand of
-// PV without leaving them), K/V tiles are double-buffered in shared memory
-// by cp.async while the previous tile is used.
+// PV without leaving them). Q, K and V tiles take 52 KiB of shared memory
+// and at most 128 registers per thread, so 4 blocks (16 warps) share an SM
+// and hide each other's K/V loads and mma latencies.
 
 constexpr int TILE = 64;
 constexpr int PREFILL_WARPS = 4;
@@ -292,7 +293,7 @@ template <int HD>
 struct PrefillSmem {
   static constexpr int LD = HD + 8;           // bf16 row stride: conflict-free ldmatrix
   static constexpr int ROWS = TILE * LD;      // elements of one staged tile
-  static constexpr int BYTES = 5 * ROWS * 2;  // Q, then K and V twice each
+  static constexpr int BYTES = 3 * ROWS * 2;  // Q, K, V
 };
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const bf16* p) {
@@ -349,8 +350,8 @@ __device__ __forceinline__ void prefill_attention(
   constexpr int LD = L::LD, DT = HD / 8;  // DT: 8-wide column tiles of O
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);
-  bf16* sK = sQ + L::ROWS;      // [2][ROWS]
-  bf16* sV = sK + 2 * L::ROWS;  // [2][ROWS]
+  bf16* sK = sQ + L::ROWS;
+  bf16* sV = sK + L::ROWS;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;  // fragment row group and column pair
 
@@ -375,9 +376,6 @@ __device__ __forceinline__ void prefill_attention(
     };
   };
   stage_rows<HD>(sQ, q_row);
-  stage_rows<HD>(sK, kv_row(k_cache, 0));
-  stage_rows<HD>(sV, kv_row(v_cache, 0));
-  cp_async_commit();
 
   // This thread's two rows of the warp's 16: g and g + 8.
   int qpos[2];
@@ -388,27 +386,17 @@ __device__ __forceinline__ void prefill_attention(
   for (int d = 0; d < DT; ++d)
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[d][e] = 0.f;
-  unsigned qf[HD / 16][4];
+  const bf16* q_frag = sQ + (warp * 16 + (lane & 15)) * LD + (lane >> 4) * 8;
 
   const int key_tiles = last / TILE + 1;
   for (int kt = 0; kt < key_tiles; ++kt) {
-    const int buf = kt & 1;
-    if (kt + 1 < key_tiles) {
-      stage_rows<HD>(sK + (buf ^ 1) * L::ROWS, kv_row(k_cache, kt + 1));
-      stage_rows<HD>(sV + (buf ^ 1) * L::ROWS, kv_row(v_cache, kt + 1));
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    stage_rows<HD>(sK, kv_row(k_cache, kt));
+    stage_rows<HD>(sV, kv_row(v_cache, kt));
+    cp_async_commit();
+    cp_async_wait<0>();
     __syncthreads();
-    if (kt == 0) {
-#pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk)
-        ldmatrix_x4(qf[kk], sQ + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
-    }
-    const bf16* K = sK + buf * L::ROWS;
-    const bf16* V = sV + buf * L::ROWS;
+    const bf16* K = sK;
+    const bf16* V = sV;
 
     // S = Q K^T: 8 column tiles of 8 keys.
     float s[TILE / 8][4];
@@ -417,14 +405,17 @@ __device__ __forceinline__ void prefill_attention(
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[t][e] = 0.f;
 #pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk)
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      unsigned qf[4];  // reloaded per tile: registers go to O and S
+      ldmatrix_x4(qf, q_frag + kk * 16);
 #pragma unroll
       for (int np = 0; np < TILE / 16; ++np) {
         unsigned b[4];
         ldmatrix_x4(b, K + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
-        mma_bf16(s[2 * np], qf[kk], b[0], b[1]);
-        mma_bf16(s[2 * np + 1], qf[kk], b[2], b[3]);
+        mma_bf16(s[2 * np], qf, b[0], b[1]);
+        mma_bf16(s[2 * np + 1], qf, b[2], b[3]);
       }
+    }
 
     // Causal mask and the online softmax (log2 domain) of both rows; each
     // row's 64 scores are spread over the 4 lanes of a quad.
@@ -478,7 +469,7 @@ __device__ __forceinline__ void prefill_attention(
         mma_bf16(o[2 * dp + 1], a, b[2], b[3]);
       }
     }
-    __syncthreads();  // this buffer is restaged two tiles on
+    __syncthreads();  // K/V are restaged next
   }
 
 #pragma unroll
@@ -498,7 +489,7 @@ __device__ __forceinline__ void prefill_attention(
 }
 
 #define PREFILL_KERNEL(HD)                                                                                  \
-  extern "C" __global__ void __launch_bounds__(PREFILL_WARPS * 32) prefill_attention_hd##HD(               \
+  extern "C" __global__ void __launch_bounds__(PREFILL_WARPS * 32, 4) prefill_attention_hd##HD(            \
       const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* block_tables, const int* table_stride,   \
       const int* tiles, const int* positions, bf16* out, int num_heads, int num_kv_heads, int block_size,  \
       float scale_log2) {                                                                                   \
