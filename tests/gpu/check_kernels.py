@@ -115,8 +115,10 @@ def check_elementwise(m, rng):
     report("embed_rows sums of squares (first 8 rows)", rel(got, (table[ids[:8]] ** 2).sum(-1)), 1e-5)
     report("embed_rows sums of squares: one partial per row", abs(blocks - 1), 0.5)
 
-    # add_rms_norm: residual add + norm, then the gather form
-    for d in (576, 4096):
+    # add_rms_norm: residual add + norm, then the gather form; 576/4096 take
+    # the register path, 1030 (not a multiple of 4) and 8200 (over 16 per
+    # thread) the loop.
+    for d in (576, 4096, 1030, 8200):
         x0 = rnd(rng, T, d, scale=2.0).astype(np.float32).astype(np.float64)
         delta = bf(rnd(rng, T, d))
         w = (1 + 0.2 * rnd(rng, d)).astype(np.float32).astype(np.float64)
@@ -134,6 +136,11 @@ def check_elementwise(m, rng):
         launch(m.fn("add_rms_norm"), (5,), threads,
                [ptr(xd2), ptr(dev(delta, torch.bfloat16)), ptr(dev(rows, torch.int32)), ptr(dev(w, torch.float32)), ptr(out2), i32(d), f32(1e-5)])
         report(f"add_rms_norm d={d} gather rows", rel(host(out2), ref[rows]), 8e-3)
+        out3 = torch.empty(T, d, dtype=torch.bfloat16, device="cuda")
+        launch(m.fn("add_rms_norm"), (T,), threads,
+               [ptr(dev(x0, torch.float32)), ptr(None), ptr(None), ptr(dev(w, torch.float32)), ptr(out3), i32(d), f32(1e-5)])
+        ref0 = x0 / np.sqrt((x0 ** 2).mean(-1, keepdims=True) + 1e-5) * w
+        report(f"add_rms_norm d={d} without residual add", rel(host(out3), ref0), 8e-3)
 
     # silu_mul
     ff = 1536
@@ -361,7 +368,7 @@ def check_rope(m, rng):
                 ptr(dev(pos, torch.int32)), ptr(dev(slots, torch.int64)),
                 ptr(dev(cos, torch.float32)), ptr(dev(sin, torch.float32)),
                 ptr(q_out), ptr(kc), ptr(vc), i32(H), i32(KVH), i32(hd), f32(1e-6), i32(16)]
-        launch(m.fn("rope_qkv"), (T, H + 2 * KVH), max(32, (hd // 2 + 31) // 32 * 32), args)
+        launch(m.fn("rope_qkv"), (T, (H + 2 * KVH + 7) // 8), 256, args)  # a warp per head, 8 per block
         x = qkv + (b if bias else 0)
         q = x[:, :H * hd].reshape(T, H, hd)
         k = x[:, H * hd:(H + KVH) * hd].reshape(T, KVH, hd)

@@ -15,6 +15,7 @@
 #   torch     PyTorch eager baselines for the bench shapes
 #   ncu       ncu sections of the decode attention at 256 x 1k (one launch)
 #   ncu1      per-kernel time and bandwidth of one batch-1 decode step (8B)
+#   ncup      the same for the non-GEMM kernels of a 1024-token prefill (8B)
 # Results also go to $OUT (when set) as JSON lines.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -110,6 +111,7 @@ for phase in "$@"; do
         > "$O/ncu_attention.txt" 2>&1
       grep -vE '^ +-+|^$' "$O/ncu_attention.txt" | grep -E 'paged|Duration|Throughput|Busy|Stall|Issue|Occupancy|Registers|Block Size|Grid Size|Warp Cycles|Eligible|Hit Rate|Bandwidth|Executed Ipc|One or More|No Eligible|Active Warps' | head -60 ;;
     ncu1) bash tests/gpu/ncu_decode.sh "$ING_RAW" "$(llama8b)" "$O/ncu_decode.csv" ;;
+    ncup) bash tests/gpu/ncu_prefill.sh "$ING_RAW" "$(llama8b)" "$O/ncu_prefill.csv" ;;
     *) echo "unknown phase $phase" ;;
   esac
 done

@@ -52,15 +52,55 @@ extern "C" __global__ void embed_rows(const int* __restrict__ ids, const bf16* _
 //   delta != null: x[r] += delta[r] (written back), then out[r] = norm(x[r]).
 //   rows  != null: reads (and adds into) row rows[r] instead of r: gathers the
 //                  last token of each sequence before the LM head.
+// Rows of a multiple of 4 up to 16 per thread stay in registers between
+// the sum of squares and the scaling (16-byte loads, one pass over x).
+constexpr int NORM_VECS = 4;  // float4s per thread on the register path
+
+__device__ __forceinline__ float4 add_bf16x4(float4 v, const bf16* d) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(d);
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+  return make_float4(v.x + lo.x, v.y + lo.y, v.z + hi.x, v.w + hi.y);
+}
+
 extern "C" __global__ void add_rms_norm(float* __restrict__ x, const bf16* __restrict__ delta,
                                         const int* __restrict__ rows, const float* __restrict__ weight,
                                         bf16* __restrict__ out, int d, float eps) {
   pdl_begin();
   const int r = blockIdx.x, src = rows ? rows[r] : r;
   float* xr = x + (size_t)src * d;
+  const bf16* dr = delta ? delta + (size_t)src * d : nullptr;
+  bf16* o = out + (size_t)r * d;
   float ss = 0.f;
-  if (delta) {
-    const bf16* dr = delta + (size_t)src * d;
+  if ((d & 3) == 0 && d <= 4 * NORM_VECS * (int)blockDim.x) {
+    float4 v[NORM_VECS];
+#pragma unroll
+    for (int k = 0; k < NORM_VECS; ++k) {
+      const int i = 4 * (threadIdx.x + k * blockDim.x);
+      if (i >= d) continue;
+      v[k] = *reinterpret_cast<const float4*>(xr + i);
+      if (dr) {
+        v[k] = add_bf16x4(v[k], dr + i);
+        *reinterpret_cast<float4*>(xr + i) = v[k];
+      }
+      ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+    }
+    const float inv = rsqrtf(block_sum(ss) / d + eps);
+#pragma unroll
+    for (int k = 0; k < NORM_VECS; ++k) {
+      const int i = 4 * (threadIdx.x + k * blockDim.x);
+      if (i >= d) continue;
+      const float4 w = *reinterpret_cast<const float4*>(weight + i);
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(v[k].x * inv * w.x, v[k].y * inv * w.y);
+      const __nv_bfloat162 hi = __floats2bfloat162_rn(v[k].z * inv * w.z, v[k].w * inv * w.w);
+      uint2 packed;
+      packed.x = *reinterpret_cast<const unsigned*>(&lo);
+      packed.y = *reinterpret_cast<const unsigned*>(&hi);
+      *reinterpret_cast<uint2*>(o + i) = packed;
+    }
+    return;
+  }
+  if (dr) {
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
       float v = xr[i] + to_f32(dr[i]);
       xr[i] = v;
@@ -70,7 +110,6 @@ extern "C" __global__ void add_rms_norm(float* __restrict__ x, const bf16* __res
     for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
   }
   const float inv = rsqrtf(block_sum(ss) / d + eps);
-  bf16* o = out + (size_t)r * d;
   for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = to_bf16(xr[i] * inv * weight[i]);
 }
 

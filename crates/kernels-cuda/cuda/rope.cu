@@ -3,8 +3,11 @@
 // v into their paged KV-cache slots, in one pass.
 #include "common.cuh"
 
-// Grid: (tokens, num_heads + 2 * num_kv_heads); block: head_dim / 2 rounded up
-// to a multiple of 32. Thread i owns the rotated pair (i, i + head_dim / 2).
+// Grid: (tokens, ceil((num_heads + 2 * num_kv_heads) / ROPE_WARPS)); block:
+// 32 * ROPE_WARPS. Warp w owns head blockIdx.y * ROPE_WARPS + w, lane l the
+// rotated pairs (i, i + head_dim / 2) for i = l, l + 32, ... (head_dim <=
+// 256). One block per token and 8 heads, not per head: a prompt's tokens
+// are many, and 64-thread blocks left the kernel bound by block launches.
 //   qkv:      [tokens, (H + 2 KVH) * hd] bf16, the projection output
 //   bias:     [(H + 2 KVH) * hd] f32 or null
 //   q_norm/k_norm: [hd] f32 or null
@@ -12,14 +15,19 @@
 //   slots:    [tokens] cache slot (block * block_size + offset)
 //   q_out:    [tokens, H * hd] bf16
 //   k/v cache: [blocks, KVH, block_size, hd] bf16 (see kv_index)
-extern "C" __global__ void rope_qkv(const bf16* __restrict__ qkv, const float* __restrict__ bias,
-                                    const float* __restrict__ q_norm, const float* __restrict__ k_norm,
-                                    const int* __restrict__ positions, const long long* __restrict__ slots,
-                                    const float* __restrict__ cos_t, const float* __restrict__ sin_t,
-                                    bf16* __restrict__ q_out, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
-                                    int num_heads, int num_kv_heads, int hd, float eps, int block_size) {
+constexpr int ROPE_WARPS = 8;
+constexpr int ROPE_PAIRS = 4;  // per lane: head_dim / 2 / 32 at most
+
+extern "C" __global__ void __launch_bounds__(ROPE_WARPS * 32)
+    rope_qkv(const bf16* __restrict__ qkv, const float* __restrict__ bias, const float* __restrict__ q_norm,
+             const float* __restrict__ k_norm, const int* __restrict__ positions, const long long* __restrict__ slots,
+             const float* __restrict__ cos_t, const float* __restrict__ sin_t, bf16* __restrict__ q_out,
+             bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int num_heads, int num_kv_heads, int hd,
+             float eps, int block_size) {
   pdl_begin();
-  const int t = blockIdx.x, h = blockIdx.y, i = threadIdx.x, half = hd / 2;
+  const int t = blockIdx.x, lane = threadIdx.x & 31, half = hd / 2;
+  const int h = blockIdx.y * ROPE_WARPS + (threadIdx.x >> 5);
+  if (h >= num_heads + 2 * num_kv_heads) return;  // whole warps; no block-wide sync below
   const int qd = num_heads * hd, kvd = num_kv_heads * hd;
   const bf16* row = qkv + (size_t)t * (qd + 2 * kvd);
   int kind, col;  // 0: q, 1: k, 2: v
@@ -33,41 +41,53 @@ extern "C" __global__ void rope_qkv(const bf16* __restrict__ qkv, const float* _
     kind = 2;
     col = qd + kvd + (h - num_heads - num_kv_heads) * hd;
   }
-  const bool active = i < half;
-  float a = 0.f, b = 0.f;
-  if (active) {
-    a = to_f32(row[col + i]);
-    b = to_f32(row[col + i + half]);
+  float a[ROPE_PAIRS], b[ROPE_PAIRS];
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < ROPE_PAIRS; ++k) {
+    const int i = lane + 32 * k;
+    a[k] = b[k] = 0.f;
+    if (i >= half) continue;
+    a[k] = to_f32(row[col + i]);
+    b[k] = to_f32(row[col + i + half]);
     if (bias) {
-      a += bias[col + i];
-      b += bias[col + i + half];
+      a[k] += bias[col + i];
+      b[k] += bias[col + i + half];
     }
+    ss += a[k] * a[k] + b[k] * b[k];
   }
   const long long slot = slots[t];
   const long long block = slot / block_size;
   const int offset = (int)(slot % block_size);
-  if (kind == 2) {  // uniform across the block: no thread reaches block_sum below
-    if (active) {
-      bf16* v = v_cache + kv_index(block, (col - qd - kvd) / hd, offset, num_kv_heads, block_size, hd);
-      v[i] = to_bf16(a);
-      v[i + half] = to_bf16(b);
+  if (kind == 2) {
+    bf16* v = v_cache + kv_index(block, (col - qd - kvd) / hd, offset, num_kv_heads, block_size, hd);
+#pragma unroll
+    for (int k = 0; k < ROPE_PAIRS; ++k) {
+      const int i = lane + 32 * k;
+      if (i >= half) continue;
+      v[i] = to_bf16(a[k]);
+      v[i + half] = to_bf16(b[k]);
     }
     return;
   }
-  if (q_norm) {
-    const float* w = kind == 0 ? q_norm : k_norm;
-    const float inv = rsqrtf(block_sum(a * a + b * b) / hd + eps);
-    if (active) {
-      a *= inv * w[i];
-      b *= inv * w[i + half];
-    }
-  }
-  if (!active) return;
-  const size_t p = (size_t)positions[t] * half + i;
-  const float c = cos_t[p], s = sin_t[p];
-  const float ra = a * c - b * s, rb = b * c + a * s;
+  float inv = 1.f;
+  const float* w = kind == 0 ? q_norm : k_norm;
+  if (q_norm) inv = rsqrtf(warp_sum(ss) / hd + eps);
   bf16* dst = kind == 0 ? q_out + (size_t)t * qd + col
                         : k_cache + kv_index(block, (col - qd) / hd, offset, num_kv_heads, block_size, hd);
-  dst[i] = to_bf16(ra);
-  dst[i + half] = to_bf16(rb);
+  const float* cs = cos_t + (size_t)positions[t] * half;
+  const float* sn = sin_t + (size_t)positions[t] * half;
+#pragma unroll
+  for (int k = 0; k < ROPE_PAIRS; ++k) {
+    const int i = lane + 32 * k;
+    if (i >= half) continue;
+    float x = a[k], y = b[k];
+    if (q_norm) {
+      x *= inv * w[i];
+      y *= inv * w[i + half];
+    }
+    const float c = cs[i], s = sn[i];
+    dst[i] = to_bf16(x * c - y * s);
+    dst[i + half] = to_bf16(y * c + x * s);
+  }
 }

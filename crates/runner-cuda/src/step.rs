@@ -27,6 +27,8 @@ const SUMSQ_MAX_BLOCKS: usize = 4096;
 const SUMSQ_ROWS: usize = 8;
 const _: () = assert!(GEMV_MAX_TOKENS <= SUMSQ_ROWS);
 
+/// Heads (one per warp) of a `rope_qkv` block (its `ROPE_WARPS`).
+const ROPE_WARPS: usize = 8;
 /// Most (token, split) rows of split-K partial results.
 const PART_ROWS: usize = 2048;
 /// Keys per split that make a block long enough to be worth its launch.
@@ -635,9 +637,15 @@ fn project_qkv(
         F32(c.rms_norm_eps),
         I32(b.block_size as i32),
     ];
-    let threads = (hd / 2).next_multiple_of(32) as u32;
-    let grid = (t as u32, (c.num_heads + 2 * c.num_kv_heads) as u32, 1);
-    gpu.launch(&k.rope_qkv, grid, threads, 0, &args)?;
+    // A warp per head, ROPE_WARPS heads per block.
+    let heads = (c.num_heads + 2 * c.num_kv_heads).div_ceil(ROPE_WARPS) as u32;
+    gpu.launch(
+        &k.rope_qkv,
+        (t as u32, heads, 1),
+        32 * ROPE_WARPS as u32,
+        0,
+        &args,
+    )?;
     mark(Category::Other)
 }
 
