@@ -7,6 +7,7 @@
 #   bench     8B-shaped dummy: batch 1, prefill 1024, 256 x 1024 decode
 #   b1        only the batch-1 row of bench (for A/B runs of one knob)
 #   prefill   only the 1024-token prefill row of bench
+#   tput      only the 256 x (1024 in, 128 out) row of bench
 #   smolb1    batch 1 on a SmolLM2-135M-shaped dummy (no GGUF needed), graphs on and off
 #   profile   per-step GPU time by category (eager) and CPU gaps
 #   sampled   the bench shapes with sampling on the GPU (temperature, top-p, top-k)
@@ -76,6 +77,8 @@ for phase in "$@"; do
       "$ING" bench latency --model "$(llama8b)" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl" ;;
     prefill)
       "$ING" bench latency --model "$(llama8b)" --load-format dummy --max-model-len 4096 --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 5 --json | tee -a "$O/bench.jsonl" ;;
+    tput)
+      "$ING" bench throughput --model "$(llama8b)" --load-format dummy --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl" ;;
     smolb1)
       mkdir -p "$W/smollm2-dummy"; cp tests/gpu/configs/smollm2-135m/config.json "$W"/tokenizers/llama3/* "$W/smollm2-dummy/"
       for eager in "" "--enforce-eager"; do
