@@ -64,13 +64,13 @@ struct L2Prefetch {
 }
 
 impl L2Prefetch {
-    /// A third of the L2 by default (16 MiB on an H100: 173.4 tok/s at 8B
-    /// batch 1 against 172.6 without, and 173.0 / 172.0 / 171.9 with 25 /
-    /// 32 / 40 MiB; an evict-last hint was slower);
+    /// A sixth of the L2 by default (8 MiB on an H100: 8B batch 1 at
+    /// 182.0 tok/s against 180.6 without, 181.6 / 181.5 / 180.6 / 178.9
+    /// with 4 / 12 / 16 / 33 MiB; an evict-last hint was slower);
     /// `INGOT_CUDA_L2_PREFETCH=<MiB>[:<mode>]` overrides it (0: off).
     fn new(l2_bytes: usize) -> Self {
         let default = Self {
-            bytes: l2_bytes / 3,
+            bytes: l2_bytes / 6,
             mode: 1,
         };
         let Ok(spec) = std::env::var("INGOT_CUDA_L2_PREFETCH") else {
