@@ -13,8 +13,8 @@
 //   prefill_attention_hd{HD}: one block per (query tile of one chunk, kv
 //     head): 64 rows = 64 / G tokens x the G query heads sharing the kv
 //     head; tensor cores (mma.sync bf16, FlashAttention-2 style with S, P
-//     and O in registers) for QK^T and PV, K/V tiles double-buffered in
-//     shared memory once for the whole group: the O(n^2) work of prompts.
+//     and O in registers) for QK^T and PV, each K/V tile staged in shared
+//     memory once for the whole group: the O(n^2) work of prompts.
 #include "common.cuh"
 
 constexpr int DECODE_WARPS = 4;
