@@ -548,6 +548,11 @@ def check_fused_norm(m, rng):
     launch(m.fn(f"gemv_n{n}_swiglu_norm"), (math.ceil(ff / 8),), 256,
            [ptr(dev(xg, torch.bfloat16)), f32(eps), ptr(ssb), ptr(dev(w2, torch.bfloat16)), ptr(y), i32(d), i32(ff)])
     report(f"gemv n={n} swiglu with fused RMSNorm", rel(host(y), gate / (1 + np.exp(-gate)) * up), 8e-3)
+    wp = bf(rnd(rng, 704, d, scale=0.05))  # q/k/v of a q/k-norm model: plain bf16 out
+    yp = torch.empty(n, 704, dtype=torch.bfloat16, device="cuda")
+    launch(m.fn(f"gemv_n{n}_bf16_norm"), (704 // 8,), 256,
+           [ptr(dev(xg, torch.bfloat16)), f32(eps), ptr(ssb), ptr(dev(wp, torch.bfloat16)), ptr(yp), i32(d), i32(704)])
+    report(f"gemv n={n} bf16 out with fused RMSNorm", rel(host(yp), xn @ wp.T), 8e-3)
     H, KVH, hd = 9, 3, 64
     w = (H + 2 * KVH) * hd
     wq = bf(rnd(rng, w, d, scale=0.05))

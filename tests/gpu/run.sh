@@ -9,6 +9,7 @@
 #   prefill   only the 1024-token prefill row of bench
 #   tput      only the 256 x (1024 in, 128 out) row of bench
 #   smolb1    batch 1 on a SmolLM2-135M-shaped dummy (no GGUF needed), graphs on and off
+#   qwen3b1   batch 1 on a Qwen3-8B-shaped dummy (q/k norm)
 #   profile   per-step GPU time by category (eager) and CPU gaps
 #   sampled   the bench shapes with sampling on the GPU (temperature, top-p, top-k)
 #   logprobs  the same two with 5 top logprobs per token (also on the GPU)
@@ -79,6 +80,9 @@ for phase in "$@"; do
       "$ING" bench latency --model "$(llama8b)" --load-format dummy --max-model-len 4096 --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 5 --json | tee -a "$O/bench.jsonl" ;;
     tput)
       "$ING" bench throughput --model "$(llama8b)" --load-format dummy --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl" ;;
+    qwen3b1)
+      mkdir -p "$W/qwen3-8b"; cp tests/gpu/configs/qwen3-8b/config.json "$W"/tokenizers/qwen3/* "$W/qwen3-8b/"
+      "$ING" bench latency --model "$W/qwen3-8b" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl" ;;
     smolb1)
       mkdir -p "$W/smollm2-dummy"; cp tests/gpu/configs/smollm2-135m/config.json "$W"/tokenizers/llama3/* "$W/smollm2-dummy/"
       for eager in "" "--enforce-eager"; do

@@ -15,6 +15,8 @@
 //                           rotate q and k and write
 //                           q and the paged K/V cache (what rope_qkv does
 //                           after a plain GEMM, without the round trip)
+//   gemv_n{n}_bf16_norm:    y = rmsnorm(x)·wᵀ (bf16), for q/k/v of models
+//                           whose q/k norm keeps rope in its own kernel
 //   ..._swiglu_norm / _qkv_rope_norm: the same with the input RMSNorm
 //                           fused: x is the residual already multiplied by
 //                           the norm weight (bf16, left by the residual's
@@ -158,13 +160,13 @@ __device__ __forceinline__ void gemv_sumsq(SumSq* sumsq, const float (&sq)[N]) {
 // MODE 0: bf16 out, 1: f32 out, 2: f32 accumulate (and, with sumsq, the
 // updated rows' sums of squares for the next fused RMSNorm; with next_norm,
 // also xg = bf16(y ⊙ next_norm), that norm's pre-scaled input).
-template <int N, int MODE>
+template <int N, int MODE, bool NORM = false>
 __device__ __forceinline__ void gemv_plain(const bf16* x, const bf16* w, void* y, int in, int out, SumSq* sumsq,
-                                           const float* next_norm, bf16* xg) {
+                                           const float* next_norm, bf16* xg, NormIn norm = {}) {
   const int col = warp_column();
   const size_t rows[1] = {(size_t)min(col, out - 1)};
   float acc[1][N];
-  gemv_rows<N, 1>(x, w, in, rows, acc);
+  gemv_rows<N, 1, NORM>(x, w, in, rows, acc, norm);
   const bool writer = (threadIdx.x & 31) == 0 && col < out;
   float sq[N];
 #pragma unroll
@@ -281,6 +283,11 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const bf16* w, int 
       int num_kv_heads, int hd, int block_size) {                                                                \
     gemv_qkv_rope<N>(x, w, in, bias, positions, slots, cos_t, sin_t, q_out, k_cache, v_cache, num_heads,        \
                      num_kv_heads, hd, block_size);                                                              \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
+      gemv_n##N##_bf16_norm(const bf16* xg, float eps, const SumSq* sumsq, const bf16* w, void* y, int in,       \
+                            int out) {                                                                           \
+    gemv_plain<N, 0, true>(xg, w, y, in, out, nullptr, nullptr, nullptr, NormIn{eps, sumsq});                   \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
       gemv_n##N##_swiglu_norm(const bf16* xg, float eps, const SumSq* sumsq, const bf16* w, void* y, int in,     \

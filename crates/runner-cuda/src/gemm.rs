@@ -64,8 +64,8 @@ pub struct Gemm {
     /// Interior mutability: steps borrow the runner's parts immutably.
     plans: RefCell<HashMap<Shape, Plan>>,
     /// `[tokens - 1][mode]`: bf16, f32, f32 accumulate, SwiGLU, q/k/v + rope,
-    /// then SwiGLU and q/k/v + rope with the input RMSNorm fused.
-    gemv: Vec<[Kernel; 7]>,
+    /// then SwiGLU, q/k/v + rope and bf16 with the input RMSNorm fused.
+    gemv: Vec<[Kernel; 8]>,
     /// Time the candidates of new shapes (only while buffers hold scratch).
     pub tune: bool,
     /// Where accumulating GEMVs leave the residual's sums of squares and
@@ -90,6 +90,7 @@ impl Gemm {
                     gpu.kernel(&format!("gemv_n{n}_qkv_rope"))?,
                     gpu.kernel(&format!("gemv_n{n}_swiglu_norm"))?,
                     gpu.kernel(&format!("gemv_n{n}_qkv_rope_norm"))?,
+                    gpu.kernel(&format!("gemv_n{n}_bf16_norm"))?,
                 ])
             })
             .collect::<Result<_, CudaError>>()?;
@@ -238,6 +239,36 @@ impl Gemm {
         };
         let args: Vec<Arg> = head.into_iter().chain(tail).collect();
         gpu.launch(&self.gemv[tokens - 1][kernel], grid, 256, 0, &args)?;
+        Ok(true)
+    }
+
+    /// `y = rmsnorm(x)·wᵀ` in bf16 by the GEMV kernel, from the
+    /// pre-scaled input `xg` (see [`Gemm::accumulate`]) and the sums of
+    /// squares; false when the GEMV path does not apply.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_normed(
+        &self,
+        gpu: &Gpu,
+        (xg, w, y): (DevPtr, DevPtr, DevPtr),
+        tokens: usize,
+        inputs: usize,
+        outputs: usize,
+        eps: f32,
+    ) -> Result<bool, CudaError> {
+        if !(1..=GEMV_MAX_TOKENS).contains(&tokens) || !inputs.is_multiple_of(8) {
+            return Ok(false);
+        }
+        let args = [
+            Arg::Ptr(xg),
+            Arg::F32(eps),
+            Arg::Ptr(self.sumsq),
+            Arg::Ptr(w),
+            Arg::Ptr(y),
+            Arg::I32(inputs as i32),
+            Arg::I32(outputs as i32),
+        ];
+        let grid = (outputs.div_ceil(8) as u32, 1, 1);
+        gpu.launch(&self.gemv[tokens - 1][7], grid, 256, 0, &args)?;
         Ok(true)
     }
 

@@ -616,7 +616,15 @@ fn project_qkv(
         gpu.launch(fused, grid, 256, 0, &args)?;
         return mark(Category::Gemm);
     }
-    gemm.linear(gpu, b.xn, layer.qkv, b.qkv, t, d, width, OutType::Bf16)?;
+    // xn: the normed activations, or (fused norm, q/k norm layers at GEMV
+    // sizes) the pre-scaled residual.
+    if !fused_norm {
+        gemm.linear(gpu, b.xn, layer.qkv, b.qkv, t, d, width, OutType::Bf16)?;
+    } else if !gemm.linear_normed(gpu, (b.xn, layer.qkv, b.qkv), t, d, width, c.rms_norm_eps)? {
+        return Err(CudaError::Unsupported(format!(
+            "a fused RMSNorm for {t} tokens (GEMV sizes only)"
+        )));
+    }
     mark(Category::Gemm)?;
     let (q_norm, k_norm) = layer.qk_norm.unwrap_or((0, 0));
     let args = [
@@ -739,12 +747,12 @@ pub fn encode(
     use Arg::{Ptr, F32, I32};
 
     // A fused norm reads xg = bf16(x ⊙ g) (in xn) that the residual's
-    // writer leaves: the attention norm of layers without q/k norm (the
-    // q/k/v GEMV then does rope too) and every MLP norm.
+    // writer leaves: every attention norm (the q/k/v GEMV also does rope
+    // for layers without q/k norm) and every MLP norm.
     let fused_attn_norm = |i: usize| {
         w.layers
             .get(i)
-            .filter(|l| fuse_norms && l.qk_norm.is_none())
+            .filter(|_| fuse_norms)
             .map(|l| (l.attn_norm, b.xn))
     };
     let [embed_norm, embed_xg] =
