@@ -11,7 +11,7 @@
 //!   steps (prefill, mixed, larger batches) run eagerly.
 //! - A step's inputs (ids, positions, slots, block tables) go up in one copy
 //!   from pinned memory; only picked ids (greedy or sampled on the device)
-//!   or, for logprobs, the logits come back.
+//!   and the logprobs rows ask for come back.
 
 mod device;
 mod gemm;

@@ -965,8 +965,8 @@ mod tests {
 
     #[test]
     fn prefill_shared_memory_fits_hopper() {
-        // 227 KiB per block on sm_90; two blocks per SM for head_dim 128.
-        // Four blocks per SM (the kernel's launch bounds).
+        // 227 KiB per SM on sm_90: four blocks per SM for head_dim 128
+        // (the kernel's launch bounds).
         assert!(prefill_shared_bytes(128) * 4 <= 227 * 1024);
         assert!(prefill_shared_bytes(64) <= 163 * 1024, "sm_80 limit");
     }
