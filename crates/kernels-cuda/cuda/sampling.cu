@@ -185,18 +185,25 @@ __device__ unsigned search_threshold(const float* row, int vocab, unsigned lo, u
   return lo;
 }
 
-// log Z of the raw row, and its n largest entries as logprobs into lp (all
-// threads call it; thread 0 writes). The n-th largest key t is searched as
-// top-k's threshold; the entries above it (fewer than n) are gathered and
-// sorted, and the rest of the n are the lowest ids whose key equals t.
-__device__ float raw_logprobs(const float* row, int vocab, int n, RowLogprobs& lp) {
-  float mx = -INFINITY, mn = INFINITY;
+// The row's largest and smallest logit; every thread gets both.
+__device__ __forceinline__ void row_range(const float* row, int vocab, float& mx, float& mn) {
+  mx = -INFINITY;
+  mn = INFINITY;
   for_each_logit(row, vocab, [&](int, float l) {
     mx = fmaxf(mx, l);
     mn = fminf(mn, l);
   });
   mx = block_max(mx);
   mn = -block_max(-mn);
+}
+
+// log Z of the raw row, and its n largest entries as logprobs into lp (all
+// threads call it; thread 0 writes). The n-th largest key t is searched as
+// top-k's threshold; the entries above it (fewer than n) are gathered and
+// sorted, and the rest of the n are the lowest ids whose key equals t.
+__device__ float raw_logprobs(const float* row, int vocab, int n, RowLogprobs& lp) {
+  float mx, mn;
+  row_range(row, vocab, mx, mn);
   float z = 0.f;
   for_each_logit(row, vocab, [&](int, float l) { z += __expf(l - mx); });
   const float log_z = mx + logf(block_sum(z));
@@ -303,13 +310,8 @@ __device__ int pick(const float* row, int vocab, const SampleParams& p) {
   if (p.temperature == 0.f || p.top_k == 1) return row_argmax(row, vocab);
   // Weights relative to the best token: exp2((l - max) * scale).
   const float scale = LOG2E / p.temperature;
-  float mx = -INFINITY, mn = INFINITY;
-  for_each_logit(row, vocab, [&](int, float l) {
-    mx = fmaxf(mx, l);
-    mn = fminf(mn, l);
-  });
-  mx = block_max(mx);
-  mn = -block_max(-mn);
+  float mx, mn;
+  row_range(row, vocab, mx, mn);
   unsigned floor_key = ordered_key(mn);
   const unsigned top_key = ordered_key(mx);
   if (p.top_k > 1 && p.top_k < vocab)
