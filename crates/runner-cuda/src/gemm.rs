@@ -25,6 +25,12 @@ pub const GEMV_MAX_TOKENS: usize = 8;
 /// Candidates timed per shape while tuning.
 const TUNE_CANDIDATES: usize = 8;
 
+/// Whether the GEMV kernels take `tokens` rows of `inputs`-wide
+/// activations (16-byte loads: inputs a multiple of 8).
+fn gemv_fits(tokens: usize, inputs: usize) -> bool {
+    (1..=GEMV_MAX_TOKENS).contains(&tokens) && inputs.is_multiple_of(8)
+}
+
 /// Output element type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OutType {
@@ -184,7 +190,7 @@ impl Gemm {
         out: OutType,
         next_norm: Option<(DevPtr, DevPtr)>,
     ) -> Result<bool, CudaError> {
-        if !(1..=GEMV_MAX_TOKENS).contains(&tokens) || !inputs.is_multiple_of(8) {
+        if !gemv_fits(tokens, inputs) {
             return Ok(false);
         }
         let (mode, sumsq) = match out {
@@ -221,7 +227,7 @@ impl Gemm {
         outputs: usize,
         norm_eps: Option<f32>,
     ) -> Result<bool, CudaError> {
-        if !(1..=GEMV_MAX_TOKENS).contains(&tokens) || !inputs.is_multiple_of(8) {
+        if !gemv_fits(tokens, inputs) {
             return Ok(false);
         }
         let grid = (outputs.div_ceil(8) as u32, 1, 1);
@@ -255,7 +261,7 @@ impl Gemm {
         outputs: usize,
         eps: f32,
     ) -> Result<bool, CudaError> {
-        if !(1..=GEMV_MAX_TOKENS).contains(&tokens) || !inputs.is_multiple_of(8) {
+        if !gemv_fits(tokens, inputs) {
             return Ok(false);
         }
         let args = [
@@ -277,8 +283,7 @@ impl Gemm {
     /// With `norm`, the variant that applies the RMSNorm to a pre-scaled
     /// input (arguments: xg, eps, sums of squares, then the rest).
     pub fn qkv_rope_kernel(&self, tokens: usize, inputs: usize, norm: bool) -> Option<&Kernel> {
-        ((1..=GEMV_MAX_TOKENS).contains(&tokens) && inputs.is_multiple_of(8))
-            .then(|| &self.gemv[tokens - 1][if norm { 6 } else { 4 }])
+        gemv_fits(tokens, inputs).then(|| &self.gemv[tokens - 1][if norm { 6 } else { 4 }])
     }
 
     fn matmul(
