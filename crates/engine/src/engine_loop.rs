@@ -257,6 +257,12 @@ impl EngineLoop {
                 );
             }
             Command::Abort(id) => self.drop_request(id, Some(FinishReason::Abort)),
+            Command::SetPriority(id, priority) => {
+                if let Some(a) = self.active.get_mut(&id) {
+                    a.priority = priority;
+                    self.scheduler.set_priority(id, priority);
+                }
+            }
         }
     }
 

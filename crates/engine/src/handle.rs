@@ -117,6 +117,8 @@ pub(crate) enum Command {
         arrival: Instant,
     },
     Abort(RequestId),
+    /// Moves a request to another tier.
+    SetPriority(RequestId, Priority),
     /// The last handle is gone: stop and release the runner.
     Shutdown,
 }
@@ -221,25 +223,18 @@ impl EngineHandle {
             .min(self.shared.limits.kv_capacity_tokens)
     }
 
+    /// What a request must fit: the context and the vocabulary.
+    pub fn limits(&self) -> RequestLimits {
+        RequestLimits {
+            max_context: self.max_context(),
+            vocab_size: self.shared.config.vocab_size,
+        }
+    }
+
     /// Validates and queues a request. Fails fast when the queue is full
     /// for its priority (see `Scheduler::admit`).
     pub fn submit(&self, request: EngineRequest) -> Result<RequestStream, SubmitError> {
-        request.sampling.validate()?;
-        if request.prompt.is_empty() {
-            return Err(SubmitError::EmptyPrompt);
-        }
-        let vocab_size = self.shared.config.vocab_size;
-        if let Some(&id) = request.prompt.iter().find(|&&t| t as usize >= vocab_size) {
-            return Err(SubmitError::TokenOutOfRange { id, vocab_size });
-        }
-        let max_context = self.max_context();
-        if request.prompt.len() + request.stop.max_tokens > max_context {
-            return Err(SubmitError::TooLong {
-                prompt_tokens: request.prompt.len(),
-                max_tokens: request.stop.max_tokens,
-                max_context,
-            });
-        }
+        self.limits().check(&request)?;
         let stats = &self.shared.stats;
         let waiting = stats.waiting.fetch_add(1, Ordering::SeqCst);
         if let Err(e) = admission(request.priority, waiting, self.shared.limits.max_waiting) {
@@ -258,11 +253,43 @@ impl EngineHandle {
             stats.waiting.fetch_sub(1, Ordering::SeqCst);
             return Err(SubmitError::Stopped);
         }
+        crate::metrics::request_submitted();
         Ok(RequestStream {
             id,
             events: rx,
             abort: Some(self.shared.commands.clone()),
         })
+    }
+}
+
+/// The bounds every request is checked against, before any queue or cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestLimits {
+    /// Longest prompt + max_tokens.
+    pub max_context: usize,
+    /// Token ids must be below this.
+    pub vocab_size: usize,
+}
+
+impl RequestLimits {
+    /// Sampling values, an empty prompt, token ids and length.
+    pub fn check(&self, request: &EngineRequest) -> Result<(), SubmitError> {
+        request.sampling.validate()?;
+        if request.prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        let vocab_size = self.vocab_size;
+        if let Some(&id) = request.prompt.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(SubmitError::TokenOutOfRange { id, vocab_size });
+        }
+        if request.prompt.len() + request.stop.max_tokens > self.max_context {
+            return Err(SubmitError::TooLong {
+                prompt_tokens: request.prompt.len(),
+                max_tokens: request.stop.max_tokens,
+                max_context: self.max_context,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -292,9 +319,39 @@ impl RequestStream {
         self.events.recv().await
     }
 
+    /// A handle that can move this request to another tier while it runs.
+    pub fn priority_handle(&self) -> PriorityHandle {
+        PriorityHandle {
+            id: self.id,
+            commands: self.abort.clone(),
+        }
+    }
+
     /// The next event, blocking the current (non-async) thread.
     pub fn next_blocking(&mut self) -> Option<TokenEvent> {
         self.events.blocking_recv()
+    }
+}
+
+/// Changes the tier of a running or waiting request.
+#[derive(Clone)]
+pub struct PriorityHandle {
+    id: RequestId,
+    commands: Option<std_mpsc::Sender<Command>>,
+}
+
+impl PriorityHandle {
+    /// Moves the request to `priority` (ignored once it has finished).
+    pub fn set(&self, priority: Priority) {
+        if let Some(tx) = &self.commands {
+            let _ = tx.send(Command::SetPriority(self.id, priority));
+        }
+    }
+}
+
+impl std::fmt::Debug for PriorityHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PriorityHandle").field("id", &self.id).finish()
     }
 }
 

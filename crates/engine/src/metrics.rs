@@ -16,6 +16,13 @@ pub fn register() {
     preemptions(0);
     counter!("ingot:prompt_tokens_total").increment(0);
     counter!("ingot:generation_tokens_total").increment(0);
+    counter!("ingot:engine_requests_total").increment(0);
+}
+
+/// A request entered the engine (one generation; coalesced and cached
+/// answers never reach here).
+pub fn request_submitted() {
+    counter!("ingot:engine_requests_total").increment(1);
 }
 
 /// Running / waiting gauges and KV usage (fraction in [0, 1]).

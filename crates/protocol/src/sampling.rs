@@ -81,7 +81,7 @@ pub struct SamplingFields {
     pub stream: Option<bool>,
     /// Streaming options.
     pub stream_options: Option<StreamOptions>,
-    /// End-user id (accepted, unused).
+    /// End-user id (the feature-flag unit when there is no API key).
     pub user: Option<String>,
 }
 
@@ -105,6 +105,8 @@ pub struct ValidSampling {
     pub stream: bool,
     /// Final usage chunk when streaming.
     pub include_usage: bool,
+    /// End-user id, if given.
+    pub user: Option<String>,
 }
 
 impl SamplingFields {
@@ -194,6 +196,7 @@ impl SamplingFields {
             priority,
             stream: self.stream.unwrap_or(false),
             include_usage: self.stream_options.is_some_and(|o| o.include_usage),
+            user: self.user,
         })
     }
 }

@@ -232,6 +232,14 @@ impl Scheduler {
         }
     }
 
+    /// Changes a sequence's tier (a coalesced request joined by a more
+    /// urgent subscriber runs at the most urgent tier among them).
+    pub fn set_priority(&mut self, id: SeqId, priority: Priority) {
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            seq.priority = priority;
+        }
+    }
+
     /// A paused sequence keeps its blocks but is not stepped (its client is
     /// not reading).
     pub fn set_paused(&mut self, id: SeqId, paused: bool) {
