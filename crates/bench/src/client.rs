@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::header::{ACCEPT, CONTENT_TYPE};
+use hyper::header::{HeaderMap, HeaderName, ACCEPT, CONTENT_TYPE};
 use hyper::{Method, Request, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -36,11 +36,17 @@ use crate::BenchError;
 /// Largest error body read (the rest is dropped).
 const ERROR_BODY_LIMIT: usize = 64 << 10;
 
+/// How ingot's response cache served a response (`hit`, `coalesced`,
+/// `miss`, `bypass`); other servers do not send it.
+pub const CACHE_HEADER: HeaderName = HeaderName::from_static("x-ingot-cache");
+
 /// A pooled HTTP/1.1 client for one server. Cheap to clone (shares the pool).
 #[derive(Clone, Debug)]
 pub struct HttpClient {
     inner: Client<HttpConnector, Full<Bytes>>,
     base: String,
+    /// Sent with every request (`--header`), replacing ours of the same name.
+    headers: HeaderMap,
 }
 
 /// Why a plain GET failed.
@@ -124,7 +130,17 @@ impl HttpClient {
         let inner = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
             .build(connector);
-        Ok(HttpClient { inner, base })
+        Ok(HttpClient {
+            inner,
+            base,
+            headers: HeaderMap::new(),
+        })
+    }
+
+    /// The same client, sending `headers` with every request. They replace
+    /// the client's own headers of the same name (`Accept`, ...).
+    pub fn with_headers(self, headers: HeaderMap) -> HttpClient {
+        HttpClient { headers, ..self }
     }
 
     /// The base URL, without a trailing slash.
@@ -144,10 +160,14 @@ impl HttpClient {
         timeout: Duration,
     ) -> Result<serde_json::Value, GetError> {
         let uri = self.uri(path).map_err(GetError::Transport)?;
+        let mut request = Request::get(uri)
+            .body(Full::default())
+            .map_err(|e| GetError::Transport(format!("cannot build the request: {e}")))?;
+        request.headers_mut().extend(self.headers.clone());
         let exchange = async {
             let resp = self
                 .inner
-                .get(uri)
+                .request(request)
                 .await
                 .map_err(|e| GetError::Transport(error_chain(&e)))?;
             let status = resp.status();
@@ -202,13 +222,14 @@ impl HttpClient {
 
     async fn exchange(&self, req: &StreamRequest, st: &mut StreamState) -> Result<(), Failure> {
         let uri = self.uri(&req.path).map_err(Failure::protocol)?;
-        let request = Request::builder()
+        let mut request = Request::builder()
             .method(Method::POST)
             .uri(uri)
             .header(CONTENT_TYPE, "application/json")
             .header(ACCEPT, "text/event-stream")
             .body(Full::new(req.body.clone()))
             .map_err(|e| Failure::protocol(format!("cannot build the request: {e}")))?;
+        request.headers_mut().extend(self.headers.clone());
         let resp = match self.inner.request(request.clone()).await {
             // A pooled keep-alive connection the server had just closed:
             // nothing was processed, so send once more on a fresh one.
@@ -218,6 +239,10 @@ impl HttpClient {
         .map_err(|e| Failure::new(FailureKind::Transport, error_chain(&e)))?;
         let status = resp.status();
         st.status = Some(status.as_u16());
+        st.cache = resp
+            .headers()
+            .get(CACHE_HEADER)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).trim().to_string());
         let content_type = resp
             .headers()
             .get(CONTENT_TYPE)
@@ -347,6 +372,7 @@ impl ChunkChoice<'_> {
 struct StreamState {
     sent: Instant,
     status: Option<u16>,
+    cache: Option<String>,
     first: Option<Instant>,
     last: Option<Instant>,
     end: Option<Instant>,
@@ -365,6 +391,7 @@ impl StreamState {
         StreamState {
             sent,
             status: None,
+            cache: None,
             first: None,
             last: None,
             end: None,
@@ -458,6 +485,7 @@ impl StreamState {
             failure,
             finish_reason: self.finish,
             turn: req.turn,
+            cache: self.cache,
         };
         StreamOutcome {
             record,

@@ -145,6 +145,14 @@ pub struct Comparison {
     pub rows: Vec<Row>,
     /// Some row regressed.
     pub regressed: bool,
+    /// The baseline's response-cache hit rate, when its server reported one.
+    /// Shown, not gated: it is a property of the workload as much as of
+    /// the server, and it explains latency rows that moved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline_cache_hit_rate: Option<f64>,
+    /// The candidate's response-cache hit rate, when reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub candidate_cache_hit_rate: Option<f64>,
 }
 
 /// Reads and parses a result file.
@@ -415,6 +423,8 @@ pub fn compare(
         config_differences: config_differences(&base.config, &cand.config),
         regressed: rows.iter().any(|r| r.verdict == Verdict::Regressed),
         rows,
+        baseline_cache_hit_rate: bs.cache_hit_rate,
+        candidate_cache_hit_rate: cs.cache_hit_rate,
     })
 }
 
@@ -451,6 +461,9 @@ fn print_table(c: &Comparison, base: &BenchResult, cand: &BenchResult) {
                 r.summary.failed + r.summary.completed
             );
         }
+    }
+    if let Some(line) = cache_hit_rates(c) {
+        println!("{line}");
     }
     println!(
         "{:<20} {:>11} {:>11} {:>9} {:>9} {:>6} {:>8} {:>9}  verdict",
@@ -508,6 +521,20 @@ fn print_table(c: &Comparison, base: &BenchResult, cand: &BenchResult) {
     } else {
         println!("result: REGRESSION in {}", failed.join(", "));
     }
+}
+
+/// "cache hit rate: baseline 37.5%, candidate -" when either run has one.
+fn cache_hit_rates(c: &Comparison) -> Option<String> {
+    let (b, cand) = (c.baseline_cache_hit_rate, c.candidate_cache_hit_rate);
+    if b.is_none() && cand.is_none() {
+        return None;
+    }
+    let pct = |r: Option<f64>| r.map_or_else(|| "-".into(), |r| format!("{:.1}%", r * 100.0));
+    Some(format!(
+        "cache hit rate: baseline {}, candidate {}",
+        pct(b),
+        pct(cand)
+    ))
 }
 
 /// Runs the command; `Ok(false)` on a regression.
@@ -655,5 +682,27 @@ mod tests {
         let x = serde_json::json!({"input_len": 16, "out": "a", "seed": 1});
         let y = serde_json::json!({"input_len": 32, "out": "b", "seed": 1, "new": true});
         assert_eq!(config_differences(&x, &y), ["input_len", "new"]);
+    }
+
+    #[test]
+    fn cache_hit_rates_show_when_either_run_has_one() {
+        let a = run_of(4, 100.0, 1.0);
+        let c = compare(&a, &a, &args()).unwrap();
+        assert_eq!(cache_hit_rates(&c), None);
+        assert!(serde_json::to_value(&c)
+            .unwrap()
+            .get("baseline_cache_hit_rate")
+            .is_none());
+        let mut b = a.clone();
+        for (i, q) in b.requests.iter_mut().enumerate() {
+            q.cache = Some(if i == 0 { "hit" } else { "miss" }.into());
+        }
+        b.summary = Summary::of(&b.requests, 1.0, None);
+        let c = compare(&a, &b, &args()).unwrap();
+        assert_eq!(c.candidate_cache_hit_rate, Some(0.25));
+        assert_eq!(
+            cache_hit_rates(&c).as_deref(),
+            Some("cache hit rate: baseline -, candidate 25.0%")
+        );
     }
 }

@@ -35,7 +35,9 @@
 //! - `duplicate`: random prompts, of which a fraction `--duplicate-fraction`
 //!   F (evenly spread: request i is a repeat when ⌊(i+1)F⌋ > ⌊iF⌋) are exact
 //!   repeats (text and output length) of an earlier unique prompt, chosen
-//!   uniformly.
+//!   uniformly. The workload for measuring ingot's response cache and
+//!   request coalescing: F bounds the hit rate, and repeats that arrive
+//!   while their original still runs are coalesced.
 //!
 //! Without a tokenizer, text is random common English words (most are one
 //! token in BPE vocabularies, so lengths are close but not exact); records
@@ -62,7 +64,8 @@ pub enum DatasetKind {
     Prefix,
     /// Conversations of `--turns` sequential requests.
     Multiturn,
-    /// A `--duplicate-fraction` of exact repeats.
+    /// A `--duplicate-fraction` of exact repeats: measures the response
+    /// cache (hit rate and coalescing in the report).
     Duplicate,
 }
 

@@ -403,6 +403,7 @@ pub(crate) mod fake {
                 return;
             }
             let mut len = 0;
+            let mut cache = String::new();
             loop {
                 let mut line = String::new();
                 if reader.read_line(&mut line).unwrap_or(0) == 0 {
@@ -411,8 +412,14 @@ pub(crate) mod fake {
                 if line == "\r\n" {
                     break;
                 }
-                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                let lower = line.to_ascii_lowercase();
+                if let Some(v) = lower.strip_prefix("content-length:") {
                     len = v.trim().parse().unwrap();
+                }
+                // Echoed as ingot's x-ingot-cache, to test --header and
+                // the recording of the response header at once.
+                if let Some(v) = lower.strip_prefix("x-fake-cache:") {
+                    cache = format!("x-ingot-cache: {}\r\n", v.trim());
                 }
             }
             let mut body = vec![0; len];
@@ -428,7 +435,7 @@ pub(crate) mod fake {
             }
             let req: serde_json::Value = serde_json::from_slice(&body).unwrap();
             let n = req["max_tokens"].as_u64().unwrap() as u32;
-            if respond(&mut s, mode, n, gaps).is_err() {
+            if respond(&mut s, mode, n, &cache, gaps).is_err() {
                 return;
             }
         }
@@ -438,6 +445,7 @@ pub(crate) mod fake {
         s: &mut TcpStream,
         mode: Mode,
         n: u32,
+        cache: &str,
         gaps: &Mutex<Vec<f64>>,
     ) -> std::io::Result<()> {
         let plain = |s: &mut TcpStream, status: &str, ct: &str, body: &str| {
@@ -461,7 +469,8 @@ pub(crate) mod fake {
             }
             _ => {}
         }
-        s.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")?;
+        let head = format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n{cache}transfer-encoding: chunked\r\n\r\n");
+        s.write_all(head.as_bytes())?;
         let usage = event(&format!(
             r#"{{"id":"cmpl-1","object":"text_completion","created":0,"model":"fake","choices":[],"usage":{{"prompt_tokens":3,"completion_tokens":{n},"total_tokens":{}}}}}"#,
             n + 3
@@ -664,6 +673,22 @@ mod tests {
             r.requests
         );
         assert_eq!(r.requests[0].finish_reason.as_deref(), Some("length"));
+    }
+
+    #[test]
+    fn header_flags_are_sent_and_the_cache_header_recorded() {
+        let server = FakeServer::start(Mode::Stream(Duration::ZERO));
+        let r = run_once(&args(&server, 2, 3), false).unwrap();
+        assert!(r.requests.iter().all(|q| q.cache.is_none()));
+        assert_eq!((r.summary.cache, r.summary.cache_hit_rate), (None, None));
+        let a = ServeArgs {
+            headers: vec![crate::serve::parse_header("X-Fake-Cache: hit").unwrap()],
+            ..args(&server, 2, 3)
+        };
+        let r = run_once(&a, false).unwrap();
+        assert!(r.requests.iter().all(|q| q.cache.as_deref() == Some("hit")));
+        assert_eq!(r.summary.cache.map(|c| c.hits), Some(2));
+        assert_eq!(r.summary.cache_hit_rate, Some(1.0));
     }
 
     #[test]

@@ -65,6 +65,11 @@ pub struct RequestRecord {
     /// Turn within its conversation (0-based; always 0 outside `multiturn`).
     #[serde(default)]
     pub turn: usize,
+    /// The response's `x-ingot-cache` header (`hit`, `coalesced`, `miss`,
+    /// `bypass`): how ingot's response cache served it. None when absent,
+    /// as from other servers.
+    #[serde(default)]
+    pub cache: Option<String>,
 }
 
 impl RequestRecord {
@@ -198,6 +203,50 @@ pub struct Summary {
     pub itl: Stats,
     /// End-to-end latency.
     pub e2e: Stats,
+    /// Completed requests by their `x-ingot-cache` header; None when no
+    /// completed response carried it (not ingot, or files from before it).
+    #[serde(default)]
+    pub cache: Option<CacheCounts>,
+    /// Cache hits per completed request; None with `cache`. Coalesced
+    /// requests are not hits: they waited for an identical request's
+    /// generation instead of reading a stored response.
+    #[serde(default)]
+    pub cache_hit_rate: Option<f64>,
+}
+
+/// Completed requests by how ingot's response cache served them.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CacheCounts {
+    /// `hit`: answered from a stored response.
+    pub hits: usize,
+    /// `coalesced`: joined an identical request already generating.
+    pub coalesced: usize,
+    /// `miss`: generated (and possibly stored).
+    pub misses: usize,
+    /// `bypass`: the cache was not consulted (e.g. `Cache-Control: no-cache`).
+    pub bypass: usize,
+    /// Any other value, so that the counts add up if the server adds one.
+    #[serde(default)]
+    pub other: usize,
+}
+
+impl CacheCounts {
+    /// Counts the `cache` values of `records`; None when none has one.
+    fn of<'a>(records: impl IntoIterator<Item = &'a RequestRecord>) -> Option<CacheCounts> {
+        let mut counts: Option<CacheCounts> = None;
+        for value in records.into_iter().filter_map(|r| r.cache.as_deref()) {
+            let c = counts.get_or_insert_with(CacheCounts::default);
+            let slot = match value {
+                "hit" => &mut c.hits,
+                "coalesced" => &mut c.coalesced,
+                "miss" => &mut c.misses,
+                "bypass" => &mut c.bypass,
+                _ => &mut c.other,
+            };
+            *slot += 1;
+        }
+        counts
+    }
 }
 
 impl Summary {
@@ -222,6 +271,7 @@ impl Summary {
                 0.0
             }
         };
+        let cache = CacheCounts::of(ok.iter().copied());
         let input: usize = ok.iter().map(|r| r.prompt_tokens).sum();
         let output: usize = ok.iter().map(|r| r.output_tokens).sum();
         Summary {
@@ -240,6 +290,8 @@ impl Summary {
             tpot: Stats::from_seconds(ok.iter().filter_map(|r| r.tpot_s())),
             itl: Stats::from_seconds(ok.iter().flat_map(|r| r.itl_s.iter().copied())),
             e2e: Stats::from_seconds(ok.iter().map(|r| r.e2e_s)),
+            cache,
+            cache_hit_rate: cache.map(|c| c.hits as f64 / ok.len() as f64),
         }
     }
 }
@@ -313,5 +365,65 @@ mod tests {
         assert_eq!(s.goodput, Some(0.5));
         assert_eq!(s.output_tok_s, 5.0);
         assert!((s.tpot.mean - 200.0).abs() < 1e-6); // (1.0 - 0.2 avg) / 4
+        assert_eq!((s.cache, s.cache_hit_rate), (None, None));
+    }
+
+    #[test]
+    fn summary_counts_completed_requests_by_cache_header() {
+        let done = |cache: Option<&str>| RequestRecord {
+            ok: true,
+            status: Some(200),
+            cache: cache.map(str::to_string),
+            ..Default::default()
+        };
+        let records = [
+            done(Some("hit")),
+            done(Some("hit")),
+            done(Some("coalesced")),
+            done(Some("miss")),
+            done(Some("bypass")),
+            done(Some("stale")),
+            done(None),
+            done(Some("hit")),
+            // Failed requests count in neither the counts nor the rate.
+            RequestRecord {
+                status: Some(500),
+                cache: Some("miss".into()),
+                ..Default::default()
+            },
+        ];
+        let s = Summary::of(&records, 1.0, None);
+        let want = CacheCounts {
+            hits: 3,
+            coalesced: 1,
+            misses: 1,
+            bypass: 1,
+            other: 1,
+        };
+        assert_eq!(s.cache, Some(want));
+        assert_eq!(s.cache_hit_rate, Some(3.0 / 8.0));
+    }
+
+    #[test]
+    fn files_from_before_the_cache_fields_load() {
+        let mut v = serde_json::to_value(BenchResult {
+            summary: Summary::of(&[RequestRecord::default()], 1.0, None),
+            requests: vec![RequestRecord::default()],
+            ..Default::default()
+        })
+        .unwrap();
+        for (obj, key) in [("summary", "cache"), ("summary", "cache_hit_rate")] {
+            v[obj].as_object_mut().unwrap().remove(key).unwrap();
+        }
+        v["requests"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("cache")
+            .unwrap();
+        let r: BenchResult = serde_json::from_value(v).unwrap();
+        assert_eq!(
+            (r.summary.cache, r.requests[0].cache.as_deref()),
+            (None, None)
+        );
     }
 }

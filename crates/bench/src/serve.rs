@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, TRANSFER_ENCODING};
 use indicatif::{ProgressBar, ProgressStyle};
 use ingot_tokenizer::Tokenizer;
 use serde::Serialize;
@@ -51,7 +52,8 @@ pub struct ServeArgs {
     /// lengths; without it prompts are common words (about one token each).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
-    /// Synthetic workload (see `ingot_bench::dataset`).
+    /// Synthetic workload (see `ingot_bench::dataset`); `duplicate` is the
+    /// one for measuring the response cache.
     #[arg(long, value_enum, default_value_t = DatasetKind::Random, alias = "dataset-name")]
     pub dataset: DatasetKind,
     /// Requests to measure (multiturn: turns in all; ignored with --duration).
@@ -78,7 +80,8 @@ pub struct ServeArgs {
     /// multiturn: requests per conversation.
     #[arg(long, default_value_t = 4)]
     pub turns: usize,
-    /// duplicate: fraction of requests that repeat an earlier prompt.
+    /// duplicate: fraction of requests that repeat an earlier prompt (the
+    /// response cache's workload; its hit rate is at most this).
     #[arg(long, default_value_t = 0.5)]
     pub duplicate_fraction: f64,
     /// sharegpt: fixed output length instead of the distribution's.
@@ -107,6 +110,11 @@ pub struct ServeArgs {
     /// JSON object merged into every request body (overrides our fields).
     #[arg(long, value_parser = parse_extra_body)]
     pub extra_body: Option<Map<String, Value>>,
+    /// 'Name: value' header sent with every request, e.g. 'Cache-Control:
+    /// no-cache' (repeatable; replaces the client's own of the same name).
+    #[arg(long = "header", short = 'H', value_name = "NAME: VALUE", value_parser = parse_header)]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<RequestHeader>,
     /// Goodput SLO in ms, e.g. ttft=500,tpot=50,e2e=10000.
     #[arg(long, value_parser = parse_slo)]
     pub slo: Option<Slo>,
@@ -153,6 +161,62 @@ fn parse_extra_body(s: &str) -> Result<Map<String, Value>, String> {
         Ok(_) => Err("must be a JSON object".into()),
         Err(e) => Err(format!("not JSON: {e}")),
     }
+}
+
+/// One `--header`: checked when parsed, so a typo fails before the run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHeader {
+    /// Header name (lowercase).
+    pub name: HeaderName,
+    /// Header value.
+    pub value: HeaderValue,
+}
+
+impl Serialize for RequestHeader {
+    /// `"name: value"` in the result's config, credentials redacted: result
+    /// files get shared, keys should not.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        const SECRET: [&str; 5] = [
+            "authorization",
+            "proxy-authorization",
+            "cookie",
+            "x-api-key",
+            "api-key",
+        ];
+        let value = if SECRET.contains(&self.name.as_str()) {
+            "<redacted>".into()
+        } else {
+            String::from_utf8_lossy(self.value.as_bytes())
+        };
+        s.serialize_str(&format!("{}: {value}", self.name))
+    }
+}
+
+/// Parses `--header 'Name: value'`. The headers that frame the body are the
+/// client's own: another value would break the request.
+pub fn parse_header(s: &str) -> Result<RequestHeader, String> {
+    let (name, value) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: want 'Name: value'"))?;
+    let name = HeaderName::from_bytes(name.trim().as_bytes())
+        .map_err(|_| format!("{:?} is not a valid header name", name.trim()))?;
+    if [CONTENT_LENGTH, TRANSFER_ENCODING].contains(&name) {
+        return Err(format!(
+            "{name} is set by the client and cannot be overridden"
+        ));
+    }
+    let value = HeaderValue::from_str(value.trim())
+        .map_err(|_| format!("the value of {name} has characters a header cannot carry"))?;
+    Ok(RequestHeader { name, value })
+}
+
+/// The `--header`s as one map (repeated names keep every value).
+fn header_map(headers: &[RequestHeader]) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    for h in headers {
+        map.append(h.name.clone(), h.value.clone());
+    }
+    map
 }
 
 /// Parses `ttft=500,tpot=50,e2e=2000` (milliseconds, any subset).
@@ -374,7 +438,7 @@ pub fn run_once(args: &ServeArgs, on_progress: bool) -> Result<BenchResult, Benc
             .build()
     }
     .map_err(|e| BenchError::Options(format!("cannot start the client runtime: {e}")))?;
-    let client = HttpClient::new(&plan.base_url)?;
+    let client = HttpClient::new(&plan.base_url)?.with_headers(header_map(&args.headers));
     let (models, model) = runtime.block_on(discover(&client, args.model.as_deref()))?;
 
     let mut dataset = Dataset::new(plan.dataset.clone(), tokenizer.clone())?;
@@ -617,6 +681,9 @@ pub fn print_summary(r: &BenchResult) {
         "output tokens:", s.output_tokens, s.output_tok_s
     );
     println!("{:<26}{:.1} tok/s", "total throughput:", s.total_tok_s);
+    if let Some(line) = cache_line(s) {
+        println!("{:<26}{line}", "response cache:");
+    }
     println!(
         "\n{:<6}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}",
         "ms", "mean", "std", "median", "p90", "p99", "max", "n"
@@ -630,6 +697,117 @@ pub fn print_summary(r: &BenchResult) {
         println!(
             "{name:<6}{:>10.2}{:>10.2}{:>10.2}{:>10.2}{:>10.2}{:>10.2}{:>10}",
             st.mean, st.std, st.median, st.p90, st.p99, st.max, st.count
+        );
+    }
+}
+
+/// The response cache's part of the report: "37.5% hits (3 hit, 1
+/// coalesced, 4 miss, 0 bypass)"; None when no response said.
+fn cache_line(s: &Summary) -> Option<String> {
+    let (c, rate) = (s.cache?, s.cache_hit_rate?);
+    let other = match c.other {
+        0 => String::new(),
+        n => format!(", {n} other"),
+    };
+    Some(format!(
+        "{:.1}% hits ({} hit, {} coalesced, {} miss, {} bypass{other})",
+        rate * 100.0,
+        c.hits,
+        c.coalesced,
+        c.misses,
+        c.bypass
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::result::CacheCounts;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    #[test]
+    fn headers_parse_and_bad_ones_are_clear_errors() {
+        let h = parse_header("Cache-Control:  no-cache ").unwrap();
+        assert_eq!(
+            (h.name.as_str(), h.value.to_str().unwrap()),
+            ("cache-control", "no-cache")
+        );
+        let h = parse_header("X-Empty:").unwrap();
+        assert_eq!(h.value.as_bytes(), b"");
+        for (bad, needle) in [
+            ("no-colon", "want 'Name: value'"),
+            ("Bad Name: x", "not a valid header name"),
+            (": x", "not a valid header name"),
+            ("X-A: line\nbreak", "characters a header cannot carry"),
+            ("X-A: del\u{7f}", "characters a header cannot carry"),
+            ("Content-Length: 3", "set by the client"),
+        ] {
+            let e = parse_header(bad).unwrap_err();
+            assert!(e.contains(needle), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn header_flags_repeat_are_checked_by_clap_and_stored_redacted() {
+        let cli = Cli::try_parse_from([
+            "serve",
+            "--header",
+            "Cache-Control: no-cache",
+            "-H",
+            "Authorization: Bearer sk-1",
+            "-H",
+            "X-Tag: a",
+            "-H",
+            "x-tag: b",
+        ])
+        .unwrap();
+        let map = header_map(&cli.args.headers);
+        assert_eq!(map.get_all("x-tag").iter().count(), 2);
+        assert_eq!(map["cache-control"], "no-cache");
+        let config = serde_json::to_value(&cli.args).unwrap();
+        assert_eq!(
+            config["headers"],
+            serde_json::json!([
+                "cache-control: no-cache",
+                "authorization: <redacted>",
+                "x-tag: a",
+                "x-tag: b"
+            ])
+        );
+        let e = Cli::try_parse_from(["serve", "--header", "oops"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("--header") && e.contains("want 'Name: value'"),
+            "{e}"
+        );
+        // Without --header the config has no "headers" key, as before it.
+        let config = serde_json::to_value(ServeArgs::default()).unwrap();
+        assert!(config.get("headers").is_none());
+    }
+
+    #[test]
+    fn cache_line_only_when_the_server_sent_the_header() {
+        let mut s = Summary::default();
+        assert_eq!(cache_line(&s), None);
+        s.cache = Some(CacheCounts {
+            hits: 3,
+            coalesced: 1,
+            misses: 4,
+            ..Default::default()
+        });
+        s.cache_hit_rate = Some(3.0 / 8.0);
+        assert_eq!(
+            cache_line(&s).as_deref(),
+            Some("37.5% hits (3 hit, 1 coalesced, 4 miss, 0 bypass)")
         );
     }
 }
