@@ -1,7 +1,10 @@
-//! `ingot`: the one binary. Subcommands: `serve`, `generate`, `inspect`, `bench`.
+//! `ingot`: the one binary. Subcommands: `serve`, `generate`, `inspect`,
+//! `logits`, `bench`, `config`.
 
 mod cmd;
+mod logging;
 mod model;
+mod settings;
 
 use std::process::ExitCode;
 
@@ -30,23 +33,23 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
+    /// The config file: its schema, a validity check, the effective settings.
+    #[command(subcommand)]
+    Config(cmd::config::ConfigCommand),
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("INGOT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    logging::init();
     let cli = Cli::parse();
+    // Commands that load a model take `log.level` from their config; the
+    // others from the environment (INGOT_LOG, INGOT_LOG_LEVEL).
     let result = match cli.command {
         Command::Serve(args) => cmd::serve::run(args),
         Command::Generate(args) => cmd::generate::run(args),
-        Command::Inspect(args) => cmd::inspect::run(args),
+        Command::Inspect(args) => settings::log_from_env().and_then(|()| cmd::inspect::run(args)),
         Command::Logits(args) => cmd::logits::run(args),
         Command::Bench(cmd) => cmd::bench::run(cmd),
+        Command::Config(cmd) => cmd::config::run(cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

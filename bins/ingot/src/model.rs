@@ -7,6 +7,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use ingot_config::{Config, Layers, Loaded};
 use ingot_engine::{start_engine, EngineConfig, EngineHandle};
 use ingot_models::{LlamaWeights, LoadFormat, ModelFiles};
 use ingot_runner::ModelRunner;
@@ -14,57 +15,123 @@ use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig, WeightDtype};
 use ingot_runner_cuda::{CudaRunner, CudaRunnerConfig};
 use ingot_tokenizer::Tokenizer;
 
-/// Flags shared by every command that loads a model.
-#[derive(Args, Debug, Clone)]
+use crate::settings::{self, FlagSet};
+
+/// Flags shared by every command that loads a model. Each is optional: a
+/// flag that is not given leaves its key to the config (`--config`, then
+/// `INGOT_*`, then the built-in default, docs/config.md).
+#[derive(Args, Debug, Clone, Default)]
 pub struct ModelArgs {
-    /// A GGUF file or a Hugging Face model directory.
-    #[arg(long, short = 'm', env = "INGOT_MODEL")]
-    pub model: PathBuf,
+    /// A GGUF file or a Hugging Face model directory [model.path].
+    #[arg(long, short = 'm')]
+    pub model: Option<PathBuf>,
     /// `auto` reads weights from the files; `dummy` makes random weights
-    /// of the configured shapes (benchmarks only).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "dummy"])]
-    pub load_format: String,
-    /// Worker threads for the CPU backend (default: all cores).
-    #[arg(long, env = "INGOT_THREADS")]
+    /// of the configured shapes (benchmarks only) [model.load_format; auto].
+    #[arg(long, value_parser = ["auto", "dummy"])]
+    pub load_format: Option<String>,
+    /// Worker threads for the CPU backend [model.threads; all cores].
+    #[arg(long)]
     pub threads: Option<usize>,
-    /// Tokens of KV cache to allocate (default: 1 GiB worth, at least one
-    /// full context).
+    /// Tokens of KV cache to allocate [model.kv_cache_tokens; 1 GiB worth on
+    /// the CPU, at least one full context].
     #[arg(long)]
     pub kv_cache_tokens: Option<usize>,
-    /// Cap the context length below the model's.
+    /// Cap the context length below the model's [model.max_model_len].
     #[arg(long)]
     pub max_model_len: Option<usize>,
-    /// Weight storage on the CPU: f32 (exact; the default) or bf16 (about
-    /// 2x faster decode; logits differ by bf16 rounding of the weights).
-    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
-    pub dtype: String,
-    /// Most tokens per engine step (prefill chunks + decodes).
-    #[arg(long, default_value_t = 512)]
-    pub max_num_batched_tokens: usize,
+    /// Weight storage on the CPU: f32 (exact) or bf16 (about 2x faster
+    /// decode; logits differ by bf16 rounding of the weights) [model.dtype; f32].
+    #[arg(long, value_parser = ["f32", "bf16"])]
+    pub dtype: Option<String>,
+    /// Most tokens per engine step (prefill chunks + decodes)
+    /// [scheduler.max_num_batched_tokens; 512].
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<usize>,
     /// Where to run: `cuda` when a GPU driver and this build's kernels are
-    /// present (`auto`, the default), else `cpu`.
-    #[arg(long, default_value = "auto", value_parser = ["auto", "cpu", "cuda"], env = "INGOT_DEVICE")]
-    pub device: String,
-    /// Share of GPU memory for weights, workspace and KV cache (CUDA).
-    #[arg(long, default_value_t = 0.9)]
-    pub gpu_memory_utilization: f64,
-    /// Run every step eagerly instead of replaying captured CUDA graphs.
+    /// present (`auto`), else `cpu` [model.device; auto].
+    #[arg(long, value_parser = ["auto", "cpu", "cuda"])]
+    pub device: Option<String>,
+    /// Share of GPU memory for weights, workspace and KV cache (CUDA)
+    /// [model.gpu_memory_utilization; 0.9].
+    #[arg(long)]
+    pub gpu_memory_utilization: Option<f64>,
+    /// Run every step eagerly instead of replaying captured CUDA graphs
+    /// [model.enforce_eager].
     #[arg(long)]
     pub enforce_eager: bool,
 }
 
-/// KV block size (token slots per block).
-pub const BLOCK_SIZE: usize = 16;
+impl ModelArgs {
+    /// The flags that were given, as config values.
+    pub fn add_to(&self, flags: &mut FlagSet) -> anyhow::Result<()> {
+        let model = match &self.model {
+            Some(p) => Some(
+                p.to_str()
+                    .with_context(|| format!("--model {}: not UTF-8", p.display()))?
+                    .to_string(),
+            ),
+            None => None,
+        };
+        flags.opt("--model", "model.path", &model);
+        flags.opt("--load-format", "model.load_format", &self.load_format);
+        flags.opt("--threads", "model.threads", &self.threads);
+        flags.opt(
+            "--kv-cache-tokens",
+            "model.kv_cache_tokens",
+            &self.kv_cache_tokens,
+        );
+        flags.opt(
+            "--max-model-len",
+            "model.max_model_len",
+            &self.max_model_len,
+        );
+        flags.opt("--dtype", "model.dtype", &self.dtype);
+        flags.opt(
+            "--max-num-batched-tokens",
+            "scheduler.max_num_batched_tokens",
+            &self.max_num_batched_tokens,
+        );
+        flags.opt("--device", "model.device", &self.device);
+        flags.opt(
+            "--gpu-memory-utilization",
+            "model.gpu_memory_utilization",
+            &self.gpu_memory_utilization,
+        );
+        flags.switch(
+            "--enforce-eager",
+            "model.enforce_eager",
+            self.enforce_eager,
+            true,
+        );
+        Ok(())
+    }
 
-/// KV cache memory when `--kv-cache-tokens` is not given.
+    /// The config of a command without a config file: these flags over
+    /// `INGOT_*` over the defaults, `extra` (the command's own flags) last.
+    pub fn load(&self, extra: FlagSet) -> anyhow::Result<Loaded> {
+        let mut flags = FlagSet::default();
+        self.add_to(&mut flags)?;
+        let mut flags = flags.into_vec();
+        flags.extend(extra.into_vec());
+        settings::load(&Layers {
+            file: None,
+            env: settings::env(),
+            flags,
+        })
+    }
+}
+
+/// KV cache memory when `model.kv_cache_tokens` is not set.
 const DEFAULT_KV_BYTES: usize = 1 << 30;
 
 /// Opens the model files and its tokenizer.
-pub fn open(path: &Path, load_format: &str) -> anyhow::Result<(ModelFiles, Arc<Tokenizer>)> {
-    let format = if load_format == "dummy" {
-        LoadFormat::Dummy
-    } else {
-        LoadFormat::Auto
+pub fn open(
+    path: &Path,
+    load_format: ingot_config::LoadFormat,
+) -> anyhow::Result<(ModelFiles, Arc<Tokenizer>)> {
+    let format = match load_format {
+        ingot_config::LoadFormat::Dummy => LoadFormat::Dummy,
+        ingot_config::LoadFormat::Auto => LoadFormat::Auto,
     };
     let files = ingot_models::open(path, format)
         .with_context(|| format!("cannot load model {}", path.display()))?;
@@ -77,27 +144,28 @@ pub fn open(path: &Path, load_format: &str) -> anyhow::Result<(ModelFiles, Arc<T
     Ok((files, Arc::new(tokenizer)))
 }
 
-/// Loads the model onto the chosen device and starts an engine over it.
-pub fn load_engine(args: &ModelArgs, mut engine: EngineConfig) -> anyhow::Result<EngineHandle> {
-    engine.scheduler.max_num_batched_tokens = args.max_num_batched_tokens;
-    let (runner, tokenizer) = load_runner(args, engine.scheduler.max_num_seqs)?;
+/// Loads the model onto the configured device and starts an engine over it.
+pub fn load_engine(config: &Config, engine: EngineConfig) -> anyhow::Result<EngineHandle> {
+    let (runner, tokenizer) = load_runner(config, engine.scheduler.max_num_seqs)?;
     Ok(start_engine(runner, tokenizer, engine)?)
 }
 
-/// Opens the model and builds the runner for `--device`; `max_num_seqs`
+/// Opens the model and builds the runner for `model.device`; `max_num_seqs`
 /// sizes the GPU workspace and graph buckets.
 pub fn load_runner(
-    args: &ModelArgs,
+    config: &Config,
     max_num_seqs: usize,
 ) -> anyhow::Result<(Box<dyn ModelRunner>, Arc<Tokenizer>)> {
-    if let Some(n) = args.threads {
+    let m = &config.model;
+    let path = settings::model_path(config)?;
+    if let Some(n) = m.threads {
         rayon::ThreadPoolBuilder::new()
             .num_threads(n)
             .build_global()
             .context("cannot size the thread pool")?;
     }
-    let (mut files, tokenizer) = open(&args.model, &args.load_format)?;
-    if let Some(len) = args.max_model_len {
+    let (mut files, tokenizer) = open(path, m.load_format)?;
+    if let Some(len) = m.max_model_len {
         files.config.max_context = files.config.max_context.min(len.max(1));
     }
     let start = Instant::now();
@@ -111,13 +179,13 @@ pub fn load_runner(
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     };
-    let runner: Box<dyn ModelRunner> = match pick_device(&args.device)? {
-        Device::Cuda => Box::new(cuda_runner(args, &files, max_num_seqs, &progress)?),
-        Device::Cpu => Box::new(cpu_runner(args, &files, &progress)?),
+    let runner: Box<dyn ModelRunner> = match pick_device(m.device)? {
+        Device::Cuda => Box::new(cuda_runner(config, &files, max_num_seqs, &progress)?),
+        Device::Cpu => Box::new(cpu_runner(config, &files, &progress)?),
     };
     bar.finish_and_clear();
     tracing::info!(
-        model = %args.model.display(),
+        model = %path.display(),
         device = runner.device_name(),
         elapsed = ?start.elapsed(),
         "model loaded"
@@ -131,10 +199,11 @@ enum Device {
 }
 
 /// `auto` takes CUDA when it can and says why not otherwise.
-fn pick_device(flag: &str) -> anyhow::Result<Device> {
-    match (flag, ingot_runner_cuda::availability()) {
-        ("cpu", _) => Ok(Device::Cpu),
-        ("cuda", Err(e)) => Err(anyhow::anyhow!("--device cuda: {e}")),
+fn pick_device(device: ingot_config::Device) -> anyhow::Result<Device> {
+    use ingot_config::Device as Want;
+    match (device, ingot_runner_cuda::availability()) {
+        (Want::Cpu, _) => Ok(Device::Cpu),
+        (Want::Cuda, Err(e)) => Err(anyhow::anyhow!("--device cuda: {e}")),
         (_, Ok(())) => Ok(Device::Cuda),
         (_, Err(e)) => {
             tracing::info!(reason = %e, "running on the CPU");
@@ -144,54 +213,59 @@ fn pick_device(flag: &str) -> anyhow::Result<Device> {
 }
 
 fn cuda_runner(
-    args: &ModelArgs,
+    config: &Config,
     files: &ModelFiles,
     max_num_seqs: usize,
     progress: &dyn Fn(usize, usize),
 ) -> anyhow::Result<CudaRunner> {
-    anyhow::ensure!(
-        args.gpu_memory_utilization > 0.0 && args.gpu_memory_utilization <= 1.0,
-        "--gpu-memory-utilization must be in (0, 1]"
-    );
+    let (m, cuda) = (&config.model, &config.cuda);
+    // Every field from the config: the runner's Default is not a source.
     let opts = CudaRunnerConfig {
-        block_size: BLOCK_SIZE,
-        max_num_batched_tokens: args.max_num_batched_tokens,
+        device: 0,
+        block_size: config.engine.block_size,
+        max_num_batched_tokens: config.scheduler.max_num_batched_tokens,
         max_num_seqs,
-        gpu_memory_utilization: args.gpu_memory_utilization,
-        kv_cache_tokens: args.kv_cache_tokens,
-        cuda_graphs: !args.enforce_eager,
-        ..Default::default()
+        gpu_memory_utilization: m.gpu_memory_utilization,
+        kv_cache_tokens: m.kv_cache_tokens,
+        cuda_graphs: !m.enforce_eager,
+        profile: cuda.profile,
+        check: cuda.check,
+        l2_prefetch: cuda.l2_prefetch.clone(),
+        pdl: cuda.pdl,
     };
+    let path = settings::model_path(config)?;
     let runner = CudaRunner::new(files.config.clone(), files.tensors.as_ref(), opts, progress)
-        .with_context(|| format!("cannot load {} on the GPU", args.model.display()))?;
+        .with_context(|| format!("cannot load {} on the GPU", path.display()))?;
     runner.memory().publish();
     Ok(runner)
 }
 
 fn cpu_runner(
-    args: &ModelArgs,
+    config: &Config,
     files: &ModelFiles,
     progress: &dyn Fn(usize, usize),
 ) -> anyhow::Result<CpuRunner> {
-    let config = files.config.clone();
-    let weights = LlamaWeights::load(&config, files.tensors.as_ref(), progress)
-        .with_context(|| format!("cannot load weights of {}", args.model.display()))?;
+    let model = files.config.clone();
+    let path = settings::model_path(config)?;
+    let weights = LlamaWeights::load(&model, files.tensors.as_ref(), progress)
+        .with_context(|| format!("cannot load weights of {}", path.display()))?;
+    let block_size = config.engine.block_size;
     // Default: 1 GiB of KV cache, and never less than one full context.
-    let per_token = CpuRunner::kv_bytes_per_token(&config).max(1);
-    let kv_tokens = args
+    let per_token = CpuRunner::kv_bytes_per_token(&model).max(1);
+    let kv_tokens = config
+        .model
         .kv_cache_tokens
-        .unwrap_or_else(|| (DEFAULT_KV_BYTES / per_token).max(config.max_context))
-        .max(BLOCK_SIZE);
+        .unwrap_or_else(|| (DEFAULT_KV_BYTES / per_token).max(model.max_context))
+        .max(block_size);
     Ok(CpuRunner::new(
-        config,
+        model,
         weights,
         CpuRunnerConfig {
-            num_blocks: kv_tokens.div_ceil(BLOCK_SIZE),
-            block_size: BLOCK_SIZE,
-            weight_dtype: if args.dtype == "bf16" {
-                WeightDtype::Bf16
-            } else {
-                WeightDtype::F32
+            num_blocks: kv_tokens.div_ceil(block_size),
+            block_size,
+            weight_dtype: match config.model.dtype {
+                ingot_config::Dtype::Bf16 => WeightDtype::Bf16,
+                ingot_config::Dtype::F32 => WeightDtype::F32,
             },
         },
     )?)

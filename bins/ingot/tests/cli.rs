@@ -354,3 +354,126 @@ fn device_cuda_without_a_gpu_is_a_clear_error() {
     ]);
     assert_clean_error(&o, "--device cuda: CUDA unavailable");
 }
+
+fn example_config() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../ingot.example.toml")
+}
+
+#[test]
+fn config_validate_accepts_the_example_and_names_a_bad_key() {
+    let example = example_config();
+    let o = ingot(&["config", "validate", example.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).starts_with("ok: "), "{}", stdout(&o));
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[scheduler]\nmax_num_seqs = 8\nmax_num_seq = 9\n").unwrap();
+    let o = ingot(&["config", "validate", bad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_clean_error(&o, "scheduler.max_num_seq (");
+    assert_clean_error(&o, "bad.toml:3): unknown key; expected one of ");
+}
+
+#[test]
+fn config_schema_is_json_with_every_section() {
+    let o = ingot(&["config", "schema"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let schema: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    for section in [
+        "model",
+        "engine",
+        "scheduler",
+        "server",
+        "cache",
+        "cuda",
+        "log",
+        "flags",
+    ] {
+        assert!(schema["properties"].get(section).is_some(), "{section}");
+    }
+}
+
+#[test]
+fn config_show_names_the_source_of_each_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("ingot.toml");
+    std::fs::write(&file, "[scheduler]\nmax_waiting = 99\n").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_ingot"))
+        .args(["config", "show", "--config", file.to_str().unwrap()])
+        .args(["--max-num-seqs", "7", "--priority-deadlines", "1,2,3,4,5m"])
+        .env("INGOT_SERVER_PORT", "9123")
+        .env("INGOT_THREADS", "3")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let line = |key: &str| {
+        out.lines()
+            .find(|l| l.starts_with(&format!("{key} = ")))
+            .unwrap_or_else(|| panic!("no {key} in\n{out}"))
+            .to_string()
+    };
+    assert!(line("scheduler.max_waiting").ends_with("ingot.toml:2"));
+    assert!(line("scheduler.max_num_seqs").ends_with("# flag --max-num-seqs"));
+    assert!(line("server.port").contains("9123"));
+    assert!(line("server.port").ends_with("# env INGOT_SERVER_PORT"));
+    assert!(line("model.threads").ends_with("# env INGOT_THREADS"));
+    assert!(line("scheduler.priority_deadlines.background").contains("\"5m\""));
+    assert!(line("scheduler.max_num_batched_tokens").contains("= 512 "));
+    assert!(line("scheduler.max_num_batched_tokens").ends_with("# default"));
+}
+
+#[test]
+fn serve_refuses_a_bad_config_before_binding() {
+    let o = Command::new(env!("CARGO_BIN_EXE_ingot"))
+        .args(["serve", "--model", &model(), "--port", "0"])
+        .env("INGOT_SCHEDULER_MAX_NUM_SEQS", "0")
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    assert_clean_error(
+        &o,
+        "scheduler.max_num_seqs = 0 (env INGOT_SCHEDULER_MAX_NUM_SEQS): must be at least 1",
+    );
+    let o = ingot(&[
+        "serve",
+        "--model",
+        &model(),
+        "--max-num-batched-tokens",
+        "8",
+    ]);
+    assert_clean_error(&o, "must be at least engine.block_size (16)");
+    let o = ingot(&["serve", "--model", &model(), "--priority-deadlines", "1,2"]);
+    assert_clean_error(&o, "--priority-deadlines needs 5 values");
+    let o = ingot(&["serve", "--port", "0"]);
+    assert_clean_error(
+        &o,
+        "model.path is required (--model, model.path in the config, or INGOT_MODEL)",
+    );
+}
+
+#[test]
+fn generate_takes_its_settings_from_the_same_loader() {
+    // An INGOT_* typo fails every model command, not only serve.
+    let o = Command::new(env!("CARGO_BIN_EXE_ingot"))
+        .args(["generate", "--model", &model(), "--prompt", "hi"])
+        .env("INGOT_MODEL_DTYPES", "bf16")
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    assert_clean_error(
+        &o,
+        "model.dtypes = \"bf16\" (env INGOT_MODEL_DTYPES): unknown key",
+    );
+    // INGOT_MODEL still names the model.
+    let o = Command::new(env!("CARGO_BIN_EXE_ingot"))
+        .args(["generate", "--prompt", "The capital of France is"])
+        .args(["--max-tokens", "3"])
+        .env("INGOT_MODEL", model())
+        .env("INGOT_THREADS", "2")
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("Paris"), "{}", stdout(&o));
+}

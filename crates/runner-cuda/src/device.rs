@@ -38,7 +38,7 @@ pub struct Gpu {
     /// may start while the previous one drains (the kernels wait in
     /// `pdl_begin` until its writes are visible).
     pdl: bool,
-    /// `INGOT_CUDA_CHECK=1`: synchronize after every launch and name the
+    /// `cuda.check`: synchronize after every launch and name the
     /// kernel that failed (debugging only).
     check_each: bool,
     modules: Vec<(&'static str, Arc<CudaModule>)>,
@@ -46,8 +46,9 @@ pub struct Gpu {
 
 impl Gpu {
     /// Opens device `ordinal` and loads the embedded kernels (cubin on
-    /// sm_90, PTX elsewhere).
-    pub fn open(ordinal: usize) -> Result<Self, CudaError> {
+    /// sm_90, PTX elsewhere). `pdl` asks for programmatic dependent launch
+    /// (taken on sm_90+ only); `check_each` synchronizes after every launch.
+    pub fn open(ordinal: usize, pdl: bool, check_each: bool) -> Result<Self, CudaError> {
         crate::availability()?;
         let ctx = CudaContext::new(ordinal)?;
         // Every buffer lives on one stream; cudarc's per-slice event
@@ -71,13 +72,13 @@ impl Gpu {
             };
             modules.push((m.name, ctx.load_module(image)?));
         }
-        let pdl = cc.0 >= 9 && std::env::var("INGOT_CUDA_PDL").map_or(true, |v| v != "0");
+        let pdl = pdl && cc.0 >= 9;
         Ok(Self {
             ctx,
             stream,
             name,
             pdl,
-            check_each: std::env::var("INGOT_CUDA_CHECK").is_ok_and(|v| v == "1"),
+            check_each,
             modules,
         })
     }

@@ -31,7 +31,7 @@ use device::{Arena, Gpu, Pinned};
 use gemm::Gemm;
 use profile::{Marks, Profiler};
 use sampling::DeviceSampler;
-use step::{Buffers, Kernels, StepPlan};
+use step::{Buffers, Kernels, L2PrefetchSpec, StepPlan};
 use weights::DeviceWeights;
 
 /// A failure of the CUDA backend.
@@ -56,6 +56,9 @@ pub enum CudaError {
     /// Reading weights failed.
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// A caller's option is malformed.
+    #[error("invalid CUDA option: {0}")]
+    InvalidOption(String),
 }
 
 impl From<CudaError> for RunnerError {
@@ -80,6 +83,12 @@ pub fn availability() -> Result<(), CudaError> {
     Ok(())
 }
 
+/// Checks a `cuda.l2_prefetch` spec (`<MiB>[:<mode>]`) without a GPU, so a
+/// config can be validated anywhere.
+pub fn check_l2_prefetch(spec: &str) -> Result<(), CudaError> {
+    L2PrefetchSpec::parse(Some(spec)).map(|_| ())
+}
+
 /// Sizes and switches chosen by the caller.
 #[derive(Debug, Clone)]
 pub struct CudaRunnerConfig {
@@ -97,6 +106,17 @@ pub struct CudaRunnerConfig {
     pub kv_cache_tokens: Option<usize>,
     /// Capture decode steps in CUDA graphs.
     pub cuda_graphs: bool,
+    /// Log a per-step GPU time breakdown (`cuda.profile`).
+    pub profile: bool,
+    /// Synchronize after every launch and name the kernel that failed
+    /// (`cuda.check`; debugging only).
+    pub check: bool,
+    /// `<MiB>[:<mode>]`: how much of o_proj's weights small-batch decode
+    /// attention prefetches into L2 (`cuda.l2_prefetch`; `None`: a sixth of
+    /// L2; `0`: off). Checked by [`check_l2_prefetch`].
+    pub l2_prefetch: Option<String>,
+    /// Programmatic dependent launch on sm_90+ (`cuda.pdl`).
+    pub pdl: bool,
 }
 
 impl Default for CudaRunnerConfig {
@@ -109,6 +129,10 @@ impl Default for CudaRunnerConfig {
             gpu_memory_utilization: 0.9,
             kv_cache_tokens: None,
             cuda_graphs: true,
+            profile: false,
+            check: false,
+            l2_prefetch: None,
+            pdl: true,
         }
     }
 }
@@ -175,7 +199,7 @@ pub struct CudaRunner {
     speculation_hits: usize,
     speculation_misses: usize,
     memory: MemoryReport,
-    /// Set by `INGOT_CUDA_PROFILE=1`.
+    /// Set by [`CudaRunnerConfig::profile`].
     profiler: Option<Profiler>,
     /// Staging for sampled steps; sized once the KV pool is known.
     sampler: Option<DeviceSampler>,
@@ -196,8 +220,10 @@ impl CudaRunner {
         opts: CudaRunnerConfig,
         progress: &dyn Fn(usize, usize),
     ) -> Result<Self, CudaError> {
-        let gpu = Gpu::open(opts.device)?;
-        let kernels = Kernels::load(&gpu, &config)?;
+        // A bad spec fails before any GPU work.
+        let prefetch = L2PrefetchSpec::parse(opts.l2_prefetch.as_deref())?;
+        let gpu = Gpu::open(opts.device, opts.pdl, opts.check)?;
+        let kernels = Kernels::load(&gpu, &config, prefetch)?;
         let (_, total) = gpu.memory()?;
         let weights = DeviceWeights::load(&gpu, &config, source, progress)?;
         let max_tokens = opts.max_num_batched_tokens.max(opts.max_num_seqs);
@@ -265,9 +291,7 @@ impl CudaRunner {
         }
         runner.gemm.tune = false;
         // Set after start-up so the profiling pass and warm-up are not counted.
-        runner.profiler = std::env::var("INGOT_CUDA_PROFILE")
-            .is_ok_and(|v| v == "1")
-            .then(Profiler::default);
+        runner.profiler = runner.opts.profile.then(Profiler::default);
         Ok(runner)
     }
 

@@ -1,4 +1,4 @@
-//! Per-step timing (`INGOT_CUDA_PROFILE=1`): GPU time by category from
+//! Per-step timing (`cuda.profile`): GPU time by category from
 //! events between kernels, the runner's wall time, and the gap between
 //! steps (engine and sampling work on the CPU). Steps then run eagerly (a
 //! graph hides its kernels); the summary is logged when the runner is dropped.

@@ -63,25 +63,54 @@ struct L2Prefetch {
     mode: i32,
 }
 
+/// A parsed `cuda.l2_prefetch` spec: `<MiB>[:<mode>]`, either part falling
+/// back to the default when the spec is unset.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct L2PrefetchSpec {
+    mib: Option<usize>,
+    mode: Option<i32>,
+}
+
+impl L2PrefetchSpec {
+    /// Parses `<MiB>[:<mode>]` (`None`: the defaults). A malformed spec is an
+    /// error, never silently the default: a benchmark must run what it says.
+    pub fn parse(spec: Option<&str>) -> Result<Self, CudaError> {
+        let Some(spec) = spec else {
+            return Ok(Self::default());
+        };
+        let bad = || {
+            CudaError::InvalidOption(format!(
+                "l2_prefetch {spec:?}: expected <MiB>[:<mode>], e.g. \"8\" or \"8:1\""
+            ))
+        };
+        let (mib, mode) = match spec.split_once(':') {
+            Some((mib, mode)) => (mib, Some(mode)),
+            None => (spec, None),
+        };
+        let mib = mib.trim().parse::<usize>().map_err(|_| bad())?;
+        let mode = match mode {
+            Some(m) => Some(m.trim().parse::<i32>().map_err(|_| bad())?),
+            None => None,
+        };
+        if mib.checked_mul(1 << 20).is_none() {
+            return Err(bad());
+        }
+        Ok(Self {
+            mib: Some(mib),
+            mode,
+        })
+    }
+}
+
 impl L2Prefetch {
     /// A sixth of the L2 by default (8 MiB on an H100: 8B batch 1 at
     /// 182.0 tok/s against 180.6 without, 181.6 / 181.5 / 180.6 / 178.9
-    /// with 4 / 12 / 16 / 33 MiB; an evict-last hint was slower);
-    /// `INGOT_CUDA_L2_PREFETCH=<MiB>[:<mode>]` overrides it (0: off).
-    fn new(l2_bytes: usize) -> Self {
-        let default = Self {
-            bytes: l2_bytes / 6,
-            mode: 1,
-        };
-        let Ok(spec) = std::env::var("INGOT_CUDA_L2_PREFETCH") else {
-            return default;
-        };
-        let mut parts = spec.split(':');
-        let mib = parts.next().and_then(|v| v.trim().parse::<usize>().ok());
-        let mode = parts.next().and_then(|v| v.trim().parse::<i32>().ok());
+    /// with 4 / 12 / 16 / 33 MiB; an evict-last hint was slower); `spec`
+    /// (`cuda.l2_prefetch`) overrides it (0: off).
+    fn new(l2_bytes: usize, spec: L2PrefetchSpec) -> Self {
         Self {
-            bytes: mib.map_or(default.bytes, |m| m << 20),
-            mode: mode.unwrap_or(default.mode),
+            bytes: spec.mib.map_or(l2_bytes / 6, |m| m << 20),
+            mode: spec.mode.unwrap_or(1),
         }
     }
 
@@ -95,7 +124,11 @@ impl L2Prefetch {
 
 impl Kernels {
     /// Loads the kernels for `config`'s head size and GQA group.
-    pub fn load(gpu: &Gpu, config: &ModelConfig) -> Result<Self, CudaError> {
+    pub fn load(
+        gpu: &Gpu,
+        config: &ModelConfig,
+        prefetch: L2PrefetchSpec,
+    ) -> Result<Self, CudaError> {
         let (hd, group) = (
             config.head_dim,
             config.num_heads / config.num_kv_heads.max(1),
@@ -143,6 +176,7 @@ impl Kernels {
                 gpu.ctx
                     .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?
                     as usize,
+                prefetch,
             ),
         })
     }
@@ -903,6 +937,23 @@ pub fn encode(
 mod tests {
     use super::*;
     use ingot_models::{Architecture, RopeConfig, RopeScaling};
+
+    #[test]
+    fn l2_prefetch_specs_parse_strictly() {
+        let parse = |s| L2PrefetchSpec::parse(Some(s));
+        let spec = |mib, mode| L2PrefetchSpec { mib, mode };
+        assert_eq!(L2PrefetchSpec::parse(None).ok(), Some(spec(None, None)));
+        assert_eq!(parse("8").ok(), Some(spec(Some(8), None)));
+        assert_eq!(parse("0").ok(), Some(spec(Some(0), None)));
+        assert_eq!(parse(" 12 : 3 ").ok(), Some(spec(Some(12), Some(3))));
+        for bad in ["", "lots", "8:", "8:x", "-1", ":1", "8:1:2"] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+        let default = L2Prefetch::new(48 << 20, spec(None, None));
+        assert_eq!((default.bytes, default.mode), (8 << 20, 1));
+        let off = L2Prefetch::new(48 << 20, spec(Some(0), Some(0)));
+        assert_eq!((off.bytes, off.mode), (0, 0));
+    }
 
     fn llama8b() -> ModelConfig {
         ModelConfig {

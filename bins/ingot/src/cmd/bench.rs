@@ -4,10 +4,11 @@ use std::time::Instant;
 
 use clap::{Args, Subcommand};
 use ingot_core::{SamplingParams, StopCriteria, TokenId};
-use ingot_engine::{EngineConfig, EngineHandle, EngineRequest, TokenEvent};
+use ingot_engine::{EngineHandle, EngineRequest, TokenEvent};
 use rand::{Rng, SeedableRng};
 
 use crate::model::{load_engine, ModelArgs};
+use crate::settings::{self, FlagSet};
 
 /// Benchmarks.
 #[derive(Subcommand, Debug)]
@@ -42,9 +43,10 @@ pub struct ThroughputArgs {
     /// Tokens generated per request (EOS ignored).
     #[arg(long, default_value_t = 128)]
     output_len: usize,
-    /// Sequences running at once (the concurrency measured).
-    #[arg(long, default_value_t = 64)]
-    max_num_seqs: usize,
+    /// Sequences running at once, the concurrency measured
+    /// [scheduler.max_num_seqs; 64].
+    #[arg(long)]
+    max_num_seqs: Option<usize>,
     #[command(flatten)]
     sampling: BenchSampling,
     /// Print the result as JSON.
@@ -144,11 +146,11 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Latency(args) => latency(args),
         BenchCommand::Throughput(args) => throughput(args),
-        BenchCommand::Serve(args) => gate(ingot_bench::serve::run(args)?),
-        BenchCommand::Sweep(args) => gate(ingot_bench::sweep::run(args)?),
-        BenchCommand::Stress(args) => gate(ingot_bench::stress::run(args)?),
-        BenchCommand::Soak(args) => gate(ingot_bench::soak::run(args)?),
-        BenchCommand::Compare(args) => gate(ingot_bench::compare::run(args)?),
+        BenchCommand::Serve(args) => client(|| ingot_bench::serve::run(args)),
+        BenchCommand::Sweep(args) => client(|| ingot_bench::sweep::run(args)),
+        BenchCommand::Stress(args) => client(|| ingot_bench::stress::run(args)),
+        BenchCommand::Soak(args) => client(|| ingot_bench::soak::run(args)),
+        BenchCommand::Compare(args) => client(|| ingot_bench::compare::run(args)),
     }
 }
 
@@ -212,6 +214,16 @@ fn run_from(
     anyhow::bail!("the engine dropped a request")
 }
 
+/// A client-side command: no model, so `log.level` comes from the
+/// environment alone; a completed run whose gate failed exits with status 1.
+fn client<E>(run: impl FnOnce() -> Result<bool, E>) -> anyhow::Result<()>
+where
+    anyhow::Error: From<E>,
+{
+    settings::log_from_env()?;
+    gate(run()?)
+}
+
 /// A completed run whose gate failed exits with status 1.
 fn gate(passed: bool) -> anyhow::Result<()> {
     if !passed {
@@ -235,10 +247,12 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
         "--input-len and --output-len must be positive"
     );
     args.sampling.params(0)?;
-    let mut args = args;
+    let mut config = args.model.load(FlagSet::default())?.config;
+    // Room for the whole request, whatever the configured cache.
     let needed = args.input_len + args.output_len;
-    args.model.kv_cache_tokens = Some(args.model.kv_cache_tokens.unwrap_or(needed).max(needed));
-    let gen = load_engine(&args.model, EngineConfig::default())?;
+    let kv = &mut config.model.kv_cache_tokens;
+    *kv = Some(kv.unwrap_or(needed).max(needed));
+    let gen = load_engine(&config, settings::engine_config(&config))?;
     let vocab = gen.model_config().vocab_size as TokenId;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     let (mut prefill, mut per_token, mut total) = (Vec::new(), Vec::new(), Vec::new());
@@ -287,14 +301,22 @@ fn random_prompt(rng: &mut rand_chacha::ChaCha8Rng, len: usize, vocab: TokenId) 
 
 fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
-        args.num_prompts > 0 && args.input_len > 0 && args.output_len > 0 && args.max_num_seqs > 0,
-        "--num-prompts, --input-len, --output-len and --max-num-seqs must be positive"
+        args.num_prompts > 0 && args.input_len > 0 && args.output_len > 0,
+        "--num-prompts, --input-len and --output-len must be positive"
     );
     args.sampling.params(0)?;
-    let mut engine = EngineConfig::default();
-    engine.scheduler.max_num_seqs = args.max_num_seqs;
-    engine.scheduler.max_waiting = args.num_prompts * 2;
-    let gen = load_engine(&args.model, engine)?;
+    let mut flags = FlagSet::default();
+    flags.opt(
+        "--max-num-seqs",
+        "scheduler.max_num_seqs",
+        &args.max_num_seqs,
+    );
+    let config = args.model.load(flags)?.config;
+    let max_num_seqs = config.scheduler.max_num_seqs;
+    let mut engine = settings::engine_config(&config);
+    // Every prompt is submitted at once: none may be shed.
+    engine.scheduler.max_waiting = engine.scheduler.max_waiting.max(args.num_prompts * 2);
+    let gen = load_engine(&config, engine)?;
     let vocab = gen.model_config().vocab_size as TokenId;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     let prompts: Vec<Vec<TokenId>> = (0..args.num_prompts)
@@ -339,7 +361,7 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
             serde_json::json!({
                 "device": gen.device_name(),
                 "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
-                "max_num_seqs": args.max_num_seqs, "elapsed_s": elapsed, "requests_per_s": req_s,
+                "max_num_seqs": max_num_seqs, "elapsed_s": elapsed, "requests_per_s": req_s,
                 "output_tok_s": out_tps, "total_tok_s": total_tps,
                 "decode_tok_s_after_prefill": decode_tps, "sampling": args.sampling.json(),
             })
@@ -348,7 +370,7 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
         println!("device:            {}", gen.device_name());
         println!(
             "requests:          {} x ({} in, {} out), {} at once",
-            args.num_prompts, args.input_len, args.output_len, args.max_num_seqs
+            args.num_prompts, args.input_len, args.output_len, max_num_seqs
         );
         println!("sampling:          {}", args.sampling.describe());
         println!("elapsed:           {elapsed:.2} s ({req_s:.2} req/s)");

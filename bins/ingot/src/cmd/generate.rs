@@ -5,10 +5,11 @@ use std::io::{BufRead, Write};
 use anyhow::Context;
 use clap::Args;
 use ingot_core::{SamplingParams, StopCriteria, TokenId};
-use ingot_engine::{EngineConfig, EngineHandle, EngineRequest, TokenEvent};
+use ingot_engine::{EngineHandle, EngineRequest, TokenEvent};
 use ingot_tokenizer::{ChatMessage, ChatTemplate};
 
 use crate::model::{load_engine, ModelArgs};
+use crate::settings::{self, FlagSet};
 
 /// Flags of `ingot generate`.
 #[derive(Args, Debug)]
@@ -105,7 +106,8 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         logprobs: args.sampling.logprobs.is_some(),
         ids: args.print_ids,
     };
-    let gen = load_engine(&args.model, EngineConfig::default())?;
+    let config = args.model.load(FlagSet::default())?.config;
+    let gen = load_engine(&config, settings::engine_config(&config))?;
     if !args.chat {
         let prompt = match &args.prompt {
             Some(p) => p.clone(),

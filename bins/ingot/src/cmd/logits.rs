@@ -10,7 +10,8 @@ use clap::Args;
 use ingot_core::TokenId;
 use ingot_runner::{ForwardBatch, SequenceChunk};
 
-use crate::model::{load_runner, ModelArgs, BLOCK_SIZE};
+use crate::model::{load_runner, ModelArgs};
+use crate::settings::FlagSet;
 
 /// Flags of `ingot logits`.
 #[derive(Args, Debug)]
@@ -30,13 +31,14 @@ pub struct LogitsArgs {
 
 /// Runs the command: prints `{"device", "prompt_ids", "top": [[id, logit], ...]}`.
 pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
-    let (mut runner, tokenizer) = load_runner(&args.model, 1)?;
+    let config = args.model.load(FlagSet::default())?.config;
+    let (mut runner, tokenizer) = load_runner(&config, 1)?;
     let ids = match &args.prompt {
         Some(text) => tokenizer.encode(text, true)?,
         None => args.prompt_ids.clone(),
     };
     anyhow::ensure!(!ids.is_empty(), "give --prompt-ids or --prompt");
-    let table: Vec<u32> = (0..ids.len().div_ceil(BLOCK_SIZE) as u32).collect();
+    let table: Vec<u32> = (0..ids.len().div_ceil(config.engine.block_size) as u32).collect();
     // The prompt runs as a prefill of all but the last token, then the last
     // token as a decode step: the logits come from the decode path (the one
     // every generated token takes), with the prefill path behind its cache.

@@ -1,114 +1,199 @@
 //! `ingot serve`: the OpenAI-compatible server.
 
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use ingot_engine::EngineConfig;
-use ingot_scheduler::SchedulerConfig;
-use ingot_server::ServeConfig;
+use ingot_config::{Layers, Loaded};
+use ingot_server::{LogLevelFn, ReloadFn, ServeConfig};
 
+use crate::logging;
 use crate::model::{load_engine, ModelArgs};
+use crate::settings::{self, FlagSet};
 
-/// Flags of `ingot serve`.
-#[derive(Args, Debug)]
+/// Flags of `ingot serve` (and `ingot config show`). Every one is optional:
+/// a flag that is not given leaves its key to the config file, then
+/// `INGOT_*`, then the built-in default (docs/config.md). The key each sets
+/// is in brackets, with its default.
+#[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
+    /// A TOML config file (see ingot.example.toml).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
     #[command(flatten)]
     model: ModelArgs,
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1", env = "INGOT_HOST")]
-    host: String,
-    /// Port (0: any free port; the bound address is printed).
-    #[arg(long, default_value_t = 8000, env = "INGOT_PORT")]
-    port: u16,
-    /// Name clients pass as `model` (default: the model file's stem).
+    /// Address to listen on [server.host; 127.0.0.1].
+    #[arg(long)]
+    host: Option<String>,
+    /// Port; 0 picks a free one and prints it [server.port; 8000].
+    #[arg(long)]
+    port: Option<u16>,
+    /// Name clients pass as `model` [model.served_model_name; the file's stem].
     #[arg(long)]
     served_model_name: Option<String>,
-    /// Most sequences running at once.
-    #[arg(long, default_value_t = 64)]
-    max_num_seqs: usize,
-    /// Waiting-queue bound; beyond it requests get 429 (low tiers earlier).
-    #[arg(long, default_value_t = 256)]
-    max_waiting: usize,
-    /// Disable automatic prefix caching.
+    /// Most sequences running at once [scheduler.max_num_seqs; 64].
+    #[arg(long)]
+    max_num_seqs: Option<usize>,
+    /// Waiting-queue bound; beyond it requests get 429, low tiers earlier
+    /// [scheduler.max_waiting; 256].
+    #[arg(long)]
+    max_waiting: Option<usize>,
+    /// Disable automatic prefix caching [engine.prefix_caching = false].
     #[arg(long)]
     no_prefix_caching: bool,
-    /// Seconds a client may stop reading before its request is cut off.
-    #[arg(long, default_value_t = 30.0)]
-    stall_timeout: f64,
-    /// Seconds to let in-flight requests finish after SIGTERM.
-    #[arg(long, default_value_t = 30.0)]
-    shutdown_timeout: f64,
-    /// Largest request body in bytes.
-    #[arg(long, default_value_t = 4 << 20)]
-    max_body_bytes: usize,
-    /// Seconds waited per tier before a request is promoted one tier.
-    #[arg(long, default_value_t = 10.0)]
-    aging: f64,
-    /// First-token deadlines in seconds for critical,high,normal,low,background;
-    /// a request past its deadline is scheduled before others of its tier.
-    #[arg(long, default_value = "0.25,1,5,30,120")]
-    priority_deadlines: String,
+    /// How long a client may stop reading before its request is cut off:
+    /// "30s", "500ms" or seconds [engine.stall_timeout; 30s].
+    #[arg(long)]
+    stall_timeout: Option<String>,
+    /// How long in-flight requests may finish after SIGTERM
+    /// [server.shutdown_timeout; 30s].
+    #[arg(long)]
+    shutdown_timeout: Option<String>,
+    /// Largest request body: "4MiB" or bytes [server.max_body_bytes; 4MiB].
+    #[arg(long)]
+    max_body_bytes: Option<String>,
+    /// Waiting this long promotes a request one tier [scheduler.aging; 10s].
+    #[arg(long)]
+    aging: Option<String>,
+    /// First-token deadlines for critical,high,normal,low,background, in
+    /// seconds or with units; a request past its deadline is scheduled before
+    /// others of its tier [scheduler.priority_deadlines; 0.25,1,5,30,120].
+    #[arg(long)]
+    priority_deadlines: Option<String>,
 }
 
-/// Parses five comma-separated second values.
-fn deadlines(spec: &str) -> anyhow::Result<[Duration; 5]> {
-    let values: Vec<Duration> = spec
-        .split(',')
-        .map(|v| secs("priority-deadlines", v.trim().parse().unwrap_or(f64::NAN)))
-        .collect::<anyhow::Result<_>>()?;
-    values.try_into().map_err(|v: Vec<Duration>| {
-        anyhow::anyhow!("--priority-deadlines needs 5 values, got {}", v.len())
+/// The five keys `--priority-deadlines` sets, in its order.
+const DEADLINE_KEYS: [&str; 5] = [
+    "scheduler.priority_deadlines.critical",
+    "scheduler.priority_deadlines.high",
+    "scheduler.priority_deadlines.normal",
+    "scheduler.priority_deadlines.low",
+    "scheduler.priority_deadlines.background",
+];
+
+impl ServeArgs {
+    /// The config layers: `--config`, the current environment, these flags.
+    pub fn layers(&self) -> anyhow::Result<Layers> {
+        Ok(Layers {
+            file: self.config.clone(),
+            env: settings::env(),
+            flags: self.flags()?.into_vec(),
+        })
+    }
+
+    fn flags(&self) -> anyhow::Result<FlagSet> {
+        let mut f = FlagSet::default();
+        self.model.add_to(&mut f)?;
+        f.opt("--host", "server.host", &self.host);
+        f.opt("--port", "server.port", &self.port);
+        f.opt(
+            "--served-model-name",
+            "model.served_model_name",
+            &self.served_model_name,
+        );
+        f.opt(
+            "--max-num-seqs",
+            "scheduler.max_num_seqs",
+            &self.max_num_seqs,
+        );
+        f.opt("--max-waiting", "scheduler.max_waiting", &self.max_waiting);
+        f.switch(
+            "--no-prefix-caching",
+            "engine.prefix_caching",
+            self.no_prefix_caching,
+            false,
+        );
+        f.opt(
+            "--stall-timeout",
+            "engine.stall_timeout",
+            &self.stall_timeout,
+        );
+        f.opt(
+            "--shutdown-timeout",
+            "server.shutdown_timeout",
+            &self.shutdown_timeout,
+        );
+        f.opt(
+            "--max-body-bytes",
+            "server.max_body_bytes",
+            &self.max_body_bytes,
+        );
+        f.opt("--aging", "scheduler.aging", &self.aging);
+        if let Some(spec) = &self.priority_deadlines {
+            let values: Vec<String> = spec.split(',').map(|v| v.trim().to_string()).collect();
+            anyhow::ensure!(
+                values.len() == DEADLINE_KEYS.len(),
+                "--priority-deadlines needs 5 values (critical,high,normal,low,background), got {}",
+                values.len()
+            );
+            for (key, value) in DEADLINE_KEYS.into_iter().zip(values) {
+                f.opt("--priority-deadlines", key, &Some(value));
+            }
+        }
+        Ok(f)
+    }
+}
+
+/// The name clients pass as `model`: the configured one, else the file's
+/// stem (a directory's name).
+fn model_name(loaded: &Loaded, path: &Path) -> String {
+    if let Some(name) = &loaded.config.model.served_model_name {
+        return name.clone();
+    }
+    let stem = if path.is_dir() {
+        path.file_name()
+    } else {
+        path.file_stem()
+    };
+    stem.map_or_else(|| "model".to_string(), |s| s.to_string_lossy().into_owned())
+}
+
+/// Re-runs the loader with the same file and flags and the environment as
+/// it is now (SIGHUP, `POST /admin/reload`).
+fn reload_fn(layers: Layers) -> ReloadFn {
+    Arc::new(move || {
+        settings::load_checked(&Layers {
+            env: settings::env(),
+            ..layers.clone()
+        })
     })
 }
 
-fn secs(name: &str, v: f64) -> anyhow::Result<Duration> {
-    Duration::try_from_secs_f64(v)
-        .with_context(|| format!("--{name} must be a non-negative number of seconds"))
-}
-
-/// Runs the command.
+/// Runs the command. A bad config ends it here, before anything binds.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+    let layers = args.layers()?;
+    let loaded = settings::load(&layers)?;
+    let config = loaded.config.clone();
+    let path = settings::model_path(&config)?;
+    let server = &config.server;
+    let addr: SocketAddr = format!("{}:{}", server.host, server.port)
         .parse()
-        .with_context(|| format!("invalid --host/--port {}:{}", args.host, args.port))?;
-    let model_name = args.served_model_name.clone().unwrap_or_else(|| {
-        let p = &args.model.model;
-        let stem = if p.is_dir() {
-            p.file_name()
-        } else {
-            p.file_stem()
-        };
-        stem.map_or_else(|| "model".to_string(), |s| s.to_string_lossy().into_owned())
-    });
-    anyhow::ensure!(args.max_num_seqs > 0, "--max-num-seqs must be positive");
-    let engine = EngineConfig {
-        scheduler: SchedulerConfig {
-            max_num_seqs: args.max_num_seqs,
-            max_num_batched_tokens: args.model.max_num_batched_tokens,
-            max_waiting: args.max_waiting,
-            aging: secs("aging", args.aging)?,
-            tier_deadlines: deadlines(&args.priority_deadlines)?,
-        },
-        prefix_caching: !args.no_prefix_caching,
-        stall_timeout: secs("stall-timeout", args.stall_timeout)?,
-        ..EngineConfig::default()
-    };
-    let config = ServeConfig {
+        .with_context(|| {
+            format!(
+                "server.host/server.port {}:{} is not a socket address",
+                server.host, server.port
+            )
+        })?;
+    let set_log_level: LogLevelFn = Arc::new(logging::set);
+    let serve = ServeConfig {
         addr,
-        model_name,
-        max_body_bytes: args.max_body_bytes,
-        shutdown_timeout: secs("shutdown-timeout", args.shutdown_timeout)?,
+        model_name: model_name(&loaded, path),
+        max_body_bytes: usize::try_from(server.max_body_bytes.bytes()).unwrap_or(usize::MAX),
+        shutdown_timeout: server.shutdown_timeout.get(),
+        runtime: loaded,
+        reload: Some(reload_fn(layers)),
+        set_log_level: Some(set_log_level),
     };
-    let model = args.model;
+    let engine = settings::engine_config(&config);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("ingot-http")
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(ingot_server::serve(config, move || {
-        let gen = load_engine(&model, engine).map_err(|e| format!("{e:#}"))?;
+    runtime.block_on(ingot_server::serve(serve, move || {
+        let gen = load_engine(&config, engine).map_err(|e| format!("{e:#}"))?;
         eprintln!("ingot: serving on {}", gen.device_name());
         Ok(gen)
     }))?;

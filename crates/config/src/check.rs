@@ -1,0 +1,134 @@
+//! Range and cross-field rules the types cannot express.
+
+use crate::config::{Config, BLOCK_SIZE};
+use crate::flags::valid_flag_name;
+
+/// A broken rule: the key it is about and the rule, in words.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Violation {
+    pub key: String,
+    pub message: String,
+}
+
+type Check = Result<(), Violation>;
+
+fn fail(key: impl Into<String>, message: impl Into<String>) -> Check {
+    Err(Violation {
+        key: key.into(),
+        message: message.into(),
+    })
+}
+
+fn at_least(key: &str, value: u64, min: u64) -> Check {
+    if value < min {
+        return fail(key, format!("must be at least {min}"));
+    }
+    Ok(())
+}
+
+/// The first rule `config` breaks, in section order.
+pub(crate) fn check(config: &Config) -> Check {
+    model(config)?;
+    engine(config)?;
+    scheduler(config)?;
+    server(config)?;
+    cache(config)?;
+    log(config)?;
+    flags(config)
+}
+
+fn model(c: &Config) -> Check {
+    let m = &c.model;
+    let optional = [
+        ("model.threads", m.threads),
+        ("model.max_model_len", m.max_model_len),
+        ("model.kv_cache_tokens", m.kv_cache_tokens),
+    ];
+    for (key, v) in optional {
+        if let Some(v) = v {
+            at_least(key, v as u64, 1)?;
+        }
+    }
+    let u = m.gpu_memory_utilization;
+    if !(u > 0.0 && u <= 1.0) {
+        return fail("model.gpu_memory_utilization", "must be in (0, 1]");
+    }
+    if m.served_model_name.as_deref() == Some("") {
+        return fail("model.served_model_name", "must not be empty");
+    }
+    Ok(())
+}
+
+fn engine(c: &Config) -> Check {
+    if c.engine.block_size != BLOCK_SIZE {
+        return fail(
+            "engine.block_size",
+            format!("only {BLOCK_SIZE} is supported"),
+        );
+    }
+    if c.engine.stall_timeout.get().is_zero() {
+        return fail("engine.stall_timeout", "must be more than 0");
+    }
+    Ok(())
+}
+
+fn scheduler(c: &Config) -> Check {
+    let s = &c.scheduler;
+    at_least("scheduler.max_num_seqs", s.max_num_seqs as u64, 1)?;
+    // A step must hold at least one full KV block of prefill.
+    if s.max_num_batched_tokens < c.engine.block_size {
+        return fail(
+            "scheduler.max_num_batched_tokens",
+            format!(
+                "must be at least engine.block_size ({})",
+                c.engine.block_size
+            ),
+        );
+    }
+    Ok(())
+}
+
+fn server(c: &Config) -> Check {
+    if c.server.host.trim().is_empty() {
+        return fail("server.host", "must not be empty");
+    }
+    at_least("server.max_body_bytes", c.server.max_body_bytes.bytes(), 1)
+}
+
+fn cache(c: &Config) -> Check {
+    at_least("cache.max_entries", c.cache.max_entries, 1)?;
+    at_least("cache.max_bytes", c.cache.max_bytes.bytes(), 1)?;
+    if c.cache.ttl.get().is_zero() {
+        return fail("cache.ttl", "must be more than 0");
+    }
+    Ok(())
+}
+
+/// The full directive syntax is tracing's; the binary checks it with
+/// `EnvFilter`. Here only what is wrong whatever the filter says.
+fn log(c: &Config) -> Check {
+    if c.log.level.trim().is_empty() {
+        return fail("log.level", "must not be empty (e.g. \"warn\" or \"info\")");
+    }
+    Ok(())
+}
+
+fn flags(c: &Config) -> Check {
+    for (name, f) in &c.flags {
+        if !valid_flag_name(name) {
+            return fail(
+                format!("flags.{name}"),
+                "flag names use lowercase letters, digits and _",
+            );
+        }
+        let key = format!("flags.{name}.rollout_percent");
+        let p = f.rollout_percent;
+        if !(0.0..=100.0).contains(&p) {
+            return fail(key, "must be between 0 and 100");
+        }
+        if ((p * 100.0) - (p * 100.0).round()).abs() > 1e-6 {
+            return fail(key, "at most two decimals (the rollout has 10000 buckets)");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,375 @@
+//! The typed configuration and its built-in defaults.
+//!
+//! Every struct denies unknown fields (a typo is an error, never a silently
+//! ignored setting) and defaults every field (a file names only what it
+//! changes). The doc comments here become the JSON schema's descriptions.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::flags::FlagSpec;
+use crate::units::{ByteSize, Duration};
+
+/// The whole configuration of one ingot process.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Which model to load and how.
+    pub model: ModelSection,
+    /// Engine behaviour.
+    pub engine: EngineSection,
+    /// Batching limits and the priority policy.
+    pub scheduler: SchedulerSection,
+    /// The HTTP server.
+    pub server: ServerSection,
+    /// The response cache.
+    pub cache: CacheSection,
+    /// CUDA backend switches (ignored on the CPU).
+    pub cuda: CudaSection,
+    /// Logging.
+    pub log: LogSection,
+    /// Feature flags by name (`[a-z0-9_]+`).
+    #[schemars(extend("propertyNames" = { "pattern": "^[a-z0-9_]+$" }))]
+    pub flags: BTreeMap<String, FlagSpec>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            model: ModelSection::default(),
+            engine: EngineSection::default(),
+            scheduler: SchedulerSection::default(),
+            server: ServerSection::default(),
+            cache: CacheSection::default(),
+            cuda: CudaSection::default(),
+            log: LogSection::default(),
+            flags: default_flags(),
+        }
+    }
+}
+
+/// The built-in flags: `coalescing` on (identical in-flight deterministic
+/// requests share one generation; it never changes an answer on the
+/// batch-invariant CPU path), `response_cache` off (it returns stored answers,
+/// which a deployment should opt into).
+fn default_flags() -> BTreeMap<String, FlagSpec> {
+    BTreeMap::from([
+        (
+            "coalescing".to_string(),
+            FlagSpec {
+                enabled: true,
+                ..FlagSpec::default()
+            },
+        ),
+        ("response_cache".to_string(), FlagSpec::default()),
+    ])
+}
+
+/// How model weights are obtained.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadFormat {
+    /// Read the weights from the model files.
+    #[default]
+    Auto,
+    /// Random weights of the configured shapes (benchmarks only).
+    Dummy,
+}
+
+/// Where the model runs.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    /// CUDA when a driver and this build's kernels are present, else the CPU.
+    #[default]
+    Auto,
+    /// The CPU backend.
+    Cpu,
+    /// The CUDA backend; an error when it is unavailable.
+    Cuda,
+}
+
+/// Weight storage on the CPU.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    /// Exact f32 weights.
+    #[default]
+    F32,
+    /// bf16 weights: faster decode, logits differ by bf16 rounding.
+    Bf16,
+}
+
+/// Which model to load and how.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSection {
+    /// A GGUF file or a Hugging Face model directory (required to serve).
+    pub path: Option<PathBuf>,
+    /// The name clients pass as `model` (default: the file's stem).
+    pub served_model_name: Option<String>,
+    /// `auto` reads weights from the files; `dummy` makes random ones.
+    pub load_format: LoadFormat,
+    /// `auto`, `cpu` or `cuda`.
+    pub device: Device,
+    /// CPU weight storage: `f32` or `bf16`.
+    pub dtype: Dtype,
+    /// CPU worker threads (default: all cores).
+    #[schemars(range(min = 1))]
+    pub threads: Option<usize>,
+    /// Cap on the context length (default: the model's).
+    #[schemars(range(min = 1))]
+    pub max_model_len: Option<usize>,
+    /// Tokens of KV cache (default: 1 GiB worth on the CPU, the memory
+    /// budget on the GPU).
+    #[schemars(range(min = 1))]
+    pub kv_cache_tokens: Option<usize>,
+    /// Share of GPU memory for weights, workspace and KV cache, in (0, 1].
+    #[schemars(range(max = 1), extend("exclusiveMinimum" = 0))]
+    pub gpu_memory_utilization: f64,
+    /// Run every GPU step eagerly instead of replaying CUDA graphs.
+    pub enforce_eager: bool,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        Self {
+            path: None,
+            served_model_name: None,
+            load_format: LoadFormat::Auto,
+            device: Device::Auto,
+            dtype: Dtype::F32,
+            threads: None,
+            max_model_len: None,
+            kv_cache_tokens: None,
+            gpu_memory_utilization: 0.9,
+            enforce_eager: false,
+        }
+    }
+}
+
+/// The KV block size: the only one the kernels and the block manager support.
+pub const BLOCK_SIZE: usize = 16;
+
+/// Engine behaviour.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineSection {
+    /// Reuse KV blocks across requests with a common prefix.
+    pub prefix_caching: bool,
+    /// A client that reads nothing for this long is cut off.
+    pub stall_timeout: Duration,
+    /// Token slots per KV block (only 16 is supported).
+    #[schemars(range(min = 16, max = 16))]
+    pub block_size: usize,
+}
+
+impl Default for EngineSection {
+    fn default() -> Self {
+        Self {
+            prefix_caching: true,
+            stall_timeout: Duration::from_secs(30),
+            block_size: BLOCK_SIZE,
+        }
+    }
+}
+
+/// Batching limits and the priority policy.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SchedulerSection {
+    /// Most sequences running at once.
+    #[schemars(range(min = 1))]
+    pub max_num_seqs: usize,
+    /// Most tokens per engine step (prefill chunks + decodes); at least
+    /// `engine.block_size`.
+    #[schemars(range(min = 16))]
+    pub max_num_batched_tokens: usize,
+    /// Waiting-queue bound; beyond it requests get 429 (low tiers first).
+    pub max_waiting: usize,
+    /// Waiting this long promotes a request by one tier.
+    pub aging: Duration,
+    /// First-token deadline per tier; a request past its deadline is
+    /// scheduled before others of its tier.
+    pub priority_deadlines: PriorityDeadlines,
+}
+
+impl Default for SchedulerSection {
+    fn default() -> Self {
+        Self {
+            max_num_seqs: 64,
+            max_num_batched_tokens: 512,
+            max_waiting: 256,
+            aging: Duration::from_secs(10),
+            priority_deadlines: PriorityDeadlines::default(),
+        }
+    }
+}
+
+/// First-token deadlines per priority tier.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct PriorityDeadlines {
+    /// Tier `critical`.
+    pub critical: Duration,
+    /// Tier `high`.
+    pub high: Duration,
+    /// Tier `normal` (the default tier).
+    pub normal: Duration,
+    /// Tier `low`.
+    pub low: Duration,
+    /// Tier `background`.
+    pub background: Duration,
+}
+
+impl PriorityDeadlines {
+    /// The five deadlines, most urgent tier first (the scheduler's order).
+    pub fn as_array(&self) -> [std::time::Duration; 5] {
+        [
+            self.critical.get(),
+            self.high.get(),
+            self.normal.get(),
+            self.low.get(),
+            self.background.get(),
+        ]
+    }
+}
+
+impl Default for PriorityDeadlines {
+    fn default() -> Self {
+        Self {
+            critical: Duration::from_millis(250),
+            high: Duration::from_secs(1),
+            normal: Duration::from_secs(5),
+            low: Duration::from_secs(30),
+            background: Duration::from_secs(120),
+        }
+    }
+}
+
+/// The HTTP server.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSection {
+    /// Address to listen on.
+    pub host: String,
+    /// Port (0: any free port; the bound address is printed).
+    pub port: u16,
+    /// Largest request body.
+    pub max_body_bytes: ByteSize,
+    /// How long in-flight requests may finish after SIGTERM.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".to_string(),
+            port: 8000,
+            max_body_bytes: ByteSize::mib(4),
+            shutdown_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The response cache (used when the `response_cache` flag is on).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheSection {
+    /// Most cached responses.
+    #[schemars(range(min = 1))]
+    pub max_entries: u64,
+    /// Most bytes of cached responses.
+    pub max_bytes: ByteSize,
+    /// How long a cached response stays valid (more than zero).
+    pub ttl: Duration,
+}
+
+impl Default for CacheSection {
+    fn default() -> Self {
+        Self {
+            max_entries: 10_000,
+            max_bytes: ByteSize::mib(256),
+            ttl: Duration::from_secs(600),
+        }
+    }
+}
+
+/// CUDA backend switches (ignored on the CPU).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct CudaSection {
+    /// Log a per-step GPU time breakdown.
+    pub profile: bool,
+    /// Synchronize after every kernel launch and name the one that faulted
+    /// (debugging only: slow).
+    pub check: bool,
+    /// `<MiB>[:<mode>]`: how much of o_proj's weights small-batch decode
+    /// attention prefetches into L2 (unset: a sixth of L2; 0 turns it off).
+    pub l2_prefetch: Option<String>,
+    /// Programmatic dependent launch on sm_90+ (each kernel may start while
+    /// the previous one drains).
+    pub pdl: bool,
+}
+
+impl Default for CudaSection {
+    fn default() -> Self {
+        Self {
+            profile: false,
+            check: false,
+            l2_prefetch: None,
+            pdl: true,
+        }
+    }
+}
+
+/// Logging.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSection {
+    /// A tracing `EnvFilter` directive, e.g. `info` or
+    /// `warn,ingot_server=debug`.
+    pub level: String,
+}
+
+impl Default for LogSection {
+    fn default() -> Self {
+        Self {
+            level: "warn".to_string(),
+        }
+    }
+}
+
+impl LoadFormat {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Dummy => "dummy",
+        }
+    }
+}
+
+impl Device {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Cpu => "cpu",
+            Self::Cuda => "cuda",
+        }
+    }
+}
+
+impl Dtype {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+        }
+    }
+}

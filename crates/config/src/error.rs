@@ -1,0 +1,107 @@
+//! Where a value came from, and the one-line error that names it.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// The layer that set a value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The built-in default.
+    Default,
+    /// A line of the config file.
+    File {
+        /// The file, as given.
+        path: PathBuf,
+        /// 1-based line.
+        line: usize,
+    },
+    /// An environment variable (its name).
+    Env(String),
+    /// A command-line flag (as typed, e.g. `--max-num-seqs`).
+    Flag(String),
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Default => f.write_str("default"),
+            Self::File { path, line } => write!(f, "{}:{line}", path.display()),
+            Self::Env(var) => write!(f, "env {var}"),
+            Self::Flag(flag) => write!(f, "flag {flag}"),
+        }
+    }
+}
+
+/// A configuration that cannot be used. `Display` is one line naming the
+/// key, the value, the source and the rule, so an operator can fix it
+/// without reading code.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A key is unknown, or its value has the wrong type or is out of range.
+    #[error("{key}{} ({origin}): {message}", value_part(.value))]
+    Key {
+        /// Dotted path, e.g. `scheduler.max_num_seqs`.
+        key: String,
+        /// The offending value in JSON syntax, when there is one.
+        value: Option<String>,
+        /// Who set it.
+        origin: Source,
+        /// The rule it breaks.
+        message: String,
+    },
+    /// The config file cannot be read.
+    #[error("{}: cannot read the config file: {message}", .path.display())]
+    Read {
+        /// The file, as given.
+        path: PathBuf,
+        /// The OS error.
+        message: String,
+    },
+    /// The config file is not valid TOML.
+    #[error("{origin}: invalid TOML: {message}")]
+    Syntax {
+        /// File and line of the error.
+        origin: Source,
+        /// The parser's message.
+        message: String,
+    },
+}
+
+fn value_part(value: &Option<String>) -> String {
+    value
+        .as_ref()
+        .map_or_else(String::new, |v| format!(" = {v}"))
+}
+
+impl ConfigError {
+    /// An error about `key`, set by `origin` to `value`.
+    pub fn key(
+        key: impl Into<String>,
+        value: Option<&serde_json::Value>,
+        origin: Source,
+        message: impl Into<String>,
+    ) -> Self {
+        Self::Key {
+            key: key.into(),
+            value: value.map(render_value),
+            origin,
+            message: one_line(&message.into()),
+        }
+    }
+}
+
+/// A value as the error and `show()` print it: JSON, which for scalars and
+/// arrays of scalars is also TOML.
+pub(crate) fn render_value(v: &serde_json::Value) -> String {
+    v.to_string()
+}
+
+/// Joins a multi-line message so the error stays one line.
+pub(crate) fn one_line(s: &str) -> String {
+    s.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}

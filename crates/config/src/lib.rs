@@ -1,0 +1,41 @@
+//! ingot's configuration: raw sources in, one validated, typed [`Config`] out.
+//!
+//! Sources, later wins: built-in defaults < the TOML file (`--config`) <
+//! `INGOT_*` environment variables < command-line flags. [`load`] merges
+//! them, remembering who set each value, so every error is one line naming
+//! the key, the value, the source (file:line, variable or flag) and the rule,
+//! and `ingot config show` can say where each setting came from.
+//!
+//! Nothing here reads the process environment or the command line: the
+//! binary passes both in ([`Layers`]), which keeps tests hermetic and makes
+//! a reload re-run exactly the same inputs. The JSON schema ([`schema`]) is
+//! generated from the types, so it cannot drift from what the loader takes.
+//! Feature flags ([`FlagSpec`], [`bucket`]) decide with a specified hash that
+//! other languages reproduce (docs/config.md).
+
+mod check;
+mod config;
+mod env;
+mod error;
+mod file;
+mod flags;
+mod load;
+mod reload;
+mod schema;
+mod tree;
+mod units;
+
+pub use config::{
+    CacheSection, Config, CudaSection, Device, Dtype, EngineSection, LoadFormat, LogSection,
+    ModelSection, PriorityDeadlines, SchedulerSection, ServerSection, BLOCK_SIZE,
+};
+pub use env::{env_name, FLAG_PREFIX, LEGACY, NOT_CONFIG};
+pub use error::{ConfigError, Source};
+pub use flags::{bucket, FlagSpec, BUCKETS};
+pub use load::{load, FlagValue, Layers, Loaded};
+pub use reload::{diff, live, Reload};
+pub use schema::schema;
+pub use units::{ByteSize, Duration};
+
+#[cfg(test)]
+mod tests;

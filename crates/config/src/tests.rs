@@ -1,0 +1,484 @@
+//! Loader tests: precedence, error lines, show, reload, flags from the env.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::json;
+
+use crate::*;
+
+/// Writes `text` to a fresh file under the temp dir.
+fn file(text: &str) -> PathBuf {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("ingot-config-{}-{n}.toml", std::process::id()));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn flag(key: &'static str, value: serde_json::Value, flag: &'static str) -> FlagValue {
+    FlagValue { key, value, flag }
+}
+
+fn err(layers: &Layers) -> String {
+    let e = load(layers).unwrap_err().to_string();
+    assert_eq!(e.lines().count(), 1, "one line: {e}");
+    e
+}
+
+#[test]
+fn no_layers_is_the_defaults() {
+    let l = load(&Layers::default()).unwrap();
+    assert_eq!(l.config, Config::default());
+    assert!(l.sources.values().all(|s| *s == Source::Default));
+    assert_eq!(l.config.scheduler.max_num_batched_tokens, 512);
+    assert_eq!(l.source("scheduler.max_num_seqs"), &Source::Default);
+}
+
+#[test]
+fn each_layer_wins_over_the_one_before() {
+    let path = file("[scheduler]\nmax_num_seqs = 8\nmax_waiting = 9\n[cache]\nttl = \"1m\"\n");
+    let mut layers = Layers {
+        file: Some(path.clone()),
+        ..Layers::default()
+    };
+    let l = load(&layers).unwrap();
+    assert_eq!(l.config.scheduler.max_num_seqs, 8);
+    assert_eq!(l.config.cache.ttl.get().as_secs(), 60);
+    assert_eq!(
+        l.source("scheduler.max_num_seqs"),
+        &Source::File {
+            path: path.clone(),
+            line: 2
+        }
+    );
+    assert_eq!(
+        l.source("scheduler.max_waiting").to_string(),
+        format!("{}:3", path.display())
+    );
+
+    layers.env = env(&[
+        ("INGOT_SCHEDULER_MAX_NUM_SEQS", "16"),
+        ("INGOT_CACHE_TTL", "90"),
+    ]);
+    let l = load(&layers).unwrap();
+    assert_eq!(l.config.scheduler.max_num_seqs, 16);
+    assert_eq!(l.config.cache.ttl.get().as_secs(), 90);
+    assert_eq!(
+        l.source("scheduler.max_num_seqs").to_string(),
+        "env INGOT_SCHEDULER_MAX_NUM_SEQS"
+    );
+    assert_eq!(l.config.scheduler.max_waiting, 9, "the file still counts");
+
+    layers.flags = vec![flag("scheduler.max_num_seqs", json!(32), "--max-num-seqs")];
+    let l = load(&layers).unwrap();
+    assert_eq!(l.config.scheduler.max_num_seqs, 32);
+    assert_eq!(
+        l.source("scheduler.max_num_seqs").to_string(),
+        "flag --max-num-seqs"
+    );
+    assert_eq!(l.source("cache.ttl").to_string(), "env INGOT_CACHE_TTL");
+}
+
+#[test]
+fn legacy_variables_keep_working() {
+    let layers = Layers {
+        env: env(&[
+            ("INGOT_MODEL", "/models/m.gguf"),
+            ("INGOT_HOST", "0.0.0.0"),
+            ("INGOT_PORT", "9000"),
+            ("INGOT_THREADS", "2"),
+            ("INGOT_DEVICE", "cpu"),
+            ("INGOT_LOG", "info,ingot_server=debug"),
+            ("INGOT_CUDA_PROFILE", "1"),
+            ("INGOT_CUDA_CHECK", "1"),
+            ("INGOT_CUDA_L2_PREFETCH", "8:1"),
+            ("INGOT_CUDA_PDL", "0"),
+            ("INGOT_CACHE", "/tmp/assets"),
+        ]),
+        ..Layers::default()
+    };
+    let c = load(&layers).unwrap().config;
+    assert_eq!(c.model.path, Some(PathBuf::from("/models/m.gguf")));
+    assert_eq!(c.server.host, "0.0.0.0");
+    assert_eq!(c.server.port, 9000);
+    assert_eq!(c.model.threads, Some(2));
+    assert_eq!(c.model.device, Device::Cpu);
+    assert_eq!(c.log.level, "info,ingot_server=debug");
+    assert!(c.cuda.profile && c.cuda.check && !c.cuda.pdl);
+    assert_eq!(c.cuda.l2_prefetch.as_deref(), Some("8:1"));
+    assert_eq!(
+        c.cache,
+        CacheSection::default(),
+        "INGOT_CACHE is not config"
+    );
+}
+
+#[test]
+fn unknown_file_key_names_line_and_alternatives() {
+    let path = file("[server]\nport = 8001\nbogus = 1\n");
+    let e = err(&Layers {
+        file: Some(path.clone()),
+        ..Layers::default()
+    });
+    assert_eq!(
+        e,
+        format!(
+            "server.bogus ({}:3): unknown key; expected one of host, max_body_bytes, port, shutdown_timeout",
+            path.display()
+        )
+    );
+    let path = file("[servr]\nport = 8001\n");
+    let e = err(&Layers {
+        file: Some(path),
+        ..Layers::default()
+    });
+    assert!(e.starts_with("servr ("), "{e}");
+    assert!(
+        e.contains(":1): unknown key; expected one of cache, cuda, engine"),
+        "{e}"
+    );
+}
+
+#[test]
+fn wrong_types_name_key_value_and_source() {
+    let e = err(&Layers {
+        env: env(&[("INGOT_SCHEDULER_MAX_NUM_SEQS", "lots")]),
+        ..Layers::default()
+    });
+    assert_eq!(
+        e,
+        "scheduler.max_num_seqs = \"lots\" (env INGOT_SCHEDULER_MAX_NUM_SEQS): invalid type: string \"lots\", expected usize"
+    );
+    let path = file("[engine]\nstall_timeout = \"30 parsecs\"\n");
+    let e = err(&Layers {
+        file: Some(path.clone()),
+        ..Layers::default()
+    });
+    assert!(
+        e.starts_with(&format!(
+            "engine.stall_timeout = \"30 parsecs\" ({}:2): expected a duration",
+            path.display()
+        )),
+        "{e}"
+    );
+    let e = err(&Layers {
+        flags: vec![flag("model.device", json!("tpu"), "--device")],
+        ..Layers::default()
+    });
+    assert!(
+        e.starts_with("model.device = \"tpu\" (flag --device): unknown variant `tpu`"),
+        "{e}"
+    );
+    let path = file("server = 5\n");
+    let e = err(&Layers {
+        file: Some(path),
+        ..Layers::default()
+    });
+    assert!(e.starts_with("server = 5 ("), "{e}");
+    assert!(e.ends_with("expected a table"), "{e}");
+}
+
+#[test]
+fn out_of_range_values_name_the_bound() {
+    let path = file("# the scheduler\n\n\n\n\n[scheduler]\nmax_num_seqs = 0\n");
+    let e = err(&Layers {
+        file: Some(path.clone()),
+        ..Layers::default()
+    });
+    assert_eq!(
+        e,
+        format!(
+            "scheduler.max_num_seqs = 0 ({}:7): must be at least 1",
+            path.display()
+        )
+    );
+    let e = err(&Layers {
+        flags: vec![flag(
+            "model.gpu_memory_utilization",
+            json!(1.5),
+            "--gpu-memory-utilization",
+        )],
+        ..Layers::default()
+    });
+    assert!(
+        e.starts_with(
+            "model.gpu_memory_utilization = 1.5 (flag --gpu-memory-utilization): must be in (0, 1]"
+        ),
+        "{e}"
+    );
+    let e = err(&Layers {
+        env: env(&[("INGOT_CACHE_TTL", "0s")]),
+        ..Layers::default()
+    });
+    assert_eq!(
+        e,
+        "cache.ttl = \"0s\" (env INGOT_CACHE_TTL): must be more than 0"
+    );
+    let e = err(&Layers {
+        env: env(&[("INGOT_ENGINE_BLOCK_SIZE", "32")]),
+        ..Layers::default()
+    });
+    assert_eq!(
+        e,
+        "engine.block_size = 32 (env INGOT_ENGINE_BLOCK_SIZE): only 16 is supported"
+    );
+}
+
+#[test]
+fn batched_tokens_must_cover_a_block() {
+    let e = err(&Layers {
+        flags: vec![flag(
+            "scheduler.max_num_batched_tokens",
+            json!(8),
+            "--max-num-batched-tokens",
+        )],
+        ..Layers::default()
+    });
+    assert_eq!(
+        e,
+        "scheduler.max_num_batched_tokens = 8 (flag --max-num-batched-tokens): must be at least engine.block_size (16)"
+    );
+}
+
+#[test]
+fn show_names_every_source_and_loads_back() {
+    let path = file("[server]\nport = 8123\n");
+    let l = load(&Layers {
+        file: Some(path.clone()),
+        env: env(&[("INGOT_CACHE_MAX_BYTES", "1GiB")]),
+        flags: vec![flag("scheduler.max_num_seqs", json!(7), "--max-num-seqs")],
+    })
+    .unwrap();
+    let shown = l.show();
+    let line = |key: &str| {
+        shown
+            .lines()
+            .find(|l| l.starts_with(&format!("{key} = ")))
+            .unwrap_or_else(|| panic!("{key} missing in\n{shown}"))
+            .to_string()
+    };
+    assert!(line("scheduler.max_num_seqs").ends_with("# flag --max-num-seqs"));
+    assert!(line("scheduler.max_num_seqs").starts_with("scheduler.max_num_seqs = 7 "));
+    assert!(line("server.port").ends_with(&format!("# {}:2", path.display())));
+    assert!(line("cache.max_bytes").contains("\"1GiB\""));
+    assert!(line("cache.max_bytes").ends_with("# env INGOT_CACHE_MAX_BYTES"));
+    assert!(line("engine.stall_timeout").contains("= \"30s\""));
+    assert!(line("flags.coalescing.enabled").ends_with("# default"));
+    assert!(shown.contains("# model.path = (unset)"), "{shown}");
+    // Every leaf, and the text is TOML for the same config.
+    let leaves = tree::leaves(&serde_json::to_value(&l.config).unwrap()).len();
+    assert_eq!(shown.lines().count(), leaves);
+    let again = load(&Layers {
+        file: Some(file(&shown)),
+        ..Layers::default()
+    })
+    .unwrap();
+    assert_eq!(again.config, l.config);
+}
+
+#[test]
+fn diff_splits_live_keys_from_restart_keys() {
+    let old = Config::default();
+    let mut new = old.clone();
+    new.flags.get_mut("response_cache").unwrap().enabled = true;
+    new.flags.insert("beta".into(), FlagSpec::default());
+    new.cache.ttl = Duration::from_secs(5);
+    new.log.level = "debug".into();
+    new.scheduler.max_num_seqs = 8;
+    new.server.port = 1;
+    let r = diff(&old, &new);
+    assert_eq!(
+        r.applied,
+        [
+            "cache.ttl",
+            "flags.beta.allow",
+            "flags.beta.deny",
+            "flags.beta.enabled",
+            "flags.beta.rollout_percent",
+            "flags.response_cache.enabled",
+            "log.level",
+        ]
+    );
+    assert_eq!(r.needs_restart, ["scheduler.max_num_seqs", "server.port"]);
+    assert!(diff(&old, &old).is_empty());
+}
+
+#[test]
+fn flag_env_override_flips_a_flag() {
+    let unit = "sk-anyone";
+    let base = load(&Layers::default()).unwrap();
+    assert!(!base.config.flag("response_cache", unit));
+    assert!(base.config.flag("coalescing", unit));
+    let l = load(&Layers {
+        env: env(&[
+            ("INGOT_FLAG_RESPONSE_CACHE", "on"),
+            ("INGOT_FLAG_COALESCING", "off"),
+        ]),
+        ..Layers::default()
+    })
+    .unwrap();
+    assert!(l.config.flag("response_cache", unit));
+    assert!(!l.config.flag("coalescing", unit));
+    assert_eq!(
+        l.source("flags.response_cache.enabled").to_string(),
+        "env INGOT_FLAG_RESPONSE_CACHE"
+    );
+    let l = load(&Layers {
+        env: env(&[("INGOT_FLAG_RESPONSE_CACHE", "12.5")]),
+        ..Layers::default()
+    })
+    .unwrap();
+    let f = &l.config.flags["response_cache"];
+    assert!(f.enabled);
+    assert_eq!(f.rollout_percent, 12.5);
+    let e = err(&Layers {
+        env: env(&[("INGOT_FLAG_COALESCNG", "off")]),
+        ..Layers::default()
+    });
+    assert!(
+        e.starts_with("flags.coalescng = \"off\" (env INGOT_FLAG_COALESCNG): unknown flag"),
+        "{e}"
+    );
+    let e = err(&Layers {
+        env: env(&[("INGOT_FLAG_COALESCING", "maybe")]),
+        ..Layers::default()
+    });
+    assert!(e.contains("expected on, off or a rollout percent"), "{e}");
+    let e = err(&Layers {
+        env: env(&[("INGOT_FLAG_COALESCING", "150")]),
+        ..Layers::default()
+    });
+    assert_eq!(
+        e,
+        "flags.coalescing.rollout_percent = 150.0 (env INGOT_FLAG_COALESCING): must be between 0 and 100"
+    );
+}
+
+#[test]
+fn files_define_new_flags_with_checked_names_and_rollouts() {
+    let path = file("[flags.beta]\nenabled = true\nrollout_percent = 12.5\nallow = [\"alice\"]\n");
+    let l = load(&Layers {
+        file: Some(path),
+        ..Layers::default()
+    })
+    .unwrap();
+    let beta = &l.config.flags["beta"];
+    assert!(beta.enabled && beta.allow == ["alice"] && beta.deny.is_empty());
+    assert_eq!(l.source("flags.beta.deny"), &Source::Default);
+    assert!(l.config.flag("beta", "alice"));
+    // A file flag can then be overridden from the environment.
+    let path = file("[flags.beta]\nenabled = true\n");
+    let l = load(&Layers {
+        file: Some(path),
+        env: env(&[("INGOT_FLAG_BETA", "off")]),
+        ..Layers::default()
+    })
+    .unwrap();
+    assert!(!l.config.flags["beta"].enabled);
+
+    let path = file("[flags.Beta-2]\nenabled = true\n");
+    let e = err(&Layers {
+        file: Some(path.clone()),
+        ..Layers::default()
+    });
+    assert_eq!(
+        e,
+        format!(
+            "flags.Beta-2 ({}:1): invalid flag name; use lowercase letters, digits and _",
+            path.display()
+        )
+    );
+    let path = file("[flags.beta]\nrollout_percent = 12.345\n");
+    let e = err(&Layers {
+        file: Some(path),
+        ..Layers::default()
+    });
+    assert!(
+        e.starts_with("flags.beta.rollout_percent = 12.345 ("),
+        "{e}"
+    );
+    assert!(
+        e.ends_with("at most two decimals (the rollout has 10000 buckets)"),
+        "{e}"
+    );
+}
+
+#[test]
+fn unreadable_and_malformed_files_are_one_line() {
+    let e = err(&Layers {
+        file: Some(PathBuf::from("/nonexistent/ingot.toml")),
+        ..Layers::default()
+    });
+    assert!(
+        e.starts_with("/nonexistent/ingot.toml: cannot read the config file: "),
+        "{e}"
+    );
+    let path = file("[server]\nport = 80\n[scheduler\n");
+    let e = err(&Layers {
+        file: Some(path.clone()),
+        ..Layers::default()
+    });
+    assert!(
+        e.starts_with(&format!("{}:3: invalid TOML: ", path.display())),
+        "{e}"
+    );
+}
+
+#[test]
+fn error_helper_names_value_and_source() {
+    let l = load(&Layers {
+        env: env(&[("INGOT_LOG", "verbose")]),
+        ..Layers::default()
+    })
+    .unwrap();
+    assert_eq!(
+        l.error("log.level", "not a tracing filter").to_string(),
+        "log.level = \"verbose\" (env INGOT_LOG): not a tracing filter"
+    );
+}
+
+#[test]
+fn the_example_file_loads_and_matches_the_defaults() {
+    let path = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../ingot.example.toml"
+    ));
+    let l = load(&Layers {
+        file: Some(path),
+        ..Layers::default()
+    })
+    .unwrap();
+    // The example spells out the defaults (model.path aside, which has none).
+    let mut want = Config::default();
+    want.model.path = l.config.model.path.clone();
+    assert_eq!(l.config, want);
+}
+
+#[test]
+fn schema_describes_every_section() {
+    let s = schema();
+    let props = s["properties"].as_object().unwrap();
+    for section in [
+        "model",
+        "engine",
+        "scheduler",
+        "server",
+        "cache",
+        "cuda",
+        "log",
+        "flags",
+    ] {
+        assert!(props.contains_key(section), "{section}");
+    }
+    assert_eq!(s["additionalProperties"], json!(false));
+}
