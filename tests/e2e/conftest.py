@@ -44,8 +44,8 @@ def http(server):
 def server_factory():
     started: list[Server] = []
 
-    def start(*args: str, wait_ready: bool = True) -> Server:
-        srv = Server(*args, wait_ready=wait_ready)
+    def start(*args: str, wait_ready: bool = True, env: dict[str, str] | None = None) -> Server:
+        srv = Server(*args, wait_ready=wait_ready, env=env)
         started.append(srv)
         return srv
 

@@ -57,7 +57,7 @@ def default_model_name() -> str:
 class Server:
     """One `ingot serve` child process on an ephemeral port."""
 
-    def __init__(self, *extra_args: str, wait_ready: bool = True):
+    def __init__(self, *extra_args: str, wait_ready: bool = True, env: dict[str, str] | None = None):
         if not BIN.exists():
             raise AssertionError(f"ingot binary not found at {BIN} (set INGOT_BIN or run cargo build -p ingot)")
         self.args = [
@@ -80,7 +80,7 @@ class Server:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env={**os.environ, "NO_COLOR": "1"},
+            env={**os.environ, "NO_COLOR": "1", **(env or {})},
         )
         # Drain both pipes for the whole life of the process so it never blocks.
         self._threads = [

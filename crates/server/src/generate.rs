@@ -1,15 +1,16 @@
 //! Shared by the chat and completions handlers: fan a request out into
-//! `prompts × n` engine requests, then collect them (non-streaming) or merge
-//! their events into one stream (SSE).
+//! `prompts × n` generations through the pipeline, then collect them
+//! (non-streaming) or merge their events into one stream (SSE).
 
 use futures_util::stream::{self, BoxStream, StreamExt};
 use ingot_core::TokenId;
-use ingot_engine::{
-    Completion, EngineHandle, EngineRequest, GeneratedToken, RequestStream, TokenEvent,
-};
+use ingot_engine::{Completion, EngineRequest, GeneratedToken, RequestLimits, TokenEvent};
 use ingot_protocol::sampling::ValidSampling;
 use ingot_protocol::usage::Usage;
 
+use crate::pipeline::{
+    CacheStatus, EventStream, GenerateError, GenerateRequest, Generator, Sharing,
+};
 use crate::ApiError;
 
 /// One choice being generated.
@@ -18,7 +19,7 @@ pub struct Job {
     pub index: usize,
     /// Which prompt it continues.
     pub prompt_index: usize,
-    stream: RequestStream,
+    events: EventStream,
 }
 
 /// Which endpoint a request came from: names the prompt field in errors and
@@ -43,43 +44,96 @@ impl Endpoint {
 /// OpenAI's default `max_tokens` for `/v1/completions`.
 const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;
 
-/// Submits `n` requests per prompt. Choice `c` of a seeded request uses
-/// seed + c, so choices differ yet the whole response is reproducible.
-pub fn submit(
-    engine: &EngineHandle,
-    prompts: &[Vec<TokenId>],
-    sampling: &ValidSampling,
-    endpoint: Endpoint,
-) -> Result<Vec<Job>, ApiError> {
-    let prompt_param = endpoint.prompt_param();
-    let max_context = engine.max_context();
-    let mut jobs = Vec::with_capacity(prompts.len() * sampling.n);
-    for (p, prompt) in prompts.iter().enumerate() {
-        for c in 0..sampling.n {
-            let mut params = sampling.params.clone();
-            params.seed = params.seed.map(|s| s.wrapping_add(c as u64));
-            let mut stop = sampling.stop.clone();
-            let room = max_context.saturating_sub(prompt.len()).max(1);
-            stop.max_tokens = sampling.max_tokens.unwrap_or(match endpoint {
-                Endpoint::Chat => room,
-                Endpoint::Completions => COMPLETIONS_DEFAULT_MAX_TOKENS.min(room),
-            });
-            let stream = engine
-                .submit(EngineRequest {
+/// Who asks and what they may share: everything the pipeline needs besides
+/// the prompts and sampling.
+#[derive(Debug, Clone)]
+pub struct Submission {
+    /// The served model's id.
+    pub model: String,
+    /// Scopes shared answers (the API key's tenant, once keys exist).
+    pub tenant: Option<String>,
+    /// What the pipeline's layers may do.
+    pub sharing: Sharing,
+    /// The model's context and vocabulary.
+    pub limits: RequestLimits,
+    /// Which endpoint.
+    pub endpoint: Endpoint,
+}
+
+impl Submission {
+    /// The canonical engine requests: `n` per prompt, every one validated
+    /// before any is submitted. Choice `c` of a seeded request uses seed +
+    /// c, so choices differ yet the whole response is reproducible.
+    pub fn requests(
+        &self,
+        prompts: &[Vec<TokenId>],
+        sampling: &ValidSampling,
+    ) -> Result<Vec<(usize, usize, EngineRequest)>, ApiError> {
+        let max_context = self.limits.max_context;
+        let mut out = Vec::with_capacity(prompts.len() * sampling.n);
+        for (p, prompt) in prompts.iter().enumerate() {
+            for c in 0..sampling.n {
+                let mut params = sampling.params.clone();
+                params.seed = params.seed.map(|s| s.wrapping_add(c as u64));
+                let mut stop = sampling.stop.clone();
+                let room = max_context.saturating_sub(prompt.len()).max(1);
+                stop.max_tokens = sampling.max_tokens.unwrap_or(match self.endpoint {
+                    Endpoint::Chat => room,
+                    Endpoint::Completions => COMPLETIONS_DEFAULT_MAX_TOKENS.min(room),
+                });
+                let request = EngineRequest {
                     prompt: prompt.clone(),
                     sampling: params,
                     stop,
                     priority: sampling.priority,
-                })
-                .map_err(|e| ApiError::from_submit(e, prompt_param))?;
+                };
+                self.limits
+                    .check(&request)
+                    .map_err(|e| ApiError::from_submit(e, self.endpoint.prompt_param()))?;
+                out.push((p * sampling.n + c, p, request));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Validates every choice, then starts them through `generator`.
+    /// Returns the jobs and where their answers come from.
+    pub async fn submit(
+        &self,
+        generator: &dyn Generator,
+        prompts: &[Vec<TokenId>],
+        sampling: &ValidSampling,
+    ) -> Result<(Vec<Job>, CacheStatus), ApiError> {
+        let requests = self.requests(prompts, sampling)?;
+        let mut jobs = Vec::with_capacity(requests.len());
+        let mut status: Option<CacheStatus> = None;
+        for (index, prompt_index, request) in requests {
+            let request = GenerateRequest::new(
+                self.model.clone(),
+                self.tenant.as_deref(),
+                request,
+                self.sharing,
+            );
+            let generation = generator
+                .generate(request)
+                .await
+                .map_err(|e| self.error(e))?;
+            status = Some(status.map_or(generation.status, |s| s.combine(generation.status)));
             jobs.push(Job {
-                index: p * sampling.n + c,
-                prompt_index: p,
-                stream,
+                index,
+                prompt_index,
+                events: generation.events,
             });
         }
+        Ok((jobs, status.unwrap_or(CacheStatus::Bypass)))
     }
-    Ok(jobs)
+
+    fn error(&self, e: GenerateError) -> ApiError {
+        match e {
+            GenerateError::Rejected(e) => ApiError::from_submit(e, self.endpoint.prompt_param()),
+            GenerateError::Unavailable(m) => ApiError::Unavailable(m),
+        }
+    }
 }
 
 /// A finished choice.
@@ -105,7 +159,7 @@ pub async fn collect(jobs: Vec<Job>) -> Result<Vec<ChoiceResult>, ApiError> {
 async fn collect_one(mut job: Job) -> Result<ChoiceResult, ApiError> {
     let mut text = String::new();
     let mut tokens = Vec::new();
-    while let Some(event) = job.stream.next().await {
+    while let Some(event) = job.events.next().await {
         match event {
             TokenEvent::Token(t) => {
                 text.push_str(&t.text);
@@ -168,7 +222,7 @@ pub fn merge(jobs: Vec<Job>) -> BoxStream<'static, ChoiceEvent> {
     let streams = jobs.into_iter().map(|job| {
         stream::unfold(Some(job), |job| async move {
             let mut job = job?;
-            let event = match job.stream.next().await {
+            let event = match job.events.next().await {
                 Some(TokenEvent::Token(token)) => ChoiceEvent::Token {
                     index: job.index,
                     token,

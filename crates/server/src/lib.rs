@@ -6,11 +6,14 @@
 mod error;
 mod generate;
 mod logprobs;
+pub mod pipeline;
+pub mod reload;
 mod routes;
 mod serve;
 mod state;
 
 pub use error::ApiError;
+pub use reload::{LogLevelFn, ReloadFn, ReloadReport};
 pub use routes::app;
 pub use serve::{serve, ServeConfig, ServeError};
-pub use state::AppState;
+pub use state::{AppState, CacheControl, Pipeline, FLAG_COALESCING, FLAG_RESPONSE_CACHE};

@@ -11,10 +11,11 @@ use std::time::Duration;
 use ingot_engine::EngineHandle;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
+use crate::reload::{LogLevelFn, ReloadFn};
 use crate::{app, AppState};
 
 /// Server settings.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ServeConfig {
     /// Address to bind (port 0: any free port).
     pub addr: SocketAddr,
@@ -24,6 +25,13 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// Longest wait for in-flight requests at shutdown.
     pub shutdown_timeout: Duration,
+    /// The effective config with the source of every value (flags, the
+    /// response cache and the stall timeout are read from it).
+    pub runtime: ingot_config::Loaded,
+    /// Loads the config again (SIGHUP, `POST /admin/reload`).
+    pub reload: Option<ReloadFn>,
+    /// Swaps the log filter on reload.
+    pub set_log_level: Option<LogLevelFn>,
 }
 
 /// Installs the Prometheus recorder (once per process).
@@ -48,7 +56,13 @@ pub async fn serve<F>(config: ServeConfig, load: F) -> Result<(), ServeError>
 where
     F: FnOnce() -> Result<EngineHandle, String> + Send + 'static,
 {
-    let state = AppState::new(config.model_name.clone(), install_metrics());
+    let state = AppState::new(
+        config.model_name.clone(),
+        config.runtime.clone(),
+        install_metrics(),
+    );
+    state.set_reload(config.reload.clone(), config.set_log_level.clone());
+    tokio::spawn(reload_on_hangup(state.clone()));
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .map_err(|source| ServeError::Bind {
@@ -102,6 +116,29 @@ where
     // Connections still open (idle keep-alive, cut streams) get a moment.
     let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
     Ok(())
+}
+
+/// Reloads the config on every SIGHUP.
+async fn reload_on_hangup(state: AppState) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            return;
+        };
+        while hup.recv().await.is_some() {
+            match crate::reload::reload(&state) {
+                Ok(r) => eprintln!(
+                    "ingot: config reloaded (applied: [{}]; needs restart: [{}])",
+                    r.applied.join(", "),
+                    r.needs_restart.join(", ")
+                ),
+                Err(e) => eprintln!("ingot: config not reloaded: {e}"),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = state;
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -1,16 +1,32 @@
-//! Shared server state: the engine (once loaded), the served name, the
+//! Shared server state: the engine (once loaded), the generation pipeline,
+//! the live runtime config (flags, cache bounds), the served name, the
 //! drain flag and the in-flight counter used by graceful shutdown.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use ingot_config::{Config, Loaded};
 use ingot_engine::EngineHandle;
 use ingot_tokenizer::ChatTemplate;
+use metrics::counter;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::Notify;
 
+use crate::pipeline::{
+    CacheSettings, Coalescer, EngineGenerator, MemoryStore, ResponseCache, Sharing,
+};
+use crate::reload::{LogLevelFn, ReloadFn};
 use crate::ApiError;
+
+/// The generator stack every endpoint goes through.
+pub type Pipeline = ResponseCache<Coalescer<EngineGenerator>>;
+
+/// Feature flag: identical in-flight deterministic requests share one
+/// generation.
+pub const FLAG_COALESCING: &str = "coalescing";
+/// Feature flag: completed deterministic answers are stored and replayed.
+pub const FLAG_RESPONSE_CACHE: &str = "response_cache";
 
 /// State shared by every handler. Cheap to clone.
 #[derive(Clone)]
@@ -19,7 +35,11 @@ pub struct AppState {
 }
 
 struct Inner {
-    engine: OnceLock<EngineHandle>,
+    engine: Arc<OnceLock<EngineHandle>>,
+    pipeline: Pipeline,
+    runtime: RwLock<Arc<Loaded>>,
+    reload: OnceLock<ReloadFn>,
+    log_level: OnceLock<LogLevelFn>,
     /// The model's chat template, compiled once (or why there is none).
     template: OnceLock<Result<Arc<ChatTemplate>, String>>,
     model_name: String,
@@ -31,14 +51,25 @@ struct Inner {
 }
 
 impl AppState {
-    /// State for a server that will serve `model_name`.
-    pub fn new(model_name: String, metrics: Option<PrometheusHandle>) -> Self {
+    /// State for a server that will serve `model_name` under `runtime`.
+    pub fn new(model_name: String, runtime: Loaded, metrics: Option<PrometheusHandle>) -> Self {
         let created = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
+        let engine = Arc::new(OnceLock::new());
+        let config = &runtime.config;
+        let coalescer = Coalescer::new(
+            EngineGenerator::new(engine.clone()),
+            config.engine.stall_timeout.get(),
+        );
+        let store = Arc::new(MemoryStore::new(cache_settings(config)));
         Self {
             inner: Arc::new(Inner {
-                engine: OnceLock::new(),
+                engine,
+                pipeline: ResponseCache::new(coalescer, store),
+                runtime: RwLock::new(Arc::new(runtime)),
+                reload: OnceLock::new(),
+                log_level: OnceLock::new(),
                 template: OnceLock::new(),
                 model_name,
                 created,
@@ -87,6 +118,78 @@ impl AppState {
     /// The engine regardless of draining (for read-only endpoints).
     pub fn loaded_engine(&self) -> Option<&EngineHandle> {
         self.inner.engine.get()
+    }
+
+    /// The generation pipeline (response cache, coalescing, engine).
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.inner.pipeline
+    }
+
+    /// The effective runtime config and where each value came from.
+    pub fn runtime(&self) -> Arc<Loaded> {
+        self.inner
+            .runtime
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Enables live reload: `reload` loads the config again, `log_level`
+    /// swaps the log filter.
+    pub fn set_reload(&self, reload: Option<ReloadFn>, log_level: Option<LogLevelFn>) {
+        if let Some(r) = reload {
+            let _ = self.inner.reload.set(r);
+        }
+        if let Some(l) = log_level {
+            let _ = self.inner.log_level.set(l);
+        }
+    }
+
+    pub(crate) fn reloader(&self) -> Option<&ReloadFn> {
+        self.inner.reload.get()
+    }
+
+    pub(crate) fn log_level_setter(&self) -> Option<&LogLevelFn> {
+        self.inner.log_level.get()
+    }
+
+    /// Installs a reloaded config; rebuilds the response cache when its
+    /// bounds changed (its entries are dropped).
+    pub fn set_runtime(&self, runtime: Loaded) {
+        let old = self.runtime();
+        if cache_settings(&old.config) != cache_settings(&runtime.config) {
+            let store = Arc::new(MemoryStore::new(cache_settings(&runtime.config)));
+            self.inner.pipeline.replace_store(store);
+        }
+        *self
+            .inner
+            .runtime
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(runtime);
+    }
+
+    /// Decides feature flag `name` for `unit` (API key, else `user`, else
+    /// the request id) and counts the decision.
+    pub fn flag(&self, name: &'static str, unit: &str) -> bool {
+        let on = self.runtime().config.flag(name, unit);
+        let result = if on { "on" } else { "off" };
+        counter!("ingot_flag_decisions_total", "flag" => name, "result" => result).increment(1);
+        on
+    }
+
+    /// What a request's generations may share: the flags for its unit,
+    /// narrowed by the client's `Cache-Control`.
+    pub fn sharing(&self, unit: &str, control: CacheControl) -> Sharing {
+        if control == CacheControl::NoStore {
+            return Sharing::NONE;
+        }
+        let cache = self.flag(FLAG_RESPONSE_CACHE, unit);
+        let fresh = control == CacheControl::NoCache;
+        Sharing {
+            coalesce: !fresh && self.flag(FLAG_COALESCING, unit),
+            lookup: cache && !fresh,
+            store: cache,
+        }
     }
 
     /// The served model name.
@@ -145,11 +248,56 @@ impl AppState {
 
     /// Prometheus text of every metric.
     pub fn render_metrics(&self) -> String {
+        self.inner.pipeline.publish();
         self.inner
             .metrics
             .as_ref()
             .map(|h| h.render())
             .unwrap_or_default()
+    }
+}
+
+/// The bounds of the response cache in `config`.
+fn cache_settings(config: &Config) -> CacheSettings {
+    CacheSettings {
+        max_entries: config.cache.max_entries,
+        max_bytes: config.cache.max_bytes.bytes(),
+        ttl: config.cache.ttl.get(),
+    }
+}
+
+/// What a request's `Cache-Control` asks of the pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheControl {
+    /// Share as the flags allow.
+    #[default]
+    Default,
+    /// `no-cache`: a fresh generation (no stored or in-flight answer); its
+    /// answer may still be stored.
+    NoCache,
+    /// `no-store`: nothing shared or stored.
+    NoStore,
+}
+
+impl CacheControl {
+    /// Parses a `Cache-Control` header value (directives are
+    /// case-insensitive and comma-separated).
+    pub fn parse(value: Option<&str>) -> Self {
+        let Some(value) = value else {
+            return Self::Default;
+        };
+        let has = |d: &str| {
+            value
+                .split(',')
+                .any(|part| part.trim().eq_ignore_ascii_case(d))
+        };
+        if has("no-store") {
+            Self::NoStore
+        } else if has("no-cache") {
+            Self::NoCache
+        } else {
+            Self::Default
+        }
     }
 }
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -17,7 +18,7 @@ use ingot_protocol::usage::Usage;
 use ingot_protocol::ProtocolError;
 use ingot_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
-use super::{json_body, response_id, sse, unix_now, Shared};
+use super::{json_body, response_id, sse, submission, unix_now, with_cache_status, Shared};
 use crate::generate;
 use crate::logprobs::resolve;
 use crate::state::InflightGuard;
@@ -62,6 +63,7 @@ fn to_message(turn: &ChatTurn) -> Result<ChatMessage, ApiError> {
 /// The handler.
 pub async fn chat_completions(
     State((state, limit)): State<Shared>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let engine = state.engine()?.clone();
@@ -77,21 +79,28 @@ pub async fn chat_completions(
     })
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))?;
-    let jobs = generate::submit(&engine, &[ids?], &req.sampling, generate::Endpoint::Chat)?;
+    let id = response_id("chatcmpl");
+    let submission = submission(
+        &state,
+        &headers,
+        engine.limits(),
+        req.sampling.user.as_deref(),
+        &id,
+        generate::Endpoint::Chat,
+    );
+    let (jobs, status) = submission
+        .submit(state.pipeline(), &[ids?], &req.sampling)
+        .await?;
     let meta = Meta {
-        id: response_id("chatcmpl"),
+        id,
         created: unix_now(),
         model: state.model_name().to_string(),
         logprobs: req.sampling.params.logprobs.is_some(),
         tokenizer: engine.tokenizer().clone(),
     };
     if req.sampling.stream {
-        return Ok(stream_response(
-            jobs,
-            meta,
-            req.sampling.include_usage,
-            guard,
-        ));
+        let response = stream_response(jobs, meta, req.sampling.include_usage, guard);
+        return Ok(with_cache_status(response, status));
     }
     let results = generate::collect(jobs).await?;
     let usage = generate::usage_of(results.iter().map(|r| (r.prompt_index, &r.completion)));
@@ -114,7 +123,7 @@ pub async fn chat_completions(
         })
         .collect();
     drop(guard);
-    Ok(Json(ChatCompletion {
+    let response = Json(ChatCompletion {
         id: meta.id,
         object: "chat.completion",
         created: meta.created,
@@ -123,7 +132,8 @@ pub async fn chat_completions(
         usage,
         system_fingerprint: None,
     })
-    .into_response())
+    .into_response();
+    Ok(with_cache_status(response, status))
 }
 
 /// What every chunk repeats.

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use std::collections::HashMap;
@@ -17,7 +18,7 @@ use ingot_protocol::completions::{
 use ingot_protocol::usage::Usage;
 use ingot_tokenizer::Tokenizer;
 
-use super::{json_body, response_id, sse, unix_now, Shared};
+use super::{json_body, response_id, sse, submission, unix_now, with_cache_status, Shared};
 use crate::generate;
 use crate::logprobs::resolve;
 use crate::state::InflightGuard;
@@ -46,6 +47,7 @@ fn encode_prompts(
 /// The handler.
 pub async fn completions(
     State((state, limit)): State<Shared>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let engine = state.engine()?.clone();
@@ -60,14 +62,20 @@ pub async fn completions(
         .map_err(|e| ApiError::Internal(e.to_string()))??;
     let ids: Vec<Vec<u32>> = encoded.iter().map(|(ids, _)| ids.clone()).collect();
     let echo: Vec<String> = encoded.into_iter().map(|(_, text)| text).collect();
-    let jobs = generate::submit(
-        &engine,
-        &ids,
-        &req.sampling,
+    let id = response_id("cmpl");
+    let submission = submission(
+        &state,
+        &headers,
+        engine.limits(),
+        req.sampling.user.as_deref(),
+        &id,
         generate::Endpoint::Completions,
-    )?;
+    );
+    let (jobs, status) = submission
+        .submit(state.pipeline(), &ids, &req.sampling)
+        .await?;
     let meta = Meta {
-        id: response_id("cmpl"),
+        id,
         created: unix_now(),
         model: state.model_name().to_string(),
         logprobs: req.sampling.params.logprobs.is_some(),
@@ -75,12 +83,8 @@ pub async fn completions(
         echo: req.echo.then_some(echo),
     };
     if req.sampling.stream {
-        return Ok(stream_response(
-            jobs,
-            meta,
-            req.sampling.include_usage,
-            guard,
-        ));
+        let response = stream_response(jobs, meta, req.sampling.include_usage, guard);
+        return Ok(with_cache_status(response, status));
     }
     let results = generate::collect(jobs).await?;
     let usage = generate::usage_of(results.iter().map(|r| (r.prompt_index, &r.completion)));
@@ -103,7 +107,7 @@ pub async fn completions(
         })
         .collect();
     drop(guard);
-    Ok(Json(Completion {
+    let response = Json(Completion {
         id: meta.id,
         object: "text_completion",
         created: meta.created,
@@ -112,7 +116,8 @@ pub async fn completions(
         usage: Some(Some(usage)),
         system_fingerprint: None,
     })
-    .into_response())
+    .into_response();
+    Ok(with_cache_status(response, status))
 }
 
 struct Meta {

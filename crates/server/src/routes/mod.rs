@@ -1,5 +1,6 @@
 //! The router: one module per endpoint family.
 
+mod admin;
 mod chat;
 mod completions;
 mod info;
@@ -8,13 +9,20 @@ mod sse;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::DefaultBodyLimit;
-use axum::http::{Method, StatusCode, Uri};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
 use ingot_protocol::body_json;
 use rand::Rng;
 
+use crate::generate::{Endpoint, Submission};
+use crate::pipeline::CacheStatus;
+use crate::state::CacheControl;
 use crate::{ApiError, AppState};
+
+/// The header naming where an answer came from.
+const CACHE_HEADER: &str = "x-ingot-cache";
 
 /// The application with every route, limited to `max_body_bytes` per body.
 pub fn app(state: AppState, max_body_bytes: usize) -> Router {
@@ -27,6 +35,10 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
         .route("/health", get(info::health))
         .route("/ready", get(info::ready))
         .route("/metrics", get(info::metrics))
+        .route("/admin/flags", get(admin::flags))
+        .route("/admin/config", get(admin::config))
+        .route("/admin/reload", post(admin::reload))
+        .route("/admin/cache/purge", post(admin::purge))
         .fallback(|uri: Uri| async move { ApiError::RouteNotFound(uri.path().to_string()) })
         .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
             ApiError::MethodNotAllowed(format!("{method} {}", uri.path()))
@@ -68,4 +80,37 @@ fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+/// What the pipeline needs from the HTTP request besides prompts and
+/// sampling. The flag unit is the `user` field, else the response id (API
+/// keys will come first once they exist).
+fn submission(
+    state: &AppState,
+    headers: &HeaderMap,
+    limits: ingot_engine::RequestLimits,
+    user: Option<&str>,
+    response_id: &str,
+    endpoint: Endpoint,
+) -> Submission {
+    let control = CacheControl::parse(
+        headers
+            .get(axum::http::header::CACHE_CONTROL)
+            .and_then(|v| v.to_str().ok()),
+    );
+    Submission {
+        model: state.model_name().to_string(),
+        tenant: None,
+        sharing: state.sharing(user.unwrap_or(response_id), control),
+        limits,
+        endpoint,
+    }
+}
+
+/// Adds `x-ingot-cache`.
+fn with_cache_status(mut response: Response, status: CacheStatus) -> Response {
+    response
+        .headers_mut()
+        .insert(CACHE_HEADER, HeaderValue::from_static(status.as_str()));
+    response
 }

@@ -1,0 +1,94 @@
+//! `/admin/*`: feature flags, the effective config, live reload and the
+//! response cache. (API keys and an admin key arrive with the edge layer;
+//! until then bind to loopback or keep these behind a proxy.)
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::Json;
+use ingot_protocol::{parse_json, ProtocolError};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::Shared;
+use crate::ApiError;
+
+/// `GET /admin/flags`: every flag, its settings and where each came from.
+pub async fn flags(State((state, _)): State<Shared>) -> Json<Value> {
+    let runtime = state.runtime();
+    let data: Vec<Value> = runtime
+        .config
+        .flags
+        .iter()
+        .map(|(name, spec)| {
+            let source = |field: &str| runtime.source(&format!("flags.{name}.{field}")).to_string();
+            json!({
+                "name": name,
+                "enabled": spec.enabled,
+                "rollout_percent": spec.rollout_percent,
+                "allow": spec.allow,
+                "deny": spec.deny,
+                "sources": {
+                    "enabled": source("enabled"),
+                    "rollout_percent": source("rollout_percent"),
+                    "allow": source("allow"),
+                    "deny": source("deny"),
+                },
+            })
+        })
+        .collect();
+    Json(json!({ "object": "list", "data": data }))
+}
+
+/// `GET /admin/config`: the effective config, each value with its source.
+pub async fn config(State((state, _)): State<Shared>) -> Json<Value> {
+    let runtime = state.runtime();
+    let sources: serde_json::Map<String, Value> = runtime
+        .sources
+        .iter()
+        .map(|(k, s)| (k.clone(), Value::String(s.to_string())))
+        .collect();
+    Json(json!({
+        "config": serde_json::to_value(&runtime.config).unwrap_or(Value::Null),
+        "sources": sources,
+    }))
+}
+
+/// `POST /admin/reload`: re-reads the config file and environment; applies
+/// the keys that are safe live and lists the ones that need a restart.
+pub async fn reload(State((state, _)): State<Shared>) -> Result<Json<Value>, ApiError> {
+    let report = crate::reload::reload(&state).map_err(|e| {
+        ApiError::BadRequest(ProtocolError {
+            message: format!("config not reloaded: {e}"),
+            param: None,
+            code: Some("invalid_config"),
+        })
+    })?;
+    Ok(Json(json!({
+        "applied": report.applied,
+        "needs_restart": report.needs_restart,
+    })))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct PurgeRequest {
+    model: Option<String>,
+}
+
+/// `POST /admin/cache/purge` with an optional `{"model": "..."}`.
+pub async fn purge(
+    State((state, limit)): State<Shared>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let empty = body
+        .as_ref()
+        .is_ok_and(|b| b.iter().all(u8::is_ascii_whitespace));
+    let req: PurgeRequest = if empty {
+        PurgeRequest::default()
+    } else {
+        parse_json(&super::json_body(body, limit)?)?
+    };
+    let purged = state.pipeline().purge(req.model.as_deref());
+    Ok(Json(json!({ "purged": purged, "model": req.model })))
+}
