@@ -351,7 +351,9 @@ impl PriorityHandle {
 
 impl std::fmt::Debug for PriorityHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PriorityHandle").field("id", &self.id).finish()
+        f.debug_struct("PriorityHandle")
+            .field("id", &self.id)
+            .finish()
     }
 }
 

@@ -18,7 +18,7 @@ pub mod stop;
 pub use decoding::{Decoding, TokenOutput};
 pub use engine_loop::{start_engine, EngineConfig};
 pub use handle::{
-    Completion, EngineHandle, EngineRequest, EngineStats, GeneratedToken, PriorityHandle, RequestId,
-    RequestLimits, RequestStream, SubmitError, TokenEvent,
+    Completion, EngineHandle, EngineRequest, EngineStats, GeneratedToken, PriorityHandle,
+    RequestId, RequestLimits, RequestStream, SubmitError, TokenEvent,
 };
 pub use sampler::TokenLogprob;
