@@ -321,10 +321,13 @@ impl RequestStream {
 
     /// A handle that can move this request to another tier while it runs.
     pub fn priority_handle(&self) -> PriorityHandle {
-        PriorityHandle {
-            id: self.id,
-            commands: self.abort.clone(),
-        }
+        let id = self.id;
+        let commands = self.abort.clone();
+        PriorityHandle::new(move |priority| {
+            if let Some(tx) = &commands {
+                let _ = tx.send(Command::SetPriority(id, priority));
+            }
+        })
     }
 
     /// The next event, blocking the current (non-async) thread.
@@ -333,27 +336,26 @@ impl RequestStream {
     }
 }
 
-/// Changes the tier of a running or waiting request.
+/// Changes the tier of a running or waiting request. Layers above the
+/// engine (coalescing, a model registry) hold it without knowing the engine.
 #[derive(Clone)]
-pub struct PriorityHandle {
-    id: RequestId,
-    commands: Option<std_mpsc::Sender<Command>>,
-}
+pub struct PriorityHandle(Arc<dyn Fn(Priority) + Send + Sync>);
 
 impl PriorityHandle {
+    /// A handle that calls `set` with the new tier.
+    pub fn new(set: impl Fn(Priority) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(set))
+    }
+
     /// Moves the request to `priority` (ignored once it has finished).
     pub fn set(&self, priority: Priority) {
-        if let Some(tx) = &self.commands {
-            let _ = tx.send(Command::SetPriority(self.id, priority));
-        }
+        (self.0)(priority);
     }
 }
 
 impl std::fmt::Debug for PriorityHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PriorityHandle")
-            .field("id", &self.id)
-            .finish()
+        f.write_str("PriorityHandle")
     }
 }
 

@@ -7,7 +7,9 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use futures_util::stream::{self, StreamExt};
 use ingot_core::{FinishReason, Priority, SamplingParams, StopCriteria};
-use ingot_engine::{Completion, EngineRequest, GeneratedToken, RequestLimits, TokenEvent};
+use ingot_engine::{
+    Completion, EngineRequest, GeneratedToken, PriorityHandle, RequestLimits, TokenEvent,
+};
 use ingot_protocol::sampling::SamplingFields;
 
 use super::*;
@@ -20,6 +22,8 @@ struct Fake {
     generations: Arc<AtomicUsize>,
     live: Arc<AtomicUsize>,
     delay: Duration,
+    /// Tiers the generations were moved to.
+    moved: Arc<std::sync::Mutex<Vec<Priority>>>,
 }
 
 struct Live(Arc<AtomicUsize>);
@@ -36,6 +40,7 @@ impl Fake {
             generations: Arc::default(),
             live: Arc::default(),
             delay: Duration::from_millis(delay_ms),
+            moved: Arc::default(),
         }
     }
     fn generations(&self) -> usize {
@@ -87,11 +92,17 @@ impl Generator for Fake {
         } else {
             CacheStatus::Bypass
         };
+        let moved = self.moved.clone();
+        let priority = PriorityHandle::new(move |p| {
+            if let Ok(mut m) = moved.lock() {
+                m.push(p);
+            }
+        });
         Box::pin(async move {
             Ok(Generation {
                 status,
                 events,
-                priority: None,
+                priority: Some(priority),
             })
         })
     }
@@ -237,6 +248,34 @@ async fn the_generation_lives_until_its_last_subscriber_leaves() {
     }
     assert_eq!(fake.live(), 0, "cancelled with its last subscriber");
     assert_eq!(coalescer.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn a_coalesced_generation_runs_at_its_most_urgent_subscribers_tier() {
+    let fake = Fake::new(5);
+    let coalescer = Coalescer::new(fake.clone(), Duration::from_secs(30));
+    let mut req = greedy(&[8], 20);
+    req.priority = Priority::Low;
+    let _low = coalescer
+        .generate(request(req.clone(), SHARE_ALL))
+        .await
+        .expect("starts");
+    req.priority = Priority::Background;
+    let _background = coalescer
+        .generate(request(req.clone(), SHARE_ALL))
+        .await
+        .expect("joins");
+    req.priority = Priority::Critical;
+    let _critical = coalescer
+        .generate(request(req, SHARE_ALL))
+        .await
+        .expect("joins");
+    let moved = fake.moved.lock().map(|m| m.clone()).unwrap_or_default();
+    assert_eq!(
+        moved,
+        vec![Priority::Critical],
+        "raised once, never lowered"
+    );
 }
 
 #[tokio::test]
