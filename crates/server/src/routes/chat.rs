@@ -18,7 +18,7 @@ use ingot_protocol::usage::Usage;
 use ingot_protocol::ProtocolError;
 use ingot_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
-use super::{json_body, response_id, sse, submission, unix_now, with_cache_status, Shared};
+use super::{json_body, sse, start, unix_now, with_cache_status, Shared, Started};
 use crate::generate;
 use crate::logprobs::resolve;
 use crate::state::InflightGuard;
@@ -79,18 +79,15 @@ pub async fn chat_completions(
     })
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))?;
-    let id = response_id("chatcmpl");
-    let submission = submission(
+    let Started { id, jobs, status } = start(
         &state,
         &headers,
         engine.limits(),
-        req.sampling.user.as_deref(),
-        &id,
+        &[ids?],
+        &req.sampling,
         generate::Endpoint::Chat,
-    );
-    let (jobs, status) = submission
-        .submit(state.pipeline(), &[ids?], &req.sampling)
-        .await?;
+    )
+    .await?;
     let meta = Meta {
         id,
         created: unix_now(),

@@ -18,7 +18,7 @@ use ingot_protocol::completions::{
 use ingot_protocol::usage::Usage;
 use ingot_tokenizer::Tokenizer;
 
-use super::{json_body, response_id, sse, submission, unix_now, with_cache_status, Shared};
+use super::{json_body, sse, start, unix_now, with_cache_status, Shared, Started};
 use crate::generate;
 use crate::logprobs::resolve;
 use crate::state::InflightGuard;
@@ -62,18 +62,15 @@ pub async fn completions(
         .map_err(|e| ApiError::Internal(e.to_string()))??;
     let ids: Vec<Vec<u32>> = encoded.iter().map(|(ids, _)| ids.clone()).collect();
     let echo: Vec<String> = encoded.into_iter().map(|(_, text)| text).collect();
-    let id = response_id("cmpl");
-    let submission = submission(
+    let Started { id, jobs, status } = start(
         &state,
         &headers,
         engine.limits(),
-        req.sampling.user.as_deref(),
-        &id,
+        &ids,
+        &req.sampling,
         generate::Endpoint::Completions,
-    );
-    let (jobs, status) = submission
-        .submit(state.pipeline(), &ids, &req.sampling)
-        .await?;
+    )
+    .await?;
     let meta = Meta {
         id,
         created: unix_now(),

@@ -14,6 +14,7 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
 use ingot_protocol::body_json;
+use ingot_protocol::sampling::ValidSampling;
 use rand::Rng;
 
 use crate::generate::{Endpoint, Submission};
@@ -82,29 +83,45 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// What the pipeline needs from the HTTP request besides prompts and
-/// sampling. The flag unit is the `user` field, else the response id (API
-/// keys will come first once they exist).
-fn submission(
+/// A request's generations, started through the pipeline.
+struct Started {
+    /// The response id (`<prefix>-…`), also the flag unit without `user`.
+    id: String,
+    jobs: Vec<crate::generate::Job>,
+    status: CacheStatus,
+}
+
+/// Hands `prompts × n` generations to the pipeline: the one path both
+/// endpoints take after parsing. The flag unit is the `user` field, else
+/// the response id (API keys will come first once they exist).
+async fn start(
     state: &AppState,
     headers: &HeaderMap,
     limits: ingot_engine::RequestLimits,
-    user: Option<&str>,
-    response_id: &str,
+    prompts: &[Vec<ingot_core::TokenId>],
+    sampling: &ValidSampling,
     endpoint: Endpoint,
-) -> Submission {
+) -> Result<Started, ApiError> {
+    let id = response_id(match endpoint {
+        Endpoint::Chat => "chatcmpl",
+        Endpoint::Completions => "cmpl",
+    });
     let control = CacheControl::parse(
         headers
             .get(axum::http::header::CACHE_CONTROL)
             .and_then(|v| v.to_str().ok()),
     );
-    Submission {
+    let submission = Submission {
         model: state.model_name().to_string(),
         tenant: None,
-        sharing: state.sharing(user.unwrap_or(response_id), control),
+        sharing: state.sharing(sampling.user.as_deref().unwrap_or(&id), control),
         limits,
         endpoint,
-    }
+    };
+    let (jobs, status) = submission
+        .submit(state.pipeline(), prompts, sampling)
+        .await?;
+    Ok(Started { id, jobs, status })
 }
 
 /// Adds `x-ingot-cache`.
