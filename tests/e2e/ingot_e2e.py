@@ -265,7 +265,7 @@ class Metrics:
         if not self.has(name):
             if default is not None:
                 return default
-            ingot = [n for n in self.names() if n.startswith("ingot:")]
+            ingot = [n for n in self.names() if n.startswith("ingot_")]
             raise AssertionError(f"metric {name!r} not in /metrics; ingot metrics present: {ingot}")
         return sum(v for n, lab, v in self.samples if n == name and all(lab.get(k) == w for k, w in labels.items()))
 

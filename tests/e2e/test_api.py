@@ -499,33 +499,33 @@ def test_metrics_count_a_request(server, client, model_name):
     while True:
         after = server.metrics()
         try:
-            assert delta(after, "ingot:prompt_tokens_total") == u.prompt_tokens
-            assert delta(after, "ingot:generation_tokens_total") == u.completion_tokens
-            assert delta(after, "ingot:request_success_total", finish_reason="length") == 1
-            assert delta(after, "ingot:request_success_total") == 1
-            for h in ("ingot:time_to_first_token_seconds", "ingot:e2e_request_latency_seconds",
-                      "ingot:request_queue_time_seconds"):
+            assert delta(after, "ingot_prompt_tokens_total") == u.prompt_tokens
+            assert delta(after, "ingot_generation_tokens_total") == u.completion_tokens
+            assert delta(after, "ingot_request_success_total", finish_reason="length") == 1
+            assert delta(after, "ingot_request_success_total") == 1
+            for h in ("ingot_time_to_first_token_seconds", "ingot_e2e_request_latency_seconds",
+                      "ingot_request_queue_time_seconds"):
                 assert delta(after, h + "_count") == 1, h
             # idle: nothing running, no KV block referenced (cached blocks count as free)
-            assert after.get("ingot:num_requests_running") == 0
-            assert after.get("ingot:kv_cache_usage_perc") == 0
+            assert after.get("ingot_num_requests_running") == 0
+            assert after.get("ingot_kv_cache_usage_perc") == 0
             break
         except AssertionError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
-    assert delta(after, "ingot:inter_token_latency_seconds_count") == u.completion_tokens - 1
-    assert after.get("ingot:num_requests_running") == 0
-    assert after.get("ingot:num_requests_waiting") == 0
-    assert 0.0 <= after.get("ingot:kv_cache_usage_perc") <= 1.0
-    for h in ("ingot:time_to_first_token_seconds", "ingot:inter_token_latency_seconds",
-              "ingot:e2e_request_latency_seconds", "ingot:request_queue_time_seconds",
-              "ingot:iteration_tokens_total"):
+    assert delta(after, "ingot_inter_token_latency_seconds_count") == u.completion_tokens - 1
+    assert after.get("ingot_num_requests_running") == 0
+    assert after.get("ingot_num_requests_waiting") == 0
+    assert 0.0 <= after.get("ingot_kv_cache_usage_perc") <= 1.0
+    for h in ("ingot_time_to_first_token_seconds", "ingot_inter_token_latency_seconds",
+              "ingot_e2e_request_latency_seconds", "ingot_request_queue_time_seconds",
+              "ingot_iteration_tokens"):
         assert after.types.get(h) == "histogram", (h, after.types.get(h))
         assert after.has(h + "_bucket"), h
-    for c in ("ingot:prompt_tokens_total", "ingot:generation_tokens_total", "ingot:request_success_total"):
+    for c in ("ingot_prompt_tokens_total", "ingot_generation_tokens_total", "ingot_request_success_total"):
         assert after.types.get(c) == "counter", (c, after.types.get(c))
-    for g in ("ingot:num_requests_running", "ingot:num_requests_waiting", "ingot:kv_cache_usage_perc"):
+    for g in ("ingot_num_requests_running", "ingot_num_requests_waiting", "ingot_kv_cache_usage_perc"):
         assert after.types.get(g) == "gauge", (g, after.types.get(g))
 
 
@@ -534,10 +534,10 @@ def test_metrics_fresh_server(server_factory):
     so scrapers and autoscalers see a complete picture from the start."""
     srv = server_factory()
     m = srv.metrics()
-    missing = [n for n in ("ingot:num_requests_running", "ingot:num_requests_waiting", "ingot:kv_cache_usage_perc",
-                           "ingot:prefix_cache_queries", "ingot:prefix_cache_hits", "ingot:num_preemptions_total",
-                           "ingot:prompt_tokens_total", "ingot:generation_tokens_total") if not m.has(n)]
+    missing = [n for n in ("ingot_num_requests_running", "ingot_num_requests_waiting", "ingot_kv_cache_usage_perc",
+                           "ingot_prefix_cache_queries_total", "ingot_prefix_cache_hits_total", "ingot_num_preemptions_total",
+                           "ingot_prompt_tokens_total", "ingot_generation_tokens_total") if not m.has(n)]
     assert not missing, f"fresh server's /metrics lacks {missing}; it has {m.names()}"
-    assert m.get("ingot:num_requests_running") == 0
-    assert m.get("ingot:num_requests_waiting") == 0
-    assert m.get("ingot:kv_cache_usage_perc") == 0
+    assert m.get("ingot_num_requests_running") == 0
+    assert m.get("ingot_num_requests_waiting") == 0
+    assert m.get("ingot_kv_cache_usage_perc") == 0

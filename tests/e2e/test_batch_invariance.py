@@ -58,7 +58,7 @@ def test_batch_invariance(server_factory, model_name):
     def sample():
         while not stop.is_set():
             try:
-                peak[0] = max(peak[0], srv.metrics().get("ingot:num_requests_running"))
+                peak[0] = max(peak[0], srv.metrics().get("ingot_num_requests_running"))
             except Exception:
                 pass
             time.sleep(0.01)
@@ -99,7 +99,7 @@ def test_batch_invariance(server_factory, model_name):
     )
     assert peak[0] >= 4, f"at most {peak[0]} requests ran at once; the concurrent pass did not batch"
     # --no-prefix-caching: nothing was served from the cache
-    assert srv.metrics().get("ingot:prefix_cache_hits", default=0.0) == 0
+    assert srv.metrics().get("ingot_prefix_cache_hits_total", default=0.0) == 0
 
 
 def test_preemption_invariance(server_factory, model_name):
@@ -110,7 +110,7 @@ def test_preemption_invariance(server_factory, model_name):
     prompts = [f"Write a list of {i + 3} animals:" for i in range(6)]
     kw = dict(model=model_name, max_tokens=32, temperature=0, extra_body={"ignore_eos": True})
     solo = [sync.completions.create(prompt=p, **kw).choices[0].text for p in prompts]
-    assert srv.metrics().get("ingot:num_preemptions_total") == 0
+    assert srv.metrics().get("ingot_num_preemptions_total") == 0
 
     async def run_all():
         client = srv.async_openai()
@@ -122,7 +122,7 @@ def test_preemption_invariance(server_factory, model_name):
 
     batched, counts = asyncio.run(run_all())
     assert counts == [32] * len(prompts)
-    preemptions = srv.metrics().get("ingot:num_preemptions_total")
+    preemptions = srv.metrics().get("ingot_num_preemptions_total")
     assert preemptions > 0, "6 x 40 tokens in a 128-token KV cache ran without preemption?"
     mismatches = [(i, a, b) for i, (a, b) in enumerate(zip(solo, batched)) if a != b]
     assert not mismatches, f"{preemptions:.0f} preemptions changed outputs:\n" + "\n".join(
@@ -149,11 +149,11 @@ def test_chunked_prefill_invariance(server_factory, model_name):
         m = srv.metrics()
         if args:
             # every engine step stayed within the 32-token budget
-            count = m.get("ingot:iteration_tokens_total_count")
-            bounds = sorted(float(lab["le"]) for name, lab, _ in m.samples if name == "ingot:iteration_tokens_total_bucket")
+            count = m.get("ingot_iteration_tokens_count")
+            bounds = sorted(float(lab["le"]) for name, lab, _ in m.samples if name == "ingot_iteration_tokens_bucket")
             le = next(b for b in bounds if b >= 32)
             within = sum(v for name, lab, v in m.samples
-                         if name == "ingot:iteration_tokens_total_bucket" and float(lab["le"]) == le)
+                         if name == "ingot_iteration_tokens_bucket" and float(lab["le"]) == le)
             assert within == count, f"{count - within:.0f} steps had more than {le:g} tokens with --max-num-batched-tokens 32"
             assert count >= n / 32, f"{count:.0f} steps for a {n}-token prompt with a 32-token budget"
         srv.stop_and_check()

@@ -112,7 +112,7 @@ def test_reload_changes_a_flag_live_without_dropping_a_request(server_factory, m
         assert http.post("/v1/completions", json=body).headers["x-ingot-cache"] == "miss"
         t = threading.Thread(target=long_stream)
         t.start()
-        wait_for(lambda: srv.metrics().get("ingot:num_requests_running") == 1, 10, what="the long stream running")
+        wait_for(lambda: srv.metrics().get("ingot_num_requests_running") == 1, 10, what="the long stream running")
         cfg.write_text("[flags.response_cache]\nenabled = true\n\n[scheduler]\nmax_num_seqs = 3\n")
         srv.send_signal(signal.SIGHUP)
 

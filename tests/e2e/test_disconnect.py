@@ -31,9 +31,9 @@ def test_client_disconnect_frees_everything(server_factory, model_name):
                 data = next(it)
                 assert data != "[DONE]"
         m = srv.metrics()
-        running = m.get("ingot:num_requests_running") + m.get("ingot:num_requests_waiting")
+        running = m.get("ingot_num_requests_running") + m.get("ingot_num_requests_waiting")
         assert running == 8, f"expected 8 live requests, metrics say running+waiting={running}"
-        assert m.get("ingot:kv_cache_usage_perc") > 0
+        assert m.get("ingot_kv_cache_usage_perc") > 0
         # hang up
         for r, _ in streams:
             r.close()
@@ -42,8 +42,8 @@ def test_client_disconnect_frees_everything(server_factory, model_name):
     last = None
     while True:
         m = srv.metrics()
-        last = (m.get("ingot:num_requests_running"), m.get("ingot:num_requests_waiting"),
-                m.get("ingot:kv_cache_usage_perc"))
+        last = (m.get("ingot_num_requests_running"), m.get("ingot_num_requests_waiting"),
+                m.get("ingot_kv_cache_usage_perc"))
         if last == (0, 0, 0):
             print(f"\ndisconnect: all freed {time.monotonic() - t_closed:.3f}s after closing")
             break
@@ -63,7 +63,7 @@ def test_client_disconnect_frees_everything(server_factory, model_name):
 def _wait_idle(srv, since: float, what: str, limit: float = 1.0) -> None:
     while True:
         m = srv.metrics()
-        g = (m.get("ingot:num_requests_running"), m.get("ingot:num_requests_waiting"), m.get("ingot:kv_cache_usage_perc"))
+        g = (m.get("ingot_num_requests_running"), m.get("ingot_num_requests_waiting"), m.get("ingot_kv_cache_usage_perc"))
         if g == (0, 0, 0):
             return
         if time.monotonic() - since > limit:
@@ -100,7 +100,7 @@ def test_disconnect_while_waiting(server_factory, model_name):
         deadline = time.monotonic() + 5
         while True:
             m = srv.metrics()
-            live = (m.get("ingot:num_requests_running", default=-1), m.get("ingot:num_requests_waiting", default=-1))
+            live = (m.get("ingot_num_requests_running", default=-1), m.get("ingot_num_requests_waiting", default=-1))
             if live == (1, 3):
                 break
             assert time.monotonic() < deadline, f"expected 1 running + 3 waiting, got {live}"

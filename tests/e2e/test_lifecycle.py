@@ -166,7 +166,7 @@ def test_shutdown_drains_queued_requests(server_factory, model_name):
     deadline = time.monotonic() + 10
     while True:
         m = srv.metrics()
-        live = (m.get("ingot:num_requests_running", default=-1), m.get("ingot:num_requests_waiting", default=-1))
+        live = (m.get("ingot_num_requests_running", default=-1), m.get("ingot_num_requests_waiting", default=-1))
         if live == (1, 2):
             break
         assert time.monotonic() < deadline, f"expected 1 running + 2 waiting, got {live}"

@@ -49,9 +49,9 @@ def test_overload_429(server_factory, model_name):
         assert r.status_code == 200, r.text
         assert "Paris" in r.json()["choices"][0]["text"]
     m = srv.metrics()
-    assert m.get("ingot:num_requests_running") == 0
-    assert m.get("ingot:num_requests_waiting") == 0
-    assert m.get("ingot:request_success_total") == len(accepted) + 1
+    assert m.get("ingot_num_requests_running") == 0
+    assert m.get("ingot_num_requests_waiting") == 0
+    assert m.get("ingot_request_success_total") == len(accepted) + 1
 
 
 def test_overload_streaming_429(server_factory, model_name):
@@ -106,6 +106,6 @@ def test_burst_within_queue_bound(server, model_name):
     bad = [(i, r) for i, r in enumerate(results) if r[0] != 200 or (i % 2 and r[1] != 4)]
     assert not bad, bad
     m = server.metrics()
-    assert m.get("ingot:num_requests_running") == 0
-    assert m.get("ingot:num_requests_waiting") == 0
-    assert m.get("ingot:kv_cache_usage_perc") == 0
+    assert m.get("ingot_num_requests_running") == 0
+    assert m.get("ingot_num_requests_waiting") == 0
+    assert m.get("ingot_kv_cache_usage_perc") == 0

@@ -1,7 +1,7 @@
 """The request pipeline: identical in-flight deterministic requests share
 one engine generation (coalescing), completed ones are replayed from the
 response cache, and nothing that is not deterministic is ever shared. Engine
-generations are counted by `ingot:engine_requests_total`."""
+generations are counted by `ingot_engine_requests_total`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import httpx2 as httpx
 
 from ingot_e2e import iter_sse_data, wait_for
 
-ENGINE = "ingot:engine_requests_total"
+ENGINE = "ingot_engine_requests_total"
 CACHE_ON = {"INGOT_FLAG_RESPONSE_CACHE": "on"}
 
 
@@ -121,7 +121,7 @@ def _wait_idle(srv, within: float, what: str):
 
     def idle():
         m = srv.metrics()
-        g = (m.get("ingot:num_requests_running"), m.get("ingot:num_requests_waiting"), m.get("ingot:kv_cache_usage_perc"))
+        g = (m.get("ingot_num_requests_running"), m.get("ingot_num_requests_waiting"), m.get("ingot_kv_cache_usage_perc"))
         return g == (0, 0, 0)
 
     wait_for(idle, within, what=what)
@@ -168,14 +168,14 @@ def test_cancelling_subscribers(server_factory, model_name):
             for _ in range(3):
                 next(it)
             streams.append((cm, r))
-        assert srv.metrics().get("ingot:num_requests_running") == 1
+        assert srv.metrics().get("ingot_num_requests_running") == 1
         for cm, r in streams:
             r.close()
             cm.__exit__(None, None, None)
         took = _wait_idle(srv, 1.0, "20 coalesced subscribers disconnected")
         print(f"\ncoalesced: KV freed {took:.3f}s after the last subscriber left")
         m = srv.metrics()
-        assert m.get("ingot:request_success_total", finish_reason="abort") == 1
+        assert m.get("ingot_request_success_total", finish_reason="abort") == 1
 
 
 def test_sampling_without_seed_is_never_shared(server_factory, model_name):

@@ -96,9 +96,9 @@ def test_prefix_cache_hits_and_ttft(server_factory, model_name):
             mid = srv.metrics()
             tb, _, ub = stream_ttft(http, model_name, prefix + " Summary: the town in one line is")
             after = srv.metrics()
-            hits_a = mid.get("ingot:prefix_cache_hits", default=0.0) - before.get("ingot:prefix_cache_hits", default=0.0)
-            hits_b = after.get("ingot:prefix_cache_hits") - mid.get("ingot:prefix_cache_hits", default=0.0)
-            queries_b = after.get("ingot:prefix_cache_queries") - mid.get("ingot:prefix_cache_queries", default=0.0)
+            hits_a = mid.get("ingot_prefix_cache_hits_total", default=0.0) - before.get("ingot_prefix_cache_hits_total", default=0.0)
+            hits_b = after.get("ingot_prefix_cache_hits_total") - mid.get("ingot_prefix_cache_hits_total", default=0.0)
+            queries_b = after.get("ingot_prefix_cache_queries_total") - mid.get("ingot_prefix_cache_queries_total", default=0.0)
             rows.append((group, n_prefix, ta, tb, hits_a, hits_b, ua, ub))
             assert hits_a == 0, f"group {group}: a fresh prefix hit the cache ({hits_a} tokens)"
             assert hits_b >= 256, f"group {group}: prefix_cache_hits grew by {hits_b} (< 256) for a {n_prefix}-token shared prefix"

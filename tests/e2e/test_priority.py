@@ -54,7 +54,7 @@ def test_priority_critical_first_background_completes(server_factory, model_name
             while True:
                 m = await c.get("/metrics")
                 text = m.text
-                waiting = _gauge(text, "ingot:num_requests_waiting")
+                waiting = _gauge(text, "ingot_num_requests_waiting")
                 if waiting >= 6:
                     break
                 assert time.monotonic() < deadline, f"backlog never built up (waiting={waiting})"
@@ -81,9 +81,9 @@ def test_priority_critical_first_background_completes(server_factory, model_name
     assert max(critical) < statistics.median(background), "background served before critical: " + summary
     # per-priority metrics are labelled
     m = srv.metrics()
-    assert m.get("ingot:request_success_total", priority="critical") == 3, summary
-    assert m.get("ingot:request_success_total", priority="background") == 3
-    assert m.get("ingot:request_success_total", priority="normal") == 10
+    assert m.get("ingot_request_success_total", priority="critical") == 3, summary
+    assert m.get("ingot_request_success_total", priority="background") == 3
+    assert m.get("ingot_request_success_total", priority="normal") == 10
 
 
 def _gauge(text: str, name: str) -> float:

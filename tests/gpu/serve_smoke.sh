@@ -66,6 +66,6 @@ check "bad temperature" 400 "${J[@]}" "$URL/v1/chat/completions" -d '{"messages"
 seq 16 | xargs -P 16 -I{} curl -s "${J[@]}" "$URL/v1/completions" -d '{"prompt":"The capital of France is","max_tokens":8,"temperature":0}' \
   | grep -o '"text":"[^"]*"' | sort | uniq -c | sed 's/^/concurrent: /'
 check "after concurrency" 200 "$URL/v1/models"
-curl -s "$URL/metrics" | grep -E '^ingot:gpu_memory_bytes|^ingot:generation_tokens_total' | sed 's/^/metrics: /'
+curl -s "$URL/metrics" | grep -E '^ingot_gpu_memory_bytes|^ingot_generation_tokens_total' | sed 's/^/metrics: /'
 echo "serve smoke: $([ $fail = 0 ] && echo ok || echo FAILED)"
 exit $fail

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use ingot_config::{Config, ConfigError, FlagValue, Layers, Loaded};
-use ingot_engine::EngineConfig;
+use ingot_engine::{EngineConfig, MetricsConfig};
 use ingot_scheduler::SchedulerConfig;
 use serde_json::Value;
 
@@ -73,6 +73,11 @@ pub fn engine_config(config: &Config) -> EngineConfig {
         },
         prefix_caching: config.engine.prefix_caching,
         stall_timeout: config.engine.stall_timeout.get(),
+        // The model name is the server's to give (`cmd::serve`).
+        metrics: MetricsConfig {
+            vllm_names: config.metrics.vllm_names,
+            ..MetricsConfig::default()
+        },
         // Not a config key: per-request event buffering is an engine detail.
         ..EngineConfig::default()
     }

@@ -31,6 +31,8 @@ pub struct Config {
     pub cuda: CudaSection,
     /// Logging.
     pub log: LogSection,
+    /// What `/metrics` exports.
+    pub metrics: MetricsSection,
     /// Feature flags by name (`[a-z0-9_]+`).
     #[schemars(extend("propertyNames" = { "pattern": "^[a-z0-9_]+$" }))]
     pub flags: BTreeMap<String, FlagSpec>,
@@ -46,6 +48,7 @@ impl Default for Config {
             cache: CacheSection::default(),
             cuda: CudaSection::default(),
             log: LogSection::default(),
+            metrics: MetricsSection::default(),
             flags: default_flags(),
         }
     }
@@ -153,6 +156,22 @@ impl Default for ModelSection {
 
 /// The KV block size: the only one the kernels and the block manager support.
 pub const BLOCK_SIZE: usize = 16;
+
+/// What `/metrics` exports.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSection {
+    /// Also export vLLM's series (`vllm:num_requests_waiting`, ...) with
+    /// vLLM's names, units and labels, so dashboards and autoscalers built
+    /// for vLLM read ingot unchanged.
+    pub vllm_names: bool,
+}
+
+impl Default for MetricsSection {
+    fn default() -> Self {
+        Self { vllm_names: true }
+    }
+}
 
 /// Engine behaviour.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]

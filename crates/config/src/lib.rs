@@ -27,7 +27,7 @@ mod units;
 
 pub use config::{
     CacheSection, Config, CudaSection, Device, Dtype, EngineSection, LoadFormat, LogSection,
-    ModelSection, PriorityDeadlines, SchedulerSection, ServerSection, BLOCK_SIZE,
+    MetricsSection, ModelSection, PriorityDeadlines, SchedulerSection, ServerSection, BLOCK_SIZE,
 };
 pub use env::{env_name, FLAG_PREFIX, LEGACY, NOT_CONFIG};
 pub use error::{ConfigError, Source};

@@ -26,7 +26,7 @@ use crate::handle::{
     Command, Completion, EngineHandle, EngineStats, GeneratedToken, Limits, RequestId, Shared,
     TokenEvent,
 };
-use crate::metrics as m;
+use crate::metrics::{Metrics, MetricsConfig};
 
 /// Engine settings (the scheduler's plus the engine's own).
 #[derive(Debug, Clone)]
@@ -39,6 +39,8 @@ pub struct EngineConfig {
     pub stream_buffer: usize,
     /// A client that reads nothing for this long is cut off.
     pub stall_timeout: Duration,
+    /// The model label and the vLLM-named series.
+    pub metrics: MetricsConfig,
 }
 
 impl Default for EngineConfig {
@@ -48,6 +50,7 @@ impl Default for EngineConfig {
             prefix_caching: true,
             stream_buffer: 64,
             stall_timeout: Duration::from_secs(30),
+            metrics: MetricsConfig::default(),
         }
     }
 }
@@ -74,6 +77,7 @@ pub fn start_engine(
         max_waiting: config.scheduler.max_waiting,
         stream_buffer: config.stream_buffer.max(1),
     };
+    let metrics = Metrics::new(&config.metrics);
     let state = EngineLoop {
         scheduler: Scheduler::new(config.scheduler.clone(), pool),
         runner,
@@ -85,8 +89,8 @@ pub fn start_engine(
         stopping: false,
         last_prefix: Default::default(),
         last_preemptions: 0,
+        metrics,
     };
-    m::register();
     let (stopped_tx, stopped) = std_mpsc::channel::<()>();
     std::thread::Builder::new()
         .name("ingot-engine".into())
@@ -178,6 +182,8 @@ struct EngineLoop {
     stopping: bool,
     last_prefix: ingot_kv_cache::PrefixCacheStats,
     last_preemptions: u64,
+    /// The engine's metric handles.
+    metrics: Metrics,
 }
 
 impl EngineLoop {
@@ -275,7 +281,7 @@ impl EngineLoop {
                 self.stats.waiting.fetch_sub(1, Ordering::SeqCst);
             }
             if let (false, Some(reason)) = (a.done, reason) {
-                m::request_finished(reason, a.priority);
+                self.metrics.request_finished(reason, a.priority);
             }
         }
     }
@@ -287,7 +293,8 @@ impl EngineLoop {
                     a.queued = false;
                     a.cached_tokens = cached;
                     self.stats.waiting.fetch_sub(1, Ordering::SeqCst);
-                    m::queue_time(now.saturating_duration_since(a.arrival), a.priority);
+                    self.metrics
+                        .queue_time(now.saturating_duration_since(a.arrival), a.priority);
                 }
             }
         }
@@ -419,7 +426,7 @@ impl EngineLoop {
             step_ms = started.elapsed().as_secs_f64() * 1e3,
             "step"
         );
-        m::iteration(num_tokens, started.elapsed());
+        self.metrics.iteration(num_tokens, started.elapsed());
         let now = Instant::now();
         for (id, out) in outputs {
             match out {
@@ -435,8 +442,12 @@ impl EngineLoop {
             return;
         };
         match a.last_token {
-            None => m::time_to_first_token(now.saturating_duration_since(a.arrival), a.priority),
-            Some(prev) => m::inter_token_latency(now.saturating_duration_since(prev)),
+            None => self
+                .metrics
+                .time_to_first_token(now.saturating_duration_since(a.arrival), a.priority),
+            Some(prev) => self
+                .metrics
+                .inter_token_latency(now.saturating_duration_since(prev)),
         }
         a.first_token.get_or_insert(now);
         a.last_token = Some(now);
@@ -454,7 +465,7 @@ impl EngineLoop {
                 completion_tokens: a.decoding.num_output(),
                 cached_tokens: a.cached_tokens,
             };
-            m::request_done(
+            self.metrics.request_done(
                 &completion,
                 now.saturating_duration_since(a.arrival),
                 a.priority,
@@ -498,16 +509,17 @@ impl EngineLoop {
         s.preemptions
             .store(self.scheduler.num_preemptions(), Ordering::Relaxed);
         s.steps.fetch_add(1, Ordering::Relaxed);
-        m::gauges(
+        self.metrics.gauges(
             self.scheduler.num_running(),
             self.scheduler.num_waiting(),
             pool.usage(),
         );
-        m::prefix_cache(
+        self.metrics.prefix_cache(
             prefix.queries - self.last_prefix.queries,
             prefix.hits - self.last_prefix.hits,
         );
-        m::preemptions(self.scheduler.num_preemptions() - self.last_preemptions);
+        self.metrics
+            .preemptions(self.scheduler.num_preemptions() - self.last_preemptions);
         self.last_prefix = prefix;
         self.last_preemptions = self.scheduler.num_preemptions();
     }

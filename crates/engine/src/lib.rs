@@ -21,4 +21,5 @@ pub use handle::{
     Completion, EngineHandle, EngineRequest, EngineStats, GeneratedToken, PriorityHandle,
     RequestId, RequestLimits, RequestStream, SubmitError, TokenEvent,
 };
+pub use metrics::MetricsConfig;
 pub use sampler::TokenLogprob;

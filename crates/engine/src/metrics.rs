@@ -1,82 +1,373 @@
 //! Engine metrics through the `metrics` facade; the server installs a
-//! Prometheus recorder. Names follow vLLM's with an `ingot:` prefix.
+//! Prometheus recorder (which adds the `model` label to every series).
+//!
+//! ingot's own series follow Prometheus naming (`ingot_…`, counters end in
+//! `_total`, base units in the name). With `vllm_names` the same
+//! measurements are also exported under vLLM's names, units and labels
+//! (`vllm:…`, `model_name`, `engine`), so dashboards, autoscalers and the
+//! Gateway API inference extension built for vLLM read ingot unchanged.
 
 use std::time::Duration;
 
 use ingot_core::{FinishReason, Priority};
-use metrics::{counter, gauge, histogram};
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter,
+    Gauge, Histogram, Label, Unit,
+};
 
 use crate::handle::Completion;
 
-/// Registers every gauge and counter at zero, so `/metrics` lists them
-/// before the first request.
-pub fn register() {
-    gauges(0, 0, 0.0);
-    prefix_cache(0, 0);
-    preemptions(0);
-    counter!("ingot:prompt_tokens_total").increment(0);
-    counter!("ingot:generation_tokens_total").increment(0);
-    counter!("ingot:engine_requests_total").increment(0);
+/// What the engine exports besides its own series.
+#[derive(Debug, Clone, Default)]
+pub struct MetricsConfig {
+    /// The served model name: the `model_name` label of the vLLM series.
+    pub model_name: String,
+    /// Also export vLLM-named series.
+    pub vllm_names: bool,
+}
+
+/// vLLM's `engine` label: the engine index within one server (one here).
+const VLLM_ENGINE: &str = "0";
+
+/// One measurement under one naming scheme: the handles of its unlabelled
+/// series, registered once so a step costs no name lookups.
+struct Series {
+    running: Gauge,
+    waiting: Gauge,
+    kv_usage: Gauge,
+    prefix_queries: Counter,
+    prefix_hits: Counter,
+    preemptions: Counter,
+    prompt_tokens: Counter,
+    generation_tokens: Counter,
+    inter_token: Histogram,
+}
+
+/// The engine's metric handles (one per engine thread).
+pub(crate) struct Metrics {
+    ingot: Series,
+    iteration_tokens: Histogram,
+    step_duration: Histogram,
+    vllm: Option<Vllm>,
+}
+
+/// The vLLM-named series and their labels.
+struct Vllm {
+    series: Series,
+    model_name: String,
+}
+
+impl Metrics {
+    /// Describes every series (HELP text and unit) and registers the
+    /// gauges and counters at zero, so `/metrics` lists them before the
+    /// first request.
+    pub(crate) fn new(config: &MetricsConfig) -> Self {
+        describe_ingot();
+        let ingot = Series {
+            running: gauge!("ingot_num_requests_running"),
+            waiting: gauge!("ingot_num_requests_waiting"),
+            kv_usage: gauge!("ingot_kv_cache_usage_perc"),
+            prefix_queries: counter!("ingot_prefix_cache_queries_total"),
+            prefix_hits: counter!("ingot_prefix_cache_hits_total"),
+            preemptions: counter!("ingot_num_preemptions_total"),
+            prompt_tokens: counter!("ingot_prompt_tokens_total"),
+            generation_tokens: counter!("ingot_generation_tokens_total"),
+            inter_token: histogram!("ingot_inter_token_latency_seconds"),
+        };
+        let vllm = config.vllm_names.then(|| Vllm::new(&config.model_name));
+        let m = Self {
+            ingot,
+            iteration_tokens: histogram!("ingot_iteration_tokens"),
+            step_duration: histogram!("ingot_step_duration_seconds"),
+            vllm,
+        };
+        m.gauges(0, 0, 0.0);
+        m.prefix_cache(0, 0);
+        m.preemptions(0);
+        m.each(|s| {
+            s.prompt_tokens.increment(0);
+            s.generation_tokens.increment(0);
+        });
+        counter!("ingot_engine_requests_total").increment(0);
+        m
+    }
+
+    /// Runs `f` on every naming scheme's series.
+    fn each(&self, f: impl Fn(&Series)) {
+        f(&self.ingot);
+        if let Some(v) = &self.vllm {
+            f(&v.series);
+        }
+    }
+
+    /// Running / waiting gauges and KV usage (fraction in [0, 1]).
+    pub(crate) fn gauges(&self, running: usize, waiting: usize, kv_usage: f64) {
+        self.each(|s| {
+            s.running.set(running as f64);
+            s.waiting.set(waiting as f64);
+            s.kv_usage.set(kv_usage);
+        });
+    }
+
+    /// Prefix-cache lookups and hits, in tokens.
+    pub(crate) fn prefix_cache(&self, queries: u64, hits: u64) {
+        self.each(|s| {
+            s.prefix_queries.increment(queries);
+            s.prefix_hits.increment(hits);
+        });
+    }
+
+    /// Preemptions since the last call.
+    pub(crate) fn preemptions(&self, n: u64) {
+        self.each(|s| s.preemptions.increment(n));
+    }
+
+    /// One engine step (ingot only: vLLM's iteration histogram is per step
+    /// too, but its buckets differ, so it is not imitated).
+    pub(crate) fn iteration(&self, tokens: usize, elapsed: Duration) {
+        self.iteration_tokens.record(tokens as f64);
+        self.step_duration.record(elapsed.as_secs_f64());
+    }
+
+    /// Arrival to first scheduling.
+    pub(crate) fn queue_time(&self, d: Duration, p: Priority) {
+        histogram!("ingot_request_queue_time_seconds", "priority" => p.as_str())
+            .record(d.as_secs_f64());
+        if let Some(v) = &self.vllm {
+            v.histogram("vllm:request_queue_time_seconds")
+                .record(d.as_secs_f64());
+        }
+    }
+
+    /// Arrival to first token.
+    pub(crate) fn time_to_first_token(&self, d: Duration, p: Priority) {
+        histogram!("ingot_time_to_first_token_seconds", "priority" => p.as_str())
+            .record(d.as_secs_f64());
+        if let Some(v) = &self.vllm {
+            v.histogram("vllm:time_to_first_token_seconds")
+                .record(d.as_secs_f64());
+        }
+    }
+
+    /// Gap between consecutive tokens of a request.
+    pub(crate) fn inter_token_latency(&self, d: Duration) {
+        self.each(|s| s.inter_token.record(d.as_secs_f64()));
+    }
+
+    /// A request that ran to its end.
+    pub(crate) fn request_done(&self, c: &Completion, e2e: Duration, p: Priority) {
+        self.each(|s| {
+            s.prompt_tokens.increment(c.prompt_tokens as u64);
+            s.generation_tokens.increment(c.completion_tokens as u64);
+        });
+        histogram!("ingot_e2e_request_latency_seconds", "priority" => p.as_str())
+            .record(e2e.as_secs_f64());
+        if let Some(v) = &self.vllm {
+            v.histogram("vllm:e2e_request_latency_seconds")
+                .record(e2e.as_secs_f64());
+        }
+        self.request_finished(c.reason, p);
+    }
+
+    /// Counts a request by how it ended.
+    pub(crate) fn request_finished(&self, reason: FinishReason, p: Priority) {
+        counter!(
+            "ingot_request_success_total",
+            "finish_reason" => reason.as_str(),
+            "priority" => p.as_str()
+        )
+        .increment(1);
+        if let Some(v) = &self.vllm {
+            counter!(
+                "vllm:request_success_total",
+                "model_name" => v.model_name.clone(),
+                "engine" => VLLM_ENGINE,
+                "finished_reason" => reason.as_str()
+            )
+            .increment(1);
+        }
+    }
+}
+
+impl Vllm {
+    /// Describes and registers vLLM's series for `model_name`.
+    fn new(model_name: &str) -> Self {
+        describe_vllm();
+        let labels = || {
+            vec![
+                Label::new("model_name", model_name.to_string()),
+                Label::new("engine", VLLM_ENGINE),
+            ]
+        };
+        Self {
+            series: Series {
+                running: gauge!("vllm:num_requests_running", labels()),
+                waiting: gauge!("vllm:num_requests_waiting", labels()),
+                kv_usage: gauge!("vllm:kv_cache_usage_perc", labels()),
+                prefix_queries: counter!("vllm:prefix_cache_queries_total", labels()),
+                prefix_hits: counter!("vllm:prefix_cache_hits_total", labels()),
+                preemptions: counter!("vllm:num_preemptions_total", labels()),
+                prompt_tokens: counter!("vllm:prompt_tokens_total", labels()),
+                generation_tokens: counter!("vllm:generation_tokens_total", labels()),
+                inter_token: histogram!("vllm:inter_token_latency_seconds", labels()),
+            },
+            model_name: model_name.to_string(),
+        }
+    }
+
+    /// A vLLM histogram with vLLM's labels.
+    fn histogram(&self, name: &'static str) -> Histogram {
+        histogram!(name, "model_name" => self.model_name.clone(), "engine" => VLLM_ENGINE)
+    }
 }
 
 /// A request entered the engine (one generation; coalesced and cached
-/// answers never reach here).
-pub fn request_submitted() {
-    counter!("ingot:engine_requests_total").increment(1);
+/// answers never reach here). Called from the submitting thread, which has
+/// no `Metrics`.
+pub(crate) fn request_submitted() {
+    counter!("ingot_engine_requests_total").increment(1);
 }
 
-/// Running / waiting gauges and KV usage (fraction in [0, 1]).
-pub fn gauges(running: usize, waiting: usize, kv_usage: f64) {
-    gauge!("ingot:num_requests_running").set(running as f64);
-    gauge!("ingot:num_requests_waiting").set(waiting as f64);
-    gauge!("ingot:kv_cache_usage_perc").set(kv_usage);
+/// HELP text and units of ingot's own engine series.
+fn describe_ingot() {
+    describe_gauge!(
+        "ingot_num_requests_running",
+        Unit::Count,
+        "Requests in the running batch."
+    );
+    describe_gauge!(
+        "ingot_num_requests_waiting",
+        Unit::Count,
+        "Requests waiting to be scheduled."
+    );
+    describe_gauge!(
+        "ingot_kv_cache_usage_perc",
+        Unit::Percent,
+        "Fraction of KV cache blocks in use, 0 to 1."
+    );
+    describe_counter!(
+        "ingot_prefix_cache_queries_total",
+        Unit::Count,
+        "Prompt tokens looked up in the prefix cache."
+    );
+    describe_counter!(
+        "ingot_prefix_cache_hits_total",
+        Unit::Count,
+        "Prompt tokens found in the prefix cache."
+    );
+    describe_counter!(
+        "ingot_num_preemptions_total",
+        Unit::Count,
+        "Sequences preempted (recomputed later) because KV blocks ran out."
+    );
+    describe_counter!(
+        "ingot_prompt_tokens_total",
+        Unit::Count,
+        "Prompt tokens of finished requests."
+    );
+    describe_counter!(
+        "ingot_generation_tokens_total",
+        Unit::Count,
+        "Generated tokens of finished requests."
+    );
+    describe_counter!(
+        "ingot_engine_requests_total",
+        Unit::Count,
+        "Generations submitted to the engine (cached and coalesced answers excluded)."
+    );
+    describe_counter!(
+        "ingot_request_success_total",
+        Unit::Count,
+        "Requests that ended, by finish reason and priority tier."
+    );
+    describe_histogram!(
+        "ingot_iteration_tokens",
+        Unit::Count,
+        "Tokens per engine step."
+    );
+    describe_histogram!(
+        "ingot_step_duration_seconds",
+        Unit::Seconds,
+        "Wall time of one engine step."
+    );
+    describe_histogram!(
+        "ingot_request_queue_time_seconds",
+        Unit::Seconds,
+        "Arrival to first scheduling, by priority tier."
+    );
+    describe_histogram!(
+        "ingot_time_to_first_token_seconds",
+        Unit::Seconds,
+        "Arrival to first token, by priority tier."
+    );
+    describe_histogram!(
+        "ingot_inter_token_latency_seconds",
+        Unit::Seconds,
+        "Gap between consecutive tokens of a request."
+    );
+    describe_histogram!(
+        "ingot_e2e_request_latency_seconds",
+        Unit::Seconds,
+        "Arrival to the last token, by priority tier."
+    );
 }
 
-/// Prefix-cache lookups and hits, in tokens.
-pub fn prefix_cache(queries: u64, hits: u64) {
-    counter!("ingot:prefix_cache_queries").increment(queries);
-    counter!("ingot:prefix_cache_hits").increment(hits);
-}
-
-/// Preemptions since the last call.
-pub fn preemptions(n: u64) {
-    counter!("ingot:num_preemptions_total").increment(n);
-}
-
-/// One engine step.
-pub fn iteration(tokens: usize, elapsed: Duration) {
-    histogram!("ingot:iteration_tokens_total").record(tokens as f64);
-    histogram!("ingot:step_duration_seconds").record(elapsed.as_secs_f64());
-}
-
-/// Arrival to first scheduling.
-pub fn queue_time(d: Duration, p: Priority) {
-    histogram!("ingot:request_queue_time_seconds", "priority" => p.as_str())
-        .record(d.as_secs_f64());
-}
-
-/// Arrival to first token.
-pub fn time_to_first_token(d: Duration, p: Priority) {
-    histogram!("ingot:time_to_first_token_seconds", "priority" => p.as_str())
-        .record(d.as_secs_f64());
-}
-
-/// Gap between consecutive tokens of a request.
-pub fn inter_token_latency(d: Duration) {
-    histogram!("ingot:inter_token_latency_seconds").record(d.as_secs_f64());
-}
-
-/// A request that ran to its end.
-pub fn request_done(c: &Completion, e2e: Duration, p: Priority) {
-    counter!("ingot:prompt_tokens_total").increment(c.prompt_tokens as u64);
-    counter!("ingot:generation_tokens_total").increment(c.completion_tokens as u64);
-    histogram!("ingot:e2e_request_latency_seconds", "priority" => p.as_str())
-        .record(e2e.as_secs_f64());
-    request_finished(c.reason, p);
-}
-
-/// Counts a request by how it ended.
-pub fn request_finished(reason: FinishReason, p: Priority) {
-    counter!("ingot:request_success_total", "finish_reason" => reason.as_str(), "priority" => p.as_str())
-        .increment(1);
+/// HELP text of the vLLM-named series (vLLM's own wording).
+fn describe_vllm() {
+    describe_gauge!(
+        "vllm:num_requests_running",
+        "Number of requests in model execution batches."
+    );
+    describe_gauge!(
+        "vllm:num_requests_waiting",
+        "Number of requests waiting to be processed."
+    );
+    describe_gauge!(
+        "vllm:kv_cache_usage_perc",
+        "KV-cache usage. 1 means 100 percent usage."
+    );
+    describe_counter!(
+        "vllm:prefix_cache_queries_total",
+        "Prefix cache queries, in terms of number of queried tokens."
+    );
+    describe_counter!(
+        "vllm:prefix_cache_hits_total",
+        "Prefix cache hits, in terms of number of cached tokens."
+    );
+    describe_counter!(
+        "vllm:num_preemptions_total",
+        "Cumulative number of preemption from the engine."
+    );
+    describe_counter!(
+        "vllm:prompt_tokens_total",
+        "Number of prefill tokens processed."
+    );
+    describe_counter!(
+        "vllm:generation_tokens_total",
+        "Number of generation tokens processed."
+    );
+    describe_counter!(
+        "vllm:request_success_total",
+        "Count of successfully processed requests."
+    );
+    describe_histogram!(
+        "vllm:request_queue_time_seconds",
+        Unit::Seconds,
+        "Histogram of time spent in WAITING phase for request."
+    );
+    describe_histogram!(
+        "vllm:time_to_first_token_seconds",
+        Unit::Seconds,
+        "Histogram of time to first token in seconds."
+    );
+    describe_histogram!(
+        "vllm:inter_token_latency_seconds",
+        Unit::Seconds,
+        "Histogram of inter-token latency in seconds."
+    );
+    describe_histogram!(
+        "vllm:e2e_request_latency_seconds",
+        Unit::Seconds,
+        "Histogram of e2e request latency in seconds."
+    );
 }

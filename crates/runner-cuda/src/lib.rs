@@ -151,15 +151,20 @@ pub struct MemoryReport {
 }
 
 impl MemoryReport {
-    /// Sets the `ingot:gpu_memory_bytes{use=...}` gauges shown on /metrics.
+    /// Sets the `ingot_gpu_memory_bytes{use=...}` gauges shown on /metrics.
     pub fn publish(&self) {
+        metrics::describe_gauge!(
+            "ingot_gpu_memory_bytes",
+            metrics::Unit::Bytes,
+            "GPU memory by use: weights, workspace, kv_cache, and the GPU's total."
+        );
         for (use_, bytes) in [
             ("weights", self.weights),
             ("workspace", self.workspace),
             ("kv_cache", self.kv_cache),
             ("total", self.total),
         ] {
-            metrics::gauge!("ingot:gpu_memory_bytes", "use" => use_).set(bytes as f64);
+            metrics::gauge!("ingot_gpu_memory_bytes", "use" => use_).set(bytes as f64);
         }
     }
 }

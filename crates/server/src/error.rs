@@ -134,9 +134,33 @@ impl From<ProtocolError> for ApiError {
     }
 }
 
+/// Refusals by reason (`ingot_rejections_total{reason}`).
+pub const REJECTIONS: &str = "ingot_rejections_total";
+
+impl ApiError {
+    /// Why the request was refused, as the `reason` label; `None` for a
+    /// server-side failure, which is an error rather than a refusal.
+    fn rejection_reason(&self) -> Option<&'static str> {
+        match self {
+            ApiError::BadRequest(_) => Some("validation"),
+            // A wrong method is a request for an endpoint that does not exist.
+            ApiError::ModelNotFound(_)
+            | ApiError::RouteNotFound(_)
+            | ApiError::MethodNotAllowed(_) => Some("not_found"),
+            ApiError::PayloadTooLarge(_) => Some("too_large"),
+            ApiError::Overloaded { .. } => Some("admission"),
+            ApiError::Unavailable(_) => Some("unavailable"),
+            ApiError::Internal(_) => None,
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, ..) = self.parts();
+        if let Some(reason) = self.rejection_reason() {
+            metrics::counter!(REJECTIONS, "reason" => reason).increment(1);
+        }
         if let ApiError::Internal(detail) = &self {
             tracing::error!(detail, "internal error");
         }

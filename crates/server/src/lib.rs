@@ -5,6 +5,7 @@
 
 mod error;
 mod generate;
+mod http_metrics;
 mod logprobs;
 pub mod pipeline;
 pub mod reload;

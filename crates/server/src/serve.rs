@@ -34,8 +34,10 @@ pub struct ServeConfig {
     pub set_log_level: Option<LogLevelFn>,
 }
 
-/// Installs the Prometheus recorder (once per process).
-fn install_metrics() -> Option<PrometheusHandle> {
+/// Installs the Prometheus recorder (once per process). Every series gets
+/// the served model's name as its `model` label, so one Prometheus can tell
+/// the models of several servers apart without relabelling.
+fn install_metrics(model_name: &str) -> Option<PrometheusHandle> {
     let latency = [
         0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
         20.0, 40.0, 80.0,
@@ -43,12 +45,17 @@ fn install_metrics() -> Option<PrometheusHandle> {
     let tokens = [
         1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
     ];
-    PrometheusBuilder::new()
+    let handle = PrometheusBuilder::new()
+        .add_global_label("model", model_name)
         .set_buckets(&latency)
-        .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("tokens_total".into()), &tokens))
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Full("ingot_iteration_tokens".into()), &tokens)
+        })
         .and_then(|b| b.install_recorder())
         .map_err(|e| tracing::warn!(error = %e, "metrics disabled"))
-        .ok()
+        .ok()?;
+    crate::http_metrics::describe();
+    Some(handle)
 }
 
 /// Serves until SIGTERM/SIGINT. `load` builds the engine (slow, blocking).
@@ -59,7 +66,7 @@ where
     let state = AppState::new(
         config.model_name.clone(),
         config.runtime.clone(),
-        install_metrics(),
+        install_metrics(&config.model_name),
     );
     state.set_reload(config.reload.clone(), config.set_log_level.clone());
     tokio::spawn(reload_on_hangup(state.clone()));

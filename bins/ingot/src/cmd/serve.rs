@@ -186,7 +186,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         reload: Some(reload_fn(layers)),
         set_log_level: Some(set_log_level),
     };
-    let engine = settings::engine_config(&config);
+    let mut engine = settings::engine_config(&config);
+    engine.metrics.model_name = serve.model_name.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("ingot-http")

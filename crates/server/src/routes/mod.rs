@@ -45,6 +45,7 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
             ApiError::MethodNotAllowed(format!("{method} {}", uri.path()))
         })
         .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(axum::middleware::from_fn(crate::http_metrics::track))
         .with_state((state, max_body_bytes))
 }
 

@@ -1,0 +1,117 @@
+//! Counts every HTTP answer by route and status class, so error rates and
+//! traffic per endpoint come from the server itself rather than a proxy.
+//!
+//! The route label is axum's matched path (a fixed set), never the raw
+//! URI: arbitrary paths from clients would make the series unbounded.
+
+use axum::extract::{MatchedPath, Request};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::Response;
+use metrics::{counter, describe_counter, describe_gauge, Unit};
+
+/// The series name.
+pub const HTTP_REQUESTS: &str = "ingot_http_requests_total";
+
+/// The route label of a request that matched no route.
+const OTHER_ROUTE: &str = "other";
+
+/// Describes the server's own series (HELP text and units); called once
+/// the recorder is installed.
+pub fn describe() {
+    describe_counter!(
+        HTTP_REQUESTS,
+        Unit::Count,
+        "HTTP answers by matched route and status class (2xx, 4xx, 5xx)."
+    );
+    describe_counter!(
+        crate::error::REJECTIONS,
+        Unit::Count,
+        "Requests refused before generating, by reason."
+    );
+    describe_pipeline();
+}
+
+/// HELP text of the response cache's, the coalescer's and the flags'
+/// series (kept here, next to the other server series, rather than spread
+/// over the modules that update them).
+fn describe_pipeline() {
+    let counters = [
+        (
+            "ingot_response_cache_hits_total",
+            "Requests answered from the response cache.",
+        ),
+        (
+            "ingot_response_cache_misses_total",
+            "Shareable requests the response cache did not hold.",
+        ),
+        (
+            "ingot_response_cache_evictions_total",
+            "Responses evicted from the cache (bounds or TTL).",
+        ),
+        (
+            "ingot_coalesced_requests_total",
+            "Requests that joined an identical generation in flight.",
+        ),
+        (
+            "ingot_flag_decisions_total",
+            "Feature flag decisions, by flag and result.",
+        ),
+    ];
+    for (name, help) in counters {
+        describe_counter!(name, Unit::Count, help);
+    }
+    describe_gauge!(
+        "ingot_response_cache_entries",
+        Unit::Count,
+        "Responses in the cache."
+    );
+    describe_gauge!(
+        "ingot_response_cache_bytes",
+        Unit::Bytes,
+        "Bytes of responses in the cache."
+    );
+    describe_gauge!(
+        "ingot_coalesced_subscribers",
+        Unit::Count,
+        "Requests currently reading a shared generation."
+    );
+}
+
+/// Middleware: counts the answer once its status is known (for a stream,
+/// when the headers go out).
+pub async fn track(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| OTHER_ROUTE.to_string(), |p| p.as_str().to_string());
+    let response = next.run(request).await;
+    counter!(HTTP_REQUESTS, "route" => route, "status" => status_class(response.status()))
+        .increment(1);
+    response
+}
+
+/// `2xx`, `4xx`, ... : classes keep the series few while still separating
+/// client from server errors.
+fn status_class(status: StatusCode) -> &'static str {
+    match status.as_u16() / 100 {
+        1 => "1xx",
+        2 => "2xx",
+        3 => "3xx",
+        4 => "4xx",
+        _ => "5xx",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_classes() {
+        assert_eq!(status_class(StatusCode::OK), "2xx");
+        assert_eq!(status_class(StatusCode::TOO_MANY_REQUESTS), "4xx");
+        assert_eq!(status_class(StatusCode::SERVICE_UNAVAILABLE), "5xx");
+        assert_eq!(status_class(StatusCode::NOT_MODIFIED), "3xx");
+    }
+}
