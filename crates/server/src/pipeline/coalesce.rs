@@ -76,6 +76,9 @@ impl<G: Generator> Coalescer<G> {
     /// Wraps `inner`; a subscriber that stops reading for `stall_timeout`
     /// is cut off.
     pub fn new(inner: G, stall_timeout: Duration) -> Self {
+        // Listed from the start, so dashboards and alerts find them at 0.
+        counter!("ingot_coalesced_requests_total").increment(0);
+        gauge!("ingot_coalesced_subscribers").increment(0.0);
         Self {
             inner,
             flights: Arc::new(Mutex::new(HashMap::new())),
