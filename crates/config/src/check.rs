@@ -34,6 +34,7 @@ pub(crate) fn check(config: &Config) -> Check {
     server(config)?;
     cache(config)?;
     log(config)?;
+    auth(config)?;
     flags(config)
 }
 
@@ -129,6 +130,21 @@ fn flags(c: &Config) -> Check {
         if ((p * 100.0) - (p * 100.0).round()).abs() > 1e-6 {
             return fail(key, "at most two decimals (the rollout has 10000 buckets)");
         }
+    }
+    Ok(())
+}
+
+fn auth(c: &Config) -> Check {
+    if let Err((i, field, rule)) = crate::auth::check_keys(&c.auth.api_keys) {
+        return fail("auth.api_keys", format!("entry {i}: {field} {rule}"));
+    }
+    if let Some(h) = &c.auth.api_key_sha256 {
+        if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return fail("auth.api_key_sha256", "must be 64 hex digits");
+        }
+    }
+    if let Some(p) = c.auth.open_paths.iter().find(|p| !p.starts_with('/')) {
+        return fail("auth.open_paths", format!("{p:?} must start with /"));
     }
     Ok(())
 }

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::auth::AuthSection;
 use crate::flags::FlagSpec;
 use crate::units::{ByteSize, Duration};
 
@@ -31,6 +32,8 @@ pub struct Config {
     pub cuda: CudaSection,
     /// Logging.
     pub log: LogSection,
+    /// API keys and per-key limits.
+    pub auth: AuthSection,
     /// What `/metrics` exports.
     pub metrics: MetricsSection,
     /// Feature flags by name (`[a-z0-9_]+`).
@@ -48,6 +51,7 @@ impl Default for Config {
             cache: CacheSection::default(),
             cuda: CudaSection::default(),
             log: LogSection::default(),
+            auth: AuthSection::default(),
             metrics: MetricsSection::default(),
             flags: default_flags(),
         }

@@ -91,10 +91,43 @@ impl ConfigError {
     }
 }
 
-/// A value as the error and `show()` print it: JSON, which for scalars and
-/// arrays of scalars is also TOML.
+/// A value as the error and `show()` print it: TOML (scalars as JSON, which
+/// TOML reads the same).
 pub(crate) fn render_value(v: &serde_json::Value) -> String {
-    v.to_string()
+    use serde_json::Value;
+    match v {
+        // TOML inline tables (e.g. `auth.api_keys` entries), unset fields
+        // left out, so `config show` stays loadable TOML.
+        Value::Object(map) => {
+            let fields: Vec<String> = map
+                .iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| format!("{} = {}", toml_key(k), render_value(v)))
+                .collect();
+            if fields.is_empty() {
+                "{}".into()
+            } else {
+                format!("{{ {} }}", fields.join(", "))
+            }
+        }
+        Value::Array(items) => {
+            let items: Vec<String> = items.iter().map(render_value).collect();
+            format!("[{}]", items.join(", "))
+        }
+        scalar => scalar.to_string(),
+    }
+}
+
+/// A table key, quoted unless it is a bare TOML key.
+fn toml_key(k: &str) -> String {
+    let bare = !k.is_empty()
+        && k.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if bare {
+        k.to_string()
+    } else {
+        serde_json::Value::from(k).to_string()
+    }
 }
 
 /// Joins a multi-line message so the error stays one line.

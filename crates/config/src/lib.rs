@@ -13,6 +13,7 @@
 //! Feature flags ([`FlagSpec`], [`bucket`]) decide with a specified hash that
 //! other languages reproduce (docs/config.md).
 
+mod auth;
 mod check;
 mod config;
 mod env;
@@ -25,6 +26,7 @@ mod schema;
 mod tree;
 mod units;
 
+pub use auth::{check_keys, ApiKeyEntry, AuthSection, Tier};
 pub use config::{
     CacheSection, Config, CudaSection, Device, Dtype, EngineSection, LoadFormat, LogSection,
     MetricsSection, ModelSection, PriorityDeadlines, SchedulerSection, ServerSection, BLOCK_SIZE,

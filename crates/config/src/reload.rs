@@ -25,11 +25,14 @@ impl Reload {
     }
 }
 
-/// Whether a running server can apply a change to `key`: feature flags and
-/// the cache are read per request, and the log filter is swapped in place;
+/// Whether a running server can apply a change to `key`: feature flags, the
+/// cache and the API keys (`auth.*`) are read per request, and the log filter is swapped in place;
 /// everything else sized or started something at start-up.
 pub fn live(key: &str) -> bool {
-    key.starts_with("flags.") || key.starts_with("cache.") || key == "log.level"
+    key.starts_with("flags.")
+        || key.starts_with("cache.")
+        || key.starts_with("auth.")
+        || key == "log.level"
 }
 
 /// The dotted leaf keys that differ (added or removed flags included), in

@@ -144,7 +144,7 @@ fn unknown_file_key_names_line_and_alternatives() {
     });
     assert!(e.starts_with("servr ("), "{e}");
     assert!(
-        e.contains(":1): unknown key; expected one of cache, cuda, engine"),
+        e.contains(":1): unknown key; expected one of auth, cache, cuda, engine"),
         "{e}"
     );
 }

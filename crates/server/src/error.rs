@@ -34,6 +34,14 @@ pub enum ApiError {
         /// When to retry.
         retry_after: Duration,
     },
+    /// Over the API key's rate or token limit (429).
+    #[error("{message}")]
+    RateLimited {
+        /// What was exceeded.
+        message: String,
+        /// When a retry can succeed (`None`: never as asked).
+        retry_after: Option<Duration>,
+    },
     /// Not ready or shutting down (503).
     #[error("{0}")]
     Unavailable(String),
@@ -85,6 +93,12 @@ impl ApiError {
                 None,
                 Some("server_overloaded"),
             ),
+            ApiError::RateLimited { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_exceeded",
+                None,
+                Some("rate_limit_exceeded"),
+            ),
             ApiError::Unavailable(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "service_unavailable",
@@ -128,6 +142,11 @@ impl ApiError {
     }
 }
 
+/// Whole seconds, rounded up, at least 1 (retrying sooner fails again).
+fn ceil_secs(d: Duration) -> u64 {
+    (d.as_secs() + u64::from(d.subsec_nanos() > 0)).max(1)
+}
+
 impl From<ProtocolError> for ApiError {
     fn from(e: ProtocolError) -> Self {
         ApiError::BadRequest(e)
@@ -149,6 +168,7 @@ impl ApiError {
             | ApiError::MethodNotAllowed(_) => Some("not_found"),
             ApiError::PayloadTooLarge(_) => Some("too_large"),
             ApiError::Overloaded { .. } => Some("admission"),
+            ApiError::RateLimited { .. } => Some("rate_limit"),
             ApiError::Unavailable(_) => Some("unavailable"),
             ApiError::Internal(_) => None,
         }
@@ -167,6 +187,7 @@ impl IntoResponse for ApiError {
         let mut response = (status, axum::Json(self.body())).into_response();
         let retry = match &self {
             ApiError::Overloaded { retry_after, .. } => Some(retry_after.as_secs().max(1)),
+            ApiError::RateLimited { retry_after, .. } => retry_after.map(ceil_secs),
             ApiError::Unavailable(_) => Some(1),
             _ => None,
         };

@@ -69,18 +69,13 @@ impl Submission {
         prompts: &[Vec<TokenId>],
         sampling: &ValidSampling,
     ) -> Result<Vec<(usize, usize, EngineRequest)>, ApiError> {
-        let max_context = self.limits.max_context;
         let mut out = Vec::with_capacity(prompts.len() * sampling.n);
         for (p, prompt) in prompts.iter().enumerate() {
             for c in 0..sampling.n {
                 let mut params = sampling.params.clone();
                 params.seed = params.seed.map(|s| s.wrapping_add(c as u64));
                 let mut stop = sampling.stop.clone();
-                let room = max_context.saturating_sub(prompt.len()).max(1);
-                stop.max_tokens = sampling.max_tokens.unwrap_or(match self.endpoint {
-                    Endpoint::Chat => room,
-                    Endpoint::Completions => COMPLETIONS_DEFAULT_MAX_TOKENS.min(room),
-                });
+                stop.max_tokens = self.max_tokens(prompt.len(), sampling);
                 let request = EngineRequest {
                     prompt: prompt.clone(),
                     sampling: params,
@@ -94,6 +89,23 @@ impl Submission {
             }
         }
         Ok(out)
+    }
+
+    /// A choice's output cap: `max_tokens`, else the endpoint's default
+    /// within the context left after the prompt.
+    fn max_tokens(&self, prompt_len: usize, sampling: &ValidSampling) -> usize {
+        let room = self.limits.max_context.saturating_sub(prompt_len).max(1);
+        sampling.max_tokens.unwrap_or(match self.endpoint {
+            Endpoint::Chat => room,
+            Endpoint::Completions => COMPLETIONS_DEFAULT_MAX_TOKENS.min(room),
+        })
+    }
+
+    /// The most tokens the request can use: prompt + max_tokens of every
+    /// choice (what a tokens-per-minute limit reserves at admission).
+    pub fn token_budget(&self, prompts: &[Vec<TokenId>], sampling: &ValidSampling) -> u64 {
+        let per_prompt = |p: &Vec<TokenId>| (p.len() + self.max_tokens(p.len(), sampling)) as u64;
+        prompts.iter().map(per_prompt).sum::<u64>() * sampling.n as u64
     }
 
     /// Validates every choice, then starts them through `generator`.

@@ -1,6 +1,7 @@
 //! Live reload (SIGHUP or `POST /admin/reload`): the config is loaded again
 //! from its sources; keys that are safe to change live (feature flags, the
-//! response cache's bounds, the log level) take effect at once, every other
+//! response cache's bounds, the log level, API keys and their limits, with
+//! the key file re-read) take effect at once, every other
 //! changed key is reported as needing a restart and keeps its running
 //! value, so a reload never half-applies a setting.
 
@@ -31,6 +32,11 @@ pub fn reload(state: &AppState) -> Result<ReloadReport, String> {
         .reloader()
         .ok_or("this server was started without a reloadable config")?;
     let new = load().map_err(|e| e.to_string())?;
+    // First, as it can still fail (the key file is re-read every time).
+    state
+        .edge()
+        .reload(&new.config.auth)
+        .map_err(|e| e.to_string())?;
     let old = state.runtime();
     let diff = ingot_config::diff(&old.config, &new.config);
     let merged = live_merge(&old, &new);
@@ -58,6 +64,7 @@ fn live_merge(old: &Loaded, new: &Loaded) -> Loaded {
     merged.config.flags = new.config.flags.clone();
     merged.config.cache = new.config.cache.clone();
     merged.config.log.level = new.config.log.level.clone();
+    merged.config.auth = new.config.auth.clone();
     merged.sources.retain(|k, _| !ingot_config::live(k));
     merged.sources.extend(
         new.sources

@@ -68,6 +68,10 @@ where
         config.runtime.clone(),
         install_metrics(&config.model_name),
     );
+    state
+        .edge()
+        .reload(&config.runtime.config.auth)
+        .map_err(|e| ServeError::Auth(e.to_string()))?;
     state.set_reload(config.reload.clone(), config.set_log_level.clone());
     tokio::spawn(reload_on_hangup(state.clone()));
     let listener = tokio::net::TcpListener::bind(config.addr)
@@ -184,4 +188,7 @@ pub enum ServeError {
     /// The model failed to load.
     #[error("{0}")]
     Load(String),
+    /// The API keys cannot be loaded (a bad key file).
+    #[error("{0}")]
+    Auth(String),
 }

@@ -48,6 +48,8 @@ struct Inner {
     inflight: AtomicUsize,
     idle: Notify,
     metrics: Option<PrometheusHandle>,
+    /// API keys and their limits (auth off until loaded).
+    edge: ingot_edge::Edge,
 }
 
 impl AppState {
@@ -77,6 +79,7 @@ impl AppState {
                 inflight: AtomicUsize::new(0),
                 idle: Notify::new(),
                 metrics,
+                edge: ingot_edge::Edge::default(),
             }),
         }
     }
@@ -118,6 +121,11 @@ impl AppState {
     /// The engine regardless of draining (for read-only endpoints).
     pub fn loaded_engine(&self) -> Option<&EngineHandle> {
         self.inner.engine.get()
+    }
+
+    /// The API keys and their limits (the router's auth layer reads them).
+    pub fn edge(&self) -> &ingot_edge::Edge {
+        &self.inner.edge
     }
 
     /// The generation pipeline (response cache, coalescing, engine).

@@ -62,6 +62,12 @@ pub struct ServeArgs {
     /// others of its tier [scheduler.priority_deadlines; 0.25,1,5,30,120].
     #[arg(long)]
     priority_deadlines: Option<String>,
+    /// Require this API key (Bearer or x-api-key): an admin key without
+    /// limits. Only its SHA-256 is kept [auth.api_key_sha256]; prefer
+    /// `[auth]` keys or `auth.key_file` where other users can read the
+    /// command line.
+    #[arg(long, value_name = "KEY")]
+    api_key: Option<String>,
 }
 
 /// The five keys `--priority-deadlines` sets, in its order.
@@ -121,6 +127,8 @@ impl ServeArgs {
             &self.max_body_bytes,
         );
         f.opt("--aging", "scheduler.aging", &self.aging);
+        let api_key = self.api_key.as_deref().map(ingot_edge::hash_key_hex);
+        f.opt("--api-key", "auth.api_key_sha256", &api_key);
         if let Some(spec) = &self.priority_deadlines {
             let values: Vec<String> = spec.split(',').map(|v| v.trim().to_string()).collect();
             anyhow::ensure!(

@@ -8,7 +8,8 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
+use ingot_edge::Caller;
 use ingot_engine::{Completion, GeneratedToken};
 use ingot_protocol::chat::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta,
@@ -63,6 +64,7 @@ fn to_message(turn: &ChatTurn) -> Result<ChatMessage, ApiError> {
 /// The handler.
 pub async fn chat_completions(
     State((state, limit)): State<Shared>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -81,6 +83,7 @@ pub async fn chat_completions(
     .map_err(|e| ApiError::Internal(e.to_string()))?;
     let Started { id, jobs, status } = start(
         &state,
+        &caller,
         &headers,
         engine.limits(),
         &[ids?],

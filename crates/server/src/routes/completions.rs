@@ -7,7 +7,8 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
+use ingot_edge::Caller;
 use std::collections::HashMap;
 
 use axum::response::sse::Event;
@@ -47,6 +48,7 @@ fn encode_prompts(
 /// The handler.
 pub async fn completions(
     State((state, limit)): State<Shared>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -64,6 +66,7 @@ pub async fn completions(
     let echo: Vec<String> = encoded.into_iter().map(|(_, text)| text).collect();
     let Started { id, jobs, status } = start(
         &state,
+        &caller,
         &headers,
         engine.limits(),
         &ids,

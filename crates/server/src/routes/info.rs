@@ -5,7 +5,8 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
+use ingot_edge::Caller;
 use ingot_protocol::chat::ValidChatRequest;
 use ingot_protocol::models::{ModelCard, ModelList};
 use ingot_protocol::tokenize::{
@@ -16,18 +17,26 @@ use ingot_protocol::{parse_json, ProtocolError};
 use super::{json_body, Shared};
 use crate::ApiError;
 
-/// `GET /v1/models`.
-pub async fn models(State((state, _)): State<Shared>) -> Json<ModelList> {
+/// `GET /v1/models`: the served model, unless the caller's API key may not
+/// use it (it then does not exist for them).
+pub async fn models(
+    State((state, _)): State<Shared>,
+    Extension(caller): Extension<Caller>,
+) -> Json<ModelList> {
     let max_model_len = state.loaded_engine().map_or(0, |e| e.max_context());
+    let visible = caller
+        .key()
+        .is_none_or(|k| k.allows_model(state.model_name()));
+    let card = ModelCard {
+        id: state.model_name().to_string(),
+        object: "model",
+        created: state.created(),
+        owned_by: "ingot",
+        max_model_len,
+    };
     Json(ModelList {
         object: "list",
-        data: vec![ModelCard {
-            id: state.model_name().to_string(),
-            object: "model",
-            created: state.created(),
-            owned_by: "ingot",
-            max_model_len,
-        }],
+        data: visible.then_some(card).into_iter().collect(),
     })
 }
 

@@ -13,6 +13,7 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
+use ingot_edge::Caller;
 use ingot_protocol::body_json;
 use ingot_protocol::sampling::ValidSampling;
 use rand::Rng;
@@ -45,6 +46,10 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
             ApiError::MethodNotAllowed(format!("{method} {}", uri.path()))
         })
         .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            state.edge().clone(),
+            ingot_edge::authenticate,
+        ))
         .layer(axum::middleware::from_fn(crate::http_metrics::track))
         .with_state((state, max_body_bytes))
 }
@@ -93,10 +98,14 @@ struct Started {
 }
 
 /// Hands `prompts × n` generations to the pipeline: the one path both
-/// endpoints take after parsing. The flag unit is the `user` field, else
-/// the response id (API keys will come first once they exist).
+/// endpoints take after parsing. With an API key, the key must be allowed
+/// the model (else 404, as if it did not exist), its priority ceiling
+/// lowers the request's tier, its tenant scopes shared answers, its id is
+/// the flag unit (else the `user` field, else the response id), and its
+/// tokens-per-minute bucket must hold prompt + max_tokens of every choice.
 async fn start(
     state: &AppState,
+    caller: &Caller,
     headers: &HeaderMap,
     limits: ingot_engine::RequestLimits,
     prompts: &[Vec<ingot_core::TokenId>],
@@ -112,17 +121,51 @@ async fn start(
             .get(axum::http::header::CACHE_CONTROL)
             .and_then(|v| v.to_str().ok()),
     );
+    let key = caller.key();
+    let sampling = &admit(state, key, sampling)?;
+    let unit = key
+        .map(|k| k.id.as_str())
+        .or(sampling.user.as_deref())
+        .unwrap_or(&id);
     let submission = Submission {
         model: state.model_name().to_string(),
-        tenant: None,
-        sharing: state.sharing(sampling.user.as_deref().unwrap_or(&id), control),
+        tenant: key.and_then(|k| k.tenant.clone()),
+        sharing: state.sharing(unit, control),
         limits,
         endpoint,
     };
+    if let Some(k) = key {
+        let tokens = submission.token_budget(prompts, sampling);
+        k.limits
+            .reserve_tokens(tokens)
+            .map_err(|r| ApiError::RateLimited {
+                retry_after: r.retry_after(),
+                message: r.message(),
+            })?;
+    }
     let (jobs, status) = submission
         .submit(state.pipeline(), prompts, sampling)
         .await?;
     Ok(Started { id, jobs, status })
+}
+
+/// `sampling` as `key` may run it: 404 for a model the key may not use,
+/// the tier lowered to the key's ceiling.
+fn admit(
+    state: &AppState,
+    key: Option<&ingot_edge::Key>,
+    sampling: &ValidSampling,
+) -> Result<ValidSampling, ApiError> {
+    let mut sampling = sampling.clone();
+    let Some(key) = key else {
+        return Ok(sampling);
+    };
+    let model = sampling.model.as_deref().unwrap_or(state.model_name());
+    if !key.allows_model(model) {
+        return Err(ApiError::ModelNotFound(model.to_string()));
+    }
+    sampling.priority = key.clamp(sampling.priority);
+    Ok(sampling)
 }
 
 /// Adds `x-ingot-cache`.

@@ -1,0 +1,257 @@
+"""API keys and per-key rate limits at the edge (issue 15, first slice).
+
+One server per module, started with a TOML config of keys (hashes only), a
+key file and `--api-key`. Checked: 401 without or with a wrong key (OpenAI
+error body, and the official client's AuthenticationError), 200 with Bearer
+and x-api-key, a key limited to another model gets 404, /admin refuses a
+non-admin key, a key at 60 requests/min flooding 120 requests gets ~60
+answers and 429s with a Retry-After that works, the x-ratelimit headers
+count down, another key is unaffected, a reload adds keys, and no key text
+ever reaches the server's log."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+
+import httpx2 as httpx
+import openai
+import pytest
+
+from ingot_e2e import Server, assert_error
+
+# Every key contains SECRET so one grep of the log finds any leak.
+KEYS = {
+    "team-a": "sk-team-a-SECRET-1111",
+    "limited": "sk-limited-SECRET-2222",
+    "other": "sk-other-SECRET-3333",
+    "narrow": "sk-narrow-SECRET-4444",
+    "root": "sk-root-SECRET-5555",
+    "countdown": "sk-countdown-SECRET-6666",
+    "single": "sk-single-SECRET-7777",
+    "from-file": "sk-file-SECRET-8888",
+    "reloaded": "sk-reloaded-SECRET-9999",
+}
+FLAG_KEY = "sk-flag-SECRET-0000"
+
+
+def sha(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def entry(id_: str, **extra) -> str:
+    lines = ["[[auth.api_keys]]", f'id = "{id_}"', f'sha256 = "{sha(KEYS[id_])}"']
+    for k, v in extra.items():
+        lines.append(f"{k} = {v}")
+    return "\n".join(lines) + "\n"
+
+
+def config_text(key_file) -> str:
+    return (
+        "[auth]\n"
+        f'key_file = "{key_file}"\n'
+        + entry("team-a", tenant='"acme"')
+        + entry("limited", requests_per_minute=60, tenant='"beta"')
+        + entry("other", requests_per_minute=6000, tokens_per_minute=1000000)
+        + entry("narrow", models='["some-other-model"]')
+        + entry("root", admin="true")
+        + entry("countdown", requests_per_minute=60, tokens_per_minute=600)
+        + entry("single", max_concurrent=1)
+    )
+
+
+def key_file_text(*ids: str) -> str:
+    return "".join(
+        f'[[api_keys]]\nid = "{i}"\nsha256 = "{sha(KEYS[i])}"\n' for i in ids
+    )
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    d = tmp_path_factory.mktemp("auth")
+    key_file = d / "keys.toml"
+    key_file.write_text(key_file_text("from-file"))
+    config = d / "ingot.toml"
+    config.write_text(config_text(key_file))
+    srv = Server("--config", str(config), "--api-key", FLAG_KEY,
+                 env={"INGOT_LOG": "info,ingot_edge=debug,ingot_server=debug"})
+    try:
+        yield srv, key_file
+    finally:
+        srv.stop_and_check()
+        log = "\n".join(srv.log)
+        for key in [*KEYS.values(), FLAG_KEY]:
+            assert key not in log and "SECRET" not in log, "a key reached the server log"
+
+
+@pytest.fixture(scope="module")
+def srv(setup):
+    return setup[0]
+
+
+def bearer(id_: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {KEYS[id_]}"}
+
+
+def completion(model=None, **extra):
+    body = {"prompt": "Hello", "max_tokens": 2, "temperature": 0, **extra}
+    if model:
+        body["model"] = model
+    return body
+
+
+def test_missing_or_wrong_key_is_401(srv):
+    with srv.http() as c:
+        r = c.post("/v1/completions", json=completion())
+        assert_error(r, 401, "invalid_request_error", param=None, code="invalid_api_key")
+        r = c.post("/v1/completions", json=completion(), headers={"authorization": "Bearer sk-wrong"})
+        assert_error(r, 401, "invalid_request_error", param=None, code="invalid_api_key")
+        r = c.get("/v1/models", headers={"x-api-key": "sk-wrong"})
+        assert_error(r, 401, code="invalid_api_key")
+        # Open paths need no key.
+        for path in ("/health", "/ready", "/metrics"):
+            assert c.get(path).status_code == 200, path
+
+
+def test_the_openai_client_raises_authentication_error(srv):
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-wrong", max_retries=0, timeout=30)
+    with pytest.raises(openai.AuthenticationError) as e:
+        client.completions.create(model="x", prompt="Hi", max_tokens=1)
+    assert e.value.code == "invalid_api_key"
+    good = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEYS["team-a"], max_retries=0, timeout=60)
+    model = good.models.list().data[0].id
+    out = good.completions.create(model=model, prompt="Hi", max_tokens=2, temperature=0)
+    assert out.usage.completion_tokens >= 1
+
+
+def test_valid_keys_by_bearer_x_api_key_file_and_flag(srv):
+    with srv.http() as c:
+        assert c.post("/v1/completions", json=completion(), headers=bearer("team-a")).status_code == 200
+        r = c.post("/v1/completions", json=completion(), headers={"x-api-key": KEYS["team-a"]})
+        assert r.status_code == 200, r.text
+        assert c.get("/v1/models", headers=bearer("from-file")).status_code == 200
+        r = c.get("/v1/models", headers={"authorization": f"Bearer {FLAG_KEY}"})
+        assert r.status_code == 200
+        # An unlimited key carries no rate-limit headers.
+        assert "x-ratelimit-limit-requests" not in r.headers
+
+
+def test_a_key_limited_to_another_model_gets_404(srv):
+    with srv.http() as c:
+        model = c.get("/v1/models", headers=bearer("team-a")).json()["data"][0]["id"]
+        for body in (completion(model), completion()):
+            r = c.post("/v1/completions", json=body, headers=bearer("narrow"))
+            assert_error(r, 404, "invalid_request_error", param="model", code="model_not_found")
+        r = c.post("/v1/chat/completions", headers=bearer("narrow"),
+                   json={"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
+        assert_error(r, 404, code="model_not_found")
+        # Nor is it listed for that key.
+        assert c.get("/v1/models", headers=bearer("narrow")).json()["data"] == []
+
+
+def test_admin_needs_an_admin_key(srv):
+    with srv.http() as c:
+        assert_error(c.get("/admin/flags"), 401, code="invalid_api_key")
+        assert_error(c.get("/admin/flags", headers=bearer("team-a")), 403, code="admin_key_required")
+        assert c.get("/admin/flags", headers=bearer("root")).status_code == 200
+        r = c.get("/admin/config", headers={"authorization": f"Bearer {FLAG_KEY}"})
+        assert r.status_code == 200
+        assert "SECRET" not in r.text, "the config holds hashes only"
+
+
+def test_rate_limit_headers_count_down(srv):
+    with srv.http() as c:
+        remaining = []
+        for _ in range(3):
+            r = c.get("/v1/models", headers=bearer("countdown"))
+            assert r.status_code == 200
+            assert r.headers["x-ratelimit-limit-requests"] == "60"
+            remaining.append(int(r.headers["x-ratelimit-remaining-requests"]))
+            assert r.headers["x-ratelimit-reset-requests"].endswith("s")
+        assert remaining == [59, 58, 57], remaining
+        assert r.headers["x-ratelimit-limit-tokens"] == "600"
+        before = int(r.headers["x-ratelimit-remaining-tokens"])
+        assert before == 600
+        r = c.post("/v1/completions", json=completion(max_tokens=4), headers=bearer("countdown"))
+        assert r.status_code == 200, r.text
+        reserved = r.json()["usage"]["prompt_tokens"] + 4
+        after = int(r.headers["x-ratelimit-remaining-tokens"])
+        # 600/min refills one token per 100 ms while the request runs.
+        assert before - reserved <= after <= before - reserved + 20, (before, reserved, after)
+        # A request that can never fit in the minute's tokens: 429, no Retry-After.
+        r = c.post("/v1/completions", json=completion(max_tokens=700), headers=bearer("countdown"))
+        assert_error(r, 429, "rate_limit_exceeded", code="rate_limit_exceeded")
+        assert "retry-after" not in r.headers
+
+
+def test_a_flood_gets_60_of_120_and_others_are_unaffected(srv):
+    async def fire():
+        async with httpx.AsyncClient(base_url=srv.url, timeout=120.0,
+                                     limits=httpx.Limits(max_connections=200)) as c:
+            async def one(key_id):
+                t0 = time.monotonic()
+                r = await c.post("/v1/completions", json=completion(max_tokens=1), headers=bearer(key_id))
+                return r, time.monotonic() - t0
+
+            flood = [one("limited") for _ in range(120)]
+            others = [one("other") for _ in range(8)]
+            return await asyncio.gather(*flood, *others)
+
+    t0 = time.monotonic()
+    results = asyncio.run(fire())
+    elapsed = time.monotonic() - t0
+    flood, others = results[:120], results[120:]
+    ok = [r for r, _ in flood if r.status_code == 200]
+    limited = [r for r, _ in flood if r.status_code == 429]
+    print(f"\nflood: {len(ok)} answered, {len(limited)} limited in {elapsed:.1f}s")
+    assert len(ok) + len(limited) == 120, [r.status_code for r, _ in flood]
+    # A full bucket of 60, plus one per second the burst took.
+    assert 60 <= len(ok) <= 60 + int(elapsed) + 1, (len(ok), elapsed)
+    waits = []
+    for r in limited:
+        assert_error(r, 429, "rate_limit_exceeded", param=None, code="rate_limit_exceeded")
+        waits.append(int(r.headers["retry-after"]))
+        assert r.headers["x-ratelimit-remaining-requests"] == "0"
+        assert r.headers["x-ratelimit-limit-requests"] == "60"
+    assert min(waits) >= 1 and max(waits) <= 2, waits
+    # The other key was never limited.
+    assert all(r.status_code == 200 for r, _ in others), [r.status_code for r, _ in others]
+    # Honouring Retry-After succeeds.
+    time.sleep(max(waits))
+    with srv.http() as c:
+        r = c.post("/v1/completions", json=completion(max_tokens=1), headers=bearer("limited"))
+        assert r.status_code == 200, r.text
+
+
+def test_concurrency_cap_holds_until_the_stream_ends(srv):
+    body = completion(max_tokens=1500, stream=True, ignore_eos=True)
+    with srv.http() as c, srv.http() as c2:
+        with c.stream("POST", "/v1/completions", json=body, headers=bearer("single")) as s:
+            assert s.status_code == 200
+            # Keep the iterator: dropping it closes the response.
+            lines = s.iter_lines()
+            next(lines)
+            r = c2.post("/v1/completions", json=completion(), headers=bearer("single"))
+            assert_error(r, 429, "rate_limit_exceeded", code="rate_limit_exceeded")
+            assert r.headers["retry-after"] == "1"
+            del lines
+        # The client hung up: the stream's body is dropped and frees the slot.
+        deadline = time.monotonic() + 10
+        while True:
+            r = c2.post("/v1/completions", json=completion(), headers=bearer("single"))
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert r.status_code == 200, r.text
+
+
+def test_reload_reads_new_keys(setup):
+    srv, key_file = setup
+    with srv.http() as c:
+        assert c.get("/v1/models", headers=bearer("reloaded")).status_code == 401
+        key_file.write_text(key_file_text("reloaded"))
+        r = c.post("/admin/reload", headers=bearer("root"))
+        assert r.status_code == 200, r.text
+        assert c.get("/v1/models", headers=bearer("reloaded")).status_code == 200
+        assert c.get("/v1/models", headers=bearer("from-file")).status_code == 401
