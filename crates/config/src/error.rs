@@ -97,13 +97,15 @@ pub(crate) fn render_value(v: &serde_json::Value) -> String {
     use serde_json::Value;
     match v {
         // TOML inline tables (e.g. `auth.api_keys` entries), unset fields
-        // left out, so `config show` stays loadable TOML.
+        // left out, so `config show` stays loadable TOML. Sorted: serde_json's
+        // key order depends on a feature another crate may turn on.
         Value::Object(map) => {
-            let fields: Vec<String> = map
+            let mut fields: Vec<String> = map
                 .iter()
                 .filter(|(_, v)| !v.is_null())
                 .map(|(k, v)| format!("{} = {}", toml_key(k), render_value(v)))
                 .collect();
+            fields.sort_unstable();
             if fields.is_empty() {
                 "{}".into()
             } else {
