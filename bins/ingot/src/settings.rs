@@ -20,10 +20,11 @@ pub fn env() -> Vec<(String, String)> {
         .collect()
 }
 
-/// Loads and checks `layers`, then applies `log.level`.
+/// Loads and checks `layers`, then applies `log.level` and `log.format`.
 pub fn load(layers: &Layers) -> anyhow::Result<Loaded> {
     let loaded = load_checked(layers)?;
     logging::set(&loaded.config.log.level).map_err(anyhow::Error::msg)?;
+    logging::set_format(loaded.config.log.format).map_err(anyhow::Error::msg)?;
     Ok(loaded)
 }
 

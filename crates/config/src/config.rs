@@ -356,14 +356,29 @@ pub struct LogSection {
     /// A tracing `EnvFilter` directive, e.g. `info` or
     /// `warn,ingot_server=debug`.
     pub level: String,
+    /// Line format on stderr: `text` (human-readable) or `json` (one JSON
+    /// object per line). Chosen at start-up.
+    pub format: LogFormat,
 }
 
 impl Default for LogSection {
     fn default() -> Self {
         Self {
             level: "warn".to_string(),
+            format: LogFormat::Text,
         }
     }
+}
+
+/// How log lines are written.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// tracing's human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line (fields, the span list with the request id).
+    Json,
 }
 
 impl LoadFormat {

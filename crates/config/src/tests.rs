@@ -482,3 +482,32 @@ fn schema_describes_every_section() {
     }
     assert_eq!(s["additionalProperties"], json!(false));
 }
+
+#[test]
+fn log_format_is_text_or_json_and_needs_a_restart() {
+    assert_eq!(Config::default().log.format, LogFormat::Text);
+    let l = load(&Layers {
+        env: env(&[("INGOT_LOG_FORMAT", "json")]),
+        ..Layers::default()
+    })
+    .unwrap();
+    assert_eq!(l.config.log.format, LogFormat::Json);
+    let l = load(&Layers {
+        file: Some(file("[log]\nformat = \"text\"\n")),
+        ..Layers::default()
+    })
+    .unwrap();
+    assert_eq!(l.config.log.format, LogFormat::Text);
+    let e = load(&Layers {
+        env: env(&[("INGOT_LOG_FORMAT", "pretty")]),
+        ..Layers::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("log.format"), "{e}");
+    let mut new = Config::default();
+    new.log.format = LogFormat::Json;
+    let r = diff(&Config::default(), &new);
+    assert_eq!(r.needs_restart, ["log.format"]);
+    assert!(r.applied.is_empty());
+}

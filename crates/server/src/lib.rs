@@ -7,6 +7,7 @@ mod error;
 mod generate;
 mod http_metrics;
 mod logprobs;
+mod observe;
 pub mod pipeline;
 pub mod reload;
 mod routes;

@@ -19,7 +19,7 @@ use ingot_protocol::usage::Usage;
 use ingot_protocol::ProtocolError;
 use ingot_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
-use super::{json_body, sse, start, unix_now, with_cache_status, Shared, Started};
+use super::{answered, json_body, sse, start, unix_now, Shared, Started};
 use crate::generate;
 use crate::logprobs::resolve;
 use crate::state::InflightGuard;
@@ -81,12 +81,14 @@ pub async fn chat_completions(
     })
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))?;
+    let ids = ids?;
+    let prompt_tokens = ids.len();
     let Started { id, jobs, status } = start(
         &state,
         &caller,
         &headers,
         engine.limits(),
-        &[ids?],
+        &[ids],
         &req.sampling,
         generate::Endpoint::Chat,
     )
@@ -100,7 +102,14 @@ pub async fn chat_completions(
     };
     if req.sampling.stream {
         let response = stream_response(jobs, meta, req.sampling.include_usage, guard);
-        return Ok(with_cache_status(response, status));
+        return Ok(answered(
+            response,
+            status,
+            &state,
+            caller.key().and_then(|k| k.tenant.clone()),
+            prompt_tokens,
+            None,
+        ));
     }
     let results = generate::collect(jobs).await?;
     let usage = generate::usage_of(results.iter().map(|r| (r.prompt_index, &r.completion)));
@@ -123,6 +132,7 @@ pub async fn chat_completions(
         })
         .collect();
     drop(guard);
+    let tokens = (usage.prompt_tokens, usage.completion_tokens);
     let response = Json(ChatCompletion {
         id: meta.id,
         object: "chat.completion",
@@ -133,7 +143,14 @@ pub async fn chat_completions(
         system_fingerprint: None,
     })
     .into_response();
-    Ok(with_cache_status(response, status))
+    Ok(answered(
+        response,
+        status,
+        &state,
+        caller.key().and_then(|k| k.tenant.clone()),
+        prompt_tokens,
+        Some(tokens),
+    ))
 }
 
 /// What every chunk repeats.

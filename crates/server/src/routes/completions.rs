@@ -19,7 +19,7 @@ use ingot_protocol::completions::{
 use ingot_protocol::usage::Usage;
 use ingot_tokenizer::Tokenizer;
 
-use super::{json_body, sse, start, unix_now, with_cache_status, Shared, Started};
+use super::{answered, json_body, sse, start, unix_now, Shared, Started};
 use crate::generate;
 use crate::logprobs::resolve;
 use crate::state::InflightGuard;
@@ -64,6 +64,7 @@ pub async fn completions(
         .map_err(|e| ApiError::Internal(e.to_string()))??;
     let ids: Vec<Vec<u32>> = encoded.iter().map(|(ids, _)| ids.clone()).collect();
     let echo: Vec<String> = encoded.into_iter().map(|(_, text)| text).collect();
+    let prompt_tokens = ids.iter().map(Vec::len).sum();
     let Started { id, jobs, status } = start(
         &state,
         &caller,
@@ -84,7 +85,14 @@ pub async fn completions(
     };
     if req.sampling.stream {
         let response = stream_response(jobs, meta, req.sampling.include_usage, guard);
-        return Ok(with_cache_status(response, status));
+        return Ok(answered(
+            response,
+            status,
+            &state,
+            caller.key().and_then(|k| k.tenant.clone()),
+            prompt_tokens,
+            None,
+        ));
     }
     let results = generate::collect(jobs).await?;
     let usage = generate::usage_of(results.iter().map(|r| (r.prompt_index, &r.completion)));
@@ -107,6 +115,7 @@ pub async fn completions(
         })
         .collect();
     drop(guard);
+    let tokens = (usage.prompt_tokens, usage.completion_tokens);
     let response = Json(Completion {
         id: meta.id,
         object: "text_completion",
@@ -117,7 +126,14 @@ pub async fn completions(
         system_fingerprint: None,
     })
     .into_response();
-    Ok(with_cache_status(response, status))
+    Ok(answered(
+        response,
+        status,
+        &state,
+        caller.key().and_then(|k| k.tenant.clone()),
+        prompt_tokens,
+        Some(tokens),
+    ))
 }
 
 struct Meta {

@@ -51,6 +51,20 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
             ingot_edge::authenticate,
         ))
         .layer(axum::middleware::from_fn(crate::http_metrics::track))
+        .layer(axum::middleware::from_fn(crate::observe::access_log))
+        .layer(tower_http::request_id::PropagateRequestIdLayer::new(
+            crate::observe::REQUEST_ID,
+        ))
+        .layer(
+            tower_http::trace::TraceLayer::new_for_http()
+                .make_span_with(crate::observe::request_span)
+                .on_request(())
+                .on_response(())
+                .on_body_chunk(())
+                .on_eos(())
+                .on_failure(()),
+        )
+        .layer(axum::middleware::from_fn(crate::observe::assign_id))
         .with_state((state, max_body_bytes))
 }
 
@@ -166,6 +180,28 @@ fn admit(
     }
     sampling.priority = key.clamp(sampling.priority);
     Ok(sampling)
+}
+
+/// Adds `x-ingot-cache` and what the access log reads: `tokens` is
+/// (prompt, completion) of a finished answer, `None` for a stream (whose
+/// head is logged, with the prompt tokens known then).
+fn answered(
+    response: Response,
+    status: CacheStatus,
+    state: &AppState,
+    tenant: Option<String>,
+    prompt_tokens: usize,
+    tokens: Option<(usize, usize)>,
+) -> Response {
+    let access = crate::observe::Access {
+        model: Some(state.model_name().to_string()),
+        tenant,
+        prompt_tokens: Some(tokens.map_or(prompt_tokens, |t| t.0) as u64),
+        completion_tokens: tokens.map(|t| t.1 as u64),
+        stream: tokens.is_none(),
+        cache: Some(status.as_str()),
+    };
+    crate::observe::with_access(with_cache_status(response, status), access)
 }
 
 /// Adds `x-ingot-cache`.
