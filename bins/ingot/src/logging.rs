@@ -1,34 +1,162 @@
 //! Logs to stderr through a tracing filter that can be swapped while the
 //! process runs: the config's `log.level` sets it once loaded, and a config
-//! reload changes it without a restart.
+//! reload changes it without a restart. The filter applies to the log
+//! lines only: with `[tracing] otlp_endpoint` set, ingot's `info` spans go
+//! to the OpenTelemetry exporter whatever the log level.
 
-use std::sync::OnceLock;
+use std::any::TypeId;
+use std::sync::{Arc, OnceLock};
 
-use ingot_config::LogFormat;
-use tracing_subscriber::layer::{Layer, Layered, SubscriberExt};
+use ingot_config::{LogFormat, TracingSection};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Level};
+use tracing_subscriber::filter::{filter_fn, FilterFn, Filtered};
+use tracing_subscriber::layer::{Context, Layer, Layered, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, reload, EnvFilter, Registry};
 
-/// The subscriber below the line writer.
-type Filtered = Layered<reload::Layer<EnvFilter, Registry>, Registry>;
 /// The line writer: text or JSON.
-type Writer = Box<dyn Layer<Filtered> + Send + Sync>;
+type Writer = Box<dyn Layer<Registry> + Send + Sync>;
+/// The log lines: the writer behind the `log.level` filter.
+type Logs = Filtered<reload::Layer<Writer, Registry>, reload::Layer<EnvFilter, Registry>, Registry>;
+/// The subscriber below the OpenTelemetry layer.
+type Base = Layered<Logs, Registry>;
+/// The OpenTelemetry layer.
+type Otel = tracing_opentelemetry::OpenTelemetryLayer<Base, opentelemetry_sdk::trace::Tracer>;
 
 static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
-static FORMAT: OnceLock<reload::Handle<Writer, Filtered>> = OnceLock::new();
+static FORMAT: OnceLock<reload::Handle<Writer, Registry>> = OnceLock::new();
+static OTEL: OnceLock<Arc<OnceLock<Otel>>> = OnceLock::new();
+static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
 
-/// Installs the subscriber at `warn` (the default `log.level`) in text
-/// until a config says otherwise.
+/// The OpenTelemetry layer, filled in once the config is read. Not a
+/// `reload::Layer`: that one hides its inner layer from downcasts, and
+/// `OpenTelemetrySpanExt::set_parent` (the incoming `traceparent`) finds
+/// the layer by downcasting.
+struct OtelSlot(Arc<OnceLock<Otel>>);
+
+impl Layer<Base> for OtelSlot {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, Base>) {
+        if let Some(l) = self.0.get() {
+            l.on_new_span(attrs, id, ctx);
+        }
+    }
+
+    fn on_record(&self, span: &Id, values: &Record<'_>, ctx: Context<'_, Base>) {
+        if let Some(l) = self.0.get() {
+            l.on_record(span, values, ctx);
+        }
+    }
+
+    fn on_follows_from(&self, span: &Id, follows: &Id, ctx: Context<'_, Base>) {
+        if let Some(l) = self.0.get() {
+            l.on_follows_from(span, follows, ctx);
+        }
+    }
+
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, Base>) {
+        if let Some(l) = self.0.get() {
+            l.on_event(event, ctx);
+        }
+    }
+
+    fn on_enter(&self, id: &Id, ctx: Context<'_, Base>) {
+        if let Some(l) = self.0.get() {
+            l.on_enter(id, ctx);
+        }
+    }
+
+    fn on_exit(&self, id: &Id, ctx: Context<'_, Base>) {
+        if let Some(l) = self.0.get() {
+            l.on_exit(id, ctx);
+        }
+    }
+
+    fn on_close(&self, id: Id, ctx: Context<'_, Base>) {
+        if let Some(l) = self.0.get() {
+            l.on_close(id, ctx);
+        }
+    }
+
+    unsafe fn downcast_raw(&self, id: TypeId) -> Option<*const ()> {
+        if id == TypeId::of::<Self>() {
+            return Some(self as *const Self as *const ());
+        }
+        // SAFETY: the inner layer lives as long as `self` (a OnceLock is
+        // never emptied), which is what `downcast_raw` asks of the pointer.
+        self.0.get().and_then(|l| unsafe { l.downcast_raw(id) })
+    }
+}
+
+/// Installs the subscriber at `warn` (the default `log.level`) in text,
+/// without trace export, until a config says otherwise.
 pub fn init() {
     let (filter, handle) = reload::Layer::new(EnvFilter::new("warn"));
     let (writer, format) = reload::Layer::new(writer(LogFormat::Text));
+    let otel = Arc::new(OnceLock::new());
     tracing_subscriber::registry()
-        .with(filter)
-        .with(writer)
+        .with(writer.with_filter(filter))
+        .with(OtelSlot(otel.clone()).with_filter(exported()))
         .init();
     // init() runs once, from main; a second call would have panicked above.
     let _ = FILTER.set(handle);
     let _ = FORMAT.set(format);
+    let _ = OTEL.set(otel);
+}
+
+/// The spans exported: ingot's own, at `info` or above.
+fn exported() -> FilterFn<fn(&tracing::Metadata<'_>) -> bool> {
+    filter_fn(|m| m.is_span() && m.target().starts_with("ingot") && *m.level() <= Level::INFO)
+}
+
+/// Starts OTLP/HTTP (protobuf) export of request spans to
+/// `<otlp_endpoint>/v1/traces` when the endpoint is set, with a parent-based
+/// ratio sampler, and installs the W3C `traceparent` propagator. Call
+/// outside an async runtime (the exporter's client blocks); [`shutdown`]
+/// flushes.
+pub fn start_tracing(t: &TracingSection) -> anyhow::Result<()> {
+    let Some(endpoint) = &t.otlp_endpoint else {
+        return Ok(());
+    };
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+        .with_endpoint(format!("{}/v1/traces", endpoint.trim_end_matches('/')))
+        .build()?;
+    let provider = SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+            t.sample_ratio,
+        ))))
+        .with_resource(
+            opentelemetry_sdk::Resource::builder()
+                .with_service_name(t.service_name.clone())
+                .build(),
+        )
+        .build();
+    let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("ingot"));
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    );
+    if let Some(slot) = OTEL.get() {
+        if slot.set(layer).is_err() {
+            anyhow::bail!("trace export is already started");
+        }
+    }
+    let _ = PROVIDER.set(provider);
+    Ok(())
+}
+
+/// Flushes and stops trace export (a no-op when it never started).
+pub fn shutdown() {
+    if let Some(p) = PROVIDER.get() {
+        if let Err(e) = p.shutdown() {
+            eprintln!("warning: trace export shutdown: {e}");
+        }
+    }
 }
 
 /// A stderr writer in `format`; JSON lines carry the current span and the

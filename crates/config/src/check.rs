@@ -34,6 +34,7 @@ pub(crate) fn check(config: &Config) -> Check {
     server(config)?;
     cache(config)?;
     log(config)?;
+    tracing(config)?;
     auth(config)?;
     flags(config)
 }
@@ -110,6 +111,25 @@ fn cache(c: &Config) -> Check {
 fn log(c: &Config) -> Check {
     if c.log.level.trim().is_empty() {
         return fail("log.level", "must not be empty (e.g. \"warn\" or \"info\")");
+    }
+    Ok(())
+}
+
+fn tracing(c: &Config) -> Check {
+    let t = &c.tracing;
+    if !(0.0..=1.0).contains(&t.sample_ratio) {
+        return fail("tracing.sample_ratio", "must be between 0 and 1");
+    }
+    if let Some(e) = &t.otlp_endpoint {
+        if !(e.starts_with("http://") || e.starts_with("https://")) {
+            return fail(
+                "tracing.otlp_endpoint",
+                "must be an http:// or https:// URL (e.g. \"http://127.0.0.1:4318\")",
+            );
+        }
+    }
+    if t.service_name.trim().is_empty() {
+        return fail("tracing.service_name", "must not be empty");
     }
     Ok(())
 }

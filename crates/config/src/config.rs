@@ -36,6 +36,8 @@ pub struct Config {
     pub auth: AuthSection,
     /// What `/metrics` exports.
     pub metrics: MetricsSection,
+    /// OpenTelemetry trace export.
+    pub tracing: TracingSection,
     /// Feature flags by name (`[a-z0-9_]+`).
     #[schemars(extend("propertyNames" = { "pattern": "^[a-z0-9_]+$" }))]
     pub flags: BTreeMap<String, FlagSpec>,
@@ -53,6 +55,7 @@ impl Default for Config {
             log: LogSection::default(),
             auth: AuthSection::default(),
             metrics: MetricsSection::default(),
+            tracing: TracingSection::default(),
             flags: default_flags(),
         }
     }
@@ -174,6 +177,30 @@ pub struct MetricsSection {
 impl Default for MetricsSection {
     fn default() -> Self {
         Self { vllm_names: true }
+    }
+}
+
+/// OpenTelemetry trace export (OTLP over HTTP/protobuf).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct TracingSection {
+    /// The OTLP/HTTP collector, e.g. `http://127.0.0.1:4318` (spans are
+    /// POSTed to `<endpoint>/v1/traces`). Unset: no export.
+    pub otlp_endpoint: Option<String>,
+    /// The share of new traces sampled (0 to 1); a request with an incoming
+    /// `traceparent` follows its parent's decision.
+    pub sample_ratio: f64,
+    /// The `service.name` resource attribute.
+    pub service_name: String,
+}
+
+impl Default for TracingSection {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: None,
+            sample_ratio: 1.0,
+            service_name: "ingot".to_string(),
+        }
     }
 }
 

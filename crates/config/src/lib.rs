@@ -30,7 +30,7 @@ pub use auth::{check_keys, ApiKeyEntry, AuthSection, Tier};
 pub use config::{
     CacheSection, Config, CudaSection, Device, Dtype, EngineSection, LoadFormat, LogFormat,
     LogSection, MetricsSection, ModelSection, PriorityDeadlines, SchedulerSection, ServerSection,
-    BLOCK_SIZE,
+    TracingSection, BLOCK_SIZE,
 };
 pub use env::{env_name, FLAG_PREFIX, LEGACY, NOT_CONFIG};
 pub use error::{ConfigError, Source};

@@ -511,3 +511,42 @@ fn log_format_is_text_or_json_and_needs_a_restart() {
     assert_eq!(r.needs_restart, ["log.format"]);
     assert!(r.applied.is_empty());
 }
+
+#[test]
+fn tracing_section_defaults_and_bounds() {
+    let t = Config::default().tracing;
+    assert_eq!(
+        (t.otlp_endpoint, t.sample_ratio, t.service_name.as_str()),
+        (None, 1.0, "ingot")
+    );
+    let l = load(&Layers {
+        env: env(&[
+            ("INGOT_TRACING_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+            ("INGOT_TRACING_SAMPLE_RATIO", "0.25"),
+        ]),
+        ..Layers::default()
+    })
+    .unwrap();
+    assert_eq!(
+        l.config.tracing.otlp_endpoint.as_deref(),
+        Some("http://127.0.0.1:4318")
+    );
+    assert_eq!(l.config.tracing.sample_ratio, 0.25);
+    for (k, v, key) in [
+        ("INGOT_TRACING_SAMPLE_RATIO", "1.5", "tracing.sample_ratio"),
+        (
+            "INGOT_TRACING_OTLP_ENDPOINT",
+            "localhost:4318",
+            "tracing.otlp_endpoint",
+        ),
+        ("INGOT_TRACING_SERVICE_NAME", " ", "tracing.service_name"),
+    ] {
+        let e = load(&Layers {
+            env: env(&[(k, v)]),
+            ..Layers::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains(key), "{e}");
+    }
+}

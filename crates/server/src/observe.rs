@@ -71,13 +71,35 @@ pub async fn assign_id(mut req: Request, next: Next) -> Response {
 }
 
 /// The span of a request (tower-http's `MakeSpan`), with the id as a field.
+/// With OpenTelemetry export on (the binary installs the W3C propagator),
+/// an incoming `traceparent` becomes the span's remote parent.
 pub fn request_span(req: &axum::http::Request<axum::body::Body>) -> Span {
     let id = req
         .headers()
         .get(&REQUEST_ID)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.uri().path())
+    let span = tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.uri().path());
+    let parent =
+        opentelemetry::global::get_text_map_propagator(|p| p.extract(&Headers(req.headers())));
+    if opentelemetry::trace::TraceContextExt::has_active_span(&parent) {
+        // Without an OpenTelemetry layer there is nothing to attach to.
+        let _ = tracing_opentelemetry::OpenTelemetrySpanExt::set_parent(&span, parent);
+    }
+    span
+}
+
+/// Request headers as OpenTelemetry's propagators read them.
+struct Headers<'a>(&'a axum::http::HeaderMap);
+
+impl opentelemetry::propagation::Extractor for Headers<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(|k| k.as_str()).collect()
+    }
 }
 
 /// What a handler knows for the access line; put in the response's

@@ -201,10 +201,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .thread_name("ingot-http")
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(ingot_server::serve(serve, move || {
+    logging::start_tracing(&config.tracing)?;
+    let served = runtime.block_on(ingot_server::serve(serve, move || {
         let gen = load_engine(&config, engine).map_err(|e| format!("{e:#}"))?;
         eprintln!("ingot: serving on {}", gen.device_name());
         Ok(gen)
-    }))?;
+    }));
+    drop(runtime);
+    logging::shutdown();
+    served?;
     Ok(())
 }

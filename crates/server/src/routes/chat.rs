@@ -75,8 +75,9 @@ pub async fn chat_completions(
     let guard = state.track();
     let template = state.chat_template()?;
     let tokenizer = engine.tokenizer().clone();
+    let span = tracing::info_span!("tokenize");
     let (req, ids) = tokio::task::spawn_blocking(move || {
-        let ids = prompt_ids(&req, &template, &tokenizer);
+        let ids = span.in_scope(|| prompt_ids(&req, &template, &tokenizer));
         (req, ids)
     })
     .await
@@ -111,7 +112,9 @@ pub async fn chat_completions(
             None,
         ));
     }
-    let results = generate::collect(jobs).await?;
+    let results =
+        tracing::Instrument::instrument(generate::collect(jobs), tracing::info_span!("generate"))
+            .await?;
     let usage = generate::usage_of(results.iter().map(|r| (r.prompt_index, &r.completion)));
     let choices = results
         .iter()

@@ -59,9 +59,11 @@ pub async fn completions(
     let guard = state.track();
     let tokenizer = engine.tokenizer().clone();
     let prompts = req.prompts.clone();
-    let encoded = tokio::task::spawn_blocking(move || encode_prompts(&prompts, &tokenizer))
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))??;
+    let span = tracing::info_span!("tokenize");
+    let encoded =
+        tokio::task::spawn_blocking(move || span.in_scope(|| encode_prompts(&prompts, &tokenizer)))
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))??;
     let ids: Vec<Vec<u32>> = encoded.iter().map(|(ids, _)| ids.clone()).collect();
     let echo: Vec<String> = encoded.into_iter().map(|(_, text)| text).collect();
     let prompt_tokens = ids.iter().map(Vec::len).sum();
@@ -94,7 +96,9 @@ pub async fn completions(
             None,
         ));
     }
-    let results = generate::collect(jobs).await?;
+    let results =
+        tracing::Instrument::instrument(generate::collect(jobs), tracing::info_span!("generate"))
+            .await?;
     let usage = generate::usage_of(results.iter().map(|r| (r.prompt_index, &r.completion)));
     let choices = results
         .iter()

@@ -157,9 +157,11 @@ async fn start(
                 message: r.message(),
             })?;
     }
-    let (jobs, status) = submission
-        .submit(state.pipeline(), prompts, sampling)
-        .await?;
+    let (jobs, status) = tracing::Instrument::instrument(
+        submission.submit(state.pipeline(), prompts, sampling),
+        tracing::info_span!("submit"),
+    )
+    .await?;
     Ok(Started { id, jobs, status })
 }
 

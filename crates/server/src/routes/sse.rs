@@ -67,13 +67,15 @@ pub fn stream_choices<F: ChunkFormat>(
         format,
         include_usage,
         _guard: guard,
+        span: tracing::info_span!("stream"),
     };
     let body = futures_util::stream::once(async move { head })
         .chain(futures_util::stream::unfold(state, |mut st| async move {
             if st.finished {
                 return None;
             }
-            let events = st.next_events().await;
+            let span = st.span.clone();
+            let events = tracing::Instrument::instrument(st.next_events(), span).await;
             Some((events, st))
         }))
         .boxed();
@@ -88,6 +90,8 @@ struct StreamState<F> {
     format: F,
     include_usage: bool,
     _guard: InflightGuard,
+    /// Open while the stream lives (a child of the request's span).
+    span: tracing::Span,
 }
 
 impl<F: ChunkFormat> StreamState<F> {
