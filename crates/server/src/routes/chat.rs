@@ -19,7 +19,7 @@ use ingot_protocol::usage::Usage;
 use ingot_protocol::ProtocolError;
 use ingot_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
-use super::{answered, json_body, sse, start, unix_now, Shared, Started};
+use super::{json_body, sse, start, unix_now, Shared, Started};
 use crate::generate;
 use crate::logprobs::resolve;
 use crate::state::InflightGuard;
@@ -83,8 +83,7 @@ pub async fn chat_completions(
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))?;
     let ids = ids?;
-    let prompt_tokens = ids.len();
-    let Started { id, jobs, status } = start(
+    let Started { id, jobs, answer } = start(
         &state,
         &caller,
         &headers,
@@ -103,14 +102,7 @@ pub async fn chat_completions(
     };
     if req.sampling.stream {
         let response = stream_response(jobs, meta, req.sampling.include_usage, guard);
-        return Ok(answered(
-            response,
-            status,
-            &state,
-            caller.key().and_then(|k| k.tenant.clone()),
-            prompt_tokens,
-            None,
-        ));
+        return Ok(answer.finish(&state, response, None));
     }
     let results =
         tracing::Instrument::instrument(generate::collect(jobs), tracing::info_span!("generate"))
@@ -146,14 +138,7 @@ pub async fn chat_completions(
         system_fingerprint: None,
     })
     .into_response();
-    Ok(answered(
-        response,
-        status,
-        &state,
-        caller.key().and_then(|k| k.tenant.clone()),
-        prompt_tokens,
-        Some(tokens),
-    ))
+    Ok(answer.finish(&state, response, Some(tokens)))
 }
 
 /// What every chunk repeats.

@@ -19,7 +19,7 @@ use ingot_protocol::completions::{
 use ingot_protocol::usage::Usage;
 use ingot_tokenizer::Tokenizer;
 
-use super::{answered, json_body, sse, start, unix_now, Shared, Started};
+use super::{json_body, sse, start, unix_now, Shared, Started};
 use crate::generate;
 use crate::logprobs::resolve;
 use crate::state::InflightGuard;
@@ -66,8 +66,7 @@ pub async fn completions(
             .map_err(|e| ApiError::Internal(e.to_string()))??;
     let ids: Vec<Vec<u32>> = encoded.iter().map(|(ids, _)| ids.clone()).collect();
     let echo: Vec<String> = encoded.into_iter().map(|(_, text)| text).collect();
-    let prompt_tokens = ids.iter().map(Vec::len).sum();
-    let Started { id, jobs, status } = start(
+    let Started { id, jobs, answer } = start(
         &state,
         &caller,
         &headers,
@@ -87,14 +86,7 @@ pub async fn completions(
     };
     if req.sampling.stream {
         let response = stream_response(jobs, meta, req.sampling.include_usage, guard);
-        return Ok(answered(
-            response,
-            status,
-            &state,
-            caller.key().and_then(|k| k.tenant.clone()),
-            prompt_tokens,
-            None,
-        ));
+        return Ok(answer.finish(&state, response, None));
     }
     let results =
         tracing::Instrument::instrument(generate::collect(jobs), tracing::info_span!("generate"))
@@ -130,14 +122,7 @@ pub async fn completions(
         system_fingerprint: None,
     })
     .into_response();
-    Ok(answered(
-        response,
-        status,
-        &state,
-        caller.key().and_then(|k| k.tenant.clone()),
-        prompt_tokens,
-        Some(tokens),
-    ))
+    Ok(answer.finish(&state, response, Some(tokens)))
 }
 
 struct Meta {

@@ -108,7 +108,37 @@ struct Started {
     /// The response id (`<prefix>-…`), also the flag unit without `user`.
     id: String,
     jobs: Vec<crate::generate::Job>,
+    /// What the answer reports: cache status, tenant, prompt tokens.
+    answer: Answer,
+}
+
+/// What every answer of a started request carries (header, access log).
+struct Answer {
     status: CacheStatus,
+    tenant: Option<String>,
+    prompt_tokens: usize,
+}
+
+impl Answer {
+    /// Adds `x-ingot-cache` and what the access log reads: `tokens` is
+    /// (prompt, completion) of a finished answer, `None` for a stream (whose
+    /// head is logged, with the prompt tokens known then).
+    fn finish(
+        self,
+        state: &AppState,
+        response: Response,
+        tokens: Option<(usize, usize)>,
+    ) -> Response {
+        let access = crate::observe::Access {
+            model: Some(state.model_name().to_string()),
+            tenant: self.tenant,
+            prompt_tokens: Some(tokens.map_or(self.prompt_tokens, |t| t.0) as u64),
+            completion_tokens: tokens.map(|t| t.1 as u64),
+            stream: tokens.is_none(),
+            cache: Some(self.status.as_str()),
+        };
+        crate::observe::with_access(with_cache_status(response, self.status), access)
+    }
 }
 
 /// Hands `prompts × n` generations to the pipeline: the one path both
@@ -141,9 +171,10 @@ async fn start(
         .map(|k| k.id.as_str())
         .or(sampling.user.as_deref())
         .unwrap_or(&id);
+    let tenant = key.and_then(|k| k.tenant.clone());
     let submission = Submission {
         model: state.model_name().to_string(),
-        tenant: key.and_then(|k| k.tenant.clone()),
+        tenant: tenant.clone(),
         sharing: state.sharing(unit, control),
         limits,
         endpoint,
@@ -162,7 +193,12 @@ async fn start(
         tracing::info_span!("submit"),
     )
     .await?;
-    Ok(Started { id, jobs, status })
+    let answer = Answer {
+        status,
+        tenant,
+        prompt_tokens: prompts.iter().map(Vec::len).sum(),
+    };
+    Ok(Started { id, jobs, answer })
 }
 
 /// `sampling` as `key` may run it: 404 for a model the key may not use,
@@ -182,28 +218,6 @@ fn admit(
     }
     sampling.priority = key.clamp(sampling.priority);
     Ok(sampling)
-}
-
-/// Adds `x-ingot-cache` and what the access log reads: `tokens` is
-/// (prompt, completion) of a finished answer, `None` for a stream (whose
-/// head is logged, with the prompt tokens known then).
-fn answered(
-    response: Response,
-    status: CacheStatus,
-    state: &AppState,
-    tenant: Option<String>,
-    prompt_tokens: usize,
-    tokens: Option<(usize, usize)>,
-) -> Response {
-    let access = crate::observe::Access {
-        model: Some(state.model_name().to_string()),
-        tenant,
-        prompt_tokens: Some(tokens.map_or(prompt_tokens, |t| t.0) as u64),
-        completion_tokens: tokens.map(|t| t.1 as u64),
-        stream: tokens.is_none(),
-        cache: Some(status.as_str()),
-    };
-    crate::observe::with_access(with_cache_status(response, status), access)
 }
 
 /// Adds `x-ingot-cache`.
