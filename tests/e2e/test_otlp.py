@@ -139,3 +139,22 @@ def test_sample_ratio_zero_exports_nothing_new(server_factory, receiver):
     names = {(s["name"], s["attrs"].get("request_id")) for s in receiver.spans}
     assert ("request", "unsampled") not in names
     assert ("request", "sampled-parent") in names
+
+
+def test_an_unreachable_receiver_costs_no_request(server_factory):
+    """The OTLP receiver down (nothing listens on its port): every request
+    is still answered, and the server still stops cleanly on SIGTERM."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    srv = server_factory(env={"INGOT_TRACING_OTLP_ENDPOINT": dead})
+    with srv.http() as c:
+        for i in range(5):
+            r = c.post("/v1/completions", json={"prompt": f"Count {i}", "max_tokens": 3, "temperature": 0})
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["finish_reason"] in ("length", "stop")
+    t0 = time.monotonic()
+    srv.stop_and_check()
+    assert time.monotonic() - t0 < 20, "shutdown waited too long on the dead exporter"
