@@ -101,6 +101,14 @@ pub struct ApiKeyEntry {
     #[serde(default)]
     #[schemars(range(min = 1))]
     pub max_concurrent: Option<u32>,
+    /// Overrides `limits.request_timeout` for this key's requests (`0s`:
+    /// none).
+    #[serde(default)]
+    pub request_timeout: Option<crate::units::Duration>,
+    /// Overrides `limits.first_token_timeout` for this key's requests
+    /// (`0s`: none).
+    #[serde(default)]
+    pub first_token_timeout: Option<crate::units::Duration>,
 }
 
 fn any_model() -> Vec<String> {

@@ -35,6 +35,7 @@ pub(crate) fn check(config: &Config) -> Check {
     cache(config)?;
     log(config)?;
     tracing(config)?;
+    limits(config)?;
     auth(config)?;
     flags(config)
 }
@@ -94,7 +95,23 @@ fn server(c: &Config) -> Check {
     if c.server.host.trim().is_empty() {
         return fail("server.host", "must not be empty");
     }
-    at_least("server.max_body_bytes", c.server.max_body_bytes.bytes(), 1)
+    at_least("server.max_body_bytes", c.server.max_body_bytes.bytes(), 1)?;
+    if c.server.header_timeout.get().is_zero() {
+        return fail("server.header_timeout", "must be more than 0");
+    }
+    // One SSE chunk must fit, or every stream would be cut off at once.
+    at_least(
+        "server.max_stream_pending_bytes",
+        c.server.max_stream_pending_bytes.bytes(),
+        4096,
+    )
+}
+
+fn limits(c: &Config) -> Check {
+    if let Some(n) = c.limits.max_tokens {
+        at_least("limits.max_tokens", n as u64, 1)?;
+    }
+    Ok(())
 }
 
 fn cache(c: &Config) -> Check {

@@ -38,6 +38,8 @@ pub struct Config {
     pub metrics: MetricsSection,
     /// OpenTelemetry trace export.
     pub tracing: TracingSection,
+    /// Per-request limits: output cap and timeouts.
+    pub limits: LimitsSection,
     /// Feature flags by name (`[a-z0-9_]+`).
     #[schemars(extend("propertyNames" = { "pattern": "^[a-z0-9_]+$" }))]
     pub flags: BTreeMap<String, FlagSpec>,
@@ -56,6 +58,7 @@ impl Default for Config {
             auth: AuthSection::default(),
             metrics: MetricsSection::default(),
             tracing: TracingSection::default(),
+            limits: LimitsSection::default(),
             flags: default_flags(),
         }
     }
@@ -312,6 +315,19 @@ pub struct ServerSection {
     pub max_body_bytes: ByteSize,
     /// How long in-flight requests may finish after SIGTERM.
     pub shutdown_timeout: Duration,
+    /// Longest a connection may take to send a request's headers, counted
+    /// from when it is ready for the next request: a client trickling
+    /// headers, or a keep-alive connection idle this long, is closed.
+    pub header_timeout: Duration,
+    /// Most open connections; one more is answered 503 and closed (0: no
+    /// cap).
+    pub max_connections: usize,
+    /// While a streaming client lags (its socket holds unacknowledged
+    /// bytes), what is pending goes out as one write at most this often.
+    pub stream_flush_interval: Duration,
+    /// Most bytes a stream may hold for a client that does not read; beyond
+    /// it the stream is cut off at once (before the stall timeout).
+    pub max_stream_pending_bytes: ByteSize,
 }
 
 impl Default for ServerSection {
@@ -321,7 +337,62 @@ impl Default for ServerSection {
             port: 8000,
             max_body_bytes: ByteSize::mib(4),
             shutdown_timeout: Duration::from_secs(30),
+            header_timeout: Duration::from_secs(30),
+            max_connections: 4096,
+            stream_flush_interval: Duration::from_millis(20),
+            max_stream_pending_bytes: ByteSize::mib(4),
         }
+    }
+}
+
+/// Per-request limits. Every timeout is off by default (`0s`): a request
+/// runs until it ends, as before these existed.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsSection {
+    /// Cap on `max_tokens` (a request asking more gets 400; one asking none
+    /// gets at most this). Unset: the context is the cap.
+    #[schemars(range(min = 1))]
+    pub max_tokens: Option<usize>,
+    /// Longest a request may run, from arrival to its last token, per
+    /// priority tier (`0s`: no limit). Past it: 504 `request_timeout`, or an
+    /// error event on a stream; the generation is cancelled.
+    pub request_timeout: TierTimeouts,
+    /// Longest a request may wait for its first token, per tier (`0s`: no
+    /// limit). Past it: 504 `first_token_timeout`; the generation is
+    /// cancelled.
+    pub first_token_timeout: TierTimeouts,
+}
+
+/// A timeout per priority tier; `0s` is none.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct TierTimeouts {
+    /// Tier `critical`.
+    pub critical: Duration,
+    /// Tier `high`.
+    pub high: Duration,
+    /// Tier `normal` (the default tier).
+    pub normal: Duration,
+    /// Tier `low`.
+    pub low: Duration,
+    /// Tier `background`.
+    pub background: Duration,
+}
+
+impl TierTimeouts {
+    /// The timeout of tier `rank` (0 = critical … 4 = background); `None`
+    /// when it is off.
+    pub fn get(&self, rank: usize) -> Option<std::time::Duration> {
+        let d = match rank {
+            0 => self.critical,
+            1 => self.high,
+            2 => self.normal,
+            3 => self.low,
+            _ => self.background,
+        }
+        .get();
+        (!d.is_zero()).then_some(d)
     }
 }
 

@@ -26,12 +26,13 @@ impl Reload {
 }
 
 /// Whether a running server can apply a change to `key`: feature flags, the
-/// cache and the API keys (`auth.*`) are read per request, and the log filter is swapped in place;
+/// cache, the API keys (`auth.*`) and request limits are read per request, and the log filter is swapped in place;
 /// everything else sized or started something at start-up.
 pub fn live(key: &str) -> bool {
     key.starts_with("flags.")
         || key.starts_with("cache.")
         || key.starts_with("auth.")
+        || key.starts_with("limits.")
         || key == "log.level"
 }
 

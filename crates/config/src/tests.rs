@@ -133,7 +133,7 @@ fn unknown_file_key_names_line_and_alternatives() {
     assert_eq!(
         e,
         format!(
-            "server.bogus ({}:3): unknown key; expected one of host, max_body_bytes, port, shutdown_timeout",
+            "server.bogus ({}:3): unknown key; expected one of header_timeout, host, max_body_bytes, max_connections, max_stream_pending_bytes, port, shutdown_timeout, stream_flush_interval",
             path.display()
         )
     );

@@ -56,6 +56,10 @@ pub struct Key {
     pub admin: bool,
     /// Its buckets and concurrency cap.
     pub limits: Arc<KeyLimits>,
+    /// Overrides the server's request timeout (`Some(ZERO)`: none).
+    pub request_timeout: Option<std::time::Duration>,
+    /// Overrides the server's first-token timeout (`Some(ZERO)`: none).
+    pub first_token_timeout: Option<std::time::Duration>,
 }
 
 impl std::fmt::Debug for Key {
@@ -171,6 +175,8 @@ fn admin_entry(sha256: &str) -> ApiKeyEntry {
         requests_per_minute: None,
         tokens_per_minute: None,
         max_concurrent: None,
+        request_timeout: None,
+        first_token_timeout: None,
     }
 }
 
@@ -190,6 +196,8 @@ fn key_of(e: &ApiKeyEntry, previous: Option<&KeyTable>) -> Option<Key> {
         max_priority: e.max_priority.map(|t| Priority::from_rank(t.rank())),
         admin: e.admin,
         limits,
+        request_timeout: e.request_timeout.map(|d| d.get()),
+        first_token_timeout: e.first_token_timeout.map(|d| d.get()),
     })
 }
 
@@ -233,6 +241,8 @@ mod tests {
             requests_per_minute: Some(10),
             tokens_per_minute: None,
             max_concurrent: None,
+            request_timeout: None,
+            first_token_timeout: None,
         }
     }
 

@@ -99,7 +99,32 @@ pub async fn authenticate(State(edge): State<Edge>, mut req: Request, next: Next
         }
     };
     key.limits.add_headers(response.headers_mut());
+    metrics::counter!(
+        KEY_REQUESTS,
+        "key_id" => key.id.clone(),
+        "status" => status_class(response.status())
+    )
+    .increment(1);
     response
+}
+
+/// Answers per API key (`key_id`, the configured id; never the key) and
+/// status class.
+pub const KEY_REQUESTS: &str = "ingot_key_requests_total";
+
+/// Tokens per API key, by `kind` (`prompt` or `completion`).
+pub const KEY_TOKENS: &str = "ingot_key_tokens_total";
+
+/// `2xx`, `4xx`, ...: classes keep the series few while still separating
+/// client from server errors.
+pub fn status_class(status: axum::http::StatusCode) -> &'static str {
+    match status.as_u16() / 100 {
+        1 => "1xx",
+        2 => "2xx",
+        3 => "3xx",
+        4 => "4xx",
+        _ => "5xx",
+    }
 }
 
 /// The key a request presents, if valid and allowed on its path.
@@ -187,6 +212,8 @@ mod tests {
             requests_per_minute: rpm,
             tokens_per_minute: None,
             max_concurrent: None,
+            request_timeout: None,
+            first_token_timeout: None,
         }
     }
 

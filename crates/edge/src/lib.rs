@@ -16,5 +16,5 @@ mod limit;
 pub use error::{EdgeError, Rejection};
 pub use header::presented_key;
 pub use keys::{hash_key, hash_key_hex, Key, KeyTable, API_KEY_ID};
-pub use layer::{authenticate, Caller, Edge};
+pub use layer::{authenticate, status_class, Caller, Edge, KEY_REQUESTS, KEY_TOKENS};
 pub use limit::{format_reset, Bucket, KeyLimits, Status};

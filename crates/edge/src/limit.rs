@@ -4,6 +4,7 @@
 //! whose permit the response holds until its body ends).
 
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -149,6 +150,10 @@ pub struct KeyLimits {
     /// Tokens per minute.
     pub tokens: Option<Bucket>,
     concurrent: Option<(u32, Arc<Semaphore>)>,
+    /// Tokens reserved at admission but not used (a request that stopped
+    /// before max_tokens), taken before the bucket: the correction at
+    /// completion. Never more than the per-minute limit.
+    token_credit: AtomicU64,
     /// (rpm, tpm, concurrent) as configured, to tell whether a reload kept them.
     pub(crate) spec: (Option<u32>, Option<u32>, Option<u32>),
 }
@@ -160,6 +165,7 @@ impl KeyLimits {
             requests: rpm.and_then(NonZeroU32::new).map(Bucket::per_minute),
             tokens: tpm.and_then(NonZeroU32::new).map(Bucket::per_minute),
             concurrent: concurrent.map(|n| (n, Arc::new(Semaphore::new(n as usize)))),
+            token_credit: AtomicU64::new(0),
             spec: (rpm, tpm, concurrent),
         }
     }
@@ -208,8 +214,16 @@ impl KeyLimits {
             retry_after: None,
         }
         };
-        let n = u32::try_from(n).map_err(|_| too_large())?;
-        match b.take(n) {
+        if n > u64::from(b.limit) {
+            return Err(too_large());
+        }
+        let credited = self.take_credit(n);
+        let rest = u32::try_from(n - credited).map_err(|_| too_large())?;
+        let taken = b.take(rest);
+        if taken.is_err() {
+            self.refund_tokens(credited);
+        }
+        match taken {
             Ok(_) => Ok(()),
             Err(None) => Err(too_large()),
             Err(Some(wait)) => Err(Rejection::RateLimited {
@@ -222,12 +236,43 @@ impl KeyLimits {
         }
     }
 
-    /// Adds the `x-ratelimit-*` headers of every limited bucket.
+    /// Gives back `n` reserved tokens a request did not use.
+    pub fn refund_tokens(&self, n: u64) {
+        let Some(b) = &self.tokens else {
+            return;
+        };
+        let cap = u64::from(b.limit);
+        let _ = self
+            .token_credit
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| {
+                Some(c.saturating_add(n).min(cap))
+            });
+    }
+
+    /// Takes up to `n` tokens of credit; returns how many.
+    fn take_credit(&self, n: u64) -> u64 {
+        let mut taken = 0;
+        let _ = self
+            .token_credit
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| {
+                taken = c.min(n);
+                Some(c - taken)
+            });
+        taken
+    }
+
+    /// Adds the `x-ratelimit-*` headers of every limited bucket (the tokens
+    /// remaining include the credit).
     pub fn add_headers(&self, headers: &mut HeaderMap) {
-        for (name, bucket) in [("requests", &self.requests), ("tokens", &self.tokens)] {
-            if let Some(b) = bucket {
-                put_headers(headers, name, b.status());
-            }
+        if let Some(b) = &self.requests {
+            put_headers(headers, "requests", b.status());
+        }
+        if let Some(b) = &self.tokens {
+            let mut s = b.status();
+            let credit =
+                u32::try_from(self.token_credit.load(Ordering::SeqCst)).unwrap_or(u32::MAX);
+            s.remaining = s.remaining.saturating_add(credit).min(s.limit);
+            put_headers(headers, "tokens", s);
         }
     }
 }

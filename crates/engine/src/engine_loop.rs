@@ -89,6 +89,8 @@ pub fn start_engine(
         stopping: false,
         last_prefix: Default::default(),
         last_preemptions: 0,
+        admitted: 0,
+        drain: Default::default(),
         metrics,
     };
     let (stopped_tx, stopped) = std_mpsc::channel::<()>();
@@ -182,6 +184,10 @@ struct EngineLoop {
     stopping: bool,
     last_prefix: ingot_kv_cache::PrefixCacheStats,
     last_preemptions: u64,
+    /// Requests moved from waiting to running since start.
+    admitted: u64,
+    /// Their rate over the last seconds (published for Retry-After).
+    drain: crate::drain::DrainMeter,
     /// The engine's metric handles.
     metrics: Metrics,
 }
@@ -291,6 +297,7 @@ impl EngineLoop {
             if let Some(a) = self.active.get_mut(&id) {
                 if a.queued {
                     a.queued = false;
+                    self.admitted += 1;
                     a.cached_tokens = cached;
                     self.stats.waiting.fetch_sub(1, Ordering::SeqCst);
                     self.metrics
@@ -497,7 +504,9 @@ impl EngineLoop {
     }
 
     fn publish_stats(&mut self) {
+        let rate = self.drain.record(Instant::now(), self.admitted);
         let s = &self.stats;
+        s.drain_per_sec.store(rate.to_bits(), Ordering::Relaxed);
         let pool = self.scheduler.pool();
         s.running
             .store(self.scheduler.num_running(), Ordering::Relaxed);

@@ -143,6 +143,8 @@ pub struct EngineStats {
     pub preemptions: AtomicU64,
     /// Engine steps run.
     pub steps: AtomicU64,
+    /// Requests leaving the waiting queue per second, recently (f64 bits).
+    pub drain_per_sec: AtomicU64,
 }
 
 impl EngineStats {
@@ -237,7 +239,13 @@ impl EngineHandle {
         self.limits().check(&request)?;
         let stats = &self.shared.stats;
         let waiting = stats.waiting.fetch_add(1, Ordering::SeqCst);
-        if let Err(e) = admission(request.priority, waiting, self.shared.limits.max_waiting) {
+        let drain = f64::from_bits(stats.drain_per_sec.load(Ordering::Relaxed));
+        if let Err(e) = admission(
+            request.priority,
+            waiting,
+            self.shared.limits.max_waiting,
+            drain,
+        ) {
             stats.waiting.fetch_sub(1, Ordering::SeqCst);
             return Err(e);
         }
@@ -293,10 +301,20 @@ impl RequestLimits {
     }
 }
 
-fn admission(priority: Priority, waiting: usize, max_waiting: usize) -> Result<(), SubmitError> {
+/// Admission control; a refusal suggests waiting until enough of the queue
+/// has drained, at its recent rate, for this request's tier to fit.
+fn admission(
+    priority: Priority,
+    waiting: usize,
+    max_waiting: usize,
+    drain_per_sec: f64,
+) -> Result<(), SubmitError> {
     ingot_scheduler::admit(priority, waiting, max_waiting).map_err(|e| SubmitError::Overloaded {
         waiting: e.waiting,
-        retry_after: Duration::from_secs(1),
+        retry_after: crate::drain::retry_after(
+            e.waiting + 1 - e.limit.min(e.waiting),
+            drain_per_sec,
+        ),
     })
 }
 

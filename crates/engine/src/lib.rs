@@ -9,6 +9,7 @@
 //! - [`sampler`], [`stop`]: the pieces `decoding` is built from.
 
 pub mod decoding;
+pub mod drain;
 pub mod engine_loop;
 pub mod handle;
 mod metrics;

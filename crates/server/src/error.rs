@@ -42,6 +42,9 @@ pub enum ApiError {
         /// When a retry can succeed (`None`: never as asked).
         retry_after: Option<Duration>,
     },
+    /// Past the request's timeout (504); the generation was cancelled.
+    #[error("{}", .0.message())]
+    Timeout(Timeout),
     /// Not ready or shutting down (503).
     #[error("{0}")]
     Unavailable(String),
@@ -98,6 +101,12 @@ impl ApiError {
                 "rate_limit_exceeded",
                 None,
                 Some("rate_limit_exceeded"),
+            ),
+            ApiError::Timeout(t) => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "timeout_error",
+                None,
+                Some(t.code()),
             ),
             ApiError::Unavailable(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -156,6 +165,44 @@ impl From<ProtocolError> for ApiError {
 /// Refusals by reason (`ingot_rejections_total{reason}`).
 pub const REJECTIONS: &str = "ingot_rejections_total";
 
+/// Counts one refusal.
+pub fn count_rejection(reason: &'static str) {
+    metrics::counter!(REJECTIONS, "reason" => reason).increment(1);
+}
+
+/// Which timeout a request ran past.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timeout {
+    /// `limits.first_token_timeout`.
+    FirstToken(Duration),
+    /// `limits.request_timeout`.
+    Request(Duration),
+}
+
+impl Timeout {
+    /// The error code.
+    pub fn code(self) -> &'static str {
+        match self {
+            Timeout::FirstToken(_) => "first_token_timeout",
+            Timeout::Request(_) => "request_timeout",
+        }
+    }
+
+    /// What the client reads.
+    pub fn message(self) -> String {
+        match self {
+            Timeout::FirstToken(d) => format!(
+                "no token was generated within the first-token timeout of {:.3} s; the request was cancelled",
+                d.as_secs_f64()
+            ),
+            Timeout::Request(d) => format!(
+                "the request did not finish within its timeout of {:.3} s; it was cancelled",
+                d.as_secs_f64()
+            ),
+        }
+    }
+}
+
 impl ApiError {
     /// Why the request was refused, as the `reason` label; `None` for a
     /// server-side failure, which is an error rather than a refusal.
@@ -169,6 +216,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => Some("too_large"),
             ApiError::Overloaded { .. } => Some("admission"),
             ApiError::RateLimited { .. } => Some("rate_limit"),
+            ApiError::Timeout(_) => Some("timeout"),
             ApiError::Unavailable(_) => Some("unavailable"),
             ApiError::Internal(_) => None,
         }
@@ -179,14 +227,14 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, ..) = self.parts();
         if let Some(reason) = self.rejection_reason() {
-            metrics::counter!(REJECTIONS, "reason" => reason).increment(1);
+            count_rejection(reason);
         }
         if let ApiError::Internal(detail) = &self {
             tracing::error!(detail, "internal error");
         }
         let mut response = (status, axum::Json(self.body())).into_response();
         let retry = match &self {
-            ApiError::Overloaded { retry_after, .. } => Some(retry_after.as_secs().max(1)),
+            ApiError::Overloaded { retry_after, .. } => Some(ceil_secs(*retry_after)),
             ApiError::RateLimited { retry_after, .. } => retry_after.map(ceil_secs),
             ApiError::Unavailable(_) => Some(1),
             _ => None,

@@ -2,12 +2,15 @@
 //! `prompts × n` generations through the pipeline, then collect them
 //! (non-streaming) or merge their events into one stream (SSE).
 
+use std::time::{Duration, Instant};
+
 use futures_util::stream::{self, BoxStream, StreamExt};
 use ingot_core::TokenId;
 use ingot_engine::{Completion, EngineRequest, GeneratedToken, RequestLimits, TokenEvent};
 use ingot_protocol::sampling::ValidSampling;
 use ingot_protocol::usage::Usage;
 
+use crate::error::Timeout;
 use crate::pipeline::{
     CacheStatus, EventStream, GenerateError, GenerateRequest, Generator, Sharing,
 };
@@ -20,6 +23,58 @@ pub struct Job {
     /// Which prompt it continues.
     pub prompt_index: usize,
     events: EventStream,
+    deadlines: Deadlines,
+    /// A token has come (the first-token deadline no longer applies).
+    started: bool,
+}
+
+/// When a request must have its first token and its last, with the
+/// timeouts they came from (for the error message).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Deadlines {
+    /// First token by then.
+    pub first_token: Option<(Instant, Duration)>,
+    /// Last token by then.
+    pub total: Option<(Instant, Duration)>,
+}
+
+impl Deadlines {
+    /// Deadlines `first_token` and `total` after `arrival` (`None`: none).
+    pub fn after(arrival: Instant, first_token: Option<Duration>, total: Option<Duration>) -> Self {
+        Self {
+            first_token: first_token.map(|d| (arrival + d, d)),
+            total: total.map(|d| (arrival + d, d)),
+        }
+    }
+
+    /// The deadline that applies now, as the timeout it breaks.
+    fn next(&self, started: bool) -> Option<(Instant, Timeout)> {
+        let total = self.total.map(|(at, d)| (at, Timeout::Request(d)));
+        let first = self.first_token.map(|(at, d)| (at, Timeout::FirstToken(d)));
+        match (started, first, total) {
+            (true, _, t) | (false, None, t) => t,
+            (false, Some(f), None) => Some(f),
+            (false, Some(f), Some(t)) => Some(if f.0 <= t.0 { f } else { t }),
+        }
+    }
+}
+
+impl Job {
+    /// The next event, or the timeout the job ran past (dropping the job
+    /// then cancels its generation).
+    async fn next(&mut self) -> Result<Option<TokenEvent>, Timeout> {
+        let event = match self.deadlines.next(self.started) {
+            None => self.events.next().await,
+            Some((at, timeout)) => tokio::select! {
+                e = self.events.next() => e,
+                () = tokio::time::sleep_until(at.into()) => return Err(timeout),
+            },
+        };
+        if matches!(event, Some(TokenEvent::Token(_))) {
+            self.started = true;
+        }
+        Ok(event)
+    }
 }
 
 /// Which endpoint a request came from: names the prompt field in errors and
@@ -58,6 +113,10 @@ pub struct Submission {
     pub limits: RequestLimits,
     /// Which endpoint.
     pub endpoint: Endpoint,
+    /// `limits.max_tokens`: more is refused, none asked gets at most this.
+    pub max_tokens_cap: Option<usize>,
+    /// Applied to every choice.
+    pub deadlines: Deadlines,
 }
 
 impl Submission {
@@ -69,6 +128,14 @@ impl Submission {
         prompts: &[Vec<TokenId>],
         sampling: &ValidSampling,
     ) -> Result<Vec<(usize, usize, EngineRequest)>, ApiError> {
+        if let (Some(asked), Some(cap)) = (sampling.max_tokens, self.max_tokens_cap) {
+            if asked > cap {
+                return Err(ApiError::BadRequest(ingot_protocol::ProtocolError::field(
+                    "max_tokens",
+                    format!("max_tokens is {asked}; this server allows at most {cap}"),
+                )));
+            }
+        }
         let mut out = Vec::with_capacity(prompts.len() * sampling.n);
         for (p, prompt) in prompts.iter().enumerate() {
             for c in 0..sampling.n {
@@ -95,6 +162,7 @@ impl Submission {
     /// within the context left after the prompt.
     fn max_tokens(&self, prompt_len: usize, sampling: &ValidSampling) -> usize {
         let room = self.limits.max_context.saturating_sub(prompt_len).max(1);
+        let room = self.max_tokens_cap.map_or(room, |cap| room.min(cap));
         sampling.max_tokens.unwrap_or(match self.endpoint {
             Endpoint::Chat => room,
             Endpoint::Completions => COMPLETIONS_DEFAULT_MAX_TOKENS.min(room),
@@ -135,6 +203,8 @@ impl Submission {
                 index,
                 prompt_index,
                 events: generation.events,
+                deadlines: self.deadlines,
+                started: false,
             });
         }
         Ok((jobs, status.unwrap_or(CacheStatus::Bypass)))
@@ -171,7 +241,7 @@ pub async fn collect(jobs: Vec<Job>) -> Result<Vec<ChoiceResult>, ApiError> {
 async fn collect_one(mut job: Job) -> Result<ChoiceResult, ApiError> {
     let mut text = String::new();
     let mut tokens = Vec::new();
-    while let Some(event) = job.events.next().await {
+    while let Some(event) = job.next().await.map_err(ApiError::Timeout)? {
         match event {
             TokenEvent::Token(t) => {
                 text.push_str(&t.text);
@@ -226,6 +296,9 @@ pub enum ChoiceEvent {
     },
     /// Choice `index` failed.
     Failed(String),
+    /// A choice ran past a timeout (the stream ends; every choice is
+    /// cancelled).
+    TimedOut(Timeout),
 }
 
 /// Interleaves the events of every job as they arrive. Dropping the stream
@@ -234,7 +307,11 @@ pub fn merge(jobs: Vec<Job>) -> BoxStream<'static, ChoiceEvent> {
     let streams = jobs.into_iter().map(|job| {
         stream::unfold(Some(job), |job| async move {
             let mut job = job?;
-            let event = match job.events.next().await {
+            let next = match job.next().await {
+                Ok(next) => next,
+                Err(timeout) => return Some((ChoiceEvent::TimedOut(timeout), None)),
+            };
+            let event = match next {
                 Some(TokenEvent::Token(token)) => ChoiceEvent::Token {
                     index: job.index,
                     token,

@@ -5,9 +5,9 @@
 //! URI: arbitrary paths from clients would make the series unbounded.
 
 use axum::extract::{MatchedPath, Request};
-use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::Response;
+use ingot_edge::status_class;
 use metrics::{counter, describe_counter, describe_gauge, Unit};
 
 /// The series name.
@@ -28,6 +28,26 @@ pub fn describe() {
         crate::error::REJECTIONS,
         Unit::Count,
         "Requests refused before generating, by reason."
+    );
+    describe_counter!(
+        crate::routes::STREAMS_CUT,
+        Unit::Count,
+        "Streams cut off because the client stopped reading, by reason (stall, overflow)."
+    );
+    describe_gauge!(
+        crate::conn::CONNECTIONS,
+        Unit::Count,
+        "Open HTTP connections."
+    );
+    describe_counter!(
+        ingot_edge::KEY_REQUESTS,
+        Unit::Count,
+        "Answers to requests with an API key, by key id and status class."
+    );
+    describe_counter!(
+        ingot_edge::KEY_TOKENS,
+        Unit::Count,
+        "Tokens used by requests with an API key, by key id and kind (prompt, completion)."
     );
     describe_pipeline();
 }
@@ -91,21 +111,10 @@ pub async fn track(request: Request, next: Next) -> Response {
     response
 }
 
-/// `2xx`, `4xx`, ... : classes keep the series few while still separating
-/// client from server errors.
-fn status_class(status: StatusCode) -> &'static str {
-    match status.as_u16() / 100 {
-        1 => "1xx",
-        2 => "2xx",
-        3 => "3xx",
-        4 => "4xx",
-        _ => "5xx",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::StatusCode;
 
     #[test]
     fn status_classes() {

@@ -3,6 +3,7 @@
 //! runs in the engine thread behind an [`ingot_engine::EngineHandle`];
 //! handlers never block on it.
 
+pub mod conn;
 mod error;
 mod generate;
 mod http_metrics;
@@ -13,7 +14,9 @@ pub mod reload;
 mod routes;
 mod serve;
 mod state;
+mod usage;
 
+pub use conn::ConnLimits;
 pub use error::ApiError;
 pub use reload::{LogLevelFn, ReloadFn, ReloadReport};
 pub use routes::app;

@@ -25,6 +25,8 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// Longest wait for in-flight requests at shutdown.
     pub shutdown_timeout: Duration,
+    /// Header timeout and connection cap.
+    pub connections: crate::conn::ConnLimits,
     /// The effective config with the source of every value (flags, the
     /// response cache and the stall timeout are read from it).
     pub runtime: ingot_config::Loaded,
@@ -95,11 +97,13 @@ where
         })
     };
     let router = app(state.clone(), config.max_body_bytes);
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(listener, router).with_graceful_shutdown(async move {
-        let _ = stop_rx.await;
-    });
-    let server = tokio::spawn(async move { server.await });
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let server = tokio::spawn(crate::conn::serve_connections(
+        listener,
+        router,
+        config.connections,
+        stop_rx,
+    ));
     // A failed load ends the process with its error; a signal drains.
     tokio::select! {
         loaded = loader => {
@@ -123,7 +127,7 @@ where
             "shutdown timeout; closing in-flight requests"
         );
     }
-    let _ = stop_tx.send(());
+    let _ = stop_tx.send(true);
     // Connections still open (idle keep-alive, cut streams) get a moment.
     let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
     Ok(())

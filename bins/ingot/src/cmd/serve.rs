@@ -190,6 +190,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         model_name: model_name(&loaded, path),
         max_body_bytes: usize::try_from(server.max_body_bytes.bytes()).unwrap_or(usize::MAX),
         shutdown_timeout: server.shutdown_timeout.get(),
+        connections: ingot_server::ConnLimits {
+            header_timeout: server.header_timeout.get(),
+            max_connections: server.max_connections,
+        },
         runtime: loaded,
         reload: Some(reload_fn(layers)),
         set_log_level: Some(set_log_level),

@@ -425,6 +425,8 @@ async fn both_endpoints_validate_before_generating() {
             vocab_size: 100,
         },
         endpoint,
+        max_tokens_cap: None,
+        deadlines: crate::generate::Deadlines::default(),
     };
     let sampling = |v: serde_json::Value| {
         ingot_protocol::parse_json::<SamplingFields>(&v)

@@ -6,7 +6,6 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use ingot_edge::Caller;
@@ -19,10 +18,13 @@ use ingot_protocol::usage::Usage;
 use ingot_protocol::ProtocolError;
 use ingot_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
+use super::sse::Event;
 use super::{json_body, sse, start, unix_now, Shared, Started};
+use crate::conn::ConnProbe;
 use crate::generate;
 use crate::logprobs::resolve;
 use crate::state::InflightGuard;
+use crate::usage::KeyUsage;
 use crate::ApiError;
 
 /// Renders the conversation and tokenizes it (runs on a blocking thread).
@@ -65,6 +67,7 @@ fn to_message(turn: &ChatTurn) -> Result<ChatMessage, ApiError> {
 pub async fn chat_completions(
     State((state, limit)): State<Shared>,
     Extension(caller): Extension<Caller>,
+    probe: Option<Extension<ConnProbe>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -83,7 +86,12 @@ pub async fn chat_completions(
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))?;
     let ids = ids?;
-    let Started { id, jobs, answer } = start(
+    let Started {
+        id,
+        jobs,
+        answer,
+        usage: key_usage,
+    } = start(
         &state,
         &caller,
         &headers,
@@ -101,7 +109,15 @@ pub async fn chat_completions(
         tokenizer: engine.tokenizer().clone(),
     };
     if req.sampling.stream {
-        let response = stream_response(jobs, meta, req.sampling.include_usage, guard);
+        let out = super::stream_output(&state, probe);
+        let response = stream_response(
+            jobs,
+            meta,
+            req.sampling.include_usage,
+            guard,
+            out,
+            key_usage,
+        );
         return Ok(answer.finish(&state, response, None));
     }
     let results =
@@ -138,6 +154,7 @@ pub async fn chat_completions(
         system_fingerprint: None,
     })
     .into_response();
+    key_usage.settle(tokens.0 as u64, tokens.1 as u64);
     Ok(answer.finish(&state, response, Some(tokens)))
 }
 
@@ -169,6 +186,8 @@ fn stream_response(
     meta: Meta,
     include_usage: bool,
     guard: InflightGuard,
+    out: sse::Output,
+    usage: KeyUsage,
 ) -> Response {
     // Every choice opens with the assistant role, as OpenAI does.
     let head: Vec<_> = jobs
@@ -191,7 +210,7 @@ fn stream_response(
         meta,
         include_usage,
     };
-    sse::stream_choices(head, jobs, format, include_usage, guard)
+    sse::stream_choices(head, jobs, format, include_usage, guard, out, usage)
 }
 
 struct ChatChunks {

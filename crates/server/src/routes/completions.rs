@@ -11,7 +11,6 @@ use axum::{Extension, Json};
 use ingot_edge::Caller;
 use std::collections::HashMap;
 
-use axum::response::sse::Event;
 use ingot_engine::{Completion as EngineCompletion, GeneratedToken};
 use ingot_protocol::completions::{
     Completion, CompletionChoice, CompletionLogprobs, Prompt, ValidCompletionRequest,
@@ -19,10 +18,13 @@ use ingot_protocol::completions::{
 use ingot_protocol::usage::Usage;
 use ingot_tokenizer::Tokenizer;
 
+use super::sse::Event;
 use super::{json_body, sse, start, unix_now, Shared, Started};
+use crate::conn::ConnProbe;
 use crate::generate;
 use crate::logprobs::resolve;
 use crate::state::InflightGuard;
+use crate::usage::KeyUsage;
 use crate::ApiError;
 
 /// Token ids and display text of every prompt (runs on a blocking thread).
@@ -49,6 +51,7 @@ fn encode_prompts(
 pub async fn completions(
     State((state, limit)): State<Shared>,
     Extension(caller): Extension<Caller>,
+    probe: Option<Extension<ConnProbe>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -66,7 +69,12 @@ pub async fn completions(
             .map_err(|e| ApiError::Internal(e.to_string()))??;
     let ids: Vec<Vec<u32>> = encoded.iter().map(|(ids, _)| ids.clone()).collect();
     let echo: Vec<String> = encoded.into_iter().map(|(_, text)| text).collect();
-    let Started { id, jobs, answer } = start(
+    let Started {
+        id,
+        jobs,
+        answer,
+        usage: key_usage,
+    } = start(
         &state,
         &caller,
         &headers,
@@ -85,7 +93,15 @@ pub async fn completions(
         echo: req.echo.then_some(echo),
     };
     if req.sampling.stream {
-        let response = stream_response(jobs, meta, req.sampling.include_usage, guard);
+        let out = super::stream_output(&state, probe);
+        let response = stream_response(
+            jobs,
+            meta,
+            req.sampling.include_usage,
+            guard,
+            out,
+            key_usage,
+        );
         return Ok(answer.finish(&state, response, None));
     }
     let results =
@@ -122,6 +138,7 @@ pub async fn completions(
         system_fingerprint: None,
     })
     .into_response();
+    key_usage.settle(tokens.0 as u64, tokens.1 as u64);
     Ok(answer.finish(&state, response, Some(tokens)))
 }
 
@@ -161,6 +178,8 @@ fn stream_response(
     meta: Meta,
     include_usage: bool,
     guard: InflightGuard,
+    out: sse::Output,
+    usage: KeyUsage,
 ) -> Response {
     // With echo, each choice starts with its prompt.
     let mut offsets = HashMap::new();
@@ -184,7 +203,7 @@ fn stream_response(
         include_usage,
         offsets,
     };
-    sse::stream_choices(head, jobs, format, include_usage, guard)
+    sse::stream_choices(head, jobs, format, include_usage, guard, out, usage)
 }
 
 struct CompletionChunks {

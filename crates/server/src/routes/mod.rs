@@ -4,6 +4,7 @@ mod admin;
 mod chat;
 mod completions;
 mod info;
+mod send_queue;
 mod sse;
 
 use axum::body::Bytes;
@@ -18,9 +19,15 @@ use ingot_protocol::body_json;
 use ingot_protocol::sampling::ValidSampling;
 use rand::Rng;
 
-use crate::generate::{Endpoint, Submission};
+use std::time::{Duration, Instant};
+
+pub use send_queue::STREAMS_CUT;
+
+use crate::conn::ConnProbe;
+use crate::generate::{Deadlines, Endpoint, Submission};
 use crate::pipeline::CacheStatus;
 use crate::state::CacheControl;
+use crate::usage::KeyUsage;
 use crate::{ApiError, AppState};
 
 /// The header naming where an answer came from.
@@ -46,6 +53,10 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
             ApiError::MethodNotAllowed(format!("{method} {}", uri.path()))
         })
         .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            max_body_bytes,
+            crate::conn::limit_body,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.edge().clone(),
             ingot_edge::authenticate,
@@ -110,6 +121,8 @@ struct Started {
     jobs: Vec<crate::generate::Job>,
     /// What the answer reports: cache status, tenant, prompt tokens.
     answer: Answer,
+    /// Settled when the answer ends.
+    usage: KeyUsage,
 }
 
 /// What every answer of a started request carries (header, access log).
@@ -172,22 +185,36 @@ async fn start(
         .or(sampling.user.as_deref())
         .unwrap_or(&id);
     let tenant = key.and_then(|k| k.tenant.clone());
+    let runtime = state.runtime();
+    let configured = &runtime.config.limits;
     let submission = Submission {
         model: state.model_name().to_string(),
         tenant: tenant.clone(),
         sharing: state.sharing(unit, control),
         limits,
         endpoint,
+        max_tokens_cap: configured.max_tokens,
+        deadlines: deadlines(configured, key, sampling.priority),
     };
+    let mut reserved = 0;
     if let Some(k) = key {
-        let tokens = submission.token_budget(prompts, sampling);
+        reserved = submission.token_budget(prompts, sampling);
         k.limits
-            .reserve_tokens(tokens)
+            .reserve_tokens(reserved)
             .map_err(|r| ApiError::RateLimited {
                 retry_after: r.retry_after(),
                 message: r.message(),
             })?;
     }
+    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
+    // From here on the reservation is corrected when `usage` drops, even
+    // if submitting fails.
+    let usage = KeyUsage::new(
+        caller.0.clone(),
+        reserved,
+        prompt_tokens as u64,
+        sampling.n as u64,
+    );
     let (jobs, status) = tracing::Instrument::instrument(
         submission.submit(state.pipeline(), prompts, sampling),
         tracing::info_span!("submit"),
@@ -196,9 +223,36 @@ async fn start(
     let answer = Answer {
         status,
         tenant,
-        prompt_tokens: prompts.iter().map(Vec::len).sum(),
+        prompt_tokens,
     };
-    Ok(Started { id, jobs, answer })
+    Ok(Started {
+        id,
+        jobs,
+        answer,
+        usage,
+    })
+}
+
+/// The request's deadlines from now: the tier's timeouts, or the key's
+/// overrides (zero: none).
+fn deadlines(
+    limits: &ingot_config::LimitsSection,
+    key: Option<&ingot_edge::Key>,
+    priority: ingot_core::Priority,
+) -> Deadlines {
+    let tier = priority.rank();
+    let pick = |overridden: Option<Duration>, tiered: Option<Duration>| {
+        overridden.map_or(tiered, |d| (!d.is_zero()).then_some(d))
+    };
+    let first = pick(
+        key.and_then(|k| k.first_token_timeout),
+        limits.first_token_timeout.get(tier),
+    );
+    let total = pick(
+        key.and_then(|k| k.request_timeout),
+        limits.request_timeout.get(tier),
+    );
+    Deadlines::after(Instant::now(), first, total)
 }
 
 /// `sampling` as `key` may run it: 404 for a model the key may not use,
@@ -218,6 +272,22 @@ fn admit(
     }
     sampling.priority = key.clamp(sampling.priority);
     Ok(sampling)
+}
+
+/// Where a stream of this connection goes, under the running config's
+/// slow-client policy.
+fn stream_output(state: &AppState, probe: Option<axum::Extension<ConnProbe>>) -> sse::Output {
+    let runtime = state.runtime();
+    let c = &runtime.config;
+    sse::Output {
+        probe: probe.map(|p| p.0),
+        settings: send_queue::Settings {
+            stall_timeout: c.engine.stall_timeout.get(),
+            flush_interval: c.server.stream_flush_interval.get(),
+            max_pending: usize::try_from(c.server.max_stream_pending_bytes.bytes())
+                .unwrap_or(usize::MAX),
+        },
+    }
 }
 
 /// Adds `x-ingot-cache`.

@@ -1,28 +1,36 @@
 //! Server-sent events in OpenAI's framing: `data: <json>\n\n` per chunk and
-//! a final `data: [DONE]`.
+//! a final `data: [DONE]`, written through the stream's own send queue
+//! (`send_queue`), which cuts off a client that stops reading.
 
-use std::convert::Infallible;
-
-use axum::response::sse::{Event, Sse};
-use axum::response::{IntoResponse, Response};
+use axum::body::Bytes;
+use axum::http::{header, HeaderValue};
+use axum::response::Response;
 use futures_util::stream::{BoxStream, StreamExt};
 use ingot_engine::{Completion, GeneratedToken};
 use ingot_protocol::usage::Usage;
 use serde::Serialize;
 
+use super::send_queue::{self, Settings};
+use crate::conn::ConnProbe;
 use crate::generate::{self, ChoiceEvent, Job};
 use crate::state::InflightGuard;
+use crate::usage::KeyUsage;
 
-/// One `data:` event holding `value` as JSON.
+/// One SSE event, framed.
+pub struct Event(Bytes);
+
+/// One `data:` event holding `value` as JSON (serialised JSON has no raw
+/// newline, so one `data:` line always holds it).
 pub fn data<T: Serialize>(value: &T) -> Event {
-    Event::default().data(serde_json::to_string(value).unwrap_or_else(|e| {
+    let json = serde_json::to_string(value).unwrap_or_else(|e| {
         format!(r#"{{"error":{{"message":"cannot serialise chunk: {e}","type":"internal_error","param":null,"code":null}}}}"#)
-    }))
+    });
+    Event(Bytes::from(format!("data: {json}\n\n")))
 }
 
 /// The terminating event.
 pub fn done() -> Event {
-    Event::default().data("[DONE]")
+    Event(Bytes::from_static(b"data: [DONE]\n\n"))
 }
 
 /// An error event (after the stream has started, status is already 200).
@@ -32,12 +40,34 @@ pub fn error(message: &str) -> Event {
     }))
 }
 
+/// Where a stream goes: the connection's probe and the slow-client policy.
+#[derive(Clone)]
+pub struct Output {
+    /// Reads the socket (absent in in-process tests).
+    pub probe: Option<ConnProbe>,
+    /// Stall timeout, flush interval, queue bound.
+    pub settings: Settings,
+}
+
 /// Wraps batches of events into an SSE response.
-pub fn response(events: BoxStream<'static, Vec<Event>>) -> Response {
-    let flat = events
-        .flat_map(futures_util::stream::iter)
-        .map(Ok::<_, Infallible>);
-    Sse::new(flat).into_response()
+pub fn response(events: BoxStream<'static, Vec<Event>>, out: Output) -> Response {
+    let frames = events
+        .map(|batch| {
+            let mut bytes = Vec::with_capacity(batch.iter().map(|e| e.0.len()).sum());
+            for e in batch {
+                bytes.extend_from_slice(&e.0);
+            }
+            Bytes::from(bytes)
+        })
+        .boxed();
+    let mut response = Response::new(send_queue::body(frames, out.probe, out.settings));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
 }
 
 /// How an endpoint renders its stream chunks.
@@ -59,8 +89,11 @@ pub fn stream_choices<F: ChunkFormat>(
     format: F,
     include_usage: bool,
     guard: InflightGuard,
+    out: Output,
+    usage: KeyUsage,
 ) -> Response {
     let state = StreamState {
+        usage,
         events: generate::merge(jobs),
         done: Vec::new(),
         finished: false,
@@ -79,7 +112,7 @@ pub fn stream_choices<F: ChunkFormat>(
             Some((events, st))
         }))
         .boxed();
-    response(body)
+    response(body, out)
 }
 
 struct StreamState<F> {
@@ -90,6 +123,8 @@ struct StreamState<F> {
     format: F,
     include_usage: bool,
     _guard: InflightGuard,
+    /// Counts generated tokens; settled when the stream is dropped.
+    usage: KeyUsage,
     /// Open while the stream lives (a child of the request's span).
     span: tracing::Span,
 }
@@ -98,6 +133,7 @@ impl<F: ChunkFormat> StreamState<F> {
     async fn next_events(&mut self) -> Vec<Event> {
         match self.events.next().await {
             Some(ChoiceEvent::Token { index, token }) => {
+                self.usage.add_completion(1);
                 self.format.token(index, token).into_iter().collect()
             }
             Some(ChoiceEvent::Done {
@@ -111,6 +147,13 @@ impl<F: ChunkFormat> StreamState<F> {
             Some(ChoiceEvent::Failed(message)) => {
                 self.finished = true;
                 vec![error(&message), done()]
+            }
+            Some(ChoiceEvent::TimedOut(timeout)) => {
+                // The head (200) is out: the timeout is an error event.
+                self.finished = true;
+                let e = crate::ApiError::Timeout(timeout);
+                crate::error::count_rejection("timeout");
+                vec![data(&e.body()), done()]
             }
             None => {
                 self.finished = true;

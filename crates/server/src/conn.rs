@@ -1,0 +1,301 @@
+//! The listener: accepts connections and serves HTTP/1 on each, with what
+//! `axum::serve` does not offer:
+//!
+//! - a header-read timeout: a client that trickles its request head is
+//!   closed after `server.header_timeout`; hyper runs the same clock while a
+//!   keep-alive connection waits for its next request, so it is also the
+//!   idle-connection timeout;
+//! - a cap on open connections: one more is answered 503 in the OpenAI
+//!   error shape and closed, without reading its request;
+//! - a [`ConnProbe`] in every request's extensions, through which a stream
+//!   learns how much of what it wrote the client has not yet acknowledged
+//!   (its backpressure signal, see `routes::sse`).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tower::Service;
+
+/// Connection limits.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    /// See `server.header_timeout`.
+    pub header_timeout: Duration,
+    /// Most open connections (0: no cap).
+    pub max_connections: usize,
+}
+
+/// Open connections, as the `ingot_http_connections` gauge reports them.
+pub const CONNECTIONS: &str = "ingot_http_connections";
+
+/// Accepts and serves until `stop` turns true; then asks every connection
+/// to close after its current request and returns once all have.
+pub async fn serve_connections(
+    listener: TcpListener,
+    router: Router,
+    limits: ConnLimits,
+    mut stop: watch::Receiver<bool>,
+) {
+    let open = Arc::new(AtomicUsize::new(0));
+    let (closed_tx, mut closed_rx) = tokio::sync::mpsc::channel::<()>(1);
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let (stream, _peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        if limits.max_connections > 0 && open.load(Ordering::SeqCst) >= limits.max_connections {
+            tokio::spawn(refuse(stream));
+            continue;
+        }
+        let _ = stream.set_nodelay(true);
+        let count = OpenGuard::new(open.clone(), closed_tx.clone());
+        let conn = Connection {
+            router: router.clone(),
+            header_timeout: limits.header_timeout,
+            stop: stop.clone(),
+        };
+        tokio::spawn(async move {
+            conn.run(stream).await;
+            drop(count);
+        });
+    }
+    drop(closed_tx);
+    // Every guard holds a sender: this returns once the last one is gone.
+    while closed_rx.recv().await.is_some() {}
+}
+
+/// Counts an open connection while it lives.
+struct OpenGuard {
+    open: Arc<AtomicUsize>,
+    _closed: tokio::sync::mpsc::Sender<()>,
+}
+
+impl OpenGuard {
+    fn new(open: Arc<AtomicUsize>, closed: tokio::sync::mpsc::Sender<()>) -> Self {
+        let n = open.fetch_add(1, Ordering::SeqCst) + 1;
+        metrics::gauge!(CONNECTIONS).set(n as f64);
+        Self {
+            open,
+            _closed: closed,
+        }
+    }
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        let n = self.open.fetch_sub(1, Ordering::SeqCst) - 1;
+        metrics::gauge!(CONNECTIONS).set(n as f64);
+    }
+}
+
+/// One accepted connection.
+struct Connection {
+    router: Router,
+    header_timeout: Duration,
+    stop: watch::Receiver<bool>,
+}
+
+impl Connection {
+    async fn run(mut self, stream: TcpStream) {
+        let probe = ConnProbe::of(&stream);
+        let router = self.router.clone();
+        let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+            req.extensions_mut().insert(probe.clone());
+            let mut router = router.clone();
+            router.call(req.map(axum::body::Body::new))
+        });
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.header_timeout);
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        let mut conn = std::pin::pin!(conn);
+        let ended = tokio::select! {
+            r = conn.as_mut() => Some(r),
+            _ = self.stop.wait_for(|s| *s) => None,
+        };
+        let result = match ended {
+            Some(r) => r,
+            None => {
+                conn.as_mut().graceful_shutdown();
+                conn.await
+            }
+        };
+        if let Err(e) = result {
+            // Header timeouts, resets and cut streams end up here; none is
+            // the server's fault.
+            tracing::debug!(error = %e, "connection closed with an error");
+        }
+    }
+}
+
+/// Answers 503 to a connection over the cap and closes it. The request is
+/// not read; the socket is shut for writing first and drained briefly so
+/// the client reads the answer instead of a reset.
+async fn refuse(mut stream: TcpStream) {
+    crate::error::count_rejection("connections");
+    let body = r#"{"error":{"message":"too many open connections; retry later","type":"server_error","param":null,"code":"too_many_connections"}}"#;
+    let head = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let answered = async {
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(body.as_bytes()).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        let mut left: usize = 64 * 1024;
+        while left > 0 {
+            let n = stream.read(&mut sink).await?;
+            if n == 0 {
+                break;
+            }
+            left = left.saturating_sub(n);
+        }
+        Ok::<_, std::io::Error>(())
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), answered).await;
+}
+
+/// Reads a connection's socket state from inside a request: how many bytes
+/// written to it the peer has not acknowledged. The probe holds its own
+/// duplicate of the socket's descriptor, so it stays valid (and never reads
+/// a reused descriptor) however long the request outlives the connection.
+#[derive(Clone, Debug, Default)]
+pub struct ConnProbe {
+    #[cfg(target_os = "linux")]
+    fd: Option<Arc<std::os::fd::OwnedFd>>,
+}
+
+impl ConnProbe {
+    fn of(stream: &TcpStream) -> Self {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsFd;
+            let fd = stream.as_fd().try_clone_to_owned().ok().map(Arc::new);
+            Self { fd }
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = stream;
+            Self::default()
+        }
+    }
+
+    /// Bytes written but not yet acknowledged by the peer (`SIOCOUTQ`);
+    /// `None` where the platform cannot tell.
+    pub fn unacked(&self) -> Option<usize> {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            let fd = self.fd.as_ref()?;
+            let mut n: libc::c_int = 0;
+            // SAFETY: TIOCOUTQ on a socket writes one int through the
+            // pointer, which points at `n`; the descriptor is owned by
+            // `self` and open.
+            let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+            (rc == 0).then(|| usize::try_from(n).unwrap_or(0))
+        }
+        #[cfg(not(target_os = "linux"))]
+        None
+    }
+}
+
+/// The most bytes of an oversized body read (and discarded) so the client
+/// reads its 413 instead of a connection reset, and for how long.
+const DRAIN_BYTES: u64 = 64 << 20;
+const DRAIN_TIME: Duration = Duration::from_secs(10);
+
+/// Middleware: reads the body up to `limit` bytes and hands it on; a body
+/// over the limit gets 413 in the OpenAI error shape. The rest of an
+/// oversized body is read and discarded first (up to [`DRAIN_BYTES`]):
+/// closing a socket with unread data resets it, and most clients then
+/// report the reset rather than the answer. A client that sent
+/// `Expect: 100-continue` with a length over the limit is answered at once,
+/// before it sends the body.
+pub async fn limit_body(
+    axum::extract::State(limit): axum::extract::State<usize>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    use futures_util::StreamExt;
+
+    let too_large = || {
+        let mut r = crate::ApiError::PayloadTooLarge(limit).into_response();
+        r.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+        r
+    };
+    let headers = req.headers();
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let expects_continue = headers
+        .get(axum::http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    if expects_continue && declared.is_some_and(|n| n > limit as u64) {
+        return too_large();
+    }
+    if declared == Some(0) {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let mut chunks = body.into_data_stream();
+    let mut kept = bytes::BytesMut::new();
+    let mut over = false;
+    let mut seen = 0u64;
+    let mut drain_until = None;
+    loop {
+        let next = match drain_until {
+            None => chunks.next().await,
+            Some(at) => match tokio::time::timeout_at(at, chunks.next()).await {
+                Ok(next) => next,
+                Err(_) => break,
+            },
+        };
+        let Some(chunk) = next else { break };
+        let Ok(chunk) = chunk else {
+            // The client went away mid-body: nobody reads an answer.
+            return too_large();
+        };
+        seen += chunk.len() as u64;
+        if !over && kept.len() + chunk.len() <= limit {
+            kept.extend_from_slice(&chunk);
+            continue;
+        }
+        if !over {
+            over = true;
+            kept = bytes::BytesMut::new();
+            drain_until = Some(tokio::time::Instant::now() + DRAIN_TIME);
+        }
+        if seen > DRAIN_BYTES {
+            break;
+        }
+    }
+    if over {
+        return too_large();
+    }
+    let req = Request::from_parts(parts, axum::body::Body::from(kept.freeze()));
+    next.run(req).await
+}

@@ -1,0 +1,329 @@
+//! A stream's own send queue: backpressure that works over real sockets.
+//!
+//! A task (the pump) pulls the stream's frames as the engine makes them and
+//! appends them to a per-stream queue; the response body hands everything
+//! queued to hyper as one write each time hyper asks for more. Whether the
+//! client is keeping up is judged from the socket itself: the bytes the
+//! body handed over minus the bytes the peer has not acknowledged
+//! (`SIOCOUTQ`, through [`ConnProbe`]) is what the client's TCP stack took.
+//! When that has not grown for the stall timeout while something is
+//! outstanding (queued, or unacknowledged), the client is stalled: the pump
+//! stops, which drops the stream and so cancels its generations and frees
+//! their KV, and the body ends with an error. Kernel buffers (which held
+//! ~900 tokens for a reader that stopped) no longer hide a stall.
+//!
+//! While a client lags (nothing acknowledged for a flush interval), what is
+//! pending goes out as one frame per `stream_flush_interval` rather than a
+//! frame per token: fewer, larger writes for a slow reader, which it can
+//! catch up on. A queue past `max_stream_pending_bytes` is cut off at once.
+//! Where the probe cannot read the socket (not Linux), progress is the body
+//! taking bytes, which still bounds a stall by the kernel buffers.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use bytes::BytesMut;
+use futures_util::stream::{BoxStream, StreamExt};
+use http_body::Frame;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::conn::ConnProbe;
+
+/// How a stream treats a slow client.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// No progress for this long while bytes are outstanding: cut off.
+    pub stall_timeout: Duration,
+    /// While lagging, at most one frame per this interval.
+    pub flush_interval: Duration,
+    /// Most bytes queued for the client.
+    pub max_pending: usize,
+}
+
+/// Cut-off streams by reason.
+pub const STREAMS_CUT: &str = "ingot_streams_cut_total";
+
+/// The body of a stream whose frames `frames` yields (each item one write's
+/// worth of SSE bytes); `probe` reads the connection's socket.
+pub fn body(frames: BoxStream<'static, Bytes>, probe: Option<ConnProbe>, s: Settings) -> Body {
+    let shared = Arc::new(Shared {
+        queue: Mutex::new(Queue::default()),
+        body_gone: Notify::new(),
+    });
+    let now = Instant::now();
+    let progress = Progress {
+        probe: probe.unwrap_or_default(),
+        acked: 0,
+        last: now,
+    };
+    tokio::spawn(pump(frames, shared.clone(), progress, s));
+    Body::new(QueueBody {
+        shared,
+        flush_interval: s.flush_interval,
+        last_frame: None,
+        wait: None,
+    })
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    /// The body was dropped (connection closed): the pump stops.
+    body_gone: Notify,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[derive(Default)]
+struct Queue {
+    pending: BytesMut,
+    /// Bytes the body has handed to hyper.
+    handed: u64,
+    /// No more frames will come.
+    ended: bool,
+    /// Why the stream was cut off.
+    cut: Option<&'static str>,
+    /// The client is behind (no progress for a flush interval).
+    lagging: bool,
+    body_gone: bool,
+    waker: Option<Waker>,
+}
+
+impl Queue {
+    fn wake(&mut self) {
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+}
+
+/// What the client has taken, and when it last took more.
+struct Progress {
+    probe: ConnProbe,
+    /// Bytes the client's side acknowledged (handed − unacknowledged).
+    acked: u64,
+    /// When `acked` last grew, or nothing was outstanding.
+    last: Instant,
+}
+
+impl Progress {
+    /// Updates from the queue and the socket; returns how long the client
+    /// has made no progress while something was outstanding.
+    fn observe(&mut self, q: &Queue, now: Instant) -> Duration {
+        let unacked = self.probe.unacked();
+        // Without a probe, the kernel taking bytes is the only sign.
+        let acked = q.handed.saturating_sub(unacked.unwrap_or(0) as u64);
+        let outstanding = !q.pending.is_empty() || unacked.is_some_and(|n| n > 0);
+        if acked > self.acked || !outstanding {
+            self.last = now;
+        }
+        self.acked = self.acked.max(acked);
+        now.saturating_duration_since(self.last)
+    }
+}
+
+/// Moves frames into the queue and watches the client.
+async fn pump(
+    mut frames: BoxStream<'static, Bytes>,
+    shared: Arc<Shared>,
+    mut progress: Progress,
+    s: Settings,
+) {
+    let period = (s.flush_interval / 2).clamp(Duration::from_millis(5), Duration::from_millis(50));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut more = true;
+    loop {
+        let body_gone = shared.body_gone.notified();
+        tokio::select! {
+            frame = frames.next(), if more => {
+                let mut q = shared.lock();
+                match frame {
+                    Some(bytes) => q.pending.extend_from_slice(&bytes),
+                    None => {
+                        q.ended = true;
+                        more = false;
+                    }
+                }
+                q.wake();
+            }
+            _ = tick.tick() => {}
+            () = body_gone => {}
+        }
+        let mut q = shared.lock();
+        if q.body_gone {
+            return;
+        }
+        let idle = progress.observe(&q, Instant::now());
+        q.lagging = idle >= s.flush_interval;
+        let cut = if q.pending.len() > s.max_pending {
+            Some("overflow")
+        } else if idle > s.stall_timeout {
+            Some("stall")
+        } else {
+            None
+        };
+        if let Some(reason) = cut {
+            tracing::warn!(
+                reason,
+                pending_bytes = q.pending.len(),
+                idle_ms = idle.as_millis() as u64,
+                "client not reading; stream cut off"
+            );
+            metrics::counter!(STREAMS_CUT, "reason" => reason).increment(1);
+            q.cut = Some(reason);
+            q.wake();
+            // Returning drops `frames`: every generation is cancelled.
+            return;
+        }
+        if q.ended && q.pending.is_empty() {
+            return;
+        }
+    }
+}
+
+/// The response body: takes everything queued at each poll.
+struct QueueBody {
+    shared: Arc<Shared>,
+    flush_interval: Duration,
+    last_frame: Option<Instant>,
+    /// While lagging, the next frame waits for this.
+    wait: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl http_body::Body for QueueBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        let mut q = this.shared.lock();
+        if let Some(reason) = q.cut {
+            return Poll::Ready(Some(Err(std::io::Error::other(format!(
+                "stream cut off: {reason}"
+            )))));
+        }
+        if q.pending.is_empty() {
+            if q.ended {
+                return Poll::Ready(None);
+            }
+            q.waker = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+        if q.lagging {
+            if let Some(last) = this.last_frame {
+                let at = last + this.flush_interval;
+                if Instant::now() < at {
+                    let wait = this
+                        .wait
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+                    wait.as_mut().reset(at);
+                    if wait.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                }
+            }
+        }
+        let bytes = q.pending.split().freeze();
+        q.handed += bytes.len() as u64;
+        this.last_frame = Some(Instant::now());
+        Poll::Ready(Some(Ok(Frame::data(bytes))))
+    }
+}
+
+impl Drop for QueueBody {
+    fn drop(&mut self) {
+        self.shared.lock().body_gone = true;
+        self.shared.body_gone.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use http_body::Body as _;
+
+    use super::*;
+
+    /// Every frame of `body`, and the error that ended it, if any.
+    async fn collect(mut body: Body) -> (Vec<Bytes>, Option<String>) {
+        let mut frames = Vec::new();
+        loop {
+            let next = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+            match next {
+                Some(Ok(f)) => frames.push(f.into_data().unwrap()),
+                Some(Err(e)) => return (frames, Some(e.to_string())),
+                None => return (frames, None),
+            }
+        }
+    }
+
+    fn settings(stall_ms: u64) -> Settings {
+        Settings {
+            stall_timeout: Duration::from_millis(stall_ms),
+            flush_interval: Duration::from_millis(20),
+            max_pending: 1 << 20,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reading_client_gets_every_byte_in_order() {
+        let frames = futures_util::stream::iter((0..50).map(|i| Bytes::from(format!("{i};"))));
+        let (got, err) = collect(body(frames.boxed(), None, settings(1000))).await;
+        assert!(err.is_none());
+        let text: String = got.iter().map(|b| String::from_utf8_lossy(b)).collect();
+        let want: String = (0..50).map(|i| format!("{i};")).collect();
+        assert_eq!(text, want);
+    }
+
+    #[tokio::test]
+    async fn a_body_never_polled_is_cut_off_after_the_stall_timeout_and_the_source_dropped() {
+        struct Dropped(Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Dropped {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let guard = Dropped(dropped.clone());
+        let frames = futures_util::stream::unfold(guard, |g| async move {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            Some((Bytes::from_static(b"data: x\n\n"), g))
+        });
+        let started = std::time::Instant::now();
+        let b = body(frames.boxed(), None, settings(200));
+        while !dropped.load(std::sync::atomic::Ordering::SeqCst) {
+            assert!(started.elapsed() < Duration::from_secs(5), "never cut off");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_millis(200), "{waited:?}");
+        let (_, err) = collect(b).await;
+        assert!(err.unwrap().contains("stall"));
+    }
+
+    #[tokio::test]
+    async fn an_overflowing_queue_is_cut_off_at_once() {
+        let frames = futures_util::stream::repeat(Bytes::from(vec![b'x'; 4096])).take(1000);
+        let s = Settings {
+            max_pending: 64 * 1024,
+            ..settings(60_000)
+        };
+        let b = body(frames.boxed(), None, s);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (_, err) = collect(b).await;
+        assert!(err.unwrap().contains("overflow"));
+    }
+}
