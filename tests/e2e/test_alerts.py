@@ -6,6 +6,7 @@ Prometheus scraping it."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import subprocess
@@ -53,9 +54,13 @@ def test_alert_rules_unit_tests():
 
 
 @NEEDS_PROMETHEUS
-def test_dashboard_and_rules_name_exported_series(server_factory, model_name):
-    srv = server_factory()
-    _serve_a_few(srv, model_name, n=2)
+def test_dashboard_and_rules_name_exported_series(server_factory, model_name, tmp_path):
+    # One API key, so the per-key series exist.
+    key = "sk-dashboard-key"
+    config = tmp_path / "ingot.toml"
+    config.write_text(f'[[auth.api_keys]]\nid = "dash"\nsha256 = "{hashlib.sha256(key.encode()).hexdigest()}"\n')
+    srv = server_factory("--config", str(config))
+    _serve_a_few(srv, model_name, n=2, headers={"authorization": f"Bearer {key}"})
     exported = {name for name, _, _ in srv.metrics().samples}
     queries = dashboard_queries() + dashboard_variables() + rule_queries()
     assert len(queries) > 20, queries

@@ -28,9 +28,9 @@ NEEDS_PROMETHEUS = pytest.mark.skipif(
 )
 
 
-def _serve_a_few(srv, model_name: str, n: int = 3) -> None:
+def _serve_a_few(srv, model_name: str, n: int = 3, headers: dict[str, str] | None = None) -> None:
     """n completions (one streamed), a chat, and a few refusals."""
-    with srv.http() as http:
+    with srv.http(headers=headers or {}) as http:
         for i in range(n):
             body = {"model": model_name, "prompt": f"Count to {i + 3}:", "max_tokens": 6, "temperature": 0}
             r = http.post("/v1/completions", json=body)

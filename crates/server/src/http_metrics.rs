@@ -34,6 +34,10 @@ pub fn describe() {
         Unit::Count,
         "Streams cut off because the client stopped reading, by reason (stall, overflow)."
     );
+    // Exported at zero from the start, so rate() and alerts see them.
+    for reason in ["stall", "overflow"] {
+        metrics::counter!(crate::routes::STREAMS_CUT, "reason" => reason).absolute(0);
+    }
     describe_gauge!(
         crate::conn::CONNECTIONS,
         Unit::Count,

@@ -54,12 +54,16 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
         })
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(axum::middleware::from_fn_with_state(
-            max_body_bytes,
-            crate::conn::limit_body,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
             state.edge().clone(),
             ingot_edge::authenticate,
+        ))
+        // Outside the key check: every body is read (within the limit)
+        // before any answer, so an early refusal (401, 429) does not leave
+        // unread bytes that make hyper close a keep-alive connection the
+        // client is about to reuse.
+        .layer(axum::middleware::from_fn_with_state(
+            max_body_bytes,
+            crate::conn::limit_body,
         ))
         .layer(axum::middleware::from_fn(crate::http_metrics::track))
         .layer(axum::middleware::from_fn(crate::observe::access_log))

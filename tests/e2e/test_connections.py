@@ -1,0 +1,263 @@
+"""Connections, slow clients and request limits at the edge (issue 15).
+
+Real sockets against the real server: a 50 MB body gets its 413 (not a
+reset); a client that stops reading mid-stream (raw socket, small receive
+buffer) has its sequence cancelled and KV freed within the stall timeout +
+1 s, read from /metrics; a client trickling its headers is closed after the
+header timeout while others are served; a connection over the cap gets 503;
+per-tier and per-key timeouts answer 504 and cancel; the max_tokens cap is
+a 400; a full queue's Retry-After, honoured, succeeds; a keyed request's
+unused token reservation comes back; per-key usage is counted."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import threading
+import time
+
+import httpx2 as httpx
+import pytest
+
+from ingot_e2e import Server, assert_error, wait_for
+
+STALL = 2.0
+
+
+def running(srv: Server) -> float:
+    return srv.metrics().get("ingot_num_requests_running", 0.0)
+
+
+def kv_usage(srv: Server) -> float:
+    return srv.metrics().get("ingot_kv_cache_usage_perc", 0.0)
+
+
+def raw_request(port: int, path: str, body: dict, rcvbuf: int | None = None) -> socket.socket:
+    s = socket.socket()
+    if rcvbuf:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    s.connect(("127.0.0.1", port))
+    data = json.dumps(body).encode()
+    s.sendall(
+        f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(data)}\r\n\r\n".encode() + data
+    )
+    return s
+
+
+@pytest.fixture(scope="module")
+def srv():
+    s = Server(env={
+        "INGOT_ENGINE_STALL_TIMEOUT": f"{STALL}s",
+        "INGOT_SERVER_HEADER_TIMEOUT": "2s",
+        "INGOT_SERVER_MAX_CONNECTIONS": "12",
+        "INGOT_LIMITS_MAX_TOKENS": "600",
+        "INGOT_LIMITS_REQUEST_TIMEOUT_LOW": "1s",
+        "INGOT_LIMITS_FIRST_TOKEN_TIMEOUT_BACKGROUND": "1ms",
+    })
+    try:
+        yield s
+    finally:
+        s.stop_and_check()
+
+
+def test_a_50mb_body_gets_413_not_a_reset(srv, model_name):
+    big = b'{"prompt": "' + b"x" * 50_000_000 + b'"}'
+    r = httpx.post(f"{srv.url}/v1/completions", content=big,
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 413, r.text[:300]
+    assert r.json()["error"]["code"] == "request_too_large"
+    # the server goes on serving
+    with srv.http() as http:
+        r = http.post("/v1/completions", json={"model": model_name, "prompt": "Hi", "max_tokens": 2})
+        assert r.status_code == 200, r.text
+
+
+def test_a_client_that_stops_reading_is_cut_off_within_the_stall_timeout(srv):
+    wait_for(lambda: running(srv) == 0, 30, what="an idle engine")
+    cut_before = srv.metrics().get("ingot_streams_cut_total", 0.0, reason="stall")
+    s = raw_request(srv.port, "/v1/completions",
+                    {"prompt": "Once upon a time", "max_tokens": 600, "stream": True,
+                     "ignore_eos": True}, rcvbuf=1024)
+    try:
+        first = s.recv(512)
+        assert first.startswith(b"HTTP/1.1 200"), first[:200]
+        wait_for(lambda: running(srv) == 1, 10, what="the stream running")
+        stopped = time.monotonic()  # from here on the client reads nothing
+        wait_for(lambda: running(srv) == 0, STALL + 10, interval=0.05, what="the stalled stream cancelled")
+        took = time.monotonic() - stopped
+        assert took <= STALL + 1.0, f"cancelled {took:.2f} s after the client stopped reading"
+        wait_for(lambda: kv_usage(srv) == 0, 2, what="its KV freed")
+        cut = srv.metrics().get("ingot_streams_cut_total", 0.0, reason="stall")
+        assert cut == cut_before + 1
+    finally:
+        s.close()
+
+
+def test_a_slow_reader_still_gets_everything(srv):
+    """A reader that lags (reads in bursts with pauses shorter than the stall
+    timeout) is not cut off and receives every token, in fewer frames."""
+    s = raw_request(srv.port, "/v1/completions",
+                    {"prompt": "Once upon a time", "max_tokens": 120, "stream": True,
+                     "ignore_eos": True, "stream_options": {"include_usage": True}}, rcvbuf=1024)
+    data = b""
+    s.settimeout(30)
+    try:
+        while not data.endswith(b"0\r\n\r\n"):
+            chunk = s.recv(1024)
+            if not chunk:
+                break
+            data += chunk
+            time.sleep(0.05)
+    finally:
+        s.close()
+    assert b"data: [DONE]" in data, data[-300:]
+    assert b'"completion_tokens":120' in data, data[-600:]
+
+
+def test_a_client_trickling_headers_is_closed_while_others_are_served(srv, model_name):
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    s.settimeout(0.25)
+    start = time.monotonic()
+    closed_after = None
+    served = 0
+    try:
+        for b in b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nx-pad: " + b"a" * 200:
+            try:
+                s.send(bytes([b]))
+                if s.recv(64) == b"":
+                    closed_after = time.monotonic() - start
+                    break
+            except socket.timeout:
+                pass
+            except OSError:
+                closed_after = time.monotonic() - start
+                break
+            if served < 3:
+                r = httpx.post(f"{srv.url}/v1/completions", timeout=30,
+                               json={"model": model_name, "prompt": "Hi", "max_tokens": 2})
+                assert r.status_code == 200
+                served += 1
+            if time.monotonic() - start > 15:
+                break
+    finally:
+        s.close()
+    assert closed_after is not None, "a client trickling headers was never closed"
+    assert 1.5 <= closed_after <= 4.0, closed_after
+    assert served == 3
+
+
+def test_connections_over_the_cap_get_503(srv):
+    wait_for(lambda: srv.metrics().get("ingot_http_connections", 0.0) <= 1, 10, what="few connections")
+    held = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(12)]
+    try:
+        time.sleep(0.3)
+        r = httpx.get(f"{srv.url}/health", timeout=10)
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "too_many_connections"
+    finally:
+        for s in held:
+            s.close()
+    wait_for(lambda: httpx.get(f"{srv.url}/health", timeout=10).status_code == 200, 5,
+             what="served again once connections close")
+    assert srv.metrics().get("ingot_rejections_total", 0.0, reason="connections") >= 1
+
+
+def test_tier_timeouts_answer_504_and_cancel(srv, model_name):
+    before = srv.metrics().get("ingot_rejections_total", 0.0, reason="timeout")
+    with srv.http() as http:
+        body = {"model": model_name, "prompt": "Once", "max_tokens": 500, "ignore_eos": True,
+                "priority": "low"}
+        t0 = time.monotonic()
+        r = http.post("/v1/completions", json=body)
+        assert_error(r, 504)
+        assert r.json()["error"]["code"] == "request_timeout"
+        assert time.monotonic() - t0 < 3
+        # the same request at the normal tier has no timeout
+        r = http.post("/v1/completions", json={**body, "priority": "normal", "max_tokens": 8})
+        assert r.status_code == 200, r.text
+        # a stream past its timeout ends with an error event, then [DONE]
+        with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as s:
+            assert s.status_code == 200
+            text = s.read().decode()
+        assert '"code":"request_timeout"' in text and text.rstrip().endswith("data: [DONE]"), text[-300:]
+        # the first-token timeout of the background tier (1 ms)
+        r = http.post("/v1/completions", json={**body, "priority": "background"})
+        assert_error(r, 504)
+        assert r.json()["error"]["code"] == "first_token_timeout"
+    wait_for(lambda: running(srv) == 0, 5, what="timed-out requests cancelled")
+    assert srv.metrics().get("ingot_rejections_total", 0.0, reason="timeout") == before + 3
+
+
+def test_max_tokens_cap(srv, model_name):
+    with srv.http() as http:
+        r = http.post("/v1/completions", json={"model": model_name, "prompt": "Hi", "max_tokens": 601})
+        assert_error(r, 400, param="max_tokens")
+        assert "600" in r.json()["error"]["message"]
+        r = http.post("/v1/chat/completions", json={"model": model_name, "max_tokens": 600,
+                                                   "messages": [{"role": "user", "content": "Hi"}]})
+        assert r.status_code == 200, r.text
+
+
+def test_a_full_queue_says_when_to_retry(server_factory, model_name):
+    srv = server_factory("--max-num-seqs", "1", "--max-waiting", "2")
+    body = {"model": model_name, "prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True}
+    # A few requests first, so the queue has a measured drain rate.
+    for _ in range(3):
+        assert httpx.post(f"{srv.url}/v1/completions", json=body, timeout=60).status_code == 200
+    results: list[httpx.Response] = []
+    lock = threading.Lock()
+
+    def one():
+        r = httpx.post(f"{srv.url}/v1/completions", json=body, timeout=60)
+        with lock:
+            results.append(r)
+
+    threads = [threading.Thread(target=one) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    refused = [r for r in results if r.status_code == 429]
+    assert refused, [r.status_code for r in results]
+    for r in refused:
+        assert r.json()["error"]["code"] == "server_overloaded"
+        wait = int(r.headers["retry-after"])
+        assert 1 <= wait <= 60, wait
+    time.sleep(int(refused[0].headers["retry-after"]))
+    r = httpx.post(f"{srv.url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+
+
+KEY = "sk-usage-SECRET-1234"
+
+
+def test_unused_reservations_come_back_and_usage_is_counted_per_key(server_factory, model_name, tmp_path):
+    config = tmp_path / "ingot.toml"
+    config.write_text(
+        "[[auth.api_keys]]\n"
+        'id = "metered"\n'
+        f'sha256 = "{hashlib.sha256(KEY.encode()).hexdigest()}"\n'
+        "tokens_per_minute = 300\n"
+    )
+    srv = server_factory("--config", str(config))
+    headers = {"authorization": f"Bearer {KEY}"}
+    body = {"model": model_name, "prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": True,
+            "stream": True}
+    # Reserves ~204 of 300; the client hangs up after a few tokens.
+    with httpx.Client(base_url=srv.url, timeout=60, headers=headers) as http:
+        with http.stream("POST", "/v1/completions", json=body) as s:
+            assert s.status_code == 200
+            for _ in s.iter_lines():
+                break
+        # Without the unused part back, 96 + ~3/s refill could not hold
+        # another 204 yet.
+        second = {**body, "stream": False, "max_tokens": 150, "ignore_eos": False}
+        r = wait_for(lambda: (lambda r: r if r.status_code == 200 else None)(
+            http.post("/v1/completions", json=second)), 3, interval=0.2, what="the reservation refunded")
+        used = r.json()["usage"]
+        m = srv.metrics()
+        assert m.get("ingot_key_requests_total", key_id="metered", status="2xx") >= 2
+        assert m.get("ingot_key_tokens_total", key_id="metered", kind="completion") >= used["completion_tokens"]
+        assert m.get("ingot_key_tokens_total", key_id="metered", kind="prompt") >= 2 * used["prompt_tokens"]
