@@ -4,7 +4,8 @@ The receiver decodes POST /v1/traces bodies with the official OTLP protobuf
 definitions (`opentelemetry-proto`) and keeps every span. The server, with
 `[tracing] otlp_endpoint` pointing at it, must export a `request` span per
 request (a child of an incoming W3C `traceparent`, in its trace) with child
-spans for tokenization, submission, generation and streaming.
+spans for tokenization, submission, generation and streaming, and the
+engine's phases (queue, prefill, decode) in order within it.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class Receiver:
                                     "trace_id": s.trace_id.hex(),
                                     "span_id": s.span_id.hex(),
                                     "parent": s.parent_span_id.hex(),
+                                    "start": s.start_time_unix_nano,
+                                    "end": s.end_time_unix_nano,
                                     "attrs": {a.key: a.value.string_value or a.value.int_value
                                               for a in s.attributes},
                                 })
@@ -113,16 +116,27 @@ def test_request_spans_follow_traceparent(server_factory, receiver):
     assert first["trace_id"] == TRACE_ID
     assert first["parent"] == PARENT_ID
     kids = children(spans, first)
-    for name in ("tokenize", "submit", "generate"):
+    for name in ("tokenize", "submit", "generate", "queue", "prefill", "decode"):
         assert name in kids, (name, spans)
         assert kids[name]["trace_id"] == TRACE_ID
+    assert_engine_phases(first, kids)
 
     second = request_span(spans, "otlp-2")
     assert second["trace_id"] != TRACE_ID and second["parent"] == ""
     kids = children(spans, second)
-    for name in ("tokenize", "submit", "stream"):
+    for name in ("tokenize", "submit", "stream", "queue", "prefill", "decode"):
         assert name in kids, (name, spans)
         assert kids[name]["trace_id"] == second["trace_id"]
+    assert_engine_phases(second, kids)
+
+
+def assert_engine_phases(request, kids):
+    """queue, prefill and decode follow each other inside the request."""
+    q, p, d = kids["queue"], kids["prefill"], kids["decode"]
+    slack = 2_000_000  # 2 ms: the phases' clock is read apart from the span's
+    assert request["start"] - slack <= q["start"] <= q["end"] <= p["start"] + slack, (request, q, p)
+    assert p["start"] <= p["end"] <= d["start"] + slack and d["start"] <= d["end"], (p, d)
+    assert d["end"] <= request["end"] + slack, (d, request)
 
 
 def test_sample_ratio_zero_exports_nothing_new(server_factory, receiver):

@@ -146,6 +146,9 @@ pub fn start_tracing(t: &TracingSection) -> anyhow::Result<()> {
             anyhow::bail!("trace export is already started");
         }
     }
+    // The server exports the engine's phases (queue, prefill, decode) with
+    // explicit times through the global tracer.
+    opentelemetry::global::set_tracer_provider(provider.clone());
     let _ = PROVIDER.set(provider);
     Ok(())
 }

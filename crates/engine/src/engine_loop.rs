@@ -127,6 +127,8 @@ struct Active {
     cached_tokens: usize,
     /// Still counted in `EngineStats::waiting`.
     queued: bool,
+    /// When a step first scheduled it.
+    scheduled: Option<Instant>,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
     /// The sequence ended; only the backlog remains to deliver.
@@ -255,6 +257,7 @@ impl EngineLoop {
                         prompt_tokens: request.prompt.len(),
                         cached_tokens: 0,
                         queued: true,
+                        scheduled: None,
                         first_token: None,
                         last_token: None,
                         done: false,
@@ -298,6 +301,7 @@ impl EngineLoop {
                 if a.queued {
                     a.queued = false;
                     self.admitted += 1;
+                    a.scheduled = Some(now);
                     a.cached_tokens = cached;
                     self.stats.waiting.fetch_sub(1, Ordering::SeqCst);
                     self.metrics
@@ -471,6 +475,9 @@ impl EngineLoop {
                 prompt_tokens: a.prompt_tokens,
                 completion_tokens: a.decoding.num_output(),
                 cached_tokens: a.cached_tokens,
+                queue_time: a
+                    .scheduled
+                    .map_or(Duration::ZERO, |t| t.saturating_duration_since(a.arrival)),
             };
             self.metrics.request_done(
                 &completion,

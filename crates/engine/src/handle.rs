@@ -55,6 +55,8 @@ pub struct Completion {
     pub completion_tokens: usize,
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: usize,
+    /// From arrival to the first step that scheduled it.
+    pub queue_time: Duration,
 }
 
 /// What a request's stream carries.

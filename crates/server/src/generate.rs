@@ -24,8 +24,12 @@ pub struct Job {
     pub prompt_index: usize,
     events: EventStream,
     deadlines: Deadlines,
-    /// A token has come (the first-token deadline no longer applies).
-    started: bool,
+    /// When its first token came (the first-token deadline no longer
+    /// applies).
+    first_token: Option<Instant>,
+    submitted: Instant,
+    /// The request's span: the engine phases are exported under it.
+    span: tracing::Span,
 }
 
 /// When a request must have its first token and its last, with the
@@ -63,15 +67,25 @@ impl Job {
     /// The next event, or the timeout the job ran past (dropping the job
     /// then cancels its generation).
     async fn next(&mut self) -> Result<Option<TokenEvent>, Timeout> {
-        let event = match self.deadlines.next(self.started) {
+        let event = match self.deadlines.next(self.first_token.is_some()) {
             None => self.events.next().await,
             Some((at, timeout)) => tokio::select! {
                 e = self.events.next() => e,
                 () = tokio::time::sleep_until(at.into()) => return Err(timeout),
             },
         };
-        if matches!(event, Some(TokenEvent::Token(_))) {
-            self.started = true;
+        match &event {
+            Some(TokenEvent::Token(_)) if self.first_token.is_none() => {
+                self.first_token = Some(Instant::now());
+            }
+            Some(TokenEvent::Finished(c)) => crate::observe::engine_phases(
+                &self.span,
+                self.submitted,
+                c.queue_time,
+                self.first_token,
+                Instant::now(),
+            ),
+            _ => {}
         }
         Ok(event)
     }
@@ -117,6 +131,8 @@ pub struct Submission {
     pub max_tokens_cap: Option<usize>,
     /// Applied to every choice.
     pub deadlines: Deadlines,
+    /// The request's span (the engine phases are exported under it).
+    pub span: tracing::Span,
 }
 
 impl Submission {
@@ -194,6 +210,7 @@ impl Submission {
                 request,
                 self.sharing,
             );
+            let submitted = Instant::now();
             let generation = generator
                 .generate(request)
                 .await
@@ -204,7 +221,9 @@ impl Submission {
                 prompt_index,
                 events: generation.events,
                 deadlines: self.deadlines,
-                started: false,
+                first_token: None,
+                submitted,
+                span: self.span.clone(),
             });
         }
         Ok((jobs, status.unwrap_or(CacheStatus::Bypass)))

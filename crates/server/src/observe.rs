@@ -171,6 +171,44 @@ pub async fn access_log(req: Request, next: Next) -> Response {
     response
 }
 
+/// Exports a finished generation's engine phases as OpenTelemetry spans,
+/// children of `parent` (the request span): `queue` (submitted until a step
+/// first scheduled it), `prefill` (until its first token) and `decode`
+/// (until its last). They are built with explicit times, as the engine
+/// thread measured them, rather than entered as tracing spans. Nothing
+/// happens unless `parent` is sampled for export.
+pub fn engine_phases(
+    parent: &Span,
+    submitted: Instant,
+    queue_time: std::time::Duration,
+    first_token: Option<Instant>,
+    end: Instant,
+) {
+    use opentelemetry::trace::{Span as _, TraceContextExt, Tracer};
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+    let cx = parent.context();
+    if !cx.span().span_context().is_sampled() {
+        return;
+    }
+    let (now, wall) = (Instant::now(), std::time::SystemTime::now());
+    let at = |t: Instant| wall - now.saturating_duration_since(t);
+    let scheduled = (submitted + queue_time).min(end);
+    let first = first_token.unwrap_or(end).max(scheduled);
+    let tracer = opentelemetry::global::tracer("ingot");
+    for (name, from, to) in [
+        ("queue", submitted, scheduled),
+        ("prefill", scheduled, first),
+        ("decode", first, end),
+    ] {
+        let mut span = tracer
+            .span_builder(name)
+            .with_start_time(at(from))
+            .start_with_context(&tracer, &cx);
+        span.end_with_timestamp(at(to));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

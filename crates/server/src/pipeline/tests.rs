@@ -75,6 +75,7 @@ impl Generator for Fake {
                     prompt_tokens,
                     completion_tokens: n,
                     cached_tokens: 0,
+                    queue_time: Duration::ZERO,
                 })
             } else {
                 TokenEvent::Token(GeneratedToken {
@@ -427,6 +428,7 @@ async fn both_endpoints_validate_before_generating() {
         endpoint,
         max_tokens_cap: None,
         deadlines: crate::generate::Deadlines::default(),
+        span: tracing::Span::none(),
     };
     let sampling = |v: serde_json::Value| {
         ingot_protocol::parse_json::<SamplingFields>(&v)
@@ -525,6 +527,7 @@ async fn both_bounds_hold() {
             prompt_tokens: 1,
             completion_tokens: 0,
             cached_tokens: 0,
+            queue_time: Duration::ZERO,
         },
     });
     for i in 0..100u8 {

@@ -199,6 +199,7 @@ async fn start(
         endpoint,
         max_tokens_cap: configured.max_tokens,
         deadlines: deadlines(configured, key, sampling.priority),
+        span: tracing::Span::current(),
     };
     let mut reserved = 0;
     if let Some(k) = key {
