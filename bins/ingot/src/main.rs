@@ -4,6 +4,7 @@
 mod cmd;
 mod logging;
 mod model;
+mod served;
 mod settings;
 
 use std::process::ExitCode;

@@ -124,6 +124,13 @@ impl ModelArgs {
 /// KV cache memory when `model.kv_cache_tokens` is not set.
 const DEFAULT_KV_BYTES: usize = 1 << 30;
 
+/// KV tokens of a CPU model without `kv_cache_tokens`: 1 GiB worth, and
+/// never less than one full context.
+pub fn default_kv_tokens(model: &ingot_models::ModelConfig, block_size: usize) -> u64 {
+    let per_token = CpuRunner::kv_bytes_per_token(model).max(1);
+    ((DEFAULT_KV_BYTES / per_token).max(model.max_context)).max(block_size) as u64
+}
+
 /// Opens the model files and its tokenizer.
 pub fn open(
     path: &Path,
@@ -158,12 +165,7 @@ pub fn load_runner(
 ) -> anyhow::Result<(Box<dyn ModelRunner>, Arc<Tokenizer>)> {
     let m = &config.model;
     let path = settings::model_path(config)?;
-    if let Some(n) = m.threads {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()
-            .context("cannot size the thread pool")?;
-    }
+    size_thread_pool(m.threads)?;
     let (mut files, tokenizer) = open(path, m.load_format)?;
     if let Some(len) = m.max_model_len {
         files.config.max_context = files.config.max_context.min(len.max(1));
@@ -191,6 +193,22 @@ pub fn load_runner(
         "model loaded"
     );
     Ok((runner, tokenizer))
+}
+
+/// Sizes rayon's global pool once (`model.threads`); later calls, such as
+/// the next model's load, keep the first size.
+pub fn size_thread_pool(threads: Option<usize>) -> anyhow::Result<()> {
+    static SIZED: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    let Some(n) = threads else { return Ok(()) };
+    SIZED
+        .get_or_init(|| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build_global()
+                .map_err(|e| e.to_string())
+        })
+        .clone()
+        .map_err(|e| anyhow::anyhow!("cannot size the thread pool: {e}"))
 }
 
 enum Device {
@@ -250,13 +268,10 @@ fn cpu_runner(
     let weights = LlamaWeights::load(&model, files.tensors.as_ref(), progress)
         .with_context(|| format!("cannot load weights of {}", path.display()))?;
     let block_size = config.engine.block_size;
-    // Default: 1 GiB of KV cache, and never less than one full context.
-    let per_token = CpuRunner::kv_bytes_per_token(&model).max(1);
     let kv_tokens = config
         .model
         .kv_cache_tokens
-        .unwrap_or_else(|| (DEFAULT_KV_BYTES / per_token).max(model.max_context))
-        .max(block_size);
+        .map_or_else(|| default_kv_tokens(&model, block_size) as usize, |t| t.max(block_size));
     Ok(CpuRunner::new(
         model,
         weights,

@@ -36,6 +36,7 @@ pub(crate) fn check(config: &Config) -> Check {
     log(config)?;
     tracing(config)?;
     limits(config)?;
+    models(config)?;
     auth(config)?;
     flags(config)
 }
@@ -105,6 +106,25 @@ fn server(c: &Config) -> Check {
         c.server.max_stream_pending_bytes.bytes(),
         4096,
     )
+}
+
+/// Ids and aliases name one model each.
+fn models(c: &Config) -> Check {
+    let mut names = std::collections::BTreeSet::new();
+    for (i, m) in c.models.iter().enumerate() {
+        if m.id.trim().is_empty() {
+            return fail(format!("models[{i}].id"), "must not be empty");
+        }
+        for name in std::iter::once(&m.id).chain(&m.aliases) {
+            if !names.insert(name.as_str()) {
+                return fail(
+                    format!("models[{i}]"),
+                    format!("the name '{name}' is used twice (ids and aliases must be unique)"),
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 fn limits(c: &Config) -> Check {

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::auth::AuthSection;
 use crate::flags::FlagSpec;
+use crate::models::{ModelEntry, RegistrySection};
 use crate::units::{ByteSize, Duration};
 
 /// The whole configuration of one ingot process.
@@ -40,6 +41,10 @@ pub struct Config {
     pub tracing: TracingSection,
     /// Per-request limits: output cap and timeouts.
     pub limits: LimitsSection,
+    /// Several models in one server (`[[models]]`; empty: `[model]` alone).
+    pub models: Vec<ModelEntry>,
+    /// How the models share the machine.
+    pub registry: RegistrySection,
     /// Feature flags by name (`[a-z0-9_]+`).
     #[schemars(extend("propertyNames" = { "pattern": "^[a-z0-9_]+$" }))]
     pub flags: BTreeMap<String, FlagSpec>,
@@ -59,6 +64,8 @@ impl Default for Config {
             metrics: MetricsSection::default(),
             tracing: TracingSection::default(),
             limits: LimitsSection::default(),
+            models: Vec::new(),
+            registry: RegistrySection::default(),
             flags: default_flags(),
         }
     }

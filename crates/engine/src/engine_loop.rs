@@ -78,6 +78,7 @@ pub fn start_engine(
         stream_buffer: config.stream_buffer.max(1),
     };
     let metrics = Metrics::new(&config.metrics);
+    let model_name = config.metrics.model_name.clone();
     let state = EngineLoop {
         scheduler: Scheduler::new(config.scheduler.clone(), pool),
         runner,
@@ -109,6 +110,7 @@ pub fn start_engine(
             tokenizer,
             limits,
             device,
+            model_name,
             stopped: std::sync::Mutex::new(Some(stopped)),
         }),
     })

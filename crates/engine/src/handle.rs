@@ -168,6 +168,8 @@ pub(crate) struct Shared {
     pub tokenizer: Arc<Tokenizer>,
     pub limits: Limits,
     pub device: String,
+    /// The model's name in metrics.
+    pub model_name: String,
     /// Closed by the engine thread once it has released the runner.
     pub stopped: std::sync::Mutex<Option<std_mpsc::Receiver<()>>>,
 }
@@ -263,7 +265,7 @@ impl EngineHandle {
             stats.waiting.fetch_sub(1, Ordering::SeqCst);
             return Err(SubmitError::Stopped);
         }
-        crate::metrics::request_submitted();
+        crate::metrics::request_submitted(&self.shared.model_name);
         Ok(RequestStream {
             id,
             events: rx,

@@ -45,6 +45,9 @@ struct Series {
 
 /// The engine's metric handles (one per engine thread).
 pub(crate) struct Metrics {
+    /// The `model` label of every series (overrides the server's global
+    /// one, so several engines in one process stay apart).
+    model: String,
     ingot: Series,
     iteration_tokens: Histogram,
     step_duration: Histogram,
@@ -63,23 +66,26 @@ impl Metrics {
     /// first request.
     pub(crate) fn new(config: &MetricsConfig) -> Self {
         describe_ingot();
+        let model = config.model_name.clone();
+        let label = || vec![Label::new("model", model.clone())];
         let ingot = Series {
-            running: gauge!("ingot_num_requests_running"),
-            waiting: gauge!("ingot_num_requests_waiting"),
-            kv_usage: gauge!("ingot_kv_cache_usage_perc"),
-            prefix_queries: counter!("ingot_prefix_cache_queries_total"),
-            prefix_hits: counter!("ingot_prefix_cache_hits_total"),
-            preemptions: counter!("ingot_num_preemptions_total"),
-            prompt_tokens: counter!("ingot_prompt_tokens_total"),
-            generation_tokens: counter!("ingot_generation_tokens_total"),
-            inter_token: histogram!("ingot_inter_token_latency_seconds"),
+            running: gauge!("ingot_num_requests_running", label()),
+            waiting: gauge!("ingot_num_requests_waiting", label()),
+            kv_usage: gauge!("ingot_kv_cache_usage_perc", label()),
+            prefix_queries: counter!("ingot_prefix_cache_queries_total", label()),
+            prefix_hits: counter!("ingot_prefix_cache_hits_total", label()),
+            preemptions: counter!("ingot_num_preemptions_total", label()),
+            prompt_tokens: counter!("ingot_prompt_tokens_total", label()),
+            generation_tokens: counter!("ingot_generation_tokens_total", label()),
+            inter_token: histogram!("ingot_inter_token_latency_seconds", label()),
         };
         let vllm = config.vllm_names.then(|| Vllm::new(&config.model_name));
         let m = Self {
             ingot,
-            iteration_tokens: histogram!("ingot_iteration_tokens"),
-            step_duration: histogram!("ingot_step_duration_seconds"),
+            iteration_tokens: histogram!("ingot_iteration_tokens", label()),
+            step_duration: histogram!("ingot_step_duration_seconds", label()),
             vllm,
+            model,
         };
         m.gauges(0, 0, 0.0);
         m.prefix_cache(0, 0);
@@ -88,7 +94,7 @@ impl Metrics {
             s.prompt_tokens.increment(0);
             s.generation_tokens.increment(0);
         });
-        counter!("ingot_engine_requests_total").increment(0);
+        request_counter(&m.model).increment(0);
         m
     }
 
@@ -131,7 +137,7 @@ impl Metrics {
 
     /// Arrival to first scheduling.
     pub(crate) fn queue_time(&self, d: Duration, p: Priority) {
-        histogram!("ingot_request_queue_time_seconds", "priority" => p.as_str())
+        histogram!("ingot_request_queue_time_seconds", "model" => self.model.clone(), "priority" => p.as_str())
             .record(d.as_secs_f64());
         if let Some(v) = &self.vllm {
             v.histogram("vllm:request_queue_time_seconds")
@@ -141,7 +147,7 @@ impl Metrics {
 
     /// Arrival to first token.
     pub(crate) fn time_to_first_token(&self, d: Duration, p: Priority) {
-        histogram!("ingot_time_to_first_token_seconds", "priority" => p.as_str())
+        histogram!("ingot_time_to_first_token_seconds", "model" => self.model.clone(), "priority" => p.as_str())
             .record(d.as_secs_f64());
         if let Some(v) = &self.vllm {
             v.histogram("vllm:time_to_first_token_seconds")
@@ -160,7 +166,7 @@ impl Metrics {
             s.prompt_tokens.increment(c.prompt_tokens as u64);
             s.generation_tokens.increment(c.completion_tokens as u64);
         });
-        histogram!("ingot_e2e_request_latency_seconds", "priority" => p.as_str())
+        histogram!("ingot_e2e_request_latency_seconds", "model" => self.model.clone(), "priority" => p.as_str())
             .record(e2e.as_secs_f64());
         if let Some(v) = &self.vllm {
             v.histogram("vllm:e2e_request_latency_seconds")
@@ -173,6 +179,7 @@ impl Metrics {
     pub(crate) fn request_finished(&self, reason: FinishReason, p: Priority) {
         counter!(
             "ingot_request_success_total",
+            "model" => self.model.clone(),
             "finish_reason" => reason.as_str(),
             "priority" => p.as_str()
         )
@@ -180,6 +187,7 @@ impl Metrics {
         if let Some(v) = &self.vllm {
             counter!(
                 "vllm:request_success_total",
+                "model" => v.model_name.clone(),
                 "model_name" => v.model_name.clone(),
                 "engine" => VLLM_ENGINE,
                 "finished_reason" => reason.as_str()
@@ -195,6 +203,7 @@ impl Vllm {
         describe_vllm();
         let labels = || {
             vec![
+                Label::new("model", model_name.to_string()),
                 Label::new("model_name", model_name.to_string()),
                 Label::new("engine", VLLM_ENGINE),
             ]
@@ -217,15 +226,19 @@ impl Vllm {
 
     /// A vLLM histogram with vLLM's labels.
     fn histogram(&self, name: &'static str) -> Histogram {
-        histogram!(name, "model_name" => self.model_name.clone(), "engine" => VLLM_ENGINE)
+        histogram!(name, "model" => self.model_name.clone(), "model_name" => self.model_name.clone(), "engine" => VLLM_ENGINE)
     }
 }
 
 /// A request entered the engine (one generation; coalesced and cached
 /// answers never reach here). Called from the submitting thread, which has
 /// no `Metrics`.
-pub(crate) fn request_submitted() {
-    counter!("ingot_engine_requests_total").increment(1);
+pub(crate) fn request_submitted(model: &str) {
+    request_counter(model).increment(1);
+}
+
+fn request_counter(model: &str) -> Counter {
+    counter!("ingot_engine_requests_total", "model" => model.to_string())
 }
 
 /// HELP text and units of ingot's own engine series.

@@ -13,8 +13,12 @@ pub struct ModelCard {
     pub created: u64,
     /// "ingot".
     pub owned_by: &'static str,
-    /// Longest prompt + output.
-    pub max_model_len: usize,
+    /// Longest prompt + output (absent while the model was never loaded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_model_len: Option<usize>,
+    /// `loaded`, `loading` or `unloaded` (ingot's extra field: a request
+    /// for an unloaded model loads it).
+    pub state: &'static str,
 }
 
 /// The model list.

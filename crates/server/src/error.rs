@@ -17,6 +17,25 @@ pub enum ApiError {
     /// The named model is not served (404).
     #[error("the model '{0}' does not exist")]
     ModelNotFound(String),
+    /// The named model is not configured (404, listing those that are).
+    #[error("{message}")]
+    UnknownModel {
+        /// What was asked for.
+        id: String,
+        /// The message, with the available models.
+        message: String,
+    },
+    /// The model cannot be loaded now (503 with Retry-After).
+    #[error("{message}")]
+    ModelUnavailable {
+        /// Why.
+        message: String,
+        /// When to retry.
+        retry_after: Duration,
+    },
+    /// The request conflicts with the current state (409).
+    #[error("{0}")]
+    Conflict(String),
     /// No such route (404).
     #[error("no route for {0}")]
     RouteNotFound(String),
@@ -75,6 +94,19 @@ impl ApiError {
                 Some("model".into()),
                 Some("model_not_found"),
             ),
+            ApiError::UnknownModel { .. } => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("model".into()),
+                Some("model_not_found"),
+            ),
+            ApiError::ModelUnavailable { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                Some("model".into()),
+                Some("model_unavailable"),
+            ),
+            ApiError::Conflict(_) => (StatusCode::CONFLICT, "invalid_request_error", None, None),
             ApiError::RouteNotFound(_) => {
                 (StatusCode::NOT_FOUND, "invalid_request_error", None, None)
             }
@@ -211,13 +243,15 @@ impl ApiError {
             ApiError::BadRequest(_) => Some("validation"),
             // A wrong method is a request for an endpoint that does not exist.
             ApiError::ModelNotFound(_)
+            | ApiError::UnknownModel { .. }
             | ApiError::RouteNotFound(_)
             | ApiError::MethodNotAllowed(_) => Some("not_found"),
             ApiError::PayloadTooLarge(_) => Some("too_large"),
             ApiError::Overloaded { .. } => Some("admission"),
             ApiError::RateLimited { .. } => Some("rate_limit"),
             ApiError::Timeout(_) => Some("timeout"),
-            ApiError::Unavailable(_) => Some("unavailable"),
+            ApiError::Unavailable(_) | ApiError::ModelUnavailable { .. } => Some("unavailable"),
+            ApiError::Conflict(_) => Some("validation"),
             ApiError::Internal(_) => None,
         }
     }
@@ -237,6 +271,7 @@ impl IntoResponse for ApiError {
             ApiError::Overloaded { retry_after, .. } => Some(ceil_secs(*retry_after)),
             ApiError::RateLimited { retry_after, .. } => retry_after.map(ceil_secs),
             ApiError::Unavailable(_) => Some(1),
+            ApiError::ModelUnavailable { retry_after, .. } => Some(ceil_secs(*retry_after)),
             _ => None,
         };
         if let Some(secs) = retry {

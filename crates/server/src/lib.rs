@@ -8,6 +8,7 @@ mod error;
 mod generate;
 mod http_metrics;
 mod logprobs;
+pub mod models;
 mod observe;
 pub mod pipeline;
 pub mod reload;
@@ -18,6 +19,7 @@ mod usage;
 
 pub use conn::ConnLimits;
 pub use error::ApiError;
+pub use models::{EngineLoader, Models, ServedModel};
 pub use reload::{LogLevelFn, ReloadFn, ReloadReport};
 pub use routes::app;
 pub use serve::{serve, ServeConfig, ServeError};

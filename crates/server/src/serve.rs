@@ -8,18 +8,23 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use ingot_engine::EngineHandle;
+use crate::models::Models;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::reload::{LogLevelFn, ReloadFn};
 use crate::{app, AppState};
+
+/// How often idle models are looked for (their timeouts are seconds or
+/// more).
+const IDLE_SWEEP: Duration = Duration::from_secs(1);
 
 /// Server settings.
 #[derive(Clone)]
 pub struct ServeConfig {
     /// Address to bind (port 0: any free port).
     pub addr: SocketAddr,
-    /// The name clients pass as `model`.
+    /// The default model (requests without `model`); also the `model`
+    /// label of series that belong to no one model.
     pub model_name: String,
     /// Largest request body.
     pub max_body_bytes: usize,
@@ -60,11 +65,10 @@ fn install_metrics(model_name: &str) -> Option<PrometheusHandle> {
     Some(handle)
 }
 
-/// Serves until SIGTERM/SIGINT. `load` builds the engine (slow, blocking).
-pub async fn serve<F>(config: ServeConfig, load: F) -> Result<(), ServeError>
-where
-    F: FnOnce() -> Result<EngineHandle, String> + Send + 'static,
-{
+/// Serves `models` until SIGTERM/SIGINT. The listener comes up first;
+/// `/ready` turns 200 once the models marked `preload` are in (a failed
+/// preload ends the process with its error); the others load on demand.
+pub async fn serve(config: ServeConfig, models: Models) -> Result<(), ServeError> {
     let state = AppState::new(
         config.model_name.clone(),
         config.runtime.clone(),
@@ -87,14 +91,19 @@ where
         source,
     })?;
     eprintln!("listening on http://{local}");
+    state.set_models(models.clone());
+    let _sweeper = models.spawn_idle_sweeper(IDLE_SWEEP);
     let loader = {
         let state = state.clone();
-        tokio::task::spawn_blocking(move || -> Result<(), String> {
-            let engine = load()?;
-            state.set_engine(engine);
-            tracing::info!("model loaded; ready");
+        async move {
+            let failed = models.preload().await;
+            if let Some(e) = failed.into_iter().next() {
+                return Err(e.to_string());
+            }
+            state.set_ready();
+            tracing::info!("preloaded models in; ready");
             Ok(())
-        })
+        }
     };
     let router = app(state.clone(), config.max_body_bytes);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -107,10 +116,8 @@ where
     // A failed load ends the process with its error; a signal drains.
     tokio::select! {
         loaded = loader => {
-            match loaded {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(ServeError::Load(e)),
-                Err(e) => return Err(ServeError::Load(format!("model loading panicked: {e}"))),
+            if let Err(e) = loaded {
+                return Err(ServeError::Load(e));
             }
             shutdown_signal().await;
         }

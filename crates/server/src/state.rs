@@ -1,14 +1,14 @@
-//! Shared server state: the engine (once loaded), the generation pipeline,
-//! the live runtime config (flags, cache bounds), the served name, the
-//! drain flag and the in-flight counter used by graceful shutdown.
+//! Shared server state: the served models (a registry of engines), the
+//! generation pipeline, the live runtime config (flags, cache bounds), the
+//! default model's name, the drain flag and the in-flight counter used by
+//! graceful shutdown.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ingot_config::{Config, Loaded};
-use ingot_engine::EngineHandle;
-use ingot_tokenizer::ChatTemplate;
+use ingot_registry::Lease;
 use metrics::counter;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::Notify;
@@ -16,6 +16,7 @@ use tokio::sync::Notify;
 use crate::pipeline::{
     CacheSettings, Coalescer, EngineGenerator, MemoryStore, ResponseCache, Sharing,
 };
+use crate::models::{Models, ServedModel};
 use crate::reload::{LogLevelFn, ReloadFn};
 use crate::ApiError;
 
@@ -35,14 +36,18 @@ pub struct AppState {
 }
 
 struct Inner {
-    engine: Arc<OnceLock<EngineHandle>>,
+    /// Set once the listener is up; models load on demand from then on.
+    models: Arc<OnceLock<Models>>,
+    /// The preloaded models are in: `/ready` is 200.
+    ready: AtomicBool,
     pipeline: Pipeline,
     runtime: RwLock<Arc<Loaded>>,
     reload: OnceLock<ReloadFn>,
     log_level: OnceLock<LogLevelFn>,
-    /// The model's chat template, compiled once (or why there is none).
-    template: OnceLock<Result<Arc<ChatTemplate>, String>>,
+    /// The model a request without `model` gets (the first configured).
     model_name: String,
+    /// Context lengths of the models loaded so far (for `/v1/models`).
+    max_model_len: std::sync::Mutex<std::collections::HashMap<String, usize>>,
     created: u64,
     draining: AtomicBool,
     inflight: AtomicUsize,
@@ -53,27 +58,29 @@ struct Inner {
 }
 
 impl AppState {
-    /// State for a server that will serve `model_name` under `runtime`.
+    /// State for a server whose default model is `model_name`, under
+    /// `runtime`.
     pub fn new(model_name: String, runtime: Loaded, metrics: Option<PrometheusHandle>) -> Self {
         let created = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let engine = Arc::new(OnceLock::new());
+        let models = Arc::new(OnceLock::new());
         let config = &runtime.config;
         let coalescer = Coalescer::new(
-            EngineGenerator::new(engine.clone()),
+            EngineGenerator::new(models.clone()),
             config.engine.stall_timeout.get(),
         );
         let store = Arc::new(MemoryStore::new(cache_settings(config)));
         Self {
             inner: Arc::new(Inner {
-                engine,
+                models,
+                ready: AtomicBool::new(false),
                 pipeline: ResponseCache::new(coalescer, store),
                 runtime: RwLock::new(Arc::new(runtime)),
                 reload: OnceLock::new(),
                 log_level: OnceLock::new(),
-                template: OnceLock::new(),
                 model_name,
+                max_model_len: Default::default(),
                 created,
                 draining: AtomicBool::new(false),
                 inflight: AtomicUsize::new(0),
@@ -84,43 +91,50 @@ impl AppState {
         }
     }
 
-    /// Marks the model loaded; `/ready` turns 200.
-    pub fn set_engine(&self, engine: EngineHandle) {
-        let template = match ChatTemplate::for_tokenizer(engine.tokenizer()) {
-            Ok(Some(t)) => Ok(Arc::new(t)),
-            Ok(None) => Err("this model has no chat template; use /v1/completions".to_string()),
-            Err(e) => Err(format!("the model's chat template is invalid: {e}")),
-        };
-        let _ = self.inner.template.set(template);
-        let _ = self.inner.engine.set(engine);
+    /// Installs the registry: from now on models load on demand.
+    pub fn set_models(&self, models: Models) {
+        let _ = self.inner.models.set(models);
     }
 
-    /// The compiled chat template.
-    pub fn chat_template(&self) -> Result<Arc<ChatTemplate>, ApiError> {
-        match self.inner.template.get() {
-            Some(Ok(t)) => Ok(t.clone()),
-            Some(Err(e)) => Err(ApiError::BadRequest(ingot_protocol::ProtocolError::field(
-                "messages",
-                e.clone(),
-            ))),
-            None => Err(ApiError::Unavailable("the model is still loading".into())),
-        }
+    /// The registry, once installed.
+    pub fn models(&self) -> Option<&Models> {
+        self.inner.models.get()
     }
 
-    /// The engine, or 503 while loading or draining.
-    pub fn engine(&self) -> Result<&EngineHandle, ApiError> {
+    /// The context length of model `id`, once it has been loaded.
+    pub fn max_model_len(&self, id: &str) -> Option<usize> {
+        lock(&self.inner.max_model_len).get(id).copied()
+    }
+
+    /// The preloaded models are in; `/ready` turns 200.
+    pub fn set_ready(&self) {
+        self.inner.ready.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether `/ready` is 200: preloading done and not draining.
+    pub fn is_ready(&self) -> bool {
+        self.inner.ready.load(Ordering::SeqCst) && !self.is_draining()
+    }
+
+    /// A lease on the model `requested` names (the default model when
+    /// absent), loading it if need be; 503 while starting or draining, 404
+    /// for a name no model has.
+    pub async fn model(&self, requested: Option<&str>) -> Result<Lease<ServedModel>, ApiError> {
         if self.is_draining() {
             return Err(ApiError::Unavailable("the server is shutting down".into()));
         }
-        self.inner
-            .engine
-            .get()
-            .ok_or_else(|| ApiError::Unavailable("the model is still loading".into()))
-    }
-
-    /// The engine regardless of draining (for read-only endpoints).
-    pub fn loaded_engine(&self) -> Option<&EngineHandle> {
-        self.inner.engine.get()
+        let models = self
+            .models()
+            .ok_or_else(|| ApiError::Unavailable("the server is starting".into()))?;
+        if !self.inner.ready.load(Ordering::SeqCst) {
+            return Err(ApiError::Unavailable("the model is still loading".into()));
+        }
+        let name = requested.unwrap_or(&self.inner.model_name);
+        let lease = models.acquire(name).await?;
+        lock(&self.inner.max_model_len)
+            .entry(lease.id().to_string())
+            .or_insert_with(|| lease.engine.max_context());
+        Ok(lease)
     }
 
     /// The API keys and their limits (the router's auth layer reads them).
@@ -200,7 +214,7 @@ impl AppState {
         }
     }
 
-    /// The served model name.
+    /// The default model's name.
     pub fn model_name(&self) -> &str {
         &self.inner.model_name
     }
@@ -208,16 +222,6 @@ impl AppState {
     /// Load time, Unix seconds.
     pub fn created(&self) -> u64 {
         self.inner.created
-    }
-
-    /// 404 unless `requested` is absent or names the served model.
-    pub fn check_model(&self, requested: Option<&str>) -> Result<(), ApiError> {
-        match requested {
-            Some(name) if name != self.inner.model_name => {
-                Err(ApiError::ModelNotFound(name.to_string()))
-            }
-            _ => Ok(()),
-        }
     }
 
     /// Stops taking new generation requests.
@@ -263,6 +267,10 @@ impl AppState {
             .map(|h| h.render())
             .unwrap_or_default()
     }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The bounds of the response cache in `config`.

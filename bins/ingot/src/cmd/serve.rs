@@ -10,7 +10,8 @@ use ingot_config::{Layers, Loaded};
 use ingot_server::{LogLevelFn, ReloadFn, ServeConfig};
 
 use crate::logging;
-use crate::model::{load_engine, ModelArgs};
+use crate::model::ModelArgs;
+use crate::served;
 use crate::settings::{self, FlagSet};
 
 /// Flags of `ingot serve` (and `ingot config show`). Every one is optional:
@@ -174,7 +175,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let layers = args.layers()?;
     let loaded = settings::load(&layers)?;
     let config = loaded.config.clone();
-    let path = settings::model_path(&config)?;
+    let default_name = match config.models.first() {
+        Some(m) => m.id.clone(),
+        None => model_name(&loaded, settings::model_path(&config)?),
+    };
+    let entries = served::entries(&config, &default_name)?;
     let server = &config.server;
     let addr: SocketAddr = format!("{}:{}", server.host, server.port)
         .parse()
@@ -187,7 +192,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let set_log_level: LogLevelFn = Arc::new(logging::set);
     let serve = ServeConfig {
         addr,
-        model_name: model_name(&loaded, path),
+        model_name: default_name,
         max_body_bytes: usize::try_from(server.max_body_bytes.bytes()).unwrap_or(usize::MAX),
         shutdown_timeout: server.shutdown_timeout.get(),
         connections: ingot_server::ConnLimits {
@@ -198,19 +203,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         reload: Some(reload_fn(layers)),
         set_log_level: Some(set_log_level),
     };
-    let mut engine = settings::engine_config(&config);
-    engine.metrics.model_name = serve.model_name.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("ingot-http")
         .build()
         .context("cannot start the async runtime")?;
     logging::start_tracing(&config.tracing)?;
-    let served = runtime.block_on(ingot_server::serve(serve, move || {
-        let gen = load_engine(&config, engine).map_err(|e| format!("{e:#}"))?;
-        eprintln!("ingot: serving on {}", gen.device_name());
-        Ok(gen)
-    }));
+    let models = served::registry(&config, entries)?;
+    let served = runtime.block_on(ingot_server::serve(serve, models));
     drop(runtime);
     logging::shutdown();
     served?;

@@ -1,23 +1,25 @@
-//! The innermost layer: submits to the engine.
+//! The innermost layer: submits to the requested model's engine.
 
 use std::sync::{Arc, OnceLock};
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::{self, StreamExt};
-use ingot_engine::EngineHandle;
 
 use super::{CacheStatus, GenerateError, GenerateRequest, Generation, Generator};
+use crate::models::Models;
 
-/// Submits requests to the engine once it has loaded.
+/// Submits requests to the engine of the model they name, leasing it for
+/// as long as the generation's events are read (so it is never evicted
+/// under a request).
 #[derive(Clone)]
 pub struct EngineGenerator {
-    engine: Arc<OnceLock<EngineHandle>>,
+    models: Arc<OnceLock<Models>>,
 }
 
 impl EngineGenerator {
-    /// A generator over the engine that `engine` will hold once loaded.
-    pub fn new(engine: Arc<OnceLock<EngineHandle>>) -> Self {
-        Self { engine }
+    /// A generator over the registry `models` will hold once installed.
+    pub fn new(models: Arc<OnceLock<Models>>) -> Self {
+        Self { models }
     }
 }
 
@@ -27,21 +29,26 @@ impl Generator for EngineGenerator {
         request: GenerateRequest,
     ) -> BoxFuture<'_, Result<Generation, GenerateError>> {
         Box::pin(async move {
-            let engine = self
-                .engine
+            let models = self
+                .models
                 .get()
-                .ok_or_else(|| GenerateError::Unavailable("the model is still loading".into()))?;
+                .ok_or_else(|| GenerateError::Unavailable("the server is starting".into()))?;
+            let lease = models
+                .acquire(&request.model)
+                .await
+                .map_err(|e| GenerateError::Unavailable(e.to_string()))?;
             let status = if request.key.is_some() {
                 CacheStatus::Miss
             } else {
                 CacheStatus::Bypass
             };
-            let stream = engine.submit(request.engine)?;
+            let stream = lease.engine.submit(request.engine)?;
             let priority = Some(stream.priority_handle());
-            // The stream owns the engine request: dropping it aborts.
-            let events = stream::unfold(stream, |mut s| async move {
+            // The stream owns the engine request (dropping it aborts) and
+            // the lease.
+            let events = stream::unfold((stream, lease), |(mut s, lease)| async move {
                 let event = s.next().await?;
-                Some((event, s))
+                Some((event, (s, lease)))
             })
             .boxed();
             Ok(Generation {

@@ -71,12 +71,12 @@ pub async fn chat_completions(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let engine = state.engine()?.clone();
     let body = json_body(body, limit)?;
     let req = ValidChatRequest::parse(&body)?;
-    state.check_model(req.sampling.model.as_deref())?;
+    let model = super::lease(&state, &caller, req.sampling.model.as_deref()).await?;
+    let engine = model.engine.clone();
     let guard = state.track();
-    let template = state.chat_template()?;
+    let template = model.chat_template()?;
     let tokenizer = engine.tokenizer().clone();
     let span = tracing::info_span!("tokenize");
     let (req, ids) = tokio::task::spawn_blocking(move || {
@@ -93,6 +93,7 @@ pub async fn chat_completions(
         usage: key_usage,
     } = start(
         &state,
+        model.id(),
         &caller,
         &headers,
         engine.limits(),
@@ -104,7 +105,7 @@ pub async fn chat_completions(
     let meta = Meta {
         id,
         created: unix_now(),
-        model: state.model_name().to_string(),
+        model: model.id().to_string(),
         logprobs: req.sampling.params.logprobs.is_some(),
         tokenizer: engine.tokenizer().clone(),
     };
@@ -118,7 +119,7 @@ pub async fn chat_completions(
             out,
             key_usage,
         );
-        return Ok(answer.finish(&state, response, None));
+        return Ok(answer.finish(response, None));
     }
     let results =
         tracing::Instrument::instrument(generate::collect(jobs), tracing::info_span!("generate"))
@@ -155,7 +156,7 @@ pub async fn chat_completions(
     })
     .into_response();
     key_usage.settle(tokens.0 as u64, tokens.1 as u64);
-    Ok(answer.finish(&state, response, Some(tokens)))
+    Ok(answer.finish(response, Some(tokens)))
 }
 
 /// What every chunk repeats.

@@ -55,10 +55,10 @@ pub async fn completions(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let engine = state.engine()?.clone();
     let body = json_body(body, limit)?;
     let req = ValidCompletionRequest::parse(&body)?;
-    state.check_model(req.sampling.model.as_deref())?;
+    let model = super::lease(&state, &caller, req.sampling.model.as_deref()).await?;
+    let engine = model.engine.clone();
     let guard = state.track();
     let tokenizer = engine.tokenizer().clone();
     let prompts = req.prompts.clone();
@@ -76,6 +76,7 @@ pub async fn completions(
         usage: key_usage,
     } = start(
         &state,
+        model.id(),
         &caller,
         &headers,
         engine.limits(),
@@ -87,7 +88,7 @@ pub async fn completions(
     let meta = Meta {
         id,
         created: unix_now(),
-        model: state.model_name().to_string(),
+        model: model.id().to_string(),
         logprobs: req.sampling.params.logprobs.is_some(),
         tokenizer: engine.tokenizer().clone(),
         echo: req.echo.then_some(echo),
@@ -102,7 +103,7 @@ pub async fn completions(
             out,
             key_usage,
         );
-        return Ok(answer.finish(&state, response, None));
+        return Ok(answer.finish(response, None));
     }
     let results =
         tracing::Instrument::instrument(generate::collect(jobs), tracing::info_span!("generate"))
@@ -139,7 +140,7 @@ pub async fn completions(
     })
     .into_response();
     key_usage.settle(tokens.0 as u64, tokens.1 as u64);
-    Ok(answer.finish(&state, response, Some(tokens)))
+    Ok(answer.finish(response, Some(tokens)))
 }
 
 struct Meta {

@@ -17,40 +17,41 @@ use ingot_protocol::{parse_json, ProtocolError};
 use super::{json_body, Shared};
 use crate::ApiError;
 
-/// `GET /v1/models`: the served model, unless the caller's API key may not
-/// use it (it then does not exist for them).
+/// `GET /v1/models`: every configured model with its state, except those
+/// the caller's API key may not use (they do not exist for them).
 pub async fn models(
     State((state, _)): State<Shared>,
     Extension(caller): Extension<Caller>,
 ) -> Json<ModelList> {
-    let max_model_len = state.loaded_engine().map_or(0, |e| e.max_context());
-    let visible = caller
-        .key()
-        .is_none_or(|k| k.allows_model(state.model_name()));
-    let card = ModelCard {
-        id: state.model_name().to_string(),
-        object: "model",
-        created: state.created(),
-        owned_by: "ingot",
-        max_model_len,
-    };
+    let statuses = state.models().map(|m| m.status()).unwrap_or_default();
+    let data = statuses
+        .into_iter()
+        .filter(|s| caller.key().is_none_or(|k| k.allows_model(&s.id)))
+        .map(|s| ModelCard {
+            max_model_len: state.max_model_len(&s.id),
+            id: s.id,
+            object: "model",
+            created: state.created(),
+            owned_by: "ingot",
+            state: s.state.as_str(),
+        })
+        .collect();
     Json(ModelList {
         object: "list",
-        data: visible.then_some(card).into_iter().collect(),
+        data,
     })
 }
 
 /// `POST /tokenize`: text, or messages through the chat template.
 pub async fn tokenize(
     State((state, limit)): State<Shared>,
+    Extension(caller): Extension<Caller>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<TokenizeResponse>, ApiError> {
-    let engine = state
-        .loaded_engine()
-        .ok_or_else(|| ApiError::Unavailable("the model is still loading".into()))?;
     let body = json_body(body, limit)?;
     let req: TokenizeRequest = parse_json(&body)?;
-    state.check_model(req.model.as_deref())?;
+    let model = super::lease(&state, &caller, req.model.as_deref()).await?;
+    let engine = &model.engine;
     let tokenizer = engine.tokenizer().clone();
     let tokens = match (req.prompt, req.messages) {
         (Some(text), None) => tokenizer
@@ -59,7 +60,7 @@ pub async fn tokenize(
         (None, Some(_)) => {
             // The same rendering and encoding as a chat request.
             let chat = ValidChatRequest::parse(&body)?;
-            super::chat::prompt_ids(&chat, &*state.chat_template()?, &tokenizer)?
+            super::chat::prompt_ids(&chat, &*model.chat_template()?, &tokenizer)?
         }
         _ => {
             return Err(ApiError::BadRequest(ProtocolError::field(
@@ -78,14 +79,13 @@ pub async fn tokenize(
 /// `POST /detokenize`.
 pub async fn detokenize(
     State((state, limit)): State<Shared>,
+    Extension(caller): Extension<Caller>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<DetokenizeResponse>, ApiError> {
-    let engine = state
-        .loaded_engine()
-        .ok_or_else(|| ApiError::Unavailable("the model is still loading".into()))?;
     let body = json_body(body, limit)?;
     let req: DetokenizeRequest = parse_json(&body)?;
-    state.check_model(req.model.as_deref())?;
+    let model = super::lease(&state, &caller, req.model.as_deref()).await?;
+    let engine = &model.engine;
     let vocab = engine.model_config().vocab_size;
     if let Some(bad) = req.tokens.iter().find(|&&t| t as usize >= vocab) {
         return Err(ApiError::BadRequest(ProtocolError::bound(
@@ -106,12 +106,18 @@ pub async fn health() -> StatusCode {
     StatusCode::OK
 }
 
-/// `GET /ready`: 200 once the model is loaded, 503 before and while draining.
+/// `GET /ready`: 200 once the preloaded models are in, 503 before and
+/// while draining.
 pub async fn ready(State((state, _)): State<Shared>) -> Response {
-    match state.engine() {
-        Ok(_) => (StatusCode::OK, "ready").into_response(),
-        Err(e) => e.into_response(),
+    if state.is_ready() {
+        return (StatusCode::OK, "ready").into_response();
     }
+    let why = if state.is_draining() {
+        "the server is shutting down"
+    } else {
+        "the model is still loading"
+    };
+    ApiError::Unavailable(why.into()).into_response()
 }
 
 /// `GET /metrics`: Prometheus text.

@@ -131,6 +131,7 @@ struct Started {
 
 /// What every answer of a started request carries (header, access log).
 struct Answer {
+    model: String,
     status: CacheStatus,
     tenant: Option<String>,
     prompt_tokens: usize,
@@ -142,12 +143,11 @@ impl Answer {
     /// head is logged, with the prompt tokens known then).
     fn finish(
         self,
-        state: &AppState,
         response: Response,
         tokens: Option<(usize, usize)>,
     ) -> Response {
         let access = crate::observe::Access {
-            model: Some(state.model_name().to_string()),
+            model: Some(self.model),
             tenant: self.tenant,
             prompt_tokens: Some(tokens.map_or(self.prompt_tokens, |t| t.0) as u64),
             completion_tokens: tokens.map(|t| t.1 as u64),
@@ -166,6 +166,7 @@ impl Answer {
 /// tokens-per-minute bucket must hold prompt + max_tokens of every choice.
 async fn start(
     state: &AppState,
+    model: &str,
     caller: &Caller,
     headers: &HeaderMap,
     limits: ingot_engine::RequestLimits,
@@ -183,7 +184,7 @@ async fn start(
             .and_then(|v| v.to_str().ok()),
     );
     let key = caller.key();
-    let sampling = &admit(state, key, sampling)?;
+    let sampling = &admit(key, sampling);
     let unit = key
         .map(|k| k.id.as_str())
         .or(sampling.user.as_deref())
@@ -192,7 +193,7 @@ async fn start(
     let runtime = state.runtime();
     let configured = &runtime.config.limits;
     let submission = Submission {
-        model: state.model_name().to_string(),
+        model: model.to_string(),
         tenant: tenant.clone(),
         sharing: state.sharing(unit, control),
         limits,
@@ -226,6 +227,7 @@ async fn start(
     )
     .await?;
     let answer = Answer {
+        model: model.to_string(),
         status,
         tenant,
         prompt_tokens,
@@ -260,23 +262,31 @@ fn deadlines(
     Deadlines::after(Instant::now(), first, total)
 }
 
-/// `sampling` as `key` may run it: 404 for a model the key may not use,
-/// the tier lowered to the key's ceiling.
-fn admit(
+/// A lease on the model `requested` names (the default when absent). With
+/// an API key, a model the key may not use is a 404 as if it did not
+/// exist, decided before anything loads.
+async fn lease(
     state: &AppState,
-    key: Option<&ingot_edge::Key>,
-    sampling: &ValidSampling,
-) -> Result<ValidSampling, ApiError> {
-    let mut sampling = sampling.clone();
-    let Some(key) = key else {
-        return Ok(sampling);
-    };
-    let model = sampling.model.as_deref().unwrap_or(state.model_name());
-    if !key.allows_model(model) {
-        return Err(ApiError::ModelNotFound(model.to_string()));
+    caller: &Caller,
+    requested: Option<&str>,
+) -> Result<ingot_registry::Lease<crate::models::ServedModel>, ApiError> {
+    if let (Some(key), Some(models)) = (caller.key(), state.models()) {
+        let name = requested.unwrap_or(state.model_name());
+        let id = models.resolve(name)?;
+        if !key.allows_model(&id) && !key.allows_model(name) {
+            return Err(ApiError::ModelNotFound(name.to_string()));
+        }
     }
-    sampling.priority = key.clamp(sampling.priority);
-    Ok(sampling)
+    state.model(requested).await
+}
+
+/// `sampling` with its tier lowered to `key`'s ceiling.
+fn admit(key: Option<&ingot_edge::Key>, sampling: &ValidSampling) -> ValidSampling {
+    let mut sampling = sampling.clone();
+    if let Some(key) = key {
+        sampling.priority = key.clamp(sampling.priority);
+    }
+    sampling
 }
 
 /// Where a stream of this connection goes, under the running config's

@@ -1,0 +1,151 @@
+//! The served models of `ingot serve`: `[[models]]`, or `[model]` alone,
+//! as a registry whose loader builds engines with the one backend picker
+//! (`model::load_engine`).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ingot_config::{Config, Device, Dtype, ModelEntry};
+use ingot_registry::{Budget, ModelSpec, Registry};
+use ingot_runner_cpu::CpuRunner;
+use ingot_server::{EngineLoader, Models};
+
+use crate::model::{load_engine, open};
+use crate::settings;
+
+/// The model entries to serve: `[[models]]`, or one made of `[model]`
+/// (named `default_name`, preloaded and pinned: today's single model).
+pub fn entries(config: &Config, default_name: &str) -> anyhow::Result<Vec<ModelEntry>> {
+    if !config.models.is_empty() {
+        return Ok(config.models.clone());
+    }
+    let path = settings::model_path(config)?;
+    Ok(vec![ModelEntry {
+        id: default_name.to_string(),
+        aliases: Vec::new(),
+        path: path.to_path_buf(),
+        load_format: Some(config.model.load_format),
+        dtype: Some(config.model.dtype),
+        max_model_len: config.model.max_model_len,
+        kv_cache_tokens: config.model.kv_cache_tokens,
+        pinned: true,
+        preload: true,
+        idle_timeout: ingot_config::Duration::from_secs(0),
+    }])
+}
+
+/// The config a model's engine is built with: `[model]` with the entry's
+/// fields.
+fn entry_config(base: &Config, e: &ModelEntry) -> Config {
+    let mut c = base.clone();
+    let m = &mut c.model;
+    m.path = Some(e.path.clone());
+    m.served_model_name = Some(e.id.clone());
+    if let Some(f) = e.load_format {
+        m.load_format = f;
+    }
+    if let Some(d) = e.dtype {
+        m.dtype = d;
+    }
+    m.max_model_len = e.max_model_len.or(m.max_model_len);
+    m.kv_cache_tokens = e.kv_cache_tokens.or(m.kv_cache_tokens);
+    c
+}
+
+/// The registry of `entries` under `[registry]`'s budget.
+pub fn registry(config: &Config, entries: Vec<ModelEntry>) -> anyhow::Result<Models> {
+    // One pool for every CPU model, sized once.
+    crate::model::size_thread_pool(config.model.threads)?;
+    let specs = entries
+        .iter()
+        .map(|e| ModelSpec {
+            id: e.id.clone(),
+            aliases: e.aliases.clone(),
+            pinned: e.pinned,
+            preload: e.preload,
+            idle_timeout: Some(e.idle_timeout.get()).filter(|d| !d.is_zero()),
+        })
+        .collect();
+    let configs: Arc<Vec<(String, Config)>> = Arc::new(
+        entries
+            .iter()
+            .map(|e| (e.id.clone(), entry_config(config, e)))
+            .collect(),
+    );
+    let find = {
+        let configs = configs.clone();
+        move |id: &str| -> Result<Config, String> {
+            configs
+                .iter()
+                .find(|(i, _)| i == id)
+                .map(|(_, c)| c.clone())
+                .ok_or_else(|| format!("no model '{id}'"))
+        }
+    };
+    let find = Arc::new(find);
+    let footprint = {
+        let find = find.clone();
+        Arc::new(move |id: &str| footprint(&find(id)?).map_err(|e| format!("{e:#}")))
+    };
+    let load = Arc::new(move |id: &str| {
+        let c = find(id)?;
+        let mut engine = settings::engine_config(&c);
+        engine.metrics.model_name = id.to_string();
+        let handle = load_engine(&c, engine).map_err(|e| format!("{e:#}"))?;
+        eprintln!("ingot: {id} serving on {}", handle.device_name());
+        Ok(handle)
+    });
+    let budget = Budget {
+        device_bytes: device_budget(config),
+        // Engines keep no host copy yet (their weights go with the runner).
+        host_bytes: 0,
+        load_wait: config.registry.load_wait.get(),
+    };
+    Ok(Registry::new(EngineLoader { footprint, load }, specs, budget))
+}
+
+/// `[registry] device_budget`, else on the CPU three quarters of physical
+/// memory; on the GPU each engine sizes itself from
+/// `model.gpu_memory_utilization` as with one model, so without a budget
+/// the registry does not limit it.
+fn device_budget(config: &Config) -> u64 {
+    if let Some(b) = config.registry.device_budget {
+        return b.bytes();
+    }
+    match config.model.device {
+        Device::Cpu => physical_memory().map_or(u64::MAX / 2, |m| m / 4 * 3),
+        _ if ingot_runner_cuda::availability().is_err() => {
+            physical_memory().map_or(u64::MAX / 2, |m| m / 4 * 3)
+        }
+        _ => u64::MAX / 2,
+    }
+}
+
+/// `MemTotal` of /proc/meminfo.
+fn physical_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Device bytes of a model once loaded: its weights in the backend's dtype
+/// plus its KV cache (read from the model's metadata, no weights loaded).
+fn footprint(c: &Config) -> anyhow::Result<u64> {
+    let path: &Path = settings::model_path(c)?;
+    let (files, _) = open(path, c.model.load_format)?;
+    let mut model = files.config.clone();
+    if let Some(len) = c.model.max_model_len {
+        model.max_context = model.max_context.min(len.max(1));
+    }
+    let params = model.num_params() as u64;
+    let cpu = matches!(c.model.device, Device::Cpu) || ingot_runner_cuda::availability().is_err();
+    let weight_bytes = if cpu && c.model.dtype == Dtype::F32 { 4 } else { 2 };
+    let kv_tokens = c.model.kv_cache_tokens.map_or_else(
+        || crate::model::default_kv_tokens(&model, c.engine.block_size),
+        |t| t as u64,
+    );
+    let kv_per_token = CpuRunner::kv_bytes_per_token(&model) as u64 / if cpu { 1 } else { 2 };
+    Ok(params * weight_bytes + kv_tokens * kv_per_token)
+}
+
