@@ -268,10 +268,10 @@ fn cpu_runner(
     let weights = LlamaWeights::load(&model, files.tensors.as_ref(), progress)
         .with_context(|| format!("cannot load weights of {}", path.display()))?;
     let block_size = config.engine.block_size;
-    let kv_tokens = config
-        .model
-        .kv_cache_tokens
-        .map_or_else(|| default_kv_tokens(&model, block_size) as usize, |t| t.max(block_size));
+    let kv_tokens = config.model.kv_cache_tokens.map_or_else(
+        || default_kv_tokens(&model, block_size) as usize,
+        |t| t.max(block_size),
+    );
     Ok(CpuRunner::new(
         model,
         weights,

@@ -101,7 +101,11 @@ pub fn registry(config: &Config, entries: Vec<ModelEntry>) -> anyhow::Result<Mod
         host_bytes: 0,
         load_wait: config.registry.load_wait.get(),
     };
-    Ok(Registry::new(EngineLoader { footprint, load }, specs, budget))
+    Ok(Registry::new(
+        EngineLoader { footprint, load },
+        specs,
+        budget,
+    ))
 }
 
 /// `[registry] device_budget`, else on the CPU three quarters of physical
@@ -140,7 +144,11 @@ fn footprint(c: &Config) -> anyhow::Result<u64> {
     }
     let params = model.num_params() as u64;
     let cpu = matches!(c.model.device, Device::Cpu) || ingot_runner_cuda::availability().is_err();
-    let weight_bytes = if cpu && c.model.dtype == Dtype::F32 { 4 } else { 2 };
+    let weight_bytes = if cpu && c.model.dtype == Dtype::F32 {
+        4
+    } else {
+        2
+    };
     let kv_tokens = c.model.kv_cache_tokens.map_or_else(
         || crate::model::default_kv_tokens(&model, c.engine.block_size),
         |t| t as u64,
@@ -148,4 +156,3 @@ fn footprint(c: &Config) -> anyhow::Result<u64> {
     let kv_per_token = CpuRunner::kv_bytes_per_token(&model) as u64 / if cpu { 1 } else { 2 };
     Ok(params * weight_bytes + kv_tokens * kv_per_token)
 }
-

@@ -190,14 +190,22 @@ impl ModelConfig {
     /// norms and biases, the final norm and an untied LM head): what sizes
     /// its weights in memory.
     pub fn num_params(&self) -> usize {
-        let (h, q, kv) = (self.hidden_size, self.num_heads * self.head_dim, self.kv_dim());
+        let (h, q, kv) = (
+            self.hidden_size,
+            self.num_heads * self.head_dim,
+            self.kv_dim(),
+        );
         let attention = h * (q + 2 * kv) + q * h;
         let mlp = 3 * h * self.intermediate_size;
         let norms = 2 * h + if self.qk_norm { 2 * self.head_dim } else { 0 };
         let bias = if self.qkv_bias { q + 2 * kv } else { 0 };
         let layers = self.num_layers * (attention + mlp + norms + bias);
         let embedding = self.vocab_size * h;
-        let head = if self.tie_word_embeddings { 0 } else { embedding };
+        let head = if self.tie_word_embeddings {
+            0
+        } else {
+            embedding
+        };
         embedding + layers + h + head
     }
 

@@ -135,21 +135,16 @@ fn idle_for(last_used: &Mutex<Instant>) -> Duration {
 impl<L: Loader> Registry<L> {
     /// A registry of `specs` (all unloaded) under `budget`.
     pub fn new(loader: L, specs: Vec<ModelSpec>, budget: Budget) -> Self {
-        metrics::describe();
-        metrics::budget(budget.device_bytes);
         let entries = specs
             .into_iter()
-            .map(|spec| {
-                metrics::state(&spec.id, ModelState::Unloaded);
-                Entry {
-                    id: Arc::from(spec.id.as_str()),
-                    pinned: spec.pinned,
-                    spec,
-                    slot: Slot::Unloaded,
-                    footprint: None,
-                    last_used: Arc::new(Mutex::new(Instant::now())),
-                    warm: None,
-                }
+            .map(|spec| Entry {
+                id: Arc::from(spec.id.as_str()),
+                pinned: spec.pinned,
+                spec,
+                slot: Slot::Unloaded,
+                footprint: None,
+                last_used: Arc::new(Mutex::new(Instant::now())),
+                warm: None,
             })
             .collect();
         Self {
@@ -162,6 +157,18 @@ impl<L: Loader> Registry<L> {
                     host_used: 0,
                 }),
             }),
+        }
+    }
+
+    /// Describes the registry's series and exports every model's state and
+    /// bytes and the budget. Call once the metrics recorder is installed
+    /// (until then the facade drops everything).
+    pub fn publish(&self) {
+        metrics::describe();
+        metrics::budget(self.inner.budget.device_bytes);
+        for s in self.status() {
+            metrics::state(&s.id, s.state);
+            metrics::bytes(&s.id, s.device_bytes, s.host_bytes);
         }
     }
 

@@ -35,9 +35,9 @@ impl ServedModel {
 
     /// The compiled chat template (400 when the model has none).
     pub fn chat_template(&self) -> Result<Arc<ChatTemplate>, ApiError> {
-        self.template.clone().map_err(|e| {
-            ApiError::BadRequest(ingot_protocol::ProtocolError::field("messages", e))
-        })
+        self.template
+            .clone()
+            .map_err(|e| ApiError::BadRequest(ingot_protocol::ProtocolError::field("messages", e)))
     }
 }
 

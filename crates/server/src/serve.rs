@@ -91,6 +91,7 @@ pub async fn serve(config: ServeConfig, models: Models) -> Result<(), ServeError
         source,
     })?;
     eprintln!("listening on http://{local}");
+    models.publish();
     state.set_models(models.clone());
     let _sweeper = models.spawn_idle_sweeper(IDLE_SWEEP);
     let loader = {

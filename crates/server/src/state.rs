@@ -13,10 +13,10 @@ use metrics::counter;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::Notify;
 
+use crate::models::{Models, ServedModel};
 use crate::pipeline::{
     CacheSettings, Coalescer, EngineGenerator, MemoryStore, ResponseCache, Sharing,
 };
-use crate::models::{Models, ServedModel};
 use crate::reload::{LogLevelFn, ReloadFn};
 use crate::ApiError;
 

@@ -1,10 +1,10 @@
-//! `/admin/*`: feature flags, the effective config, live reload and the
-//! response cache. (API keys and an admin key arrive with the edge layer;
-//! until then bind to loopback or keep these behind a proxy.)
+//! `/admin/*`: feature flags, the effective config, live reload, the
+//! response cache and the served models. With API keys on, only an admin
+//! key reaches these.
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::Json;
 use ingot_protocol::{parse_json, ProtocolError};
 use serde::Deserialize;
@@ -91,4 +91,69 @@ pub async fn purge(
     };
     let purged = state.pipeline().purge(req.model.as_deref());
     Ok(Json(json!({ "purged": purged, "model": req.model })))
+}
+
+/// `GET /admin/models`: every configured model, its state and memory, and
+/// the registry's budget.
+pub async fn models(State((state, _)): State<Shared>) -> Result<Json<Value>, ApiError> {
+    let models = state
+        .models()
+        .ok_or_else(|| ApiError::Unavailable("the server is starting".into()))?;
+    let data: Vec<Value> = models
+        .status()
+        .into_iter()
+        .map(|s| {
+            json!({
+                "id": s.id,
+                "aliases": s.aliases,
+                "state": s.state.as_str(),
+                "pinned": s.pinned,
+                "in_flight": s.in_flight,
+                "device_bytes": s.device_bytes,
+                "host_bytes": s.host_bytes,
+                "idle_seconds": s.idle_for.as_secs_f64(),
+            })
+        })
+        .collect();
+    let (device_used, host_used) = models.used();
+    let budget = models.budget();
+    Ok(Json(json!({
+        "object": "list",
+        "data": data,
+        "device_bytes_used": device_used,
+        "device_budget_bytes": budget.device_bytes,
+        "host_bytes_used": host_used,
+        "host_budget_bytes": budget.host_bytes,
+    })))
+}
+
+/// `POST /admin/models/{id}/{action}`: `load` (returns once loaded),
+/// `unload` (409 while requests hold it), `pin`, `unpin`.
+pub async fn model_action(
+    State((state, _)): State<Shared>,
+    Path((id, action)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let models = state
+        .models()
+        .ok_or_else(|| ApiError::Unavailable("the server is starting".into()))?;
+    match action.as_str() {
+        "load" => models.load(&id).await?,
+        "unload" => models.unload(&id).await?,
+        "pin" => models.set_pinned(&id, true)?,
+        "unpin" => models.set_pinned(&id, false)?,
+        other => {
+            return Err(ApiError::RouteNotFound(format!(
+                "/admin/models/{id}/{other} (actions: load, unload, pin, unpin)"
+            )))
+        }
+    }
+    let status = models
+        .status()
+        .into_iter()
+        .find(|s| s.id == id || s.aliases.contains(&id));
+    Ok(Json(json!({
+        "id": status.as_ref().map_or(id.clone(), |s| s.id.clone()),
+        "action": action,
+        "state": status.map(|s| s.state.as_str()),
+    })))
 }

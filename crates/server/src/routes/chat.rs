@@ -93,10 +93,9 @@ pub async fn chat_completions(
         usage: key_usage,
     } = start(
         &state,
-        model.id(),
+        &model,
         &caller,
         &headers,
-        engine.limits(),
         &[ids],
         &req.sampling,
         generate::Endpoint::Chat,

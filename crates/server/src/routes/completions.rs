@@ -76,10 +76,9 @@ pub async fn completions(
         usage: key_usage,
     } = start(
         &state,
-        model.id(),
+        &model,
         &caller,
         &headers,
-        engine.limits(),
         &ids,
         &req.sampling,
         generate::Endpoint::Completions,

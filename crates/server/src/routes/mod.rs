@@ -48,6 +48,8 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
         .route("/admin/config", get(admin::config))
         .route("/admin/reload", post(admin::reload))
         .route("/admin/cache/purge", post(admin::purge))
+        .route("/admin/models", get(admin::models))
+        .route("/admin/models/{id}/{action}", post(admin::model_action))
         .fallback(|uri: Uri| async move { ApiError::RouteNotFound(uri.path().to_string()) })
         .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
             ApiError::MethodNotAllowed(format!("{method} {}", uri.path()))
@@ -141,11 +143,7 @@ impl Answer {
     /// Adds `x-ingot-cache` and what the access log reads: `tokens` is
     /// (prompt, completion) of a finished answer, `None` for a stream (whose
     /// head is logged, with the prompt tokens known then).
-    fn finish(
-        self,
-        response: Response,
-        tokens: Option<(usize, usize)>,
-    ) -> Response {
+    fn finish(self, response: Response, tokens: Option<(usize, usize)>) -> Response {
         let access = crate::observe::Access {
             model: Some(self.model),
             tenant: self.tenant,
@@ -166,14 +164,14 @@ impl Answer {
 /// tokens-per-minute bucket must hold prompt + max_tokens of every choice.
 async fn start(
     state: &AppState,
-    model: &str,
+    lease: &ingot_registry::Lease<crate::models::ServedModel>,
     caller: &Caller,
     headers: &HeaderMap,
-    limits: ingot_engine::RequestLimits,
     prompts: &[Vec<ingot_core::TokenId>],
     sampling: &ValidSampling,
     endpoint: Endpoint,
 ) -> Result<Started, ApiError> {
+    let (model, limits) = (lease.id(), lease.engine.limits());
     let id = response_id(match endpoint {
         Endpoint::Chat => "chatcmpl",
         Endpoint::Completions => "cmpl",
