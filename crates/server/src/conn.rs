@@ -115,6 +115,7 @@ struct Connection {
 impl Connection {
     async fn run(mut self, stream: TcpStream) {
         let probe = ConnProbe::of(&stream);
+        let socket = probe.clone();
         let router = self.router.clone();
         let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
             req.extensions_mut().insert(probe.clone());
@@ -125,8 +126,7 @@ impl Connection {
         builder
             .timer(TokioTimer::new())
             .header_read_timeout(self.header_timeout);
-        let conn = builder.serve_connection(TokioIo::new(stream), service);
-        let mut conn = std::pin::pin!(conn);
+        let mut conn = Box::pin(builder.serve_connection(TokioIo::new(stream), service));
         let ended = tokio::select! {
             r = conn.as_mut() => Some(r),
             _ = self.stop.wait_for(|s| *s) => None,
@@ -135,7 +135,7 @@ impl Connection {
             Some(r) => r,
             None => {
                 conn.as_mut().graceful_shutdown();
-                conn.await
+                conn.as_mut().await
             }
         };
         if let Err(e) = result {
@@ -143,6 +143,9 @@ impl Connection {
             // the server's fault.
             tracing::debug!(error = %e, "connection closed with an error");
         }
+        // The socket closes with `conn`: no probe may read its descriptor
+        // number after that (it could be another connection's by then).
+        socket.close_with(conn);
     }
 }
 
@@ -175,21 +178,22 @@ async fn refuse(mut stream: TcpStream) {
 }
 
 /// Reads a connection's socket state from inside a request: how many bytes
-/// written to it the peer has not acknowledged. The probe holds its own
-/// duplicate of the socket's descriptor, so it stays valid (and never reads
-/// a reused descriptor) however long the request outlives the connection.
+/// written to it the peer has not acknowledged. It holds the socket's
+/// descriptor number, never read once the connection has closed (the number
+/// could belong to another connection by then): closing takes the write
+/// lock, reading the read lock.
 #[derive(Clone, Debug, Default)]
 pub struct ConnProbe {
     #[cfg(target_os = "linux")]
-    fd: Option<Arc<std::os::fd::OwnedFd>>,
+    fd: Option<Arc<std::sync::RwLock<Option<std::os::fd::RawFd>>>>,
 }
 
 impl ConnProbe {
     fn of(stream: &TcpStream) -> Self {
         #[cfg(target_os = "linux")]
         {
-            use std::os::fd::AsFd;
-            let fd = stream.as_fd().try_clone_to_owned().ok().map(Arc::new);
+            use std::os::fd::AsRawFd;
+            let fd = Some(Arc::new(std::sync::RwLock::new(Some(stream.as_raw_fd()))));
             Self { fd }
         }
         #[cfg(not(target_os = "linux"))]
@@ -199,18 +203,36 @@ impl ConnProbe {
         }
     }
 
+    /// Drops `owner` (what owns the socket) with the descriptor marked
+    /// closed first, under the write lock.
+    fn close_with<T>(&self, owner: T) {
+        #[cfg(target_os = "linux")]
+        let _closing = self.fd.as_ref().map(|fd| {
+            let mut slot = fd
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            *slot = None;
+            slot
+        });
+        drop(owner);
+    }
+
     /// Bytes written but not yet acknowledged by the peer (`SIOCOUTQ`);
-    /// `None` where the platform cannot tell.
+    /// `None` where the platform cannot tell or the connection is closed.
     pub fn unacked(&self) -> Option<usize> {
         #[cfg(target_os = "linux")]
         {
-            use std::os::fd::AsRawFd;
-            let fd = self.fd.as_ref()?;
+            let slot = self
+                .fd
+                .as_ref()?
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let fd = (*slot)?;
             let mut n: libc::c_int = 0;
             // SAFETY: TIOCOUTQ on a socket writes one int through the
-            // pointer, which points at `n`; the descriptor is owned by
-            // `self` and open.
-            let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+            // pointer, which points at `n`; the descriptor is open while the
+            // read lock is held (closing takes the write lock).
+            let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) };
             (rc == 0).then(|| usize::try_from(n).unwrap_or(0))
         }
         #[cfg(not(target_os = "linux"))]
