@@ -27,7 +27,7 @@ def footprint_guess() -> int:
     return 135_000_000 * 4 + KV_TOKENS * 30 * 2 * 192 * 4
 
 
-def config_text(path: str) -> str:
+def config_text(path: str, broken: str) -> str:
     budget = int(footprint_guess() * 2.5)  # two fit, three do not
     return f"""
 [registry]
@@ -62,13 +62,24 @@ idle_timeout = "1s"
 id = "huge"
 path = "{path}"
 kv_cache_tokens = 10000000
+
+[[models]]
+id = "broken"
+path = "{broken}"
+
+[[models]]
+id = "missing"
+path = "/nonexistent/model.gguf"
 """
 
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    cfg = tmp_path_factory.mktemp("models") / "ingot.toml"
-    cfg.write_text(config_text(model_path()))
+    d = tmp_path_factory.mktemp("models")
+    broken = d / "broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(range(256)) * 64)  # a GGUF magic, then garbage
+    cfg = d / "ingot.toml"
+    cfg.write_text(config_text(model_path(), str(broken)))
     s = Server("--config", str(cfg))
     try:
         yield s
@@ -98,7 +109,7 @@ def complete(srv: Server, model: str, **extra):
 
 def test_models_are_listed_with_states_and_preload_is_in_at_ready(srv):
     s = states(srv)
-    assert set(s) == {"alpha", "beta", "gamma", "idle", "huge"}
+    assert set(s) == {"alpha", "beta", "gamma", "idle", "huge", "broken", "missing"}
     assert s["alpha"] == "loaded"
     assert s["beta"] == "unloaded" and s["gamma"] == "unloaded"
 
@@ -230,3 +241,14 @@ def rss(srv: Server) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS")
+
+
+def test_broken_and_missing_model_files_are_clear_503s_and_others_keep_serving(srv):
+    for model, detail in (("broken", "broken.gguf"), ("missing", "/nonexistent/model.gguf")):
+        r = complete(srv, model)
+        assert_error(r, 503, code="model_unavailable")
+        msg = r.json()["error"]["message"]
+        assert f"loading '{model}' failed" in msg and detail in msg, msg
+        assert int(r.headers["retry-after"]) >= 1
+        assert states(srv)[model] == "unloaded"
+    assert complete(srv, "alpha").status_code == 200
