@@ -252,3 +252,41 @@ def test_broken_and_missing_model_files_are_clear_503s_and_others_keep_serving(s
         assert int(r.headers["retry-after"]) >= 1
         assert states(srv)[model] == "unloaded"
     assert complete(srv, "alpha").status_code == 200
+
+
+def test_a_key_limited_to_one_model_never_loads_another(server_factory, tmp_path):
+    """A key may use only `alpha`: `beta` is a 404 for it (as if it did not
+    exist) and is not loaded by the refused request; /v1/models lists only
+    what the key may use."""
+    import hashlib
+
+    key = "sk-models-SECRET-1"
+    cfg = tmp_path / "ingot.toml"
+    cfg.write_text(
+        f"""
+[[models]]
+id = "alpha"
+path = "{model_path()}"
+kv_cache_tokens = {KV_TOKENS}
+preload = true
+
+[[models]]
+id = "beta"
+path = "{model_path()}"
+kv_cache_tokens = {KV_TOKENS}
+
+[[auth.api_keys]]
+id = "narrow"
+sha256 = "{hashlib.sha256(key.encode()).hexdigest()}"
+models = ["alpha"]
+"""
+    )
+    srv = server_factory("--config", str(cfg))
+    with srv.http(headers={"authorization": f"Bearer {key}"}) as http:
+        r = http.post("/v1/completions", json={"model": "beta", "prompt": "Hi", "max_tokens": 1})
+        assert_error(r, 404, code="model_not_found")
+        ids = [m["id"] for m in http.get("/v1/models").json()["data"]]
+        assert ids == ["alpha"], ids
+        r = http.post("/v1/completions", json={"model": "alpha", "prompt": "Hi", "max_tokens": 1})
+        assert r.status_code == 200, r.text
+    assert srv.metrics().get("ingot_model_loads_total", 0.0, model="beta", result="ok", source="file") == 0
