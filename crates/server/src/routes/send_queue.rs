@@ -60,6 +60,7 @@ pub fn body(frames: BoxStream<'static, Bytes>, probe: Option<ConnProbe>, s: Sett
         probe: probe.unwrap_or_default(),
         acked: 0,
         last: now,
+        outstanding: false,
     };
     tokio::spawn(pump(frames, shared.clone(), progress, s));
     Body::new(QueueBody {
@@ -112,6 +113,9 @@ struct Progress {
     acked: u64,
     /// When `acked` last grew, or nothing was outstanding.
     last: Instant,
+    /// Something was queued or unacknowledged at the last look: only then
+    /// does the pump need to look again before the next frame.
+    outstanding: bool,
 }
 
 impl Progress {
@@ -122,6 +126,7 @@ impl Progress {
         // Without a probe, the kernel taking bytes is the only sign.
         let acked = q.handed.saturating_sub(unacked.unwrap_or(0) as u64);
         let outstanding = !q.pending.is_empty() || unacked.is_some_and(|n| n > 0);
+        self.outstanding = outstanding;
         if acked > self.acked || !outstanding {
             self.last = now;
         }
@@ -137,9 +142,9 @@ async fn pump(
     mut progress: Progress,
     s: Settings,
 ) {
+    // Looks only while something is outstanding: a client that keeps up
+    // costs no timer wake-ups between tokens.
     let period = (s.flush_interval / 2).clamp(Duration::from_millis(5), Duration::from_millis(50));
-    let mut tick = tokio::time::interval(period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut more = true;
     loop {
         let body_gone = shared.body_gone.notified();
@@ -155,7 +160,7 @@ async fn pump(
                 }
                 q.wake();
             }
-            _ = tick.tick() => {}
+            () = tokio::time::sleep(period), if progress.outstanding => {}
             () = body_gone => {}
         }
         let mut q = shared.lock();
