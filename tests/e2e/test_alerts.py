@@ -43,7 +43,7 @@ def rule_queries() -> list[str]:
 def test_alert_rules_unit_tests():
     check = subprocess.run([PROMTOOL, "check", "rules", str(RULES)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "8 rules found" in check.stdout, check.stdout
+    assert "9 rules found" in check.stdout, check.stdout
     test = subprocess.run([PROMTOOL, "test", "rules", str(RULE_TESTS)], capture_output=True, text=True,
                           cwd=RULE_TESTS.parent)
     assert test.returncode == 0, test.stdout + test.stderr
