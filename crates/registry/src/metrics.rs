@@ -90,3 +90,17 @@ pub fn bytes(id: &str, device: u64, host: u64) {
 pub fn budget(bytes: u64) {
     gauge!("ingot_registry_budget_bytes").set(bytes as f64);
 }
+
+/// Registers a model's counters at zero, so rates and alerts see them
+/// before the first load or eviction.
+pub fn zero(id: &str) {
+    for result in ["ok", "error"] {
+        for source in ["file", "warm"] {
+            counter!("ingot_model_loads_total", "model" => id.to_string(), "result" => result, "source" => source).increment(0);
+        }
+    }
+    for reason in ["lru", "idle", "admin"] {
+        counter!("ingot_model_evictions_total", "model" => id.to_string(), "reason" => reason)
+            .increment(0);
+    }
+}

@@ -167,6 +167,7 @@ impl<L: Loader> Registry<L> {
         metrics::describe();
         metrics::budget(self.inner.budget.device_bytes);
         for s in self.status() {
+            metrics::zero(&s.id);
             metrics::state(&s.id, s.state);
             metrics::bytes(&s.id, s.device_bytes, s.host_bytes);
         }
