@@ -56,6 +56,18 @@ fn entry_config(base: &Config, e: &ModelEntry) -> Config {
 pub fn registry(config: &Config, entries: Vec<ModelEntry>) -> anyhow::Result<Models> {
     // One pool for every CPU model, sized once.
     crate::model::size_thread_pool(config.model.threads)?;
+    if entries.len() > 1 && on_gpu(config) {
+        let unsized_kv =
+            |e: &&ModelEntry| e.kv_cache_tokens.or(config.model.kv_cache_tokens).is_none();
+        if let Some(e) = entries.iter().find(unsized_kv) {
+            anyhow::bail!(
+                "models[{}] ({}): several models on the GPU need kv_cache_tokens each (in the entry or [model]); \
+                 without it an engine takes model.gpu_memory_utilization of all free memory for its KV cache",
+                entries.iter().position(|x| x.id == e.id).unwrap_or(0),
+                e.id
+            );
+        }
+    }
     let specs = entries
         .iter()
         .map(|e| ModelSpec {
@@ -116,12 +128,19 @@ fn device_budget(config: &Config) -> u64 {
     if let Some(b) = config.registry.device_budget {
         return b.bytes();
     }
+    if on_gpu(config) {
+        u64::MAX / 2
+    } else {
+        physical_memory().map_or(u64::MAX / 2, |m| m / 4 * 3)
+    }
+}
+
+/// Whether the engines will run on the GPU.
+fn on_gpu(config: &Config) -> bool {
     match config.model.device {
-        Device::Cpu => physical_memory().map_or(u64::MAX / 2, |m| m / 4 * 3),
-        _ if ingot_runner_cuda::availability().is_err() => {
-            physical_memory().map_or(u64::MAX / 2, |m| m / 4 * 3)
-        }
-        _ => u64::MAX / 2,
+        Device::Cpu => false,
+        Device::Cuda => true,
+        Device::Auto => ingot_runner_cuda::availability().is_ok(),
     }
 }
 
@@ -143,7 +162,7 @@ fn footprint(c: &Config) -> anyhow::Result<u64> {
         model.max_context = model.max_context.min(len.max(1));
     }
     let params = model.num_params() as u64;
-    let cpu = matches!(c.model.device, Device::Cpu) || ingot_runner_cuda::availability().is_err();
+    let cpu = !on_gpu(c);
     let weight_bytes = if cpu && c.model.dtype == Dtype::F32 {
         4
     } else {
