@@ -123,6 +123,7 @@ impl QuantActs {
     }
 
     /// Row `i` of the last [`QuantActs::quantize`].
+    #[inline]
     pub fn row(&self, i: usize) -> ActRow<'_> {
         let k = self.k;
         match self.format {

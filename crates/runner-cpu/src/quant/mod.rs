@@ -109,6 +109,49 @@ impl QuantKind {
 /// function [`dot_fn`] returns is safe to call on this CPU.
 pub type DotFn = unsafe fn(&[u8], ActRow<'_>) -> f32;
 
+/// Four activation rows against one weight row: each weight block is
+/// decoded once for all four (prefill and batched decode).
+pub type Dot4Fn = unsafe fn(&[u8], &[ActRow<'_>; 4]) -> [f32; 4];
+
+/// The fastest four-row kernel this CPU runs for `kind`.
+pub fn dot4_fn(kind: QuantKind) -> Dot4Fn {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_avx2() {
+            return match kind {
+                QuantKind::Q4_0 => avx2::dot_q4_0_x4,
+                QuantKind::Q4_1 => avx2::dot_q4_1_x4,
+                QuantKind::Q5_0 => avx2::dot_q5_0_x4,
+                QuantKind::Q5_1 => avx2::dot_q5_1_x4,
+                QuantKind::Q8_0 => avx2::dot_q8_0_x4,
+                QuantKind::Q4K => avx2::dot_q4_k_x4,
+                QuantKind::Q5K => avx2::dot_q5_k_x4,
+                QuantKind::Q6K => avx2::dot_q6_k_x4,
+            };
+        }
+    }
+    match kind {
+        QuantKind::Q4_0 => four::<{ QuantKind::Q4_0 as u8 }>,
+        QuantKind::Q4_1 => four::<{ QuantKind::Q4_1 as u8 }>,
+        QuantKind::Q5_0 => four::<{ QuantKind::Q5_0 as u8 }>,
+        QuantKind::Q5_1 => four::<{ QuantKind::Q5_1 as u8 }>,
+        QuantKind::Q8_0 => four::<{ QuantKind::Q8_0 as u8 }>,
+        QuantKind::Q4K => four::<{ QuantKind::Q4K as u8 }>,
+        QuantKind::Q5K => four::<{ QuantKind::Q5K as u8 }>,
+        QuantKind::Q6K => four::<{ QuantKind::Q6K as u8 }>,
+    }
+}
+
+/// The portable four-row kernel: the one-row kernel four times.
+///
+/// # Safety
+/// As [`DotFn`], for each row.
+unsafe fn four<const KIND: u8>(w: &[u8], x: &[ActRow<'_>; 4]) -> [f32; 4] {
+    let dot = portable_dot_fn(QuantKind::ALL[KIND as usize]);
+    // SAFETY: the portable kernels need no CPU features; forwarded contract.
+    x.map(|x| unsafe { dot(w, x) })
+}
+
 /// The fastest kernel this CPU runs for `kind`.
 pub fn dot_fn(kind: QuantKind) -> DotFn {
     #[cfg(target_arch = "x86_64")]
@@ -275,10 +318,11 @@ impl QuantMatrix {
             scratch.q8k.quantize(x, m, k, ActFormat::Q8K);
         }
         let mut bytes: [&[u8]; MAX_PARTS] = [&[]; MAX_PARTS];
-        let mut dots: [DotFn; MAX_PARTS] = [scalar::dot_q8_0; MAX_PARTS];
+        let mut dots: [(DotFn, Dot4Fn); MAX_PARTS] =
+            [(scalar::dot_q8_0, four::<{ QuantKind::Q8_0 as u8 }>); MAX_PARTS];
         for (i, p) in self.parts.iter().enumerate() {
             bytes[i] = p.data.bytes();
-            dots[i] = dot_fn(p.kind);
+            dots[i] = (dot_fn(p.kind), dot4_fn(p.kind));
         }
         let ptr = OutPtr(out.as_mut_ptr());
         let scratch = &*scratch;
@@ -288,19 +332,36 @@ impl QuantMatrix {
                 ActFormat::Q8 => &scratch.q8,
                 ActFormat::Q8K => &scratch.q8k,
             };
-            let dot = dots[t.part];
-            // Weight row outer: a row's blocks are read from memory once
-            // and stay in L1 for every activation row.
+            let (dot, dot4) = dots[t.part];
+            // Weight row outer: a row's blocks are read from memory once,
+            // decoded once per four activation rows, and stay in L1.
             for r in t.row0..t.row0 + t.rows {
                 let w = &bytes[t.part][r * p.row_bytes..(r + 1) * p.row_bytes];
-                for i in 0..m {
-                    // SAFETY: `dot` is the kernel for this CPU and format;
-                    // `w` is one whole row and `acts.row(i)` the matching
-                    // activation row (k values in the kind's layout).
+                let col = t.col0 + r - t.row0;
+                let mut i = 0;
+                while i + 4 <= m {
+                    let rows = [
+                        acts.row(i),
+                        acts.row(i + 1),
+                        acts.row(i + 2),
+                        acts.row(i + 3),
+                    ];
+                    // SAFETY: `dot4` is the kernel for this CPU and format;
+                    // `w` is one whole row and each activation row has
+                    // k values in the kind's layout.
+                    let v = unsafe { dot4(w, &rows) };
+                    for (j, v) in v.into_iter().enumerate() {
+                        // SAFETY: i + j < m and col < n, so the index is
+                        // inside `out`; no other task writes it.
+                        unsafe { ptr.write((i + j) * n + col, v) };
+                    }
+                    i += 4;
+                }
+                for i in i..m {
+                    // SAFETY: as above, with the one-row kernel.
                     let v = unsafe { dot(w, acts.row(i)) };
-                    // SAFETY: i < m and col0 + (r - row0) < n, so the
-                    // index is inside `out`; no other task writes it.
-                    unsafe { ptr.write(i * n + t.col0 + r - t.row0, v) };
+                    // SAFETY: as above.
+                    unsafe { ptr.write(i * n + col, v) };
                 }
             }
         });
