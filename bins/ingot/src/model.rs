@@ -11,7 +11,7 @@ use ingot_config::{Config, Layers, Loaded};
 use ingot_engine::{start_engine, EngineConfig, EngineHandle};
 use ingot_models::{LoadFormat, ModelFiles};
 use ingot_runner::ModelRunner;
-use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig, CpuWeights, WeightDtype};
+use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig, CpuWeights, QuantKind, WeightDtype};
 use ingot_runner_cuda::{CudaRunner, CudaRunnerConfig};
 use ingot_tokenizer::Tokenizer;
 
@@ -49,6 +49,13 @@ pub struct ModelArgs {
     /// [model.cpu_weights; native].
     #[arg(long, value_parser = ["native", "f32"])]
     pub cpu_weights: Option<String>,
+    /// Quantize float weight matrices (f32/f16/bf16 files, Hugging Face
+    /// directories) at load to run on the native CPU kernels: `q8_0`
+    /// (a quarter of f32's bytes; logits differ by the 8-bit rounding of
+    /// weights and activations) or `none`
+    /// [model.quantization; none].
+    #[arg(long, value_parser = ["none", "q8_0"])]
+    pub quantization: Option<String>,
     /// Most tokens per engine step (prefill chunks + decodes)
     /// [scheduler.max_num_batched_tokens; 512].
     #[arg(long)]
@@ -93,6 +100,7 @@ impl ModelArgs {
         );
         flags.opt("--dtype", "model.dtype", &self.dtype);
         flags.opt("--cpu-weights", "model.cpu_weights", &self.cpu_weights);
+        flags.opt("--quantization", "model.quantization", &self.quantization);
         flags.opt(
             "--max-num-batched-tokens",
             "scheduler.max_num_batched_tokens",
@@ -278,6 +286,10 @@ fn cpu_runner(
             },
         },
         weights,
+        match config.model.quantization {
+            ingot_config::Quantization::None => None,
+            ingot_config::Quantization::Q8_0 => Some(QuantKind::Q8_0),
+        },
         progress,
     )
     .with_context(|| format!("cannot load weights of {}", path.display()))?;

@@ -126,6 +126,17 @@ pub enum CpuWeights {
     F32,
 }
 
+/// Quantization at load of float weights (CPU, native kernels).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Quantization {
+    /// Float weights stay as they are (per `model.dtype`).
+    #[default]
+    None,
+    /// Float weight matrices quantized to Q8_0 blocks at load.
+    Q8_0,
+}
+
 /// Which model to load and how.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -142,6 +153,8 @@ pub struct ModelSection {
     pub dtype: Dtype,
     /// CPU handling of quantized GGUF tensors: `native` or `f32`.
     pub cpu_weights: CpuWeights,
+    /// CPU: quantize float weight matrices at load (`none` or `q8_0`).
+    pub quantization: Quantization,
     /// CPU worker threads (default: all cores).
     #[schemars(range(min = 1))]
     pub threads: Option<usize>,
@@ -168,6 +181,7 @@ impl Default for ModelSection {
             device: Device::Auto,
             dtype: Dtype::F32,
             cpu_weights: CpuWeights::Native,
+            quantization: Quantization::None,
             threads: None,
             max_model_len: None,
             kv_cache_tokens: None,

@@ -29,8 +29,8 @@ mod units;
 pub use auth::{check_keys, ApiKeyEntry, AuthSection, Tier};
 pub use config::{
     CacheSection, Config, CpuWeights, CudaSection, Device, Dtype, EngineSection, LoadFormat,
-    LogFormat, LogSection, MetricsSection, ModelSection, PriorityDeadlines, SchedulerSection,
-    ServerSection, TracingSection, BLOCK_SIZE,
+    LogFormat, LogSection, MetricsSection, ModelSection, PriorityDeadlines, Quantization,
+    SchedulerSection, ServerSection, TracingSection, BLOCK_SIZE,
 };
 pub use env::{env_name, FLAG_PREFIX, LEGACY, NOT_CONFIG};
 pub use error::{ConfigError, Source};

@@ -25,11 +25,12 @@ mod simd;
 use attention::{
     paged_attention, AttentionShape, LayerKv, TokenSite, MAX_BLOCK_SIZE, MAX_HEAD_DIM,
 };
-use ingot_models::{LlamaWeights, ModelConfig, ModelError, TensorSource};
+use ingot_models::{BlockData, LlamaWeights, ModelConfig, ModelError, TensorSource};
 use ingot_runner::{ForwardBatch, KvCacheShape, ModelRunner, RunnerError};
 use matrix::Matrix;
 pub use matrix::WeightDtype;
-use quant::{ActScratch, QuantKind, QuantMatrix};
+pub use quant::QuantKind;
+use quant::{ActScratch, QuantMatrix};
 
 /// How [`CpuRunner::load`] keeps weight matrices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -147,13 +148,22 @@ impl CpuRunner {
 
     /// Loads the weights from `source` the way `weights` says and allocates
     /// the KV pool; `progress(done, total)` is called after each tensor.
+    /// With `quantize_floats` (native only; only Q8_0 has a quantizer),
+    /// float weight matrices (f32/f16/bf16 files, Hugging Face directories)
+    /// are quantized at load and run on the native kernels too.
     pub fn load(
         config: ModelConfig,
         source: &dyn TensorSource,
         opts: CpuRunnerConfig,
         weights: CpuWeights,
+        quantize_floats: Option<QuantKind>,
         progress: &dyn Fn(usize, usize),
     ) -> Result<Self, RunnerError> {
+        if quantize_floats.is_some_and(|k| k != QuantKind::Q8_0) {
+            return Err(RunnerError::Backend(
+                "quantization at load supports q8_0 only".to_string(),
+            ));
+        }
         let model_err = |e: ModelError| RunnerError::Backend(e.to_string());
         if weights == CpuWeights::F32 {
             let w = LlamaWeights::load(&config, source, progress).map_err(model_err)?;
@@ -210,11 +220,21 @@ impl CpuRunner {
                 }
             }
             let mut data = Vec::new();
+            let mut cols = 0;
             for name in names {
                 let t = source.load(name).map_err(model_err)?;
                 check(name, &t.shape)?;
+                cols = t.shape.get(1).copied().unwrap_or(0);
                 data.extend_from_slice(&t.data);
                 tick();
+            }
+            if quantize_floats.is_some() && cols > 0 && cols.is_multiple_of(32) {
+                let rows = data.len() / cols;
+                let blocks = quant::quantize_q8_0(&data);
+                let parts = vec![(QuantKind::Q8_0, BlockData::Owned(blocks), rows)];
+                if let Some(m) = QuantMatrix::new(parts, cols) {
+                    return Ok(Matrix::Quant(m));
+                }
             }
             Ok(Matrix::new(data, opts.weight_dtype))
         };

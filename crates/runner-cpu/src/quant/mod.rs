@@ -383,5 +383,28 @@ impl QuantMatrix {
     }
 }
 
+/// Quantizes rows of f32 weights (`x.len()` a multiple of 32) to Q8_0
+/// blocks, for float models run on the native kernels
+/// (`--quantization q8_0`): `d = amax / 127` stored as f16, `q = round(x / d)`
+/// with the stored (rounded) `d`, so dequantizing gives back `x` within `d / 2`.
+pub fn quantize_q8_0(x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(x.len() / 32 * 34);
+    for blk in x.chunks_exact(32) {
+        let amax = blk.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let d = half::f16::from_f32(amax / 127.0);
+        let inv = if d.to_f32() > 0.0 {
+            1.0 / d.to_f32()
+        } else {
+            0.0
+        };
+        out.extend_from_slice(&d.to_le_bytes());
+        out.extend(
+            blk.iter()
+                .map(|&v| (v * inv).round().clamp(-127.0, 127.0) as i8 as u8),
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests;

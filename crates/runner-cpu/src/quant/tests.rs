@@ -187,3 +187,16 @@ fn stacked(kinds: &[(QuantKind, usize)], seed: u64) {
     mat.row_into(n - 3, &mut row);
     assert_eq!(row, deq[(n - 3) * k..(n - 2) * k]);
 }
+
+#[test]
+fn q8_0_quantization_round_trips_within_half_a_step() {
+    let mut rng = Rng(11);
+    let x: Vec<f32> = (0..4096).map(|_| rng.unit() * 0.1).collect();
+    let blocks = quantize_q8_0(&x);
+    assert_eq!(blocks.len(), 4096 / 32 * 34);
+    let back = dequant(QuantKind::Q8_0, &blocks, x.len());
+    for (i, (a, b)) in x.iter().zip(&back).enumerate() {
+        let d = f16::from_le_bytes([blocks[i / 32 * 34], blocks[i / 32 * 34 + 1]]).to_f32();
+        assert!((a - b).abs() <= d / 2.0 + 1e-7, "{i}: {a} vs {b}");
+    }
+}
