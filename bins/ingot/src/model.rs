@@ -44,7 +44,7 @@ pub struct ModelArgs {
     #[arg(long, value_parser = ["f32", "bf16"])]
     pub dtype: Option<String>,
     /// Quantized GGUF weights on the CPU: `native` keeps them in their
-    /// blocks (int8 activations; ~4x faster decode, logits differ by the
+    /// blocks (int8 activations; ~3x faster decode, logits differ by the
     /// activation rounding) or `f32` dequantizes them at load (exact)
     /// [model.cpu_weights; native].
     #[arg(long, value_parser = ["native", "f32"])]
