@@ -30,6 +30,10 @@ def footprint_guess() -> int:
 def config_text(path: str, broken: str) -> str:
     budget = int(footprint_guess() * 2.5)  # two fit, three do not
     return f"""
+# f32 weights: the footprints this test sizes its budget by.
+[model]
+cpu_weights = "f32"
+
 [registry]
 device_budget = {budget}
 load_wait = "60s"

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use ingot_config::{Config, Device, Dtype, ModelEntry};
+use ingot_config::{Config, CpuWeights, Device, Dtype, ModelEntry, Quantization};
 use ingot_registry::{Budget, ModelSpec, Registry};
 use ingot_runner_cpu::CpuRunner;
 use ingot_server::{EngineLoader, Models};
@@ -152,8 +152,10 @@ fn physical_memory() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// Device bytes of a model once loaded: its weights in the backend's dtype
-/// plus its KV cache (read from the model's metadata, no weights loaded).
+/// Device bytes of a model once loaded: its weights as the backend holds
+/// them (bf16 on the GPU; on the CPU the file's quantized blocks on the
+/// native path, else f32 or bf16) plus its KV cache, read from the model's
+/// metadata without loading weights.
 fn footprint(c: &Config) -> anyhow::Result<u64> {
     let path: &Path = settings::model_path(c)?;
     let (files, _) = open(path, c.model.load_format)?;
@@ -163,15 +165,23 @@ fn footprint(c: &Config) -> anyhow::Result<u64> {
     }
     let params = model.num_params() as u64;
     let cpu = !on_gpu(c);
-    let weight_bytes = if cpu && c.model.dtype == Dtype::F32 {
-        4
+    let weights = if !cpu {
+        params * 2
+    } else if c.model.quantization == Quantization::Q8_0 {
+        // 34-byte blocks of 32 weights.
+        params * 34 / 32
+    } else if c.model.cpu_weights == CpuWeights::Native && files.gguf.is_some() {
+        // Quantized blocks stay as the file holds them (mmap'd).
+        std::fs::metadata(path).map_or(params * 4, |m| m.len())
+    } else if c.model.dtype == Dtype::F32 {
+        params * 4
     } else {
-        2
+        params * 2
     };
     let kv_tokens = c.model.kv_cache_tokens.map_or_else(
         || crate::model::default_kv_tokens(&model, c.engine.block_size),
         |t| t as u64,
     );
     let kv_per_token = CpuRunner::kv_bytes_per_token(&model) as u64 / if cpu { 1 } else { 2 };
-    Ok(params * weight_bytes + kv_tokens * kv_per_token)
+    Ok(weights + kv_tokens * kv_per_token)
 }

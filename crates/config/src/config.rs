@@ -123,6 +123,30 @@ pub enum Dtype {
     Bf16,
 }
 
+/// How the CPU backend keeps the weights of a quantized GGUF.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CpuWeights {
+    /// In their GGUF blocks, multiplied natively with int8 activations
+    /// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; other tensors
+    /// follow `model.dtype`).
+    #[default]
+    Native,
+    /// Dequantized at load, stored per `model.dtype`: the exact reference.
+    F32,
+}
+
+/// Quantization at load of float weights (CPU, native kernels).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Quantization {
+    /// Float weights stay as they are (per `model.dtype`).
+    #[default]
+    None,
+    /// Float weight matrices quantized to Q8_0 blocks at load.
+    Q8_0,
+}
+
 /// Which model to load and how.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -137,6 +161,10 @@ pub struct ModelSection {
     pub device: Device,
     /// CPU weight storage: `f32` or `bf16`.
     pub dtype: Dtype,
+    /// CPU handling of quantized GGUF tensors: `native` or `f32`.
+    pub cpu_weights: CpuWeights,
+    /// CPU: quantize float weight matrices at load (`none` or `q8_0`).
+    pub quantization: Quantization,
     /// CPU worker threads (default: all cores).
     #[schemars(range(min = 1))]
     pub threads: Option<usize>,
@@ -162,6 +190,8 @@ impl Default for ModelSection {
             load_format: LoadFormat::Auto,
             device: Device::Auto,
             dtype: Dtype::F32,
+            cpu_weights: CpuWeights::Native,
+            quantization: Quantization::None,
             threads: None,
             max_model_len: None,
             kv_cache_tokens: None,
@@ -503,6 +533,16 @@ impl Device {
             Self::Auto => "auto",
             Self::Cpu => "cpu",
             Self::Cuda => "cuda",
+        }
+    }
+}
+
+impl CpuWeights {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Native => "native",
+            Self::F32 => "f32",
         }
     }
 }

@@ -9,9 +9,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::gguf::GgmlType;
 use crate::gguf::GgufFile;
 use crate::{
-    Architecture, HostTensor, ModelConfig, ModelError, RopeConfig, RopeScaling, TensorSource,
+    Architecture, BlockData, HostTensor, ModelConfig, ModelError, QuantTensor, RopeConfig,
+    RopeScaling, TensorSource,
 };
 
 /// Resolves the decoder configuration from GGUF metadata.
@@ -156,6 +158,47 @@ impl TensorSource for GgufSource {
         Ok(HostTensor::new(shape, data))
     }
 
+    fn load_blocks(&self, name: &str) -> Result<Option<QuantTensor>, ModelError> {
+        let missing = || ModelError::MissingTensor {
+            name: name.to_string(),
+        };
+        let gname = gguf_name(name).ok_or_else(missing)?;
+        let index = self.file.tensor_index(&gname).ok_or_else(missing)?;
+        let info = &self.file.tensors()[index];
+        if matches!(
+            info.ggml_type,
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::F64
+        ) {
+            return Ok(None);
+        }
+        let shape: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
+        let data = match self.heads_to_unpermute(name) {
+            // Rows are whole blocks, so the permutation moves bytes verbatim.
+            Some(heads) => {
+                let cols = shape.get(1).copied().unwrap_or(1);
+                let (bs, ts) = (info.ggml_type.block_size(), info.ggml_type.type_size());
+                if bs == 0 || !cols.is_multiple_of(bs) {
+                    return Ok(None);
+                }
+                let row_bytes = cols / bs * ts;
+                BlockData::Owned(unpermute_rows(
+                    self.file.tensor_bytes(info),
+                    heads,
+                    row_bytes,
+                ))
+            }
+            None => BlockData::Mapped {
+                file: self.file.clone(),
+                index,
+            },
+        };
+        Ok(Some(QuantTensor {
+            ggml_type: info.ggml_type,
+            shape,
+            data,
+        }))
+    }
+
     fn contains(&self, name: &str) -> bool {
         gguf_name(name).is_some_and(|g| self.file.tensor(&g).is_some())
     }
@@ -171,11 +214,11 @@ impl TensorSource for GgufSource {
 
 /// Undoes llama.cpp's q/k row permutation: GGUF row `h*hd + 2i + j` holds
 /// Hugging Face row `h*hd + j*hd/2 + i`.
-fn unpermute_rows(data: &[f32], heads: usize, cols: usize) -> Vec<f32> {
+fn unpermute_rows<T: Copy + Default>(data: &[T], heads: usize, cols: usize) -> Vec<T> {
     let rows = data.len() / cols;
     let head_dim = rows / heads;
     let half = head_dim / 2;
-    let mut out = vec![0.0; data.len()];
+    let mut out = vec![T::default(); data.len()];
     for h in 0..heads {
         for i in 0..half {
             for j in 0..2 {

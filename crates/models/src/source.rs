@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::gguf::GgufFile;
-use crate::{dummy, gguf_model, hf, HostTensor, ModelConfig, ModelError};
+use crate::{dummy, gguf_model, hf, HostTensor, ModelConfig, ModelError, QuantTensor};
 
 /// Where weights come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -21,6 +21,13 @@ pub enum LoadFormat {
 pub trait TensorSource: Send + Sync {
     /// Loads one tensor by canonical name, converted to f32.
     fn load(&self, name: &str) -> Result<HostTensor, ModelError>;
+    /// The tensor in its stored block format when that is a quantized ggml
+    /// type (anything but F32/F16/BF16), for backends with native kernels;
+    /// `None` when it is stored as floats or the source only yields f32.
+    fn load_blocks(&self, name: &str) -> Result<Option<QuantTensor>, ModelError> {
+        let _ = name;
+        Ok(None)
+    }
     /// True when the tensor exists.
     fn contains(&self, name: &str) -> bool;
     /// Storage types with their tensor counts, for `ingot inspect`.

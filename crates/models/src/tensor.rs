@@ -26,3 +26,54 @@ impl HostTensor {
         self.data.is_empty()
     }
 }
+
+/// A tensor kept in its file's ggml block format (Q4_0, Q4_K, ...), for
+/// backends with native quantized kernels: no f32 copy is ever made.
+#[derive(Debug, Clone)]
+pub struct QuantTensor {
+    /// The storage type of every block.
+    pub ggml_type: crate::gguf::GgmlType,
+    /// Dimensions, outermost first (a linear weight is `[rows, cols]`; each
+    /// row is `cols / block_size` whole blocks).
+    pub shape: Vec<usize>,
+    /// The blocks, row-major.
+    pub data: BlockData,
+}
+
+/// Where the bytes of a [`QuantTensor`] live.
+#[derive(Clone)]
+pub enum BlockData {
+    /// A copy (made when rows had to be reordered at load).
+    Owned(Vec<u8>),
+    /// Borrowed from the memory-mapped file: pages are shared with the page
+    /// cache and only count once.
+    Mapped {
+        /// The file, kept open while the tensor lives.
+        file: std::sync::Arc<crate::gguf::GgufFile>,
+        /// Index into [`crate::gguf::GgufFile::tensors`].
+        index: usize,
+    },
+}
+
+impl BlockData {
+    /// The raw blocks.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            BlockData::Owned(v) => v,
+            BlockData::Mapped { file, index } => file
+                .tensors()
+                .get(*index)
+                .map(|t| file.tensor_bytes(t))
+                .unwrap_or_default(),
+        }
+    }
+}
+
+impl std::fmt::Debug for BlockData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BlockData::Owned(v) => write!(f, "Owned({} bytes)", v.len()),
+            BlockData::Mapped { index, .. } => write!(f, "Mapped(tensor {index})"),
+        }
+    }
+}

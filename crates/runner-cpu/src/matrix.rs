@@ -1,10 +1,12 @@
-//! Weight matrices in their storage type: f32 (exact, the default) or
+//! Weight matrices in their storage type: f32 (exact, the default),
 //! bf16 (half the bytes per decoded token; widened to f32 on load, so
-//! products and sums stay f32 and batch invariance holds).
+//! products and sums stay f32 and batch invariance holds), or the file's
+//! own quantized blocks ([`crate::quant`]).
 
 use half::bf16;
 
 use crate::matmul;
+use crate::quant::{ActScratch, QuantMatrix};
 
 /// How weight matrices are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -23,6 +25,8 @@ pub enum Matrix {
     F32(Vec<f32>),
     /// bf16 values.
     Bf16(Vec<bf16>),
+    /// GGUF blocks, multiplied natively with int8 activations.
+    Quant(QuantMatrix),
 }
 
 impl Matrix {
@@ -34,11 +38,22 @@ impl Matrix {
         }
     }
 
-    /// `out[m, n] = x[m, k] · selfᵀ` where self is `[n, k]`.
-    pub fn linear(&self, x: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
+    /// `out[m, n] = x[m, k] · selfᵀ` where self is `[n, k]`; `scratch`
+    /// holds quantized activations (only the quantized variant uses it).
+    pub fn linear(
+        &self,
+        x: &[f32],
+        out: &mut [f32],
+        (m, k, n): (usize, usize, usize),
+        scratch: &mut ActScratch,
+    ) {
         match self {
             Matrix::F32(w) => matmul::linear(x, w, out, m, k, n),
             Matrix::Bf16(w) => matmul::linear(x, w, out, m, k, n),
+            Matrix::Quant(q) => {
+                debug_assert_eq!(q.rows(), n);
+                q.linear(x, out, m, scratch)
+            }
         }
     }
 
@@ -52,6 +67,7 @@ impl Matrix {
                     *o = v.to_f32();
                 }
             }
+            Matrix::Quant(q) => q.row_into(r, out),
         }
     }
 }

@@ -179,6 +179,11 @@ impl GgufFile {
         self.by_name.get(name).map(|&i| &self.tensors[i])
     }
 
+    /// The position of the tensor named `name` in [`GgufFile::tensors`].
+    pub fn tensor_index(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+
     /// The raw bytes of `t`'s data. `t` must come from this file; for any
     /// other info whose range lies outside the file this is empty.
     pub fn tensor_bytes(&self, t: &TensorInfo) -> &[u8] {

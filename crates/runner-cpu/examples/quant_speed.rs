@@ -1,0 +1,85 @@
+//! Times the native quantized matmul (Q4_1, Q8_0, Q4_K, Q6_K weights) at the
+//! SmolLM2 prefill and decode shapes, next to the f32 matmul:
+//! `cargo run --release -p ingot-runner-cpu --example quant_speed`.
+
+use std::time::Instant;
+
+use ingot_models::gguf::GgmlType;
+use ingot_models::BlockData;
+use ingot_runner_cpu::quant::{ActScratch, QuantKind, QuantMatrix};
+
+/// Random-looking blocks with small finite f16 scales.
+fn blocks(kind: QuantKind, rows: usize, k: usize) -> Vec<u8> {
+    let t: GgmlType = kind.ggml();
+    let size = t.type_size();
+    let mut out: Vec<u8> = (0..rows * k / t.block_size() * size)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8)
+        .collect();
+    let scale = half::f16::from_f32(0.01).to_le_bytes();
+    let at: &[usize] = match kind {
+        QuantKind::Q6K => &[208],
+        QuantKind::Q4_1 | QuantKind::Q5_1 | QuantKind::Q4K | QuantKind::Q5K => &[0, 2],
+        _ => &[0],
+    };
+    for blk in out.chunks_exact_mut(size) {
+        for &a in at {
+            blk[a..a + 2].copy_from_slice(&scale);
+        }
+    }
+    out
+}
+
+fn time(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let t = Instant::now();
+    for _ in 0..reps {
+        f();
+    }
+    t.elapsed().as_secs_f64() / reps as f64
+}
+
+fn main() {
+    for (m, k, n) in [
+        (1, 576, 3072),
+        (1, 1536, 576),
+        (1, 576, 49152),
+        (16, 576, 3072),
+        (128, 576, 3072),
+        (128, 1536, 576),
+    ] {
+        let x: Vec<f32> = (0..m * k).map(|i| (i % 17) as f32 * 0.01 - 0.08).collect();
+        let mut out = vec![0.0; m * n];
+        let reps = (2_000_000_000 / (m * k * n)).clamp(3, 2000);
+        let w: Vec<f32> = (0..n * k).map(|i| (i % 13) as f32 * 0.01).collect();
+        let s = time(reps, || {
+            ingot_runner_cpu::matmul::linear(&x, &w, &mut out, m, k, n)
+        });
+        let gflops = |s: f64| 2.0 * (m * k * n) as f64 / s / 1e9;
+        println!(
+            "{m}x{k}x{n} f32:  {:.3} ms, {:.1} GFLOP/s, {:.1} GB/s weights",
+            s * 1e3,
+            gflops(s),
+            (n * k * 4) as f64 / s / 1e9
+        );
+        for kind in [
+            QuantKind::Q4_1,
+            QuantKind::Q8_0,
+            QuantKind::Q4K,
+            QuantKind::Q6K,
+        ] {
+            if k % kind.ggml().block_size() != 0 {
+                continue;
+            }
+            let data = BlockData::Owned(blocks(kind, n, k));
+            let mat = QuantMatrix::new(vec![(kind, data, n)], k).expect("valid blocks");
+            let mut scratch = ActScratch::default();
+            let s = time(reps, || mat.linear(&x, &mut out, m, &mut scratch));
+            println!(
+                "{m}x{k}x{n} {kind:?}: {:.3} ms, {:.1} GFLOP/s, {:.1} GB/s weights",
+                s * 1e3,
+                gflops(s),
+                mat.bytes() as f64 / s / 1e9
+            );
+        }
+    }
+}

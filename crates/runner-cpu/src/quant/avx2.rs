@@ -1,0 +1,357 @@
+//! AVX2 dot products (same contract and formulas as [`super::scalar`]).
+//!
+//! Integer products use `maddubs` (u8 × i8 → pairs summed into i16) then
+//! `madd` (i16 × i16 → pairs summed into i32). `maddubs` needs one unsigned
+//! operand: unsigned formats (Q4_1, Q5_1, the k-quants) feed their raw
+//! `q` and correct the offset through the activation block sums; signed
+//! ones (Q4_0, Q5_0, Q8_0) move the weight's sign onto the activation
+//! (`|w| * sign(x, w)`). Every i16 pair sum stays below 2 * 63 * 127, so
+//! nothing saturates. f16 scales are widened with F16C.
+
+use std::arch::x86_64::*;
+
+use super::act::ActRow;
+use super::scalar::scales_mins_k4;
+
+/// Sums the 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum(v: __m256) -> f32 {
+    let q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let h = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)))
+}
+
+/// The f16 at `p` and the one after it, as f32 (`(d, m)` of a block).
+///
+/// # Safety
+/// `p` must be valid for 4 reads.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_pair(p: *const u8) -> (f32, f32) {
+    // SAFETY: 4 bytes readable (caller contract); unaligned read.
+    let bits = unsafe { std::ptr::read_unaligned(p as *const i32) };
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+}
+
+/// The f16 at `p` as f32.
+///
+/// # Safety
+/// `p` must be valid for 2 reads.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_one(p: *const u8) -> f32 {
+    // SAFETY: 2 bytes readable (caller contract); unaligned read.
+    let bits = unsafe { std::ptr::read_unaligned(p as *const u16) };
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// 16 bytes of packed nibbles → 32 bytes: low nibbles, then high nibbles
+/// (the element order of the 32-blocks).
+///
+/// # Safety
+/// `p` must be valid for 16 reads.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles(p: *const u8) -> __m256i {
+    // SAFETY: 16 bytes readable (caller contract).
+    let raw = unsafe { _mm_loadu_si128(p as *const __m128i) };
+    let m = _mm_set1_epi8(0x0F);
+    let lo = _mm_and_si128(raw, m);
+    let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m);
+    _mm256_set_m128i(hi, lo)
+}
+
+/// Bit `j` of `bits` → byte `j` = 0x10 or 0 (the fifth bit of Q5 blocks).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn fifth_bits(bits: u32) -> __m256i {
+    let v = _mm256_set1_epi32(bits as i32);
+    // Byte j takes source byte j / 8 (in-lane shuffle; both lanes hold all
+    // four bytes).
+    let pick = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
+        3, 3,
+    );
+    let v = _mm256_shuffle_epi8(v, pick);
+    let mask = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(v, mask), mask);
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
+/// The shared loop of the 32-block formats over `R` activation rows (each
+/// weight block is decoded once for all of them): `q(p)` gives the 32
+/// weights of the block at `p`, signed or unsigned per `SIGNED`; `MIN`
+/// adds `m * s`.
+///
+/// # Safety
+/// AVX2, FMA and F16C available; `w` is whole blocks of `BYTES` bytes and
+/// every row of `x` holds at least as many blocks.
+#[inline(always)]
+unsafe fn dot32<const BYTES: usize, const SIGNED: bool, const MIN: bool, const R: usize>(
+    w: &[u8],
+    x: &[ActRow<'_>; R],
+    q: impl Fn(*const u8) -> __m256i,
+) -> [f32; R] {
+    let nb = w.len() / BYTES;
+    debug_assert!(x.iter().all(|x| x.qs.len() >= nb * 32 && x.d.len() >= nb));
+    // SAFETY: block b reads w[b * BYTES..(b + 1) * BYTES] and, per row,
+    // qs[32b..32b + 32] and d[b] (s[b] with MIN), all in bounds (caller
+    // contract).
+    unsafe {
+        let wp = w.as_ptr();
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut mins = [0f32; R];
+        for b in 0..nb {
+            let p = wp.add(b * BYTES);
+            let (d, m) = f16_pair(p);
+            let qv = q(p);
+            let wu = if SIGNED { _mm256_sign_epi8(qv, qv) } else { qv };
+            for r in 0..R {
+                let xr = &x[r];
+                let xv = _mm256_loadu_si256(xr.qs.as_ptr().add(b * 32) as *const __m256i);
+                let xv = if SIGNED { _mm256_sign_epi8(xv, qv) } else { xv };
+                let s = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, xv), ones);
+                let dd = _mm256_set1_ps(d * *xr.d.get_unchecked(b));
+                acc[r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), acc[r]);
+                if MIN {
+                    mins[r] += m * *xr.s.get_unchecked(b);
+                }
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum(acc[r]) + mins[r];
+        }
+        out
+    }
+}
+
+/// Defines `$name` (one activation row) and `$name4` (four rows) for a
+/// 32-block format.
+macro_rules! dot32_fns {
+    ($name:ident, $name4:ident, $bytes:literal, $signed:literal, $min:literal, $q:expr) => {
+        /// # Safety
+        /// AVX2, FMA and F16C available; `x` holds as many blocks as `w`.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn $name(w: &[u8], x: ActRow<'_>) -> f32 {
+            // SAFETY: forwarded contract; the block layout matches `$q`.
+            unsafe { dot32::<$bytes, $signed, $min, 1>(w, &[x], $q)[0] }
+        }
+
+        /// # Safety
+        /// As the one-row kernel, for each row.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn $name4(w: &[u8], x: &[ActRow<'_>; 4]) -> [f32; 4] {
+            // SAFETY: forwarded contract; the block layout matches `$q`.
+            unsafe { dot32::<$bytes, $signed, $min, 4>(w, x, $q) }
+        }
+    };
+}
+
+// Q4_0: 18-byte blocks, nibbles at 2..18, q - 8.
+dot32_fns!(dot_q4_0, dot_q4_0_x4, 18, true, false, |p| {
+    _mm256_sub_epi8(nibbles(p.add(2)), _mm256_set1_epi8(8))
+});
+// Q4_1: 20-byte blocks, nibbles at 4..20.
+dot32_fns!(dot_q4_1, dot_q4_1_x4, 20, false, true, |p| {
+    nibbles(p.add(4))
+});
+// Q5_0: 22-byte blocks, qh at 2..6, nibbles at 6..22, q - 16.
+dot32_fns!(dot_q5_0, dot_q5_0_x4, 22, true, false, |p| {
+    let qh = std::ptr::read_unaligned(p.add(2) as *const u32);
+    let q = _mm256_or_si256(nibbles(p.add(6)), fifth_bits(qh));
+    _mm256_sub_epi8(q, _mm256_set1_epi8(16))
+});
+// Q5_1: 24-byte blocks, qh at 4..8, nibbles at 8..24.
+dot32_fns!(dot_q5_1, dot_q5_1_x4, 24, false, true, |p| {
+    let qh = std::ptr::read_unaligned(p.add(4) as *const u32);
+    _mm256_or_si256(nibbles(p.add(8)), fifth_bits(qh))
+});
+// Q8_0: 34-byte blocks, int8 values at 2..34.
+dot32_fns!(dot_q8_0, dot_q8_0_x4, 34, true, false, |p| {
+    _mm256_loadu_si256(p.add(2) as *const __m256i)
+});
+
+/// Q4_K (`FIFTH = false`, 144-byte blocks) and Q5_K (176-byte blocks),
+/// over `R` activation rows.
+///
+/// # Safety
+/// AVX2, FMA and F16C available; every row of `x` is Q8K and holds as many
+/// super-blocks as `w`.
+#[inline(always)]
+unsafe fn dot_k4<const BYTES: usize, const FIFTH: bool, const R: usize>(
+    w: &[u8],
+    x: &[ActRow<'_>; R],
+) -> [f32; R] {
+    let nb = w.len() / BYTES;
+    debug_assert!(x
+        .iter()
+        .all(|x| x.qs.len() >= nb * 256 && x.bsums.len() >= nb * 16));
+    // SAFETY: super-block b reads w[b * BYTES..(b + 1) * BYTES] and, per
+    // row, qs[256b..256b + 256], d[b] and bsums[16b..16b + 16].
+    unsafe {
+        let wp = w.as_ptr();
+        let low = _mm256_set1_epi8(0x0F);
+        let one = _mm256_set1_epi8(1);
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut mins = [0f32; R];
+        for b in 0..nb {
+            let p = wp.add(b * BYTES);
+            let (d, dmin) = f16_pair(p);
+            let (sc, mn) = scales_mins_k4(std::slice::from_raw_parts(p.add(4), 12));
+            let qs = p.add(if FIFTH { 48 } else { 16 });
+            let mut hb = if FIFTH {
+                _mm256_loadu_si256(p.add(16) as *const __m256i)
+            } else {
+                _mm256_setzero_si256()
+            };
+            let mut isum = [_mm256_setzero_si256(); R];
+            for g in 0..4 {
+                let raw = _mm256_loadu_si256(qs.add(32 * g) as *const __m256i);
+                let mut lo = _mm256_and_si256(raw, low);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+                if FIFTH {
+                    // Bits 2g and 2g + 1 of each qh byte, moved to bit 4;
+                    // 16-bit shifts of at most 7 keep each byte's bits.
+                    let h0 = _mm256_and_si256(hb, one);
+                    let h1 = _mm256_and_si256(_mm256_srli_epi16(hb, 1), one);
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(h0, 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(h1, 4));
+                    hb = _mm256_srli_epi16(hb, 2);
+                }
+                let sl = _mm256_set1_epi16(i16::from(sc[2 * g]));
+                let sh = _mm256_set1_epi16(i16::from(sc[2 * g + 1]));
+                for r in 0..R {
+                    let xb = x[r].qs.as_ptr().add(b * 256 + 64 * g);
+                    let xl = _mm256_loadu_si256(xb as *const __m256i);
+                    let xh = _mm256_loadu_si256(xb.add(32) as *const __m256i);
+                    let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), sl);
+                    let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), sh);
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(pl, ph));
+                }
+            }
+            for r in 0..R {
+                let dx = *x[r].d.get_unchecked(b);
+                let bs = x[r].bsums.get_unchecked(b * 16..b * 16 + 16);
+                let mut msum = 0i32;
+                for j in 0..8 {
+                    msum += i32::from(mn[j]) * (i32::from(bs[2 * j]) + i32::from(bs[2 * j + 1]));
+                }
+                let dd = _mm256_set1_ps(d * dx);
+                acc[r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(isum[r]), acc[r]);
+                mins[r] += dmin * dx * msum as f32;
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum(acc[r]) - mins[r];
+        }
+        out
+    }
+}
+
+/// Q6_K over `R` activation rows.
+///
+/// # Safety
+/// As [`dot_k4`].
+#[inline(always)]
+unsafe fn dot_k6<const R: usize>(w: &[u8], x: &[ActRow<'_>; R]) -> [f32; R] {
+    let nb = w.len() / 210;
+    debug_assert!(x
+        .iter()
+        .all(|x| x.qs.len() >= nb * 256 && x.bsums.len() >= nb * 16));
+    // SAFETY: super-block b reads w[210b..210b + 210] and, per row,
+    // qs[256b..256b + 256], d[b] and bsums[16b..16b + 16].
+    unsafe {
+        let wp = w.as_ptr();
+        let low = _mm256_set1_epi8(0x0F);
+        let two = _mm256_set1_epi8(3);
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut offs = [0f32; R];
+        for b in 0..nb {
+            let p = wp.add(b * 210);
+            let d = f16_one(p.add(208));
+            let sc = std::slice::from_raw_parts(p.add(192) as *const i8, 16);
+            let mut isum = [_mm256_setzero_si256(); R];
+            for n in 0..2 {
+                let ql0 = _mm256_loadu_si256(p.add(64 * n) as *const __m256i);
+                let ql1 = _mm256_loadu_si256(p.add(64 * n + 32) as *const __m256i);
+                let qh = _mm256_loadu_si256(p.add(128 + 32 * n) as *const __m256i);
+                // Two high bits per element, shifted to bits 4..6 (values
+                // <= 0x30 never cross a byte in the 16-bit shift).
+                let h = |v: __m256i| _mm256_slli_epi16(_mm256_and_si256(v, two), 4);
+                let q = [
+                    _mm256_or_si256(_mm256_and_si256(ql0, low), h(qh)),
+                    _mm256_or_si256(_mm256_and_si256(ql1, low), h(_mm256_srli_epi16(qh, 2))),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low),
+                        h(_mm256_srli_epi16(qh, 4)),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low),
+                        h(_mm256_srli_epi16(qh, 6)),
+                    ),
+                ];
+                for (t, q) in q.into_iter().enumerate() {
+                    // The 32 elements span two sub-blocks of 16: the low
+                    // 128-bit lane holds the first, the high lane the second.
+                    let k = 8 * n + 2 * t;
+                    let sv = _mm256_set_m128i(
+                        _mm_set1_epi16(i16::from(sc[k + 1])),
+                        _mm_set1_epi16(i16::from(sc[k])),
+                    );
+                    for r in 0..R {
+                        let xp = x[r].qs.as_ptr().add(b * 256 + 128 * n + 32 * t);
+                        let xv = _mm256_loadu_si256(xp as *const __m256i);
+                        let pr = _mm256_maddubs_epi16(q, xv);
+                        isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pr, sv));
+                    }
+                }
+            }
+            for r in 0..R {
+                let dd = d * *x[r].d.get_unchecked(b);
+                let bs = x[r].bsums.get_unchecked(b * 16..b * 16 + 16);
+                let mut off = 0i32;
+                for k in 0..16 {
+                    off += i32::from(sc[k]) * i32::from(bs[k]);
+                }
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dd), _mm256_cvtepi32_ps(isum[r]), acc[r]);
+                offs[r] += dd * (32 * off) as f32;
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum(acc[r]) - offs[r];
+        }
+        out
+    }
+}
+
+/// Defines the one-row and four-row entry points of a k-quant kernel.
+macro_rules! dotk_fns {
+    ($name:ident, $name4:ident, $call:ident $(, $arg:tt)*) => {
+        /// # Safety
+        /// AVX2, FMA and F16C available; `x` is Q8K with as many
+        /// super-blocks as `w`.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn $name(w: &[u8], x: ActRow<'_>) -> f32 {
+            // SAFETY: forwarded contract.
+            unsafe { $call::<$($arg,)* 1>(w, &[x])[0] }
+        }
+
+        /// # Safety
+        /// As the one-row kernel, for each row.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn $name4(w: &[u8], x: &[ActRow<'_>; 4]) -> [f32; 4] {
+            // SAFETY: forwarded contract.
+            unsafe { $call::<$($arg,)* 4>(w, x) }
+        }
+    };
+}
+
+dotk_fns!(dot_q4_k, dot_q4_k_x4, dot_k4, 144, false);
+dotk_fns!(dot_q5_k, dot_q5_k_x4, dot_k4, 176, true);
+dotk_fns!(dot_q6_k, dot_q6_k_x4, dot_k6);

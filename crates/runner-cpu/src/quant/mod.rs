@@ -1,0 +1,410 @@
+//! Native quantized matmul: weights stay in their GGUF blocks (Q4_0, Q4_1,
+//! Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), borrowed from the memory map;
+//! activations are quantized to int8 per block ([`act`]) and every output
+//! is an integer dot product per block ([`scalar`], [`avx2`]).
+//!
+//! Batch-1 decode is bound by weight bytes read: Q4_1 is 5 bits a weight
+//! against f32's 32. The price is accuracy: products use int8 activations
+//! (like llama.cpp's CPU path), so logits differ from the exact f32 path
+//! by about the activation rounding. Results do not depend on the batch:
+//! each row's activations are quantized alone and each output is one
+//! fixed-order dot product.
+//!
+//! A [`QuantMatrix`] may stack several tensors (fused q/k/v, gate/up) of
+//! different formats; its work is cut into tasks of whole rows of one part
+//! once, at load, so a call allocates nothing.
+
+mod act;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod scalar;
+
+use ingot_models::gguf::{dequantize_into, GgmlType};
+use ingot_models::BlockData;
+use rayon::prelude::*;
+
+pub use act::{ActFormat, ActRow, QuantActs};
+
+/// The block formats with native kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantKind {
+    /// 4-bit, symmetric, 32 per block.
+    Q4_0,
+    /// 4-bit with min, 32 per block.
+    Q4_1,
+    /// 5-bit, symmetric, 32 per block.
+    Q5_0,
+    /// 5-bit with min, 32 per block.
+    Q5_1,
+    /// 8-bit, 32 per block.
+    Q8_0,
+    /// 4-bit k-quant, 256 per super-block.
+    Q4K,
+    /// 5-bit k-quant, 256 per super-block.
+    Q5K,
+    /// 6-bit k-quant, 256 per super-block.
+    Q6K,
+}
+
+impl QuantKind {
+    /// Every kind, for tests.
+    pub const ALL: [QuantKind; 8] = [
+        QuantKind::Q4_0,
+        QuantKind::Q4_1,
+        QuantKind::Q5_0,
+        QuantKind::Q5_1,
+        QuantKind::Q8_0,
+        QuantKind::Q4K,
+        QuantKind::Q5K,
+        QuantKind::Q6K,
+    ];
+
+    /// The kind for a ggml type, when there is a kernel.
+    pub fn from_ggml(t: GgmlType) -> Option<Self> {
+        Some(match t {
+            GgmlType::Q4_0 => QuantKind::Q4_0,
+            GgmlType::Q4_1 => QuantKind::Q4_1,
+            GgmlType::Q5_0 => QuantKind::Q5_0,
+            GgmlType::Q5_1 => QuantKind::Q5_1,
+            GgmlType::Q8_0 => QuantKind::Q8_0,
+            GgmlType::Q4_K => QuantKind::Q4K,
+            GgmlType::Q5_K => QuantKind::Q5K,
+            GgmlType::Q6_K => QuantKind::Q6K,
+            _ => return None,
+        })
+    }
+
+    /// The ggml type.
+    pub fn ggml(self) -> GgmlType {
+        match self {
+            QuantKind::Q4_0 => GgmlType::Q4_0,
+            QuantKind::Q4_1 => GgmlType::Q4_1,
+            QuantKind::Q5_0 => GgmlType::Q5_0,
+            QuantKind::Q5_1 => GgmlType::Q5_1,
+            QuantKind::Q8_0 => GgmlType::Q8_0,
+            QuantKind::Q4K => GgmlType::Q4_K,
+            QuantKind::Q5K => GgmlType::Q5_K,
+            QuantKind::Q6K => GgmlType::Q6_K,
+        }
+    }
+
+    /// The activation layout this format's kernel reads.
+    pub fn act(self) -> ActFormat {
+        match self {
+            QuantKind::Q4K | QuantKind::Q5K | QuantKind::Q6K => ActFormat::Q8K,
+            _ => ActFormat::Q8,
+        }
+    }
+
+    /// Bytes of one row of `cols` weights.
+    pub fn row_bytes(self, cols: usize) -> usize {
+        let t = self.ggml();
+        cols / t.block_size() * t.type_size()
+    }
+}
+
+/// A row dot product: `w` is whole blocks, `x` the matching activations.
+///
+/// Marked unsafe because the SIMD kernels need their CPU features; the
+/// function [`dot_fn`] returns is safe to call on this CPU.
+pub type DotFn = unsafe fn(&[u8], ActRow<'_>) -> f32;
+
+/// Four activation rows against one weight row: each weight block is
+/// decoded once for all four (prefill and batched decode).
+pub type Dot4Fn = unsafe fn(&[u8], &[ActRow<'_>; 4]) -> [f32; 4];
+
+/// The fastest four-row kernel this CPU runs for `kind`.
+pub fn dot4_fn(kind: QuantKind) -> Dot4Fn {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_avx2() {
+            return match kind {
+                QuantKind::Q4_0 => avx2::dot_q4_0_x4,
+                QuantKind::Q4_1 => avx2::dot_q4_1_x4,
+                QuantKind::Q5_0 => avx2::dot_q5_0_x4,
+                QuantKind::Q5_1 => avx2::dot_q5_1_x4,
+                QuantKind::Q8_0 => avx2::dot_q8_0_x4,
+                QuantKind::Q4K => avx2::dot_q4_k_x4,
+                QuantKind::Q5K => avx2::dot_q5_k_x4,
+                QuantKind::Q6K => avx2::dot_q6_k_x4,
+            };
+        }
+    }
+    match kind {
+        QuantKind::Q4_0 => four::<{ QuantKind::Q4_0 as u8 }>,
+        QuantKind::Q4_1 => four::<{ QuantKind::Q4_1 as u8 }>,
+        QuantKind::Q5_0 => four::<{ QuantKind::Q5_0 as u8 }>,
+        QuantKind::Q5_1 => four::<{ QuantKind::Q5_1 as u8 }>,
+        QuantKind::Q8_0 => four::<{ QuantKind::Q8_0 as u8 }>,
+        QuantKind::Q4K => four::<{ QuantKind::Q4K as u8 }>,
+        QuantKind::Q5K => four::<{ QuantKind::Q5K as u8 }>,
+        QuantKind::Q6K => four::<{ QuantKind::Q6K as u8 }>,
+    }
+}
+
+/// The portable four-row kernel: the one-row kernel four times.
+///
+/// # Safety
+/// As [`DotFn`], for each row.
+unsafe fn four<const KIND: u8>(w: &[u8], x: &[ActRow<'_>; 4]) -> [f32; 4] {
+    let dot = portable_dot_fn(QuantKind::ALL[KIND as usize]);
+    // SAFETY: the portable kernels need no CPU features; forwarded contract.
+    x.map(|x| unsafe { dot(w, x) })
+}
+
+/// The fastest kernel this CPU runs for `kind`.
+pub fn dot_fn(kind: QuantKind) -> DotFn {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if has_avx2() {
+            return match kind {
+                QuantKind::Q4_0 => avx2::dot_q4_0,
+                QuantKind::Q4_1 => avx2::dot_q4_1,
+                QuantKind::Q5_0 => avx2::dot_q5_0,
+                QuantKind::Q5_1 => avx2::dot_q5_1,
+                QuantKind::Q8_0 => avx2::dot_q8_0,
+                QuantKind::Q4K => avx2::dot_q4_k,
+                QuantKind::Q5K => avx2::dot_q5_k,
+                QuantKind::Q6K => avx2::dot_q6_k,
+            };
+        }
+    }
+    portable_dot_fn(kind)
+}
+
+/// The portable kernel for `kind`.
+pub fn portable_dot_fn(kind: QuantKind) -> DotFn {
+    match kind {
+        QuantKind::Q4_0 => scalar::dot_q4_0,
+        QuantKind::Q4_1 => scalar::dot_q4_1,
+        QuantKind::Q5_0 => scalar::dot_q5_0,
+        QuantKind::Q5_1 => scalar::dot_q5_1,
+        QuantKind::Q8_0 => scalar::dot_q8_0,
+        QuantKind::Q4K => scalar::dot_q4_k,
+        QuantKind::Q5K => scalar::dot_q5_k,
+        QuantKind::Q6K => scalar::dot_q6_k,
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx2() -> bool {
+    std::is_x86_feature_detected!("avx2")
+        && std::is_x86_feature_detected!("fma")
+        && std::is_x86_feature_detected!("f16c")
+}
+
+/// Activation buffers for both layouts, reused across calls.
+#[derive(Default)]
+pub struct ActScratch {
+    q8: QuantActs,
+    q8k: QuantActs,
+}
+
+/// Most tensors one matrix stacks (q, k, v).
+const MAX_PARTS: usize = 4;
+/// Weight bytes per task: small enough to balance two to a few dozen
+/// threads on decode, large enough that scheduling costs little.
+const TASK_BYTES: usize = 16 * 1024;
+
+/// One stacked tensor.
+struct Part {
+    kind: QuantKind,
+    data: BlockData,
+    rows: usize,
+    row_bytes: usize,
+}
+
+/// Rows `row0..row0 + rows` of part `part`, written to output columns from `col0`.
+#[derive(Clone, Copy)]
+struct Task {
+    part: usize,
+    row0: usize,
+    rows: usize,
+    col0: usize,
+}
+
+/// Output pointer shared by tasks that write disjoint columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: each task writes only the columns of its own rows.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// Writes `v` at index `i`.
+    ///
+    /// # Safety
+    /// `i` must be inside the output and written by no other thread.
+    #[inline]
+    unsafe fn write(self, i: usize, v: f32) {
+        // SAFETY: caller contract.
+        unsafe { *self.0.add(i) = v };
+    }
+}
+
+/// A `[rows, cols]` weight matrix in block formats: tensors stacked by rows.
+pub struct QuantMatrix {
+    parts: Vec<Part>,
+    cols: usize,
+    rows: usize,
+    tasks: Vec<Task>,
+}
+
+impl QuantMatrix {
+    /// Stacks `parts` (kind, blocks, rows) of rows of `cols` weights.
+    /// `None` when a part's byte length does not match its shape or there
+    /// are too many parts.
+    pub fn new(parts: Vec<(QuantKind, BlockData, usize)>, cols: usize) -> Option<Self> {
+        if parts.is_empty() || parts.len() > MAX_PARTS {
+            return None;
+        }
+        let mut out = Vec::with_capacity(parts.len());
+        let mut tasks = Vec::new();
+        let mut col0 = 0;
+        for (i, (kind, data, rows)) in parts.into_iter().enumerate() {
+            let t = kind.ggml();
+            if !cols.is_multiple_of(t.block_size()) {
+                return None;
+            }
+            let row_bytes = kind.row_bytes(cols);
+            if data.bytes().len() != rows * row_bytes {
+                return None;
+            }
+            let per_task = (TASK_BYTES / row_bytes.max(1)).clamp(4, 256);
+            for row0 in (0..rows).step_by(per_task) {
+                let n = per_task.min(rows - row0);
+                tasks.push(Task {
+                    part: i,
+                    row0,
+                    rows: n,
+                    col0: col0 + row0,
+                });
+            }
+            col0 += rows;
+            out.push(Part {
+                kind,
+                data,
+                rows,
+                row_bytes,
+            });
+        }
+        Some(Self {
+            parts: out,
+            cols,
+            rows: col0,
+            tasks,
+        })
+    }
+
+    /// Output rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Bytes of blocks held.
+    pub fn bytes(&self) -> usize {
+        self.parts.iter().map(|p| p.rows * p.row_bytes).sum()
+    }
+
+    /// `out[m, n] = x[m, k] · selfᵀ` where self is `[n, k]`.
+    pub fn linear(&self, x: &[f32], out: &mut [f32], m: usize, scratch: &mut ActScratch) {
+        let (k, n) = (self.cols, self.rows);
+        assert!(x.len() >= m * k && out.len() >= m * n);
+        let needs = |f: ActFormat| self.parts.iter().any(|p| p.kind.act() == f);
+        if needs(ActFormat::Q8) {
+            scratch.q8.quantize(x, m, k, ActFormat::Q8);
+        }
+        if needs(ActFormat::Q8K) {
+            scratch.q8k.quantize(x, m, k, ActFormat::Q8K);
+        }
+        let mut bytes: [&[u8]; MAX_PARTS] = [&[]; MAX_PARTS];
+        let mut dots: [(DotFn, Dot4Fn); MAX_PARTS] =
+            [(scalar::dot_q8_0, four::<{ QuantKind::Q8_0 as u8 }>); MAX_PARTS];
+        for (i, p) in self.parts.iter().enumerate() {
+            bytes[i] = p.data.bytes();
+            dots[i] = (dot_fn(p.kind), dot4_fn(p.kind));
+        }
+        let ptr = OutPtr(out.as_mut_ptr());
+        let scratch = &*scratch;
+        self.tasks.par_iter().for_each(|t| {
+            let p = &self.parts[t.part];
+            let acts = match p.kind.act() {
+                ActFormat::Q8 => &scratch.q8,
+                ActFormat::Q8K => &scratch.q8k,
+            };
+            let (dot, dot4) = dots[t.part];
+            // Weight row outer: a row's blocks are read from memory once,
+            // decoded once per four activation rows, and stay in L1.
+            for r in t.row0..t.row0 + t.rows {
+                let w = &bytes[t.part][r * p.row_bytes..(r + 1) * p.row_bytes];
+                let col = t.col0 + r - t.row0;
+                let mut i = 0;
+                while i + 4 <= m {
+                    let rows = [
+                        acts.row(i),
+                        acts.row(i + 1),
+                        acts.row(i + 2),
+                        acts.row(i + 3),
+                    ];
+                    // SAFETY: `dot4` is the kernel for this CPU and format;
+                    // `w` is one whole row and each activation row has
+                    // k values in the kind's layout.
+                    let v = unsafe { dot4(w, &rows) };
+                    for (j, v) in v.into_iter().enumerate() {
+                        // SAFETY: i + j < m and col < n, so the index is
+                        // inside `out`; no other task writes it.
+                        unsafe { ptr.write((i + j) * n + col, v) };
+                    }
+                    i += 4;
+                }
+                for i in i..m {
+                    // SAFETY: as above, with the one-row kernel.
+                    let v = unsafe { dot(w, acts.row(i)) };
+                    // SAFETY: as above.
+                    unsafe { ptr.write(i * n + col, v) };
+                }
+            }
+        });
+    }
+
+    /// Dequantizes row `r` into `out` (`cols` values): embedding lookups.
+    pub fn row_into(&self, mut r: usize, out: &mut [f32]) {
+        for p in &self.parts {
+            if r < p.rows {
+                let bytes = &p.data.bytes()[r * p.row_bytes..(r + 1) * p.row_bytes];
+                // Lengths match by construction; a mismatch would be a bug.
+                dequantize_into(p.kind.ggml(), bytes, out)
+                    .expect("row length matches its blocks. This is a bug.");
+                return;
+            }
+            r -= p.rows;
+        }
+        panic!("row {r} out of range. This is a bug.");
+    }
+}
+
+/// Quantizes rows of f32 weights (`x.len()` a multiple of 32) to Q8_0
+/// blocks, for float models run on the native kernels
+/// (`--quantization q8_0`): `d = amax / 127` stored as f16, `q = round(x / d)`
+/// with the stored (rounded) `d`, so dequantizing gives back `x` within `d / 2`.
+pub fn quantize_q8_0(x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(x.len() / 32 * 34);
+    for blk in x.chunks_exact(32) {
+        let amax = blk.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let d = half::f16::from_f32(amax / 127.0);
+        let inv = if d.to_f32() > 0.0 {
+            1.0 / d.to_f32()
+        } else {
+            0.0
+        };
+        out.extend_from_slice(&d.to_le_bytes());
+        out.extend(
+            blk.iter()
+                .map(|&v| (v * inv).round().clamp(-127.0, 127.0) as i8 as u8),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

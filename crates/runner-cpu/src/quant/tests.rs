@@ -1,0 +1,202 @@
+//! Every format's dot product against dequantize + f64 dot, on random blocks.
+
+use half::f16;
+
+use super::*;
+
+/// xorshift64*: deterministic test data without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// Offsets of the f16 fields (scales, mins) of one block.
+fn f16_fields(kind: QuantKind) -> &'static [usize] {
+    match kind {
+        QuantKind::Q4_0 | QuantKind::Q5_0 | QuantKind::Q8_0 => &[0],
+        QuantKind::Q4_1 | QuantKind::Q5_1 | QuantKind::Q4K | QuantKind::Q5K => &[0, 2],
+        QuantKind::Q6K => &[208],
+    }
+}
+
+/// `blocks` random blocks: random bits, with finite scales of a realistic size.
+fn random_blocks(kind: QuantKind, blocks: usize, rng: &mut Rng) -> Vec<u8> {
+    let size = kind.ggml().type_size();
+    let mut out: Vec<u8> = (0..blocks * size).map(|_| rng.next() as u8).collect();
+    for blk in out.chunks_exact_mut(size) {
+        for &at in f16_fields(kind) {
+            let v = f16::from_f32(rng.unit() * 0.02);
+            blk[at..at + 2].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    out
+}
+
+fn dequant(kind: QuantKind, w: &[u8], n: usize) -> Vec<f32> {
+    let mut out = vec![0.0; n];
+    dequantize_into(kind.ggml(), w, &mut out).expect("dequantize");
+    out
+}
+
+/// Checks one kernel on `rows` random rows of `k` weights.
+fn check(kind: QuantKind, dot: DotFn, k: usize, rows: usize, seed: u64) {
+    let mut rng = Rng(seed);
+    let blocks = k / kind.ggml().block_size();
+    let x: Vec<f32> = (0..k).map(|_| rng.unit() * 3.0).collect();
+    let mut acts = QuantActs::default();
+    acts.quantize(&x, 1, k, kind.act());
+    let a = acts.row(0);
+    let ab = kind.act().block();
+    let xq: Vec<f64> = (0..k)
+        .map(|i| f64::from(a.qs[i]) * f64::from(a.d[i / ab]))
+        .collect();
+    for row in 0..rows {
+        let wb = random_blocks(kind, blocks, &mut rng);
+        let w = dequant(kind, &wb, k);
+        // SAFETY: `dot` comes from dot_fn / portable_dot_fn for this CPU;
+        // `wb` is `blocks` whole blocks and `a` has k values.
+        let got = f64::from(unsafe { dot(&wb, a) });
+        // 1. Exactly the product of the dequantized operands, up to f32
+        //    rounding of the per-block partial sums: 1e-5 of Σ|w·x|.
+        let want: f64 = w.iter().zip(&xq).map(|(&w, &x)| f64::from(w) * x).sum();
+        let mag: f64 = w
+            .iter()
+            .zip(&xq)
+            .map(|(&w, &x)| (f64::from(w) * x).abs())
+            .sum();
+        assert!(
+            (got - want).abs() <= 1e-5 * mag + 1e-6,
+            "{kind:?} row {row}: {got} vs dequantized {want} (mag {mag})"
+        );
+        // 2. Against the f32 activations: within the activation rounding,
+        //    |x - xq| <= d / 2 per value, so |err| <= Σ|w| d / 2.
+        let exact: f64 = w.iter().zip(&x).map(|(&w, &x)| f64::from(w * x)).sum();
+        let bound: f64 = w
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| f64::from(w).abs() * f64::from(a.d[i / ab]) / 2.0)
+            .sum();
+        assert!(
+            (got - exact).abs() <= bound * 1.001 + 1e-5 * mag + 1e-6,
+            "{kind:?} row {row}: {got} vs f32 {exact} (bound {bound})"
+        );
+    }
+}
+
+#[test]
+fn portable_kernels_match_the_dequantized_reference() {
+    for (i, kind) in QuantKind::ALL.into_iter().enumerate() {
+        check(kind, portable_dot_fn(kind), 1024, 20, 7 + i as u64);
+    }
+}
+
+#[test]
+fn dispatched_kernels_match_the_dequantized_reference() {
+    // On x86-64 with AVX2 these are the SIMD kernels.
+    for (i, kind) in QuantKind::ALL.into_iter().enumerate() {
+        check(kind, dot_fn(kind), 1536, 20, 100 + i as u64);
+        check(kind, dot_fn(kind), 256, 5, 200 + i as u64);
+    }
+}
+
+#[test]
+fn simd_and_portable_agree() {
+    let mut rng = Rng(99);
+    for kind in QuantKind::ALL {
+        let k = 512;
+        let x: Vec<f32> = (0..k).map(|_| rng.unit()).collect();
+        let mut acts = QuantActs::default();
+        acts.quantize(&x, 1, k, kind.act());
+        let wb = random_blocks(kind, k / kind.ggml().block_size(), &mut rng);
+        // SAFETY: both kernels are runnable here; whole blocks, k values.
+        let (a, b) = unsafe {
+            (
+                dot_fn(kind)(&wb, acts.row(0)),
+                portable_dot_fn(kind)(&wb, acts.row(0)),
+            )
+        };
+        assert!(
+            (a - b).abs() <= 1e-5 * a.abs().max(1.0),
+            "{kind:?}: {a} vs {b}"
+        );
+    }
+}
+
+#[test]
+fn stacked_matrix_matches_per_row_dots_and_is_batch_invariant() {
+    // The four-row kernels (batches of 4+) must equal the one-row kernels
+    // bit for bit, for every format.
+    stacked(
+        &[
+            (QuantKind::Q4_1, 37),
+            (QuantKind::Q6K, 20),
+            (QuantKind::Q8_0, 300),
+        ],
+        5,
+    );
+    stacked(
+        &[
+            (QuantKind::Q4_0, 9),
+            (QuantKind::Q5_0, 11),
+            (QuantKind::Q5_1, 40),
+        ],
+        6,
+    );
+    stacked(&[(QuantKind::Q4K, 13), (QuantKind::Q5K, 7)], 7);
+}
+
+fn stacked(kinds: &[(QuantKind, usize)], seed: u64) {
+    let mut rng = Rng(seed);
+    let k = 512;
+    let mut parts = Vec::new();
+    let mut deq = Vec::new();
+    for &(kind, rows) in kinds {
+        let b = random_blocks(kind, rows * k / kind.ggml().block_size(), &mut rng);
+        deq.extend(dequant(kind, &b, rows * k));
+        parts.push((kind, BlockData::Owned(b), rows));
+    }
+    let mat = QuantMatrix::new(parts, k).expect("valid parts");
+    let n = mat.rows();
+    assert_eq!(n, kinds.iter().map(|k| k.1).sum::<usize>());
+    let m = 9;
+    let x: Vec<f32> = (0..m * k).map(|_| rng.unit()).collect();
+    let mut scratch = ActScratch::default();
+    let mut full = vec![0.0; m * n];
+    mat.linear(&x, &mut full, m, &mut scratch);
+    for i in 0..m {
+        let mut one = vec![0.0; n];
+        mat.linear(&x[i * k..(i + 1) * k], &mut one, 1, &mut scratch);
+        assert_eq!(one, full[i * n..(i + 1) * n], "row {i}");
+        for j in 0..n {
+            let want: f32 = (0..k).map(|t| x[i * k + t] * deq[j * k + t]).sum();
+            let mag: f32 = (0..k).map(|t| (x[i * k + t] * deq[j * k + t]).abs()).sum();
+            assert!((one[j] - want).abs() <= 0.02 * mag + 1e-4, "{i},{j}");
+        }
+    }
+    let mut row = vec![0.0; k];
+    mat.row_into(n - 3, &mut row);
+    assert_eq!(row, deq[(n - 3) * k..(n - 2) * k]);
+}
+
+#[test]
+fn q8_0_quantization_round_trips_within_half_a_step() {
+    let mut rng = Rng(11);
+    let x: Vec<f32> = (0..4096).map(|_| rng.unit() * 0.1).collect();
+    let blocks = quantize_q8_0(&x);
+    assert_eq!(blocks.len(), 4096 / 32 * 34);
+    let back = dequant(QuantKind::Q8_0, &blocks, x.len());
+    for (i, (a, b)) in x.iter().zip(&back).enumerate() {
+        let d = f16::from_le_bytes([blocks[i / 32 * 34], blocks[i / 32 * 34 + 1]]).to_f32();
+        assert!((a - b).abs() <= d / 2.0 + 1e-7, "{i}: {a} vs {b}");
+    }
+}
