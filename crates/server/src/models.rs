@@ -71,7 +71,21 @@ impl Loader for EngineLoader {
         // Dropping the last handle stops the engine thread and waits until
         // its runner (and device memory) is released.
         drop(model);
+        release_free_heap();
         None
+    }
+}
+
+/// Hands freed heap memory back to the OS. An unloaded CPU model's weights
+/// were allocated by many threads; glibc keeps such memory in its arenas
+/// (and raises its mmap threshold after large frees), so without this a
+/// server that switches models would keep the freed weights resident.
+fn release_free_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory of the allocator's own
+    // arenas to the OS; it takes no pointers.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
