@@ -21,4 +21,4 @@ pub use config::{Architecture, ModelConfig, RopeConfig, RopeScaling};
 pub use error::ModelError;
 pub use llama::{LayerWeights, LlamaWeights};
 pub use source::{open, LoadFormat, ModelFiles, TensorSource};
-pub use tensor::HostTensor;
+pub use tensor::{Bf16Tensor, HostTensor};

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::gguf::GgufFile;
-use crate::{dummy, gguf_model, hf, HostTensor, ModelConfig, ModelError};
+use crate::{dummy, gguf_model, hf, Bf16Tensor, HostTensor, ModelConfig, ModelError};
 
 /// Where weights come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -21,6 +21,13 @@ pub enum LoadFormat {
 pub trait TensorSource: Send + Sync {
     /// Loads one tensor by canonical name, converted to f32.
     fn load(&self, name: &str) -> Result<HostTensor, ModelError>;
+    /// Loads one tensor in bf16 without going through f32, where its storage
+    /// allows that cheaply (bf16 bytes as they are, f16 converted directly).
+    /// `None` when it does not: the caller falls back to [`Self::load`].
+    fn load_bf16(&self, name: &str) -> Result<Option<Bf16Tensor<'_>>, ModelError> {
+        let _ = name;
+        Ok(None)
+    }
     /// True when the tensor exists.
     fn contains(&self, name: &str) -> bool;
     /// Storage types with their tensor counts, for `ingot inspect`.
