@@ -376,6 +376,8 @@ struct Slot {
 /// Where the load's time went (host wall time).
 #[derive(Default)]
 struct LoadStats {
+    /// Allocating (pinning) the staging buffers.
+    setup: Duration,
     /// In the source: f32 loads (dequantization) and bf16 loads (f16
     /// conversion, q/k row reorder).
     source: Duration,
@@ -427,7 +429,10 @@ impl<'g> Stager<'g> {
             slot_bytes,
             current: 0,
             used: 0,
-            stats: LoadStats::default(),
+            stats: LoadStats {
+                setup: start.elapsed(),
+                ..LoadStats::default()
+            },
             start,
         })
     }
@@ -522,6 +527,7 @@ impl<'g> Stager<'g> {
             tensors = s.tensors,
             bf16_direct = s.direct,
             gib = format!("{:.2}", s.bytes as f64 / (1u64 << 30) as f64),
+            setup_ms = ms(s.setup),
             source_ms = ms(s.source),
             fill_ms = ms(s.fill),
             wait_ms = ms(s.wait),
