@@ -8,6 +8,10 @@
 #      GGUF, old and new alternated, page cache warm
 # Bundle (.gpu/, carried): ingot-old.gz, ingot-new.gz,
 # tokenizers/llama3/tokenizer.json.gz. Usage: tests/gpu/load_bench.sh [RUNS]
+# (The device tool sends the session's main checkout, not a worktree: from a
+# worktree, copy this script, load_bench.py, write_gguf.py,
+# configs/llama-3.1-8b/ and the bundle into an ignored folder of the main
+# checkout, e.g. .gpu-load/{tests/gpu,.gpu}, carry it and run it from there.)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 INGOT_LOG=info
