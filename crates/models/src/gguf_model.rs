@@ -6,14 +6,17 @@
 //! at load, so every model rotates in the Hugging Face "rotate half" layout
 //! and one rope implementation (CPU and GPU) serves all formats.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::gguf::GgmlType;
-use crate::gguf::GgufFile;
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use crate::gguf::{GgmlType, GgufFile, TensorInfo};
 use crate::{
-    Architecture, BlockData, HostTensor, ModelConfig, ModelError, QuantTensor, RopeConfig,
-    RopeScaling, TensorSource,
+    Architecture, Bf16Tensor, BlockData, HostTensor, ModelConfig, ModelError, QuantTensor,
+    RopeConfig, RopeScaling, TensorSource,
 };
 
 /// Resolves the decoder configuration from GGUF metadata.
@@ -139,18 +142,28 @@ impl GgufSource {
             None
         }
     }
-}
 
-impl TensorSource for GgufSource {
-    fn load(&self, name: &str) -> Result<HostTensor, ModelError> {
+    /// The GGUF info of canonical tensor `name` and its shape (outermost
+    /// first).
+    fn info(&self, name: &str) -> Result<(&TensorInfo, Vec<usize>), ModelError> {
         let missing = || ModelError::MissingTensor {
             name: name.to_string(),
         };
         let gname = gguf_name(name).ok_or_else(missing)?;
         let info = self.file.tensor(&gname).ok_or_else(missing)?;
         // ggml lists the fastest-varying dimension first.
-        let shape: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
-        let mut data = self.file.dequantize(&gname)?;
+        let shape = info.dims.iter().rev().map(|&d| d as usize).collect();
+        Ok((info, shape))
+    }
+}
+
+/// Elements converted per rayon task (f16 to bf16).
+const CONVERT_CHUNK: usize = 1 << 16;
+
+impl TensorSource for GgufSource {
+    fn load(&self, name: &str) -> Result<HostTensor, ModelError> {
+        let (info, shape) = self.info(name)?;
+        let mut data = self.file.dequantize(&info.name)?;
         if let Some(heads) = self.heads_to_unpermute(name) {
             let cols = if shape.len() > 1 { shape[1] } else { 1 };
             data = unpermute_rows(&data, heads, cols);
@@ -199,6 +212,34 @@ impl TensorSource for GgufSource {
         }))
     }
 
+    fn load_bf16(&self, name: &str) -> Result<Option<Bf16Tensor<'_>>, ModelError> {
+        let (info, shape) = self.info(name)?;
+        if !matches!(info.ggml_type, GgmlType::BF16 | GgmlType::F16) {
+            return Ok(None);
+        }
+        let raw = self.file.tensor_bytes(info);
+        let n = info.n_elements();
+        if raw.len() != 2 * n {
+            return Err(ModelError::InvalidConfig(format!(
+                "tensor '{}' holds {} bytes, expected {} for {n} 16-bit elements",
+                info.name,
+                raw.len(),
+                2 * n
+            )));
+        }
+        let mut bytes = if info.ggml_type == GgmlType::BF16 {
+            Cow::Borrowed(raw)
+        } else {
+            Cow::Owned(f16_to_bf16_bytes(raw))
+        };
+        if let Some(heads) = self.heads_to_unpermute(name) {
+            // A row of `cols` elements is `2 * cols` bytes.
+            let cols = if shape.len() > 1 { shape[1] } else { 1 };
+            bytes = Cow::Owned(unpermute_rows(&bytes[..], heads, 2 * cols));
+        }
+        Ok(Some(Bf16Tensor { shape, bytes }))
+    }
+
     fn contains(&self, name: &str) -> bool {
         gguf_name(name).is_some_and(|g| self.file.tensor(&g).is_some())
     }
@@ -213,22 +254,52 @@ impl TensorSource for GgufSource {
 }
 
 /// Undoes llama.cpp's q/k row permutation: GGUF row `h*hd + 2i + j` holds
-/// Hugging Face row `h*hd + j*hd/2 + i`.
-fn unpermute_rows<T: Copy + Default>(data: &[T], heads: usize, cols: usize) -> Vec<T> {
-    let rows = data.len() / cols;
-    let head_dim = rows / heads;
+/// Hugging Face row `h*hd + j*hd/2 + i`. Rows are `cols` elements of any
+/// type (f32 values, or bf16 bytes with `cols` counted in bytes); heads are
+/// reordered in parallel, as each one only moves rows within itself.
+fn unpermute_rows<T: Copy + Default + Send + Sync>(
+    data: &[T],
+    heads: usize,
+    cols: usize,
+) -> Vec<T> {
+    let rows = data.len() / cols.max(1);
+    let head_dim = rows / heads.max(1);
     let half = head_dim / 2;
     let mut out = vec![T::default(); data.len()];
-    for h in 0..heads {
-        for i in 0..half {
-            for j in 0..2 {
-                let src = h * head_dim + 2 * i + j;
-                let dst = h * head_dim + j * half + i;
-                out[dst * cols..(dst + 1) * cols]
-                    .copy_from_slice(&data[src * cols..(src + 1) * cols]);
+    let head_len = (head_dim * cols).max(1);
+    out.par_chunks_mut(head_len)
+        .zip(data.par_chunks(head_len))
+        .for_each(|(dst_head, src_head)| {
+            // Rows past the last whole head (a malformed file, rejected by
+            // the shape check later) stay zero, as they always did.
+            if src_head.len() < head_len {
+                return;
             }
-        }
-    }
+            for i in 0..half {
+                for j in 0..2 {
+                    let src = 2 * i + j;
+                    let dst = j * half + i;
+                    dst_head[dst * cols..(dst + 1) * cols]
+                        .copy_from_slice(&src_head[src * cols..(src + 1) * cols]);
+                }
+            }
+        });
+    out
+}
+
+/// Little-endian f16 bytes to bf16 bytes, in parallel. Rounds as
+/// `bf16::from_f32(x.to_f32())` does (f16 to f32 is exact), so the result
+/// equals the f32 path's.
+fn f16_to_bf16_bytes(raw: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; raw.len()];
+    out.par_chunks_mut(2 * CONVERT_CHUNK)
+        .zip(raw.par_chunks(2 * CONVERT_CHUNK))
+        .for_each(|(dst, src)| {
+            for (d, s) in dst.chunks_exact_mut(2).zip(src.chunks_exact(2)) {
+                let x = f16::from_le_bytes([s[0], s[1]]);
+                d.copy_from_slice(&bf16::from_f32(x.to_f32()).to_le_bytes());
+            }
+        });
     out
 }
 
@@ -259,5 +330,106 @@ mod tests {
         // are stored by llama.cpp as [a0 b0 a1 b1].
         let gguf = [0.0, 2.0, 1.0, 3.0];
         assert_eq!(unpermute_rows(&gguf, 1, 1), vec![0.0, 1.0, 2.0, 3.0]);
+        // Rows that do not make a whole head never panic (and stay zero).
+        assert_eq!(
+            unpermute_rows(&[1u8, 2, 3, 4, 5], 2, 1),
+            vec![1, 2, 3, 4, 0]
+        );
+    }
+
+    /// `values` as little-endian bytes of `ty` (BF16 or F16).
+    fn half_bytes(values: &[f32], ty: GgmlType) -> Vec<u8> {
+        values
+            .iter()
+            .flat_map(|&x| match ty {
+                GgmlType::BF16 => bf16::from_f32(x).to_le_bytes(),
+                _ => f16::from_f32(x).to_le_bytes(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn bf16_loads_match_f32_loads_converted() {
+        use crate::gguf::tests::{f32_bytes, Builder, TempFile};
+        use crate::gguf::MetaValue;
+        // hidden 8, 2 q heads and 1 kv head of 4, vocab 4: q and k rows are
+        // un-permuted, the embedding is borrowed as is, k is stored in f16.
+        let vals = |n: usize, k: f32| -> Vec<f32> {
+            (0..n).map(|i| ((i as f32) * k).sin() * 3.0).collect()
+        };
+        let bytes = Builder::new()
+            .kv("general.architecture", MetaValue::String("llama".into()))
+            .kv("llama.embedding_length", MetaValue::U32(8))
+            .kv("llama.attention.head_count", MetaValue::U32(2))
+            .kv("llama.attention.head_count_kv", MetaValue::U32(1))
+            .kv("llama.feed_forward_length", MetaValue::U32(16))
+            .kv("llama.block_count", MetaValue::U32(1))
+            .kv("llama.context_length", MetaValue::U32(16))
+            .tensor(
+                "token_embd.weight",
+                &[8, 4],
+                GgmlType::BF16,
+                half_bytes(&vals(32, 0.7), GgmlType::BF16),
+            )
+            .tensor(
+                "blk.0.attn_q.weight",
+                &[8, 8],
+                GgmlType::BF16,
+                half_bytes(&vals(64, 1.3), GgmlType::BF16),
+            )
+            .tensor(
+                "blk.0.attn_k.weight",
+                &[8, 4],
+                GgmlType::F16,
+                half_bytes(&vals(32, 0.37), GgmlType::F16),
+            )
+            .tensor(
+                "blk.0.ffn_up.weight",
+                &[8, 16],
+                GgmlType::F16,
+                half_bytes(&vals(128, 2.1), GgmlType::F16),
+            )
+            .tensor(
+                "blk.0.attn_norm.weight",
+                &[8],
+                GgmlType::F32,
+                f32_bytes(&vals(8, 0.5)),
+            )
+            .build();
+        let tmp = TempFile::new(&bytes);
+        let file = Arc::new(GgufFile::open(&tmp.0).expect("open"));
+        let config = config_from_gguf(&file).expect("config");
+        let source = GgufSource::new(file.clone(), &config);
+        for name in [
+            "model.embed_tokens.weight",
+            "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.0.self_attn.k_proj.weight",
+            "model.layers.0.mlp.up_proj.weight",
+        ] {
+            let reference = source.load(name).expect("f32 load");
+            let fast = source
+                .load_bf16(name)
+                .expect("bf16 load")
+                .expect("16-bit tensors have a bf16 path");
+            assert_eq!(fast.shape, reference.shape, "{name}");
+            let want: Vec<u8> = reference
+                .data
+                .iter()
+                .flat_map(|&x| bf16::from_f32(x).to_le_bytes())
+                .collect();
+            assert_eq!(fast.bytes.as_ref(), want.as_slice(), "{name}");
+            // Only the untouched bf16 tensor is borrowed from the map.
+            let borrowed = matches!(fast.bytes, Cow::Borrowed(_));
+            assert_eq!(borrowed, name == "model.embed_tokens.weight", "{name}");
+        }
+        // f32 storage has no bf16 path; a missing tensor is an error.
+        assert!(source
+            .load_bf16("model.layers.0.input_layernorm.weight")
+            .expect("f32 tensor")
+            .is_none());
+        assert!(matches!(
+            source.load_bf16("model.layers.0.self_attn.v_proj.weight"),
+            Err(ModelError::MissingTensor { .. })
+        ));
     }
 }

@@ -21,4 +21,4 @@ pub use config::{Architecture, ModelConfig, RopeConfig, RopeScaling};
 pub use error::ModelError;
 pub use llama::{LayerWeights, LlamaWeights};
 pub use source::{open, LoadFormat, ModelFiles, TensorSource};
-pub use tensor::{BlockData, HostTensor, QuantTensor};
+pub use tensor::{Bf16Tensor, BlockData, HostTensor, QuantTensor};

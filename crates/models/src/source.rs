@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::gguf::GgufFile;
-use crate::{dummy, gguf_model, hf, HostTensor, ModelConfig, ModelError, QuantTensor};
+use crate::{dummy, gguf_model, hf, Bf16Tensor, HostTensor, ModelConfig, ModelError, QuantTensor};
 
 /// Where weights come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -25,6 +25,13 @@ pub trait TensorSource: Send + Sync {
     /// type (anything but F32/F16/BF16), for backends with native kernels;
     /// `None` when it is stored as floats or the source only yields f32.
     fn load_blocks(&self, name: &str) -> Result<Option<QuantTensor>, ModelError> {
+        let _ = name;
+        Ok(None)
+    }
+    /// Loads one tensor in bf16 without going through f32, where its storage
+    /// allows that cheaply (bf16 bytes as they are, f16 converted directly).
+    /// `None` when it does not: the caller falls back to [`Self::load`].
+    fn load_bf16(&self, name: &str) -> Result<Option<Bf16Tensor<'_>>, ModelError> {
         let _ = name;
         Ok(None)
     }

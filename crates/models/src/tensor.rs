@@ -1,4 +1,6 @@
-//! A dense f32 tensor in host memory.
+//! Dense tensors in host memory: f32 values, or bf16 bytes ready to copy.
+
+use std::borrow::Cow;
 
 /// Row-major f32 data with its shape (outermost dimension first, as in PyTorch).
 #[derive(Debug, Clone, PartialEq)]
@@ -76,4 +78,15 @@ impl std::fmt::Debug for BlockData {
             BlockData::Mapped { index, .. } => write!(f, "Mapped(tensor {index})"),
         }
     }
+}
+
+/// A tensor already in bf16: little-endian bf16 bytes, borrowed from the
+/// file's map when stored as such, so a device loader can copy it without
+/// the f32 round trip of [`HostTensor`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bf16Tensor<'a> {
+    /// Dimensions, outermost first.
+    pub shape: Vec<usize>,
+    /// `2 * shape.iter().product()` bytes, row-major.
+    pub bytes: Cow<'a, [u8]>,
 }

@@ -25,8 +25,9 @@ mod error;
 pub mod reader;
 pub mod types;
 
+// Its writer builds GGUF files for other modules' tests too.
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use dequant::dequantize_into;
 pub use error::GgufError;

@@ -9,7 +9,7 @@ use super::reader::parse;
 use super::*;
 
 /// A minimal GGUF writer: little-endian, version 2 or 3.
-struct Builder {
+pub(crate) struct Builder {
     version: u32,
     alignment: usize,
     kvs: Vec<(String, MetaValue)>,
@@ -64,7 +64,7 @@ fn put_value(out: &mut Vec<u8>, v: &MetaValue) {
 }
 
 impl Builder {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             version: 3,
             alignment: 32,
@@ -73,7 +73,7 @@ impl Builder {
         }
     }
 
-    fn kv(mut self, key: &str, value: MetaValue) -> Self {
+    pub(crate) fn kv(mut self, key: &str, value: MetaValue) -> Self {
         if key == "general.alignment" {
             self.alignment = value.as_u64().expect("integer alignment") as usize;
         }
@@ -81,14 +81,14 @@ impl Builder {
         self
     }
 
-    fn tensor(mut self, name: &str, dims: &[u64], ty: GgmlType, data: Vec<u8>) -> Self {
+    pub(crate) fn tensor(mut self, name: &str, dims: &[u64], ty: GgmlType, data: Vec<u8>) -> Self {
         self.tensors
             .push((name.to_string(), dims.to_vec(), ty.id(), data));
         self
     }
 
     /// Returns the file bytes; tensor data is laid out in order, aligned.
-    fn build(&self) -> Vec<u8> {
+    pub(crate) fn build(&self) -> Vec<u8> {
         self.build_with_infos_end().0
     }
 
@@ -124,10 +124,10 @@ impl Builder {
 }
 
 /// A file in the temp dir, removed on drop.
-struct TempFile(PathBuf);
+pub(crate) struct TempFile(pub(crate) PathBuf);
 
 impl TempFile {
-    fn new(bytes: &[u8]) -> Self {
+    pub(crate) fn new(bytes: &[u8]) -> Self {
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let path =
@@ -143,7 +143,7 @@ impl Drop for TempFile {
     }
 }
 
-fn f32_bytes(xs: &[f32]) -> Vec<u8> {
+pub(crate) fn f32_bytes(xs: &[f32]) -> Vec<u8> {
     xs.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 

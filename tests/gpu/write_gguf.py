@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Writes a Llama-shaped GGUF with random weights (numpy only; the GPU
+machine has no gguf package and no network), for load benchmarks:
+
+    python3 tests/gpu/write_gguf.py --config CONFIG.json --tokenizer DIR \
+        --out model.gguf [--layers N] [--dtype bf16|f16]
+
+Matrices are stored in --dtype, norms in f32, under llama.cpp's tensor
+names; the tokenizer (DIR/tokenizer.json, a byte-level BPE such as
+Llama 3's) goes into the metadata the way llama.cpp's converter puts it.
+Values are small normals (std 0.02) drawn once into a pool and sliced at
+random offsets, so 16 GB are written in seconds, not minutes.
+"""
+import argparse
+import json
+import struct
+
+import numpy as np
+
+ALIGN = 32
+T_U32, T_F32, T_BOOL, T_STR, T_ARR, T_I32 = 4, 6, 7, 8, 9, 5
+GGML_F32, GGML_F16, GGML_BF16 = 0, 1, 30
+
+
+def s(x):
+    b = x.encode()
+    return struct.pack("<Q", len(b)) + b
+
+
+def kv(key, ty, value):
+    out = s(key) + struct.pack("<I", ty)
+    if ty == T_U32:
+        out += struct.pack("<I", value)
+    elif ty == T_F32:
+        out += struct.pack("<f", value)
+    elif ty == T_BOOL:
+        out += struct.pack("<?", value)
+    elif ty == T_STR:
+        out += s(value)
+    elif ty == T_ARR:
+        ety, items = value
+        out += struct.pack("<IQ", ety, len(items))
+        if ety == T_STR:
+            out += b"".join(s(i) for i in items)
+        elif ety == T_I32:
+            out += np.asarray(items, dtype="<i4").tobytes()
+    return out
+
+
+def tokenizer_kvs(tok_dir):
+    tj = json.load(open(f"{tok_dir}/tokenizer.json"))
+    vocab = dict(tj["model"]["vocab"])
+    special = set()
+    for t in tj.get("added_tokens", []):
+        vocab[t["content"]] = t["id"]
+        if t.get("special"):
+            special.add(t["id"])
+    n = max(vocab.values()) + 1
+    tokens = [f"[PAD{i}]" for i in range(n)]
+    for t, i in vocab.items():
+        tokens[i] = t
+    types = [3 if i in special else 1 for i in range(n)]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    return n, [
+        kv("tokenizer.ggml.model", T_STR, "gpt2"),
+        kv("tokenizer.ggml.pre", T_STR, "llama-bpe"),
+        kv("tokenizer.ggml.tokens", T_ARR, (T_STR, tokens)),
+        kv("tokenizer.ggml.token_type", T_ARR, (T_I32, types)),
+        kv("tokenizer.ggml.merges", T_ARR, (T_STR, merges)),
+        kv("tokenizer.ggml.bos_token_id", T_U32, 128000),
+        kv("tokenizer.ggml.eos_token_id", T_U32, 128009),
+    ]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--layers", type=int)
+    ap.add_argument("--dtype", choices=["bf16", "f16"], default="bf16")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    c = json.load(open(a.config))
+    layers = a.layers or c["num_hidden_layers"]
+    d, ff = c["hidden_size"], c["intermediate_size"]
+    heads, kvh = c["num_attention_heads"], c["num_key_value_heads"]
+    hd = c.get("head_dim", d // heads)
+    n_vocab, tok = tokenizer_kvs(a.tokenizer)
+    vocab = c["vocab_size"]
+    assert n_vocab <= vocab, (n_vocab, vocab)
+    meta = [
+        kv("general.architecture", T_STR, "llama"),
+        kv("general.name", T_STR, "random llama (load benchmark)"),
+        kv("llama.block_count", T_U32, layers),
+        kv("llama.context_length", T_U32, c.get("max_position_embeddings", 8192)),
+        kv("llama.embedding_length", T_U32, d),
+        kv("llama.feed_forward_length", T_U32, ff),
+        kv("llama.attention.head_count", T_U32, heads),
+        kv("llama.attention.head_count_kv", T_U32, kvh),
+        kv("llama.attention.key_length", T_U32, hd),
+        kv("llama.attention.value_length", T_U32, hd),
+        kv("llama.attention.layer_norm_rms_epsilon", T_F32, c.get("rms_norm_eps", 1e-5)),
+        kv("llama.rope.freq_base", T_F32, c.get("rope_theta", 10000.0)),
+    ] + tok
+    # (name, numpy shape: outermost first)
+    shapes = [("token_embd.weight", (vocab, d))]
+    for i in range(layers):
+        b = f"blk.{i}."
+        shapes += [
+            (b + "attn_norm.weight", (d,)),
+            (b + "attn_q.weight", (heads * hd, d)),
+            (b + "attn_k.weight", (kvh * hd, d)),
+            (b + "attn_v.weight", (kvh * hd, d)),
+            (b + "attn_output.weight", (d, heads * hd)),
+            (b + "ffn_norm.weight", (d,)),
+            (b + "ffn_gate.weight", (ff, d)),
+            (b + "ffn_up.weight", (ff, d)),
+            (b + "ffn_down.weight", (d, ff)),
+        ]
+    shapes += [("output_norm.weight", (d,)), ("output.weight", (vocab, d))]
+    half = GGML_BF16 if a.dtype == "bf16" else GGML_F16
+    infos, offset, plan = b"", 0, []
+    for name, shape in shapes:
+        ty = GGML_F32 if len(shape) == 1 else half
+        nbytes = int(np.prod(shape)) * (4 if ty == GGML_F32 else 2)
+        infos += s(name) + struct.pack("<I", len(shape))
+        infos += b"".join(struct.pack("<Q", x) for x in reversed(shape))
+        infos += struct.pack("<IQ", ty, offset)
+        plan.append((name, shape, ty, nbytes))
+        offset = (offset + nbytes + ALIGN - 1) // ALIGN * ALIGN
+    rng = np.random.default_rng(a.seed)
+    pool32 = (rng.standard_normal(1 << 26, dtype=np.float32) * 0.02)
+    pool = {
+        GGML_BF16: (pool32.view(np.uint32) >> 16).astype(np.uint16),
+        GGML_F16: pool32.astype(np.float16).view(np.uint16),
+    }[half]
+    with open(a.out, "wb") as f:
+        f.write(b"GGUF" + struct.pack("<IQQ", 3, len(plan), len(meta)))
+        f.write(b"".join(meta) + infos)
+        f.write(b"\0" * (-f.tell() % ALIGN))
+        for name, shape, ty, nbytes in plan:
+            if ty == GGML_F32:
+                data = (1.0 + 0.1 * rng.standard_normal(shape[0])).astype("<f4").tobytes()
+            else:
+                n = nbytes // 2
+                parts, left = [], n
+                while left:
+                    take = min(left, len(pool) // 2)
+                    start = int(rng.integers(0, len(pool) - take))
+                    parts.append(pool[start:start + take])
+                    left -= take
+                data = np.concatenate(parts).tobytes() if len(parts) > 1 else parts[0].tobytes()
+            f.write(data)
+            f.write(b"\0" * (-f.tell() % ALIGN))
+    print(f"wrote {a.out}: {layers} layers, {a.dtype}, {offset / 1e9:.2f} GB of tensors")
+
+
+if __name__ == "__main__":
+    main()
