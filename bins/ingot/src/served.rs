@@ -5,12 +5,14 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use anyhow::Context;
+
 use ingot_config::{Config, CpuWeights, Device, Dtype, ModelEntry, Quantization};
 use ingot_registry::{Budget, ModelSpec, Registry};
 use ingot_runner_cpu::CpuRunner;
 use ingot_server::{EngineLoader, Models};
 
-use crate::model::{load_engine, open};
+use crate::model::load_engine;
 use crate::settings;
 
 /// The model entries to serve: `[[models]]`, or one made of `[model]`
@@ -158,7 +160,13 @@ fn physical_memory() -> Option<u64> {
 /// metadata without loading weights.
 fn footprint(c: &Config) -> anyhow::Result<u64> {
     let path: &Path = settings::model_path(c)?;
-    let (files, _) = open(path, c.model.load_format)?;
+    // Metadata only: no tokenizer (a 128k vocabulary takes ~0.4 s to build).
+    let format = match c.model.load_format {
+        ingot_config::LoadFormat::Dummy => ingot_models::LoadFormat::Dummy,
+        ingot_config::LoadFormat::Auto => ingot_models::LoadFormat::Auto,
+    };
+    let files = ingot_models::open(path, format)
+        .with_context(|| format!("cannot load model {}", path.display()))?;
     let mut model = files.config.clone();
     if let Some(len) = c.model.max_model_len {
         model.max_context = model.max_context.min(len.max(1));
