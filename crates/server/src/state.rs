@@ -131,9 +131,12 @@ impl AppState {
         }
         let name = requested.unwrap_or(&self.inner.model_name);
         let lease = models.acquire(name).await?;
-        lock(&self.inner.max_model_len)
-            .entry(lease.id().to_string())
-            .or_insert_with(|| lease.engine.max_context());
+        let mut lens = lock(&self.inner.max_model_len);
+        // Known after a model's first request: no key allocated per request.
+        if !lens.contains_key(lease.id()) {
+            lens.insert(lease.id().to_string(), lease.engine.max_context());
+        }
+        drop(lens);
         Ok(lease)
     }
 

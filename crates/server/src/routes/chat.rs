@@ -23,8 +23,6 @@ use super::{json_body, sse, start, unix_now, Shared, Started};
 use crate::conn::ConnProbe;
 use crate::generate;
 use crate::logprobs::resolve;
-use crate::state::InflightGuard;
-use crate::usage::KeyUsage;
 use crate::ApiError;
 
 /// Renders the conversation and tokenizes it (runs on a blocking thread).
@@ -109,15 +107,8 @@ pub async fn chat_completions(
         tokenizer: engine.tokenizer().clone(),
     };
     if req.sampling.stream {
-        let out = super::stream_output(&state, probe);
-        let response = stream_response(
-            jobs,
-            meta,
-            req.sampling.include_usage,
-            guard,
-            out,
-            key_usage,
-        );
+        let delivery = super::delivery(&state, probe, guard, key_usage);
+        let response = stream_response(jobs, meta, req.sampling.include_usage, delivery);
         return Ok(answer.finish(response, None));
     }
     let results =
@@ -185,9 +176,7 @@ fn stream_response(
     jobs: Vec<generate::Job>,
     meta: Meta,
     include_usage: bool,
-    guard: InflightGuard,
-    out: sse::Output,
-    usage: KeyUsage,
+    delivery: sse::Delivery,
 ) -> Response {
     // Every choice opens with the assistant role, as OpenAI does.
     let head: Vec<_> = jobs
@@ -210,7 +199,7 @@ fn stream_response(
         meta,
         include_usage,
     };
-    sse::stream_choices(head, jobs, format, include_usage, guard, out, usage)
+    sse::stream_choices(head, jobs, format, include_usage, delivery)
 }
 
 struct ChatChunks {

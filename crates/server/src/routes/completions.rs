@@ -23,8 +23,6 @@ use super::{json_body, sse, start, unix_now, Shared, Started};
 use crate::conn::ConnProbe;
 use crate::generate;
 use crate::logprobs::resolve;
-use crate::state::InflightGuard;
-use crate::usage::KeyUsage;
 use crate::ApiError;
 
 /// Token ids and display text of every prompt (runs on a blocking thread).
@@ -93,15 +91,8 @@ pub async fn completions(
         echo: req.echo.then_some(echo),
     };
     if req.sampling.stream {
-        let out = super::stream_output(&state, probe);
-        let response = stream_response(
-            jobs,
-            meta,
-            req.sampling.include_usage,
-            guard,
-            out,
-            key_usage,
-        );
+        let delivery = super::delivery(&state, probe, guard, key_usage);
+        let response = stream_response(jobs, meta, req.sampling.include_usage, delivery);
         return Ok(answer.finish(response, None));
     }
     let results =
@@ -177,9 +168,7 @@ fn stream_response(
     jobs: Vec<generate::Job>,
     meta: Meta,
     include_usage: bool,
-    guard: InflightGuard,
-    out: sse::Output,
-    usage: KeyUsage,
+    delivery: sse::Delivery,
 ) -> Response {
     // With echo, each choice starts with its prompt.
     let mut offsets = HashMap::new();
@@ -203,7 +192,7 @@ fn stream_response(
         include_usage,
         offsets,
     };
-    sse::stream_choices(head, jobs, format, include_usage, guard, out, usage)
+    sse::stream_choices(head, jobs, format, include_usage, delivery)
 }
 
 struct CompletionChunks {

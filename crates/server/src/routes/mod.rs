@@ -287,12 +287,17 @@ fn admit(key: Option<&ingot_edge::Key>, sampling: &ValidSampling) -> ValidSampli
     sampling
 }
 
-/// Where a stream of this connection goes, under the running config's
-/// slow-client policy.
-fn stream_output(state: &AppState, probe: Option<axum::Extension<ConnProbe>>) -> sse::Output {
+/// What a stream of this connection holds and where it goes, under the
+/// running config's slow-client policy.
+fn delivery(
+    state: &AppState,
+    probe: Option<axum::Extension<ConnProbe>>,
+    guard: crate::state::InflightGuard,
+    usage: KeyUsage,
+) -> sse::Delivery {
     let runtime = state.runtime();
     let c = &runtime.config;
-    sse::Output {
+    let out = sse::Output {
         probe: probe.map(|p| p.0),
         settings: send_queue::Settings {
             stall_timeout: c.engine.stall_timeout.get(),
@@ -300,7 +305,8 @@ fn stream_output(state: &AppState, probe: Option<axum::Extension<ConnProbe>>) ->
             max_pending: usize::try_from(c.server.max_stream_pending_bytes.bytes())
                 .unwrap_or(usize::MAX),
         },
-    }
+    };
+    sse::Delivery { guard, usage, out }
 }
 
 /// Adds `x-ingot-cache`.

@@ -49,6 +49,16 @@ pub struct Output {
     pub settings: Settings,
 }
 
+/// What a stream holds until it ends, and where it goes.
+pub struct Delivery {
+    /// Counts the request in flight (a graceful drain waits for it).
+    pub guard: InflightGuard,
+    /// Counts generated tokens; settled when the stream is dropped.
+    pub usage: KeyUsage,
+    /// The connection's probe and the slow-client policy.
+    pub out: Output,
+}
+
 /// Wraps batches of events into an SSE response.
 pub fn response(events: BoxStream<'static, Vec<Event>>, out: Output) -> Response {
     let frames = events
@@ -88,10 +98,9 @@ pub fn stream_choices<F: ChunkFormat>(
     jobs: Vec<Job>,
     format: F,
     include_usage: bool,
-    guard: InflightGuard,
-    out: Output,
-    usage: KeyUsage,
+    delivery: Delivery,
 ) -> Response {
+    let Delivery { guard, usage, out } = delivery;
     let state = StreamState {
         usage,
         events: generate::merge(jobs),
