@@ -5,16 +5,8 @@
 # hit's latency. Usage: cache_smoke.sh INGOT_BINARY MODEL [extra serve flags...]
 set -uo pipefail
 ING=$1; MODEL=$2; shift 2
-LOG=$(mktemp)
-INGOT_FLAG_RESPONSE_CACHE=on "$ING" serve --model "$MODEL" --port 0 "$@" >"$LOG" 2>&1 &
-PID=$!
-trap 'kill $PID 2>/dev/null' EXIT
-for _ in $(seq 1 300); do
-  URL=$(grep -o 'http://[0-9.:]*' "$LOG" | head -1) && [ -n "$URL" ] && break
-  sleep 0.2
-done
-[ -n "${URL:-}" ] || { echo "server did not start"; cat "$LOG"; exit 1; }
-until curl -sf "$URL/ready" >/dev/null; do sleep 0.2; done
+. "$(dirname "$0")/server.sh"
+start_server env INGOT_FLAG_RESPONSE_CACHE=on "$ING" serve --model "$MODEL" --port 0 "$@"
 fail=0
 engine() { curl -s "$URL/metrics" | awk '/^ingot_engine_requests_total/ {s += $NF} END {print s + 0}'; }
 post() {  # body -> the x-ingot-cache value; the text goes to $LOG.text

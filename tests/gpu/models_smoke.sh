@@ -6,7 +6,7 @@
 #   models_smoke.sh INGOT_BINARY MODEL_DIR
 set -uo pipefail
 ING=$1; MODEL=$2
-CFG=$(mktemp --suffix=.toml); LOG=$(mktemp)
+CFG=$(mktemp --suffix=.toml)
 cat >"$CFG" <<TOML
 [registry]
 device_budget = "600MB"
@@ -22,15 +22,8 @@ path = "$MODEL"
 load_format = "dummy"
 kv_cache_tokens = 4096
 TOML
-"$ING" serve --config "$CFG" --port 0 --device cuda >"$LOG" 2>&1 &
-PID=$!
-trap 'kill $PID 2>/dev/null' EXIT
-for _ in $(seq 1 300); do
-  URL=$(grep -o 'http://[0-9.:]*' "$LOG" | head -1) && [ -n "$URL" ] && break
-  sleep 0.2
-done
-[ -n "${URL:-}" ] || { echo "server did not start"; cat "$LOG"; exit 1; }
-until curl -sf "$URL/ready" >/dev/null; do sleep 0.1; done
+. "$(dirname "$0")/server.sh"
+start_server "$ING" serve --config "$CFG" --port 0 --device cuda
 fail=0
 ttft() {  # model -> seconds to the first byte of a one-token stream
   curl -s -o /dev/null -w '%{http_code} %{time_starttransfer}' -H 'content-type: application/json' \

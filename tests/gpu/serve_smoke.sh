@@ -5,16 +5,8 @@
 #   serve_smoke.sh INGOT_BINARY MODEL [extra serve flags...]
 set -uo pipefail
 ING=$1; MODEL=$2; shift 2
-LOG=$(mktemp)
-"$ING" serve --model "$MODEL" --port 0 "$@" >"$LOG" 2>&1 &
-PID=$!
-trap 'kill $PID 2>/dev/null' EXIT
-for _ in $(seq 1 300); do
-  URL=$(grep -o 'http://[0-9.:]*' "$LOG" | head -1) && [ -n "$URL" ] && break
-  sleep 0.2
-done
-[ -n "${URL:-}" ] || { echo "server did not start"; cat "$LOG"; exit 1; }
-until curl -sf "$URL/ready" >/dev/null; do sleep 0.2; done
+. "$(dirname "$0")/server.sh"
+start_server "$ING" serve --model "$MODEL" --port 0 "$@"
 fail=0
 check() {  # name, expected HTTP status, curl args...
   local name=$1 want=$2; shift 2
