@@ -293,3 +293,91 @@ models = ["alpha"]
         r = http.post("/v1/completions", json={"model": "alpha", "prompt": "Hi", "max_tokens": 1})
         assert r.status_code == 200, r.text
     assert srv.metrics().get("ingot_model_loads_total", 0.0, model="beta", result="ok", source="file") == 0
+
+
+WARM_CONFIG = """
+# native quantized weights (the default path): each model is the mapped
+# file (~90 MB) plus 1024 tokens of KV; the budget holds one of them.
+[registry]
+device_budget = "{device}"
+host_budget = "{host}"
+load_wait = "60s"
+
+[[models]]
+id = "left"
+path = "{path}"
+kv_cache_tokens = 1024
+preload = true
+
+[[models]]
+id = "right"
+path = "{path}"
+kv_cache_tokens = 1024
+"""
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    import os
+    size = os.path.getsize(model_path())
+    cfg = tmp_path_factory.mktemp("warm") / "ingot.toml"
+    # Device: one model (file + KV, KV < 128 MB); host: one warm copy.
+    cfg.write_text(WARM_CONFIG.format(device=int(size * 1.4) + (128 << 20), host=int(size * 1.2),
+                                      path=model_path()))
+    s = Server("--config", str(cfg))
+    try:
+        yield s
+    finally:
+        s.stop_and_check()
+
+
+def first_token_seconds(srv: Server, model: str, prompt: str = "The capital of France is") -> tuple[float, str]:
+    with srv.http(timeout=120) as http:
+        t0 = time.perf_counter()
+        r = http.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 1,
+                                               "temperature": 0})
+        took = time.perf_counter() - t0
+        assert r.status_code == 200, r.text
+        return took, r.json()["choices"][0]["text"]
+
+
+def test_evicted_models_sleep_in_host_memory_and_wake_fast_with_the_same_answers(warm):
+    prompt = "Once upon a time, in a land far away, there lived a"
+    _, before = first_token_seconds(warm, "left", prompt)
+    loads = lambda m, src: warm.metrics().get("ingot_model_loads_total", 0.0, model=m, result="ok", source=src)
+    took = []
+    for i in range(20):
+        model = ["right", "left"][i % 2]
+        t, _ = first_token_seconds(warm, model)
+        took.append(t)
+        st = {m["id"]: m for m in admin(warm)["data"]}
+        other = "left" if model == "right" else "right"
+        assert st[model]["state"] == "loaded" and st[other]["state"] == "unloaded", st
+        # the evicted one sleeps in host memory, counted against the host budget
+        assert st[other]["host_bytes"] > 0, st[other]
+    a = admin(warm)
+    assert 0 < a["host_bytes_used"] <= a["host_budget_bytes"], a
+    # every load after the first of "right" came from its warm copy
+    assert loads("right", "file") == 1 and loads("right", "warm") == 9, (loads("right", "file"), loads("right", "warm"))
+    assert loads("left", "warm") == 10
+    assert warm.metrics().get("ingot_model_host_bytes", 0.0, model="right") > 0
+    # the same greedy answer after ten sleeps (the prefix cache was emptied
+    # with the KV it described)
+    _, after = first_token_seconds(warm, "left", prompt)
+    assert after == before
+    took.sort()
+    p50 = took[len(took) // 2]
+    print(f"warm switch first token: p50 {p50 * 1e3:.1f} ms, max {took[-1] * 1e3:.1f} ms")
+    assert p50 < 1.0, f"first token after a warm switch: p50 {p50:.3f} s"
+
+
+def test_a_hundred_warm_switches_leak_nothing(warm):
+    for i in range(10):
+        first_token_seconds(warm, ["left", "right"][i % 2])
+    settled = rss(warm)
+    for i in range(100):
+        first_token_seconds(warm, ["left", "right"][i % 2])
+    grown = rss(warm) - settled
+    assert grown < 64 << 20, f"RSS grew by {grown >> 20} MiB over 100 warm switches"
+    a = admin(warm)
+    assert a["device_bytes_used"] == max(m["device_bytes"] for m in a["data"]), a

@@ -111,15 +111,29 @@ pub fn registry(config: &Config, entries: Vec<ModelEntry>) -> anyhow::Result<Mod
     });
     let budget = Budget {
         device_bytes: device_budget(config),
-        // Engines keep no host copy yet (their weights go with the runner).
-        host_bytes: 0,
+        host_bytes: host_budget(config),
         load_wait: config.registry.load_wait.get(),
     };
-    Ok(Registry::new(
-        EngineLoader { footprint, load },
-        specs,
-        budget,
-    ))
+    let loader = EngineLoader {
+        footprint,
+        load,
+        keep_warm: budget.host_bytes > 0,
+    };
+    Ok(Registry::new(loader, specs, budget))
+}
+
+/// `[registry] host_budget`, else on the GPU a quarter of physical memory
+/// (pinned copies of evicted models' weights) and none on the CPU, where
+/// warm copies would hold RAM beside the device budget's.
+fn host_budget(config: &Config) -> u64 {
+    if let Some(b) = config.registry.host_budget {
+        return b.bytes();
+    }
+    if on_gpu(config) {
+        physical_memory().map_or(0, |m| m / 4)
+    } else {
+        0
+    }
 }
 
 /// `[registry] device_budget`, else on the CPU three quarters of physical

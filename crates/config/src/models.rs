@@ -58,6 +58,12 @@ pub struct RegistrySection {
     /// on the CPU, three quarters of physical memory; on the GPU,
     /// `model.gpu_memory_utilization` of its memory.
     pub device_budget: Option<ByteSize>,
+    /// Host bytes for warm copies of evicted models (a sleeping engine:
+    /// its weights in pinned host memory on the GPU, in RAM on the CPU), so
+    /// bringing one back is a copy, not a load. Unset: on the GPU a quarter
+    /// of physical memory; on the CPU none (there the device budget is the
+    /// same RAM).
+    pub host_budget: Option<ByteSize>,
     /// Longest a request waits for its model to load before a 503.
     pub load_wait: Duration,
 }
@@ -66,6 +72,7 @@ impl Default for RegistrySection {
     fn default() -> Self {
         Self {
             device_budget: None,
+            host_budget: None,
             load_wait: Duration::from_secs(120),
         }
     }

@@ -274,6 +274,17 @@ impl EngineLoop {
                 );
             }
             Command::Abort(id) => self.drop_request(id, Some(FinishReason::Abort)),
+            Command::Sleep(reply) => {
+                let ids: Vec<RequestId> = self.active.keys().copied().collect();
+                for id in ids {
+                    self.drop_request(id, Some(FinishReason::Abort));
+                }
+                self.scheduler.forget_cached_kv();
+                let _ = reply.send(self.runner.sleep().map_err(|e| e.to_string()));
+            }
+            Command::Wake(reply) => {
+                let _ = reply.send(self.runner.wake().map_err(|e| e.to_string()));
+            }
             Command::SetPriority(id, priority) => {
                 if let Some(a) = self.active.get_mut(&id) {
                     a.priority = priority;

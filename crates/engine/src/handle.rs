@@ -121,6 +121,11 @@ pub(crate) enum Command {
     Abort(RequestId),
     /// Moves a request to another tier.
     SetPriority(RequestId, Priority),
+    /// Drops every request, forgets the prefix cache and puts the runner
+    /// to sleep; answers with the host bytes it holds asleep.
+    Sleep(std_mpsc::Sender<Result<u64, String>>),
+    /// Wakes the runner.
+    Wake(std_mpsc::Sender<Result<(), String>>),
     /// The last handle is gone: stop and release the runner.
     Shutdown,
 }
@@ -235,6 +240,33 @@ impl EngineHandle {
             max_context: self.max_context(),
             vocab_size: self.shared.config.vocab_size,
         }
+    }
+
+    /// Puts the model to sleep (see `ModelRunner::sleep`): its device
+    /// memory goes back, the engine thread waits for [`EngineHandle::wake`].
+    /// Requests still queued or running are dropped. Returns the host bytes
+    /// it holds asleep. Blocks until the engine thread has done it.
+    pub fn sleep(&self) -> Result<u64, String> {
+        self.ask(Command::Sleep)
+    }
+
+    /// Wakes a sleeping model. Blocks until it can serve again.
+    pub fn wake(&self) -> Result<(), String> {
+        self.ask(Command::Wake)
+    }
+
+    /// Sends a command carrying a reply channel and waits for the reply.
+    fn ask<T>(
+        &self,
+        command: impl FnOnce(std_mpsc::Sender<Result<T, String>>) -> Command,
+    ) -> Result<T, String> {
+        let (tx, rx) = std_mpsc::channel();
+        self.shared
+            .commands
+            .send(command(tx))
+            .map_err(|_| "the engine is not running".to_string())?;
+        rx.recv()
+            .map_err(|_| "the engine stopped before answering".to_string())?
     }
 
     /// Validates and queues a request. Fails fast when the queue is full

@@ -211,6 +211,18 @@ impl BlockPool {
         }
     }
 
+    /// Forgets every cached prefix (their blocks become free): for a KV
+    /// pool whose contents were lost. Blocks in use keep their names.
+    pub fn forget_cached(&mut self) {
+        for (_, id) in std::mem::take(&mut self.evictable) {
+            let b = &mut self.blocks[id as usize];
+            if let Some(name) = b.name.take() {
+                self.named.remove(&name);
+            }
+            self.free.push(id);
+        }
+    }
+
     /// Returns every block of `table` to the pool. Named blocks stay cached
     /// (evictable) until their memory is needed.
     pub fn release(&mut self, table: &mut BlockTable) {
@@ -417,6 +429,20 @@ mod tests {
             0,
             "LRU prefix evicted"
         );
+    }
+
+    #[test]
+    fn forgotten_prefixes_miss_and_their_blocks_are_free() {
+        let mut pool = BlockPool::new(8, 4, true);
+        // 12 tokens: two full blocks are cached (the last token is always computed).
+        let prompt = toks(12, 0);
+        run_seq(&mut pool, &prompt);
+        assert_eq!(run_seq(&mut pool, &prompt).0, 8);
+        pool.forget_cached();
+        assert_eq!(pool.num_available(), 8);
+        assert_eq!(run_seq(&mut pool, &prompt).0, 0);
+        // and the pool caches again afterwards
+        assert_eq!(run_seq(&mut pool, &prompt).0, 8);
     }
 
     #[test]

@@ -18,4 +18,9 @@ pub trait Loader: Send + Sync + 'static {
     /// Releases a model no request holds. Returns a host copy to keep and
     /// its size, when the loader can make one.
     fn unload(&self, id: &str, model: Self::Model) -> Option<(Self::Warm, u64)>;
+
+    /// Drops a warm copy the host budget no longer holds.
+    fn discard(&self, warm: Self::Warm) {
+        drop(warm);
+    }
 }

@@ -514,7 +514,9 @@ impl<L: Loader> Registry<L> {
             let mut st = lock(&self.inner.state);
             st.keep_warm(&id, warm, bytes, self.inner.budget.host_bytes)
         };
-        drop(dropped);
+        for w in dropped {
+            self.inner.loader.discard(w);
+        }
     }
 }
 

@@ -339,6 +339,24 @@ impl CpuRunner {
             .any(|m| matches!(m, Matrix::Quant(_)))
     }
 
+    /// Bytes of weight matrices held.
+    pub fn weight_bytes(&self) -> usize {
+        std::iter::once(&self.embed)
+            .chain(self.lm_head.as_ref())
+            .chain(
+                self.layers
+                    .iter()
+                    .flat_map(|l| [&l.qkv, &l.o_proj, &l.gate_up, &l.down]),
+            )
+            .map(Matrix::bytes)
+            .sum()
+    }
+
+    /// KV slots of one layer's K (or V).
+    fn kv_slots(&self) -> usize {
+        self.kv_shape.num_blocks * self.kv_shape.block_size * self.config.kv_dim()
+    }
+
     /// Bytes of KV cache per token position (all layers, K and V).
     pub fn kv_bytes_per_token(config: &ModelConfig) -> usize {
         config.num_layers * 2 * config.kv_dim() * std::mem::size_of::<f32>()
@@ -358,8 +376,34 @@ impl ModelRunner for CpuRunner {
         format!("cpu ({} threads)", rayon::current_num_threads())
     }
 
+    /// Frees the KV pool and the activations; the weights stay (they are
+    /// host memory already), so waking is only a KV allocation.
+    fn sleep(&mut self) -> Result<u64, RunnerError> {
+        for kv in &mut self.kv {
+            kv.k = Vec::new();
+            kv.v = Vec::new();
+        }
+        self.ws = Workspace::default();
+        Ok(self.weight_bytes() as u64)
+    }
+
+    fn wake(&mut self) -> Result<(), RunnerError> {
+        let slots = self.kv_slots();
+        for kv in &mut self.kv {
+            if kv.k.len() != slots {
+                // Zeroed allocations: the pages come on first touch.
+                kv.k = vec![0.0; slots];
+                kv.v = vec![0.0; slots];
+            }
+        }
+        Ok(())
+    }
+
     fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<&[f32], RunnerError> {
         ingot_runner::validate_batch(&self.config, self.kv_shape, batch)?;
+        if self.kv.first().is_some_and(|kv| kv.k.len() != self.kv_slots()) {
+            return Err(RunnerError::Backend("the model is asleep".into()));
+        }
         // Run the whole step on a pool thread: each of the ~10 parallel
         // kernels per layer then forks from inside the pool instead of
         // injecting a job from outside and sleeping until it is done, which

@@ -30,6 +30,15 @@ pub enum Matrix {
 }
 
 impl Matrix {
+    /// Bytes of weights held (for quantized blocks, the mapped file's).
+    pub fn bytes(&self) -> usize {
+        match self {
+            Matrix::F32(v) => v.len() * 4,
+            Matrix::Bf16(v) => v.len() * 2,
+            Matrix::Quant(q) => q.bytes(),
+        }
+    }
+
     /// Stores `data` as `dtype` (consumes the f32 copy).
     pub fn new(data: Vec<f32>, dtype: WeightDtype) -> Self {
         match dtype {

@@ -208,28 +208,126 @@ impl Kernel {
 /// One device allocation handed out in aligned pieces: the weights, the
 /// activation workspace and the KV pool each live in one, allocated at
 /// start-up, so the hot path never allocates.
+///
+/// The memory is mapped through the driver's virtual memory API: the
+/// address range stays reserved for the arena's life while its physical
+/// memory can be given back ([`Arena::unmap`]) and mapped again
+/// ([`Arena::remap`]) at the same addresses. That is what lets a sleeping
+/// model keep its captured graphs, which hold those addresses.
 pub struct Arena {
     base: DevPtr,
     size: usize,
+    /// `size` rounded up to the allocation granularity.
+    mapped_size: usize,
+    /// The physical memory while mapped.
+    handle: Option<sys::CUmemGenericAllocationHandle>,
+    device: i32,
     used: usize,
     label: &'static str,
 }
 
 const ALIGN: usize = 256;
 
+/// Physical device memory on `device`.
+fn device_memory(device: i32) -> sys::CUmemAllocationProp {
+    // SAFETY: a plain C struct; all-zero is its documented default.
+    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    prop
+}
+
 impl Arena {
-    /// Allocates `size` bytes on the current context.
+    /// Reserves and maps `size` bytes on the current context.
     pub fn new(gpu: &Gpu, label: &'static str, size: usize) -> Result<Self, CudaError> {
         gpu.ctx.bind_to_thread()?;
-        let base = unsafe { result::malloc_sync(size.max(ALIGN)) }.map_err(|e| {
-            CudaError::OutOfMemory(format!("cannot allocate {label} ({} MiB): {e}", size >> 20))
-        })?;
-        Ok(Self {
+        let device = gpu.ctx.ordinal() as i32;
+        let prop = device_memory(device);
+        let mut granularity = 0usize;
+        // SAFETY: out-pointer to a local; `prop` is initialised above.
+        unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut granularity,
+                &prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+            .result()?;
+        }
+        let mapped_size = size.max(ALIGN).next_multiple_of(granularity.max(ALIGN));
+        let mut base: DevPtr = 0;
+        // SAFETY: out-pointer to a local; the range is freed in Drop.
+        unsafe { sys::cuMemAddressReserve(&mut base, mapped_size, 0, 0, 0).result()? };
+        let mut arena = Self {
             base,
             size,
+            mapped_size,
+            handle: None,
+            device,
             used: 0,
             label,
-        })
+        };
+        arena.remap()?;
+        Ok(arena)
+    }
+
+    /// Maps physical memory under the arena's addresses again (contents
+    /// undefined). A no-op while mapped.
+    pub fn remap(&mut self) -> Result<(), CudaError> {
+        if self.handle.is_some() {
+            return Ok(());
+        }
+        let prop = device_memory(self.device);
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: out-pointer to a local.
+        unsafe { sys::cuMemCreate(&mut handle, self.mapped_size, &prop, 0) }
+            .result()
+            .map_err(|e| {
+                CudaError::OutOfMemory(format!(
+                    "cannot allocate {} ({} MiB): {e}",
+                    self.label,
+                    self.mapped_size >> 20
+                ))
+            })?;
+        let access = sys::CUmemAccessDesc {
+            location: prop.location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: the range was reserved with this size; `handle` is the
+        // allocation just made. On failure the handle is released.
+        let mapped = unsafe {
+            sys::cuMemMap(self.base, self.mapped_size, 0, handle, 0)
+                .result()
+                .and_then(|()| {
+                    sys::cuMemSetAccess(self.base, self.mapped_size, &access, 1).result()
+                })
+        };
+        if let Err(e) = mapped {
+            // SAFETY: unmapping a range that may be mapped, then releasing
+            // the handle this function created.
+            unsafe {
+                let _ = sys::cuMemUnmap(self.base, self.mapped_size);
+                let _ = sys::cuMemRelease(handle);
+            }
+            return Err(e.into());
+        }
+        self.handle = Some(handle);
+        Ok(())
+    }
+
+    /// Gives the arena's physical memory back to the device, keeping its
+    /// addresses reserved. The caller synchronizes first: nothing may be
+    /// using the memory.
+    pub fn unmap(&mut self) -> Result<(), CudaError> {
+        let Some(handle) = self.handle.take() else {
+            return Ok(());
+        };
+        // SAFETY: the range is mapped to `handle` (set by `remap`).
+        unsafe {
+            sys::cuMemUnmap(self.base, self.mapped_size).result()?;
+            sys::cuMemRelease(handle).result()?;
+        }
+        Ok(())
     }
 
     /// Bytes needed for pieces of these sizes (each rounded to the alignment).
@@ -255,11 +353,28 @@ impl Arena {
     pub fn size(&self) -> usize {
         self.size
     }
+
+    /// The first address.
+    pub fn base(&self) -> DevPtr {
+        self.base
+    }
+
+    /// Bytes handed out so far (what a copy of the contents must hold).
+    pub fn used(&self) -> usize {
+        self.used
+    }
 }
 
 impl Drop for Arena {
     fn drop(&mut self) {
-        if let Err(e) = unsafe { result::free_sync(self.base) } {
+        let unmapped = self.unmap();
+        // SAFETY: the range was reserved in `new` with this size.
+        let freed = unmapped.and_then(|()| {
+            unsafe { sys::cuMemAddressFree(self.base, self.mapped_size) }
+                .result()
+                .map_err(CudaError::from)
+        });
+        if let Err(e) = freed {
             tracing::warn!(arena = self.label, error = %e, "cannot free device memory");
         }
     }

@@ -208,6 +208,11 @@ pub struct CudaRunner {
     profiler: Option<Profiler>,
     /// Staging for sampled steps; sized once the KV pool is known.
     sampler: Option<DeviceSampler>,
+    /// The weights in host memory, made at the first sleep and kept (they
+    /// never change), so later sleeps copy nothing.
+    host_weights: Option<Pinned<u8>>,
+    /// Weights, workspace and KV pool are unmapped (see [`CudaRunner::sleep`]).
+    asleep: bool,
     // Drop order: graphs above reference the buffers below.
     gemm: Gemm,
     buffers: Buffers,
@@ -266,6 +271,8 @@ impl CudaRunner {
             speculation_misses: 0,
             profiler: None,
             sampler: None,
+            host_weights: None,
+            asleep: false,
             memory: MemoryReport {
                 weights: weights.arena.size(),
                 workspace: 0,
@@ -298,6 +305,55 @@ impl CudaRunner {
         // Set after start-up so the profiling pass and warm-up are not counted.
         runner.profiler = runner.opts.profile.then(Profiler::default);
         Ok(runner)
+    }
+
+    /// Gives back the device memory of the weights, the workspace and the
+    /// KV pool, keeping their addresses, so the captured graphs, kernels and
+    /// tuned GEMM plans stay valid. The weights go to pinned host memory
+    /// first (once; the copy is kept); the KV cache's contents are lost.
+    /// Returns the bytes of the host copy.
+    pub fn sleep(&mut self) -> Result<usize, CudaError> {
+        if !self.asleep {
+            self.gpu.sync()?;
+            // A speculative step's results die with the workspace.
+            self.pending = None;
+            self.last_ids.clear();
+            if self.host_weights.is_none() {
+                let started = Instant::now();
+                let mut host = Pinned::<u8>::new(&self.gpu, self.weights.arena.used())?;
+                self.gpu
+                    .download(host.as_mut_slice(), self.weights.arena.base())?;
+                self.gpu.sync()?;
+                tracing::info!(
+                    mib = host.as_slice().len() >> 20,
+                    ms = started.elapsed().as_secs_f64() * 1e3,
+                    "weights copied to host"
+                );
+                self.host_weights = Some(host);
+            }
+            self.weights.arena.unmap()?;
+            self.buffers.unmap()?;
+            self.asleep = true;
+        }
+        Ok(self.host_weights.as_ref().map_or(0, |h| h.as_slice().len()))
+    }
+
+    /// Maps the memory [`CudaRunner::sleep`] gave back at the same
+    /// addresses and copies the weights in from host memory.
+    pub fn wake(&mut self) -> Result<(), CudaError> {
+        if !self.asleep {
+            return Ok(());
+        }
+        let host = self
+            .host_weights
+            .as_ref()
+            .ok_or_else(|| CudaError::Unsupported("asleep without a host copy".into()))?;
+        self.weights.arena.remap()?;
+        self.gpu.upload(self.weights.arena.base(), host.as_slice())?;
+        self.buffers.remap(&self.gpu)?;
+        self.gpu.sync()?;
+        self.asleep = false;
+        Ok(())
     }
 
     /// Device memory by use.
@@ -523,6 +579,16 @@ impl ModelRunner for CudaRunner {
         format!("cuda:{} {}", self.opts.device, self.gpu.name)
     }
 
+    fn sleep(&mut self) -> Result<u64, RunnerError> {
+        CudaRunner::sleep(self)
+            .map(|b| b as u64)
+            .map_err(|e| RunnerError::Backend(e.to_string()))
+    }
+
+    fn wake(&mut self) -> Result<(), RunnerError> {
+        CudaRunner::wake(self).map_err(|e| RunnerError::Backend(e.to_string()))
+    }
+
     fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<&[f32], RunnerError> {
         self.check_batch(batch)?;
         // A speculative step still in the stream runs first; its result is unused.
@@ -686,6 +752,10 @@ impl CudaRunner {
 impl CudaRunner {
     /// The shared batch checks, then this runner's workspace limits.
     fn check_batch(&self, batch: &ForwardBatch<'_>) -> Result<(), RunnerError> {
+        if self.asleep {
+            // Its memory is unmapped: a launch would fault the context.
+            return Err(RunnerError::Backend("the model is asleep".into()));
+        }
         ingot_runner::validate_batch(&self.config, self.kv_shape, batch)?;
         let (tokens, seqs) = (batch.num_tokens(), batch.chunks.len());
         if tokens > self.buffers.max_tokens || seqs > self.buffers.max_seqs {

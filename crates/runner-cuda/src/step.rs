@@ -391,6 +391,26 @@ impl Buffers {
         Ok(())
     }
 
+    /// Gives the workspace's and the KV pool's device memory back,
+    /// keeping their addresses (contents are lost).
+    pub fn unmap(&mut self) -> Result<(), CudaError> {
+        self.arena.unmap()?;
+        if let Some(kv) = &mut self.kv {
+            kv.unmap()?;
+        }
+        Ok(())
+    }
+
+    /// Maps them again at the same addresses; `SumSq` starts empty, as
+    /// after [`Buffers::new`].
+    pub fn remap(&mut self, gpu: &Gpu) -> Result<(), CudaError> {
+        self.arena.remap()?;
+        if let Some(kv) = &mut self.kv {
+            kv.remap()?;
+        }
+        gpu.upload(self.sumsq, &vec![0u32; SUMSQ_BYTES / 4])
+    }
+
     /// Frees the KV pool.
     pub fn drop_kv(&mut self) {
         self.kv_layers.clear();

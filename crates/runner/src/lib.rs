@@ -95,6 +95,26 @@ pub trait ModelRunner: Send {
     /// Short name of the device ("cpu (2 threads)", "cuda:0 H100").
     fn device_name(&self) -> String;
 
+    /// Gives back the memory of the KV pool (its contents are lost) and,
+    /// where weights live on a device, moves them to host memory, keeping
+    /// what it takes to [`ModelRunner::wake`] fast. Returns the host bytes
+    /// the sleeping runner holds. No forward pass runs while asleep.
+    fn sleep(&mut self) -> Result<u64, RunnerError> {
+        Err(RunnerError::Backend(format!(
+            "{} cannot sleep",
+            self.device_name()
+        )))
+    }
+
+    /// Undoes [`ModelRunner::sleep`]: the runner serves again, with an
+    /// empty KV pool.
+    fn wake(&mut self) -> Result<(), RunnerError> {
+        Err(RunnerError::Backend(format!(
+            "{} cannot wake",
+            self.device_name()
+        )))
+    }
+
     /// Runs the batch and returns the greedy choice (argmax, lowest id on
     /// ties) for the last token of each chunk. Backends that can pick on the
     /// device override this so that only ids, not logits, leave it.

@@ -159,6 +159,11 @@ impl Scheduler {
         &self.pool
     }
 
+    /// Forgets the prefix cache (the runner's KV contents were lost).
+    pub fn forget_cached_kv(&mut self) {
+        self.pool.forget_cached();
+    }
+
     /// Sequences waiting for admission.
     pub fn num_waiting(&self) -> usize {
         self.waiting.len()

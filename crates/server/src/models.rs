@@ -52,27 +52,50 @@ pub struct EngineLoader {
     pub footprint: FootprintFn,
     /// Builds its engine.
     pub load: LoadFn,
+    /// Put evicted engines to sleep instead of dropping them (the registry
+    /// has a host budget for them).
+    pub keep_warm: bool,
 }
 
 impl Loader for EngineLoader {
     type Model = ServedModel;
-    /// No warm copies yet: an engine's weights go with its runner.
-    type Warm = ();
+    /// A sleeping engine: its device memory given back, its weights in host
+    /// memory, its thread, tokenizer, kernels and graphs kept.
+    type Warm = ServedModel;
 
     fn footprint(&self, id: &str) -> Result<u64, String> {
         (self.footprint)(id)
     }
 
-    fn load(&self, id: &str, _warm: Option<()>) -> Result<ServedModel, String> {
+    fn load(&self, id: &str, warm: Option<ServedModel>) -> Result<ServedModel, String> {
+        if let Some(model) = warm {
+            match model.engine.wake() {
+                Ok(()) => return Ok(model),
+                Err(e) => {
+                    tracing::warn!(model = id, error = %e, "waking failed; loading from the file");
+                    self.discard(model);
+                }
+            }
+        }
         (self.load)(id).map(ServedModel::new)
     }
 
-    fn unload(&self, _id: &str, model: ServedModel) -> Option<((), u64)> {
+    fn unload(&self, id: &str, model: ServedModel) -> Option<(ServedModel, u64)> {
+        if self.keep_warm {
+            match model.engine.sleep() {
+                Ok(bytes) => return Some((model, bytes)),
+                Err(e) => tracing::warn!(model = id, error = %e, "cannot sleep; unloading"),
+            }
+        }
+        self.discard(model);
+        None
+    }
+
+    fn discard(&self, model: ServedModel) {
         // Dropping the last handle stops the engine thread and waits until
         // its runner (and device memory) is released.
         drop(model);
         release_free_heap();
-        None
     }
 }
 
