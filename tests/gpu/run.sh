@@ -15,7 +15,7 @@
 #   logprobs  the same two with 5 top logprobs per token (also on the GPU)
 #   serve     the HTTP server on CUDA with curl (serve_smoke.sh), 8B dummy
 #   cache     response cache hit and coalescing on CUDA (cache_smoke.sh), 8B dummy
-#   models    two SmolLM2-shaped dummies under a budget of one: switch times (models_smoke.sh)
+#   models    two SmolLM2 GGUFs, then two 1B dummies, under a budget of one: warm switch times (models_smoke.sh)
 #   torch     PyTorch eager baselines for the bench shapes
 #   ncu       ncu sections of the decode attention at 256 x 1k (one launch)
 #   ncu1      per-kernel time and bandwidth of one batch-1 decode step (8B)
@@ -107,8 +107,9 @@ for phase in "$@"; do
       INGOT_CUDA_PROFILE=1 "$ING" bench throughput --model "$M" --load-format dummy --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 32 --max-num-batched-tokens 8192 --json ;;
     serve) bash tests/gpu/serve_smoke.sh "$ING_RAW" "$(llama8b)" --load-format dummy --max-model-len 4096 --max-num-seqs 32 ;;
     models)
-      mkdir -p "$W/smollm2-dummy"; cp tests/gpu/configs/smollm2-135m/config.json "$W"/tokenizers/llama3/* "$W/smollm2-dummy/"
-      bash tests/gpu/models_smoke.sh "$ING_RAW" "$W/smollm2-dummy" ;;
+      mkdir -p "$W/llama1b-dummy"; cp tests/gpu/configs/llama-3.2-1b/config.json "$W"/tokenizers/llama3/* "$W/llama1b-dummy/"
+      if [ -f "$SMOL" ]; then bash tests/gpu/models_smoke.sh "$ING_RAW" SmolLM2-135M "$SMOL" 600MB; else echo "no SmolLM2 bundle"; fi
+      bash tests/gpu/models_smoke.sh "$ING_RAW" "1B dummy" "$W/llama1b-dummy" 4GB dummy ;;
     cache) bash tests/gpu/cache_smoke.sh "$ING_RAW" "$(llama8b)" --load-format dummy --max-model-len 4096 --max-num-seqs 32 ;;
     torch)
       M=$(llama8b)

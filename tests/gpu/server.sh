@@ -18,3 +18,10 @@ start_server() {
     sleep 0.1
   done
 }
+
+# Stops the server started by start_server and waits for it.
+stop_server() {
+  kill "$PID" 2>/dev/null
+  wait "$PID" 2>/dev/null
+  trap - EXIT
+}

@@ -316,14 +316,16 @@ impl Arena {
     }
 
     /// Gives the arena's physical memory back to the device, keeping its
-    /// addresses reserved. The caller synchronizes first: nothing may be
-    /// using the memory.
+    /// addresses reserved. Waits for the device first: unlike `cuMemFree`,
+    /// unmapping does not wait for queued kernels that use the memory.
     pub fn unmap(&mut self) -> Result<(), CudaError> {
         let Some(handle) = self.handle.take() else {
             return Ok(());
         };
-        // SAFETY: the range is mapped to `handle` (set by `remap`).
+        // SAFETY: the arena's context is current on this thread (the
+        // runner's); the range is mapped to `handle` (set by `remap`).
         unsafe {
+            sys::cuCtxSynchronize().result()?;
             sys::cuMemUnmap(self.base, self.mapped_size).result()?;
             sys::cuMemRelease(handle).result()?;
         }
