@@ -2,6 +2,7 @@
 //! and values through the block table, with an online softmax (one pass, no
 //! score buffer; Milakov & Gimelshein 2018, <https://arxiv.org/abs/1805.02867>).
 
+use crate::kv_memory::KvSlots;
 use rayon::prelude::*;
 
 use crate::simd::{dot_fn, DotFn};
@@ -14,9 +15,9 @@ pub const MAX_BLOCK_SIZE: usize = 256;
 /// One layer's K and V for every slot of the pool: `[slot, kv_head, head_dim]`.
 pub struct LayerKv {
     /// Keys.
-    pub k: Vec<f32>,
+    pub k: KvSlots,
     /// Values.
-    pub v: Vec<f32>,
+    pub v: KvSlots,
 }
 
 /// Shapes shared by every attention call.
@@ -149,9 +150,11 @@ mod tests {
             seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
             (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
         };
+        let k: Vec<f32> = (0..num_blocks * 4 * row).map(|_| rnd()).collect();
+        let v: Vec<f32> = (0..num_blocks * 4 * row).map(|_| rnd()).collect();
         let kv = LayerKv {
-            k: (0..num_blocks * 4 * row).map(|_| rnd()).collect(),
-            v: (0..num_blocks * 4 * row).map(|_| rnd()).collect(),
+            k: KvSlots::from_values(&k).unwrap(),
+            v: KvSlots::from_values(&v).unwrap(),
         };
         let table = [5u32, 1, 3];
         let pos = 9; // attends to 10 positions across 3 blocks

@@ -16,6 +16,7 @@
 //! with.
 
 mod attention;
+mod kv_memory;
 pub mod matmul;
 mod matrix;
 mod ops;
@@ -27,6 +28,7 @@ use attention::{
 };
 use ingot_models::{BlockData, LlamaWeights, ModelConfig, ModelError, TensorSource};
 use ingot_runner::{ForwardBatch, KvCacheShape, ModelRunner, RunnerError};
+use kv_memory::KvSlots;
 use matrix::Matrix;
 pub use matrix::WeightDtype;
 pub use quant::QuantKind;
@@ -305,11 +307,8 @@ impl CpuRunner {
         }
         let slots = opts.num_blocks * opts.block_size * config.kv_dim();
         let kv = (0..config.num_layers)
-            .map(|_| LayerKv {
-                k: vec![0.0; slots],
-                v: vec![0.0; slots],
-            })
-            .collect();
+            .map(|_| layer_kv(slots))
+            .collect::<Result<_, _>>()?;
         let (cos, sin) = config.rope.tables(config.head_dim, config.max_context);
         Ok(Self {
             embed,
@@ -363,6 +362,18 @@ impl CpuRunner {
     }
 }
 
+/// One layer's K and V of `slots` values each (zero pages until touched).
+fn layer_kv(slots: usize) -> Result<LayerKv, RunnerError> {
+    let alloc = || {
+        KvSlots::zeroed(slots)
+            .map_err(|e| RunnerError::Backend(format!("cannot allocate the KV cache: {e}")))
+    };
+    Ok(LayerKv {
+        k: alloc()?,
+        v: alloc()?,
+    })
+}
+
 impl ModelRunner for CpuRunner {
     fn config(&self) -> &ModelConfig {
         &self.config
@@ -380,8 +391,8 @@ impl ModelRunner for CpuRunner {
     /// host memory already), so waking is only a KV allocation.
     fn sleep(&mut self) -> Result<u64, RunnerError> {
         for kv in &mut self.kv {
-            kv.k = Vec::new();
-            kv.v = Vec::new();
+            kv.k = KvSlots::empty();
+            kv.v = KvSlots::empty();
         }
         self.ws = Workspace::default();
         Ok(self.weight_bytes() as u64)
@@ -391,9 +402,7 @@ impl ModelRunner for CpuRunner {
         let slots = self.kv_slots();
         for kv in &mut self.kv {
             if kv.k.len() != slots {
-                // Zeroed allocations: the pages come on first touch.
-                kv.k = vec![0.0; slots];
-                kv.v = vec![0.0; slots];
+                *kv = layer_kv(slots)?;
             }
         }
         Ok(())

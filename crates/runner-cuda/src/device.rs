@@ -221,6 +221,9 @@ pub struct Arena {
     mapped_size: usize,
     /// The physical memory while mapped.
     handle: Option<sys::CUmemGenericAllocationHandle>,
+    /// Kept so unmapping works from any thread, and the context outlives
+    /// the memory.
+    ctx: Arc<CudaContext>,
     device: i32,
     used: usize,
     label: &'static str,
@@ -263,6 +266,7 @@ impl Arena {
             size,
             mapped_size,
             handle: None,
+            ctx: gpu.ctx.clone(),
             device,
             used: 0,
             label,
@@ -277,6 +281,7 @@ impl Arena {
         if self.handle.is_some() {
             return Ok(());
         }
+        self.ctx.bind_to_thread()?;
         let prop = device_memory(self.device);
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: out-pointer to a local.
@@ -322,8 +327,9 @@ impl Arena {
         let Some(handle) = self.handle.take() else {
             return Ok(());
         };
-        // SAFETY: the arena's context is current on this thread (the
-        // runner's); the range is mapped to `handle` (set by `remap`).
+        self.ctx.bind_to_thread()?;
+        // SAFETY: the arena's context is current on this thread; the range
+        // is mapped to `handle` (set by `remap`).
         unsafe {
             sys::cuCtxSynchronize().result()?;
             sys::cuMemUnmap(self.base, self.mapped_size).result()?;
@@ -369,7 +375,8 @@ impl Arena {
 
 impl Drop for Arena {
     fn drop(&mut self) {
-        let unmapped = self.unmap();
+        let unmapped = self.ctx.bind_to_thread().map_err(CudaError::from);
+        let unmapped = unmapped.and_then(|()| self.unmap());
         // SAFETY: the range was reserved in `new` with this size.
         let freed = unmapped.and_then(|()| {
             unsafe { sys::cuMemAddressFree(self.base, self.mapped_size) }

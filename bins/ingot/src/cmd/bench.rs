@@ -17,6 +17,9 @@ pub enum BenchCommand {
     Latency(LatencyArgs),
     /// Offline throughput: many requests through the engine at once (no HTTP).
     Throughput(ThroughputArgs),
+    /// Model load and switch times: cold (page cache dropped and warm) and
+    /// back from a warm host copy, each with its first token.
+    Load(crate::cmd::bench_load::LoadArgs),
     /// Load an OpenAI-compatible server and report TTFT, TPOT, ITL, E2E, throughput.
     Serve(ingot_bench::serve::ServeArgs),
     /// Run `serve` over several rates or concurrencies; table and plots.
@@ -146,6 +149,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Latency(args) => latency(args),
         BenchCommand::Throughput(args) => throughput(args),
+        BenchCommand::Load(args) => crate::cmd::bench_load::run(args),
         BenchCommand::Serve(args) => client(|| ingot_bench::serve::run(args)),
         BenchCommand::Sweep(args) => client(|| ingot_bench::sweep::run(args)),
         BenchCommand::Stress(args) => client(|| ingot_bench::stress::run(args)),
@@ -155,8 +159,8 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
 }
 
 /// Seconds from submission to the first and to the last token.
-struct RunTimes {
-    first_token: f64,
+pub(crate) struct RunTimes {
+    pub(crate) first_token: f64,
     total: f64,
     /// Tokens generated.
     tokens: usize,
@@ -164,7 +168,7 @@ struct RunTimes {
     token_times: Vec<f64>,
 }
 
-fn run_once(
+pub(crate) fn run_once(
     gen: &EngineHandle,
     prompt: Vec<TokenId>,
     output_len: usize,

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_load;
 pub mod config;
 pub mod generate;
 pub mod inspect;
