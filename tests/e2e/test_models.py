@@ -381,3 +381,70 @@ def test_a_hundred_warm_switches_leak_nothing(warm):
     assert grown < 64 << 20, f"RSS grew by {grown >> 20} MiB over 100 warm switches"
     a = admin(warm)
     assert a["device_bytes_used"] == max(m["device_bytes"] for m in a["data"]), a
+
+
+PREFETCH_CONFIG = """
+[registry]
+device_budget = "{device}"
+host_budget = 0
+prefetch_window = "60s"
+prefetch_min_requests = 2
+prefetch_max = 1
+
+[[models]]
+id = "p1"
+path = "{copy}"
+kv_cache_tokens = 1024
+
+[[models]]
+id = "p2"
+path = "{path}"
+kv_cache_tokens = 1024
+"""
+
+
+def resident_bytes(path) -> int | None:
+    """Bytes of `path` in the page cache (util-linux fincore), None without it."""
+    import shutil
+    import subprocess
+    if not shutil.which("fincore"):
+        return None
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.split()[0])
+
+
+def test_a_model_in_demand_is_prefetched_into_the_page_cache_after_eviction(tmp_path):
+    import os
+    import shutil
+    copy = tmp_path / "copy.gguf"
+    shutil.copyfile(model_path(), copy)
+    with open(copy, "rb+") as f:
+        os.fsync(f.fileno())  # clean pages: only those can be dropped below
+    size = os.path.getsize(copy)
+    cfg = tmp_path / "ingot.toml"
+    cfg.write_text(PREFETCH_CONFIG.format(device=int(size * 1.4) + (128 << 20), copy=copy, path=model_path()))
+    s = Server("--config", str(cfg))
+    try:
+        prefetches = lambda: s.metrics().get("ingot_model_prefetches_total", 0.0, model="p1")
+        assert prefetches() == 0
+        for m in ["p1", "p2", "p1", "p2"]:  # p1: asked twice, evicted, no warm copy
+            assert complete(s, m, max_tokens=1).status_code == 200
+        # Out of the page cache, as a cold file would be. The registry looks
+        # once a second: when it has already prefetched, the drop came too
+        # late to show the read (the count is still checked).
+        with open(copy, "rb") as f:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        before, dropped_first = resident_bytes(copy), prefetches() == 0
+        wait_for(lambda: prefetches() == 1, 10, what="p1 prefetched")
+        if before is not None and dropped_first:
+            assert before < size // 2, before
+            wait_for(lambda: resident_bytes(copy) > size * 0.9, 10,
+                     what=f"p1's file ({size} B, {before} B cached after the drop) read into the page cache")
+        # once per window
+        time.sleep(2.5)
+        assert prefetches() == 1
+        assert s.metrics().get("ingot_model_prefetches_total", 0.0, model="p2") == 0
+        assert complete(s, "p1", max_tokens=1).status_code == 200
+    finally:
+        s.stop_and_check()

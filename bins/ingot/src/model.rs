@@ -146,6 +146,21 @@ pub fn default_kv_tokens(model: &ingot_models::ModelConfig, block_size: usize) -
     ((DEFAULT_KV_BYTES / per_token).max(model.max_context)).max(block_size) as u64
 }
 
+/// The files a model is read from: the file itself, or a directory's files.
+pub fn model_files(path: &Path) -> Vec<PathBuf> {
+    if path.is_file() {
+        return vec![path.to_path_buf()];
+    }
+    std::fs::read_dir(path)
+        .map(|dir| {
+            dir.filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.is_file())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Opens the model files and its tokenizer.
 pub fn open(
     path: &Path,

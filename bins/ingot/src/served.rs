@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use ingot_config::{Config, CpuWeights, Device, Dtype, ModelEntry, Quantization};
-use ingot_registry::{Budget, ModelSpec, Registry};
+use ingot_registry::{Budget, ModelSpec, Prefetch, Registry};
 use ingot_runner_cpu::CpuRunner;
 use ingot_server::{EngineLoader, Models};
 
@@ -101,6 +101,17 @@ pub fn registry(config: &Config, entries: Vec<ModelEntry>) -> anyhow::Result<Mod
         let find = find.clone();
         Arc::new(move |id: &str| footprint(&find(id)?).map_err(|e| format!("{e:#}")))
     };
+    let prefetch = {
+        let find = find.clone();
+        Arc::new(move |id: &str| {
+            let c = find(id)?;
+            if c.model.load_format == ingot_config::LoadFormat::Dummy {
+                return Ok(0);
+            }
+            let path = settings::model_path(&c).map_err(|e| format!("{e:#}"))?;
+            Ok(read_ahead(path))
+        })
+    };
     let load = Arc::new(move |id: &str| {
         let c = find(id)?;
         let mut engine = settings::engine_config(&c);
@@ -117,9 +128,37 @@ pub fn registry(config: &Config, entries: Vec<ModelEntry>) -> anyhow::Result<Mod
     let loader = EngineLoader {
         footprint,
         load,
+        prefetch,
         keep_warm: budget.host_bytes > 0,
     };
-    Ok(Registry::new(loader, specs, budget))
+    let r = &config.registry;
+    let prefetch = Prefetch {
+        window: r.prefetch_window.get(),
+        min_requests: r.prefetch_min_requests.max(1),
+        max_per_window: r.prefetch_max,
+    };
+    Ok(Registry::new(loader, specs, budget).with_prefetch(prefetch))
+}
+
+/// Reads a model's file (or a directory's files) so it sits in the page
+/// cache; returns the bytes read. A plain read: the kernel's WILLNEED hint
+/// stops at its readahead window (8 MB here).
+fn read_ahead(path: &Path) -> u64 {
+    use std::io::Read;
+    let mut buf = vec![0u8; 4 << 20];
+    let mut read = 0u64;
+    for f in crate::model::model_files(path) {
+        let Ok(mut file) = std::fs::File::open(&f) else {
+            continue;
+        };
+        while let Ok(n) = file.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            read += n as u64;
+        }
+    }
+    read
 }
 
 /// `[registry] host_budget`, else on the GPU a quarter of physical memory

@@ -66,6 +66,15 @@ pub struct RegistrySection {
     pub host_budget: Option<ByteSize>,
     /// Longest a request waits for its model to load before a 503.
     pub load_wait: Duration,
+    /// How far back requests count as recent demand for prefetching.
+    pub prefetch_window: Duration,
+    /// Requests within the window that make an unloaded model with no warm
+    /// copy worth bringing into host memory (its files into the page cache)
+    /// ahead of its next request.
+    #[schemars(range(min = 1))]
+    pub prefetch_min_requests: usize,
+    /// Models prefetched per window at most (0: off).
+    pub prefetch_max: usize,
 }
 
 impl Default for RegistrySection {
@@ -74,6 +83,9 @@ impl Default for RegistrySection {
             device_budget: None,
             host_budget: None,
             load_wait: Duration::from_secs(120),
+            prefetch_window: Duration::from_secs(300),
+            prefetch_min_requests: 2,
+            prefetch_max: 2,
         }
     }
 }

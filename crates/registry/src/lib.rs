@@ -11,8 +11,10 @@
 //!
 //! Evicted models may leave a warm host copy (within a host budget, LRU),
 //! which the next load starts from. Idle models unload after their idle
-//! timeout; pinned ones never do. Loading itself is the [`Loader`]'s job:
-//! the registry only decides what is resident.
+//! timeout; pinned ones never do. Models asked for often lately that hold
+//! no warm copy are prefetched into host memory ([`Prefetch`]). Loading
+//! itself is the [`Loader`]'s job: the registry only decides what is
+//! resident.
 
 mod error;
 mod lease;
@@ -25,7 +27,7 @@ pub use error::RegistryError;
 pub use lease::Lease;
 pub use loader::Loader;
 pub use registry::{ModelState, ModelStatus, Registry};
-pub use spec::{Budget, ModelSpec};
+pub use spec::{Budget, ModelSpec, Prefetch};
 
 #[cfg(test)]
 mod tests;

@@ -19,6 +19,12 @@ pub trait Loader: Send + Sync + 'static {
     /// its size, when the loader can make one.
     fn unload(&self, id: &str, model: Self::Model) -> Option<(Self::Warm, u64)>;
 
+    /// Brings the model's files into host memory (the page cache) ahead of
+    /// a load; returns the bytes asked for.
+    fn prefetch(&self, _id: &str) -> Result<u64, String> {
+        Ok(0)
+    }
+
     /// Drops a warm copy the host budget no longer holds.
     fn discard(&self, warm: Self::Warm) {
         drop(warm);

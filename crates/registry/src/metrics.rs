@@ -25,6 +25,11 @@ pub fn describe() {
         Unit::Count,
         "Models unloaded, by reason (lru, idle, admin)."
     );
+    describe_counter!(
+        "ingot_model_prefetches_total",
+        Unit::Count,
+        "Models brought into host memory ahead of a request, from recent demand."
+    );
     describe_histogram!(
         "ingot_model_load_seconds",
         Unit::Seconds,
@@ -73,6 +78,10 @@ pub fn loaded(id: &str, ok: bool, warm: bool, took: Duration) {
     }
 }
 
+pub fn prefetched(id: &str) {
+    counter!("ingot_model_prefetches_total", "model" => id.to_string()).increment(1);
+}
+
 pub fn evicted(id: &str, reason: &'static str) {
     counter!("ingot_model_evictions_total", "model" => id.to_string(), "reason" => reason)
         .increment(1);
@@ -103,4 +112,5 @@ pub fn zero(id: &str) {
         counter!("ingot_model_evictions_total", "model" => id.to_string(), "reason" => reason)
             .increment(0);
     }
+    counter!("ingot_model_prefetches_total", "model" => id.to_string()).increment(0);
 }

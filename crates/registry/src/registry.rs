@@ -6,6 +6,7 @@
 //! the models it evicted, so on a GPU the old weights are gone before the
 //! new ones arrive.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -15,7 +16,7 @@ use crate::error::RegistryError;
 use crate::lease::Lease;
 use crate::loader::Loader;
 use crate::metrics;
-use crate::spec::{Budget, ModelSpec};
+use crate::spec::{Budget, ModelSpec, Prefetch};
 
 /// When a refusal for lack of room suggests retrying: busy models finish
 /// their requests in seconds, and an idle one frees room at once.
@@ -80,6 +81,7 @@ impl<L: Loader> Clone for Registry<L> {
 struct Inner<L: Loader> {
     loader: Arc<L>,
     budget: Budget,
+    prefetch: Prefetch,
     state: Mutex<State<L>>,
 }
 
@@ -100,6 +102,10 @@ struct Entry<L: Loader> {
     pinned: bool,
     last_used: Arc<Mutex<Instant>>,
     warm: Option<(L::Warm, u64)>,
+    /// When it was asked for, within the prefetch window.
+    demand: VecDeque<Instant>,
+    /// When it was last prefetched.
+    prefetched: Option<Instant>,
 }
 
 /// The result of a load as waiters see it (`None` while it runs).
@@ -145,12 +151,15 @@ impl<L: Loader> Registry<L> {
                 footprint: None,
                 last_used: Arc::new(Mutex::new(Instant::now())),
                 warm: None,
+                demand: VecDeque::new(),
+                prefetched: None,
             })
             .collect();
         Self {
             inner: Arc::new(Inner {
                 loader: Arc::new(loader),
                 budget,
+                prefetch: Prefetch::default(),
                 state: Mutex::new(State {
                     entries,
                     device_used: 0,
@@ -158,6 +167,15 @@ impl<L: Loader> Registry<L> {
                 }),
             }),
         }
+    }
+
+    /// The registry with prefetching configured (off by default). Call
+    /// before the registry is cloned.
+    pub fn with_prefetch(mut self, prefetch: Prefetch) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.prefetch = prefetch;
+        }
+        self
     }
 
     /// Describes the registry's series and exports every model's state and
@@ -218,6 +236,19 @@ impl<L: Loader> Registry<L> {
                     }
                 }
             }
+        }
+    }
+
+    /// Counts a client request for `name` (an unknown name is ignored):
+    /// the demand prefetching follows. Call once per request, whatever
+    /// number of leases it takes.
+    pub fn note_request(&self, name: &str) {
+        if self.inner.prefetch.max_per_window == 0 {
+            return;
+        }
+        let mut st = lock(&self.inner.state);
+        if let Ok(i) = st.index(name) {
+            st.entries[i].note_demand(Instant::now(), self.inner.prefetch.window);
         }
     }
 
@@ -317,8 +348,8 @@ impl<L: Loader> Registry<L> {
         n
     }
 
-    /// Runs [`Self::sweep_idle`] every `period` until the registry is
-    /// dropped.
+    /// Runs [`Self::sweep_idle`] and [`Self::prefetch_demanded`] every
+    /// `period` until the registry is dropped.
     pub fn spawn_idle_sweeper(&self, period: Duration) -> tokio::task::JoinHandle<()> {
         let weak: Weak<Inner<L>> = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
@@ -326,9 +357,73 @@ impl<L: Loader> Registry<L> {
             loop {
                 tick.tick().await;
                 let Some(inner) = weak.upgrade() else { return };
-                Registry { inner }.sweep_idle().await;
+                let registry = Registry { inner };
+                registry.sweep_idle().await;
+                registry.prefetch_demanded().await;
             }
         })
+    }
+
+    /// Prefetches the models most asked for within the window (at least
+    /// `min_requests` times) that are unloaded with no warm copy and were
+    /// not prefetched within it: at most `max_per_window` per window.
+    /// Returns the ids prefetched.
+    pub async fn prefetch_demanded(&self) -> Vec<String> {
+        let p = self.inner.prefetch;
+        if p.max_per_window == 0 {
+            return Vec::new();
+        }
+        let chosen: Vec<Arc<str>> = {
+            let mut st = lock(&self.inner.state);
+            let now = Instant::now();
+            let recent = st
+                .entries
+                .iter()
+                .filter(|e| {
+                    e.prefetched
+                        .is_some_and(|t| now.duration_since(t) < p.window)
+                })
+                .count();
+            let mut wanted: Vec<(usize, usize)> = st
+                .entries
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(i, e)| {
+                    e.note_demand_expiry(now, p.window);
+                    let cold = matches!(e.slot, Slot::Unloaded) && e.warm.is_none();
+                    let fresh = e
+                        .prefetched
+                        .is_some_and(|t| now.duration_since(t) < p.window);
+                    (cold && !fresh && e.demand.len() >= p.min_requests)
+                        .then_some((i, e.demand.len()))
+                })
+                .collect();
+            wanted.sort_by_key(|w| std::cmp::Reverse(w.1));
+            wanted
+                .into_iter()
+                .take(p.max_per_window.saturating_sub(recent))
+                .map(|(i, _)| {
+                    st.entries[i].prefetched = Some(now);
+                    st.entries[i].id.clone()
+                })
+                .collect()
+        };
+        let mut done = Vec::new();
+        for id in chosen {
+            let loader = self.inner.loader.clone();
+            let key = id.clone();
+            let result = tokio::task::spawn_blocking(move || loader.prefetch(&key)).await;
+            match result {
+                Ok(Ok(bytes)) => {
+                    metrics::prefetched(&id);
+                    tracing::info!(model = %id, bytes, "model prefetched into host memory");
+                    done.push(id.to_string());
+                }
+                Ok(Err(e)) => tracing::warn!(model = %id, error = %e, "prefetch failed"),
+                Err(e) => tracing::warn!(model = %id, error = %e, "prefetch task failed"),
+            }
+        }
+        done
     }
 
     /// Every model's state, in configuration order.
@@ -644,6 +739,23 @@ impl<L: Loader> State<L> {
 }
 
 impl<L: Loader> Entry<L> {
+    /// Counts a request at `now`, forgetting those older than `window`.
+    fn note_demand(&mut self, now: Instant, window: Duration) {
+        self.note_demand_expiry(now, window);
+        self.demand.push_back(now);
+    }
+
+    /// Forgets requests older than `window`.
+    fn note_demand_expiry(&mut self, now: Instant, window: Duration) {
+        while self
+            .demand
+            .front()
+            .is_some_and(|&t| now.duration_since(t) > window)
+        {
+            self.demand.pop_front();
+        }
+    }
+
     /// Loaded, with no request holding it.
     fn evictable(&self) -> bool {
         matches!(&self.slot, Slot::Loaded(m) if Arc::strong_count(m) == 1)

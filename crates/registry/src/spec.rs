@@ -45,3 +45,26 @@ pub struct Budget {
     /// Longest a request waits for its model to load.
     pub load_wait: Duration,
 }
+
+/// Bringing back into host memory, ahead of their next request, models
+/// asked for often lately that hold no warm copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prefetch {
+    /// How far back demand is counted.
+    pub window: Duration,
+    /// Requests within the window that make a model worth prefetching.
+    pub min_requests: usize,
+    /// Models prefetched per window at most (0: never).
+    pub max_per_window: usize,
+}
+
+impl Default for Prefetch {
+    /// Off.
+    fn default() -> Self {
+        Self {
+            window: Duration::from_secs(300),
+            min_requests: 2,
+            max_per_window: 0,
+        }
+    }
+}

@@ -15,6 +15,7 @@ struct Fake {
     loads: AtomicUsize,
     warm_loads: AtomicUsize,
     unloads: AtomicUsize,
+    prefetches: Mutex<Vec<String>>,
     live: Arc<Mutex<Vec<String>>>,
 }
 
@@ -57,6 +58,11 @@ impl Loader for Fake {
             id: id.to_string(),
             live: self.live.clone(),
         })
+    }
+
+    fn prefetch(&self, id: &str) -> Result<u64, String> {
+        self.prefetches.lock().unwrap().push(id.to_string());
+        Ok(self.sizes[id])
     }
 
     fn unload(&self, id: &str, model: FakeModel) -> Option<(String, u64)> {
@@ -267,4 +273,41 @@ async fn a_hundred_switches_leak_nothing() {
     assert_eq!(r.used().0, 0);
     assert_eq!(r.loader().live.lock().unwrap().len(), before);
     assert!(r.used().1 <= 70);
+}
+
+#[tokio::test]
+async fn models_in_demand_without_a_warm_copy_are_prefetched_once_per_window() {
+    // No host budget: evicted models keep no warm copy.
+    let r = registry(&[("a", 10), ("b", 10), ("c", 10)], 10, 0).with_prefetch(crate::Prefetch {
+        window: Duration::from_secs(60),
+        min_requests: 2,
+        max_per_window: 1,
+    });
+    for m in ["a", "b", "a", "b", "c", "a"] {
+        r.note_request(m);
+        drop(r.acquire(m).await.unwrap());
+        drop(r.acquire(m).await.unwrap()); // a second lease is not demand
+    }
+    // a is loaded; b (asked twice) and c (once) are not: b is prefetched.
+    assert_eq!(r.prefetch_demanded().await, vec!["b".to_string()]);
+    assert_eq!(
+        *r.loader().prefetches.lock().unwrap(),
+        vec!["b".to_string()]
+    );
+    // Not again within the window, and the per-window bound holds.
+    for m in ["c", "a"] {
+        r.note_request(m);
+        drop(r.acquire(m).await.unwrap());
+    }
+    assert!(r.prefetch_demanded().await.is_empty());
+}
+
+#[tokio::test]
+async fn prefetch_is_off_by_default() {
+    let r = registry(&[("a", 10), ("b", 10)], 10, 0);
+    for m in ["b", "a", "b", "a"] {
+        r.note_request(m);
+        drop(r.acquire(m).await.unwrap());
+    }
+    assert!(r.prefetch_demanded().await.is_empty());
 }

@@ -410,7 +410,11 @@ impl ModelRunner for CpuRunner {
 
     fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<&[f32], RunnerError> {
         ingot_runner::validate_batch(&self.config, self.kv_shape, batch)?;
-        if self.kv.first().is_some_and(|kv| kv.k.len() != self.kv_slots()) {
+        if self
+            .kv
+            .first()
+            .is_some_and(|kv| kv.k.len() != self.kv_slots())
+        {
             return Err(RunnerError::Backend("the model is asleep".into()));
         }
         // Run the whole step on a pool thread: each of the ~10 parallel

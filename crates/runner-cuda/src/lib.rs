@@ -349,7 +349,8 @@ impl CudaRunner {
             .as_ref()
             .ok_or_else(|| CudaError::Unsupported("asleep without a host copy".into()))?;
         self.weights.arena.remap()?;
-        self.gpu.upload(self.weights.arena.base(), host.as_slice())?;
+        self.gpu
+            .upload(self.weights.arena.base(), host.as_slice())?;
         self.buffers.remap(&self.gpu)?;
         self.gpu.sync()?;
         self.asleep = false;

@@ -45,6 +45,8 @@ impl ServedModel {
 pub type FootprintFn = Arc<dyn Fn(&str) -> Result<u64, String> + Send + Sync>;
 /// Builds a model's engine (slow, blocking).
 pub type LoadFn = Arc<dyn Fn(&str) -> Result<EngineHandle, String> + Send + Sync>;
+/// Brings a model's files into the page cache; returns the bytes asked for.
+pub type PrefetchFn = Arc<dyn Fn(&str) -> Result<u64, String> + Send + Sync>;
 
 /// How the binary sizes and builds engines.
 pub struct EngineLoader {
@@ -52,6 +54,8 @@ pub struct EngineLoader {
     pub footprint: FootprintFn,
     /// Builds its engine.
     pub load: LoadFn,
+    /// Reads its files ahead.
+    pub prefetch: PrefetchFn,
     /// Put evicted engines to sleep instead of dropping them (the registry
     /// has a host budget for them).
     pub keep_warm: bool,
@@ -78,6 +82,10 @@ impl Loader for EngineLoader {
             }
         }
         (self.load)(id).map(ServedModel::new)
+    }
+
+    fn prefetch(&self, id: &str) -> Result<u64, String> {
+        (self.prefetch)(id)
     }
 
     fn unload(&self, id: &str, model: ServedModel) -> Option<(ServedModel, u64)> {

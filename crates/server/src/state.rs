@@ -130,6 +130,7 @@ impl AppState {
             return Err(ApiError::Unavailable("the model is still loading".into()));
         }
         let name = requested.unwrap_or(&self.inner.model_name);
+        models.note_request(name);
         let lease = models.acquire(name).await?;
         let mut lens = lock(&self.inner.max_model_len);
         // Known after a model's first request: no key allocated per request.

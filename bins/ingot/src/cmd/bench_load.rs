@@ -8,7 +8,7 @@
 //!   memory given back, weights kept in host memory) and woken, as the
 //!   registry does when a model it evicted is asked for again.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use clap::Args;
@@ -16,7 +16,7 @@ use ingot_core::{SamplingParams, TokenId};
 use ingot_engine::EngineHandle;
 
 use crate::cmd::bench::run_once;
-use crate::model::{load_engine, ModelArgs};
+use crate::model::{load_engine, model_files, ModelArgs};
 use crate::settings::{self, FlagSet};
 
 /// Flags of `ingot bench load`.
@@ -87,7 +87,11 @@ pub fn run(args: LoadArgs) -> anyhow::Result<()> {
     let config = args.model.load(FlagSet::default())?.config;
     let path = settings::model_path(&config)?.to_path_buf();
     let dummy = config.model.load_format == ingot_config::LoadFormat::Dummy;
-    let files = if dummy { Vec::new() } else { model_files(&path) };
+    let files = if dummy {
+        Vec::new()
+    } else {
+        model_files(&path)
+    };
     let (mut cold, mut warm_cache, mut switch) =
         (Samples::default(), Samples::default(), Samples::default());
     let mut dropped_all = !files.is_empty();
@@ -126,7 +130,11 @@ pub fn run(args: LoadArgs) -> anyhow::Result<()> {
     } else {
         println!("device: {device}\nmodel:  {}", path.display());
         if !cold.ready.is_empty() {
-            let how = if dropped_all { "" } else { " (not all pages dropped)" };
+            let how = if dropped_all {
+                ""
+            } else {
+                " (not all pages dropped)"
+            };
             println!("{}", cold.line(&format!("load, page cache dropped{how}")));
         }
         println!("{}", warm_cache.line("load, page cache warm"));
@@ -148,21 +156,6 @@ fn load_timed(config: &ingot_config::Config) -> anyhow::Result<(EngineHandle, f6
 fn first_token(engine: &EngineHandle) -> anyhow::Result<f64> {
     let prompt: Vec<TokenId> = (1..=16).collect();
     Ok(run_once(engine, prompt, 1, SamplingParams::default())?.first_token)
-}
-
-/// The files a model is read from: the file itself, or a directory's files.
-fn model_files(path: &Path) -> Vec<PathBuf> {
-    if path.is_file() {
-        return vec![path.to_path_buf()];
-    }
-    std::fs::read_dir(path)
-        .map(|dir| {
-            dir.filter_map(Result::ok)
-                .map(|e| e.path())
-                .filter(|p| p.is_file())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// Asks the kernel to drop `file`'s clean pages from the page cache; true
