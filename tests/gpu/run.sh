@@ -15,7 +15,8 @@
 #   logprobs  the same two with 5 top logprobs per token (also on the GPU)
 #   serve     the HTTP server on CUDA with curl (serve_smoke.sh), 8B dummy
 #   cache     response cache hit and coalescing on CUDA (cache_smoke.sh), 8B dummy
-#   models    two SmolLM2 GGUFs, then two 1B dummies, under a budget of one: warm switch times (models_smoke.sh)
+#   models    two SmolLM2 GGUFs, then two 1B dummies, under a budget of one: warm switch times
+#             (models_smoke.sh); two 1B dummies with default budget and KV shares (models_share.sh)
 #   torch     PyTorch eager baselines for the bench shapes
 #   ncu       ncu sections of the decode attention at 256 x 1k (one launch)
 #   ncu1      per-kernel time and bandwidth of one batch-1 decode step (8B)
@@ -109,7 +110,8 @@ for phase in "$@"; do
     models)
       mkdir -p "$W/llama1b-dummy"; cp tests/gpu/configs/llama-3.2-1b/config.json "$W"/tokenizers/llama3/* "$W/llama1b-dummy/"
       if [ -f "$SMOL" ]; then bash tests/gpu/models_smoke.sh "$ING_RAW" SmolLM2-135M "$SMOL" 600MB; else echo "no SmolLM2 bundle"; fi
-      bash tests/gpu/models_smoke.sh "$ING_RAW" "1B dummy" "$W/llama1b-dummy" 4GB dummy ;;
+      bash tests/gpu/models_smoke.sh "$ING_RAW" "1B dummy" "$W/llama1b-dummy" 4GB dummy
+      bash tests/gpu/models_share.sh "$ING_RAW" "$W/llama1b-dummy" ;;
     cache) bash tests/gpu/cache_smoke.sh "$ING_RAW" "$(llama8b)" --load-format dummy --max-model-len 4096 --max-num-seqs 32 ;;
     torch)
       M=$(llama8b)

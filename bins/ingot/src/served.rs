@@ -58,18 +58,12 @@ fn entry_config(base: &Config, e: &ModelEntry) -> Config {
 pub fn registry(config: &Config, entries: Vec<ModelEntry>) -> anyhow::Result<Models> {
     // One pool for every CPU model, sized once.
     crate::model::size_thread_pool(config.model.threads)?;
-    if entries.len() > 1 && on_gpu(config) {
-        let unsized_kv =
-            |e: &&ModelEntry| e.kv_cache_tokens.or(config.model.kv_cache_tokens).is_none();
-        if let Some(e) = entries.iter().find(unsized_kv) {
-            anyhow::bail!(
-                "models[{}] ({}): several models on the GPU need kv_cache_tokens each (in the entry or [model]); \
-                 without it an engine takes model.gpu_memory_utilization of all free memory for its KV cache",
-                entries.iter().position(|x| x.id == e.id).unwrap_or(0),
-                e.id
-            );
-        }
-    }
+    let device_budget = device_budget(config)?;
+    let entries = if entries.len() > 1 && on_gpu(config) {
+        with_kv_shares(config, entries, device_budget)?
+    } else {
+        entries
+    };
     let specs = entries
         .iter()
         .map(|e| ModelSpec {
@@ -121,7 +115,7 @@ pub fn registry(config: &Config, entries: Vec<ModelEntry>) -> anyhow::Result<Mod
         Ok(handle)
     });
     let budget = Budget {
-        device_bytes: device_budget(config),
+        device_bytes: device_budget,
         host_bytes: host_budget(config),
         load_wait: config.registry.load_wait.get(),
     };
@@ -176,20 +170,59 @@ fn host_budget(config: &Config) -> u64 {
 }
 
 /// `[registry] device_budget`, else on the CPU three quarters of physical
-/// memory; on the GPU each engine sizes itself from
-/// `model.gpu_memory_utilization` as with one model, so without a budget
-/// the registry does not limit it.
-fn device_budget(config: &Config) -> u64 {
+/// memory and on the GPU `model.gpu_memory_utilization` of its memory.
+fn device_budget(config: &Config) -> anyhow::Result<u64> {
     if let Some(b) = config.registry.device_budget {
-        return b.bytes();
+        return Ok(b.bytes());
     }
     if on_gpu(config) {
-        u64::MAX / 2
+        let (_, total) = ingot_runner_cuda::device_memory(0)
+            .context("cannot read the GPU's memory for the registry's budget")?;
+        Ok((total as f64 * config.model.gpu_memory_utilization) as u64)
     } else {
-        physical_memory().map_or(u64::MAX / 2, |m| m / 4 * 3)
+        Ok(physical_memory().map_or(u64::MAX / 2, |m| m / 4 * 3))
     }
 }
 
+/// Slack per GPU model beside weights and KV: activations, cuBLASLt's
+/// workspace, graphs and the sampler (measured at 60-160 MiB for 135M-8B).
+const GPU_WORKSPACE_SLACK: u64 = 512 << 20;
+
+/// Several models on one GPU: each entry without `kv_cache_tokens` gets
+/// the KV cache of an equal share of the budget (less its weights and
+/// workspace), so every model fits at once, instead of one engine taking
+/// `model.gpu_memory_utilization` of all free memory.
+fn with_kv_shares(
+    config: &Config,
+    mut entries: Vec<ModelEntry>,
+    budget: u64,
+) -> anyhow::Result<Vec<ModelEntry>> {
+    let n = entries.len() as u64;
+    let share = budget / n;
+    for (i, e) in entries.iter_mut().enumerate() {
+        if e.kv_cache_tokens.or(config.model.kv_cache_tokens).is_some() {
+            continue;
+        }
+        let c = entry_config(config, e);
+        let (_, model) = metadata(&c)?;
+        let weights = model.num_params() as u64 * 2;
+        let per_token = (CpuRunner::kv_bytes_per_token(&model) / 2).max(1) as u64;
+        let tokens = share.saturating_sub(weights + GPU_WORKSPACE_SLACK) / per_token;
+        let block = c.engine.block_size as u64;
+        anyhow::ensure!(
+            tokens >= block,
+            "models[{i}] ({}): its share of registry.device_budget ({} MiB of {} MiB for {} models) \
+             does not hold its weights ({} MiB) and a KV cache; set kv_cache_tokens or a larger budget",
+            e.id,
+            share >> 20,
+            budget >> 20,
+            n,
+            weights >> 20
+        );
+        e.kv_cache_tokens = Some((tokens / block * block) as usize);
+    }
+    Ok(entries)
+}
 /// Whether the engines will run on the GPU.
 fn on_gpu(config: &Config) -> bool {
     match config.model.device {
@@ -207,13 +240,11 @@ fn physical_memory() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// Device bytes of a model once loaded: its weights as the backend holds
-/// them (bf16 on the GPU; on the CPU the file's quantized blocks on the
-/// native path, else f32 or bf16) plus its KV cache, read from the model's
-/// metadata without loading weights.
-fn footprint(c: &Config) -> anyhow::Result<u64> {
+/// A model's files opened for their metadata (no weights, no tokenizer: a
+/// 128k vocabulary takes ~0.4 s to build) and its config under
+/// `max_model_len`.
+fn metadata(c: &Config) -> anyhow::Result<(ingot_models::ModelFiles, ingot_models::ModelConfig)> {
     let path: &Path = settings::model_path(c)?;
-    // Metadata only: no tokenizer (a 128k vocabulary takes ~0.4 s to build).
     let format = match c.model.load_format {
         ingot_config::LoadFormat::Dummy => ingot_models::LoadFormat::Dummy,
         ingot_config::LoadFormat::Auto => ingot_models::LoadFormat::Auto,
@@ -224,6 +255,16 @@ fn footprint(c: &Config) -> anyhow::Result<u64> {
     if let Some(len) = c.model.max_model_len {
         model.max_context = model.max_context.min(len.max(1));
     }
+    Ok((files, model))
+}
+
+/// Device bytes of a model once loaded: its weights as the backend holds
+/// them (bf16 on the GPU; on the CPU the file's quantized blocks on the
+/// native path, else f32 or bf16) plus its KV cache, read from the model's
+/// metadata without loading weights.
+fn footprint(c: &Config) -> anyhow::Result<u64> {
+    let path: &Path = settings::model_path(c)?;
+    let (files, model) = metadata(c)?;
     let params = model.num_params() as u64;
     let cpu = !on_gpu(c);
     let weights = if !cpu {

@@ -83,6 +83,15 @@ pub fn availability() -> Result<(), CudaError> {
     Ok(())
 }
 
+/// Free and total bytes of device `ordinal`'s memory (opens its primary
+/// context, which the runner later shares).
+pub fn device_memory(ordinal: usize) -> Result<(usize, usize), CudaError> {
+    availability()?;
+    let ctx = cudarc::driver::CudaContext::new(ordinal)?;
+    ctx.bind_to_thread()?;
+    Ok(cudarc::driver::result::mem_get_info()?)
+}
+
 /// Checks a `cuda.l2_prefetch` spec (`<MiB>[:<mode>]`) without a GPU, so a
 /// config can be validated anywhere.
 pub fn check_l2_prefetch(spec: &str) -> Result<(), CudaError> {
@@ -169,6 +178,11 @@ impl MemoryReport {
     }
 }
 
+/// Milliseconds since `t`.
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
 /// A decode step launched before the engine asked for it (the engine's
 /// `expect_next` hint): used if the next batch is exactly the expected one.
 struct Speculation {
@@ -232,10 +246,14 @@ impl CudaRunner {
     ) -> Result<Self, CudaError> {
         // A bad spec fails before any GPU work.
         let prefetch = L2PrefetchSpec::parse(opts.l2_prefetch.as_deref())?;
+        let started = Instant::now();
         let gpu = Gpu::open(opts.device, opts.pdl, opts.check)?;
         let kernels = Kernels::load(&gpu, &config, prefetch)?;
         let (_, total) = gpu.memory()?;
+        let context_ms = ms_since(started);
+        let weights_started = Instant::now();
         let weights = DeviceWeights::load(&gpu, &config, source, progress)?;
+        let weights_ms = ms_since(weights_started);
         let max_tokens = opts.max_num_batched_tokens.max(opts.max_num_seqs);
         let max_seqs = opts.max_num_seqs;
         let mut workspace = Arena::new(
@@ -288,7 +306,9 @@ impl CudaRunner {
             opts,
         };
         runner.memory.workspace = runner.buffers.workspace_size();
+        let prefill_started = Instant::now();
         runner.profile_and_allocate_kv()?;
+        let prefill_ms = ms_since(prefill_started);
         // A batch's seen tokens are at most its sequences' tokens, which
         // all sit in the KV pool.
         let sampler = DeviceSampler::new(
@@ -298,10 +318,22 @@ impl CudaRunner {
         )?;
         runner.memory.workspace += sampler.bytes();
         runner.sampler = Some(sampler);
+        let graphs_started = Instant::now();
         if runner.opts.cuda_graphs {
             runner.capture_graphs()?;
         }
         runner.gemm.tune = false;
+        // Where a cold start goes: the first request pays none of it (the
+        // warm-up prefill ran at the largest step, and each graph's decode
+        // ran once eagerly before its capture).
+        tracing::info!(
+            context_ms,
+            weights_ms,
+            warmup_prefill_ms = prefill_ms,
+            graphs_and_warmup_decode_ms = ms_since(graphs_started),
+            total_ms = ms_since(started),
+            "GPU load breakdown"
+        );
         // Set after start-up so the profiling pass and warm-up are not counted.
         runner.profiler = runner.opts.profile.then(Profiler::default);
         Ok(runner)
