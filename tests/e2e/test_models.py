@@ -374,12 +374,15 @@ def test_evicted_models_sleep_in_host_memory_and_wake_fast_with_the_same_answers
 def test_a_hundred_warm_switches_leak_nothing(warm):
     for i in range(10):
         first_token_seconds(warm, ["left", "right"][i % 2])
-    settled = rss(warm)
+    settled, before = rss(warm), admin(warm)
     for i in range(100):
         first_token_seconds(warm, ["left", "right"][i % 2])
     grown = rss(warm) - settled
     assert grown < 64 << 20, f"RSS grew by {grown >> 20} MiB over 100 warm switches"
     a = admin(warm)
+    # the same model is loaded as before, the other asleep: the same bytes
+    assert (a["device_bytes_used"], a["host_bytes_used"]) == \
+        (before["device_bytes_used"], before["host_bytes_used"]), (before, a)
     assert a["device_bytes_used"] == max(m["device_bytes"] for m in a["data"]), a
 
 
