@@ -60,7 +60,7 @@ impl GrammarCompiler {
         if let Some(e) = matcher.get_error() {
             return Err(GrammarError::from_compile(e));
         }
-        Ok(Grammar::new(matcher))
+        Ok(Grammar::new(matcher, spec.clone()))
     }
 
     /// Tokens the grammar engine knows (masks cover this many ids).

@@ -1,7 +1,9 @@
 //! One output's grammar state: which tokens may come next, and the tokens
 //! that came.
 
-use ingot_core::TokenId;
+use std::sync::Arc;
+
+use ingot_core::{GrammarSpec, TokenId};
 use llguidance::Matcher;
 
 use crate::GrammarError;
@@ -15,6 +17,7 @@ pub type TokenMask = Vec<u32>;
 #[derive(Clone)]
 pub struct Grammar {
     matcher: Matcher,
+    spec: Arc<GrammarSpec>,
 }
 
 impl std::fmt::Debug for Grammar {
@@ -26,8 +29,16 @@ impl std::fmt::Debug for Grammar {
 }
 
 impl Grammar {
-    pub(crate) fn new(matcher: Matcher) -> Self {
-        Self { matcher }
+    pub(crate) fn new(matcher: Matcher, spec: GrammarSpec) -> Self {
+        Self {
+            matcher,
+            spec: Arc::new(spec),
+        }
+    }
+
+    /// What it was compiled from (part of the request key).
+    pub fn spec(&self) -> &GrammarSpec {
+        &self.spec
     }
 
     /// The tokens allowed next (only end-of-sequence once the grammar is

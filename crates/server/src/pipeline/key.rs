@@ -119,6 +119,7 @@ mod tests {
                 ..Default::default()
             },
             priority: Priority::Normal,
+            grammar: None,
         }
     }
 

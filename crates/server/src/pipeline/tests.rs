@@ -124,6 +124,7 @@ fn greedy(prompt: &[u32], max_tokens: usize) -> EngineRequest {
             ..Default::default()
         },
         priority: Priority::Normal,
+        grammar: None,
     }
 }
 
