@@ -8,6 +8,8 @@ mod error;
 pub mod models;
 mod parse;
 pub mod sampling;
+pub mod structured;
+pub mod tools;
 pub mod tokenize;
 pub mod usage;
 
