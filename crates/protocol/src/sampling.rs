@@ -109,7 +109,7 @@ pub struct ValidSampling {
     pub user: Option<String>,
     /// The grammar the output must follow (structured output; filled in by
     /// the endpoint).
-    pub grammar: Option<ingot_core::GrammarSpec>,
+    pub grammar: Option<crate::structured::OutputGrammar>,
 }
 
 impl SamplingFields {

@@ -19,16 +19,30 @@ const FORMS: [(&str, &str); 4] = [
     ("grammar", "guided_grammar"),
 ];
 
+/// A request's output grammar and the field it came from (errors about
+/// the grammar name that field).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputGrammar {
+    /// The field, e.g. `response_format.json_schema.schema`.
+    pub param: String,
+    /// The grammar.
+    pub spec: GrammarSpec,
+}
+
 /// Longest grammar source accepted (a schema, regex or grammar), in bytes.
 pub const MAX_GRAMMAR_BYTES: usize = 1 << 20;
 
 /// The request's output grammar, if it asks for one. At most one form may
 /// be given.
-pub fn parse_grammar(body: &Value) -> Result<Option<GrammarSpec>, ProtocolError> {
+pub fn parse_grammar(body: &Value) -> Result<Option<OutputGrammar>, ProtocolError> {
     let mut found: Vec<(String, GrammarSpec)> = Vec::new();
     if let Some(rf) = body.get("response_format").filter(|v| !v.is_null()) {
         if let Some(spec) = response_format(rf)? {
-            found.push(("response_format".into(), spec));
+            let param = match spec {
+                GrammarSpec::JsonSchema(ref s) if s == ANY_OBJECT => "response_format",
+                _ => "response_format.json_schema.schema",
+            };
+            found.push((param.into(), spec));
         }
     }
     for (short, long) in FORMS {
@@ -84,7 +98,9 @@ pub fn parse_grammar(body: &Value) -> Result<Option<GrammarSpec>, ProtocolError>
             ));
         }
     }
-    Ok(found.pop().map(|f| f.1))
+    Ok(found
+        .pop()
+        .map(|(param, spec)| OutputGrammar { param, spec }))
 }
 
 /// The JSON schema that accepts any JSON object (`json_object` mode).
@@ -215,7 +231,7 @@ mod tests {
     use serde_json::json;
 
     fn spec(body: Value) -> Option<GrammarSpec> {
-        parse_grammar(&body).unwrap()
+        parse_grammar(&body).unwrap().map(|g| g.spec)
     }
 
     fn err(body: Value) -> ProtocolError {

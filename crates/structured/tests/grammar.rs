@@ -105,3 +105,25 @@ fn unsupported_schema_features_are_named() {
         .unwrap_err();
     assert!(matches!(e, GrammarError::Invalid(_)), "{e:?}");
 }
+
+#[test]
+fn lark_grammars_embed_json_schemas_between_literals() {
+    // The shape of a Hermes tool-call grammar (crates/server/src/tools).
+    let schema = ingot_structured::with_layout(serde_json::json!({
+        "type": "object",
+        "properties": {"name": {"const": "f"}, "arguments": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}},
+        "required": ["name", "arguments"],
+        "additionalProperties": false
+    }));
+    let src = format!(
+        "start: block (\"\\n\" block)*\nblock: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: fn0\nfn0: %json {schema}\n"
+    );
+    let mut g = compiler().compile(&GrammarSpec::Lark(src)).unwrap();
+    assert!(feed(
+        &mut g,
+        "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 3}}\n</tool_call>"
+    ));
+    assert!(!g.is_finished(), "more calls may follow");
+    let mask = g.mask().unwrap();
+    assert!(tokenizer().eos_ids().iter().any(|&e| allowed(&mask, e)));
+}
