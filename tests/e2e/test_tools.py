@@ -83,8 +83,11 @@ def test_required_always_calls_with_valid_arguments(client, model_name, parallel
             seed=seed,
         )
         choice = r.choices[0]
-        assert choice.finish_reason == "tool_calls", choice
+        # A small model may keep adding parallel calls until max_tokens;
+        # the complete ones are returned and a cut-off one is not content.
+        assert choice.finish_reason == "tool_calls" or (parallel and choice.finish_reason == "length"), choice
         assert choice.message.tool_calls, choice
+        assert choice.message.content is None, choice
         if not parallel:
             assert len(choice.message.tool_calls) == 1
         for call in choice.message.tool_calls:
@@ -108,8 +111,11 @@ def test_a_named_function_is_the_one_called(client, model_name):
         check_call("get_time", calls[0].function.arguments)
 
 
-def test_streamed_deltas_reassemble_to_the_same_calls(client, model_name):
-    kw = dict(model=model_name, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=MAX_TOKENS, temperature=0)
+@pytest.mark.parametrize("parallel", [True, False])
+def test_streamed_deltas_reassemble_to_the_same_calls(client, model_name, parallel):
+    kw = dict(
+        model=model_name, messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=parallel, max_tokens=MAX_TOKENS, temperature=0
+    )
     whole = client.chat.completions.create(**kw).choices[0].message.tool_calls
     calls: dict[int, dict] = {}
     finish = None
@@ -125,7 +131,7 @@ def test_streamed_deltas_reassemble_to_the_same_calls(client, model_name):
                 if d.function and d.function.arguments:
                     entry["arguments"] += d.function.arguments
             finish = c.finish_reason or finish
-    assert finish == "tool_calls"
+    assert finish == "tool_calls" or (parallel and finish == "length")
     got = [(calls[i]["name"], json.loads(calls[i]["arguments"])) for i in sorted(calls)]
     want = [(c.function.name, json.loads(c.function.arguments)) for c in whole]
     assert got == want

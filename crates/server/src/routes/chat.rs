@@ -195,6 +195,12 @@ struct Meta {
     tools: Option<(ToolFormat, ToolChoice)>,
 }
 
+/// Whether the grammar made the whole answer calls: any text left over is
+/// a call cut short by `max_tokens`, not content.
+fn is_forced(choice: &ToolChoice) -> bool {
+    matches!(choice, ToolChoice::Required | ToolChoice::Named(_))
+}
+
 /// OpenAI's finish reason of an answer that called tools (a forced,
 /// named call finishes with "stop", as OpenAI's do).
 fn finish_with_calls(choice: &ToolChoice, reason: &'static str) -> &'static str {
@@ -240,7 +246,7 @@ impl Meta {
             .collect();
         let message = AssistantMessage {
             role: "assistant",
-            content: answer.content,
+            content: answer.content.filter(|_| !is_forced(choice)),
             tool_calls: Some(calls),
         };
         (message, finish_with_calls(choice, reason))
@@ -316,6 +322,7 @@ impl ChatChunks {
         let mut out = Vec::new();
         for piece in pieces {
             match piece {
+                Piece::Content(_) if self.meta.tools.as_ref().is_some_and(|t| is_forced(&t.1)) => {}
                 Piece::Content(text) => {
                     let delta = ChatDelta {
                         content: Some(text),
