@@ -22,11 +22,11 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::Sender;
 
 use crate::decoding::{Decoding, TokenOutput};
-use crate::masks::MaskWorker;
 use crate::handle::{
     Command, Completion, EngineHandle, EngineStats, GeneratedToken, Limits, RequestId, Shared,
     TokenEvent,
 };
+use crate::masks::MaskWorker;
 use crate::metrics::{Metrics, MetricsConfig};
 
 /// Engine settings (the scheduler's plus the engine's own).

@@ -59,7 +59,11 @@ impl MaskWorker {
         }
         let submitted: Vec<usize> = rows.iter().map(|r| r.0).collect();
         let (reply, rx) = mpsc::sync_channel(1);
-        let rx = self.jobs.send(Job { rows, total, reply }).is_ok().then_some(rx);
+        let rx = self
+            .jobs
+            .send(Job { rows, total, reply })
+            .is_ok()
+            .then_some(rx);
         PendingMasks {
             computed: gone(&submitted),
             rx,

@@ -431,7 +431,11 @@ fn logprobs_do_not_change_greedy_tokens() {
     assert_eq!(plain, with_logprobs);
 }
 
-fn constrained(e: &EngineHandle, mut req: EngineRequest, spec: ingot_core::GrammarSpec) -> EngineRequest {
+fn constrained(
+    e: &EngineHandle,
+    mut req: EngineRequest,
+    spec: ingot_core::GrammarSpec,
+) -> EngineRequest {
     req.grammar = Some(e.grammar_compiler().unwrap().compile(&spec).unwrap());
     req.stop.ignore_eos = false;
     req
@@ -458,7 +462,8 @@ fn grammar_constrained_output_follows_the_grammar_and_ends_with_it() {
         let (tokens, reason) = run(&e, req);
         assert_eq!(reason, FinishReason::Stop);
         let out = text(&tokens);
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{out:?}: {e}"));
+        let v: serde_json::Value =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("{out:?}: {e}"));
         assert!(v["ok"].is_boolean(), "{out}");
         assert!(v["colour"] == "red" || v["colour"] == "green", "{out}");
     }
@@ -485,15 +490,24 @@ fn constrained_and_free_requests_batch_together_and_survive_preemption() {
         })
         .collect();
     let alone: Vec<_> = reqs.iter().map(|r| run(&e, r.clone()).0).collect();
-    let before = e.stats().preemptions.load(std::sync::atomic::Ordering::Relaxed);
+    let before = e
+        .stats()
+        .preemptions
+        .load(std::sync::atomic::Ordering::Relaxed);
     let together = run_concurrently(&e, reqs);
     assert_eq!(alone, together);
     assert!(
-        e.stats().preemptions.load(std::sync::atomic::Ordering::Relaxed) > before,
+        e.stats()
+            .preemptions
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > before,
         "test needs preemption"
     );
     for tokens in together.iter().step_by(2) {
         let out = text(tokens);
-        assert!(out.len() == 30 && out.bytes().all(|b| b.is_ascii_lowercase()), "{out:?}");
+        assert!(
+            out.len() == 30 && out.bytes().all(|b| b.is_ascii_lowercase()),
+            "{out:?}"
+        );
     }
 }

@@ -9,8 +9,8 @@ pub mod models;
 mod parse;
 pub mod sampling;
 pub mod structured;
-pub mod tools;
 pub mod tokenize;
+pub mod tools;
 pub mod usage;
 
 pub use error::ProtocolError;

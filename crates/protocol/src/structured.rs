@@ -138,7 +138,10 @@ fn response_format(rf: &Value) -> Result<Option<GrammarSpec>, ProtocolError> {
                     ))
                 }
             }
-            if js.get("strict").is_some_and(|s| !s.is_boolean() && !s.is_null()) {
+            if js
+                .get("strict")
+                .is_some_and(|s| !s.is_boolean() && !s.is_null())
+            {
                 return Err(ProtocolError::field(
                     "response_format.json_schema.strict",
                     "response_format.json_schema.strict must be a boolean",
@@ -146,7 +149,10 @@ fn response_format(rf: &Value) -> Result<Option<GrammarSpec>, ProtocolError> {
             }
             // strict or not, the output follows the schema: a grammar is
             // exact or refused, never approximated.
-            let schema = js.get("schema").cloned().unwrap_or(Value::Object(Map::new()));
+            let schema = js
+                .get("schema")
+                .cloned()
+                .unwrap_or(Value::Object(Map::new()));
             schema_spec("response_format.json_schema.schema", schema).map(Some)
         }
         Some(other) => Err(ProtocolError::field(
@@ -208,7 +214,12 @@ fn guided(param: &str, form: &str, v: &Value) -> Result<GrammarSpec, ProtocolErr
 
 /// A list of strings, one of which must be the whole output.
 fn choice(param: &str, v: &Value) -> Result<GrammarSpec, ProtocolError> {
-    let bad = || ProtocolError::field(param, format!("{param} must be a non-empty list of strings"));
+    let bad = || {
+        ProtocolError::field(
+            param,
+            format!("{param} must be a non-empty list of strings"),
+        )
+    };
     let items = v.as_array().filter(|a| !a.is_empty()).ok_or_else(bad)?;
     let mut alternatives = Vec::with_capacity(items.len());
     for item in items {
@@ -222,7 +233,10 @@ fn choice(param: &str, v: &Value) -> Result<GrammarSpec, ProtocolError> {
         // A JSON string literal is a Lark string literal.
         alternatives.push(Value::String(s.to_owned()).to_string());
     }
-    Ok(GrammarSpec::Lark(format!("start: {}", alternatives.join(" | "))))
+    Ok(GrammarSpec::Lark(format!(
+        "start: {}",
+        alternatives.join(" | ")
+    )))
 }
 
 #[cfg(test)]
@@ -249,7 +263,9 @@ mod tests {
         let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
         let want = Some(GrammarSpec::JsonSchema(schema.to_string()));
         assert_eq!(
-            spec(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}}})),
+            spec(
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}}})
+            ),
             want
         );
         assert_eq!(spec(json!({"guided_json": schema})), want);
@@ -272,17 +288,24 @@ mod tests {
     #[test]
     fn bad_forms_name_their_field() {
         let param = |e: ProtocolError| e.param.unwrap_or_default();
-        assert_eq!(param(err(json!({"response_format": {"type": "xml"}}))), "response_format.type");
+        assert_eq!(
+            param(err(json!({"response_format": {"type": "xml"}}))),
+            "response_format.type"
+        );
         assert_eq!(
             param(err(json!({"response_format": {"type": "json_schema"}}))),
             "response_format.json_schema"
         );
         assert_eq!(
-            param(err(json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}))),
+            param(err(
+                json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}})
+            )),
             "response_format.json_schema.name"
         );
         assert_eq!(
-            param(err(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": 3}}}))),
+            param(err(
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": 3}}})
+            )),
             "response_format.json_schema.schema"
         );
         assert_eq!(param(err(json!({"guided_choice": []}))), "guided_choice");

@@ -156,12 +156,15 @@ fn tool(i: usize, t: &Value) -> Result<ToolDef, ProtocolError> {
             format!("{param}.type must be \"function\""),
         ));
     }
-    let f = t.get("function").and_then(Value::as_object).ok_or_else(|| {
-        ProtocolError::field(
-            &format!("{param}.function"),
-            format!("{param}.function must be an object with a name"),
-        )
-    })?;
+    let f = t
+        .get("function")
+        .and_then(Value::as_object)
+        .ok_or_else(|| {
+            ProtocolError::field(
+                &format!("{param}.function"),
+                format!("{param}.function must be an object with a name"),
+            )
+        })?;
     let name = f
         .get("name")
         .and_then(Value::as_str)
@@ -256,7 +259,9 @@ mod tests {
     #[test]
     fn tools_and_choices_parse() {
         assert_eq!(parse_tools(&json!({})).unwrap(), None);
-        let t = parse_tools(&json!({"tools": [weather()]})).unwrap().unwrap();
+        let t = parse_tools(&json!({"tools": [weather()]}))
+            .unwrap()
+            .unwrap();
         assert_eq!(t.choice, ToolChoice::Auto);
         assert!(t.parallel);
         assert_eq!(t.tools[0].name, "get_weather");
@@ -266,7 +271,9 @@ mod tests {
         assert_eq!(t.choice, ToolChoice::Named("get_weather".into()));
         assert!(!t.parallel);
         assert_eq!(t.callable().len(), 1);
-        let t = parse_tools(&json!({"tools": [weather()], "tool_choice": "required"})).unwrap().unwrap();
+        let t = parse_tools(&json!({"tools": [weather()], "tool_choice": "required"}))
+            .unwrap()
+            .unwrap();
         assert_eq!(t.choice, ToolChoice::Required);
     }
 
@@ -274,12 +281,26 @@ mod tests {
     fn bad_tools_name_their_field() {
         let param = |b: Value| parse_tools(&b).unwrap_err().param.unwrap_or_default();
         assert_eq!(param(json!({"tools": {}})), "tools");
-        assert_eq!(param(json!({"tools": [{"type": "retrieval"}]})), "tools[0].type");
-        assert_eq!(param(json!({"tools": [{"type": "function", "function": {"name": "a b"}}]})), "tools[0].function.name");
-        assert_eq!(param(json!({"tools": [weather(), weather()]})), "tools[1].function.name");
-        assert_eq!(param(json!({"tools": [weather()], "tool_choice": "always"})), "tool_choice");
         assert_eq!(
-            param(json!({"tools": [weather()], "tool_choice": {"type": "function", "function": {"name": "nope"}}})),
+            param(json!({"tools": [{"type": "retrieval"}]})),
+            "tools[0].type"
+        );
+        assert_eq!(
+            param(json!({"tools": [{"type": "function", "function": {"name": "a b"}}]})),
+            "tools[0].function.name"
+        );
+        assert_eq!(
+            param(json!({"tools": [weather(), weather()]})),
+            "tools[1].function.name"
+        );
+        assert_eq!(
+            param(json!({"tools": [weather()], "tool_choice": "always"})),
+            "tool_choice"
+        );
+        assert_eq!(
+            param(
+                json!({"tools": [weather()], "tool_choice": {"type": "function", "function": {"name": "nope"}}})
+            ),
             "tool_choice.function.name"
         );
         assert_eq!(param(json!({"tool_choice": "required"})), "tool_choice");

@@ -400,7 +400,10 @@ mod tests {
         // A greedy pick over a masked row never takes a refused token.
         let mut row = vec![9.0, 1.0, 0.0, 2.0];
         apply_mask(&mut row, &[0b0110]);
-        assert_eq!(sample_row(&mut row, &RowSampling::GREEDY, &mut Vec::new()), 1);
+        assert_eq!(
+            sample_row(&mut row, &RowSampling::GREEDY, &mut Vec::new()),
+            1
+        );
     }
 
     #[test]

@@ -6,9 +6,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::stream::{self, BoxStream, StreamExt};
 use ingot_core::TokenId;
-use ingot_engine::{
-    Completion, EngineRequest, GeneratedToken, Grammar, RequestLimits, TokenEvent,
-};
+use ingot_engine::{Completion, EngineRequest, GeneratedToken, Grammar, RequestLimits, TokenEvent};
 use ingot_protocol::sampling::ValidSampling;
 use ingot_protocol::usage::Usage;
 

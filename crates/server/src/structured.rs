@@ -23,7 +23,10 @@ pub fn compile(
     let compiler = engine
         .grammar_compiler()
         .map_err(|e| ApiError::Internal(e.to_string()))?;
-    compiler.compile(&g.spec).map(Some).map_err(|e| refusal(&g.param, e))
+    compiler
+        .compile(&g.spec)
+        .map(Some)
+        .map_err(|e| refusal(&g.param, e))
 }
 
 fn refusal(param: &str, e: GrammarError) -> ApiError {

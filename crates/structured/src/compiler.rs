@@ -45,8 +45,9 @@ impl GrammarCompiler {
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Grammar, GrammarError> {
         let top = match spec {
             GrammarSpec::JsonSchema(text) => {
-                let schema: Value = serde_json::from_str(text)
-                    .map_err(|e| GrammarError::Invalid(format!("the JSON schema is not JSON: {e}")))?;
+                let schema: Value = serde_json::from_str(text).map_err(|e| {
+                    GrammarError::Invalid(format!("the JSON schema is not JSON: {e}"))
+                })?;
                 TopLevelGrammar::from_json_schema(with_layout(schema))
             }
             GrammarSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
@@ -75,9 +76,9 @@ impl GrammarCompiler {
 /// separators are the ones models saw most in training.
 pub fn with_layout(mut schema: Value) -> Value {
     if let Some(obj) = schema.as_object_mut() {
-        obj.entry("x-guidance").or_insert_with(|| {
-            json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
-        });
+        obj.entry("x-guidance").or_insert_with(
+            || json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+        );
     }
     schema
 }

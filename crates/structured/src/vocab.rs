@@ -42,9 +42,9 @@ pub(crate) fn token_env(tokenizer: Arc<Tokenizer>) -> Result<TokEnv, GrammarErro
     let size = words.len().max(tokenizer.vocab_size());
     words.resize(size, Vec::new());
     let eos = tokenizer.eos_ids();
-    let first = *eos
-        .first()
-        .ok_or_else(|| GrammarError::Vocabulary("the tokenizer has no end-of-sequence token".into()))?;
+    let first = *eos.first().ok_or_else(|| {
+        GrammarError::Vocabulary("the tokenizer has no end-of-sequence token".into())
+    })?;
     let info = TokRxInfo::new(size as u32, first);
     let trie = TokTrie::from(&info, &words).with_eos_tokens(eos);
     Ok(Arc::new(ModelVocab { trie, tokenizer }))

@@ -49,10 +49,12 @@ fn json_schema_masks_allow_valid_text_and_refuse_invalid() {
     );
     let mut g = compiler().compile(&spec).unwrap();
     assert!(feed(&mut g, r#"{"age": 42}"#));
-    assert!(g.is_finished() || {
-        let mask = g.mask().unwrap();
-        tokenizer().eos_ids().iter().any(|&e| allowed(&mask, e))
-    });
+    assert!(
+        g.is_finished() || {
+            let mask = g.mask().unwrap();
+            tokenizer().eos_ids().iter().any(|&e| allowed(&mask, e))
+        }
+    );
     let mut g = compiler().compile(&spec).unwrap();
     assert!(!feed(&mut g, r#"{"name": 1}"#));
 }
@@ -99,7 +101,10 @@ fn unsupported_schema_features_are_named() {
             r#"{"type":"string","format":"not-a-format"}"#.into(),
         ))
         .unwrap_err();
-    assert!(matches!(&e, GrammarError::Unsupported(m) if m.contains("not-a-format")), "{e:?}");
+    assert!(
+        matches!(&e, GrammarError::Unsupported(m) if m.contains("not-a-format")),
+        "{e:?}"
+    );
     let e = compiler()
         .compile(&GrammarSpec::Regex("(".into()))
         .unwrap_err();

@@ -479,7 +479,10 @@ async fn both_endpoints_validate_before_generating() {
     // Completions default to 16 tokens, chat to the rest of the context.
     let defaults = |endpoint| {
         submission(endpoint)
-            .requests(crate::generate::Prompts::free(&[vec![1, 2]]), &sampling(serde_json::json!({})))
+            .requests(
+                crate::generate::Prompts::free(&[vec![1, 2]]),
+                &sampling(serde_json::json!({})),
+            )
             .expect("valid")[0]
             .2
             .stop

@@ -14,9 +14,7 @@ use ingot_protocol::chat::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta,
     ChatLogprobs, ChatTurn, ValidChatRequest,
 };
-use ingot_protocol::tools::{
-    FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta, ToolChoice,
-};
+use ingot_protocol::tools::{FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta, ToolChoice};
 use ingot_protocol::usage::Usage;
 use ingot_protocol::ProtocolError;
 use ingot_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
@@ -318,7 +316,12 @@ impl ChatChunks {
 
     /// Chunks for parsed pieces: content as text deltas, each call as a
     /// delta with its id and name, then one with its arguments.
-    fn pieces(&mut self, index: usize, pieces: Vec<Piece>, mut logprobs: Option<ChatLogprobs>) -> Vec<Event> {
+    fn pieces(
+        &mut self,
+        index: usize,
+        pieces: Vec<Piece>,
+        mut logprobs: Option<ChatLogprobs>,
+    ) -> Vec<Event> {
         let mut out = Vec::new();
         for piece in pieces {
             match piece {
@@ -416,7 +419,9 @@ impl sse::ChunkFormat for ChatChunks {
             logprobs: None,
             finish_reason: Some(reason),
         };
-        events.push(sse::data(&self.meta.chunk(vec![choice], self.include_usage)));
+        events.push(sse::data(
+            &self.meta.chunk(vec![choice], self.include_usage),
+        ));
         sse::concat(events).unwrap_or_else(|| sse::data(&serde_json::json!({})))
     }
 

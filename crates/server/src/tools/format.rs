@@ -56,6 +56,9 @@ mod tests {
             ToolFormat::from_template("<tool_call>\n{{ tool_call | tojson }}"),
             ToolFormat::Hermes
         );
-        assert_eq!(ToolFormat::from_template("{{ messages }}"), ToolFormat::Hermes);
+        assert_eq!(
+            ToolFormat::from_template("{{ messages }}"),
+            ToolFormat::Hermes
+        );
     }
 }

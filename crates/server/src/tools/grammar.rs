@@ -105,12 +105,21 @@ mod tests {
         let g = tool_grammar(ToolFormat::Hermes, &tools(ToolChoice::Required, true)).unwrap();
         assert_eq!(g.param, "tools");
         let src = g.spec.source().to_string();
-        assert!(src.contains("block (") && src.contains("fn0") && src.contains("fn1"), "{src}");
-        let named = tool_grammar(ToolFormat::Hermes, &tools(ToolChoice::Named("b".into()), true))
-            .unwrap()
-            .spec;
+        assert!(
+            src.contains("block (") && src.contains("fn0") && src.contains("fn1"),
+            "{src}"
+        );
+        let named = tool_grammar(
+            ToolFormat::Hermes,
+            &tools(ToolChoice::Named("b".into()), true),
+        )
+        .unwrap()
+        .spec;
         let src = named.source();
-        assert!(src.contains(r#""const":"b""#) && !src.contains("fn1"), "{src}");
+        assert!(
+            src.contains(r#""const":"b""#) && !src.contains("fn1"),
+            "{src}"
+        );
         assert!(!src.contains("block ("), "{src}");
     }
 }

@@ -183,12 +183,21 @@ mod tests {
             [call("get_weather", r#"{"city":"Paris"}"#), call("t", "{}")]
         );
         // Unterminated at the end still counts; broken JSON stays text.
-        let a = parse_answer(ToolFormat::Hermes, "<tool_call>{\"name\": \"f\", \"arguments\": {}}");
+        let a = parse_answer(
+            ToolFormat::Hermes,
+            "<tool_call>{\"name\": \"f\", \"arguments\": {}}",
+        );
         assert_eq!((a.content, a.calls), (None, vec![call("f", "{}")]));
         let a = parse_answer(ToolFormat::Hermes, "x <tool_call>{oops</tool_call>");
         assert_eq!(a.content.as_deref(), Some("x <tool_call>{oops</tool_call>"));
         assert!(a.calls.is_empty());
-        assert_eq!(parse_answer(ToolFormat::Hermes, "  hi "), Answer { content: Some("hi".into()), calls: vec![] });
+        assert_eq!(
+            parse_answer(ToolFormat::Hermes, "  hi "),
+            Answer {
+                content: Some("hi".into()),
+                calls: vec![]
+            }
+        );
     }
 
     #[test]
@@ -202,7 +211,9 @@ mod tests {
         let a = parse_answer(ToolFormat::Llama3Json, "{\"answer\": 42}");
         assert!(a.calls.is_empty());
         assert_eq!(a.content.as_deref(), Some("{\"answer\": 42}"));
-        assert!(parse_answer(ToolFormat::Llama3Json, "Hello {").calls.is_empty());
+        assert!(parse_answer(ToolFormat::Llama3Json, "Hello {")
+            .calls
+            .is_empty());
     }
 
     #[test]
@@ -213,6 +224,8 @@ mod tests {
         );
         assert_eq!(a.content.as_deref(), Some("Sure."));
         assert_eq!(a.calls, [call("a", r#"{"q":"x;y"}"#), call("b", "{}")]);
-        assert!(parse_answer(ToolFormat::Mistral, "[TOOL_CALLS] nope").calls.is_empty());
+        assert!(parse_answer(ToolFormat::Mistral, "[TOOL_CALLS] nope")
+            .calls
+            .is_empty());
     }
 }

@@ -152,7 +152,13 @@ mod tests {
     fn templates_without_tools_get_a_preamble_and_plain_turns() {
         let mut m = conversation();
         let tools = offered(ToolChoice::Auto);
-        let seen = prepare(&mut m, Some(&tools), None, "{{ messages }}", ToolFormat::Hermes);
+        let seen = prepare(
+            &mut m,
+            Some(&tools),
+            None,
+            "{{ messages }}",
+            ToolFormat::Hermes,
+        );
         assert_eq!(seen, None);
         assert_eq!(m[0].role, "system");
         assert!(m[0].content.contains("\"get_weather\"") && m[0].content.contains("<tool_call>"));
@@ -160,7 +166,10 @@ mod tests {
             m[2].content,
             "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
         );
-        assert_eq!((m[3].role.as_str(), m[3].content.as_str()), ("user", "<tool_response>\n18C\n</tool_response>"));
+        assert_eq!(
+            (m[3].role.as_str(), m[3].content.as_str()),
+            ("user", "<tool_response>\n18C\n</tool_response>")
+        );
     }
 
     #[test]
@@ -174,6 +183,9 @@ mod tests {
         assert_eq!(m, conversation());
         // tool_choice none: nothing offered.
         let none = offered(ToolChoice::None);
-        assert_eq!(prepare(&mut m, Some(&none), None, source, ToolFormat::Hermes), None);
+        assert_eq!(
+            prepare(&mut m, Some(&none), None, source, ToolFormat::Hermes),
+            None
+        );
     }
 }

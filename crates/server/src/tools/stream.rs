@@ -178,7 +178,10 @@ impl ToolStream {
             return;
         }
         let rest = self.held_space.split_off(kept);
-        out.push(Piece::Content(std::mem::replace(&mut self.held_space, rest)));
+        out.push(Piece::Content(std::mem::replace(
+            &mut self.held_space,
+            rest,
+        )));
         self.started = true;
     }
 }
@@ -187,7 +190,9 @@ impl ToolStream {
 fn held_prefix(text: &str, marker: &str) -> usize {
     (1..marker.len().min(text.len() + 1))
         .rev()
-        .find(|&n| text.is_char_boundary(text.len() - n) && marker.starts_with(&text[text.len() - n..]))
+        .find(|&n| {
+            text.is_char_boundary(text.len() - n) && marker.starts_with(&text[text.len() - n..])
+        })
         .unwrap_or(0)
 }
 
