@@ -88,6 +88,18 @@ impl Decoding {
             || self.prompt_len + self.num_output + 1 >= self.max_context
     }
 
+    /// True when a constrained output should head for its end: its tokens
+    /// left (to max_tokens or the context) are down to a quarter of its
+    /// budget, or 16. See [`ingot_structured::Grammar::closing_mask`].
+    pub fn should_close(&self) -> bool {
+        let left = self
+            .criteria
+            .max_tokens
+            .saturating_sub(self.num_output)
+            .min(self.max_context.saturating_sub(self.prompt_len + self.num_output));
+        left <= (self.criteria.max_tokens / 4).max(16)
+    }
+
     /// Whether the backend may pick this sequence's tokens by argmax.
     pub fn is_plain_greedy(&self) -> bool {
         self.sampler.is_plain_greedy() && self.grammar.is_none()

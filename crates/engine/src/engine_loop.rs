@@ -379,7 +379,10 @@ impl EngineLoop {
             .iter()
             .enumerate()
             .filter(|(_, c)| c.sample)
-            .filter_map(|(i, c)| Some((i, self.active.get(&c.id)?.decoding.grammar()?.clone())))
+            .filter_map(|(i, c)| {
+                let d = &self.active.get(&c.id)?.decoding;
+                Some((i, d.grammar()?.clone(), d.should_close()))
+            })
             .collect();
         let mut masks = self.masks.submit(constrained, chunks.len());
         // How the step's tokens are picked: on the backend's device either

@@ -16,10 +16,14 @@ use metrics::Histogram;
 /// since the engine waits for a step's masks before advancing.
 pub(crate) type SharedGrammar = Arc<Mutex<Grammar>>;
 
+/// A constrained row of a step: its index, its grammar, and whether its
+/// output is near its token limit (the mask then heads for the end).
+pub(crate) type MaskRow = (usize, SharedGrammar, bool);
+
 /// One step's constrained rows.
 struct Job {
-    /// Rows of the batch, `(row, grammar)`.
-    rows: Vec<(usize, SharedGrammar)>,
+    /// Rows of the batch: `(row, grammar, heading for the end)`.
+    rows: Vec<MaskRow>,
     /// Rows in the batch.
     total: usize,
     reply: mpsc::SyncSender<Computed>,
@@ -53,7 +57,7 @@ impl MaskWorker {
     }
 
     /// Starts computing `rows`' masks; the step's [`PendingMasks`].
-    pub(crate) fn submit(&self, rows: Vec<(usize, SharedGrammar)>, total: usize) -> PendingMasks {
+    pub(crate) fn submit(&self, rows: Vec<MaskRow>, total: usize) -> PendingMasks {
         if rows.is_empty() {
             return PendingMasks::none();
         }
@@ -83,12 +87,13 @@ fn gone(rows: &[usize]) -> Computed {
     }
 }
 
-fn compute(rows: &[(usize, SharedGrammar)], total: usize, timing: &Histogram) -> Computed {
+fn compute(rows: &[MaskRow], total: usize, timing: &Histogram) -> Computed {
     let mut masks = vec![None; total];
     let mut failed = Vec::new();
-    for (row, grammar) in rows {
+    for (row, grammar, closing) in rows {
         let started = Instant::now();
         let mask = match grammar.lock() {
+            Ok(mut g) if *closing => g.closing_mask().map_err(|e| e.to_string()),
             Ok(mut g) => g.mask().map_err(|e| e.to_string()),
             Err(_) => Err("the grammar state was poisoned".to_string()),
         };

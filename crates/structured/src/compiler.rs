@@ -10,12 +10,14 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{json, Value};
 
+use crate::vocab::Closers;
 use crate::{Grammar, GrammarError};
 
 /// Compiles grammars for one model's vocabulary. `Send + Sync`: share it.
 pub struct GrammarCompiler {
     factory: ParserFactory,
     vocab_size: usize,
+    closers: Arc<Closers>,
 }
 
 impl std::fmt::Debug for GrammarCompiler {
@@ -30,7 +32,7 @@ impl GrammarCompiler {
     /// Indexes `tokenizer`'s vocabulary (tens of milliseconds for 50k
     /// tokens: do it once per model, off the async runtime).
     pub fn new(tokenizer: Arc<Tokenizer>) -> Result<Self, GrammarError> {
-        let env = crate::vocab::token_env(tokenizer)?;
+        let (env, closers) = crate::vocab::token_env(tokenizer)?;
         let vocab_size = env.tok_trie().vocab_size();
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
@@ -38,6 +40,7 @@ impl GrammarCompiler {
         Ok(Self {
             factory,
             vocab_size,
+            closers: Arc::new(closers),
         })
     }
 
@@ -61,7 +64,7 @@ impl GrammarCompiler {
         if let Some(e) = matcher.get_error() {
             return Err(GrammarError::from_compile(e));
         }
-        Ok(Grammar::new(matcher, spec.clone()))
+        Ok(Grammar::new(matcher, spec.clone(), self.closers.clone()))
     }
 
     /// Tokens the grammar engine knows (masks cover this many ids).

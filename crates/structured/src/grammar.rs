@@ -6,6 +6,7 @@ use std::sync::Arc;
 use ingot_core::{GrammarSpec, TokenId};
 use llguidance::Matcher;
 
+use crate::vocab::Closers;
 use crate::GrammarError;
 
 /// Allowed next tokens: bit `t % 32` of word `t / 32` is set when token `t`
@@ -18,6 +19,7 @@ pub type TokenMask = Vec<u32>;
 pub struct Grammar {
     matcher: Matcher,
     spec: Arc<GrammarSpec>,
+    closers: Arc<Closers>,
 }
 
 impl std::fmt::Debug for Grammar {
@@ -29,10 +31,11 @@ impl std::fmt::Debug for Grammar {
 }
 
 impl Grammar {
-    pub(crate) fn new(matcher: Matcher, spec: GrammarSpec) -> Self {
+    pub(crate) fn new(matcher: Matcher, spec: GrammarSpec, closers: Arc<Closers>) -> Self {
         Self {
             matcher,
             spec: Arc::new(spec),
+            closers,
         }
     }
 
@@ -57,6 +60,38 @@ impl Grammar {
         Ok(vob.into())
     }
 
+    /// [`Self::mask`] for an output about to run out of tokens: narrowed,
+    /// when the grammar allows any, to the end of the output; else inside
+    /// a string to the quote that ends it; else to tokens that close
+    /// objects and arrays, else to ones that end a value. So a small model
+    /// looping inside a JSON value still finishes valid JSON within its
+    /// `max_tokens`. Every token left is one the grammar allows.
+    pub fn closing_mask(&mut self) -> Result<TokenMask, GrammarError> {
+        let mask = self.mask()?;
+        let c = &self.closers;
+        let allowed = |t: TokenId| {
+            mask.get(t as usize / 32)
+                .is_some_and(|w| w & (1 << (t % 32)) != 0)
+        };
+        let mut ends = vec![0u32; mask.len()];
+        for &t in c.eos.iter().filter(|&&t| allowed(t)) {
+            ends[t as usize / 32] |= 1 << (t % 32);
+        }
+        let in_string = c.letters.iter().any(|&t| allowed(t));
+        let quote = if in_string { and(&mask, &c.quote) } else { Vec::new() };
+        for narrowed in [
+            ends,
+            quote,
+            and(&mask, &c.container),
+            and(&mask, &c.separating),
+        ] {
+            if narrowed.iter().any(|&w| w != 0) {
+                return Ok(narrowed);
+            }
+        }
+        Ok(mask)
+    }
+
     /// Advances past a generated token (which the last mask allowed).
     pub fn accept(&mut self, token: TokenId) -> Result<(), GrammarError> {
         self.matcher
@@ -68,4 +103,11 @@ impl Grammar {
     pub fn is_finished(&self) -> bool {
         self.matcher.is_stopped()
     }
+}
+
+fn and(a: &[u32], b: &[u32]) -> Vec<u32> {
+    a.iter()
+        .zip(b.iter().chain(std::iter::repeat(&0)))
+        .map(|(x, y)| x & y)
+        .collect()
 }
