@@ -118,7 +118,8 @@ pub enum SubmitError {
 pub(crate) enum Command {
     Add {
         id: RequestId,
-        request: EngineRequest,
+        /// Boxed: a grammar's state makes the request large.
+        request: Box<EngineRequest>,
         events: mpsc::Sender<TokenEvent>,
         arrival: Instant,
     },
@@ -273,7 +274,7 @@ impl EngineHandle {
         let (tx, rx) = mpsc::channel(self.shared.limits.stream_buffer);
         let sent = self.shared.commands.send(Command::Add {
             id,
-            request,
+            request: Box::new(request),
             events: tx,
             arrival: Instant::now(),
         });

@@ -132,3 +132,28 @@ fn lark_grammars_embed_json_schemas_between_literals() {
     let mask = g.mask().unwrap();
     assert!(tokenizer().eos_ids().iter().any(|&e| allowed(&mask, e)));
 }
+
+#[test]
+fn closing_masks_head_for_the_end_of_the_json() {
+    let spec = GrammarSpec::JsonSchema(
+        r#"{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"array","items":{"type":"integer"}}},"required":["a","b"]}"#.into(),
+    );
+    let only = |mask: &[u32]| -> Vec<String> {
+        (0..mask.len() as u32 * 32)
+            .filter(|&t| allowed(mask, t))
+            .map(|t| tokenizer().decode(&[t], false).unwrap())
+            .collect()
+    };
+    let mut g = compiler().compile(&spec).unwrap();
+    // Inside a string: only tokens that end it.
+    assert!(feed(&mut g, r#"{"a": "hello"#));
+    let inside = only(&g.closing_mask().unwrap());
+    assert!(!inside.is_empty() && inside.iter().all(|t| t.starts_with('"')), "{inside:?}");
+    // Inside an array: the closing bracket, not another item.
+    assert!(feed(&mut g, r#"", "b": [1, 2"#));
+    let array = only(&g.closing_mask().unwrap());
+    assert!(!array.is_empty() && array.iter().all(|t| t.starts_with(']')), "{array:?}");
+    assert!(feed(&mut g, "]}"));
+    let end = g.closing_mask().unwrap();
+    assert!(tokenizer().eos_ids().iter().any(|&e| allowed(&end, e)));
+}
