@@ -350,7 +350,7 @@ mod tests {
         // Cut to 2 words; padded with zeros.
         assert_eq!(&staging[..4], &[0b101, 7, 1, 0]);
         assert_eq!(&staging[8..10], &[1, 3]);
-        assert!(encode_masks(&mut staging, 2, 4, &[None; 5]).is_err());
+        assert!(encode_masks(&mut staging, 2, 4, &vec![None; 5]).is_err());
     }
 
     #[test]
