@@ -1,9 +1,11 @@
 //! Domain types shared by every ingot crate: token ids, sampling parameters,
-//! stop criteria and finish reasons. No I/O, no tensors.
+//! stop criteria, finish reasons and output grammars. No I/O, no tensors.
 
+mod grammar;
 mod priority;
 mod sampling;
 
+pub use grammar::GrammarSpec;
 pub use priority::Priority;
 pub use sampling::{SamplingError, SamplingParams, StopCriteria, MAX_LOGPROBS};
 

@@ -1,11 +1,12 @@
 //! Turning a sequence's picked tokens into client output: the stop
-//! rules (stop token ids, EOS, max_tokens, context length), incremental
-//! detokenization and stop strings.
+//! rules (stop token ids, EOS, max_tokens, context length, a completed
+//! grammar), incremental detokenization and stop strings.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use ingot_core::{FinishReason, SamplingParams, StopCriteria, TokenId};
 use ingot_runner::Pick;
+use ingot_structured::{Grammar, GrammarError};
 use ingot_tokenizer::{IncrementalDecoder, Tokenizer, TokenizerError};
 
 use crate::sampler::{SampledToken, Sampler};
@@ -22,9 +23,24 @@ pub struct TokenOutput {
     pub finish: Option<FinishReason>,
 }
 
+/// Why a picked token could not be taken.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// Detokenization failed.
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    /// The grammar refused the token or failed.
+    #[error(transparent)]
+    Grammar(#[from] GrammarError),
+}
+
 /// Output-side state of one sequence.
 pub struct Decoding {
     sampler: Sampler,
+    /// The grammar the output follows (structured output); shared with the
+    /// mask thread, which reads the allowed tokens from it.
+    grammar: Option<Arc<Mutex<Grammar>>>,
     criteria: StopCriteria,
     stop: StopMatcher,
     detok: IncrementalDecoder,
@@ -36,17 +52,20 @@ pub struct Decoding {
 }
 
 impl Decoding {
-    /// Output state for a sequence starting from `prompt`.
+    /// Output state for a sequence starting from `prompt`, its output
+    /// following `grammar` when given.
     pub fn new(
         prompt: &[TokenId],
         params: SamplingParams,
         criteria: StopCriteria,
         tokenizer: Arc<Tokenizer>,
         max_context: usize,
+        grammar: Option<Grammar>,
     ) -> Self {
         let eos = tokenizer.eos_ids().to_vec();
         Self {
             sampler: Sampler::new(params, prompt),
+            grammar: grammar.map(|g| Arc::new(Mutex::new(g))),
             stop: StopMatcher::new(&criteria.stop_strings),
             detok: IncrementalDecoder::with_prompt(tokenizer, prompt, true),
             criteria,
@@ -69,9 +88,26 @@ impl Decoding {
             || self.prompt_len + self.num_output + 1 >= self.max_context
     }
 
+    /// True when a constrained output should head for its end: its tokens
+    /// left (to max_tokens or the context) are down to a quarter of its
+    /// budget, or 16. See [`ingot_structured::Grammar::closing_mask`].
+    pub fn should_close(&self) -> bool {
+        let left = self
+            .criteria
+            .max_tokens
+            .saturating_sub(self.num_output)
+            .min(self.max_context.saturating_sub(self.prompt_len + self.num_output));
+        left <= (self.criteria.max_tokens / 4).max(16)
+    }
+
     /// Whether the backend may pick this sequence's tokens by argmax.
     pub fn is_plain_greedy(&self) -> bool {
-        self.sampler.is_plain_greedy()
+        self.sampler.is_plain_greedy() && self.grammar.is_none()
+    }
+
+    /// The grammar the output follows, for the mask thread.
+    pub fn grammar(&self) -> Option<&Arc<Mutex<Grammar>>> {
+        self.grammar.as_ref()
     }
 
     /// The sampler, for a backend that picks tokens itself.
@@ -86,16 +122,27 @@ impl Decoding {
 
     /// Takes a token the backend picked (greedily or by the sampler's row)
     /// and applies every stop rule.
-    pub fn accept_picked(&mut self, pick: Pick) -> Result<TokenOutput, TokenizerError> {
+    pub fn accept_picked(&mut self, pick: Pick) -> Result<TokenOutput, DecodeError> {
         let sampled = self.sampler.accept_picked(pick);
         self.accept(sampled)
     }
 
-    fn accept(&mut self, sampled: SampledToken) -> Result<TokenOutput, TokenizerError> {
+    fn accept(&mut self, sampled: SampledToken) -> Result<TokenOutput, DecodeError> {
         let token = sampled.token;
         self.num_output += 1;
         let is_stop_token = (!self.criteria.ignore_eos && self.eos.contains(&token))
             || self.criteria.stop_token_ids.contains(&token);
+        // The grammar follows every token but the one that ends the output.
+        let grammar_done = match (&self.grammar, is_stop_token) {
+            (Some(g), false) => {
+                let mut g = g
+                    .lock()
+                    .map_err(|_| GrammarError::State("the grammar state was poisoned".into()))?;
+                g.accept(token)?;
+                g.is_finished()
+            }
+            _ => false,
+        };
         if is_stop_token {
             let text = self.stop.flush();
             return Ok(TokenOutput {
@@ -117,7 +164,7 @@ impl Decoding {
         let at_limit = self.num_output >= self.criteria.max_tokens
             || self.prompt_len + self.num_output >= self.max_context;
         let mut finish = None;
-        if at_limit {
+        if at_limit || grammar_done {
             // Release text held back for a possible stop string or an
             // incomplete character; a stop string may still complete here.
             let tail = self.stop.push(&self.detok.finish()?.unwrap_or_default());
@@ -125,7 +172,7 @@ impl Decoding {
             if !tail.stopped {
                 text.push_str(&self.stop.flush());
             }
-            finish = Some(if tail.stopped {
+            finish = Some(if tail.stopped || grammar_done {
                 FinishReason::Stop
             } else {
                 FinishReason::Length

@@ -26,6 +26,7 @@ use crate::handle::{
     Command, Completion, EngineHandle, EngineStats, GeneratedToken, Limits, RequestId, Shared,
     TokenEvent,
 };
+use crate::masks::MaskWorker;
 use crate::metrics::{Metrics, MetricsConfig};
 
 /// Engine settings (the scheduler's plus the engine's own).
@@ -78,6 +79,7 @@ pub fn start_engine(
         stream_buffer: config.stream_buffer.max(1),
     };
     let metrics = Metrics::new(&config.metrics);
+    let masks = MaskWorker::start(metrics.mask_seconds())?;
     let model_name = config.metrics.model_name.clone();
     let state = EngineLoop {
         scheduler: Scheduler::new(config.scheduler.clone(), pool),
@@ -93,6 +95,7 @@ pub fn start_engine(
         admitted: 0,
         drain: Default::default(),
         metrics,
+        masks,
     };
     let (stopped_tx, stopped) = std_mpsc::channel::<()>();
     std::thread::Builder::new()
@@ -112,6 +115,7 @@ pub fn start_engine(
             device,
             model_name,
             stopped: std::sync::Mutex::new(Some(stopped)),
+            grammars: Default::default(),
         }),
     })
 }
@@ -194,6 +198,8 @@ struct EngineLoop {
     drain: crate::drain::DrainMeter,
     /// The engine's metric handles.
     metrics: Metrics,
+    /// Computes grammar masks during the forward pass.
+    masks: MaskWorker,
 }
 
 impl EngineLoop {
@@ -246,6 +252,7 @@ impl EngineLoop {
                     request.stop.clone(),
                     self.tokenizer.clone(),
                     self.runner.config().max_context,
+                    request.grammar,
                 );
                 self.active.insert(
                     id,
@@ -377,6 +384,18 @@ impl EngineLoop {
             expect_next: false,
         };
         let num_tokens = batch.num_tokens();
+        // Constrained rows' masks are computed on the grammar thread while
+        // the forward pass runs; the backend waits for them only to sample.
+        let constrained = chunks
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.sample)
+            .filter_map(|(i, c)| {
+                let d = &self.active.get(&c.id)?.decoding;
+                Some((i, d.grammar()?.clone(), d.should_close()))
+            })
+            .collect();
+        let mut masks = self.masks.submit(constrained, chunks.len());
         // How the step's tokens are picked: on the backend's device either
         // way (only ids and asked-for logprobs come back), by plain argmax
         // when every sampled row is greedy without penalties or logprobs.
@@ -417,7 +436,7 @@ impl EngineLoop {
                     _ => RowSampling::GREEDY,
                 })
                 .collect();
-            self.runner.forward_sample(&batch, &rows)
+            self.runner.forward_sample(&batch, &rows, &mut masks)
         };
         let picked: Vec<Pick> = match picked {
             Ok(p) => p,
@@ -430,15 +449,22 @@ impl EngineLoop {
                 return;
             }
         };
+        // A row whose grammar failed was sampled without its mask: its
+        // pick is void and the request fails.
+        let failed = masks.failed().to_vec();
         let mut outputs = Vec::new();
-        for (c, pick) in chunks.iter().zip(picked) {
+        for (i, (c, pick)) in chunks.iter().zip(picked).enumerate() {
             let Some(a) = self.active.get_mut(&c.id) else {
                 continue;
             };
             if !c.sample {
                 continue;
             }
-            outputs.push((c.id, a.decoding.accept_picked(pick)));
+            let out = match failed.iter().find(|f| f.0 == i) {
+                Some((_, why)) => Err(why.clone()),
+                None => a.decoding.accept_picked(pick).map_err(|e| e.to_string()),
+            };
+            outputs.push((c.id, out));
         }
         let expect_next = batch.expect_next;
         drop(batch);
@@ -455,7 +481,7 @@ impl EngineLoop {
         for (id, out) in outputs {
             match out {
                 Ok(out) => self.emit(id, out, now),
-                Err(e) => self.fail(id, &e.to_string()),
+                Err(e) => self.fail(id, &e),
             }
         }
     }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use ingot_core::{FinishReason, Priority, SamplingParams, StopCriteria, TokenId};
 use ingot_models::ModelConfig;
+use ingot_structured::{Grammar, GrammarCompiler, GrammarError};
 use ingot_tokenizer::Tokenizer;
 use tokio::sync::mpsc;
 
@@ -28,6 +29,9 @@ pub struct EngineRequest {
     pub stop: StopCriteria,
     /// Scheduling tier.
     pub priority: Priority,
+    /// The grammar the output must follow (structured output), at its
+    /// start; compiled by the caller, off the engine thread.
+    pub grammar: Option<Grammar>,
 }
 
 /// One generated token.
@@ -114,7 +118,8 @@ pub enum SubmitError {
 pub(crate) enum Command {
     Add {
         id: RequestId,
-        request: EngineRequest,
+        /// Boxed: a grammar's state makes the request large.
+        request: Box<EngineRequest>,
         events: mpsc::Sender<TokenEvent>,
         arrival: Instant,
     },
@@ -177,6 +182,8 @@ pub(crate) struct Shared {
     pub model_name: String,
     /// Closed by the engine thread once it has released the runner.
     pub stopped: std::sync::Mutex<Option<std_mpsc::Receiver<()>>>,
+    /// The model's grammar compiler, indexed on first use.
+    pub grammars: std::sync::OnceLock<Result<Arc<GrammarCompiler>, GrammarError>>,
 }
 
 impl Drop for Shared {
@@ -219,6 +226,16 @@ impl EngineHandle {
     /// The model's tokenizer.
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
         &self.shared.tokenizer
+    }
+
+    /// Compiles grammars for this model's vocabulary (structured output).
+    /// The first call indexes the vocabulary (tens of milliseconds): call
+    /// it off the async runtime.
+    pub fn grammar_compiler(&self) -> Result<Arc<GrammarCompiler>, GrammarError> {
+        self.shared
+            .grammars
+            .get_or_init(|| GrammarCompiler::new(self.shared.tokenizer.clone()).map(Arc::new))
+            .clone()
     }
 
     /// Live counters.
@@ -289,7 +306,7 @@ impl EngineHandle {
         let (tx, rx) = mpsc::channel(self.shared.limits.stream_buffer);
         let sent = self.shared.commands.send(Command::Add {
             id,
-            request,
+            request: Box::new(request),
             events: tx,
             arrival: Instant::now(),
         });

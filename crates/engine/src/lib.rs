@@ -7,20 +7,24 @@
 //! - [`decoding`]: per-request output processing (sampling, stop rules,
 //!   detokenization).
 //! - [`sampler`], [`stop`]: the pieces `decoding` is built from.
+//! - `masks`: grammar masks computed on their own thread during the
+//!   forward pass (structured output).
 
 pub mod decoding;
 pub mod drain;
 pub mod engine_loop;
 pub mod handle;
+mod masks;
 mod metrics;
 pub mod sampler;
 pub mod stop;
 
-pub use decoding::{Decoding, TokenOutput};
+pub use decoding::{DecodeError, Decoding, TokenOutput};
 pub use engine_loop::{start_engine, EngineConfig};
 pub use handle::{
     Completion, EngineHandle, EngineRequest, EngineStats, GeneratedToken, PriorityHandle,
     RequestId, RequestLimits, RequestStream, SubmitError, TokenEvent,
 };
+pub use ingot_structured::{Grammar, GrammarCompiler, GrammarError};
 pub use metrics::MetricsConfig;
 pub use sampler::TokenLogprob;

@@ -98,6 +98,14 @@ impl Metrics {
         m
     }
 
+    /// Where each grammar mask's compute time goes (structured output).
+    pub(crate) fn mask_seconds(&self) -> Histogram {
+        histogram!(
+            "ingot_structured_mask_seconds",
+            vec![Label::new("model", self.model.clone())]
+        )
+    }
+
     /// Runs `f` on every naming scheme's series.
     fn each(&self, f: impl Fn(&Series)) {
         f(&self.ingot);
@@ -243,6 +251,11 @@ fn request_counter(model: &str) -> Counter {
 
 /// HELP text and units of ingot's own engine series.
 fn describe_ingot() {
+    describe_histogram!(
+        "ingot_structured_mask_seconds",
+        Unit::Seconds,
+        "Time to compute one grammar token mask (structured output), on the grammar thread during the forward pass."
+    );
     describe_gauge!(
         "ingot_num_requests_running",
         Unit::Count,

@@ -343,3 +343,22 @@ __device__ int pick(const float* row, int vocab, const SampleParams& p) {
   // The best token always survives; only a row of NaNs has no winner.
   return idx == 0x7fffffff ? 0 : idx;
 }
+
+// Structured output: before sample_rows (or argmax), refuses the tokens a
+// row's grammar does not allow by setting their logits to -inf. Grid: the
+// constrained rows; block: 256 threads. Mask `b` (`words` 32-bit words,
+// bit t % 32 of word t / 32 allows token t, ids past the words refused)
+// applies to logits row `rows[b]`. The masks were computed on the host
+// while this step's forward pass ran.
+extern "C" __global__ void apply_token_masks(float* __restrict__ logits, int vocab,
+                                             const unsigned* __restrict__ masks, int words,
+                                             const int* __restrict__ rows) {
+  pdl_begin();
+  const unsigned* mask = masks + (size_t)blockIdx.x * words;
+  float* row = logits + (size_t)rows[blockIdx.x] * vocab;
+  for (int t = threadIdx.x; t < vocab; t += blockDim.x) {
+    const int w = t >> 5;
+    const bool allowed = w < words && ((mask[w] >> (t & 31)) & 1u);
+    if (!allowed) row[t] = -INFINITY;
+  }
+}

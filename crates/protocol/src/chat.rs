@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::sampling::{check_top_logprobs, SamplingFields, ValidSampling};
+use crate::tools::{ToolCall, ToolCallDelta, ValidTools};
 use crate::usage::{TokenLogprobInfo, Usage};
 use crate::{parse_json, ProtocolError};
 
@@ -37,8 +38,10 @@ pub struct ValidChatRequest {
     pub sampling: ValidSampling,
     /// The conversation.
     pub messages: Vec<ChatTurn>,
-    /// Tools for the template.
+    /// Tools for the template, as sent.
     pub tools: Option<Value>,
+    /// The tools validated, with the tool choice (`None`: no tools).
+    pub tool_config: Option<ValidTools>,
     /// Append the assistant header.
     pub add_generation_prompt: bool,
     /// Extra template variables.
@@ -52,6 +55,19 @@ impl ValidChatRequest {
     pub fn parse(body: &Value) -> Result<Self, ProtocolError> {
         let fields: ChatFields = parse_json(body)?;
         let mut sampling = parse_json::<SamplingFields>(body)?.validate()?;
+        sampling.grammar = crate::structured::parse_grammar(body)?;
+        let tool_config = crate::tools::parse_tools(body)?;
+        if let (Some(t), Some(_)) = (&tool_config, &sampling.grammar) {
+            if matches!(
+                t.choice,
+                crate::tools::ToolChoice::Required | crate::tools::ToolChoice::Named(_)
+            ) {
+                return Err(ProtocolError::field(
+                    "tool_choice",
+                    "a required or named tool_choice cannot be combined with response_format or another output constraint",
+                ));
+            }
+        }
         if fields.logprobs == Some(true) {
             let n = fields.top_logprobs.unwrap_or(0) as usize;
             check_top_logprobs("top_logprobs", n)?;
@@ -83,6 +99,7 @@ impl ValidChatRequest {
             sampling,
             messages,
             tools: fields.tools,
+            tool_config,
             add_generation_prompt: fields.add_generation_prompt.unwrap_or(true),
             template_kwargs: fields.chat_template_kwargs.unwrap_or_default(),
         })
@@ -206,8 +223,11 @@ impl From<&TokenLogprobInfo> for ChatTokenLogprob {
 pub struct AssistantMessage {
     /// Always "assistant".
     pub role: &'static str,
-    /// The generated text.
-    pub content: String,
+    /// The generated text (null when the answer is only tool calls).
+    pub content: Option<String>,
+    /// The calls parsed from the answer, when tools were offered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
 }
 
 /// One choice of a chat response.
@@ -251,6 +271,9 @@ pub struct ChatDelta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Pieces of tool calls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// One choice in a stream chunk.

@@ -56,6 +56,7 @@ impl ValidCompletionRequest {
     pub fn parse(body: &Value) -> Result<Self, ProtocolError> {
         let fields: CompletionFields = parse_json(body)?;
         let mut sampling = parse_json::<SamplingFields>(body)?.validate()?;
+        sampling.grammar = crate::structured::parse_grammar(body)?;
         if let Some(n) = fields.logprobs {
             check_top_logprobs("logprobs", n as usize)?;
             sampling.params.logprobs = Some(n as usize);

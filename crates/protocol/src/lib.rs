@@ -8,7 +8,9 @@ mod error;
 pub mod models;
 mod parse;
 pub mod sampling;
+pub mod structured;
 pub mod tokenize;
+pub mod tools;
 pub mod usage;
 
 pub use error::ProtocolError;

@@ -107,6 +107,9 @@ pub struct ValidSampling {
     pub include_usage: bool,
     /// End-user id, if given.
     pub user: Option<String>,
+    /// The grammar the output must follow (structured output; filled in by
+    /// the endpoint).
+    pub grammar: Option<crate::structured::OutputGrammar>,
 }
 
 impl SamplingFields {
@@ -197,6 +200,7 @@ impl SamplingFields {
             stream: self.stream.unwrap_or(false),
             include_usage: self.stream_options.is_some_and(|o| o.include_usage),
             user: self.user,
+            grammar: None,
         })
     }
 }

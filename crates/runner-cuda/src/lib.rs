@@ -25,7 +25,9 @@ use std::time::Instant;
 use cudarc::driver::{sys, CudaEvent, CudaGraph};
 use ingot_core::TokenId;
 use ingot_models::{ModelConfig, ModelError, TensorSource};
-use ingot_runner::{ForwardBatch, KvCacheShape, ModelRunner, Pick, RowSampling, RunnerError};
+use ingot_runner::{
+    ForwardBatch, KvCacheShape, MaskSource, ModelRunner, Pick, RowSampling, RunnerError,
+};
 
 use device::{Arena, Gpu, Pinned};
 use gemm::Gemm;
@@ -315,6 +317,7 @@ impl CudaRunner {
             &runner.gpu,
             max_seqs,
             runner.kv_shape.num_blocks * runner.kv_shape.block_size + max_seqs,
+            runner.config.vocab_size,
         )?;
         runner.memory.workspace += sampler.bytes();
         runner.sampler = Some(sampler);
@@ -644,12 +647,16 @@ impl ModelRunner for CudaRunner {
         &mut self,
         batch: &ForwardBatch<'_>,
         rows: &[RowSampling<'_>],
+        masks: &mut dyn MaskSource,
     ) -> Result<Vec<Pick>, RunnerError> {
         ingot_runner::check_rows(batch, rows)?;
+        // A constrained row is never a plain argmax: its mask goes through
+        // the sampler (which takes the argmax of greedy rows after it).
         let plain_argmax = rows
             .iter()
-            .all(|r| r.is_greedy() && !r.has_penalties() && r.params.logprobs.is_none());
-        let ids = self.forward_ids(batch, (!plain_argmax).then_some(rows))?;
+            .all(|r| r.is_greedy() && !r.has_penalties() && r.params.logprobs.is_none())
+            && masks.is_empty();
+        let ids = self.forward_ids(batch, (!plain_argmax).then_some((rows, masks)))?;
         let sampler = self.sampler.as_ref();
         Ok(ids
             .into_iter()
@@ -671,7 +678,7 @@ impl CudaRunner {
     fn forward_ids(
         &mut self,
         batch: &ForwardBatch<'_>,
-        rows: Option<&[RowSampling<'_>]>,
+        rows: Option<(&[RowSampling<'_>], &mut dyn MaskSource)>,
     ) -> Result<Vec<TokenId>, RunnerError> {
         self.check_batch(batch)?;
         let n = batch.chunks.len();
@@ -694,14 +701,18 @@ impl CudaRunner {
             None => self.run(batch, true)?.graph_size,
         };
         let (buffer, done) = match (rows, speculated) {
-            (Some(rows), _) => {
+            (Some((rows, masks)), _) => {
                 let sampler = self
                     .sampler
                     .as_mut()
                     .ok_or_else(|| RunnerError::Backend("no device sampler".into()))?;
+                // The forward pass is enqueued: the host waits for the
+                // grammar masks while the device runs it.
+                let masks = masks.masks();
                 sampler.launch(
                     &self.gpu,
                     rows,
+                    masks,
                     self.buffers.logits,
                     self.config.vocab_size,
                     self.buffers.sampled,

@@ -1,7 +1,9 @@
 //! Sampling on the device: each row's knobs, random bits and seen tokens go
 //! up in one copy from pinned memory, and `sample_rows` writes the picked
 //! ids where the greedy argmax writes them, so only ids come back (and,
-//! for rows that ask, 42 words of logprobs).
+//! for rows that ask, 42 words of logprobs). Rows under a grammar first
+//! have their refused tokens set to -inf by `apply_token_masks`, from
+//! bitsets staged the same way.
 
 use ingot_core::TokenId;
 use ingot_runner::{Logprobs, RowSampling, TokenLogprob};
@@ -18,10 +20,19 @@ const MAX_TOP_LOGPROBS: usize = 20;
 /// 32-bit words of one row's `RowLogprobs`: chosen, count, ids, values.
 const LOGPROB_WORDS: usize = 2 + 2 * MAX_TOP_LOGPROBS;
 
+/// Threads of one `apply_token_masks` block.
+const MASK_THREADS: u32 = 256;
+
 /// The device side of sampling: parameters and seen tokens, staged, and
 /// the logprobs coming back.
 pub struct DeviceSampler {
     kernel: Kernel,
+    mask_kernel: Kernel,
+    /// Grammar masks (`mask_words` per row) then their row indices, staged
+    /// and on the device.
+    masks_dev: DevPtr,
+    masks_host: Pinned<u32>,
+    mask_words: usize,
     /// Parameters and seen pairs (uploaded each step).
     dev: DevPtr,
     host: Pinned<u32>,
@@ -35,14 +46,26 @@ pub struct DeviceSampler {
 }
 
 impl DeviceSampler {
-    /// Room for `max_rows` rows and `max_seen` (token, count) pairs in all.
-    pub fn new(gpu: &Gpu, max_rows: usize, max_seen: usize) -> Result<Self, CudaError> {
+    /// Room for `max_rows` rows of `vocab` logits and `max_seen` (token,
+    /// count) pairs in all.
+    pub fn new(
+        gpu: &Gpu,
+        max_rows: usize,
+        max_seen: usize,
+        vocab: usize,
+    ) -> Result<Self, CudaError> {
         let words = Self::words(max_rows, max_seen);
         let lp_words = max_rows * LOGPROB_WORDS;
-        let pieces = [words * 4, max_seen * 4, lp_words * 4];
+        let mask_words = vocab.div_ceil(32);
+        let staged_masks = max_rows * (mask_words + 1);
+        let pieces = [words * 4, max_seen * 4, lp_words * 4, staged_masks * 4];
         let mut arena = Arena::new(gpu, "sampling", Arena::size_of(pieces))?;
         Ok(Self {
             kernel: gpu.kernel("sample_rows")?,
+            mask_kernel: gpu.kernel("apply_token_masks")?,
+            masks_dev: arena.take(pieces[3])?,
+            masks_host: Pinned::new(gpu, staged_masks)?,
+            mask_words,
             dev: arena.take(pieces[0])?,
             host: Pinned::new(gpu, words)?,
             seen_raw: arena.take(pieces[1])?,
@@ -66,14 +89,17 @@ impl DeviceSampler {
     /// the penalties to `logits` in place, writes one id per row to `out`
     /// and, for rows that ask, their logprobs; those are then copied back
     /// (read them with [`Self::logprobs`] once the stream has passed here).
+    /// `masks` (one per row, or empty) are applied first.
     pub fn launch(
         &mut self,
         gpu: &Gpu,
         rows: &[RowSampling<'_>],
+        masks: &[Option<Vec<u32>>],
         logits: DevPtr,
         vocab: usize,
         out: DevPtr,
     ) -> Result<(), CudaError> {
+        self.apply_masks(gpu, masks, logits, vocab)?;
         let used = encode_rows(self.host.as_mut_slice(), self.max_rows, rows)?;
         gpu.upload(self.dev, &self.host.as_slice()[..used])?;
         let seen = self.dev + (rows.len() * PARAM_WORDS * 4) as u64;
@@ -100,10 +126,80 @@ impl DeviceSampler {
         Ok(())
     }
 
+    /// Stages the rows' grammar masks and enqueues `apply_token_masks` on
+    /// them (nothing when no row has one).
+    fn apply_masks(
+        &mut self,
+        gpu: &Gpu,
+        masks: &[Option<Vec<u32>>],
+        logits: DevPtr,
+        vocab: usize,
+    ) -> Result<(), CudaError> {
+        let count = encode_masks(
+            self.masks_host.as_mut_slice(),
+            self.mask_words,
+            self.max_rows,
+            masks,
+        )?;
+        if count == 0 {
+            return Ok(());
+        }
+        let words = self.mask_words;
+        // Staged as [count masks][count row indices]; upload just those.
+        let host = self.masks_host.as_slice();
+        let (bits, rows_at) = (count * words, self.max_rows * words);
+        gpu.upload(self.masks_dev, &host[..bits])?;
+        let rows_dev = self.masks_dev + (rows_at * 4) as u64;
+        gpu.upload(rows_dev, &host[rows_at..rows_at + count])?;
+        let args = [
+            Arg::Ptr(logits),
+            Arg::I32(vocab as i32),
+            Arg::Ptr(self.masks_dev),
+            Arg::I32(words as i32),
+            Arg::Ptr(rows_dev),
+        ];
+        gpu.launch(
+            &self.mask_kernel,
+            (count as u32, 1, 1),
+            MASK_THREADS,
+            0,
+            &args,
+        )
+    }
+
     /// Row `i`'s logprobs from the last launch (which must have asked).
     pub fn logprobs(&self, i: usize) -> Logprobs {
         decode_logprobs(&self.logprobs_host.as_slice()[i * LOGPROB_WORDS..(i + 1) * LOGPROB_WORDS])
     }
+}
+
+/// Writes the constrained rows' masks (each cut or padded with zeros to
+/// `words`) from the start of `staging` and their row indices from word
+/// `max_rows * words`; returns how many rows are constrained.
+fn encode_masks(
+    staging: &mut [u32],
+    words: usize,
+    max_rows: usize,
+    masks: &[Option<Vec<u32>>],
+) -> Result<usize, CudaError> {
+    if masks.len() > max_rows || staging.len() < max_rows * (words + 1) {
+        return Err(CudaError::Unsupported(format!(
+            "{} masked rows exceed the staging buffer of {max_rows}",
+            masks.len()
+        )));
+    }
+    let (bits, rows) = staging.split_at_mut(max_rows * words);
+    let mut count = 0;
+    for (row, mask) in masks.iter().enumerate() {
+        let Some(mask) = mask else { continue };
+        let dst = &mut bits[count * words..(count + 1) * words];
+        let n = mask.len().min(words);
+        dst[..n].copy_from_slice(&mask[..n]);
+        dst[n..].fill(0);
+        rows[count] = row as u32;
+        count += 1;
+    }
+    Ok(count)
 }
 
 /// One `RowLogprobs` (see `sampling.cu`).
@@ -243,6 +339,18 @@ mod tests {
                 }
             ]
         );
+    }
+
+    #[test]
+    fn masks_are_staged_with_their_rows() {
+        let masks = [None, Some(vec![0b101, 7, 9]), None, Some(vec![1])];
+        let mut staging = vec![u32::MAX; 4 * 3];
+        let count = encode_masks(&mut staging, 2, 4, &masks).unwrap();
+        assert_eq!(count, 2);
+        // Cut to 2 words; padded with zeros.
+        assert_eq!(&staging[..4], &[0b101, 7, 1, 0]);
+        assert_eq!(&staging[8..10], &[1, 3]);
+        assert!(encode_masks(&mut staging, 2, 4, &vec![None; 5]).is_err());
     }
 
     #[test]

@@ -11,7 +11,34 @@ use ingot_core::TokenId;
 use ingot_kv_cache::BlockId;
 use ingot_models::ModelConfig;
 
-pub use sampling::{Logprobs, Pick, RowSampling, TokenLogprob};
+pub use sampling::{apply_mask, Logprobs, Pick, RowSampling, TokenLogprob};
+
+/// The allowed-token bitsets of a step's rows (structured output): bit
+/// `t % 32` of word `t / 32` allows token `t`; ids past the end are
+/// refused. They are computed on another thread while the forward pass
+/// runs, so a backend asks for them only once its logits exist.
+pub trait MaskSource {
+    /// True when no row is constrained (known before the masks are).
+    fn is_empty(&self) -> bool;
+
+    /// Blocks until every row's mask is ready: one entry per row (`None`:
+    /// unconstrained), or an empty slice when no row is constrained.
+    fn masks(&mut self) -> &[Option<Vec<u32>>];
+}
+
+/// A step without constrained rows.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoMasks;
+
+impl MaskSource for NoMasks {
+    fn is_empty(&self) -> bool {
+        true
+    }
+
+    fn masks(&mut self) -> &[Option<Vec<u32>>] {
+        &[]
+    }
+}
 
 /// Consecutive tokens of one sequence to run through the model.
 #[derive(Debug, Clone, Copy)]
@@ -125,25 +152,34 @@ pub trait ModelRunner: Send {
     }
 
     /// Runs the batch and picks each chunk's next token as `rows` (one per
-    /// chunk) say: penalties, temperature, truncation and a draw, plus the
-    /// logprobs a row asks for. Backends that can sample on the device
-    /// override this so that only ids (and logprobs) leave it; the default
-    /// samples the downloaded logits on the host.
+    /// chunk) say: the row's token mask from `masks` (tokens it refuses
+    /// get -inf, so logprobs are those of the constrained distribution),
+    /// penalties, temperature, truncation and a draw, plus the logprobs a
+    /// row asks for. Backends that can sample on the device override this
+    /// so that only ids (and logprobs) leave it; the default samples the
+    /// downloaded logits on the host. `masks` is waited for only after the
+    /// forward pass, which it overlaps.
     fn forward_sample(
         &mut self,
         batch: &ForwardBatch<'_>,
         rows: &[RowSampling<'_>],
+        masks: &mut dyn MaskSource,
     ) -> Result<Vec<Pick>, RunnerError> {
         check_rows(batch, rows)?;
         let vocab = self.config().vocab_size;
         let logits = self.forward(batch)?;
+        let masks = masks.masks();
         let (mut row, mut order) = (Vec::with_capacity(vocab), Vec::new());
         Ok(logits
             .chunks_exact(vocab)
             .zip(rows)
-            .map(|(l, r)| {
+            .enumerate()
+            .map(|(i, (l, r))| {
                 row.clear();
                 row.extend_from_slice(l);
+                if let Some(Some(mask)) = masks.get(i) {
+                    apply_mask(&mut row, mask);
+                }
                 sampling::pick_row(&mut row, r, &mut order)
             })
             .collect())

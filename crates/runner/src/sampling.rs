@@ -117,6 +117,22 @@ pub fn pick_row(logits: &mut [f32], row: &RowSampling<'_>, order: &mut Vec<u32>)
     }
 }
 
+/// Sets the logits of the tokens `mask` refuses to -inf (bit `t % 32` of
+/// word `t / 32` allows token `t`; ids past the mask are refused).
+pub fn apply_mask(logits: &mut [f32], mask: &[u32]) {
+    for (i, chunk) in logits.chunks_mut(32).enumerate() {
+        let word = mask.get(i).copied().unwrap_or(0);
+        if word == u32::MAX {
+            continue;
+        }
+        for (b, l) in chunk.iter_mut().enumerate() {
+            if word & (1 << b) == 0 {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
 /// `ln(sum(exp(v)))`, computed stably.
 pub fn log_sum_exp(v: &[f32]) -> f32 {
     let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -371,6 +387,23 @@ mod tests {
         let mut l = vec![1.0, -1.0, 3.0];
         apply_penalties(&mut l, &r);
         assert_eq!(l, vec![0.5, -2.0 - 1.0 - 0.25, 3.0]);
+    }
+
+    #[test]
+    fn masks_refuse_tokens_and_every_id_past_their_end() {
+        let mut l = vec![5.0; 70];
+        // Word 0 allows 1 and 3; word 1 allows 32..64; no word 2.
+        apply_mask(&mut l, &[0b1010, u32::MAX]);
+        let allowed: Vec<usize> = (0..70).filter(|&i| l[i].is_finite()).collect();
+        let want: Vec<usize> = [1, 3].into_iter().chain(32..64).collect();
+        assert_eq!(allowed, want);
+        // A greedy pick over a masked row never takes a refused token.
+        let mut row = vec![9.0, 1.0, 0.0, 2.0];
+        apply_mask(&mut row, &[0b0110]);
+        assert_eq!(
+            sample_row(&mut row, &RowSampling::GREEDY, &mut Vec::new()),
+            1
+        );
     }
 
     #[test]

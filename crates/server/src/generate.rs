@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::stream::{self, BoxStream, StreamExt};
 use ingot_core::TokenId;
-use ingot_engine::{Completion, EngineRequest, GeneratedToken, RequestLimits, TokenEvent};
+use ingot_engine::{Completion, EngineRequest, GeneratedToken, Grammar, RequestLimits, TokenEvent};
 use ingot_protocol::sampling::ValidSampling;
 use ingot_protocol::usage::Usage;
 
@@ -110,6 +110,24 @@ impl Endpoint {
     }
 }
 
+/// What a request generates from: its prompts, and the grammar every
+/// output follows (structured output), compiled.
+#[derive(Debug, Clone, Copy)]
+pub struct Prompts<'a> {
+    /// Token ids of each prompt.
+    pub ids: &'a [Vec<TokenId>],
+    /// The output grammar, at its start (each choice gets its own copy).
+    pub grammar: Option<&'a Grammar>,
+}
+
+impl<'a> Prompts<'a> {
+    /// Prompts whose outputs are free.
+    #[cfg(test)]
+    pub fn free(ids: &'a [Vec<TokenId>]) -> Self {
+        Self { ids, grammar: None }
+    }
+}
+
 /// OpenAI's default `max_tokens` for `/v1/completions`.
 const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;
 
@@ -141,9 +159,10 @@ impl Submission {
     /// c, so choices differ yet the whole response is reproducible.
     pub fn requests(
         &self,
-        prompts: &[Vec<TokenId>],
+        inputs: Prompts<'_>,
         sampling: &ValidSampling,
     ) -> Result<Vec<(usize, usize, EngineRequest)>, ApiError> {
+        let prompts = inputs.ids;
         if let (Some(asked), Some(cap)) = (sampling.max_tokens, self.max_tokens_cap) {
             if asked > cap {
                 return Err(ApiError::BadRequest(ingot_protocol::ProtocolError::field(
@@ -164,6 +183,7 @@ impl Submission {
                     sampling: params,
                     stop,
                     priority: sampling.priority,
+                    grammar: inputs.grammar.cloned(),
                 };
                 self.limits
                     .check(&request)
@@ -197,10 +217,10 @@ impl Submission {
     pub async fn submit(
         &self,
         generator: &dyn Generator,
-        prompts: &[Vec<TokenId>],
+        inputs: Prompts<'_>,
         sampling: &ValidSampling,
     ) -> Result<(Vec<Job>, CacheStatus), ApiError> {
-        let requests = self.requests(prompts, sampling)?;
+        let requests = self.requests(inputs, sampling)?;
         let mut jobs = Vec::with_capacity(requests.len());
         let mut status: Option<CacheStatus> = None;
         for (index, prompt_index, request) in requests {

@@ -15,6 +15,8 @@ pub mod reload;
 mod routes;
 mod serve;
 mod state;
+mod structured;
+mod tools;
 mod usage;
 
 pub use conn::ConnLimits;

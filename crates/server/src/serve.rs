@@ -52,11 +52,22 @@ fn install_metrics(model_name: &str) -> Option<PrometheusHandle> {
     let tokens = [
         1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
     ];
+    // Grammar masks take microseconds to a few milliseconds.
+    let masks = [
+        5e-6, 1e-5, 2e-5, 3e-5, 5e-5, 7.5e-5, 1e-4, 1.5e-4, 2e-4, 3e-4, 5e-4, 7.5e-4, 1e-3, 2e-3,
+        5e-3, 1e-2, 2.5e-2, 0.1,
+    ];
     let handle = PrometheusBuilder::new()
         .add_global_label("model", model_name)
         .set_buckets(&latency)
         .and_then(|b| {
             b.set_buckets_for_metric(Matcher::Full("ingot_iteration_tokens".into()), &tokens)
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full("ingot_structured_mask_seconds".into()),
+                &masks,
+            )
         })
         .and_then(|b| b.install_recorder())
         .map_err(|e| tracing::warn!(error = %e, "metrics disabled"))

@@ -62,6 +62,8 @@ impl ChatMessage {
 /// from any thread.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// The template text (tool-call formats are read from it).
+    source: String,
     bos_token: Option<String>,
     eos_token: Option<String>,
 }
@@ -143,6 +145,7 @@ impl ChatTemplate {
             })?;
         Ok(ChatTemplate {
             env,
+            source: source.to_owned(),
             bos_token: bos_token.map(str::to_owned),
             eos_token: eos_token.map(str::to_owned),
         })
@@ -158,6 +161,11 @@ impl ChatTemplate {
         let bos = special.bos.as_ref().map(|t| t.text.as_str());
         let eos = special.eos.as_ref().map(|t| t.text.as_str());
         ChatTemplate::new(source, bos, eos).map(Some)
+    }
+
+    /// The template's text.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Makes `strftime_now` report this instant (seconds since the Unix

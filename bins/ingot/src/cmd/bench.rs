@@ -196,6 +196,7 @@ fn run_from(
             ..Default::default()
         },
         priority: Default::default(),
+        grammar: None,
     })?;
     let mut first_token = None;
     while let Some(event) = events.next_blocking() {

@@ -174,6 +174,7 @@ fn stream(
         sampling: params.clone(),
         stop: stop.clone(),
         priority: Default::default(),
+        grammar: None,
     })?;
     let mut out = std::io::stdout().lock();
     let mut text = String::new();

@@ -4,6 +4,7 @@
 //! processes can compute the same key. The byte layout is documented in
 //! docs/request-key.md; the fixed vectors below pin it.
 
+use ingot_core::GrammarSpec;
 use ingot_engine::EngineRequest;
 
 /// Bumped whenever the layout changes (old cache entries then never match).
@@ -65,8 +66,20 @@ impl Encoder {
 
 /// The key of `request` for `model`, scoped to `tenant` (tenants never
 /// share answers). A greedy request's seed is ignored: it cannot change
-/// an argmax.
+/// an argmax. Its output grammar is part of it, so constrained and free
+/// answers are never mixed (tools reach the engine only as prompt tokens
+/// and a grammar, so both are covered).
 pub fn request_key(tenant: Option<&str>, model: &str, request: &EngineRequest) -> RequestKey {
+    let grammar = request.grammar.as_ref().map(|g| g.spec());
+    key_with_grammar(tenant, model, request, grammar)
+}
+
+fn key_with_grammar(
+    tenant: Option<&str>,
+    model: &str,
+    request: &EngineRequest,
+    grammar: Option<&GrammarSpec>,
+) -> RequestKey {
     let s = &request.sampling;
     let stop = &request.stop;
     let seed = if s.is_greedy() { None } else { s.seed };
@@ -99,6 +112,10 @@ pub fn request_key(tenant: Option<&str>, model: &str, request: &EngineRequest) -
         e.u32(id);
     }
     e.u8(u8::from(stop.ignore_eos));
+    // Appended only when present, so keys of free requests are unchanged.
+    if let Some(g) = grammar {
+        e.u8(1).u8(g.tag()).str(g.source());
+    }
     let digest = e.0.finalize();
     let mut key = [0u8; 16];
     key.copy_from_slice(&digest.as_bytes()[..16]);
@@ -119,6 +136,7 @@ mod tests {
                 ..Default::default()
             },
             priority: Priority::Normal,
+            grammar: None,
         }
     }
 
@@ -207,6 +225,24 @@ mod tests {
         );
     }
 
+    #[test]
+    fn the_output_grammar_changes_the_key() {
+        let r = request(&[1, 2, 3]);
+        let k = |g: Option<&GrammarSpec>| key_with_grammar(None, "smollm2", &r, g);
+        let object = GrammarSpec::JsonSchema(r#"{"type":"object"}"#.into());
+        let keys = [
+            k(None),
+            k(Some(&object)),
+            k(Some(&GrammarSpec::Regex(r#"{"type":"object"}"#.into()))),
+            k(Some(&GrammarSpec::Lark("start: \"a\"".into()))),
+        ];
+        let unique: std::collections::HashSet<_> = keys.iter().collect();
+        assert_eq!(unique.len(), keys.len());
+        assert_eq!(k(None).to_string(), VECTOR_GREEDY);
+        assert_eq!(k(Some(&object)).to_string(), VECTOR_JSON_OBJECT);
+    }
+
+    const VECTOR_JSON_OBJECT: &str = "2d243435409cab391dace6489f4ca415";
     const VECTOR_GREEDY: &str = "b29398efdccf87f5f4ed3796628ef544";
     const VECTOR_SEEDED: &str = "99f907e6f43fc299ed053721b024d206";
 }

@@ -124,6 +124,7 @@ fn greedy(prompt: &[u32], max_tokens: usize) -> EngineRequest {
             ..Default::default()
         },
         priority: Priority::Normal,
+        grammar: None,
     }
 }
 
@@ -441,7 +442,7 @@ async fn both_endpoints_validate_before_generating() {
         let too_long = s
             .submit(
                 &pipeline,
-                &[vec![1; 30]],
+                crate::generate::Prompts::free(&[vec![1; 30]]),
                 &sampling(serde_json::json!({"max_tokens": 8})),
             )
             .await;
@@ -453,7 +454,7 @@ async fn both_endpoints_validate_before_generating() {
         let bad_id = s
             .submit(
                 &pipeline,
-                &[vec![1, 2], vec![1, 500]],
+                crate::generate::Prompts::free(&[vec![1, 2], vec![1, 500]]),
                 &sampling(serde_json::json!({"max_tokens": 2})),
             )
             .await;
@@ -465,7 +466,7 @@ async fn both_endpoints_validate_before_generating() {
     let (jobs, status) = s
         .submit(
             &pipeline,
-            &[vec![1, 2]],
+            crate::generate::Prompts::free(&[vec![1, 2]]),
             &sampling(serde_json::json!({"n": 3, "temperature": 0, "max_tokens": 4})),
         )
         .await
@@ -478,7 +479,10 @@ async fn both_endpoints_validate_before_generating() {
     // Completions default to 16 tokens, chat to the rest of the context.
     let defaults = |endpoint| {
         submission(endpoint)
-            .requests(&[vec![1, 2]], &sampling(serde_json::json!({})))
+            .requests(
+                crate::generate::Prompts::free(&[vec![1, 2]]),
+                &sampling(serde_json::json!({})),
+            )
             .expect("valid")[0]
             .2
             .stop

@@ -14,6 +14,7 @@ use ingot_protocol::chat::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta,
     ChatLogprobs, ChatTurn, ValidChatRequest,
 };
+use ingot_protocol::tools::{FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta, ToolChoice};
 use ingot_protocol::usage::Usage;
 use ingot_protocol::ProtocolError;
 use ingot_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
@@ -23,24 +24,35 @@ use super::{json_body, sse, start, unix_now, Shared, Started};
 use crate::conn::ConnProbe;
 use crate::generate;
 use crate::logprobs::resolve;
+use crate::tools::{self, Piece, ToolFormat, ToolStream};
 use crate::ApiError;
 
-/// Renders the conversation and tokenizes it (runs on a blocking thread).
+/// Renders the conversation (with its tools, as the template or the
+/// model's tool format wants them) and tokenizes it (runs on a blocking
+/// thread).
 pub(super) fn prompt_ids(
     req: &ValidChatRequest,
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
 ) -> Result<Vec<u32>, ApiError> {
-    let messages: Vec<ChatMessage> = req
+    let mut messages: Vec<ChatMessage> = req
         .messages
         .iter()
         .map(to_message)
         .collect::<Result<_, _>>()?;
+    let format = ToolFormat::from_template(template.source());
+    let tools = tools::prepare(
+        &mut messages,
+        req.tool_config.as_ref(),
+        req.tools.as_ref(),
+        template.source(),
+        format,
+    );
     let text = template
         .render_with_kwargs(
             &messages,
             req.add_generation_prompt,
-            req.tools.as_ref(),
+            tools.as_ref(),
             &req.template_kwargs,
         )
         .map_err(|e| ApiError::BadRequest(ProtocolError::field("messages", e.to_string())))?;
@@ -75,15 +87,31 @@ pub async fn chat_completions(
     let engine = model.engine.clone();
     let guard = state.track();
     let template = model.chat_template()?;
+    let format = ToolFormat::from_template(template.source());
+    // Tool calls are parsed out of the answer unless tool_choice is none.
+    let parse_tools = req
+        .tool_config
+        .as_ref()
+        .filter(|t| t.choice != ToolChoice::None)
+        .map(|t| (format, t.choice.clone()));
+    let grammar = req.sampling.grammar.clone().or_else(|| {
+        req.tool_config
+            .as_ref()
+            .and_then(|t| tools::tool_grammar(format, t))
+    });
     let tokenizer = engine.tokenizer().clone();
     let span = tracing::info_span!("tokenize");
-    let (req, ids) = tokio::task::spawn_blocking(move || {
-        let ids = span.in_scope(|| prompt_ids(&req, &template, &tokenizer));
-        (req, ids)
+    let compiling = engine.clone();
+    let (req, prepared) = tokio::task::spawn_blocking(move || {
+        let prepared = span.in_scope(|| {
+            let grammar = crate::structured::compile(&compiling, grammar.as_ref())?;
+            Ok::<_, ApiError>((prompt_ids(&req, &template, &tokenizer)?, grammar))
+        });
+        (req, prepared)
     })
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))?;
-    let ids = ids?;
+    let (ids, grammar) = prepared?;
     let Started {
         id,
         jobs,
@@ -94,7 +122,10 @@ pub async fn chat_completions(
         &model,
         &caller,
         &headers,
-        &[ids],
+        generate::Prompts {
+            ids: &[ids],
+            grammar: grammar.as_ref(),
+        },
         &req.sampling,
         generate::Endpoint::Chat,
     )
@@ -105,6 +136,7 @@ pub async fn chat_completions(
         model: model.id().to_string(),
         logprobs: req.sampling.params.logprobs.is_some(),
         tokenizer: engine.tokenizer().clone(),
+        tools: parse_tools,
     };
     if req.sampling.stream {
         let delivery = super::delivery(&state, probe, guard, key_usage);
@@ -117,20 +149,20 @@ pub async fn chat_completions(
     let usage = generate::usage_of(results.iter().map(|r| (r.prompt_index, &r.completion)));
     let choices = results
         .iter()
-        .map(|r| ChatChoice {
-            index: r.index,
-            message: AssistantMessage {
-                role: "assistant",
-                content: r.text.clone(),
-            },
-            logprobs: meta.logprobs.then(|| ChatLogprobs {
-                content: r
-                    .tokens
-                    .iter()
-                    .map(|t| (&resolve(&meta.tokenizer, t)).into())
-                    .collect(),
-            }),
-            finish_reason: Some(r.completion.reason.as_str()),
+        .map(|r| {
+            let (message, finish_reason) = meta.message(&r.text, r.completion.reason.as_str());
+            ChatChoice {
+                index: r.index,
+                message,
+                logprobs: meta.logprobs.then(|| ChatLogprobs {
+                    content: r
+                        .tokens
+                        .iter()
+                        .map(|t| (&resolve(&meta.tokenizer, t)).into())
+                        .collect(),
+                }),
+                finish_reason: Some(finish_reason),
+            }
         })
         .collect();
     drop(guard);
@@ -156,9 +188,68 @@ struct Meta {
     model: String,
     logprobs: bool,
     tokenizer: Arc<Tokenizer>,
+    /// The format tool calls are parsed in, and the tool choice, when the
+    /// answer may hold calls.
+    tools: Option<(ToolFormat, ToolChoice)>,
+}
+
+/// Whether the grammar made the whole answer calls: any text left over is
+/// a call cut short by `max_tokens`, not content.
+fn is_forced(choice: &ToolChoice) -> bool {
+    matches!(choice, ToolChoice::Required | ToolChoice::Named(_))
+}
+
+/// OpenAI's finish reason of an answer that called tools (a forced,
+/// named call finishes with "stop", as OpenAI's do).
+fn finish_with_calls(choice: &ToolChoice, reason: &'static str) -> &'static str {
+    match (choice, reason) {
+        (ToolChoice::Named(_), _) | (_, "length") | (_, "abort") => reason,
+        _ => "tool_calls",
+    }
 }
 
 impl Meta {
+    /// The assistant message of a whole answer, and its finish reason.
+    fn message(&self, text: &str, reason: &'static str) -> (AssistantMessage, &'static str) {
+        let Some((format, choice)) = &self.tools else {
+            return (
+                AssistantMessage {
+                    role: "assistant",
+                    content: Some(text.to_string()),
+                    tool_calls: None,
+                },
+                reason,
+            );
+        };
+        let answer = tools::parse_answer(*format, text);
+        if answer.calls.is_empty() {
+            let message = AssistantMessage {
+                role: "assistant",
+                content: Some(text.to_string()),
+                tool_calls: None,
+            };
+            return (message, reason);
+        }
+        let calls = answer
+            .calls
+            .into_iter()
+            .map(|c| ToolCall {
+                id: tools::call_id(),
+                kind: "function",
+                function: FunctionCall {
+                    name: c.name,
+                    arguments: c.arguments,
+                },
+            })
+            .collect();
+        let message = AssistantMessage {
+            role: "assistant",
+            content: answer.content.filter(|_| !is_forced(choice)),
+            tool_calls: Some(calls),
+        };
+        (message, finish_with_calls(choice, reason))
+    }
+
     fn chunk(&self, choices: Vec<ChatChunkChoice>, include_usage: bool) -> ChatCompletionChunk {
         ChatCompletionChunk {
             id: self.id.clone(),
@@ -185,6 +276,7 @@ fn stream_response(
             let delta = ChatDelta {
                 role: Some("assistant"),
                 content: Some(String::new()),
+                tool_calls: None,
             };
             let choice = ChatChunkChoice {
                 index: j.index,
@@ -196,6 +288,7 @@ fn stream_response(
         })
         .collect();
     let format = ChatChunks {
+        streams: Default::default(),
         meta,
         include_usage,
     };
@@ -205,36 +298,131 @@ fn stream_response(
 struct ChatChunks {
     meta: Meta,
     include_usage: bool,
+    /// Each choice's tool-call parser (when tools are parsed), and how
+    /// many calls it has sent.
+    streams: std::collections::HashMap<usize, (ToolStream, usize)>,
+}
+
+impl ChatChunks {
+    fn choice(&self, index: usize, delta: ChatDelta, logprobs: Option<ChatLogprobs>) -> Event {
+        let choice = ChatChunkChoice {
+            index,
+            delta,
+            logprobs,
+            finish_reason: None,
+        };
+        sse::data(&self.meta.chunk(vec![choice], self.include_usage))
+    }
+
+    /// Chunks for parsed pieces: content as text deltas, each call as a
+    /// delta with its id and name, then one with its arguments.
+    fn pieces(
+        &mut self,
+        index: usize,
+        pieces: Vec<Piece>,
+        mut logprobs: Option<ChatLogprobs>,
+    ) -> Vec<Event> {
+        let mut out = Vec::new();
+        for piece in pieces {
+            match piece {
+                Piece::Content(_) if self.meta.tools.as_ref().is_some_and(|t| is_forced(&t.1)) => {}
+                Piece::Content(text) => {
+                    let delta = ChatDelta {
+                        content: Some(text),
+                        ..ChatDelta::default()
+                    };
+                    out.push(self.choice(index, delta, logprobs.take()));
+                }
+                Piece::Call(call) => {
+                    let n = self.streams.get_mut(&index).map_or(0, |s| {
+                        s.1 += 1;
+                        s.1 - 1
+                    });
+                    let head = ToolCallDelta {
+                        index: n,
+                        id: Some(tools::call_id()),
+                        kind: Some("function"),
+                        function: FunctionCallDelta {
+                            name: Some(call.name),
+                            arguments: Some(String::new()),
+                        },
+                    };
+                    let args = ToolCallDelta {
+                        index: n,
+                        id: None,
+                        kind: None,
+                        function: FunctionCallDelta {
+                            name: None,
+                            arguments: Some(call.arguments),
+                        },
+                    };
+                    for (d, lp) in [(head, logprobs.take()), (args, None)] {
+                        let delta = ChatDelta {
+                            tool_calls: Some(vec![d]),
+                            ..ChatDelta::default()
+                        };
+                        out.push(self.choice(index, delta, lp));
+                    }
+                }
+            }
+        }
+        if let Some(lp) = logprobs {
+            // A token held back (it may start a call) still reports its logprob.
+            out.push(self.choice(index, ChatDelta::default(), Some(lp)));
+        }
+        out
+    }
 }
 
 impl sse::ChunkFormat for ChatChunks {
     fn token(&mut self, index: usize, token: GeneratedToken) -> Option<Event> {
         let m = &self.meta;
+        let logprobs = m.logprobs.then(|| ChatLogprobs {
+            content: vec![(&resolve(&m.tokenizer, &token)).into()],
+        });
+        if let Some((format, _)) = &m.tools {
+            let format = *format;
+            let stream = self
+                .streams
+                .entry(index)
+                .or_insert_with(|| (ToolStream::new(format), 0));
+            let pieces = stream.0.push(&token.text);
+            return sse::concat(self.pieces(index, pieces, logprobs));
+        }
         if token.text.is_empty() && !m.logprobs {
             return None;
         }
-        let choice = ChatChunkChoice {
-            index,
-            delta: ChatDelta {
-                role: None,
-                content: Some(token.text.clone()),
-            },
-            logprobs: m.logprobs.then(|| ChatLogprobs {
-                content: vec![(&resolve(&m.tokenizer, &token)).into()],
-            }),
-            finish_reason: None,
+        let delta = ChatDelta {
+            content: Some(token.text.clone()),
+            ..ChatDelta::default()
         };
-        Some(sse::data(&m.chunk(vec![choice], self.include_usage)))
+        Some(self.choice(index, delta, logprobs))
     }
 
     fn finish(&mut self, index: usize, completion: &Completion) -> Event {
+        let mut events = Vec::new();
+        let mut reason = completion.reason.as_str();
+        if let Some((format, choice)) = self.meta.tools.clone() {
+            let stream = self
+                .streams
+                .entry(index)
+                .or_insert_with(|| (ToolStream::new(format), 0));
+            let pieces = stream.0.finish();
+            events = self.pieces(index, pieces, None);
+            if self.streams.get(&index).is_some_and(|s| s.1 > 0) {
+                reason = finish_with_calls(&choice, reason);
+            }
+        }
         let choice = ChatChunkChoice {
             index,
             delta: ChatDelta::default(),
             logprobs: None,
-            finish_reason: Some(completion.reason.as_str()),
+            finish_reason: Some(reason),
         };
-        sse::data(&self.meta.chunk(vec![choice], self.include_usage))
+        events.push(sse::data(
+            &self.meta.chunk(vec![choice], self.include_usage),
+        ));
+        sse::concat(events).unwrap_or_else(|| sse::data(&serde_json::json!({})))
     }
 
     fn usage(&self, usage: Usage) -> Event {

@@ -61,10 +61,15 @@ pub async fn completions(
     let tokenizer = engine.tokenizer().clone();
     let prompts = req.prompts.clone();
     let span = tracing::info_span!("tokenize");
-    let encoded =
-        tokio::task::spawn_blocking(move || span.in_scope(|| encode_prompts(&prompts, &tokenizer)))
-            .await
-            .map_err(|e| ApiError::Internal(e.to_string()))??;
+    let (compiling, spec) = (engine.clone(), req.sampling.grammar.clone());
+    let (encoded, grammar) = tokio::task::spawn_blocking(move || {
+        span.in_scope(|| {
+            let grammar = crate::structured::compile(&compiling, spec.as_ref())?;
+            Ok::<_, ApiError>((encode_prompts(&prompts, &tokenizer)?, grammar))
+        })
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))??;
     let ids: Vec<Vec<u32>> = encoded.iter().map(|(ids, _)| ids.clone()).collect();
     let echo: Vec<String> = encoded.into_iter().map(|(_, text)| text).collect();
     let Started {
@@ -77,7 +82,10 @@ pub async fn completions(
         &model,
         &caller,
         &headers,
-        &ids,
+        generate::Prompts {
+            ids: &ids,
+            grammar: grammar.as_ref(),
+        },
         &req.sampling,
         generate::Endpoint::Completions,
     )

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 pub use send_queue::STREAMS_CUT;
 
 use crate::conn::ConnProbe;
-use crate::generate::{Deadlines, Endpoint, Submission};
+use crate::generate::{Deadlines, Endpoint, Prompts, Submission};
 use crate::pipeline::CacheStatus;
 use crate::state::CacheControl;
 use crate::usage::KeyUsage;
@@ -167,10 +167,11 @@ async fn start(
     lease: &ingot_registry::Lease<crate::models::ServedModel>,
     caller: &Caller,
     headers: &HeaderMap,
-    prompts: &[Vec<ingot_core::TokenId>],
+    inputs: Prompts<'_>,
     sampling: &ValidSampling,
     endpoint: Endpoint,
 ) -> Result<Started, ApiError> {
+    let prompts = inputs.ids;
     let (model, limits) = (lease.id(), lease.engine.limits());
     let id = response_id(match endpoint {
         Endpoint::Chat => "chatcmpl",
@@ -220,7 +221,7 @@ async fn start(
         sampling.n as u64,
     );
     let (jobs, status) = tracing::Instrument::instrument(
-        submission.submit(state.pipeline(), prompts, sampling),
+        submission.submit(state.pipeline(), inputs, sampling),
         tracing::info_span!("submit"),
     )
     .await?;

@@ -28,6 +28,21 @@ pub fn data<T: Serialize>(value: &T) -> Event {
     Event(Bytes::from(format!("data: {json}\n\n")))
 }
 
+/// Several events sent as one (`None` when there are none).
+pub fn concat(events: Vec<Event>) -> Option<Event> {
+    match events.len() {
+        0 => None,
+        1 => events.into_iter().next(),
+        _ => {
+            let mut bytes = Vec::with_capacity(events.iter().map(|e| e.0.len()).sum());
+            for e in events {
+                bytes.extend_from_slice(&e.0);
+            }
+            Some(Event(Bytes::from(bytes)))
+        }
+    }
+}
+
 /// The terminating event.
 pub fn done() -> Event {
     Event(Bytes::from_static(b"data: [DONE]\n\n"))

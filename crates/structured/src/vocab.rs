@@ -1,0 +1,102 @@
+//! The model's vocabulary as llguidance sees it: every token's bytes in a
+//! trie (special tokens marked so plain text never spells them), and the
+//! model's own tokenizer for the text llguidance tokenizes itself.
+
+use std::sync::Arc;
+
+use ingot_core::TokenId;
+use ingot_tokenizer::Tokenizer;
+use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
+
+use crate::GrammarError;
+
+/// Our tokenizer behind llguidance's tokenizer seam.
+struct ModelVocab {
+    trie: TokTrie,
+    tokenizer: Arc<Tokenizer>,
+}
+
+impl TokenizerEnv for ModelVocab {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
+        // llguidance asks only for text it knows to be UTF-8 (grammar
+        // literals); a tokenizer failure leaves the literal to the trie.
+        self.tokenizer
+            .encode(&String::from_utf8_lossy(s), false)
+            .unwrap_or_default()
+    }
+}
+
+/// Tokens that bring a JSON answer to its end fastest, for answers about
+/// to run out of tokens. Bitsets as masks.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Closers {
+    /// `"` then only `}` and `]`: ends a string (and maybe containers).
+    pub quote: Vec<u32>,
+    /// Only `}` and `]`: ends objects and arrays.
+    pub container: Vec<u32>,
+    /// Made of `"}], ` with a `,`: ends a value where more must follow.
+    pub separating: Vec<u32>,
+    /// Single letters: allowed only inside a string (or key), so they tell
+    /// that a `"` would end one rather than open one.
+    pub letters: Vec<TokenId>,
+    /// The end-of-sequence tokens (the grammar allows them once complete).
+    pub eos: Vec<TokenId>,
+}
+
+impl Closers {
+    fn new(words: &[Vec<u8>], eos: &[TokenId]) -> Self {
+        let n = words.len().div_ceil(32);
+        let mut c = Self {
+            quote: vec![0u32; n],
+            container: vec![0u32; n],
+            separating: vec![0u32; n],
+            letters: Vec::new(),
+            eos: eos.to_vec(),
+        };
+        for (id, w) in words.iter().enumerate() {
+            let closes = |b: &u8| matches!(b, b'}' | b']');
+            let set = match w.as_slice() {
+                [] => continue,
+                [b'"', rest @ ..] if rest.iter().all(closes) => &mut c.quote,
+                _ if w.iter().all(closes) => &mut c.container,
+                _ if w.contains(&b',')
+                    && w.iter().all(|b| matches!(b, b'"' | b'}' | b']' | b',' | b' ')) =>
+                {
+                    &mut c.separating
+                }
+                [b'q' | b'x' | b'z' | b'k' | b'j'] => {
+                    c.letters.push(id as TokenId);
+                    continue;
+                }
+                _ => continue,
+            };
+            set[id / 32] |= 1 << (id % 32);
+        }
+        c
+    }
+}
+
+/// Indexes `tokenizer`'s vocabulary. Token bytes come from the tokenizer's
+/// own serialised form (byte-level BPE and SentencePiece byte fallback are
+/// both decoded by llguidance), so GGUF and Hugging Face tokenizers agree.
+pub(crate) fn token_env(tokenizer: Arc<Tokenizer>) -> Result<(TokEnv, Closers), GrammarError> {
+    let vocab_err = |e: &dyn std::fmt::Display| GrammarError::Vocabulary(e.to_string());
+    let json = tokenizer.hf().to_string(false).map_err(|e| vocab_err(&e))?;
+    let value: serde_json::Value = serde_json::from_str(&json).map_err(|e| vocab_err(&e))?;
+    let mut words =
+        llguidance::token_bytes_from_tokenizer_json(&value).map_err(|e| vocab_err(&e))?;
+    let size = words.len().max(tokenizer.vocab_size());
+    words.resize(size, Vec::new());
+    let eos = tokenizer.eos_ids().to_vec();
+    let first = *eos.first().ok_or_else(|| {
+        GrammarError::Vocabulary("the tokenizer has no end-of-sequence token".into())
+    })?;
+    let info = TokRxInfo::new(size as u32, first);
+    let trie = TokTrie::from(&info, &words).with_eos_tokens(&eos);
+    let closers = Closers::new(&words, &eos);
+    Ok((Arc::new(ModelVocab { trie, tokenizer }), closers))
+}

@@ -1,0 +1,159 @@
+//! Grammars against the real SmolLM2 vocabulary: masks follow the grammar,
+//! the output is complete when the grammar says so, and unsupported schema
+//! features are named.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::{Arc, OnceLock};
+
+use ingot_core::GrammarSpec;
+use ingot_structured::{Grammar, GrammarCompiler, GrammarError};
+use ingot_tokenizer::Tokenizer;
+
+fn tokenizer() -> Arc<Tokenizer> {
+    static T: OnceLock<Arc<Tokenizer>> = OnceLock::new();
+    T.get_or_init(|| {
+        let gguf = ingot_models::gguf::GgufFile::open(&ingot_testkit::smollm2_gguf()).unwrap();
+        Arc::new(Tokenizer::from_gguf(&gguf).unwrap())
+    })
+    .clone()
+}
+
+fn compiler() -> &'static GrammarCompiler {
+    static C: OnceLock<GrammarCompiler> = OnceLock::new();
+    C.get_or_init(|| GrammarCompiler::new(tokenizer()).unwrap())
+}
+
+fn allowed(mask: &[u32], t: u32) -> bool {
+    mask.get(t as usize / 32)
+        .is_some_and(|w| w & (1 << (t % 32)) != 0)
+}
+
+/// Follows the grammar greedily by the lowest allowed id that keeps to
+/// `text` when one does; returns whether the text was accepted whole.
+fn feed(grammar: &mut Grammar, text: &str) -> bool {
+    let ids = tokenizer().encode(text, false).unwrap();
+    for id in ids {
+        let mask = grammar.mask().unwrap();
+        if !allowed(&mask, id) {
+            return false;
+        }
+        grammar.accept(id).unwrap();
+    }
+    true
+}
+
+#[test]
+fn json_schema_masks_allow_valid_text_and_refuse_invalid() {
+    let spec = GrammarSpec::JsonSchema(
+        r#"{"type":"object","properties":{"age":{"type":"integer"}},"required":["age"],"additionalProperties":false}"#.into(),
+    );
+    let mut g = compiler().compile(&spec).unwrap();
+    assert!(feed(&mut g, r#"{"age": 42}"#));
+    assert!(
+        g.is_finished() || {
+            let mask = g.mask().unwrap();
+            tokenizer().eos_ids().iter().any(|&e| allowed(&mask, e))
+        }
+    );
+    let mut g = compiler().compile(&spec).unwrap();
+    assert!(!feed(&mut g, r#"{"name": 1}"#));
+}
+
+#[test]
+fn regex_and_choice_grammars_end_when_complete() {
+    let mut g = compiler()
+        .compile(&GrammarSpec::Regex("(yes|no)".into()))
+        .unwrap();
+    assert!(feed(&mut g, "yes"));
+    assert!(g.is_finished());
+    let mut g = compiler()
+        .compile(&GrammarSpec::Lark(r#"start: "red" | "green \"x\"""#.into()))
+        .unwrap();
+    assert!(feed(&mut g, "green \"x\""));
+    assert!(g.is_finished());
+}
+
+#[test]
+fn clones_are_independent() {
+    let g = compiler()
+        .compile(&GrammarSpec::Regex("a+b".into()))
+        .unwrap();
+    let mut one = g.clone();
+    assert!(feed(&mut one, "aab"));
+    let mut two = g.clone();
+    assert!(!two.is_finished());
+    assert!(!feed(&mut two, "b"));
+}
+
+#[test]
+fn unsupported_schema_features_are_named() {
+    let e = compiler()
+        .compile(&GrammarSpec::JsonSchema(
+            r#"{"type":"object","if":{"type":"object"},"then":{}}"#.into(),
+        ))
+        .unwrap_err();
+    match e {
+        GrammarError::Unsupported(m) => assert!(m.contains("if"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    let e = compiler()
+        .compile(&GrammarSpec::JsonSchema(
+            r#"{"type":"string","format":"not-a-format"}"#.into(),
+        ))
+        .unwrap_err();
+    assert!(
+        matches!(&e, GrammarError::Unsupported(m) if m.contains("not-a-format")),
+        "{e:?}"
+    );
+    let e = compiler()
+        .compile(&GrammarSpec::Regex("(".into()))
+        .unwrap_err();
+    assert!(matches!(e, GrammarError::Invalid(_)), "{e:?}");
+}
+
+#[test]
+fn lark_grammars_embed_json_schemas_between_literals() {
+    // The shape of a Hermes tool-call grammar (crates/server/src/tools).
+    let schema = ingot_structured::with_layout(serde_json::json!({
+        "type": "object",
+        "properties": {"name": {"const": "f"}, "arguments": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}},
+        "required": ["name", "arguments"],
+        "additionalProperties": false
+    }));
+    let src = format!(
+        "start: block (\"\\n\" block)*\nblock: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: fn0\nfn0: %json {schema}\n"
+    );
+    let mut g = compiler().compile(&GrammarSpec::Lark(src)).unwrap();
+    assert!(feed(
+        &mut g,
+        "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 3}}\n</tool_call>"
+    ));
+    assert!(!g.is_finished(), "more calls may follow");
+    let mask = g.mask().unwrap();
+    assert!(tokenizer().eos_ids().iter().any(|&e| allowed(&mask, e)));
+}
+
+#[test]
+fn closing_masks_head_for_the_end_of_the_json() {
+    let spec = GrammarSpec::JsonSchema(
+        r#"{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"array","items":{"type":"integer"}}},"required":["a","b"]}"#.into(),
+    );
+    let only = |mask: &[u32]| -> Vec<String> {
+        (0..mask.len() as u32 * 32)
+            .filter(|&t| allowed(mask, t))
+            .map(|t| tokenizer().decode(&[t], false).unwrap())
+            .collect()
+    };
+    let mut g = compiler().compile(&spec).unwrap();
+    // Inside a string: only tokens that end it.
+    assert!(feed(&mut g, r#"{"a": "hello"#));
+    let inside = only(&g.closing_mask().unwrap());
+    assert!(!inside.is_empty() && inside.iter().all(|t| t.starts_with('"')), "{inside:?}");
+    // Inside an array: the closing bracket, not another item.
+    assert!(feed(&mut g, r#"", "b": [1, 2"#));
+    let array = only(&g.closing_mask().unwrap());
+    assert!(!array.is_empty() && array.iter().all(|t| t.starts_with(']')), "{array:?}");
+    assert!(feed(&mut g, "]}"));
+    let end = g.closing_mask().unwrap();
+    assert!(tokenizer().eos_ids().iter().any(|&e| allowed(&end, e)));
+}
