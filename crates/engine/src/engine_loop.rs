@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use ingot_core::{FinishReason, Priority};
 use ingot_kv_cache::BlockPool;
-use ingot_runner::{ForwardBatch, ModelRunner, Pick, RowSampling, SequenceChunk};
+use ingot_runner::{
+    ForwardBatch, Logprobs, ModelRunner, Pick, RowSampling, ScoredChunk, SequenceChunk,
+};
 use ingot_scheduler::{ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput};
 use ingot_tokenizer::Tokenizer;
 use tokio::sync::mpsc::error::TrySendError;
@@ -27,6 +29,7 @@ use crate::handle::{
     TokenEvent,
 };
 use crate::metrics::{Metrics, MetricsConfig};
+use crate::prompt_scores::PromptScores;
 
 /// Engine settings (the scheduler's plus the engine's own).
 #[derive(Debug, Clone)]
@@ -135,6 +138,8 @@ struct Active {
     last_token: Option<Instant>,
     /// The sequence ended; only the backlog remains to deliver.
     done: bool,
+    /// Prompt logprobs being collected, when asked for.
+    prompt_scores: Option<PromptScores>,
 }
 
 enum Delivery {
@@ -240,6 +245,7 @@ impl EngineLoop {
                 events,
                 arrival,
             } => {
+                let scored = request.sampling.prompt_logprobs;
                 let decoding = Decoding::new(
                     &request.prompt,
                     request.sampling,
@@ -263,6 +269,8 @@ impl EngineLoop {
                         first_token: None,
                         last_token: None,
                         done: false,
+                        prompt_scores: scored
+                            .map(|top| PromptScores::new(request.prompt.len(), top)),
                     },
                 );
                 self.scheduler.add(
@@ -272,6 +280,9 @@ impl EngineLoop {
                     request.stop.max_tokens,
                     arrival,
                 );
+                if scored.is_some() {
+                    self.scheduler.compute_all_positions(id);
+                }
             }
             Command::Abort(id) => self.drop_request(id, Some(FinishReason::Abort)),
             Command::SetPriority(id, priority) => {
@@ -351,29 +362,42 @@ impl EngineLoop {
     /// One forward pass over the scheduled chunks, then sampling.
     fn step(&mut self, chunks: &[ScheduledChunk]) {
         let started = Instant::now();
-        let mut batch = ForwardBatch {
-            chunks: chunks
-                .iter()
-                .filter_map(|c| {
-                    let v = self.scheduler.view(c.id)?;
-                    Some(SequenceChunk {
-                        tokens: &v.tokens[c.start..c.start + c.len],
-                        start_pos: c.start,
-                        block_table: v.blocks,
-                    })
-                })
-                .collect(),
-            expect_next: false,
-        };
+        let mut batch = ForwardBatch::default();
+        // Which request and start position each `batch.score` entry scores.
+        let mut scored = Vec::new();
+        for c in chunks {
+            let Some(v) = self.scheduler.view(c.id) else {
+                continue;
+            };
+            let next = self
+                .active
+                .get(&c.id)
+                .and_then(|a| a.prompt_scores.as_ref())
+                .and_then(|p| Some((p.next_tokens(v.tokens, c.start, c.len)?, p.top())));
+            if let Some((next, top)) = next {
+                batch.score.push(ScoredChunk {
+                    chunk: batch.chunks.len(),
+                    next,
+                    top,
+                });
+                scored.push((c.id, c.start));
+            }
+            batch.chunks.push(SequenceChunk {
+                tokens: &v.tokens[c.start..c.start + c.len],
+                start_pos: c.start,
+                block_table: v.blocks,
+            });
+        }
         let num_tokens = batch.num_tokens();
         // How the step's tokens are picked: on the backend's device either
         // way (only ids and asked-for logprobs come back), by plain argmax
         // when every sampled row is greedy without penalties or logprobs.
-        let greedy = chunks.iter().filter(|c| c.sample).all(|c| {
-            self.active
-                .get(&c.id)
-                .is_none_or(|a| a.decoding.is_plain_greedy())
-        });
+        let greedy = batch.score.is_empty()
+            && chunks.iter().filter(|c| c.sample).all(|c| {
+                self.active
+                    .get(&c.id)
+                    .is_none_or(|a| a.decoding.is_plain_greedy())
+            });
         // Steady decode (nothing waiting, nobody at a length limit): the
         // backend may launch the next step before this one returns.
         batch.expect_next = self.scheduler.num_waiting() == 0
@@ -385,6 +409,7 @@ impl EngineLoop {
                         .get(&c.id)
                         .is_some_and(|a| !a.decoding.next_hits_limit())
             });
+        let mut scores: Vec<Vec<Logprobs>> = Vec::new();
         let picked = if greedy {
             self.runner
                 .forward_greedy(&batch)
@@ -406,7 +431,14 @@ impl EngineLoop {
                     _ => RowSampling::GREEDY,
                 })
                 .collect();
-            self.runner.forward_sample(&batch, &rows)
+            if batch.score.is_empty() {
+                self.runner.forward_sample(&batch, &rows)
+            } else {
+                self.runner.forward_scored(&batch, &rows).map(|step| {
+                    scores = step.scores;
+                    step.picks
+                })
+            }
         };
         let picked: Vec<Pick> = match picked {
             Ok(p) => p,
@@ -419,12 +451,31 @@ impl EngineLoop {
                 return;
             }
         };
+        let mut prompts = Vec::new();
+        for ((id, start), s) in scored.into_iter().zip(scores) {
+            let Some(a) = self.active.get_mut(&id) else {
+                continue;
+            };
+            let view = self.scheduler.view(id);
+            if let (Some(p), Some(v)) = (a.prompt_scores.as_mut(), view) {
+                p.record(start, s);
+                if let Some(list) = p.take_finished(&v.tokens[..a.prompt_tokens]) {
+                    prompts.push((id, list));
+                }
+            }
+        }
         let mut outputs = Vec::new();
+        let mut empty = Vec::new();
         for (c, pick) in chunks.iter().zip(picked) {
             let Some(a) = self.active.get_mut(&c.id) else {
                 continue;
             };
             if !c.sample {
+                continue;
+            }
+            if a.decoding.generates_nothing() {
+                // max_tokens 0: the prompt (and its logprobs) was the point.
+                empty.push(c.id);
                 continue;
             }
             outputs.push((c.id, a.decoding.accept_picked(pick)));
@@ -441,6 +492,15 @@ impl EngineLoop {
         );
         self.metrics.iteration(num_tokens, started.elapsed());
         let now = Instant::now();
+        for (id, list) in prompts {
+            if let Some(a) = self.active.get_mut(&id) {
+                let delivery = a.deliver(TokenEvent::Prompt(list));
+                self.settle(id, delivery, None, now);
+            }
+        }
+        for id in empty {
+            self.settle(id, Delivery::Sent, Some(FinishReason::Length), now);
+        }
         for (id, out) in outputs {
             match out {
                 Ok(out) => self.emit(id, out, now),
@@ -470,8 +530,27 @@ impl EngineLoop {
             logprob: out.sampled.logprob,
             top_logprobs: out.sampled.top_logprobs,
         });
-        let mut delivery = a.deliver(token);
-        if let Some(reason) = out.finish {
+        let delivery = a.deliver(token);
+        self.settle(id, delivery, out.finish, now);
+    }
+
+    /// After an event went out as `delivery`: ends the request when
+    /// `finish` says so (sending `Finished`), pauses it when its client is
+    /// behind, drops it when the client is gone.
+    fn settle(
+        &mut self,
+        id: RequestId,
+        mut delivery: Delivery,
+        finish: Option<FinishReason>,
+        now: Instant,
+    ) {
+        let Some(a) = self.active.get_mut(&id) else {
+            return;
+        };
+        if a.done {
+            return;
+        }
+        if let Some(reason) = finish {
             let completion = Completion {
                 reason,
                 prompt_tokens: a.prompt_tokens,
@@ -493,7 +572,7 @@ impl EngineLoop {
             self.scheduler.remove(id);
         }
         match delivery {
-            Delivery::Sent if out.finish.is_some() => {
+            Delivery::Sent if finish.is_some() => {
                 self.active.remove(&id);
             }
             Delivery::Sent => {}

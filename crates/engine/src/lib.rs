@@ -13,6 +13,7 @@ pub mod drain;
 pub mod engine_loop;
 pub mod handle;
 mod metrics;
+pub mod prompt_scores;
 pub mod sampler;
 pub mod stop;
 
@@ -20,7 +21,7 @@ pub use decoding::{Decoding, TokenOutput};
 pub use engine_loop::{start_engine, EngineConfig};
 pub use handle::{
     Completion, EngineHandle, EngineRequest, EngineStats, GeneratedToken, PriorityHandle,
-    RequestId, RequestLimits, RequestStream, SubmitError, TokenEvent,
+    PromptLogprob, RequestId, RequestLimits, RequestStream, SubmitError, TokenEvent,
 };
 pub use metrics::MetricsConfig;
 pub use sampler::TokenLogprob;

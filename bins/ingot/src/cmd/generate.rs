@@ -87,6 +87,7 @@ impl SamplingArgs {
             presence_penalty: self.presence_penalty,
             seed: self.seed,
             logprobs: self.logprobs,
+            prompt_logprobs: None,
         };
         params.validate()?;
         let stop = StopCriteria {
@@ -203,6 +204,7 @@ fn stream(
             }
             TokenEvent::Finished(_) => break,
             TokenEvent::Error(e) => anyhow::bail!("generation failed: {e}"),
+            TokenEvent::Prompt(_) => {}
         }
     }
     writeln!(out)?;

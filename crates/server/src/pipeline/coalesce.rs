@@ -258,7 +258,7 @@ impl Flight {
             };
             let event =
                 event.unwrap_or_else(|| TokenEvent::Error("the engine dropped the request".into()));
-            let last = !matches!(event, TokenEvent::Token(_));
+            let last = event.is_terminal();
             {
                 let mut map = lock(flights);
                 let mut st = lock(&self.state);
@@ -398,7 +398,7 @@ impl Subscription {
             if let Some(event) = next {
                 self.reader.cursor.fetch_add(1, Ordering::SeqCst);
                 *lock(&self.reader.last_read) = Instant::now();
-                if !matches!(event, TokenEvent::Token(_)) {
+                if event.is_terminal() {
                     self.done = true;
                 }
                 return Some(event);
