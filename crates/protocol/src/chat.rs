@@ -208,6 +208,8 @@ pub struct AssistantMessage {
     pub role: &'static str,
     /// The generated text.
     pub content: String,
+    /// A refusal message; always null (OpenAI requires the field).
+    pub refusal: Option<String>,
 }
 
 /// One choice of a chat response.
@@ -238,7 +240,8 @@ pub struct ChatCompletion {
     pub choices: Vec<ChatChoice>,
     /// Token counts.
     pub usage: Usage,
-    /// Not tracked.
+    /// Not tracked, so never sent (the schema has no null here).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub system_fingerprint: Option<String>,
 }
 
@@ -282,7 +285,8 @@ pub struct ChatCompletionChunk {
     /// Present (null until the last chunk) when `include_usage` is set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Option<Usage>>,
-    /// Not tracked.
+    /// Not tracked, so never sent (the schema has no null here).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub system_fingerprint: Option<String>,
 }
 

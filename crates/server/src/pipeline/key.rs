@@ -99,6 +99,10 @@ pub fn request_key(tenant: Option<&str>, model: &str, request: &EngineRequest) -
         e.u32(id);
     }
     e.u8(u8::from(stop.ignore_eos));
+    // Appended only when set, so keys of requests without it are unchanged.
+    if let Some(n) = s.prompt_logprobs {
+        e.u8(b'P').u64(n as u64);
+    }
     let digest = e.0.finalize();
     let mut key = [0u8; 16];
     key.copy_from_slice(&digest.as_bytes()[..16]);
@@ -205,8 +209,17 @@ mod tests {
             request_key(Some("acme"), "smollm2", &s).to_string(),
             VECTOR_SEEDED
         );
+        let mut p = request(&[1, 2, 3]);
+        p.sampling.logprobs = Some(1);
+        p.sampling.prompt_logprobs = Some(1);
+        p.stop.max_tokens = 0;
+        assert_eq!(
+            request_key(None, "smollm2", &p).to_string(),
+            VECTOR_PROMPT_LOGPROBS
+        );
     }
 
+    const VECTOR_PROMPT_LOGPROBS: &str = "aa6d4e3e3a24a73af50a3ac642ba596b";
     const VECTOR_GREEDY: &str = "b29398efdccf87f5f4ed3796628ef544";
     const VECTOR_SEEDED: &str = "99f907e6f43fc299ed053721b024d206";
 }

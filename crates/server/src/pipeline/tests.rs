@@ -521,6 +521,7 @@ async fn both_bounds_hold() {
     });
     let choice = Arc::new(CachedChoice {
         model: "m".into(),
+        prompt: None,
         tokens: Vec::new(),
         completion: Completion {
             reason: FinishReason::Stop,
@@ -535,6 +536,7 @@ async fn both_bounds_hold() {
     }
     assert!(store.stats().entries <= 10, "{:?}", store.stats());
     let big = Arc::new(CachedChoice {
+        prompt: None,
         tokens: vec![
             GeneratedToken {
                 token: 1,

@@ -122,6 +122,7 @@ pub async fn chat_completions(
             message: AssistantMessage {
                 role: "assistant",
                 content: r.text.clone(),
+                refusal: None,
             },
             logprobs: meta.logprobs.then(|| ChatLogprobs {
                 content: r
