@@ -156,6 +156,8 @@ fn parts_text(param: &str, parts: Vec<Value>) -> Result<String, ProtocolError> {
 pub struct ChatLogprobs {
     /// One entry per generated token.
     pub content: Vec<ChatTokenLogprob>,
+    /// Refusal tokens; always null (OpenAI requires the field).
+    pub refusal: Option<Vec<ChatTokenLogprob>>,
 }
 
 /// One token's logprob entry.

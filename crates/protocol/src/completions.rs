@@ -27,8 +27,8 @@ enum PromptField {
 struct CompletionFields {
     prompt: Option<Value>,
     logprobs: Option<u32>,
-    #[serde(default)]
-    echo: bool,
+    /// Null is false (the description marks it nullable).
+    echo: Option<bool>,
 }
 
 /// One prompt, as text or already tokenized.
@@ -55,10 +55,11 @@ impl ValidCompletionRequest {
     /// Parses and validates a request body.
     pub fn parse(body: &Value) -> Result<Self, ProtocolError> {
         let fields: CompletionFields = parse_json(body)?;
+        let echo = fields.echo.unwrap_or(false);
         let mut raw_sampling = parse_json::<SamplingFields>(body)?;
         // `max_tokens: 0` with `echo` returns the prompt alone (with its
         // logprobs: how evaluation harnesses score text).
-        let prompt_only = fields.echo
+        let prompt_only = echo
             && raw_sampling.max_tokens == Some(0)
             && raw_sampling.max_completion_tokens.is_none();
         if prompt_only {
@@ -72,7 +73,7 @@ impl ValidCompletionRequest {
         if let Some(n) = fields.logprobs {
             check_top_logprobs("logprobs", n as usize)?;
             sampling.params.logprobs = Some(n as usize);
-            if fields.echo {
+            if echo {
                 sampling.params.prompt_logprobs = Some(n as usize);
             }
         }
@@ -110,7 +111,7 @@ impl ValidCompletionRequest {
         Ok(Self {
             sampling,
             prompts,
-            echo: fields.echo,
+            echo,
         })
     }
 }

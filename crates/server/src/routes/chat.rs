@@ -130,6 +130,7 @@ pub async fn chat_completions(
                     .iter()
                     .map(|t| (&resolve(&meta.tokenizer, t)).into())
                     .collect(),
+                refusal: None,
             }),
             finish_reason: Some(r.completion.reason.as_str()),
         })
@@ -222,6 +223,7 @@ impl sse::ChunkFormat for ChatChunks {
             },
             logprobs: m.logprobs.then(|| ChatLogprobs {
                 content: vec![(&resolve(&m.tokenizer, &token)).into()],
+                refusal: None,
             }),
             finish_reason: None,
         };
