@@ -50,8 +50,8 @@ OPERATIONS = [
     ("GET", "/models"),
     ("POST", "/embeddings"),
 ]
-# Generated requests per operation (the run is ~1 min on 2 cores).
-EXAMPLES = int(os.environ.get("INGOT_CONFORMANCE_EXAMPLES", "60"))
+# Generated requests per operation (~30 s for all on 2 cores).
+EXAMPLES = int(os.environ.get("INGOT_CONFORMANCE_EXAMPLES", "100"))
 MAX_TOKENS = 4
 MESSAGES = [{"role": "user", "content": "Say hi"}]
 # Streams the generator may not draw valid often enough: always checked.
