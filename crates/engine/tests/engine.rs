@@ -462,10 +462,7 @@ fn stepwise_logprobs(prompt: &[u32]) -> Vec<(f32, u32)> {
             };
             let row = runner.forward(&batch).unwrap();
             let z = ingot_runner::sampling::log_sum_exp(row);
-            (
-                row[prompt[p + 1] as usize] - z,
-                ingot_runner::argmax(row),
-            )
+            (row[prompt[p + 1] as usize] - z, ingot_runner::argmax(row))
         })
         .collect()
 }
@@ -490,8 +487,14 @@ fn prompt_logprobs_match_stepwise_logits_through_chunks_and_the_prefix_cache() {
         }
     }
     let (prompt, finished) = (prompt.unwrap(), finished.unwrap());
-    assert_eq!((finished.reason, finished.completion_tokens), (FinishReason::Length, 0));
-    assert_eq!(finished.cached_tokens, 0, "scored prompts skip the prefix cache");
+    assert_eq!(
+        (finished.reason, finished.completion_tokens),
+        (FinishReason::Length, 0)
+    );
+    assert_eq!(
+        finished.cached_tokens, 0,
+        "scored prompts skip the prefix cache"
+    );
     assert_eq!(prompt.len(), 150);
     assert_eq!(prompt[0].logprob, None);
     let reference = stepwise_logprobs(&warm.prompt);

@@ -136,8 +136,9 @@ impl CompletionLogprobs {
     pub fn push(&mut self, t: &TokenLogprobInfo, offset: usize) {
         self.tokens.push(t.token.clone());
         self.token_logprobs.push(Some(t.logprob));
-        self.top_logprobs
-            .push(Some(t.top.iter().map(|(s, _, l)| (s.clone(), *l)).collect()));
+        self.top_logprobs.push(Some(
+            t.top.iter().map(|(s, _, l)| (s.clone(), *l)).collect(),
+        ));
         self.text_offset.push(offset);
     }
 
@@ -224,11 +225,18 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r.sampling.params.prompt_logprobs, Some(1));
-        assert_eq!((r.sampling.max_tokens, r.sampling.stop.max_tokens), (Some(0), 0));
+        assert_eq!(
+            (r.sampling.max_tokens, r.sampling.stop.max_tokens),
+            (Some(0), 0)
+        );
         let r = ValidCompletionRequest::parse(&json!({"prompt": "x", "logprobs": 1})).unwrap();
-        assert_eq!(r.sampling.params.prompt_logprobs, None, "no echo, no prompt");
+        assert_eq!(
+            r.sampling.params.prompt_logprobs, None,
+            "no echo, no prompt"
+        );
         // Without echo an empty answer is useless: max_tokens stays >= 1.
-        let e = ValidCompletionRequest::parse(&json!({"prompt": "x", "max_tokens": 0})).unwrap_err();
+        let e =
+            ValidCompletionRequest::parse(&json!({"prompt": "x", "max_tokens": 0})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
     }
 }

@@ -27,7 +27,9 @@ pub struct ScoredChunk<'a> {
 pub fn score_row(row: &[f32], next: TokenId, top: usize) -> Logprobs {
     let log_z = log_sum_exp(row);
     Logprobs {
-        chosen: row.get(next as usize).map_or(f32::NEG_INFINITY, |l| l - log_z),
+        chosen: row
+            .get(next as usize)
+            .map_or(f32::NEG_INFINITY, |l| l - log_z),
         top: top_few(row, top)
             .into_iter()
             .map(|token| TokenLogprob {

@@ -8,8 +8,8 @@ use ingot_core::{SamplingParams, StopCriteria, TokenId};
 use ingot_engine::{EngineHandle, EngineRequest, TokenEvent};
 use ingot_tokenizer::{ChatMessage, ChatTemplate};
 
-use crate::model::{load_engine, load_runner, ModelArgs};
 use crate::cmd::score;
+use crate::model::{load_engine, load_runner, ModelArgs};
 use crate::settings::{self, FlagSet};
 
 /// Flags of `ingot generate`.
@@ -119,12 +119,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         let prompt = args.prompt.as_deref().context("--score needs --prompt")?;
         let (mut runner, tokenizer) = load_runner(&config, 1)?;
         let (context, tail) = score::split(&tokenizer, prompt, continuation)?;
-        let result = score::score(
-            runner.as_mut(),
-            config.engine.block_size,
-            context,
-            tail,
-        )?;
+        let result = score::score(runner.as_mut(), config.engine.block_size, context, tail)?;
         println!("{}", result.to_json());
         return Ok(());
     }

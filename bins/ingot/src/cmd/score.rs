@@ -37,7 +37,10 @@ pub fn split(
     continuation: &str,
 ) -> anyhow::Result<(Vec<TokenId>, Vec<TokenId>)> {
     let trimmed = context.trim_end();
-    let (context, continuation) = (trimmed, format!("{}{continuation}", &context[trimmed.len()..]));
+    let (context, continuation) = (
+        trimmed,
+        format!("{}{continuation}", &context[trimmed.len()..]),
+    );
     anyhow::ensure!(!context.is_empty(), "--score needs a non-empty prompt");
     let whole = tokenizer.encode(&format!("{context}{continuation}"), false)?;
     let head = tokenizer.encode(context, false)?;
@@ -75,7 +78,9 @@ pub fn score(
     let mut logprobs = Vec::with_capacity(continuation.len());
     let mut greedy = true;
     for p in last..ids.len() - 1 {
-        let row = runner.forward(&batch(p, p + 1)).context("decode step failed")?;
+        let row = runner
+            .forward(&batch(p, p + 1))
+            .context("decode step failed")?;
         let next = ids[p + 1];
         logprobs.push(row[next as usize] - log_sum_exp(row));
         greedy &= argmax(row) == next;

@@ -57,9 +57,12 @@ impl CachedChoice {
             .iter()
             .map(|t| per_token + t.text.len() + t.top_logprobs.len() * 8)
             .sum();
-        let prompt: usize = self.prompt.iter().flatten().map(|p| {
-            std::mem::size_of::<PromptLogprob>() + p.top_logprobs.len() * 8
-        }).sum();
+        let prompt: usize = self
+            .prompt
+            .iter()
+            .flatten()
+            .map(|p| std::mem::size_of::<PromptLogprob>() + p.top_logprobs.len() * 8)
+            .sum();
         (std::mem::size_of::<Self>() + self.model.len() + tokens + prompt) as u64
     }
 

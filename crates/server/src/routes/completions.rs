@@ -216,7 +216,9 @@ struct CompletionChunks {
 impl sse::ChunkFormat for CompletionChunks {
     fn prompt(&mut self, index: usize, prompt: Vec<PromptLogprob>) -> Option<Event> {
         let m = &self.meta;
-        let text = m.echo_of(self.prompt_index.get(&index).copied()?).to_string();
+        let text = m
+            .echo_of(self.prompt_index.get(&index).copied()?)
+            .to_string();
         let mut logprobs = CompletionLogprobs::default();
         push_prompt(&mut logprobs, &m.tokenizer, &prompt);
         self.offsets.insert(index, text.len());
