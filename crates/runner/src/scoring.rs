@@ -109,7 +109,7 @@ mod tests {
         let scored = [
             ScoredChunk {
                 chunk: 1,
-                next: &[1, 0],
+                next: &[1, 1],
                 top: 0,
             },
             ScoredChunk {
