@@ -51,6 +51,8 @@ struct FlightState {
     /// `None` until the inner generator answered.
     started: Option<Result<(), GenerateError>>,
     events: Vec<TokenEvent>,
+    /// When each event arrived (a reader is late once one waits unread).
+    arrived: Vec<Instant>,
     finished: bool,
     cancelled: bool,
     subscribers: Vec<Arc<Reader>>,
@@ -263,6 +265,7 @@ impl Flight {
                 let mut map = lock(flights);
                 let mut st = lock(&self.state);
                 st.events.push(event);
+                st.arrived.push(Instant::now());
                 if last {
                     st.finished = true;
                     remove(&mut map, self);
@@ -285,13 +288,16 @@ impl Flight {
         st: &mut FlightState,
         stall_timeout: Duration,
     ) {
-        let head = st.events.len();
         let now = Instant::now();
         let before = st.subscribers.len();
+        let arrived = &st.arrived;
         st.subscribers.retain(|r| {
-            let behind = r.cursor.load(std::sync::atomic::Ordering::SeqCst) < head;
-            let idle = now.saturating_duration_since(*lock(&r.last_read)) > stall_timeout;
-            if behind && idle {
+            // Stalled: an event has waited unread for the whole timeout and
+            // the reader took nothing meanwhile. A reader waiting for a
+            // first event that took long (a long prefill) is not behind.
+            let cursor = r.cursor.load(std::sync::atomic::Ordering::SeqCst);
+            let waiting_since = arrived.get(cursor).map(|&at| at.max(*lock(&r.last_read)));
+            if waiting_since.is_some_and(|t| now.saturating_duration_since(t) > stall_timeout) {
                 r.cut.store(true, std::sync::atomic::Ordering::SeqCst);
                 tracing::warn!(key = %self.key, "coalesced subscriber stalled; cut off");
                 return false;
