@@ -25,6 +25,10 @@ pub struct SamplingParams {
     pub seed: Option<u64>,
     /// Number of top alternatives to report per token (`None`: no logprobs).
     pub logprobs: Option<usize>,
+    /// Number of top alternatives to report per prompt token, whose
+    /// logprobs are then computed too (`None`: none; vLLM's
+    /// `prompt_logprobs`, OpenAI's `echo` with `logprobs`).
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -63,6 +67,7 @@ impl SamplingParams {
         presence_penalty: 0.0,
         seed: None,
         logprobs: None,
+        prompt_logprobs: None,
     };
 
     /// Greedy decoding.
@@ -112,6 +117,11 @@ impl SamplingParams {
         if let Some(n) = self.logprobs {
             if n > MAX_LOGPROBS {
                 return err("top_logprobs", "in [0, 20]", n.to_string());
+            }
+        }
+        if let Some(n) = self.prompt_logprobs {
+            if n > MAX_LOGPROBS {
+                return err("prompt_logprobs", "in [0, 20]", n.to_string());
             }
         }
         Ok(())

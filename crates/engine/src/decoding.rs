@@ -100,6 +100,12 @@ impl Decoding {
         left <= (self.criteria.max_tokens / 4).max(16)
     }
 
+    /// True when the request asked for no output (`max_tokens` 0: only
+    /// its prompt's logprobs).
+    pub fn generates_nothing(&self) -> bool {
+        self.criteria.max_tokens == 0
+    }
+
     /// Whether the backend may pick this sequence's tokens by argmax.
     pub fn is_plain_greedy(&self) -> bool {
         self.sampler.is_plain_greedy() && self.grammar.is_none()

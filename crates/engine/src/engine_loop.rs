@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use ingot_core::{FinishReason, Priority};
 use ingot_kv_cache::BlockPool;
-use ingot_runner::{ForwardBatch, ModelRunner, Pick, RowSampling, SequenceChunk};
+use ingot_runner::{
+    ForwardBatch, Logprobs, ModelRunner, Pick, RowSampling, ScoredChunk, SequenceChunk,
+};
 use ingot_scheduler::{ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput};
 use ingot_tokenizer::Tokenizer;
 use tokio::sync::mpsc::error::TrySendError;
@@ -28,6 +30,7 @@ use crate::handle::{
 };
 use crate::masks::MaskWorker;
 use crate::metrics::{Metrics, MetricsConfig};
+use crate::prompt_scores::PromptScores;
 
 /// Engine settings (the scheduler's plus the engine's own).
 #[derive(Debug, Clone)]
@@ -139,6 +142,8 @@ struct Active {
     last_token: Option<Instant>,
     /// The sequence ended; only the backlog remains to deliver.
     done: bool,
+    /// Prompt logprobs being collected, when asked for.
+    prompt_scores: Option<PromptScores>,
 }
 
 enum Delivery {
@@ -246,6 +251,8 @@ impl EngineLoop {
                 events,
                 arrival,
             } => {
+                let request = *request;
+                let scored = request.sampling.prompt_logprobs;
                 let decoding = Decoding::new(
                     &request.prompt,
                     request.sampling,
@@ -270,6 +277,8 @@ impl EngineLoop {
                         first_token: None,
                         last_token: None,
                         done: false,
+                        prompt_scores: scored
+                            .map(|top| PromptScores::new(request.prompt.len(), top)),
                     },
                 );
                 self.scheduler.add(
@@ -279,6 +288,9 @@ impl EngineLoop {
                     request.stop.max_tokens,
                     arrival,
                 );
+                if scored.is_some() {
+                    self.scheduler.compute_all_positions(id);
+                }
             }
             Command::Abort(id) => self.drop_request(id, Some(FinishReason::Abort)),
             Command::Sleep(reply) => {
@@ -369,20 +381,32 @@ impl EngineLoop {
     /// One forward pass over the scheduled chunks, then sampling.
     fn step(&mut self, chunks: &[ScheduledChunk]) {
         let started = Instant::now();
-        let mut batch = ForwardBatch {
-            chunks: chunks
-                .iter()
-                .filter_map(|c| {
-                    let v = self.scheduler.view(c.id)?;
-                    Some(SequenceChunk {
-                        tokens: &v.tokens[c.start..c.start + c.len],
-                        start_pos: c.start,
-                        block_table: v.blocks,
-                    })
-                })
-                .collect(),
-            expect_next: false,
-        };
+        let mut batch = ForwardBatch::default();
+        // Which request and start position each `batch.score` entry scores.
+        let mut scored = Vec::new();
+        for c in chunks {
+            let Some(v) = self.scheduler.view(c.id) else {
+                continue;
+            };
+            let next = self
+                .active
+                .get(&c.id)
+                .and_then(|a| a.prompt_scores.as_ref())
+                .and_then(|p| Some((p.next_tokens(v.tokens, c.start, c.len)?, p.top())));
+            if let Some((next, top)) = next {
+                batch.score.push(ScoredChunk {
+                    chunk: batch.chunks.len(),
+                    next,
+                    top,
+                });
+                scored.push((c.id, c.start));
+            }
+            batch.chunks.push(SequenceChunk {
+                tokens: &v.tokens[c.start..c.start + c.len],
+                start_pos: c.start,
+                block_table: v.blocks,
+            });
+        }
         let num_tokens = batch.num_tokens();
         // Constrained rows' masks are computed on the grammar thread while
         // the forward pass runs; the backend waits for them only to sample.
@@ -399,11 +423,12 @@ impl EngineLoop {
         // How the step's tokens are picked: on the backend's device either
         // way (only ids and asked-for logprobs come back), by plain argmax
         // when every sampled row is greedy without penalties or logprobs.
-        let greedy = chunks.iter().filter(|c| c.sample).all(|c| {
-            self.active
-                .get(&c.id)
-                .is_none_or(|a| a.decoding.is_plain_greedy())
-        });
+        let greedy = batch.score.is_empty()
+            && chunks.iter().filter(|c| c.sample).all(|c| {
+                self.active
+                    .get(&c.id)
+                    .is_none_or(|a| a.decoding.is_plain_greedy())
+            });
         // Steady decode (nothing waiting, nobody at a length limit): the
         // backend may launch the next step before this one returns.
         batch.expect_next = self.scheduler.num_waiting() == 0
@@ -415,6 +440,7 @@ impl EngineLoop {
                         .get(&c.id)
                         .is_some_and(|a| !a.decoding.next_hits_limit())
             });
+        let mut scores: Vec<Vec<Logprobs>> = Vec::new();
         let picked = if greedy {
             self.runner
                 .forward_greedy(&batch)
@@ -436,7 +462,16 @@ impl EngineLoop {
                     _ => RowSampling::GREEDY,
                 })
                 .collect();
-            self.runner.forward_sample(&batch, &rows, &mut masks)
+            if batch.score.is_empty() {
+                self.runner.forward_sample(&batch, &rows, &mut masks)
+            } else {
+                self.runner
+                    .forward_scored(&batch, &rows, &mut masks)
+                    .map(|step| {
+                        scores = step.scores;
+                        step.picks
+                    })
+            }
         };
         let picked: Vec<Pick> = match picked {
             Ok(p) => p,
@@ -452,12 +487,31 @@ impl EngineLoop {
         // A row whose grammar failed was sampled without its mask: its
         // pick is void and the request fails.
         let failed = masks.failed().to_vec();
+        let mut prompts = Vec::new();
+        for ((id, start), s) in scored.into_iter().zip(scores) {
+            let Some(a) = self.active.get_mut(&id) else {
+                continue;
+            };
+            let view = self.scheduler.view(id);
+            if let (Some(p), Some(v)) = (a.prompt_scores.as_mut(), view) {
+                p.record(start, s);
+                if let Some(list) = p.take_finished(&v.tokens[..a.prompt_tokens]) {
+                    prompts.push((id, list));
+                }
+            }
+        }
         let mut outputs = Vec::new();
+        let mut empty = Vec::new();
         for (i, (c, pick)) in chunks.iter().zip(picked).enumerate() {
             let Some(a) = self.active.get_mut(&c.id) else {
                 continue;
             };
             if !c.sample {
+                continue;
+            }
+            if a.decoding.generates_nothing() {
+                // max_tokens 0: the prompt (and its logprobs) was the point.
+                empty.push(c.id);
                 continue;
             }
             let out = match failed.iter().find(|f| f.0 == i) {
@@ -478,6 +532,15 @@ impl EngineLoop {
         );
         self.metrics.iteration(num_tokens, started.elapsed());
         let now = Instant::now();
+        for (id, list) in prompts {
+            if let Some(a) = self.active.get_mut(&id) {
+                let delivery = a.deliver(TokenEvent::Prompt(list));
+                self.settle(id, delivery, None, now);
+            }
+        }
+        for id in empty {
+            self.settle(id, Delivery::Sent, Some(FinishReason::Length), now);
+        }
         for (id, out) in outputs {
             match out {
                 Ok(out) => self.emit(id, out, now),
@@ -507,8 +570,27 @@ impl EngineLoop {
             logprob: out.sampled.logprob,
             top_logprobs: out.sampled.top_logprobs,
         });
-        let mut delivery = a.deliver(token);
-        if let Some(reason) = out.finish {
+        let delivery = a.deliver(token);
+        self.settle(id, delivery, out.finish, now);
+    }
+
+    /// After an event went out as `delivery`: ends the request when
+    /// `finish` says so (sending `Finished`), pauses it when its client is
+    /// behind, drops it when the client is gone.
+    fn settle(
+        &mut self,
+        id: RequestId,
+        mut delivery: Delivery,
+        finish: Option<FinishReason>,
+        now: Instant,
+    ) {
+        let Some(a) = self.active.get_mut(&id) else {
+            return;
+        };
+        if a.done {
+            return;
+        }
+        if let Some(reason) = finish {
             let completion = Completion {
                 reason,
                 prompt_tokens: a.prompt_tokens,
@@ -530,7 +612,7 @@ impl EngineLoop {
             self.scheduler.remove(id);
         }
         match delivery {
-            Delivery::Sent if out.finish.is_some() => {
+            Delivery::Sent if finish.is_some() => {
                 self.active.remove(&id);
             }
             Delivery::Sent => {}

@@ -48,6 +48,18 @@ pub struct GeneratedToken {
     pub top_logprobs: Vec<TokenLogprob>,
 }
 
+/// A prompt token's logprob given the tokens before it
+/// (`SamplingParams::prompt_logprobs`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptLogprob {
+    /// The prompt token.
+    pub token: TokenId,
+    /// Its log-probability; `None` for the first token (nothing precedes it).
+    pub logprob: Option<f32>,
+    /// Most likely tokens at its position (empty for the first).
+    pub top_logprobs: Vec<TokenLogprob>,
+}
+
 /// How a request ended, with its usage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Completion {
@@ -66,12 +78,21 @@ pub struct Completion {
 /// What a request's stream carries.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TokenEvent {
+    /// Every prompt token's logprob, when asked for; before any token.
+    Prompt(Vec<PromptLogprob>),
     /// A token was generated.
     Token(GeneratedToken),
     /// The request ended; the last event.
     Finished(Completion),
     /// The engine failed while serving the request; the last event.
     Error(String),
+}
+
+impl TokenEvent {
+    /// True for the last event of a request (finished or failed).
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, TokenEvent::Finished(_) | TokenEvent::Error(_))
+    }
 }
 
 /// Why a request was not accepted.

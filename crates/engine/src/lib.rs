@@ -16,6 +16,7 @@ pub mod engine_loop;
 pub mod handle;
 mod masks;
 mod metrics;
+pub mod prompt_scores;
 pub mod sampler;
 pub mod stop;
 
@@ -23,7 +24,7 @@ pub use decoding::{DecodeError, Decoding, TokenOutput};
 pub use engine_loop::{start_engine, EngineConfig};
 pub use handle::{
     Completion, EngineHandle, EngineRequest, EngineStats, GeneratedToken, PriorityHandle,
-    RequestId, RequestLimits, RequestStream, SubmitError, TokenEvent,
+    PromptLogprob, RequestId, RequestLimits, RequestStream, SubmitError, TokenEvent,
 };
 pub use ingot_structured::{Grammar, GrammarCompiler, GrammarError};
 pub use metrics::MetricsConfig;

@@ -92,6 +92,7 @@ fn run(handle: &EngineHandle, req: EngineRequest) -> (Vec<u32>, FinishReason) {
             TokenEvent::Token(t) => tokens.push(t.token),
             TokenEvent::Finished(c) => return (tokens, c.reason),
             TokenEvent::Error(e) => panic!("engine error: {e}"),
+            TokenEvent::Prompt(_) => {}
         }
     }
     panic!("stream ended without Finished");
@@ -378,6 +379,7 @@ fn logprobs_come_back_with_the_tokens() {
             TokenEvent::Token(t) => events.push(t),
             TokenEvent::Finished(_) => break,
             TokenEvent::Error(e) => panic!("engine error: {e}"),
+            TokenEvent::Prompt(_) => panic!("no prompt logprobs were asked for"),
         }
     }
     assert_eq!(events.len(), 4);
@@ -411,6 +413,7 @@ fn logprobs_do_not_change_sampled_tokens() {
             presence_penalty: 0.2,
             seed: Some(11),
             logprobs,
+            prompt_logprobs: None,
         };
         run(&handle, req).0
     };
@@ -510,4 +513,100 @@ fn constrained_and_free_requests_batch_together_and_survive_preemption() {
             "{out:?}"
         );
     }
+}
+
+/// Each position's logprob of the next prompt token, one decode step at a
+/// time straight on a runner: the reference for the batched prompt scores.
+fn stepwise_logprobs(prompt: &[u32]) -> Vec<(f32, u32)> {
+    use ingot_runner::{ForwardBatch, ModelRunner, SequenceChunk};
+    let config = tiny_config();
+    let weights = LlamaWeights::load(&config, &DummySource::new(&config, 1), &|_, _| {}).unwrap();
+    let mut runner = CpuRunner::new(
+        config,
+        weights,
+        CpuRunnerConfig {
+            num_blocks: 32,
+            block_size: 16,
+            weight_dtype: Default::default(),
+        },
+    )
+    .unwrap();
+    let table: Vec<u32> = (0..32).collect();
+    (0..prompt.len() - 1)
+        .map(|p| {
+            let batch = ForwardBatch {
+                chunks: vec![SequenceChunk {
+                    tokens: &prompt[p..p + 1],
+                    start_pos: p,
+                    block_table: &table,
+                }],
+                expect_next: false,
+                score: Vec::new(),
+            };
+            let row = runner.forward(&batch).unwrap();
+            let z = ingot_runner::sampling::log_sum_exp(row);
+            (row[prompt[p + 1] as usize] - z, ingot_runner::argmax(row))
+        })
+        .collect()
+}
+
+#[test]
+fn prompt_logprobs_match_stepwise_logits_through_chunks_and_the_prefix_cache() {
+    let e = engine(256, |_| {});
+    // The same prompt first, so its blocks sit in the prefix cache.
+    let warm = request(3, 150, 1);
+    let _ = run(&e, warm.clone());
+    let mut scored = warm.clone();
+    scored.sampling.prompt_logprobs = Some(2);
+    scored.stop.max_tokens = 0;
+    let mut stream = e.submit(scored).unwrap();
+    let mut prompt = None;
+    let mut finished = None;
+    while let Some(ev) = stream.next_blocking() {
+        match ev {
+            TokenEvent::Prompt(list) => prompt = Some(list),
+            TokenEvent::Finished(c) => finished = Some(c),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let (prompt, finished) = (prompt.unwrap(), finished.unwrap());
+    assert_eq!(
+        (finished.reason, finished.completion_tokens),
+        (FinishReason::Length, 0)
+    );
+    assert_eq!(
+        finished.cached_tokens, 0,
+        "scored prompts skip the prefix cache"
+    );
+    assert_eq!(prompt.len(), 150);
+    assert_eq!(prompt[0].logprob, None);
+    let reference = stepwise_logprobs(&warm.prompt);
+    for (i, (p, (want, best))) in prompt[1..].iter().zip(reference).enumerate() {
+        assert_eq!(p.token, warm.prompt[i + 1]);
+        let got = p.logprob.unwrap();
+        assert!((got - want).abs() < 1e-4, "position {i}: {got} vs {want}");
+        assert_eq!(p.top_logprobs.len(), 2);
+        assert_eq!(p.top_logprobs[0].token, best, "position {i}");
+    }
+}
+
+#[test]
+fn prompt_logprobs_come_before_the_generated_tokens() {
+    let e = engine(256, |_| {});
+    let mut req = request(5, 20, 3);
+    req.sampling.prompt_logprobs = Some(0);
+    let mut stream = e.submit(req).unwrap();
+    let mut kinds = Vec::new();
+    while let Some(ev) = stream.next_blocking() {
+        kinds.push(match ev {
+            TokenEvent::Prompt(list) => {
+                assert_eq!(list.len(), 20);
+                "prompt"
+            }
+            TokenEvent::Token(_) => "token",
+            TokenEvent::Finished(_) => "finished",
+            TokenEvent::Error(e) => panic!("{e}"),
+        });
+    }
+    assert_eq!(kinds, ["prompt", "token", "token", "token", "finished"]);
 }

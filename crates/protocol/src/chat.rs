@@ -173,6 +173,8 @@ fn parts_text(param: &str, parts: Vec<Value>) -> Result<String, ProtocolError> {
 pub struct ChatLogprobs {
     /// One entry per generated token.
     pub content: Vec<ChatTokenLogprob>,
+    /// Refusal tokens; always null (OpenAI requires the field).
+    pub refusal: Option<Vec<ChatTokenLogprob>>,
 }
 
 /// One token's logprob entry.
@@ -225,6 +227,8 @@ pub struct AssistantMessage {
     pub role: &'static str,
     /// The generated text (null when the answer is only tool calls).
     pub content: Option<String>,
+    /// A refusal message; always null (OpenAI requires the field).
+    pub refusal: Option<String>,
     /// The calls parsed from the answer, when tools were offered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCall>>,
@@ -258,7 +262,8 @@ pub struct ChatCompletion {
     pub choices: Vec<ChatChoice>,
     /// Token counts.
     pub usage: Usage,
-    /// Not tracked.
+    /// Not tracked, so never sent (the schema has no null here).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub system_fingerprint: Option<String>,
 }
 
@@ -305,7 +310,8 @@ pub struct ChatCompletionChunk {
     /// Present (null until the last chunk) when `include_usage` is set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Option<Usage>>,
-    /// Not tracked.
+    /// Not tracked, so never sent (the schema has no null here).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub system_fingerprint: Option<String>,
 }
 

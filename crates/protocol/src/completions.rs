@@ -27,8 +27,8 @@ enum PromptField {
 struct CompletionFields {
     prompt: Option<Value>,
     logprobs: Option<u32>,
-    #[serde(default)]
-    echo: bool,
+    /// Null is false (the description marks it nullable).
+    echo: Option<bool>,
 }
 
 /// One prompt, as text or already tokenized.
@@ -55,11 +55,28 @@ impl ValidCompletionRequest {
     /// Parses and validates a request body.
     pub fn parse(body: &Value) -> Result<Self, ProtocolError> {
         let fields: CompletionFields = parse_json(body)?;
-        let mut sampling = parse_json::<SamplingFields>(body)?.validate()?;
+        let echo = fields.echo.unwrap_or(false);
+        let mut raw_sampling = parse_json::<SamplingFields>(body)?;
+        // `max_tokens: 0` with `echo` returns the prompt alone (with its
+        // logprobs: how evaluation harnesses score text).
+        let prompt_only = echo
+            && raw_sampling.max_tokens == Some(0)
+            && raw_sampling.max_completion_tokens.is_none();
+        if prompt_only {
+            raw_sampling.max_tokens = None;
+        }
+        let mut sampling = raw_sampling.validate()?;
+        if prompt_only {
+            sampling.max_tokens = Some(0);
+            sampling.stop.max_tokens = 0;
+        }
         sampling.grammar = crate::structured::parse_grammar(body)?;
         if let Some(n) = fields.logprobs {
             check_top_logprobs("logprobs", n as usize)?;
             sampling.params.logprobs = Some(n as usize);
+            if echo {
+                sampling.params.prompt_logprobs = Some(n as usize);
+            }
         }
         let raw = fields
             .prompt
@@ -95,20 +112,22 @@ impl ValidCompletionRequest {
         Ok(Self {
             sampling,
             prompts,
-            echo: fields.echo,
+            echo,
         })
     }
 }
 
-/// Legacy completions logprobs: parallel arrays.
+/// Legacy completions logprobs: parallel arrays. With `echo` they start
+/// with the prompt's tokens, the first of which has no logprob (null, as
+/// in OpenAI's and vLLM's answers).
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct CompletionLogprobs {
     /// Token texts.
     pub tokens: Vec<String>,
     /// Their logprobs.
-    pub token_logprobs: Vec<f32>,
+    pub token_logprobs: Vec<Option<f32>>,
     /// Alternatives per token: text → logprob.
-    pub top_logprobs: Vec<BTreeMap<String, f32>>,
+    pub top_logprobs: Vec<Option<BTreeMap<String, f32>>>,
     /// Character offset of each token in the choice text.
     pub text_offset: Vec<usize>,
 }
@@ -117,9 +136,18 @@ impl CompletionLogprobs {
     /// Appends one token whose text starts at `offset`.
     pub fn push(&mut self, t: &TokenLogprobInfo, offset: usize) {
         self.tokens.push(t.token.clone());
-        self.token_logprobs.push(t.logprob);
-        self.top_logprobs
-            .push(t.top.iter().map(|(s, _, l)| (s.clone(), *l)).collect());
+        self.token_logprobs.push(Some(t.logprob));
+        self.top_logprobs.push(Some(
+            t.top.iter().map(|(s, _, l)| (s.clone(), *l)).collect(),
+        ));
+        self.text_offset.push(offset);
+    }
+
+    /// Appends the first prompt token (nothing precedes it: no logprob).
+    pub fn push_first(&mut self, token: String, offset: usize) {
+        self.tokens.push(token);
+        self.token_logprobs.push(None);
+        self.top_logprobs.push(None);
         self.text_offset.push(offset);
     }
 }
@@ -153,7 +181,8 @@ pub struct Completion {
     /// Token counts (always in responses; in streams only the usage chunk).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Option<Usage>>,
-    /// Not tracked.
+    /// Not tracked, so never sent (the schema has no null here).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub system_fingerprint: Option<String>,
 }
 
@@ -188,5 +217,27 @@ mod tests {
         }
         let e = ValidCompletionRequest::parse(&json!({"prompt": "x", "logprobs": 21})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("logprobs"));
+    }
+
+    #[test]
+    fn echo_with_logprobs_scores_the_prompt_and_may_skip_generation() {
+        let r = ValidCompletionRequest::parse(
+            &json!({"prompt": "x", "echo": true, "logprobs": 1, "max_tokens": 0}),
+        )
+        .unwrap();
+        assert_eq!(r.sampling.params.prompt_logprobs, Some(1));
+        assert_eq!(
+            (r.sampling.max_tokens, r.sampling.stop.max_tokens),
+            (Some(0), 0)
+        );
+        let r = ValidCompletionRequest::parse(&json!({"prompt": "x", "logprobs": 1})).unwrap();
+        assert_eq!(
+            r.sampling.params.prompt_logprobs, None,
+            "no echo, no prompt"
+        );
+        // Without echo an empty answer is useless: max_tokens stays >= 1.
+        let e =
+            ValidCompletionRequest::parse(&json!({"prompt": "x", "max_tokens": 0})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
     }
 }

@@ -35,5 +35,50 @@ pub fn body_json(bytes: &[u8]) -> Result<serde_json::Value, ProtocolError> {
             code: None,
         });
     }
+    let mut value = value;
+    integral_floats_to_integers(&mut value);
     Ok(value)
+}
+
+/// Rewrites numbers like `2.0` as `2`: JSON Schema (and so OpenAI's API
+/// description) counts them as integers and clients that build bodies from
+/// floats send them for `n` or `max_tokens`; serde would refuse them for
+/// integer fields. Float fields read integers unchanged.
+fn integral_floats_to_integers(value: &mut serde_json::Value) {
+    use serde_json::Value;
+    // Integers beyond 2^53 are not exact in an f64 anyway.
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    match value {
+        Value::Number(n) => {
+            if let Some(f) = n.as_f64().filter(|_| n.is_f64()) {
+                if f.fract() == 0.0 && f.abs() <= EXACT {
+                    *n = if f < 0.0 {
+                        (f as i64).into()
+                    } else {
+                        (f as u64).into()
+                    };
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(integral_floats_to_integers),
+        Value::Object(map) => map.values_mut().for_each(integral_floats_to_integers),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integral_floats_become_integers_and_others_stay() {
+        let v = body_json(br#"{"n": 2.0, "t": 0.5, "ids": [1.0, -3.0], "big": 1e300, "z": -0.0}"#)
+            .unwrap();
+        assert_eq!(v["n"], serde_json::json!(2));
+        assert!(v["n"].is_u64());
+        assert_eq!(v["t"], serde_json::json!(0.5));
+        assert_eq!(v["ids"], serde_json::json!([1, -3]));
+        assert!(v["big"].is_f64(), "not exact as an integer");
+        assert!(v["z"].is_u64());
+    }
 }

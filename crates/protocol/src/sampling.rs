@@ -181,6 +181,7 @@ impl SamplingFields {
             presence_penalty: self.presence_penalty.unwrap_or(0.0),
             seed: self.seed.map(|s| s as u64),
             logprobs: None,
+            prompt_logprobs: None,
         };
         params
             .validate()

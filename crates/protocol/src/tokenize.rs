@@ -45,3 +45,26 @@ pub struct DetokenizeResponse {
     /// Text of the ids.
     pub prompt: String,
 }
+
+/// `GET /tokenizer_info` (vLLM's): the special tokens, so a client that
+/// tokenizes through `/tokenize` (lm-evaluation-harness's remote
+/// tokenizer) knows them without downloading the tokenizer.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TokenizerInfo {
+    /// End-of-sequence token text.
+    pub eos_token: Option<String>,
+    /// Beginning-of-sequence token text.
+    pub bos_token: Option<String>,
+    /// Padding token text.
+    pub pad_token: Option<String>,
+    /// Unknown-token text.
+    pub unk_token: Option<String>,
+    /// Whether encoding prepends BOS.
+    pub add_bos_token: bool,
+    /// Whether encoding appends EOS.
+    pub add_eos_token: bool,
+    /// The model's context length.
+    pub model_max_length: usize,
+    /// Where the tokenizer came from ("gguf", "huggingface").
+    pub tokenizer_class: String,
+}

@@ -439,7 +439,6 @@ impl CpuRunner {
         );
         let qkv_w = qd + 2 * kvd;
         let t = batch.num_tokens();
-        let s = batch.chunks.len();
         let bs = self.kv_shape.block_size;
         let ws = &mut self.ws;
         grow(&mut ws.x, t * d);
@@ -450,8 +449,6 @@ impl CpuRunner {
         grow(&mut ws.proj, t * d);
         grow(&mut ws.gate_up, t * 2 * ff);
         grow(&mut ws.act, t * ff);
-        grow(&mut ws.last, s * d);
-        grow(&mut ws.logits, s * c.vocab_size);
         ws.positions.clear();
         ws.slots.clear();
         let mut sites = Vec::with_capacity(t);
@@ -530,10 +527,11 @@ impl CpuRunner {
                 .linear(&ws.act, &mut ws.proj, (t, ff, d), &mut ws.acts);
             ops::add_in_place(&mut ws.x[..t * d], &ws.proj[..t * d]);
         }
-        let mut end = 0;
-        for (i, chunk) in batch.chunks.iter().enumerate() {
-            end += chunk.tokens.len();
-            let row = end - 1;
+        let rows = output_rows(batch);
+        let n = rows.len();
+        grow(&mut ws.last, n * d);
+        grow(&mut ws.logits, n * c.vocab_size);
+        for (i, &row) in rows.iter().enumerate() {
             ops::rms_norm_row(
                 &ws.x[row * d..(row + 1) * d],
                 &self.norm,
@@ -542,7 +540,28 @@ impl CpuRunner {
             );
         }
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        head.linear(&ws.last, &mut ws.logits, (s, d, c.vocab_size), &mut ws.acts);
-        s * c.vocab_size
+        head.linear(&ws.last, &mut ws.logits, (n, d, c.vocab_size), &mut ws.acts);
+        n * c.vocab_size
     }
+}
+
+/// Token rows whose logits the batch returns: each chunk's last token,
+/// then every scored position.
+fn output_rows(batch: &ForwardBatch<'_>) -> Vec<usize> {
+    let mut first = Vec::with_capacity(batch.chunks.len());
+    let mut end = 0;
+    for chunk in &batch.chunks {
+        first.push(end);
+        end += chunk.tokens.len();
+    }
+    let mut rows: Vec<usize> = batch
+        .chunks
+        .iter()
+        .zip(&first)
+        .map(|(c, &f)| f + c.tokens.len() - 1)
+        .collect();
+    for s in &batch.score {
+        rows.extend((0..s.next.len()).map(|i| first[s.chunk] + i));
+    }
+    rows
 }

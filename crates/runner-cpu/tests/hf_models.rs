@@ -132,6 +132,7 @@ fn forward(runner: &mut CpuRunner, chunks: Vec<SequenceChunk<'_>>) -> Vec<Vec<f3
         .forward(&ForwardBatch {
             chunks,
             expect_next: false,
+            score: Vec::new(),
         })
         .unwrap();
     assert_eq!(logits.len(), n * vocab);

@@ -72,6 +72,7 @@ fn smollm2_matches_f32_reference() {
                     block_table: table.blocks(),
                 }],
                 expect_next: false,
+                score: Vec::new(),
             };
             let logits = runner.forward(&batch).unwrap();
             if pos == 0 {
@@ -140,6 +141,7 @@ fn smollm2_bf16_weights_stay_close_to_the_reference() {
                 block_table: table.blocks(),
             }],
             expect_next: false,
+            score: Vec::new(),
         };
         let logits = runner.forward(&batch).unwrap();
         let scale = ref_logits.iter().fold(0f32, |a, b| a.max(b.abs()));

@@ -210,6 +210,8 @@ pub struct CudaRunner {
     kv_shape: KvCacheShape,
     graphs: Vec<DecodeGraph>,
     logits_host: Pinned<f32>,
+    /// Last-token rows then scored positions' rows of a scored step.
+    scored_host: Vec<f32>,
     /// Two, so a speculative step's ids can land while the last are read.
     ids_host: [Pinned<i32>; 2],
     next_ids_buffer: usize,
@@ -283,6 +285,7 @@ impl CudaRunner {
             },
             graphs: Vec::new(),
             logits_host: Pinned::new(&gpu, max_seqs * config.vocab_size)?,
+            scored_host: Vec::new(),
             ids_host: [Pinned::new(&gpu, max_seqs)?, Pinned::new(&gpu, max_seqs)?],
             next_ids_buffer: 0,
             last_ids: Vec::new(),
@@ -423,6 +426,7 @@ impl CudaRunner {
                 block_table: &table,
             }],
             expect_next: false,
+            score: Vec::new(),
         };
         self.kv_shape.num_blocks = blocks;
         self.run(&batch, false)?;
@@ -631,12 +635,17 @@ impl ModelRunner for CudaRunner {
         if self.pending.take().is_some() {
             self.speculation_misses += 1;
         }
-        self.run(batch, true)?;
+        // Scored rows are gathered from the eager step's token layout.
+        self.run(batch, batch.score.is_empty())?;
         let n = batch.chunks.len() * self.config.vocab_size;
         let host = &mut self.logits_host.as_mut_slice()[..n];
         self.gpu.download(host, self.buffers.logits)?;
         self.gpu.sync()?;
-        Ok(&self.logits_host.as_slice()[..n])
+        if batch.score.is_empty() {
+            return Ok(&self.logits_host.as_slice()[..n]);
+        }
+        self.score_rows(batch)?;
+        Ok(&self.scored_host)
     }
 
     fn forward_greedy(&mut self, batch: &ForwardBatch<'_>) -> Result<Vec<TokenId>, RunnerError> {
@@ -750,6 +759,43 @@ impl CudaRunner {
 }
 
 impl CudaRunner {
+    /// After an eager step of `batch`: the last-token rows (already in
+    /// `logits_host`) followed by the logits of every scored position, in
+    /// `scored_host`. The residual rows are still in the workspace; they go
+    /// through the final norm and LM head in groups of `max_seqs` rows.
+    fn score_rows(&mut self, batch: &ForwardBatch<'_>) -> Result<(), RunnerError> {
+        let vocab = self.config.vocab_size;
+        let n = batch.chunks.len();
+        let mut first = Vec::with_capacity(n);
+        let mut end = 0;
+        for c in &batch.chunks {
+            first.push(end);
+            end += c.tokens.len();
+        }
+        let first = &first;
+        let rows: Vec<i32> = batch
+            .score
+            .iter()
+            .flat_map(|s| (0..s.next.len()).map(move |i| (first[s.chunk] + i) as i32))
+            .collect();
+        self.scored_host.clear();
+        self.scored_host
+            .extend_from_slice(&self.logits_host.as_slice()[..n * vocab]);
+        let done = self.scored_host.len();
+        self.scored_host.resize(done + rows.len() * vocab, 0.0);
+        for (g, group) in rows.chunks(self.buffers.max_seqs).enumerate() {
+            self.buffers.upload_last_rows(&self.gpu, group)?;
+            step::project_rows(&self.model(), group.len())?;
+            let at = done + g * self.buffers.max_seqs * vocab;
+            let host = &mut self.logits_host.as_mut_slice()[..group.len() * vocab];
+            self.gpu.download(host, self.buffers.logits)?;
+            // The pinned staging is rewritten by the next group.
+            self.gpu.sync()?;
+            self.scored_host[at..at + group.len() * vocab].copy_from_slice(host);
+        }
+        Ok(())
+    }
+
     /// Enqueues the copy of `n` picked ids into the next pinned buffer.
     fn download_ids(&mut self, n: usize) -> Result<(usize, CudaEvent), CudaError> {
         let buffer = self.next_ids_buffer;

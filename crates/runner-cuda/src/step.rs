@@ -532,6 +532,24 @@ impl Buffers {
         }
     }
 
+    /// Sets the final norm's gather list to `rows` (token rows of the last
+    /// step, at most `max_seqs`) and uploads it. The caller syncs the
+    /// stream before the next call rewrites the pinned staging.
+    pub fn upload_last_rows(&mut self, gpu: &Gpu, rows: &[i32]) -> Result<(), CudaError> {
+        let at = self.layout.last_rows;
+        if rows.len() > self.max_seqs {
+            return Err(CudaError::Unsupported(format!(
+                "{} gathered rows exceed the {} logits rows",
+                rows.len(),
+                self.max_seqs
+            )));
+        }
+        let dst = self.input(at);
+        let host = &mut self.inputs_host.as_mut_slice()[at..at + rows.len()];
+        host.copy_from_slice(rows);
+        gpu.upload(dst, host)
+    }
+
     /// Copies the step's inputs to the device (stream-ordered).
     pub fn upload(&self, gpu: &Gpu, plan: &StepPlan) -> Result<(), CudaError> {
         gpu.upload(self.inputs, &self.inputs_host.as_slice()[..plan.upload_len])
@@ -759,6 +777,26 @@ pub struct Model<'a> {
     pub weights: &'a DeviceWeights,
     pub buffers: &'a Buffers,
     pub config: &'a ModelConfig,
+}
+
+/// Enqueues the final norm and LM head of `rows` residual rows left by the
+/// last [`encode`] (their indices uploaded by
+/// [`Buffers::upload_last_rows`]); their logits land in `logits`. Scored
+/// prompt positions take this path after the step, in groups of at most
+/// `max_seqs` rows.
+pub fn project_rows(m: &Model<'_>, rows: usize) -> Result<(), CudaError> {
+    let (b, c, w) = (m.buffers, m.config, m.weights);
+    rms_norm(m, rows, b.input(b.layout.last_rows), w.norm, b.last)?;
+    m.gemm.linear(
+        m.gpu,
+        b.last,
+        w.lm_head,
+        b.logits,
+        rows,
+        c.hidden_size,
+        c.vocab_size,
+        OutType::F32,
+    )
 }
 
 /// Enqueues the whole decoder for `plan` on the stream: embedding, every

@@ -6,12 +6,14 @@
 //! blocks each chunk uses.
 
 pub mod sampling;
+pub mod scoring;
 
 use ingot_core::TokenId;
 use ingot_kv_cache::BlockId;
 use ingot_models::ModelConfig;
 
 pub use sampling::{apply_mask, Logprobs, Pick, RowSampling, TokenLogprob};
+pub use scoring::ScoredChunk;
 
 /// The allowed-token bitsets of a step's rows (structured output): bit
 /// `t % 32` of word `t / 32` allows token `t`; ids past the end are
@@ -68,6 +70,10 @@ pub struct ForwardBatch<'a> {
     /// length limit). A backend may start that step before this one's
     /// results are read; it must check the next batch and discard on a miss.
     pub expect_next: bool,
+    /// Chunks whose positions are scored too (prompt logprobs): their rows
+    /// follow the chunks' last-token rows in [`ModelRunner::forward`]'s
+    /// output. Read by `forward` and [`ModelRunner::forward_scored`] only.
+    pub score: Vec<ScoredChunk<'a>>,
 }
 
 impl ForwardBatch<'_> {
@@ -116,7 +122,9 @@ pub trait ModelRunner: Send {
 
     /// Runs the batch, writing K/V for every token into its block, and
     /// returns logits for the last token of each chunk: `chunks.len()` rows
-    /// of `vocab_size` values, valid until the next call.
+    /// of `vocab_size` values, then one row per scored position of each
+    /// entry of `batch.score` (its chunk's first `next.len()` positions),
+    /// valid until the next call.
     fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<&[f32], RunnerError>;
 
     /// Short name of the device ("cpu (2 threads)", "cuda:0 H100").
@@ -146,9 +154,9 @@ pub trait ModelRunner: Send {
     /// ties) for the last token of each chunk. Backends that can pick on the
     /// device override this so that only ids, not logits, leave it.
     fn forward_greedy(&mut self, batch: &ForwardBatch<'_>) -> Result<Vec<TokenId>, RunnerError> {
-        let vocab = self.config().vocab_size;
+        let (vocab, n) = (self.config().vocab_size, batch.chunks.len());
         let logits = self.forward(batch)?;
-        Ok(logits.chunks_exact(vocab).map(argmax).collect())
+        Ok(logits.chunks_exact(vocab).take(n).map(argmax).collect())
     }
 
     /// Runs the batch and picks each chunk's next token as `rows` (one per
@@ -168,22 +176,70 @@ pub trait ModelRunner: Send {
         check_rows(batch, rows)?;
         let vocab = self.config().vocab_size;
         let logits = self.forward(batch)?;
-        let masks = masks.masks();
-        let (mut row, mut order) = (Vec::with_capacity(vocab), Vec::new());
-        Ok(logits
-            .chunks_exact(vocab)
-            .zip(rows)
-            .enumerate()
-            .map(|(i, (l, r))| {
-                row.clear();
-                row.extend_from_slice(l);
-                if let Some(Some(mask)) = masks.get(i) {
-                    apply_mask(&mut row, mask);
-                }
-                sampling::pick_row(&mut row, r, &mut order)
-            })
-            .collect())
+        Ok(pick_rows(logits, vocab, rows, masks.masks()))
     }
+
+    /// Runs the batch, picks each chunk's next token as `rows` say, and
+    /// scores the positions `batch.score` names, all from one forward
+    /// pass: `scores[i][j]` is position `j` of `batch.score[i]`'s chunk
+    /// against `next[j]`. Picks and scores are made on the host from the
+    /// downloaded rows.
+    fn forward_scored(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+        rows: &[RowSampling<'_>],
+        masks: &mut dyn MaskSource,
+    ) -> Result<ScoredStep, RunnerError> {
+        check_rows(batch, rows)?;
+        let vocab = self.config().vocab_size;
+        let n = batch.chunks.len();
+        let positions: usize = batch.score.iter().map(|s| s.next.len()).sum();
+        let logits = self.forward(batch)?;
+        if logits.len() != (n + positions) * vocab {
+            return Err(RunnerError::Backend(format!(
+                "{} logits rows for {n} chunks and {positions} scored positions",
+                logits.len() / vocab
+            )));
+        }
+        let (last, scored) = logits.split_at(n * vocab);
+        Ok(ScoredStep {
+            picks: pick_rows(last, vocab, rows, masks.masks()),
+            scores: scoring::score_rows(scored, vocab, &batch.score),
+        })
+    }
+}
+
+/// What [`ModelRunner::forward_scored`] returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScoredStep {
+    /// One per chunk.
+    pub picks: Vec<Pick>,
+    /// One list per entry of `batch.score`, one entry per scored position.
+    pub scores: Vec<Vec<Logprobs>>,
+}
+
+/// Picks from the first `rows.len()` rows of `logits` on the host, each
+/// row under its token mask when `masks` has one for it.
+fn pick_rows(
+    logits: &[f32],
+    vocab: usize,
+    rows: &[RowSampling<'_>],
+    masks: &[Option<Vec<u32>>],
+) -> Vec<Pick> {
+    let (mut row, mut order) = (Vec::with_capacity(vocab), Vec::new());
+    logits
+        .chunks_exact(vocab)
+        .zip(rows)
+        .enumerate()
+        .map(|(i, (l, r))| {
+            row.clear();
+            row.extend_from_slice(l);
+            if let Some(Some(mask)) = masks.get(i) {
+                apply_mask(&mut row, mask);
+            }
+            sampling::pick_row(&mut row, r, &mut order)
+        })
+        .collect()
 }
 
 /// One sampling row per chunk.
@@ -241,6 +297,28 @@ pub fn validate_batch(
             )));
         }
         if let Some(&id) = c.tokens.iter().find(|&&t| t as usize >= config.vocab_size) {
+            return Err(RunnerError::TokenOutOfRange {
+                id,
+                vocab_size: config.vocab_size,
+            });
+        }
+    }
+    for s in &batch.score {
+        let Some(c) = batch.chunks.get(s.chunk) else {
+            return Err(RunnerError::InvalidBatch(format!(
+                "scored chunk {} of {}",
+                s.chunk,
+                batch.chunks.len()
+            )));
+        };
+        if s.next.len() > c.tokens.len() {
+            return Err(RunnerError::InvalidBatch(format!(
+                "{} scored positions in a chunk of {} tokens",
+                s.next.len(),
+                c.tokens.len()
+            )));
+        }
+        if let Some(&id) = s.next.iter().find(|&&t| t as usize >= config.vocab_size) {
             return Err(RunnerError::TokenOutOfRange {
                 id,
                 vocab_size: config.vocab_size,

@@ -122,6 +122,9 @@ struct Seq {
     table: BlockTable,
     state: State,
     paused: bool,
+    /// Computes every position itself (it needs their logits, e.g. for
+    /// prompt logprobs): never starts from cached prefix blocks.
+    compute_all: bool,
 }
 
 impl Seq {
@@ -211,9 +214,19 @@ impl Scheduler {
                 table: BlockTable::new(),
                 state: State::Waiting,
                 paused: false,
+                compute_all: false,
             },
         );
         self.waiting.push(id);
+    }
+
+    /// Makes a waiting sequence compute every position itself, skipping
+    /// the prefix cache (its blocks are still published for others): a
+    /// cache hit would skip positions whose logits it needs.
+    pub fn compute_all_positions(&mut self, id: SeqId) {
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            seq.compute_all = true;
+        }
     }
 
     /// Removes a sequence (finished or aborted) and frees its blocks.
@@ -430,7 +443,11 @@ impl Scheduler {
                 .seqs
                 .get_mut(&id)
                 .expect("waiting ids exist. This is a bug.");
-            let cached = self.pool.reuse_prefix(&mut seq.table, &seq.tokens);
+            let cached = if seq.compute_all {
+                0
+            } else {
+                self.pool.reuse_prefix(&mut seq.table, &seq.tokens)
+            };
             seq.num_computed = cached;
             let n = seq.pending().min(*budget);
             if self
@@ -579,6 +596,23 @@ mod tests {
             }]
         );
         assert_eq!(s.pool().prefix_cache_stats().hits, 16);
+    }
+
+    #[test]
+    fn a_sequence_that_computes_all_positions_skips_the_cache() {
+        let t0 = Instant::now();
+        let mut s = sched(64, |c| c.max_num_batched_tokens = 64);
+        s.add(1, prompt(20, 0), Priority::Normal, 4, t0);
+        step(&mut s, t0);
+        s.remove(1);
+        s.add(2, prompt(20, 0), Priority::Normal, 4, t0);
+        s.compute_all_positions(2);
+        let out = step(&mut s, t0);
+        assert_eq!(out.started, vec![(2, 0)]);
+        assert_eq!((out.chunks[0].start, out.chunks[0].len), (0, 20));
+        // Its blocks are still published for the next request.
+        s.add(3, prompt(20, 0), Priority::Normal, 4, t0);
+        assert_eq!(step(&mut s, t0).started, vec![(3, 16)]);
     }
 
     #[test]

@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use futures_util::stream::{self, BoxStream, StreamExt};
 use ingot_core::TokenId;
-use ingot_engine::{Completion, EngineRequest, GeneratedToken, Grammar, RequestLimits, TokenEvent};
+use ingot_engine::{
+    Completion, EngineRequest, GeneratedToken, Grammar, PromptLogprob, RequestLimits, TokenEvent,
+};
 use ingot_protocol::sampling::ValidSampling;
 use ingot_protocol::usage::Usage;
 
@@ -263,6 +265,8 @@ pub struct ChoiceResult {
     pub index: usize,
     /// Prompt index.
     pub prompt_index: usize,
+    /// The prompt's logprobs, when asked for.
+    pub prompt: Option<Vec<PromptLogprob>>,
     /// The generated text.
     pub text: String,
     /// Every generated token.
@@ -280,8 +284,10 @@ pub async fn collect(jobs: Vec<Job>) -> Result<Vec<ChoiceResult>, ApiError> {
 async fn collect_one(mut job: Job) -> Result<ChoiceResult, ApiError> {
     let mut text = String::new();
     let mut tokens = Vec::new();
+    let mut prompt = None;
     while let Some(event) = job.next().await.map_err(ApiError::Timeout)? {
         match event {
+            TokenEvent::Prompt(p) => prompt = Some(p),
             TokenEvent::Token(t) => {
                 text.push_str(&t.text);
                 tokens.push(t);
@@ -290,6 +296,7 @@ async fn collect_one(mut job: Job) -> Result<ChoiceResult, ApiError> {
                 return Ok(ChoiceResult {
                     index: job.index,
                     prompt_index: job.prompt_index,
+                    prompt,
                     text,
                     tokens,
                     completion,
@@ -317,6 +324,13 @@ pub fn usage_of<'a>(done: impl Iterator<Item = (usize, &'a Completion)>) -> Usag
 
 /// An event of one choice in a merged stream.
 pub enum ChoiceEvent {
+    /// The prompt logprobs of choice `index`.
+    Prompt {
+        /// Choice index.
+        index: usize,
+        /// One entry per prompt token.
+        prompt: Vec<PromptLogprob>,
+    },
     /// A token of choice `index`.
     Token {
         /// Choice index.
@@ -351,6 +365,10 @@ pub fn merge(jobs: Vec<Job>) -> BoxStream<'static, ChoiceEvent> {
                 Err(timeout) => return Some((ChoiceEvent::TimedOut(timeout), None)),
             };
             let event = match next {
+                Some(TokenEvent::Prompt(prompt)) => ChoiceEvent::Prompt {
+                    index: job.index,
+                    prompt,
+                },
                 Some(TokenEvent::Token(token)) => ChoiceEvent::Token {
                     index: job.index,
                     token,

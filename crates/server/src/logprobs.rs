@@ -1,8 +1,11 @@
 //! Token ids in logprob entries → the text and bytes clients expect.
 
-use ingot_engine::GeneratedToken;
+use std::sync::Arc;
+
+use ingot_engine::{GeneratedToken, PromptLogprob};
+use ingot_protocol::completions::CompletionLogprobs;
 use ingot_protocol::usage::TokenLogprobInfo;
-use ingot_tokenizer::Tokenizer;
+use ingot_tokenizer::{IncrementalDecoder, Tokenizer};
 
 /// The text of one token on its own (a partial UTF-8 character decodes as
 /// U+FFFD, as in OpenAI's responses).
@@ -27,5 +30,41 @@ pub fn resolve(tokenizer: &Tokenizer, t: &GeneratedToken) -> TokenLogprobInfo {
                 (s, b, a.logprob)
             })
             .collect(),
+    }
+}
+
+/// Appends a prompt's logprob entries (OpenAI's `echo` with `logprobs`),
+/// each token at its character offset in the prompt decoded token by token.
+pub fn push_prompt(
+    out: &mut CompletionLogprobs,
+    tokenizer: &Arc<Tokenizer>,
+    prompt: &[PromptLogprob],
+) {
+    let mut detok = IncrementalDecoder::new(tokenizer.clone(), false);
+    let mut offset = 0;
+    for p in prompt {
+        let (token, bytes) = piece(tokenizer, p.token);
+        match p.logprob {
+            None => out.push_first(token, offset),
+            Some(logprob) => {
+                let top = p
+                    .top_logprobs
+                    .iter()
+                    .map(|a| {
+                        let (s, b) = piece(tokenizer, a.token);
+                        (s, b, a.logprob)
+                    })
+                    .collect();
+                let info = TokenLogprobInfo {
+                    token,
+                    bytes,
+                    logprob,
+                    top,
+                };
+                out.push(&info, offset);
+            }
+        }
+        // A token inside a multi-byte character shows up with the next.
+        offset += detok.step(p.token).ok().flatten().map_or(0, |t| t.len());
     }
 }

@@ -214,6 +214,7 @@ fn run_from(
                 })
             }
             TokenEvent::Error(e) => anyhow::bail!("generation failed: {e}"),
+            TokenEvent::Prompt(_) => {}
         }
     }
     anyhow::bail!("the engine dropped a request")

@@ -8,7 +8,8 @@ use ingot_core::{SamplingParams, StopCriteria, TokenId};
 use ingot_engine::{EngineHandle, EngineRequest, TokenEvent};
 use ingot_tokenizer::{ChatMessage, ChatTemplate};
 
-use crate::model::{load_engine, ModelArgs};
+use crate::cmd::score;
+use crate::model::{load_engine, load_runner, ModelArgs};
 use crate::settings::{self, FlagSet};
 
 /// Flags of `ingot generate`.
@@ -32,6 +33,12 @@ pub struct GenerateArgs {
     /// as one JSON line on stderr (for comparisons with references).
     #[arg(long)]
     print_ids: bool,
+    /// Score this continuation of the prompt instead of generating: print
+    /// {"context_ids", "continuation_ids", "logprobs", "sum", "greedy"} as
+    /// one JSON line, computed one decode step per token on the model
+    /// runner. Tokens are split as lm-evaluation-harness does.
+    #[arg(long, conflicts_with = "chat")]
+    score: Option<String>,
 }
 
 /// Sampling flags, named as in the OpenAI API.
@@ -87,6 +94,7 @@ impl SamplingArgs {
             presence_penalty: self.presence_penalty,
             seed: self.seed,
             logprobs: self.logprobs,
+            prompt_logprobs: None,
         };
         params.validate()?;
         let stop = StopCriteria {
@@ -107,6 +115,14 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         ids: args.print_ids,
     };
     let config = args.model.load(FlagSet::default())?.config;
+    if let Some(continuation) = &args.score {
+        let prompt = args.prompt.as_deref().context("--score needs --prompt")?;
+        let (mut runner, tokenizer) = load_runner(&config, 1)?;
+        let (context, tail) = score::split(&tokenizer, prompt, continuation)?;
+        let result = score::score(runner.as_mut(), config.engine.block_size, context, tail)?;
+        println!("{}", result.to_json());
+        return Ok(());
+    }
     let gen = load_engine(&config, settings::engine_config(&config))?;
     if !args.chat {
         let prompt = match &args.prompt {
@@ -204,6 +220,7 @@ fn stream(
             }
             TokenEvent::Finished(_) => break,
             TokenEvent::Error(e) => anyhow::bail!("generation failed: {e}"),
+            TokenEvent::Prompt(_) => {}
         }
     }
     writeln!(out)?;

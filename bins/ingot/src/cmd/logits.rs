@@ -71,5 +71,6 @@ fn one_chunk<'a>(tokens: &'a [TokenId], start_pos: usize, table: &'a [u32]) -> F
             block_table: table,
         }],
         expect_next: false,
+        score: Vec::new(),
     }
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use futures_util::stream::{self, StreamExt};
 use ingot_core::FinishReason;
-use ingot_engine::{Completion, GeneratedToken, TokenEvent};
+use ingot_engine::{Completion, GeneratedToken, PromptLogprob, TokenEvent};
 use metrics::{counter, gauge};
 use moka::notification::RemovalCause;
 
@@ -40,6 +40,8 @@ pub struct CacheSettings {
 pub struct CachedChoice {
     /// The model that generated it (for purging by model).
     pub model: String,
+    /// The prompt's logprobs, when they were asked for.
+    pub prompt: Option<Vec<PromptLogprob>>,
     /// Every generated token.
     pub tokens: Vec<GeneratedToken>,
     /// How it ended, with the original usage.
@@ -55,11 +57,21 @@ impl CachedChoice {
             .iter()
             .map(|t| per_token + t.text.len() + t.top_logprobs.len() * 8)
             .sum();
-        (std::mem::size_of::<Self>() + self.model.len() + tokens) as u64
+        let prompt: usize = self
+            .prompt
+            .iter()
+            .flatten()
+            .map(|p| std::mem::size_of::<PromptLogprob>() + p.top_logprobs.len() * 8)
+            .sum();
+        (std::mem::size_of::<Self>() + self.model.len() + tokens + prompt) as u64
     }
 
     fn replay(&self) -> EventStream {
-        let tokens: Vec<TokenEvent> = self.tokens.iter().cloned().map(TokenEvent::Token).collect();
+        let prompt = self.prompt.clone().map(TokenEvent::Prompt);
+        let tokens: Vec<TokenEvent> = prompt
+            .into_iter()
+            .chain(self.tokens.iter().cloned().map(TokenEvent::Token))
+            .collect();
         stream::iter(tokens)
             .chain(stream::once(std::future::ready(TokenEvent::Finished(
                 self.completion,
@@ -247,17 +259,19 @@ fn record(
     key: RequestKey,
     model: String,
 ) -> EventStream {
-    let state = (events, Vec::new(), Some((store, model)));
+    let state = (events, (None, Vec::new()), Some((store, model)));
     stream::unfold(
         state,
-        move |(mut events, mut tokens, mut sink)| async move {
+        move |(mut events, (mut prompt, mut tokens), mut sink)| async move {
             let event = events.next().await?;
             match &event {
+                TokenEvent::Prompt(p) => prompt = Some(p.clone()),
                 TokenEvent::Token(t) => tokens.push(t.clone()),
                 TokenEvent::Finished(c) if c.reason != FinishReason::Abort => {
                     if let Some((store, model)) = sink.take() {
                         let choice = CachedChoice {
                             model,
+                            prompt: prompt.take(),
                             tokens: std::mem::take(&mut tokens),
                             completion: *c,
                         };
@@ -266,7 +280,7 @@ fn record(
                 }
                 _ => sink = None,
             }
-            Some((event, (events, tokens, sink)))
+            Some((event, (events, (prompt, tokens), sink)))
         },
     )
     .boxed()

@@ -51,6 +51,8 @@ struct FlightState {
     /// `None` until the inner generator answered.
     started: Option<Result<(), GenerateError>>,
     events: Vec<TokenEvent>,
+    /// When each event arrived (a reader is late once one waits unread).
+    arrived: Vec<Instant>,
     finished: bool,
     cancelled: bool,
     subscribers: Vec<Arc<Reader>>,
@@ -258,11 +260,12 @@ impl Flight {
             };
             let event =
                 event.unwrap_or_else(|| TokenEvent::Error("the engine dropped the request".into()));
-            let last = !matches!(event, TokenEvent::Token(_));
+            let last = event.is_terminal();
             {
                 let mut map = lock(flights);
                 let mut st = lock(&self.state);
                 st.events.push(event);
+                st.arrived.push(Instant::now());
                 if last {
                     st.finished = true;
                     remove(&mut map, self);
@@ -285,13 +288,16 @@ impl Flight {
         st: &mut FlightState,
         stall_timeout: Duration,
     ) {
-        let head = st.events.len();
         let now = Instant::now();
         let before = st.subscribers.len();
+        let arrived = &st.arrived;
         st.subscribers.retain(|r| {
-            let behind = r.cursor.load(std::sync::atomic::Ordering::SeqCst) < head;
-            let idle = now.saturating_duration_since(*lock(&r.last_read)) > stall_timeout;
-            if behind && idle {
+            // Stalled: an event has waited unread for the whole timeout and
+            // the reader took nothing meanwhile. A reader waiting for a
+            // first event that took long (a long prefill) is not behind.
+            let cursor = r.cursor.load(std::sync::atomic::Ordering::SeqCst);
+            let waiting_since = arrived.get(cursor).map(|&at| at.max(*lock(&r.last_read)));
+            if waiting_since.is_some_and(|t| now.saturating_duration_since(t) > stall_timeout) {
                 r.cut.store(true, std::sync::atomic::Ordering::SeqCst);
                 tracing::warn!(key = %self.key, "coalesced subscriber stalled; cut off");
                 return false;
@@ -398,7 +404,7 @@ impl Subscription {
             if let Some(event) = next {
                 self.reader.cursor.fetch_add(1, Ordering::SeqCst);
                 *lock(&self.reader.last_read) = Instant::now();
-                if !matches!(event, TokenEvent::Token(_)) {
+                if event.is_terminal() {
                     self.done = true;
                 }
                 return Some(event);

@@ -112,9 +112,12 @@ fn key_with_grammar(
         e.u32(id);
     }
     e.u8(u8::from(stop.ignore_eos));
-    // Appended only when present, so keys of free requests are unchanged.
+    // Each appended only when present, so keys without them are unchanged.
     if let Some(g) = grammar {
         e.u8(1).u8(g.tag()).str(g.source());
+    }
+    if let Some(n) = s.prompt_logprobs {
+        e.u8(b'P').u64(n as u64);
     }
     let digest = e.0.finalize();
     let mut key = [0u8; 16];
@@ -223,6 +226,14 @@ mod tests {
             request_key(Some("acme"), "smollm2", &s).to_string(),
             VECTOR_SEEDED
         );
+        let mut p = request(&[1, 2, 3]);
+        p.sampling.logprobs = Some(1);
+        p.sampling.prompt_logprobs = Some(1);
+        p.stop.max_tokens = 0;
+        assert_eq!(
+            request_key(None, "smollm2", &p).to_string(),
+            VECTOR_PROMPT_LOGPROBS
+        );
     }
 
     #[test]
@@ -243,6 +254,7 @@ mod tests {
     }
 
     const VECTOR_JSON_OBJECT: &str = "2d243435409cab391dace6489f4ca415";
+    const VECTOR_PROMPT_LOGPROBS: &str = "aa6d4e3e3a24a73af50a3ac642ba596b";
     const VECTOR_GREEDY: &str = "b29398efdccf87f5f4ed3796628ef544";
     const VECTOR_SEEDED: &str = "99f907e6f43fc299ed053721b024d206";
 }

@@ -415,6 +415,27 @@ async fn a_stalled_subscriber_is_cut_off_without_stalling_others() {
 }
 
 #[tokio::test]
+async fn readers_waiting_for_slow_events_are_not_cut_off() {
+    // Every event takes longer than the stall timeout (a long prefill
+    // before the first): readers that wait are not behind.
+    let fake = Fake::new(60);
+    let coalescer = Coalescer::new(fake.clone(), Duration::from_millis(30));
+    let first = coalescer
+        .generate(request(greedy(&[8], 3), SHARE_ALL))
+        .await
+        .expect("starts");
+    let second = coalescer
+        .generate(request(greedy(&[8], 3), SHARE_ALL))
+        .await
+        .expect("joins");
+    let (a, b) = tokio::join!(drain(first.events), drain(second.events));
+    for events in [a, b] {
+        assert_eq!(events.len(), 4, "{events:?}");
+        assert!(matches!(events.last(), Some(TokenEvent::Finished(_))));
+    }
+}
+
+#[tokio::test]
 async fn both_endpoints_validate_before_generating() {
     let fake = Fake::new(0);
     let pipeline = stack(&fake);
@@ -525,6 +546,7 @@ async fn both_bounds_hold() {
     });
     let choice = Arc::new(CachedChoice {
         model: "m".into(),
+        prompt: None,
         tokens: Vec::new(),
         completion: Completion {
             reason: FinishReason::Stop,
@@ -539,6 +561,7 @@ async fn both_bounds_hold() {
     }
     assert!(store.stats().entries <= 10, "{:?}", store.stats());
     let big = Arc::new(CachedChoice {
+        prompt: None,
         tokens: vec![
             GeneratedToken {
                 token: 1,

@@ -160,6 +160,7 @@ pub async fn chat_completions(
                         .iter()
                         .map(|t| (&resolve(&meta.tokenizer, t)).into())
                         .collect(),
+                    refusal: None,
                 }),
                 finish_reason: Some(finish_reason),
             }
@@ -216,6 +217,7 @@ impl Meta {
                 AssistantMessage {
                     role: "assistant",
                     content: Some(text.to_string()),
+                    refusal: None,
                     tool_calls: None,
                 },
                 reason,
@@ -226,6 +228,7 @@ impl Meta {
             let message = AssistantMessage {
                 role: "assistant",
                 content: Some(text.to_string()),
+                refusal: None,
                 tool_calls: None,
             };
             return (message, reason);
@@ -245,6 +248,7 @@ impl Meta {
         let message = AssistantMessage {
             role: "assistant",
             content: answer.content.filter(|_| !is_forced(choice)),
+            refusal: None,
             tool_calls: Some(calls),
         };
         (message, finish_with_calls(choice, reason))
@@ -379,6 +383,7 @@ impl sse::ChunkFormat for ChatChunks {
         let m = &self.meta;
         let logprobs = m.logprobs.then(|| ChatLogprobs {
             content: vec![(&resolve(&m.tokenizer, &token)).into()],
+            refusal: None,
         });
         if let Some((format, _)) = &m.tools {
             let format = *format;

@@ -11,7 +11,7 @@ use axum::{Extension, Json};
 use ingot_edge::Caller;
 use std::collections::HashMap;
 
-use ingot_engine::{Completion as EngineCompletion, GeneratedToken};
+use ingot_engine::{Completion as EngineCompletion, GeneratedToken, PromptLogprob};
 use ingot_protocol::completions::{
     Completion, CompletionChoice, CompletionLogprobs, Prompt, ValidCompletionRequest,
 };
@@ -22,7 +22,7 @@ use super::sse::Event;
 use super::{json_body, sse, start, unix_now, Shared, Started};
 use crate::conn::ConnProbe;
 use crate::generate;
-use crate::logprobs::resolve;
+use crate::logprobs::{push_prompt, resolve};
 use crate::ApiError;
 
 /// Token ids and display text of every prompt (runs on a blocking thread).
@@ -95,6 +95,7 @@ pub async fn completions(
         created: unix_now(),
         model: model.id().to_string(),
         logprobs: req.sampling.params.logprobs.is_some(),
+        prompt_logprobs: req.sampling.params.prompt_logprobs.is_some(),
         tokenizer: engine.tokenizer().clone(),
         echo: req.echo.then_some(echo),
     };
@@ -112,6 +113,9 @@ pub async fn completions(
         .map(|r| {
             let prefix = meta.echo_of(r.prompt_index);
             let mut logprobs = CompletionLogprobs::default();
+            if let Some(prompt) = &r.prompt {
+                push_prompt(&mut logprobs, &meta.tokenizer, prompt);
+            }
             let mut offset = prefix.len();
             for t in &r.tokens {
                 logprobs.push(&resolve(&meta.tokenizer, t), offset);
@@ -146,6 +150,8 @@ struct Meta {
     created: u64,
     model: String,
     logprobs: bool,
+    /// Echoed prompts come with their logprobs (sent when they arrive).
+    prompt_logprobs: bool,
     tokenizer: Arc<Tokenizer>,
     /// Prompt texts when echoing.
     echo: Option<Vec<String>>,
@@ -178,11 +184,12 @@ fn stream_response(
     include_usage: bool,
     delivery: sse::Delivery,
 ) -> Response {
-    // With echo, each choice starts with its prompt.
+    // With echo, each choice starts with its prompt (with its logprobs,
+    // the prompt goes out when they arrive).
     let mut offsets = HashMap::new();
     let head: Vec<_> = jobs
         .iter()
-        .filter(|_| meta.echo.is_some())
+        .filter(|_| meta.echo.is_some() && !meta.prompt_logprobs)
         .map(|j| {
             let text = meta.echo_of(j.prompt_index).to_string();
             offsets.insert(j.index, text.len());
@@ -195,10 +202,12 @@ fn stream_response(
             sse::data(&meta.chunk(vec![choice], include_usage))
         })
         .collect();
+    let prompt_index = jobs.iter().map(|j| (j.index, j.prompt_index)).collect();
     let format = CompletionChunks {
         meta,
         include_usage,
         offsets,
+        prompt_index,
     };
     sse::stream_choices(head, jobs, format, include_usage, delivery)
 }
@@ -208,9 +217,28 @@ struct CompletionChunks {
     include_usage: bool,
     /// Text sent so far per choice (for logprob text offsets).
     offsets: HashMap<usize, usize>,
+    /// Choice index → prompt index.
+    prompt_index: HashMap<usize, usize>,
 }
 
 impl sse::ChunkFormat for CompletionChunks {
+    fn prompt(&mut self, index: usize, prompt: Vec<PromptLogprob>) -> Option<Event> {
+        let m = &self.meta;
+        let text = m
+            .echo_of(self.prompt_index.get(&index).copied()?)
+            .to_string();
+        let mut logprobs = CompletionLogprobs::default();
+        push_prompt(&mut logprobs, &m.tokenizer, &prompt);
+        self.offsets.insert(index, text.len());
+        let choice = CompletionChoice {
+            index,
+            text,
+            logprobs: Some(logprobs),
+            finish_reason: None,
+        };
+        Some(sse::data(&m.chunk(vec![choice], self.include_usage)))
+    }
+
     fn token(&mut self, index: usize, token: GeneratedToken) -> Option<Event> {
         let m = &self.meta;
         if token.text.is_empty() && !m.logprobs {

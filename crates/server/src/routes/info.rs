@@ -10,7 +10,7 @@ use ingot_edge::Caller;
 use ingot_protocol::chat::ValidChatRequest;
 use ingot_protocol::models::{ModelCard, ModelList};
 use ingot_protocol::tokenize::{
-    DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
+    DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse, TokenizerInfo,
 };
 use ingot_protocol::{parse_json, ProtocolError};
 
@@ -99,6 +99,31 @@ pub async fn detokenize(
         .decode(&req.tokens, false)
         .map_err(|e| ApiError::Internal(e.to_string()))?;
     Ok(Json(DetokenizeResponse { prompt }))
+}
+
+/// `GET /tokenizer_info`: the default model's special tokens.
+pub async fn tokenizer_info(
+    State((state, _)): State<Shared>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<TokenizerInfo>, ApiError> {
+    let model = super::lease(&state, &caller, None).await?;
+    let engine = &model.engine;
+    let tokenizer = engine.tokenizer();
+    let special = tokenizer.special_tokens();
+    let text = |t: &Option<ingot_tokenizer::TokenInfo>| {
+        t.as_ref()
+            .and_then(|t| tokenizer.decode(&[t.id], false).ok())
+    };
+    Ok(Json(TokenizerInfo {
+        eos_token: text(&special.eos),
+        bos_token: text(&special.bos),
+        pad_token: text(&special.pad),
+        unk_token: text(&special.unk),
+        add_bos_token: special.add_bos,
+        add_eos_token: special.add_eos,
+        model_max_length: engine.max_context(),
+        tokenizer_class: tokenizer.kind().to_string(),
+    }))
 }
 
 /// `GET /health`: the process serves.

@@ -41,6 +41,7 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
         .route("/v1/models", get(info::models))
         .route("/tokenize", post(info::tokenize))
         .route("/detokenize", post(info::detokenize))
+        .route("/tokenizer_info", get(info::tokenizer_info))
         .route("/health", get(info::health))
         .route("/ready", get(info::ready))
         .route("/metrics", get(info::metrics))

@@ -6,7 +6,7 @@ use axum::body::Bytes;
 use axum::http::{header, HeaderValue};
 use axum::response::Response;
 use futures_util::stream::{BoxStream, StreamExt};
-use ingot_engine::{Completion, GeneratedToken};
+use ingot_engine::{Completion, GeneratedToken, PromptLogprob};
 use ingot_protocol::usage::Usage;
 use serde::Serialize;
 
@@ -97,6 +97,11 @@ pub fn response(events: BoxStream<'static, Vec<Event>>, out: Output) -> Response
 
 /// How an endpoint renders its stream chunks.
 pub trait ChunkFormat: Send + 'static {
+    /// The prompt logprobs of choice `index` (before its tokens); `None`
+    /// when there is nothing to send.
+    fn prompt(&mut self, _index: usize, _prompt: Vec<PromptLogprob>) -> Option<Event> {
+        None
+    }
     /// A token of choice `index`; `None` when there is nothing to send.
     fn token(&mut self, index: usize, token: GeneratedToken) -> Option<Event>;
     /// Choice `index` ended.
@@ -156,6 +161,9 @@ struct StreamState<F> {
 impl<F: ChunkFormat> StreamState<F> {
     async fn next_events(&mut self) -> Vec<Event> {
         match self.events.next().await {
+            Some(ChoiceEvent::Prompt { index, prompt }) => {
+                self.format.prompt(index, prompt).into_iter().collect()
+            }
             Some(ChoiceEvent::Token { index, token }) => {
                 self.usage.add_completion(1);
                 self.format.token(index, token).into_iter().collect()
