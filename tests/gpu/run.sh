@@ -15,6 +15,8 @@
 #   logprobs  the same two with 5 top logprobs per token (also on the GPU)
 #   serve     the HTTP server on CUDA with curl (serve_smoke.sh), 8B dummy
 #   cache     response cache hit and coalescing on CUDA (cache_smoke.sh), 8B dummy
+#   structured  constrained answers and CUDA-vs-CPU prompt logprobs (structured_smoke.py, 1B dummy),
+#             then scripts/bench-structured on the 8B dummy
 #   models    two SmolLM2 GGUFs, then two 1B dummies, under a budget of one: warm switch times
 #             (models_smoke.sh); two 1B dummies with default budget and KV shares (models_share.sh)
 #   torch     PyTorch eager baselines for the bench shapes
@@ -112,6 +114,12 @@ for phase in "$@"; do
       if [ -f "$SMOL" ]; then bash tests/gpu/models_smoke.sh "$ING_RAW" SmolLM2-135M "$SMOL" 600MB; else echo "no SmolLM2 bundle"; fi
       bash tests/gpu/models_smoke.sh "$ING_RAW" "1B dummy" "$W/llama1b-dummy" 4GB dummy
       bash tests/gpu/models_share.sh "$ING_RAW" "$W/llama1b-dummy" ;;
+    structured)
+      M=$(llama8b)
+      mkdir -p "$W/llama1b-dummy"; cp tests/gpu/configs/llama-3.2-1b/config.json "$W"/tokenizers/llama3/* "$W/llama1b-dummy/"
+      python3 tests/gpu/structured_smoke.py "$ING_RAW" "$W/llama1b-dummy"
+      INGOT_BIN="$ING_RAW" INGOT_TEST_MODEL="$M" python3 scripts/bench-structured --rounds 2 -- \
+        --load-format dummy --device cuda --max-model-len 4096 --max-num-seqs 64 ;;
     cache) bash tests/gpu/cache_smoke.sh "$ING_RAW" "$(llama8b)" --load-format dummy --max-model-len 4096 --max-num-seqs 32 ;;
     torch)
       M=$(llama8b)
