@@ -38,11 +38,13 @@ class Server:
         for _ in range(600):
             try:
                 if urllib.request.urlopen(self.url + "/ready", timeout=5).status == 200:
-                    return
+                    break
             except Exception:
                 import time
                 time.sleep(0.5)
-        raise SystemExit(f"{device} server not ready")
+        else:
+            raise SystemExit(f"{device} server not ready")
+        self.model = json.loads(urllib.request.urlopen(self.url + "/v1/models", timeout=60).read())["data"][0]["id"]
 
     def post(self, path: str, body: dict) -> dict:
         req = urllib.request.Request(self.url + path, json.dumps(body).encode(),
@@ -62,7 +64,7 @@ SCHEMA = {"type": "object", "properties": {
 
 
 def chat(s: Server, i: int, extra: dict) -> str:
-    body = {"model": "x", "messages": [{"role": "user", "content": f"Describe person {i}."}],
+    body = {"model": s.model, "messages": [{"role": "user", "content": f"Describe person {i}."}],
             "max_tokens": 120, "temperature": 0.7, "seed": i, **extra}
     return s.post("/v1/chat/completions", body)["choices"][0]["message"]["content"]
 
@@ -107,7 +109,7 @@ PROMPTS = ["The capital of France is Paris, and the capital of Spain is",
 def prompt_logprobs(s: Server) -> list[list[float]]:
     out = []
     for p in PROMPTS:
-        r = s.post("/v1/completions", {"model": "x", "prompt": p, "echo": True, "logprobs": 1, "max_tokens": 0})
+        r = s.post("/v1/completions", {"model": s.model, "prompt": p, "echo": True, "logprobs": 1, "max_tokens": 0})
         lp = r["choices"][0]["logprobs"]["token_logprobs"]
         out.append([x for x in lp if x is not None])
     return out
