@@ -115,18 +115,42 @@ def prompt_logprobs(s: Server) -> list[list[float]]:
     return out
 
 
+def generation_logprob(s: Server, prompt: str) -> tuple[str, float]:
+    """The greedy next token of `prompt` and its logprob, from generation."""
+    r = s.post("/v1/completions", {"model": s.model, "prompt": prompt, "max_tokens": 1,
+                                   "temperature": 0, "logprobs": 1})
+    lp = r["choices"][0]["logprobs"]
+    return lp["tokens"][0], lp["token_logprobs"][0]
+
+
+def scored_last(s: Server, prompt: str, token: str) -> float:
+    """The logprob of `token` after `prompt`, from prompt scoring."""
+    r = s.post("/v1/completions", {"model": s.model, "prompt": prompt + token, "echo": True,
+                                   "logprobs": 1, "max_tokens": 0})
+    return r["choices"][0]["logprobs"]["token_logprobs"][-1]
+
+
 def main() -> int:
     gpu = Server("cuda")
     try:
         ok = constrained(gpu)
         on_gpu = prompt_logprobs(gpu)
+        gen_gpu = [generation_logprob(gpu, p) for p in PROMPTS]
+        # Scoring and generation agree on the same backend.
+        for p, (tok, lp) in zip(PROMPTS, gen_gpu):
+            sc = scored_last(gpu, p, tok)
+            print(f"CUDA: generated {tok!r} at {lp:.4f}, scored at {sc:.4f}")
+            ok &= abs(sc - lp) < 0.05
     finally:
         gpu.stop()
     cpu = Server("cpu")
     try:
         on_cpu = prompt_logprobs(cpu)
+        gen_cpu = [generation_logprob(cpu, p) for p in PROMPTS]
     finally:
         cpu.stop()
+    for (tg, lg), (tc, lc) in zip(gen_gpu, gen_cpu):
+        print(f"generation CUDA {tg!r} {lg:.4f} vs CPU {tc!r} {lc:.4f}")
     worst = max(abs(a - b) for g, c in zip(on_gpu, on_cpu) for a, b in zip(g, c))
     scale = max(abs(b) for c in on_cpu for b in c)
     same_len = all(len(g) == len(c) for g, c in zip(on_gpu, on_cpu))
