@@ -119,7 +119,7 @@ for phase in "$@"; do
       mkdir -p "$W/llama1b-dummy"; cp tests/gpu/configs/llama-3.2-1b/config.json "$W"/tokenizers/llama3/* "$W/llama1b-dummy/"
       python3 tests/gpu/structured_smoke.py "$ING_RAW" "$W/llama1b-dummy"
       INGOT_BIN="$ING_RAW" INGOT_TEST_MODEL="$M" python3 scripts/bench-structured --rounds 2 -- \
-        --load-format dummy --device cuda --max-model-len 4096 --max-num-seqs 64 ;;
+        --load-format dummy --device cuda --max-model-len 8192 --max-num-seqs 64 ;;
     cache) bash tests/gpu/cache_smoke.sh "$ING_RAW" "$(llama8b)" --load-format dummy --max-model-len 4096 --max-num-seqs 32 ;;
     torch)
       M=$(llama8b)
