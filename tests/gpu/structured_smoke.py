@@ -6,8 +6,9 @@ model (random weights: the grammar alone makes the answers valid).
    ones: a JSON schema (parsed and checked field by field), a regex and a
    choice list.
 2. Prompt logprobs (`/v1/completions` with echo, logprobs, max_tokens 0)
-   on CUDA against the CPU backend with the same dummy weights: the largest
-   absolute difference of a token's logprob, over a few prompts.
+   against generation on the same backend: the logprob a prompt's last
+   token is scored at equals the one it was generated at (CUDA and CPU);
+   both backends score the same number of positions.
 
 Usage: structured_smoke.py INGOT_BINARY MODEL_DIR"""
 
@@ -146,17 +147,20 @@ def main() -> int:
     cpu = Server("cpu")
     try:
         on_cpu = prompt_logprobs(cpu)
-        gen_cpu = [generation_logprob(cpu, p) for p in PROMPTS]
+        for p in PROMPTS:
+            tok, lp = generation_logprob(cpu, p)
+            sc = scored_last(cpu, p, tok)
+            print(f"CPU:  generated {tok!r} at {lp:.4f}, scored at {sc:.4f}")
+            ok &= abs(sc - lp) < 1e-3
     finally:
         cpu.stop()
-    for (tg, lg), (tc, lc) in zip(gen_gpu, gen_cpu):
-        print(f"generation CUDA {tg!r} {lg:.4f} vs CPU {tc!r} {lc:.4f}")
-    worst = max(abs(a - b) for g, c in zip(on_gpu, on_cpu) for a, b in zip(g, c))
-    scale = max(abs(b) for c in on_cpu for b in c)
+    # Dummy weights are drawn per backend (the greedy tokens differ), so
+    # CUDA and CPU are compared here only in shape; values are compared on
+    # real weights by `smollm2`'s backend check.
     same_len = all(len(g) == len(c) for g, c in zip(on_gpu, on_cpu))
-    print(f"prompt logprobs CUDA vs CPU: {sum(map(len, on_cpu))} tokens, max |diff| {worst:.4f} "
-          f"(logprobs down to {-scale:.2f}), lengths {'equal' if same_len else 'DIFFER'}")
-    ok &= same_len and worst < 0.1
+    print(f"prompt logprobs: {sum(map(len, on_gpu))} scored tokens on each backend, "
+          f"lengths {'equal' if same_len else 'DIFFER'}")
+    ok &= same_len
     print("structured smoke:", "ok" if ok else "FAILED")
     return 0 if ok else 1
 
