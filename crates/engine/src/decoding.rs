@@ -96,7 +96,10 @@ impl Decoding {
             .criteria
             .max_tokens
             .saturating_sub(self.num_output)
-            .min(self.max_context.saturating_sub(self.prompt_len + self.num_output));
+            .min(
+                self.max_context
+                    .saturating_sub(self.prompt_len + self.num_output),
+            );
         left <= (self.criteria.max_tokens / 4).max(16)
     }
 

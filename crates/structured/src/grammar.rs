@@ -78,7 +78,11 @@ impl Grammar {
             ends[t as usize / 32] |= 1 << (t % 32);
         }
         let in_string = c.letters.iter().any(|&t| allowed(t));
-        let quote = if in_string { and(&mask, &c.quote) } else { Vec::new() };
+        let quote = if in_string {
+            and(&mask, &c.quote)
+        } else {
+            Vec::new()
+        };
         for narrowed in [
             ends,
             quote,

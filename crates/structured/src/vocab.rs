@@ -64,7 +64,8 @@ impl Closers {
                 [b'"', rest @ ..] if rest.iter().all(closes) => &mut c.quote,
                 _ if w.iter().all(closes) => &mut c.container,
                 _ if w.contains(&b',')
-                    && w.iter().all(|b| matches!(b, b'"' | b'}' | b']' | b',' | b' ')) =>
+                    && w.iter()
+                        .all(|b| matches!(b, b'"' | b'}' | b']' | b',' | b' ')) =>
                 {
                     &mut c.separating
                 }

@@ -148,11 +148,17 @@ fn closing_masks_head_for_the_end_of_the_json() {
     // Inside a string: only tokens that end it.
     assert!(feed(&mut g, r#"{"a": "hello"#));
     let inside = only(&g.closing_mask().unwrap());
-    assert!(!inside.is_empty() && inside.iter().all(|t| t.starts_with('"')), "{inside:?}");
+    assert!(
+        !inside.is_empty() && inside.iter().all(|t| t.starts_with('"')),
+        "{inside:?}"
+    );
     // Inside an array: the closing bracket, not another item.
     assert!(feed(&mut g, r#"", "b": [1, 2"#));
     let array = only(&g.closing_mask().unwrap());
-    assert!(!array.is_empty() && array.iter().all(|t| t.starts_with(']')), "{array:?}");
+    assert!(
+        !array.is_empty() && array.iter().all(|t| t.starts_with(']')),
+        "{array:?}"
+    );
     assert!(feed(&mut g, "]}"));
     let end = g.closing_mask().unwrap();
     assert!(tokenizer().eos_ids().iter().any(|&e| allowed(&end, e)));
