@@ -6,4 +6,5 @@ pub mod config;
 pub mod generate;
 pub mod inspect;
 pub mod logits;
+pub mod route;
 pub mod serve;
