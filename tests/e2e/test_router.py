@@ -228,6 +228,10 @@ def test_sigkill_under_load_fails_only_streams_already_started(routers):
         assert x["done"] and x["error"]["code"] == "worker_failed_mid_stream", x
     assert len(results) - len(failed) >= 16
     m = r.metrics()
+    # The kill came while streams were running on the victim: at least one
+    # was cut mid-stream (and counted), none of them silently retried.
+    assert m.get("ingot_router_streams_interrupted_total", 0, worker="local-0") >= 1
+    assert len(failed) == m.get("ingot_router_streams_interrupted_total", 0, worker="local-0")
     assert m.get("ingot_router_breaker_opens_total", worker="local-0") >= 1
     # The supervisor restarts it; a probe closes the breaker again.
     ws = r.wait_workers(3, timeout=120)
