@@ -309,3 +309,21 @@ def test_route_refuses_a_bad_config(tmp_path):
     cfg.write_text("[workers]\nurls = [\"http://127.0.0.1:1\"]\n")
     out = subprocess.run([str(BIN), "route", "--config", str(cfg), "--check"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_latency_aware_policy_spreads_concurrent_load(routers):
+    r = routers('policy = "latency_aware"\n[workers]\nlocal = 2\n', wait_workers=2)
+
+    async def fire():
+        async with httpx.AsyncClient(base_url=r.url, timeout=120.0) as c:
+            return await asyncio.gather(*(stream_one(c, chat(16, stream=True, content=f"Tell a story {i}."))
+                                          for i in range(8)))
+
+    results = asyncio.run(fire())
+    assert all(ok(x) for x in results), results
+    # Unmeasured workers count as zero wait and load multiplies the wait:
+    # eight requests at once land on both workers.
+    assert {x["worker"] for x in results} == {"local-0", "local-1"}
+    m = r.metrics()
+    assert sum(m.get("ingot_router_selections_total", 0, worker=w, policy="latency_aware")
+               for w in ("local-0", "local-1")) == 8

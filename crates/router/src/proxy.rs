@@ -104,13 +104,14 @@ pub async fn forward(State(state): State<Arc<RouterState>>, req: Request) -> Res
             .increment(1);
         let guard = worker.begin();
         worker.breaker().on_send(now);
+        let sent = Instant::now();
         m::overhead(now.duration_since(received).as_secs_f64());
         match send(&state, &worker, &path, &parts.headers, body.clone()).await {
             Ok(resp) => {
                 metrics::histogram!(m::UPSTREAM_HEADERS).record(received.elapsed().as_secs_f64());
                 worker.breaker().on_success();
                 count_request(&state, &worker, resp.status());
-                return pass_through(resp, guard);
+                return pass_through(resp, guard, sent);
             }
             Err((error, resp)) => {
                 m::error(&worker.label, error.reason());
@@ -213,7 +214,9 @@ fn count_request(state: &RouterState, worker: &Worker, status: StatusCode) {
 
 /// The worker's response, its body streamed frame by frame; `guard` keeps
 /// the request counted on the worker until the body ends or the client goes.
-fn pass_through(resp: hyper::Response<Incoming>, guard: InFlight) -> Response {
+/// The time to the first chunk and between chunks feed the worker's latency
+/// averages (the latency-aware policy reads them).
+fn pass_through(resp: hyper::Response<Incoming>, guard: InFlight, sent: Instant) -> Response {
     let (mut parts, body) = resp.into_parts();
     let sse = parts
         .headers
@@ -224,13 +227,28 @@ fn pass_through(resp: hyper::Response<Incoming>, guard: InFlight) -> Response {
     if let Ok(v) = HeaderValue::from_str(&guard.worker().label) {
         parts.headers.insert(WORKER_HEADER, v);
     }
-    let stream = futures_util::stream::unfold(Some((body, guard)), move |s| async move {
-        let (mut body, guard) = s?;
+    let start = (body, guard, None::<Instant>);
+    let stream = futures_util::stream::unfold(Some(start), move |s| async move {
+        let (mut body, guard, last) = s?;
         loop {
             match body.frame().await {
                 None => return None,
                 Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => return Some((Ok::<_, std::io::Error>(data), Some((body, guard)))),
+                    Ok(data) => {
+                        let now = Instant::now();
+                        match last {
+                            None => guard
+                                .worker()
+                                .record_ttft(now.duration_since(sent).as_secs_f64()),
+                            Some(t) => guard
+                                .worker()
+                                .record_itl(now.duration_since(t).as_secs_f64()),
+                        }
+                        return Some((
+                            Ok::<_, std::io::Error>(data),
+                            Some((body, guard, Some(now))),
+                        ));
+                    }
                     Err(_trailers) => continue,
                 },
                 Some(Err(e)) => {

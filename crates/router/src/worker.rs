@@ -31,6 +31,25 @@ pub struct Worker {
     restarts: AtomicU32,
     models: RwLock<Vec<Value>>,
     breaker: Mutex<Breaker>,
+    latency: Mutex<Latency>,
+}
+
+/// Weight of the newest sample in the latency averages: about the last ten
+/// requests count, so a worker that slows down is noticed within seconds.
+const EWMA_ALPHA: f64 = 0.2;
+
+/// Latencies the router measured on a worker's responses (exponentially
+/// weighted moving averages, seconds; `None` before the first sample).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Latency {
+    /// Request sent → first body byte (time to first token for a stream).
+    pub ttft: Option<f64>,
+    /// Between body chunks of a stream (inter-token latency).
+    pub itl: Option<f64>,
+}
+
+fn ewma(old: Option<f64>, sample: f64) -> Option<f64> {
+    Some(old.map_or(sample, |o| o + EWMA_ALPHA * (sample - o)))
 }
 
 impl Worker {
@@ -55,6 +74,7 @@ impl Worker {
             restarts: AtomicU32::new(0),
             models: RwLock::new(Vec::new()),
             breaker: Mutex::new(Breaker::new(breaker)),
+            latency: Mutex::new(Latency::default()),
         }
     }
 
@@ -153,6 +173,23 @@ impl Worker {
         self.breaker().state(now)
     }
 
+    /// Its measured latencies.
+    pub fn latency(&self) -> Latency {
+        *self.latency.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds a time-to-first-byte sample (seconds).
+    pub fn record_ttft(&self, seconds: f64) {
+        let mut l = self.latency.lock().unwrap_or_else(|p| p.into_inner());
+        l.ttft = ewma(l.ttft, seconds);
+    }
+
+    /// Adds an inter-chunk sample (seconds).
+    pub fn record_itl(&self, seconds: f64) {
+        let mut l = self.latency.lock().unwrap_or_else(|p| p.into_inner());
+        l.itl = ewma(l.itl, seconds);
+    }
+
     /// Counts one request in flight until the guard drops.
     pub fn begin(self: &Arc<Self>) -> InFlight {
         self.outstanding.fetch_add(1, Ordering::Relaxed);
@@ -175,5 +212,26 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.outstanding.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_averages_move_a_fifth_of_the_way_per_sample() {
+        let cfg = BreakerConfig {
+            failure_threshold: 1,
+            cooldown: std::time::Duration::from_secs(1),
+        };
+        let w = Worker::new(0, "w".into(), String::new(), false, cfg);
+        assert_eq!(w.latency(), Latency::default());
+        w.record_ttft(1.0);
+        w.record_ttft(2.0);
+        w.record_itl(0.5);
+        let l = w.latency();
+        assert!((l.ttft.unwrap() - 1.2).abs() < 1e-12);
+        assert_eq!(l.itl, Some(0.5));
     }
 }

@@ -1,6 +1,7 @@
 //! Load-balancing policies: one file each behind [`Policy`], built from
 //! [`PolicyKind`] by [`build`].
 
+mod latency_aware;
 mod least_outstanding;
 mod power_of_two;
 mod round_robin;
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use latency_aware::LatencyAwarePolicy;
 pub use least_outstanding::LeastOutstandingPolicy;
 pub use power_of_two::PowerOfTwoPolicy;
 pub use round_robin::RoundRobinPolicy;
@@ -43,6 +45,8 @@ pub enum PolicyKind {
     LeastOutstanding,
     /// Two workers at random, the less loaded of them.
     PowerOfTwo,
+    /// The lowest expected wait: measured TTFT average × (requests in flight + 1).
+    LatencyAware,
 }
 
 impl PolicyKind {
@@ -52,6 +56,7 @@ impl PolicyKind {
             Self::RoundRobin => "round_robin",
             Self::LeastOutstanding => "least_outstanding",
             Self::PowerOfTwo => "power_of_two",
+            Self::LatencyAware => "latency_aware",
         }
     }
 }
@@ -62,6 +67,7 @@ pub fn build(kind: PolicyKind) -> Box<dyn Policy> {
         PolicyKind::RoundRobin => Box::new(RoundRobinPolicy::default()),
         PolicyKind::LeastOutstanding => Box::new(LeastOutstandingPolicy),
         PolicyKind::PowerOfTwo => Box::new(PowerOfTwoPolicy),
+        PolicyKind::LatencyAware => Box::new(LatencyAwarePolicy),
     }
 }
 
