@@ -327,3 +327,21 @@ def test_latency_aware_policy_spreads_concurrent_load(routers):
     m = r.metrics()
     assert sum(m.get("ingot_router_selections_total", 0, worker=w, policy="latency_aware")
                for w in ("local-0", "local-1")) == 8
+
+
+def test_prefix_cache_policy_keeps_a_tenant_on_one_worker(routers):
+    r = routers('policy = "prefix_cache"\n[workers]\nlocal = 2\n', wait_workers=2)
+    tenants = [f"You are the assistant of tenant {t}. " * 12 for t in "ABCD"]
+    by_tenant: dict[int, set[str]] = {i: set() for i in range(4)}
+    with r.http() as h:
+        for round_ in range(3):
+            for i, system in enumerate(tenants):
+                body = {**chat(2), "messages": [{"role": "system", "content": system},
+                                                {"role": "user", "content": f"Question {round_}."}]}
+                resp = h.post("/v1/chat/completions", json=body)
+                assert resp.status_code == 200, resp.text
+                by_tenant[i].add(resp.headers["x-ingot-worker"])
+    # One worker per tenant (sequential requests: load never forces a move),
+    # and the tenants are not all on one worker.
+    assert all(len(ws) == 1 for ws in by_tenant.values()), by_tenant
+    assert len(set().union(*by_tenant.values())) == 2, by_tenant

@@ -286,5 +286,35 @@ fn request_info(body: &[u8]) -> Result<RequestInfo, RouteError> {
     Ok(RequestInfo {
         model: obj.get("model").and_then(Value::as_str).map(str::to_string),
         stream: obj.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        text: prompt_text(&obj),
     })
+}
+
+/// The text a prompt starts with: chat messages' string contents in order
+/// (role-tagged, so a system prompt and a user turn with the same words
+/// differ), or a string `prompt`.
+fn prompt_text(obj: &serde_json::Map<String, Value>) -> String {
+    let mut text = String::new();
+    if let Some(messages) = obj.get("messages").and_then(Value::as_array) {
+        for m in messages {
+            let role = m.get("role").and_then(Value::as_str).unwrap_or("");
+            text.push_str(role);
+            text.push('\n');
+            match m.get("content") {
+                Some(Value::String(s)) => text.push_str(s),
+                Some(Value::Array(parts)) => {
+                    for p in parts {
+                        if let Some(s) = p.get("text").and_then(Value::as_str) {
+                            text.push_str(s);
+                        }
+                    }
+                }
+                _ => {}
+            }
+            text.push('\n');
+        }
+    } else if let Some(p) = obj.get("prompt").and_then(Value::as_str) {
+        text.push_str(p);
+    }
+    text
 }

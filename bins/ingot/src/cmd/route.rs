@@ -27,7 +27,8 @@ pub struct RouteArgs {
     /// Start and supervise N local `ingot serve` workers [workers.local; 0].
     #[arg(long, value_name = "N")]
     local: Option<usize>,
-    /// round_robin | least_outstanding | power_of_two | latency_aware
+    /// round_robin | least_outstanding | power_of_two | latency_aware |
+    /// prefix_cache
     /// [policy; least_outstanding].
     #[arg(long)]
     policy: Option<String>,

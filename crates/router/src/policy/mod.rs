@@ -4,6 +4,7 @@
 mod latency_aware;
 mod least_outstanding;
 mod power_of_two;
+mod prefix_cache;
 mod round_robin;
 
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use serde::{Deserialize, Serialize};
 pub use latency_aware::LatencyAwarePolicy;
 pub use least_outstanding::LeastOutstandingPolicy;
 pub use power_of_two::PowerOfTwoPolicy;
+pub use prefix_cache::PrefixCachePolicy;
 pub use round_robin::RoundRobinPolicy;
 
 use crate::worker::{Worker, WorkerId};
@@ -25,6 +27,9 @@ pub struct RequestInfo {
     pub model: Option<String>,
     /// Whether it asked for a stream.
     pub stream: bool,
+    /// Its prompt text (chat messages' contents joined, or the prompt), for
+    /// the prefix-cache-aware policy.
+    pub text: String,
 }
 
 /// Chooses a worker for a request.
@@ -47,6 +52,9 @@ pub enum PolicyKind {
     PowerOfTwo,
     /// The lowest expected wait: measured TTFT average × (requests in flight + 1).
     LatencyAware,
+    /// The worker that most likely holds the prompt's prefix in its KV
+    /// cache, unless it is much busier than the least loaded.
+    PrefixCache,
 }
 
 impl PolicyKind {
@@ -57,6 +65,7 @@ impl PolicyKind {
             Self::LeastOutstanding => "least_outstanding",
             Self::PowerOfTwo => "power_of_two",
             Self::LatencyAware => "latency_aware",
+            Self::PrefixCache => "prefix_cache",
         }
     }
 }
@@ -68,6 +77,7 @@ pub fn build(kind: PolicyKind) -> Box<dyn Policy> {
         PolicyKind::LeastOutstanding => Box::new(LeastOutstandingPolicy),
         PolicyKind::PowerOfTwo => Box::new(PowerOfTwoPolicy),
         PolicyKind::LatencyAware => Box::new(LatencyAwarePolicy),
+        PolicyKind::PrefixCache => Box::new(PrefixCachePolicy::default()),
     }
 }
 
