@@ -345,3 +345,18 @@ def test_prefix_cache_policy_keeps_a_tenant_on_one_worker(routers):
     # and the tenants are not all on one worker.
     assert all(len(ws) == 1 for ws in by_tenant.values()), by_tenant
     assert len(set().union(*by_tenant.values())) == 2, by_tenant
+
+
+def test_worker_load_is_scraped_from_its_metrics(routers):
+    r = routers('[workers]\nlocal = 2\n[health]\ninterval = "200ms"\n', wait_workers=2)
+    assert all(w["load"] == {"running": 0.0, "waiting": 0.0, "kv_usage": 0.0} for w in r.workers())
+    load = Load(r.url, concurrency=4, n_tokens=64)
+    try:
+        busy = wait_for(lambda: [w for w in r.workers() if w["load"]["running"] > 0], 60,
+                        what="a worker reporting running requests")
+        assert busy[0]["load"]["kv_usage"] > 0, busy
+    finally:
+        results = load.stop()
+    assert all(ok(x) for x in results)
+    ws = r.workers()
+    assert all(w["ttft_ewma_s"] and w["ttft_ewma_s"] > 0 for w in ws), ws

@@ -96,6 +96,9 @@ fn describe(w: &Worker, now: Instant) -> Value {
         "outstanding": w.outstanding(),
         "breaker": format!("{:?}", w.breaker_state(now)).to_lowercase(),
         "restarts": w.restarts(),
+        "load": w.load(),
+        "ttft_ewma_s": w.latency().ttft,
+        "itl_ewma_s": w.latency().itl,
         "models": w.models().iter().filter_map(|m| m.get("id").cloned()).collect::<Vec<_>>(),
     })
 }

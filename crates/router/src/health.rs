@@ -1,5 +1,6 @@
 //! Active health: every `interval`, each worker's `/ready` (and, when ready,
-//! its `/v1/models`) is probed with a `timeout`. A worker enters rotation on
+//! its `/v1/models` and the load gauges of its `/metrics`) is probed with a
+//! `timeout`. A worker enters rotation on
 //! its first successful probe and leaves it on a failed one; a successful
 //! probe also closes a half-open breaker (the probe is the trial).
 
@@ -13,7 +14,7 @@ use serde_json::Value;
 use crate::breaker::BreakerState;
 use crate::metrics as m;
 use crate::state::RouterState;
-use crate::worker::Worker;
+use crate::worker::{Worker, WorkerLoad};
 
 /// Probes every worker until the process ends.
 pub async fn health_task(state: Arc<RouterState>) {
@@ -37,6 +38,12 @@ pub async fn probe(state: &RouterState, worker: &Arc<Worker>) {
             .and_then(|v| v.get("data").and_then(Value::as_array).cloned())
         {
             worker.set_models(models);
+        }
+        if let Some(load) = get(state, &format!("{url}/metrics"))
+            .await
+            .and_then(|b| WorkerLoad::parse(&String::from_utf8_lossy(&b)))
+        {
+            worker.set_load(load);
         }
         if !worker.is_healthy() {
             tracing::info!(worker = %worker.label, %url, "worker healthy");

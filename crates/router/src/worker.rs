@@ -32,6 +32,41 @@ pub struct Worker {
     models: RwLock<Vec<Value>>,
     breaker: Mutex<Breaker>,
     latency: Mutex<Latency>,
+    load: Mutex<WorkerLoad>,
+}
+
+/// A worker's own view of its load, scraped from its `/metrics` at each
+/// health probe (summed over its models).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct WorkerLoad {
+    /// `ingot_num_requests_running`.
+    pub running: f64,
+    /// `ingot_num_requests_waiting`.
+    pub waiting: f64,
+    /// `ingot_kv_cache_usage_perc` (the largest over its models, 0..1).
+    pub kv_usage: f64,
+}
+
+impl WorkerLoad {
+    /// Reads the three gauges from Prometheus text; `None` when none is there.
+    pub fn parse(text: &str) -> Option<Self> {
+        let mut load = Self::default();
+        let mut seen = false;
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap_or("");
+            let Some(value) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else {
+                continue;
+            };
+            match name {
+                "ingot_num_requests_running" => load.running += value,
+                "ingot_num_requests_waiting" => load.waiting += value,
+                "ingot_kv_cache_usage_perc" => load.kv_usage = load.kv_usage.max(value),
+                _ => continue,
+            }
+            seen = true;
+        }
+        seen.then_some(load)
+    }
 }
 
 /// Weight of the newest sample in the latency averages: about the last ten
@@ -75,6 +110,7 @@ impl Worker {
             models: RwLock::new(Vec::new()),
             breaker: Mutex::new(Breaker::new(breaker)),
             latency: Mutex::new(Latency::default()),
+            load: Mutex::new(WorkerLoad::default()),
         }
     }
 
@@ -173,6 +209,16 @@ impl Worker {
         self.breaker().state(now)
     }
 
+    /// Its load at the last probe.
+    pub fn load(&self) -> WorkerLoad {
+        *self.load.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a scraped load.
+    pub fn set_load(&self, load: WorkerLoad) {
+        *self.load.lock().unwrap_or_else(|p| p.into_inner()) = load;
+    }
+
     /// Its measured latencies.
     pub fn latency(&self) -> Latency {
         *self.latency.lock().unwrap_or_else(|p| p.into_inner())
@@ -218,6 +264,27 @@ impl Drop for InFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn load_is_read_from_the_servers_metrics() {
+        let text = "# HELP ingot_num_requests_running x\n\
+            ingot_num_requests_running{model=\"a\"} 3\n\
+            ingot_num_requests_running{model=\"b\"} 1\n\
+            ingot_num_requests_waiting{model=\"a\"} 2\n\
+            ingot_kv_cache_usage_perc{model=\"a\"} 0.25\n\
+            ingot_kv_cache_usage_perc{model=\"b\"} 0.5\n\
+            ingot_num_requests_running_total 99\n";
+        let load = WorkerLoad::parse(text).unwrap();
+        assert_eq!(
+            load,
+            WorkerLoad {
+                running: 4.0,
+                waiting: 2.0,
+                kv_usage: 0.5
+            }
+        );
+        assert_eq!(WorkerLoad::parse("other 1\n"), None);
+    }
 
     #[test]
     fn latency_averages_move_a_fifth_of_the_way_per_sample() {
