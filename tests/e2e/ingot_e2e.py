@@ -57,20 +57,13 @@ def default_model_name() -> str:
 class Server:
     """One `ingot serve` child process on an ephemeral port."""
 
+    # The line that gives the address; a subclass may anchor it.
+    listening = _LISTENING
+
     def __init__(self, *extra_args: str, wait_ready: bool = True, env: dict[str, str] | None = None):
         if not BIN.exists():
             raise AssertionError(f"ingot binary not found at {BIN} (set INGOT_BIN or run cargo build -p ingot)")
-        self.args = [
-            str(BIN),
-            "serve",
-            "--model",
-            model_path(),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            *extra_args,
-        ]
+        self.args = self.command(*extra_args)
         self.log: collections.deque[str] = collections.deque(maxlen=400)
         self._listening = threading.Event()
         self.url: str | None = None
@@ -97,6 +90,19 @@ class Server:
             self.kill()
             raise
 
+    def command(self, *extra_args: str) -> list[str]:
+        return [
+            str(BIN),
+            "serve",
+            "--model",
+            model_path(),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            *extra_args,
+        ]
+
     # -- process ---------------------------------------------------------
 
     def _drain(self, pipe, tag: str) -> None:
@@ -104,7 +110,7 @@ class Server:
             line = _ANSI.sub("", raw.decode("utf-8", "replace")).rstrip("\n")
             self.log.append(f"[{tag}] {line}")
             if tag == "err" and self.url is None:
-                m = _LISTENING.search(line)
+                m = self.listening.search(line)
                 if m:
                     self.url = m.group(1)
                     self._listening.set()
@@ -211,6 +217,43 @@ class Server:
         r = httpx.get(self.url + "/metrics", timeout=10.0)
         assert r.status_code == 200, f"/metrics returned {r.status_code}: {r.text[:500]!r}"
         return Metrics(r.text)
+
+
+class Router(Server):
+    """`ingot route` on an ephemeral port. `config` is the text of its
+    router.toml (written next to nothing else in `tmp_dir`); local workers
+    get the test model plus `serve_args`."""
+
+    # Only the router's own line: its workers' lines come prefixed.
+    listening = re.compile(r"^listening on (http://127\.0\.0\.1:(\d+))")
+
+    def __init__(self, tmp_dir: Path, config: str = "", *extra_args: str, serve_args: tuple[str, ...] = (),
+                 wait_workers: int | None = None):
+        cfg = Path(tmp_dir) / "router.toml"
+        cfg.write_text(config)
+        self._router_args = ["--config", str(cfg), *extra_args, "--", "--model", model_path(), *serve_args]
+        super().__init__(wait_ready=True)
+        if wait_workers:
+            self.wait_workers(wait_workers)
+
+    def command(self, *extra_args: str) -> list[str]:
+        return [str(BIN), "route", "--host", "127.0.0.1", "--port", "0", *self._router_args]
+
+    def workers(self) -> list[dict]:
+        r = httpx.get(self.url + "/admin/workers", timeout=10.0)
+        assert r.status_code == 200, r.text
+        return r.json()["workers"]
+
+    def wait_workers(self, n: int, timeout: float = READY_DEADLINE) -> list[dict]:
+        """Waits until `n` workers are healthy with closed breakers."""
+        def ok():
+            ws = self.workers()
+            good = [w for w in ws if w["healthy"] and w["breaker"] == "closed"]
+            return ws if len(good) >= n else None
+        try:
+            return wait_for(ok, timeout, interval=0.1, what=f"{n} healthy workers")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.log_tail(120)}")
 
 
 # -- Prometheus text format ----------------------------------------------

@@ -1,5 +1,5 @@
-//! `ingot`: the one binary. Subcommands: `serve`, `generate`, `inspect`,
-//! `logits`, `bench`, `config`.
+//! `ingot`: the one binary. Subcommands: `serve`, `route`, `generate`,
+//! `inspect`, `logits`, `bench`, `config`.
 
 mod cmd;
 mod logging;
@@ -24,6 +24,9 @@ struct Cli {
 enum Command {
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(cmd::serve::ServeArgs),
+    /// Route requests over several `ingot serve` workers (health checks,
+    /// retries, circuit breakers, supervised local workers).
+    Route(cmd::route::RouteArgs),
     /// Generate text from a prompt (or chat interactively) and stream it to stdout.
     Generate(cmd::generate::GenerateArgs),
     /// Print a model's architecture, size, tensor types, tokenizer and chat template.
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
     // others from the environment (INGOT_LOG, INGOT_LOG_LEVEL).
     let result = match cli.command {
         Command::Serve(args) => cmd::serve::run(args),
+        Command::Route(args) => settings::log_from_env().and_then(|()| cmd::route::run(args)),
         Command::Generate(args) => cmd::generate::run(args),
         Command::Inspect(args) => settings::log_from_env().and_then(|()| cmd::inspect::run(args)),
         Command::Logits(args) => cmd::logits::run(args),

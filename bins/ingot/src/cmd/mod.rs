@@ -7,4 +7,5 @@ pub mod generate;
 pub mod inspect;
 pub mod logits;
 pub mod score;
+pub mod route;
 pub mod serve;

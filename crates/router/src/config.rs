@@ -1,0 +1,378 @@
+//! The router's config: `router.toml` (raw, every key optional with a
+//! documented default) and [`RouterConfig::validate`], which yields the
+//! resolved [`ValidRouterConfig`] the router runs on.
+//!
+//! Same rules as the server's config: unknown keys are errors, times are
+//! written the way people say them ("250ms", "5s"), and the JSON schema is
+//! generated from these types.
+
+use std::path::{Path, PathBuf};
+
+use ingot_config::Duration;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::policy::PolicyKind;
+
+/// `router.toml`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouterConfig {
+    /// Address to listen on. Default "127.0.0.1".
+    pub host: Option<String>,
+    /// Port to listen on (0: any free port). Default 8080.
+    pub port: Option<u16>,
+    /// How a worker is chosen for a request. Default "least_outstanding".
+    pub policy: Option<PolicyKind>,
+    /// The workers.
+    pub workers: WorkersSection,
+    /// Active health probes.
+    pub health: HealthSection,
+    /// Retries of requests that have not sent a byte to the client.
+    pub retry: RetrySection,
+    /// The per-worker circuit breaker.
+    pub breaker: BreakerSection,
+}
+
+/// `[workers]`: static URLs and/or locally supervised `ingot serve` children.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkersSection {
+    /// Base URLs of running workers ("http://10.0.0.5:8000").
+    pub urls: Vec<String>,
+    /// Number of `ingot serve` children to start and supervise. Default 0.
+    pub local: Option<usize>,
+    /// Arguments of every local child after `serve` (e.g. `["--model", "/m"]`);
+    /// the router adds `--host 127.0.0.1 --port 0`.
+    pub args: Vec<String>,
+    /// The `ingot` binary for local children. Default: this executable.
+    pub binary: Option<PathBuf>,
+    /// First delay before restarting a child that died; doubles per
+    /// consecutive death. Default "500ms".
+    pub restart_backoff: Option<Duration>,
+    /// Longest delay between restarts. Default "30s".
+    pub restart_backoff_max: Option<Duration>,
+}
+
+/// `[health]`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthSection {
+    /// Time between probes of each worker's `/ready`. Default "1s".
+    pub interval: Option<Duration>,
+    /// A probe slower than this fails. Default "1s".
+    pub timeout: Option<Duration>,
+}
+
+/// `[retry]`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetrySection {
+    /// Tries per request, the first included. Default 3.
+    pub max_attempts: Option<u32>,
+    /// Backoff before the first retry; doubles per retry, with full jitter.
+    /// Default "20ms".
+    pub backoff: Option<Duration>,
+    /// Longest backoff. Default "1s".
+    pub backoff_max: Option<Duration>,
+    /// A worker that has not answered with headers within this time is given
+    /// up on (a hung worker) and the request is retried elsewhere. Default "30s".
+    pub first_byte_timeout: Option<Duration>,
+    /// Retries may be at most this fraction of requests over `budget_window`
+    /// (plus `budget_min`), so retries cannot amplify an outage. Default 0.2.
+    pub budget_ratio: Option<f64>,
+    /// Retries always allowed per window. Default 10.
+    pub budget_min: Option<u32>,
+    /// The window of the retry budget. Default "10s".
+    pub budget_window: Option<Duration>,
+}
+
+/// `[breaker]`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerSection {
+    /// Consecutive failures that open a worker's breaker. Default 3.
+    pub failure_threshold: Option<u32>,
+    /// How long an open breaker refuses requests before one trial
+    /// (half-open). Default "5s".
+    pub cooldown: Option<Duration>,
+}
+
+/// The resolved config: no `Option`s, every bound checked.
+#[derive(Clone, Debug)]
+pub struct ValidRouterConfig {
+    /// Listen address.
+    pub host: String,
+    /// Listen port.
+    pub port: u16,
+    /// The policy.
+    pub policy: PolicyKind,
+    /// Static worker URLs, without a trailing slash.
+    pub urls: Vec<String>,
+    /// Local children.
+    pub local: LocalWorkers,
+    /// Health probes.
+    pub health: HealthConfig,
+    /// Retries.
+    pub retry: RetryConfig,
+    /// Breaker.
+    pub breaker: BreakerConfig,
+}
+
+/// Local children.
+#[derive(Clone, Debug)]
+pub struct LocalWorkers {
+    /// How many.
+    pub count: usize,
+    /// Their arguments after `serve`.
+    pub args: Vec<String>,
+    /// The binary.
+    pub binary: PathBuf,
+    /// First restart delay.
+    pub backoff: std::time::Duration,
+    /// Longest restart delay.
+    pub backoff_max: std::time::Duration,
+}
+
+/// Health probes.
+#[derive(Clone, Copy, Debug)]
+pub struct HealthConfig {
+    /// Between probes.
+    pub interval: std::time::Duration,
+    /// Per probe.
+    pub timeout: std::time::Duration,
+}
+
+/// Retries.
+#[derive(Clone, Copy, Debug)]
+pub struct RetryConfig {
+    /// Tries per request (≥ 1).
+    pub max_attempts: u32,
+    /// First backoff.
+    pub backoff: std::time::Duration,
+    /// Longest backoff.
+    pub backoff_max: std::time::Duration,
+    /// Deadline for a worker's response headers.
+    pub first_byte_timeout: std::time::Duration,
+    /// Budget ratio in [0, 1].
+    pub budget_ratio: f64,
+    /// Retries always allowed per window.
+    pub budget_min: u32,
+    /// Budget window.
+    pub budget_window: std::time::Duration,
+}
+
+/// Breaker.
+#[derive(Clone, Copy, Debug)]
+pub struct BreakerConfig {
+    /// Consecutive failures that open it (≥ 1).
+    pub failure_threshold: u32,
+    /// Open → half-open after this.
+    pub cooldown: std::time::Duration,
+}
+
+/// A config that cannot run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RouterConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for these types.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message (it names the key and line).
+        message: String,
+    },
+    /// A value is out of bounds.
+    #[error("{key}: {message} (got {value})")]
+    Invalid {
+        /// The dotted key.
+        key: &'static str,
+        /// What is expected.
+        message: &'static str,
+        /// What was given.
+        value: String,
+    },
+}
+
+impl RouterConfig {
+    /// Reads and parses `path`.
+    pub fn from_file(path: &Path) -> Result<Self, RouterConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| RouterConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| RouterConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string().trim_end().replace('\n', " "),
+        })
+    }
+
+    /// Checks every bound and fills the defaults. `current_exe` is the
+    /// default binary of local children.
+    pub fn validate(self, current_exe: PathBuf) -> Result<ValidRouterConfig, RouterConfigError> {
+        let d = |v: Option<Duration>, default: u64| v.map_or(ms(default), Duration::get);
+        let local = self.workers.local.unwrap_or(0);
+        let urls: Vec<String> = self
+            .workers
+            .urls
+            .iter()
+            .map(|u| u.trim_end_matches('/').to_string())
+            .collect();
+        for u in &urls {
+            if !u.starts_with("http://") {
+                return Err(invalid("workers.urls", "an http:// base URL", u));
+            }
+        }
+        if urls.is_empty() && local == 0 {
+            return Err(invalid(
+                "workers",
+                "at least one worker (workers.urls or workers.local)",
+                "none",
+            ));
+        }
+        if local > 0 && self.workers.args.is_empty() {
+            return Err(invalid(
+                "workers.args",
+                "the `ingot serve` arguments of local workers (at least --model)",
+                "[]",
+            ));
+        }
+        let max_attempts = self.retry.max_attempts.unwrap_or(3);
+        if max_attempts == 0 {
+            return Err(invalid("retry.max_attempts", "at least 1", "0"));
+        }
+        let budget_ratio = self.retry.budget_ratio.unwrap_or(0.2);
+        if !(0.0..=1.0).contains(&budget_ratio) {
+            return Err(invalid(
+                "retry.budget_ratio",
+                "a fraction in [0, 1]",
+                budget_ratio,
+            ));
+        }
+        let failure_threshold = self.breaker.failure_threshold.unwrap_or(3);
+        if failure_threshold == 0 {
+            return Err(invalid("breaker.failure_threshold", "at least 1", "0"));
+        }
+        let health = HealthConfig {
+            interval: d(self.health.interval, 1000),
+            timeout: d(self.health.timeout, 1000),
+        };
+        if health.interval.is_zero() || health.timeout.is_zero() {
+            return Err(invalid("health", "non-zero interval and timeout", "0s"));
+        }
+        let retry = RetryConfig {
+            max_attempts,
+            backoff: d(self.retry.backoff, 20),
+            backoff_max: d(self.retry.backoff_max, 1000),
+            first_byte_timeout: d(self.retry.first_byte_timeout, 30_000),
+            budget_ratio,
+            budget_min: self.retry.budget_min.unwrap_or(10),
+            budget_window: d(self.retry.budget_window, 10_000),
+        };
+        if retry.first_byte_timeout.is_zero() || retry.budget_window.is_zero() {
+            return Err(invalid(
+                "retry",
+                "non-zero first_byte_timeout and budget_window",
+                "0s",
+            ));
+        }
+        Ok(ValidRouterConfig {
+            host: self.host.unwrap_or_else(|| "127.0.0.1".into()),
+            port: self.port.unwrap_or(8080),
+            policy: self.policy.unwrap_or(PolicyKind::LeastOutstanding),
+            urls,
+            local: LocalWorkers {
+                count: local,
+                args: self.workers.args,
+                binary: self.workers.binary.unwrap_or(current_exe),
+                backoff: d(self.workers.restart_backoff, 500),
+                backoff_max: d(self.workers.restart_backoff_max, 30_000),
+            },
+            health,
+            retry,
+            breaker: BreakerConfig {
+                failure_threshold,
+                cooldown: d(self.breaker.cooldown, 5000),
+            },
+        })
+    }
+}
+
+/// The JSON schema of `router.toml`.
+pub fn schema() -> serde_json::Value {
+    serde_json::to_value(schemars::schema_for!(RouterConfig)).unwrap_or_default()
+}
+
+fn ms(v: u64) -> std::time::Duration {
+    std::time::Duration::from_millis(v)
+}
+
+fn invalid(
+    key: &'static str,
+    message: &'static str,
+    value: impl std::fmt::Display,
+) -> RouterConfigError {
+    RouterConfigError::Invalid {
+        key,
+        message,
+        value: value.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<ValidRouterConfig, RouterConfigError> {
+        let raw: RouterConfig = toml::from_str(text).map_err(|e| RouterConfigError::Parse {
+            path: "t".into(),
+            message: e.to_string(),
+        })?;
+        raw.validate("/bin/ingot".into())
+    }
+
+    #[test]
+    fn defaults_fill_a_minimal_file() {
+        let c = parse("[workers]\nurls = [\"http://127.0.0.1:9/\"]\n").unwrap();
+        assert_eq!(c.urls, ["http://127.0.0.1:9"]);
+        assert_eq!(c.port, 8080);
+        assert_eq!(c.policy, PolicyKind::LeastOutstanding);
+        assert_eq!(c.retry.max_attempts, 3);
+        assert_eq!(c.breaker.cooldown, ms(5000));
+        assert_eq!(c.local.binary, PathBuf::from("/bin/ingot"));
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_refused() {
+        let e = parse("[workers]\nurl = []\n").unwrap_err().to_string();
+        assert!(e.contains("unknown field `url`"), "{e}");
+        let e = parse("[workers]\nurls = [\"http://a\"]\n[retry]\nmax_attempts = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("retry.max_attempts"), "{e}");
+        let e = parse("").unwrap_err().to_string();
+        assert!(e.contains("at least one worker"), "{e}");
+        let e = parse("[workers]\nlocal = 2\n").unwrap_err().to_string();
+        assert!(e.contains("workers.args"), "{e}");
+        let e = parse("policy = \"random\"\n[workers]\nurls = [\"http://a\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown variant"), "{e}");
+    }
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        let c =
+            parse("[workers]\nurls = [\"http://a\"]\n[health]\ninterval = \"250ms\"\n").unwrap();
+        assert_eq!(c.health.interval, ms(250));
+    }
+}

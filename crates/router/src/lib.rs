@@ -1,0 +1,29 @@
+//! `ingot-router`: `ingot route`, one OpenAI-compatible endpoint in front of
+//! many `ingot serve` workers. Workers are plain data (URL, health, load,
+//! models); policies choose among them; failed attempts are retried
+//! elsewhere before the first byte reaches the client; a circuit breaker
+//! per worker keeps a failing one out; local workers are supervised and can
+//! be restarted one by one without failing a request.
+//!
+//! It never depends on the engine: it speaks HTTP to workers.
+
+mod app;
+pub mod breaker;
+pub mod config;
+mod error;
+mod health;
+pub mod metrics;
+pub mod policy;
+mod proxy;
+pub mod retry;
+mod serve;
+mod state;
+mod supervisor;
+pub mod worker;
+
+pub use app::app;
+pub use config::{schema, RouterConfig, RouterConfigError, ValidRouterConfig};
+pub use error::RouteError;
+pub use proxy::WORKER_HEADER;
+pub use serve::{serve, ServeError};
+pub use state::RouterState;

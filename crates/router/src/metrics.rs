@@ -1,0 +1,97 @@
+//! The router's Prometheus series, named like the server's (`ingot_*`,
+//! `_total` counters, seconds).
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// Requests forwarded, by worker, policy and final status.
+pub const REQUESTS: &str = "ingot_router_requests_total";
+/// Failed attempts, by worker and reason (connect, timeout, status_503, ...).
+pub const ERRORS: &str = "ingot_router_errors_total";
+/// Retries, by reason.
+pub const RETRIES: &str = "ingot_router_retries_total";
+/// Retries refused by the retry budget.
+pub const RETRIES_DENIED: &str = "ingot_router_retry_budget_exhausted_total";
+/// Streams cut off after their first byte (client got an error event).
+pub const INTERRUPTED: &str = "ingot_router_streams_interrupted_total";
+/// Policy choices, by worker and policy.
+pub const SELECTIONS: &str = "ingot_router_selections_total";
+/// Breaker state per worker: 0 closed, 1 open, 2 half-open.
+pub const BREAKER_STATE: &str = "ingot_router_breaker_state";
+/// Breaker openings per worker.
+pub const BREAKER_OPENS: &str = "ingot_router_breaker_opens_total";
+/// 1 when the worker's last probe succeeded.
+pub const WORKER_HEALTHY: &str = "ingot_router_worker_healthy";
+/// Requests in flight per worker.
+pub const WORKER_OUTSTANDING: &str = "ingot_router_worker_outstanding_requests";
+/// Restarts of local workers.
+pub const WORKER_RESTARTS: &str = "ingot_router_worker_restarts_total";
+/// Time the router adds before forwarding (parse, select), seconds.
+pub const OVERHEAD: &str = "ingot_router_added_latency_seconds";
+/// Time from the client's request to the worker's response headers, seconds.
+pub const UPSTREAM_HEADERS: &str = "ingot_router_upstream_header_seconds";
+
+/// Installs the recorder (once per process) and describes the series.
+pub fn install() -> Option<PrometheusHandle> {
+    let buckets = [
+        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+        5.0, 10.0, 30.0,
+    ];
+    let handle = PrometheusBuilder::new()
+        .set_buckets(&buckets)
+        .and_then(|b| b.install_recorder())
+        .map_err(|e| tracing::warn!(error = %e, "metrics disabled"))
+        .ok()?;
+    describe_counter!(
+        REQUESTS,
+        "Requests the router answered, by worker, policy and status"
+    );
+    describe_counter!(ERRORS, "Failed attempts to a worker, by reason");
+    describe_counter!(RETRIES, "Attempts retried on another worker, by reason");
+    describe_counter!(RETRIES_DENIED, "Retries refused by the retry budget");
+    describe_counter!(INTERRUPTED, "Streams that failed after their first byte");
+    describe_counter!(SELECTIONS, "Workers chosen by the policy");
+    describe_gauge!(
+        BREAKER_STATE,
+        "Circuit breaker: 0 closed, 1 open, 2 half-open"
+    );
+    describe_counter!(BREAKER_OPENS, "Times a worker's breaker opened");
+    describe_gauge!(
+        WORKER_HEALTHY,
+        "1 when the worker's last health probe succeeded"
+    );
+    describe_gauge!(
+        WORKER_OUTSTANDING,
+        "Requests in flight on the worker from this router"
+    );
+    describe_counter!(
+        WORKER_RESTARTS,
+        "Restarts of a local worker by the supervisor"
+    );
+    describe_histogram!(
+        OVERHEAD,
+        "Router time before forwarding a request (seconds)"
+    );
+    describe_histogram!(
+        UPSTREAM_HEADERS,
+        "Client request to worker response headers (seconds)"
+    );
+    Some(handle)
+}
+
+/// Counts a failed attempt.
+pub fn error(worker: &str, reason: &'static str) {
+    counter!(ERRORS, "worker" => worker.to_string(), "reason" => reason).increment(1);
+}
+
+/// Records the router-added latency of one attempt.
+pub fn overhead(seconds: f64) {
+    histogram!(OVERHEAD).record(seconds);
+}
+
+/// Sets a worker's gauges.
+pub fn worker_state(worker: &str, healthy: bool, outstanding: usize, breaker: f64) {
+    gauge!(WORKER_HEALTHY, "worker" => worker.to_string()).set(if healthy { 1.0 } else { 0.0 });
+    gauge!(WORKER_OUTSTANDING, "worker" => worker.to_string()).set(outstanding as f64);
+    gauge!(BREAKER_STATE, "worker" => worker.to_string()).set(breaker);
+}

@@ -1,0 +1,110 @@
+//! Load-balancing policies: one file each behind [`Policy`], built from
+//! [`PolicyKind`] by [`build`].
+
+mod latency_aware;
+mod least_outstanding;
+mod power_of_two;
+mod prefix_cache;
+mod round_robin;
+
+use std::sync::Arc;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use latency_aware::LatencyAwarePolicy;
+pub use least_outstanding::LeastOutstandingPolicy;
+pub use power_of_two::PowerOfTwoPolicy;
+pub use prefix_cache::PrefixCachePolicy;
+pub use round_robin::RoundRobinPolicy;
+
+use crate::worker::{Worker, WorkerId};
+
+/// What a policy may look at in a request.
+#[derive(Debug, Default)]
+pub struct RequestInfo {
+    /// The request's `model`.
+    pub model: Option<String>,
+    /// Whether it asked for a stream.
+    pub stream: bool,
+    /// Its prompt text (chat messages' contents joined, or the prompt), for
+    /// the prefix-cache-aware policy.
+    pub text: String,
+}
+
+/// Chooses a worker for a request.
+pub trait Policy: Send + Sync {
+    /// Picks one of `workers` (already filtered to those that may take the
+    /// request: healthy, not draining, breaker closed, serving its model,
+    /// not yet tried for it); `None` only when `workers` is empty.
+    fn select(&self, request: &RequestInfo, workers: &[Arc<Worker>]) -> Option<WorkerId>;
+}
+
+/// The policies, as `policy = "..."` names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    /// Each worker in turn.
+    RoundRobin,
+    /// The worker with the fewest requests in flight from this router.
+    LeastOutstanding,
+    /// Two workers at random, the less loaded of them.
+    PowerOfTwo,
+    /// The lowest expected wait: measured TTFT average × (requests in flight + 1).
+    LatencyAware,
+    /// The worker that most likely holds the prompt's prefix in its KV
+    /// cache, unless it is much busier than the least loaded.
+    PrefixCache,
+}
+
+impl PolicyKind {
+    /// The `policy` label of metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RoundRobin => "round_robin",
+            Self::LeastOutstanding => "least_outstanding",
+            Self::PowerOfTwo => "power_of_two",
+            Self::LatencyAware => "latency_aware",
+            Self::PrefixCache => "prefix_cache",
+        }
+    }
+}
+
+/// The policy `kind` names.
+pub fn build(kind: PolicyKind) -> Box<dyn Policy> {
+    match kind {
+        PolicyKind::RoundRobin => Box::new(RoundRobinPolicy::default()),
+        PolicyKind::LeastOutstanding => Box::new(LeastOutstandingPolicy),
+        PolicyKind::PowerOfTwo => Box::new(PowerOfTwoPolicy),
+        PolicyKind::LatencyAware => Box::new(LatencyAwarePolicy),
+        PolicyKind::PrefixCache => Box::new(PrefixCachePolicy::default()),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_workers {
+    use std::sync::Arc;
+
+    use crate::config::BreakerConfig;
+    use crate::worker::{InFlight, Worker};
+
+    /// `n` workers, worker i with `load[i]` requests in flight (the guards
+    /// keep them counted).
+    pub fn with_load(load: &[usize]) -> (Vec<Arc<Worker>>, Vec<InFlight>) {
+        let cfg = BreakerConfig {
+            failure_threshold: 1,
+            cooldown: std::time::Duration::from_secs(1),
+        };
+        let workers: Vec<_> = load
+            .iter()
+            .enumerate()
+            .map(|(i, _)| Arc::new(Worker::new(i, format!("w{i}"), String::new(), false, cfg)))
+            .collect();
+        let guards = workers
+            .iter()
+            .zip(load)
+            .flat_map(|(w, &n)| (0..n).map(|_| w.begin()).collect::<Vec<_>>())
+            .collect();
+        (workers, guards)
+    }
+}

@@ -1,0 +1,320 @@
+//! Forwarding one OpenAI request: choose a worker, send, retry elsewhere
+//! while nothing has reached the client, then pass the answer through frame
+//! by frame (SSE chunks are never buffered).
+//!
+//! A request is retried only before its first byte: on a connect error, a
+//! worker that sends no response head within `first_byte_timeout` (hung),
+//! or a 503/429. Once the head is out, a failure of the worker ends an SSE
+//! stream with an error event and `[DONE]`, never a silent retry or a hang.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use metrics::counter;
+use serde_json::Value;
+
+use crate::error::{sse_interrupted, RouteError};
+use crate::metrics as m;
+use crate::policy::RequestInfo;
+use crate::retry::backoff;
+use crate::state::RouterState;
+use crate::worker::{InFlight, Worker, WorkerId};
+
+/// Largest request body the router reads (prompts are text; 64 MiB is far
+/// beyond any context window).
+const MAX_BODY: usize = 64 << 20;
+
+/// Headers that belong to one hop and are not forwarded.
+const HOP_BY_HOP: [header::HeaderName; 5] = [
+    header::CONNECTION,
+    header::HOST,
+    header::CONTENT_LENGTH,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// The header that tells the client which worker answered.
+pub const WORKER_HEADER: &str = "x-ingot-worker";
+
+/// Why an attempt failed before the first byte.
+#[derive(Clone, Copy, Debug)]
+enum AttemptError {
+    Connect,
+    Timeout,
+    Status(StatusCode),
+}
+
+impl AttemptError {
+    fn reason(self) -> &'static str {
+        match self {
+            Self::Connect => "connect",
+            Self::Timeout => "timeout",
+            Self::Status(s) if s == StatusCode::TOO_MANY_REQUESTS => "status_429",
+            Self::Status(_) => "status_503",
+        }
+    }
+}
+
+/// `POST /v1/*`: the proxy.
+pub async fn forward(State(state): State<Arc<RouterState>>, req: Request) -> Response {
+    let received = Instant::now();
+    let (parts, body) = req.into_parts();
+    let body = match axum::body::to_bytes(body, MAX_BODY).await {
+        Ok(b) => b,
+        Err(e) => {
+            return RouteError::BadRequest(format!("cannot read the request body: {e}"))
+                .into_response()
+        }
+    };
+    let info = match request_info(&body) {
+        Ok(i) => i,
+        Err(e) => return e.into_response(),
+    };
+    if let Some(model) = &info.model {
+        if !state.knows_model(model) && state.is_ready() {
+            return RouteError::ModelNotFound(model.clone()).into_response();
+        }
+    }
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| parts.uri.path().to_string(), |p| p.as_str().to_string());
+    state.budget().on_request(received);
+    let retry = state.config.retry;
+    let mut tried: Vec<WorkerId> = Vec::new();
+    let mut last: Option<(AttemptError, Option<Response>)> = None;
+    for attempt in 1..=retry.max_attempts {
+        let now = Instant::now();
+        let candidates = state.candidates(&info, &tried, now);
+        let Some(id) = state.policy.select(&info, &candidates) else {
+            break;
+        };
+        let Some(worker) = state.workers.get(id).cloned() else {
+            break;
+        };
+        tried.push(id);
+        counter!(m::SELECTIONS, "worker" => worker.label.clone(), "policy" => state.config.policy.as_str())
+            .increment(1);
+        let guard = worker.begin();
+        worker.breaker().on_send(now);
+        let sent = Instant::now();
+        m::overhead(now.duration_since(received).as_secs_f64());
+        match send(&state, &worker, &path, &parts.headers, body.clone()).await {
+            Ok(resp) => {
+                metrics::histogram!(m::UPSTREAM_HEADERS).record(received.elapsed().as_secs_f64());
+                worker.breaker().on_success();
+                count_request(&state, &worker, resp.status());
+                return pass_through(resp, guard, sent);
+            }
+            Err((error, resp)) => {
+                m::error(&worker.label, error.reason());
+                fail(&worker, error);
+                drop(guard);
+                last = Some((error, resp));
+                if attempt == retry.max_attempts {
+                    break;
+                }
+                if !state.budget().try_retry(Instant::now()) {
+                    counter!(m::RETRIES_DENIED).increment(1);
+                    break;
+                }
+                counter!(m::RETRIES, "reason" => error.reason()).increment(1);
+                let delay = backoff(&retry, attempt, &mut rand::rng());
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+    match last {
+        // The worker's own refusal (503/429) is the most precise answer.
+        Some((_, Some(resp))) => resp,
+        Some((e, None)) => {
+            RouteError::NoWorker(format!(" (last attempt: {})", e.reason())).into_response()
+        }
+        None => RouteError::NoWorker(String::new()).into_response(),
+    }
+}
+
+/// One attempt. A 503/429 comes back as an error with the worker's
+/// response, so that the last one can be returned as is.
+async fn send(
+    state: &RouterState,
+    worker: &Worker,
+    path: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<hyper::Response<Incoming>, (AttemptError, Option<Response>)> {
+    let uri = format!("{}{path}", worker.url());
+    let mut builder = hyper::Request::post(uri);
+    for (k, v) in headers {
+        if !HOP_BY_HOP.contains(k) {
+            builder = builder.header(k, v);
+        }
+    }
+    let Ok(req) = builder.body(Full::new(body)) else {
+        return Err((AttemptError::Connect, None));
+    };
+    let resp = match tokio::time::timeout(
+        state.config.retry.first_byte_timeout,
+        state.client.request(req),
+    )
+    .await
+    {
+        Err(_) => return Err((AttemptError::Timeout, None)),
+        Ok(Err(_)) => return Err((AttemptError::Connect, None)),
+        Ok(Ok(resp)) => resp,
+    };
+    let status = resp.status();
+    if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
+        let (parts, body) = resp.into_parts();
+        let bytes = tokio::time::timeout(state.config.retry.first_byte_timeout, body.collect())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
+        let mut r = Response::from_parts(parts, Body::from(bytes));
+        strip_hop_by_hop(r.headers_mut());
+        return Err((AttemptError::Status(status), Some(r)));
+    }
+    Ok(resp)
+}
+
+/// Passive health: a failed attempt feeds the breaker; a refused connection
+/// also marks the worker down until its next successful probe.
+fn fail(worker: &Worker, error: AttemptError) {
+    if matches!(error, AttemptError::Status(s) if s == StatusCode::TOO_MANY_REQUESTS) {
+        // Overload is not a fault: the worker is healthy, just full.
+        return;
+    }
+    if matches!(error, AttemptError::Connect) {
+        worker.set_healthy(false);
+    }
+    if worker.breaker().on_failure(Instant::now()) {
+        counter!(m::BREAKER_OPENS, "worker" => worker.label.clone()).increment(1);
+        tracing::warn!(worker = %worker.label, reason = error.reason(), "circuit breaker open");
+    }
+}
+
+fn count_request(state: &RouterState, worker: &Worker, status: StatusCode) {
+    counter!(
+        m::REQUESTS,
+        "worker" => worker.label.clone(),
+        "policy" => state.config.policy.as_str(),
+        "status" => status.as_u16().to_string()
+    )
+    .increment(1);
+}
+
+/// The worker's response, its body streamed frame by frame; `guard` keeps
+/// the request counted on the worker until the body ends or the client goes.
+/// The time to the first chunk and between chunks feed the worker's latency
+/// averages (the latency-aware policy reads them).
+fn pass_through(resp: hyper::Response<Incoming>, guard: InFlight, sent: Instant) -> Response {
+    let (mut parts, body) = resp.into_parts();
+    let sse = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    strip_hop_by_hop(&mut parts.headers);
+    if let Ok(v) = HeaderValue::from_str(&guard.worker().label) {
+        parts.headers.insert(WORKER_HEADER, v);
+    }
+    let start = (body, guard, None::<Instant>);
+    let stream = futures_util::stream::unfold(Some(start), move |s| async move {
+        let (mut body, guard, last) = s?;
+        loop {
+            match body.frame().await {
+                None => return None,
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        let now = Instant::now();
+                        match last {
+                            None => guard
+                                .worker()
+                                .record_ttft(now.duration_since(sent).as_secs_f64()),
+                            Some(t) => guard
+                                .worker()
+                                .record_itl(now.duration_since(t).as_secs_f64()),
+                        }
+                        return Some((
+                            Ok::<_, std::io::Error>(data),
+                            Some((body, guard, Some(now))),
+                        ));
+                    }
+                    Err(_trailers) => continue,
+                },
+                Some(Err(e)) => {
+                    let worker = guard.worker();
+                    tracing::warn!(worker = %worker.label, error = %e, "worker failed mid-response");
+                    counter!(m::INTERRUPTED, "worker" => worker.label.clone()).increment(1);
+                    fail(worker, AttemptError::Connect);
+                    if sse {
+                        return Some((Ok(sse_interrupted(&worker.label)), None));
+                    }
+                    return Some((Err(std::io::Error::other(e)), None));
+                }
+            }
+        }
+    });
+    Response::from_parts(parts, Body::from_stream(stream))
+}
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    for h in &HOP_BY_HOP {
+        headers.remove(h);
+    }
+}
+
+/// The parts of the body the router routes on. The body must be a JSON
+/// object; everything else about it is the worker's to validate.
+fn request_info(body: &[u8]) -> Result<RequestInfo, RouteError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| RouteError::BadRequest(format!("the body is not valid JSON: {e}")))?;
+    let Value::Object(obj) = v else {
+        return Err(RouteError::BadRequest(
+            "the body must be a JSON object".into(),
+        ));
+    };
+    Ok(RequestInfo {
+        model: obj.get("model").and_then(Value::as_str).map(str::to_string),
+        stream: obj.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        text: prompt_text(&obj),
+    })
+}
+
+/// The text a prompt starts with: chat messages' string contents in order
+/// (role-tagged, so a system prompt and a user turn with the same words
+/// differ), or a string `prompt`.
+fn prompt_text(obj: &serde_json::Map<String, Value>) -> String {
+    let mut text = String::new();
+    if let Some(messages) = obj.get("messages").and_then(Value::as_array) {
+        for m in messages {
+            let role = m.get("role").and_then(Value::as_str).unwrap_or("");
+            text.push_str(role);
+            text.push('\n');
+            match m.get("content") {
+                Some(Value::String(s)) => text.push_str(s),
+                Some(Value::Array(parts)) => {
+                    for p in parts {
+                        if let Some(s) = p.get("text").and_then(Value::as_str) {
+                            text.push_str(s);
+                        }
+                    }
+                }
+                _ => {}
+            }
+            text.push('\n');
+        }
+    } else if let Some(p) = obj.get("prompt").and_then(Value::as_str) {
+        text.push_str(p);
+    }
+    text
+}

@@ -1,0 +1,119 @@
+//! Starting the router: workers (static and supervised), health probes, the
+//! listener; stopping it: SIGTERM/SIGINT drains the HTTP server, then the
+//! local workers get SIGTERM.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch};
+
+use crate::app::app;
+use crate::config::ValidRouterConfig;
+use crate::health::health_task;
+use crate::state::RouterState;
+use crate::supervisor::supervise_task;
+use crate::worker::Worker;
+
+/// Why the router could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The address could not be bound.
+    #[error("cannot bind {addr}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The server failed.
+    #[error("the HTTP server failed")]
+    Serve(#[source] std::io::Error),
+}
+
+/// Runs the router until SIGTERM or SIGINT.
+pub async fn serve(config: ValidRouterConfig) -> Result<(), ServeError> {
+    let metrics = crate::metrics::install();
+    let mut workers = Vec::new();
+    let mut restarts = Vec::new();
+    for url in &config.urls {
+        let id = workers.len();
+        workers.push(Arc::new(Worker::new(
+            id,
+            url.clone(),
+            url.clone(),
+            false,
+            config.breaker,
+        )));
+        restarts.push(None);
+    }
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let mut supervisors = Vec::new();
+    for i in 0..config.local.count {
+        let id = workers.len();
+        let w = Arc::new(Worker::new(
+            id,
+            format!("local-{i}"),
+            String::new(),
+            true,
+            config.breaker,
+        ));
+        let (tx, rx) = mpsc::unbounded_channel();
+        supervisors.push(tokio::spawn(supervise_task(
+            Arc::clone(&w),
+            config.local.clone(),
+            rx,
+            shutdown_rx.clone(),
+        )));
+        workers.push(w);
+        restarts.push(Some(tx));
+    }
+    let addr = format!("{}:{}", config.host, config.port);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: addr.clone(),
+            source,
+        })?;
+    let local: SocketAddr = listener.local_addr().map_err(ServeError::Serve)?;
+    let state = Arc::new(RouterState::new(config, workers, restarts, metrics));
+    let health = tokio::spawn(health_task(Arc::clone(&state)));
+    tracing::info!(
+        workers = state.workers.len(),
+        policy = state.config.policy.as_str(),
+        "router started"
+    );
+    // The same line as `ingot serve`, so scripts find either the same way.
+    eprintln!("listening on http://{local}");
+    let served = axum::serve(listener, app(Arc::clone(&state)))
+        .with_graceful_shutdown(shutdown_signal())
+        .await;
+    health.abort();
+    let _ = shutdown_tx.send(true);
+    for s in supervisors {
+        let _ = s.await;
+    }
+    served.map_err(ServeError::Serve)
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

@@ -1,0 +1,362 @@
+"""`ingot route` in front of real `ingot serve` workers (the SmolLM2 test
+model): proxying and streaming through the official `openai` client,
+retries of 503s, SIGKILL under load, a SIGSTOPped worker, drain and rolling
+restart under load. Two or three workers with small KV caches: CI has two
+cores."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import os
+import signal
+import threading
+import time
+
+import httpx2 as httpx
+import pytest
+
+from ingot_e2e import Router, Server, assert_error, default_model_name, model_path, wait_for
+
+SERVE_ARGS = ("--kv-cache-tokens", "2048", "--max-num-seqs", "8")
+
+
+@pytest.fixture
+def routers(tmp_path):
+    started: list[Router] = []
+
+    def start(config: str, *args: str, wait_workers: int | None = None) -> Router:
+        model_path()  # fetch outside the startup deadline
+        r = Router(tmp_path, config, *args, serve_args=SERVE_ARGS, wait_workers=wait_workers)
+        started.append(r)
+        return r
+
+    yield start
+    for r in started:
+        pids = [w["pid"] for w in r.workers() if w["pid"]] if r.proc.poll() is None else []
+        rc = r.stop()
+        assert rc == 0, f"ingot route exited with {rc}\n{r.log_tail()}"
+        wait_for(lambda: not _pids_alive(pids), 30, what="local workers exiting with the router")
+
+
+def _pids_alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+            alive.append(pid)
+        except ProcessLookupError:
+            pass
+    return alive
+
+
+def chat(n_tokens: int = 8, stream: bool = False, content: str = "Say hello.") -> dict:
+    return {
+        "model": default_model_name(),
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": n_tokens,
+        "temperature": 0,
+        "stream": stream,
+    }
+
+
+async def stream_one(client: httpx.AsyncClient, body: dict) -> dict:
+    """One streaming request: how it ended and how many chunks came first."""
+    chunks, error = 0, None
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                return {"status": r.status_code, "chunks": 0, "error": (await r.aread()).decode(), "done": False}
+            done = False
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    done = True
+                    break
+                obj = json.loads(data)
+                if "error" in obj:
+                    error = obj["error"]
+                else:
+                    chunks += 1
+            return {"status": 200, "chunks": chunks, "error": error, "done": done,
+                    "worker": r.headers.get("x-ingot-worker")}
+    except httpx.HTTPError as e:
+        return {"status": None, "chunks": chunks, "error": repr(e), "done": False}
+
+
+class Load:
+    """Streaming requests at a fixed concurrency on a background thread until
+    stopped; every result is kept."""
+
+    def __init__(self, url: str, concurrency: int, n_tokens: int = 24):
+        self.url, self.concurrency, self.n_tokens = url, concurrency, n_tokens
+        self.results: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self._thread.start()
+
+    async def _run(self):
+        async with httpx.AsyncClient(base_url=self.url, timeout=120.0) as c:
+            async def loop(i):
+                k = 0
+                while not self._stop.is_set():
+                    k += 1
+                    body = chat(self.n_tokens, stream=True, content=f"Count to ten. ({i}.{k})")
+                    self.results.append(await stream_one(c, body))
+            await asyncio.gather(*(loop(i) for i in range(self.concurrency)))
+
+    def stop(self, timeout: float = 180.0) -> list[dict]:
+        self._stop.set()
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the load did not finish: a request hangs"
+        return self.results
+
+
+def ok(res: dict) -> bool:
+    return res["status"] == 200 and res["done"] and res["error"] is None and res["chunks"] > 0
+
+
+def test_proxies_and_streams_through_the_openai_client(routers):
+    r = routers('policy = "round_robin"\n[workers]\nlocal = 2\n', wait_workers=2)
+    client = r.openai()
+    models = client.models.list()
+    assert [m.id for m in models.data] == [default_model_name()]
+
+    out = client.chat.completions.create(**{k: v for k, v in chat(8).items() if k != "stream"})
+    assert out.choices[0].message.content
+    assert out.usage.completion_tokens > 0
+
+    pieces = []
+    for chunk in client.chat.completions.create(**{**chat(16), "stream": True}):
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+    assert len(pieces) > 1, "a stream arrives in several chunks"
+
+    done = client.completions.create(model=default_model_name(), prompt="Hello", max_tokens=4)
+    assert done.choices[0].text is not None
+
+    # Round-robin spreads requests over both workers (the header names them).
+    with r.http() as h:
+        seen = {h.post("/v1/chat/completions", json=chat(2)).headers["x-ingot-worker"] for _ in range(4)}
+        assert seen == {"local-0", "local-1"}
+        assert_error(h.post("/v1/chat/completions", json={**chat(2), "model": "nope"}), 404,
+                     code="model_not_found")
+        assert_error(h.post("/v1/chat/completions", content=b"{not json"), 400)
+        assert h.get("/health").status_code == 200
+        assert h.get("/ready").status_code == 200
+    m = r.metrics()
+    total = sum(m.get("ingot_router_requests_total", 0, worker=w, policy="round_robin", status="200")
+                for w in ("local-0", "local-1"))
+    assert total >= 7
+
+
+class _Always503(http.server.BaseHTTPRequestHandler):
+    """A worker that is "ready" and lists the model, but refuses every request."""
+
+    def do_GET(self):
+        if self.path == "/ready":
+            self._send(200, b'{"status":"ready"}')
+        elif self.path == "/v1/models":
+            body = {"object": "list", "data": [{"id": default_model_name(), "object": "model"}]}
+            self._send(200, json.dumps(body).encode())
+        else:
+            self._send(404, b"{}")
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.server.posts += 1
+        self._send(503, b'{"error":{"message":"overloaded","type":"server_error","param":null,"code":null}}')
+
+    def _send(self, status, body):
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_a_worker_answering_503_is_retried_elsewhere(routers, server_factory):
+    real = server_factory(*SERVE_ARGS)
+    bad = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Always503)
+    bad.posts = 0
+    threading.Thread(target=bad.serve_forever, daemon=True).start()
+    try:
+        bad_url = f"http://127.0.0.1:{bad.server_address[1]}"
+        cfg = (f'policy = "round_robin"\n[workers]\nurls = ["{bad_url}", "{real.url}"]\n'
+               '[breaker]\nfailure_threshold = 100\n')
+        r = routers(cfg, wait_workers=2)
+        with r.http() as h:
+            for _ in range(6):
+                resp = h.post("/v1/chat/completions", json=chat(2))
+                assert resp.status_code == 200, resp.text
+                assert resp.headers["x-ingot-worker"] == real.url
+        assert bad.posts >= 3, "round-robin sent requests to the 503 worker first"
+        m = r.metrics()
+        assert m.get("ingot_router_retries_total", reason="status_503") >= 3
+        assert m.get("ingot_router_errors_total", worker=bad_url, reason="status_503") >= 3
+    finally:
+        bad.shutdown()
+
+
+def test_sigkill_under_load_fails_only_streams_already_started(routers):
+    cfg = ('[workers]\nlocal = 3\nrestart_backoff = "200ms"\n'
+           '[breaker]\nfailure_threshold = 2\ncooldown = "1s"\n'
+           '[health]\ninterval = "250ms"\ntimeout = "1s"\n')
+    r = routers(cfg, wait_workers=3)
+    victim = r.workers()[0]
+    load = Load(r.url, concurrency=8, n_tokens=48)
+    try:
+        # Kill while streams are in flight on the victim.
+        wait_for(lambda: len(load.results) >= 8 and r.workers()[0]["outstanding"] > 0, 120, what="load on worker 0")
+        os.kill(victim["pid"], signal.SIGKILL)
+        wait_for(lambda: r.workers()[0]["breaker"] != "closed" or r.workers()[0]["restarts"] > 0, 30,
+                 what="the router noticing the kill")
+        n_at_kill = len(load.results)
+        wait_for(lambda: len(load.results) >= n_at_kill + 16, 180, what="load after the kill")
+    finally:
+        results = load.stop()
+    failed = [x for x in results if not ok(x)]
+    # Every failure is a stream that had started, ended by an error event and [DONE].
+    for x in failed:
+        assert x["status"] == 200 and x["chunks"] > 0, f"a request failed before streaming: {x}"
+        assert x["done"] and x["error"]["code"] == "worker_failed_mid_stream", x
+    assert len(results) - len(failed) >= 16
+    m = r.metrics()
+    # The kill came while streams were running on the victim: at least one
+    # was cut mid-stream (and counted), none of them silently retried.
+    assert m.get("ingot_router_streams_interrupted_total", 0, worker="local-0") >= 1
+    assert len(failed) == m.get("ingot_router_streams_interrupted_total", 0, worker="local-0")
+    assert m.get("ingot_router_breaker_opens_total", worker="local-0") >= 1
+    # The supervisor restarts it; a probe closes the breaker again.
+    ws = r.wait_workers(3, timeout=120)
+    assert ws[0]["pid"] != victim["pid"] and ws[0]["restarts"] >= 1
+    with r.http() as h:
+        for _ in range(3):
+            assert h.post("/v1/chat/completions", json=chat(2)).status_code == 200
+
+
+def test_a_stopped_worker_is_routed_around_within_the_timeout(routers):
+    cfg = ('policy = "round_robin"\n[workers]\nlocal = 2\n'
+           '[retry]\nfirst_byte_timeout = "2s"\n'
+           '[health]\ninterval = "500ms"\ntimeout = "500ms"\n')
+    r = routers(cfg, wait_workers=2)
+    hung = r.workers()[0]
+    os.kill(hung["pid"], signal.SIGSTOP)
+    try:
+        with r.http() as h:
+            for _ in range(6):
+                t0 = time.monotonic()
+                resp = h.post("/v1/chat/completions", json=chat(4))
+                took = time.monotonic() - t0
+                assert resp.status_code == 200, resp.text
+                assert resp.headers["x-ingot-worker"] == "local-1"
+                assert took < 2.0 + 30.0, took  # the timeout plus a generous bound on a reply
+        wait_for(lambda: not r.workers()[0]["healthy"], 5, what="the probe marking the hung worker down")
+    finally:
+        os.kill(hung["pid"], signal.SIGCONT)
+    r.wait_workers(2, timeout=60)
+
+
+def test_drain_stops_new_requests_to_a_worker(routers):
+    r = routers('policy = "round_robin"\n[workers]\nlocal = 2\n', wait_workers=2)
+    with r.http() as h:
+        d = h.post("/admin/workers/0/drain")
+        assert d.status_code == 200 and d.json()["draining"], d.text
+        for _ in range(4):
+            assert h.post("/v1/chat/completions", json=chat(2)).headers["x-ingot-worker"] == "local-1"
+        assert h.post("/admin/workers/0/undrain").status_code == 200
+        seen = {h.post("/v1/chat/completions", json=chat(2)).headers["x-ingot-worker"] for _ in range(4)}
+        assert seen == {"local-0", "local-1"}
+        assert_error(h.post("/admin/workers/9/drain"), 404)
+
+
+def test_rolling_restart_under_load_fails_nothing(routers):
+    r = routers('[workers]\nlocal = 2\n', wait_workers=2)
+    before = {w["label"]: w["pid"] for w in r.workers()}
+    load = Load(r.url, concurrency=4, n_tokens=16)
+    try:
+        wait_for(lambda: len(load.results) >= 4, 120, what="load")
+        with r.http(timeout=600) as h:
+            resp = h.post("/admin/restart")
+        assert resp.status_code == 200, resp.text
+        n = len(load.results)
+        wait_for(lambda: len(load.results) >= n + 4, 120, what="load after the restart")
+    finally:
+        results = load.stop()
+    failed = [x for x in results if not ok(x)]
+    assert not failed, f"{len(failed)} of {len(results)} failed: {failed[:3]}"
+    after = {w["label"]: w["pid"] for w in r.workers()}
+    assert all(after[k] != before[k] for k in before), (before, after)
+
+
+def test_route_refuses_a_bad_config(tmp_path):
+    from ingot_e2e import BIN
+    import subprocess
+
+    cfg = tmp_path / "router.toml"
+    cfg.write_text("[workers]\nurls = [\"http://127.0.0.1:1\"]\nbogus = 1\n")
+    out = subprocess.run([str(BIN), "route", "--config", str(cfg), "--check"], capture_output=True, text=True)
+    assert out.returncode == 1 and "unknown field `bogus`" in out.stderr, out.stderr
+    cfg.write_text("[workers]\nurls = [\"http://127.0.0.1:1\"]\n[retry]\nbudget_ratio = 2.0\n")
+    out = subprocess.run([str(BIN), "route", "--config", str(cfg), "--check"], capture_output=True, text=True)
+    assert out.returncode == 1 and "retry.budget_ratio" in out.stderr, out.stderr
+    cfg.write_text("[workers]\nurls = [\"http://127.0.0.1:1\"]\n")
+    out = subprocess.run([str(BIN), "route", "--config", str(cfg), "--check"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_latency_aware_policy_spreads_concurrent_load(routers):
+    r = routers('policy = "latency_aware"\n[workers]\nlocal = 2\n', wait_workers=2)
+
+    async def fire():
+        async with httpx.AsyncClient(base_url=r.url, timeout=120.0) as c:
+            return await asyncio.gather(*(stream_one(c, chat(16, stream=True, content=f"Tell a story {i}."))
+                                          for i in range(8)))
+
+    results = asyncio.run(fire())
+    assert all(ok(x) for x in results), results
+    # Unmeasured workers count as zero wait and load multiplies the wait:
+    # eight requests at once land on both workers.
+    assert {x["worker"] for x in results} == {"local-0", "local-1"}
+    m = r.metrics()
+    assert sum(m.get("ingot_router_selections_total", 0, worker=w, policy="latency_aware")
+               for w in ("local-0", "local-1")) == 8
+
+
+def test_prefix_cache_policy_keeps_a_tenant_on_one_worker(routers):
+    r = routers('policy = "prefix_cache"\n[workers]\nlocal = 2\n', wait_workers=2)
+    tenants = [f"You are the assistant of tenant {t}. " * 12 for t in "ABCD"]
+    by_tenant: dict[int, set[str]] = {i: set() for i in range(4)}
+    with r.http() as h:
+        for round_ in range(3):
+            for i, system in enumerate(tenants):
+                body = {**chat(2), "messages": [{"role": "system", "content": system},
+                                                {"role": "user", "content": f"Question {round_}."}]}
+                resp = h.post("/v1/chat/completions", json=body)
+                assert resp.status_code == 200, resp.text
+                by_tenant[i].add(resp.headers["x-ingot-worker"])
+    # One worker per tenant (sequential requests: load never forces a move),
+    # and the tenants are not all on one worker.
+    assert all(len(ws) == 1 for ws in by_tenant.values()), by_tenant
+    assert len(set().union(*by_tenant.values())) == 2, by_tenant
+
+
+def test_worker_load_is_scraped_from_its_metrics(routers):
+    r = routers('[workers]\nlocal = 2\n[health]\ninterval = "200ms"\n', wait_workers=2)
+    assert all(w["load"] == {"running": 0.0, "waiting": 0.0, "kv_usage": 0.0} for w in r.workers())
+    load = Load(r.url, concurrency=4, n_tokens=64)
+    try:
+        busy = wait_for(lambda: [w for w in r.workers() if w["load"]["running"] > 0], 60,
+                        what="a worker reporting running requests")
+        assert busy[0]["load"]["kv_usage"] > 0, busy
+    finally:
+        results = load.stop()
+    assert all(ok(x) for x in results)
+    ws = r.workers()
+    assert all(w["ttft_ewma_s"] and w["ttft_ewma_s"] > 0 for w in ws), ws
