@@ -6,6 +6,6 @@ pub mod config;
 pub mod generate;
 pub mod inspect;
 pub mod logits;
-pub mod score;
 pub mod route;
+pub mod score;
 pub mod serve;
