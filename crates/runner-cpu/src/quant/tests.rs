@@ -134,8 +134,9 @@ fn simd_and_portable_agree() {
 
 #[test]
 fn stacked_matrix_matches_per_row_dots_and_is_batch_invariant() {
-    // The four-row kernels (batches of 4+) must equal the one-row kernels
-    // bit for bit, for every format.
+    // The four-row and 2 x 4 tile kernels (batches of 4+) must equal the
+    // one-row kernels bit for bit, for every format (odd row counts leave a
+    // weight row to the four-row kernel after the tiles).
     stacked(
         &[
             (QuantKind::Q4_1, 37),
@@ -198,5 +199,48 @@ fn q8_0_quantization_round_trips_within_half_a_step() {
     for (i, (a, b)) in x.iter().zip(&back).enumerate() {
         let d = f16::from_le_bytes([blocks[i / 32 * 34], blocks[i / 32 * 34 + 1]]).to_f32();
         assert!((a - b).abs() <= d / 2.0 + 1e-7, "{i}: {a} vs {b}");
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn vnni_and_avx2_kernels_are_bit_identical() {
+    // Both paths compute exact integer block sums, then the same float
+    // operations: dispatching to either must not change a single bit.
+    if !(has_avx2() && has_vnni()) {
+        eprintln!("no AVX512-VNNI here: nothing to compare");
+        return;
+    }
+    let mut rng = Rng(5);
+    for kind in QuantKind::ALL {
+        let (plain, vnni) = (avx2_kernels(kind, false), avx2_kernels(kind, true));
+        let k = 1024;
+        let x: Vec<f32> = (0..4 * k).map(|_| rng.unit() * 2.0).collect();
+        let mut acts = QuantActs::default();
+        acts.quantize(&x, 4, k, kind.act());
+        let rows = [acts.row(0), acts.row(1), acts.row(2), acts.row(3)];
+        let blocks = k / kind.ggml().block_size();
+        let (w0, w1) = (
+            random_blocks(kind, blocks, &mut rng),
+            random_blocks(kind, blocks, &mut rng),
+        );
+        // SAFETY: AVX2 and VNNI checked above; whole blocks, k values a row.
+        unsafe {
+            assert_eq!(
+                (plain.four)(&w0, &rows),
+                (vnni.four)(&w0, &rows),
+                "{kind:?}"
+            );
+            assert_eq!(
+                (plain.one)(&w1, rows[2]),
+                (vnni.one)(&w1, rows[2]),
+                "{kind:?}"
+            );
+            if let (Some(a), Some(b)) = (plain.tile, vnni.tile) {
+                let want = [(plain.four)(&w0, &rows), (plain.four)(&w1, &rows)];
+                assert_eq!(a(&w0, &w1, &rows), want, "{kind:?} tile");
+                assert_eq!(b(&w0, &w1, &rows), want, "{kind:?} vnni tile");
+            }
+        }
     }
 }
