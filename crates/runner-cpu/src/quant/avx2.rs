@@ -134,11 +134,13 @@ unsafe fn dot32<
         let mut mins = [[0f32; R]; W];
         for b in 0..nb {
             let mut dm = [(0f32, 0f32); W];
+            let mut dv = [_mm256_setzero_ps(); W];
             let mut qv = [_mm256_setzero_si256(); W];
             let mut wu = [_mm256_setzero_si256(); W];
             for j in 0..W {
                 let p = w[j].as_ptr().add(b * BYTES);
                 dm[j] = f16_pair(p);
+                dv[j] = _mm256_set1_ps(dm[j].0);
                 qv[j] = q(p);
                 wu[j] = if SIGNED {
                     _mm256_sign_epi8(qv[j], qv[j])
@@ -149,7 +151,9 @@ unsafe fn dot32<
             for r in 0..R {
                 let xr = &x[r];
                 let xv = _mm256_loadu_si256(xr.qs.as_ptr().add(b * 32) as *const __m256i);
-                let xd = *xr.d.get_unchecked(b);
+                // Broadcast from memory (a load, no shuffle); the vector
+                // product is the same IEEE product as the scalar one.
+                let xd = _mm256_broadcast_ss(xr.d.get_unchecked(b));
                 for j in 0..W {
                     let xs = if SIGNED {
                         _mm256_sign_epi8(xv, qv[j])
@@ -157,7 +161,7 @@ unsafe fn dot32<
                         xv
                     };
                     let s = dot_u8i8::<VNNI>(wu[j], xs);
-                    let dd = _mm256_set1_ps(dm[j].0 * xd);
+                    let dd = _mm256_mul_ps(dv[j], xd);
                     acc[j][r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), acc[j][r]);
                     if MIN {
                         mins[j][r] += dm[j].1 * *xr.s.get_unchecked(b);
