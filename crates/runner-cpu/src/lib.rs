@@ -150,9 +150,10 @@ impl CpuRunner {
 
     /// Loads the weights from `source` the way `weights` says and allocates
     /// the KV pool; `progress(done, total)` is called after each tensor.
-    /// With `quantize_floats` (native only; only Q8_0 has a quantizer),
-    /// float weight matrices (f32/f16/bf16 files, Hugging Face directories)
-    /// are quantized at load and run on the native kernels too.
+    /// With `quantize_floats` (native only: Q8_0, Q4_0 or Q4_K), float
+    /// weight matrices (f32/f16/bf16 files, Hugging Face directories) are
+    /// quantized at load and run on the native kernels too; rows a k-quant
+    /// block does not divide take Q8_0 ([`quant::quantize`]).
     pub fn load(
         config: ModelConfig,
         source: &dyn TensorSource,
@@ -161,9 +162,10 @@ impl CpuRunner {
         quantize_floats: Option<QuantKind>,
         progress: &dyn Fn(usize, usize),
     ) -> Result<Self, RunnerError> {
-        if quantize_floats.is_some_and(|k| k != QuantKind::Q8_0) {
+        let quantizable = [QuantKind::Q8_0, QuantKind::Q4_0, QuantKind::Q4K];
+        if quantize_floats.is_some_and(|k| !quantizable.contains(&k)) {
             return Err(RunnerError::Backend(
-                "quantization at load supports q8_0 only".to_string(),
+                "quantization at load supports q8_0, q4_0 and q4_k".to_string(),
             ));
         }
         let model_err = |e: ModelError| RunnerError::Backend(e.to_string());
@@ -230,10 +232,11 @@ impl CpuRunner {
                 data.extend_from_slice(&t.data);
                 tick();
             }
-            if quantize_floats.is_some() && cols > 0 && cols.is_multiple_of(32) {
+            if let Some((kind, blocks)) =
+                quantize_floats.and_then(|k| quant::quantize(k, &data, cols))
+            {
                 let rows = data.len() / cols;
-                let blocks = quant::quantize_q8_0(&data);
-                let parts = vec![(QuantKind::Q8_0, BlockData::Owned(blocks), rows)];
+                let parts = vec![(kind, BlockData::Owned(blocks), rows)];
                 if let Some(m) = QuantMatrix::new(parts, cols) {
                     return Ok(Matrix::Quant(m));
                 }

@@ -17,6 +17,7 @@
 mod act;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+mod quantize;
 mod scalar;
 
 use ingot_models::gguf::{dequantize_into, GgmlType};
@@ -24,6 +25,7 @@ use ingot_models::BlockData;
 use rayon::prelude::*;
 
 pub use act::{ActFormat, ActRow, QuantActs};
+pub use quantize::{quantize, quantize_q4_0, quantize_q4_k, quantize_q8_0};
 
 /// The block formats with native kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -517,29 +519,6 @@ impl QuantMatrix {
         }
         panic!("row {r} out of range. This is a bug.");
     }
-}
-
-/// Quantizes rows of f32 weights (`x.len()` a multiple of 32) to Q8_0
-/// blocks, for float models run on the native kernels
-/// (`--quantization q8_0`): `d = amax / 127` stored as f16, `q = round(x / d)`
-/// with the stored (rounded) `d`, so dequantizing gives back `x` within `d / 2`.
-pub fn quantize_q8_0(x: &[f32]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(x.len() / 32 * 34);
-    for blk in x.chunks_exact(32) {
-        let amax = blk.iter().fold(0f32, |a, v| a.max(v.abs()));
-        let d = half::f16::from_f32(amax / 127.0);
-        let inv = if d.to_f32() > 0.0 {
-            1.0 / d.to_f32()
-        } else {
-            0.0
-        };
-        out.extend_from_slice(&d.to_le_bytes());
-        out.extend(
-            blk.iter()
-                .map(|&v| (v * inv).round().clamp(-127.0, 127.0) as i8 as u8),
-        );
-    }
-    out
 }
 
 #[cfg(test)]

@@ -244,3 +244,54 @@ fn vnni_and_avx2_kernels_are_bit_identical() {
         }
     }
 }
+
+/// Relative L2 error of `kind`'s quantize → ggml dequantize round trip.
+fn round_trip_error(kind: QuantKind, x: &[f32], cols: usize) -> f64 {
+    let (got, blocks) = quantize(kind, x, cols).expect("quantizable");
+    assert_eq!(got, kind);
+    assert_eq!(blocks.len(), got.row_bytes(cols) * x.len() / cols);
+    let back = dequant(kind, &blocks, x.len());
+    let err: f64 = x
+        .iter()
+        .zip(&back)
+        .map(|(a, b)| f64::from(a - b).powi(2))
+        .sum();
+    let norm: f64 = x.iter().map(|a| f64::from(*a).powi(2)).sum();
+    (err / norm).sqrt()
+}
+
+#[test]
+fn q4_0_quantization_is_within_a_step() {
+    let mut rng = Rng(12);
+    let x: Vec<f32> = (0..4096).map(|_| rng.unit() * 0.1).collect();
+    let blocks = quantize_q4_0(&x);
+    let back = dequant(QuantKind::Q4_0, &blocks, x.len());
+    for (i, (a, b)) in x.iter().zip(&back).enumerate() {
+        let d = f16::from_le_bytes([blocks[i / 32 * 18], blocks[i / 32 * 18 + 1]]).to_f32();
+        assert!((a - b).abs() <= d.abs() + 1e-7, "{i}: {a} vs {b}");
+    }
+    // 16 levels over the block's range: ~0.6 / 16 relative RMS for uniform data.
+    let e = round_trip_error(QuantKind::Q4_0, &x, 512);
+    assert!(e < 0.08, "q4_0 relative error {e}");
+}
+
+#[test]
+fn q4_k_quantization_packs_ggml_blocks() {
+    // A wrong scale/min packing or nibble order would show as errors of
+    // the order of the values themselves.
+    let mut rng = Rng(13);
+    let x: Vec<f32> = (0..8192).map(|_| rng.unit() * 0.05 + 0.01).collect();
+    let e = round_trip_error(QuantKind::Q4K, &x, 1024);
+    assert!(e < 0.08, "q4_k relative error {e}");
+    let q8 = round_trip_error(QuantKind::Q8_0, &x, 1024);
+    assert!(q8 < 0.01 && q8 < e, "q8_0 {q8} vs q4_k {e}");
+}
+
+#[test]
+fn k_quant_falls_back_to_q8_0_on_rows_256_does_not_divide() {
+    let x = vec![0.5f32; 576 * 2];
+    let (kind, blocks) = quantize(QuantKind::Q4K, &x, 576).expect("32 divides 576");
+    assert_eq!(kind, QuantKind::Q8_0);
+    assert_eq!(blocks.len(), 2 * 576 / 32 * 34);
+    assert!(quantize(QuantKind::Q4_0, &x, 100).is_none());
+}
