@@ -34,6 +34,11 @@ pub use matrix::WeightDtype;
 pub use quant::QuantKind;
 use quant::{ActScratch, QuantMatrix};
 
+/// The embedding tensor's name.
+const EMBED: &str = "model.embed_tokens.weight";
+/// The untied LM head's name.
+const LM_HEAD: &str = "lm_head.weight";
+
 /// How [`CpuRunner::load`] keeps weight matrices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CpuWeights {
@@ -232,9 +237,13 @@ impl CpuRunner {
                 data.extend_from_slice(&t.data);
                 tick();
             }
-            if let Some((kind, blocks)) =
-                quantize_floats.and_then(|k| quant::quantize(k, &data, cols))
-            {
+            // The embedding and the LM head keep 8 bits under the 4-bit
+            // kinds (as llama.cpp's Q4 files keep them at Q8_0/Q6_K): the
+            // logits are read straight off them, and they cost the most
+            // accuracy per byte saved.
+            let edge = names.iter().any(|n| n == EMBED || n == LM_HEAD);
+            let kind = quantize_floats.map(|k| if edge { QuantKind::Q8_0 } else { k });
+            if let Some((kind, blocks)) = kind.and_then(|k| quant::quantize(k, &data, cols)) {
                 let rows = data.len() / cols;
                 let parts = vec![(kind, BlockData::Owned(blocks), rows)];
                 if let Some(m) = QuantMatrix::new(parts, cols) {
@@ -243,7 +252,7 @@ impl CpuRunner {
             }
             Ok(Matrix::new(data, opts.weight_dtype))
         };
-        let embed = matrix(&["model.embed_tokens.weight".to_string()])?;
+        let embed = matrix(&[EMBED.to_string()])?;
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             let p = |s: &str| format!("model.layers.{i}.{s}");
@@ -286,7 +295,7 @@ impl CpuRunner {
         let lm_head = if config.tie_word_embeddings {
             None
         } else {
-            Some(matrix(&["lm_head.weight".to_string()])?)
+            Some(matrix(&[LM_HEAD.to_string()])?)
         };
         Self::assemble(config, embed, lm_head, norm, layers, opts)
     }

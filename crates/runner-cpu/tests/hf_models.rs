@@ -484,7 +484,10 @@ fn hf_directory_quantized_at_load_runs_native_and_stays_near_the_reference() {
         let rows = forward(&mut runner, vec![chunk(&r.prompt, 0, &table)]);
         errs.push(rel_l2(&rows[0], &r.logits[0]));
     }
-    eprintln!("rel L2 vs reference: q8_0 {:.4}, q4_0 {:.4}, q4_k {:.4}", errs[0], errs[1], errs[2]);
+    eprintln!(
+        "rel L2 vs reference: q8_0 {:.4}, q4_0 {:.4}, q4_k {:.4}",
+        errs[0], errs[1], errs[2]
+    );
     assert!(errs[0] < 0.05, "q8_0 {errs:?}");
     assert!(errs[1] < 0.3 && errs[2] < 0.3, "4-bit {errs:?}");
     assert!(errs[0] < errs[1], "q8_0 should beat q4_0: {errs:?}");

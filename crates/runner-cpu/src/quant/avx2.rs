@@ -12,6 +12,7 @@ use std::arch::x86_64::*;
 
 use super::act::ActRow;
 use super::scalar::scales_mins_k4;
+use super::TILE_W;
 
 /// Sums the 8 lanes.
 #[inline]
@@ -205,11 +206,11 @@ macro_rules! dot32_mod {
             }
 
             /// # Safety
-            /// As [`one`], for each pair; `w0` and `w1` of equal length.
+            /// As [`one`], for each pair; the weight rows of equal length.
             #[target_feature(enable = $feat)]
-            pub unsafe fn tile(w0: &[u8], w1: &[u8], x: &[ActRow<'_>; 4]) -> [[f32; 4]; 2] {
+            pub unsafe fn tile(w: [&[u8]; TILE_W], x: &[ActRow<'_>; 4]) -> [[f32; 4]; TILE_W] {
                 // SAFETY: forwarded contract; the block layout matches `$q`.
-                unsafe { dot32::<$bytes, $signed, $min, $vnni, 2, 4>([w0, w1], x, $q) }
+                unsafe { dot32::<$bytes, $signed, $min, $vnni, TILE_W, 4>(w, x, $q) }
             }
         }
     };

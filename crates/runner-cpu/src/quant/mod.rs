@@ -115,10 +115,13 @@ pub type DotFn = unsafe fn(&[u8], ActRow<'_>) -> f32;
 /// decoded once for all four (prefill and batched decode).
 pub type Dot4Fn = unsafe fn(&[u8], &[ActRow<'_>; 4]) -> [f32; 4];
 
-/// Two weight rows against four activation rows (prefill and batched
-/// decode): each activation block is loaded once for both weight rows.
-/// Results equal [`Dot4Fn`]'s on each weight row, bit for bit.
-pub type TileFn = unsafe fn(&[u8], &[u8], &[ActRow<'_>; 4]) -> [[f32; 4]; 2];
+/// Weight rows per tile.
+pub const TILE_W: usize = 4;
+
+/// [`TILE_W`] weight rows against four activation rows (prefill and
+/// batched decode): each activation block is loaded once for all the
+/// weight rows. Results equal [`Dot4Fn`]'s on each weight row, bit for bit.
+pub type TileFn = unsafe fn([&[u8]; TILE_W], &[ActRow<'_>; 4]) -> [[f32; 4]; TILE_W];
 
 /// The kernels of one format for this CPU; every entry computes each
 /// (weight row, activation row) pair with the same operations in the same
@@ -129,7 +132,7 @@ pub struct Kernels {
     pub one: DotFn,
     /// Four activation rows.
     pub four: Dot4Fn,
-    /// Two weight rows × four activation rows, where the format has one.
+    /// [`TILE_W`] weight rows × four activation rows, where the format has one.
     pub tile: Option<TileFn>,
 }
 
@@ -298,19 +301,19 @@ fn col_of(cols: (usize, usize), r: usize) -> usize {
     cols.0 + r - cols.1
 }
 
-/// Weight rows `w` (two) against all `m` activation rows: 2 × 4 tiles,
+/// Weight rows `w` ([`TILE_W`]) against all `m` activation rows: tiles,
 /// then the one-row kernel for the last `m % 4` rows.
 ///
 /// # Safety
 /// `tile` and `k` are this CPU's kernels for the rows' format; `acts` holds
-/// `m` rows matching them; the output columns of `r` and `r + 1` are inside
+/// `m` rows matching them; the output columns of `r..r + TILE_W` are inside
 /// `out` (`m * n`) and written by no other thread.
 #[allow(clippy::too_many_arguments)]
 #[inline]
 unsafe fn rows_tile(
     tile: TileFn,
     k: Kernels,
-    w: [&[u8]; 2],
+    w: [&[u8]; TILE_W],
     acts: &QuantActs,
     m: usize,
     n: usize,
@@ -318,7 +321,7 @@ unsafe fn rows_tile(
     cols: (usize, usize),
     r: usize,
 ) {
-    let c = [col_of(cols, r), col_of(cols, r + 1)];
+    let c: [usize; TILE_W] = std::array::from_fn(|j| col_of(cols, r + j));
     let mut i = 0;
     // SAFETY: caller contract; i + 3 < m.
     unsafe {
@@ -329,7 +332,7 @@ unsafe fn rows_tile(
                 acts.row(i + 2),
                 acts.row(i + 3),
             ];
-            let v = tile(w[0], w[1], &rows);
+            let v = tile(w, &rows);
             for (j, v) in v.into_iter().enumerate() {
                 for (a, v) in v.into_iter().enumerate() {
                     out.write((i + a) * n + c[j], v);
@@ -338,7 +341,7 @@ unsafe fn rows_tile(
             i += 4;
         }
         for i in i..m {
-            for j in 0..2 {
+            for j in 0..TILE_W {
                 out.write(i * n + c[j], (k.one)(w[j], acts.row(i)));
             }
         }
@@ -479,23 +482,12 @@ impl QuantMatrix {
             // decoded once per four activation rows, and stay in L1.
             let mut r = t.row0;
             if let (Some(tile), true) = (kerns[t.part].tile, m >= 4) {
-                while r + 2 <= t.row0 + t.rows {
+                while r + TILE_W <= t.row0 + t.rows {
+                    let ws = std::array::from_fn(|j| w(r + j));
                     // SAFETY: `tile` is this CPU's kernel for the format;
-                    // both rows are whole rows of `k` weights.
-                    unsafe {
-                        rows_tile(
-                            tile,
-                            kerns[t.part],
-                            [w(r), w(r + 1)],
-                            acts,
-                            m,
-                            n,
-                            ptr,
-                            cols,
-                            r,
-                        )
-                    };
-                    r += 2;
+                    // the rows are whole rows of `k` weights.
+                    unsafe { rows_tile(tile, kerns[t.part], ws, acts, m, n, ptr, cols, r) };
+                    r += TILE_W;
                 }
             }
             for r in r..t.row0 + t.rows {

@@ -220,10 +220,11 @@ fn vnni_and_avx2_kernels_are_bit_identical() {
         acts.quantize(&x, 4, k, kind.act());
         let rows = [acts.row(0), acts.row(1), acts.row(2), acts.row(3)];
         let blocks = k / kind.ggml().block_size();
-        let (w0, w1) = (
-            random_blocks(kind, blocks, &mut rng),
-            random_blocks(kind, blocks, &mut rng),
-        );
+        let ws: Vec<Vec<u8>> = (0..TILE_W)
+            .map(|_| random_blocks(kind, blocks, &mut rng))
+            .collect();
+        let (w0, w1) = (&ws[0], &ws[1]);
+        let tile_w: [&[u8]; TILE_W] = std::array::from_fn(|j| ws[j].as_slice());
         // SAFETY: AVX2 and VNNI checked above; whole blocks, k values a row.
         unsafe {
             assert_eq!(
@@ -237,9 +238,13 @@ fn vnni_and_avx2_kernels_are_bit_identical() {
                 "{kind:?}"
             );
             if let (Some(a), Some(b)) = (plain.tile, vnni.tile) {
-                let want = [(plain.four)(&w0, &rows), (plain.four)(&w1, &rows)];
-                assert_eq!(a(&w0, &w1, &rows), want, "{kind:?} tile");
-                assert_eq!(b(&w0, &w1, &rows), want, "{kind:?} vnni tile");
+                let ws: [Vec<u8>; TILE_W] =
+                    std::array::from_fn(|_| random_blocks(kind, blocks, &mut rng));
+                let tile_w: [&[u8]; TILE_W] = std::array::from_fn(|j| ws[j].as_slice());
+                let want: [[f32; 4]; TILE_W] =
+                    std::array::from_fn(|j| (plain.four)(tile_w[j], &rows));
+                assert_eq!(a(tile_w, &rows), want, "{kind:?} tile");
+                assert_eq!(b(tile_w, &rows), want, "{kind:?} vnni tile");
             }
         }
     }
