@@ -10,6 +10,13 @@
 //! each row's activations are quantized alone and each output is one
 //! fixed-order dot product.
 //!
+//! Many-row products (prefill, batched decode) run tiles of four weight rows
+//! by four activation rows: each weight block is decoded once for four
+//! activation rows and each activation block loaded once for four weight
+//! rows, which makes them as fast as the f32 FMA tiles of [`crate::matmul`]
+//! (issue 20; docs/benchmarks.md). Where the CPU has AVX512-VNNI, one
+//! `vpdpbusd` replaces `maddubs` + `madd` (the same exact integers).
+//!
 //! A [`QuantMatrix`] may stack several tensors (fused q/k/v, gate/up) of
 //! different formats; its work is cut into tasks of whole rows of one part
 //! once, at load, so a call allocates nothing.

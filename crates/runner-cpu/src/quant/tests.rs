@@ -220,11 +220,10 @@ fn vnni_and_avx2_kernels_are_bit_identical() {
         acts.quantize(&x, 4, k, kind.act());
         let rows = [acts.row(0), acts.row(1), acts.row(2), acts.row(3)];
         let blocks = k / kind.ggml().block_size();
-        let ws: Vec<Vec<u8>> = (0..TILE_W)
-            .map(|_| random_blocks(kind, blocks, &mut rng))
-            .collect();
-        let (w0, w1) = (&ws[0], &ws[1]);
-        let tile_w: [&[u8]; TILE_W] = std::array::from_fn(|j| ws[j].as_slice());
+        let (w0, w1) = (
+            random_blocks(kind, blocks, &mut rng),
+            random_blocks(kind, blocks, &mut rng),
+        );
         // SAFETY: AVX2 and VNNI checked above; whole blocks, k values a row.
         unsafe {
             assert_eq!(
