@@ -52,9 +52,10 @@ pub struct ModelArgs {
     /// Quantize float weight matrices (f32/f16/bf16 files, Hugging Face
     /// directories) at load to run on the native CPU kernels: `q8_0`
     /// (a quarter of f32's bytes; logits differ by the 8-bit rounding of
-    /// weights and activations) or `none`
-    /// [model.quantization; none].
-    #[arg(long, value_parser = ["none", "q8_0"])]
+    /// weights and activations), `q4_0` or `q4_k` (about a seventh; 4-bit
+    /// weights cost more accuracy, see docs/benchmarks.md; k-quant rows
+    /// 256 does not divide take Q8_0) or `none` [model.quantization; none].
+    #[arg(long, value_parser = ["none", "q8_0", "q4_0", "q4_k"])]
     pub quantization: Option<String>,
     /// Most tokens per engine step (prefill chunks + decodes)
     /// [scheduler.max_num_batched_tokens; 512].
@@ -319,6 +320,8 @@ fn cpu_runner(
         match config.model.quantization {
             ingot_config::Quantization::None => None,
             ingot_config::Quantization::Q8_0 => Some(QuantKind::Q8_0),
+            ingot_config::Quantization::Q4_0 => Some(QuantKind::Q4_0),
+            ingot_config::Quantization::Q4K => Some(QuantKind::Q4K),
         },
         progress,
     )

@@ -269,8 +269,12 @@ fn footprint(c: &Config) -> anyhow::Result<u64> {
     let cpu = !on_gpu(c);
     let weights = if !cpu {
         params * 2
-    } else if c.model.quantization == Quantization::Q8_0 {
-        // 34-byte blocks of 32 weights.
+    } else if c.model.quantization == Quantization::Q4_0 {
+        // 18-byte blocks of 32 weights.
+        params * 18 / 32
+    } else if c.model.quantization != Quantization::None {
+        // Q8_0: 34-byte blocks of 32 weights; also the bound for Q4_K,
+        // whose rows 256 does not divide take Q8_0.
         params * 34 / 32
     } else if c.model.cpu_weights == CpuWeights::Native && files.gguf.is_some() {
         // Quantized blocks stay as the file holds them (mmap'd).

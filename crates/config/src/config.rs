@@ -145,6 +145,12 @@ pub enum Quantization {
     None,
     /// Float weight matrices quantized to Q8_0 blocks at load.
     Q8_0,
+    /// Float weight matrices quantized to Q4_0 blocks at load.
+    Q4_0,
+    /// Float weight matrices quantized to Q4_K blocks at load (rows 256
+    /// does not divide take Q8_0).
+    #[serde(rename = "q4_k")]
+    Q4K,
 }
 
 /// Which model to load and how.
@@ -163,7 +169,8 @@ pub struct ModelSection {
     pub dtype: Dtype,
     /// CPU handling of quantized GGUF tensors: `native` or `f32`.
     pub cpu_weights: CpuWeights,
-    /// CPU: quantize float weight matrices at load (`none` or `q8_0`).
+    /// CPU: quantize float weight matrices at load (`none`, `q8_0`, `q4_0`
+    /// or `q4_k`).
     pub quantization: Quantization,
     /// CPU worker threads (default: all cores).
     #[schemars(range(min = 1))]

@@ -34,6 +34,11 @@ pub use matrix::WeightDtype;
 pub use quant::QuantKind;
 use quant::{ActScratch, QuantMatrix};
 
+/// The embedding tensor's name.
+const EMBED: &str = "model.embed_tokens.weight";
+/// The untied LM head's name.
+const LM_HEAD: &str = "lm_head.weight";
+
 /// How [`CpuRunner::load`] keeps weight matrices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CpuWeights {
@@ -150,9 +155,10 @@ impl CpuRunner {
 
     /// Loads the weights from `source` the way `weights` says and allocates
     /// the KV pool; `progress(done, total)` is called after each tensor.
-    /// With `quantize_floats` (native only; only Q8_0 has a quantizer),
-    /// float weight matrices (f32/f16/bf16 files, Hugging Face directories)
-    /// are quantized at load and run on the native kernels too.
+    /// With `quantize_floats` (native only: Q8_0, Q4_0 or Q4_K), float
+    /// weight matrices (f32/f16/bf16 files, Hugging Face directories) are
+    /// quantized at load and run on the native kernels too; rows a k-quant
+    /// block does not divide take Q8_0 ([`quant::quantize`]).
     pub fn load(
         config: ModelConfig,
         source: &dyn TensorSource,
@@ -161,9 +167,10 @@ impl CpuRunner {
         quantize_floats: Option<QuantKind>,
         progress: &dyn Fn(usize, usize),
     ) -> Result<Self, RunnerError> {
-        if quantize_floats.is_some_and(|k| k != QuantKind::Q8_0) {
+        let quantizable = [QuantKind::Q8_0, QuantKind::Q4_0, QuantKind::Q4K];
+        if quantize_floats.is_some_and(|k| !quantizable.contains(&k)) {
             return Err(RunnerError::Backend(
-                "quantization at load supports q8_0 only".to_string(),
+                "quantization at load supports q8_0, q4_0 and q4_k".to_string(),
             ));
         }
         let model_err = |e: ModelError| RunnerError::Backend(e.to_string());
@@ -230,17 +237,22 @@ impl CpuRunner {
                 data.extend_from_slice(&t.data);
                 tick();
             }
-            if quantize_floats.is_some() && cols > 0 && cols.is_multiple_of(32) {
+            // The embedding and the LM head keep 8 bits under the 4-bit
+            // kinds (as llama.cpp's Q4 files keep them at Q8_0/Q6_K): the
+            // logits are read straight off them, and they cost the most
+            // accuracy per byte saved.
+            let edge = names.iter().any(|n| n == EMBED || n == LM_HEAD);
+            let kind = quantize_floats.map(|k| if edge { QuantKind::Q8_0 } else { k });
+            if let Some((kind, blocks)) = kind.and_then(|k| quant::quantize(k, &data, cols)) {
                 let rows = data.len() / cols;
-                let blocks = quant::quantize_q8_0(&data);
-                let parts = vec![(QuantKind::Q8_0, BlockData::Owned(blocks), rows)];
+                let parts = vec![(kind, BlockData::Owned(blocks), rows)];
                 if let Some(m) = QuantMatrix::new(parts, cols) {
                     return Ok(Matrix::Quant(m));
                 }
             }
             Ok(Matrix::new(data, opts.weight_dtype))
         };
-        let embed = matrix(&["model.embed_tokens.weight".to_string()])?;
+        let embed = matrix(&[EMBED.to_string()])?;
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             let p = |s: &str| format!("model.layers.{i}.{s}");
@@ -283,7 +295,7 @@ impl CpuRunner {
         let lm_head = if config.tie_word_embeddings {
             None
         } else {
-            Some(matrix(&["lm_head.weight".to_string()])?)
+            Some(matrix(&[LM_HEAD.to_string()])?)
         };
         Self::assemble(config, embed, lm_head, norm, layers, opts)
     }

@@ -20,7 +20,8 @@ use ingot_models::{
     Architecture, LlamaWeights, LoadFormat, ModelConfig, ModelError, RopeConfig, RopeScaling,
 };
 use ingot_runner::{ForwardBatch, ModelRunner, SequenceChunk};
-use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig};
+use ingot_runner_cpu::quant::QuantKind;
+use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig, CpuWeights};
 use ingot_testkit::{argmax, max_abs_diff};
 use serde_json::Value;
 use tempfile::TempDir;
@@ -444,4 +445,50 @@ fn wrong_tensor_shape_is_a_shape_mismatch_naming_it() {
         other => panic!("want ShapeMismatch for {bad}, got {other:?}"),
     }
     assert!(err.to_string().contains(bad), "{err}");
+}
+
+/// Relative L2 distance of `got` from `want`.
+fn rel_l2(got: &[f32], want: &[f32]) -> f32 {
+    let err: f32 = got.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum();
+    let norm: f32 = want.iter().map(|b| b * b).sum();
+    (err / norm).sqrt()
+}
+
+#[test]
+fn hf_directory_quantized_at_load_runs_native_and_stays_near_the_reference() {
+    // `--quantization q8_0|q4_0|q4_k` on a Hugging Face directory: every
+    // weight matrix goes to blocks on the native kernels; first-step logits
+    // stay near the float64 reference, 8-bit closer than 4-bit.
+    let (_tmp, dir) = generate("llama3");
+    let r = Reference::read(&dir);
+    let files = ingot_models::open(&dir, LoadFormat::Auto).unwrap();
+    let mut errs = Vec::new();
+    for kind in [QuantKind::Q8_0, QuantKind::Q4_0, QuantKind::Q4K] {
+        let mut runner = CpuRunner::load(
+            files.config.clone(),
+            files.tensors.as_ref(),
+            CpuRunnerConfig {
+                num_blocks: NUM_BLOCKS,
+                block_size: BLOCK_SIZE,
+                weight_dtype: Default::default(),
+            },
+            CpuWeights::Native,
+            Some(kind),
+            &|_, _| {},
+        )
+        .unwrap();
+        assert!(runner.uses_quantized_weights(), "{kind:?}");
+        let mut pool = BlockPool::new(NUM_BLOCKS, BLOCK_SIZE, false);
+        let mut table = BlockTable::new();
+        pool.reserve(&mut table, r.prompt.len()).unwrap();
+        let rows = forward(&mut runner, vec![chunk(&r.prompt, 0, &table)]);
+        errs.push(rel_l2(&rows[0], &r.logits[0]));
+    }
+    eprintln!(
+        "rel L2 vs reference: q8_0 {:.4}, q4_0 {:.4}, q4_k {:.4}",
+        errs[0], errs[1], errs[2]
+    );
+    assert!(errs[0] < 0.05, "q8_0 {errs:?}");
+    assert!(errs[1] < 0.3 && errs[2] < 0.3, "4-bit {errs:?}");
+    assert!(errs[0] < errs[1], "q8_0 should beat q4_0: {errs:?}");
 }

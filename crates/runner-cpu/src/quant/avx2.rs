@@ -12,6 +12,7 @@ use std::arch::x86_64::*;
 
 use super::act::ActRow;
 use super::scalar::scales_mins_k4;
+use super::TILE_W;
 
 /// Sums the 8 lanes.
 #[inline]
@@ -80,98 +81,177 @@ fn fifth_bits(bits: u32) -> __m256i {
     _mm256_and_si256(set, _mm256_set1_epi8(0x10))
 }
 
-/// The shared loop of the 32-block formats over `R` activation rows (each
-/// weight block is decoded once for all of them): `q(p)` gives the 32
-/// weights of the block at `p`, signed or unsigned per `SIGNED`; `MIN`
-/// adds `m * s`.
+/// Sum of the four `u8 × i8` products in each i32 lane: one VNNI
+/// `vpdpbusd`, or `maddubs` + `madd` (never saturating here, see the module
+/// note), so both give the same exact integers.
 ///
 /// # Safety
-/// AVX2, FMA and F16C available; `w` is whole blocks of `BYTES` bytes and
-/// every row of `x` holds at least as many blocks.
+/// AVX2 available, and AVX512-VNNI with AVX512VL when `VNNI`.
 #[inline(always)]
-unsafe fn dot32<const BYTES: usize, const SIGNED: bool, const MIN: bool, const R: usize>(
-    w: &[u8],
+unsafe fn dot_u8i8<const VNNI: bool>(w: __m256i, x: __m256i) -> __m256i {
+    // SAFETY: the features each branch needs (caller contract).
+    unsafe {
+        if VNNI {
+            _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x)
+        } else {
+            _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
+        }
+    }
+}
+
+/// The shared loop of the 32-block formats over `W` weight rows and `R`
+/// activation rows (each weight block is decoded once for all `R` rows,
+/// each activation block loaded once for all `W`): `q(p)` gives the 32
+/// weights of the block at `p`, signed or unsigned per `SIGNED`; `MIN` adds
+/// `m * s`. Every (weight, activation) pair runs the same operations in the
+/// same order whatever `W`, `R` and `VNNI` are, so all tiles give
+/// bit-identical results (batch invariance).
+///
+/// # Safety
+/// AVX2, FMA and F16C available (and AVX512-VNNI/VL when `VNNI`); each `w`
+/// is whole blocks of `BYTES` bytes and every row of `x` holds at least as
+/// many blocks.
+#[inline(always)]
+unsafe fn dot32<
+    const BYTES: usize,
+    const SIGNED: bool,
+    const MIN: bool,
+    const VNNI: bool,
+    const W: usize,
+    const R: usize,
+>(
+    w: [&[u8]; W],
     x: &[ActRow<'_>; R],
     q: impl Fn(*const u8) -> __m256i,
-) -> [f32; R] {
-    let nb = w.len() / BYTES;
+) -> [[f32; R]; W] {
+    let nb = w[0].len() / BYTES;
+    debug_assert!(w.iter().all(|w| w.len() == nb * BYTES));
     debug_assert!(x.iter().all(|x| x.qs.len() >= nb * 32 && x.d.len() >= nb));
-    // SAFETY: block b reads w[b * BYTES..(b + 1) * BYTES] and, per row,
+    // SAFETY: block b reads w[j][b * BYTES..(b + 1) * BYTES] and, per row,
     // qs[32b..32b + 32] and d[b] (s[b] with MIN), all in bounds (caller
     // contract).
     unsafe {
-        let wp = w.as_ptr();
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); R];
-        let mut mins = [0f32; R];
+        let mut acc = [[_mm256_setzero_ps(); R]; W];
+        let mut mins = [[0f32; R]; W];
         for b in 0..nb {
-            let p = wp.add(b * BYTES);
-            let (d, m) = f16_pair(p);
-            let qv = q(p);
-            let wu = if SIGNED { _mm256_sign_epi8(qv, qv) } else { qv };
+            let mut dm = [(0f32, 0f32); W];
+            let mut dv = [_mm256_setzero_ps(); W];
+            let mut qv = [_mm256_setzero_si256(); W];
+            let mut wu = [_mm256_setzero_si256(); W];
+            for j in 0..W {
+                let p = w[j].as_ptr().add(b * BYTES);
+                dm[j] = f16_pair(p);
+                dv[j] = _mm256_set1_ps(dm[j].0);
+                qv[j] = q(p);
+                wu[j] = if SIGNED {
+                    _mm256_sign_epi8(qv[j], qv[j])
+                } else {
+                    qv[j]
+                };
+            }
             for r in 0..R {
                 let xr = &x[r];
                 let xv = _mm256_loadu_si256(xr.qs.as_ptr().add(b * 32) as *const __m256i);
-                let xv = if SIGNED { _mm256_sign_epi8(xv, qv) } else { xv };
-                let s = _mm256_madd_epi16(_mm256_maddubs_epi16(wu, xv), ones);
-                let dd = _mm256_set1_ps(d * *xr.d.get_unchecked(b));
-                acc[r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), acc[r]);
-                if MIN {
-                    mins[r] += m * *xr.s.get_unchecked(b);
+                // Broadcast from memory (a load, no shuffle); the vector
+                // product is the same IEEE product as the scalar one.
+                let xd = _mm256_broadcast_ss(xr.d.get_unchecked(b));
+                for j in 0..W {
+                    let xs = if SIGNED {
+                        _mm256_sign_epi8(xv, qv[j])
+                    } else {
+                        xv
+                    };
+                    let s = dot_u8i8::<VNNI>(wu[j], xs);
+                    let dd = _mm256_mul_ps(dv[j], xd);
+                    acc[j][r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), acc[j][r]);
+                    if MIN {
+                        mins[j][r] += dm[j].1 * *xr.s.get_unchecked(b);
+                    }
                 }
             }
         }
-        let mut out = [0f32; R];
-        for r in 0..R {
-            out[r] = hsum(acc[r]) + mins[r];
+        let mut out = [[0f32; R]; W];
+        for j in 0..W {
+            for r in 0..R {
+                out[j][r] = hsum(acc[j][r]) + mins[j][r];
+            }
         }
         out
     }
 }
 
-/// Defines `$name` (one activation row) and `$name4` (four rows) for a
-/// 32-block format.
-macro_rules! dot32_fns {
-    ($name:ident, $name4:ident, $bytes:literal, $signed:literal, $min:literal, $q:expr) => {
-        /// # Safety
-        /// AVX2, FMA and F16C available; `x` holds as many blocks as `w`.
-        #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn $name(w: &[u8], x: ActRow<'_>) -> f32 {
-            // SAFETY: forwarded contract; the block layout matches `$q`.
-            unsafe { dot32::<$bytes, $signed, $min, 1>(w, &[x], $q)[0] }
-        }
+/// Defines, for a 32-block format, the one-row, four-row and 2 × 4 tile
+/// kernels in a module `$m`, with `$feat` enabled and `$vnni` picking the
+/// integer product.
+macro_rules! dot32_mod {
+    ($m:ident, $feat:literal, $vnni:literal, $bytes:literal, $signed:literal, $min:literal, $q:expr) => {
+        pub mod $m {
+            use super::*;
 
-        /// # Safety
-        /// As the one-row kernel, for each row.
-        #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn $name4(w: &[u8], x: &[ActRow<'_>; 4]) -> [f32; 4] {
-            // SAFETY: forwarded contract; the block layout matches `$q`.
-            unsafe { dot32::<$bytes, $signed, $min, 4>(w, x, $q) }
+            /// # Safety
+            /// The module's CPU features available; `x` holds as many
+            /// blocks as `w`.
+            #[target_feature(enable = $feat)]
+            pub unsafe fn one(w: &[u8], x: ActRow<'_>) -> f32 {
+                // SAFETY: forwarded contract; the block layout matches `$q`.
+                unsafe { dot32::<$bytes, $signed, $min, $vnni, 1, 1>([w], &[x], $q)[0][0] }
+            }
+
+            /// # Safety
+            /// As [`one`], for each row.
+            #[target_feature(enable = $feat)]
+            pub unsafe fn four(w: &[u8], x: &[ActRow<'_>; 4]) -> [f32; 4] {
+                // SAFETY: forwarded contract; the block layout matches `$q`.
+                unsafe { dot32::<$bytes, $signed, $min, $vnni, 1, 4>([w], x, $q)[0] }
+            }
+
+            /// # Safety
+            /// As [`one`], for each pair; the weight rows of equal length.
+            #[target_feature(enable = $feat)]
+            pub unsafe fn tile(w: [&[u8]; TILE_W], x: &[ActRow<'_>; 4]) -> [[f32; 4]; TILE_W] {
+                // SAFETY: forwarded contract; the block layout matches `$q`.
+                unsafe { dot32::<$bytes, $signed, $min, $vnni, TILE_W, 4>(w, x, $q) }
+            }
         }
     };
 }
 
+/// Defines a 32-block format's kernels for AVX2 (`$avx2`) and for
+/// AVX512-VNNI (`$vnni`, same results).
+macro_rules! dot32_fns {
+    ($avx2:ident, $vnni:ident, $bytes:literal, $signed:literal, $min:literal, $q:expr) => {
+        dot32_mod!($avx2, "avx2,fma,f16c", false, $bytes, $signed, $min, $q);
+        dot32_mod!(
+            $vnni,
+            "avx2,fma,f16c,avx512vnni,avx512vl",
+            true,
+            $bytes,
+            $signed,
+            $min,
+            $q
+        );
+    };
+}
+
 // Q4_0: 18-byte blocks, nibbles at 2..18, q - 8.
-dot32_fns!(dot_q4_0, dot_q4_0_x4, 18, true, false, |p| {
+dot32_fns!(q4_0, q4_0_vnni, 18, true, false, |p| {
     _mm256_sub_epi8(nibbles(p.add(2)), _mm256_set1_epi8(8))
 });
 // Q4_1: 20-byte blocks, nibbles at 4..20.
-dot32_fns!(dot_q4_1, dot_q4_1_x4, 20, false, true, |p| {
-    nibbles(p.add(4))
-});
+dot32_fns!(q4_1, q4_1_vnni, 20, false, true, |p| { nibbles(p.add(4)) });
 // Q5_0: 22-byte blocks, qh at 2..6, nibbles at 6..22, q - 16.
-dot32_fns!(dot_q5_0, dot_q5_0_x4, 22, true, false, |p| {
+dot32_fns!(q5_0, q5_0_vnni, 22, true, false, |p| {
     let qh = std::ptr::read_unaligned(p.add(2) as *const u32);
     let q = _mm256_or_si256(nibbles(p.add(6)), fifth_bits(qh));
     _mm256_sub_epi8(q, _mm256_set1_epi8(16))
 });
 // Q5_1: 24-byte blocks, qh at 4..8, nibbles at 8..24.
-dot32_fns!(dot_q5_1, dot_q5_1_x4, 24, false, true, |p| {
+dot32_fns!(q5_1, q5_1_vnni, 24, false, true, |p| {
     let qh = std::ptr::read_unaligned(p.add(4) as *const u32);
     _mm256_or_si256(nibbles(p.add(8)), fifth_bits(qh))
 });
 // Q8_0: 34-byte blocks, int8 values at 2..34.
-dot32_fns!(dot_q8_0, dot_q8_0_x4, 34, true, false, |p| {
+dot32_fns!(q8_0, q8_0_vnni, 34, true, false, |p| {
     _mm256_loadu_si256(p.add(2) as *const __m256i)
 });
 

@@ -10,6 +10,13 @@
 //! each row's activations are quantized alone and each output is one
 //! fixed-order dot product.
 //!
+//! Many-row products (prefill, batched decode) run tiles of four weight rows
+//! by four activation rows: each weight block is decoded once for four
+//! activation rows and each activation block loaded once for four weight
+//! rows, which makes them as fast as the f32 FMA tiles of [`crate::matmul`]
+//! (issue 20; docs/benchmarks.md). Where the CPU has AVX512-VNNI, one
+//! `vpdpbusd` replaces `maddubs` + `madd` (the same exact integers).
+//!
 //! A [`QuantMatrix`] may stack several tensors (fused q/k/v, gate/up) of
 //! different formats; its work is cut into tasks of whole rows of one part
 //! once, at load, so a call allocates nothing.
@@ -17,6 +24,7 @@
 mod act;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+mod quantize;
 mod scalar;
 
 use ingot_models::gguf::{dequantize_into, GgmlType};
@@ -24,6 +32,7 @@ use ingot_models::BlockData;
 use rayon::prelude::*;
 
 pub use act::{ActFormat, ActRow, QuantActs};
+pub use quantize::{quantize, quantize_q4_0, quantize_q4_k, quantize_q8_0};
 
 /// The block formats with native kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,23 +122,83 @@ pub type DotFn = unsafe fn(&[u8], ActRow<'_>) -> f32;
 /// decoded once for all four (prefill and batched decode).
 pub type Dot4Fn = unsafe fn(&[u8], &[ActRow<'_>; 4]) -> [f32; 4];
 
-/// The fastest four-row kernel this CPU runs for `kind`.
-pub fn dot4_fn(kind: QuantKind) -> Dot4Fn {
+/// Weight rows per tile.
+pub const TILE_W: usize = 4;
+
+/// [`TILE_W`] weight rows against four activation rows (prefill and
+/// batched decode): each activation block is loaded once for all the
+/// weight rows. Results equal [`Dot4Fn`]'s on each weight row, bit for bit.
+pub type TileFn = unsafe fn([&[u8]; TILE_W], &[ActRow<'_>; 4]) -> [[f32; 4]; TILE_W];
+
+/// The kernels of one format for this CPU; every entry computes each
+/// (weight row, activation row) pair with the same operations in the same
+/// order, so a row's result does not depend on which one ran it.
+#[derive(Clone, Copy)]
+pub struct Kernels {
+    /// One activation row.
+    pub one: DotFn,
+    /// Four activation rows.
+    pub four: Dot4Fn,
+    /// [`TILE_W`] weight rows × four activation rows, where the format has one.
+    pub tile: Option<TileFn>,
+}
+
+/// The fastest kernels this CPU runs for `kind`: AVX512-VNNI (its
+/// `vpdpbusd` gives the same integers as AVX2's `maddubs` + `madd` in one
+/// instruction), AVX2, or portable.
+pub fn kernels(kind: QuantKind) -> Kernels {
     #[cfg(target_arch = "x86_64")]
     {
         if has_avx2() {
-            return match kind {
-                QuantKind::Q4_0 => avx2::dot_q4_0_x4,
-                QuantKind::Q4_1 => avx2::dot_q4_1_x4,
-                QuantKind::Q5_0 => avx2::dot_q5_0_x4,
-                QuantKind::Q5_1 => avx2::dot_q5_1_x4,
-                QuantKind::Q8_0 => avx2::dot_q8_0_x4,
-                QuantKind::Q4K => avx2::dot_q4_k_x4,
-                QuantKind::Q5K => avx2::dot_q5_k_x4,
-                QuantKind::Q6K => avx2::dot_q6_k_x4,
-            };
+            return avx2_kernels(kind, has_vnni());
         }
     }
+    Kernels {
+        one: portable_dot_fn(kind),
+        four: portable_four(kind),
+        tile: None,
+    }
+}
+
+/// The AVX2 kernels, with the VNNI integer product when `vnni`.
+#[cfg(target_arch = "x86_64")]
+fn avx2_kernels(kind: QuantKind, vnni: bool) -> Kernels {
+    macro_rules! k32 {
+        ($plain:ident, $vnni:ident) => {
+            if vnni {
+                Kernels {
+                    one: avx2::$vnni::one,
+                    four: avx2::$vnni::four,
+                    tile: Some(avx2::$vnni::tile),
+                }
+            } else {
+                Kernels {
+                    one: avx2::$plain::one,
+                    four: avx2::$plain::four,
+                    tile: Some(avx2::$plain::tile),
+                }
+            }
+        };
+    }
+    let k = |one: DotFn, four: Dot4Fn| Kernels {
+        one,
+        four,
+        tile: None,
+    };
+    match kind {
+        QuantKind::Q4_0 => k32!(q4_0, q4_0_vnni),
+        QuantKind::Q4_1 => k32!(q4_1, q4_1_vnni),
+        QuantKind::Q5_0 => k32!(q5_0, q5_0_vnni),
+        QuantKind::Q5_1 => k32!(q5_1, q5_1_vnni),
+        QuantKind::Q8_0 => k32!(q8_0, q8_0_vnni),
+        QuantKind::Q4K => k(avx2::dot_q4_k, avx2::dot_q4_k_x4),
+        QuantKind::Q5K => k(avx2::dot_q5_k, avx2::dot_q5_k_x4),
+        QuantKind::Q6K => k(avx2::dot_q6_k, avx2::dot_q6_k_x4),
+    }
+}
+
+/// The portable four-row kernel for `kind`.
+fn portable_four(kind: QuantKind) -> Dot4Fn {
     match kind {
         QuantKind::Q4_0 => four::<{ QuantKind::Q4_0 as u8 }>,
         QuantKind::Q4_1 => four::<{ QuantKind::Q4_1 as u8 }>,
@@ -152,24 +221,9 @@ unsafe fn four<const KIND: u8>(w: &[u8], x: &[ActRow<'_>; 4]) -> [f32; 4] {
     x.map(|x| unsafe { dot(w, x) })
 }
 
-/// The fastest kernel this CPU runs for `kind`.
+/// The fastest one-row kernel this CPU runs for `kind`.
 pub fn dot_fn(kind: QuantKind) -> DotFn {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if has_avx2() {
-            return match kind {
-                QuantKind::Q4_0 => avx2::dot_q4_0,
-                QuantKind::Q4_1 => avx2::dot_q4_1,
-                QuantKind::Q5_0 => avx2::dot_q5_0,
-                QuantKind::Q5_1 => avx2::dot_q5_1,
-                QuantKind::Q8_0 => avx2::dot_q8_0,
-                QuantKind::Q4K => avx2::dot_q4_k,
-                QuantKind::Q5K => avx2::dot_q5_k,
-                QuantKind::Q6K => avx2::dot_q6_k,
-            };
-        }
-    }
-    portable_dot_fn(kind)
+    kernels(kind).one
 }
 
 /// The portable kernel for `kind`.
@@ -184,6 +238,11 @@ pub fn portable_dot_fn(kind: QuantKind) -> DotFn {
         QuantKind::Q5K => scalar::dot_q5_k,
         QuantKind::Q6K => scalar::dot_q6_k,
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_vnni() -> bool {
+    std::is_x86_feature_detected!("avx512vnni") && std::is_x86_feature_detected!("avx512vl")
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -239,6 +298,99 @@ impl OutPtr {
     unsafe fn write(self, i: usize, v: f32) {
         // SAFETY: caller contract.
         unsafe { *self.0.add(i) = v };
+    }
+}
+
+/// Output column of weight row `r` of a task whose rows start at
+/// `cols.1` and write from column `cols.0`.
+#[inline]
+fn col_of(cols: (usize, usize), r: usize) -> usize {
+    cols.0 + r - cols.1
+}
+
+/// Weight rows `w` ([`TILE_W`]) against all `m` activation rows: tiles,
+/// then the one-row kernel for the last `m % 4` rows.
+///
+/// # Safety
+/// `tile` and `k` are this CPU's kernels for the rows' format; `acts` holds
+/// `m` rows matching them; the output columns of `r..r + TILE_W` are inside
+/// `out` (`m * n`) and written by no other thread.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+unsafe fn rows_tile(
+    tile: TileFn,
+    k: Kernels,
+    w: [&[u8]; TILE_W],
+    acts: &QuantActs,
+    m: usize,
+    n: usize,
+    out: OutPtr,
+    cols: (usize, usize),
+    r: usize,
+) {
+    let c: [usize; TILE_W] = std::array::from_fn(|j| col_of(cols, r + j));
+    let mut i = 0;
+    // SAFETY: caller contract; i + 3 < m.
+    unsafe {
+        while i + 4 <= m {
+            let rows = [
+                acts.row(i),
+                acts.row(i + 1),
+                acts.row(i + 2),
+                acts.row(i + 3),
+            ];
+            let v = tile(w, &rows);
+            for (j, v) in v.into_iter().enumerate() {
+                for (a, v) in v.into_iter().enumerate() {
+                    out.write((i + a) * n + c[j], v);
+                }
+            }
+            i += 4;
+        }
+        for i in i..m {
+            for j in 0..TILE_W {
+                out.write(i * n + c[j], (k.one)(w[j], acts.row(i)));
+            }
+        }
+    }
+}
+
+/// Weight row `w` against all `m` activation rows: the four-row kernel,
+/// then the one-row kernel for the last `m % 4`.
+///
+/// # Safety
+/// As [`rows_tile`], for one weight row.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+unsafe fn rows_four(
+    k: Kernels,
+    w: &[u8],
+    acts: &QuantActs,
+    m: usize,
+    n: usize,
+    out: OutPtr,
+    cols: (usize, usize),
+    r: usize,
+) {
+    let col = col_of(cols, r);
+    let mut i = 0;
+    // SAFETY: caller contract.
+    unsafe {
+        while i + 4 <= m {
+            let rows = [
+                acts.row(i),
+                acts.row(i + 1),
+                acts.row(i + 2),
+                acts.row(i + 3),
+            ];
+            for (a, v) in (k.four)(w, &rows).into_iter().enumerate() {
+                out.write((i + a) * n + col, v);
+            }
+            i += 4;
+        }
+        for i in i..m {
+            out.write(i * n + col, (k.one)(w, acts.row(i)));
+        }
     }
 }
 
@@ -318,11 +470,10 @@ impl QuantMatrix {
             scratch.q8k.quantize(x, m, k, ActFormat::Q8K);
         }
         let mut bytes: [&[u8]; MAX_PARTS] = [&[]; MAX_PARTS];
-        let mut dots: [(DotFn, Dot4Fn); MAX_PARTS] =
-            [(scalar::dot_q8_0, four::<{ QuantKind::Q8_0 as u8 }>); MAX_PARTS];
+        let mut kerns = [kernels(QuantKind::Q8_0); MAX_PARTS];
         for (i, p) in self.parts.iter().enumerate() {
             bytes[i] = p.data.bytes();
-            dots[i] = (dot_fn(p.kind), dot4_fn(p.kind));
+            kerns[i] = kernels(p.kind);
         }
         let ptr = OutPtr(out.as_mut_ptr());
         let scratch = &*scratch;
@@ -332,37 +483,23 @@ impl QuantMatrix {
                 ActFormat::Q8 => &scratch.q8,
                 ActFormat::Q8K => &scratch.q8k,
             };
-            let (dot, dot4) = dots[t.part];
-            // Weight row outer: a row's blocks are read from memory once,
+            let w = |r: usize| &bytes[t.part][r * p.row_bytes..(r + 1) * p.row_bytes];
+            let cols = (t.col0, t.row0);
+            // Weight rows outer: a row's blocks are read from memory once,
             // decoded once per four activation rows, and stay in L1.
-            for r in t.row0..t.row0 + t.rows {
-                let w = &bytes[t.part][r * p.row_bytes..(r + 1) * p.row_bytes];
-                let col = t.col0 + r - t.row0;
-                let mut i = 0;
-                while i + 4 <= m {
-                    let rows = [
-                        acts.row(i),
-                        acts.row(i + 1),
-                        acts.row(i + 2),
-                        acts.row(i + 3),
-                    ];
-                    // SAFETY: `dot4` is the kernel for this CPU and format;
-                    // `w` is one whole row and each activation row has
-                    // k values in the kind's layout.
-                    let v = unsafe { dot4(w, &rows) };
-                    for (j, v) in v.into_iter().enumerate() {
-                        // SAFETY: i + j < m and col < n, so the index is
-                        // inside `out`; no other task writes it.
-                        unsafe { ptr.write((i + j) * n + col, v) };
-                    }
-                    i += 4;
+            let mut r = t.row0;
+            if let (Some(tile), true) = (kerns[t.part].tile, m >= 4) {
+                while r + TILE_W <= t.row0 + t.rows {
+                    let ws = std::array::from_fn(|j| w(r + j));
+                    // SAFETY: `tile` is this CPU's kernel for the format;
+                    // the rows are whole rows of `k` weights.
+                    unsafe { rows_tile(tile, kerns[t.part], ws, acts, m, n, ptr, cols, r) };
+                    r += TILE_W;
                 }
-                for i in i..m {
-                    // SAFETY: as above, with the one-row kernel.
-                    let v = unsafe { dot(w, acts.row(i)) };
-                    // SAFETY: as above.
-                    unsafe { ptr.write(i * n + col, v) };
-                }
+            }
+            for r in r..t.row0 + t.rows {
+                // SAFETY: as above, for one weight row.
+                unsafe { rows_four(kerns[t.part], w(r), acts, m, n, ptr, cols, r) };
             }
         });
     }
@@ -381,29 +518,6 @@ impl QuantMatrix {
         }
         panic!("row {r} out of range. This is a bug.");
     }
-}
-
-/// Quantizes rows of f32 weights (`x.len()` a multiple of 32) to Q8_0
-/// blocks, for float models run on the native kernels
-/// (`--quantization q8_0`): `d = amax / 127` stored as f16, `q = round(x / d)`
-/// with the stored (rounded) `d`, so dequantizing gives back `x` within `d / 2`.
-pub fn quantize_q8_0(x: &[f32]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(x.len() / 32 * 34);
-    for blk in x.chunks_exact(32) {
-        let amax = blk.iter().fold(0f32, |a, v| a.max(v.abs()));
-        let d = half::f16::from_f32(amax / 127.0);
-        let inv = if d.to_f32() > 0.0 {
-            1.0 / d.to_f32()
-        } else {
-            0.0
-        };
-        out.extend_from_slice(&d.to_le_bytes());
-        out.extend(
-            blk.iter()
-                .map(|&v| (v * inv).round().clamp(-127.0, 127.0) as i8 as u8),
-        );
-    }
-    out
 }
 
 #[cfg(test)]

@@ -134,8 +134,9 @@ fn simd_and_portable_agree() {
 
 #[test]
 fn stacked_matrix_matches_per_row_dots_and_is_batch_invariant() {
-    // The four-row kernels (batches of 4+) must equal the one-row kernels
-    // bit for bit, for every format.
+    // The four-row and 2 x 4 tile kernels (batches of 4+) must equal the
+    // one-row kernels bit for bit, for every format (odd row counts leave a
+    // weight row to the four-row kernel after the tiles).
     stacked(
         &[
             (QuantKind::Q4_1, 37),
@@ -199,4 +200,102 @@ fn q8_0_quantization_round_trips_within_half_a_step() {
         let d = f16::from_le_bytes([blocks[i / 32 * 34], blocks[i / 32 * 34 + 1]]).to_f32();
         assert!((a - b).abs() <= d / 2.0 + 1e-7, "{i}: {a} vs {b}");
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn vnni_and_avx2_kernels_are_bit_identical() {
+    // Both paths compute exact integer block sums, then the same float
+    // operations: dispatching to either must not change a single bit.
+    if !(has_avx2() && has_vnni()) {
+        eprintln!("no AVX512-VNNI here: nothing to compare");
+        return;
+    }
+    let mut rng = Rng(5);
+    for kind in QuantKind::ALL {
+        let (plain, vnni) = (avx2_kernels(kind, false), avx2_kernels(kind, true));
+        let k = 1024;
+        let x: Vec<f32> = (0..4 * k).map(|_| rng.unit() * 2.0).collect();
+        let mut acts = QuantActs::default();
+        acts.quantize(&x, 4, k, kind.act());
+        let rows = [acts.row(0), acts.row(1), acts.row(2), acts.row(3)];
+        let blocks = k / kind.ggml().block_size();
+        let (w0, w1) = (
+            random_blocks(kind, blocks, &mut rng),
+            random_blocks(kind, blocks, &mut rng),
+        );
+        // SAFETY: AVX2 and VNNI checked above; whole blocks, k values a row.
+        unsafe {
+            assert_eq!(
+                (plain.four)(&w0, &rows),
+                (vnni.four)(&w0, &rows),
+                "{kind:?}"
+            );
+            assert_eq!(
+                (plain.one)(&w1, rows[2]),
+                (vnni.one)(&w1, rows[2]),
+                "{kind:?}"
+            );
+            if let (Some(a), Some(b)) = (plain.tile, vnni.tile) {
+                let ws: [Vec<u8>; TILE_W] =
+                    std::array::from_fn(|_| random_blocks(kind, blocks, &mut rng));
+                let tile_w: [&[u8]; TILE_W] = std::array::from_fn(|j| ws[j].as_slice());
+                let want: [[f32; 4]; TILE_W] =
+                    std::array::from_fn(|j| (plain.four)(tile_w[j], &rows));
+                assert_eq!(a(tile_w, &rows), want, "{kind:?} tile");
+                assert_eq!(b(tile_w, &rows), want, "{kind:?} vnni tile");
+            }
+        }
+    }
+}
+
+/// Relative L2 error of `kind`'s quantize → ggml dequantize round trip.
+fn round_trip_error(kind: QuantKind, x: &[f32], cols: usize) -> f64 {
+    let (got, blocks) = quantize(kind, x, cols).expect("quantizable");
+    assert_eq!(got, kind);
+    assert_eq!(blocks.len(), got.row_bytes(cols) * x.len() / cols);
+    let back = dequant(kind, &blocks, x.len());
+    let err: f64 = x
+        .iter()
+        .zip(&back)
+        .map(|(a, b)| f64::from(a - b).powi(2))
+        .sum();
+    let norm: f64 = x.iter().map(|a| f64::from(*a).powi(2)).sum();
+    (err / norm).sqrt()
+}
+
+#[test]
+fn q4_0_quantization_is_within_a_step() {
+    let mut rng = Rng(12);
+    let x: Vec<f32> = (0..4096).map(|_| rng.unit() * 0.1).collect();
+    let blocks = quantize_q4_0(&x);
+    let back = dequant(QuantKind::Q4_0, &blocks, x.len());
+    for (i, (a, b)) in x.iter().zip(&back).enumerate() {
+        let d = f16::from_le_bytes([blocks[i / 32 * 18], blocks[i / 32 * 18 + 1]]).to_f32();
+        assert!((a - b).abs() <= d.abs() + 1e-7, "{i}: {a} vs {b}");
+    }
+    // 16 levels over the block's range: ~0.6 / 16 relative RMS for uniform data.
+    let e = round_trip_error(QuantKind::Q4_0, &x, 512);
+    assert!(e < 0.08, "q4_0 relative error {e}");
+}
+
+#[test]
+fn q4_k_quantization_packs_ggml_blocks() {
+    // A wrong scale/min packing or nibble order would show as errors of
+    // the order of the values themselves.
+    let mut rng = Rng(13);
+    let x: Vec<f32> = (0..8192).map(|_| rng.unit() * 0.05 + 0.01).collect();
+    let e = round_trip_error(QuantKind::Q4K, &x, 1024);
+    assert!(e < 0.08, "q4_k relative error {e}");
+    let q8 = round_trip_error(QuantKind::Q8_0, &x, 1024);
+    assert!(q8 < 0.01 && q8 < e, "q8_0 {q8} vs q4_k {e}");
+}
+
+#[test]
+fn k_quant_falls_back_to_q8_0_on_rows_256_does_not_divide() {
+    let x = vec![0.5f32; 576 * 2];
+    let (kind, blocks) = quantize(QuantKind::Q4K, &x, 576).expect("32 divides 576");
+    assert_eq!(kind, QuantKind::Q8_0);
+    assert_eq!(blocks.len(), 2 * 576 / 32 * 34);
+    assert!(quantize(QuantKind::Q4_0, &x, 100).is_none());
 }
