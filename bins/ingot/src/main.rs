@@ -6,6 +6,7 @@ mod logging;
 mod model;
 mod served;
 mod settings;
+mod signal;
 
 use std::process::ExitCode;
 

@@ -32,7 +32,10 @@ pub enum ServeError {
 }
 
 /// Runs the router until SIGTERM or SIGINT.
-pub async fn serve(config: ValidRouterConfig) -> Result<(), ServeError> {
+pub async fn serve(
+    config: ValidRouterConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     let metrics = crate::metrics::install();
     let mut workers = Vec::new();
     let mut restarts = Vec::new();
@@ -86,7 +89,7 @@ pub async fn serve(config: ValidRouterConfig) -> Result<(), ServeError> {
     // The same line as `ingot serve`, so scripts find either the same way.
     eprintln!("listening on http://{local}");
     let served = axum::serve(listener, app(Arc::clone(&state)))
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(shutdown)
         .await;
     health.abort();
     let _ = shutdown_tx.send(true);
@@ -94,26 +97,4 @@ pub async fn serve(config: ValidRouterConfig) -> Result<(), ServeError> {
         let _ = s.await;
     }
     served.map_err(ServeError::Serve)
-}
-
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
-    }
 }

@@ -1,7 +1,7 @@
 //! Binding, loading, serving and graceful shutdown.
 //!
 //! The listener comes up first (`/health` answers, `/ready` is 503) while
-//! the model loads on a blocking thread. On SIGTERM/SIGINT the server
+//! the model loads on a blocking thread. When `shutdown` resolves (the binary passes SIGTERM/SIGINT) the server
 //! drains: `/ready` and new generation requests get 503, in-flight ones run
 //! to completion (at most `shutdown_timeout`), then the process exits.
 
@@ -79,7 +79,11 @@ fn install_metrics(model_name: &str) -> Option<PrometheusHandle> {
 /// Serves `models` until SIGTERM/SIGINT. The listener comes up first;
 /// `/ready` turns 200 once the models marked `preload` are in (a failed
 /// preload ends the process with its error); the others load on demand.
-pub async fn serve(config: ServeConfig, models: Models) -> Result<(), ServeError> {
+pub async fn serve(
+    config: ServeConfig,
+    models: Models,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), ServeError> {
     let state = AppState::new(
         config.model_name.clone(),
         config.runtime.clone(),
@@ -125,15 +129,16 @@ pub async fn serve(config: ServeConfig, models: Models) -> Result<(), ServeError
         config.connections,
         stop_rx,
     ));
-    // A failed load ends the process with its error; a signal drains.
+    // A failed load ends the process with its error; `shutdown` drains.
+    tokio::pin!(shutdown);
     tokio::select! {
         loaded = loader => {
             if let Err(e) = loaded {
                 return Err(ServeError::Load(e));
             }
-            shutdown_signal().await;
+            shutdown.await;
         }
-        () = shutdown_signal() => {}
+        () = &mut shutdown => {}
     }
     tracing::info!(inflight = state.inflight(), "shutting down: draining");
     state.start_draining();
@@ -173,28 +178,6 @@ async fn reload_on_hangup(state: AppState) {
     }
     #[cfg(not(unix))]
     let _ = state;
-}
-
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
-    }
 }
 
 /// Why the server stopped with an error.

@@ -83,6 +83,9 @@ pub fn run(args: RouteArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(ingot_router::serve(config))?;
+    runtime.block_on(ingot_router::serve(
+        config,
+        crate::signal::shutdown_signal(),
+    ))?;
     Ok(())
 }

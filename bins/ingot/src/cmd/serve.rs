@@ -210,7 +210,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .context("cannot start the async runtime")?;
     logging::start_tracing(&config.tracing)?;
     let models = served::registry(&config, entries)?;
-    let served = runtime.block_on(ingot_server::serve(serve, models));
+    let served = runtime.block_on(ingot_server::serve(
+        serve,
+        models,
+        crate::signal::shutdown_signal(),
+    ));
     drop(runtime);
     logging::shutdown();
     served?;
