@@ -1,9 +1,10 @@
 //! Binding, loading, serving and graceful shutdown.
 //!
 //! The listener comes up first (`/health` answers, `/ready` is 503) while
-//! the model loads on a blocking thread. When `shutdown` resolves (the binary passes SIGTERM/SIGINT) the server
-//! drains: `/ready` and new generation requests get 503, in-flight ones run
-//! to completion (at most `shutdown_timeout`), then the process exits.
+//! the model loads on a blocking thread. When `shutdown` resolves (the
+//! binary passes SIGTERM/SIGINT) the server drains: `/ready` and new
+//! generation requests get 503, in-flight ones run to completion (at most
+//! `shutdown_timeout`), then the process exits.
 
 use std::net::SocketAddr;
 use std::time::Duration;
