@@ -122,6 +122,12 @@ impl QuantActs {
         }
     }
 
+    /// Rows `i..i + 4`, for the four-row kernels.
+    #[inline]
+    pub fn four_rows(&self, i: usize) -> [ActRow<'_>; 4] {
+        std::array::from_fn(|a| self.row(i + a))
+    }
+
     /// Row `i` of the last [`QuantActs::quantize`].
     #[inline]
     pub fn row(&self, i: usize) -> ActRow<'_> {

@@ -333,12 +333,7 @@ unsafe fn rows_tile(
     // SAFETY: caller contract; i + 3 < m.
     unsafe {
         while i + 4 <= m {
-            let rows = [
-                acts.row(i),
-                acts.row(i + 1),
-                acts.row(i + 2),
-                acts.row(i + 3),
-            ];
+            let rows = acts.four_rows(i);
             let v = tile(w, &rows);
             for (j, v) in v.into_iter().enumerate() {
                 for (a, v) in v.into_iter().enumerate() {
@@ -377,12 +372,7 @@ unsafe fn rows_four(
     // SAFETY: caller contract.
     unsafe {
         while i + 4 <= m {
-            let rows = [
-                acts.row(i),
-                acts.row(i + 1),
-                acts.row(i + 2),
-                acts.row(i + 3),
-            ];
+            let rows = acts.four_rows(i);
             for (a, v) in (k.four)(w, &rows).into_iter().enumerate() {
                 out.write((i + a) * n + col, v);
             }
