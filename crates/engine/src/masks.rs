@@ -2,6 +2,8 @@
 //! constrained rows to the `ingot-grammar` thread before the forward pass
 //! and the backend collects the masks once its logits exist, so the mask
 //! for a token is computed while the model computes that token's logits.
+//! A step's rows are spread over a small pool of their own (not the CPU
+//! runner's), so the wait is for the slowest row rather than the sum.
 
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -10,6 +12,8 @@ use std::time::Instant;
 use ingot_runner::MaskSource;
 use ingot_structured::Grammar;
 use metrics::Histogram;
+use rayon::prelude::*;
+use rayon::ThreadPool;
 
 /// A grammar shared by a sequence (which advances it) and the mask thread
 /// (which reads the allowed tokens from it); never locked by both at once
@@ -42,15 +46,27 @@ pub(crate) struct MaskWorker {
 }
 
 impl MaskWorker {
-    /// Starts the thread; `timing` receives each mask's compute time.
+    /// Starts the thread and its pool of [`pool_size`] workers; `timing`
+    /// receives each mask's compute time.
     pub(crate) fn start(timing: Histogram) -> std::io::Result<Self> {
+        Self::with_pool(timing, pool_size())
+    }
+
+    /// [`Self::start`] with `workers` pool threads (at least 1).
+    fn with_pool(timing: Histogram, workers: usize) -> std::io::Result<Self> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(workers.max(1))
+            .thread_name(|i| format!("ingot-grammar-{i}"))
+            .build()
+            .map_err(std::io::Error::other)?;
         let (jobs, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("ingot-grammar".into())
             .spawn(move || {
                 for job in rx {
+                    let computed = compute(&pool, &job.rows, job.total, &timing);
                     // The engine may have given up on the step; nothing to do then.
-                    let _ = job.reply.send(compute(&job.rows, job.total, &timing));
+                    let _ = job.reply.send(computed);
                 }
             })?;
         Ok(Self { jobs })
@@ -87,23 +103,50 @@ fn gone(rows: &[usize]) -> Computed {
     }
 }
 
-fn compute(rows: &[MaskRow], total: usize, timing: &Histogram) -> Computed {
+/// Mask workers: one core stays with the engine thread (and the CPU
+/// runner's own pool shares the rest); more than 8 buys nothing, a mask
+/// taking tens of microseconds.
+fn pool_size() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get().saturating_sub(1))
+        .clamp(1, 8)
+}
+
+fn compute(pool: &ThreadPool, rows: &[MaskRow], total: usize, timing: &Histogram) -> Computed {
+    let results = par_rows(pool, rows, |(row, grammar, closing)| {
+        let started = Instant::now();
+        let mask = row_mask(grammar, *closing);
+        timing.record(started.elapsed().as_secs_f64());
+        (*row, mask)
+    });
     let mut masks = vec![None; total];
     let mut failed = Vec::new();
-    for (row, grammar, closing) in rows {
-        let started = Instant::now();
-        let mask = match grammar.lock() {
-            Ok(mut g) if *closing => g.closing_mask().map_err(|e| e.to_string()),
-            Ok(mut g) => g.mask().map_err(|e| e.to_string()),
-            Err(_) => Err("the grammar state was poisoned".to_string()),
-        };
-        timing.record(started.elapsed().as_secs_f64());
+    for (row, mask) in results {
         match mask {
-            Ok(m) => masks[*row] = Some(m),
-            Err(e) => failed.push((*row, e)),
+            Ok(m) => masks[row] = Some(m),
+            Err(e) => failed.push((row, e)),
         }
     }
     Computed { masks, failed }
+}
+
+/// `f` of every item of `items` on `pool`, in order.
+fn par_rows<T: Sync, R: Send>(
+    pool: &ThreadPool,
+    items: &[T],
+    f: impl Fn(&T) -> R + Sync + Send,
+) -> Vec<R> {
+    // One item per task: a step has at most a few hundred rows and each
+    // mask is worth far more than rayon's split.
+    pool.install(|| items.par_iter().with_max_len(1).map(f).collect())
+}
+
+fn row_mask(grammar: &SharedGrammar, closing: bool) -> Result<Vec<u32>, String> {
+    match grammar.lock() {
+        Ok(mut g) if closing => g.closing_mask().map_err(|e| e.to_string()),
+        Ok(mut g) => g.mask().map_err(|e| e.to_string()),
+        Err(_) => Err("the grammar state was poisoned".to_string()),
+    }
 }
 
 /// A step's masks, possibly still being computed.
@@ -148,5 +191,87 @@ impl MaskSource for PendingMasks {
 
     fn masks(&mut self) -> &[Option<Vec<u32>>] {
         &self.wait().masks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::time::Duration;
+
+    use ingot_core::GrammarSpec;
+    use ingot_structured::GrammarCompiler;
+    use ingot_tokenizer::Tokenizer;
+
+    use super::*;
+
+    fn grammar(spec: GrammarSpec) -> SharedGrammar {
+        let gguf = ingot_models::gguf::GgufFile::open(&ingot_testkit::smollm2_gguf()).unwrap();
+        let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf).unwrap());
+        let compiler = GrammarCompiler::new(tokenizer).unwrap();
+        Arc::new(Mutex::new(compiler.compile(&spec).unwrap()))
+    }
+
+    #[test]
+    fn pool_rows_run_at_once_and_keep_their_order() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(4)
+            .build()
+            .unwrap();
+        let started = Instant::now();
+        let out = par_rows(&pool, &[0u64, 1, 2, 3], |&i| {
+            std::thread::sleep(Duration::from_millis(200));
+            i * 10
+        });
+        assert_eq!(out, vec![0, 10, 20, 30]);
+        // Serially this is 800 ms; four workers take about 200.
+        assert!(
+            started.elapsed() < Duration::from_millis(600),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn pooled_masks_match_serial_ones_and_failures_stay_per_row() {
+        let json = grammar(GrammarSpec::JsonSchema(
+            r#"{"type":"object","properties":{"a":{"type":"string"}},"required":["a"]}"#.into(),
+        ));
+        let regex = grammar(GrammarSpec::Regex("(yes|no)".into()));
+        let want_json = json.lock().unwrap().clone().mask().unwrap();
+        let want_closing = json.lock().unwrap().clone().closing_mask().unwrap();
+        let want_regex = regex.lock().unwrap().clone().mask().unwrap();
+        let poisoned = grammar(GrammarSpec::Regex("a+".into()));
+        let p = poisoned.clone();
+        let _ = std::thread::spawn(move || {
+            let _guard = p.lock().unwrap();
+            panic!("poison the grammar");
+        })
+        .join();
+        let worker = MaskWorker::with_pool(Histogram::noop(), 3).unwrap();
+        let rows: Vec<MaskRow> = vec![
+            (0, json.clone(), false),
+            (2, regex, false),
+            (3, poisoned, false),
+            (5, json, true),
+        ];
+        let mut pending = worker.submit(rows, 6);
+        let masks = pending.masks().to_vec();
+        assert_eq!(masks.len(), 6);
+        assert_eq!(masks[0].as_ref(), Some(&want_json));
+        assert_eq!(masks[2].as_ref(), Some(&want_regex));
+        assert_eq!(masks[5].as_ref(), Some(&want_closing));
+        assert!(masks[1].is_none() && masks[3].is_none() && masks[4].is_none());
+        let failed = pending.failed();
+        assert_eq!(failed.len(), 1);
+        assert_eq!(failed[0].0, 3);
+        assert!(failed[0].1.contains("poisoned"), "{}", failed[0].1);
+    }
+
+    #[test]
+    fn pool_size_leaves_a_core_and_stays_small() {
+        let n = pool_size();
+        assert!((1..=8).contains(&n), "{n}");
     }
 }
