@@ -35,14 +35,14 @@ def ingot(binary, *args):
 
 
 def logits(binary, model, device, ids, out):
-    flags = ["--dtype", "bf16"] if device == "cpu" else []
+    flags = ["--dtype", "bf16", "--cpu-weights", "f32"] if device == "cpu" else []
     ingot(binary, "logits", "--model", model, "--device", device, *flags,
           "--prompt-ids", ",".join(map(str, ids)), "--out", out)
     return np.fromfile(out, dtype="<f4").astype(np.float64)
 
 
 def greedy(binary, model, device, prompt, n):
-    flags = ["--dtype", "bf16"] if device == "cpu" else []
+    flags = ["--dtype", "bf16", "--cpu-weights", "f32"] if device == "cpu" else []
     r = ingot(binary, "generate", "--model", model, "--device", device, *flags, "--prompt", prompt,
               "--max-tokens", str(n), "--ignore-eos", "--print-ids")
     return json.loads(r.stderr.strip().splitlines()[-1])

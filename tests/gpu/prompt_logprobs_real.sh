@@ -43,7 +43,7 @@ score_on() {  # tag, device, extra serve flags...
 }
 
 score_on gpu "$GPU"
-score_on cpu cpu --dtype bf16
+score_on cpu cpu --dtype bf16 --cpu-weights f32
 python3 - "$DIR" "${#PROMPTS[@]}" "$TOL" "$GPU" <<'PY'
 import json, sys
 d, n, tol, gpu = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]

@@ -176,6 +176,13 @@ impl Gpu {
         Ok(())
     }
 
+    /// Enqueues a device-to-device copy of `bytes` (the ranges must not
+    /// overlap).
+    pub fn copy_within(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<(), CudaError> {
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream())? };
+        Ok(())
+    }
+
     /// Enqueues a device-to-host copy.
     pub fn download<T>(&self, dst: &mut [T], src: DevPtr) -> Result<(), CudaError> {
         unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream())? };

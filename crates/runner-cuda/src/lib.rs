@@ -220,6 +220,9 @@ pub struct CudaRunner {
     pending: Option<Speculation>,
     /// Speculative steps used / discarded.
     speculation_hits: usize,
+    /// Hits for the rows still running after some of the speculated rows
+    /// finished (see [`CudaRunner::speculated_rows`]).
+    speculation_partial_hits: usize,
     speculation_misses: usize,
     memory: MemoryReport,
     /// Set by [`CudaRunnerConfig::profile`].
@@ -291,6 +294,7 @@ impl CudaRunner {
             last_ids: Vec::new(),
             pending: None,
             speculation_hits: 0,
+            speculation_partial_hits: 0,
             speculation_misses: 0,
             profiler: None,
             sampler: None,
@@ -592,6 +596,7 @@ impl Drop for CudaRunner {
     fn drop(&mut self) {
         tracing::debug!(
             hits = self.speculation_hits,
+            partial_hits = self.speculation_partial_hits,
             misses = self.speculation_misses,
             "speculative decode steps"
         );
@@ -692,25 +697,43 @@ impl CudaRunner {
         self.check_batch(batch)?;
         let n = batch.chunks.len();
         let pending = self.pending.take();
-        let hit = pending
+        // Which speculated row each of this batch's rows is (all of them, in
+        // order, on a full hit; a subsequence when some rows finished).
+        let kept = pending
             .as_ref()
-            .map(|spec| self.speculation_matches(spec, batch));
-        match hit {
-            Some(true) => self.speculation_hits += 1,
-            Some(false) => self.speculation_misses += 1,
-            None => {}
-        }
-        let speculated = match pending {
-            Some(spec) if hit == Some(true) => Some(spec),
-            // A miss: the stream runs the wasted step first; nothing else to undo.
-            _ => None,
+            .and_then(|spec| self.speculated_rows(spec, batch));
+        let partial = match (&pending, &kept) {
+            (Some(spec), Some(k)) if k.len() == spec.rows.len() => {
+                self.speculation_hits += 1;
+                None
+            }
+            (Some(_), Some(k)) => {
+                self.speculation_partial_hits += 1;
+                Some(k.as_slice())
+            }
+            (Some(_), None) => {
+                // A miss: the stream runs the wasted step first; nothing else to undo.
+                self.speculation_misses += 1;
+                None
+            }
+            (None, _) => None,
         };
-        let graph = match &speculated {
-            Some(spec) => Some(spec.graph),
-            None => self.run(batch, true)?.graph_size,
+        let speculated = pending.filter(|_| kept.is_some());
+        let graph = match (&speculated, partial) {
+            // The device's inputs are laid out for the speculated rows, so
+            // nothing is chained after a partial hit.
+            (Some(_), Some(_)) => None,
+            (Some(spec), None) => Some(spec.graph),
+            (None, _) => self.run(batch, true)?.graph_size,
         };
+        // Ids sampled here are in this batch's order; a greedy hit's were
+        // picked by the speculated step, in its rows' order.
+        let id_rows = partial.filter(|_| rows.is_none());
         let (buffer, done) = match (rows, speculated) {
             (Some((rows, masks)), _) => {
+                if let Some(kept) = partial {
+                    self.compact_logits(kept)?;
+                }
                 let sampler = self
                     .sampler
                     .as_mut()
@@ -731,6 +754,7 @@ impl CudaRunner {
             (None, Some(spec)) => (spec.buffer, spec.done),
             (None, None) => self.download_ids(n)?,
         };
+
         if let Some(size) = graph.filter(|_| batch.expect_next && self.profiler.is_none()) {
             if let Some(next) = self.next_rows(batch) {
                 step::advance_decode(&self.gpu, &self.kernels, &self.buffers, n)?;
@@ -750,10 +774,11 @@ impl CudaRunner {
             }
         }
         done.synchronize().map_err(CudaError::from)?;
-        self.last_ids = self.ids_host[buffer].as_slice()[..n]
-            .iter()
-            .map(|&i| i as TokenId)
-            .collect();
+        let ids = self.ids_host[buffer].as_slice();
+        self.last_ids = match id_rows {
+            Some(kept) => kept.iter().map(|&j| ids[j] as TokenId).collect(),
+            None => ids[..n].iter().map(|&i| i as TokenId).collect(),
+        };
         Ok(self.last_ids.clone())
     }
 }
@@ -823,19 +848,42 @@ impl CudaRunner {
             .collect()
     }
 
-    /// The batch is the speculated one: same rows, each carrying the id it
-    /// was given last step, one position further in the same block.
-    fn speculation_matches(&self, spec: &Speculation, batch: &ForwardBatch<'_>) -> bool {
+    /// Which speculated row each row of `batch` is, when the batch is the
+    /// speculated one or the speculated one less some rows (finished ones):
+    /// every row carries the id it was given last step, one position
+    /// further in the same block, in the speculated order. `None` when a
+    /// row was not speculated.
+    fn speculated_rows(&self, spec: &Speculation, batch: &ForwardBatch<'_>) -> Option<Vec<usize>> {
         let bs = self.kv_shape.block_size;
-        batch.chunks.len() == spec.rows.len()
-            && batch.chunks.len() == self.last_ids.len()
-            && batch.chunks.iter().zip(&spec.rows).zip(&self.last_ids).all(
-                |((c, &(pos, block)), &id)| {
-                    c.tokens == [id]
+        if spec.rows.len() != self.last_ids.len() || batch.chunks.is_empty() {
+            return None;
+        }
+        let mut next = 0;
+        batch
+            .chunks
+            .iter()
+            .map(|c| {
+                let found = (next..spec.rows.len()).find(|&j| {
+                    let (pos, block) = spec.rows[j];
+                    c.tokens == [self.last_ids[j]]
                         && c.start_pos == pos
                         && c.block_table.get(pos / bs) == Some(&block)
-                },
-            )
+                })?;
+                next = found + 1;
+                Some(found)
+            })
+            .collect()
+    }
+
+    /// Moves the logits rows of a partial speculation hit together, so row
+    /// `i` holds speculated row `kept[i]` (which is never before `i`).
+    fn compact_logits(&self, kept: &[usize]) -> Result<(), RunnerError> {
+        let row = self.config.vocab_size * std::mem::size_of::<f32>();
+        for (i, &j) in kept.iter().enumerate().filter(|(i, j)| i != *j) {
+            let at = |r: usize| self.buffers.logits + (r * row) as u64;
+            self.gpu.copy_within(at(i), at(j), row)?;
+        }
+        Ok(())
     }
 }
 
