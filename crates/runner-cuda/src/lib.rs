@@ -848,31 +848,10 @@ impl CudaRunner {
             .collect()
     }
 
-    /// Which speculated row each row of `batch` is, when the batch is the
-    /// speculated one or the speculated one less some rows (finished ones):
-    /// every row carries the id it was given last step, one position
-    /// further in the same block, in the speculated order. `None` when a
-    /// row was not speculated.
+    /// Which speculated row each row of `batch` is (see
+    /// [`speculated_rows`]).
     fn speculated_rows(&self, spec: &Speculation, batch: &ForwardBatch<'_>) -> Option<Vec<usize>> {
-        let bs = self.kv_shape.block_size;
-        if spec.rows.len() != self.last_ids.len() || batch.chunks.is_empty() {
-            return None;
-        }
-        let mut next = 0;
-        batch
-            .chunks
-            .iter()
-            .map(|c| {
-                let found = (next..spec.rows.len()).find(|&j| {
-                    let (pos, block) = spec.rows[j];
-                    c.tokens == [self.last_ids[j]]
-                        && c.start_pos == pos
-                        && c.block_table.get(pos / bs) == Some(&block)
-                })?;
-                next = found + 1;
-                Some(found)
-            })
-            .collect()
+        speculated_rows(&spec.rows, &self.last_ids, self.kv_shape.block_size, batch)
     }
 
     /// Moves the logits rows of a partial speculation hit together, so row
@@ -903,5 +882,96 @@ impl CudaRunner {
             )));
         }
         Ok(())
+    }
+}
+
+/// Which speculated row each row of `batch` is, when the batch is the
+/// speculated one or the speculated one less some rows (finished ones):
+/// every row carries the id it was given last step (`last_ids`, one per
+/// speculated row), one position further in the same block (`spec`: the
+/// position and block each speculated row must have), in the speculated
+/// order. `None` when a row was not speculated.
+fn speculated_rows(
+    spec: &[(usize, u32)],
+    last_ids: &[TokenId],
+    block_size: usize,
+    batch: &ForwardBatch<'_>,
+) -> Option<Vec<usize>> {
+    if spec.len() != last_ids.len() || batch.chunks.is_empty() {
+        return None;
+    }
+    let mut next = 0;
+    batch
+        .chunks
+        .iter()
+        .map(|c| {
+            let found = (next..spec.len()).find(|&j| {
+                let (pos, block) = spec[j];
+                c.tokens == [last_ids[j]]
+                    && c.start_pos == pos
+                    && c.block_table.get(pos / block_size) == Some(&block)
+            })?;
+            next = found + 1;
+            Some(found)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod speculation_tests {
+    use super::*;
+    use ingot_runner::SequenceChunk;
+
+    /// Three speculated rows: ids 7, 8, 9 at positions 5, 6, 7 of blocks
+    /// 10, 11, 12 (block size 16).
+    const SPEC: [(usize, u32); 3] = [(5, 10), (6, 11), (7, 12)];
+    const IDS: [TokenId; 3] = [7, 8, 9];
+    const TABLES: [[u32; 1]; 3] = [[10], [11], [12]];
+
+    fn batch(rows: &[usize]) -> ForwardBatch<'static> {
+        ForwardBatch {
+            chunks: rows
+                .iter()
+                .map(|&r| SequenceChunk {
+                    tokens: std::slice::from_ref(&IDS[r]),
+                    start_pos: SPEC[r].0,
+                    block_table: &TABLES[r],
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_same_rows_are_a_full_hit() {
+        assert_eq!(
+            speculated_rows(&SPEC, &IDS, 16, &batch(&[0, 1, 2])),
+            Some(vec![0, 1, 2])
+        );
+    }
+
+    #[test]
+    fn finished_rows_leave_a_partial_hit_in_order() {
+        assert_eq!(
+            speculated_rows(&SPEC, &IDS, 16, &batch(&[0, 2])),
+            Some(vec![0, 2])
+        );
+        assert_eq!(
+            speculated_rows(&SPEC, &IDS, 16, &batch(&[1])),
+            Some(vec![1])
+        );
+    }
+
+    #[test]
+    fn reordered_new_or_changed_rows_are_a_miss() {
+        assert_eq!(speculated_rows(&SPEC, &IDS, 16, &batch(&[2, 0])), None);
+        assert_eq!(speculated_rows(&SPEC, &IDS, 16, &batch(&[])), None);
+        let mut b = batch(&[0, 1]);
+        b.chunks[1].start_pos = 9;
+        assert_eq!(speculated_rows(&SPEC, &IDS, 16, &b), None);
+        let other = [8];
+        let mut b = batch(&[0, 1]);
+        b.chunks[0].tokens = &other;
+        assert_eq!(speculated_rows(&SPEC, &IDS, 16, &b), None);
     }
 }
