@@ -17,6 +17,7 @@
 #   cache     response cache hit and coalescing on CUDA (cache_smoke.sh), 8B dummy
 #   structured  constrained answers and CUDA-vs-CPU prompt logprobs (structured_smoke.py, 1B dummy),
 #             then scripts/bench-structured on the 8B dummy
+#   plogprobs prompt logprobs (echo, max_tokens 0) of the SmolLM2 GGUF, CUDA vs CPU bf16 (prompt_logprobs_real.sh)
 #   models    two SmolLM2 GGUFs, then two 1B dummies, under a budget of one: warm switch times
 #             (models_smoke.sh); two 1B dummies with default budget and KV shares (models_share.sh)
 #   torch     PyTorch eager baselines for the bench shapes
@@ -120,6 +121,9 @@ for phase in "$@"; do
       python3 tests/gpu/structured_smoke.py "$ING_RAW" "$W/llama1b-dummy"
       INGOT_BIN="$ING_RAW" INGOT_TEST_MODEL="$M" python3 scripts/bench-structured --rounds 2 -- \
         --load-format dummy --device cuda --max-model-len 8192 --max-num-seqs 64 ;;
+    plogprobs)
+      [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
+      bash tests/gpu/prompt_logprobs_real.sh "$ING_RAW" "$SMOL" "$O/prompt_logprobs" ;;
     cache) bash tests/gpu/cache_smoke.sh "$ING_RAW" "$(llama8b)" --load-format dummy --max-model-len 4096 --max-num-seqs 32 ;;
     torch)
       M=$(llama8b)
