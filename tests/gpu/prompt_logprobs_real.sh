@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prompt logprobs on real weights, CUDA vs CPU (issue 18): the SmolLM2 GGUF
-# served on each backend in turn (CPU with bf16 weights, as on the GPU),
+# (Q4_1) served on each backend in turn (the CPU dequantizing it to bf16
+# weights, as the GPU does: `--cpu-weights f32 --dtype bf16`),
 # the same prompts scored through /v1/completions with echo, logprobs 1 and
 # max_tokens 0, and per prompt the largest |CUDA - CPU| token logprob.
 # Both run bf16 weights but accumulate differently, so a few hundredths of
@@ -36,8 +37,8 @@ score() {
   stop_server
 }
 
-if [ "${GPU_DEVICE:-cuda}" = cpu ]; then score cuda cpu --dtype bf16; else score cuda cuda; fi
-score cpu cpu --dtype bf16
+if [ "${GPU_DEVICE:-cuda}" = cpu ]; then score cuda cpu --cpu-weights f32 --dtype bf16; else score cuda cuda; fi
+score cpu cpu --cpu-weights f32 --dtype bf16
 python3 - "$DIR" "${#PROMPTS[@]}" "$TOL" <<'PY'
 import json, sys
 d, n, tol = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
