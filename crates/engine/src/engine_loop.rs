@@ -492,7 +492,7 @@ impl EngineLoop {
         // A row whose grammar failed was sampled without its mask: its
         // pick is void and the request fails.
         let failed = masks.failed().to_vec();
-        let advanced = self.advance_grammars(&chunks, &picked, &failed);
+        let advanced = self.advance_grammars(chunks, &picked, &failed);
         let mut prompts = Vec::new();
         for ((id, start), s) in scored.into_iter().zip(scores) {
             let Some(a) = self.active.get_mut(&id) else {
