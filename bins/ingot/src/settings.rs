@@ -74,6 +74,7 @@ pub fn engine_config(config: &Config) -> EngineConfig {
         },
         prefix_caching: config.engine.prefix_caching,
         stall_timeout: config.engine.stall_timeout.get(),
+        close_structured_near_limit: config.structured.close_near_limit,
         // The model name is the server's to give (`cmd::serve`).
         metrics: MetricsConfig {
             vllm_names: config.metrics.vllm_names,

@@ -31,6 +31,8 @@ pub struct Config {
     pub cache: CacheSection,
     /// CUDA backend switches (ignored on the CPU).
     pub cuda: CudaSection,
+    /// Structured output (JSON schemas, regexes, grammars, tool calls).
+    pub structured: StructuredSection,
     /// Logging.
     pub log: LogSection,
     /// API keys and per-key limits.
@@ -59,6 +61,7 @@ impl Default for Config {
             server: ServerSection::default(),
             cache: CacheSection::default(),
             cuda: CudaSection::default(),
+            structured: StructuredSection::default(),
             log: LogSection::default(),
             auth: AuthSection::default(),
             metrics: MetricsSection::default(),
@@ -487,6 +490,25 @@ impl Default for CudaSection {
             check: false,
             l2_prefetch: None,
             pdl: true,
+        }
+    }
+}
+
+/// Structured output (JSON schemas, regexes, grammars, tool calls).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct StructuredSection {
+    /// Once a constrained output's tokens left fall to a quarter of its
+    /// budget (or 16), allow only tokens that head for the end of the
+    /// document, so a looping model still finishes valid output within
+    /// `max_tokens`.
+    pub close_near_limit: bool,
+}
+
+impl Default for StructuredSection {
+    fn default() -> Self {
+        Self {
+            close_near_limit: true,
         }
     }
 }

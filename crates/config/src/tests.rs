@@ -475,6 +475,7 @@ fn schema_describes_every_section() {
         "server",
         "cache",
         "cuda",
+        "structured",
         "log",
         "flags",
     ] {
@@ -549,4 +550,21 @@ fn tracing_section_defaults_and_bounds() {
         .to_string();
         assert!(e.contains(key), "{e}");
     }
+}
+
+#[test]
+fn structured_close_near_limit_is_on_unless_turned_off() {
+    assert!(Config::default().structured.close_near_limit);
+    let l = load(&Layers {
+        env: env(&[("INGOT_STRUCTURED_CLOSE_NEAR_LIMIT", "false")]),
+        ..Layers::default()
+    })
+    .unwrap();
+    assert!(!l.config.structured.close_near_limit);
+    let path = file("[structured]\nclose_near_limit = \"no\"\n");
+    let e = err(&Layers {
+        file: Some(path),
+        ..Layers::default()
+    });
+    assert!(e.contains("structured.close_near_limit"), "{e}");
 }

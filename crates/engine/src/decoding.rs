@@ -132,26 +132,44 @@ impl Decoding {
     /// Takes a token the backend picked (greedily or by the sampler's row)
     /// and applies every stop rule.
     pub fn accept_picked(&mut self, pick: Pick) -> Result<TokenOutput, DecodeError> {
-        let sampled = self.sampler.accept_picked(pick);
-        self.accept(sampled)
+        let grammar_done = match self.grammar_to_advance(pick.token) {
+            Some(g) => advance_grammar(g, pick.token)?,
+            None => false,
+        };
+        self.accept_picked_advanced(pick, grammar_done)
     }
 
-    fn accept(&mut self, sampled: SampledToken) -> Result<TokenOutput, DecodeError> {
+    /// The grammar `token` advances: every token but one that ends the
+    /// output. The engine advances a step's grammars together (see
+    /// [`advance_grammar`]), then calls [`Self::accept_picked_advanced`].
+    pub fn grammar_to_advance(&self, token: TokenId) -> Option<&Arc<Mutex<Grammar>>> {
+        self.grammar.as_ref().filter(|_| !self.is_stop_token(token))
+    }
+
+    /// [`Self::accept_picked`] for a pick whose grammar (if any) has
+    /// already been advanced; `grammar_done`: it is now complete.
+    pub fn accept_picked_advanced(
+        &mut self,
+        pick: Pick,
+        grammar_done: bool,
+    ) -> Result<TokenOutput, DecodeError> {
+        let sampled = self.sampler.accept_picked(pick);
+        self.accept(sampled, grammar_done)
+    }
+
+    fn is_stop_token(&self, token: TokenId) -> bool {
+        (!self.criteria.ignore_eos && self.eos.contains(&token))
+            || self.criteria.stop_token_ids.contains(&token)
+    }
+
+    fn accept(
+        &mut self,
+        sampled: SampledToken,
+        grammar_done: bool,
+    ) -> Result<TokenOutput, DecodeError> {
         let token = sampled.token;
         self.num_output += 1;
-        let is_stop_token = (!self.criteria.ignore_eos && self.eos.contains(&token))
-            || self.criteria.stop_token_ids.contains(&token);
-        // The grammar follows every token but the one that ends the output.
-        let grammar_done = match (&self.grammar, is_stop_token) {
-            (Some(g), false) => {
-                let mut g = g
-                    .lock()
-                    .map_err(|_| GrammarError::State("the grammar state was poisoned".into()))?;
-                g.accept(token)?;
-                g.is_finished()
-            }
-            _ => false,
-        };
+        let is_stop_token = self.is_stop_token(token);
         if is_stop_token {
             let text = self.stop.flush();
             return Ok(TokenOutput {
@@ -193,4 +211,13 @@ impl Decoding {
             finish,
         })
     }
+}
+
+/// Advances `grammar` past `token`; whether the output is now complete.
+pub fn advance_grammar(grammar: &Mutex<Grammar>, token: TokenId) -> Result<bool, GrammarError> {
+    let mut g = grammar
+        .lock()
+        .map_err(|_| GrammarError::State("the grammar state was poisoned".into()))?;
+    g.accept(token)?;
+    Ok(g.is_finished())
 }

@@ -45,6 +45,9 @@ pub struct EngineConfig {
     pub stall_timeout: Duration,
     /// The model label and the vLLM-named series.
     pub metrics: MetricsConfig,
+    /// Constrained outputs near their token limit head for the end of the
+    /// document (`structured.close_near_limit`).
+    pub close_structured_near_limit: bool,
 }
 
 impl Default for EngineConfig {
@@ -55,6 +58,7 @@ impl Default for EngineConfig {
             stream_buffer: 64,
             stall_timeout: Duration::from_secs(30),
             metrics: MetricsConfig::default(),
+            close_structured_near_limit: true,
         }
     }
 }
@@ -410,13 +414,14 @@ impl EngineLoop {
         let num_tokens = batch.num_tokens();
         // Constrained rows' masks are computed on the grammar thread while
         // the forward pass runs; the backend waits for them only to sample.
+        let close = self.config.close_structured_near_limit;
         let constrained = chunks
             .iter()
             .enumerate()
             .filter(|(_, c)| c.sample)
             .filter_map(|(i, c)| {
                 let d = &self.active.get(&c.id)?.decoding;
-                Some((i, d.grammar()?.clone(), d.should_close()))
+                Some((i, d.grammar()?.clone(), close && d.should_close()))
             })
             .collect();
         let mut masks = self.masks.submit(constrained, chunks.len());
@@ -487,6 +492,7 @@ impl EngineLoop {
         // A row whose grammar failed was sampled without its mask: its
         // pick is void and the request fails.
         let failed = masks.failed().to_vec();
+        let advanced = self.advance_grammars(chunks, &picked, &failed);
         let mut prompts = Vec::new();
         for ((id, start), s) in scored.into_iter().zip(scores) {
             let Some(a) = self.active.get_mut(&id) else {
@@ -516,7 +522,14 @@ impl EngineLoop {
             }
             let out = match failed.iter().find(|f| f.0 == i) {
                 Some((_, why)) => Err(why.clone()),
-                None => a.decoding.accept_picked(pick).map_err(|e| e.to_string()),
+                None => match advanced.iter().find(|r| r.0 == i) {
+                    Some((_, Ok(done))) => a
+                        .decoding
+                        .accept_picked_advanced(pick, *done)
+                        .map_err(|e| e.to_string()),
+                    Some((_, Err(why))) => Err(why.clone()),
+                    None => a.decoding.accept_picked(pick).map_err(|e| e.to_string()),
+                },
             };
             outputs.push((c.id, out));
         }
@@ -547,6 +560,31 @@ impl EngineLoop {
                 Err(e) => self.fail(id, &e),
             }
         }
+    }
+
+    /// Advances the grammars of a step's constrained rows past their picks
+    /// on the mask pool, all at once rather than row by row; rows left out
+    /// (unconstrained, failed, stop tokens) advance in `accept_picked`.
+    fn advance_grammars(
+        &self,
+        chunks: &[ScheduledChunk],
+        picked: &[Pick],
+        failed: &[(usize, String)],
+    ) -> Vec<(usize, Result<bool, String>)> {
+        let rows = chunks
+            .iter()
+            .zip(picked)
+            .enumerate()
+            .filter(|(i, (c, _))| c.sample && !failed.iter().any(|f| f.0 == *i))
+            .filter_map(|(i, (c, p))| {
+                let d = &self.active.get(&c.id)?.decoding;
+                if d.generates_nothing() {
+                    return None;
+                }
+                Some((i, d.grammar_to_advance(p.token)?.clone(), p.token))
+            })
+            .collect::<Vec<_>>();
+        self.masks.advance(rows)
     }
 
     fn emit(&mut self, id: RequestId, out: TokenOutput, now: Instant) {

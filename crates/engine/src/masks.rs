@@ -9,9 +9,12 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use ingot_core::TokenId;
 use ingot_runner::MaskSource;
 use ingot_structured::Grammar;
 use metrics::Histogram;
+
+use crate::decoding::advance_grammar;
 use rayon::prelude::*;
 use rayon::ThreadPool;
 
@@ -43,6 +46,9 @@ struct Computed {
 /// The mask thread; exits when dropped.
 pub(crate) struct MaskWorker {
     jobs: mpsc::Sender<Job>,
+    /// Also advances a step's grammars past their picks (engine thread,
+    /// between steps, while no mask job runs).
+    pool: Arc<ThreadPool>,
 }
 
 impl MaskWorker {
@@ -59,17 +65,32 @@ impl MaskWorker {
             .thread_name(|i| format!("ingot-grammar-{i}"))
             .build()
             .map_err(std::io::Error::other)?;
+        let pool = Arc::new(pool);
+        let for_thread = pool.clone();
         let (jobs, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("ingot-grammar".into())
             .spawn(move || {
                 for job in rx {
-                    let computed = compute(&pool, &job.rows, job.total, &timing);
+                    let computed = compute(&for_thread, &job.rows, job.total, &timing);
                     // The engine may have given up on the step; nothing to do then.
                     let _ = job.reply.send(computed);
                 }
             })?;
-        Ok(Self { jobs })
+        Ok(Self { jobs, pool })
+    }
+
+    /// Advances each `(row, grammar, token)` on the pool (`consume_token`
+    /// takes microseconds a row, serial it is a millisecond at batch 64);
+    /// per row, whether its output is complete, or why the grammar failed.
+    pub(crate) fn advance(
+        &self,
+        rows: Vec<(usize, SharedGrammar, TokenId)>,
+    ) -> Vec<(usize, Result<bool, String>)> {
+        if rows.len() < 2 {
+            return rows.iter().map(advance_row).collect();
+        }
+        par_rows(&self.pool, &rows, advance_row)
     }
 
     /// Starts computing `rows`' masks; the step's [`PendingMasks`].
@@ -139,6 +160,15 @@ fn par_rows<T: Sync, R: Send>(
     // One item per task: a step has at most a few hundred rows and each
     // mask is worth far more than rayon's split.
     pool.install(|| items.par_iter().with_max_len(1).map(f).collect())
+}
+
+fn advance_row(
+    (row, grammar, token): &(usize, SharedGrammar, TokenId),
+) -> (usize, Result<bool, String>) {
+    (
+        *row,
+        advance_grammar(grammar, *token).map_err(|e| e.to_string()),
+    )
 }
 
 fn row_mask(grammar: &SharedGrammar, closing: bool) -> Result<Vec<u32>, String> {
@@ -267,6 +297,24 @@ mod tests {
         assert_eq!(failed.len(), 1);
         assert_eq!(failed[0].0, 3);
         assert!(failed[0].1.contains("poisoned"), "{}", failed[0].1);
+    }
+
+    #[test]
+    fn advance_moves_each_grammar_on_the_pool_and_reports_per_row() {
+        let yes = grammar(GrammarSpec::Regex("(yes|no)".into()));
+        let mask = yes.lock().unwrap().clone().mask().unwrap();
+        let allowed = |t: u32| mask[t as usize / 32] & (1 << (t % 32)) != 0;
+        let first = (0..mask.len() as u32 * 32).find(|&t| allowed(t)).unwrap();
+        let refused = (0..mask.len() as u32 * 32).find(|&t| !allowed(t)).unwrap();
+        let other = grammar(GrammarSpec::Regex("(yes|no)".into()));
+        let worker = MaskWorker::with_pool(Histogram::noop(), 2).unwrap();
+        let out = worker.advance(vec![(1, yes.clone(), first), (4, other, refused)]);
+        assert_eq!(out[0].0, 1);
+        assert!(out[0].1.is_ok(), "{:?}", out[0].1);
+        assert_eq!(out[1].0, 4);
+        assert!(out[1].1.is_err());
+        // The grammar moved: the first token is no longer what it allows.
+        assert_ne!(yes.lock().unwrap().clone().mask().unwrap(), mask);
     }
 
     #[test]
