@@ -6,7 +6,12 @@ use std::sync::{Arc, Mutex};
 
 use ingot_core::{FinishReason, SamplingParams, StopCriteria, TokenId};
 use ingot_runner::Pick;
-use ingot_structured::{Grammar, GrammarError};
+use ingot_structured::{Grammar, GrammarError, Limit};
+
+/// Tokens before its limit from which a constrained output's grammar
+/// estimates what finishing would take (each estimate walks at most this
+/// many closing steps).
+const NEAR_WINDOW: usize = 96;
 use ingot_tokenizer::{IncrementalDecoder, Tokenizer, TokenizerError};
 
 use crate::sampler::{SampledToken, Sampler};
@@ -88,10 +93,12 @@ impl Decoding {
             || self.prompt_len + self.num_output + 1 >= self.max_context
     }
 
-    /// True when a constrained output should head for its end: its tokens
-    /// left (to max_tokens or the context) are down to a quarter of its
-    /// budget, or 16. See [`ingot_structured::Grammar::closing_mask`].
-    pub fn should_close(&self) -> bool {
+    /// How near a constrained output is to its end (max_tokens or the
+    /// context): closing now once its tokens left are down to a quarter of
+    /// its budget, or 16; within the last [`NEAR_WINDOW`] tokens the grammar
+    /// estimates whether it must start earlier. See
+    /// [`ingot_structured::Grammar::limit_mask`].
+    pub fn limit(&self) -> Limit {
         let left = self
             .criteria
             .max_tokens
@@ -100,7 +107,13 @@ impl Decoding {
                 self.max_context
                     .saturating_sub(self.prompt_len + self.num_output),
             );
-        left <= (self.criteria.max_tokens / 4).max(16)
+        if left <= (self.criteria.max_tokens / 4).max(16) {
+            Limit::Closing
+        } else if left <= NEAR_WINDOW {
+            Limit::Near(left)
+        } else {
+            Limit::Far
+        }
     }
 
     /// True when the request asked for no output (`max_tokens` 0: only

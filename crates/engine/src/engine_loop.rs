@@ -19,6 +19,7 @@ use ingot_runner::{
     ForwardBatch, Logprobs, ModelRunner, Pick, RowSampling, ScoredChunk, SequenceChunk,
 };
 use ingot_scheduler::{ScheduledChunk, Scheduler, SchedulerConfig, SchedulerOutput};
+use ingot_structured::Limit;
 use ingot_tokenizer::Tokenizer;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::Sender;
@@ -421,7 +422,8 @@ impl EngineLoop {
             .filter(|(_, c)| c.sample)
             .filter_map(|(i, c)| {
                 let d = &self.active.get(&c.id)?.decoding;
-                Some((i, d.grammar()?.clone(), close && d.should_close()))
+                let limit = if close { d.limit() } else { Limit::Far };
+                Some((i, d.grammar()?.clone(), limit))
             })
             .collect();
         let mut masks = self.masks.submit(constrained, chunks.len());

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use ingot_core::TokenId;
 use ingot_runner::MaskSource;
-use ingot_structured::Grammar;
+use ingot_structured::{Grammar, Limit};
 use metrics::Histogram;
 
 use crate::decoding::advance_grammar;
@@ -23,13 +23,13 @@ use rayon::ThreadPool;
 /// since the engine waits for a step's masks before advancing.
 pub(crate) type SharedGrammar = Arc<Mutex<Grammar>>;
 
-/// A constrained row of a step: its index, its grammar, and whether its
-/// output is near its token limit (the mask then heads for the end).
-pub(crate) type MaskRow = (usize, SharedGrammar, bool);
+/// A constrained row of a step: its index, its grammar, and how near its
+/// output is to its token limit (the mask may head for the end).
+pub(crate) type MaskRow = (usize, SharedGrammar, Limit);
 
 /// One step's constrained rows.
 struct Job {
-    /// Rows of the batch: `(row, grammar, heading for the end)`.
+    /// Rows of the batch: `(row, grammar, how near its limit)`.
     rows: Vec<MaskRow>,
     /// Rows in the batch.
     total: usize,
@@ -134,9 +134,9 @@ fn pool_size() -> usize {
 }
 
 fn compute(pool: &ThreadPool, rows: &[MaskRow], total: usize, timing: &Histogram) -> Computed {
-    let results = par_rows(pool, rows, |(row, grammar, closing)| {
+    let results = par_rows(pool, rows, |(row, grammar, limit)| {
         let started = Instant::now();
-        let mask = row_mask(grammar, *closing);
+        let mask = row_mask(grammar, *limit);
         timing.record(started.elapsed().as_secs_f64());
         (*row, mask)
     });
@@ -171,10 +171,9 @@ fn advance_row(
     )
 }
 
-fn row_mask(grammar: &SharedGrammar, closing: bool) -> Result<Vec<u32>, String> {
+fn row_mask(grammar: &SharedGrammar, limit: Limit) -> Result<Vec<u32>, String> {
     match grammar.lock() {
-        Ok(mut g) if closing => g.closing_mask().map_err(|e| e.to_string()),
-        Ok(mut g) => g.mask().map_err(|e| e.to_string()),
+        Ok(mut g) => g.limit_mask(limit).map_err(|e| e.to_string()),
         Err(_) => Err("the grammar state was poisoned".to_string()),
     }
 }
@@ -265,9 +264,10 @@ mod tests {
 
     #[test]
     fn pooled_masks_match_serial_ones_and_failures_stay_per_row() {
-        let json = grammar(GrammarSpec::JsonSchema(
-            r#"{"type":"object","properties":{"a":{"type":"string"}},"required":["a"]}"#.into(),
-        ));
+        let schema = r#"{"type":"object","properties":{"a":{"type":"string"}},"required":["a"]}"#;
+        let json = grammar(GrammarSpec::JsonSchema(schema.into()));
+        // A grammar of its own: closing, once begun, stays on.
+        let closing = grammar(GrammarSpec::JsonSchema(schema.into()));
         let regex = grammar(GrammarSpec::Regex("(yes|no)".into()));
         let want_json = json.lock().unwrap().clone().mask().unwrap();
         let want_closing = json.lock().unwrap().clone().closing_mask().unwrap();
@@ -281,10 +281,10 @@ mod tests {
         .join();
         let worker = MaskWorker::with_pool(Histogram::noop(), 3).unwrap();
         let rows: Vec<MaskRow> = vec![
-            (0, json.clone(), false),
-            (2, regex, false),
-            (3, poisoned, false),
-            (5, json, true),
+            (0, json, Limit::Far),
+            (2, regex, Limit::Far),
+            (3, poisoned, Limit::Far),
+            (5, closing, Limit::Closing),
         ];
         let mut pending = worker.submit(rows, 6);
         let masks = pending.masks().to_vec();

@@ -11,4 +11,4 @@ mod vocab;
 
 pub use compiler::{with_layout, GrammarCompiler};
 pub use error::GrammarError;
-pub use grammar::{Grammar, TokenMask};
+pub use grammar::{Grammar, Limit, TokenMask};

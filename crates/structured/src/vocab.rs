@@ -38,13 +38,20 @@ pub(crate) struct Closers {
     pub quote: Vec<u32>,
     /// Only `}` and `]`: ends objects and arrays.
     pub container: Vec<u32>,
-    /// Made of `"}], ` with a `,`: ends a value where more must follow.
+    /// Made of `}], ` with a `,` (no quote): outside a string, ends a
+    /// value where more must follow (a quote there would open a string,
+    /// such as a key `","`).
     pub separating: Vec<u32>,
+    /// Those starting with `"`: inside a string, the ones that end it (a
+    /// bare `,` there is only more text).
+    pub quote_separating: Vec<u32>,
     /// Single letters: allowed only inside a string (or key), so they tell
     /// that a `"` would end one rather than open one.
     pub letters: Vec<TokenId>,
     /// The end-of-sequence tokens (the grammar allows them once complete).
     pub eos: Vec<TokenId>,
+    /// Each token's length in bytes (capped at 255).
+    pub lens: Vec<u8>,
 }
 
 impl Closers {
@@ -54,8 +61,10 @@ impl Closers {
             quote: vec![0u32; n],
             container: vec![0u32; n],
             separating: vec![0u32; n],
+            quote_separating: vec![0u32; n],
             letters: Vec::new(),
             eos: eos.to_vec(),
+            lens: words.iter().map(|w| w.len().min(255) as u8).collect(),
         };
         for (id, w) in words.iter().enumerate() {
             let closes = |b: &u8| matches!(b, b'}' | b']');
@@ -67,7 +76,12 @@ impl Closers {
                     && w.iter()
                         .all(|b| matches!(b, b'"' | b'}' | b']' | b',' | b' ')) =>
                 {
-                    &mut c.separating
+                    match (w[0], w.contains(&b'"')) {
+                        (b'"', _) => &mut c.quote_separating,
+                        (_, false) => &mut c.separating,
+                        // ` ",`: opens a string wherever it is allowed.
+                        _ => continue,
+                    }
                 }
                 [b'q' | b'x' | b'z' | b'k' | b'j'] => {
                     c.letters.push(id as TokenId);
@@ -78,6 +92,17 @@ impl Closers {
             set[id / 32] |= 1 << (id % 32);
         }
         c
+    }
+
+    /// The allowed token with the most bytes (an end-of-sequence token
+    /// when it is the only one); `None` when the mask is empty.
+    pub fn longest_allowed(&self, mask: &[u32]) -> Option<TokenId> {
+        let allowed = mask.iter().enumerate().flat_map(|(w, &bits)| {
+            (0..32)
+                .filter(move |b| bits & (1 << b) != 0)
+                .map(move |b| (w * 32 + b) as TokenId)
+        });
+        allowed.max_by_key(|&t| self.lens.get(t as usize).copied().unwrap_or(0))
     }
 }
 

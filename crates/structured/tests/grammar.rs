@@ -6,7 +6,7 @@
 use std::sync::{Arc, OnceLock};
 
 use ingot_core::GrammarSpec;
-use ingot_structured::{Grammar, GrammarCompiler, GrammarError};
+use ingot_structured::{Grammar, GrammarCompiler, GrammarError, Limit};
 use ingot_tokenizer::Tokenizer;
 
 fn tokenizer() -> Arc<Tokenizer> {
@@ -162,4 +162,78 @@ fn closing_masks_head_for_the_end_of_the_json() {
     assert!(feed(&mut g, "]}"));
     let end = g.closing_mask().unwrap();
     assert!(tokenizer().eos_ids().iter().any(|&e| allowed(&end, e)));
+}
+
+#[test]
+fn what_finishing_owes_decides_when_closing_starts() {
+    // Three required keys still owed after the first string opens.
+    let spec = GrammarSpec::JsonSchema(
+        r#"{"type":"object","properties":{"name":{"type":"string"},"width":{"type":"number"},"height":{"type":"number"},"depth":{"type":"number"}},"required":["name","width","height","depth"]}"#.into(),
+    );
+    let mut g = compiler().compile(&spec).unwrap();
+    assert!(feed(&mut g, r#"{"name": "a long"#));
+    let need = g.tokens_to_close(96).unwrap();
+    // The quote, three keys with a value each, the brace and the end.
+    assert!((6..40).contains(&need), "{need}");
+    assert_eq!(g.tokens_to_close(need - 1), None, "not within fewer tokens");
+    // Far from the limit the plain mask allows more words of the string;
+    // with fewer than twice what finishing owes left, closing starts.
+    let plain = g.clone().limit_mask(Limit::Near(4 * need + 8)).unwrap();
+    assert_eq!(plain, g.mask().unwrap());
+    let closing = g.limit_mask(Limit::Near(2 * need)).unwrap();
+    assert_eq!(closing, g.closing_mask().unwrap());
+    assert_ne!(closing, plain);
+    // Once begun, closing stays on whatever the limit says.
+    assert_eq!(g.limit_mask(Limit::Far).unwrap(), closing);
+    // Following the longest closing tokens finishes within the estimate.
+    let mut steps = 0;
+    while !g.is_finished() && steps <= need {
+        let mask = g.limit_mask(Limit::Closing).unwrap();
+        let eos = tokenizer()
+            .eos_ids()
+            .iter()
+            .copied()
+            .find(|&e| allowed(&mask, e));
+        if eos.is_some() {
+            steps += 1;
+            break;
+        }
+        let t = (0..mask.len() as u32 * 32)
+            .filter(|&t| allowed(&mask, t))
+            .max_by_key(|&t| tokenizer().decode(&[t], false).unwrap().len())
+            .unwrap();
+        g.accept(t).unwrap();
+        steps += 1;
+    }
+    assert!(steps <= need, "{steps} > {need}");
+}
+
+#[test]
+fn closing_inside_an_unfinished_string_never_narrows_to_bare_commas() {
+    // The quote is not allowed until the pattern is met: the closing mask
+    // leaves the string's text to the model rather than keeping only `,`
+    // (which inside a string is text, and made small models loop).
+    let spec = GrammarSpec::JsonSchema(
+        r#"{"type":"object","properties":{"p":{"type":"string","pattern":"^[a-z]{5}$"}},"required":["p"]}"#.into(),
+    );
+    let mut g = compiler().compile(&spec).unwrap();
+    assert!(feed(&mut g, r#"{"p": "ab"#));
+    let closing = g.closing_mask().unwrap();
+    assert_eq!(closing, g.mask().unwrap());
+    let c = tokenizer().encode("c", false).unwrap();
+    assert!(allowed(&closing, c[0]));
+}
+
+#[test]
+fn closing_at_a_free_key_never_opens_a_key_with_a_comma() {
+    // `b` is still required, so `}` is not allowed yet; the separators
+    // allowed there (` ",`) would open a key `","` and loop. The mask is
+    // left to the model instead.
+    let spec = GrammarSpec::JsonSchema(
+        r#"{"type":"object","properties":{"a":{"type":"string"},"b":{"type":"string"}},"required":["b"]}"#.into(),
+    );
+    let mut g = compiler().compile(&spec).unwrap();
+    assert!(feed(&mut g, r#"{"a": "x","#));
+    let closing = g.closing_mask().unwrap();
+    assert_eq!(closing, g.mask().unwrap());
 }
