@@ -84,6 +84,8 @@ pub struct DatasetConfig {
     pub prefix_groups: usize,
     /// `prefix`: tokens in each shared prefix.
     pub prefix_len: usize,
+    /// `prefix`: draw each request's prefix at random instead of in turn.
+    pub prefix_random: bool,
     /// `multiturn`: requests per conversation.
     pub turns: usize,
     /// `duplicate`: fraction of prompts that repeat an earlier one.
@@ -213,7 +215,12 @@ impl Dataset {
             DatasetKind::Prefix => {
                 let suffix_len = self.sample_len(self.cfg.input_len);
                 let output_len = self.sample_len(self.cfg.output_len);
-                let (prefix, prefix_tokens) = self.prefixes[i % self.prefixes.len()].clone();
+                let group = if self.cfg.prefix_random {
+                    self.rng.random_range(0..self.prefixes.len())
+                } else {
+                    i % self.prefixes.len()
+                };
+                let (prefix, prefix_tokens) = self.prefixes[group].clone();
                 let want = self.text.special_added() + prefix_tokens + suffix_len;
                 // Tokens may merge across the seam: a few tries for a suffix
                 // that keeps the total exact, else the count as it is.
@@ -451,6 +458,7 @@ mod tests {
             range_ratio: 0.0,
             prefix_groups: 2,
             prefix_len: 10,
+            prefix_random: false,
             turns: 3,
             duplicate_fraction: 0.5,
             sharegpt_output_len: None,
@@ -495,6 +503,30 @@ mod tests {
         assert!(text(1).starts_with(p1.as_str()) && text(3).starts_with(p1.as_str()));
         assert_ne!(text(0), text(2));
         assert!(c.iter().all(|c| c.turns[0].tokens == 30));
+    }
+
+    #[test]
+    fn random_prefixes_are_not_in_turn_but_all_used() {
+        let mut d = Dataset::new(
+            DatasetConfig {
+                prefix_groups: 4,
+                prefix_random: true,
+                ..cfg(DatasetKind::Prefix)
+            },
+            None,
+        )
+        .unwrap();
+        let c = d.take_requests(64).unwrap();
+        let groups: Vec<usize> = c
+            .iter()
+            .map(|c| {
+                let t = &c.turns[0].text;
+                d.prefixes.iter().position(|p| t.starts_with(&p.0)).unwrap()
+            })
+            .collect();
+        assert!((0..4).all(|g| groups.contains(&g)), "{groups:?}");
+        let in_turn: Vec<usize> = (0..64).map(|i| i % 4).collect();
+        assert_ne!(groups, in_turn);
     }
 
     #[test]

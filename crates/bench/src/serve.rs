@@ -77,6 +77,11 @@ pub struct ServeArgs {
     /// prefix: tokens in each shared prefix.
     #[arg(long, default_value_t = 512)]
     pub prefix_len: usize,
+    /// prefix: each request's prefix drawn at random (multi-tenant traffic)
+    /// instead of in turn, so no router policy gets cache affinity by
+    /// accident of the order.
+    #[arg(long)]
+    pub prefix_random: bool,
     /// multiturn: requests per conversation.
     #[arg(long, default_value_t = 4)]
     pub turns: usize,
@@ -322,6 +327,7 @@ fn plan(args: &ServeArgs) -> Result<Plan, BenchError> {
             range_ratio: args.range_ratio,
             prefix_groups: args.prefix_groups,
             prefix_len: args.prefix_len,
+            prefix_random: args.prefix_random,
             turns: args.turns,
             duplicate_fraction: args.duplicate_fraction,
             sharegpt_output_len: args.sharegpt_output_len,

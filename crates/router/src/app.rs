@@ -43,7 +43,11 @@ pub fn app(state: Arc<RouterState>) -> Router {
 /// The union of the healthy workers' models (first entry per id wins).
 async fn models(State(state): State<Arc<RouterState>>) -> Json<Value> {
     let mut by_id = BTreeMap::new();
-    for w in state.workers.iter().filter(|w| w.is_healthy()) {
+    for w in state
+        .workers()
+        .iter()
+        .filter(|w| w.is_healthy() && !w.is_removed())
+    {
         for entry in w.models() {
             if let Some(id) = entry.get("id").and_then(Value::as_str) {
                 by_id.entry(id.to_string()).or_insert(entry);
@@ -59,8 +63,10 @@ async fn health() -> Json<Value> {
 
 /// 200 when at least one worker is healthy.
 async fn ready(State(state): State<Arc<RouterState>>) -> Response {
-    let healthy = state.workers.iter().filter(|w| w.is_healthy()).count();
-    let body = Json(json!({"healthy_workers": healthy, "workers": state.workers.len()}));
+    let workers = state.workers();
+    let listed: Vec<_> = workers.iter().filter(|w| !w.is_removed()).collect();
+    let healthy = listed.iter().filter(|w| w.is_healthy()).count();
+    let body = Json(json!({"healthy_workers": healthy, "workers": listed.len()}));
     if healthy > 0 {
         (StatusCode::OK, body).into_response()
     } else {
@@ -70,7 +76,7 @@ async fn ready(State(state): State<Arc<RouterState>>) -> Response {
 
 async fn metrics(State(state): State<Arc<RouterState>>) -> Response {
     let now = Instant::now();
-    for w in &state.workers {
+    for w in &state.workers() {
         crate::metrics::worker_state(
             &w.label,
             w.is_healthy(),
@@ -93,6 +99,8 @@ fn describe(w: &Worker, now: Instant) -> Value {
         "pid": w.pid(),
         "healthy": w.is_healthy(),
         "draining": w.is_draining(),
+        "discovered": w.discovered,
+        "removed": w.is_removed(),
         "outstanding": w.outstanding(),
         "breaker": format!("{:?}", w.breaker_state(now)).to_lowercase(),
         "restarts": w.restarts(),
@@ -106,7 +114,7 @@ fn describe(w: &Worker, now: Instant) -> Value {
 /// `GET /admin/workers`.
 async fn workers(State(state): State<Arc<RouterState>>) -> Json<Value> {
     let now = Instant::now();
-    Json(json!({"workers": state.workers.iter().map(|w| describe(w, now)).collect::<Vec<_>>()}))
+    Json(json!({"workers": state.workers().iter().map(|w| describe(w, now)).collect::<Vec<_>>()}))
 }
 
 fn admin_error(status: StatusCode, message: String) -> Response {
@@ -129,14 +137,14 @@ async fn worker_action(
     Path((id, action)): Path<(usize, String)>,
     Query(q): Query<WaitQuery>,
 ) -> Response {
-    let Some(w) = state.workers.get(id) else {
+    let Some(w) = state.worker(id) else {
         return admin_error(StatusCode::NOT_FOUND, format!("no worker {id}"));
     };
     let timeout = q.timeout.map_or(DRAIN_TIMEOUT, Duration::from_secs_f64);
     match action.as_str() {
         "drain" => {
             w.set_draining(true);
-            if !wait_idle(w, timeout).await {
+            if !wait_idle(&w, timeout).await {
                 return admin_error(
                     StatusCode::GATEWAY_TIMEOUT,
                     format!(
@@ -154,7 +162,7 @@ async fn worker_action(
             )
         }
     }
-    Json(describe(w, Instant::now())).into_response()
+    Json(describe(&w, Instant::now())).into_response()
 }
 
 async fn wait_idle(w: &Worker, timeout: Duration) -> bool {
@@ -173,7 +181,7 @@ async fn wait_idle(w: &Worker, timeout: Duration) -> bool {
 /// carry the load meanwhile, so no request fails.
 async fn rolling_restart(State(state): State<Arc<RouterState>>) -> Response {
     let mut done = Vec::new();
-    for (w, restart) in state.workers.iter().zip(&state.restarts) {
+    for (w, restart) in state.workers().iter().zip(&state.restarts) {
         let Some(restart) = restart else { continue };
         let old_pid = w.pid();
         w.set_draining(true);

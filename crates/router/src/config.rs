@@ -32,6 +32,17 @@ pub struct RouterConfig {
     pub retry: RetrySection,
     /// The per-worker circuit breaker.
     pub breaker: BreakerSection,
+    /// Worker discovery (`workers.dns`, `workers.file`).
+    pub discovery: DiscoverySection,
+}
+
+/// `[discovery]`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiscoverySection {
+    /// Time between resolutions of `workers.dns` and checks of
+    /// `workers.file`. Default "5s".
+    pub interval: Option<Duration>,
 }
 
 /// `[workers]`: static URLs and/or locally supervised `ingot serve` children.
@@ -52,6 +63,12 @@ pub struct WorkersSection {
     pub restart_backoff: Option<Duration>,
     /// Longest delay between restarts. Default "30s".
     pub restart_backoff_max: Option<Duration>,
+    /// "name:port" entries resolved every `discovery.interval`; each A/AAAA
+    /// address is a worker (a Kubernetes headless Service's name, say).
+    pub dns: Vec<String>,
+    /// A file of worker base URLs, one per line ('#' comments), re-read
+    /// when it changes.
+    pub file: Option<PathBuf>,
 }
 
 /// `[health]`.
@@ -62,6 +79,10 @@ pub struct HealthSection {
     pub interval: Option<Duration>,
     /// A probe slower than this fails. Default "1s".
     pub timeout: Option<Duration>,
+    /// Whether the load-based policies add the queue depth scraped from a
+    /// worker's `/metrics` that is not this router's own (other routers'
+    /// requests) to its in-flight count. Default true.
+    pub scraped_load: Option<bool>,
 }
 
 /// `[retry]`.
@@ -117,6 +138,26 @@ pub struct ValidRouterConfig {
     pub retry: RetryConfig,
     /// Breaker.
     pub breaker: BreakerConfig,
+    /// Discovered workers.
+    pub discovery: DiscoveryConfig,
+}
+
+/// Worker discovery.
+#[derive(Clone, Debug, Default)]
+pub struct DiscoveryConfig {
+    /// "name:port" entries to resolve.
+    pub dns: Vec<String>,
+    /// The file of worker URLs.
+    pub file: Option<PathBuf>,
+    /// Between resolutions / file checks.
+    pub interval: std::time::Duration,
+}
+
+impl DiscoveryConfig {
+    /// Whether any discovery source is configured.
+    pub fn is_enabled(&self) -> bool {
+        !self.dns.is_empty() || self.file.is_some()
+    }
 }
 
 /// Local children.
@@ -141,6 +182,8 @@ pub struct HealthConfig {
     pub interval: std::time::Duration,
     /// Per probe.
     pub timeout: std::time::Duration,
+    /// Policies count other routers' requests scraped from `/metrics`.
+    pub scraped_load: bool,
 }
 
 /// Retries.
@@ -232,10 +275,24 @@ impl RouterConfig {
                 return Err(invalid("workers.urls", "an http:// base URL", u));
             }
         }
-        if urls.is_empty() && local == 0 {
+        let discovery = DiscoveryConfig {
+            dns: self.workers.dns.clone(),
+            file: self.workers.file.clone(),
+            interval: d(self.discovery.interval, 5000),
+        };
+        for entry in &discovery.dns {
+            let port = entry.rsplit_once(':').map(|(_, p)| p.parse::<u16>());
+            if !matches!(port, Some(Ok(_))) {
+                return Err(invalid("workers.dns", "\"name:port\" entries", entry));
+            }
+        }
+        if discovery.interval.is_zero() {
+            return Err(invalid("discovery.interval", "non-zero", "0s"));
+        }
+        if urls.is_empty() && local == 0 && !discovery.is_enabled() {
             return Err(invalid(
                 "workers",
-                "at least one worker (workers.urls or workers.local)",
+                "at least one worker (workers.urls, workers.local, workers.dns or workers.file)",
                 "none",
             ));
         }
@@ -265,6 +322,7 @@ impl RouterConfig {
         let health = HealthConfig {
             interval: d(self.health.interval, 1000),
             timeout: d(self.health.timeout, 1000),
+            scraped_load: self.health.scraped_load.unwrap_or(true),
         };
         if health.interval.is_zero() || health.timeout.is_zero() {
             return Err(invalid("health", "non-zero interval and timeout", "0s"));
@@ -303,6 +361,7 @@ impl RouterConfig {
                 failure_threshold,
                 cooldown: d(self.breaker.cooldown, 5000),
             },
+            discovery,
         })
     }
 }
@@ -374,5 +433,19 @@ mod tests {
         let c =
             parse("[workers]\nurls = [\"http://a\"]\n[health]\ninterval = \"250ms\"\n").unwrap();
         assert_eq!(c.health.interval, ms(250));
+    }
+
+    #[test]
+    fn discovery_alone_is_enough_and_dns_entries_need_a_port() {
+        let c = parse("[workers]\ndns = [\"ingot-workers:8000\"]\n").unwrap();
+        assert_eq!(c.discovery.dns, ["ingot-workers:8000"]);
+        assert_eq!(c.discovery.interval, ms(5000));
+        assert!(c.urls.is_empty());
+        let c = parse("[workers]\nfile = \"/etc/w\"\n[discovery]\ninterval = \"1s\"\n").unwrap();
+        assert_eq!(c.discovery.file, Some(PathBuf::from("/etc/w")));
+        let e = parse("[workers]\ndns = [\"ingot-workers\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("workers.dns"), "{e}");
     }
 }

@@ -22,7 +22,11 @@ pub async fn health_task(state: Arc<RouterState>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let probes = state.workers.iter().map(|w| probe(&state, w));
+        let workers = state.workers();
+        let probes = workers
+            .iter()
+            .filter(|w| !w.is_removed() || w.outstanding() > 0)
+            .map(|w| probe(&state, w));
         futures_util::future::join_all(probes).await;
     }
 }
@@ -43,7 +47,7 @@ pub async fn probe(state: &RouterState, worker: &Arc<Worker>) {
             .await
             .and_then(|b| WorkerLoad::parse(&String::from_utf8_lossy(&b)))
         {
-            worker.set_load(load);
+            worker.set_load(load, state.config.health.scraped_load);
         }
         if !worker.is_healthy() {
             tracing::info!(worker = %worker.label, %url, "worker healthy");

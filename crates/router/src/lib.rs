@@ -10,6 +10,7 @@
 mod app;
 pub mod breaker;
 pub mod config;
+mod discovery;
 mod error;
 mod health;
 pub mod metrics;

@@ -96,7 +96,7 @@ pub async fn forward(State(state): State<Arc<RouterState>>, req: Request) -> Res
         let Some(id) = state.policy.select(&info, &candidates) else {
             break;
         };
-        let Some(worker) = state.workers.get(id).cloned() else {
+        let Some(worker) = state.worker(id) else {
             break;
         };
         tried.push(id);

@@ -9,6 +9,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::app::app;
 use crate::config::ValidRouterConfig;
+use crate::discovery::discovery_task;
 use crate::health::health_task;
 use crate::state::RouterState;
 use crate::supervisor::supervise_task;
@@ -81,8 +82,9 @@ pub async fn serve(
     let local: SocketAddr = listener.local_addr().map_err(ServeError::Serve)?;
     let state = Arc::new(RouterState::new(config, workers, restarts, metrics));
     let health = tokio::spawn(health_task(Arc::clone(&state)));
+    let discovery = tokio::spawn(discovery_task(Arc::clone(&state)));
     tracing::info!(
-        workers = state.workers.len(),
+        workers = state.workers().len(),
         policy = state.config.policy.as_str(),
         "router started"
     );
@@ -92,6 +94,7 @@ pub async fn serve(
         .with_graceful_shutdown(shutdown)
         .await;
     health.abort();
+    discovery.abort();
     let _ = shutdown_tx.send(true);
     for s in supervisors {
         let _ = s.await;

@@ -1,7 +1,7 @@
 //! What every handler shares: the workers, the policy, the HTTP client pool,
 //! the retry budget and the resolved config.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -22,8 +22,10 @@ pub type WorkerClient = Client<HttpConnector, Full<Bytes>>;
 
 /// The router's shared state.
 pub struct RouterState {
-    /// Every worker, indexed by id.
-    pub workers: Vec<Arc<Worker>>,
+    /// Every worker, indexed by id. Discovery only appends (a worker that
+    /// disappears is marked removed, and re-used if it comes back), so ids
+    /// stay stable.
+    workers: RwLock<Vec<Arc<Worker>>>,
     /// The policy.
     pub policy: Box<dyn Policy>,
     /// The resolved config.
@@ -56,12 +58,59 @@ impl RouterState {
         Self {
             policy: policy::build(config.policy),
             budget: Mutex::new(RetryBudget::new(&config.retry)),
-            workers,
+            workers: RwLock::new(workers),
             config,
             client,
             metrics,
             restarts,
         }
+    }
+
+    /// A snapshot of every worker.
+    pub fn workers(&self) -> Vec<Arc<Worker>> {
+        self.workers.read().map(|w| w.clone()).unwrap_or_default()
+    }
+
+    /// The worker with id `id`.
+    pub fn worker(&self, id: WorkerId) -> Option<Arc<Worker>> {
+        self.workers.read().ok()?.get(id).cloned()
+    }
+
+    /// Makes the discovered (non-local) workers exactly those at `urls`: new
+    /// URLs become workers (returned, to be probed at once), missing ones are
+    /// marked removed (drained: their in-flight requests finish), and a
+    /// removed one that is listed again comes back. Static URLs from
+    /// `workers.urls` are never removed.
+    pub fn reconcile(&self, urls: &[String]) -> Vec<Arc<Worker>> {
+        let Ok(mut workers) = self.workers.write() else {
+            return Vec::new();
+        };
+        for w in workers.iter().filter(|w| w.discovered) {
+            let listed = urls.contains(&w.url());
+            if w.is_removed() == listed {
+                tracing::info!(worker = %w.label, listed, "discovery changed a worker");
+                w.set_removed(!listed);
+            }
+        }
+        let mut added = Vec::new();
+        for url in urls {
+            if workers.iter().any(|w| w.url() == *url && !w.local) {
+                continue;
+            }
+            let mut w = Worker::new(
+                workers.len(),
+                url.clone(),
+                url.clone(),
+                false,
+                self.config.breaker,
+            );
+            w.discovered = true;
+            let w = Arc::new(w);
+            tracing::info!(worker = %w.label, "discovered a worker");
+            workers.push(Arc::clone(&w));
+            added.push(w);
+        }
+        added
     }
 
     /// The retry budget.
@@ -76,22 +125,25 @@ impl RouterState {
         tried: &[WorkerId],
         now: Instant,
     ) -> Vec<Arc<Worker>> {
-        self.workers
-            .iter()
+        self.workers()
+            .into_iter()
             .filter(|w| {
                 !tried.contains(&w.id) && w.is_available(now) && w.serves(request.model.as_deref())
             })
-            .cloned()
             .collect()
     }
 
     /// Whether any worker (healthy or not) has listed `model`.
     pub fn knows_model(&self, model: &str) -> bool {
-        self.workers.iter().any(|w| w.serves(Some(model)))
+        self.workers()
+            .iter()
+            .any(|w| !w.is_removed() && w.serves(Some(model)))
     }
 
     /// Whether at least one worker is healthy.
     pub fn is_ready(&self) -> bool {
-        self.workers.iter().any(|w| w.is_healthy())
+        self.workers()
+            .iter()
+            .any(|w| w.is_healthy() && !w.is_removed())
     }
 }

@@ -23,9 +23,13 @@ pub struct Worker {
     pub label: String,
     /// Whether the router started it (and may restart it).
     pub local: bool,
+    /// Whether discovery (`workers.dns`/`workers.file`) found it, so it is
+    /// removed when discovery no longer lists it.
+    pub discovered: bool,
     url: RwLock<String>,
     healthy: AtomicBool,
     draining: AtomicBool,
+    removed: AtomicBool,
     outstanding: AtomicUsize,
     pid: AtomicU32,
     restarts: AtomicU32,
@@ -45,6 +49,10 @@ pub struct WorkerLoad {
     pub waiting: f64,
     /// `ingot_kv_cache_usage_perc` (the largest over its models, 0..1).
     pub kv_usage: f64,
+    /// Requests queued or running there that are not this router's (other
+    /// routers'): running + waiting − this router's in flight at the
+    /// scrape, at least 0; 0 when `health.scraped_load` is off.
+    pub others: f64,
 }
 
 impl WorkerLoad {
@@ -101,9 +109,11 @@ impl Worker {
             id,
             label,
             local,
+            discovered: false,
             url: RwLock::new(url),
             healthy: AtomicBool::new(false),
             draining: AtomicBool::new(false),
+            removed: AtomicBool::new(false),
             outstanding: AtomicUsize::new(0),
             pid: AtomicU32::new(0),
             restarts: AtomicU32::new(0),
@@ -193,9 +203,28 @@ impl Worker {
             .unwrap_or(false)
     }
 
+    /// Whether discovery no longer lists it (it is drained: in-flight
+    /// requests finish, no new ones come).
+    pub fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::Relaxed)
+    }
+
+    /// Discovery dropped (true) or listed it again (false).
+    pub fn set_removed(&self, removed: bool) {
+        self.removed.store(removed, Ordering::Relaxed);
+    }
+
     /// Whether a new request may go to it now.
     pub fn is_available(&self, now: Instant) -> bool {
-        self.is_healthy() && !self.is_draining() && self.breaker().allows(now)
+        self.is_healthy() && !self.is_draining() && !self.is_removed() && self.breaker().allows(now)
+    }
+
+    /// The load the balancing policies compare: this router's requests in
+    /// flight (exact, immediate) plus the other routers' requests seen at
+    /// the last scrape, so several routers in front of the same workers
+    /// balance instead of each seeing only its own share.
+    pub fn queue_depth(&self) -> f64 {
+        self.outstanding() as f64 + self.load().others
     }
 
     /// Its breaker.
@@ -214,8 +243,14 @@ impl Worker {
         *self.load.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records a scraped load.
-    pub fn set_load(&self, load: WorkerLoad) {
+    /// Records a scraped load; `count_others` derives the other routers'
+    /// share from it (`health.scraped_load`).
+    pub fn set_load(&self, mut load: WorkerLoad, count_others: bool) {
+        load.others = if count_others {
+            (load.running + load.waiting - self.outstanding() as f64).max(0.0)
+        } else {
+            0.0
+        };
         *self.load.lock().unwrap_or_else(|p| p.into_inner()) = load;
     }
 
@@ -280,7 +315,8 @@ mod tests {
             WorkerLoad {
                 running: 4.0,
                 waiting: 2.0,
-                kv_usage: 0.5
+                kv_usage: 0.5,
+                others: 0.0,
             }
         );
         assert_eq!(WorkerLoad::parse("other 1\n"), None);
@@ -300,5 +336,29 @@ mod tests {
         let l = w.latency();
         assert!((l.ttft.unwrap() - 1.2).abs() < 1e-12);
         assert_eq!(l.itl, Some(0.5));
+    }
+
+    #[test]
+    fn queue_depth_adds_other_routers_requests_to_its_own() {
+        let cfg = BreakerConfig {
+            failure_threshold: 1,
+            cooldown: std::time::Duration::from_secs(1),
+        };
+        let w = Arc::new(Worker::new(0, "w".into(), String::new(), false, cfg));
+        let _mine: Vec<_> = (0..2).map(|_| w.begin()).collect();
+        let scraped = WorkerLoad {
+            running: 4.0,
+            waiting: 3.0,
+            ..WorkerLoad::default()
+        };
+        w.set_load(scraped, true);
+        // 7 at the worker, 2 of them ours: 5 from elsewhere.
+        assert_eq!(w.load().others, 5.0);
+        assert_eq!(w.queue_depth(), 7.0);
+        w.set_load(scraped, false);
+        assert_eq!(w.queue_depth(), 2.0);
+        // Fewer at the worker than ours (a stale scrape) never goes negative.
+        w.set_load(WorkerLoad::default(), true);
+        assert_eq!(w.queue_depth(), 2.0);
     }
 }

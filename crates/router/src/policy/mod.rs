@@ -86,7 +86,15 @@ pub(crate) mod test_workers {
     use std::sync::Arc;
 
     use crate::config::BreakerConfig;
-    use crate::worker::{InFlight, Worker};
+    use crate::worker::{InFlight, Worker, WorkerLoad};
+
+    /// A scrape showing `n` requests waiting at a worker.
+    pub fn scraped(n: f64) -> WorkerLoad {
+        WorkerLoad {
+            waiting: n,
+            ..WorkerLoad::default()
+        }
+    }
 
     /// `n` workers, worker i with `load[i]` requests in flight (the guards
     /// keep them counted).

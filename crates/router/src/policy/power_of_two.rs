@@ -1,5 +1,6 @@
 //! Power of two choices (Mitzenmacher 2001): two distinct workers at random,
-//! the one with fewer requests in flight. Nearly as balanced as
+//! the one with the smaller queue depth (this router's in flight plus other
+//! routers' scraped from the worker's `/metrics`). Nearly as balanced as
 //! least-outstanding, without every router herding onto the same idle worker.
 
 use std::sync::Arc;
@@ -23,7 +24,7 @@ impl Policy for PowerOfTwoPolicy {
                 let a = rng.random_range(0..n);
                 let b = (a + rng.random_range(1..n)) % n;
                 let (wa, wb) = (&workers[a], &workers[b]);
-                Some(if wb.outstanding() < wa.outstanding() {
+                Some(if wb.queue_depth() < wa.queue_depth() {
                     wb.id
                 } else {
                     wa.id
@@ -36,7 +37,7 @@ impl Policy for PowerOfTwoPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::test_workers::with_load;
+    use crate::policy::test_workers::{scraped, with_load};
 
     #[test]
     fn never_picks_the_most_loaded_of_two() {
@@ -59,5 +60,17 @@ mod tests {
                 .unwrap()] = true;
         }
         assert_eq!(seen, [true; 4]);
+    }
+
+    #[test]
+    fn avoids_a_worker_busy_with_another_routers_requests() {
+        let (w, _g) = with_load(&[0, 0]);
+        w[0].set_load(scraped(5.0), true);
+        for _ in 0..100 {
+            assert_eq!(
+                PowerOfTwoPolicy.select(&RequestInfo::default(), &w),
+                Some(1)
+            );
+        }
     }
 }

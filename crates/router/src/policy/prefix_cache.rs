@@ -26,9 +26,10 @@ const CHUNK_CHARS: usize = 64;
 const CAPACITY: usize = 200_000;
 /// Matching chunks must be at least this fraction of the request's chunks.
 const MIN_MATCH: f64 = 0.5;
-/// The cache-holding worker is skipped when it has this many more requests
-/// in flight than the least loaded one.
-const MAX_IMBALANCE: usize = 4;
+/// The cache-holding worker is skipped when its queue depth (in flight from
+/// this router plus other routers' scraped requests) exceeds the least
+/// loaded one's by this much.
+const MAX_IMBALANCE: f64 = 4.0;
 
 /// Longest cached prefix, balanced against load.
 #[derive(Debug, Default)]
@@ -98,27 +99,43 @@ impl Policy for PrefixCachePolicy {
         if chunks.is_empty() {
             return LeastOutstandingPolicy.select(request, workers);
         }
-        let min_load = workers.iter().map(|w| w.outstanding()).min()?;
+        let min_load = workers
+            .iter()
+            .map(|w| w.queue_depth())
+            .min_by(f64::total_cmp)?;
         let mut index = self.index.lock().unwrap_or_else(|p| p.into_inner());
         // No usable match: the least loaded, and among those the one caching
         // the least, so new prefixes spread over the workers' caches.
         let fallback = workers
             .iter()
-            .min_by_key(|w| (w.outstanding(), index.size(w.id), w.id))
+            .min_by(|a, b| {
+                a.queue_depth()
+                    .total_cmp(&b.queue_depth())
+                    .then(index.size(a.id).cmp(&index.size(b.id)))
+            })
             .map(|w| w.id)?;
         let best = workers
             .iter()
-            .filter(|w| w.outstanding() <= min_load + MAX_IMBALANCE)
+            .filter(|w| w.queue_depth() <= min_load + MAX_IMBALANCE)
             .map(|w| {
                 let matched = chunks
                     .iter()
                     .take_while(|c| index.entries.contains_key(&(**c, w.id)))
                     .count();
-                (matched, std::cmp::Reverse(w.outstanding()), w.id)
+                // Longest match; ties: the less loaded, then the lower id.
+                (
+                    matched,
+                    std::cmp::Reverse(w.outstanding()),
+                    std::cmp::Reverse(w.id),
+                )
             })
             .max();
         let chosen = match best {
-            Some((matched, _, id)) if matched as f64 >= MIN_MATCH * chunks.len() as f64 => id,
+            Some((matched, _, std::cmp::Reverse(id)))
+                if matched as f64 >= MIN_MATCH * chunks.len() as f64 =>
+            {
+                id
+            }
             _ => fallback,
         };
         for c in chunks {
@@ -131,7 +148,7 @@ impl Policy for PrefixCachePolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::test_workers::with_load;
+    use crate::policy::test_workers::{scraped, with_load};
 
     fn req(text: &str) -> RequestInfo {
         RequestInfo {
@@ -173,8 +190,20 @@ mod tests {
         let p = PrefixCachePolicy::default();
         let text = "shared prefix ".repeat(20);
         assert_eq!(p.select(&req(&text), &w), Some(0));
-        let _busy: Vec<_> = (0..=MAX_IMBALANCE).map(|_| w[0].begin()).collect();
+        let _busy: Vec<_> = (0..=MAX_IMBALANCE as usize).map(|_| w[0].begin()).collect();
         assert_eq!(p.select(&req(&text), &w), Some(1));
+    }
+
+    #[test]
+    fn another_routers_load_on_the_cache_holder_counts_in_the_balance() {
+        let (w, _g) = with_load(&[0, 0]);
+        let p = PrefixCachePolicy::default();
+        let text = "shared prefix ".repeat(20);
+        assert_eq!(p.select(&req(&text), &w), Some(0));
+        w[0].set_load(scraped(MAX_IMBALANCE + 1.0), true);
+        assert_eq!(p.select(&req(&text), &w), Some(1));
+        w[0].set_load(scraped(MAX_IMBALANCE), true);
+        assert_eq!(p.select(&req(&text), &w), Some(0), "within the threshold");
     }
 
     #[test]
