@@ -101,11 +101,12 @@ def test_real_world_schemas_validate_or_are_refused_by_name(server, model_name):
     print(f"\n{valid} valid, {refused} refused by feature, {len(cut)} cut at max_tokens, {len(failures)} failed of {len(files)}")
     # Every finished answer validates and every refusal names its feature.
     assert not failures, "\n".join(failures)
-    # SmolLM2-135M loops on some schemas; the rest finish within the budget
-    # (39 of 310 cut with structured.close_near_limit on, the default;
-    # 210 without: scripts/structured-cut-rate).
-    assert len(cut) <= 0.13 * len(files), "\n".join(cut)
-    assert valid >= 0.75 * len(files), f"only {valid} of {len(files)} schemas are supported"
+    # SmolLM2-135M loops inside some strings whose pattern or format it
+    # never meets; everything else finishes within the budget (11 of 310
+    # cut with structured.close_near_limit on, the default; 210 without:
+    # scripts/structured-cut-rate).
+    assert len(cut) <= 0.05 * len(files), "\n".join(cut)
+    assert valid >= 0.88 * len(files), f"only {valid} of {len(files)} schemas are supported"
 
 
 def chat(http, model_name, **kw):
