@@ -26,10 +26,13 @@ for _ in $(seq 1 300); do
 done
 curl -sf "$ROUTER/ready" >/dev/null || { echo "router not ready"; cat "$RLOG"; exit 1; }
 OUT=$(mktemp -d)
-run() {  # label url round -> a table row; the summary in $OUT/label.round.json
+# Every run has prompts of its own (seed 2 x round + its place in the
+# round): with a shared seed the second run of a round would find the
+# first's prompts in the worker's prefix cache.
+run() {  # label url round place -> a table row; the summary in $OUT/label.round.json
   "$ING" bench serve --base-url "$2" --tokenizer "$MODEL" --dataset random \
     --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --ignore-eos --num-prompts "$PROMPTS" \
-    --max-concurrency "$CONC" --seed "$3" --out "$OUT/$1.$3.json" >/dev/null 2>"$OUT/err" \
+    --max-concurrency "$CONC" --seed $(($3 * 2 + $4)) --out "$OUT/$1.$3.json" >/dev/null 2>"$OUT/err" \
     || { echo "bench against $1 failed"; cat "$OUT/err"; exit 1; }
   python3 - "$OUT/$1.$3.json" "$1" "$3" <<'PY'
 import json, sys
@@ -41,8 +44,8 @@ PY
 echo "| round | path | completed | out tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms |"
 echo "|---|---|---|---|---|---|---|"
 for r in $(seq 0 $((ROUNDS - 1))); do
-  if [ $((r % 2)) = 0 ]; then run direct "$WORKER" "$r"; run router "$ROUTER" "$r"
-  else run router "$ROUTER" "$r"; run direct "$WORKER" "$r"; fi
+  if [ $((r % 2)) = 0 ]; then run direct "$WORKER" "$r" 0; run router "$ROUTER" "$r" 1
+  else run router "$ROUTER" "$r" 0; run direct "$WORKER" "$r" 1; fi
 done
 python3 - "$OUT" <<'PY'
 import glob, json, statistics, sys
