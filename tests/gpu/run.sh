@@ -17,8 +17,8 @@
 #   cache     response cache hit and coalescing on CUDA (cache_smoke.sh), 8B dummy
 #   structured  constrained answers and CUDA-vs-CPU prompt logprobs (structured_smoke.py, 1B dummy),
 #             then scripts/bench-structured on the 8B dummy
-#   speculation greedy SmolLM2 answers that stop at different points, alone vs 32 at once:
-#             equal answers, and the runner's speculation hits / partial hits / misses
+#   speculation greedy SmolLM2 answers that stop at different points, alone vs 32 at once,
+#             with graphs (speculation) and eager: equal answers, runner's hits / partial / misses
 #   plogprobs   prompt logprobs (echo, max_tokens 0) on SmolLM2: CUDA vs CPU bf16 per prompt
 #             (prompt_logprobs_real.sh; needs the SmolLM2 bundle)
 #   models    two SmolLM2 GGUFs, then two 1B dummies, under a budget of one: warm switch times
@@ -126,9 +126,7 @@ for phase in "$@"; do
         --load-format dummy --device cuda --max-model-len 8192 --max-num-seqs 64 ;;
     speculation)
       [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
-      timeout -k 5 "$T" python3 tests/gpu/speculation_smoke.py "$ING_RAW" "$SMOL" --device cuda
-      # The same without graphs (so without speculation): what batching alone changes.
-      timeout -k 5 "$T" python3 tests/gpu/speculation_smoke.py "$ING_RAW" "$SMOL" --device cuda --enforce-eager ;;
+      timeout -k 5 "$T" python3 tests/gpu/speculation_smoke.py "$ING_RAW" "$SMOL" --device cuda ;;
     plogprobs)
       [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
       bash tests/gpu/prompt_logprobs_real.sh "$ING_RAW" "$SMOL" ;;

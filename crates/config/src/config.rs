@@ -499,9 +499,10 @@ impl Default for CudaSection {
 #[serde(default, deny_unknown_fields)]
 pub struct StructuredSection {
     /// Once a constrained output's tokens left fall to a quarter of its
-    /// budget (or 16), allow only tokens that head for the end of the
-    /// document, so a looping model still finishes valid output within
-    /// `max_tokens`.
+    /// budget (or 16), or to about twice what finishing the document would
+    /// take (estimated in its last 96 tokens), allow only tokens that head
+    /// for the end of the document, so a looping model still finishes
+    /// valid output within `max_tokens`.
     pub close_near_limit: bool,
 }
 

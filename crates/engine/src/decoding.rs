@@ -2,20 +2,20 @@
 //! rules (stop token ids, EOS, max_tokens, context length, a completed
 //! grammar), incremental detokenization and stop strings.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use ingot_core::{FinishReason, SamplingParams, StopCriteria, TokenId};
 use ingot_runner::Pick;
 use ingot_structured::{Grammar, GrammarError, Limit};
+use ingot_tokenizer::{IncrementalDecoder, Tokenizer, TokenizerError};
+
+use crate::sampler::{SampledToken, Sampler};
+use crate::stop::StopMatcher;
 
 /// Tokens before its limit from which a constrained output's grammar
 /// estimates what finishing would take (each estimate walks at most this
 /// many closing steps).
 const NEAR_WINDOW: usize = 96;
-use ingot_tokenizer::{IncrementalDecoder, Tokenizer, TokenizerError};
-
-use crate::sampler::{SampledToken, Sampler};
-use crate::stop::StopMatcher;
 
 /// What one generated token produced for the client.
 #[derive(Debug, Clone, PartialEq)]
@@ -228,9 +228,15 @@ impl Decoding {
 
 /// Advances `grammar` past `token`; whether the output is now complete.
 pub fn advance_grammar(grammar: &Mutex<Grammar>, token: TokenId) -> Result<bool, GrammarError> {
-    let mut g = grammar
-        .lock()
-        .map_err(|_| GrammarError::State("the grammar state was poisoned".into()))?;
+    let mut g = lock_grammar(grammar)?;
     g.accept(token)?;
     Ok(g.is_finished())
+}
+
+/// Locks a shared grammar; a poisoned one (a panic while it was held) is
+/// an error for its request alone.
+pub fn lock_grammar(grammar: &Mutex<Grammar>) -> Result<MutexGuard<'_, Grammar>, GrammarError> {
+    grammar
+        .lock()
+        .map_err(|_| GrammarError::State("the grammar state was poisoned".into()))
 }

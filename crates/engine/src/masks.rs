@@ -13,10 +13,10 @@ use ingot_core::TokenId;
 use ingot_runner::MaskSource;
 use ingot_structured::{Grammar, Limit};
 use metrics::Histogram;
-
-use crate::decoding::advance_grammar;
 use rayon::prelude::*;
 use rayon::ThreadPool;
+
+use crate::decoding::{advance_grammar, lock_grammar};
 
 /// A grammar shared by a sequence (which advances it) and the mask thread
 /// (which reads the allowed tokens from it); never locked by both at once
@@ -172,10 +172,9 @@ fn advance_row(
 }
 
 fn row_mask(grammar: &SharedGrammar, limit: Limit) -> Result<Vec<u32>, String> {
-    match grammar.lock() {
-        Ok(mut g) => g.limit_mask(limit).map_err(|e| e.to_string()),
-        Err(_) => Err("the grammar state was poisoned".to_string()),
-    }
+    lock_grammar(grammar)
+        .and_then(|mut g| g.limit_mask(limit))
+        .map_err(|e| e.to_string())
 }
 
 /// A step's masks, possibly still being computed.

@@ -32,7 +32,8 @@ pub enum ServeError {
     Serve(#[source] std::io::Error),
 }
 
-/// Runs the router until SIGTERM or SIGINT.
+/// Runs the router until `shutdown` resolves (the binary passes SIGTERM or
+/// SIGINT), then finishes in-flight requests and stops its local workers.
 pub async fn serve(
     config: ValidRouterConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,

@@ -71,6 +71,11 @@ impl RouterState {
         self.workers.read().map(|w| w.clone()).unwrap_or_default()
     }
 
+    /// Whether any worker satisfies `f` (under the read lock, no snapshot).
+    fn any_worker(&self, f: impl Fn(&Worker) -> bool) -> bool {
+        self.workers.read().is_ok_and(|w| w.iter().any(|w| f(w)))
+    }
+
     /// The worker with id `id`.
     pub fn worker(&self, id: WorkerId) -> Option<Arc<Worker>> {
         self.workers.read().ok()?.get(id).cloned()
@@ -125,25 +130,26 @@ impl RouterState {
         tried: &[WorkerId],
         now: Instant,
     ) -> Vec<Arc<Worker>> {
-        self.workers()
-            .into_iter()
+        // Per request: only the candidates are cloned, not every worker.
+        let Ok(workers) = self.workers.read() else {
+            return Vec::new();
+        };
+        workers
+            .iter()
             .filter(|w| {
                 !tried.contains(&w.id) && w.is_available(now) && w.serves(request.model.as_deref())
             })
+            .cloned()
             .collect()
     }
 
     /// Whether any worker (healthy or not) has listed `model`.
     pub fn knows_model(&self, model: &str) -> bool {
-        self.workers()
-            .iter()
-            .any(|w| !w.is_removed() && w.serves(Some(model)))
+        self.any_worker(|w| !w.is_removed() && w.serves(Some(model)))
     }
 
     /// Whether at least one worker is healthy.
     pub fn is_ready(&self) -> bool {
-        self.workers()
-            .iter()
-            .any(|w| w.is_healthy() && !w.is_removed())
+        self.any_worker(|w| w.is_healthy() && !w.is_removed())
     }
 }

@@ -754,7 +754,6 @@ impl CudaRunner {
             (None, Some(spec)) => (spec.buffer, spec.done),
             (None, None) => self.download_ids(n)?,
         };
-
         if let Some(size) = graph.filter(|_| batch.expect_next && self.profiler.is_none()) {
             if let Some(next) = self.next_rows(batch) {
                 step::advance_decode(&self.gpu, &self.kernels, &self.buffers, n)?;

@@ -77,7 +77,8 @@ fn install_metrics(model_name: &str) -> Option<PrometheusHandle> {
     Some(handle)
 }
 
-/// Serves `models` until SIGTERM/SIGINT. The listener comes up first;
+/// Serves `models` until `shutdown` resolves (the binary passes
+/// SIGTERM/SIGINT), then drains. The listener comes up first;
 /// `/ready` turns 200 once the models marked `preload` are in (a failed
 /// preload ends the process with its error); the others load on demand.
 pub async fn serve(
