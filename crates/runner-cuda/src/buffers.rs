@@ -260,13 +260,7 @@ impl Buffers {
         prefill: bool,
     ) -> StepPlan {
         let (l, bs) = (self.layout, self.block_size);
-        let stride = batch
-            .chunks
-            .iter()
-            .map(|ch| ch.block_table.len())
-            .max()
-            .unwrap_or(1)
-            .max(1);
+        let stride = table_stride(batch);
         let host = self.inputs_host.as_mut_slice();
         let (mut t, mut n_decode, mut n_tiles, mut max_ctx) = (0, 0, 0, 1);
         for (s, ch) in batch.chunks.iter().enumerate() {
@@ -330,13 +324,7 @@ impl Buffers {
         c: &ModelConfig,
     ) -> StepPlan {
         let (l, bs) = (self.layout, self.block_size);
-        let stride = batch
-            .chunks
-            .iter()
-            .map(|ch| ch.block_table.len())
-            .max()
-            .unwrap_or(1)
-            .max(1);
+        let stride = table_stride(batch);
         let host = self.inputs_host.as_mut_slice();
         for s in 0..size {
             match batch.chunks.get(s) {
@@ -413,6 +401,17 @@ fn decode_splits(tokens: usize, max_ctx: usize, num_sms: usize, c: &ModelConfig)
 /// longest context (empty splits exit at once).
 fn graph_splits(size: usize, num_sms: usize, c: &ModelConfig) -> usize {
     decode_splits(size, c.max_context, num_sms, c)
+}
+
+/// Entries per block-table row: the longest table of the batch.
+fn table_stride(batch: &ForwardBatch<'_>) -> usize {
+    batch
+        .chunks
+        .iter()
+        .map(|ch| ch.block_table.len())
+        .max()
+        .unwrap_or(1)
+        .max(1)
 }
 
 /// Row `s` of the block tables, zero-padded to `stride`.
