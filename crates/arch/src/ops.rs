@@ -20,6 +20,12 @@
 //! 3. Implement in each backend any spec value it reports as unsupported
 //!    (e.g. a sliding window or a GELU activation). Nothing else is written
 //!    per backend: the layer order lives only in the architecture file.
+//!
+//! A family whose blocks are not these (an encoder such as BERT: post-norm
+//! LayerNorm blocks, bidirectional attention without a KV cache, a plain
+//! GELU MLP, pooling) adds its own op trait here beside [`DecoderOps`],
+//! with the same rules: blocks at the backends' fusion boundaries, specs
+//! for the variants, one architecture file that calls them.
 
 /// The norm that reads the residual stream next. A backend may apply it
 /// already where the stream is written (the CUDA GEMVs leave the sums of
