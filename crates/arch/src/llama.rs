@@ -48,7 +48,6 @@ pub fn forward<O: DecoderOps>(config: &ModelConfig, ops: &mut O) -> Result<(), O
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ingot_models::{Architecture, RopeConfig, RopeScaling};
 
     /// Records the calls and the norm each writer announces.
     #[derive(Default)]
@@ -74,39 +73,32 @@ mod tests {
         }
     }
 
+    /// A config from tests/gpu/configs.
+    fn config(name: &str) -> ModelConfig {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/gpu/configs");
+        let loaded = ingot_models::hf::load_config(&dir.join(name).join("config.json"));
+        loaded.unwrap_or_else(|e| panic!("{name}: {e}"))
+    }
+
     #[test]
     fn layers_run_in_order_and_announce_the_norm_that_reads_next() {
-        let config = ModelConfig {
-            architecture: Architecture::Qwen3,
-            hidden_size: 64,
-            intermediate_size: 128,
-            num_layers: 2,
-            num_heads: 4,
-            num_kv_heads: 2,
-            head_dim: 16,
-            vocab_size: 100,
-            max_context: 64,
-            rms_norm_eps: 1e-6,
-            rope: RopeConfig {
-                theta: 10000.0,
-                scaling: RopeScaling::None,
-            },
-            qkv_bias: false,
-            qk_norm: true,
-            tie_word_embeddings: true,
-        };
-        let mut ops = Recorder::default();
-        assert_eq!(crate::forward(&config, &mut ops), Ok(()));
-        assert_eq!(
-            ops.0,
-            [
-                "embed>Attention(0)",
-                "attn0/true>Mlp(0)",
-                "mlp0>Attention(1)",
-                "attn1/true>Mlp(1)",
-                "mlp1>Final",
-                "logits"
-            ]
-        );
+        for (name, qk_norm) in [("qwen3-8b", true), ("llama-3.1-8b", false)] {
+            let config = config(name);
+            let n = config.num_layers;
+            let mut ops = Recorder::default();
+            assert_eq!(crate::forward(&config, &mut ops), Ok(()));
+            let mut expected = vec!["embed>Attention(0)".to_string()];
+            for l in 0..n {
+                expected.push(format!("attn{l}/{qk_norm}>Mlp({l})"));
+                let next = if l + 1 < n {
+                    format!("Attention({})", l + 1)
+                } else {
+                    "Final".into()
+                };
+                expected.push(format!("mlp{l}>{next}"));
+            }
+            expected.push("logits".into());
+            assert_eq!(ops.0, expected, "{name}");
+        }
     }
 }
