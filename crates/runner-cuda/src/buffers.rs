@@ -478,6 +478,7 @@ mod tests {
             qkv_bias: false,
             qk_norm: false,
             tie_word_embeddings: false,
+            block: Default::default(),
         }
     }
 
