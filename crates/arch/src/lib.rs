@@ -3,6 +3,7 @@
 //! file from the model's config; the CPU and CUDA runners call it with
 //! their own [`DecoderOps`].
 
+pub mod gemma3;
 pub mod llama;
 pub mod ops;
 
@@ -19,6 +20,7 @@ pub fn forward<O: DecoderOps>(config: &ModelConfig, ops: &mut O) -> Result<(), O
         Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 | Architecture::Qwen3 => {
             llama::forward(config, ops)
         }
+        Architecture::Gemma3 => gemma3::forward(config, ops),
     }
 }
 
@@ -29,5 +31,6 @@ pub fn head_spec(config: &ModelConfig) -> HeadSpec {
         Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 | Architecture::Qwen3 => {
             llama::HEAD
         }
+        Architecture::Gemma3 => gemma3::head_spec(config),
     }
 }

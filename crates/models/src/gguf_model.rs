@@ -135,9 +135,10 @@ fn with_gemma3_block(mut config: ModelConfig, file: &GgufFile) -> Result<ModelCo
 /// Gemma 3 names its four block norms differently from Llama (whose
 /// `post_attention_layernorm` is the pre-MLP norm).
 pub fn gguf_name_for(arch: Architecture, hf: &str) -> Option<String> {
-    if arch == Architecture::Gemma3 {
-        let rest = hf.strip_prefix("model.layers.")?;
-        let (layer, module) = rest.split_once('.')?;
+    let layer_module = hf
+        .strip_prefix("model.layers.")
+        .and_then(|rest| rest.split_once('.'));
+    if let (Architecture::Gemma3, Some((layer, module))) = (arch, layer_module) {
         let short = match module {
             "post_attention_layernorm.weight" => Some("post_attention_norm"),
             "pre_feedforward_layernorm.weight" => Some("ffn_norm"),
@@ -406,6 +407,10 @@ mod tests {
         assert_eq!(
             gemma("model.layers.3.post_feedforward_layernorm.weight").as_deref(),
             Some("blk.3.post_ffw_norm.weight")
+        );
+        assert_eq!(
+            gemma("model.embed_tokens.weight").as_deref(),
+            Some("token_embd.weight")
         );
         assert_eq!(
             gemma("model.layers.3.self_attn.q_norm.weight").as_deref(),

@@ -2,7 +2,9 @@
 //! across blocks on the CPU, so [`NextNorm`] is not used) over the f32
 //! residual stream in the workspace.
 
-use ingot_arch::{AttentionSpec, DecoderOps, EmbedSpec, HeadSpec, MlpSpec, NextNorm};
+use ingot_arch::{
+    Activation, AttentionSpec, DecoderOps, EmbedSpec, HeadSpec, MlpSpec, NextNorm, RopeTable,
+};
 use ingot_models::ModelConfig;
 use ingot_runner::{ForwardBatch, RunnerError};
 
@@ -24,6 +26,9 @@ pub(crate) struct CpuOps<'a, 'b> {
     /// `[position, head_dim / 2]` tables.
     pub cos: &'a [f32],
     pub sin: &'a [f32],
+    /// The same for [`RopeTable::Local`]; empty when the model has none.
+    pub local_cos: &'a [f32],
+    pub local_sin: &'a [f32],
     pub ws: &'a mut Workspace,
     pub batch: &'a ForwardBatch<'b>,
     /// Per token row: its sequence's block table and position.
@@ -50,6 +55,10 @@ impl CpuOps<'_, '_> {
         let (t, half) = (self.tokens(), hd / 2);
         let (l, ws) = (&self.layers[layer], &mut *self.ws);
         let kv = &mut self.kv[layer];
+        let (cos_table, sin_table) = match spec.rope {
+            RopeTable::Global => (self.cos, self.sin),
+            RopeTable::Local => (self.local_cos, self.local_sin),
+        };
         ops::rms_norm(
             &ws.x[..t * d],
             &l.attn_norm,
@@ -71,8 +80,8 @@ impl CpuOps<'_, '_> {
             }
             let p = ws.positions[row];
             let (cos, sin) = (
-                &self.cos[p * half..(p + 1) * half],
-                &self.sin[p * half..(p + 1) * half],
+                &cos_table[p * half..(p + 1) * half],
+                &sin_table[p * half..(p + 1) * half],
             );
             ops::rope_in_place(q, hd, cos, sin);
             ops::rope_in_place(k, hd, cos, sin);
@@ -90,9 +99,6 @@ impl DecoderOps for CpuOps<'_, '_> {
     /// Lays out the step (positions, KV slots, workspace sizes) and copies
     /// the embedding rows into the residual stream.
     fn embed(&mut self, spec: &EmbedSpec, _next: NextNorm) -> Result<(), RunnerError> {
-        if let Some(what) = spec.beyond_llama() {
-            return Err(unsupported(what));
-        }
         let c = self.config;
         let (d, qd, kvd, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         let (t, bs) = (self.batch.num_tokens(), self.block_size);
@@ -115,8 +121,11 @@ impl DecoderOps for CpuOps<'_, '_> {
                 ws.positions.push(pos);
                 ws.slots
                     .push(chunk.block_table[pos / bs] as usize * bs + pos % bs);
-                self.embed
-                    .row_into(tok as usize, &mut ws.x[row * d..(row + 1) * d]);
+                let x = &mut ws.x[row * d..(row + 1) * d];
+                self.embed.row_into(tok as usize, x);
+                if let Some(scale) = spec.scale {
+                    x.iter_mut().for_each(|v| *v *= scale);
+                }
                 self.sites.push(TokenSite {
                     block_table: chunk.block_table,
                     pos,
@@ -132,8 +141,11 @@ impl DecoderOps for CpuOps<'_, '_> {
         spec: &AttentionSpec,
         _next: NextNorm,
     ) -> Result<(), RunnerError> {
-        if let Some(what) = spec.beyond_llama() {
-            return Err(unsupported(what));
+        if spec.softcap.is_some() {
+            return Err(unsupported("attention score soft-capping"));
+        }
+        if spec.rope == RopeTable::Local && self.local_cos.is_empty() {
+            return Err(unsupported("a local rope table without a local rope base"));
         }
         self.project_qkv(layer, spec);
         let c = self.config;
@@ -143,6 +155,11 @@ impl DecoderOps for CpuOps<'_, '_> {
             num_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
             block_size: self.block_size,
+            scale: c
+                .block
+                .attention_scale
+                .unwrap_or(1.0 / (c.head_dim as f32).sqrt()),
+            window: spec.window,
         };
         let ws = &mut *self.ws;
         let kv = &self.kv[layer];
@@ -156,14 +173,12 @@ impl DecoderOps for CpuOps<'_, '_> {
         let l = &self.layers[layer];
         l.o_proj
             .linear(&ws.attn, &mut ws.proj, (t, qd, d), &mut ws.acts);
-        ops::add_in_place(&mut ws.x[..t * d], &ws.proj[..t * d]);
+        let post = post_norm(spec.post_norm, l.post_norms.as_ref().map(|(a, _)| a))?;
+        add_residual(ws, post, (t, d), c.rms_norm_eps);
         Ok(())
     }
 
     fn mlp(&mut self, layer: usize, spec: &MlpSpec, _next: NextNorm) -> Result<(), RunnerError> {
-        if let Some(what) = spec.beyond_llama() {
-            return Err(unsupported(what));
-        }
         let c = self.config;
         let (t, d, ff) = (self.tokens(), c.hidden_size, c.intermediate_size);
         let (l, ws) = (&self.layers[layer], &mut *self.ws);
@@ -175,19 +190,21 @@ impl DecoderOps for CpuOps<'_, '_> {
         );
         l.gate_up
             .linear(&ws.xn, &mut ws.gate_up, (t, d, 2 * ff), &mut ws.acts);
-        ops::silu_mul(&ws.gate_up[..t * 2 * ff], &mut ws.act[..t * ff], ff);
+        let gated = match spec.act {
+            Activation::Silu => ops::silu_mul,
+            Activation::GeluTanh => ops::gelu_tanh_mul,
+        };
+        gated(&ws.gate_up[..t * 2 * ff], &mut ws.act[..t * ff], ff);
         l.down
             .linear(&ws.act, &mut ws.proj, (t, ff, d), &mut ws.acts);
-        ops::add_in_place(&mut ws.x[..t * d], &ws.proj[..t * d]);
+        let post = post_norm(spec.post_norm, l.post_norms.as_ref().map(|(_, m)| m))?;
+        add_residual(ws, post, (t, d), c.rms_norm_eps);
         Ok(())
     }
 
     /// Final norm and LM head of each chunk's last token, then of every
     /// scored position.
     fn logits(&mut self, spec: &HeadSpec) -> Result<(), RunnerError> {
-        if let Some(what) = spec.beyond_llama() {
-            return Err(unsupported(what));
-        }
         let c = self.config;
         let (d, vocab) = (c.hidden_size, c.vocab_size);
         let rows = output_rows(self.batch);
@@ -205,8 +222,32 @@ impl DecoderOps for CpuOps<'_, '_> {
         }
         let head = self.lm_head.unwrap_or(self.embed);
         head.linear(&ws.last, &mut ws.logits, (n, d, vocab), &mut ws.acts);
+        if let Some(cap) = spec.softcap {
+            ops::softcap_in_place(&mut ws.logits[..n * vocab], cap);
+        }
         self.logits_len = n * vocab;
         Ok(())
+    }
+}
+
+/// The post-norm weights a block's spec asks for, or an error when the
+/// model did not load them.
+fn post_norm(wanted: bool, weights: Option<&Vec<f32>>) -> Result<Option<&[f32]>, RunnerError> {
+    match (wanted, weights) {
+        (false, _) => Ok(None),
+        (true, Some(w)) => Ok(Some(w)),
+        (true, None) => Err(unsupported("a post-norm the model has no weights for")),
+    }
+}
+
+/// Adds the block output in `ws.proj` (`[t, d]`) to the residual stream,
+/// through its post-norm when it has one.
+fn add_residual(ws: &mut Workspace, post: Option<&[f32]>, (t, d): (usize, usize), eps: f32) {
+    if let Some(w) = post {
+        ops::rms_norm(&ws.proj[..t * d], w, eps, &mut ws.xn[..t * d]);
+        ops::add_in_place(&mut ws.x[..t * d], &ws.xn[..t * d]);
+    } else {
+        ops::add_in_place(&mut ws.x[..t * d], &ws.proj[..t * d]);
     }
 }
 

@@ -73,6 +73,8 @@ struct Layer {
     qk_norm: Option<(Vec<f32>, Vec<f32>)>,
     o_proj: Matrix,
     mlp_norm: Vec<f32>,
+    /// RMSNorms of the attention and MLP outputs (Gemma 3).
+    post_norms: Option<(Vec<f32>, Vec<f32>)>,
     /// `[2 * intermediate, hidden]`: gate rows then up rows.
     gate_up: Matrix,
     down: Matrix,
@@ -116,6 +118,10 @@ pub struct CpuRunner {
     /// `[position, head_dim / 2]` tables.
     cos: Vec<f32>,
     sin: Vec<f32>,
+    /// The tables of the sliding layers' own rope base (Gemma 3); empty
+    /// when every layer uses the global one.
+    local_cos: Vec<f32>,
+    local_sin: Vec<f32>,
     ws: Workspace,
 }
 
@@ -140,6 +146,7 @@ impl CpuRunner {
                 qk_norm: l.qk_norm.map(|[q, k]| (q.data, k.data)),
                 o_proj: Matrix::new(l.o_proj.data, dt),
                 mlp_norm: l.mlp_norm.data,
+                post_norms: l.post_norms.map(|[a, m]| (a.data, m.data)),
                 gate_up: Matrix::new([l.gate_proj.data, l.up_proj.data].concat(), dt),
                 down: Matrix::new(l.down_proj.data, dt),
             })
@@ -277,6 +284,14 @@ impl CpuRunner {
             } else {
                 None
             };
+            let post_norms = if config.block.post_norms {
+                Some((
+                    vector(p(ingot_models::llama::POST_ATTN_NORM))?,
+                    vector(p(ingot_models::llama::POST_MLP_NORM))?,
+                ))
+            } else {
+                None
+            };
             layers.push(Layer {
                 attn_norm: vector(p("input_layernorm.weight"))?,
                 qkv: matrix(&[
@@ -287,7 +302,8 @@ impl CpuRunner {
                 qkv_bias,
                 qk_norm,
                 o_proj: matrix(&[p("self_attn.o_proj.weight")])?,
-                mlp_norm: vector(p("post_attention_layernorm.weight"))?,
+                mlp_norm: vector(p(ingot_models::llama::mlp_norm_name(&config)))?,
+                post_norms,
                 gate_up: matrix(&[p("mlp.gate_proj.weight"), p("mlp.up_proj.weight")])?,
                 down: matrix(&[p("mlp.down_proj.weight")])?,
             });
@@ -323,6 +339,10 @@ impl CpuRunner {
             .map(|_| layer_kv(slots))
             .collect::<Result<_, _>>()?;
         let (cos, sin) = config.rope.tables(config.head_dim, config.max_context);
+        let (local_cos, local_sin) = match &config.block.sliding_window {
+            Some(w) => w.local_rope.tables(config.head_dim, config.max_context),
+            None => (Vec::new(), Vec::new()),
+        };
         Ok(Self {
             embed,
             lm_head,
@@ -335,6 +355,8 @@ impl CpuRunner {
             },
             cos,
             sin,
+            local_cos,
+            local_sin,
             ws: Workspace::default(),
             config,
         })
@@ -453,6 +475,8 @@ impl CpuRunner {
             block_size: self.kv_shape.block_size,
             cos: &self.cos,
             sin: &self.sin,
+            local_cos: &self.local_cos,
+            local_sin: &self.local_sin,
             ws: &mut self.ws,
             batch,
             sites: Vec::with_capacity(batch.num_tokens()),
