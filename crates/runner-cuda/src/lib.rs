@@ -88,6 +88,19 @@ pub fn availability() -> Result<(), CudaError> {
     Ok(())
 }
 
+/// Whether this backend runs `config`'s architecture: the Llama family
+/// only (its ops lack Gemma 3's windows, post-norms and GELU-tanh MLP).
+pub fn supports(config: &ModelConfig) -> Result<(), CudaError> {
+    if config.block != ingot_models::BlockOptions::default() {
+        return Err(CudaError::Unsupported(format!(
+            "the {} architecture (sliding-window attention, post-norms, GELU-tanh MLP) \
+             on the CUDA backend; serve it on the CPU (--device cpu)",
+            config.architecture.name()
+        )));
+    }
+    Ok(())
+}
+
 /// Free and total bytes of device `ordinal`'s memory (opens its primary
 /// context, which the runner later shares).
 pub fn device_memory(ordinal: usize) -> Result<(usize, usize), CudaError> {
@@ -255,6 +268,7 @@ impl CudaRunner {
         progress: &dyn Fn(usize, usize),
     ) -> Result<Self, CudaError> {
         // A bad spec fails before any GPU work.
+        supports(&config)?;
         let prefetch = L2PrefetchSpec::parse(opts.l2_prefetch.as_deref())?;
         let started = Instant::now();
         let gpu = Gpu::open(opts.device, opts.pdl, opts.check)?;
