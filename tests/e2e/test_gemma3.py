@@ -7,6 +7,8 @@ vocabulary, no chat template) served by the real binary on the CPU.
   gemma3_reference.py), token for token, for two short prompts and the one
   longer than the 512-token window, and count the prompt's tokens (BOS
   included) as the reference tokenizer does.
+- The long prompt sent twice reads its KV from the prefix cache the second
+  time and still gives the reference's tokens.
 - The default (native quantized) server answers completions, streams, and
   refuses chat with a 400 that says the model has no chat template.
 """
@@ -74,6 +76,23 @@ def test_f32_completions_match_the_reference(exact, name):
     assert r.usage.prompt_tokens == len(case["prompt_ids"]), "prompt tokens (BOS included) as the reference counts"
     assert r.usage.completion_tokens == len(case["greedy_ids"])
     assert r.choices[0].text == case["greedy_text"]
+
+
+def test_long_prompt_from_the_prefix_cache_gives_the_same_tokens(exact):
+    """The 965-token prompt again: its blocks now come from the prefix cache
+    (K/V of all layers, sliding and global), and the continuation is still
+    the reference's."""
+    case = next(c for c in cases() if c["name"] == "long_bicycle")
+    body = {"model": NAME, "prompt": case["prompt"], "max_tokens": len(case["greedy_ids"]), "temperature": 0,
+            "ignore_eos": True}
+    with exact.http() as http:
+        first = http.post("/v1/completions", json=body, headers={"Cache-Control": "no-cache"})
+        again = http.post("/v1/completions", json=body, headers={"Cache-Control": "no-cache"})
+    for r in (first, again):
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == case["greedy_text"]
+    cached = again.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= 512, f"the second request reads most of the prompt from the cache ({cached} tokens)"
 
 
 def test_native_server_completes_and_streams(native):
