@@ -136,9 +136,7 @@ fn limits(c: &Config) -> Check {
 }
 
 fn redis(c: &Config) -> Check {
-    c.redis
-        .check()
-        .or_else(|(key, message)| fail(key, message))
+    c.redis.check().or_else(|(key, message)| fail(key, message))
 }
 
 fn cache(c: &Config) -> Check {

@@ -80,9 +80,15 @@ impl RedisSection {
             }
         }
         let ns = &self.namespace;
-        if ns.is_empty() || !ns.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        if ns.is_empty()
+            || !ns
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
         {
-            return Err(("redis.namespace", "must be non-empty letters, digits, '-', '_' or '.'"));
+            return Err((
+                "redis.namespace",
+                "must be non-empty letters, digits, '-', '_' or '.'",
+            ));
         }
         if !(1..=64).contains(&self.pool_size) {
             return Err(("redis.pool_size", "must be between 1 and 64"));
@@ -101,7 +107,10 @@ impl RedisSection {
             ));
         }
         if self.heartbeat_ttl.get() <= self.heartbeat_interval.get() {
-            return Err(("redis.heartbeat_ttl", "must be more than heartbeat_interval"));
+            return Err((
+                "redis.heartbeat_ttl",
+                "must be more than heartbeat_interval",
+            ));
         }
         if let Some(u) = &self.advertise_url {
             if !u.starts_with("http://") {

@@ -161,7 +161,11 @@ impl Fleet {
     }
 
     /// The bytes at `{namespace}:{suffix}`, if any.
-    pub async fn get_bytes(&self, op: &'static str, suffix: &str) -> Result<Option<Vec<u8>>, FleetError> {
+    pub async fn get_bytes(
+        &self,
+        op: &'static str,
+        suffix: &str,
+    ) -> Result<Option<Vec<u8>>, FleetError> {
         let key = self.key(suffix);
         self.run(op, |mut c| async move { c.get(key).await }).await
     }
@@ -202,12 +206,19 @@ impl Inner {
         now >= until
             && self
                 .open_until
-                .compare_exchange(until, now + self.retry_ms(), Ordering::AcqRel, Ordering::Relaxed)
+                .compare_exchange(
+                    until,
+                    now + self.retry_ms(),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
                 .is_ok()
     }
 
     fn retry_ms(&self) -> u64 {
-        u64::try_from(self.retry_after.as_millis()).unwrap_or(u64::MAX).max(1)
+        u64::try_from(self.retry_after.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
     }
 
     fn succeeded(&self) {
@@ -229,7 +240,12 @@ impl Inner {
         }
         let last = self.last_log.load(Ordering::Relaxed);
         let due = was_up || now.saturating_sub(last) >= LOG_EVERY.as_millis() as u64;
-        if due && self.last_log.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+        if due
+            && self
+                .last_log
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
             tracing::warn!(%error, "Redis unavailable: using local state only");
         }
     }

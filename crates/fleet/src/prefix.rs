@@ -23,7 +23,10 @@ impl Fleet {
 
     /// For each of `chunks` in order, the worker URLs known to hold it,
     /// up to the first chunk nobody holds.
-    pub async fn prefix_holders(&self, chunks: &[[u8; 16]]) -> Result<Vec<Vec<String>>, FleetError> {
+    pub async fn prefix_holders(
+        &self,
+        chunks: &[[u8; 16]],
+    ) -> Result<Vec<Vec<String>>, FleetError> {
         let chunks = &chunks[..chunks.len().min(MAX_CHUNKS)];
         if chunks.is_empty() {
             return Ok(Vec::new());
@@ -33,7 +36,9 @@ impl Fleet {
             pipe.hkeys(self.prefix_key(c));
         }
         let mut holders: Vec<Vec<String>> = self
-            .run("prefix_lookup", |mut c| async move { pipe.query_async(&mut c).await })
+            .run("prefix_lookup", |mut c| async move {
+                pipe.query_async(&mut c).await
+            })
             .await?;
         let known = holders.iter().take_while(|h| !h.is_empty()).count();
         holders.truncate(known);
@@ -61,7 +66,9 @@ impl Fleet {
             pipe.hset(&key, worker, now).ignore();
             pipe.pexpire(&key, ms).ignore();
         }
-        self.run("prefix_record", |mut c| async move { pipe.query_async::<()>(&mut c).await })
-            .await
+        self.run("prefix_record", |mut c| async move {
+            pipe.query_async::<()>(&mut c).await
+        })
+        .await
     }
 }

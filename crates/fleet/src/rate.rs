@@ -61,7 +61,12 @@ pub struct RateDecision {
 impl Fleet {
     /// Takes `n` units (negative: gives them back) from the shared bucket
     /// `{ns}:rl:{bucket}` of `limit` per minute.
-    pub async fn take_rate(&self, bucket: &str, limit: u32, n: i64) -> Result<RateDecision, FleetError> {
+    pub async fn take_rate(
+        &self,
+        bucket: &str,
+        limit: u32,
+        n: i64,
+    ) -> Result<RateDecision, FleetError> {
         let key = self.key(&format!("rl:{bucket}"));
         let limit = limit.max(1);
         let (allowed, remaining, retry_ms, reset_ms): (i64, i64, i64, i64) = self

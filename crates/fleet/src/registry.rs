@@ -228,7 +228,9 @@ impl Heartbeat {
         let _ = self.task.await;
         match self.fleet.deregister(&self.me).await {
             Ok(()) => tracing::info!(id = %self.me.id, "deregistered from the fleet registry"),
-            Err(e) => tracing::warn!(error = %e, "cannot deregister; the entry expires with its TTL"),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot deregister; the entry expires with its TTL")
+            }
         }
     }
 }

@@ -32,7 +32,11 @@ impl RedisServer {
     }
 
     fn start() -> Option<Self> {
-        if Command::new("redis-server").arg("--version").output().is_err() {
+        if Command::new("redis-server")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
             eprintln!("skipped: redis-server is not installed (scripts/test installs it)");
             return None;
         }
@@ -85,7 +89,8 @@ async fn a_shared_bucket_bursts_its_limit_across_clients_then_refuses() {
             assert_eq!(d.remaining, 0);
             // One unit comes back every 6 s.
             assert!(
-                d.retry_after > Duration::from_millis(5800) && d.retry_after <= Duration::from_secs(6),
+                d.retry_after > Duration::from_millis(5800)
+                    && d.retry_after <= Duration::from_secs(6),
                 "{:?}",
                 d.retry_after
             );
@@ -115,7 +120,11 @@ async fn a_bucket_refills_one_unit_per_interval_and_takes_many_at_once() {
     assert!(d.reset > Duration::from_millis(59_000), "{:?}", d.reset);
     let d = f.take_rate("tok", 600, 5).await.unwrap();
     assert!(!d.allowed);
-    assert!(d.retry_after > Duration::from_millis(400), "{:?}", d.retry_after);
+    assert!(
+        d.retry_after > Duration::from_millis(400),
+        "{:?}",
+        d.retry_after
+    );
     tokio::time::sleep(Duration::from_millis(550)).await;
     let d = f.take_rate("tok", 600, 5).await.unwrap();
     assert!(d.allowed, "5 units are back after 500 ms");
@@ -135,7 +144,13 @@ async fn instances_expire_after_their_ttl_and_deregister_at_once() {
     f.heartbeat(&a, ttl).await.unwrap();
     let beat = Heartbeat::start(f.clone(), b.clone(), Duration::from_millis(100), ttl);
     tokio::time::sleep(Duration::from_millis(150)).await;
-    let mut urls: Vec<String> = f.instances(Role::Worker).await.unwrap().into_iter().map(|i| i.url).collect();
+    let mut urls: Vec<String> = f
+        .instances(Role::Worker)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.url)
+        .collect();
     urls.sort();
     assert_eq!(urls, ["http://127.0.0.1:1", "http://127.0.0.1:2"]);
     assert!(f.instances(Role::Router).await.unwrap().is_empty());
@@ -145,7 +160,10 @@ async fn instances_expire_after_their_ttl_and_deregister_at_once() {
     assert_eq!(live.len(), 1);
     assert_eq!(live[0], b);
     beat.stop().await;
-    assert!(f.instances(Role::Worker).await.unwrap().is_empty(), "deregistered at once");
+    assert!(
+        f.instances(Role::Worker).await.unwrap().is_empty(),
+        "deregistered at once"
+    );
 }
 
 #[tokio::test]
@@ -155,7 +173,9 @@ async fn an_outage_fails_fast_and_sharing_resumes_when_redis_returns() {
     };
     let port = redis.port;
     let f = Fleet::connect(&redis.settings("t")).unwrap();
-    f.set_bytes("cache_set", "x", b"v".to_vec(), Duration::from_secs(60)).await.unwrap();
+    f.set_bytes("cache_set", "x", b"v".to_vec(), Duration::from_secs(60))
+        .await
+        .unwrap();
     redis.stop();
     let started = Instant::now();
     assert!(f.get_bytes("cache_get", "x").await.is_err());
@@ -163,21 +183,38 @@ async fn an_outage_fails_fast_and_sharing_resumes_when_redis_returns() {
     // The breaker answers at once while open: no wait per request.
     let quick = Instant::now();
     for _ in 0..100 {
-        assert!(matches!(f.get_bytes("cache_get", "x").await, Err(FleetError::Unavailable)));
+        assert!(matches!(
+            f.get_bytes("cache_get", "x").await,
+            Err(FleetError::Unavailable)
+        ));
     }
-    assert!(quick.elapsed() < Duration::from_millis(50), "{:?}", quick.elapsed());
-    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    assert!(
+        quick.elapsed() < Duration::from_millis(50),
+        "{:?}",
+        quick.elapsed()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
     let _back = RedisServer::start_on(port).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if f.set_bytes("cache_set", "y", b"w".to_vec(), Duration::from_secs(60)).await.is_ok() {
+        if f.set_bytes("cache_set", "y", b"w".to_vec(), Duration::from_secs(60))
+            .await
+            .is_ok()
+        {
             break;
         }
         assert!(Instant::now() < deadline, "sharing did not resume");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(f.is_up());
-    assert_eq!(f.get_bytes("cache_get", "y").await.unwrap(), Some(b"w".to_vec()));
+    assert_eq!(
+        f.get_bytes("cache_get", "y").await.unwrap(),
+        Some(b"w".to_vec())
+    );
 }
 
 #[tokio::test]
@@ -196,7 +233,14 @@ async fn a_server_that_never_answers_costs_one_timeout_then_nothing() {
     let f = Fleet::connect(&settings).unwrap();
     let started = Instant::now();
     assert!(f.get_bytes("cache_get", "x").await.is_err());
-    assert!(started.elapsed() < Duration::from_millis(400), "{:?}", started.elapsed());
-    assert!(matches!(f.get_bytes("cache_get", "x").await, Err(FleetError::Unavailable)));
+    assert!(
+        started.elapsed() < Duration::from_millis(400),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(matches!(
+        f.get_bytes("cache_get", "x").await,
+        Err(FleetError::Unavailable)
+    ));
     drop(listener);
 }

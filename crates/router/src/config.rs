@@ -474,7 +474,8 @@ mod tests {
     fn redis_discovery_needs_a_redis_url() {
         let e = parse("[workers]\nredis = true\n").unwrap_err().to_string();
         assert!(e.contains("workers.redis"), "{e}");
-        let c = parse("[workers]\nredis = true\n[redis]\nurl = \"redis://127.0.0.1:6379\"\n").unwrap();
+        let c =
+            parse("[workers]\nredis = true\n[redis]\nurl = \"redis://127.0.0.1:6379\"\n").unwrap();
         assert!(c.discovery.redis && c.discovery.is_enabled());
         assert_eq!(c.redis.namespace, "ingot");
         let e = parse("[workers]\nredis = true\n[redis]\nurl = \"http://x\"\n")

@@ -201,7 +201,11 @@ fn registration(
         models.push(config.model_name.clone());
     }
     let me = ingot_fleet::Instance::this_process(ingot_fleet::Role::Worker, url, models);
-    Some((me, redis.heartbeat_interval.get(), redis.heartbeat_ttl.get()))
+    Some((
+        me,
+        redis.heartbeat_interval.get(),
+        redis.heartbeat_ttl.get(),
+    ))
 }
 
 /// Reloads the config on every SIGHUP.

@@ -15,8 +15,8 @@ use tokio::sync::Notify;
 
 use crate::models::{Models, ServedModel};
 use crate::pipeline::{
-    CacheSettings, Coalescer, EngineGenerator, MemoryStore, ResponseCache, ResponseStore,
-    Sharing, TwoTierStore,
+    CacheSettings, Coalescer, EngineGenerator, MemoryStore, ResponseCache, ResponseStore, Sharing,
+    TwoTierStore,
 };
 use crate::reload::{LogLevelFn, ReloadFn};
 use crate::ApiError;
