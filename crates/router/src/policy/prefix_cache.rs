@@ -225,7 +225,16 @@ mod tests {
 
     #[test]
     fn another_routers_choice_from_the_shared_index_is_followed() {
-        let (w, _g) = with_load(&[0, 0]);
+        let cfg = crate::config::BreakerConfig {
+            failure_threshold: 1,
+            cooldown: std::time::Duration::from_secs(1),
+        };
+        let w: Vec<Arc<Worker>> = (0..2)
+            .map(|i| {
+                let url = format!("http://10.0.0.{i}:8000");
+                Arc::new(Worker::new(i, url.clone(), url, false, cfg))
+            })
+            .collect();
         let p = PrefixCachePolicy::default();
         let text = "a prefix another router placed ".repeat(10);
         let chunks = chunk_hashes(&text);
