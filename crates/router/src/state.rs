@@ -36,6 +36,8 @@ pub struct RouterState {
     pub metrics: Option<PrometheusHandle>,
     /// Per worker: asks its supervisor to restart the child (local ones).
     pub restarts: Vec<Option<mpsc::UnboundedSender<()>>>,
+    /// Shared state in Redis, when `[redis]` is configured.
+    pub fleet: Option<ingot_fleet::Fleet>,
     budget: Mutex<RetryBudget>,
 }
 
@@ -63,6 +65,7 @@ impl RouterState {
             client,
             metrics,
             restarts,
+            fleet: None,
         }
     }
 
