@@ -16,6 +16,7 @@
 //! with.
 
 mod attention;
+pub mod encoder;
 mod kv_memory;
 pub mod matmul;
 mod matrix;

@@ -55,6 +55,8 @@ struct Inner {
     metrics: Option<PrometheusHandle>,
     /// API keys and their limits (auth off until loaded).
     edge: ingot_edge::Edge,
+    /// Ids of the embedding models (the rest are generative).
+    embedding_models: OnceLock<Vec<String>>,
 }
 
 impl AppState {
@@ -87,6 +89,7 @@ impl AppState {
                 idle: Notify::new(),
                 metrics,
                 edge: ingot_edge::Edge::default(),
+                embedding_models: OnceLock::new(),
             }),
         }
     }
@@ -94,6 +97,25 @@ impl AppState {
     /// Installs the registry: from now on models load on demand.
     pub fn set_models(&self, models: Models) {
         let _ = self.inner.models.set(models);
+    }
+
+    /// Says which configured models are embedding models (once, at start).
+    pub fn set_embedding_models(&self, ids: Vec<String>) {
+        let _ = self.inner.embedding_models.set(ids);
+    }
+
+    /// The endpoints model `id` serves, known before it loads.
+    pub fn endpoints(&self, id: &str) -> &'static [&'static str] {
+        let embedding = self
+            .inner
+            .embedding_models
+            .get()
+            .is_some_and(|ids| ids.iter().any(|i| i == id));
+        if embedding {
+            crate::models::EMBEDDING_ENDPOINTS
+        } else {
+            crate::models::GENERATIVE_ENDPOINTS
+        }
     }
 
     /// The registry, once installed.
@@ -135,7 +157,7 @@ impl AppState {
         let mut lens = lock(&self.inner.max_model_len);
         // Known after a model's first request: no key allocated per request.
         if !lens.contains_key(lease.id()) {
-            lens.insert(lease.id().to_string(), lease.engine.max_context());
+            lens.insert(lease.id().to_string(), lease.max_context());
         }
         drop(lens);
         Ok(lease)
