@@ -232,9 +232,14 @@ impl<O: EncoderOps> Bert<O> {
             prefix,
         };
         let words = r.tensor("embeddings.word_embeddings.weight", &[c.vocab_size, h])?;
-        let positions = r.tensor("embeddings.position_embeddings.weight", &[c.max_positions, h])?;
-        let token_types =
-            r.tensor("embeddings.token_type_embeddings.weight", &[c.type_vocab_size, h])?;
+        let positions = r.tensor(
+            "embeddings.position_embeddings.weight",
+            &[c.max_positions, h],
+        )?;
+        let token_types = r.tensor(
+            "embeddings.token_type_embeddings.weight",
+            &[c.type_vocab_size, h],
+        )?;
         let embed_norm = r.norm("embeddings.LayerNorm", h)?;
         let layers = (0..c.num_layers)
             .map(|i| r.layer(i, c))

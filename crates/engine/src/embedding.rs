@@ -280,6 +280,55 @@ fn batches<'a, T>(items: &'a [T], size: impl Fn(&T) -> usize, budget: usize) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ingot_arch::ArchError;
+
+    /// Each vector is `[first token, length]`; records every batch's sizes.
+    struct Recorder(Mutex<Vec<Vec<usize>>>);
+
+    impl Embedder for Recorder {
+        fn embed(&self, sequences: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, ArchError> {
+            lock(&self.0).push(sequences.iter().map(Vec::len).collect());
+            Ok(sequences
+                .iter()
+                .map(|s| vec![s[0] as f32, s.len() as f32])
+                .collect())
+        }
+        fn dimensions(&self) -> usize {
+            2
+        }
+        fn max_tokens(&self) -> usize {
+            512
+        }
+        fn vocab_size(&self) -> usize {
+            100
+        }
+        fn device_name(&self) -> &str {
+            "test"
+        }
+    }
+
+    fn job(
+        sequences: Vec<Vec<u32>>,
+    ) -> (
+        Job,
+        oneshot::Receiver<Result<Vec<Vec<f32>>, EmbeddingError>>,
+    ) {
+        let (reply, rx) = oneshot::channel();
+        (Job { sequences, reply }, rx)
+    }
+
+    #[test]
+    fn requests_share_batches_and_get_their_own_vectors_back() {
+        let model = Recorder(Mutex::new(Vec::new()));
+        let (a, _ra) = job(vec![vec![1, 1, 1], vec![2]]);
+        let (b, _rb) = job(vec![vec![3, 3], vec![4, 4, 4, 4]]);
+        let out = embed_jobs(&model, &[a, b], 6);
+        // a's two and b's first share one pass; b's second runs next.
+        assert_eq!(*lock(&model.0), [vec![3, 1, 2], vec![4]]);
+        let out: Vec<_> = out.into_iter().map(Result::unwrap).collect();
+        assert_eq!(out[0], [vec![1.0, 3.0], vec![2.0, 1.0]]);
+        assert_eq!(out[1], [vec![3.0, 2.0], vec![4.0, 4.0]]);
+    }
 
     #[test]
     fn batches_respect_the_token_budget() {

@@ -45,7 +45,8 @@ impl BertConfig {
     pub fn num_params(&self) -> usize {
         let h = self.hidden_size;
         let embed = (self.vocab_size + self.max_positions + self.type_vocab_size + 2) * h;
-        let layer = 4 * (h * h + h) + 2 * h * self.intermediate_size + self.intermediate_size + h + 4 * h;
+        let layer =
+            4 * (h * h + h) + 2 * h * self.intermediate_size + self.intermediate_size + h + 4 * h;
         embed + self.num_layers * layer
     }
 }
@@ -152,10 +153,7 @@ pub fn open_bert(path: &Path) -> Result<BertFiles, ModelError> {
     let config_file = config_path(path).ok_or_else(|| ModelError::UnknownFormat {
         path: path.to_path_buf(),
     })?;
-    let dir = config_file
-        .parent()
-        .unwrap_or(Path::new("."))
-        .to_path_buf();
+    let dir = config_file.parent().unwrap_or(Path::new(".")).to_path_buf();
     let config = load_config(&config_file, &dir)?;
     let tensors = SafetensorsSource::open(&dir)?;
     Ok(BertFiles {
@@ -259,14 +257,21 @@ mod tests {
         write(&dir, "config.json", CONFIG);
         assert!(is_bert(&dir));
         let c = load_config(&dir.join("config.json"), &dir).unwrap();
-        assert_eq!((c.pooling, c.normalize, c.head_dim()), (Pooling::Mean, true, 32));
+        assert_eq!(
+            (c.pooling, c.normalize, c.head_dim()),
+            (Pooling::Mean, true, 32)
+        );
         write(
             &dir,
             "modules.json",
             r#"[{"type":"sentence_transformers.models.Transformer","path":""},
                 {"type":"sentence_transformers.models.Pooling","path":"1_Pooling"}]"#,
         );
-        write(&dir, "1_Pooling/config.json", r#"{"pooling_mode_cls_token":true}"#);
+        write(
+            &dir,
+            "1_Pooling/config.json",
+            r#"{"pooling_mode_cls_token":true}"#,
+        );
         let c = load_config(&dir.join("config.json"), &dir).unwrap();
         assert_eq!((c.pooling, c.normalize), (Pooling::Cls, false));
         std::fs::remove_dir_all(&dir).unwrap();

@@ -116,7 +116,10 @@ fn parse_input(input: &Value) -> Result<EmbeddingInput, ProtocolError> {
     let items = match input {
         Value::String(s) => return Ok(EmbeddingInput::Texts(vec![non_empty(s, None)?])),
         Value::Array(items) if items.is_empty() => {
-            return Err(ProtocolError::field("input", "input must not be an empty array"))
+            return Err(ProtocolError::field(
+                "input",
+                "input must not be an empty array",
+            ))
         }
         Value::Array(items) => items,
         _ => return Err(wrong_type()),
@@ -125,7 +128,11 @@ fn parse_input(input: &Value) -> Result<EmbeddingInput, ProtocolError> {
         Value::String(_) => items
             .iter()
             .enumerate()
-            .map(|(i, v)| v.as_str().ok_or_else(wrong_type).and_then(|s| non_empty(s, Some(i))))
+            .map(|(i, v)| {
+                v.as_str()
+                    .ok_or_else(wrong_type)
+                    .and_then(|s| non_empty(s, Some(i)))
+            })
             .collect::<Result<_, _>>()
             .map(EmbeddingInput::Texts),
         Value::Number(_) => Ok(EmbeddingInput::Tokens(vec![token_ids(items, None)?])),
@@ -184,9 +191,7 @@ pub fn embedding_response(
     let data: Vec<Value> = vectors
         .iter()
         .enumerate()
-        .map(|(i, v)| {
-            json!({"object": "embedding", "index": i, "embedding": encode(v, format)})
-        })
+        .map(|(i, v)| json!({"object": "embedding", "index": i, "embedding": encode(v, format)}))
         .collect();
     json!({
         "object": "list",
@@ -240,7 +245,10 @@ mod tests {
             (json!({"input": [[1], []]}), "input[1]"),
             (json!({"input": [1, -2]}), "input"),
             (json!({"input": 5}), "input"),
-            (json!({"input": "a", "encoding_format": "hex"}), "encoding_format"),
+            (
+                json!({"input": "a", "encoding_format": "hex"}),
+                "encoding_format",
+            ),
             (json!({"input": "a", "dimensions": 0}), "dimensions"),
         ] {
             let e = parse(body.clone()).unwrap_err();
@@ -255,7 +263,10 @@ mod tests {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(b64)
             .unwrap();
-        assert_eq!(bytes, [1.0f32.to_le_bytes(), (-2.0f32).to_le_bytes()].concat());
+        assert_eq!(
+            bytes,
+            [1.0f32.to_le_bytes(), (-2.0f32).to_le_bytes()].concat()
+        );
         assert_eq!(r["usage"], json!({"prompt_tokens": 3, "total_tokens": 3}));
         assert_eq!(r["object"], "list");
     }

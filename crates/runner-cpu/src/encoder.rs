@@ -107,13 +107,10 @@ impl EncoderOps for CpuEncoder {
         }
         let starts = sequence_starts(&batch.seq_lens);
         let mut out = Rows::zeros(qkv.count(), h);
-        out.data
-            .par_chunks_mut(h)
-            .enumerate()
-            .for_each(|(t, row)| {
-                let (start, len) = starts[t];
-                attend_token(qkv, t, start, len, heads, row);
-            });
+        out.data.par_chunks_mut(h).enumerate().for_each(|(t, row)| {
+            let (start, len) = starts[t];
+            attend_token(qkv, t, start, len, heads, row);
+        });
         Ok(out)
     }
 
@@ -274,7 +271,10 @@ mod tests {
             bias: HostTensor::new(vec![3], vec![0.1, 0.2, 0.3]),
         };
         let one = CpuEncoder.linear(&rows(vec![1.0, 2.0], 2), &layer).unwrap();
-        let many = rows([vec![3.0, -4.0], vec![1.0, 2.0], vec![7.0, 0.5]].concat(), 2);
+        let many = rows(
+            [vec![3.0, -4.0], vec![1.0, 2.0], vec![7.0, 0.5]].concat(),
+            2,
+        );
         let many = CpuEncoder.linear(&many, &layer).unwrap();
         assert_eq!(one.data, many.data[3..6]);
         assert_eq!(one.data, [-1.4, 2.7, 3.8]);

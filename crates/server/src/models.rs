@@ -62,7 +62,9 @@ impl ServedModel {
     pub fn engine(&self) -> Result<&EngineHandle, ApiError> {
         match &self.kind {
             Kind::Generative { engine, .. } => Ok(engine),
-            Kind::Embedding(_) => Err(self.wrong_endpoint("a text generation", EMBEDDING_ENDPOINTS)),
+            Kind::Embedding(_) => {
+                Err(self.wrong_endpoint("a text generation", EMBEDDING_ENDPOINTS))
+            }
         }
     }
 

@@ -38,5 +38,4 @@ impl EncoderTokenizer {
             .map(|e| e.get_ids().to_vec())
             .map_err(|e| TokenizerError::backend("encode", e))
     }
-
 }

@@ -79,9 +79,9 @@ async fn tokenized(
 
 fn api_error(e: EmbeddingError) -> ApiError {
     match e {
-        EmbeddingError::Input(message) => ApiError::BadRequest(
-            ProtocolError::field("input", message),
-        ),
+        EmbeddingError::Input(message) => {
+            ApiError::BadRequest(ProtocolError::field("input", message))
+        }
         EmbeddingError::Stopped => ApiError::Unavailable(e.to_string()),
         other => ApiError::Internal(other.to_string()),
     }
