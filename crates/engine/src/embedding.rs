@@ -48,7 +48,9 @@ pub enum EmbeddingError {
     Failed(String),
 }
 
-type Reply = oneshot::Sender<Result<Vec<Vec<f32>>, EmbeddingError>>;
+/// A request's vectors, or why it failed.
+type Answer = Result<Vec<Vec<f32>>, EmbeddingError>;
+type Reply = oneshot::Sender<Answer>;
 
 struct Job {
     sequences: Vec<Vec<u32>>,
@@ -217,12 +219,8 @@ fn run(model: &dyn Embedder, pool: &rayon::ThreadPool, rx: &mpsc::Receiver<Job>,
 }
 
 /// Every job's vectors, running their sequences in token-budgeted batches.
-fn embed_jobs(
-    model: &dyn Embedder,
-    jobs: &[Job],
-    budget: usize,
-) -> Vec<Result<Vec<Vec<f32>>, EmbeddingError>> {
-    let mut out: Vec<Result<Vec<Vec<f32>>, EmbeddingError>> = jobs
+fn embed_jobs(model: &dyn Embedder, jobs: &[Job], budget: usize) -> Vec<Answer> {
+    let mut out: Vec<Answer> = jobs
         .iter()
         .map(|j| Ok(vec![Vec::new(); j.sequences.len()]))
         .collect();
@@ -260,7 +258,7 @@ fn embed_jobs(
 
 /// Consecutive runs of `items` whose sizes sum to at most `budget`; an item
 /// larger than the budget runs alone.
-fn batches<'a, T>(items: &'a [T], size: impl Fn(&T) -> usize, budget: usize) -> Vec<&'a [T]> {
+fn batches<T>(items: &[T], size: impl Fn(&T) -> usize, budget: usize) -> Vec<&[T]> {
     let mut out = Vec::new();
     let (mut start, mut used) = (0, 0);
     for (i, item) in items.iter().enumerate() {
@@ -307,12 +305,7 @@ mod tests {
         }
     }
 
-    fn job(
-        sequences: Vec<Vec<u32>>,
-    ) -> (
-        Job,
-        oneshot::Receiver<Result<Vec<Vec<f32>>, EmbeddingError>>,
-    ) {
+    fn job(sequences: Vec<Vec<u32>>) -> (Job, oneshot::Receiver<Answer>) {
         let (reply, rx) = oneshot::channel();
         (Job { sequences, reply }, rx)
     }

@@ -192,7 +192,7 @@ fn load_config(config_file: &Path, dir: &Path) -> Result<BertConfig, ModelError>
             "position_embedding_type '{p}' is not supported (only absolute)"
         )));
     }
-    if raw.num_attention_heads == 0 || raw.hidden_size % raw.num_attention_heads != 0 {
+    if raw.num_attention_heads == 0 || !raw.hidden_size.is_multiple_of(raw.num_attention_heads) {
         return Err(ModelError::InvalidConfig(
             "hidden_size must be a multiple of num_attention_heads".into(),
         ));
