@@ -188,6 +188,41 @@ pub fn load_engine(config: &Config, engine: EngineConfig) -> anyhow::Result<Engi
     Ok(start_engine(runner, tokenizer, engine)?)
 }
 
+/// Most tokens in one forward pass of an embedding model: bounds how long
+/// a batch holds its pool (tens of ms on two cores for MiniLM) while
+/// letting concurrent requests share passes.
+const EMBEDDING_BATCH_TOKENS: usize = 2048;
+
+/// Loads a BERT embedding model (CPU, f32) and starts its engine. Its pool
+/// runs at idle priority so decode engines on the same cores never wait
+/// for it.
+pub fn load_embedding(config: &Config) -> anyhow::Result<ingot_engine::EmbeddingHandle> {
+    let path = settings::model_path(config)?;
+    let cpu_asked = matches!(config.model.device, ingot_config::Device::Cpu);
+    if !cpu_asked && ingot_runner_cuda::availability().is_ok() {
+        tracing::info!("embedding models run on the CPU backend");
+    }
+    let files = ingot_models::bert::open_bert(path)
+        .with_context(|| format!("cannot load model {}", path.display()))?;
+    let tokenizer = ingot_tokenizer::EncoderTokenizer::from_dir(&files.dir)
+        .with_context(|| format!("cannot load the tokenizer of {}", path.display()))?;
+    let model = ingot_runner_cpu::encoder::load_bert(&files)
+        .with_context(|| format!("cannot load weights of {}", path.display()))?;
+    let threads = config.model.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let engine = ingot_engine::EmbeddingConfig {
+        max_batch_tokens: EMBEDDING_BATCH_TOKENS,
+        threads,
+        idle_priority: true,
+    };
+    Ok(ingot_engine::EmbeddingHandle::start(
+        Box::new(model),
+        tokenizer,
+        engine,
+    )?)
+}
+
 /// Opens the model and builds the runner for `model.device`; `max_num_seqs`
 /// sizes the GPU workspace and graph buckets.
 pub fn load_runner(

@@ -10,7 +10,7 @@ use anyhow::Context;
 use ingot_config::{Config, CpuWeights, Device, Dtype, ModelEntry, Quantization};
 use ingot_registry::{Budget, ModelSpec, Prefetch, Registry};
 use ingot_runner_cpu::CpuRunner;
-use ingot_server::{EngineLoader, Models};
+use ingot_server::{EngineLoader, Models, ServedModel};
 
 use crate::model::load_engine;
 use crate::settings;
@@ -110,9 +110,14 @@ pub fn registry(config: &Config, entries: Vec<ModelEntry>) -> anyhow::Result<Mod
         let c = find(id)?;
         let mut engine = settings::engine_config(&c);
         engine.metrics.model_name = id.to_string();
+        if ingot_models::bert::is_bert(settings::model_path(&c).map_err(|e| format!("{e:#}"))?) {
+            let handle = crate::model::load_embedding(&c).map_err(|e| format!("{e:#}"))?;
+            eprintln!("ingot: {id} serving embeddings on {}", handle.device_name());
+            return Ok(ServedModel::embedding(id, handle));
+        }
         let handle = load_engine(&c, engine).map_err(|e| format!("{e:#}"))?;
         eprintln!("ingot: {id} serving on {}", handle.device_name());
-        Ok(handle)
+        Ok(ServedModel::new(id, handle))
     });
     let budget = Budget {
         device_bytes: device_budget,
@@ -200,7 +205,9 @@ fn with_kv_shares(
     let n = entries.len() as u64;
     let share = budget / n;
     for (i, e) in entries.iter_mut().enumerate() {
-        if e.kv_cache_tokens.or(config.model.kv_cache_tokens).is_some() {
+        if e.kv_cache_tokens.or(config.model.kv_cache_tokens).is_some()
+            || ingot_models::bert::is_bert(&e.path)
+        {
             continue;
         }
         let c = entry_config(config, e);
@@ -264,6 +271,11 @@ fn metadata(c: &Config) -> anyhow::Result<(ingot_models::ModelFiles, ingot_model
 /// metadata without loading weights.
 fn footprint(c: &Config) -> anyhow::Result<u64> {
     let path: &Path = settings::model_path(c)?;
+    if ingot_models::bert::is_bert(path) {
+        // f32 weights; activations are per batch and small.
+        let files = ingot_models::bert::open_bert(path)?;
+        return Ok(files.config.num_params() as u64 * 4);
+    }
     let (files, model) = metadata(c)?;
     let params = model.num_params() as u64;
     let cpu = !on_gpu(c);

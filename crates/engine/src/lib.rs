@@ -6,12 +6,14 @@
 //! - [`handle`]: the async-facing handle, requests and events.
 //! - [`decoding`]: per-request output processing (sampling, stop rules,
 //!   detokenization).
+//! - [`embedding`]: the embedding engine (encoder models, batched).
 //! - [`sampler`], [`stop`]: the pieces `decoding` is built from.
 //! - `masks`: grammar masks computed on their own thread during the
 //!   forward pass (structured output).
 
 pub mod decoding;
 pub mod drain;
+pub mod embedding;
 pub mod engine_loop;
 pub mod handle;
 mod masks;
@@ -21,6 +23,7 @@ pub mod sampler;
 pub mod stop;
 
 pub use decoding::{DecodeError, Decoding, TokenOutput};
+pub use embedding::{EmbeddingConfig, EmbeddingError, EmbeddingHandle};
 pub use engine_loop::{start_engine, EngineConfig};
 pub use handle::{
     Completion, EngineHandle, EngineRequest, EngineStats, GeneratedToken, PriorityHandle,

@@ -5,8 +5,10 @@
 //! - [`hf`]: Hugging Face `config.json` + safetensors (sharded or not).
 //! - [`gguf_model`]: GGUF metadata → config, GGUF tensor names → HF names.
 //! - [`llama`]: the weights of the Llama-family decoder.
+//! - [`bert`]: BERT encoder directories (config, pooling, weights).
 //! - [`dummy`]: random weights for benchmarking shapes without downloads.
 
+pub mod bert;
 pub mod config;
 pub mod dummy;
 mod error;

@@ -4,6 +4,7 @@
 
 pub mod chat;
 pub mod completions;
+pub mod embeddings;
 mod error;
 pub mod models;
 mod parse;

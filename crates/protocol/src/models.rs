@@ -19,6 +19,9 @@ pub struct ModelCard {
     /// `loaded`, `loading` or `unloaded` (ingot's extra field: a request
     /// for an unloaded model loads it).
     pub state: &'static str,
+    /// The endpoints it serves (ingot's extra field): an embedding model
+    /// serves `/v1/embeddings`, a generative one the completion endpoints.
+    pub endpoints: &'static [&'static str],
 }
 
 /// The model list.

@@ -18,6 +18,7 @@
 
 mod attention;
 mod block_ops;
+pub mod encoder;
 mod kv_memory;
 pub mod matmul;
 mod matrix;

@@ -40,6 +40,9 @@ pub struct ServeConfig {
     pub reload: Option<ReloadFn>,
     /// Swaps the log filter on reload.
     pub set_log_level: Option<LogLevelFn>,
+    /// Ids of the embedding models (`/v1/models` lists their endpoints
+    /// before they load).
+    pub embedding_models: Vec<String>,
 }
 
 /// Installs the Prometheus recorder (once per process). Every series gets
@@ -102,6 +105,7 @@ pub async fn serve(
             ingot_fleet::Fleet::connect(&settings).map_err(|e| ServeError::Redis(e.to_string()))?;
         state.set_fleet(fleet);
     }
+    state.set_embedding_models(config.embedding_models.clone());
     tokio::spawn(reload_on_hangup(state.clone()));
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await

@@ -58,6 +58,8 @@ struct Inner {
     edge: ingot_edge::Edge,
     /// Shared state in Redis, when `[redis]` is configured.
     fleet: OnceLock<ingot_fleet::Fleet>,
+    /// Ids of the embedding models (the rest are generative).
+    embedding_models: OnceLock<Vec<String>>,
 }
 
 impl AppState {
@@ -91,6 +93,7 @@ impl AppState {
                 metrics,
                 edge: ingot_edge::Edge::default(),
                 fleet: OnceLock::new(),
+                embedding_models: OnceLock::new(),
             }),
         }
     }
@@ -98,6 +101,25 @@ impl AppState {
     /// Installs the registry: from now on models load on demand.
     pub fn set_models(&self, models: Models) {
         let _ = self.inner.models.set(models);
+    }
+
+    /// Says which configured models are embedding models (once, at start).
+    pub fn set_embedding_models(&self, ids: Vec<String>) {
+        let _ = self.inner.embedding_models.set(ids);
+    }
+
+    /// The endpoints model `id` serves, known before it loads.
+    pub fn endpoints(&self, id: &str) -> &'static [&'static str] {
+        let embedding = self
+            .inner
+            .embedding_models
+            .get()
+            .is_some_and(|ids| ids.iter().any(|i| i == id));
+        if embedding {
+            crate::models::EMBEDDING_ENDPOINTS
+        } else {
+            crate::models::GENERATIVE_ENDPOINTS
+        }
     }
 
     /// The registry, once installed.
@@ -139,7 +161,7 @@ impl AppState {
         let mut lens = lock(&self.inner.max_model_len);
         // Known after a model's first request: no key allocated per request.
         if !lens.contains_key(lease.id()) {
-            lens.insert(lease.id().to_string(), lease.engine.max_context());
+            lens.insert(lease.id().to_string(), lease.max_context());
         }
         drop(lens);
         Ok(lease)

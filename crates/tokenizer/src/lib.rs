@@ -9,6 +9,7 @@
 
 mod chat;
 mod detokenizer;
+mod encoder;
 mod error;
 mod gguf;
 mod hf;
@@ -16,5 +17,6 @@ mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate};
 pub use detokenizer::IncrementalDecoder;
+pub use encoder::EncoderTokenizer;
 pub use error::TokenizerError;
 pub use tokenizer::{SpecialTokens, TokenInfo, Tokenizer};

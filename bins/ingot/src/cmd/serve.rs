@@ -202,6 +202,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         runtime: loaded,
         reload: Some(reload_fn(layers)),
         set_log_level: Some(set_log_level),
+        embedding_models: entries
+            .iter()
+            .filter(|e| ingot_models::bert::is_bert(&e.path))
+            .map(|e| e.id.clone())
+            .collect(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

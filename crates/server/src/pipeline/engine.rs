@@ -42,7 +42,10 @@ impl Generator for EngineGenerator {
             } else {
                 CacheStatus::Bypass
             };
-            let stream = lease.engine.submit(request.engine)?;
+            let stream = lease
+                .engine()
+                .map_err(|e| GenerateError::Unavailable(e.to_string()))?
+                .submit(request.engine)?;
             let priority = Some(stream.priority_handle());
             // The stream owns the engine request (dropping it aborts) and
             // the lease.

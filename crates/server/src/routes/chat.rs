@@ -84,7 +84,7 @@ pub async fn chat_completions(
     let body = json_body(body, limit)?;
     let req = ValidChatRequest::parse(&body)?;
     let model = super::lease(&state, &caller, req.sampling.model.as_deref()).await?;
-    let engine = model.engine.clone();
+    let engine = model.engine()?.clone();
     let guard = state.track();
     let template = model.chat_template()?;
     let format = ToolFormat::from_template(template.source());

@@ -56,7 +56,7 @@ pub async fn completions(
     let body = json_body(body, limit)?;
     let req = ValidCompletionRequest::parse(&body)?;
     let model = super::lease(&state, &caller, req.sampling.model.as_deref()).await?;
-    let engine = model.engine.clone();
+    let engine = model.engine()?.clone();
     let guard = state.track();
     let tokenizer = engine.tokenizer().clone();
     let prompts = req.prompts.clone();

@@ -29,6 +29,7 @@ pub async fn models(
         .filter(|s| caller.key().is_none_or(|k| k.allows_model(&s.id)))
         .map(|s| ModelCard {
             max_model_len: state.max_model_len(&s.id),
+            endpoints: state.endpoints(&s.id),
             id: s.id,
             object: "model",
             created: state.created(),
@@ -51,7 +52,7 @@ pub async fn tokenize(
     let body = json_body(body, limit)?;
     let req: TokenizeRequest = parse_json(&body)?;
     let model = super::lease(&state, &caller, req.model.as_deref()).await?;
-    let engine = &model.engine;
+    let engine = model.engine()?;
     let tokenizer = engine.tokenizer().clone();
     let tokens = match (req.prompt, req.messages) {
         (Some(text), None) => tokenizer
@@ -85,7 +86,7 @@ pub async fn detokenize(
     let body = json_body(body, limit)?;
     let req: DetokenizeRequest = parse_json(&body)?;
     let model = super::lease(&state, &caller, req.model.as_deref()).await?;
-    let engine = &model.engine;
+    let engine = model.engine()?;
     let vocab = engine.model_config().vocab_size;
     if let Some(bad) = req.tokens.iter().find(|&&t| t as usize >= vocab) {
         return Err(ApiError::BadRequest(ProtocolError::bound(
@@ -107,7 +108,7 @@ pub async fn tokenizer_info(
     Extension(caller): Extension<Caller>,
 ) -> Result<Json<TokenizerInfo>, ApiError> {
     let model = super::lease(&state, &caller, None).await?;
-    let engine = &model.engine;
+    let engine = model.engine()?;
     let tokenizer = engine.tokenizer();
     let special = tokenizer.special_tokens();
     let text = |t: &Option<ingot_tokenizer::TokenInfo>| {

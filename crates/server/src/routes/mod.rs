@@ -3,6 +3,7 @@
 mod admin;
 mod chat;
 mod completions;
+mod embeddings;
 mod info;
 mod send_queue;
 mod sse;
@@ -39,6 +40,7 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(info::models))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/tokenize", post(info::tokenize))
         .route("/detokenize", post(info::detokenize))
         .route("/tokenizer_info", get(info::tokenizer_info))
@@ -173,7 +175,7 @@ async fn start(
     endpoint: Endpoint,
 ) -> Result<Started, ApiError> {
     let prompts = inputs.ids;
-    let (model, limits) = (lease.id(), lease.engine.limits());
+    let (model, limits) = (lease.id(), lease.engine()?.limits());
     let id = response_id(match endpoint {
         Endpoint::Chat => "chatcmpl",
         Endpoint::Completions => "cmpl",
