@@ -6,6 +6,7 @@ start time, status, arm header and whether it completed."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import threading
 import time
@@ -23,10 +24,15 @@ LONG_PROMPT = (
 )
 
 
+_NONCE = itertools.count()
+
+
 def chat_body(user: str, n_tokens: int = 12) -> dict:
+    # A unique first sentence: no request reuses another's cached prefix,
+    # so every request pays its prefill.
     return {
         "model": default_model_name(),
-        "messages": [{"role": "user", "content": LONG_PROMPT}],
+        "messages": [{"role": "user", "content": f"Request {next(_NONCE)} from {user}. {LONG_PROMPT}"}],
         "max_tokens": n_tokens,
         "temperature": 0,
         "stream": True,

@@ -69,9 +69,9 @@ max_ttft_ratio = 1.5
 
 
 def test_a_slow_canary_is_rolled_back_under_load_with_no_failed_request(fleet):
-    window_s = 30
+    window_s = 40
     r = fleet(SERVE_ARGS, SLOW_ARGS,
-              CANARY.format(steps="[25, 50, 100]", step="60s", window=f"{window_s}s", min_samples=8))
+              CANARY.format(steps="[25, 50, 100]", step="90s", window=f"{window_s}s", min_samples=6))
     assert canary_status(r)["share"] == 25.0
     load = FleetLoad(r.url, concurrency=4)
     try:

@@ -227,7 +227,10 @@ impl Observer {
     }
 }
 
-/// When a response's body chunks arrived.
+/// When a response's tokens arrived. In a stream the first token is the
+/// first chunk that carries text: OpenAI's chat streams open with a role
+/// chunk (`"content":""`) sent before the prefill, which would make every
+/// TTFT look instant.
 #[derive(Default)]
 struct ChunkTimes {
     first: Option<Instant>,
@@ -236,18 +239,33 @@ struct ChunkTimes {
 }
 
 impl ChunkTimes {
-    fn on_chunk(&mut self, now: Instant) {
+    fn on_chunk(&mut self, now: Instant, data: &[u8], sse: bool) {
+        if self.first.is_none() && sse && !carries_text(data) {
+            return;
+        }
         self.first.get_or_insert(now);
         self.last = Some(now);
         self.chunks += 1;
     }
 
-    /// The mean gap between chunks (≥ 2 chunks).
+    /// The mean gap between token chunks (≥ 2 of them).
     fn mean_gap(&self) -> Option<f64> {
         let (first, last) = (self.first?, self.last?);
         (self.chunks >= 2)
             .then(|| last.duration_since(first).as_secs_f64() / f64::from(self.chunks - 1))
     }
+}
+
+/// Whether an SSE chunk carries generated text: a non-empty `"content"`
+/// (chat) or `"text"` (completions) string.
+fn carries_text(data: &[u8]) -> bool {
+    [&b"\"content\":\""[..], &b"\"text\":\""[..]]
+        .iter()
+        .any(|key| {
+            data.windows(key.len())
+                .enumerate()
+                .any(|(i, w)| w == *key && data.get(i + key.len()).is_some_and(|b| *b != b'"'))
+        })
 }
 
 /// One attempt. A 503/429 comes back as an error with the worker's
@@ -363,7 +381,7 @@ fn pass_through(resp: hyper::Response<Incoming>, guard: InFlight, observer: Obse
                                 .worker()
                                 .record_itl(now.duration_since(t).as_secs_f64()),
                         }
-                        times.on_chunk(now);
+                        times.on_chunk(now, &data, sse);
                         return Some((
                             Ok::<_, std::io::Error>(data),
                             Some((body, guard, observer, times)),
@@ -439,4 +457,34 @@ fn prompt_text(obj: &serde_json::Map<String, Value>) -> String {
         text.push_str(p);
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_token_is_the_first_chunk_with_text() {
+        let role = br#"data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#;
+        let token = br#"data: {"choices":[{"index":0,"delta":{"content":"H"}}]}"#;
+        let text = br#"data: {"choices":[{"index":0,"text":" the"}]}"#;
+        assert!(!carries_text(role));
+        assert!(carries_text(token));
+        assert!(carries_text(text));
+        assert!(!carries_text(b"data: [DONE]"));
+        let t0 = Instant::now();
+        let mut times = ChunkTimes::default();
+        times.on_chunk(t0, role, true);
+        assert!(times.first.is_none());
+        let t1 = t0 + std::time::Duration::from_millis(100);
+        times.on_chunk(t1, token, true);
+        times.on_chunk(t1 + std::time::Duration::from_millis(20), token, true);
+        times.on_chunk(t1 + std::time::Duration::from_millis(40), token, true);
+        assert_eq!(times.first, Some(t1));
+        assert!((times.mean_gap().unwrap() - 0.02).abs() < 1e-9);
+        // A JSON body (not a stream): its first byte is the answer.
+        let mut body = ChunkTimes::default();
+        body.on_chunk(t0, b"{}", false);
+        assert_eq!(body.first, Some(t0));
+    }
 }

@@ -3,7 +3,9 @@
 //! every unit that was already in (a unit in at 5% stays in at 25%). The
 //! controller steps the share up on a schedule while both arms' sliding
 //! windows say the canary is healthy, and rolls it back at once (share 0)
-//! when its error rate or TTFT/ITL regresses beyond the thresholds. Requests
+//! when its error rate or TTFT/ITL regresses beyond the thresholds. The
+//! window restarts at each step, so a step is judged on samples of both
+//! arms taken at that share. Requests
 //! in flight on the canary finish: a rollback only changes where new
 //! requests go.
 
@@ -326,6 +328,12 @@ impl Canary {
                 run.step += 1;
                 run.step_started = now;
                 self.transition(&mut run, "step", next, None);
+                // Each step is judged on its own samples: both arms measured
+                // over the same period at the same share (a larger share
+                // batches more and is slower; at 100% stable gets nothing).
+                for w in run.windows.iter_mut() {
+                    w.clear();
+                }
             }
             None => {
                 run.phase = Phase::Promoted;

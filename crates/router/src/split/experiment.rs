@@ -123,3 +123,72 @@ impl Experiment {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::split::config::Arm;
+
+    fn experiment(split_percent: f64) -> Experiment {
+        let arm = |name: &str, group: &str| Arm {
+            name: name.into(),
+            group: group.into(),
+            model: None,
+        };
+        Experiment::new(ExperimentConfig {
+            id: "exp".into(),
+            model: None,
+            arms: [arm("a", "g1"), arm("b", "g2")],
+            split_percent,
+            significance: 0.01,
+            min_samples: 5,
+            window: WindowKind::Cumulative,
+        })
+    }
+
+    #[test]
+    fn units_keep_their_arm_and_the_split_holds() {
+        let units: Vec<String> = (0..4000).map(|i| format!("k{i}")).collect();
+        let in_b = |e: &Experiment| units.iter().filter(|u| e.arm_for(u) == 1).count();
+        assert_eq!(in_b(&experiment(0.0)), 0);
+        assert_eq!(in_b(&experiment(100.0)), 4000);
+        let e = experiment(50.0);
+        let b = in_b(&e);
+        assert!((1800..=2200).contains(&b), "{b}");
+        assert!(units.iter().all(|u| e.arm_for(u) == e.arm_for(u)));
+        // The arm is the flag decision for the experiment's id.
+        assert_eq!(
+            e.arm_for("alice"),
+            usize::from(ingot_config::bucket("exp", "alice") < 5000)
+        );
+    }
+
+    #[test]
+    fn the_report_compares_the_arms() {
+        let e = experiment(50.0);
+        let now = Instant::now();
+        for i in 0..20 {
+            let jitter = (i % 5) as f64 * 0.001;
+            for (arm, ttft) in [(0, 0.1), (1, 0.2)] {
+                let sample = Sample {
+                    ttft_s: Some(ttft + jitter),
+                    itl_s: Some(0.02),
+                    e2e_s: Some(ttft + 0.3),
+                    ok: true,
+                };
+                e.record(arm, now, sample);
+            }
+        }
+        let r = e.report(now);
+        assert_eq!(
+            (r.arms[0].outcomes.requests, r.arms[1].outcomes.requests),
+            (20, 20)
+        );
+        assert_eq!(r.ttft_ms.verdict, ingot_stats::Verdict::BHigher);
+        assert!(r.ttft_ms.welch.unwrap().p < 0.01);
+        assert!((r.ttft_ms.a.mean - 102.0).abs() < 1e-9);
+        // Identical ITL on both arms: no difference.
+        assert_eq!(r.itl_ms.verdict, ingot_stats::Verdict::NotSignificant);
+        assert_eq!(r.window, "cumulative");
+    }
+}
