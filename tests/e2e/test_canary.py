@@ -2,8 +2,14 @@
 `ingot serve` workers (the SmolLM2 test model) in two worker groups.
 
 "Measurably worse" is a real knob, not a fake: the worse worker runs with
-`--max-num-batched-tokens 16`, so the ~150-token prompt takes ~10 prefill
-steps instead of one and its TTFT is several times the stable worker's.
+`--max-num-seqs 1`, so under concurrent load its requests queue behind one
+another and its TTFT is a multiple of the stable worker's (which batches
+up to 8); the failing one also has `--max-waiting 0`, a waiting queue with
+no room, so it refuses its requests (429) and the router retries each on
+the stable group: a canary failing its requests, yet no client request
+fails.
+(`--max-num-batched-tokens 16` was tried first: on the CPU backend chunked
+prefill costs about the same compute, so it was not measurably slower.)
 Loads are bounded: a few streams at a time, each test under a minute or
 two on CI's two cores."""
 
@@ -17,8 +23,10 @@ import pytest
 from fleet_load import FleetLoad, arms_by_user, chat_body, ok
 from ingot_e2e import Router, model_path, wait_for
 
-SERVE_ARGS = ("--kv-cache-tokens", "4096", "--max-num-seqs", "8")
-SLOW_ARGS = (*SERVE_ARGS, "--max-num-batched-tokens", "16")
+KV = ("--kv-cache-tokens", "4096")
+SERVE_ARGS = (*KV, "--max-num-seqs", "8")
+SLOW_ARGS = (*KV, "--max-num-seqs", "1")
+FAILING_ARGS = (*SLOW_ARGS, "--max-waiting", "0")
 
 
 @pytest.fixture
@@ -70,7 +78,7 @@ max_ttft_ratio = 1.5
 
 def test_a_slow_canary_is_rolled_back_under_load_with_no_failed_request(fleet):
     window_s = 40
-    r = fleet(SERVE_ARGS, SLOW_ARGS,
+    r = fleet(SERVE_ARGS, FAILING_ARGS,
               CANARY.format(steps="[25, 50, 100]", step="90s", window=f"{window_s}s", min_samples=6))
     assert canary_status(r)["share"] == 25.0
     load = FleetLoad(r.url, concurrency=4)
@@ -85,27 +93,31 @@ def test_a_slow_canary_is_rolled_back_under_load_with_no_failed_request(fleet):
     failed = [x for x in results if not ok(x)]
     assert not failed, failed[:3]
     rollback = s["events"][-1]
-    assert rollback["kind"] == "rollback" and rollback["reason"] == "ttft", s["events"]
+    assert rollback["kind"] == "rollback" and rollback["reason"] in ("error_rate", "ttft"), s["events"]
+    reason = rollback["reason"]
     assert rolled_at - load.started < window_s, "rolled back within one evaluation window"
     assert [e["kind"] for e in s["events"]] == ["start", "rollback"]
     assert s["share"] == 0.0
-    assert s["canary"]["ttft_ms"]["p50"] > 1.5 * s["stable"]["ttft_ms"]["p50"], s
-    # Stickiness: a unit's arm is a function of the unit until the rollback,
-    # then stable; never stable then canary (the share only went down).
-    canary_users = 0
+    if reason == "error_rate":
+        assert s["canary"]["error_rate"] - s["stable"]["error_rate"] > 0.05, s
+    else:
+        assert s["canary"]["ttft_ms"]["p95"] > 1.5 * s["stable"]["ttft_ms"]["p95"], s
+    # Stickiness: the header names the arm that answered; a unit never goes
+    # from stable back to canary (the share only went down). (The canary's
+    # units were answered by stable after each refusal, so the header shows
+    # stable for them; the arm counters below show they were sent to it.)
     for user, arms in arms_by_user(results).items():
         first_stable = arms.index("stable") if "stable" in arms else len(arms)
         assert all(a == "stable" for a in arms[first_stable:]), (user, arms)
-        canary_users += "canary" in arms
-    assert canary_users > 0
     # Requests that started after the rollback all went to the stable group.
     late = [x for x in results if x["start"] > rolled_at + 0.5]
     assert late and all(x["arm"] == "canary:smol:stable" for x in late)
     m = r.metrics()
     assert m.get("ingot_canary_share", canary="smol") == 0.0
-    assert m.get("ingot_canary_rollbacks_total", canary="smol", reason="ttft") == 1.0
-    assert m.get("ingot_router_arm_requests_total", experiment="canary:smol", arm="canary",
-                 group="canary", outcome="ok") > 0
+    assert m.get("ingot_canary_rollbacks_total", canary="smol", reason=reason) == 1.0
+    if reason == "error_rate":
+        assert m.get("ingot_router_arm_requests_total", experiment="canary:smol", arm="canary",
+                     group="canary", outcome="error") > 0
 
 
 def test_a_healthy_canary_is_promoted_through_every_step(fleet):
@@ -149,20 +161,23 @@ min_samples = 10
 arms = [{name = "default", group = "stable"}, {name = "small_budget", group = "canary"}]
 """
     r = fleet(SERVE_ARGS, SLOW_ARGS, cfg)
+    load = FleetLoad(r.url, concurrency=4, users_per_loop=6, n_tokens=4)
+    try:
+        wait_for(lambda: len(load.results) >= 60, 120, interval=0.25, what="60 requests")
+    finally:
+        results = load.stop()
+    n = len(results)
     seen: dict[str, set[str]] = {}
-    with httpx.Client(base_url=r.url, timeout=120.0) as h:
-        for i in range(48):
-            user = f"ab-user-{i % 24}"
-            with h.stream("POST", "/v1/chat/completions", json=chat_body(user, 4)) as resp:
-                assert resp.status_code == 200
-                resp.read()
-                seen.setdefault(user, set()).add(resp.headers["x-ingot-arm"])
+    for x in results:
+        seen.setdefault(x["user"], set()).add(x["arm"])
+    with httpx.Client(base_url=r.url, timeout=30.0) as h:
         report = h.get("/admin/experiments/batching").json()
         assert h.get("/admin/experiments/nope").status_code == 404
+    assert all(ok(x) for x in results)
     assert all(len(arms) == 1 for arms in seen.values()), seen
     a, b = report["arms"]
     assert (a["name"], b["name"]) == ("default", "small_budget")
-    assert a["requests"] + b["requests"] == 48 and a["errors"] == b["errors"] == 0
+    assert a["requests"] + b["requests"] == n and a["errors"] == b["errors"] == 0
     ttft = report["ttft_ms"]
     assert ttft["a"]["n"] == a["requests"] and ttft["b"]["n"] == b["requests"]
     assert ttft["b"]["mean"] > ttft["a"]["mean"]
