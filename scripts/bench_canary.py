@@ -1,14 +1,18 @@
 """scripts/bench-canary: three runs against real workers (the SmolLM2 test
 model) behind `ingot route`, printed as markdown for docs/benchmarks.md.
 
-1. Rollback: a canary group whose worker runs `--max-num-batched-tokens 16`
-   (~10 prefill steps for the ~150-token prompt instead of one) at
-   steps [25, 50, 100] under 4 concurrent streams: the share over time,
-   both arms' client-side TTFT p50 and error rate per 2 s, the rollback.
+1. Rollback: a canary group whose worker runs `--max-num-seqs 1
+   --max-waiting 0` (it refuses its requests with 429; the router retries
+   each on stable) at steps [25, 50, 100] under 4 concurrent streams: the
+   share over time, both arms' client-side TTFT p50 and failures per 2 s
+   (by the arm that answered), the router's per-arm error rates in the
+   event log, the rollback.
 2. Promotion: the same with an identical canary worker: every step, then
    promoted.
-3. A/B: an experiment between the two groups of run 1 (50/50), 60
-   requests from 30 units; the router's report (Welch on TTFT, ITL, E2E).
+3. A/B: an experiment between a default worker (arm a) and one with
+   `--max-num-seqs 1` (arm b: under 4 concurrent streams its requests
+   queue), 50/50 by unit, 80 requests; the router's report (Welch on
+   TTFT, ITL, E2E).
 """
 
 from __future__ import annotations
@@ -30,18 +34,20 @@ import httpx2 as httpx  # noqa: E402
 from fleet_load import FleetLoad, chat_body, ok  # noqa: E402
 from ingot_e2e import Router, Server, model_path  # noqa: E402
 
-SERVE_ARGS = ("--kv-cache-tokens", "4096", "--max-num-seqs", "8")
-SLOW_ARGS = (*SERVE_ARGS, "--max-num-batched-tokens", "16")
+KV = ("--kv-cache-tokens", "4096")
+SERVE_ARGS = (*KV, "--max-num-seqs", "8")
+SLOW_ARGS = (*KV, "--max-num-seqs", "1")
+FAILING_ARGS = (*SLOW_ARGS, "--max-waiting", "0")
 CANARY = """
 [[canary]]
 name = "smol"
 stable_group = "stable"
 canary_group = "canary"
-steps = [25, 50, 100]
+steps = {steps}
 step_duration = "{step}"
-window = "30s"
+window = "40s"
 eval_interval = "250ms"
-min_samples = 8
+min_samples = 6
 significance = 0.01
 max_ttft_ratio = 1.5
 """
@@ -103,12 +109,12 @@ def table(results: list, shares: list, t0: float, events: list) -> str:
     return "\n".join(rows)
 
 
-def run_canary(tmp: Path, canary_args, step: str, until: set[str]) -> str:
+def run_canary(tmp: Path, canary_args, step: str, steps: str, until: set[str]) -> str:
     stable, canary = Server(*SERVE_ARGS), Server(*canary_args)
     try:
-        router = Router(tmp, groups(stable, canary) + CANARY.format(step=step), wait_workers=2)
+        router = Router(tmp, groups(stable, canary) + CANARY.format(step=step, steps=steps), wait_workers=2)
         try:
-            results, status, t0 = timeline(router, until, extra_s=4.0, limit_s=120)
+            results, status, t0 = timeline(router, until, extra_s=4.0, limit_s=150)
             failed = sum(not ok(r) for r in results)
             head = (f"{len(results)} requests, {failed} failed; final phase **{status['phase']}**, "
                     f"share {status['share']}%, stable group `{status['stable_group']}`.\n\n")
@@ -133,11 +139,11 @@ arms = [{name = "default", group = "stable"}, {name = "small_budget", group = "c
     try:
         router = Router(tmp, cfg, wait_workers=2)
         try:
-            with httpx.Client(base_url=router.url, timeout=120) as h:
-                for i in range(60):
-                    with h.stream("POST", "/v1/chat/completions", json=chat_body(f"ab-{i % 30}", 8)) as r:
-                        r.read()
-                report = h.get("/admin/experiments/batching").json()
+            load = FleetLoad(router.url, concurrency=4, users_per_loop=8, n_tokens=4)
+            while len(load.results) < 80:
+                time.sleep(0.25)
+            load.stop()
+            report = httpx.get(f"{router.url}/admin/experiments/batching", timeout=30).json()
         finally:
             router.stop()
     finally:
@@ -169,9 +175,9 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if args.only in (None, "rollback"):
-            parts.append("### Rollback of a slow canary\n\n" + run_canary(tmp, SLOW_ARGS, "60s", {"rolled_back"}))
+            parts.append("### Rollback of a failing canary\n\n" + run_canary(tmp, FAILING_ARGS, "60s", "[25, 50, 100]", {"rolled_back"}))
         if args.only in (None, "promote"):
-            parts.append("### Promotion of a healthy canary\n\n" + run_canary(tmp, SERVE_ARGS, "6s", {"promoted", "rolled_back"}))
+            parts.append("### Promotion of a healthy canary\n\n" + run_canary(tmp, SERVE_ARGS, "6s", "[5, 25, 50, 100]", {"promoted", "rolled_back"}))
         if args.only in (None, "ab"):
             parts.append("### A/B report\n\n" + run_ab(tmp))
     text = "\n\n".join(parts) + "\n"

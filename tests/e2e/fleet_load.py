@@ -58,7 +58,8 @@ async def stream_one(client: httpx.AsyncClient, user: str, n_tokens: int) -> dic
                 obj = json.loads(data)
                 if "error" in obj:
                     res["error"] = obj["error"]
-                elif res["ttft"] is None:
+                elif res["ttft"] is None and any(c.get("delta", {}).get("content") for c in obj.get("choices", [])):
+                    # The first chunk with text (the role chunk comes first).
                     res["ttft"] = time.monotonic() - started
     except httpx.HTTPError as e:
         res["error"] = repr(e)
