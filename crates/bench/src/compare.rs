@@ -257,7 +257,8 @@ impl Rate {
     /// than two windows.
     fn windows(self, r: &BenchResult, n: usize) -> Vec<f64> {
         let duration = r.summary.duration_s;
-        if n < 2 || !(duration > 0.0) || r.requests.is_empty() {
+        let measured = duration.is_finite() && duration > 0.0;
+        if n < 2 || !measured || r.requests.is_empty() {
             return Vec::new();
         }
         let width = duration / n as f64;
