@@ -9,7 +9,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use ingot_config::{Config, Layers, Loaded};
 use ingot_engine::{start_engine, EngineConfig, EngineHandle};
-use ingot_models::{LoadFormat, ModelFiles};
+use ingot_models::{LoadFormat, ModelConfig, ModelFiles};
 use ingot_runner::ModelRunner;
 use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig, CpuWeights, QuantKind, WeightDtype};
 use ingot_runner_cuda::{CudaRunner, CudaRunnerConfig};
@@ -212,7 +212,7 @@ pub fn load_runner(
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     };
-    let runner: Box<dyn ModelRunner> = match pick_device(m.device)? {
+    let runner: Box<dyn ModelRunner> = match pick_device(m.device, &files.config)? {
         Device::Cuda => Box::new(cuda_runner(config, &files, max_num_seqs, &progress)?),
         Device::Cpu => Box::new(cpu_runner(config, &files, &progress)?),
     };
@@ -247,10 +247,12 @@ enum Device {
     Cuda,
 }
 
-/// `auto` takes CUDA when it can and says why not otherwise.
-fn pick_device(device: ingot_config::Device) -> anyhow::Result<Device> {
+/// `auto` takes CUDA when it can (a GPU, and an architecture the CUDA
+/// backend runs) and says why not otherwise.
+fn pick_device(device: ingot_config::Device, model: &ModelConfig) -> anyhow::Result<Device> {
     use ingot_config::Device as Want;
-    match (device, ingot_runner_cuda::availability()) {
+    let cuda = ingot_runner_cuda::availability().and_then(|()| ingot_runner_cuda::supports(model));
+    match (device, cuda) {
         (Want::Cpu, _) => Ok(Device::Cpu),
         (Want::Cuda, Err(e)) => Err(anyhow::anyhow!("--device cuda: {e}")),
         (_, Ok(())) => Ok(Device::Cuda),

@@ -38,6 +38,7 @@ pub(crate) fn check(config: &Config) -> Check {
     limits(config)?;
     models(config)?;
     auth(config)?;
+    redis(config)?;
     flags(config)
 }
 
@@ -132,6 +133,10 @@ fn limits(c: &Config) -> Check {
         at_least("limits.max_tokens", n as u64, 1)?;
     }
     Ok(())
+}
+
+fn redis(c: &Config) -> Check {
+    c.redis.check().or_else(|(key, message)| fail(key, message))
 }
 
 fn cache(c: &Config) -> Check {

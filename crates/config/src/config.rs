@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::auth::AuthSection;
 use crate::flags::FlagSpec;
 use crate::models::{ModelEntry, RegistrySection};
+use crate::redis::RedisSection;
 use crate::units::{ByteSize, Duration};
 
 /// The whole configuration of one ingot process.
@@ -47,6 +48,8 @@ pub struct Config {
     pub models: Vec<ModelEntry>,
     /// How the models share the machine.
     pub registry: RegistrySection,
+    /// Shared state with other instances through Redis (docs/fleet.md).
+    pub redis: RedisSection,
     /// Feature flags by name (`[a-z0-9_]+`).
     #[schemars(extend("propertyNames" = { "pattern": "^[a-z0-9_]+$" }))]
     pub flags: BTreeMap<String, FlagSpec>,
@@ -69,6 +72,7 @@ impl Default for Config {
             limits: LimitsSection::default(),
             models: Vec::new(),
             registry: RegistrySection::default(),
+            redis: RedisSection::default(),
             flags: default_flags(),
         }
     }

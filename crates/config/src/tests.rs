@@ -477,6 +477,7 @@ fn schema_describes_every_section() {
         "cuda",
         "structured",
         "log",
+        "redis",
         "flags",
     ] {
         assert!(props.contains_key(section), "{section}");
@@ -567,4 +568,30 @@ fn structured_close_near_limit_is_on_unless_turned_off() {
         ..Layers::default()
     });
     assert!(e.contains("structured.close_near_limit"), "{e}");
+}
+
+#[test]
+fn redis_is_off_by_default_and_its_rules_name_the_key() {
+    let l = load(&Layers::default()).unwrap();
+    assert!(!l.config.redis.enabled());
+    let on = |text: &str| Layers {
+        file: Some(file(text)),
+        ..Layers::default()
+    };
+    let l = load(&on(
+        "[redis]\nurl = \"redis://127.0.0.1:6379\"\ncommand_timeout = \"50ms\"\n",
+    ))
+    .unwrap();
+    assert!(l.config.redis.enabled());
+    assert_eq!(l.config.redis.command_timeout.get().as_millis(), 50);
+    let e = err(&on("[redis]\nurl = \"http://127.0.0.1:6379\"\n"));
+    assert!(e.contains("redis.url"), "{e}");
+    let e = err(&on(
+        "[redis]\nheartbeat_interval = \"5s\"\nheartbeat_ttl = \"5s\"\n",
+    ));
+    assert!(e.contains("redis.heartbeat_ttl"), "{e}");
+    let e = err(&on("[redis]\nnamespace = \"a b\"\n"));
+    assert!(e.contains("redis.namespace"), "{e}");
+    let e = err(&on("[redis]\nurl = \"redis://x\"\nbogus = 1\n"));
+    assert!(e.contains("bogus"), "{e}");
 }

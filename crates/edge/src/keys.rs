@@ -159,6 +159,13 @@ impl KeyTable {
         found
     }
 
+    /// Shares every key's limits through `fleet`.
+    pub(crate) fn share_limits(&self, fleet: &ingot_fleet::Fleet) {
+        for key in &self.keys {
+            key.limits.share(fleet, &key.id);
+        }
+    }
+
     fn get(&self, id: &str) -> Option<&Arc<Key>> {
         self.keys.iter().find(|k| k.id == id)
     }

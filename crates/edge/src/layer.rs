@@ -3,7 +3,7 @@
 //! body read, parsing or tokenization.
 
 use std::pin::Pin;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 use std::task::{Context, Poll};
 
 use axum::body::Body;
@@ -12,6 +12,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body::{Frame, SizeHint};
 use ingot_config::AuthSection;
+use ingot_fleet::Fleet;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::error::{EdgeError, Rejection};
@@ -23,6 +24,8 @@ use crate::keys::{Key, KeyTable};
 #[derive(Clone, Default)]
 pub struct Edge {
     table: Arc<RwLock<Arc<KeyTable>>>,
+    /// Where keys' limits are shared (`redis.share_rate_limits`).
+    shared: Arc<OnceLock<Fleet>>,
 }
 
 impl Edge {
@@ -31,6 +34,7 @@ impl Edge {
         let table = KeyTable::build(auth, None)?;
         Ok(Self {
             table: Arc::new(RwLock::new(Arc::new(table))),
+            shared: Arc::default(),
         })
     }
 
@@ -46,9 +50,27 @@ impl Edge {
     /// the running table stays. Unchanged keys keep their buckets.
     pub fn reload(&self, auth: &AuthSection) -> Result<(), EdgeError> {
         let new = KeyTable::build(auth, Some(&self.table()))?;
+        if let Some(fleet) = self.shared.get() {
+            new.share_limits(fleet);
+        }
         tracing::info!(keys = new.len(), enabled = new.enabled(), "API keys loaded");
         *self.table.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(new);
         Ok(())
+    }
+}
+
+impl Edge {
+    /// Makes every key's limits fleet-wide through `fleet` (this table's
+    /// keys and those of later reloads).
+    pub fn share_limits(&self, fleet: Fleet) {
+        self.table().share_limits(&fleet);
+        let _ = self.shared.set(fleet);
+    }
+
+    /// Reserves `n` tokens of `key` (prompt + max_tokens), fleet-wide when
+    /// shared.
+    pub async fn reserve_tokens(&self, key: &Key, n: u64) -> Result<(), Rejection> {
+        key.limits.reserve_tokens_shared(n).await
     }
 }
 
@@ -83,10 +105,10 @@ pub async fn authenticate(State(edge): State<Edge>, mut req: Request, next: Next
         Ok(key) => key,
         Err(rejection) => return rejection.into_response(),
     };
-    let admitted = key
-        .limits
-        .enter()
-        .and_then(|permit| key.limits.take_request().map(|()| permit));
+    let admitted = match key.limits.enter() {
+        Ok(permit) => key.limits.take_request_shared().await.map(|()| permit),
+        Err(rejection) => Err(rejection),
+    };
     let mut response = match admitted {
         Ok(permit) => {
             tracing::debug!(key_id = %key.id, "authenticated");

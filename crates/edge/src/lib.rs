@@ -12,6 +12,7 @@ mod header;
 mod keys;
 mod layer;
 mod limit;
+mod shared;
 
 pub use error::{EdgeError, Rejection};
 pub use header::presented_key;

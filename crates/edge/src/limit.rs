@@ -32,7 +32,7 @@ pub struct Status {
 pub struct Bucket<C: Clock + Clone = DefaultClock> {
     limiter: RateLimiter<NotKeyed, InMemoryState, C, StateInformationMiddleware>,
     clock: C,
-    limit: u32,
+    pub(crate) limit: u32,
     /// The remaining capacity at the last take, and when: the headers of
     /// answers that took nothing are estimated from it.
     last: Mutex<Option<(u32, Instant)>>,
@@ -83,6 +83,12 @@ impl<C: Clock + Clone> Bucket<C> {
             }
             Err(_) => Err(None),
         }
+    }
+
+    /// Records a remaining count decided elsewhere (the shared bucket),
+    /// for the headers.
+    pub(crate) fn observe(&self, remaining: u32) {
+        self.remember(remaining);
     }
 
     fn remember(&self, remaining: u32) {
@@ -156,6 +162,8 @@ pub struct KeyLimits {
     token_credit: AtomicU64,
     /// (rpm, tpm, concurrent) as configured, to tell whether a reload kept them.
     pub(crate) spec: (Option<u32>, Option<u32>, Option<u32>),
+    /// The fleet-wide buckets, when shared through Redis.
+    pub(crate) shared: std::sync::OnceLock<crate::shared::SharedBuckets>,
 }
 
 impl KeyLimits {
@@ -167,6 +175,7 @@ impl KeyLimits {
             concurrent: concurrent.map(|n| (n, Arc::new(Semaphore::new(n as usize)))),
             token_credit: AtomicU64::new(0),
             spec: (rpm, tpm, concurrent),
+            shared: std::sync::OnceLock::new(),
         }
     }
 
@@ -241,6 +250,9 @@ impl KeyLimits {
         let Some(b) = &self.tokens else {
             return;
         };
+        if self.refund_shared(n) {
+            return;
+        }
         let cap = u64::from(b.limit);
         let _ = self
             .token_credit

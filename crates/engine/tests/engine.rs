@@ -40,6 +40,7 @@ fn tiny_config() -> ModelConfig {
         qkv_bias: false,
         qk_norm: false,
         tie_word_embeddings: true,
+        block: Default::default(),
     }
 }
 

@@ -16,6 +16,9 @@ pub enum Architecture {
     Qwen2,
     /// Qwen3: RMSNorm on q and k per head, no bias.
     Qwen3,
+    /// Gemma 3 (text): sliding-window attention on most layers, q/k norms,
+    /// norms after attention and MLP too, GELU-tanh MLP, scaled embeddings.
+    Gemma3,
 }
 
 impl Architecture {
@@ -26,6 +29,7 @@ impl Architecture {
             "MistralForCausalLM" | "mistral" => Self::Mistral,
             "Qwen2ForCausalLM" | "qwen2" => Self::Qwen2,
             "Qwen3ForCausalLM" | "qwen3" => Self::Qwen3,
+            "Gemma3ForCausalLM" | "gemma3" | "gemma3_text" => Self::Gemma3,
             other => {
                 return Err(ModelError::UnsupportedArchitecture {
                     name: other.to_string(),
@@ -41,6 +45,7 @@ impl Architecture {
             Self::Mistral => "mistral",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
+            Self::Gemma3 => "gemma3",
         }
     }
 }
@@ -142,6 +147,47 @@ fn llama3_scale(inv_freq: f64, factor: f64, low: f64, high: f64, orig: f64) -> f
     }
 }
 
+/// Sliding-window attention on some layers (Gemma 3: five local layers,
+/// then one global, repeating).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlidingWindow {
+    /// A query at position `p` sees keys at `p - size + 1 ..= p` on sliding
+    /// layers.
+    pub size: usize,
+    /// Layer `i` attends globally when `(i + 1) % global_every == 0`, and
+    /// through the window otherwise.
+    pub global_every: usize,
+    /// Rotary parameters of the sliding layers (the global ones use
+    /// [`ModelConfig::rope`]).
+    pub local_rope: RopeConfig,
+}
+
+/// Values of a model's file that a block beyond the plain pre-norm Llama
+/// block needs (what is fixed per family, such as Gemma's GELU-tanh MLP or
+/// its embedding scale, is written in its architecture file instead). The
+/// default is the Llama block.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct BlockOptions {
+    /// Windowed attention on some layers; `None`: every layer is global.
+    pub sliding_window: Option<SlidingWindow>,
+    /// RMSNorm on the attention output and on the MLP output before each is
+    /// added to the residual stream.
+    pub post_norms: bool,
+    /// Attention scores are `q·k * scale`; `None`: `head_dim^-0.5`.
+    pub attention_scale: Option<f32>,
+    /// Logits become `cap * tanh(logits / cap)`.
+    pub final_logit_softcap: Option<f32>,
+}
+
+impl BlockOptions {
+    /// The attention window of layer `layer`: `Some(size)` on sliding
+    /// layers, `None` on global ones.
+    pub fn window_of(&self, layer: usize) -> Option<usize> {
+        let w = self.sliding_window.as_ref()?;
+        (!(layer + 1).is_multiple_of(w.global_every.max(1))).then_some(w.size)
+    }
+}
+
 /// A fully resolved decoder configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -173,6 +219,8 @@ pub struct ModelConfig {
     pub qk_norm: bool,
     /// The output projection reuses the embedding table.
     pub tie_word_embeddings: bool,
+    /// Departures from the Llama block (all default for the Llama family).
+    pub block: BlockOptions,
 }
 
 impl ModelConfig {
@@ -197,7 +245,7 @@ impl ModelConfig {
         );
         let attention = h * (q + 2 * kv) + q * h;
         let mlp = 3 * h * self.intermediate_size;
-        let norms = 2 * h + if self.qk_norm { 2 * self.head_dim } else { 0 };
+        let norms = self.norms_per_layer() * h + if self.qk_norm { 2 * self.head_dim } else { 0 };
         let bias = if self.qkv_bias { q + 2 * kv } else { 0 };
         let layers = self.num_layers * (attention + mlp + norms + bias);
         let embedding = self.vocab_size * h;
@@ -207,6 +255,25 @@ impl ModelConfig {
             embedding
         };
         embedding + layers + h + head
+    }
+
+    /// Hidden-width RMSNorms in a block: before attention and the MLP, and
+    /// after each with post-norms.
+    fn norms_per_layer(&self) -> usize {
+        if self.block.post_norms {
+            4
+        } else {
+            2
+        }
+    }
+
+    /// The rotary parameters of layer `layer` (sliding layers may have
+    /// their own).
+    pub fn rope_of(&self, layer: usize) -> &RopeConfig {
+        match &self.block.sliding_window {
+            Some(w) if self.block.window_of(layer).is_some() => &w.local_rope,
+            _ => &self.rope,
+        }
     }
 
     /// Checks the shape relations the forward pass relies on.
@@ -233,6 +300,18 @@ impl ModelConfig {
                 self.rope.theta
             ));
         }
+        if let Some(w) = &self.block.sliding_window {
+            if w.size == 0 || w.global_every == 0 {
+                return bad("sliding window size and global layer period must be non-zero".into());
+            }
+        }
+        if self
+            .block
+            .final_logit_softcap
+            .is_some_and(|c| c.is_nan() || c <= 0.0)
+        {
+            return bad("final logit soft-cap must be positive".into());
+        }
         Ok(())
     }
 
@@ -251,7 +330,7 @@ impl ModelConfig {
             0
         };
         let mlp = 3 * d * self.intermediate_size as u64;
-        let layer = attn + bias + qk_norm + mlp + 2 * d;
+        let layer = attn + bias + qk_norm + mlp + self.norms_per_layer() as u64 * d;
         let embed = self.vocab_size as u64 * d;
         let head = if self.tie_word_embeddings { 0 } else { embed };
         layer * self.num_layers as u64 + embed + head + d
@@ -292,6 +371,27 @@ mod tests {
         let (a, b) = (r.inv_freqs(128), plain.inv_freqs(128));
         assert_eq!(a[0], b[0]);
         assert!((a[63] - b[63] / 8.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn gemma3_layers_alternate_five_local_one_global() {
+        let local = RopeConfig {
+            theta: 10000.0,
+            scaling: RopeScaling::None,
+        };
+        let block = BlockOptions {
+            sliding_window: Some(SlidingWindow {
+                size: 512,
+                global_every: 6,
+                local_rope: local,
+            }),
+            ..Default::default()
+        };
+        let windows: Vec<_> = (0..12).map(|i| block.window_of(i)).collect();
+        let global: Vec<usize> = (0..12).filter(|&i| windows[i].is_none()).collect();
+        assert_eq!(global, vec![5, 11]);
+        assert_eq!(windows[0], Some(512));
+        assert_eq!(BlockOptions::default().window_of(3), None);
     }
 
     #[test]

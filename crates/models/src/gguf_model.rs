@@ -15,8 +15,8 @@ use rayon::prelude::*;
 
 use crate::gguf::{GgmlType, GgufFile, TensorInfo};
 use crate::{
-    Architecture, Bf16Tensor, BlockData, HostTensor, ModelConfig, ModelError, QuantTensor,
-    RopeConfig, RopeScaling, TensorSource,
+    Architecture, Bf16Tensor, BlockData, BlockOptions, HostTensor, ModelConfig, ModelError,
+    QuantTensor, RopeConfig, RopeScaling, SlidingWindow, TensorSource,
 };
 
 /// Resolves the decoder configuration from GGUF metadata.
@@ -81,9 +81,75 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
         qkv_bias: file.tensor("blk.0.attn_q.bias").is_some(),
         qk_norm: file.tensor("blk.0.attn_q_norm.weight").is_some(),
         tie_word_embeddings: file.tensor("output.weight").is_none(),
+        block: Default::default(),
+    };
+    let config = match architecture {
+        Architecture::Gemma3 => with_gemma3_block(config, file)?,
+        _ => config,
     };
     config.validate()?;
     Ok(config)
+}
+
+/// Gemma 3's rope base on its sliding layers (transformers'
+/// `rope_local_base_freq`); llama.cpp's GGUFs do not store it and its gemma3
+/// graph hard-codes the same value.
+const GEMMA3_LOCAL_ROPE_BASE: f32 = 10000.0;
+/// Every sixth Gemma 3 layer is global (transformers'
+/// `sliding_window_pattern`; llama.cpp's `set_swa_pattern(6)`).
+const GEMMA3_GLOBAL_EVERY: usize = 6;
+
+/// Gemma 3's departures from the Llama block, from its GGUF metadata.
+/// Attention scale: `query_pre_attn_scalar^-0.5` in transformers, which
+/// llama.cpp's converter does not store; it equals `head_dim` (so the
+/// default `head_dim^-0.5`) for every Gemma 3 size but 27B, whose
+/// `hidden / heads` llama.cpp keys on the 62-layer count.
+fn with_gemma3_block(mut config: ModelConfig, file: &GgufFile) -> Result<ModelConfig, ModelError> {
+    let key = |k: &str| format!("gemma3.{k}");
+    let size = file
+        .get_u64(&key("attention.sliding_window"))
+        .ok_or_else(|| {
+            ModelError::InvalidConfig("GGUF metadata lacks gemma3.attention.sliding_window".into())
+        })? as usize;
+    let attention_scale = (config.num_layers == 62)
+        .then(|| 1.0 / ((config.hidden_size / config.num_heads.max(1)) as f32).sqrt());
+    config.block = BlockOptions {
+        sliding_window: Some(SlidingWindow {
+            size,
+            global_every: GEMMA3_GLOBAL_EVERY,
+            local_rope: RopeConfig {
+                theta: GEMMA3_LOCAL_ROPE_BASE,
+                scaling: RopeScaling::None,
+            },
+        }),
+        post_norms: true,
+        attention_scale,
+        final_logit_softcap: file
+            .get_f64(&key("final_logit_softcapping"))
+            .map(|c| c as f32),
+    };
+    Ok(config)
+}
+
+/// Maps a canonical (Hugging Face) tensor name of `arch` to its GGUF name.
+/// Gemma 3 names its four block norms differently from Llama (whose
+/// `post_attention_layernorm` is the pre-MLP norm).
+pub fn gguf_name_for(arch: Architecture, hf: &str) -> Option<String> {
+    let layer_module = hf
+        .strip_prefix("model.layers.")
+        .and_then(|rest| rest.split_once('.'));
+    if let (Architecture::Gemma3, Some((layer, module))) = (arch, layer_module) {
+        let short = match module {
+            "post_attention_layernorm.weight" => Some("post_attention_norm"),
+            "pre_feedforward_layernorm.weight" => Some("ffn_norm"),
+            "post_feedforward_layernorm.weight" => Some("post_ffw_norm"),
+            _ => None,
+        };
+        if let Some(short) = short {
+            return Some(format!("blk.{layer}.{short}.weight"));
+        }
+    }
+    gguf_name(hf)
 }
 
 /// Maps a canonical (Hugging Face) tensor name to its GGUF name.
@@ -119,6 +185,8 @@ pub struct GgufSource {
     file: Arc<GgufFile>,
     /// Heads for q and k when rows must be un-permuted (llama layout).
     unpermute: Option<(usize, usize)>,
+    /// Decides the tensor names ([`gguf_name_for`]).
+    architecture: Architecture,
 }
 
 impl GgufSource {
@@ -129,7 +197,11 @@ impl GgufSource {
             Architecture::Llama | Architecture::Mistral
         )
         .then_some((config.num_heads, config.num_kv_heads));
-        Self { file, unpermute }
+        Self {
+            file,
+            unpermute,
+            architecture: config.architecture,
+        }
     }
 
     fn heads_to_unpermute(&self, hf: &str) -> Option<usize> {
@@ -149,7 +221,7 @@ impl GgufSource {
         let missing = || ModelError::MissingTensor {
             name: name.to_string(),
         };
-        let gname = gguf_name(name).ok_or_else(missing)?;
+        let gname = gguf_name_for(self.architecture, name).ok_or_else(missing)?;
         let info = self.file.tensor(&gname).ok_or_else(missing)?;
         // ggml lists the fastest-varying dimension first.
         let shape = info.dims.iter().rev().map(|&d| d as usize).collect();
@@ -175,7 +247,7 @@ impl TensorSource for GgufSource {
         let missing = || ModelError::MissingTensor {
             name: name.to_string(),
         };
-        let gname = gguf_name(name).ok_or_else(missing)?;
+        let gname = gguf_name_for(self.architecture, name).ok_or_else(missing)?;
         let index = self.file.tensor_index(&gname).ok_or_else(missing)?;
         let info = &self.file.tensors()[index];
         if matches!(
@@ -241,7 +313,7 @@ impl TensorSource for GgufSource {
     }
 
     fn contains(&self, name: &str) -> bool {
-        gguf_name(name).is_some_and(|g| self.file.tensor(&g).is_some())
+        gguf_name_for(self.architecture, name).is_some_and(|g| self.file.tensor(&g).is_some())
     }
 
     fn dtype_summary(&self) -> Vec<(String, usize)> {
@@ -322,6 +394,28 @@ mod tests {
             Some("blk.3.ffn_norm.weight")
         );
         assert_eq!(gguf_name("model.layers.3.mystery.weight"), None);
+        // Gemma 3's post-attention norm is not Llama's pre-MLP norm.
+        let gemma = |hf: &str| gguf_name_for(Architecture::Gemma3, hf);
+        assert_eq!(
+            gemma("model.layers.3.post_attention_layernorm.weight").as_deref(),
+            Some("blk.3.post_attention_norm.weight")
+        );
+        assert_eq!(
+            gemma("model.layers.3.pre_feedforward_layernorm.weight").as_deref(),
+            Some("blk.3.ffn_norm.weight")
+        );
+        assert_eq!(
+            gemma("model.layers.3.post_feedforward_layernorm.weight").as_deref(),
+            Some("blk.3.post_ffw_norm.weight")
+        );
+        assert_eq!(
+            gemma("model.embed_tokens.weight").as_deref(),
+            Some("token_embd.weight")
+        );
+        assert_eq!(
+            gemma("model.layers.3.self_attn.q_norm.weight").as_deref(),
+            Some("blk.3.attn_q_norm.weight")
+        );
     }
 
     #[test]

@@ -103,6 +103,12 @@ fn resolve(raw: RawConfig) -> Result<ModelConfig, ModelError> {
         .or(raw.model_type.clone())
         .unwrap_or_default();
     let architecture = Architecture::from_name(&name)?;
+    if architecture == Architecture::Gemma3 {
+        return Err(ModelError::InvalidConfig(
+            "Gemma 3 loads from GGUF files; Hugging Face directories of it are not supported"
+                .into(),
+        ));
+    }
     let scaling = match raw.rope_scaling {
         None => RopeScaling::None,
         Some(s) => match s.rope_type.as_str() {
@@ -177,6 +183,7 @@ fn resolve(raw: RawConfig) -> Result<ModelConfig, ModelError> {
             .unwrap_or(architecture == Architecture::Qwen2),
         qk_norm: architecture == Architecture::Qwen3,
         tie_word_embeddings: raw.tie_word_embeddings,
+        block: Default::default(),
     };
     config.validate()?;
     Ok(config)

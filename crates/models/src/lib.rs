@@ -17,7 +17,7 @@ pub mod llama;
 mod source;
 mod tensor;
 
-pub use config::{Architecture, ModelConfig, RopeConfig, RopeScaling};
+pub use config::{Architecture, BlockOptions, ModelConfig, RopeConfig, RopeScaling, SlidingWindow};
 pub use error::ModelError;
 pub use llama::{LayerWeights, LlamaWeights};
 pub use source::{open, LoadFormat, ModelFiles, TensorSource};

@@ -25,6 +25,9 @@ pub struct LayerWeights {
     pub qk_norm: Option<[HostTensor; 2]>,
     /// RMSNorm before the MLP, `[hidden]`.
     pub mlp_norm: HostTensor,
+    /// RMSNorms of the attention output and of the MLP output, `[hidden]`
+    /// each (Gemma 3).
+    pub post_norms: Option<[HostTensor; 2]>,
     /// `[intermediate, hidden]`.
     pub gate_proj: HostTensor,
     /// `[intermediate, hidden]`.
@@ -101,6 +104,11 @@ impl LlamaWeights {
             } else {
                 None
             };
+            let post_norms = if config.block.post_norms {
+                Some([get(p(POST_ATTN_NORM))?, get(p(POST_MLP_NORM))?])
+            } else {
+                None
+            };
             layers.push(LayerWeights {
                 attn_norm: get(p("input_layernorm.weight"))?,
                 q_proj: get(p("self_attn.q_proj.weight"))?,
@@ -109,7 +117,8 @@ impl LlamaWeights {
                 o_proj: get(p("self_attn.o_proj.weight"))?,
                 qkv_bias,
                 qk_norm,
-                mlp_norm: get(p("post_attention_layernorm.weight"))?,
+                mlp_norm: get(p(mlp_norm_name(config)))?,
+                post_norms,
                 gate_proj: get(p("mlp.gate_proj.weight"))?,
                 up_proj: get(p("mlp.up_proj.weight"))?,
                 down_proj: get(p("mlp.down_proj.weight"))?,
@@ -127,6 +136,22 @@ impl LlamaWeights {
             norm,
             lm_head,
         })
+    }
+}
+
+/// Hugging Face name of the post-attention norm of post-norm blocks.
+pub const POST_ATTN_NORM: &str = "post_attention_layernorm.weight";
+/// Hugging Face name of the post-MLP norm of post-norm blocks.
+pub const POST_MLP_NORM: &str = "post_feedforward_layernorm.weight";
+
+/// Hugging Face name (within a layer) of the norm before the MLP: Llama
+/// calls it `post_attention_layernorm`, post-norm blocks (Gemma) use that
+/// name for the norm after attention.
+pub fn mlp_norm_name(c: &ModelConfig) -> &'static str {
+    if c.block.post_norms {
+        "pre_feedforward_layernorm.weight"
+    } else {
+        "post_attention_layernorm.weight"
     }
 }
 
@@ -154,7 +179,11 @@ pub fn expected_shapes(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         add("self_attn.k_proj.weight", vec![kv, d]);
         add("self_attn.v_proj.weight", vec![kv, d]);
         add("self_attn.o_proj.weight", vec![d, q]);
-        add("post_attention_layernorm.weight", vec![d]);
+        add(mlp_norm_name(c), vec![d]);
+        if c.block.post_norms {
+            add(POST_ATTN_NORM, vec![d]);
+            add(POST_MLP_NORM, vec![d]);
+        }
         add("mlp.gate_proj.weight", vec![ff, d]);
         add("mlp.up_proj.weight", vec![ff, d]);
         add("mlp.down_proj.weight", vec![d, ff]);

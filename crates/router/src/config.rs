@@ -36,12 +36,14 @@ pub struct RouterConfig {
     pub retry: RetrySection,
     /// The per-worker circuit breaker.
     pub breaker: BreakerSection,
-    /// Worker discovery (`workers.dns`, `workers.file`).
+    /// Worker discovery (`workers.dns`, `workers.file`, `workers.redis`).
     pub discovery: DiscoverySection,
     /// A/B experiments between two worker groups (docs/router.md).
     pub experiments: Vec<ExperimentSection>,
     /// Canary releases of a worker group (docs/router.md).
     pub canary: Vec<CanarySection>,
+    /// Shared state in Redis: the instance registry (docs/fleet.md).
+    pub redis: ingot_config::RedisSection,
 }
 
 /// `[discovery]`.
@@ -80,6 +82,9 @@ pub struct WorkersSection {
     /// Named groups of workers (experiments and canaries route to groups);
     /// the workers above form the group "default".
     pub groups: Vec<GroupSection>,
+    /// Discover the workers registered in Redis (`[redis]` must be set).
+    /// Default false.
+    pub redis: Option<bool>,
 }
 
 /// `[[workers.groups]]`: a named set of workers.
@@ -184,6 +189,8 @@ pub struct ValidRouterConfig {
     pub experiments: Vec<ExperimentConfig>,
     /// Canaries.
     pub canaries: Vec<CanaryConfig>,
+    /// `[redis]` (the router registers itself when `url` is set).
+    pub redis: ingot_config::RedisSection,
 }
 
 /// Worker discovery.
@@ -195,12 +202,14 @@ pub struct DiscoveryConfig {
     pub file: Option<PathBuf>,
     /// Between resolutions / file checks.
     pub interval: std::time::Duration,
+    /// The workers registered in Redis.
+    pub redis: bool,
 }
 
 impl DiscoveryConfig {
     /// Whether any discovery source is configured.
     pub fn is_enabled(&self) -> bool {
-        !self.dns.is_empty() || self.file.is_some()
+        !self.dns.is_empty() || self.file.is_some() || self.redis
     }
 }
 
@@ -323,7 +332,18 @@ impl RouterConfig {
             dns: self.workers.dns.clone(),
             file: self.workers.file.clone(),
             interval: d(self.discovery.interval, 5000),
+            redis: self.workers.redis.unwrap_or(false),
         };
+        if let Err((key, message)) = self.redis.check() {
+            return Err(RouterConfigError::Invalid {
+                key,
+                message,
+                value: "[redis]".into(),
+            });
+        }
+        if discovery.redis && !self.redis.enabled() {
+            return Err(invalid("workers.redis", "[redis] url to be set", "true"));
+        }
         for entry in &discovery.dns {
             let port = entry.rsplit_once(':').map(|(_, p)| p.parse::<u16>());
             if !matches!(port, Some(Ok(_))) {
@@ -347,7 +367,7 @@ impl RouterConfig {
         if urls.is_empty() && local == 0 && !discovery.is_enabled() && !grouped {
             return Err(invalid(
                 "workers",
-                "at least one worker (workers.urls, workers.local, workers.dns, workers.file or workers.groups)",
+                "at least one worker (workers.urls, workers.local, workers.dns, workers.file, workers.redis or workers.groups)",
                 "none",
             ));
         }
@@ -429,6 +449,7 @@ impl RouterConfig {
             groups,
             experiments,
             canaries,
+            redis: self.redis,
         })
     }
 }
@@ -607,5 +628,19 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("workers.dns"), "{e}");
+    }
+
+    #[test]
+    fn redis_discovery_needs_a_redis_url() {
+        let e = parse("[workers]\nredis = true\n").unwrap_err().to_string();
+        assert!(e.contains("workers.redis"), "{e}");
+        let c =
+            parse("[workers]\nredis = true\n[redis]\nurl = \"redis://127.0.0.1:6379\"\n").unwrap();
+        assert!(c.discovery.redis && c.discovery.is_enabled());
+        assert_eq!(c.redis.namespace, "ingot");
+        let e = parse("[workers]\nredis = true\n[redis]\nurl = \"http://x\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("redis.url"), "{e}");
     }
 }

@@ -6,8 +6,12 @@
 //! when ready; ones no longer listed are drained (no new requests, in-flight
 //! ones finish).
 //!
-//! A failed resolution or unreadable file keeps the last good list for that
-//! source, so a DNS hiccup does not empty the pool.
+//! `workers.redis` lists the workers registered in Redis (docs/fleet.md):
+//! one that stops heartbeating (killed) drops out of the registry after
+//! its TTL and is drained here at the next tick.
+//!
+//! A failed resolution, unreadable file or unreachable Redis keeps the last
+//! good list for that source, so a hiccup does not empty the pool.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -24,6 +28,7 @@ struct Sources {
     dns: Vec<Option<BTreeSet<String>>>,
     file: Option<BTreeSet<String>>,
     file_stamp: Option<(SystemTime, u64)>,
+    redis: Option<BTreeSet<String>>,
 }
 
 /// Runs discovery until the process ends (returns at once when no source is
@@ -42,11 +47,17 @@ pub async fn discovery_task(state: Arc<RouterState>) {
     loop {
         tick.tick().await;
         refresh(&config, &mut sources).await;
+        if config.redis {
+            if let Some(fleet) = &state.fleet {
+                refresh_redis(fleet, &mut sources).await;
+            }
+        }
         let urls: BTreeSet<String> = sources
             .dns
             .iter()
             .flatten()
             .chain(sources.file.iter())
+            .chain(sources.redis.iter())
             .flatten()
             .cloned()
             .collect();
@@ -76,6 +87,21 @@ async fn refresh(config: &DiscoveryConfig, sources: &mut Sources) {
                 }
             }
         }
+    }
+}
+
+/// The registered workers' URLs (the last good list while Redis is down).
+async fn refresh_redis(fleet: &ingot_fleet::Fleet, sources: &mut Sources) {
+    match fleet.instances(ingot_fleet::Role::Worker).await {
+        Ok(list) => {
+            sources.redis = Some(
+                list.into_iter()
+                    .map(|i| i.url.trim_end_matches('/').to_string())
+                    .filter(|u| u.starts_with("http://"))
+                    .collect(),
+            );
+        }
+        Err(e) => tracing::debug!(error = %e, "workers.redis: keeping the last list"),
     }
 }
 
@@ -124,6 +150,7 @@ mod tests {
             dns: vec!["localhost:8123".into(), "localhost:not-a-port".into()],
             file: None,
             interval: std::time::Duration::from_secs(1),
+            redis: false,
         };
         let mut sources = Sources {
             dns: vec![None; 2],

@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use crate::error::{sse_interrupted, RouteError};
 use crate::metrics as m;
-use crate::policy::RequestInfo;
+use crate::policy::{chunk_hashes, PolicyKind, RequestInfo};
 use crate::retry::backoff;
 use crate::split::window::Sample;
 use crate::split::{unit_of, Assignment};
@@ -78,12 +78,13 @@ pub async fn forward(State(state): State<Arc<RouterState>>, req: Request) -> Res
                 .into_response()
         }
     };
-    let info = match request_info(&body) {
+    let mut info = match request_info(&body) {
         Ok(i) => i,
         Err(e) => return e.into_response(),
     };
     let unit = unit_of(&parts.headers, info.user.as_deref());
     let assignment = state.splits.assign(info.model.as_deref(), &unit);
+    let shared_chunks = shared_prefix(&state, &mut info).await;
     if let Some(model) = &info.model {
         let renamed = assignment
             .as_ref()
@@ -127,6 +128,7 @@ pub async fn forward(State(state): State<Arc<RouterState>>, req: Request) -> Res
                 metrics::histogram!(m::UPSTREAM_HEADERS).record(received.elapsed().as_secs_f64());
                 worker.breaker().on_success();
                 count_request(&state, &worker, resp.status());
+                record_prefix(&state, shared_chunks, worker.url());
                 return pass_through(resp, guard, observer);
             }
             Err((error, resp)) => {
@@ -427,7 +429,38 @@ fn request_info(body: &[u8]) -> Result<RequestInfo, RouteError> {
         user: obj.get("user").and_then(Value::as_str).map(str::to_string),
         stream: obj.get("stream").and_then(Value::as_bool).unwrap_or(false),
         text: prompt_text(&obj),
+        holders: Vec::new(),
     })
+}
+
+/// With the shared prefix index on, the prompt's chunk hashes, and
+/// `info.holders` filled from Redis (left empty when Redis does not answer:
+/// the local index decides alone).
+async fn shared_prefix(state: &RouterState, info: &mut RequestInfo) -> Option<Vec<[u8; 16]>> {
+    let fleet = state.fleet.as_ref()?;
+    if state.config.policy != PolicyKind::PrefixCache || !state.config.redis.share_prefix_index {
+        return None;
+    }
+    let chunks = chunk_hashes(&info.text);
+    if chunks.is_empty() {
+        return None;
+    }
+    if let Ok(holders) = fleet.prefix_holders(&chunks).await {
+        info.holders = holders;
+    }
+    Some(chunks)
+}
+
+/// Records in the shared index that `worker` got `chunks` (in the
+/// background: the response does not wait on Redis).
+fn record_prefix(state: &RouterState, chunks: Option<Vec<[u8; 16]>>, worker: String) {
+    let (Some(fleet), Some(chunks)) = (state.fleet.clone(), chunks) else {
+        return;
+    };
+    let ttl = state.config.redis.prefix_ttl.get();
+    tokio::spawn(async move {
+        let _ = fleet.prefix_record(&chunks, &worker, ttl).await;
+    });
 }
 
 /// The text a prompt starts with: chat messages' string contents in order

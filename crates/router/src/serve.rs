@@ -44,6 +44,9 @@ pub enum ServeError {
     /// The server failed.
     #[error("the HTTP server failed")]
     Serve(#[source] std::io::Error),
+    /// `[redis]` cannot be used.
+    #[error("redis: {0}")]
+    Redis(#[source] ingot_fleet::FleetError),
 }
 
 /// Runs the router until `shutdown` resolves (the binary passes SIGTERM or
@@ -107,7 +110,14 @@ pub async fn serve(
             source,
         })?;
     let local: SocketAddr = listener.local_addr().map_err(ServeError::Serve)?;
-    let state = Arc::new(RouterState::new(config, workers, restarts, metrics));
+    let fleet = ingot_fleet::FleetSettings::from_section(&config.redis)
+        .map(|s| ingot_fleet::Fleet::connect(&s))
+        .transpose()
+        .map_err(ServeError::Redis)?;
+    let heartbeat = fleet.clone().map(|f| register(f, &config, local));
+    let mut state = RouterState::new(config, workers, restarts, metrics);
+    state.fleet = fleet;
+    let state = Arc::new(state);
     let health = tokio::spawn(health_task(Arc::clone(&state)));
     let discovery = tokio::spawn(discovery_task(Arc::clone(&state)));
     let canaries = tokio::spawn(canary_task(Arc::clone(&state)));
@@ -124,9 +134,33 @@ pub async fn serve(
     health.abort();
     discovery.abort();
     canaries.abort();
+    if let Some(beat) = heartbeat {
+        beat.stop().await;
+    }
     let _ = shutdown_tx.send(true);
     for s in supervisors {
         let _ = s.await;
     }
     served.map_err(ServeError::Serve)
+}
+
+/// Announces this router in the registry (for visibility: `ingot route`
+/// instances are listed beside the workers).
+fn register(
+    fleet: ingot_fleet::Fleet,
+    config: &ValidRouterConfig,
+    local: SocketAddr,
+) -> ingot_fleet::Heartbeat {
+    let url = config
+        .redis
+        .advertise_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{local}"));
+    let me = ingot_fleet::Instance::this_process(ingot_fleet::Role::Router, url, Vec::new());
+    ingot_fleet::Heartbeat::start(
+        fleet,
+        me,
+        config.redis.heartbeat_interval.get(),
+        config.redis.heartbeat_ttl.get(),
+    )
 }

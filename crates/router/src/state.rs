@@ -40,6 +40,8 @@ pub struct RouterState {
     /// A/B experiments and canaries (`CanaryController::rollback` is the
     /// handle for remediation).
     pub splits: Splits,
+    /// Shared state in Redis, when `[redis]` is configured.
+    pub fleet: Option<ingot_fleet::Fleet>,
     budget: Mutex<RetryBudget>,
 }
 
@@ -68,6 +70,7 @@ impl RouterState {
             client,
             metrics,
             restarts,
+            fleet: None,
         }
     }
 

@@ -20,7 +20,7 @@ pub struct LayerKv {
     pub v: KvSlots,
 }
 
-/// Shapes shared by every attention call.
+/// Shapes and parameters of one layer's attention call.
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionShape {
     /// Query heads.
@@ -31,6 +31,11 @@ pub struct AttentionShape {
     pub head_dim: usize,
     /// Slots per block.
     pub block_size: usize,
+    /// Scores are `q·k * scale` (usually `head_dim^-0.5`).
+    pub scale: f32,
+    /// Sliding window: a token at `pos` attends to `pos + 1 - window ..= pos`
+    /// only; `None`: its whole causal prefix.
+    pub window: Option<usize>,
 }
 
 /// Where a batch token sits: its sequence's block table and its position.
@@ -42,7 +47,8 @@ pub struct TokenSite<'a> {
     pub pos: usize,
 }
 
-/// `out[t, h*hd..]` = softmax(q·Kᵀ/√hd)·V over each token's causal prefix.
+/// `out[t, h*hd..]` = softmax(q·Kᵀ·scale)·V over each token's causal prefix
+/// (its last `window` positions on sliding layers).
 /// `q` is `[tokens, num_heads * head_dim]`, as is `out`.
 pub fn paged_attention(
     shape: AttentionShape,
@@ -53,7 +59,7 @@ pub fn paged_attention(
 ) {
     let hd = shape.head_dim;
     let group = shape.num_heads / shape.num_kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = shape.scale;
     let dot = dot_fn();
     out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
         let (t, h) = (idx / shape.num_heads, idx % shape.num_heads);
@@ -79,11 +85,17 @@ fn attend_one(
     let mut scores = [0f32; MAX_BLOCK_SIZE];
     let (mut max, mut denom) = (f32::NEG_INFINITY, 0f32);
     let len = site.pos + 1;
-    for (b, &block) in site.block_table.iter().enumerate().take(len.div_ceil(bs)) {
+    // First visible position: blocks wholly before it are skipped, and the
+    // block holding it is read from its offset on.
+    let first = shape.window.map_or(0, |w| len.saturating_sub(w));
+    let first_block = first / bs;
+    let blocks = site.block_table.iter().enumerate().take(len.div_ceil(bs));
+    for (b, &block) in blocks.skip(first_block) {
+        let lo = first.saturating_sub(b * bs);
         let n = bs.min(len - b * bs);
         let base = block as usize * bs * row + kv_head * hd;
         let mut block_max = f32::NEG_INFINITY;
-        for (j, s) in scores[..n].iter_mut().enumerate() {
+        for (j, s) in scores[..n].iter_mut().enumerate().skip(lo) {
             let k = &kv.k[base + j * row..base + j * row + hd];
             *s = dot(q, k) * scale;
             block_max = block_max.max(*s);
@@ -94,7 +106,7 @@ fn attend_one(
         for a in acc.iter_mut() {
             *a *= correction;
         }
-        for (j, &s) in scores[..n].iter().enumerate() {
+        for (j, &s) in scores[..n].iter().enumerate().skip(lo) {
             let e = (s - new_max).exp();
             denom += e;
             let v = &kv.v[base + j * row..base + j * row + hd];
@@ -135,13 +147,16 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn paged_matches_naive_across_scattered_blocks() {
+    /// Paged attention of one token at position 9 (10 positions over 3
+    /// blocks of 4) against the naive softmax over its visible positions.
+    fn check_against_naive(window: Option<usize>, table: [u32; 3]) {
         let shape = AttentionShape {
             num_heads: 4,
             num_kv_heads: 2,
             head_dim: 8,
             block_size: 4,
+            scale: 1.0 / 8f32.sqrt(),
+            window,
         };
         let row = shape.num_kv_heads * shape.head_dim;
         let num_blocks = 6;
@@ -156,8 +171,8 @@ mod tests {
             k: KvSlots::from_values(&k).unwrap(),
             v: KvSlots::from_values(&v).unwrap(),
         };
-        let table = [5u32, 1, 3];
-        let pos = 9; // attends to 10 positions across 3 blocks
+        let pos = 9;
+        let first = window.map_or(0, |w| (pos + 1usize).saturating_sub(w));
         let q: Vec<f32> = (0..shape.num_heads * shape.head_dim)
             .map(|_| rnd())
             .collect();
@@ -170,16 +185,36 @@ mod tests {
         for h in 0..shape.num_heads {
             let g = h / 2;
             let slot = |p: usize| table[p / 4] as usize * 4 + p % 4;
-            let ks: Vec<Vec<f32>> = (0..=pos)
+            let ks: Vec<Vec<f32>> = (first..=pos)
                 .map(|p| kv.k[slot(p) * row + g * 8..slot(p) * row + g * 8 + 8].to_vec())
                 .collect();
-            let vs: Vec<Vec<f32>> = (0..=pos)
+            let vs: Vec<Vec<f32>> = (first..=pos)
                 .map(|p| kv.v[slot(p) * row + g * 8..slot(p) * row + g * 8 + 8].to_vec())
                 .collect();
             let want = naive(&q[h * 8..h * 8 + 8], &ks, &vs);
             for d in 0..8 {
-                assert!((out[h * 8 + d] as f64 - want[d]).abs() < 1e-5);
+                assert!(
+                    (out[h * 8 + d] as f64 - want[d]).abs() < 1e-5,
+                    "window {window:?} head {h}"
+                );
             }
         }
+    }
+
+    #[test]
+    fn paged_matches_naive_across_scattered_blocks() {
+        check_against_naive(None, [5, 1, 3]);
+    }
+
+    #[test]
+    fn sliding_window_sees_only_the_last_positions() {
+        // Windows ending inside a block, on a block edge, covering the whole
+        // prefix and larger than it.
+        for w in [1, 3, 4, 5, 6, 10, 64] {
+            check_against_naive(Some(w), [5, 1, 3]);
+        }
+        // Blocks wholly outside the window are never read: a table entry
+        // past the pool (a freed block) is harmless.
+        check_against_naive(Some(6), [1000, 1, 3]);
     }
 }

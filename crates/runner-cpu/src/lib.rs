@@ -1,4 +1,5 @@
-//! [`ModelRunner`] on the CPU: the Llama-family decoder.
+//! [`ModelRunner`] on the CPU: the weights, the KV pool and the block-level
+//! ops ([`block_ops`]) that the architecture files of `ingot-arch` drive.
 //!
 //! Two weight paths ([`CpuWeights`]):
 //! - native (the default for quantized GGUFs): tensors stay in their GGUF
@@ -16,6 +17,7 @@
 //! with.
 
 mod attention;
+mod block_ops;
 mod kv_memory;
 pub mod matmul;
 mod matrix;
@@ -23,9 +25,8 @@ mod ops;
 pub mod quant;
 mod simd;
 
-use attention::{
-    paged_attention, AttentionShape, LayerKv, TokenSite, MAX_BLOCK_SIZE, MAX_HEAD_DIM,
-};
+use attention::{LayerKv, MAX_BLOCK_SIZE, MAX_HEAD_DIM};
+use block_ops::CpuOps;
 use ingot_models::{BlockData, LlamaWeights, ModelConfig, ModelError, TensorSource};
 use ingot_runner::{ForwardBatch, KvCacheShape, ModelRunner, RunnerError};
 use kv_memory::KvSlots;
@@ -72,6 +73,8 @@ struct Layer {
     qk_norm: Option<(Vec<f32>, Vec<f32>)>,
     o_proj: Matrix,
     mlp_norm: Vec<f32>,
+    /// RMSNorms of the attention and MLP outputs (Gemma 3).
+    post_norms: Option<(Vec<f32>, Vec<f32>)>,
     /// `[2 * intermediate, hidden]`: gate rows then up rows.
     gate_up: Matrix,
     down: Matrix,
@@ -115,6 +118,10 @@ pub struct CpuRunner {
     /// `[position, head_dim / 2]` tables.
     cos: Vec<f32>,
     sin: Vec<f32>,
+    /// The tables of the sliding layers' own rope base (Gemma 3); empty
+    /// when every layer uses the global one.
+    local_cos: Vec<f32>,
+    local_sin: Vec<f32>,
     ws: Workspace,
 }
 
@@ -139,6 +146,7 @@ impl CpuRunner {
                 qk_norm: l.qk_norm.map(|[q, k]| (q.data, k.data)),
                 o_proj: Matrix::new(l.o_proj.data, dt),
                 mlp_norm: l.mlp_norm.data,
+                post_norms: l.post_norms.map(|[a, m]| (a.data, m.data)),
                 gate_up: Matrix::new([l.gate_proj.data, l.up_proj.data].concat(), dt),
                 down: Matrix::new(l.down_proj.data, dt),
             })
@@ -276,6 +284,14 @@ impl CpuRunner {
             } else {
                 None
             };
+            let post_norms = if config.block.post_norms {
+                Some((
+                    vector(p(ingot_models::llama::POST_ATTN_NORM))?,
+                    vector(p(ingot_models::llama::POST_MLP_NORM))?,
+                ))
+            } else {
+                None
+            };
             layers.push(Layer {
                 attn_norm: vector(p("input_layernorm.weight"))?,
                 qkv: matrix(&[
@@ -286,7 +302,8 @@ impl CpuRunner {
                 qkv_bias,
                 qk_norm,
                 o_proj: matrix(&[p("self_attn.o_proj.weight")])?,
-                mlp_norm: vector(p("post_attention_layernorm.weight"))?,
+                mlp_norm: vector(p(ingot_models::llama::mlp_norm_name(&config)))?,
+                post_norms,
                 gate_up: matrix(&[p("mlp.gate_proj.weight"), p("mlp.up_proj.weight")])?,
                 down: matrix(&[p("mlp.down_proj.weight")])?,
             });
@@ -322,6 +339,10 @@ impl CpuRunner {
             .map(|_| layer_kv(slots))
             .collect::<Result<_, _>>()?;
         let (cos, sin) = config.rope.tables(config.head_dim, config.max_context);
+        let (local_cos, local_sin) = match &config.block.sliding_window {
+            Some(w) => w.local_rope.tables(config.head_dim, config.max_context),
+            None => (Vec::new(), Vec::new()),
+        };
         Ok(Self {
             embed,
             lm_head,
@@ -334,6 +355,8 @@ impl CpuRunner {
             },
             cos,
             sin,
+            local_cos,
+            local_sin,
             ws: Workspace::default(),
             config,
         })
@@ -433,147 +456,33 @@ impl ModelRunner for CpuRunner {
         // kernels per layer then forks from inside the pool instead of
         // injecting a job from outside and sleeping until it is done, which
         // cost a thread wake-up per kernel (a third of decode time).
-        let len = rayon::scope(|_| self.forward_in_pool(batch));
+        let len = rayon::scope(|_| self.forward_in_pool(batch))?;
         Ok(&self.ws.logits[..len])
     }
 }
 
 impl CpuRunner {
-    /// The forward pass; returns the number of logits written.
-    fn forward_in_pool(&mut self, batch: &ForwardBatch<'_>) -> usize {
-        let c = &self.config;
-        let (d, qd, kvd, hd, ff) = (
-            c.hidden_size,
-            c.q_dim(),
-            c.kv_dim(),
-            c.head_dim,
-            c.intermediate_size,
-        );
-        let qkv_w = qd + 2 * kvd;
-        let t = batch.num_tokens();
-        let bs = self.kv_shape.block_size;
-        let ws = &mut self.ws;
-        grow(&mut ws.x, t * d);
-        grow(&mut ws.xn, t * d);
-        grow(&mut ws.qkv, t * qkv_w);
-        grow(&mut ws.q, t * qd);
-        grow(&mut ws.attn, t * qd);
-        grow(&mut ws.proj, t * d);
-        grow(&mut ws.gate_up, t * 2 * ff);
-        grow(&mut ws.act, t * ff);
-        ws.positions.clear();
-        ws.slots.clear();
-        let mut sites = Vec::with_capacity(t);
-        for chunk in &batch.chunks {
-            for (i, &tok) in chunk.tokens.iter().enumerate() {
-                let pos = chunk.start_pos + i;
-                ws.positions.push(pos);
-                ws.slots
-                    .push(chunk.block_table[pos / bs] as usize * bs + pos % bs);
-                let row = ws.positions.len() - 1;
-                self.embed
-                    .row_into(tok as usize, &mut ws.x[row * d..(row + 1) * d]);
-                sites.push(TokenSite {
-                    block_table: chunk.block_table,
-                    pos,
-                });
-            }
-        }
-        let shape = AttentionShape {
-            num_heads: c.num_heads,
-            num_kv_heads: c.num_kv_heads,
-            head_dim: hd,
-            block_size: bs,
+    /// The forward pass of the model's architecture file over the CPU ops;
+    /// returns the number of logits written.
+    fn forward_in_pool(&mut self, batch: &ForwardBatch<'_>) -> Result<usize, RunnerError> {
+        let mut ops = CpuOps {
+            config: &self.config,
+            embed: &self.embed,
+            lm_head: self.lm_head.as_ref(),
+            norm: &self.norm,
+            layers: &self.layers,
+            kv: &mut self.kv,
+            block_size: self.kv_shape.block_size,
+            cos: &self.cos,
+            sin: &self.sin,
+            local_cos: &self.local_cos,
+            local_sin: &self.local_sin,
+            ws: &mut self.ws,
+            batch,
+            sites: Vec::with_capacity(batch.num_tokens()),
+            logits_len: 0,
         };
-        let half = hd / 2;
-        for (layer, kv) in self.layers.iter().zip(self.kv.iter_mut()) {
-            ops::rms_norm(
-                &ws.x[..t * d],
-                &layer.attn_norm,
-                c.rms_norm_eps,
-                &mut ws.xn[..t * d],
-            );
-            layer
-                .qkv
-                .linear(&ws.xn, &mut ws.qkv, (t, d, qkv_w), &mut ws.acts);
-            if let Some(bias) = &layer.qkv_bias {
-                ops::add_bias(&mut ws.qkv[..t * qkv_w], bias);
-            }
-            for row in 0..t {
-                let r = &mut ws.qkv[row * qkv_w..(row + 1) * qkv_w];
-                let (q, rest) = r.split_at_mut(qd);
-                let (k, v) = rest.split_at_mut(kvd);
-                if let Some((qn, kn)) = &layer.qk_norm {
-                    ops::rms_norm_heads_in_place(q, qn, c.rms_norm_eps);
-                    ops::rms_norm_heads_in_place(k, kn, c.rms_norm_eps);
-                }
-                let p = ws.positions[row];
-                let (cos, sin) = (
-                    &self.cos[p * half..(p + 1) * half],
-                    &self.sin[p * half..(p + 1) * half],
-                );
-                ops::rope_in_place(q, hd, cos, sin);
-                ops::rope_in_place(k, hd, cos, sin);
-                let slot = ws.slots[row];
-                kv.k[slot * kvd..(slot + 1) * kvd].copy_from_slice(k);
-                kv.v[slot * kvd..(slot + 1) * kvd].copy_from_slice(v);
-                ws.q[row * qd..(row + 1) * qd].copy_from_slice(q);
-            }
-            paged_attention(shape, &ws.q[..t * qd], kv, &sites, &mut ws.attn[..t * qd]);
-            layer
-                .o_proj
-                .linear(&ws.attn, &mut ws.proj, (t, qd, d), &mut ws.acts);
-            ops::add_in_place(&mut ws.x[..t * d], &ws.proj[..t * d]);
-            ops::rms_norm(
-                &ws.x[..t * d],
-                &layer.mlp_norm,
-                c.rms_norm_eps,
-                &mut ws.xn[..t * d],
-            );
-            layer
-                .gate_up
-                .linear(&ws.xn, &mut ws.gate_up, (t, d, 2 * ff), &mut ws.acts);
-            ops::silu_mul(&ws.gate_up[..t * 2 * ff], &mut ws.act[..t * ff], ff);
-            layer
-                .down
-                .linear(&ws.act, &mut ws.proj, (t, ff, d), &mut ws.acts);
-            ops::add_in_place(&mut ws.x[..t * d], &ws.proj[..t * d]);
-        }
-        let rows = output_rows(batch);
-        let n = rows.len();
-        grow(&mut ws.last, n * d);
-        grow(&mut ws.logits, n * c.vocab_size);
-        for (i, &row) in rows.iter().enumerate() {
-            ops::rms_norm_row(
-                &ws.x[row * d..(row + 1) * d],
-                &self.norm,
-                c.rms_norm_eps,
-                &mut ws.last[i * d..(i + 1) * d],
-            );
-        }
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        head.linear(&ws.last, &mut ws.logits, (n, d, c.vocab_size), &mut ws.acts);
-        n * c.vocab_size
+        ingot_arch::forward(&self.config, &mut ops)?;
+        Ok(ops.logits_len)
     }
-}
-
-/// Token rows whose logits the batch returns: each chunk's last token,
-/// then every scored position.
-fn output_rows(batch: &ForwardBatch<'_>) -> Vec<usize> {
-    let mut first = Vec::with_capacity(batch.chunks.len());
-    let mut end = 0;
-    for chunk in &batch.chunks {
-        first.push(end);
-        end += chunk.tokens.len();
-    }
-    let mut rows: Vec<usize> = batch
-        .chunks
-        .iter()
-        .zip(&first)
-        .map(|(c, &f)| f + c.tokens.len() - 1)
-        .collect();
-    for s in &batch.score {
-        rows.extend((0..s.next.len()).map(|i| first[s.chunk] + i));
-    }
-    rows
 }

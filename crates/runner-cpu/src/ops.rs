@@ -65,6 +65,27 @@ pub fn silu_mul(gate_up: &[f32], out: &mut [f32], ff: usize) {
         });
 }
 
+/// `gate_up` rows hold `[gate | up]`; writes `gelu_tanh(gate) * up` into
+/// `out` (GELU with the tanh approximation, PyTorch's `gelu(approximate="tanh")`).
+pub fn gelu_tanh_mul(gate_up: &[f32], out: &mut [f32], ff: usize) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    out.par_chunks_mut(ff)
+        .zip(gate_up.par_chunks(2 * ff))
+        .for_each(|(o, gu)| {
+            let (g, u) = gu.split_at(ff);
+            for i in 0..ff {
+                let x = g[i];
+                let inner = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
+                o[i] = 0.5 * x * (1.0 + inner.tanh()) * u[i];
+            }
+        });
+}
+
+/// `x = cap * tanh(x / cap)` elementwise (logit soft-capping).
+pub fn softcap_in_place(x: &mut [f32], cap: f32) {
+    x.par_iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+}
+
 /// `x += y` elementwise.
 pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     x.par_iter_mut()
@@ -84,6 +105,23 @@ mod tests {
         assert!((x[0] - (c - 3.0 * s)).abs() < 1e-6);
         assert!((x[2] - (3.0 * c + s)).abs() < 1e-6);
         assert_eq!((x[1], x[3]), (2.0, 4.0));
+    }
+
+    #[test]
+    fn gelu_tanh_matches_known_values() {
+        // gelu_tanh(1) = 0.841192, gelu_tanh(-2) = -0.045402 (PyTorch).
+        let mut out = [0.0; 2];
+        gelu_tanh_mul(&[1.0, -2.0, 2.0, 1.0], &mut out, 2);
+        assert!((out[0] - 2.0 * 0.841_192).abs() < 1e-5, "{}", out[0]);
+        assert!((out[1] + 0.045_402).abs() < 1e-5, "{}", out[1]);
+    }
+
+    #[test]
+    fn softcap_bounds_and_keeps_small_values() {
+        let mut x = [1e6, -1e6, 0.01];
+        softcap_in_place(&mut x, 30.0);
+        assert!((x[0] - 30.0).abs() < 1e-4 && (x[1] + 30.0).abs() < 1e-4);
+        assert!((x[2] - 0.01).abs() < 1e-6);
     }
 
     #[test]

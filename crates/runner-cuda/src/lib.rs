@@ -13,11 +13,13 @@
 //!   from pinned memory; only picked ids (greedy or sampled on the device)
 //!   and the logprobs rows ask for come back.
 
+mod buffers;
 mod device;
 mod gemm;
+mod kernels;
+mod ops;
 mod profile;
 mod sampling;
-mod step;
 mod weights;
 
 use std::time::Instant;
@@ -29,11 +31,12 @@ use ingot_runner::{
     ForwardBatch, KvCacheShape, MaskSource, ModelRunner, Pick, RowSampling, RunnerError,
 };
 
+use buffers::{Buffers, StepPlan};
 use device::{Arena, Gpu, Pinned};
 use gemm::Gemm;
+use kernels::{Kernels, L2PrefetchSpec};
 use profile::{Marks, Profiler};
 use sampling::DeviceSampler;
-use step::{Buffers, Kernels, L2PrefetchSpec, StepPlan};
 use weights::DeviceWeights;
 
 /// A failure of the CUDA backend.
@@ -81,6 +84,19 @@ pub fn availability() -> Result<(), CudaError> {
         return Err(CudaError::Unavailable(
             "no CUDA driver (libcuda) found".into(),
         ));
+    }
+    Ok(())
+}
+
+/// Whether this backend runs `config`'s architecture: the Llama family
+/// only (its ops lack Gemma 3's windows, post-norms and GELU-tanh MLP).
+pub fn supports(config: &ModelConfig) -> Result<(), CudaError> {
+    if config.block != ingot_models::BlockOptions::default() {
+        return Err(CudaError::Unsupported(format!(
+            "the {} architecture (sliding-window attention, post-norms, GELU-tanh MLP) \
+             on the CUDA backend; serve it on the CPU (--device cpu)",
+            config.architecture.name()
+        )));
     }
     Ok(())
 }
@@ -252,6 +268,7 @@ impl CudaRunner {
         progress: &dyn Fn(usize, usize),
     ) -> Result<Self, CudaError> {
         // A bad spec fails before any GPU work.
+        supports(&config)?;
         let prefetch = L2PrefetchSpec::parse(opts.l2_prefetch.as_deref())?;
         let started = Instant::now();
         let gpu = Gpu::open(opts.device, opts.pdl, opts.check)?;
@@ -279,7 +296,7 @@ impl CudaRunner {
             workspace,
         )?;
         // SumSq starts empty (every step's embedding fills it first).
-        gpu.upload(buffers.sumsq, &vec![0u32; step::SUMSQ_BYTES / 4])?;
+        gpu.upload(buffers.sumsq, &vec![0u32; buffers::SUMSQ_BYTES / 4])?;
         gemm.sumsq = buffers.sumsq;
         let mut runner = Self {
             kv_shape: KvCacheShape {
@@ -507,12 +524,12 @@ impl CudaRunner {
             );
             self.buffers.upload(&self.gpu, &plan)?;
             // Run once eagerly: creates cuBLASLt plans outside the capture.
-            step::encode(&self.model(), &plan, None)?;
+            ops::encode(&self.model(), &plan, None)?;
             self.gpu.sync()?;
             self.gpu
                 .stream
                 .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-            let encoded = step::encode(&self.model(), &plan, None);
+            let encoded = ops::encode(&self.model(), &plan, None);
             let graph = self
                 .gpu
                 .stream
@@ -533,8 +550,8 @@ impl CudaRunner {
     }
 
     /// The parts a step reads.
-    fn model(&self) -> step::Model<'_> {
-        step::Model {
+    fn model(&self) -> ops::Model<'_> {
+        ops::Model {
             gpu: &self.gpu,
             gemm: &self.gemm,
             kernels: &self.kernels,
@@ -582,7 +599,7 @@ impl CudaRunner {
         self.buffers.upload(&self.gpu, &plan)?;
         match graph {
             Some(g) => g.graph.launch()?,
-            None => step::encode(&self.model(), &plan, marks.as_mut())?,
+            None => ops::encode(&self.model(), &plan, marks.as_mut())?,
         }
         if let (Some(p), Some(m)) = (self.profiler.as_mut(), marks) {
             self.gpu.sync()?;
@@ -756,7 +773,7 @@ impl CudaRunner {
         };
         if let Some(size) = graph.filter(|_| batch.expect_next && self.profiler.is_none()) {
             if let Some(next) = self.next_rows(batch) {
-                step::advance_decode(&self.gpu, &self.kernels, &self.buffers, n)?;
+                buffers::advance_decode(&self.gpu, &self.kernels, &self.buffers, n)?;
                 let g = self
                     .graphs
                     .iter()
@@ -809,7 +826,7 @@ impl CudaRunner {
         self.scored_host.resize(done + rows.len() * vocab, 0.0);
         for (g, group) in rows.chunks(self.buffers.max_seqs).enumerate() {
             self.buffers.upload_last_rows(&self.gpu, group)?;
-            step::project_rows(&self.model(), group.len())?;
+            ops::project_rows(&self.model(), group.len())?;
             let at = done + g * self.buffers.max_seqs * vocab;
             let host = &mut self.logits_host.as_mut_slice()[..group.len() * vocab];
             self.gpu.download(host, self.buffers.logits)?;

@@ -96,6 +96,12 @@ pub async fn serve(
         .reload(&config.runtime.config.auth)
         .map_err(|e| ServeError::Auth(e.to_string()))?;
     state.set_reload(config.reload.clone(), config.set_log_level.clone());
+    let redis = &config.runtime.config.redis;
+    if let Some(settings) = ingot_fleet::FleetSettings::from_section(redis) {
+        let fleet =
+            ingot_fleet::Fleet::connect(&settings).map_err(|e| ServeError::Redis(e.to_string()))?;
+        state.set_fleet(fleet);
+    }
     tokio::spawn(reload_on_hangup(state.clone()));
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
@@ -111,8 +117,11 @@ pub async fn serve(
     models.publish();
     state.set_models(models.clone());
     let _sweeper = models.spawn_idle_sweeper(IDLE_SWEEP);
+    let heartbeat = std::sync::Mutex::new(None);
     let loader = {
         let state = state.clone();
+        let heartbeat = &heartbeat;
+        let registration = registration(&config, local);
         async move {
             let failed = models.preload().await;
             if let Some(e) = failed.into_iter().next() {
@@ -120,6 +129,11 @@ pub async fn serve(
             }
             state.set_ready();
             tracing::info!("preloaded models in; ready");
+            // Registered once ready: routers discovering it can route at once.
+            if let (Some(fleet), Some((me, every, ttl))) = (state.fleet(), registration) {
+                let beat = ingot_fleet::Heartbeat::start(fleet.clone(), me, every, ttl);
+                *heartbeat.lock().unwrap_or_else(|p| p.into_inner()) = Some(beat);
+            }
             Ok(())
         }
     };
@@ -143,6 +157,11 @@ pub async fn serve(
         () = &mut shutdown => {}
     }
     tracing::info!(inflight = state.inflight(), "shutting down: draining");
+    // Out of the registry first, so routers stop sending new requests.
+    let beat = heartbeat.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(beat) = beat {
+        beat.stop().await;
+    }
     state.start_draining();
     if tokio::time::timeout(config.shutdown_timeout, state.wait_idle())
         .await
@@ -157,6 +176,36 @@ pub async fn serve(
     // Connections still open (idle keep-alive, cut streams) get a moment.
     let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
     Ok(())
+}
+
+/// This server's registry entry and heartbeat timing, when `[redis]` is
+/// configured: advertised at `redis.advertise_url`, else the bound address.
+fn registration(
+    config: &ServeConfig,
+    local: SocketAddr,
+) -> Option<(ingot_fleet::Instance, Duration, Duration)> {
+    let redis = &config.runtime.config.redis;
+    redis.url.as_ref()?;
+    let url = redis
+        .advertise_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{local}"));
+    let mut models: Vec<String> = config
+        .runtime
+        .config
+        .models
+        .iter()
+        .map(|m| m.id.clone())
+        .collect();
+    if models.is_empty() {
+        models.push(config.model_name.clone());
+    }
+    let me = ingot_fleet::Instance::this_process(ingot_fleet::Role::Worker, url, models);
+    Some((
+        me,
+        redis.heartbeat_interval.get(),
+        redis.heartbeat_ttl.get(),
+    ))
 }
 
 /// Reloads the config on every SIGHUP.
@@ -199,4 +248,7 @@ pub enum ServeError {
     /// The API keys cannot be loaded (a bad key file).
     #[error("{0}")]
     Auth(String),
+    /// `[redis]` cannot be used (a malformed URL).
+    #[error("redis: {0}")]
+    Redis(String),
 }

@@ -15,7 +15,8 @@ use tokio::sync::Notify;
 
 use crate::models::{Models, ServedModel};
 use crate::pipeline::{
-    CacheSettings, Coalescer, EngineGenerator, MemoryStore, ResponseCache, Sharing,
+    CacheSettings, Coalescer, EngineGenerator, MemoryStore, ResponseCache, ResponseStore, Sharing,
+    TwoTierStore,
 };
 use crate::reload::{LogLevelFn, ReloadFn};
 use crate::ApiError;
@@ -55,6 +56,8 @@ struct Inner {
     metrics: Option<PrometheusHandle>,
     /// API keys and their limits (auth off until loaded).
     edge: ingot_edge::Edge,
+    /// Shared state in Redis, when `[redis]` is configured.
+    fleet: OnceLock<ingot_fleet::Fleet>,
 }
 
 impl AppState {
@@ -87,6 +90,7 @@ impl AppState {
                 idle: Notify::new(),
                 metrics,
                 edge: ingot_edge::Edge::default(),
+                fleet: OnceLock::new(),
             }),
         }
     }
@@ -141,6 +145,37 @@ impl AppState {
         Ok(lease)
     }
 
+    /// Shares state through `fleet` from now on: the response cache gets
+    /// its Redis tier (`redis.share_cache`), the API keys' limits hold
+    /// across instances (`redis.share_rate_limits`).
+    pub fn set_fleet(&self, fleet: ingot_fleet::Fleet) {
+        let config = self.runtime().config.clone();
+        if config.redis.share_rate_limits {
+            self.inner.edge.share_limits(fleet.clone());
+        }
+        if self.inner.fleet.set(fleet).is_ok() && config.redis.share_cache {
+            self.inner.pipeline.replace_store(self.store_for(&config));
+        }
+    }
+
+    /// The shared-state client, when configured.
+    pub fn fleet(&self) -> Option<&ingot_fleet::Fleet> {
+        self.inner.fleet.get()
+    }
+
+    /// The response store `config` asks for: local, or local then Redis.
+    fn store_for(&self, config: &Config) -> Arc<dyn ResponseStore> {
+        let local = MemoryStore::new(cache_settings(config));
+        match self.inner.fleet.get() {
+            Some(fleet) if config.redis.share_cache => Arc::new(TwoTierStore::new(
+                local,
+                fleet.clone(),
+                config.cache.ttl.get(),
+            )),
+            _ => Arc::new(local),
+        }
+    }
+
     /// The API keys and their limits (the router's auth layer reads them).
     pub fn edge(&self) -> &ingot_edge::Edge {
         &self.inner.edge
@@ -184,8 +219,9 @@ impl AppState {
     pub fn set_runtime(&self, runtime: Loaded) {
         let old = self.runtime();
         if cache_settings(&old.config) != cache_settings(&runtime.config) {
-            let store = Arc::new(MemoryStore::new(cache_settings(&runtime.config)));
-            self.inner.pipeline.replace_store(store);
+            self.inner
+                .pipeline
+                .replace_store(self.store_for(&runtime.config));
         }
         *self
             .inner

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 pub use latency_aware::LatencyAwarePolicy;
 pub use least_outstanding::LeastOutstandingPolicy;
 pub use power_of_two::PowerOfTwoPolicy;
-pub use prefix_cache::PrefixCachePolicy;
+pub use prefix_cache::{chunk_hashes, PrefixCachePolicy};
 pub use round_robin::RoundRobinPolicy;
 
 use crate::worker::{Worker, WorkerId};
@@ -32,6 +32,9 @@ pub struct RequestInfo {
     /// Its prompt text (chat messages' contents joined, or the prompt), for
     /// the prefix-cache-aware policy.
     pub text: String,
+    /// Per leading chunk of `text`, the worker URLs other routers sent it
+    /// to (the shared prefix index; empty without Redis).
+    pub holders: Vec<Vec<String>>,
 }
 
 /// Chooses a worker for a request.

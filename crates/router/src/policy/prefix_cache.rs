@@ -13,6 +13,13 @@
 //! a lookup walks the chain and stops at the first unknown chunk, which is
 //! the same longest-prefix match at chunk granularity with flat, bounded
 //! memory (oldest entries are evicted past `capacity`).
+//!
+//! With `[redis]` (`share_prefix_index`), the proxy also looks the chunks
+//! up in the fleet's shared index and records its choices there
+//! (`RequestInfo::holders`): a chunk counts as held by a worker when this
+//! router or any other sent it there, so routers agree on where a prefix
+//! lives. Without Redis (or while it is down) the local index alone
+//! decides, as before.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -118,9 +125,19 @@ impl Policy for PrefixCachePolicy {
             .iter()
             .filter(|w| w.queue_depth() <= min_load + MAX_IMBALANCE)
             .map(|w| {
+                // Only read (allocated) when the shared index answered.
+                let url = if request.holders.is_empty() {
+                    String::new()
+                } else {
+                    w.url()
+                };
                 let matched = chunks
                     .iter()
-                    .take_while(|c| index.entries.contains_key(&(**c, w.id)))
+                    .enumerate()
+                    .take_while(|(i, c)| {
+                        index.entries.contains_key(&(**c, w.id))
+                            || request.holders.get(*i).is_some_and(|h| h.contains(&url))
+                    })
                     .count();
                 // Longest match; ties: the less loaded, then the lower id.
                 (
@@ -204,6 +221,30 @@ mod tests {
         assert_eq!(p.select(&req(&text), &w), Some(1));
         w[0].set_load(scraped(MAX_IMBALANCE), true);
         assert_eq!(p.select(&req(&text), &w), Some(0), "within the threshold");
+    }
+
+    #[test]
+    fn another_routers_choice_from_the_shared_index_is_followed() {
+        let cfg = crate::config::BreakerConfig {
+            failure_threshold: 1,
+            cooldown: std::time::Duration::from_secs(1),
+        };
+        let w: Vec<Arc<Worker>> = (0..2)
+            .map(|i| {
+                let url = format!("http://10.0.0.{i}:8000");
+                Arc::new(Worker::new(i, url.clone(), url, false, cfg))
+            })
+            .collect();
+        let p = PrefixCachePolicy::default();
+        let text = "a prefix another router placed ".repeat(10);
+        let chunks = chunk_hashes(&text);
+        // This router has never seen it; the fleet says worker 1 holds it.
+        let mut request = req(&text);
+        request.holders = vec![vec![w[1].url()]; chunks.len()];
+        assert_eq!(p.select(&request, &w), Some(1));
+        // Without the shared index the fallback (least loaded, lowest id) wins.
+        let q = PrefixCachePolicy::default();
+        assert_eq!(q.select(&req(&text), &w), Some(0));
     }
 
     #[test]

@@ -16,6 +16,7 @@ mod cache;
 mod coalesce;
 mod engine;
 mod key;
+mod shared;
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
@@ -27,6 +28,7 @@ pub use cache::{
 pub use coalesce::Coalescer;
 pub use engine::EngineGenerator;
 pub use key::{is_deterministic, request_key, RequestKey};
+pub use shared::{TwoTierStore, SHARED_LOOKUPS};
 
 /// Events of one generation; dropping the stream gives it up (the engine
 /// request is aborted once nobody else shares it).

@@ -205,8 +205,10 @@ async fn start(
     let mut reserved = 0;
     if let Some(k) = key {
         reserved = submission.token_budget(prompts, sampling);
-        k.limits
-            .reserve_tokens(reserved)
+        state
+            .edge()
+            .reserve_tokens(k, reserved)
+            .await
             .map_err(|r| ApiError::RateLimited {
                 retry_after: r.retry_after(),
                 message: r.message(),

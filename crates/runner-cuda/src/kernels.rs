@@ -1,0 +1,611 @@
+//! The step's kernels: loading them for a model, and one typed argument
+//! struct per kernel whose `launch` lays its fields out in the kernel's
+//! parameter order and picks its grid (no positional argument lists at the
+//! call sites).
+
+use cudarc::driver::sys::CUdevice_attribute;
+use ingot_models::ModelConfig;
+
+use crate::device::{Arg, DevPtr, Gpu, Kernel};
+use crate::CudaError;
+
+/// Query rows per prefill-attention tile (the kernel's `TILE`): 64 / G
+/// tokens of a chunk times the G query heads of a kv head.
+pub const PREFILL_TILE: usize = 64;
+/// Heads (one per warp) of a `rope_qkv` block (its `ROPE_WARPS`).
+const ROPE_WARPS: usize = 8;
+
+/// The kernels this model needs.
+pub struct Kernels {
+    embed_rows: Kernel,
+    add_rms_norm: Kernel,
+    rope_qkv: Kernel,
+    silu_mul: Kernel,
+    argmax_rows: Kernel,
+    decode_attention: Kernel,
+    combine: Kernel,
+    advance_decode: Kernel,
+    /// Absent for head sizes without a tensor-core kernel.
+    prefill_attention: Option<(Kernel, u32)>,
+    pub num_sms: usize,
+    /// What the decode attention prefetches into L2 at GEMV batch sizes.
+    l2_prefetch: L2Prefetch,
+}
+
+/// Small-batch decode attention is latency-bound and leaves DRAM idle; it
+/// uses that time to bring the first `bytes` of the output projection's
+/// weights into L2 (`l2_prefetch` in common.cuh; `mode` bit 0: issue before
+/// waiting for the q/k/v GEMV, bit 1: evict-last hint).
+#[derive(Clone, Copy, Debug)]
+struct L2Prefetch {
+    bytes: usize,
+    mode: i32,
+}
+
+/// A parsed `cuda.l2_prefetch` spec: `<MiB>[:<mode>]`, either part falling
+/// back to the default when the spec is unset.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct L2PrefetchSpec {
+    mib: Option<usize>,
+    mode: Option<i32>,
+}
+
+impl L2PrefetchSpec {
+    /// Parses `<MiB>[:<mode>]` (`None`: the defaults). A malformed spec is an
+    /// error, never silently the default: a benchmark must run what it says.
+    pub fn parse(spec: Option<&str>) -> Result<Self, CudaError> {
+        let Some(spec) = spec else {
+            return Ok(Self::default());
+        };
+        let bad = || {
+            CudaError::InvalidOption(format!(
+                "l2_prefetch {spec:?}: expected <MiB>[:<mode>], e.g. \"8\" or \"8:1\""
+            ))
+        };
+        let (mib, mode) = match spec.split_once(':') {
+            Some((mib, mode)) => (mib, Some(mode)),
+            None => (spec, None),
+        };
+        let mib = mib.trim().parse::<usize>().map_err(|_| bad())?;
+        let mode = match mode {
+            Some(m) => Some(m.trim().parse::<i32>().map_err(|_| bad())?),
+            None => None,
+        };
+        if mib.checked_mul(1 << 20).is_none() {
+            return Err(bad());
+        }
+        Ok(Self {
+            mib: Some(mib),
+            mode,
+        })
+    }
+}
+
+impl L2Prefetch {
+    /// A sixth of the L2 by default (8 MiB on an H100: 8B batch 1 at
+    /// 182.0 tok/s against 180.6 without, 181.6 / 181.5 / 180.6 / 178.9
+    /// with 4 / 12 / 16 / 33 MiB; an evict-last hint was slower); `spec`
+    /// (`cuda.l2_prefetch`) overrides it (0: off).
+    fn new(l2_bytes: usize, spec: L2PrefetchSpec) -> Self {
+        Self {
+            bytes: spec.mib.map_or(l2_bytes / 6, |m| m << 20),
+            mode: spec.mode.unwrap_or(1),
+        }
+    }
+
+    /// The `(base, bytes, mode)` kernel arguments for prefetching (up to)
+    /// `bytes` at `base`.
+    fn args(&self, base: DevPtr, bytes: usize) -> [Arg; 3] {
+        let n = self.bytes.min(bytes) & !15;
+        let base = if n == 0 { 0 } else { base };
+        [Arg::Ptr(base), Arg::I64(n as i64), Arg::I32(self.mode)]
+    }
+}
+
+impl Kernels {
+    /// Loads the kernels for `config`'s head size and GQA group.
+    pub fn load(
+        gpu: &Gpu,
+        config: &ModelConfig,
+        prefetch: L2PrefetchSpec,
+    ) -> Result<Self, CudaError> {
+        let (hd, group) = (
+            config.head_dim,
+            config.num_heads / config.num_kv_heads.max(1),
+        );
+        if group * config.num_kv_heads != config.num_heads || !(1..=8).contains(&group) {
+            return Err(CudaError::Unsupported(format!(
+                "{} query heads over {} kv heads (groups of 1 to 8 are supported)",
+                config.num_heads, config.num_kv_heads
+            )));
+        }
+        if !config.intermediate_size.is_multiple_of(8) || !config.hidden_size.is_multiple_of(8) {
+            return Err(CudaError::Unsupported(format!(
+                "hidden size {} / MLP width {} (multiples of 8 are supported)",
+                config.hidden_size, config.intermediate_size
+            )));
+        }
+        let decode_attention = gpu
+            .kernel(&format!("paged_attention_hd{hd}_g{group}"))
+            .map_err(|_| {
+                CudaError::Unsupported(format!("head_dim {hd} (64, 128 and 256 are supported)"))
+            })?;
+        let prefill_attention = match gpu.kernel(&format!("prefill_attention_hd{hd}")) {
+            Ok(k) => {
+                let bytes = prefill_shared_bytes(hd) as u32;
+                k.allow_shared_memory(bytes)?;
+                Some((k, bytes))
+            }
+            Err(_) => None,
+        };
+        Ok(Self {
+            embed_rows: gpu.kernel("embed_rows")?,
+            add_rms_norm: gpu.kernel("add_rms_norm")?,
+            rope_qkv: gpu.kernel("rope_qkv")?,
+            silu_mul: gpu.kernel("silu_mul")?,
+            argmax_rows: gpu.kernel("argmax_rows")?,
+            decode_attention,
+            combine: gpu.kernel("attention_combine")?,
+            advance_decode: gpu.kernel("advance_decode")?,
+            prefill_attention,
+            num_sms: gpu
+                .ctx
+                .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+                as usize,
+            l2_prefetch: L2Prefetch::new(
+                gpu.ctx
+                    .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?
+                    as usize,
+                prefetch,
+            ),
+        })
+    }
+}
+
+impl Kernels {
+    /// Whether long chunks can use the tensor-core prefill attention.
+    pub fn has_prefill(&self) -> bool {
+        self.prefill_attention.is_some()
+    }
+}
+
+/// Mirrors `PrefillSmem<HD>::BYTES` in attention.cu.
+fn prefill_shared_bytes(hd: usize) -> usize {
+    // Q, K and V: 64-row tiles of hd + 8 bf16.
+    3 * PREFILL_TILE * (hd + 8) * 2
+}
+
+/// Query, key and value head counts and the head width.
+#[derive(Debug, Clone, Copy)]
+pub struct Heads {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl Heads {
+    pub fn of(c: &ModelConfig) -> Self {
+        Self {
+            heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+        }
+    }
+}
+
+/// One layer's paged KV cache, `[blocks, kv_heads, block_size, head_dim]`
+/// bf16 each.
+#[derive(Debug, Clone, Copy)]
+pub struct KvCache {
+    pub k: DevPtr,
+    pub v: DevPtr,
+    pub block_size: usize,
+}
+
+/// `embed_rows`: `x[t] = embed[ids[t]]` (f32), leaving the rows' sums of
+/// squares and, with `next_norm = (g, xg)`, `xg = bf16(x ⊙ g)` for the
+/// RMSNorm fused into the next GEMV.
+pub struct EmbedRows {
+    pub tokens: usize,
+    pub ids: DevPtr,
+    pub table: DevPtr,
+    pub x: DevPtr,
+    pub hidden: usize,
+    pub sumsq: DevPtr,
+    pub next_norm: Option<(DevPtr, DevPtr)>,
+}
+
+impl EmbedRows {
+    pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        let (norm, xg) = self.next_norm.unwrap_or((0, 0));
+        let args = [
+            Arg::Ptr(self.ids),
+            Arg::Ptr(self.table),
+            Arg::Ptr(self.x),
+            Arg::I32(self.hidden as i32),
+            Arg::Ptr(self.sumsq),
+            Arg::Ptr(norm),
+            Arg::Ptr(xg),
+        ];
+        gpu.launch(&k.embed_rows, (self.tokens as u32, 1, 1), 256, 0, &args)
+    }
+}
+
+/// `add_rms_norm` without a residual delta: `out[r] = RMSNorm(x[r]) · weight`
+/// for `rows` rows; with `gather` (a device list of row indices, or 0) row
+/// r reads `x[gather[r]]`.
+pub struct RmsNorm {
+    pub rows: usize,
+    pub x: DevPtr,
+    pub gather: DevPtr,
+    pub weight: DevPtr,
+    pub out: DevPtr,
+    pub hidden: usize,
+    pub eps: f32,
+}
+
+impl RmsNorm {
+    pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(self.x),
+            Arg::Ptr(0), // no residual delta: o_proj/down already added into x
+            Arg::Ptr(self.gather),
+            Arg::Ptr(self.weight),
+            Arg::Ptr(self.out),
+            Arg::I32(self.hidden as i32),
+            Arg::F32(self.eps),
+        ];
+        let grid = (self.rows as u32, 1, 1);
+        gpu.launch(&k.add_rms_norm, grid, row_threads(self.hidden), 0, &args)
+    }
+}
+
+/// Threads for row-wise kernels over `d` elements.
+fn row_threads(d: usize) -> u32 {
+    if d >= 2048 {
+        512
+    } else {
+        256
+    }
+}
+
+/// Where rope and the KV write of a q/k/v projection go: the step's
+/// positions and slots, the rotary tables, the query output and the cache.
+#[derive(Debug, Clone, Copy)]
+pub struct RopeTarget {
+    pub positions: DevPtr,
+    pub slots: DevPtr,
+    pub cos: DevPtr,
+    pub sin: DevPtr,
+    pub q: DevPtr,
+    pub kv: KvCache,
+    pub heads: Heads,
+}
+
+impl RopeTarget {
+    fn args(&self) -> [Arg; 11] {
+        let h = self.heads;
+        [
+            Arg::Ptr(self.positions),
+            Arg::Ptr(self.slots),
+            Arg::Ptr(self.cos),
+            Arg::Ptr(self.sin),
+            Arg::Ptr(self.q),
+            Arg::Ptr(self.kv.k),
+            Arg::Ptr(self.kv.v),
+            Arg::I32(h.heads as i32),
+            Arg::I32(h.kv_heads as i32),
+            Arg::I32(h.head_dim as i32),
+            Arg::I32(self.kv.block_size as i32),
+        ]
+    }
+}
+
+/// The GEMV's input: bf16 activations, or (a fused RMSNorm) the pre-scaled
+/// residual `xg` that the kernel scales by 1/rms from the sums of squares.
+#[derive(Debug, Clone, Copy)]
+pub enum GemvInput {
+    Plain(DevPtr),
+    Normed { xg: DevPtr, eps: f32, sumsq: DevPtr },
+}
+
+impl GemvInput {
+    fn args(&self) -> Vec<Arg> {
+        match *self {
+            Self::Plain(x) => vec![Arg::Ptr(x)],
+            Self::Normed { xg, eps, sumsq } => vec![Arg::Ptr(xg), Arg::F32(eps), Arg::Ptr(sumsq)],
+        }
+    }
+}
+
+/// The fused q/k/v GEMV + bias + rope + KV write (the GEMV family's
+/// `qkv_rope` variants, picked by [`crate::gemm::Gemm::qkv_rope_kernel`]).
+pub struct QkvRopeGemv {
+    pub input: GemvInput,
+    pub weight: DevPtr,
+    pub inputs: usize,
+    /// Output columns: `q_dim + 2 kv_dim`.
+    pub width: usize,
+    pub bias: DevPtr,
+    pub target: RopeTarget,
+}
+
+impl QkvRopeGemv {
+    pub fn launch(&self, gpu: &Gpu, kernel: &Kernel) -> Result<(), CudaError> {
+        let t = self.target.args();
+        let mut args = self.input.args();
+        args.extend([
+            Arg::Ptr(self.weight),
+            Arg::I32(self.inputs as i32),
+            Arg::Ptr(self.bias),
+        ]);
+        args.extend_from_slice(&t);
+        // Two warps (of 8 per block) per rotary pair.
+        let grid = (self.width.div_ceil(8) as u32, 1, 1);
+        gpu.launch(kernel, grid, 256, 0, &args)
+    }
+}
+
+/// `rope_qkv`: bias, q/k norm, rotary embedding and the KV write of the
+/// projected `qkv` rows; the queries land in `target.q`.
+pub struct RopeQkv {
+    pub tokens: usize,
+    pub qkv: DevPtr,
+    pub bias: DevPtr,
+    /// `(q_norm, k_norm)` weights, or zeros.
+    pub qk_norm: (DevPtr, DevPtr),
+    pub eps: f32,
+    pub target: RopeTarget,
+}
+
+impl RopeQkv {
+    pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        let t = self.target.args();
+        let mut args = vec![
+            Arg::Ptr(self.qkv),
+            Arg::Ptr(self.bias),
+            Arg::Ptr(self.qk_norm.0),
+            Arg::Ptr(self.qk_norm.1),
+        ];
+        // The epsilon sits before the block size (the target's last).
+        args.extend_from_slice(&t[..10]);
+        args.extend([Arg::F32(self.eps), t[10]]);
+        let h = self.target.heads;
+        // A warp per head, ROPE_WARPS heads per block.
+        let blocks = (h.heads + 2 * h.kv_heads).div_ceil(ROPE_WARPS) as u32;
+        let grid = (self.tokens as u32, blocks, 1);
+        gpu.launch(&k.rope_qkv, grid, 32 * ROPE_WARPS as u32, 0, &args)
+    }
+}
+
+/// `silu_mul`: `act = silu(gate) · up` from the fused gate/up rows.
+pub struct SiluMul {
+    pub tokens: usize,
+    pub gate_up: DevPtr,
+    pub act: DevPtr,
+    pub width: usize,
+}
+
+impl SiluMul {
+    pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        let grid = (self.tokens as u32, self.width.div_ceil(8 * 256) as u32, 1);
+        let args = [
+            Arg::Ptr(self.gate_up),
+            Arg::Ptr(self.act),
+            Arg::I32(self.width as i32),
+        ];
+        gpu.launch(&k.silu_mul, grid, 256, 0, &args)
+    }
+}
+
+/// `argmax_rows`: the greedy token of each row of logits.
+pub struct ArgmaxRows {
+    pub rows: usize,
+    pub logits: DevPtr,
+    pub vocab: usize,
+    pub out: DevPtr,
+}
+
+impl ArgmaxRows {
+    pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(self.logits),
+            Arg::I32(self.vocab as i32),
+            Arg::Ptr(self.out),
+        ];
+        gpu.launch(&k.argmax_rows, (self.rows as u32, 1, 1), 1024, 0, &args)
+    }
+}
+
+/// The step's paged-attention inputs shared by the decode and prefill
+/// kernels.
+#[derive(Debug, Clone, Copy)]
+pub struct PagedInputs {
+    pub tables: DevPtr,
+    pub stride: DevPtr,
+    pub positions: DevPtr,
+}
+
+/// `paged_attention_hd*_g*` over `tokens` decode rows split `splits` ways
+/// (partials in `part_acc`/`part_ml`, then [`AttentionCombine`]); it
+/// prefetches the first bytes of `prefetch = (weights, bytes)` into L2.
+pub struct DecodeAttention {
+    pub tokens: usize,
+    pub splits: usize,
+    pub q: DevPtr,
+    pub kv: KvCache,
+    pub paged: PagedInputs,
+    pub token_seq: DevPtr,
+    /// The token rows to attend for (0: rows 0..tokens).
+    pub decode_ids: DevPtr,
+    pub out: DevPtr,
+    pub part_acc: DevPtr,
+    pub part_ml: DevPtr,
+    pub heads: Heads,
+    pub scale_log2: f32,
+    pub prefetch: (DevPtr, usize),
+}
+
+impl DecodeAttention {
+    pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        let [pf_base, pf_bytes, pf_mode] = k.l2_prefetch.args(self.prefetch.0, self.prefetch.1);
+        let args = [
+            Arg::Ptr(self.q),
+            Arg::Ptr(self.kv.k),
+            Arg::Ptr(self.kv.v),
+            Arg::Ptr(self.paged.tables),
+            Arg::Ptr(self.paged.stride),
+            Arg::Ptr(self.token_seq),
+            Arg::Ptr(self.paged.positions),
+            Arg::Ptr(self.decode_ids),
+            Arg::Ptr(self.out),
+            Arg::Ptr(self.part_acc),
+            Arg::Ptr(self.part_ml),
+            Arg::I32(self.heads.heads as i32),
+            Arg::I32(self.heads.kv_heads as i32),
+            Arg::I32(self.kv.block_size as i32),
+            Arg::F32(self.scale_log2),
+            Arg::I32(self.splits as i32),
+            pf_base,
+            pf_bytes,
+            pf_mode,
+        ];
+        let grid = (
+            self.tokens as u32,
+            self.heads.kv_heads as u32,
+            self.splits as u32,
+        );
+        gpu.launch(&k.decode_attention, grid, 128, 0, &args)?;
+        if self.splits > 1 {
+            let combine = AttentionCombine {
+                tokens: self.tokens,
+                splits: self.splits,
+                part_acc: self.part_acc,
+                part_ml: self.part_ml,
+                decode_ids: self.decode_ids,
+                out: self.out,
+                heads: self.heads,
+            };
+            combine.launch(gpu, k)?;
+        }
+        Ok(())
+    }
+}
+
+/// `attention_combine`: merges the split partials of each decode row.
+pub struct AttentionCombine {
+    pub tokens: usize,
+    pub splits: usize,
+    pub part_acc: DevPtr,
+    pub part_ml: DevPtr,
+    pub decode_ids: DevPtr,
+    pub out: DevPtr,
+    pub heads: Heads,
+}
+
+impl AttentionCombine {
+    pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(self.part_acc),
+            Arg::Ptr(self.part_ml),
+            Arg::Ptr(self.decode_ids),
+            Arg::Ptr(self.out),
+            Arg::I32(self.heads.heads as i32),
+            Arg::I32(self.heads.head_dim as i32),
+            Arg::I32(self.splits as i32),
+        ];
+        let grid = (self.tokens as u32, self.heads.heads as u32, 1);
+        gpu.launch(&k.combine, grid, 128, 0, &args)
+    }
+}
+
+/// `prefill_attention_hd*`: tensor-core causal attention over `num_tiles`
+/// tiles of `(first row, rows, sequence)` triples.
+pub struct PrefillAttention {
+    pub num_tiles: usize,
+    pub tiles: DevPtr,
+    pub q: DevPtr,
+    pub kv: KvCache,
+    pub paged: PagedInputs,
+    pub out: DevPtr,
+    pub heads: Heads,
+    pub scale_log2: f32,
+}
+
+impl PrefillAttention {
+    pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        let (kernel, smem) = k.prefill_attention.as_ref().ok_or_else(|| {
+            CudaError::Unsupported("prefill tiles without a prefill kernel".into())
+        })?;
+        let args = [
+            Arg::Ptr(self.q),
+            Arg::Ptr(self.kv.k),
+            Arg::Ptr(self.kv.v),
+            Arg::Ptr(self.paged.tables),
+            Arg::Ptr(self.paged.stride),
+            Arg::Ptr(self.tiles),
+            Arg::Ptr(self.paged.positions),
+            Arg::Ptr(self.out),
+            Arg::I32(self.heads.heads as i32),
+            Arg::I32(self.heads.kv_heads as i32),
+            Arg::I32(self.kv.block_size as i32),
+            Arg::F32(self.scale_log2),
+        ];
+        let grid = (self.num_tiles as u32, self.heads.kv_heads as u32, 1);
+        gpu.launch(kernel, grid, 128, *smem, &args)
+    }
+}
+
+/// `advance_decode`: rewrites a decode step's inputs into those of the
+/// step after it (next token = the one sampled, one position further).
+pub struct AdvanceDecode {
+    pub rows: usize,
+    pub ids: DevPtr,
+    pub positions: DevPtr,
+    pub slots: DevPtr,
+    pub sampled: DevPtr,
+}
+
+impl AdvanceDecode {
+    pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(self.ids),
+            Arg::Ptr(self.positions),
+            Arg::Ptr(self.slots),
+            Arg::Ptr(self.sampled),
+            Arg::I32(self.rows as i32),
+        ];
+        let grid = (self.rows.div_ceil(128) as u32, 1, 1);
+        gpu.launch(&k.advance_decode, grid, 128, 0, &args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn l2_prefetch_specs_parse_strictly() {
+        let parse = |s| L2PrefetchSpec::parse(Some(s));
+        let spec = |mib, mode| L2PrefetchSpec { mib, mode };
+        assert_eq!(L2PrefetchSpec::parse(None).ok(), Some(spec(None, None)));
+        assert_eq!(parse("8").ok(), Some(spec(Some(8), None)));
+        assert_eq!(parse("0").ok(), Some(spec(Some(0), None)));
+        assert_eq!(parse(" 12 : 3 ").ok(), Some(spec(Some(12), Some(3))));
+        for bad in ["", "lots", "8:", "8:x", "-1", ":1", "8:1:2"] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+        let default = L2Prefetch::new(48 << 20, spec(None, None));
+        assert_eq!((default.bytes, default.mode), (8 << 20, 1));
+        let off = L2Prefetch::new(48 << 20, spec(Some(0), Some(0)));
+        assert_eq!((off.bytes, off.mode), (0, 0));
+    }
+
+    #[test]
+    fn prefill_shared_memory_fits_hopper() {
+        // 227 KiB per SM on sm_90: four blocks per SM for head_dim 128
+        // (the kernel's launch bounds).
+        assert!(prefill_shared_bytes(128) * 4 <= 227 * 1024);
+        assert!(prefill_shared_bytes(64) <= 163 * 1024, "sm_80 limit");
+    }
+}

@@ -1,0 +1,296 @@
+"""Shared state in Redis (docs/fleet.md), acceptance 1 of issue 17: two
+`ingot serve` workers and an `ingot route` router sharing a real
+`redis-server` (Debian's package, installed by scripts/test; the module
+skips when it is absent). The tests start their own Redis on a free
+loopback port without persistence, and stop it.
+
+- a deterministic answer computed through one server is a hit on the other;
+- a key's rate limit holds across the two servers;
+- a worker SIGKILLed (registered through Redis, never deregistered) leaves
+  the router's rotation within its TTL, and no request goes to it after;
+- killing Redis under a small concurrent load fails no request (local-only
+  mode, `ingot_redis_up` 0) and restarting it restores sharing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+
+import httpx2 as httpx
+import pytest
+
+from ingot_e2e import Router, Server, default_model_name, model_path, wait_for
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("redis-server") is None,
+    reason="redis-server is not installed (scripts/test installs Debian's package)",
+)
+
+SERVE_ARGS = ("--kv-cache-tokens", "2048", "--max-num-seqs", "8")
+OPEN_KEY = "sk-fleet-open-1111"
+LIMITED_KEY = "sk-fleet-limited-2222"
+TTL_S = 1.0
+
+
+def sha(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Redis:
+    """A `redis-server` on loopback, no persistence."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for(lambda: self.cli("PING") == "PONG", 10, what="redis-server answering PING")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def cli(self, *args: str) -> str | None:
+        r = subprocess.run(["redis-cli", "-p", str(self.port), *args], capture_output=True, text=True, timeout=5)
+        return r.stdout.strip() if r.returncode == 0 else None
+
+
+def config(redis: Redis, namespace: str) -> str:
+    return f"""
+[redis]
+url = "{redis.url}"
+namespace = "{namespace}"
+heartbeat_interval = "200ms"
+heartbeat_ttl = "{TTL_S}s"
+retry_after = "300ms"
+
+[flags.response_cache]
+enabled = true
+
+[auth]
+# The router learns each worker's models from /v1/models.
+open_paths = ["/health", "/ready", "/metrics", "/v1/models"]
+
+[[auth.api_keys]]
+id = "open"
+sha256 = "{sha(OPEN_KEY)}"
+
+[[auth.api_keys]]
+id = "limited"
+sha256 = "{sha(LIMITED_KEY)}"
+requests_per_minute = 10
+"""
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    model_path()  # fetch outside the startup deadlines
+    redis = Redis()
+    d = tmp_path_factory.mktemp("fleet")
+    namespace = "e2e-" + uuid.uuid4().hex[:8]
+    cfg = d / "serve.toml"
+    cfg.write_text(config(redis, namespace))
+    servers = [Server("--config", str(cfg), *SERVE_ARGS) for _ in range(2)]
+    router = Router(
+        d,
+        f"""
+[workers]
+redis = true
+[discovery]
+interval = "200ms"
+[health]
+interval = "200ms"
+[redis]
+url = "{redis.url}"
+namespace = "{namespace}"
+heartbeat_interval = "200ms"
+heartbeat_ttl = "{TTL_S}s"
+""",
+        wait_workers=2,
+    )
+    try:
+        yield {"redis": redis, "servers": servers, "router": router, "config": cfg, "namespace": namespace}
+    finally:
+        rc = router.stop()
+        for s in servers:
+            if s.returncode is None:
+                s.stop_and_check()
+        redis.stop()
+        assert rc == 0, router.log_tail()
+
+
+def chat(content: str, max_tokens: int = 6) -> dict:
+    return {
+        "model": default_model_name(),
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+
+
+def post(url: str, body: dict, key: str = OPEN_KEY, timeout: float = 120) -> httpx.Response:
+    return httpx.post(
+        url + "/v1/chat/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=timeout,
+    )
+
+
+def metric(server: Server, name: str, **labels: str) -> float:
+    return server.metrics().get(name, 0.0, **labels)
+
+
+def test_a_deterministic_answer_from_one_server_is_a_hit_on_the_other(fleet):
+    a, b = fleet["servers"]
+    body = chat(f"Name a colour. ({uuid.uuid4().hex[:6]})")
+    first = post(a.url, body)
+    assert first.status_code == 200, first.text
+    assert first.headers["x-ingot-cache"] == "miss"
+    before = metric(b, "ingot_response_cache_shared_total", result="hit")
+    second = post(b.url, body)
+    assert second.status_code == 200, second.text
+    assert second.headers["x-ingot-cache"] == "hit", "B replays A's answer from Redis"
+    assert second.json()["choices"] == first.json()["choices"]
+    assert metric(b, "ingot_response_cache_shared_total", result="hit") == before + 1
+    # The entry is namespaced and versioned (format byte 1 then JSON).
+    keys = fleet["redis"].cli("--scan", "--pattern", f"{fleet['namespace']}:cache:*") or ""
+    assert keys.strip(), "the answer is stored under {ns}:cache:"
+    # Through the router (either worker) it is a hit too.
+    r = post(fleet["router"].url, body)
+    assert r.status_code == 200 and r.headers["x-ingot-cache"] == "hit", r.headers
+
+
+def test_a_keys_rate_limit_holds_across_two_servers(fleet):
+    a, b = fleet["servers"]
+    codes = []
+    for i in range(12):
+        r = post((a if i % 2 == 0 else b).url, chat("Hi.", max_tokens=1), key=LIMITED_KEY)
+        codes.append(r.status_code)
+        assert "x-ratelimit-limit-requests" in r.headers, r.headers
+        if r.status_code == 429:
+            assert r.json()["error"]["code"] == "rate_limit_exceeded", r.text
+            assert int(r.headers["retry-after"]) >= 1
+    assert codes.count(200) == 10, codes
+    assert codes.count(429) == 2, codes
+    assert codes[-1] == 429, "the fleet's 11th and 12th requests are refused"
+
+
+def test_a_sigkilled_worker_leaves_routing_within_its_ttl(fleet, tmp_path):
+    router = fleet["router"]
+    victim = Server("--config", str(fleet["config"]), *SERVE_ARGS)
+    try:
+        wait_for(
+            lambda: any(w["url"] == victim.url and w["healthy"] and not w["removed"] for w in router.workers()),
+            30,
+            interval=0.1,
+            what="the third worker discovered through Redis",
+        )
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.wait()
+        killed_at = time.monotonic()
+        wait_for(
+            lambda: any(w["url"] == victim.url and w["removed"] for w in router.workers()),
+            TTL_S + 3.0,
+            interval=0.05,
+            what="the killed worker removed from the router",
+        )
+        gone_after = time.monotonic() - killed_at
+        # TTL + one discovery tick (200 ms) + scheduling slack.
+        assert gone_after <= TTL_S + 1.0, gone_after
+        sent_before = router.metrics().get("ingot_router_selections_total", 0.0, worker=victim.url)
+        for i in range(6):
+            r = post(router.url, chat(f"Count to {i}."))
+            assert r.status_code == 200, r.text
+        after = router.metrics().get("ingot_router_selections_total", 0.0, worker=victim.url)
+        assert after == sent_before, "no request is routed to the removed worker"
+    finally:
+        victim.kill()
+
+
+def test_redis_outage_loses_no_request_and_sharing_resumes(fleet):
+    redis, (a, b) = fleet["redis"], fleet["servers"]
+    failures: list[str] = []
+    done = 0
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def load(worker: int):
+        nonlocal done
+        i = 0
+        while not stop.is_set():
+            target = (a, b)[(worker + i) % 2]
+            try:
+                # A few prompts repeat, so hits, misses and stores all run.
+                r = post(target.url, chat(f"Outage test {worker}-{i % 5}."), timeout=60)
+                if r.status_code != 200:
+                    failures.append(f"{r.status_code} {r.text[:200]}")
+            except Exception as e:  # noqa: BLE001 - any failure counts
+                failures.append(repr(e))
+            with lock:
+                done += 1
+            i += 1
+
+    threads = [threading.Thread(target=load, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(1.5)
+        redis.stop()
+        wait_for(
+            lambda: metric(a, "ingot_redis_up") == 0 and metric(b, "ingot_redis_up") == 0,
+            10,
+            interval=0.1,
+            what="ingot_redis_up 0 on both servers",
+        )
+        ops = ("cache_get", "cache_set", "heartbeat")
+        assert sum(metric(a, "ingot_redis_errors_total", op=op) for op in ops) >= 1, [
+            line for line in httpx.get(a.url + "/metrics").text.splitlines() if "redis" in line
+        ]
+        during = done
+        time.sleep(2.0)
+        assert done > during, "requests kept being served while Redis was down"
+        redis.start()
+        wait_for(
+            lambda: metric(a, "ingot_redis_up") == 1 and metric(b, "ingot_redis_up") == 1,
+            15,
+            interval=0.1,
+            what="ingot_redis_up back to 1",
+        )
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(120)
+    assert failures == [], failures[:5]
+    assert done >= 8, done
+    # Sharing is back: a new answer from A is a hit on B.
+    body = chat(f"After the outage ({uuid.uuid4().hex[:6]}).")
+    assert post(a.url, body).headers["x-ingot-cache"] == "miss"
+    assert post(b.url, body).headers["x-ingot-cache"] == "hit"
+    # The router still sees both workers (they re-registered by themselves).
+    fleet["router"].wait_workers(2, timeout=10)
