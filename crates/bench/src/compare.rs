@@ -13,18 +13,25 @@
 //!   sample per completed request.
 //! - p50 and p99 rows: a t-test compares means, and a mean can fall while
 //!   the tail grows, so these rows use a seeded cluster bootstrap of the
-//!   percentile difference itself (`statistics::bootstrap_quantile_test`,
+//!   percentile difference itself (`ingot_stats::bootstrap_quantile_test`,
 //!   1000 resamples).
 //! - The unit is the request: TTFT, TPOT and E2E have one value per
 //!   request; ITL gaps within one request are correlated, so the t-test
 //!   takes each request's mean gap and the bootstrap resamples whole
 //!   requests with all their gaps.
-//! - Throughput (req/s, output tok/s) is one number per run, so it has no
-//!   sample to test: the relative delta alone decides. Per-request token
-//!   rates are not used in its place: they measure latency (TPOT), not
-//!   what the server sustains.
-//! - With fewer than two samples on a side (files without `requests`) the
-//!   delta alone decides, as for throughput.
+//! - Throughput (req/s, output tok/s) is one number per run, so the run is
+//!   cut into `--throughput-windows` equal time windows and each window's
+//!   completions (requests and output tokens, by completion time
+//!   `start_s + e2e_s`) per second is one sample; Welch's test over the
+//!   windows of both runs decides whether a drop beyond the tolerance is
+//!   real. A noisy machine makes the windows vary, so two runs of the same
+//!   build do not report a regression on a delta that is noise; a real
+//!   drop shows in every window and stays significant. The windows' mean
+//!   is the run's throughput (every completion falls in one window).
+//!   Per-request token rates are not used in its place: they measure
+//!   latency (TPOT), not what the server sustains.
+//! - With fewer than two samples on a side (files without `requests`, or
+//!   fewer than two windows) the delta alone decides.
 //! - Tolerances: throughput `--max-throughput-drop`, TTFT mean/p50
 //!   `--max-ttft-increase`, TPOT/ITL/E2E mean/p50 `--max-latency-increase`,
 //!   every p99 `--max-p99-increase`; all in percent.
@@ -35,8 +42,8 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::result::{BenchResult, RequestRecord, Stats};
-use crate::statistics::{bootstrap_quantile_test, cohens_d, welch_t_test};
 use crate::BenchError;
+use ingot_stats::{bootstrap_quantile_test, cohens_d, welch_t_test};
 
 /// Flags of `ingot bench compare`.
 #[derive(Args, Debug, Clone)]
@@ -57,10 +64,15 @@ pub struct CompareArgs {
     /// Largest tolerated increase of any p99 latency, percent.
     #[arg(long, default_value_t = 15.0)]
     pub max_p99_increase: f64,
-    /// Significance level of the latency rows' tests (Welch for means,
-    /// bootstrap for percentiles).
+    /// Significance level of the rows' tests (Welch for means and
+    /// throughput windows, bootstrap for percentiles).
     #[arg(long, default_value_t = 0.05)]
     pub alpha: f64,
+    /// Equal time windows each run is cut into for the throughput test
+    /// (each window's completions per second is one sample); below 2 the
+    /// throughput delta alone decides.
+    #[arg(long, default_value_t = 10)]
+    pub throughput_windows: usize,
     /// Print the comparison as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -232,6 +244,41 @@ impl Latency {
     }
 }
 
+/// The throughput metrics, sampled per time window.
+#[derive(Clone, Copy)]
+enum Rate {
+    Requests,
+    OutputTokens,
+}
+
+impl Rate {
+    /// Completions per second in each of `n` equal windows of the run (by
+    /// completion time); empty without per-request records or with fewer
+    /// than two windows.
+    fn windows(self, r: &BenchResult, n: usize) -> Vec<f64> {
+        let duration = r.summary.duration_s;
+        let measured = duration.is_finite() && duration > 0.0;
+        if n < 2 || !measured || r.requests.is_empty() {
+            return Vec::new();
+        }
+        let width = duration / n as f64;
+        let mut counts = vec![0.0; n];
+        for q in r.requests.iter().filter(|q| q.ok) {
+            let done = q.start_s + q.e2e_s;
+            if !done.is_finite() {
+                continue;
+            }
+            // A completion at the very end belongs to the last window.
+            let i = ((done / width).floor().max(0.0) as usize).min(n - 1);
+            counts[i] += match self {
+                Rate::Requests => 1.0,
+                Rate::OutputTokens => q.output_tokens as f64,
+            };
+        }
+        counts.into_iter().map(|c| c / width).collect()
+    }
+}
+
 /// Tolerances and the significance level, validated.
 struct Gate {
     throughput: f64,
@@ -355,24 +402,36 @@ pub fn compare(
         rows.push(row);
     };
     let (bs, cs) = (&base.summary, &cand.summary);
-    push(
-        "request_throughput".into(),
-        Better::Higher,
-        bs.request_throughput,
-        cs.request_throughput,
-        gate.throughput,
-        None,
-        None,
-    );
-    push(
-        "output_tok_s".into(),
-        Better::Higher,
-        bs.output_tok_s,
-        cs.output_tok_s,
-        gate.throughput,
-        None,
-        None,
-    );
+    for (metric, b, c, rate) in [
+        (
+            "request_throughput",
+            bs.request_throughput,
+            cs.request_throughput,
+            Rate::Requests,
+        ),
+        (
+            "output_tok_s",
+            bs.output_tok_s,
+            cs.output_tok_s,
+            Rate::OutputTokens,
+        ),
+    ] {
+        let (wa, wb) = (
+            rate.windows(base, args.throughput_windows),
+            rate.windows(cand, args.throughput_windows),
+        );
+        let test = welch_t_test(&wa, &wb).map(|w| (Test::Welch, w.p));
+        let d = cohens_d(&wa, &wb);
+        push(
+            metric.into(),
+            Better::Higher,
+            b,
+            c,
+            gate.throughput,
+            test,
+            d,
+        );
+    }
     let mut no_data = Vec::new();
     for m in [Latency::Ttft, Latency::Tpot, Latency::Itl, Latency::E2e] {
         let (sa, sb) = (m.samples(base), m.samples(cand));
@@ -566,12 +625,13 @@ mod tests {
             max_latency_increase: 10.0,
             max_p99_increase: 15.0,
             alpha: 0.05,
+            throughput_windows: 10,
             json: false,
         }
     }
 
     /// A run of `n` requests whose TTFT is `ttft` ms plus a deterministic
-    /// spread, lasting `duration` s.
+    /// spread, started evenly over `duration` s.
     fn run_of(n: usize, ttft_ms: f64, duration: f64) -> BenchResult {
         let requests: Vec<RequestRecord> = (0..n)
             .map(|i| {
@@ -582,7 +642,7 @@ mod tests {
                     status: Some(200),
                     prompt_tokens: 16,
                     output_tokens: 4,
-                    start_s: i as f64 * 0.01,
+                    start_s: i as f64 * (duration - 0.2) / n as f64,
                     ttft_s: Some(ttft),
                     e2e_s: ttft + 0.075 + jitter / 1e4,
                     itl_s: vec![0.025 + jitter / 1e4; 3],
@@ -609,8 +669,76 @@ mod tests {
         assert!(c.rows.iter().all(|r| r.verdict == Verdict::Ok), "{c:#?}");
     }
 
+    /// A run whose window `i` completes `counts[i]` requests of 4 tokens,
+    /// 1 s per window: how a noisy machine looks to the throughput test.
+    fn run_with_window_counts(counts: &[usize]) -> BenchResult {
+        let mut requests = Vec::new();
+        for (w, &c) in counts.iter().enumerate() {
+            for j in 0..c {
+                let start = w as f64 + j as f64 / (c as f64 + 1.0);
+                requests.push(RequestRecord {
+                    ok: true,
+                    status: Some(200),
+                    prompt_tokens: 16,
+                    output_tokens: 4,
+                    start_s: start,
+                    ttft_s: Some(0.1 + (j % 5) as f64 * 0.002),
+                    e2e_s: 0.01,
+                    itl_s: vec![0.002; 3],
+                    ..Default::default()
+                });
+            }
+        }
+        BenchResult {
+            summary: Summary::of(&requests, counts.len() as f64, None),
+            requests,
+            ..Default::default()
+        }
+    }
+
     #[test]
-    fn throughput_drop_is_gated_by_delta_alone() {
+    fn same_build_on_a_noisy_machine_is_not_a_throughput_regression() {
+        // Two runs of one build, the machine busy with other work in
+        // different seconds of each: the second is 8.8% slower overall,
+        // beyond the 5% tolerance, but its windows vary as much as the
+        // difference.
+        let a = run_with_window_counts(&[20, 28, 12, 26, 14, 22, 30, 10, 24, 18]);
+        let b = run_with_window_counts(&[16, 25, 11, 27, 13, 17, 29, 9, 22, 17]);
+        let c = compare(&a, &b, &args()).unwrap();
+        let row = c
+            .rows
+            .iter()
+            .find(|r| r.metric == "request_throughput")
+            .unwrap();
+        assert!(row.delta_pct.unwrap() < -5.0, "{row:?}");
+        assert!(row.p_value.unwrap() > 0.05, "{row:?}");
+        assert_eq!(row.verdict, Verdict::NotSignificant);
+        assert_eq!(verdict_of(&c, "output_tok_s"), Verdict::NotSignificant);
+        assert!(!c.regressed, "{c:#?}");
+        // Without windows the delta alone decides, and it would fail.
+        let mut one = args();
+        one.throughput_windows = 1;
+        let c = compare(&a, &b, &one).unwrap();
+        assert_eq!(verdict_of(&c, "request_throughput"), Verdict::Regressed);
+        // A real 30% drop shows in every window and fails the gate.
+        let slow = run_with_window_counts(&[14, 20, 8, 18, 10, 15, 21, 7, 17, 13]);
+        let c = compare(&a, &slow, &args()).unwrap();
+        assert_eq!(verdict_of(&c, "request_throughput"), Verdict::Regressed);
+        assert!(c.regressed);
+    }
+
+    #[test]
+    fn throughput_windows_average_to_the_runs_throughput() {
+        let a = run_with_window_counts(&[20, 28, 12, 26, 14, 22, 30, 10, 24, 18]);
+        let w = Rate::Requests.windows(&a, 10);
+        assert_eq!(w.len(), 10);
+        let mean = w.iter().sum::<f64>() / 10.0;
+        assert!((mean - a.summary.request_throughput).abs() < 1e-9);
+        assert!(Rate::Requests.windows(&a, 1).is_empty());
+    }
+
+    #[test]
+    fn throughput_drop_is_gated_by_delta_and_windows() {
         let a = run_of(50, 100.0, 10.0);
         let b = run_of(50, 100.0, 10.0 / 0.7); // 30% fewer req/s
         let c = compare(&a, &b, &args()).unwrap();

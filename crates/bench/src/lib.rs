@@ -18,7 +18,6 @@ pub mod result;
 mod runs;
 pub mod serve;
 pub mod soak;
-pub mod statistics;
 pub mod stress;
 pub mod sweep;
 

@@ -123,11 +123,7 @@ impl Stats {
         } else {
             0.0
         };
-        let pct = |p: f64| {
-            let pos = p / 100.0 * (n - 1) as f64;
-            let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-            v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
-        };
+        let pct = |p: f64| ingot_stats::quantile_sorted(&v, p / 100.0);
         Stats {
             count: n,
             mean,

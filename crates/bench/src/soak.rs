@@ -36,8 +36,8 @@ use crate::probe::{self, TextGetter};
 use crate::result::{BenchResult, RequestRecord, Stats};
 use crate::runs::{base_url, check_serve_args, create_dir, seconds, write_json};
 use crate::serve::{run_once, ServeArgs};
-use crate::statistics::least_squares;
 use crate::BenchError;
+use ingot_stats::least_squares;
 
 /// Fewest points a trend is gated on.
 const MIN_TREND_POINTS: usize = 3;

@@ -37,6 +37,11 @@ pub fn app(state: Arc<RouterState>) -> Router {
         .route("/admin/workers", get(workers))
         .route("/admin/workers/{id}/{action}", post(worker_action))
         .route("/admin/restart", post(rolling_restart))
+        .route("/admin/experiments", get(experiments))
+        .route("/admin/experiments/{id}", get(experiment))
+        .route("/admin/canaries", get(canaries))
+        .route("/admin/canaries/{name}", get(canary))
+        .route("/admin/canaries/{name}/{action}", post(canary_action))
         .with_state(state)
 }
 
@@ -94,6 +99,7 @@ fn describe(w: &Worker, now: Instant) -> Value {
     json!({
         "id": w.id,
         "label": w.label,
+        "group": w.group,
         "url": w.url(),
         "local": w.local,
         "pid": w.pid(),
@@ -221,4 +227,74 @@ async fn rolling_restart(State(state): State<Arc<RouterState>>) -> Response {
         done.push(json!({"worker": w.label, "old_pid": old_pid, "pid": w.pid()}));
     }
     Json(json!({"restarted": done})).into_response()
+}
+
+/// `GET /admin/experiments`: every experiment's report.
+async fn experiments(State(state): State<Arc<RouterState>>) -> Json<Value> {
+    let now = Instant::now();
+    let reports: Vec<_> = state
+        .splits
+        .experiments
+        .iter()
+        .map(|e| e.report(now))
+        .collect();
+    Json(json!({"experiments": reports}))
+}
+
+/// `GET /admin/experiments/{id}`: per-arm sizes, means, quantiles, Welch's
+/// t, df, p-value and the verdict for TTFT, ITL and end-to-end latency.
+async fn experiment(State(state): State<Arc<RouterState>>, Path(id): Path<String>) -> Response {
+    match state.splits.experiment(&id) {
+        Some(e) => Json(e.report(Instant::now())).into_response(),
+        None => admin_error(StatusCode::NOT_FOUND, format!("no experiment `{id}`")),
+    }
+}
+
+/// `GET /admin/canaries`: every canary's phase, share, windows and events.
+async fn canaries(State(state): State<Arc<RouterState>>) -> Json<Value> {
+    let now = Instant::now();
+    let all: Vec<_> = state
+        .splits
+        .canaries
+        .all()
+        .iter()
+        .map(|c| c.status(now))
+        .collect();
+    Json(json!({"canaries": all}))
+}
+
+/// `GET /admin/canaries/{name}`.
+async fn canary(State(state): State<Arc<RouterState>>, Path(name): Path<String>) -> Response {
+    match state.splits.canaries.get(&name) {
+        Ok(c) => Json(c.status(Instant::now())).into_response(),
+        Err(e) => admin_error(StatusCode::NOT_FOUND, e.to_string()),
+    }
+}
+
+/// `POST /admin/canaries/{name}/rollback|promote|pause|resume`.
+async fn canary_action(
+    State(state): State<Arc<RouterState>>,
+    Path((name, action)): Path<(String, String)>,
+) -> Response {
+    let canaries = &state.splits.canaries;
+    let c = match canaries.get(&name) {
+        Ok(c) => c,
+        Err(e) => return admin_error(StatusCode::NOT_FOUND, e.to_string()),
+    };
+    let done = match action.as_str() {
+        "rollback" => c.rollback("manual"),
+        "promote" => c.promote("manual"),
+        "pause" => c.pause(true),
+        "resume" => c.pause(false),
+        other => {
+            return admin_error(
+                StatusCode::NOT_FOUND,
+                format!("unknown action `{other}` (expected rollback, promote, pause or resume)"),
+            )
+        }
+    };
+    match done {
+        Ok(()) => Json(c.status(Instant::now())).into_response(),
+        Err(e) => admin_error(StatusCode::CONFLICT, e.to_string()),
+    }
 }

@@ -13,6 +13,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::policy::PolicyKind;
+use crate::split::config::{
+    check_unique, CanaryConfig, CanarySection, ExperimentConfig, ExperimentSection,
+};
+use crate::worker::DEFAULT_GROUP;
 
 /// `router.toml`.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
@@ -34,6 +38,10 @@ pub struct RouterConfig {
     pub breaker: BreakerSection,
     /// Worker discovery (`workers.dns`, `workers.file`, `workers.redis`).
     pub discovery: DiscoverySection,
+    /// A/B experiments between two worker groups (docs/router.md).
+    pub experiments: Vec<ExperimentSection>,
+    /// Canary releases of a worker group (docs/router.md).
+    pub canary: Vec<CanarySection>,
     /// Shared state in Redis: the instance registry (docs/fleet.md).
     pub redis: ingot_config::RedisSection,
 }
@@ -71,9 +79,39 @@ pub struct WorkersSection {
     /// A file of worker base URLs, one per line ('#' comments), re-read
     /// when it changes.
     pub file: Option<PathBuf>,
+    /// Named groups of workers (experiments and canaries route to groups);
+    /// the workers above form the group "default".
+    pub groups: Vec<GroupSection>,
     /// Discover the workers registered in Redis (`[redis]` must be set).
     /// Default false.
     pub redis: Option<bool>,
+}
+
+/// `[[workers.groups]]`: a named set of workers.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct GroupSection {
+    /// Its name (`group` label): `[A-Za-z0-9_.-]+`.
+    pub name: String,
+    /// Base URLs of running workers.
+    pub urls: Vec<String>,
+    /// `ingot serve` children of this group to start and supervise. Default 0.
+    pub local: Option<usize>,
+    /// Their arguments after `serve`. Default: `workers.args`.
+    pub args: Option<Vec<String>>,
+    /// Their binary. Default: `workers.binary`.
+    pub binary: Option<PathBuf>,
+}
+
+/// A validated worker group.
+#[derive(Clone, Debug)]
+pub struct WorkerGroup {
+    /// Name.
+    pub name: String,
+    /// Static URLs, without a trailing slash.
+    pub urls: Vec<String>,
+    /// Local children (count 0: none).
+    pub local: LocalWorkers,
 }
 
 /// `[health]`.
@@ -145,6 +183,12 @@ pub struct ValidRouterConfig {
     pub breaker: BreakerConfig,
     /// Discovered workers.
     pub discovery: DiscoveryConfig,
+    /// Named worker groups (the unnamed workers are group "default").
+    pub groups: Vec<WorkerGroup>,
+    /// A/B experiments.
+    pub experiments: Vec<ExperimentConfig>,
+    /// Canaries.
+    pub canaries: Vec<CanaryConfig>,
     /// `[redis]` (the router registers itself when `url` is set).
     pub redis: ingot_config::RedisSection,
 }
@@ -309,10 +353,21 @@ impl RouterConfig {
         if discovery.interval.is_zero() {
             return Err(invalid("discovery.interval", "non-zero", "0s"));
         }
-        if urls.is_empty() && local == 0 && !discovery.is_enabled() {
+        let local_workers = LocalWorkers {
+            count: local,
+            args: self.workers.args.clone(),
+            binary: self.workers.binary.clone().unwrap_or(current_exe),
+            backoff: d(self.workers.restart_backoff, 500),
+            backoff_max: d(self.workers.restart_backoff_max, 30_000),
+        };
+        let groups = validate_groups(&self.workers.groups, &local_workers)?;
+        let grouped = groups
+            .iter()
+            .any(|g| !g.urls.is_empty() || g.local.count > 0);
+        if urls.is_empty() && local == 0 && !discovery.is_enabled() && !grouped {
             return Err(invalid(
                 "workers",
-                "at least one worker (workers.urls, workers.local, workers.dns, workers.file or workers.redis)",
+                "at least one worker (workers.urls, workers.local, workers.dns, workers.file, workers.redis or workers.groups)",
                 "none",
             ));
         }
@@ -323,6 +378,21 @@ impl RouterConfig {
                 "[]",
             ));
         }
+        let group_names: std::collections::BTreeSet<String> =
+            std::iter::once(DEFAULT_GROUP.to_string())
+                .chain(groups.iter().map(|g| g.name.clone()))
+                .collect();
+        let experiments = self
+            .experiments
+            .into_iter()
+            .map(|e| e.validate(&group_names))
+            .collect::<Result<Vec<_>, _>>()?;
+        let canaries = self
+            .canary
+            .into_iter()
+            .map(|c| c.validate(&group_names))
+            .collect::<Result<Vec<_>, _>>()?;
+        check_unique(&experiments, &canaries)?;
         let max_attempts = self.retry.max_attempts.unwrap_or(3);
         if max_attempts == 0 {
             return Err(invalid("retry.max_attempts", "at least 1", "0"));
@@ -368,13 +438,7 @@ impl RouterConfig {
             port: self.port.unwrap_or(8080),
             policy: self.policy.unwrap_or(PolicyKind::LeastOutstanding),
             urls,
-            local: LocalWorkers {
-                count: local,
-                args: self.workers.args,
-                binary: self.workers.binary.unwrap_or(current_exe),
-                backoff: d(self.workers.restart_backoff, 500),
-                backoff_max: d(self.workers.restart_backoff_max, 30_000),
-            },
+            local: local_workers,
             health,
             retry,
             breaker: BreakerConfig {
@@ -382,9 +446,68 @@ impl RouterConfig {
                 cooldown: d(self.breaker.cooldown, 5000),
             },
             discovery,
+            groups,
+            experiments,
+            canaries,
             redis: self.redis,
         })
     }
+}
+
+/// Checks `[[workers.groups]]`: unique valid names, http URLs, arguments
+/// for local children (inherited from `workers` when not given).
+fn validate_groups(
+    sections: &[GroupSection],
+    base: &LocalWorkers,
+) -> Result<Vec<WorkerGroup>, RouterConfigError> {
+    let mut groups: Vec<WorkerGroup> = Vec::new();
+    for g in sections {
+        let valid_name = !g.name.is_empty()
+            && g.name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+        if !valid_name {
+            return Err(invalid(
+                "workers.groups.name",
+                "a name of [A-Za-z0-9_.-]",
+                &g.name,
+            ));
+        }
+        if g.name == DEFAULT_GROUP || groups.iter().any(|o| o.name == g.name) {
+            return Err(invalid(
+                "workers.groups.name",
+                "a unique name other than \"default\"",
+                &g.name,
+            ));
+        }
+        let urls: Vec<String> = g
+            .urls
+            .iter()
+            .map(|u| u.trim_end_matches('/').to_string())
+            .collect();
+        if let Some(u) = urls.iter().find(|u| !u.starts_with("http://")) {
+            return Err(invalid("workers.groups.urls", "an http:// base URL", u));
+        }
+        let local = LocalWorkers {
+            count: g.local.unwrap_or(0),
+            args: g.args.clone().unwrap_or_else(|| base.args.clone()),
+            binary: g.binary.clone().unwrap_or_else(|| base.binary.clone()),
+            ..base.clone()
+        };
+        if local.count > 0 && local.args.is_empty() {
+            return Err(invalid(
+                "workers.groups.args",
+                "the `ingot serve` arguments of the group's local workers",
+                "[]",
+            ));
+        }
+        groups.push(WorkerGroup {
+            name: g.name.clone(),
+            urls,
+            local,
+        });
+    }
+    Ok(groups)
 }
 
 /// The JSON schema of `router.toml`.
@@ -396,7 +519,7 @@ fn ms(v: u64) -> std::time::Duration {
     std::time::Duration::from_millis(v)
 }
 
-fn invalid(
+pub(crate) fn invalid(
     key: &'static str,
     message: &'static str,
     value: impl std::fmt::Display,
@@ -454,6 +577,43 @@ mod tests {
         let c =
             parse("[workers]\nurls = [\"http://a\"]\n[health]\ninterval = \"250ms\"\n").unwrap();
         assert_eq!(c.health.interval, ms(250));
+    }
+
+    #[test]
+    fn groups_experiments_and_canaries_validate() {
+        let base = "[[workers.groups]]\nname = \"stable\"\nurls = [\"http://a/\"]\n\
+            [[workers.groups]]\nname = \"canary\"\nlocal = 1\nargs = [\"--model\", \"/m\"]\n";
+        let c = parse(&format!(
+            "{base}[[canary]]\nname = \"c1\"\nstable_group = \"stable\"\ncanary_group = \"canary\"\n\
+             steps = [10, 100]\nwindow = \"30s\"\n\
+             [[experiments]]\nid = \"e1\"\nmodel = \"m2\"\nsplit_percent = 20\n\
+             arms = [{{name = \"a\", group = \"stable\"}}, {{name = \"b\", group = \"canary\"}}]\n"
+        ))
+        .unwrap();
+        assert_eq!(c.groups.len(), 2);
+        assert_eq!(c.groups[0].urls, ["http://a"]);
+        assert_eq!(c.groups[1].local.count, 1);
+        assert_eq!(c.canaries[0].steps, [10.0, 100.0]);
+        assert_eq!(c.canaries[0].window, std::time::Duration::from_secs(30));
+        assert_eq!(c.canaries[0].thresholds.min_samples, 20);
+        assert_eq!(c.experiments[0].split_percent, 20.0);
+        let bad = [
+            ("[[canary]]\nname = \"c\"\nstable_group = \"stable\"\ncanary_group = \"nope\"\n", "canary.canary_group"),
+            ("[[canary]]\nname = \"c\"\nstable_group = \"stable\"\ncanary_group = \"canary\"\nsteps = [50, 25, 100]\n", "canary.steps"),
+            ("[[canary]]\nname = \"c\"\nstable_group = \"stable\"\ncanary_group = \"canary\"\nsteps = [5, 50]\n", "canary.steps"),
+            ("[[experiments]]\nid = \"e\"\narms = [{name = \"a\", group = \"stable\"}]\n", "experiments.arms"),
+            ("[[experiments]]\nid = \"e\"\nsignificance = 1.0\narms = [{name = \"a\", group = \"stable\"}, {name = \"b\", group = \"canary\"}]\n", "experiments.significance"),
+            ("[[experiments]]\nid = \"e\"\narms = [{name = \"a\", group = \"stable\"}, {name = \"b\", group = \"canary\"}]\n\
+              [[canary]]\nname = \"c\"\nstable_group = \"stable\"\ncanary_group = \"canary\"\n", "at most one experiment or canary per model"),
+        ];
+        for (extra, want) in bad {
+            let e = parse(&format!("{base}{extra}")).unwrap_err().to_string();
+            assert!(e.contains(want), "{extra}: {e}");
+        }
+        let e = parse("[[workers.groups]]\nname = \"default\"\nurls = [\"http://a\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("workers.groups.name"), "{e}");
     }
 
     #[test]

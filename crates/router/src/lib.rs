@@ -18,6 +18,7 @@ pub mod policy;
 mod proxy;
 pub mod retry;
 mod serve;
+pub mod split;
 mod state;
 mod supervisor;
 pub mod worker;

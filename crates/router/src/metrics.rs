@@ -31,6 +31,29 @@ pub const OVERHEAD: &str = "ingot_router_added_latency_seconds";
 /// Time from the client's request to the worker's response headers, seconds.
 pub const UPSTREAM_HEADERS: &str = "ingot_router_upstream_header_seconds";
 
+/// Requests answered per worker group, by group and status ("error" for a
+/// failed attempt).
+pub const GROUP_REQUESTS: &str = "ingot_router_group_requests_total";
+/// Time to first byte per worker group, seconds.
+pub const GROUP_TTFT: &str = "ingot_router_group_ttft_seconds";
+/// End-to-end latency per worker group, seconds.
+pub const GROUP_E2E: &str = "ingot_router_group_e2e_seconds";
+/// Requests per experiment/canary arm, by `experiment` (an experiment's id
+/// or `canary:NAME`), `arm`, `group` and `outcome` (ok, error).
+pub const ARM_REQUESTS: &str = "ingot_router_arm_requests_total";
+/// Time to first byte per arm, seconds.
+pub const ARM_TTFT: &str = "ingot_router_arm_ttft_seconds";
+/// A request's mean inter-token latency per arm (streams), seconds.
+pub const ARM_ITL: &str = "ingot_router_arm_itl_seconds";
+/// End-to-end latency per arm, seconds.
+pub const ARM_E2E: &str = "ingot_router_arm_e2e_seconds";
+/// A canary's share of its model's traffic, percent.
+pub const CANARY_SHARE: &str = "ingot_canary_share";
+/// Canary rollbacks, by canary and reason.
+pub const CANARY_ROLLBACKS: &str = "ingot_canary_rollbacks_total";
+/// Canary promotions, by canary.
+pub const CANARY_PROMOTIONS: &str = "ingot_canary_promotions_total";
+
 /// Installs the recorder (once per process) and describes the series.
 pub fn install() -> Option<PrometheusHandle> {
     let buckets = [
@@ -76,7 +99,61 @@ pub fn install() -> Option<PrometheusHandle> {
         UPSTREAM_HEADERS,
         "Client request to worker response headers (seconds)"
     );
+    describe_fleet();
     Some(handle)
+}
+
+fn describe_fleet() {
+    describe_counter!(GROUP_REQUESTS, "Requests per worker group, by status");
+    describe_histogram!(GROUP_TTFT, "Time to first byte per worker group (seconds)");
+    describe_histogram!(GROUP_E2E, "End-to-end latency per worker group (seconds)");
+    describe_counter!(
+        ARM_REQUESTS,
+        "Requests per experiment or canary arm, by outcome"
+    );
+    describe_histogram!(ARM_TTFT, "Time to first byte per arm (seconds)");
+    describe_histogram!(
+        ARM_ITL,
+        "Mean inter-token latency of a request per arm (seconds)"
+    );
+    describe_histogram!(ARM_E2E, "End-to-end latency per arm (seconds)");
+    describe_gauge!(CANARY_SHARE, "A canary's share of its traffic (percent)");
+    describe_counter!(CANARY_ROLLBACKS, "Canary rollbacks, by reason");
+    describe_counter!(CANARY_PROMOTIONS, "Canaries promoted to stable");
+}
+
+/// Records one finished request of a worker group.
+pub fn group_sample(group: &str, status: &str, sample: &crate::split::window::Sample) {
+    counter!(GROUP_REQUESTS, "group" => group.to_string(), "status" => status.to_string())
+        .increment(1);
+    if let Some(v) = sample.ttft_s {
+        histogram!(GROUP_TTFT, "group" => group.to_string()).record(v);
+    }
+    if let Some(v) = sample.e2e_s {
+        histogram!(GROUP_E2E, "group" => group.to_string()).record(v);
+    }
+}
+
+/// Records one finished request of an experiment's or canary's arm.
+pub fn arm_sample(
+    experiment: String,
+    arm: String,
+    group: String,
+    sample: &crate::split::window::Sample,
+) {
+    let outcome = if sample.ok { "ok" } else { "error" };
+    counter!(ARM_REQUESTS, "experiment" => experiment.clone(), "arm" => arm.clone(), "group" => group, "outcome" => outcome)
+        .increment(1);
+    let labels = [("experiment", experiment), ("arm", arm)];
+    for (name, v) in [
+        (ARM_TTFT, sample.ttft_s),
+        (ARM_ITL, sample.itl_s),
+        (ARM_E2E, sample.e2e_s),
+    ] {
+        if let Some(v) = v {
+            histogram!(name, &labels).record(v);
+        }
+    }
 }
 
 /// Counts a failed attempt.

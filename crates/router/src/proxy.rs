@@ -24,6 +24,8 @@ use crate::error::{sse_interrupted, RouteError};
 use crate::metrics as m;
 use crate::policy::{chunk_hashes, PolicyKind, RequestInfo};
 use crate::retry::backoff;
+use crate::split::window::Sample;
+use crate::split::{unit_of, Assignment};
 use crate::state::RouterState;
 use crate::worker::{InFlight, Worker, WorkerId};
 
@@ -42,6 +44,9 @@ const HOP_BY_HOP: [header::HeaderName; 5] = [
 
 /// The header that tells the client which worker answered.
 pub const WORKER_HEADER: &str = "x-ingot-worker";
+/// The header that tells the client its experiment or canary arm
+/// (`EXPERIMENT:ARM`), when a split applies.
+pub const ARM_HEADER: &str = "x-ingot-arm";
 
 /// Why an attempt failed before the first byte.
 #[derive(Clone, Copy, Debug)]
@@ -77,9 +82,14 @@ pub async fn forward(State(state): State<Arc<RouterState>>, req: Request) -> Res
         Ok(i) => i,
         Err(e) => return e.into_response(),
     };
+    let unit = unit_of(&parts.headers, info.user.as_deref());
+    let assignment = state.splits.assign(info.model.as_deref(), &unit);
     let shared_chunks = shared_prefix(&state, &mut info).await;
     if let Some(model) = &info.model {
-        if !state.knows_model(model) && state.is_ready() {
+        let renamed = assignment
+            .as_ref()
+            .is_some_and(|a| a.split.model(a.arm).is_some());
+        if !renamed && !state.knows_model(model) && state.is_ready() {
             return RouteError::ModelNotFound(model.clone()).into_response();
         }
     }
@@ -93,7 +103,7 @@ pub async fn forward(State(state): State<Arc<RouterState>>, req: Request) -> Res
     let mut last: Option<(AttemptError, Option<Response>)> = None;
     for attempt in 1..=retry.max_attempts {
         let now = Instant::now();
-        let candidates = state.candidates(&info, &tried, now);
+        let (candidates, arm) = choose_arm(&state, &info, assignment.as_ref(), &tried, now);
         let Some(id) = state.policy.select(&info, &candidates) else {
             break;
         };
@@ -107,16 +117,23 @@ pub async fn forward(State(state): State<Arc<RouterState>>, req: Request) -> Res
         worker.breaker().on_send(now);
         let sent = Instant::now();
         m::overhead(now.duration_since(received).as_secs_f64());
-        match send(&state, &worker, &path, &parts.headers, body.clone()).await {
+        let observer = Observer {
+            arm: assignment.clone().zip(arm),
+            group: worker.group.clone(),
+            sent,
+        };
+        let body = arm_body(&body, assignment.as_ref(), arm);
+        match send(&state, &worker, &path, &parts.headers, body).await {
             Ok(resp) => {
                 metrics::histogram!(m::UPSTREAM_HEADERS).record(received.elapsed().as_secs_f64());
                 worker.breaker().on_success();
                 count_request(&state, &worker, resp.status());
                 record_prefix(&state, shared_chunks, worker.url());
-                return pass_through(resp, guard, sent);
+                return pass_through(resp, guard, observer);
             }
             Err((error, resp)) => {
                 m::error(&worker.label, error.reason());
+                observer.finish(None, false, "error");
                 fail(&worker, error);
                 drop(guard);
                 last = Some((error, resp));
@@ -141,6 +158,116 @@ pub async fn forward(State(state): State<Arc<RouterState>>, req: Request) -> Res
         }
         None => RouteError::NoWorker(String::new()).into_response(),
     }
+}
+
+/// The candidates of an attempt and the arm they serve: the request's own
+/// arm's group while it has an untried available worker, else the other
+/// arm's (a rollback or a failing arm never fails a request that the other
+/// group can serve); any worker when no split applies.
+fn choose_arm(
+    state: &RouterState,
+    info: &RequestInfo,
+    assignment: Option<&Assignment>,
+    tried: &[WorkerId],
+    now: Instant,
+) -> (Vec<Arc<Worker>>, Option<usize>) {
+    let Some(a) = assignment else {
+        return (state.candidates(info, tried, now), None);
+    };
+    for arm in [a.arm, 1 - a.arm] {
+        let model = a.split.model(arm).or(info.model.as_deref());
+        let c = state.candidates_in(Some(a.split.group(arm)), model, tried, now);
+        if !c.is_empty() {
+            return (c, Some(arm));
+        }
+    }
+    (Vec::new(), None)
+}
+
+/// The body an attempt on `arm` sends: the client's, with `model` replaced
+/// when the arm names its own.
+fn arm_body(body: &Bytes, assignment: Option<&Assignment>, arm: Option<usize>) -> Bytes {
+    let Some(model) = assignment.zip(arm).and_then(|(a, arm)| a.split.model(arm)) else {
+        return body.clone();
+    };
+    let Ok(Value::Object(mut obj)) = serde_json::from_slice::<Value>(body) else {
+        return body.clone();
+    };
+    obj.insert("model".into(), Value::String(model.to_string()));
+    serde_json::to_vec(&obj).map_or_else(|_| body.clone(), Bytes::from)
+}
+
+/// Measures one attempt for its worker group and, under a split, its arm.
+struct Observer {
+    arm: Option<(Assignment, usize)>,
+    group: String,
+    sent: Instant,
+}
+
+impl Observer {
+    /// Records the attempt: `chunks` are the body chunk times (none for a
+    /// failed attempt).
+    fn finish(&self, chunks: Option<&ChunkTimes>, ok: bool, status: &str) {
+        let now = Instant::now();
+        let sample = Sample {
+            ttft_s: chunks
+                .and_then(|c| c.first)
+                .map(|t| t.duration_since(self.sent).as_secs_f64()),
+            itl_s: chunks.and_then(ChunkTimes::mean_gap),
+            e2e_s: chunks.map(|_| now.duration_since(self.sent).as_secs_f64()),
+            ok,
+        };
+        m::group_sample(&self.group, status, &sample);
+        if let Some((a, arm)) = &self.arm {
+            a.split.record(*arm, now, sample);
+        }
+    }
+
+    fn arm_header(&self) -> Option<HeaderValue> {
+        let (a, arm) = self.arm.as_ref()?;
+        HeaderValue::from_str(&format!("{}:{}", a.split.label(), a.split.arm_name(*arm))).ok()
+    }
+}
+
+/// When a response's tokens arrived. In a stream the first token is the
+/// first chunk that carries text: OpenAI's chat streams open with a role
+/// chunk (`"content":""`) sent before the prefill, which would make every
+/// TTFT look instant.
+#[derive(Default)]
+struct ChunkTimes {
+    first: Option<Instant>,
+    last: Option<Instant>,
+    chunks: u32,
+}
+
+impl ChunkTimes {
+    fn on_chunk(&mut self, now: Instant, data: &[u8], sse: bool) {
+        if self.first.is_none() && sse && !carries_text(data) {
+            return;
+        }
+        self.first.get_or_insert(now);
+        self.last = Some(now);
+        self.chunks += 1;
+    }
+
+    /// The mean gap between token chunks (≥ 2 of them).
+    fn mean_gap(&self) -> Option<f64> {
+        let (first, last) = (self.first?, self.last?);
+        (self.chunks >= 2)
+            .then(|| last.duration_since(first).as_secs_f64() / f64::from(self.chunks - 1))
+    }
+}
+
+/// Whether an SSE chunk carries generated text: a non-empty `"content"`
+/// (chat) or `"text"` (completions) string.
+fn carries_text(data: &[u8]) -> bool {
+    [&b"\"content\":\""[..], &b"\"text\":\""[..]]
+        .iter()
+        .any(|key| {
+            data.windows(key.len())
+                .enumerate()
+                .any(|(i, w)| w == *key && data.get(i + key.len()).is_some_and(|b| *b != b'"'))
+        })
 }
 
 /// One attempt. A 503/429 comes back as an error with the worker's
@@ -217,8 +344,10 @@ fn count_request(state: &RouterState, worker: &Worker, status: StatusCode) {
 /// The worker's response, its body streamed frame by frame; `guard` keeps
 /// the request counted on the worker until the body ends or the client goes.
 /// The time to the first chunk and between chunks feed the worker's latency
-/// averages (the latency-aware policy reads them).
-fn pass_through(resp: hyper::Response<Incoming>, guard: InFlight, sent: Instant) -> Response {
+/// averages (the latency-aware policy reads them); at the end of the body
+/// the observer records the request for its group and arm (a client that
+/// leaves early records nothing: its times would be the client's).
+fn pass_through(resp: hyper::Response<Incoming>, guard: InFlight, observer: Observer) -> Response {
     let (mut parts, body) = resp.into_parts();
     let sse = parts
         .headers
@@ -229,26 +358,35 @@ fn pass_through(resp: hyper::Response<Incoming>, guard: InFlight, sent: Instant)
     if let Ok(v) = HeaderValue::from_str(&guard.worker().label) {
         parts.headers.insert(WORKER_HEADER, v);
     }
-    let start = (body, guard, None::<Instant>);
+    if let Some(v) = observer.arm_header() {
+        parts.headers.insert(ARM_HEADER, v);
+    }
+    let status = parts.status;
+    let start = (body, guard, observer, ChunkTimes::default());
     let stream = futures_util::stream::unfold(Some(start), move |s| async move {
-        let (mut body, guard, last) = s?;
+        let (mut body, guard, observer, mut times) = s?;
         loop {
             match body.frame().await {
-                None => return None,
+                None => {
+                    let ok = !status.is_server_error();
+                    observer.finish(Some(&times), ok, status.as_str());
+                    return None;
+                }
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
                         let now = Instant::now();
-                        match last {
+                        match times.last {
                             None => guard
                                 .worker()
-                                .record_ttft(now.duration_since(sent).as_secs_f64()),
+                                .record_ttft(now.duration_since(observer.sent).as_secs_f64()),
                             Some(t) => guard
                                 .worker()
                                 .record_itl(now.duration_since(t).as_secs_f64()),
                         }
+                        times.on_chunk(now, &data, sse);
                         return Some((
                             Ok::<_, std::io::Error>(data),
-                            Some((body, guard, Some(now))),
+                            Some((body, guard, observer, times)),
                         ));
                     }
                     Err(_trailers) => continue,
@@ -257,6 +395,7 @@ fn pass_through(resp: hyper::Response<Incoming>, guard: InFlight, sent: Instant)
                     let worker = guard.worker();
                     tracing::warn!(worker = %worker.label, error = %e, "worker failed mid-response");
                     counter!(m::INTERRUPTED, "worker" => worker.label.clone()).increment(1);
+                    observer.finish(Some(&times), false, "interrupted");
                     fail(worker, AttemptError::Connect);
                     if sse {
                         return Some((Ok(sse_interrupted(&worker.label)), None));
@@ -287,6 +426,7 @@ fn request_info(body: &[u8]) -> Result<RequestInfo, RouteError> {
     };
     Ok(RequestInfo {
         model: obj.get("model").and_then(Value::as_str).map(str::to_string),
+        user: obj.get("user").and_then(Value::as_str).map(str::to_string),
         stream: obj.get("stream").and_then(Value::as_bool).unwrap_or(false),
         text: prompt_text(&obj),
         holders: Vec::new(),
@@ -350,4 +490,34 @@ fn prompt_text(obj: &serde_json::Map<String, Value>) -> String {
         text.push_str(p);
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_token_is_the_first_chunk_with_text() {
+        let role = br#"data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#;
+        let token = br#"data: {"choices":[{"index":0,"delta":{"content":"H"}}]}"#;
+        let text = br#"data: {"choices":[{"index":0,"text":" the"}]}"#;
+        assert!(!carries_text(role));
+        assert!(carries_text(token));
+        assert!(carries_text(text));
+        assert!(!carries_text(b"data: [DONE]"));
+        let t0 = Instant::now();
+        let mut times = ChunkTimes::default();
+        times.on_chunk(t0, role, true);
+        assert!(times.first.is_none());
+        let t1 = t0 + std::time::Duration::from_millis(100);
+        times.on_chunk(t1, token, true);
+        times.on_chunk(t1 + std::time::Duration::from_millis(20), token, true);
+        times.on_chunk(t1 + std::time::Duration::from_millis(40), token, true);
+        assert_eq!(times.first, Some(t1));
+        assert!((times.mean_gap().unwrap() - 0.02).abs() < 1e-9);
+        // A JSON body (not a stream): its first byte is the answer.
+        let mut body = ChunkTimes::default();
+        body.on_chunk(t0, b"{}", false);
+        assert_eq!(body.first, Some(t0));
+    }
 }

@@ -13,7 +13,21 @@ use crate::discovery::discovery_task;
 use crate::health::health_task;
 use crate::state::RouterState;
 use crate::supervisor::supervise_task;
-use crate::worker::Worker;
+use crate::worker::{Worker, DEFAULT_GROUP};
+
+/// Evaluates the canaries every `eval_interval` (the shortest of them):
+/// steps, promotions and automatic rollbacks happen here.
+async fn canary_task(state: Arc<RouterState>) {
+    let Some(tick) = state.splits.canaries.tick() else {
+        return;
+    };
+    let mut interval = tokio::time::interval(tick);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        state.splits.canaries.evaluate(std::time::Instant::now());
+    }
+}
 
 /// Why the router could not run.
 #[derive(Debug, thiserror::Error)]
@@ -55,26 +69,38 @@ pub async fn serve(
         )));
         restarts.push(None);
     }
+    for g in &config.groups {
+        for url in &g.urls {
+            let id = workers.len();
+            let w = Worker::new(id, url.clone(), url.clone(), false, config.breaker);
+            workers.push(Arc::new(w.with_group(&g.name)));
+            restarts.push(None);
+        }
+    }
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut supervisors = Vec::new();
-    for i in 0..config.local.count {
-        let id = workers.len();
-        let w = Arc::new(Worker::new(
-            id,
-            format!("local-{i}"),
-            String::new(),
-            true,
-            config.breaker,
-        ));
-        let (tx, rx) = mpsc::unbounded_channel();
-        supervisors.push(tokio::spawn(supervise_task(
-            Arc::clone(&w),
-            config.local.clone(),
-            rx,
-            shutdown_rx.clone(),
-        )));
-        workers.push(w);
-        restarts.push(Some(tx));
+    let locals = std::iter::once((DEFAULT_GROUP, "local".to_string(), &config.local)).chain(
+        config
+            .groups
+            .iter()
+            .map(|g| (g.name.as_str(), format!("{}-local", g.name), &g.local)),
+    );
+    for (group, prefix, local) in locals {
+        for i in 0..local.count {
+            let id = workers.len();
+            let label = format!("{prefix}-{i}");
+            let w = Worker::new(id, label, String::new(), true, config.breaker);
+            let w = Arc::new(w.with_group(group));
+            let (tx, rx) = mpsc::unbounded_channel();
+            supervisors.push(tokio::spawn(supervise_task(
+                Arc::clone(&w),
+                local.clone(),
+                rx,
+                shutdown_rx.clone(),
+            )));
+            workers.push(w);
+            restarts.push(Some(tx));
+        }
     }
     let addr = format!("{}:{}", config.host, config.port);
     let listener = tokio::net::TcpListener::bind(&addr)
@@ -94,6 +120,7 @@ pub async fn serve(
     let state = Arc::new(state);
     let health = tokio::spawn(health_task(Arc::clone(&state)));
     let discovery = tokio::spawn(discovery_task(Arc::clone(&state)));
+    let canaries = tokio::spawn(canary_task(Arc::clone(&state)));
     tracing::info!(
         workers = state.workers().len(),
         policy = state.config.policy.as_str(),
@@ -106,6 +133,7 @@ pub async fn serve(
         .await;
     health.abort();
     discovery.abort();
+    canaries.abort();
     if let Some(beat) = heartbeat {
         beat.stop().await;
     }

@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use crate::config::ValidRouterConfig;
 use crate::policy::{self, Policy, RequestInfo};
 use crate::retry::RetryBudget;
+use crate::split::Splits;
 use crate::worker::{Worker, WorkerId};
 
 /// The keep-alive pool of HTTP/1 connections to the workers.
@@ -36,6 +37,9 @@ pub struct RouterState {
     pub metrics: Option<PrometheusHandle>,
     /// Per worker: asks its supervisor to restart the child (local ones).
     pub restarts: Vec<Option<mpsc::UnboundedSender<()>>>,
+    /// A/B experiments and canaries (`CanaryController::rollback` is the
+    /// handle for remediation).
+    pub splits: Splits,
     /// Shared state in Redis, when `[redis]` is configured.
     pub fleet: Option<ingot_fleet::Fleet>,
     budget: Mutex<RetryBudget>,
@@ -58,6 +62,7 @@ impl RouterState {
             .pool_idle_timeout(std::time::Duration::from_secs(90))
             .build(connector);
         Self {
+            splits: Splits::new(config.experiments.clone(), config.canaries.clone()),
             policy: policy::build(config.policy),
             budget: Mutex::new(RetryBudget::new(&config.retry)),
             workers: RwLock::new(workers),
@@ -133,6 +138,18 @@ impl RouterState {
         tried: &[WorkerId],
         now: Instant,
     ) -> Vec<Arc<Worker>> {
+        self.candidates_in(None, request.model.as_deref(), tried, now)
+    }
+
+    /// The workers of `group` (any group when `None`) that may take a
+    /// request for `model` now, not counting `tried`.
+    pub fn candidates_in(
+        &self,
+        group: Option<&str>,
+        model: Option<&str>,
+        tried: &[WorkerId],
+        now: Instant,
+    ) -> Vec<Arc<Worker>> {
         // Per request: only the candidates are cloned, not every worker.
         let Ok(workers) = self.workers.read() else {
             return Vec::new();
@@ -140,7 +157,10 @@ impl RouterState {
         workers
             .iter()
             .filter(|w| {
-                !tried.contains(&w.id) && w.is_available(now) && w.serves(request.model.as_deref())
+                group.is_none_or(|g| w.group == g)
+                    && !tried.contains(&w.id)
+                    && w.is_available(now)
+                    && w.serves(model)
             })
             .cloned()
             .collect()

@@ -10,6 +10,9 @@ use serde_json::Value;
 use crate::breaker::{Breaker, BreakerState};
 use crate::config::BreakerConfig;
 
+/// The group of workers not listed in `[[workers.groups]]`.
+pub const DEFAULT_GROUP: &str = "default";
+
 /// A worker's index in the router's worker list (stable for its life).
 pub type WorkerId = usize;
 
@@ -26,6 +29,9 @@ pub struct Worker {
     /// Whether discovery (`workers.dns`/`workers.file`) found it, so it is
     /// removed when discovery no longer lists it.
     pub discovered: bool,
+    /// Its worker group (`[[workers.groups]]`; [`DEFAULT_GROUP`] for
+    /// `workers.urls`, `workers.local` and discovered workers).
+    pub group: String,
     url: RwLock<String>,
     healthy: AtomicBool,
     draining: AtomicBool,
@@ -110,6 +116,7 @@ impl Worker {
             label,
             local,
             discovered: false,
+            group: DEFAULT_GROUP.to_string(),
             url: RwLock::new(url),
             healthy: AtomicBool::new(false),
             draining: AtomicBool::new(false),
@@ -122,6 +129,12 @@ impl Worker {
             latency: Mutex::new(Latency::default()),
             load: Mutex::new(WorkerLoad::default()),
         }
+    }
+
+    /// The same worker in group `group`.
+    pub fn with_group(mut self, group: &str) -> Self {
+        self.group = group.to_string();
+        self
     }
 
     /// Its base URL ("" while a local child is starting).

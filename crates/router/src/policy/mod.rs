@@ -25,6 +25,8 @@ use crate::worker::{Worker, WorkerId};
 pub struct RequestInfo {
     /// The request's `model`.
     pub model: Option<String>,
+    /// The request's `user` (a split's unit when there is no API key).
+    pub user: Option<String>,
     /// Whether it asked for a stream.
     pub stream: bool,
     /// Its prompt text (chat messages' contents joined, or the prompt), for

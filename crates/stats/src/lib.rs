@@ -1,12 +1,21 @@
-//! Statistics for `compare` and `soak`: Welch's unequal-variance t-test,
-//! Cohen's d, a cluster bootstrap test for percentiles and the
-//! least-squares line.
+//! `ingot-stats`: the statistics shared by `ingot bench compare` and the
+//! router's A/B experiments and canaries, so a regression gate and a live
+//! rollback decide with the same arithmetic.
 //!
-//! Welch's test (Welch 1947, <https://doi.org/10.1093/biomet/34.1-2.28>)
-//! is used rather than Student's because a regression usually changes the
-//! spread as well as the mean; it matches
-//! `scipy.stats.ttest_ind(a, b, equal_var=False)`. The Student t CDF comes
-//! from `statrs` (regularized incomplete beta).
+//! - [`welch_t_test`]: Welch's unequal-variance t-test (Welch 1947,
+//!   <https://doi.org/10.1093/biomet/34.1-2.28>): t, the Welch–Satterthwaite
+//!   degrees of freedom and the two-sided p-value. Welch rather than Student
+//!   because a regression usually changes the spread as well as the mean. It
+//!   matches `scipy.stats.ttest_ind(a, b, equal_var=False)` to 1e-9
+//!   (`tests/scipy.rs`, fixture from `tests/reference/scipy_reference.py`).
+//!   The Student t CDF comes from `statrs` (regularized incomplete beta).
+//! - [`quantile`]: the linear definition (Hyndman & Fan type 7), the default
+//!   of numpy's `percentile` and scipy's `mstats`/`scoreatpercentile`:
+//!   position `q·(n−1)` between the order statistics.
+//! - [`Summary`] and [`compare`]: per-arm sizes, means, variances, p50/p95/p99
+//!   and a [`Verdict`] at a significance level with a minimum sample size.
+//! - [`cohens_d`], [`bootstrap_quantile_test`] and [`least_squares`] for the
+//!   bench's comparison and soak.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -73,11 +82,13 @@ pub fn cohens_d(a: &[f64], b: &[f64]) -> Option<f64> {
     (pooled > 0.0).then(|| (mb - ma) / pooled)
 }
 
-/// The `q`-quantile (0..=1) of `v`, interpolating linearly between order
-/// statistics like numpy's default (and [`crate::result::Stats`]). Reorders
-/// `v`; O(n).
-fn quantile(v: &mut [f64], q: f64) -> f64 {
-    let pos = q * (v.len() - 1) as f64;
+/// The `q`-quantile (0..=1) of `v` by the linear definition (module docs),
+/// reordering `v` in place; O(n). `NaN` for an empty `v`.
+pub fn quantile_in_place(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let pos = q.clamp(0.0, 1.0) * (v.len() - 1) as f64;
     let lo = pos.floor() as usize;
     let (_, lo_v, upper) = v.select_nth_unstable_by(lo, f64::total_cmp);
     let lo_v = *lo_v;
@@ -87,6 +98,137 @@ fn quantile(v: &mut [f64], q: f64) -> f64 {
     }
     let hi_v = upper.iter().copied().fold(f64::INFINITY, f64::min);
     lo_v + (hi_v - lo_v) * frac
+}
+
+/// The `q`-quantile (0..=1) of `sorted` (ascending) by the linear
+/// definition; `NaN` when empty.
+pub fn quantile_sorted(sorted: &[f64], q: f64) -> f64 {
+    let Some(last) = sorted.len().checked_sub(1) else {
+        return f64::NAN;
+    };
+    let pos = q.clamp(0.0, 1.0) * last as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
+}
+
+/// The `q`-quantile (0..=1) of `x` by the linear definition; `None` when
+/// empty. Copies `x`.
+pub fn quantile(x: &[f64], q: f64) -> Option<f64> {
+    (!x.is_empty()).then(|| quantile_in_place(&mut x.to_vec(), q))
+}
+
+/// The arithmetic mean; `None` when empty.
+pub fn mean(x: &[f64]) -> Option<f64> {
+    (!x.is_empty()).then(|| x.iter().sum::<f64>() / x.len() as f64)
+}
+
+/// The sample variance (divisor n − 1, numpy's `ddof=1`); `None` for fewer
+/// than two samples.
+pub fn variance(x: &[f64]) -> Option<f64> {
+    mean_var(x).map(|(_, v)| v)
+}
+
+/// What one arm's samples look like.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Summary {
+    /// Sample size.
+    pub n: usize,
+    /// Mean (`NaN` when empty).
+    pub mean: f64,
+    /// Sample variance, n − 1 (`NaN` below two samples).
+    pub variance: f64,
+    /// Median (linear quantile).
+    pub p50: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// 99th percentile.
+    pub p99: f64,
+}
+
+impl Summary {
+    /// The summary of `x` (non-finite values are left out).
+    pub fn of(x: &[f64]) -> Summary {
+        let mut v: Vec<f64> = x.iter().copied().filter(|v| v.is_finite()).collect();
+        v.sort_by(f64::total_cmp);
+        Summary {
+            n: v.len(),
+            mean: mean(&v).unwrap_or(f64::NAN),
+            variance: variance(&v).unwrap_or(f64::NAN),
+            p50: quantile_sorted(&v, 0.5),
+            p95: quantile_sorted(&v, 0.95),
+            p99: quantile_sorted(&v, 0.99),
+        }
+    }
+}
+
+/// The decision of a two-sample comparison at a significance level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Fewer than the minimum samples on a side: no decision yet.
+    InsufficientSamples,
+    /// p ≥ alpha: no evidence that the means differ.
+    NotSignificant,
+    /// p < alpha and `b`'s mean is higher.
+    BHigher,
+    /// p < alpha and `b`'s mean is lower.
+    BLower,
+}
+
+impl Verdict {
+    /// Whether the difference is significant (either way).
+    pub fn is_significant(self) -> bool {
+        matches!(self, Verdict::BHigher | Verdict::BLower)
+    }
+}
+
+/// Two arms side by side: their summaries, Welch's test of `b` against `a`
+/// and the verdict.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Comparison {
+    /// Arm a.
+    pub a: Summary,
+    /// Arm b.
+    pub b: Summary,
+    /// Welch's test (`None` below two samples on a side).
+    pub welch: Option<Welch>,
+    /// The significance level the verdict used.
+    pub alpha: f64,
+    /// The decision.
+    pub verdict: Verdict,
+}
+
+/// Compares arm `b` with arm `a` at significance `alpha`, deciding only
+/// with at least `min_samples` (and at least two) on each side.
+pub fn compare(a: &[f64], b: &[f64], alpha: f64, min_samples: usize) -> Comparison {
+    let (sa, sb) = (Summary::of(a), Summary::of(b));
+    let finite = |x: &[f64]| {
+        x.iter()
+            .copied()
+            .filter(|v| v.is_finite())
+            .collect::<Vec<_>>()
+    };
+    let welch = welch_t_test(&finite(a), &finite(b));
+    let enough = sa.n >= min_samples.max(2) && sb.n >= min_samples.max(2);
+    let verdict = match welch {
+        Some(w) if enough && w.p < alpha => {
+            // scipy's sign: t = (mean(a) - mean(b)) / se.
+            if w.t < 0.0 {
+                Verdict::BHigher
+            } else {
+                Verdict::BLower
+            }
+        }
+        Some(_) if enough => Verdict::NotSignificant,
+        _ => Verdict::InsufficientSamples,
+    };
+    Comparison {
+        a: sa,
+        b: sb,
+        welch,
+        alpha,
+        verdict,
+    }
 }
 
 /// Resamples drawn by [`bootstrap_quantile_test`].
@@ -113,7 +255,7 @@ pub fn bootstrap_quantile_test(a: &[Vec<f64>], b: &[Vec<f64>], q: f64, seed: u64
         for _ in 0..clusters.len() {
             pool.extend_from_slice(&clusters[rng.random_range(0..clusters.len())]);
         }
-        (!pool.is_empty()).then(|| quantile(&mut pool, q))
+        (!pool.is_empty()).then(|| quantile_in_place(&mut pool, q))
     };
     let (mut below, mut above, mut drawn) = (0usize, 0usize, 0usize);
     for _ in 0..BOOTSTRAP_RESAMPLES {
@@ -176,6 +318,8 @@ pub fn least_squares(points: &[(f64, f64)]) -> Option<Line> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     fn close(a: f64, b: f64, rel: f64) {
@@ -241,7 +385,10 @@ mod tests {
             (1.0, 5.0),
         ] {
             let mut v = [5.0, 1.0, 4.0, 2.0, 3.0];
-            close(quantile(&mut v, q), want, 1e-12);
+            close(quantile_in_place(&mut v, q), want, 1e-12);
+            close(quantile(&v, q).unwrap(), want, 1e-12);
+            v.sort_by(f64::total_cmp);
+            close(quantile_sorted(&v, q), want, 1e-12);
         }
     }
 
