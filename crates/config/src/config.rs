@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::auth::AuthSection;
 use crate::flags::FlagSpec;
 use crate::models::{ModelEntry, RegistrySection};
+use crate::slo::{RemediationSection, SloSpec};
 use crate::units::{ByteSize, Duration};
 
 /// The whole configuration of one ingot process.
@@ -50,6 +51,10 @@ pub struct Config {
     /// Feature flags by name (`[a-z0-9_]+`).
     #[schemars(extend("propertyNames" = { "pattern": "^[a-z0-9_]+$" }))]
     pub flags: BTreeMap<String, FlagSpec>,
+    /// Service-level objectives (`[[slo]]`), evaluated over live windows.
+    pub slo: Vec<SloSpec>,
+    /// What the SLO policy engine may do about a breach (off by default).
+    pub remediation: RemediationSection,
 }
 
 impl Default for Config {
@@ -70,6 +75,8 @@ impl Default for Config {
             models: Vec::new(),
             registry: RegistrySection::default(),
             flags: default_flags(),
+            slo: Vec::new(),
+            remediation: RemediationSection::default(),
         }
     }
 }

@@ -24,6 +24,7 @@ mod load;
 mod models;
 mod reload;
 mod schema;
+mod slo;
 mod tree;
 mod units;
 
@@ -33,6 +34,10 @@ pub use config::{
     LoadFormat, LogFormat, LogSection, MetricsSection, ModelSection, PriorityDeadlines,
     Quantization, SchedulerSection, ServerSection, StructuredSection, TierTimeouts, TracingSection,
     BLOCK_SIZE,
+};
+pub use slo::{
+    BatchingSection, RemediationMode, RemediationSection, ShedHow, ShedSection, SloMetric, SloSpec,
+    SloTarget,
 };
 pub use env::{env_name, FLAG_PREFIX, LEGACY, NOT_CONFIG};
 pub use error::{ConfigError, Source};

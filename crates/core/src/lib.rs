@@ -4,9 +4,11 @@
 mod grammar;
 mod priority;
 mod sampling;
+pub mod window;
 
 pub use grammar::GrammarSpec;
 pub use priority::Priority;
+pub use window::SampleWindow;
 pub use sampling::{SamplingError, SamplingParams, StopCriteria, MAX_LOGPROBS};
 
 /// A vocabulary index.

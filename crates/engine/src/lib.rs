@@ -10,6 +10,7 @@
 //! - `masks`: grammar masks computed on their own thread during the
 //!   forward pass (structured output).
 
+pub mod controls;
 pub mod decoding;
 pub mod drain;
 pub mod engine_loop;
@@ -20,6 +21,7 @@ pub mod prompt_scores;
 pub mod sampler;
 pub mod stop;
 
+pub use controls::{EngineControls, Measure};
 pub use decoding::{DecodeError, Decoding, TokenOutput};
 pub use engine_loop::{start_engine, EngineConfig};
 pub use handle::{

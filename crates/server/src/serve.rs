@@ -97,6 +97,7 @@ pub async fn serve(
         .map_err(|e| ServeError::Auth(e.to_string()))?;
     state.set_reload(config.reload.clone(), config.set_log_level.clone());
     tokio::spawn(reload_on_hangup(state.clone()));
+    tokio::spawn(crate::slo::run(state.clone()));
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .map_err(|source| ServeError::Bind {

@@ -55,6 +55,8 @@ struct Inner {
     metrics: Option<PrometheusHandle>,
     /// API keys and their limits (auth off until loaded).
     edge: ingot_edge::Edge,
+    /// SLO evaluation and remediation.
+    slo: crate::slo::SloMonitor,
 }
 
 impl AppState {
@@ -87,6 +89,7 @@ impl AppState {
                 idle: Notify::new(),
                 metrics,
                 edge: ingot_edge::Edge::default(),
+                slo: crate::slo::SloMonitor::default(),
             }),
         }
     }
@@ -138,12 +141,18 @@ impl AppState {
             lens.insert(lease.id().to_string(), lease.engine.max_context());
         }
         drop(lens);
+        self.inner.slo.observe(lease.id(), lease.engine.controls());
         Ok(lease)
     }
 
     /// The API keys and their limits (the router's auth layer reads them).
     pub fn edge(&self) -> &ingot_edge::Edge {
         &self.inner.edge
+    }
+
+    /// The SLO policy engine.
+    pub fn slo(&self) -> &crate::slo::SloMonitor {
+        &self.inner.slo
     }
 
     /// The generation pipeline (response cache, coalescing, engine).
