@@ -191,6 +191,9 @@ pub struct RemediationSection {
     /// Steer the engine's step token budget toward a target inter-token
     /// latency.
     pub batching: BatchingSection,
+    /// Roll back the model's canary (through the installed hook) while one
+    /// of its SLOs is breached.
+    pub canary_rollback: bool,
 }
 
 impl Default for RemediationSection {
@@ -200,6 +203,7 @@ impl Default for RemediationSection {
             interval: Duration::from_millis(500),
             shed: ShedSection::default(),
             batching: BatchingSection::default(),
+            canary_rollback: false,
         }
     }
 }

@@ -24,6 +24,16 @@ pub use shed::{LevelChange, ShedLevel, ShedTiming, Verdict};
 
 use crate::ApiError;
 
+/// Rolls back a model's canary (the router's canary controller implements
+/// it; installed with [`SloMonitor::set_canary_hook`]). Called once per
+/// `remediation.shed.cooldown` while an SLO of the model is breached and
+/// `remediation.canary_rollback` is on.
+pub trait CanaryRollback: Send + Sync {
+    /// Sends `model`'s canary share to 0 because of `reason`; true when a
+    /// canary was active and is now rolled back.
+    fn roll_back(&self, model: &str, reason: &str) -> bool;
+}
+
 /// Events kept for `/admin/slo`.
 const EVENTS_KEPT: usize = 100;
 
@@ -74,6 +84,9 @@ struct Monitor {
     events: VecDeque<RemediationEvent>,
     evaluated_at_ms: Option<u64>,
     mode: RemediationMode,
+    canary: Option<Arc<dyn CanaryRollback>>,
+    /// When the canary hook was last called, per model.
+    canary_called: HashMap<String, Instant>,
 }
 
 /// The policy engine's state, shared by the evaluation task, admission and
@@ -104,6 +117,11 @@ impl SloMonitor {
                 .insert(model.to_string(), Arc::downgrade(controls));
             m.models.remove(model);
         }
+    }
+
+    /// Installs the canary rollback action.
+    pub fn set_canary_hook(&self, hook: Arc<dyn CanaryRollback>) {
+        self.lock().canary = Some(hook);
     }
 
     /// Refuses a request of `tier` for `model` while shedding covers it:
@@ -151,7 +169,8 @@ impl SloMonitor {
             return;
         }
         for (name, controls) in &engines {
-            let events = remediate(&mut m, config, name, controls, now);
+            let mut events = remediate(&mut m, config, name, controls, now);
+            events.extend(canary_step(&mut m, config, name, now));
             for e in events {
                 record_event(&mut m, e, mode);
             }
@@ -332,6 +351,41 @@ fn batching_step(
         policy.target * 1e3
     );
     Some(event(name, "batching", direction, detail, apply))
+}
+
+/// Calls the canary hook while an SLO of `name` is breached (at most once
+/// per cool-down); in dry-run mode only reports it would.
+fn canary_step(
+    m: &mut Monitor,
+    config: &Config,
+    name: &str,
+    now: Instant,
+) -> Option<RemediationEvent> {
+    if !config.remediation.canary_rollback {
+        return None;
+    }
+    let hook = m.canary.clone()?;
+    let breached = m
+        .statuses
+        .iter()
+        .find(|s| s.model == name && s.breached())?;
+    let reason = format!(
+        "SLO {} breached: {:.4} over {:.4}",
+        breached.slo,
+        breached.measured.unwrap_or(0.0),
+        breached.target
+    );
+    let cooldown = config.remediation.shed.cooldown.get();
+    let last = m.canary_called.get(name).copied();
+    if last.is_some_and(|t| now.saturating_duration_since(t) < cooldown) {
+        return None;
+    }
+    m.canary_called.insert(name.to_string(), now);
+    let apply = config.remediation.mode == RemediationMode::On;
+    if apply && !hook.roll_back(name, &reason) {
+        return None;
+    }
+    Some(event(name, "canary_rollback", "apply", reason, apply))
 }
 
 fn event(

@@ -100,3 +100,32 @@ fn batching_lowers_the_engine_budget() {
     assert_eq!(c.token_budget(), 256);
     assert_eq!(c.max_num_seqs(), 64);
 }
+
+struct Recorder(std::sync::Mutex<Vec<String>>);
+
+impl super::CanaryRollback for Recorder {
+    fn roll_back(&self, model: &str, _reason: &str) -> bool {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(model.to_string());
+        true
+    }
+}
+
+#[test]
+fn canary_hook_is_called_once_per_cooldown_on_breach() {
+    let (m, c) = (SloMonitor::default(), engine());
+    let hook = Arc::new(Recorder(Default::default()));
+    m.set_canary_hook(hook.clone());
+    m.observe("m", &c);
+    record(&c, Priority::High, 0.9, 10);
+    let mut cfg = config(RemediationMode::On);
+    cfg.remediation.canary_rollback = true;
+    cfg.remediation.shed.cooldown = ingot_config::Duration::from_secs(60);
+    let now = Instant::now();
+    m.tick(&cfg, now);
+    m.tick(&cfg, now + Duration::from_secs(1));
+    let calls = hook.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+    assert_eq!(calls, vec!["m".to_string()]);
+    let report = m.report(&cfg);
+    let events = report["events"].as_array().cloned().unwrap_or_default();
+    assert!(events.iter().any(|e| e["action"] == "canary_rollback"));
+}
