@@ -122,6 +122,34 @@ def probe(url: str, seconds: float, every: float = 0.2, priority: str = "high") 
     return out
 
 
+class Prober:
+    """A thread sending one high-tier streamed request at a time, keeping
+    (time, TTFT) of each."""
+
+    def __init__(self, url: str, every: float = 0.15):
+        self.url, self.every = url, every
+        self.samples: list[tuple[float, float]] = []
+        self.stop_flag = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> "Prober":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_flag.set()
+        self.thread.join(timeout=60)
+
+    def _loop(self) -> None:
+        while not self.stop_flag.is_set():
+            t = ttft(self.url)
+            self.samples.append((time.monotonic(), t))
+            time.sleep(self.every)
+
+    def since(self, t0: float) -> list[float]:
+        return [v for t, v in list(self.samples) if t >= t0]
+
+
 def low_overload(url: str, clients: int) -> Background:
     """Long low/background prompts, enough to keep every step full."""
     return Background(url, clients, {"prompt": LONG_PROMPT, "max_tokens": 16, "priority": "low",

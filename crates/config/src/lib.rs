@@ -35,10 +35,6 @@ pub use config::{
     Quantization, SchedulerSection, ServerSection, StructuredSection, TierTimeouts, TracingSection,
     BLOCK_SIZE,
 };
-pub use slo::{
-    BatchingSection, RemediationMode, RemediationSection, ShedHow, ShedSection, SloMetric, SloSpec,
-    SloTarget,
-};
 pub use env::{env_name, FLAG_PREFIX, LEGACY, NOT_CONFIG};
 pub use error::{ConfigError, Source};
 pub use flags::{bucket, FlagSpec, BUCKETS};
@@ -46,6 +42,10 @@ pub use load::{load, FlagValue, Layers, Loaded};
 pub use models::{ModelEntry, RegistrySection};
 pub use reload::{diff, live, Reload};
 pub use schema::schema;
+pub use slo::{
+    BatchingSection, RemediationMode, RemediationSection, ShedHow, ShedSection, SloMetric, SloSpec,
+    SloTarget,
+};
 pub use units::{ByteSize, Duration};
 
 #[cfg(test)]

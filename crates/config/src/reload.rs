@@ -41,7 +41,10 @@ pub fn live(key: &str) -> bool {
 
 /// SLOs and the remediation policy are re-read at every evaluation.
 fn is_slo_key(key: &str) -> bool {
-    key == "slo" || key.starts_with("slo.") || key.starts_with("slo[") || key.starts_with("remediation.")
+    key == "slo"
+        || key.starts_with("slo.")
+        || key.starts_with("slo[")
+        || key.starts_with("remediation.")
 }
 
 /// The dotted leaf keys that differ (added or removed flags included), in

@@ -286,7 +286,6 @@ impl Default for BatchingSection {
     }
 }
 
-
 /// A tier name or `*`.
 fn valid_tier(tier: &str) -> bool {
     tier == "*" || tier.parse::<ingot_core::Priority>().is_ok()
@@ -324,7 +323,10 @@ pub(crate) fn check_slos(c: &Config) -> Check {
         if !labels.insert((s.label(), s.model.clone(), s.tier.clone())) {
             return fail(
                 format!("slo[{i}]"),
-                format!("the SLO '{}' is defined twice for this model and tier", s.label()),
+                format!(
+                    "the SLO '{}' is defined twice for this model and tier",
+                    s.label()
+                ),
             );
         }
     }
@@ -342,7 +344,10 @@ fn check_target(s: &SloSpec, key: &str) -> Check {
             ),
         ),
         (false, SloTarget::Ratio(r)) if (0.0..=1.0).contains(&r) => Ok(()),
-        (false, _) => fail(key, "an error_rate target is a ratio in [0, 1] such as 0.01"),
+        (false, _) => fail(
+            key,
+            "an error_rate target is a ratio in [0, 1] such as 0.01",
+        ),
     }
 }
 
@@ -401,7 +406,10 @@ fn check_batching(c: &Config) -> Check {
     if b.min_tokens < c.engine.block_size {
         return fail(
             key("min_tokens"),
-            format!("must be at least engine.block_size ({})", c.engine.block_size),
+            format!(
+                "must be at least engine.block_size ({})",
+                c.engine.block_size
+            ),
         );
     }
     let max = b.max_tokens.unwrap_or(c.scheduler.max_num_batched_tokens);

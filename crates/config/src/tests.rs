@@ -601,20 +601,50 @@ fn slos_and_remediation_load_with_their_targets() {
 fn bad_slos_are_refused_with_their_key() {
     let cases = [
         ("[[slo]]\ntier = \"urgent\"\n", "slo[0].tier"),
-        ("[[slo]]\nmetric = \"ttft\"\ntarget = 0.5\n", "slo[0].target"),
-        ("[[slo]]\nmetric = \"error_rate\"\ntarget = \"1s\"\n", "slo[0].target"),
-        ("[[slo]]\nmetric = \"error_rate\"\ntarget = 1.5\n", "slo[0].target"),
+        (
+            "[[slo]]\nmetric = \"ttft\"\ntarget = 0.5\n",
+            "slo[0].target",
+        ),
+        (
+            "[[slo]]\nmetric = \"error_rate\"\ntarget = \"1s\"\n",
+            "slo[0].target",
+        ),
+        (
+            "[[slo]]\nmetric = \"error_rate\"\ntarget = 1.5\n",
+            "slo[0].target",
+        ),
         ("[[slo]]\nquantile = 0\n", "slo[0].quantile"),
         ("[[slo]]\nwindow = \"0s\"\n", "slo[0].window"),
-        ("[[slo]]\ntier = \"high\"\n[[slo]]\ntier = \"high\"\n", "slo[1]"),
+        (
+            "[[slo]]\ntier = \"high\"\n[[slo]]\ntier = \"high\"\n",
+            "slo[1]",
+        ),
         ("[[slo]]\nmetrc = \"ttft\"\n", "metrc"),
         ("[remediation]\nmode = \"yes\"\n", "remediation.mode"),
-        ("[remediation.shed]\ntiers = [\"critical\"]\n", "remediation.shed.tiers"),
-        ("[remediation.shed]\ntiers = [\"low\", \"low\"]\n", "remediation.shed.tiers"),
-        ("[remediation.shed]\nexit_ratio = 1.5\n", "remediation.shed.exit_ratio"),
-        ("[remediation.batching]\nmin_tokens = 4\n", "remediation.batching.min_tokens"),
-        ("[remediation.batching]\nmin_tokens = 64\nmax_tokens = 32\n", "remediation.batching.max_tokens"),
-        ("[remediation.batching]\nband = 1\n", "remediation.batching.band"),
+        (
+            "[remediation.shed]\ntiers = [\"critical\"]\n",
+            "remediation.shed.tiers",
+        ),
+        (
+            "[remediation.shed]\ntiers = [\"low\", \"low\"]\n",
+            "remediation.shed.tiers",
+        ),
+        (
+            "[remediation.shed]\nexit_ratio = 1.5\n",
+            "remediation.shed.exit_ratio",
+        ),
+        (
+            "[remediation.batching]\nmin_tokens = 4\n",
+            "remediation.batching.min_tokens",
+        ),
+        (
+            "[remediation.batching]\nmin_tokens = 64\nmax_tokens = 32\n",
+            "remediation.batching.max_tokens",
+        ),
+        (
+            "[remediation.batching]\nband = 1\n",
+            "remediation.batching.band",
+        ),
     ];
     for (text, key) in cases {
         let e = err(&from_file(text));

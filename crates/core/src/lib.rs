@@ -8,8 +8,8 @@ pub mod window;
 
 pub use grammar::GrammarSpec;
 pub use priority::Priority;
-pub use window::SampleWindow;
 pub use sampling::{SamplingError, SamplingParams, StopCriteria, MAX_LOGPROBS};
+pub use window::SampleWindow;
 
 /// A vocabulary index.
 pub type TokenId = u32;

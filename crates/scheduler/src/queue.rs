@@ -380,10 +380,7 @@ impl Scheduler {
             let Some(seq) = self.seqs.get(&id) else {
                 continue;
             };
-            if seq.state != State::Running
-                || seq.paused
-                || seq.pending() == 0
-                || self.is_held(seq)
+            if seq.state != State::Running || seq.paused || seq.pending() == 0 || self.is_held(seq)
             {
                 continue;
             }

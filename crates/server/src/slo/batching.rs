@@ -115,9 +115,16 @@ mod tests {
             c.step(Some(itl(c.budget())), P, now);
         }
         let got = itl(c.budget());
-        assert!((got - 0.050).abs() <= 0.1 * 0.050, "budget {} gives {got}", c.budget());
+        assert!(
+            (got - 0.050).abs() <= 0.1 * 0.050,
+            "budget {} gives {got}",
+            c.budget()
+        );
         let settled = c.budget();
-        assert_eq!(c.step(Some(itl(settled)), P, t0 + Duration::from_secs(60)), None);
+        assert_eq!(
+            c.step(Some(itl(settled)), P, t0 + Duration::from_secs(60)),
+            None
+        );
     }
 
     #[test]

@@ -126,7 +126,12 @@ impl SloMonitor {
 
     /// Refuses a request of `tier` for `model` while shedding covers it:
     /// 503 with Retry-After.
-    pub fn admit(&self, model: &str, tier: Priority, retry_after: Duration) -> Result<(), ApiError> {
+    pub fn admit(
+        &self,
+        model: &str,
+        tier: Priority,
+        retry_after: Duration,
+    ) -> Result<(), ApiError> {
         let m = self.lock();
         let shed = m
             .models
@@ -154,7 +159,8 @@ impl SloMonitor {
             .iter()
             .filter_map(|(name, w)| Some((name.clone(), w.upgrade()?)))
             .collect();
-        m.models.retain(|name, _| engines.iter().any(|(n, _)| n == name));
+        m.models
+            .retain(|name, _| engines.iter().any(|(n, _)| n == name));
         let statuses = evaluate_all(config, &engines);
         metrics::export_statuses(&statuses);
         m.statuses = statuses;
@@ -304,7 +310,10 @@ fn shed_step(
     }
     let names: Vec<&str> = covered.iter().map(|p| p.as_str()).collect();
     let (direction, detail) = match change {
-        LevelChange::Raise(_) => ("apply", format!("level {level}: {} {names:?}", shed.how.as_str())),
+        LevelChange::Raise(_) => (
+            "apply",
+            format!("level {level}: {} {names:?}", shed.how.as_str()),
+        ),
         LevelChange::Lower(_) => ("undo", format!("level {level}: now covers {names:?}")),
     };
     Some(event(name, shed.how.as_str(), direction, detail, apply))
@@ -329,10 +338,9 @@ fn batching_step(
             .max(b.min_tokens),
         cooldown: b.cooldown.get(),
     };
-    let since = state
-        .budget
-        .last_change()
-        .map_or(b.window.get(), |t| now.saturating_duration_since(t).min(b.window.get()));
+    let since = state.budget.last_change().map_or(b.window.get(), |t| {
+        now.saturating_duration_since(t).min(b.window.get())
+    });
     let mut itl = controls.recent(&Priority::ALL, Measure::Itl, since);
     let measured = ingot_core::window::quantile(&mut itl, b.quantile);
     state.measured_itl = measured;
@@ -342,7 +350,14 @@ fn batching_step(
     if apply {
         controls.set_token_budget(after);
     }
-    metrics::budget(name, if apply { after } else { controls.token_budget() });
+    metrics::budget(
+        name,
+        if apply {
+            after
+        } else {
+            controls.token_budget()
+        },
+    );
     let direction = if after < before { "down" } else { "up" };
     let detail = format!(
         "step token budget {before} -> {after} (ITL p{} {:.1} ms, target {:.1} ms)",

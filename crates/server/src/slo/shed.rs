@@ -114,9 +114,19 @@ mod tests {
     fn raises_once_per_cooldown_up_to_max() {
         let t0 = Instant::now();
         let mut l = ShedLevel::default();
-        assert_eq!(l.decide(Verdict::Breached, 2, T, t0), Some(LevelChange::Raise(1)));
-        assert_eq!(l.decide(Verdict::Breached, 2, T, at(t0, 1)), None, "cooling down");
-        assert_eq!(l.decide(Verdict::Breached, 2, T, at(t0, 2)), Some(LevelChange::Raise(2)));
+        assert_eq!(
+            l.decide(Verdict::Breached, 2, T, t0),
+            Some(LevelChange::Raise(1))
+        );
+        assert_eq!(
+            l.decide(Verdict::Breached, 2, T, at(t0, 1)),
+            None,
+            "cooling down"
+        );
+        assert_eq!(
+            l.decide(Verdict::Breached, 2, T, at(t0, 2)),
+            Some(LevelChange::Raise(2))
+        );
         assert_eq!(l.decide(Verdict::Breached, 2, T, at(t0, 9)), None, "at max");
     }
 
@@ -131,10 +141,20 @@ mod tests {
         assert_eq!(l.decide(Verdict::Hold, 2, T, at(t0, 12)), None);
         assert_eq!(l.decide(Verdict::Clear, 2, T, at(t0, 13)), None);
         assert_eq!(l.decide(Verdict::Clear, 2, T, at(t0, 22)), None);
-        assert_eq!(l.decide(Verdict::Clear, 2, T, at(t0, 23)), Some(LevelChange::Lower(1)));
+        assert_eq!(
+            l.decide(Verdict::Clear, 2, T, at(t0, 23)),
+            Some(LevelChange::Lower(1))
+        );
         // The next level needs its own exit period.
         assert_eq!(l.decide(Verdict::Clear, 2, T, at(t0, 30)), None);
-        assert_eq!(l.decide(Verdict::Clear, 2, T, at(t0, 33)), Some(LevelChange::Lower(0)));
-        assert_eq!(l.decide(Verdict::Clear, 2, T, at(t0, 60)), None, "nothing to undo");
+        assert_eq!(
+            l.decide(Verdict::Clear, 2, T, at(t0, 33)),
+            Some(LevelChange::Lower(0))
+        );
+        assert_eq!(
+            l.decide(Verdict::Clear, 2, T, at(t0, 60)),
+            None,
+            "nothing to undo"
+        );
     }
 }

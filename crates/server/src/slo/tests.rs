@@ -65,7 +65,9 @@ fn dry_run_reports_without_acting() {
     let cfg = config(RemediationMode::DryRun);
     m.tick(&cfg, Instant::now());
     assert!(!c.is_held(Priority::Background));
-    assert!(m.admit("m", Priority::Background, Duration::from_secs(5)).is_ok());
+    assert!(m
+        .admit("m", Priority::Background, Duration::from_secs(5))
+        .is_ok());
     let report = m.report(&cfg);
     assert_eq!(report["events"][0]["applied"], false);
     assert_eq!(report["events"][0]["action"], "shed");
@@ -78,7 +80,10 @@ fn low_tier_samples_do_not_trigger_and_off_mode_releases() {
     m.observe("m", &c);
     record(&c, Priority::Low, 5.0, 20);
     m.tick(&config(RemediationMode::On), Instant::now());
-    assert!(!c.is_held(Priority::Background), "a low-tier breach is not a high one");
+    assert!(
+        !c.is_held(Priority::Background),
+        "a low-tier breach is not a high one"
+    );
     record(&c, Priority::High, 0.9, 10);
     m.tick(&config(RemediationMode::On), Instant::now());
     assert!(c.is_held(Priority::Background));
@@ -105,7 +110,10 @@ struct Recorder(std::sync::Mutex<Vec<String>>);
 
 impl super::CanaryRollback for Recorder {
     fn roll_back(&self, model: &str, _reason: &str) -> bool {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(model.to_string());
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(model.to_string());
         true
     }
 }
@@ -123,7 +131,11 @@ fn canary_hook_is_called_once_per_cooldown_on_breach() {
     let now = Instant::now();
     m.tick(&cfg, now);
     m.tick(&cfg, now + Duration::from_secs(1));
-    let calls = hook.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+    let calls = hook
+        .0
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
     assert_eq!(calls, vec!["m".to_string()]);
     let report = m.report(&cfg);
     let events = report["events"].as_array().cloned().unwrap_or_default();
