@@ -123,22 +123,24 @@ def probe(url: str, seconds: float, every: float = 0.2, priority: str = "high") 
 
 
 class Prober:
-    """A thread sending one high-tier streamed request at a time, keeping
-    (time, TTFT) of each."""
+    """Threads each sending one high-tier streamed request at a time,
+    keeping (time, TTFT) of each."""
 
-    def __init__(self, url: str, every: float = 0.15):
+    def __init__(self, url: str, every: float = 0.15, threads: int = 3):
         self.url, self.every = url, every
         self.samples: list[tuple[float, float]] = []
         self.stop_flag = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(threads)]
 
     def __enter__(self) -> "Prober":
-        self.thread.start()
+        for t in self.threads:
+            t.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop_flag.set()
-        self.thread.join(timeout=60)
+        for t in self.threads:
+            t.join(timeout=60)
 
     def _loop(self) -> None:
         while not self.stop_flag.is_set():

@@ -102,16 +102,24 @@ def test_overload_is_shed_and_high_ttft_recovers(server_factory, model_name, tmp
         write_config(cfg, target, "on")
         t_on = time.monotonic()
         reload(http)
-        wait_for(lambda: compliance(http) == 1.0, REACTION_S, 0.25, what="the high-tier SLO met again")
+        try:
+            wait_for(lambda: compliance(http) == 1.0, REACTION_S, 0.25, what="the high-tier SLO met again")
+        except AssertionError as e:
+            recent = [round(v, 3) for v in prober.since(t_on)]
+            raise AssertionError(f"{e}; {target=:.0f} ms; TTFTs since on: {recent}; {report(http)}") from None
         reacted = time.monotonic() - t_on
         t_after = time.monotonic()
         time.sleep(3.0)
         after = prober.since(t_after)
-        shed = [e for e in low.errors if e["status"] == 503]
+        # New low requests are shed; the ones in flight are held (delayed).
+        r = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "priority": "low"})
+        assert_error(r, 503, "service_unavailable", code="slo_shed", message_contains=("low",))
+        assert r.headers["retry-after"] == "1"
+        held = report(http)["remediation"][model_name]["shed"]["refused"]
+        assert held == ["background", "low"], held
     assert quantile(after, 0.9) <= target / 1e3, f"high p90 {quantile(after, 0.9):.3f} s over {target:.0f} ms"
-    assert shed, "low-tier requests were shed"
-    assert all(e["body"]["error"]["code"] == "slo_shed" for e in shed), shed[:2]
-    assert all(ra.isdigit() for ra in low.retry_after), low.retry_after[:3]
+    # The held low requests finished once released: none failed.
+    assert all(c in (200, 503) for c in low.codes_since(0)), low.errors[:2]
     rep = report(http)
     applied = [e for e in rep["events"] if e["applied"] and e["direction"] == "apply"]
     assert applied and applied[0]["action"] == "shed", rep["events"]
@@ -124,7 +132,7 @@ def test_overload_is_shed_and_high_ttft_recovers(server_factory, model_name, tmp
     assert m.get("ingot_remediation_actions_total", action="shed", direction="undo", mode="on") >= 1
     assert m.get("ingot_remediation_active", action="shed") == 0
     print(f"base p90 {base*1e3:.0f} ms, loaded p90 {loaded*1e3:.0f} ms, target {target:.0f} ms, "
-          f"met again after {reacted:.1f} s, after p90 {quantile(after, 0.9)*1e3:.0f} ms, shed {len(shed)}")
+          f"met again after {reacted:.1f} s, after p90 {quantile(after, 0.9)*1e3:.0f} ms")
 
 
 def test_shed_answer_is_an_openai_error(server_factory, model_name, tmp_path):

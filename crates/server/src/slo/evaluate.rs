@@ -37,12 +37,14 @@ impl SloStatus {
         !self.met
     }
 
-    /// Judged and at most `ratio × target` (or not judged: no evidence of a
-    /// problem). The exit threshold of the hysteresis.
+    /// Judged and at most `ratio × target`, or no sample at all (nobody of
+    /// the tier left to protect). The exit threshold of the hysteresis; a
+    /// few samples, too few to judge, are not clear.
     pub fn clear(&self, ratio: f64, min_samples: usize) -> bool {
         match self.measured {
+            _ if self.samples == 0 => true,
             Some(m) if self.samples >= min_samples => m <= self.target * ratio,
-            _ => true,
+            _ => false,
         }
     }
 }
