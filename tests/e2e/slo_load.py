@@ -18,6 +18,7 @@ LONG_PROMPT = " ".join(f"Item {i}: the quick brown fox jumps over the lazy dog."
 
 def quantile(values: list[float], q: float) -> float:
     """Nearest-rank quantile (the server's definition)."""
+    assert values, "no samples (the machine may be too loaded for this window)"
     s = sorted(values)
     rank = max(1, min(len(s), int(-(-q * len(s) // 1))))
     return s[rank - 1]
