@@ -20,8 +20,10 @@ fn high_ttft_slo() -> SloSpec {
 }
 
 fn config(mode: RemediationMode) -> Config {
-    let mut c = Config::default();
-    c.slo = vec![high_ttft_slo()];
+    let mut c = Config {
+        slo: vec![high_ttft_slo()],
+        ..Config::default()
+    };
     c.remediation.mode = mode;
     c.remediation.shed.cooldown = ingot_config::Duration::from_secs(0);
     c
