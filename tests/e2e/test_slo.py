@@ -42,7 +42,7 @@ interval = "250ms"
 [remediation.shed]
 how = "shed"
 tiers = ["background", "low"]
-exit_after = "3s"
+exit_after = "6s"
 cooldown = "1s"
 retry_after = "1s"
 {extra}
@@ -108,15 +108,15 @@ def test_overload_is_shed_and_high_ttft_recovers(server_factory, model_name, tmp
             recent = [round(v, 3) for v in prober.since(t_on)]
             raise AssertionError(f"{e}; {target=:.0f} ms; TTFTs since on: {recent}; {report(http)}") from None
         reacted = time.monotonic() - t_on
-        t_after = time.monotonic()
-        time.sleep(3.0)
-        after = prober.since(t_after)
         # New low requests are shed; the ones in flight are held (delayed).
         r = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "priority": "low"})
         assert_error(r, 503, "service_unavailable", code="slo_shed", message_contains=("low",))
         assert r.headers["retry-after"] == "1"
         held = report(http)["remediation"][model_name]["shed"]["refused"]
         assert held == ["background", "low"], held
+        t_after = time.monotonic()
+        time.sleep(3.0)
+        after = prober.since(t_after)
     assert quantile(after, 0.9) <= target / 1e3, f"high p90 {quantile(after, 0.9):.3f} s over {target:.0f} ms"
     # The held low requests finished once released: none failed.
     assert all(c in (200, 503) for c in low.codes_since(0)), low.errors[:2]
@@ -124,7 +124,7 @@ def test_overload_is_shed_and_high_ttft_recovers(server_factory, model_name, tmp
     applied = [e for e in rep["events"] if e["applied"] and e["direction"] == "apply"]
     assert applied and applied[0]["action"] == "shed", rep["events"]
     # Load gone: the SLO holds, the shedding is undone one level at a time.
-    wait_for(lambda: report(http)["remediation"][model_name]["shed"]["level"] == 0, 20, 0.25,
+    wait_for(lambda: report(http)["remediation"][model_name]["shed"]["level"] == 0, 30, 0.25,
              what="shedding undone")
     r = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "priority": "low"})
     assert r.status_code == 200, r.text
