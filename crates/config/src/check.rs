@@ -10,9 +10,9 @@ pub(crate) struct Violation {
     pub message: String,
 }
 
-type Check = Result<(), Violation>;
+pub(crate) type Check = Result<(), Violation>;
 
-fn fail(key: impl Into<String>, message: impl Into<String>) -> Check {
+pub(crate) fn fail(key: impl Into<String>, message: impl Into<String>) -> Check {
     Err(Violation {
         key: key.into(),
         message: message.into(),
@@ -39,7 +39,9 @@ pub(crate) fn check(config: &Config) -> Check {
     models(config)?;
     auth(config)?;
     redis(config)?;
-    flags(config)
+    flags(config)?;
+    crate::slo::check_slos(config)?;
+    crate::slo::check_remediation(config)
 }
 
 fn model(c: &Config) -> Check {

@@ -14,6 +14,7 @@ use crate::auth::AuthSection;
 use crate::flags::FlagSpec;
 use crate::models::{ModelEntry, RegistrySection};
 use crate::redis::RedisSection;
+use crate::slo::{RemediationSection, SloSpec};
 use crate::units::{ByteSize, Duration};
 
 /// The whole configuration of one ingot process.
@@ -53,6 +54,10 @@ pub struct Config {
     /// Feature flags by name (`[a-z0-9_]+`).
     #[schemars(extend("propertyNames" = { "pattern": "^[a-z0-9_]+$" }))]
     pub flags: BTreeMap<String, FlagSpec>,
+    /// Service-level objectives (`[[slo]]`), evaluated over live windows.
+    pub slo: Vec<SloSpec>,
+    /// What the SLO policy engine may do about a breach (off by default).
+    pub remediation: RemediationSection,
 }
 
 impl Default for Config {
@@ -74,6 +79,8 @@ impl Default for Config {
             registry: RegistrySection::default(),
             redis: RedisSection::default(),
             flags: default_flags(),
+            slo: Vec::new(),
+            remediation: RemediationSection::default(),
         }
     }
 }

@@ -25,6 +25,7 @@ mod models;
 mod redis;
 mod reload;
 mod schema;
+mod slo;
 mod tree;
 mod units;
 
@@ -43,6 +44,10 @@ pub use models::{ModelEntry, RegistrySection};
 pub use redis::RedisSection;
 pub use reload::{diff, live, Reload};
 pub use schema::schema;
+pub use slo::{
+    BatchingSection, RemediationMode, RemediationSection, ShedHow, ShedSection, SloMetric, SloSpec,
+    SloTarget,
+};
 pub use units::{ByteSize, Duration};
 
 #[cfg(test)]

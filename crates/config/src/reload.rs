@@ -26,7 +26,9 @@ impl Reload {
 }
 
 /// Whether a running server can apply a change to `key`: feature flags, the
-/// cache, the API keys (`auth.*`) and request limits are read per request, and the log filter is swapped in place;
+/// cache, the API keys (`auth.*`) and request limits are read per request,
+/// SLOs and `remediation.*` at every evaluation, and the log filter is
+/// swapped in place;
 /// everything else sized or started something at start-up.
 pub fn live(key: &str) -> bool {
     key.starts_with("flags.")
@@ -34,6 +36,15 @@ pub fn live(key: &str) -> bool {
         || key.starts_with("auth.")
         || key.starts_with("limits.")
         || key == "log.level"
+        || is_slo_key(key)
+}
+
+/// SLOs and the remediation policy are re-read at every evaluation.
+fn is_slo_key(key: &str) -> bool {
+    key == "slo"
+        || key.starts_with("slo.")
+        || key.starts_with("slo[")
+        || key.starts_with("remediation.")
 }
 
 /// The dotted leaf keys that differ (added or removed flags included), in

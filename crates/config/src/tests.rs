@@ -595,3 +595,86 @@ fn redis_is_off_by_default_and_its_rules_name_the_key() {
     let e = err(&on("[redis]\nurl = \"redis://x\"\nbogus = 1\n"));
     assert!(e.contains("bogus"), "{e}");
 }
+
+fn from_file(text: &str) -> Layers {
+    Layers {
+        file: Some(file(text)),
+        ..Layers::default()
+    }
+}
+
+#[test]
+fn slos_and_remediation_load_with_their_targets() {
+    let l = load(&from_file(
+        "[[slo]]\ntier = \"high\"\nmetric = \"ttft\"\nquantile = 0.95\ntarget = \"500ms\"\n\
+         [[slo]]\nmetric = \"error_rate\"\ntarget = 0.01\n\
+         [remediation]\nmode = \"dry_run\"\n[remediation.shed]\nhow = \"delay\"\n",
+    ))
+    .unwrap();
+    let c = &l.config;
+    assert_eq!(c.slo.len(), 2);
+    assert_eq!(c.slo[0].target.value(), 0.5);
+    assert_eq!(c.slo[0].label(), "ttft_p95_high");
+    assert_eq!(c.slo[1].target, SloTarget::Ratio(0.01));
+    assert_eq!(c.slo[1].label(), "error_rate_all");
+    assert_eq!(c.remediation.mode, RemediationMode::DryRun);
+    assert_eq!(c.remediation.shed.how, ShedHow::Delay);
+    // Off by default: remediation changes latency and answers' routing.
+    assert_eq!(Config::default().remediation.mode, RemediationMode::Off);
+    assert!(!Config::default().remediation.batching.enabled);
+}
+
+#[test]
+fn bad_slos_are_refused_with_their_key() {
+    let cases = [
+        ("[[slo]]\ntier = \"urgent\"\n", "slo[0].tier"),
+        (
+            "[[slo]]\nmetric = \"ttft\"\ntarget = 0.5\n",
+            "slo[0].target",
+        ),
+        (
+            "[[slo]]\nmetric = \"error_rate\"\ntarget = \"1s\"\n",
+            "slo[0].target",
+        ),
+        (
+            "[[slo]]\nmetric = \"error_rate\"\ntarget = 1.5\n",
+            "slo[0].target",
+        ),
+        ("[[slo]]\nquantile = 0\n", "slo[0].quantile"),
+        ("[[slo]]\nwindow = \"0s\"\n", "slo[0].window"),
+        (
+            "[[slo]]\ntier = \"high\"\n[[slo]]\ntier = \"high\"\n",
+            "slo[1]",
+        ),
+        ("[[slo]]\nmetrc = \"ttft\"\n", "metrc"),
+        ("[remediation]\nmode = \"yes\"\n", "remediation.mode"),
+        (
+            "[remediation.shed]\ntiers = [\"critical\"]\n",
+            "remediation.shed.tiers",
+        ),
+        (
+            "[remediation.shed]\ntiers = [\"low\", \"low\"]\n",
+            "remediation.shed.tiers",
+        ),
+        (
+            "[remediation.shed]\nexit_ratio = 1.5\n",
+            "remediation.shed.exit_ratio",
+        ),
+        (
+            "[remediation.batching]\nmin_tokens = 4\n",
+            "remediation.batching.min_tokens",
+        ),
+        (
+            "[remediation.batching]\nmin_tokens = 64\nmax_tokens = 32\n",
+            "remediation.batching.max_tokens",
+        ),
+        (
+            "[remediation.batching]\nband = 1\n",
+            "remediation.batching.band",
+        ),
+    ];
+    for (text, key) in cases {
+        let e = err(&from_file(text));
+        assert!(e.contains(key), "{text:?}: {e}");
+    }
+}

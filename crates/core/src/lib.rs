@@ -4,10 +4,12 @@
 mod grammar;
 mod priority;
 mod sampling;
+pub mod window;
 
 pub use grammar::GrammarSpec;
 pub use priority::Priority;
 pub use sampling::{SamplingError, SamplingParams, StopCriteria, MAX_LOGPROBS};
+pub use window::SampleWindow;
 
 /// A vocabulary index.
 pub type TokenId = u32;

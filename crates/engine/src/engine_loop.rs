@@ -24,6 +24,7 @@ use ingot_tokenizer::Tokenizer;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::Sender;
 
+use crate::controls::{EngineControls, Measure};
 use crate::decoding::{Decoding, TokenOutput};
 use crate::handle::{
     Command, Completion, EngineHandle, EngineStats, GeneratedToken, Limits, RequestId, Shared,
@@ -89,7 +90,12 @@ pub fn start_engine(
     let metrics = Metrics::new(&config.metrics);
     let masks = MaskWorker::start(metrics.mask_seconds())?;
     let model_name = config.metrics.model_name.clone();
+    let controls = Arc::new(EngineControls::new(
+        config.scheduler.max_num_batched_tokens,
+        config.scheduler.max_num_seqs,
+    ));
     let state = EngineLoop {
+        controls: controls.clone(),
         scheduler: Scheduler::new(config.scheduler.clone(), pool),
         runner,
         tokenizer: tokenizer.clone(),
@@ -124,6 +130,7 @@ pub fn start_engine(
             model_name,
             stopped: std::sync::Mutex::new(Some(stopped)),
             grammars: Default::default(),
+            controls,
         }),
     })
 }
@@ -210,6 +217,8 @@ struct EngineLoop {
     metrics: Metrics,
     /// Computes grammar masks during the forward pass.
     masks: MaskWorker,
+    /// Latency windows out, step limits and held tiers in (SLO remediation).
+    controls: Arc<EngineControls>,
 }
 
 impl EngineLoop {
@@ -217,6 +226,7 @@ impl EngineLoop {
         while self.receive(&commands) {
             let now = Instant::now();
             self.flush_backlogs(now);
+            self.apply_controls();
             let out = self.scheduler.schedule(now);
             self.note_started(&out, now);
             self.idle_wait = out.chunks.is_empty();
@@ -330,6 +340,14 @@ impl EngineLoop {
                 self.metrics.request_finished(reason, a.priority);
             }
         }
+    }
+
+    /// Takes the step limits and held tiers the SLO policy engine set.
+    fn apply_controls(&mut self) {
+        let c = &self.controls;
+        self.scheduler
+            .set_step_limits(c.token_budget(), c.max_num_seqs());
+        self.scheduler.set_held(c.held_bits());
     }
 
     fn note_started(&mut self, out: &SchedulerOutput, now: Instant) {
@@ -595,12 +613,18 @@ impl EngineLoop {
             return;
         };
         match a.last_token {
-            None => self
-                .metrics
-                .time_to_first_token(now.saturating_duration_since(a.arrival), a.priority),
-            Some(prev) => self
-                .metrics
-                .inter_token_latency(now.saturating_duration_since(prev)),
+            None => {
+                let d = now.saturating_duration_since(a.arrival);
+                self.metrics.time_to_first_token(d, a.priority);
+                self.controls
+                    .record(a.priority, Measure::Ttft, d.as_secs_f64(), now);
+            }
+            Some(prev) => {
+                let d = now.saturating_duration_since(prev);
+                self.metrics.inter_token_latency(d);
+                self.controls
+                    .record(a.priority, Measure::Itl, d.as_secs_f64(), now);
+            }
         }
         a.first_token.get_or_insert(now);
         a.last_token = Some(now);
@@ -640,11 +664,11 @@ impl EngineLoop {
                     .scheduled
                     .map_or(Duration::ZERO, |t| t.saturating_duration_since(a.arrival)),
             };
-            self.metrics.request_done(
-                &completion,
-                now.saturating_duration_since(a.arrival),
-                a.priority,
-            );
+            let e2e = now.saturating_duration_since(a.arrival);
+            self.metrics.request_done(&completion, e2e, a.priority);
+            self.controls
+                .record(a.priority, Measure::E2e, e2e.as_secs_f64(), now);
+            self.controls.record(a.priority, Measure::Outcome, 0.0, now);
             a.done = true;
             if !matches!(delivery, Delivery::ClientGone) {
                 delivery = a.deliver(TokenEvent::Finished(completion));
@@ -667,6 +691,8 @@ impl EngineLoop {
     fn fail(&mut self, id: RequestId, message: &str) {
         if let Some(a) = self.active.get_mut(&id) {
             let _ = a.events.try_send(TokenEvent::Error(message.to_string()));
+            self.controls
+                .record(a.priority, Measure::Outcome, 1.0, Instant::now());
         }
         self.drop_request(id, Some(FinishReason::Abort));
     }

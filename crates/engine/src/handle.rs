@@ -205,6 +205,8 @@ pub(crate) struct Shared {
     pub stopped: std::sync::Mutex<Option<std_mpsc::Receiver<()>>>,
     /// The model's grammar compiler, indexed on first use.
     pub grammars: std::sync::OnceLock<Result<Arc<GrammarCompiler>, GrammarError>>,
+    /// Latency windows and runtime-adjustable limits (SLO remediation).
+    pub controls: Arc<crate::controls::EngineControls>,
 }
 
 impl Drop for Shared {
@@ -262,6 +264,12 @@ impl EngineHandle {
     /// Live counters.
     pub fn stats(&self) -> &EngineStats {
         &self.shared.stats
+    }
+
+    /// Latency windows per tier, and the step limits and held tiers the
+    /// next step uses.
+    pub fn controls(&self) -> &Arc<crate::controls::EngineControls> {
+        &self.shared.controls
     }
 
     /// Longest prompt + max_tokens a request may have.

@@ -11,6 +11,7 @@
 //! - `masks`: grammar masks computed on their own thread during the
 //!   forward pass (structured output).
 
+pub mod controls;
 pub mod decoding;
 pub mod drain;
 pub mod embedding;
@@ -22,6 +23,7 @@ pub mod prompt_scores;
 pub mod sampler;
 pub mod stop;
 
+pub use controls::{EngineControls, Measure};
 pub use decoding::{DecodeError, Decoding, TokenOutput};
 pub use embedding::{EmbeddingConfig, EmbeddingError, EmbeddingHandle};
 pub use engine_loop::{start_engine, EngineConfig};

@@ -142,6 +142,9 @@ pub struct Scheduler {
     waiting: Vec<SeqId>,
     running: Vec<SeqId>,
     num_preemptions: u64,
+    /// Bit `rank` set: sequences of that tier are held (SLO remediation):
+    /// not admitted, not stepped, not counted against `max_num_seqs`.
+    held: u8,
 }
 
 impl Scheduler {
@@ -154,7 +157,34 @@ impl Scheduler {
             waiting: Vec::new(),
             running: Vec::new(),
             num_preemptions: 0,
+            held: 0,
         }
+    }
+
+    /// Changes the step token budget and the running-sequence cap (both at
+    /// least 1); the next step uses them.
+    pub fn set_step_limits(&mut self, max_num_batched_tokens: usize, max_num_seqs: usize) {
+        self.config.max_num_batched_tokens = max_num_batched_tokens.max(1);
+        self.config.max_num_seqs = max_num_seqs.max(1);
+    }
+
+    /// Holds the tiers whose bit (`1 << rank`) is set: their waiting
+    /// sequences are not admitted and their running ones keep their blocks
+    /// but are not stepped, until released.
+    pub fn set_held(&mut self, tiers: u8) {
+        self.held = tiers;
+    }
+
+    fn is_held(&self, seq: &Seq) -> bool {
+        self.held & (1 << seq.priority.rank()) != 0
+    }
+
+    /// Running sequences that take a slot (held ones do not).
+    fn num_stepping(&self) -> usize {
+        self.running
+            .iter()
+            .filter(|id| !self.is_held(&self.seqs[id]))
+            .count()
     }
 
     /// The block pool (usage, prefix-cache counters).
@@ -350,7 +380,8 @@ impl Scheduler {
             let Some(seq) = self.seqs.get(&id) else {
                 continue;
             };
-            if seq.state != State::Running || seq.paused || seq.pending() == 0 {
+            if seq.state != State::Running || seq.paused || seq.pending() == 0 || self.is_held(seq)
+            {
                 continue;
             }
             let n = seq.pending().min(budget);
@@ -413,27 +444,34 @@ impl Scheduler {
             (s.priority, self.pool.blocks_for(s.num_computed + chunk))
         };
         loop {
-            let short_of_slots = self.running.len() >= self.config.max_num_seqs;
+            let short_of_slots = self.num_stepping() >= self.config.max_num_seqs;
             let short_of_blocks = need > self.pool.num_available();
             if !short_of_slots && !short_of_blocks {
                 return;
             }
-            match self.victims().first() {
-                Some(&v) if self.seqs[&v].priority > rank => self.preempt(v, out),
+            // Held sequences take no slot: preempting one frees only memory.
+            let victim = self
+                .victims()
+                .into_iter()
+                .find(|v| short_of_blocks || !self.is_held(&self.seqs[v]));
+            match victim {
+                Some(v) if self.seqs[&v].priority > rank => self.preempt(v, out),
                 _ => return,
             }
         }
     }
 
+    /// Waiting sequences that may start, most urgent first.
     fn sorted_waiting(&self, now: Instant) -> Vec<SeqId> {
         let mut w = self.waiting.clone();
+        w.retain(|id| !self.is_held(&self.seqs[id]));
         w.sort_by_cached_key(|&id| self.waiting_key(id, now));
         w
     }
 
     fn admit_waiting(&mut self, now: Instant, budget: &mut usize, out: &mut SchedulerOutput) {
         for id in self.sorted_waiting(now) {
-            if *budget == 0 || self.running.len() >= self.config.max_num_seqs {
+            if *budget == 0 || self.num_stepping() >= self.config.max_num_seqs {
                 return;
             }
             if out.preempted.contains(&id) {
@@ -520,6 +558,53 @@ mod tests {
 
     fn ids(out: &SchedulerOutput) -> Vec<SeqId> {
         out.chunks.iter().map(|c| c.id).collect()
+    }
+
+    #[test]
+    fn held_tiers_wait_and_release() {
+        let t0 = Instant::now();
+        let mut s = sched(64, |_| {});
+        s.add(1, prompt(4, 0), Priority::Low, 10, t0);
+        s.add(2, prompt(4, 100), Priority::High, 10, t0);
+        step(&mut s, t0);
+        // Hold low: the running low sequence is no longer stepped.
+        s.set_held(1 << Priority::Low.rank());
+        s.add(3, prompt(4, 200), Priority::Low, 10, t0);
+        for _ in 0..3 {
+            assert_eq!(ids(&step(&mut s, t0)), vec![2]);
+        }
+        assert_eq!(s.num_waiting(), 1, "the new low request waits");
+        s.set_held(0);
+        let out = step(&mut s, t0);
+        let mut got = ids(&out);
+        got.sort();
+        assert_eq!(got, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn held_sequences_take_no_slot() {
+        let t0 = Instant::now();
+        let mut s = sched(64, |c| c.max_num_seqs = 1);
+        s.add(1, prompt(4, 0), Priority::Background, 10, t0);
+        step(&mut s, t0);
+        s.set_held(1 << Priority::Background.rank());
+        s.add(2, prompt(4, 100), Priority::Normal, 10, t0);
+        let out = step(&mut s, t0);
+        assert_eq!(ids(&out), vec![2]);
+        assert!(out.preempted.is_empty(), "the held one keeps its blocks");
+    }
+
+    #[test]
+    fn step_limits_change_at_runtime() {
+        let t0 = Instant::now();
+        let mut s = sched(64, |_| {});
+        s.set_step_limits(8, 8);
+        s.add(1, prompt(20, 0), Priority::Normal, 10, t0);
+        let out = step(&mut s, t0);
+        assert_eq!(out.chunks[0].len, 8);
+        s.set_step_limits(16, 8);
+        let out = step(&mut s, t0);
+        assert_eq!(out.chunks[0].len, 12);
     }
 
     #[test]

@@ -64,6 +64,15 @@ pub enum ApiError {
     /// Past the request's timeout (504); the generation was cancelled.
     #[error("{}", .0.message())]
     Timeout(Timeout),
+    /// Shed by SLO remediation: a more urgent tier misses its SLO (503
+    /// with Retry-After).
+    #[error("{message}")]
+    Shed {
+        /// Why.
+        message: String,
+        /// When to retry.
+        retry_after: Duration,
+    },
     /// Not ready or shutting down (503).
     #[error("{0}")]
     Unavailable(String),
@@ -139,6 +148,12 @@ impl ApiError {
                 "timeout_error",
                 None,
                 Some(t.code()),
+            ),
+            ApiError::Shed { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                None,
+                Some("slo_shed"),
             ),
             ApiError::Unavailable(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -252,6 +267,7 @@ impl ApiError {
             ApiError::Timeout(_) => Some("timeout"),
             ApiError::Unavailable(_) | ApiError::ModelUnavailable { .. } => Some("unavailable"),
             ApiError::Conflict(_) => Some("validation"),
+            ApiError::Shed { .. } => Some("slo_shed"),
             ApiError::Internal(_) => None,
         }
     }
@@ -271,6 +287,7 @@ impl IntoResponse for ApiError {
             ApiError::Overloaded { retry_after, .. } => Some(ceil_secs(*retry_after)),
             ApiError::RateLimited { retry_after, .. } => retry_after.map(ceil_secs),
             ApiError::Unavailable(_) => Some(1),
+            ApiError::Shed { retry_after, .. } => Some(ceil_secs(*retry_after)),
             ApiError::ModelUnavailable { retry_after, .. } => Some(ceil_secs(*retry_after)),
             _ => None,
         };

@@ -14,6 +14,7 @@ pub mod pipeline;
 pub mod reload;
 mod routes;
 mod serve;
+pub mod slo;
 mod state;
 mod structured;
 mod tools;

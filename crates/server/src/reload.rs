@@ -65,6 +65,8 @@ fn live_merge(old: &Loaded, new: &Loaded) -> Loaded {
     merged.config.cache = new.config.cache.clone();
     merged.config.log.level = new.config.log.level.clone();
     merged.config.auth = new.config.auth.clone();
+    merged.config.slo = new.config.slo.clone();
+    merged.config.remediation = new.config.remediation.clone();
     merged.sources.retain(|k, _| !ingot_config::live(k));
     merged.sources.extend(
         new.sources

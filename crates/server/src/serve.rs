@@ -107,6 +107,7 @@ pub async fn serve(
     }
     state.set_embedding_models(config.embedding_models.clone());
     tokio::spawn(reload_on_hangup(state.clone()));
+    tokio::spawn(crate::slo::run(state.clone()));
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .map_err(|source| ServeError::Bind {

@@ -60,6 +60,8 @@ struct Inner {
     fleet: OnceLock<ingot_fleet::Fleet>,
     /// Ids of the embedding models (the rest are generative).
     embedding_models: OnceLock<Vec<String>>,
+    /// SLO evaluation and remediation.
+    slo: crate::slo::SloMonitor,
 }
 
 impl AppState {
@@ -94,6 +96,7 @@ impl AppState {
                 edge: ingot_edge::Edge::default(),
                 fleet: OnceLock::new(),
                 embedding_models: OnceLock::new(),
+                slo: crate::slo::SloMonitor::default(),
             }),
         }
     }
@@ -164,6 +167,9 @@ impl AppState {
             lens.insert(lease.id().to_string(), lease.max_context());
         }
         drop(lens);
+        if let Ok(engine) = lease.engine() {
+            self.inner.slo.observe(lease.id(), engine.controls());
+        }
         Ok(lease)
     }
 
@@ -201,6 +207,11 @@ impl AppState {
     /// The API keys and their limits (the router's auth layer reads them).
     pub fn edge(&self) -> &ingot_edge::Edge {
         &self.inner.edge
+    }
+
+    /// The SLO policy engine.
+    pub fn slo(&self) -> &crate::slo::SloMonitor {
+        &self.inner.slo
     }
 
     /// The generation pipeline (response cache, coalescing, engine).

@@ -40,6 +40,12 @@ pub async fn flags(State((state, _)): State<Shared>) -> Json<Value> {
     Json(json!({ "object": "list", "data": data }))
 }
 
+/// `GET /admin/slo`: every SLO's last evaluation, each model's remediation
+/// state (applied, or what dry-run mode would do) and the recent decisions.
+pub async fn slo(State((state, _)): State<Shared>) -> Json<Value> {
+    Json(state.slo().report(&state.runtime().config))
+}
+
 /// `GET /admin/config`: the effective config, each value with its source.
 pub async fn config(State((state, _)): State<Shared>) -> Json<Value> {
     let runtime = state.runtime();

@@ -52,6 +52,7 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
         .route("/admin/reload", post(admin::reload))
         .route("/admin/cache/purge", post(admin::purge))
         .route("/admin/models", get(admin::models))
+        .route("/admin/slo", get(admin::slo))
         .route("/admin/models/{id}/{action}", post(admin::model_action))
         .fallback(|uri: Uri| async move { ApiError::RouteNotFound(uri.path().to_string()) })
         .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
@@ -187,6 +188,10 @@ async fn start(
     );
     let key = caller.key();
     let sampling = &admit(key, sampling);
+    let shed = &state.runtime().config.remediation.shed;
+    state
+        .slo()
+        .admit(model, sampling.priority, shed.retry_after.get())?;
     let unit = key
         .map(|k| k.id.as_str())
         .or(sampling.user.as_deref())
