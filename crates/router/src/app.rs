@@ -113,6 +113,8 @@ fn describe(w: &Worker, now: Instant) -> Value {
         "load": w.load(),
         "ttft_ewma_s": w.latency().ttft,
         "itl_ewma_s": w.latency().itl,
+        "routed_away": w.route_away_state().until.is_some_and(|t| t > now),
+        "slo_probation": w.route_away_state().probation,
         "models": w.models().iter().filter_map(|m| m.get("id").cloned()).collect::<Vec<_>>(),
     })
 }

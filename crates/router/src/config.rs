@@ -44,6 +44,8 @@ pub struct RouterConfig {
     pub canary: Vec<CanarySection>,
     /// Shared state in Redis: the instance registry (docs/fleet.md).
     pub redis: ingot_config::RedisSection,
+    /// Routing away from workers that breach latency targets (docs/slo.md).
+    pub slo: crate::route_away::RouterSloSection,
 }
 
 /// `[discovery]`.
@@ -191,6 +193,8 @@ pub struct ValidRouterConfig {
     pub canaries: Vec<CanaryConfig>,
     /// `[redis]` (the router registers itself when `url` is set).
     pub redis: ingot_config::RedisSection,
+    /// `[slo]`: route-away remediation.
+    pub route_away: crate::route_away::RouteAwayConfig,
 }
 
 /// Worker discovery.
@@ -433,6 +437,10 @@ impl RouterConfig {
                 "0s",
             ));
         }
+        let route_away = self
+            .slo
+            .validate()
+            .map_err(|(key, message, value)| invalid(key, message, value))?;
         Ok(ValidRouterConfig {
             host: self.host.unwrap_or_else(|| "127.0.0.1".into()),
             port: self.port.unwrap_or(8080),
@@ -450,6 +458,7 @@ impl RouterConfig {
             experiments,
             canaries,
             redis: self.redis,
+            route_away,
         })
     }
 }

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod policy;
 mod proxy;
 pub mod retry;
+pub mod route_away;
 mod serve;
 pub mod split;
 mod state;

@@ -51,6 +51,12 @@ pub const ARM_E2E: &str = "ingot_router_arm_e2e_seconds";
 pub const CANARY_SHARE: &str = "ingot_canary_share";
 /// Canary rollbacks, by canary and reason.
 pub const CANARY_ROLLBACKS: &str = "ingot_canary_rollbacks_total";
+/// Route-away decisions (`[slo]`), by worker, mode and direction (apply,
+/// undo, clear).
+pub const ROUTE_AWAY_ACTIONS: &str = "ingot_router_route_away_actions_total";
+/// 1 while a worker is routed away for breaching `[slo]` (in dry_run: would
+/// be), by worker and mode.
+pub const ROUTED_AWAY: &str = "ingot_router_routed_away";
 /// Canary promotions, by canary.
 pub const CANARY_PROMOTIONS: &str = "ingot_canary_promotions_total";
 
@@ -120,6 +126,14 @@ fn describe_fleet() {
     describe_gauge!(CANARY_SHARE, "A canary's share of its traffic (percent)");
     describe_counter!(CANARY_ROLLBACKS, "Canary rollbacks, by reason");
     describe_counter!(CANARY_PROMOTIONS, "Canaries promoted to stable");
+    describe_counter!(
+        ROUTE_AWAY_ACTIONS,
+        "Route-away decisions for workers breaching [slo], by direction"
+    );
+    describe_gauge!(
+        ROUTED_AWAY,
+        "1 while a worker is routed away for breaching [slo]"
+    );
 }
 
 /// Records one finished request of a worker group.

@@ -42,6 +42,8 @@ pub struct RouterState {
     pub splits: Splits,
     /// Shared state in Redis, when `[redis]` is configured.
     pub fleet: Option<ingot_fleet::Fleet>,
+    /// `[slo]`: routing away from workers that breach latency targets.
+    pub route_away: crate::route_away::RouteAway,
     budget: Mutex<RetryBudget>,
 }
 
@@ -63,6 +65,7 @@ impl RouterState {
             .build(connector);
         Self {
             splits: Splits::new(config.experiments.clone(), config.canaries.clone()),
+            route_away: crate::route_away::RouteAway::new(config.route_away.clone()),
             policy: policy::build(config.policy),
             budget: Mutex::new(RetryBudget::new(&config.retry)),
             workers: RwLock::new(workers),
@@ -154,7 +157,7 @@ impl RouterState {
         let Ok(workers) = self.workers.read() else {
             return Vec::new();
         };
-        workers
+        let available = workers
             .iter()
             .filter(|w| {
                 group.is_none_or(|g| w.group == g)
@@ -163,7 +166,8 @@ impl RouterState {
                     && w.serves(model)
             })
             .cloned()
-            .collect()
+            .collect();
+        self.route_away.filter(available, now)
     }
 
     /// Whether any worker (healthy or not) has listed `model`.

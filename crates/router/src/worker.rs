@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use crate::breaker::{Breaker, BreakerState};
 use crate::config::BreakerConfig;
+use crate::route_away::{Decision, RouteAwayConfig, RouteAwayState};
 
 /// The group of workers not listed in `[[workers.groups]]`.
 pub const DEFAULT_GROUP: &str = "default";
@@ -43,6 +44,7 @@ pub struct Worker {
     breaker: Mutex<Breaker>,
     latency: Mutex<Latency>,
     load: Mutex<WorkerLoad>,
+    route_away: Mutex<RouteAwayState>,
 }
 
 /// A worker's own view of its load, scraped from its `/metrics` at each
@@ -95,6 +97,9 @@ pub struct Latency {
     pub ttft: Option<f64>,
     /// Between body chunks of a stream (inter-token latency).
     pub itl: Option<f64>,
+    /// Responses measured (time-to-first-byte samples) since the last
+    /// reset: `[slo]` judges a worker only after `min_samples`.
+    pub samples: u32,
 }
 
 fn ewma(old: Option<f64>, sample: f64) -> Option<f64> {
@@ -128,6 +133,7 @@ impl Worker {
             breaker: Mutex::new(Breaker::new(breaker)),
             latency: Mutex::new(Latency::default()),
             load: Mutex::new(WorkerLoad::default()),
+            route_away: Mutex::new(RouteAwayState::default()),
         }
     }
 
@@ -272,10 +278,27 @@ impl Worker {
         *self.latency.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Its route-away state (`[slo]`).
+    pub fn route_away_state(&self) -> RouteAwayState {
+        *self.route_away.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Advances its route-away state on its current latency; with `act`, a
+    /// re-admitted worker's averages are cleared so fresh samples judge it.
+    pub fn step_route_away(&self, config: &RouteAwayConfig, now: Instant, act: bool) -> Decision {
+        let mut state = self.route_away.lock().unwrap_or_else(|p| p.into_inner());
+        let decision = config.step(&mut state, self.latency(), now);
+        if act && decision == Decision::Readmit {
+            *self.latency.lock().unwrap_or_else(|p| p.into_inner()) = Latency::default();
+        }
+        decision
+    }
+
     /// Adds a time-to-first-byte sample (seconds).
     pub fn record_ttft(&self, seconds: f64) {
         let mut l = self.latency.lock().unwrap_or_else(|p| p.into_inner());
         l.ttft = ewma(l.ttft, seconds);
+        l.samples = l.samples.saturating_add(1);
     }
 
     /// Adds an inter-chunk sample (seconds).

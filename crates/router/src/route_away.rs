@@ -1,0 +1,457 @@
+//! SLO remediation in the router: route away from a worker whose measured
+//! latency breaches the router's `[slo]` targets.
+//!
+//! The router already keeps each worker's TTFT and ITL as moving averages
+//! (`Worker::latency`). A worker whose average is over a target is taken
+//! out of rotation for `hold`; then it is re-admitted on probation with its
+//! averages cleared, so fresh samples judge it. Breaching again on
+//! probation doubles the hold (up to `hold_max`); measuring under
+//! `exit_ratio` × target ends probation and resets the hold. Hysteresis
+//! (enter over the target, leave under a lower bound) and the growing hold
+//! keep a worker near its target from flapping in and out.
+//!
+//! Never at the cost of a request: when every candidate is routed away,
+//! they are all used ([`RouteAway::filter`]). In `dry_run` the decisions
+//! are made, logged and counted, but nothing is excluded.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ingot_config::Duration as ConfigDuration;
+use metrics::{counter, gauge};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::metrics::{ROUTED_AWAY, ROUTE_AWAY_ACTIONS};
+use crate::worker::{Latency, Worker};
+
+/// What `[slo]` does with a breach.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RouteAwayMode {
+    /// No evaluation (the default: routing is unchanged).
+    #[default]
+    Off,
+    /// Evaluate, log and count what would be done; route as if off.
+    DryRun,
+    /// Route away from breaching workers.
+    On,
+}
+
+/// `[slo]` of router.toml.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouterSloSection {
+    /// "off" (default), "dry_run" or "on".
+    pub mode: Option<RouteAwayMode>,
+    /// A worker whose time-to-first-byte average is over this breaches.
+    pub ttft_target: Option<ConfigDuration>,
+    /// A worker whose inter-token latency average is over this breaches.
+    pub itl_target: Option<ConfigDuration>,
+    /// Probation ends when every average is under this share of its
+    /// target. Default 0.8.
+    pub exit_ratio: Option<f64>,
+    /// Responses a worker must have answered (since it was last judged)
+    /// before its averages count: one slow first answer is not a breach.
+    /// Default 5.
+    pub min_samples: Option<u32>,
+    /// First time out of rotation. Default "10s".
+    pub hold: Option<ConfigDuration>,
+    /// Longest time out of rotation (the hold doubles per relapse).
+    /// Default "120s".
+    pub hold_max: Option<ConfigDuration>,
+}
+
+/// The resolved `[slo]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteAwayConfig {
+    /// The mode.
+    pub mode: RouteAwayMode,
+    /// TTFT target, seconds.
+    pub ttft: Option<f64>,
+    /// ITL target, seconds.
+    pub itl: Option<f64>,
+    /// Probation ends under `exit_ratio` × target.
+    pub exit_ratio: f64,
+    /// Samples before a worker is judged.
+    pub min_samples: u32,
+    /// First hold.
+    pub hold: Duration,
+    /// Longest hold.
+    pub hold_max: Duration,
+}
+
+impl Default for RouteAwayConfig {
+    fn default() -> Self {
+        Self {
+            mode: RouteAwayMode::Off,
+            ttft: None,
+            itl: None,
+            exit_ratio: 0.8,
+            min_samples: 5,
+            hold: Duration::from_secs(10),
+            hold_max: Duration::from_secs(120),
+        }
+    }
+}
+
+impl RouterSloSection {
+    /// Checks the bounds; `Err((key, expected, value))` names the key.
+    pub fn validate(&self) -> Result<RouteAwayConfig, (&'static str, &'static str, String)> {
+        let base = RouteAwayConfig::default();
+        let secs = |d: Option<ConfigDuration>| d.map(|d| d.get().as_secs_f64());
+        let config = RouteAwayConfig {
+            mode: self.mode.unwrap_or(base.mode),
+            ttft: secs(self.ttft_target),
+            itl: secs(self.itl_target),
+            exit_ratio: self.exit_ratio.unwrap_or(base.exit_ratio),
+            min_samples: self.min_samples.unwrap_or(base.min_samples),
+            hold: self.hold.map_or(base.hold, ConfigDuration::get),
+            hold_max: self.hold_max.map_or(base.hold_max, ConfigDuration::get),
+        };
+        for (key, target) in [
+            ("slo.ttft_target", config.ttft),
+            ("slo.itl_target", config.itl),
+        ] {
+            if target.is_some_and(|t| t <= 0.0) {
+                return Err((key, "a positive duration", "0s".into()));
+            }
+        }
+        if !(config.exit_ratio > 0.0 && config.exit_ratio <= 1.0) {
+            return Err(("slo.exit_ratio", "in (0, 1]", config.exit_ratio.to_string()));
+        }
+        if config.min_samples == 0 {
+            return Err(("slo.min_samples", "at least 1", "0".into()));
+        }
+        if config.hold.is_zero() {
+            return Err(("slo.hold", "a positive duration", "0s".into()));
+        }
+        if config.hold_max < config.hold {
+            return Err((
+                "slo.hold_max",
+                "at least slo.hold",
+                format!("{:?}", config.hold_max),
+            ));
+        }
+        if config.mode != RouteAwayMode::Off && config.ttft.is_none() && config.itl.is_none() {
+            return Err((
+                "slo.mode",
+                "slo.ttft_target or slo.itl_target to be set",
+                format!("{:?}", config.mode),
+            ));
+        }
+        Ok(config)
+    }
+}
+
+/// A worker's route-away state.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RouteAwayState {
+    /// Out of rotation until then.
+    pub until: Option<Instant>,
+    /// Re-admitted after a hold, not yet measured healthy.
+    pub probation: bool,
+    /// The hold of the next exclusion (zero: the configured first hold).
+    pub next_hold: Duration,
+}
+
+/// What one evaluation of a worker decided.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Decision {
+    /// Nothing changes.
+    Keep,
+    /// Taken out of rotation for this long.
+    Exclude(Duration),
+    /// Hold over: back in rotation on probation.
+    Readmit,
+    /// Measured under the exit bound on probation: fully healthy again.
+    Clear,
+}
+
+impl RouteAwayConfig {
+    /// Whether `latency` is over a target (after enough samples).
+    fn breaches(&self, latency: Latency) -> bool {
+        if latency.samples < self.min_samples {
+            return false;
+        }
+        let over = |avg: Option<f64>, target: Option<f64>| matches!((avg, target), (Some(a), Some(t)) if a > t);
+        over(latency.ttft, self.ttft) || over(latency.itl, self.itl)
+    }
+
+    /// Whether every measured average is under its exit bound (and at
+    /// least one is measured).
+    fn recovered(&self, latency: Latency) -> bool {
+        let pairs = [(latency.ttft, self.ttft), (latency.itl, self.itl)];
+        if latency.samples < self.min_samples {
+            return false;
+        }
+        let mut measured = false;
+        for (avg, target) in pairs {
+            if let (Some(a), Some(t)) = (avg, target) {
+                measured = true;
+                if a >= self.exit_ratio * t {
+                    return false;
+                }
+            }
+        }
+        measured
+    }
+
+    /// Advances `state` for a worker measured at `latency` at `now`.
+    pub fn step(&self, state: &mut RouteAwayState, latency: Latency, now: Instant) -> Decision {
+        if let Some(until) = state.until {
+            if now < until {
+                return Decision::Keep;
+            }
+            state.until = None;
+            state.probation = true;
+            return Decision::Readmit;
+        }
+        if self.breaches(latency) {
+            let hold = if state.next_hold.is_zero() {
+                self.hold
+            } else {
+                state.next_hold
+            };
+            state.until = Some(now + hold);
+            state.next_hold = (hold * 2).min(self.hold_max);
+            return Decision::Exclude(hold);
+        }
+        if state.probation && self.recovered(latency) {
+            *state = RouteAwayState::default();
+            return Decision::Clear;
+        }
+        Decision::Keep
+    }
+}
+
+/// The router's route-away remediation.
+#[derive(Debug, Default)]
+pub struct RouteAway {
+    config: RouteAwayConfig,
+}
+
+impl RouteAway {
+    /// Remediation per `config`.
+    pub fn new(config: RouteAwayConfig) -> Self {
+        Self { config }
+    }
+
+    /// Evaluates `w` now; true when it is out of rotation (mode `on` only).
+    pub fn avoids(&self, w: &Worker, now: Instant) -> bool {
+        let mode = self.config.mode;
+        if mode == RouteAwayMode::Off {
+            return false;
+        }
+        let decision = w.step_route_away(&self.config, now, mode == RouteAwayMode::On);
+        self.report(w, decision);
+        mode == RouteAwayMode::On && w.route_away_state().until.is_some()
+    }
+
+    /// `candidates` less the workers routed away, unless that leaves none.
+    pub fn filter(&self, candidates: Vec<Arc<Worker>>, now: Instant) -> Vec<Arc<Worker>> {
+        if self.config.mode == RouteAwayMode::Off {
+            return candidates;
+        }
+        let (kept, avoided): (Vec<_>, Vec<_>) =
+            candidates.into_iter().partition(|w| !self.avoids(w, now));
+        if kept.is_empty() {
+            avoided
+        } else {
+            kept
+        }
+    }
+
+    fn report(&self, w: &Worker, decision: Decision) {
+        let mode = match self.config.mode {
+            RouteAwayMode::On => "on",
+            _ => "dry_run",
+        };
+        let (direction, away) = match decision {
+            Decision::Keep => return,
+            Decision::Exclude(hold) => {
+                tracing::warn!(worker = %w.label, mode, hold_s = hold.as_secs_f64(), latency = ?w.latency(),
+                    "SLO breached: routing away from the worker");
+                ("apply", 1.0)
+            }
+            Decision::Readmit => {
+                tracing::info!(worker = %w.label, mode, "hold over: the worker is back on probation");
+                ("undo", 0.0)
+            }
+            Decision::Clear => {
+                tracing::info!(worker = %w.label, mode, "the worker meets its SLO again");
+                ("clear", 0.0)
+            }
+        };
+        let labels = [("worker", w.label.clone()), ("mode", mode.to_string())];
+        gauge!(ROUTED_AWAY, &labels).set(away);
+        let [worker, mode] = labels;
+        counter!(
+            ROUTE_AWAY_ACTIONS,
+            &[worker, mode, ("direction", direction.to_string())]
+        )
+        .increment(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> RouteAwayConfig {
+        RouteAwayConfig {
+            mode: RouteAwayMode::On,
+            ttft: Some(1.0),
+            itl: None,
+            ..RouteAwayConfig::default()
+        }
+    }
+
+    fn ttft(s: f64) -> Latency {
+        Latency {
+            ttft: Some(s),
+            itl: None,
+            samples: 5,
+        }
+    }
+
+    #[test]
+    fn a_breach_excludes_then_readmits_on_probation_then_clears() {
+        let c = config();
+        let t0 = Instant::now();
+        let mut s = RouteAwayState::default();
+        assert_eq!(c.step(&mut s, ttft(0.5), t0), Decision::Keep);
+        assert_eq!(c.step(&mut s, ttft(1.5), t0), Decision::Exclude(c.hold));
+        assert_eq!(c.step(&mut s, ttft(0.1), t0 + c.hold / 2), Decision::Keep);
+        assert!(s.until.is_some());
+        assert_eq!(c.step(&mut s, ttft(1.5), t0 + c.hold), Decision::Readmit);
+        assert!(s.probation && s.until.is_none());
+        // Between the exit bound and the target: still on probation.
+        assert_eq!(c.step(&mut s, ttft(0.9), t0 + c.hold), Decision::Keep);
+        assert!(s.probation);
+        assert_eq!(c.step(&mut s, ttft(0.7), t0 + c.hold), Decision::Clear);
+        assert_eq!(s, RouteAwayState::default());
+    }
+
+    #[test]
+    fn relapses_double_the_hold_up_to_the_max() {
+        let c = RouteAwayConfig {
+            hold: Duration::from_secs(10),
+            hold_max: Duration::from_secs(25),
+            ..config()
+        };
+        let mut now = Instant::now();
+        let mut s = RouteAwayState::default();
+        let mut holds = Vec::new();
+        for _ in 0..4 {
+            match c.step(&mut s, ttft(2.0), now) {
+                Decision::Exclude(h) => holds.push(h.as_secs()),
+                other => panic!("expected an exclusion, got {other:?}"),
+            }
+            now = s.until.expect("excluded");
+            assert_eq!(c.step(&mut s, ttft(2.0), now), Decision::Readmit);
+        }
+        assert_eq!(holds, [10, 20, 25, 25]);
+    }
+
+    #[test]
+    fn unmeasured_targets_and_workers_never_breach() {
+        let c = config();
+        let mut s = RouteAwayState::default();
+        let itl_only = Latency {
+            ttft: None,
+            itl: Some(5.0),
+            samples: 5,
+        };
+        let few = Latency {
+            samples: 4,
+            ..ttft(5.0)
+        };
+        assert_eq!(c.step(&mut s, few, Instant::now()), Decision::Keep);
+        assert_eq!(c.step(&mut s, itl_only, Instant::now()), Decision::Keep);
+        assert_eq!(
+            c.step(&mut s, Latency::default(), Instant::now()),
+            Decision::Keep
+        );
+    }
+
+    #[test]
+    fn validation_names_the_key() {
+        let bad = |s: RouterSloSection| s.validate().expect_err("invalid").0;
+        let on = || RouterSloSection {
+            mode: Some(RouteAwayMode::On),
+            ttft_target: Some("1s".parse().expect("duration")),
+            ..RouterSloSection::default()
+        };
+        assert_eq!(
+            bad(RouterSloSection {
+                mode: Some(RouteAwayMode::On),
+                ..RouterSloSection::default()
+            }),
+            "slo.mode"
+        );
+        assert_eq!(
+            bad(RouterSloSection {
+                exit_ratio: Some(1.5),
+                ..on()
+            }),
+            "slo.exit_ratio"
+        );
+        assert_eq!(
+            bad(RouterSloSection {
+                hold: Some("20s".parse().expect("duration")),
+                hold_max: Some("10s".parse().expect("duration")),
+                ..on()
+            }),
+            "slo.hold_max"
+        );
+        let ok = on().validate().expect("valid");
+        assert_eq!(ok.ttft, Some(1.0));
+        assert_eq!(
+            RouterSloSection::default().validate(),
+            Ok(RouteAwayConfig::default())
+        );
+    }
+
+    fn breaker() -> crate::config::BreakerConfig {
+        crate::config::BreakerConfig {
+            failure_threshold: 3,
+            cooldown: Duration::from_secs(5),
+        }
+    }
+
+    #[test]
+    fn all_routed_away_means_all_are_used() {
+        let away = RouteAway::new(config());
+        let now = Instant::now();
+        let workers: Vec<Arc<Worker>> = (0..2)
+            .map(|i| {
+                let w = Worker::new(i, format!("w{i}"), String::new(), false, breaker());
+                Arc::new(w)
+            })
+            .collect();
+        for _ in 0..5 {
+            workers[0].record_ttft(3.0);
+        }
+        let kept = away.filter(workers.clone(), now);
+        assert_eq!(kept.iter().map(|w| w.id).collect::<Vec<_>>(), [1]);
+        for _ in 0..5 {
+            workers[1].record_ttft(3.0);
+        }
+        let kept = away.filter(workers.clone(), now);
+        assert_eq!(kept.len(), 2, "never refuse a request for route-away alone");
+        let dry = RouteAway::new(RouteAwayConfig {
+            mode: RouteAwayMode::DryRun,
+            ..config()
+        });
+        let fresh = Arc::new(Worker::new(2, "w2".into(), String::new(), false, breaker()));
+        for _ in 0..5 {
+            fresh.record_ttft(3.0);
+        }
+        assert_eq!(dry.filter(vec![fresh.clone()], now).len(), 1);
+        assert!(
+            fresh.route_away_state().until.is_some(),
+            "dry run decides too"
+        );
+    }
+}
