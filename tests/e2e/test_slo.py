@@ -109,12 +109,18 @@ def test_overload_is_shed_and_high_ttft_recovers(server_factory, model_name, tmp
             recent = [round(v, 3) for v in prober.since(t_on)]
             raise AssertionError(f"{e}; {target=:.0f} ms; TTFTs since on: {recent}; {report(http)}") from None
         reacted = time.monotonic() - t_on
-        # New low requests are shed; the ones in flight are held (delayed).
-        r = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "priority": "low"})
-        assert_error(r, 503, "service_unavailable", code="slo_shed", message_contains=("low",))
-        assert r.headers["retry-after"] == "1"
-        held = report(http)["remediation"][model_name]["shed"]["refused"]
-        assert held == ["background", "low"], held
+        # The low tier was covered on the way (its requests in flight held,
+        # new ones refused). Right now it may already be released again on
+        # a loaded machine (the SLO held for exit_after), so a direct
+        # request is checked only while "low" is still refused.
+        events = report(http)["events"]
+        shed_low = [e for e in events if e["applied"] and e["action"] == "shed" and e["direction"] == "apply"
+                    and "low" in e["detail"]]
+        assert shed_low, events
+        if "low" in report(http)["remediation"][model_name]["shed"]["refused"]:
+            r = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "priority": "low"})
+            assert_error(r, 503, "service_unavailable", code="slo_shed", message_contains=("low",))
+            assert r.headers["retry-after"] == "1"
         t_after = time.monotonic()
         time.sleep(3.0)
         after = prober.since(t_after)
