@@ -193,9 +193,14 @@ pub fn load_engine(config: &Config, engine: EngineConfig) -> anyhow::Result<Engi
 /// letting concurrent requests share passes.
 const EMBEDDING_BATCH_TOKENS: usize = 2048;
 
-/// Loads a BERT embedding model (CPU, f32) and starts its engine. Its pool
-/// runs at idle priority so decode engines on the same cores never wait
-/// for it.
+/// Share of the CPU decode steps' time that embedding work may take while
+/// they run (docs/embeddings.md): each inter-token gap grows by about this
+/// much at most; with no decode running embeddings take every core.
+const EMBEDDING_DECODE_SHARE: f64 = 0.1;
+
+/// Loads a BERT embedding model (CPU, f32) and starts its engine. It takes
+/// turns with the CPU decode engines, so decode never waits for more than
+/// its bounded share.
 pub fn load_embedding(config: &Config) -> anyhow::Result<ingot_engine::EmbeddingHandle> {
     let path = settings::model_path(config)?;
     let cpu_asked = matches!(config.model.device, ingot_config::Device::Cpu);
@@ -214,7 +219,10 @@ pub fn load_embedding(config: &Config) -> anyhow::Result<ingot_engine::Embedding
     let engine = ingot_engine::EmbeddingConfig {
         max_batch_tokens: EMBEDDING_BATCH_TOKENS,
         threads,
-        idle_priority: true,
+        // The turns keep it off decode's time; at idle priority its slices
+        // would stretch behind any other runnable thread while decode waits.
+        idle_priority: false,
+        decode_share: Some(EMBEDDING_DECODE_SHARE),
     };
     Ok(ingot_engine::EmbeddingHandle::start(
         Box::new(model),

@@ -262,7 +262,18 @@ impl<O: EncoderOps> Bert<O> {
 
     /// Sentence vectors of `batch`, one row per sequence.
     pub fn forward(&self, batch: &EncoderBatch) -> Result<Vec<f32>, ArchError> {
+        self.forward_paced(batch, &mut || {})
+    }
+
+    /// [`Bert::forward`], calling `between` before every matmul and
+    /// attention (the pieces whose time grows with the batch).
+    pub fn forward_paced(
+        &self,
+        batch: &EncoderBatch,
+        between: &mut dyn FnMut(),
+    ) -> Result<Vec<f32>, ArchError> {
         let (ops, c) = (&self.ops, &self.config);
+        between();
         let positions = batch.positions();
         let types = vec![0u32; batch.tokens.len()];
         let mut x = ops.gather_sum(&[
@@ -276,12 +287,17 @@ impl<O: EncoderOps> Bert<O> {
             dim: c.head_dim(),
         };
         for layer in &self.layers {
+            between();
             let qkv = ops.linear(&x, &layer.qkv)?;
+            between();
             let attended = ops.attention(&qkv, heads, batch)?;
+            between();
             let mut y = ops.linear(&attended, &layer.attn_out)?;
             ops.add_layer_norm(&mut y, Some(&x), &layer.attn_norm, c.layer_norm_eps)?;
+            between();
             let mut up = ops.linear(&y, &layer.ffn_up)?;
             ops.gelu(&mut up)?;
+            between();
             x = ops.linear(&up, &layer.ffn_down)?;
             ops.add_layer_norm(&mut x, Some(&y), &layer.ffn_norm, c.layer_norm_eps)?;
         }
@@ -315,11 +331,19 @@ impl<O: EncoderOps> Bert<O> {
 
 impl<O: EncoderOps> Embedder for Bert<O> {
     fn embed(&self, sequences: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, ArchError> {
+        self.embed_paced(sequences, &mut || {})
+    }
+
+    fn embed_paced(
+        &self,
+        sequences: &[Vec<u32>],
+        between: &mut dyn FnMut(),
+    ) -> Result<Vec<Vec<f32>>, ArchError> {
         if sequences.is_empty() {
             return Ok(Vec::new());
         }
         self.check(sequences)?;
-        let rows = self.forward(&EncoderBatch::pack(sequences))?;
+        let rows = self.forward_paced(&EncoderBatch::pack(sequences), between)?;
         Ok(rows
             .chunks_exact(self.config.hidden_size)
             .map(<[f32]>::to_vec)

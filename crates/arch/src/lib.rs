@@ -62,6 +62,16 @@ pub trait Embedder: Send + Sync {
     /// [`Embedder::max_tokens`] long). A sequence's vector does not depend
     /// on the others in the call.
     fn embed(&self, sequences: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, ArchError>;
+    /// [`Embedder::embed`], calling `between` between pieces of the pass
+    /// (each block-level op) so the caller can pause it for other work.
+    fn embed_paced(
+        &self,
+        sequences: &[Vec<u32>],
+        between: &mut dyn FnMut(),
+    ) -> Result<Vec<Vec<f32>>, ArchError> {
+        between();
+        self.embed(sequences)
+    }
     /// Width of every vector.
     fn dimensions(&self) -> usize;
     /// Longest sequence in tokens.

@@ -6,31 +6,40 @@
 //! (a longer single sequence runs alone), so concurrent requests share
 //! forward passes and one large request cannot hold the model for long.
 //!
-//! Decode must never wait for embeddings. The forward passes run on the
-//! engine's own thread pool, not the global one the CPU decoders share (a
-//! decode step's tasks would otherwise queue behind an encoder batch), and
-//! with `idle_priority` its threads are `SCHED_IDLE`: the kernel runs them
-//! only on cores no normal thread wants, and preempts them as soon as a
-//! decode thread wakes.
+//! Decode must never wait for embeddings. On the CPU the two take turns
+//! through the process's [`CpuArbiter`]: the forward pass stops at a
+//! checkpoint before every matmul and attention, and while a CPU decode
+//! engine is stepping it runs only between decode steps, for at most
+//! `decode_share` of their time; batches are then sized so one piece of
+//! work fits one such slice. With no decode running it takes the CPU in
+//! full-size batches. The passes run on the engine's own thread pool, not
+//! the global one the CPU decoders share, so a decode step's tasks never
+//! queue behind an encoder batch.
 
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ingot_arch::Embedder;
 use ingot_tokenizer::EncoderTokenizer;
 use tokio::sync::oneshot;
 
+use crate::cpu_share::{CpuArbiter, EmbeddingSide};
+
 /// How an embedding engine batches and where it runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EmbeddingConfig {
     /// Most tokens in one forward pass.
     pub max_batch_tokens: usize,
     /// Threads of the engine's pool.
     pub threads: usize,
-    /// Run the pool at `SCHED_IDLE` (Linux), below every decode thread.
+    /// Run the pool at `SCHED_IDLE` (Linux), below every other thread.
     pub idle_priority: bool,
+    /// Take turns with CPU decode steps through [`CpuArbiter::process`],
+    /// using at most this share of their time while they run (`None`:
+    /// no turns, for a model that does not share the decoders' cores).
+    pub decode_share: Option<f64>,
 }
 
 /// Why an embedding request failed.
@@ -100,9 +109,22 @@ impl EmbeddingHandle {
         let (dimensions, max_tokens) = (model.dimensions(), model.max_tokens());
         let (vocab_size, device) = (model.vocab_size(), model.device_name().to_string());
         let budget = config.max_batch_tokens.max(1);
+        let side = config
+            .decode_share
+            .map(|share| CpuArbiter::process().embedding_side(share));
         let thread = std::thread::Builder::new()
             .name("ingot-embed".into())
-            .spawn(move || run(&*model, &pool, &rx, budget))
+            .spawn(move || {
+                let mut worker = Worker::new(&*model, budget, side);
+                while let Ok(first) = rx.recv() {
+                    let mut jobs = vec![first];
+                    jobs.extend(rx.try_iter());
+                    let results = pool.install(|| worker.embed_jobs(&jobs));
+                    for (job, result) in jobs.into_iter().zip(results) {
+                        let _ = job.reply.send(result);
+                    }
+                }
+            })
             .map_err(|e| EmbeddingError::Failed(format!("cannot start the thread: {e}")))?;
         Ok(Self {
             shared: Arc::new(Shared {
@@ -206,73 +228,124 @@ fn lower_to_idle_priority() {
 /// A sequence's place: which job, which input of it.
 type Slot = (usize, usize);
 
-/// The engine thread: waits for work, takes everything queued, runs it.
-fn run(model: &dyn Embedder, pool: &rayon::ThreadPool, rx: &mpsc::Receiver<Job>, budget: usize) {
-    while let Ok(first) = rx.recv() {
-        let mut jobs = vec![first];
-        jobs.extend(rx.try_iter());
-        let results = pool.install(|| embed_jobs(model, &jobs, budget));
-        for (job, result) in jobs.into_iter().zip(results) {
-            let _ = job.reply.send(result);
-        }
-    }
+/// Weight of the newest batch in the smoothed cost per token and piece.
+const COST_SMOOTHING: f64 = 0.3;
+
+/// Runs batches on the engine thread, taking turns with decode.
+struct Worker<'a> {
+    model: &'a dyn Embedder,
+    /// Most tokens per batch when decode is idle.
+    budget: usize,
+    side: Option<EmbeddingSide>,
+    /// Smoothed seconds of work per token per piece (between two
+    /// checkpoints); sizes batches while decode runs.
+    piece_cost: f64,
 }
 
-/// Every job's vectors, running their sequences in token-budgeted batches.
-fn embed_jobs(model: &dyn Embedder, jobs: &[Job], budget: usize) -> Vec<Answer> {
-    let mut out: Vec<Answer> = jobs
-        .iter()
-        .map(|j| Ok(vec![Vec::new(); j.sequences.len()]))
-        .collect();
-    let slots: Vec<Slot> = jobs
-        .iter()
-        .enumerate()
-        .flat_map(|(j, job)| (0..job.sequences.len()).map(move |i| (j, i)))
-        .collect();
-    for batch in batches(&slots, |&(j, i)| jobs[j].sequences[i].len(), budget) {
-        let sequences: Vec<Vec<u32>> = batch
+impl<'a> Worker<'a> {
+    fn new(model: &'a dyn Embedder, budget: usize, side: Option<EmbeddingSide>) -> Self {
+        Self {
+            model,
+            budget,
+            side,
+            piece_cost: 0.0,
+        }
+    }
+
+    /// Tokens the next batch may hold: the full budget when decode is idle,
+    /// otherwise what keeps one piece inside one slice (at least one
+    /// sequence always runs).
+    fn next_budget(&self) -> usize {
+        let slice = self
+            .side
+            .as_ref()
+            .and_then(|s| s.slice_tokens(self.piece_cost));
+        slice.map_or(self.budget, |t| t.clamp(1, self.budget))
+    }
+
+    /// Every job's vectors, running their sequences in token-budgeted
+    /// batches; gives the CPU back when done.
+    fn embed_jobs(&mut self, jobs: &[Job]) -> Vec<Answer> {
+        let mut out: Vec<Answer> = jobs
             .iter()
-            .map(|&(j, i)| jobs[j].sequences[i].clone())
+            .map(|j| Ok(vec![Vec::new(); j.sequences.len()]))
             .collect();
-        let started = Instant::now();
-        match model.embed(&sequences) {
-            Ok(vectors) => {
-                for (&(j, i), v) in batch.iter().zip(vectors) {
-                    if let Ok(rows) = &mut out[j] {
-                        rows[i] = v;
+        let slots: Vec<Slot> = jobs
+            .iter()
+            .enumerate()
+            .flat_map(|(j, job)| (0..job.sequences.len()).map(move |i| (j, i)))
+            .collect();
+        let mut rest = &slots[..];
+        while !rest.is_empty() {
+            let size = |&(j, i): &Slot| jobs[j].sequences[i].len();
+            let batch = next_batch(rest, size, self.next_budget());
+            rest = &rest[batch.len()..];
+            let sequences: Vec<Vec<u32>> = batch
+                .iter()
+                .map(|&(j, i)| jobs[j].sequences[i].clone())
+                .collect();
+            match self.run_batch(&sequences) {
+                Ok(vectors) => {
+                    for (&(j, i), v) in batch.iter().zip(vectors) {
+                        if let Ok(rows) = &mut out[j] {
+                            rows[i] = v;
+                        }
+                    }
+                }
+                Err(e) => {
+                    for &(j, _) in batch {
+                        out[j] = Err(EmbeddingError::Failed(e.to_string()));
                     }
                 }
             }
-            Err(e) => {
-                for &(j, _) in batch {
-                    out[j] = Err(EmbeddingError::Failed(e.to_string()));
-                }
-            }
         }
-        metrics::histogram!("ingot_embedding_batch_seconds").record(started.elapsed());
-        metrics::counter!("ingot_embedding_tokens_total")
-            .increment(sequences.iter().map(Vec::len).sum::<usize>() as u64);
+        if let Some(side) = &mut self.side {
+            side.release();
+        }
+        out
     }
-    out
+
+    /// One forward pass, pausing at every checkpoint for decode's turn;
+    /// learns the cost of a piece from the time it worked.
+    fn run_batch(&mut self, sequences: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, ingot_arch::ArchError> {
+        let started = Instant::now();
+        let (mut pieces, mut waited) = (0usize, Duration::ZERO);
+        let side = &mut self.side;
+        let result = self.model.embed_paced(sequences, &mut || {
+            pieces += 1;
+            if let Some(side) = side.as_mut() {
+                let t = Instant::now();
+                side.checkpoint();
+                waited += t.elapsed();
+            }
+        });
+        let worked = started.elapsed().saturating_sub(waited);
+        let tokens: usize = sequences.iter().map(Vec::len).sum();
+        if result.is_ok() && pieces > 0 && tokens > 0 {
+            let cost = worked.as_secs_f64() / (tokens * pieces) as f64;
+            self.piece_cost = if self.piece_cost == 0.0 {
+                cost
+            } else {
+                self.piece_cost * (1.0 - COST_SMOOTHING) + cost * COST_SMOOTHING
+            };
+        }
+        metrics::histogram!("ingot_embedding_batch_seconds").record(worked);
+        metrics::counter!("ingot_embedding_tokens_total").increment(tokens as u64);
+        result
+    }
 }
 
-/// Consecutive runs of `items` whose sizes sum to at most `budget`; an item
-/// larger than the budget runs alone.
-fn batches<T>(items: &[T], size: impl Fn(&T) -> usize, budget: usize) -> Vec<&[T]> {
-    let mut out = Vec::new();
-    let (mut start, mut used) = (0, 0);
+/// The longest prefix of `items` whose sizes sum to at most `budget` (at
+/// least one item, however large).
+fn next_batch<T>(items: &[T], size: impl Fn(&T) -> usize, budget: usize) -> &[T] {
+    let mut used = 0;
     for (i, item) in items.iter().enumerate() {
-        let n = size(item);
-        if i > start && used + n > budget {
-            out.push(&items[start..i]);
-            (start, used) = (i, 0);
+        used += size(item);
+        if i > 0 && used > budget {
+            return &items[..i];
         }
-        used += n;
     }
-    if start < items.len() {
-        out.push(&items[start..]);
-    }
-    out
+    items
 }
 
 #[cfg(test)]
@@ -315,7 +388,7 @@ mod tests {
         let model = Recorder(Mutex::new(Vec::new()));
         let (a, _ra) = job(vec![vec![1, 1, 1], vec![2]]);
         let (b, _rb) = job(vec![vec![3, 3], vec![4, 4, 4, 4]]);
-        let out = embed_jobs(&model, &[a, b], 6);
+        let out = Worker::new(&model, 6, None).embed_jobs(&[a, b]);
         // a's two and b's first share one pass; b's second runs next.
         assert_eq!(*lock(&model.0), [vec![3, 1, 2], vec![4]]);
         let out: Vec<_> = out.into_iter().map(Result::unwrap).collect();
@@ -326,11 +399,84 @@ mod tests {
     #[test]
     fn batches_respect_the_token_budget() {
         let sizes = [3, 4, 2, 9, 1, 1];
-        let got: Vec<Vec<usize>> = batches(&sizes, |&n| n, 8)
-            .into_iter()
-            .map(<[usize]>::to_vec)
-            .collect();
+        let mut rest = &sizes[..];
+        let mut got = Vec::new();
+        while !rest.is_empty() {
+            let b = next_batch(rest, |&n| n, 8);
+            got.push(b.to_vec());
+            rest = &rest[b.len()..];
+        }
         assert_eq!(got, [vec![3, 4], vec![2], vec![9], vec![1, 1]]);
-        assert!(batches(&[] as &[usize], |&n| n, 8).is_empty());
+    }
+
+    /// Like `Recorder`, but each pass takes `piece` per checkpoint.
+    struct Slow {
+        batches: Mutex<Vec<usize>>,
+        piece: Duration,
+    }
+
+    impl Embedder for Slow {
+        fn embed(&self, sequences: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, ArchError> {
+            self.embed_paced(sequences, &mut || {})
+        }
+        fn embed_paced(
+            &self,
+            sequences: &[Vec<u32>],
+            between: &mut dyn FnMut(),
+        ) -> Result<Vec<Vec<f32>>, ArchError> {
+            lock(&self.batches).push(sequences.iter().map(Vec::len).sum());
+            let tokens: usize = sequences.iter().map(Vec::len).sum();
+            for _ in 0..4 {
+                between();
+                std::thread::sleep(self.piece * tokens as u32);
+            }
+            Ok(sequences.iter().map(|_| vec![0.0, 0.0]).collect())
+        }
+        fn dimensions(&self) -> usize {
+            2
+        }
+        fn max_tokens(&self) -> usize {
+            512
+        }
+        fn vocab_size(&self) -> usize {
+            100
+        }
+        fn device_name(&self) -> &str {
+            "test"
+        }
+    }
+
+    #[test]
+    fn batches_shrink_to_a_slice_while_decode_runs() {
+        let arbiter = Arc::new(CpuArbiter::default());
+        let model = Slow {
+            batches: Mutex::new(Vec::new()),
+            piece: Duration::from_micros(100),
+        };
+        let mut worker = Worker::new(&model, 64, Some(arbiter.embedding_side(0.1)));
+        let jobs = |n| -> Vec<Job> { (0..n).map(|_| job(vec![vec![1; 4]; 4]).0).collect() };
+        // Decode idle: one full batch learns the cost (0.1 ms per token-piece).
+        worker.embed_jobs(&jobs(4));
+        assert_eq!(*lock(&model.batches), [64]);
+        // Decode stepping in 20 ms steps: slices of 2 ms hold ~20 tokens.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let decode = {
+            let (arbiter, stop) = (arbiter.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let turn = arbiter.decode_step();
+                    std::thread::sleep(Duration::from_millis(20));
+                    drop(turn);
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        let out = worker.embed_jobs(&jobs(2));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        decode.join().unwrap();
+        assert!(out.iter().all(Result::is_ok));
+        let during = lock(&model.batches)[1..].to_vec();
+        assert!(during.len() >= 2, "{during:?}");
+        assert!(during.iter().all(|&t| t <= 32), "{during:?}");
     }
 }

@@ -25,6 +25,7 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::Sender;
 
 use crate::controls::{EngineControls, Measure};
+use crate::cpu_share::CpuArbiter;
 use crate::decoding::{Decoding, TokenOutput};
 use crate::handle::{
     Command, Completion, EngineHandle, EngineStats, GeneratedToken, Limits, RequestId, Shared,
@@ -94,7 +95,9 @@ pub fn start_engine(
         config.scheduler.max_num_batched_tokens,
         config.scheduler.max_num_seqs,
     ));
+    let cpu = runner.computes_on_host().then(CpuArbiter::process);
     let state = EngineLoop {
+        cpu,
         controls: controls.clone(),
         scheduler: Scheduler::new(config.scheduler.clone(), pool),
         runner,
@@ -219,6 +222,8 @@ struct EngineLoop {
     masks: MaskWorker,
     /// Latency windows out, step limits and held tiers in (SLO remediation).
     controls: Arc<EngineControls>,
+    /// Turns with embedding work on the same cores (CPU runners only).
+    cpu: Option<Arc<CpuArbiter>>,
 }
 
 impl EngineLoop {
@@ -466,6 +471,7 @@ impl EngineLoop {
                         .is_some_and(|a| !a.decoding.next_hits_limit())
             });
         let mut scores: Vec<Vec<Logprobs>> = Vec::new();
+        let turn = self.cpu.as_deref().map(CpuArbiter::decode_step);
         let picked = if greedy {
             self.runner
                 .forward_greedy(&batch)
@@ -498,6 +504,7 @@ impl EngineLoop {
                     })
             }
         };
+        drop(turn);
         let picked: Vec<Pick> = match picked {
             Ok(p) => p,
             Err(e) => {

@@ -7,12 +7,14 @@
 //! - [`decoding`]: per-request output processing (sampling, stop rules,
 //!   detokenization).
 //! - [`embedding`]: the embedding engine (encoder models, batched).
+//! - [`cpu_share`]: turns between CPU decode steps and embedding work.
 //! - [`sampler`], [`stop`]: the pieces `decoding` is built from.
 //! - `masks`: grammar masks computed on their own thread during the
 //!   forward pass (structured output).
 
 pub mod controls;
 pub mod decoding;
+pub mod cpu_share;
 pub mod drain;
 pub mod embedding;
 pub mod engine_loop;
@@ -24,6 +26,7 @@ pub mod sampler;
 pub mod stop;
 
 pub use controls::{EngineControls, Measure};
+pub use cpu_share::CpuArbiter;
 pub use decoding::{DecodeError, Decoding, TokenOutput};
 pub use embedding::{EmbeddingConfig, EmbeddingError, EmbeddingHandle};
 pub use engine_loop::{start_engine, EngineConfig};

@@ -23,6 +23,7 @@ mod kv_memory;
 pub mod matmul;
 mod matrix;
 mod ops;
+pub mod panel_matmul;
 pub mod quant;
 mod simd;
 
@@ -421,6 +422,10 @@ impl ModelRunner for CpuRunner {
 
     fn device_name(&self) -> String {
         format!("cpu ({} threads)", rayon::current_num_threads())
+    }
+
+    fn computes_on_host(&self) -> bool {
+        true
     }
 
     /// Frees the KV pool and the activations; the weights stay (they are

@@ -130,6 +130,12 @@ pub trait ModelRunner: Send {
     /// Short name of the device ("cpu (2 threads)", "cuda:0 H100").
     fn device_name(&self) -> String;
 
+    /// The forward pass computes on the host's cores (it then takes turns
+    /// with CPU embedding work).
+    fn computes_on_host(&self) -> bool {
+        false
+    }
+
     /// Gives back the memory of the KV pool (its contents are lost) and,
     /// where weights live on a device, moves them to host memory, keeping
     /// what it takes to [`ModelRunner::wake`] fast. Returns the host bytes
