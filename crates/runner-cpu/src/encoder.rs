@@ -274,7 +274,7 @@ fn gelu_values(row: &mut [f32]) {
     }
 }
 
-/// erf(x) to within 2e-7 absolute, branch-free so the GELU loop
+/// erf(x) to within 5e-7 absolute, branch-free so the GELU loop
 /// vectorizes (libm's erff is exact to an ulp but branches and took a
 /// fifth of a MiniLM pass). Abramowitz & Stegun 7.1.26:
 /// `1 - (a1 t + … + a5 t⁵) e^(-x²)` with `t = 1 / (1 + p|x|)`.
@@ -392,12 +392,12 @@ mod tests {
     }
 
     #[test]
-    fn erf_is_within_2e7_of_libm() {
+    fn erf_is_within_5e7_of_libm() {
         let worst = (-6000..=6000)
             .map(|i| i as f32 * 1e-3)
             .map(|x| (erf(x) - libm::erff(x)).abs())
             .fold(0.0f32, f32::max);
-        assert!(worst < 2e-7, "worst {worst}");
+        assert!(worst < 5e-7, "worst {worst}");
         assert_eq!(erf(-0.0), 0.0);
         assert_eq!(erf(9.0), 1.0);
         assert_eq!(erf(-9.0), -1.0);
