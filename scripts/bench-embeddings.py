@@ -11,8 +11,13 @@ process, then:
    work does not delay the loop that times the streams);
 3. embeddings alone: throughput in sentences/s (64 concurrent requests of
    8 sentences each, 1024 sentences).
-Prints each stream's ITL p99 in phases 1 and 2, the worst growth, and the
-throughput. Run it under the exclusive lock so nothing else competes:
+Phases 1 and 2 alternate for `--rounds` rounds. Prints each stream's ITL
+p99 in phases 1 and 2 per round, then per stream the median over rounds,
+alone and beside the embeddings, and its growth; then the throughput.
+With `--st-python PY` (a Python with sentence-transformers, e.g. a
+throwaway venv) it also times `SentenceTransformer.encode` on the same
+1024 sentences in the same run. Run it under the exclusive lock so nothing
+else competes:
 
     flock -x /tmp/ingot-quiet.lock scripts/bench-embeddings.py --bin target/debug/ingot
 """
@@ -124,25 +129,50 @@ async def throughput(client, embed: str, total: int) -> float:
     return total / (time.perf_counter() - start)
 
 
-async def run(server, rounds: int) -> None:
+ST_BENCH = """
+import random, sys, time
+import torch
+from sentence_transformers import SentenceTransformer
+WORDS = {words!r}
+rng = random.Random(7)
+s = [" ".join(rng.choices(WORDS, k=rng.randint(8, 30))) + "." for _ in range({total})]
+m = SentenceTransformer(sys.argv[1], device="cpu")
+m.encode(s[:64], batch_size=32)
+t = time.perf_counter()
+m.encode(s, batch_size=32)
+e = time.perf_counter() - t
+print(f"sentence-transformers: {{len(s) / e:.1f}} sentences/s (encode batch 32, torch {{torch.__version__}}, {{torch.get_num_threads()}} threads)")
+"""
+
+
+def sentence_transformers_throughput(python: str, model_dir: str, total: int) -> None:
+    """sentence-transformers on the same sentences (the same generator and seed)."""
+    code = ST_BENCH.format(words=WORDS, total=total)
+    out = subprocess.run([python, "-c", code, model_dir], check=True, capture_output=True, text=True)
+    print(out.stdout.strip())
+
+
+async def run(server, rounds: int, decode: bool) -> None:
     client = server.async_openai(timeout=600)
     alone, mixed = [], []
-    for r in range(rounds):
+    for r in range(rounds if decode else 0):
         a, _ = await decode_phase(client, server.url, "smol", None)
         m, n = await decode_phase(client, server.url, "smol", "minilm")
         alone.append(a)
         mixed.append(m)
         print(f"round {r}: ITL p99 alone {['%.1f' % (x * 1e3) for x in a]} ms")
         print(f"round {r}: ITL p99 with embeddings {['%.1f' % (x * 1e3) for x in m]} ms ({n} sentences embedded meanwhile)")
-    # Per stream: the median over rounds of its p99.
-    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-    a = [med([r[i] for r in alone]) for i in range(STREAMS)]
-    m = [med([r[i] for r in mixed]) for i in range(STREAMS)]
-    growth = max(mi / ai - 1 for ai, mi in zip(a, m))
-    print(f"ITL p99 per stream (median of {rounds} rounds), alone: {['%.1f' % (x * 1e3) for x in a]} ms")
-    print(f"ITL p99 per stream (median of {rounds} rounds), with 64 concurrent embedding requests: "
-          f"{['%.1f' % (x * 1e3) for x in m]} ms")
-    print(f"worst p99 growth: {growth * 100:+.1f}%")
+    if decode:
+        # Per stream: the median over rounds of its p99.
+        med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+        a = [med([r[i] for r in alone]) for i in range(STREAMS)]
+        m = [med([r[i] for r in mixed]) for i in range(STREAMS)]
+        growths = [mi / ai - 1 for ai, mi in zip(a, m)]
+        print(f"ITL p99 per stream (median of {rounds} rounds), alone: {['%.1f' % (x * 1e3) for x in a]} ms")
+        print(f"ITL p99 per stream (median of {rounds} rounds), with 64 concurrent embedding requests: "
+              f"{['%.1f' % (x * 1e3) for x in m]} ms")
+        print(f"growth per stream: {['%+.1f%%' % (g * 100) for g in growths]}")
+        print(f"worst p99 growth: {max(growths) * 100:+.1f}%")
     tput = await throughput(client, "minilm", 1024)
     print(f"embeddings alone: {tput:.1f} sentences/s ({EMBED_CONCURRENCY} concurrent requests of {SENTENCES_PER_REQUEST})")
     await client.close()
@@ -152,6 +182,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=str(REPO / "target" / "debug" / "ingot"))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--throughput-only", action="store_true", help="skip the decode phases")
+    ap.add_argument("--st-python", help="a Python with sentence-transformers: time it on the same sentences")
     a = ap.parse_args()
     os.environ["INGOT_BIN"] = a.bin
     import ingot_e2e  # after INGOT_BIN is set
@@ -172,9 +204,11 @@ preload = true
 """)
         server = ingot_e2e.Server("--config", str(cfg))
         try:
-            asyncio.run(run(server, a.rounds))
+            asyncio.run(run(server, a.rounds, not a.throughput_only))
         finally:
             server.stop_and_check()
+    if a.st_python:
+        sentence_transformers_throughput(a.st_python, minilm, 1024)
 
 
 if __name__ == "__main__":

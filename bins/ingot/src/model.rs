@@ -188,10 +188,11 @@ pub fn load_engine(config: &Config, engine: EngineConfig) -> anyhow::Result<Engi
     Ok(start_engine(runner, tokenizer, engine)?)
 }
 
-/// Most tokens in one forward pass of an embedding model: bounds how long
-/// a batch holds its pool (tens of ms on two cores for MiniLM) while
-/// letting concurrent requests share passes.
-const EMBEDDING_BATCH_TOKENS: usize = 2048;
+/// Most tokens in one forward pass of an embedding model. Concurrent
+/// requests share passes; a decode step that arrives while embeddings run
+/// freely waits for one piece (a matmul) of such a batch: about 3 ms for
+/// MiniLM on two cores, where 2048 tokens held it for tens of ms.
+const EMBEDDING_BATCH_TOKENS: usize = 256;
 
 /// Share of the CPU decode steps' time that embedding work may take while
 /// they run (docs/embeddings.md): each inter-token gap grows by about this
