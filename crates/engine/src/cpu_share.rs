@@ -22,8 +22,10 @@ use std::time::{Duration, Instant};
 /// is far shorter.
 const MIN_IDLE_GAP: Duration = Duration::from_millis(2);
 
-/// Weight of the newest step in the smoothed step time.
-const STEP_SMOOTHING: f64 = 0.2;
+/// How far a longer step moves the step estimate up (a shorter one moves
+/// it all the way down): a prefill step among decode steps must not size
+/// the next slices by its own length.
+const STEP_RISE: f64 = 0.1;
 
 /// The turn-taker between CPU decode steps and embedding slices.
 #[derive(Debug, Default)]
@@ -46,12 +48,22 @@ struct State {
     embedding_waits: bool,
     /// Total time of every decode step so far (credit is a share of it).
     decode_total: Duration,
-    /// Smoothed duration of one decode step.
+    /// A decode step's duration: falls at once to a shorter step, rises
+    /// slowly towards longer ones.
     step: Duration,
     last_step_end: Option<Instant>,
 }
 
 impl State {
+    fn note_step(&mut self, took: Duration) {
+        self.decode_total += took;
+        self.step = if self.step.is_zero() || took < self.step {
+            took
+        } else {
+            self.step + (took - self.step).mul_f64(STEP_RISE)
+        };
+    }
+
     fn decode_active(&self, now: Instant) -> bool {
         let gap = self.step.max(MIN_IDLE_GAP);
         self.decoding + self.decode_waiting > 0
@@ -74,12 +86,7 @@ impl Drop for DecodeTurn<'_> {
         let took = now.saturating_duration_since(self.started);
         let mut s = self.arbiter.lock();
         s.decoding -= 1;
-        s.decode_total += took;
-        s.step = if s.step.is_zero() {
-            took
-        } else {
-            s.step.mul_f64(1.0 - STEP_SMOOTHING) + took.mul_f64(STEP_SMOOTHING)
-        };
+        s.note_step(took);
         s.last_step_end = Some(now);
         drop(s);
         self.arbiter.changed.notify_all();
@@ -116,7 +123,7 @@ impl CpuArbiter {
         }
     }
 
-    /// The smoothed decode step time, or `None` while decode is idle.
+    /// The decode step estimate, or `None` while decode is idle.
     pub fn decode_step_time(&self) -> Option<Duration> {
         let s = self.lock();
         s.decode_active(Instant::now()).then_some(s.step)
@@ -342,6 +349,18 @@ mod tests {
         }
         let waited = waiter.join().unwrap();
         assert!(waited < Duration::from_millis(500), "waited {waited:?}");
+    }
+
+    #[test]
+    fn a_long_prefill_step_barely_moves_the_step_estimate() {
+        let mut s = State::default();
+        let ms = Duration::from_millis;
+        s.note_step(ms(50));
+        s.note_step(ms(400));
+        assert_eq!(s.step, ms(85));
+        s.note_step(ms(40));
+        assert_eq!(s.step, ms(40));
+        assert_eq!(s.decode_total, ms(490));
     }
 
     #[test]
