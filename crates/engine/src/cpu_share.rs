@@ -110,10 +110,7 @@ impl CpuArbiter {
         let mut s = self.lock();
         s.decode_waiting += 1;
         while s.embedding || s.embedding_waits {
-            s = self
-                .changed
-                .wait(s)
-                .unwrap_or_else(PoisonError::into_inner);
+            s = self.changed.wait(s).unwrap_or_else(PoisonError::into_inner);
         }
         s.decode_waiting -= 1;
         s.decoding += 1;
@@ -311,7 +308,10 @@ mod tests {
         let after = (arbiter.lock().decode_total, worked.load(Ordering::Relaxed));
         stop.store(true, Ordering::Relaxed);
         let (pieces, longest) = embed.join().unwrap();
-        assert!(!overlap.load(Ordering::Relaxed), "a slice ran during a step");
+        assert!(
+            !overlap.load(Ordering::Relaxed),
+            "a slice ran during a step"
+        );
         assert!(pieces > 10, "embedding starved: {pieces} pieces");
         // The share of the steps' time, plus the credit banked before
         // (one slice), the last overrun and the pieces straddling the ends.

@@ -307,7 +307,10 @@ impl<'a> Worker<'a> {
 
     /// One forward pass, pausing at every checkpoint for decode's turn;
     /// learns the cost of a piece from the time it worked.
-    fn run_batch(&mut self, sequences: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, ingot_arch::ArchError> {
+    fn run_batch(
+        &mut self,
+        sequences: &[Vec<u32>],
+    ) -> Result<Vec<Vec<f32>>, ingot_arch::ArchError> {
         let started = Instant::now();
         let (mut pieces, mut waited) = (0usize, Duration::ZERO);
         let side = &mut self.side;

@@ -13,8 +13,8 @@
 //!   forward pass (structured output).
 
 pub mod controls;
-pub mod decoding;
 pub mod cpu_share;
+pub mod decoding;
 pub mod drain;
 pub mod embedding;
 pub mod engine_loop;
