@@ -4,6 +4,10 @@
 #   kernels   every kernel vs a float64 NumPy reference (check_kernels.py)
 #   hf        CUDA vs transformers on 2-layer Llama-3-8B / Qwen3 shapes
 #   smollm2   CUDA vs CPU backend on SmolLM2 (bf16 weights); batch-1 speed
+#   gemma     Gemma 3 270M (GGUF bundle, `scripts/gpu-bundle gemma3 N`): CUDA vs CPU
+#             and the f32 reference on 6 prompts (one past the 512-token window), vs
+#             transformers (f32, bf16) on the dequantized weights (compare_gemma.py,
+#             the `gguf` wheel from the bundle's whl/); batch-1 speed
 #   bench     8B-shaped dummy: batch 1, prefill 1024, 256 x 1024 decode
 #   b1        only the batch-1 row of bench (for A/B runs of one knob)
 #   prefill   only the 1024-token prefill row of bench
@@ -44,6 +48,7 @@ done
 for f in "$B"/cubins/*.cubin.gz; do [ -e "$f" ] && gunzip -c "$f" > "$W/$(basename "$f" .gz)"; done
 for p in 1 2; do [ -f "$B/smollm2/part$p" ] && cp "$B/smollm2/part$p" "$W/smollm2.part$p"; done
 [ -f "$B/smollm2/sha256" ] && cp "$B/smollm2/sha256" "$W/smollm2.sha256"
+for f in "$B"/gemma3/part* "$B"/gemma3/sha256; do [ -e "$f" ] && cp "$f" "$W/gemma3.$(basename "$f")"; done
 ING="$W/ingot"
 SMOL="$W/smollm2.gguf"
 if [ ! -f "$SMOL" ] && [ -f "$W/smollm2.part1" ] && [ -f "$W/smollm2.part2" ]; then
@@ -89,6 +94,22 @@ for phase in "$@"; do
       "$ING" bench latency --model "$(llama8b)" --load-format dummy --max-model-len 4096 --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 5 --json | tee -a "$O/bench.jsonl" ;;
     tput)
       "$ING" bench throughput --model "$(llama8b)" --load-format dummy --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl" ;;
+    gemma)
+      G="$W/gemma3.gguf"
+      if [ ! -f "$G" ] && [ -f "$W/gemma3.sha256" ]; then
+        cat "$W"/gemma3.part? > "$G"
+        echo "$(cat "$W/gemma3.sha256")  $G" | sha256sum -c - || rm -f "$G"
+      fi
+      [ -f "$G" ] || { echo "no Gemma 3 bundle"; continue; }
+      if ls "$B"/whl/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$B"/whl/*.whl
+        export PYTHONPATH=/tmp/site
+      fi
+      timeout -k 5 $((4 * T)) python3 tests/gpu/compare_gemma.py --ingot "$ING_RAW" --model "$G" \
+        --fixture tests/fixtures/gemma3/expected.json --hf | tee "$O/gemma.txt"
+      for eager in "" "--enforce-eager"; do
+        "$ING" bench latency --model "$G" --input-len 128 --output-len 256 --num-iters 3 $eager --json | tee -a "$O/bench.jsonl"
+      done ;;
     qwen3b1)
       mkdir -p "$W/qwen3-8b"; cp tests/gpu/configs/qwen3-8b/config.json "$W"/tokenizers/qwen3/* "$W/qwen3-8b/"
       "$ING" bench latency --model "$W/qwen3-8b" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl" ;;

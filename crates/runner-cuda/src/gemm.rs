@@ -14,6 +14,7 @@ use std::ffi::c_void;
 use cudarc::cublaslt::{result, sys};
 
 use cudarc::driver::sys::CUevent_flags;
+use ingot_arch::Activation;
 
 use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel};
 use crate::CudaError;
@@ -70,8 +71,9 @@ pub struct Gemm {
     /// Interior mutability: steps borrow the runner's parts immutably.
     plans: RefCell<HashMap<Shape, Plan>>,
     /// `[tokens - 1][mode]`: bf16, f32, f32 accumulate, SwiGLU, q/k/v + rope,
-    /// then SwiGLU, q/k/v + rope and bf16 with the input RMSNorm fused.
-    gemv: Vec<[Kernel; 8]>,
+    /// then SwiGLU, q/k/v + rope and bf16 with the input RMSNorm fused,
+    /// then GeGLU (GELU-tanh) without and with it.
+    gemv: Vec<[Kernel; 10]>,
     /// Time the candidates of new shapes (only while buffers hold scratch).
     pub tune: bool,
     /// Where accumulating GEMVs leave the residual's sums of squares and
@@ -97,6 +99,8 @@ impl Gemm {
                     gpu.kernel(&format!("gemv_n{n}_swiglu_norm"))?,
                     gpu.kernel(&format!("gemv_n{n}_qkv_rope_norm"))?,
                     gpu.kernel(&format!("gemv_n{n}_bf16_norm"))?,
+                    gpu.kernel(&format!("gemv_n{n}_geglu"))?,
+                    gpu.kernel(&format!("gemv_n{n}_geglu_norm"))?,
                 ])
             })
             .collect::<Result<_, CudaError>>()?;
@@ -214,14 +218,16 @@ impl Gemm {
         Ok(true)
     }
 
-    /// `act[t, i] = silu(x·gateᵢ) · (x·upᵢ)` straight from the fused
-    /// `[2 * outputs, inputs]` gate/up matrix when the GEMV path applies
-    /// (the activation then costs no kernel); false otherwise (the caller
-    /// runs [`Gemm::linear`] and the activation kernel).
-    pub fn swiglu(
+    /// `act[t, i] = f(x·gateᵢ) · (x·upᵢ)` (f: SiLU or GELU-tanh) straight
+    /// from the fused `[2 * outputs, inputs]` gate/up matrix when the GEMV
+    /// path applies (the activation then costs no kernel); false otherwise
+    /// (the caller runs [`Gemm::linear`] and the activation kernel).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated(
         &self,
         gpu: &Gpu,
         (x, w, act): (DevPtr, DevPtr, DevPtr),
+        activation: Activation,
         tokens: usize,
         inputs: usize,
         outputs: usize,
@@ -242,6 +248,11 @@ impl Gemm {
             // applies 1/rms from the sums of squares.
             Some(eps) => (5, vec![Arg::Ptr(x), Arg::F32(eps), Arg::Ptr(self.sumsq)]),
             None => (3, vec![Arg::Ptr(x)]),
+        };
+        let kernel = match (activation, kernel) {
+            (Activation::Silu, k) => k,
+            (Activation::GeluTanh, 5) => 9,
+            (Activation::GeluTanh, _) => 8,
         };
         let args: Vec<Arg> = head.into_iter().chain(tail).collect();
         gpu.launch(&self.gemv[tokens - 1][kernel], grid, 256, 0, &args)?;
