@@ -43,8 +43,12 @@ def cpu_flags(device):
     return ["--dtype", "bf16", "--cpu-weights", "f32"] if device == "cpu" else []
 
 
+# `ingot logits` runs the whole prompt as one step: the CUDA workspace must hold it.
+ONE_STEP = ["--max-num-batched-tokens", "2048"]
+
+
 def logits(binary, model, device, ids, out):
-    ingot(binary, "logits", "--model", model, "--device", device, *cpu_flags(device),
+    ingot(binary, "logits", "--model", model, "--device", device, *cpu_flags(device), *ONE_STEP,
           "--prompt-ids", ",".join(map(str, ids)), "--out", out)
     return np.fromfile(out, dtype="<f4").astype(np.float64)
 
@@ -198,7 +202,7 @@ def main():
 
     if args.hf:
         import torch
-        print(f"\n{'transformers':14} {'dtype':>5} {'rel_l2':>8} {'rel_max':>8} {'greedy32':>10}")
+        print(f"\n{'transformers':14} {'dtype':>5} {'rel_l2':>8} {'rel_max':>8} {'greedy32':>10} {'vs numpy ref':>12}")
         for dtype in (torch.float32, torch.bfloat16):
             hf = HfGemma(args.model, dtype)
             tag = str(dtype).split(".")[-1]
@@ -213,8 +217,13 @@ def main():
                                  strict=dtype == torch.float32)
                 if dtype == torch.float32 and not (rel_l2 < args.threshold and rel_max < args.threshold):
                     failures.append(f"{name}: CUDA vs transformers f32 logits rel_l2 {rel_l2:.2e}")
-                row[f"hf_{tag}"] = {"rel_l2": rel_l2, "rel_max": rel_max, "greedy": v}
-                print(f"{name[:14]:14} {tag[:5]:>5} {rel_l2:8.2e} {rel_max:8.2e} {v:>10}", flush=True)
+                # The conversion itself, checked against the f32 numpy reference's top-16 first logits.
+                top = np.array(case["first_logits_top"])
+                ref_err = float(np.max(np.abs(h[top[:, 0].astype(int)] - top[:, 1])))
+                if dtype == torch.float32 and ref_err > 1e-2:
+                    failures.append(f"{name}: transformers f32 differs from the numpy reference by {ref_err:.2e}")
+                row[f"hf_{tag}"] = {"rel_l2": rel_l2, "rel_max": rel_max, "greedy": v, "ref_top16_err": ref_err}
+                print(f"{name[:14]:14} {tag[:5]:>5} {rel_l2:8.2e} {rel_max:8.2e} {v:>10} {ref_err:12.2e}", flush=True)
             del hf
     for row in rows:
         row.pop("gpu_ids")

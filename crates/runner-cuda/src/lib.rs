@@ -1042,7 +1042,10 @@ mod support_tests {
         assert!(supports(&c).is_ok());
         c.intermediate_size = 320;
         let err = supports(&c).map(|_| ()).unwrap_err().to_string();
-        assert!(err.contains("narrower") && err.contains("--device cpu"), "{err}");
+        assert!(
+            err.contains("narrower") && err.contains("--device cpu"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -365,7 +365,9 @@ impl<'a, 'm> CudaOps<'a, 'm> {
         }
         let c = self.m.config;
         if c.intermediate_size < c.hidden_size {
-            return Err(unsupported("a post-norm block with an MLP narrower than the model"));
+            return Err(unsupported(
+                "a post-norm block with an MLP narrower than the model",
+            ));
         }
         layer
             .post_norms
