@@ -141,7 +141,7 @@ def torch_side(model: str, sentences: list[str]) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     tok = AutoTokenizer.from_pretrained(model)
-    bert = BertModel.from_pretrained(model, torch_dtype=torch.float32).cuda().eval()
+    bert = BertModel.from_pretrained(model).float().cuda().eval()
     rows = []
     with torch.no_grad():
         for i in range(0, len(sentences), 32):

@@ -215,6 +215,13 @@ pub fn load_embedding(config: &Config) -> anyhow::Result<ingot_engine::Embedding
         Device::Cuda => {
             let model = ingot_runner_cuda::encoder::load_bert(&files, 0)
                 .with_context(|| format!("cannot load {} on the GPU", path.display()))?;
+            // One thread that only enqueues GPU work: at idle priority it
+            // could wait behind busy decode threads while the GPU idles.
+            let engine = ingot_engine::EmbeddingConfig {
+                threads: 1,
+                idle_priority: false,
+                ..engine
+            };
             ingot_engine::EmbeddingHandle::start(Box::new(model), tokenizer, engine)?
         }
         Device::Cpu => {
