@@ -226,29 +226,38 @@ impl CudaEncoder {
     }
 
     fn bounds(&self, batch: &EncoderBatch) -> Result<Bounds, ArchError> {
-        let tokens = batch.tokens.len();
-        let mut per_token = vec![0i32; 2 * tokens];
-        let mut per_sequence = Vec::with_capacity(2 * batch.seq_lens.len());
-        let mut start = 0usize;
-        for &len in &batch.seq_lens {
-            if start + len > tokens {
-                return Err(mismatch("sequence lengths"));
-            }
-            let (s, l) = (i32_of(start)?, i32_of(len)?);
-            per_token[start..start + len].fill(s);
-            per_token[tokens + start..tokens + start + len].fill(l);
-            per_sequence.push(s);
-            start += len;
-        }
-        if start != tokens {
-            return Err(mismatch("sequence lengths"));
-        }
-        per_sequence.extend(batch.seq_lens.iter().map(|&l| l as i32));
+        let (per_token, per_sequence) = packed_bounds(&batch.seq_lens, batch.tokens.len())?;
         Ok(Bounds {
             per_token: self.upload(&per_token)?,
             per_sequence: self.upload(&per_sequence)?,
         })
     }
+}
+
+/// The kernels' view of `tokens` tokens packed as `seq_lens`: per token its
+/// sequence's first token, then per token that sequence's length; per
+/// sequence its first token, then per sequence its length.
+fn packed_bounds(seq_lens: &[usize], tokens: usize) -> Result<(Vec<i32>, Vec<i32>), ArchError> {
+    let mut per_token = vec![0i32; 2 * tokens];
+    let mut per_sequence = Vec::with_capacity(2 * seq_lens.len());
+    let mut start = 0usize;
+    for &len in seq_lens {
+        if start + len > tokens {
+            return Err(mismatch("sequence lengths"));
+        }
+        let (s, l) = (i32_of(start)?, i32_of(len)?);
+        per_token[start..start + len].fill(s);
+        per_token[tokens + start..tokens + start + len].fill(l);
+        per_sequence.push(s);
+        start += len;
+    }
+    if start != tokens {
+        return Err(mismatch("sequence lengths"));
+    }
+    for &len in seq_lens {
+        per_sequence.push(i32_of(len)?);
+    }
+    Ok((per_token, per_sequence))
 }
 
 impl EncoderOps for CudaEncoder {
@@ -495,5 +504,46 @@ impl EncoderOps for CudaEncoder {
         }
         self.gpu.sync()?;
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_give_every_token_its_sequence() {
+        let (per_token, per_sequence) = packed_bounds(&[3, 1, 2], 6).unwrap();
+        assert_eq!(per_token, [0, 0, 0, 3, 4, 4, 3, 3, 3, 1, 2, 2]);
+        assert_eq!(per_sequence, [0, 3, 4, 3, 1, 2]);
+    }
+
+    #[test]
+    fn bounds_refuse_lengths_that_miss_the_token_count() {
+        assert!(packed_bounds(&[3, 4], 6).is_err());
+        assert!(packed_bounds(&[3, 2], 6).is_err());
+    }
+
+    fn config(hidden: usize, heads: usize) -> BertConfig {
+        BertConfig {
+            hidden_size: hidden,
+            intermediate_size: 4 * hidden,
+            num_layers: 1,
+            num_heads: heads,
+            vocab_size: 10,
+            max_positions: 8,
+            type_vocab_size: 1,
+            layer_norm_eps: 1e-12,
+            pooling: Pooling::Mean,
+            normalize: true,
+        }
+    }
+
+    #[test]
+    fn takes_the_head_widths_its_attention_kernel_has() {
+        assert!(supports_encoder(&config(384, 12)).is_ok()); // MiniLM: 32
+        assert!(supports_encoder(&config(768, 12)).is_ok()); // BERT-base: 64
+        let e = supports_encoder(&config(384, 8)).unwrap_err(); // 48
+        assert!(e.to_string().contains("head_dim 48"), "{e}");
     }
 }
