@@ -27,6 +27,9 @@
 #             (prompt_logprobs_real.sh; needs the SmolLM2 bundle)
 #   models    two SmolLM2 GGUFs, then two 1B dummies, under a budget of one: warm switch times
 #             (models_smoke.sh); two 1B dummies with default budget and KV shares (models_share.sh)
+#   embeddings  all-MiniLM-L6-v2 on `serve --device cuda`: cosine vs the numpy reference, the CPU
+#             backend and transformers / sentence-transformers on the GPU; sentences/s beside
+#             sentence-transformers (embeddings_check.py; needs the MiniLM bundle)
 #   torch     PyTorch eager baselines for the bench shapes
 #   ncu       ncu sections of the decode attention at 256 x 1k (one launch)
 #   ncu1      per-kernel time and bandwidth of one batch-1 decode step (8B)
@@ -49,6 +52,18 @@ for f in "$B"/cubins/*.cubin.gz; do [ -e "$f" ] && gunzip -c "$f" > "$W/$(basena
 for p in 1 2; do [ -f "$B/smollm2/part$p" ] && cp "$B/smollm2/part$p" "$W/smollm2.part$p"; done
 [ -f "$B/smollm2/sha256" ] && cp "$B/smollm2/sha256" "$W/smollm2.sha256"
 for f in "$B"/gemma3/part* "$B"/gemma3/sha256; do [ -e "$f" ] && cp "$f" "$W/gemma3.$(basename "$f")"; done
+# all-MiniLM-L6-v2 (scripts/gpu-bundle minilm N): small files in one part,
+# model.safetensors halved across two calls.
+if [ -d "$B/minilm" ]; then
+  mkdir -p "$W/minilm"
+  for f in "$B"/minilm/*; do
+    case $(basename "$f") in part1|part2) cp "$f" "$W/minilm.$(basename "$f")" ;; *) cp -r "$f" "$W/minilm/" ;; esac
+  done
+fi
+if [ ! -f "$W/minilm/model.safetensors" ] && [ -f "$W/minilm.part1" ] && [ -f "$W/minilm.part2" ] && [ -f "$W/minilm/sha256" ]; then
+  cat "$W/minilm.part1" "$W/minilm.part2" > "$W/minilm/model.safetensors"
+  echo "$(cat "$W/minilm/sha256")  $W/minilm/model.safetensors" | sha256sum -c - || rm -f "$W/minilm/model.safetensors"
+fi
 ING="$W/ingot"
 SMOL="$W/smollm2.gguf"
 if [ ! -f "$SMOL" ] && [ -f "$W/smollm2.part1" ] && [ -f "$W/smollm2.part2" ]; then
@@ -152,6 +167,9 @@ for phase in "$@"; do
       [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
       bash tests/gpu/prompt_logprobs_real.sh "$ING_RAW" "$SMOL" ;;
     cache) bash tests/gpu/cache_smoke.sh "$ING_RAW" "$(llama8b)" --load-format dummy --max-model-len 4096 --max-num-seqs 32 ;;
+    embeddings)
+      [ -f "$W/minilm/model.safetensors" ] || { echo "no MiniLM bundle"; continue; }
+      timeout -k 5 "$T" python3 tests/gpu/embeddings_check.py --ingot "$ING_RAW" --model "$W/minilm" --out "$O/embeddings.jsonl" ;;
     torch)
       M=$(llama8b)
       python3 tests/gpu/torch_bench.py --model-dir "$M" --case latency --input-len 128 --output-len 256 | tee -a "$O/bench.jsonl"

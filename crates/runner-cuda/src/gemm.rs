@@ -44,12 +44,23 @@ pub enum OutType {
     AddF32,
 }
 
+/// Input (weight and activation) element type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum InType {
+    /// The decoder's bf16.
+    Bf16,
+    /// f16: the encoder's (its 3 more mantissa bits keep MiniLM's
+    /// sentence vectors within 1e-6 of the f32 reference's direction).
+    F16,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Shape {
     tokens: usize,
     inputs: usize,
     outputs: usize,
     out: OutType,
+    input: InType,
 }
 
 /// Everything cuBLASLt needs for one shape.
@@ -140,7 +151,41 @@ impl Gemm {
             inputs,
             outputs,
             out,
+            input: InType::Bf16,
         };
+        self.run_plan(gpu, shape, (x, w, y))
+    }
+
+    /// `y = x·wᵀ` with f16 `x` and `w` and f32 `y`, always through cuBLASLt
+    /// (the encoder's linear layers).
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_f16(
+        &self,
+        gpu: &Gpu,
+        x: DevPtr,
+        w: DevPtr,
+        y: DevPtr,
+        tokens: usize,
+        inputs: usize,
+        outputs: usize,
+    ) -> Result<(), CudaError> {
+        let shape = Shape {
+            tokens,
+            inputs,
+            outputs,
+            out: OutType::F32,
+            input: InType::F16,
+        };
+        self.run_plan(gpu, shape, (x, w, y))
+    }
+
+    /// Runs `shape`'s cached plan, building it first if new.
+    fn run_plan(
+        &self,
+        gpu: &Gpu,
+        shape: Shape,
+        (x, w, y): (DevPtr, DevPtr, DevPtr),
+    ) -> Result<(), CudaError> {
         if !self.plans.borrow().contains_key(&shape) {
             let plan = self.plan(gpu, shape, (x, w, y))?;
             self.plans.borrow_mut().insert(shape, plan);
@@ -333,6 +378,10 @@ impl Gemm {
     /// where the row-major `w` is a column-major `[inputs, outputs]`, transposed.
     fn plan(&self, gpu: &Gpu, s: Shape, ptrs: (DevPtr, DevPtr, DevPtr)) -> Result<Plan, CudaError> {
         let bf16 = sys::cudaDataType_t::CUDA_R_16BF;
+        let in_type = match s.input {
+            InType::Bf16 => bf16,
+            InType::F16 => sys::cudaDataType_t::CUDA_R_16F,
+        };
         let out_type = match s.out {
             OutType::Bf16 => bf16,
             OutType::F32 | OutType::AddF32 => sys::cudaDataType_t::CUDA_R_32F,
@@ -351,8 +400,8 @@ impl Gemm {
                 std::mem::size_of::<i32>(),
             )?;
         }
-        let w = result::create_matrix_layout(bf16, k, m, k as i64)?;
-        let x = result::create_matrix_layout(bf16, k, n, k as i64)?;
+        let w = result::create_matrix_layout(in_type, k, m, k as i64)?;
+        let x = result::create_matrix_layout(in_type, k, n, k as i64)?;
         let y = result::create_matrix_layout(out_type, m, n, m as i64)?;
         let pref = result::create_matmul_pref()?;
         let mut found = [std::mem::MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::zeroed();

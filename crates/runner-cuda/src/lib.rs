@@ -1,5 +1,5 @@
 //! [`ModelRunner`] on an NVIDIA GPU: the Llama-family decoder in bf16 with
-//! f32 accumulation.
+//! f32 accumulation; [`encoder`] runs the BERT-family embedding models.
 //!
 //! - Memory: three arenas allocated at start-up (weights, activation
 //!   workspace sized for `max_num_batched_tokens`, the KV block pool sized
@@ -15,6 +15,7 @@
 
 mod buffers;
 mod device;
+pub mod encoder;
 mod gemm;
 mod kernels;
 mod ops;
