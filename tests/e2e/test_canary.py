@@ -55,7 +55,7 @@ def loaded_ttft(url: str, n: int = 3) -> float:
     """Mean TTFT of `n` concurrent streams sent straight to a worker (s)."""
     async def fire():
         async with httpx.AsyncClient(base_url=url, timeout=120.0) as c:
-            return await asyncio.gather(*(stream_one(c, chat_body(f"calibrate-{i}", 16)) for i in range(n)))
+            return await asyncio.gather(*(stream_one(c, chat_body(f"calibrate-{i}", 8)) for i in range(n)))
 
     results = asyncio.run(fire())
     assert all(ok(x) and x["ttft"] for x in results), results
@@ -124,7 +124,7 @@ def run_until_rolled_back(r: Router, window_s: float, concurrency: int = 6) -> t
     """Load (`concurrency` streams, 10 units each) until the canary is
     rolled back, then 3 s more; returns the final status, every result and
     the load's start."""
-    load = FleetLoad(r.url, concurrency=concurrency, n_tokens=16)
+    load = FleetLoad(r.url, concurrency=concurrency, n_tokens=8)
     try:
         deadline = time.monotonic() + window_s
         while (st := canary_status(r))["phase"] != "rolled_back":
@@ -222,7 +222,7 @@ def test_an_slo_breach_of_the_canary_group_rolls_it_back(fleet, mode):
         assert m.get("ingot_canary_share", canary="smol") == 0.0
         print(f"rolled back (slo) {rolled_at - started:.1f} s after the load started: {rollback['detail']}")
         return
-    load = FleetLoad(r.url, concurrency=6, n_tokens=16)
+    load = FleetLoad(r.url, concurrency=6, n_tokens=8)
     try:
         s = wait_for(lambda: (st := canary_status(r))["events"][-1]["kind"] == "slo_dry_run" and st,
                      window_s, interval=0.25, what="a dry-run report")
