@@ -41,7 +41,7 @@ step_duration = "{step}"
 window = "{window}"
 eval_interval = "250ms"
 min_samples = {min_samples}
-significance = 0.01
+significance = {significance}
 max_ttft_ratio = {max_ratio}
 max_itl_ratio = {max_ratio}
 quantile = {quantile}
@@ -49,10 +49,10 @@ quantile = {quantile}
 
 
 def canary_toml(steps: str, step: str, window: str = "40s", min_samples: int = 6,
-                max_ratio: float = 1.5, quantile: float = 0.95) -> str:
+                max_ratio: float = 1.5, quantile: float = 0.95, significance: float = 0.01) -> str:
     """The `[[canary]]` "smol" from group "stable" to group "canary"."""
     return CANARY_TOML.format(steps=steps, step=step, window=window, min_samples=min_samples,
-                              max_ratio=max_ratio, quantile=quantile)
+                              max_ratio=max_ratio, quantile=quantile, significance=significance)
 
 
 def groups_toml(stable_url: str, canary_url: str) -> str:
