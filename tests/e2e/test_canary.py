@@ -15,16 +15,14 @@ two on CI's two cores."""
 
 from __future__ import annotations
 
-import asyncio
 import math
-import statistics
 import time
 
 import httpx2 as httpx
 import pytest
 
 from fleet_load import (FAILING_ARGS, QUEUEING_ARGS, SERVE_ARGS, SLOW_ARGS, FleetLoad, arms_by_user,
-                        canary_toml, chat_body, groups_toml, ok, stream_one)
+                        canary_toml, groups_toml, ok)
 from ingot_e2e import Router, model_path, wait_for
 
 
@@ -49,17 +47,6 @@ def fleet(tmp_path, server_factory):
     for r in started:
         rc = r.stop()
         assert rc == 0, f"ingot route exited with {rc}\n{r.log_tail()}"
-
-
-def loaded_ttft(url: str, n: int = 3) -> float:
-    """Mean TTFT of `n` concurrent streams sent straight to a worker (s)."""
-    async def fire():
-        async with httpx.AsyncClient(base_url=url, timeout=120.0) as c:
-            return await asyncio.gather(*(stream_one(c, chat_body(f"calibrate-{i}", 8)) for i in range(n)))
-
-    results = asyncio.run(fire())
-    assert all(ok(x) and x["ttft"] for x in results), results
-    return statistics.mean(x["ttft"] for x in results)
 
 
 def canary_status(r: Router, name: str = "smol") -> dict:
@@ -188,30 +175,73 @@ def test_a_slowed_canary_is_rolled_back_within_one_window_and_units_stay_put(fle
           f"{rollback['detail']}")
 
 
-@pytest.mark.parametrize("mode", ["on", "dry_run"])
-def test_an_slo_breach_of_the_canary_group_rolls_it_back(fleet, mode):
+def calibrate_ttft_target(tmp_path, stable_url: str, canary_url: str, window_s: int) -> dict[str, float]:
+    """Both arms' mean TTFT through a router with the canary at 50% under
+    the tests' load (6 streams), the canary's own comparison off; the
+    target is their geometric mean, so the stable arm meets it and the
+    slowed canary does not, whatever this machine's load is now."""
+    d = tmp_path / "calibrate"
+    d.mkdir()
+    toml = canary_toml("[50, 100]", "5m", f"{window_s}s", min_samples=6, max_ratio=1000)
+    r = Router(d, groups_toml(stable_url, canary_url) + toml, wait_workers=2)
+    load = FleetLoad(r.url, concurrency=6, n_tokens=8)
+    try:
+        enough = lambda: (st := canary_status(r))["canary"]["requests"] >= 6 and st["stable"]["requests"] >= 6  # noqa: E731
+        wait_for(enough, window_s, interval=0.25, what="6 requests on each arm")
+        s = canary_status(r)
+    finally:
+        load.stop()
+        assert r.stop() == 0, r.log_tail()
+    stable, canary = s["stable"]["ttft_ms"]["mean"] / 1e3, s["canary"]["ttft_ms"]["mean"] / 1e3
+    assert canary > 1.3 * stable, f"the slowed worker is not slower here: {s['stable']} {s['canary']}"
+    return {"stable": stable, "canary": canary, "target": math.sqrt(stable * canary)}
+
+
+def test_an_slo_breach_of_the_canary_group_rolls_it_back(tmp_path, server_factory):
     """Section 4's "roll back a canary": the controller's own comparison is
     switched off (ratios of 1000), so only `[slo] canary_rollback` can act.
-    The TTFT target is calibrated on this machine now: the geometric mean
-    of each worker's mean TTFT under three concurrent streams, so the
-    stable group meets it and the slowed canary (which queues them) does
-    not. `on`: rolled back with reason `slo`; `dry_run`: reported in the
-    event log and counted, the share unchanged."""
+    The TTFT target is calibrated first, through the router under the same
+    load (`calibrate_ttft_target`). `dry_run`: the breach is reported in the
+    event log and counted, the share unchanged, no request fails. `on`:
+    rolled back with reason `slo` within one window, no request fails, each
+    unit keeps its arm until the rollback and goes to stable after."""
     window_s = 30
-    targets: dict[str, float] = {}
-
-    def config(stable_url: str, canary_url: str) -> str:
-        stable, canary = loaded_ttft(stable_url), loaded_ttft(canary_url)
-        target = max(math.sqrt(stable * canary), 1.5 * stable)
-        targets.update(stable=stable, canary=canary, target=target)
-        return (canary_toml("[50, 100]", "5m", f"{window_s}s", min_samples=6, max_ratio=1000) +
-                f'[slo]\nmode = "{mode}"\nttft_target = "{int(target * 1000)}ms"\n'
-                'min_samples = 5\ncanary_rollback = true\n')
-
-    r = fleet(SERVE_ARGS, SLOW_ARGS, config)
+    model_path()
+    stable, canary = server_factory(*SERVE_ARGS), server_factory(*SLOW_ARGS)
+    targets = calibrate_ttft_target(tmp_path, stable.url, canary.url, window_s)
     print(f"calibrated TTFT means (s): {targets}")
-    assert targets["canary"] > targets["target"], f"the slowed worker is not slower here: {targets}"
-    if mode == "on":
+
+    def router(mode: str) -> Router:
+        d = tmp_path / mode
+        d.mkdir()
+        return Router(d, groups_toml(stable.url, canary.url) +
+                      canary_toml("[50, 100]", "5m", f"{window_s}s", min_samples=6, max_ratio=1000) +
+                      f'[slo]\nmode = "{mode}"\nttft_target = "{int(targets["target"] * 1000)}ms"\n'
+                      'min_samples = 5\ncanary_rollback = true\n', wait_workers=2)
+
+    r = router("dry_run")
+    try:
+        load = FleetLoad(r.url, concurrency=6, n_tokens=8)
+        try:
+            wait_for(lambda: canary_status(r)["events"][-1]["kind"] == "slo_dry_run", window_s, interval=0.25,
+                     what="a dry-run report")
+            time.sleep(1)
+        finally:
+            results = load.stop()
+        final = canary_status(r)
+        assert all(ok(x) for x in results), [x for x in results if not ok(x)][:3]
+        assert (final["phase"], final["share"]) == ("running", 50.0), final["events"]
+        noted = [e for e in final["events"] if e["kind"] == "slo_dry_run"]
+        assert noted[0]["reason"] == "slo" and noted[0]["share"] == 50.0, final["events"]
+        m = r.metrics()
+        assert m.get("ingot_router_canary_slo_actions_total", canary="smol", mode="dry_run") == len(noted)
+        assert m.get("ingot_canary_rollbacks_total", 0.0, canary="smol", reason="slo") == 0.0
+        print(f"dry run: {noted[0]['detail']}")
+    finally:
+        assert r.stop() == 0, r.log_tail()
+
+    r = router("on")
+    try:
         s, results, started = run_until_rolled_back(r, window_s)
         rollback = s["events"][-1]
         assert [e["kind"] for e in s["events"]] == ["start", "rollback"], s["events"]
@@ -224,23 +254,8 @@ def test_an_slo_breach_of_the_canary_group_rolls_it_back(fleet, mode):
         assert m.get("ingot_router_canary_slo_actions_total", canary="smol", mode="on") == 1.0
         assert m.get("ingot_canary_share", canary="smol") == 0.0
         print(f"rolled back (slo) {rolled_at - started:.1f} s after the load started: {rollback['detail']}")
-        return
-    load = FleetLoad(r.url, concurrency=6, n_tokens=8)
-    try:
-        s = wait_for(lambda: (st := canary_status(r))["events"][-1]["kind"] == "slo_dry_run" and st,
-                     window_s, interval=0.25, what="a dry-run report")
-        time.sleep(2)
-        final = canary_status(r)
     finally:
-        results = load.stop()
-    assert all(ok(x) for x in results), [x for x in results if not ok(x)][:3]
-    assert (final["phase"], final["share"]) == ("running", 50.0), final["events"]
-    noted = [e for e in final["events"] if e["kind"] == "slo_dry_run"]
-    assert noted and noted[0]["reason"] == "slo" and noted[0]["share"] == 50.0, final["events"]
-    m = r.metrics()
-    assert m.get("ingot_router_canary_slo_actions_total", canary="smol", mode="dry_run") == len(noted)
-    assert m.get("ingot_canary_rollbacks_total", 0.0, canary="smol", reason="slo") == 0.0
-    print(f"dry run: {noted[0]['detail']}")
+        assert r.stop() == 0, r.log_tail()
 
 
 def test_a_healthy_canary_is_promoted_through_every_step(fleet):
