@@ -180,8 +180,14 @@ mod tests {
         let s = c.status(now);
         assert_eq!((s.phase, s.share), (Phase::RolledBack, 0.0));
         let last = s.events.last().expect("an event");
-        assert_eq!((last.kind, last.reason.as_deref()), ("rollback", Some("slo")));
-        assert!(last.detail.as_deref().is_some_and(|d| d.contains("breached")));
+        assert_eq!(
+            (last.kind, last.reason.as_deref()),
+            ("rollback", Some("slo"))
+        );
+        assert!(last
+            .detail
+            .as_deref()
+            .is_some_and(|d| d.contains("breached")));
         assert!((0..100).all(|i| c.arm_for(&format!("u{i}")) == 0));
     }
 

@@ -308,7 +308,13 @@ impl Canary {
         }
         run.slo_noted = true;
         let share = self.share();
-        self.transition(&mut run, "slo_dry_run", share, Some("slo".into()), Some(note));
+        self.transition(
+            &mut run,
+            "slo_dry_run",
+            share,
+            Some("slo".into()),
+            Some(note),
+        );
         true
     }
 
