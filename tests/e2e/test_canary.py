@@ -67,8 +67,11 @@ def test_a_slow_canary_is_rolled_back_under_load_with_no_failed_request(fleet):
         s = wait_for(lambda: (st := canary_status(r))["phase"] == "rolled_back" and st,
                      window_s, interval=0.25, what="an automatic rollback")
         rolled_at = time.monotonic()
-        # Keep the load on after the rollback: every request still served.
-        time.sleep(3)
+        # Keep the load on after the rollback (every request still served)
+        # until a few requests have started since (on a loaded machine 3 s
+        # can pass without one).
+        wait_for(lambda: sum(x["start"] > rolled_at + 0.5 for x in list(load.results)) >= 3, 60,
+                 interval=0.1, what="3 requests started after the rollback")
     finally:
         results = load.stop()
     failed = [x for x in results if not ok(x)]
@@ -120,8 +123,11 @@ def run_until_rolled_back(r: Router, window_s: float, concurrency: int = 6) -> t
                         for k in ("stable", "canary")}
                 raise AssertionError(f"no automatic rollback within {window_s} s: {st['events']} {arms}")
             time.sleep(0.25)
-        # Keep the load on after the rollback: every request still served.
-        time.sleep(3)
+        # Keep the load on after the rollback (every request still served)
+        # until a few requests have started since.
+        rolled_at = unix_to_monotonic(st["events"][-1]["at_unix_ms"])
+        wait_for(lambda: sum(x["start"] > rolled_at + 0.05 for x in list(load.results)) >= 3, 60,
+                 interval=0.1, what="3 requests started after the rollback")
     finally:
         results = load.stop()
     return canary_status(r), results, load.started
