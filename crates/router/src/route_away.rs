@@ -425,6 +425,12 @@ mod tests {
         );
         let ok = on().validate().expect("valid");
         assert_eq!(ok.ttft, Some(1.0));
+        assert!(!ok.canary_rollback, "off unless asked for");
+        let rollback = RouterSloSection {
+            canary_rollback: Some(true),
+            ..on()
+        };
+        assert!(rollback.validate().expect("valid").canary_rollback);
         assert_eq!(
             RouterSloSection::default().validate(),
             Ok(RouteAwayConfig::default())
