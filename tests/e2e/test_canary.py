@@ -1,17 +1,20 @@
 """Canary releases and A/B experiments in `ingot route`, against real
 `ingot serve` workers (the SmolLM2 test model) in two worker groups.
 
-"Measurably worse" is a real knob, not a fake: the worse worker runs with
-`--max-num-seqs 1`, so under concurrent load its requests queue behind one
-another and its TTFT is a multiple of the stable worker's (which batches
-up to 8); the failing one also has `--max-waiting 0`, a waiting queue with
-no room, so it refuses its requests (429) and the router retries each on
-the stable group: a canary failing its requests, yet no client request
-fails.
-(`--max-num-batched-tokens 16` was tried first: on the CPU backend chunked
-prefill costs about the same compute, so it was not measurably slower.)
-Loads are bounded: a few streams at a time, each test under a minute or
-two on CI's two cores."""
+"Measurably worse" is a real knob, not a fake (the flags are in
+fleet_load.py, shared with scripts/bench-canary): the failing canary runs
+with `--max-num-seqs 1 --max-waiting 0`, a waiting queue with no room, so it
+refuses its requests (429) and the router retries each on the stable group:
+a canary failing its requests, yet no client request fails. The slowed
+canary runs the exact f32 weights with `--max-num-seqs 1`: slower per token
+and its requests queue behind one another, so its TTFT is a multiple of the
+stable worker's (which batches up to 8), with no error (`--max-num-seqs 1`
+alone is not slower when both workers share two cores; see
+test_route_away.py). The A/B treatment is `--max-num-seqs 1` alone (a
+higher TTFT, a lower ITL). (`--max-num-batched-tokens 16` was tried first:
+on the CPU backend chunked prefill costs about the same compute, so it was
+not measurably slower.) Loads are bounded: a few streams at a time, each
+test under a minute or two on CI's two cores."""
 
 from __future__ import annotations
 
