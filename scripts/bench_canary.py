@@ -164,7 +164,8 @@ def main():
         if args.only in (None, "slowed"):
             # As tests/e2e/test_canary.py's slowed canary: the median compared.
             parts.append("### Rollback of a slowed canary\n\n" + run_canary(
-                tmp, SLOW_ARGS, canary_toml("[50, 100]", "5m", "30s", min_samples=6, quantile=0.5, significance=0.05),
+                tmp, SLOW_ARGS, canary_toml("[50, 100]", "5m", "30s", min_samples=6, quantile=0.5, significance=0.05,
+                                      max_ratio=1.25),
                 {"rolled_back"}, concurrency=6, n_tokens=8))
         if args.only in (None, "promote"):
             parts.append("### Promotion of a healthy canary\n\n" + run_canary(

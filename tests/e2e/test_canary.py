@@ -157,15 +157,18 @@ def test_a_slowed_canary_is_rolled_back_within_one_window_and_units_stay_put(fle
     """Acceptance 2 with a *slower* canary (f32 weights, one sequence at a
     time: a TTFT/ITL regression, no errors) at 50%: rolled back by the
     controller's own comparison (Welch at p = 0.05 and the median ratio
-    over 1.5: both must hold, so noise alone does not roll back) within one
-    window of the load's start. The median, not the p95: on a loaded 2-core
+    over 1.25: both must hold, so noise alone does not roll back) within one
+    window of the load's start. On a quiet machine the canary's median TTFT
+    was only about 1.5 times stable's (its f32 compute slows the stable
+    worker on the shared cores too), so 1.5 would be a coin toss. The median, not the p95: on a loaded 2-core
     machine a few stable requests stall too, and the p95 of a few dozen
     samples is one of them. A slowed canary answers few requests per
     window (its requests queue), so the test's bar is p = 0.05 on those
     few rather than the default 0.01."""
     window_s = 30
     r = fleet(SERVE_ARGS, SLOW_ARGS,
-              canary_toml("[50, 100]", "5m", f"{window_s}s", min_samples=6, quantile=0.5, significance=0.05))
+              canary_toml("[50, 100]", "5m", f"{window_s}s", min_samples=6, quantile=0.5,
+                          significance=0.05, max_ratio=1.25))
     s, results, started = run_until_rolled_back(r, window_s)
     rollback = s["events"][-1]
     assert [e["kind"] for e in s["events"]] == ["start", "rollback"], s["events"]
