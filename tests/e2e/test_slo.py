@@ -249,8 +249,8 @@ def adaptive_batching_run(srv, cfg: Path, model: str, seconds: float) -> Batchin
         capacity = (BUDGET - STREAMS) / prompt_tokens / full
         rate = RATE_SHARE * capacity
         cap = max(4, round(3 * rate))
-        window = min(max(seconds, 8 * full), 3 * seconds)
-        settle = max(seconds / 3, 3 * full)
+        window = min(max(seconds, 8 * full), 2 * seconds)
+        settle = max(seconds / 3, 2 * full)
 
         def paced(r: float) -> tuple[list[float], int]:
             with PacedPrefill(srv.url, r, cap) as load:
