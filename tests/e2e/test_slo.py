@@ -234,8 +234,8 @@ def adaptive_batching_run(srv, cfg: Path, model: str, seconds: float) -> Batchin
     http = srv.http()
     write_config(cfg, 10_000, "off")
     reload(http)
+    # The paced prompts' length (number 0 is never paced: no prefix-cache hit).
     r = http.post("/v1/completions", json={"prompt": f"[paced 0] {PREFILL_PROMPT}", "max_tokens": 1})
-    # (the same length as the paced ones; a repeat would hit the prefix cache)
     assert r.status_code == 200, r.text
     prompt_tokens = r.json()["usage"]["prompt_tokens"]
     with long_streams(srv.url, STREAMS) as streams:
@@ -252,8 +252,8 @@ def adaptive_batching_run(srv, cfg: Path, model: str, seconds: float) -> Batchin
         window = min(max(seconds, 8 * full), 2 * seconds)
         settle = max(seconds / 3, 2 * full)
 
-        def paced(r: float) -> tuple[list[float], int]:
-            with PacedPrefill(srv.url, r, cap) as load:
+        def paced(per_s: float) -> tuple[list[float], int]:
+            with PacedPrefill(srv.url, per_s, cap) as load:
                 time.sleep(settle)
                 return gaps_for(streams, window), load.skipped
 
