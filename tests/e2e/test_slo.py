@@ -26,7 +26,7 @@ REACTION_S = 10.0  # the configured reaction time the SLO must be met within
 WINDOW = "3s"
 
 
-def write_config(path: Path, target_ms: float, mode: str, extra: str = "") -> None:
+def write_config(path: Path, target_ms: float, mode: str, extra: str = "", window: str = WINDOW) -> None:
     path.write_text(f"""
 [[slo]]
 name = "high_ttft"
@@ -34,7 +34,7 @@ tier = "high"
 metric = "ttft"
 quantile = 0.9
 target = "{target_ms:.0f}ms"
-window = "{WINDOW}"
+window = "{window}"
 min_samples = 3
 
 [remediation]
