@@ -164,7 +164,7 @@ def test_shed_answer_is_an_openai_error(server_factory, model_name, tmp_path):
 STREAMS = 4  # measured streams: their decodes share every step with the prefill chunks
 BUDGET = 64  # the configured step token budget: one paced prompt (~60 tokens) fills a step
 RATE_SHARE = 0.65  # R as a share of the prefill rate the fixed budget sustains; 2R overloads it
-TARGET_SHARE = 0.5  # the target: halfway from the decode-only to the full-step gap (clear of min_tokens)
+TARGET_SHARE = 0.5  # the target: halfway from the decode-only gap to the fixed budget's at 2R
 
 
 @dataclass
@@ -211,16 +211,16 @@ def token_budget(http: httpx.Client, model: str) -> int | None:
 
 def wait_budget_settled(http: httpx.Client, model: str, quiet: float, limit: float) -> float:
     """Polls the budget in force until it has not changed for `quiet`
-    seconds (after at least one change) or `limit` passed; returns when it
-    last changed (seconds from the start)."""
+    seconds after a first cut under BUDGET, or `limit` passed; returns when
+    it last changed (seconds from the start)."""
     t0 = last_change = time.monotonic()
-    first = budget = token_budget(http, model)
+    budget = BUDGET
     while time.monotonic() - t0 < limit:
         time.sleep(0.25)
-        now = token_budget(http, model)
+        now = token_budget(http, model) or BUDGET  # None until the first evaluation
         if now != budget:
             budget, last_change = now, time.monotonic()
-        if budget != first and time.monotonic() - last_change >= quiet:
+        if budget < BUDGET and time.monotonic() - last_change >= quiet:
             break
     return last_change - t0
 
@@ -228,9 +228,10 @@ def wait_budget_settled(http: httpx.Client, model: str, quiet: float, limit: flo
 def adaptive_batching_run(srv, cfg: Path, model: str, seconds: float) -> BatchingRun:
     """Calibrates on this machine (the streams' gap alone and with every step
     full; the prompt rate the fixed budget sustains), then measures the
-    streams' inter-token gaps under a paced prefill load at R and 2R with the
-    fixed budget, and at 2R with the controller steering. Phases last
-    `seconds`, longer on a slow machine (enough full steps to judge)."""
+    streams' inter-token gaps under a paced prefill load at 2R (raising R
+    while its steps are not full) and R with the fixed budget, and at 2R
+    with the controller steering. Phases last `seconds`, longer on a slow
+    machine (enough full steps to judge)."""
     http = srv.http()
     write_config(cfg, 10_000, "off")
     reload(http)
@@ -257,9 +258,16 @@ def adaptive_batching_run(srv, cfg: Path, model: str, seconds: float) -> Batchin
                 time.sleep(settle)
                 return gaps_for(streams, window), load.skipped
 
-        fixed_r, _ = paced(rate)
         fixed_2r, skipped = paced(2 * rate)
-        target = decode + TARGET_SHARE * (full - decode)
+        for _ in range(2):
+            if median(fixed_2r) >= 0.8 * full:
+                break
+            # Steps not full at 2R: the calibration caught a slow moment.
+            rate *= 1.5
+            fixed_2r, skipped = paced(2 * rate)
+        fixed_r, _ = paced(rate)
+        # Halfway between the decode-only gap and the one the fixed budget gives at 2R.
+        target = decode + TARGET_SHARE * (median(fixed_2r) - decode)
         write_config(cfg, 10_000, "on", batching_config(target, max(3.0, 5 * full)))
         reload(http)
         with PacedPrefill(srv.url, 2 * rate, cap) as load:
