@@ -22,7 +22,7 @@ import pytest
 from ingot_e2e import assert_error, wait_for
 from slo_load import PREFILL_PROMPT, PacedPrefill, Prober, long_streams, low_overload, median, prefill_load, probe, quantile
 
-REACTION_S = 10.0  # the configured reaction time the SLO must be met within
+REACTION_S = 10.0  # the reaction time allowed with the 3 s window (3 × the window when it is longer)
 WINDOW = "3s"
 
 
@@ -81,14 +81,20 @@ def test_overload_is_shed_and_high_ttft_recovers(server_factory, model_name, tmp
         time.sleep(2.0)
         t_loaded = time.monotonic()
         time.sleep(3.0)
+        wait_for(lambda: len(prober.since(t_loaded)) >= 3, 60, 0.1, what="three loaded probes")
         loaded = quantile(prober.since(t_loaded), 0.9)
         assert loaded > 3 * base, f"the overload must push high TTFT up: {base=:.3f} {loaded=:.3f}"
         target = (base * loaded) ** 0.5 * 1e3
+        # The SLO window holds a few loaded probes even on a slow machine
+        # (else nothing is judged); the reaction time allowed grows with it.
+        window_s = max(3.0, 2 * loaded)
+        window = f"{window_s*1e3:.0f}ms"
+        reaction = max(REACTION_S, 3 * window_s)
         # Dry run: decided and reported, nothing refused.
-        write_config(cfg, target, "dry_run")
+        write_config(cfg, target, "dry_run", window=window)
         t_dry = time.monotonic()
         reload(http)
-        events = wait_for(lambda: [e for e in report(http)["events"] if e["action"] == "shed"], 10, 0.25,
+        events = wait_for(lambda: [e for e in report(http)["events"] if e["action"] == "shed"], reaction, 0.25,
                           what="a dry-run shed decision")
         assert events[0]["applied"] is False and events[0]["direction"] == "apply", events
         rep = report(http)
@@ -101,11 +107,11 @@ def test_overload_is_shed_and_high_ttft_recovers(server_factory, model_name, tmp
         assert m.get("ingot_remediation_actions_total", action="shed", direction="apply", mode="dry_run") >= 1
         assert m.get("ingot_slo_compliance", slo="high_ttft", tier="high") == 0
         # On: the low tier is shed and the SLO is met again in time.
-        write_config(cfg, target, "on")
+        write_config(cfg, target, "on", window=window)
         t_on = time.monotonic()
         reload(http)
         try:
-            wait_for(lambda: compliance(http) == 1.0, REACTION_S, 0.25, what="the high-tier SLO met again")
+            wait_for(lambda: compliance(http) == 1.0, reaction, 0.25, what="the high-tier SLO met again")
         except AssertionError as e:
             recent = [round(v, 3) for v in prober.since(t_on)]
             raise AssertionError(f"{e}; {target=:.0f} ms; TTFTs since on: {recent}; {report(http)}") from None
