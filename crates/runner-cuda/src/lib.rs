@@ -445,6 +445,7 @@ impl CudaRunner {
                 tokens: &ids,
                 start_pos: 0,
                 block_table: &table,
+                group_tables: &[],
             }],
             expect_next: false,
             score: Vec::new(),
@@ -952,6 +953,7 @@ mod speculation_tests {
                     tokens: std::slice::from_ref(&IDS[r]),
                     start_pos: SPEC[r].0,
                     block_table: &TABLES[r],
+                    group_tables: &[],
                 })
                 .collect(),
             ..Default::default()
