@@ -165,7 +165,10 @@ impl KvLayout {
     /// The longest sequence a pool of `num_pages` can always run, computed
     /// in chunks of at most `max_chunk` positions.
     pub fn capacity_tokens(&self, num_pages: usize, block_size: usize, max_chunk: usize) -> usize {
-        let (mut lo, mut hi) = (0usize, num_pages.saturating_mul(block_size).saturating_add(1));
+        let (mut lo, mut hi) = (
+            0usize,
+            num_pages.saturating_mul(block_size).saturating_add(1),
+        );
         while lo + 1 < hi {
             let mid = lo + (hi - lo) / 2;
             if self.max_pages(mid, block_size, max_chunk) <= num_pages {
@@ -184,9 +187,7 @@ mod tests {
 
     /// Gemma 3 270M: 18 layers, every sixth global, window 512.
     fn gemma() -> KvLayout {
-        let windows: Vec<_> = (0..18)
-            .map(|l| ((l + 1) % 6 != 0).then_some(512))
-            .collect();
+        let windows: Vec<_> = (0..18).map(|l| ((l + 1) % 6 != 0).then_some(512)).collect();
         KvLayout::from_windows(&windows)
     }
 

@@ -747,7 +747,13 @@ mod tests {
         let mut small = two_groups(10);
         let mut t = small.new_tables();
         let err = small.reserve_groups(&mut t, 0, 16).unwrap_err();
-        assert_eq!(err, OutOfBlocks { needed: 12, free: 10 });
+        assert_eq!(
+            err,
+            OutOfBlocks {
+                needed: 12,
+                free: 10
+            }
+        );
         assert_eq!(small.num_in_use(), 0);
     }
 

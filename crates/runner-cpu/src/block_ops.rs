@@ -77,7 +77,7 @@ impl CpuOps<'_, '_> {
         if let Some(bias) = l.qkv_bias.as_ref().filter(|_| spec.qkv_bias) {
             ops::add_bias(&mut ws.qkv[..t * qkv_w], bias);
         }
-        for row in 0..t {
+        for (row, token) in sites.iter().enumerate().take(t) {
             let r = &mut ws.qkv[row * qkv_w..(row + 1) * qkv_w];
             let (q, rest) = r.split_at_mut(qd);
             let (k, v) = rest.split_at_mut(kvd);
@@ -85,14 +85,14 @@ impl CpuOps<'_, '_> {
                 ops::rms_norm_heads_in_place(q, qn, c.rms_norm_eps);
                 ops::rms_norm_heads_in_place(k, kn, c.rms_norm_eps);
             }
-            let p = ws.positions[row];
+            let p = token.pos;
             let (cos, sin) = (
                 &cos_table[p * half..(p + 1) * half],
                 &sin_table[p * half..(p + 1) * half],
             );
             ops::rope_in_place(q, hd, cos, sin);
             ops::rope_in_place(k, hd, cos, sin);
-            let block = sites[row].block_table[(p / bs) * site.pages_per_block + site.part];
+            let block = token.block_table[(p / bs) * site.pages_per_block + site.part];
             let slot = block as usize * bs + p % bs;
             kv.k[slot * kvd..(slot + 1) * kvd].copy_from_slice(k);
             kv.v[slot * kvd..(slot + 1) * kvd].copy_from_slice(v);

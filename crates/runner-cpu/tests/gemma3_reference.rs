@@ -182,8 +182,12 @@ fn gemma3_frees_sliding_blocks_and_still_matches_the_reference_over_several_wind
     // than the pool has. Only freeing makes the sequence fit.
     let total = prompt.len() + want.len();
     let layout = runner.kv_layout();
-    let shared = total.div_ceil(BLOCK_SIZE) * (layout.pages_per_block(0) + layout.pages_per_block(1));
-    assert!(shared > runner.kv_cache_shape().num_blocks, "{shared} pages would fit");
+    let shared =
+        total.div_ceil(BLOCK_SIZE) * (layout.pages_per_block(0) + layout.pages_per_block(1));
+    assert!(
+        shared > runner.kv_cache_shape().num_blocks,
+        "{shared} pages would fit"
+    );
     let mut failures = Vec::new();
     for chunk in [200, 512] {
         let mut pool = pool_of(&runner, false);
@@ -198,7 +202,11 @@ fn gemma3_frees_sliding_blocks_and_still_matches_the_reference_over_several_wind
     let mut pool = pool_of(&runner, true);
     let (first, ..) = greedy(&mut runner, &mut pool, &prompt, want.len(), 256);
     let (again, _, hit) = greedy(&mut runner, &mut pool, &prompt, want.len(), 256);
-    assert_eq!(hit, (prompt.len() - 1) / BLOCK_SIZE * BLOCK_SIZE, "prefix hit");
+    assert_eq!(
+        hit,
+        (prompt.len() - 1) / BLOCK_SIZE * BLOCK_SIZE,
+        "prefix hit"
+    );
     for (name, got) in [("first", first), ("from the prefix cache", again)] {
         if got != want {
             failures.push(format!("{name}: got {got:?}, want {want:?}"));

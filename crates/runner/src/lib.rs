@@ -82,8 +82,12 @@ impl<'a> SequenceChunk<'a> {
 /// empty pool of the runner's size.
 pub fn solo_tables(runner: &dyn ModelRunner, len: usize) -> Result<Vec<BlockTable>, RunnerError> {
     let shape = runner.kv_cache_shape();
-    let mut pool =
-        ingot_kv_cache::BlockPool::with_layout(shape.num_blocks, shape.block_size, runner.kv_layout(), false);
+    let mut pool = ingot_kv_cache::BlockPool::with_layout(
+        shape.num_blocks,
+        shape.block_size,
+        runner.kv_layout(),
+        false,
+    );
     let mut tables = pool.new_tables();
     pool.reserve_groups(&mut tables, 0, len)
         .map_err(|e| RunnerError::InvalidBatch(e.to_string()))?;

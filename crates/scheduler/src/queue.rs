@@ -878,9 +878,7 @@ mod tests {
     /// Gemma 3 270M's groups (18 layers, every sixth global, window 512)
     /// over `pages` pages of 16 positions.
     fn gemma_sched(pages: usize, budget: usize) -> Scheduler {
-        let windows: Vec<_> = (0..18)
-            .map(|l| ((l + 1) % 6 != 0).then_some(512))
-            .collect();
+        let windows: Vec<_> = (0..18).map(|l| ((l + 1) % 6 != 0).then_some(512)).collect();
         let layout = ingot_kv_cache::KvLayout::from_windows(&windows);
         let config = SchedulerConfig {
             max_num_batched_tokens: budget,
