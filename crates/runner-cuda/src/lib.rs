@@ -451,6 +451,7 @@ impl CudaRunner {
                 tokens: &ids,
                 start_pos: 0,
                 block_table: &table,
+                group_tables: &[],
             }],
             expect_next: false,
             score: Vec::new(),
@@ -958,6 +959,7 @@ mod speculation_tests {
                     tokens: std::slice::from_ref(&IDS[r]),
                     start_pos: SPEC[r].0,
                     block_table: &TABLES[r],
+                    group_tables: &[],
                 })
                 .collect(),
             ..Default::default()
