@@ -6,7 +6,8 @@ model) behind `ingot route`, printed as markdown for docs/benchmarks.md.
    each on stable) at steps [25, 50, 100] under 4 concurrent streams: the
    share over time, both arms' client-side TTFT p50 and failures per 2 s
    (by the arm that answered), the router's per-arm error rates in the
-   event log, the rollback.
+   event log, the rollback. Then a slowed one (f32 weights, one sequence
+   at a time: slower, never failing) at 50% under 6 streams.
 2. Promotion: the same with an identical canary worker: every step, then
    promoted.
 3. A/B: an experiment between a default worker (arm a) and one with
@@ -31,31 +32,13 @@ sys.path.insert(0, str(REPO / "tests" / "e2e"))
 
 import httpx2 as httpx  # noqa: E402
 
-from fleet_load import FleetLoad, chat_body, ok  # noqa: E402
+from fleet_load import (FAILING_ARGS, QUEUEING_ARGS, SERVE_ARGS, SLOW_ARGS, FleetLoad,  # noqa: E402
+                        canary_toml, groups_toml, ok)
 from ingot_e2e import Router, Server, model_path  # noqa: E402
-
-KV = ("--kv-cache-tokens", "4096")
-SERVE_ARGS = (*KV, "--max-num-seqs", "8")
-SLOW_ARGS = (*KV, "--max-num-seqs", "1")
-FAILING_ARGS = (*SLOW_ARGS, "--max-waiting", "0")
-CANARY = """
-[[canary]]
-name = "smol"
-stable_group = "stable"
-canary_group = "canary"
-steps = {steps}
-step_duration = "{step}"
-window = "40s"
-eval_interval = "250ms"
-min_samples = 6
-significance = 0.01
-max_ttft_ratio = 1.5
-"""
 
 
 def groups(stable: Server, canary: Server) -> str:
-    return (f'[[workers.groups]]\nname = "stable"\nurls = ["{stable.url}"]\n'
-            f'[[workers.groups]]\nname = "canary"\nurls = ["{canary.url}"]\n')
+    return groups_toml(stable.url, canary.url)
 
 
 def poll(router: Router, stop: threading.Event, out: list):
@@ -65,11 +48,12 @@ def poll(router: Router, stop: threading.Event, out: list):
         time.sleep(0.5)
 
 
-def timeline(router: Router, until: set[str], extra_s: float, limit_s: float) -> tuple[list, dict, float]:
+def timeline(router: Router, until: set[str], extra_s: float, limit_s: float,
+             concurrency: int = 4, n_tokens: int = 12) -> tuple[list, dict, float]:
     shares: list = []
     stop = threading.Event()
     poller = threading.Thread(target=poll, args=(router, stop, shares), daemon=True)
-    load = FleetLoad(router.url, concurrency=4)
+    load = FleetLoad(router.url, concurrency=concurrency, n_tokens=n_tokens)
     poller.start()
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
@@ -109,12 +93,12 @@ def table(results: list, shares: list, t0: float, events: list) -> str:
     return "\n".join(rows)
 
 
-def run_canary(tmp: Path, canary_args, step: str, steps: str, until: set[str]) -> str:
-    stable, canary = Server(*SERVE_ARGS), Server(*canary_args)
+def run_canary(tmp: Path, canary_args, canary: str, until: set[str], **load) -> str:
+    stable, canary_worker = Server(*SERVE_ARGS), Server(*canary_args)
     try:
-        router = Router(tmp, groups(stable, canary) + CANARY.format(step=step, steps=steps), wait_workers=2)
+        router = Router(tmp, groups(stable, canary_worker) + canary, wait_workers=2)
         try:
-            results, status, t0 = timeline(router, until, extra_s=4.0, limit_s=150)
+            results, status, t0 = timeline(router, until, extra_s=4.0, limit_s=150, **load)
             failed = sum(not ok(r) for r in results)
             head = (f"{len(results)} requests, {failed} failed; final phase **{status['phase']}**, "
                     f"share {status['share']}%, stable group `{status['stable_group']}`.\n\n")
@@ -123,11 +107,11 @@ def run_canary(tmp: Path, canary_args, step: str, steps: str, until: set[str]) -
             router.stop()
     finally:
         stable.stop()
-        canary.stop()
+        canary_worker.stop()
 
 
 def run_ab(tmp: Path) -> str:
-    stable, slow = Server(*SERVE_ARGS), Server(*SLOW_ARGS)
+    stable, slow = Server(*SERVE_ARGS), Server(*QUEUEING_ARGS)
     cfg = groups(stable, slow) + """
 [[experiments]]
 id = "batching"
@@ -168,16 +152,24 @@ arms = [{name = "default", group = "stable"}, {name = "small_budget", group = "c
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=None, help="also write the markdown here")
-    ap.add_argument("--only", choices=["rollback", "promote", "ab"], default=None)
+    ap.add_argument("--only", choices=["rollback", "slowed", "promote", "ab"], default=None)
     args = ap.parse_args()
     model_path()
     parts = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if args.only in (None, "rollback"):
-            parts.append("### Rollback of a failing canary\n\n" + run_canary(tmp, FAILING_ARGS, "60s", "[25, 50, 100]", {"rolled_back"}))
+            parts.append("### Rollback of a failing canary\n\n" + run_canary(
+                tmp, FAILING_ARGS, canary_toml("[25, 50, 100]", "60s"), {"rolled_back"}))
+        if args.only in (None, "slowed"):
+            # As tests/e2e/test_canary.py's slowed canary: the median compared.
+            parts.append("### Rollback of a slowed canary\n\n" + run_canary(
+                tmp, SLOW_ARGS, canary_toml("[50, 100]", "5m", "30s", min_samples=6, quantile=0.5, significance=0.05,
+                                      max_ratio=1.25),
+                {"rolled_back"}, concurrency=6, n_tokens=8))
         if args.only in (None, "promote"):
-            parts.append("### Promotion of a healthy canary\n\n" + run_canary(tmp, SERVE_ARGS, "6s", "[5, 25, 50, 100]", {"promoted", "rolled_back"}))
+            parts.append("### Promotion of a healthy canary\n\n" + run_canary(
+                tmp, SERVE_ARGS, canary_toml("[5, 25, 50, 100]", "6s"), {"promoted", "rolled_back"}))
         if args.only in (None, "ab"):
             parts.append("### A/B report\n\n" + run_ab(tmp))
     text = "\n\n".join(parts) + "\n"

@@ -11,7 +11,14 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const SOURCES: &[&str] = &["elementwise", "rope", "attention", "gemv", "sampling"];
+const SOURCES: &[&str] = &[
+    "elementwise",
+    "rope",
+    "attention",
+    "gemv",
+    "sampling",
+    "encoder",
+];
 
 fn main() {
     println!("cargo:rerun-if-changed=cuda");

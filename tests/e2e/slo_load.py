@@ -1,10 +1,13 @@
 """Load shapes for the SLO remediation tests and scripts/bench-slo: a
-low-priority overload of long prompts, a high-priority TTFT prober, and
-streaming clients whose inter-token gaps are measured. Real HTTP clients
-(httpx) against a real `ingot serve`."""
+low-priority overload of long prompts, a high-priority TTFT prober,
+streaming clients whose inter-token gaps are measured, and an open-loop
+(paced) prefill load. Real HTTP clients (httpx) against a real
+`ingot serve`."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import statistics
 import threading
@@ -14,6 +17,15 @@ import httpx
 
 # About 300 tokens: its prefill fills most of a step's token budget.
 LONG_PROMPT = " ".join(f"Item {i}: the quick brown fox jumps over the lazy dog." for i in range(24))
+# About 60 tokens: one fills a step of a 64-token budget (the CPU's prefill
+# costs a large share of a decode step per token, so short steps keep the
+# adaptive-batching run short).
+PREFILL_PROMPT = " ".join(f"Item {i}: the quick brown fox jumps over the lazy dog." for i in range(4))
+
+
+# Numbers every prompt sent, across loads: a repeated prompt would be served
+# from the prefix cache instead of prefilled.
+_PROMPT_IDS = itertools.count(1)
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -52,10 +64,8 @@ class Background:
 
     def _loop(self, i: int) -> None:
         with httpx.Client(base_url=self.url, timeout=120) as c:
-            n = 0
             while not self.stop_flag.is_set():
-                body = {**self.body, "prompt": f"[{i}.{n}] {self.body['prompt']}"}
-                n += 1
+                body = {**self.body, "prompt": f"[{i}.{next(_PROMPT_IDS)}] {self.body['prompt']}"}
                 try:
                     if self.stream:
                         self._one_stream(c, body)
@@ -79,6 +89,8 @@ class Background:
         last = None
         with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
             for line in r.iter_lines():
+                if self.stop_flag.is_set():
+                    break  # leaving the block closes the stream: the server aborts it
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 now = time.monotonic()
@@ -159,17 +171,85 @@ def low_overload(url: str, clients: int) -> Background:
                                      "temperature": 0})
 
 
-def streamers(url: str, clients: int, max_tokens: int = 64) -> Background:
-    """Streaming normal-tier clients with short prompts; their inter-token
-    gaps are kept."""
-    return Background(url, clients, {"prompt": "Count slowly:", "max_tokens": max_tokens, "temperature": 0},
-                      stream=True)
+def prefill_load(url: str, clients: int, prompt: str = PREFILL_PROMPT) -> Background:
+    """Closed loop: each client sends a prompt (one output token) as soon as
+    its last is answered, so prefill work always waits and every step is
+    full."""
+    return Background(url, clients, {"prompt": prompt, "max_tokens": 1, "temperature": 0})
 
 
-def prefill_load(url: str, clients: int) -> Background:
-    """Long prompts, one output token each: work that shares every step's
-    token budget with the streams (the load that doubles)."""
-    return Background(url, clients, {"prompt": LONG_PROMPT, "max_tokens": 1, "temperature": 0})
+def long_streams(url: str, clients: int) -> Background:
+    """Streaming high-tier clients that run for the whole measurement (no
+    end of text, many tokens), so every step holds their decodes and none
+    waits behind the prefill backlog to restart; their gaps are kept."""
+    return Background(url, clients, {"prompt": "Count slowly:", "max_tokens": 512, "ignore_eos": True,
+                                     "temperature": 0, "priority": "high"}, stream=True)
+
+
+class PacedPrefill:
+    """Open-loop prefill load: long prompts (one output token each) sent at
+    `rate` per second on a fixed schedule, whatever the server's speed. (A
+    closed loop slows down with the server and keeps work waiting at any
+    client count, so every step is full at any load.) At most `cap` are in
+    flight: an arrival over it is skipped and counted, so an overload's
+    backlog stays bounded. Stopping cancels what is in flight (the server
+    aborts those requests)."""
+
+    def __init__(self, url: str, rate: float, cap: int, prompt: str = PREFILL_PROMPT):
+        self.url, self.rate, self.cap, self.prompt = url, rate, cap, prompt
+        self.stop_flag = threading.Event()
+        self.lock = threading.Lock()
+        self.done: list[tuple[float, int]] = []  # (time, status)
+        self.skipped = 0
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    def __enter__(self) -> "PacedPrefill":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_flag.set()
+        self.thread.join(timeout=60)
+
+    async def _main(self) -> None:
+        limits = httpx.Limits(max_connections=self.cap + 2)
+        async with httpx.AsyncClient(base_url=self.url, timeout=120, limits=limits) as c:
+            tasks: set[asyncio.Task] = set()
+            due = time.monotonic()
+            while not self.stop_flag.is_set():
+                wait = due - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(min(wait, 0.05))
+                    continue
+                due += 1 / self.rate
+                tasks = {t for t in tasks if not t.done()}
+                if len(tasks) >= self.cap:
+                    self.skipped += 1
+                    continue
+                tasks.add(asyncio.create_task(self._one(c, next(_PROMPT_IDS))))
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _one(self, c: httpx.AsyncClient, n: int) -> None:
+        body = {"prompt": f"[paced {n}] {self.prompt}", "max_tokens": 1, "temperature": 0, "stream": True}
+        try:
+            async with c.stream("POST", "/v1/completions", json=body) as r:
+                async for _ in r.aiter_lines():
+                    pass
+                status = r.status_code
+        except httpx.HTTPError:
+            status = 0
+        with self.lock:
+            self.done.append((time.monotonic(), status))
+
+    def completed_since(self, t0: float) -> int:
+        with self.lock:
+            return sum(1 for t, s in self.done if t >= t0 and s == 200)
+
+    def codes(self) -> list[int]:
+        with self.lock:
+            return [s for _, s in self.done]
 
 
 def median(values: list[float]) -> float:

@@ -294,3 +294,76 @@ def test_redis_outage_loses_no_request_and_sharing_resumes(fleet):
     assert post(b.url, body).headers["x-ingot-cache"] == "hit"
     # The router still sees both workers (they re-registered by themselves).
     fleet["router"].wait_workers(2, timeout=10)
+
+
+def routed(router: Router, system: str, question: str) -> str:
+    """Sends a chat with `system` as its prefix through `router`; the worker
+    that answered."""
+    body = chat(question, max_tokens=2)
+    body["messages"].insert(0, {"role": "system", "content": system})
+    r = post(router.url, body)
+    assert r.status_code == 200, r.text
+    return r.headers["x-ingot-worker"]
+
+
+def test_two_routers_agree_through_the_shared_prefix_index(fleet, tmp_path):
+    """Section 1's shared prefix index: routers A and B (policy
+    prefix_cache) list the same two workers in opposite orders, so for a
+    prefix neither has seen, each would pick its own first worker. A long
+    prefix sent through A lands on A's first worker W; through B it goes to
+    W as well (B's fallback would have been the other one, as a new prefix
+    through B shows), and W's prefix cache serves it. With the index's
+    Redis stopped, B routes from its local index and fails nothing."""
+    a, b = fleet["servers"]
+    index = Redis()  # the routers' own: stopping it leaves the fixture's alone
+    namespace = "prefix-" + uuid.uuid4().hex[:8]
+
+    def start(name: str, order: list[Server]) -> Router:
+        d = tmp_path / name
+        d.mkdir()
+        urls = ", ".join(f'"{s.url}"' for s in order)
+        return Router(d, f"""
+policy = "prefix_cache"
+[workers]
+urls = [{urls}]
+[health]
+interval = "200ms"
+[redis]
+url = "{index.url}"
+namespace = "{namespace}"
+share_prefix_index = true
+retry_after = "300ms"
+""", wait_workers=2)
+
+    routers: list[Router] = []
+    try:
+        ra = start("a", [a, b])
+        routers.append(ra)
+        rb = start("b", [b, a])
+        routers.append(rb)
+        tag = uuid.uuid4().hex[:6]
+        prefix = f"You are the support assistant of tenant {tag}. Answer in one word. " * 12
+        other = f"You are the billing assistant of tenant {tag}. Be brief and polite. " * 12
+        w = routed(ra, prefix, "Question one.")
+        assert w == a.url, f"A's fallback for a new prefix is its first worker: {w}"
+        wait_for(lambda: index.cli("--scan", "--pattern", f"{namespace}:prefix:*"), 5, interval=0.05,
+                 what="router A recording the prefix in Redis")
+        hits = metric(a, "ingot_prefix_cache_hits_total")
+        for q in ("Question two.", "Question three."):
+            assert routed(rb, prefix, q) == w, "B follows A's placement from the shared index"
+        assert metric(a, "ingot_prefix_cache_hits_total") > hits, "W's prefix cache served B's requests"
+        # B on its own (a prefix nobody placed) picks its first worker: the
+        # agreement above came from the index, not from B's order.
+        assert routed(rb, other, "Question one.") == b.url
+        index.stop()
+        answered = [routed(rb, prefix, "Question four."), routed(rb, other, "Question two."),
+                    routed(rb, f"A third tenant {tag} with a prompt of its own. " * 12, "Hi.")]
+        assert answered[:2] == [w, b.url], f"B's local index still places both prefixes: {answered}"
+        m = rb.metrics()
+        assert m.get("ingot_redis_up") == 0.0
+        assert m.get("ingot_redis_errors_total", 0.0) >= 1, "the outage was noticed (and logged)"
+        assert routed(ra, prefix, "Question five.") == w
+    finally:
+        rcs = [r.stop() for r in routers]
+        index.stop()
+    assert rcs == [0] * len(routers), [r.log_tail() for r in routers]

@@ -9,6 +9,12 @@ vocabulary, no chat template) served by the real binary on the CPU.
   included) as the reference tokenizer does.
 - The long prompt sent twice reads its KV from the prefix cache the second
   time and still gives the reference's tokens.
+- Sliding-window KV freeing: a prompt several windows long (1,670 tokens,
+  tests/fixtures/gemma3/long.json) prefilled in 256-token chunks and decoded
+  across further window edges gives the reference's tokens, sent twice (the
+  second time from the prefix cache); while it decodes, the KV usage gauge
+  shows the sliding layers holding about a window of blocks, well under what
+  one shared table would hold.
 - The default (native quantized) server answers completions, streams, and
   refuses chat with a 400 that says the model has no chat template.
 """
@@ -23,6 +29,7 @@ import pytest
 from ingot_e2e import REPO, Server, assert_error
 
 FIXTURES = REPO / "tests" / "fixtures" / "gemma3" / "expected.json"
+LONG = REPO / "tests" / "fixtures" / "gemma3" / "long.json"
 NAME = "gemma3"
 
 
@@ -93,6 +100,62 @@ def test_long_prompt_from_the_prefix_cache_gives_the_same_tokens(exact):
         assert r.json()["choices"][0]["text"] == case["greedy_text"]
     cached = again.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached >= 512, f"the second request reads most of the prompt from the cache ({cached} tokens)"
+
+
+# The windowed server's KV: 4,096 tokens of all 18 layers = 256 blocks, as
+# 1,536 pages of 3 layers (Gemma 3 270M: 3 global layers, 15 sliding in 5
+# pages per block; docs/kv-cache.md).
+KV_TOKENS, BLOCK, WINDOW = 4096, 16, 512
+PAGES = KV_TOKENS // BLOCK * 18 // 3
+
+
+@pytest.fixture(scope="module")
+def windowed():
+    gemma_path()
+    srv = GemmaServer("--cpu-weights", "f32", "--kv-cache-tokens", str(KV_TOKENS), "--max-num-batched-tokens", "256")
+    try:
+        yield srv
+    finally:
+        srv.stop_and_check()
+
+
+def test_several_windows_long_prompt_matches_the_reference_with_freeing_and_the_prefix_cache(windowed):
+    case = json.loads(LONG.read_text())[0]
+    assert len(case["prompt_ids"]) > 3 * WINDOW
+    body = {"model": NAME, "prompt": case["prompt"], "max_tokens": len(case["greedy_ids"]), "temperature": 0,
+            "ignore_eos": True}
+    with windowed.http() as http:
+        first = http.post("/v1/completions", json=body)
+        again = http.post("/v1/completions", json=body)
+    for r in (first, again):
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == case["greedy_text"]
+    cached = again.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached == (len(case["prompt_ids"]) - 1) // BLOCK * BLOCK, "resumed from the cache in both groups"
+
+
+def test_a_long_sequence_holds_about_a_window_of_sliding_blocks(windowed):
+    """Reads the KV usage gauge while a long prompt decodes: the 3 global
+    layers hold every block, the 15 sliding ones about a window's."""
+    case = json.loads(LONG.read_text())[0]
+    # A distinct prompt (no cache hit) of the same length.
+    prompt = "Notes. " + case["prompt"]
+    usages = []
+    with windowed.openai() as client:
+        stream = client.completions.create(model=NAME, prompt=prompt, max_tokens=200, temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True})
+        for i, _ in enumerate(stream):
+            if i in (5, 50, 100):
+                usages.append(windowed.metrics().get("ingot_kv_cache_usage_perc"))
+    assert len(usages) == 3
+    positions = len(case["prompt_ids"]) + 300  # an upper bound with the prefix and decode
+    blocks = positions // BLOCK + 1
+    windowed_pages = blocks + (WINDOW // BLOCK + 2) * 5
+    shared_pages = (len(case["prompt_ids"]) // BLOCK) * 6
+    for u in usages:
+        held = u * PAGES
+        assert held <= windowed_pages, f"{held:.0f} pages held, at most {windowed_pages} expected"
+        assert held < shared_pages * 0.6, f"{held:.0f} pages: one shared table would hold {shared_pages}"
 
 
 def test_native_server_completes_and_streams(native):

@@ -17,6 +17,8 @@ import time
 import httpx2 as httpx
 import pytest
 
+from fleet_load import FleetLoad, stream_one
+from fleet_load import ok as fleet_ok
 from ingot_e2e import Router, Server, assert_error, default_model_name, model_path, wait_for
 
 SERVE_ARGS = ("--kv-cache-tokens", "2048", "--max-num-seqs", "8")
@@ -61,62 +63,14 @@ def chat(n_tokens: int = 8, stream: bool = False, content: str = "Say hello.") -
     }
 
 
-async def stream_one(client: httpx.AsyncClient, body: dict) -> dict:
-    """One streaming request: how it ended and how many chunks came first."""
-    chunks, error = 0, None
-    try:
-        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
-            if r.status_code != 200:
-                return {"status": r.status_code, "chunks": 0, "error": (await r.aread()).decode(), "done": False}
-            done = False
-            async for line in r.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                data = line[6:]
-                if data == "[DONE]":
-                    done = True
-                    break
-                obj = json.loads(data)
-                if "error" in obj:
-                    error = obj["error"]
-                else:
-                    chunks += 1
-            return {"status": 200, "chunks": chunks, "error": error, "done": done,
-                    "worker": r.headers.get("x-ingot-worker")}
-    except httpx.HTTPError as e:
-        return {"status": None, "chunks": chunks, "error": repr(e), "done": False}
-
-
-class Load:
+def Load(url: str, concurrency: int, n_tokens: int = 24) -> FleetLoad:
     """Streaming requests at a fixed concurrency on a background thread until
     stopped; every result is kept."""
-
-    def __init__(self, url: str, concurrency: int, n_tokens: int = 24):
-        self.url, self.concurrency, self.n_tokens = url, concurrency, n_tokens
-        self.results: list[dict] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-        self._thread.start()
-
-    async def _run(self):
-        async with httpx.AsyncClient(base_url=self.url, timeout=120.0) as c:
-            async def loop(i):
-                k = 0
-                while not self._stop.is_set():
-                    k += 1
-                    body = chat(self.n_tokens, stream=True, content=f"Count to ten. ({i}.{k})")
-                    self.results.append(await stream_one(c, body))
-            await asyncio.gather(*(loop(i) for i in range(self.concurrency)))
-
-    def stop(self, timeout: float = 180.0) -> list[dict]:
-        self._stop.set()
-        self._thread.join(timeout)
-        assert not self._thread.is_alive(), "the load did not finish: a request hangs"
-        return self.results
+    return FleetLoad(url, concurrency, n_tokens=n_tokens, content=lambda i, k: f"Count to ten. ({i}.{k})")
 
 
 def ok(res: dict) -> bool:
-    return res["status"] == 200 and res["done"] and res["error"] is None and res["chunks"] > 0
+    return fleet_ok(res) and res["chunks"] > 0
 
 
 def test_proxies_and_streams_through_the_openai_client(routers):

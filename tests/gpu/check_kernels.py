@@ -93,6 +93,10 @@ def rnd(rng, *shape, scale=1.0):
     return x
 
 
+def gelu_tanh(x):
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
 def bf(x):
     """Rounds through bf16 (what the kernel actually reads)."""
     return torch.tensor(x, dtype=torch.float64).to(torch.bfloat16).double().numpy()
@@ -114,6 +118,43 @@ def check_elementwise(m, rng):
     got, blocks = sumsq_rows(ssb, 8)
     report("embed_rows sums of squares (first 8 rows)", rel(got, (table[ids[:8]] ** 2).sum(-1)), 1e-5)
     report("embed_rows sums of squares: one partial per row", abs(blocks - 1), 0.5)
+    scale = math.sqrt(640.0)
+    ssb = sumsq_buffer()
+    launch(m.fn("embed_rows_scaled"), (T,), 256, [ptr(dev(ids, torch.int32)), ptr(dev(table, torch.bfloat16)), ptr(x), i32(d),
+                                                  ptr(ssb), ptr(dev(g, torch.float32)), ptr(xg), f32(scale)])
+    want = table[ids] * np.float32(scale)
+    report("embed_rows_scaled (x sqrt(640))", rel(host(x), want), 1e-6)
+    report("embed_rows_scaled pre-scaled bf16 copy", rel(host(xg), want * g), 4e-3)
+    got, _ = sumsq_rows(ssb, 8)
+    report("embed_rows_scaled sums of squares", rel(got, (want[:8] ** 2).sum(-1)), 1e-5)
+
+    # post_norm_add: x += rmsnorm(y) * post, then the next norm's input, in
+    # both forms (pre-scaled + sums of squares; normed).
+    for d in (640, 2304):
+        x0 = rnd(rng, T, d, scale=20.0).astype(np.float32).astype(np.float64)
+        y = rnd(rng, T, d, scale=3.0).astype(np.float32).astype(np.float64)
+        post = (1 + 0.5 * rnd(rng, d)).astype(np.float32).astype(np.float64)
+        nxt = (1 + 0.5 * rnd(rng, d)).astype(np.float32).astype(np.float64)
+        xs = x0 + y / np.sqrt((y ** 2).mean(-1, keepdims=True) + 1e-6) * post
+        for fused in (True, False):
+            xd, xn = dev(x0, torch.float32), torch.empty(T, d, dtype=torch.bfloat16, device="cuda")
+            ssb = sumsq_buffer()
+            launch(m.fn("post_norm_add"), (T,), 256, [ptr(xd), ptr(dev(y, torch.float32)), ptr(dev(post, torch.float32)), i32(d),
+                                                      f32(1e-6), ptr(dev(nxt, torch.float32)), ptr(ssb if fused else None), ptr(xn)])
+            report(f"post_norm_add d={d} residual", rel(host(xd), xs), 1e-6)
+            if fused:
+                report(f"post_norm_add d={d} pre-scaled next input", rel(host(xn), xs * nxt), 4e-3)
+                got, blocks = sumsq_rows(ssb, 8)
+                report(f"post_norm_add d={d} sums of squares", rel(got, (xs[:8] ** 2).sum(-1)) + abs(blocks - 1), 1e-5)
+            else:
+                ref = xs / np.sqrt((xs ** 2).mean(-1, keepdims=True) + 1e-6) * nxt
+                report(f"post_norm_add d={d} normed next input", rel(host(xn), ref), 8e-3)
+
+    # softcap_rows
+    lg = rnd(rng, 3, 5000, scale=200.0).astype(np.float32).astype(np.float64)
+    lgd = dev(lg, torch.float32)
+    launch(m.fn("softcap_rows"), (20,), 256, [ptr(lgd), ctypes.c_longlong(lg.size), f32(30.0)])
+    report("softcap_rows (cap 30)", rel(host(lgd), 30.0 * np.tanh(lg / 30.0)), 1e-5)
 
     # add_rms_norm: residual add + norm, then the gather form; 576/4096 take
     # the register path, 1030 (not a multiple of 4) and 8200 (over 16 per
@@ -149,6 +190,8 @@ def check_elementwise(m, rng):
     launch(m.fn("silu_mul"), (T, math.ceil(ff / (8 * 256))), 256, [ptr(dev(gu, torch.bfloat16)), ptr(out), i32(ff)])
     g, u = gu[:, :ff], gu[:, ff:]
     report("silu_mul", rel(host(out), g / (1 + np.exp(-g)) * u), 8e-3)
+    launch(m.fn("gelu_tanh_mul"), (T, math.ceil(ff / (8 * 256))), 256, [ptr(dev(gu, torch.bfloat16)), ptr(out), i32(ff)])
+    report("gelu_tanh_mul", rel(host(out), gelu_tanh(g) * u), 8e-3)
 
     # fill_uniform_bf16: range and moments of offset + scale * U(-0.5, 0.5)
     n = 1 << 20
@@ -349,7 +392,8 @@ def rope_tables(hd, max_pos, theta):
 
 
 def check_rope(m, rng):
-    for H, KVH, hd, bias, qk_norm in ((9, 3, 64, False, False), (16, 8, 128, False, True), (28, 4, 128, True, False)):
+    for H, KVH, hd, bias, qk_norm in ((9, 3, 64, False, False), (16, 8, 128, False, True), (28, 4, 128, True, False),
+                                       (4, 1, 256, False, True)):
         T, max_pos, nslots = 19, 4096, 512
         w = (H + 2 * KVH) * hd
         qkv = bf(rnd(rng, T, w, scale=2.0))
@@ -406,9 +450,10 @@ def paged_setup(rng, lens, KVH, hd, bs):
     return table, stride, k, v
 
 
-def reference_attention(q, k, v, table, seq, pos, H, KVH, hd, bs):
-    """q: [H, hd] of one token at position pos of sequence seq."""
-    keys = np.arange(pos + 1)
+def reference_attention(q, k, v, table, seq, pos, H, KVH, hd, bs, window=0):
+    """q: [H, hd] of one token at position pos of sequence seq (the last
+    `window` positions only, when set)."""
+    keys = np.arange(max(0, pos + 1 - window) if window else 0, pos + 1)
     slots = table[seq][keys // bs] * bs + keys % bs
     kk = k[slots].reshape(-1, KVH, hd)
     vv = v[slots].reshape(-1, KVH, hd)
@@ -423,7 +468,9 @@ def reference_attention(q, k, v, table, seq, pos, H, KVH, hd, bs):
 
 def check_attention(m, rng):
     bs = 16
-    for H, KVH, hd in ((9, 3, 64), (32, 8, 128)):
+    # (H, KVH, hd, sliding window): Llama shapes with full attention, then
+    # windowed ones (Gemma 3: 270M is 4 x 1 x 256, window 512).
+    for H, KVH, hd, window in ((9, 3, 64, 0), (32, 8, 128, 0), (9, 3, 64, 100), (4, 1, 256, 0), (4, 1, 256, 300)):
         g = H // KVH
         scale_log2 = math.log2(math.e) / math.sqrt(hd)
         # Decode: one token per sequence at the end of contexts of various lengths.
@@ -432,7 +479,8 @@ def check_attention(m, rng):
         n = len(lens)
         q = bf(rnd(rng, n, H * hd))
         pos = np.array(lens) - 1
-        want = np.stack([reference_attention(q[i].reshape(H, hd), k, v, table, i, pos[i], H, KVH, hd, bs) for i in range(n)])
+        want = np.stack([reference_attention(q[i].reshape(H, hd), k, v, table, i, pos[i], H, KVH, hd, bs, window)
+                         for i in range(n)])
         prefetch = torch.ones(3 << 19, dtype=torch.bfloat16, device="cuda")
         for splits in (1, 4):
             out = torch.zeros(n, H * hd, dtype=torch.bfloat16, device="cuda")
@@ -448,12 +496,15 @@ def check_attention(m, rng):
                     i32(H), i32(KVH), i32(bs), f32(scale_log2), i32(splits),
                     # L2 prefetch of some other buffer (a hint: must not change the result):
                     # early without a hint with one split, late with evict-last with four.
-                    ptr(prefetch), ctypes.c_uint64(prefetch.numel() * 2), i32(1 if splits == 1 else 2)]
+                    ptr(prefetch), ctypes.c_uint64(prefetch.numel() * 2), i32(1 if splits == 1 else 2), i32(window)]
             launch(m.fn(f"paged_attention_hd{hd}_g{g}"), (n, KVH, splits), 128, args)
             if splits > 1:
                 launch(m.fn("attention_combine"), (n, H), 128,
                        [ptr(part_acc), ptr(part_ml), ptr(None), ptr(out), i32(H), i32(hd), i32(splits)])
-            report(f"paged_attention hd={hd} g={g} splits={splits} ctx={lens}", rel(host(out).reshape(n, H, hd), want), 2e-2)
+            report(f"paged_attention hd={hd} g={g} splits={splits} window={window} ctx={lens}",
+                   rel(host(out).reshape(n, H, hd), want), 2e-2)
+        if hd > 128:
+            continue  # no tensor-core prefill kernel: prefill rows take the decode kernel
 
         # Prefill: a 150-token chunk after a 70-token cached prefix, plus a short chunk.
         prefix, chunk = 70, 150
@@ -473,10 +524,12 @@ def check_attention(m, rng):
         kd, vd = (dev(to_device_layout(a, KVH, hd, bs), torch.bfloat16) for a in (k, v))
         args = [ptr(dev(q, torch.bfloat16)), ptr(kd), ptr(vd),
                 ptr(dev(table.reshape(-1), torch.int32)), ptr(dev([stride], torch.int32)), ptr(dev(tiles, torch.int32)),
-                ptr(dev(pos, torch.int32)), ptr(out), i32(H), i32(KVH), i32(bs), f32(scale_log2)]
+                ptr(dev(pos, torch.int32)), ptr(out), i32(H), i32(KVH), i32(bs), f32(scale_log2), i32(window)]
         launch(m.fn(f"prefill_attention_hd{hd}"), (len(tiles) // 3, KVH), 128, args, smem=smem)
-        want = np.stack([reference_attention(q[t].reshape(H, hd), k, v, table, seqs[t], pos[t], H, KVH, hd, bs) for t in range(T)])
-        report(f"prefill_attention hd={hd} H={H} KVH={KVH} (cached prefix {prefix})", rel(host(out).reshape(T, H, hd), want), 2e-2)
+        want = np.stack([reference_attention(q[t].reshape(H, hd), k, v, table, seqs[t], pos[t], H, KVH, hd, bs, window)
+                         for t in range(T)])
+        report(f"prefill_attention hd={hd} H={H} KVH={KVH} window={window} (cached prefix {prefix})",
+               rel(host(out).reshape(T, H, hd), want), 2e-2)
 
 
 SUMSQ_BYTES = 4 * (8 + 8 * 4096)  # SumSq in common.cuh: block count (+7 pad), partials[8][4096]
@@ -531,6 +584,8 @@ def check_gemv(m, rng):
         y = torch.empty(n, out, dtype=torch.bfloat16, device="cuda")
         launch(m.fn(f"gemv_n{n}_swiglu"), grid, 256, [ptr(xd), ptr(dev(w2, torch.bfloat16)), ptr(y), i32(inp), i32(out)])
         report(f"gemv n={n} {inp}->{out} swiglu (bf16 out)", rel(host(y), gate / (1 + np.exp(-gate)) * up), 8e-3)
+        launch(m.fn(f"gemv_n{n}_geglu"), grid, 256, [ptr(xd), ptr(dev(w2, torch.bfloat16)), ptr(y), i32(inp), i32(out)])
+        report(f"gemv n={n} {inp}->{out} geglu (bf16 out)", rel(host(y), gelu_tanh(gate) * up), 8e-3)
 
 
 def check_fused_norm(m, rng):
@@ -548,6 +603,9 @@ def check_fused_norm(m, rng):
     launch(m.fn(f"gemv_n{n}_swiglu_norm"), (math.ceil(ff / 8),), 256,
            [ptr(dev(xg, torch.bfloat16)), f32(eps), ptr(ssb), ptr(dev(w2, torch.bfloat16)), ptr(y), i32(d), i32(ff)])
     report(f"gemv n={n} swiglu with fused RMSNorm", rel(host(y), gate / (1 + np.exp(-gate)) * up), 8e-3)
+    launch(m.fn(f"gemv_n{n}_geglu_norm"), (math.ceil(ff / 8),), 256,
+           [ptr(dev(xg, torch.bfloat16)), f32(eps), ptr(ssb), ptr(dev(w2, torch.bfloat16)), ptr(y), i32(d), i32(ff)])
+    report(f"gemv n={n} geglu with fused RMSNorm", rel(host(y), gelu_tanh(gate) * up), 8e-3)
     wp = bf(rnd(rng, 704, d, scale=0.05))  # q/k/v of a q/k-norm model: plain bf16 out
     yp = torch.empty(n, 704, dtype=torch.bfloat16, device="cuda")
     launch(m.fn(f"gemv_n{n}_bf16_norm"), (704 // 8,), 256,

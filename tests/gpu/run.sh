@@ -4,6 +4,10 @@
 #   kernels   every kernel vs a float64 NumPy reference (check_kernels.py)
 #   hf        CUDA vs transformers on 2-layer Llama-3-8B / Qwen3 shapes
 #   smollm2   CUDA vs CPU backend on SmolLM2 (bf16 weights); batch-1 speed
+#   gemma     Gemma 3 270M (GGUF bundle, `scripts/gpu-bundle gemma3 N`): CUDA vs CPU
+#             and the f32 reference on 6 prompts (one past the 512-token window), vs
+#             transformers (f32, bf16) on the dequantized weights (compare_gemma.py,
+#             the `gguf` wheel from the bundle's whl/); batch-1 speed
 #   bench     8B-shaped dummy: batch 1, prefill 1024, 256 x 1024 decode
 #   b1        only the batch-1 row of bench (for A/B runs of one knob)
 #   prefill   only the 1024-token prefill row of bench
@@ -23,6 +27,9 @@
 #             (prompt_logprobs_real.sh; needs the SmolLM2 bundle)
 #   models    two SmolLM2 GGUFs, then two 1B dummies, under a budget of one: warm switch times
 #             (models_smoke.sh); two 1B dummies with default budget and KV shares (models_share.sh)
+#   embeddings  all-MiniLM-L6-v2 on `serve --device cuda`: cosine vs the numpy reference, the CPU
+#             backend and transformers / sentence-transformers on the GPU; sentences/s beside
+#             sentence-transformers (embeddings_check.py; needs the MiniLM bundle)
 #   torch     PyTorch eager baselines for the bench shapes
 #   ncu       ncu sections of the decode attention at 256 x 1k (one launch)
 #   ncu1      per-kernel time and bandwidth of one batch-1 decode step (8B)
@@ -44,6 +51,19 @@ done
 for f in "$B"/cubins/*.cubin.gz; do [ -e "$f" ] && gunzip -c "$f" > "$W/$(basename "$f" .gz)"; done
 for p in 1 2; do [ -f "$B/smollm2/part$p" ] && cp "$B/smollm2/part$p" "$W/smollm2.part$p"; done
 [ -f "$B/smollm2/sha256" ] && cp "$B/smollm2/sha256" "$W/smollm2.sha256"
+for f in "$B"/gemma3/part* "$B"/gemma3/sha256; do [ -e "$f" ] && cp "$f" "$W/gemma3.$(basename "$f")"; done
+# all-MiniLM-L6-v2 (scripts/gpu-bundle minilm N): small files in one part,
+# model.safetensors halved across two calls.
+if [ -d "$B/minilm" ]; then
+  mkdir -p "$W/minilm"
+  for f in "$B"/minilm/*; do
+    case $(basename "$f") in part1|part2) cp "$f" "$W/minilm.$(basename "$f")" ;; *) cp -r "$f" "$W/minilm/" ;; esac
+  done
+fi
+if [ ! -f "$W/minilm/model.safetensors" ] && [ -f "$W/minilm.part1" ] && [ -f "$W/minilm.part2" ] && [ -f "$W/minilm/sha256" ]; then
+  cat "$W/minilm.part1" "$W/minilm.part2" > "$W/minilm/model.safetensors"
+  echo "$(cat "$W/minilm/sha256")  $W/minilm/model.safetensors" | sha256sum -c - || rm -f "$W/minilm/model.safetensors"
+fi
 ING="$W/ingot"
 SMOL="$W/smollm2.gguf"
 if [ ! -f "$SMOL" ] && [ -f "$W/smollm2.part1" ] && [ -f "$W/smollm2.part2" ]; then
@@ -89,6 +109,22 @@ for phase in "$@"; do
       "$ING" bench latency --model "$(llama8b)" --load-format dummy --max-model-len 4096 --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 5 --json | tee -a "$O/bench.jsonl" ;;
     tput)
       "$ING" bench throughput --model "$(llama8b)" --load-format dummy --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl" ;;
+    gemma)
+      G="$W/gemma3.gguf"
+      if [ ! -f "$G" ] && [ -f "$W/gemma3.sha256" ]; then
+        cat "$W"/gemma3.part? > "$G"
+        echo "$(cat "$W/gemma3.sha256")  $G" | sha256sum -c - || rm -f "$G"
+      fi
+      [ -f "$G" ] || { echo "no Gemma 3 bundle"; continue; }
+      if ls "$B"/whl/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$B"/whl/*.whl
+        export PYTHONPATH=/tmp/site
+      fi
+      timeout -k 5 $((4 * T)) python3 tests/gpu/compare_gemma.py --ingot "$ING_RAW" --model "$G" \
+        --fixture tests/fixtures/gemma3/expected.json --hf | tee "$O/gemma.txt"
+      for eager in "" "--enforce-eager"; do
+        "$ING" bench latency --model "$G" --input-len 128 --output-len 256 --num-iters 3 $eager --json | tee -a "$O/bench.jsonl"
+      done ;;
     qwen3b1)
       mkdir -p "$W/qwen3-8b"; cp tests/gpu/configs/qwen3-8b/config.json "$W"/tokenizers/qwen3/* "$W/qwen3-8b/"
       "$ING" bench latency --model "$W/qwen3-8b" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl" ;;
@@ -131,6 +167,9 @@ for phase in "$@"; do
       [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
       bash tests/gpu/prompt_logprobs_real.sh "$ING_RAW" "$SMOL" ;;
     cache) bash tests/gpu/cache_smoke.sh "$ING_RAW" "$(llama8b)" --load-format dummy --max-model-len 4096 --max-num-seqs 32 ;;
+    embeddings)
+      [ -f "$W/minilm/model.safetensors" ] || { echo "no MiniLM bundle"; continue; }
+      timeout -k 5 "$T" python3 tests/gpu/embeddings_check.py --ingot "$ING_RAW" --model "$W/minilm" --out "$O/embeddings.jsonl" ;;
     torch)
       M=$(llama8b)
       python3 tests/gpu/torch_bench.py --model-dir "$M" --case latency --input-len 128 --output-len 256 | tee -a "$O/bench.jsonl"

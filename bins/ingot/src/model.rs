@@ -188,32 +188,32 @@ pub fn load_engine(config: &Config, engine: EngineConfig) -> anyhow::Result<Engi
     Ok(start_engine(runner, tokenizer, engine)?)
 }
 
-/// Most tokens in one forward pass of an embedding model. Concurrent
-/// requests share passes; a decode step that arrives while embeddings run
-/// freely waits for one piece (a matmul) of such a batch: about 3 ms for
-/// MiniLM on two cores, where 2048 tokens held it for tens of ms.
+/// Most tokens in one forward pass of an embedding model on the CPU.
+/// Concurrent requests share passes; a decode step that arrives while
+/// embeddings run freely waits for one piece (a matmul) of such a batch:
+/// about 3 ms for MiniLM on two cores, where 2048 tokens held it for tens
+/// of ms.
 const EMBEDDING_BATCH_TOKENS: usize = 256;
+
+/// The same on the GPU, which needs larger batches to be busy and shares
+/// no cores with decode.
+const GPU_EMBEDDING_BATCH_TOKENS: usize = 2048;
 
 /// Share of the CPU decode steps' time that embedding work may take while
 /// they run (docs/embeddings.md): each inter-token gap grows by about this
 /// much at most; with no decode running embeddings take every core.
 const EMBEDDING_DECODE_SHARE: f64 = 0.1;
 
-/// Loads a BERT embedding model (CPU, f32) and starts its engine. It takes
+/// Loads a BERT embedding model on `model.device` (`auto`: the GPU when
+/// the CUDA encoder can run it) and starts its engine. On the CPU it takes
 /// turns with the CPU decode engines, so decode never waits for more than
 /// its bounded share.
 pub fn load_embedding(config: &Config) -> anyhow::Result<ingot_engine::EmbeddingHandle> {
     let path = settings::model_path(config)?;
-    let cpu_asked = matches!(config.model.device, ingot_config::Device::Cpu);
-    if !cpu_asked && ingot_runner_cuda::availability().is_ok() {
-        tracing::info!("embedding models run on the CPU backend");
-    }
     let files = ingot_models::bert::open_bert(path)
         .with_context(|| format!("cannot load model {}", path.display()))?;
     let tokenizer = ingot_tokenizer::EncoderTokenizer::from_dir(&files.dir)
         .with_context(|| format!("cannot load the tokenizer of {}", path.display()))?;
-    let model = ingot_runner_cpu::encoder::load_bert(&files)
-        .with_context(|| format!("cannot load weights of {}", path.display()))?;
     let threads = config.model.threads.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     });
@@ -225,11 +225,39 @@ pub fn load_embedding(config: &Config) -> anyhow::Result<ingot_engine::Embedding
         idle_priority: false,
         decode_share: Some(EMBEDDING_DECODE_SHARE),
     };
-    Ok(ingot_engine::EmbeddingHandle::start(
-        Box::new(model),
-        tokenizer,
-        engine,
-    )?)
+    let handle = match pick_encoder_device(config.model.device, &files.config)? {
+        Device::Cuda => {
+            let model = ingot_runner_cuda::encoder::load_bert(&files, 0)
+                .with_context(|| format!("cannot load {} on the GPU", path.display()))?;
+            // One thread that only enqueues GPU work: at idle priority it
+            // could wait behind busy decode threads while the GPU idles.
+            let engine = ingot_engine::EmbeddingConfig {
+                max_batch_tokens: GPU_EMBEDDING_BATCH_TOKENS,
+                threads: 1,
+                idle_priority: false,
+                decode_share: None,
+            };
+            ingot_engine::EmbeddingHandle::start(Box::new(model), tokenizer, engine)?
+        }
+        Device::Cpu => {
+            let model = ingot_runner_cpu::encoder::load_bert(&files)
+                .with_context(|| format!("cannot load weights of {}", path.display()))?;
+            ingot_engine::EmbeddingHandle::start(Box::new(model), tokenizer, engine)?
+        }
+    };
+    tracing::info!(device = handle.device_name(), "embedding model loaded");
+    Ok(handle)
+}
+
+/// [`pick_device`] for an encoder: `auto` takes CUDA when the GPU encoder
+/// runs the model.
+fn pick_encoder_device(
+    device: ingot_config::Device,
+    model: &ingot_models::bert::BertConfig,
+) -> anyhow::Result<Device> {
+    let cuda = ingot_runner_cuda::availability()
+        .and_then(|()| ingot_runner_cuda::encoder::supports_encoder(model));
+    choose(device, cuda)
 }
 
 /// Opens the model and builds the runner for `model.device`; `max_num_seqs`
@@ -294,8 +322,16 @@ enum Device {
 /// `auto` takes CUDA when it can (a GPU, and an architecture the CUDA
 /// backend runs) and says why not otherwise.
 fn pick_device(device: ingot_config::Device, model: &ModelConfig) -> anyhow::Result<Device> {
-    use ingot_config::Device as Want;
     let cuda = ingot_runner_cuda::availability().and_then(|()| ingot_runner_cuda::supports(model));
+    choose(device, cuda)
+}
+
+/// The device for `device` given whether CUDA can run the model.
+fn choose(
+    device: ingot_config::Device,
+    cuda: Result<(), ingot_runner_cuda::CudaError>,
+) -> anyhow::Result<Device> {
+    use ingot_config::Device as Want;
     match (device, cuda) {
         (Want::Cpu, _) => Ok(Device::Cpu),
         (Want::Cuda, Err(e)) => Err(anyhow::anyhow!("--device cuda: {e}")),

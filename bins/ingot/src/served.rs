@@ -272,9 +272,11 @@ fn metadata(c: &Config) -> anyhow::Result<(ingot_models::ModelFiles, ingot_model
 fn footprint(c: &Config) -> anyhow::Result<u64> {
     let path: &Path = settings::model_path(c)?;
     if ingot_models::bert::is_bert(path) {
-        // f32 weights; activations are per batch and small.
+        // f32 weights (on the GPU, matrices also in f16); activations are
+        // per batch and small.
         let files = ingot_models::bert::open_bert(path)?;
-        return Ok(files.config.num_params() as u64 * 4);
+        let bytes_per_param = if on_gpu(c) { 6 } else { 4 };
+        return Ok(files.config.num_params() as u64 * bytes_per_param);
     }
     let (files, model) = metadata(c)?;
     let params = model.num_params() as u64;

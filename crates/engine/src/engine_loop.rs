@@ -75,7 +75,20 @@ pub fn start_engine(
 ) -> std::io::Result<EngineHandle> {
     let (commands, rx) = std_mpsc::channel();
     let shape = runner.kv_cache_shape();
-    let pool = BlockPool::new(shape.num_blocks, shape.block_size, config.prefix_caching);
+    // One block table per layer group the runner reads (a sliding-window
+    // group gives its blocks back as they leave the window).
+    let layout = runner.kv_layout();
+    let kv_capacity_tokens = layout.capacity_tokens(
+        shape.num_blocks,
+        shape.block_size,
+        config.scheduler.max_num_batched_tokens,
+    );
+    let pool = BlockPool::with_layout(
+        shape.num_blocks,
+        shape.block_size,
+        layout,
+        config.prefix_caching,
+    );
     let model = runner.config().clone();
     let device = runner.device_name();
     let stats = Arc::new(EngineStats::default());
@@ -84,7 +97,7 @@ pub fn start_engine(
         .store(shape.num_blocks, Ordering::Relaxed);
     let limits = Limits {
         max_context: model.max_context,
-        kv_capacity_tokens: shape.num_blocks * shape.block_size,
+        kv_capacity_tokens,
         max_waiting: config.scheduler.max_waiting,
         stream_buffer: config.stream_buffer.max(1),
     };
@@ -429,11 +442,11 @@ impl EngineLoop {
                 });
                 scored.push((c.id, c.start));
             }
-            batch.chunks.push(SequenceChunk {
-                tokens: &v.tokens[c.start..c.start + c.len],
-                start_pos: c.start,
-                block_table: v.blocks,
-            });
+            batch.chunks.push(SequenceChunk::with_tables(
+                &v.tokens[c.start..c.start + c.len],
+                c.start,
+                v.tables,
+            ));
         }
         let num_tokens = batch.num_tokens();
         // Constrained rows' masks are computed on the grammar thread while

@@ -542,6 +542,7 @@ fn stepwise_logprobs(prompt: &[u32]) -> Vec<(f32, u32)> {
                     tokens: &prompt[p..p + 1],
                     start_pos: p,
                     block_table: &table,
+                    group_tables: &[],
                 }],
                 expect_next: false,
                 score: Vec::new(),

@@ -1,7 +1,8 @@
 // Attention over the paged KV cache. Every token's keys and values are in
 // the cache before these run (rope_qkv writes them), so prefix-cached blocks,
 // chunked prefill and decode all read the same way: token at position p
-// attends to positions 0..=p of its sequence through its block table.
+// attends to positions 0..=p of its sequence through its block table (on
+// sliding-window layers, `window > 0`, to the last `window` of them).
 //
 //   paged_attention_hd{HD}_g{G}: one block per (token, kv head, split); its 4
 //     warps walk the split's keys four at a time, each keeping an online
@@ -83,7 +84,7 @@ __device__ __forceinline__ void decode_attention(
     const int* __restrict__ positions, const int* __restrict__ token_ids, bf16* __restrict__ out,
     float* __restrict__ part_acc, float* __restrict__ part_ml, int num_heads, int num_kv_heads,
     int block_size, float scale_log2, int num_splits, const void* prefetch, unsigned long long prefetch_bytes,
-    int prefetch_mode) {
+    int prefetch_mode, int window) {
   // At small batch this kernel is latency-bound: DRAM is free to bring in
   // the output projection's weights (bit 0: before the wait, i.e. while
   // the q/k/v GEMV still runs).
@@ -105,8 +106,11 @@ __device__ __forceinline__ void decode_attention(
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int qd = num_heads * HD;
   const int ctx = positions[tok] + 1;
-  const int per_split = (ctx + num_splits - 1) / num_splits;
-  const int start = split * per_split, end = min(ctx, start + per_split);
+  // Sliding-window layers see only the last `window` positions (0: all);
+  // the splits divide that range, so keys outside it are never read.
+  const int lo = window > 0 ? max(0, ctx - window) : 0;
+  const int per_split = (ctx - lo + num_splits - 1) / num_splits;
+  const int start = lo + split * per_split, end = min(ctx, start + per_split);
   const int* table = block_tables + (size_t)token_seq[tok] * *table_stride;
 
   float qv[G][D], acc[G][D], m[G], l[G];
@@ -237,10 +241,10 @@ __device__ __forceinline__ void decode_attention(
       const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* block_tables, const int* table_stride,  \
       const int* token_seq, const int* positions, const int* token_ids, bf16* out, float* part_acc,        \
       float* part_ml, int num_heads, int num_kv_heads, int block_size, float scale_log2, int num_splits,    \
-      const void* prefetch, unsigned long long prefetch_bytes, int prefetch_mode) {                         \
+      const void* prefetch, unsigned long long prefetch_bytes, int prefetch_mode, int window) {             \
     decode_attention<HD, G>(q, k_cache, v_cache, block_tables, table_stride, token_seq, positions,         \
                             token_ids, out, part_acc, part_ml, num_heads, num_kv_heads, block_size,        \
-                            scale_log2, num_splits, prefetch, prefetch_bytes, prefetch_mode);              \
+                            scale_log2, num_splits, prefetch, prefetch_bytes, prefetch_mode, window);      \
   }
 #define DECODE_KERNELS(HD) \
   DECODE_KERNEL(HD, 1)     \
@@ -344,7 +348,7 @@ __device__ __forceinline__ void prefill_attention(
     const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
     const int* __restrict__ block_tables, const int* __restrict__ table_stride, const int* __restrict__ tiles,
     const int* __restrict__ positions, bf16* __restrict__ out, int num_heads, int num_kv_heads,
-    int block_size, float scale_log2) {
+    int block_size, float scale_log2, int window) {
   pdl_begin();
   using L = PrefillSmem<HD>;
   constexpr int LD = L::LD, DT = HD / 8;  // DT: 8-wide column tiles of O
@@ -364,6 +368,9 @@ __device__ __forceinline__ void prefill_attention(
   const int kvh = blockIdx.y, group = num_heads / num_kv_heads;
   const int qd = num_heads * HD;
   const int p0 = positions[t0], last = p0 + n - 1;
+  // Sliding window (0: none): row at position p sees p - window + 1 ..= p;
+  // keys before the first row's window are neither read nor staged.
+  const int first_key = window > 0 ? max(0, p0 - window + 1) : 0;
   const int* table = block_tables + (size_t)seq * *table_stride;
   auto q_row = [&](int r) -> const bf16* {
     return r / group < n ? q + (size_t)(t0 + r / group) * qd + (kvh * group + r % group) * HD : nullptr;
@@ -371,16 +378,19 @@ __device__ __forceinline__ void prefill_attention(
   auto kv_row = [&](const bf16* cache, int kt) {
     return [=](int r) -> const bf16* {
       const int j = kt * TILE + r;
-      if (j > last) return nullptr;
+      if (j > last || j < first_key) return nullptr;
       return cache + kv_index(table[j / block_size], kvh, j % block_size, num_kv_heads, block_size, HD);
     };
   };
   stage_rows<HD>(sQ, q_row);
 
   // This thread's two rows of the warp's 16: g and g + 8.
-  int qpos[2];
+  int qpos[2], qlo[2];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) qpos[i] = p0 + min((warp * 16 + g + 8 * i) / group, n - 1);
+  for (int i = 0; i < 2; ++i) {
+    qpos[i] = p0 + min((warp * 16 + g + 8 * i) / group, n - 1);
+    qlo[i] = window > 0 ? qpos[i] - window + 1 : 0;
+  }
   float o[DT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
   for (int d = 0; d < DT; ++d)
@@ -389,7 +399,7 @@ __device__ __forceinline__ void prefill_attention(
   const bf16* q_frag = sQ + (warp * 16 + (lane & 15)) * LD + (lane >> 4) * 8;
 
   const int key_tiles = last / TILE + 1;
-  for (int kt = 0; kt < key_tiles; ++kt) {
+  for (int kt = first_key / TILE; kt < key_tiles; ++kt) {
     stage_rows<HD>(sK, kv_row(k_cache, kt));
     stage_rows<HD>(sV, kv_row(v_cache, kt));
     cp_async_commit();
@@ -425,7 +435,7 @@ __device__ __forceinline__ void prefill_attention(
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = kt * TILE + t * 8 + 2 * c + (e & 1);
-        const float v = key <= qpos[e >> 1] ? s[t][e] * scale_log2 : -INFINITY;
+        const float v = key <= qpos[e >> 1] && key >= qlo[e >> 1] ? s[t][e] * scale_log2 : -INFINITY;
         s[t][e] = v;
         mx[e >> 1] = fmaxf(mx[e >> 1], v);
       }
@@ -492,9 +502,9 @@ __device__ __forceinline__ void prefill_attention(
   extern "C" __global__ void __launch_bounds__(PREFILL_WARPS * 32, 4) prefill_attention_hd##HD(            \
       const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* block_tables, const int* table_stride,   \
       const int* tiles, const int* positions, bf16* out, int num_heads, int num_kv_heads, int block_size,  \
-      float scale_log2) {                                                                                   \
+      float scale_log2, int window) {                                                                       \
     prefill_attention<HD>(q, k_cache, v_cache, block_tables, table_stride, tiles, positions, out,          \
-                          num_heads, num_kv_heads, block_size, scale_log2);                                 \
+                          num_heads, num_kv_heads, block_size, scale_log2, window);                         \
   }
 PREFILL_KERNEL(64)
 PREFILL_KERNEL(128)

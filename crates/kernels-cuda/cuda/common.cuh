@@ -60,6 +60,11 @@ __device__ __forceinline__ void l2_prefetch(const void* base, unsigned long long
 __device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ bf16 to_bf16(float v) { return __float2bfloat16(v); }
 
+// GELU, tanh approximation (Gemma's gated MLP).
+__device__ __forceinline__ float gelu_tanh(float x) {
+  return 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -1,4 +1,5 @@
-// Row-wise kernels: embedding gather, residual add + RMSNorm, SiLU x mul,
+// Row-wise kernels: embedding gather, residual add + RMSNorm, post-norm
+// add, gated activations (SiLU, GELU-tanh), logit soft-capping,
 // and the random fill behind `--load-format dummy`.
 #include "common.cuh"
 
@@ -6,9 +7,11 @@
 // sum of squares (as its single partial) for the first fused RMSNorm
 // (t < SUMSQ_ROWS), and with norm_w that norm's pre-scaled input
 // xg[t] = bf16(x[t] ⊙ norm_w) (see gemv.cu). Grid: tokens.
-extern "C" __global__ void embed_rows(const int* __restrict__ ids, const bf16* __restrict__ table,
+// embed_rows_scaled multiplies the rows by `scale` (Gemma: sqrt(hidden)).
+template <bool SCALED>
+__device__ __forceinline__ void embed(const int* __restrict__ ids, const bf16* __restrict__ table,
                                       float* __restrict__ x, int d, SumSq* __restrict__ sumsq,
-                                      const float* __restrict__ norm_w, bf16* __restrict__ xg) {
+                                      const float* __restrict__ norm_w, bf16* __restrict__ xg, float scale) {
   pdl_begin();
   const int t = blockIdx.x;
   const bf16* row = table + (size_t)ids[t] * d;
@@ -22,8 +25,8 @@ extern "C" __global__ void embed_rows(const int* __restrict__ ids, const bf16* _
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const float2 f = __bfloat1622float2(h[e]);
-      v[2 * e] = f.x;
-      v[2 * e + 1] = f.y;
+      v[2 * e] = SCALED ? f.x * scale : f.x;
+      v[2 * e + 1] = SCALED ? f.y * scale : f.y;
     }
 #pragma unroll
     for (int e = 0; e < 8; ++e) ss += v[e] * v[e];
@@ -46,6 +49,61 @@ extern "C" __global__ void embed_rows(const int* __restrict__ ids, const bf16* _
       if (t == 0) sumsq->blocks = 1;
     }
   }
+}
+
+extern "C" __global__ void embed_rows(const int* ids, const bf16* table, float* x, int d, SumSq* sumsq,
+                                      const float* norm_w, bf16* xg) {
+  embed<false>(ids, table, x, d, sumsq, norm_w, xg, 1.f);
+}
+
+extern "C" __global__ void embed_rows_scaled(const int* ids, const bf16* table, float* x, int d, SumSq* sumsq,
+                                             const float* norm_w, bf16* xg, float scale) {
+  embed<true>(ids, table, x, d, sumsq, norm_w, xg, scale);
+}
+
+// Post-norm blocks (Gemma): x[t] += RMSNorm(y[t]) · post_w, y the block's
+// f32 output. Then, with next_w, the next pre-norm: with sumsq, as the
+// accumulating GEMVs leave it (the row's sum of squares as its single
+// partial, t < SUMSQ_ROWS, and xn = bf16(x ⊙ next_w), the pre-scaled input
+// of the fused-norm GEMVs); without, xn = bf16(RMSNorm(x) · next_w).
+// Grid: tokens; block: 256.
+extern "C" __global__ void post_norm_add(float* __restrict__ x, const float* __restrict__ y,
+                                         const float* __restrict__ post_w, int d, float eps,
+                                         const float* __restrict__ next_w, SumSq* __restrict__ sumsq,
+                                         bf16* __restrict__ xn) {
+  pdl_begin();
+  const size_t t = blockIdx.x;
+  float* xr = x + t * d;
+  const float* yr = y + t * d;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) ss += yr[i] * yr[i];
+  const float inv = rsqrtf(block_sum(ss) / d + eps);
+  float sx = 0.f;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    const float v = xr[i] + yr[i] * inv * post_w[i];
+    xr[i] = v;  // each thread rereads only its own elements below
+    sx += v * v;
+  }
+  if (!next_w) return;
+  sx = block_sum(sx);
+  bf16* o = xn + t * d;
+  if (sumsq) {
+    for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = to_bf16(xr[i] * next_w[i]);
+    if (t < SUMSQ_ROWS && threadIdx.x == 0) {
+      sumsq->partial[t][0] = sx;
+      if (t == 0) sumsq->blocks = 1;
+    }
+    return;
+  }
+  const float inv_x = rsqrtf(sx / d + eps);
+  for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = to_bf16(xr[i] * inv_x * next_w[i]);
+}
+
+// logits = cap · tanh(logits / cap) (final logit soft-capping).
+extern "C" __global__ void softcap_rows(float* __restrict__ logits, long long n, float cap) {
+  pdl_begin();
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    logits[i] = cap * tanhf(logits[i] / cap);
 }
 
 // Fused residual add and RMSNorm. Grid: output rows; block: 256..1024 threads.
@@ -113,10 +171,12 @@ extern "C" __global__ void add_rms_norm(float* __restrict__ x, const bf16* __res
   for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = to_bf16(xr[i] * inv * weight[i]);
 }
 
-// out[t, j] = silu(gate[t, j]) * up[t, j], with gate_up = [gate | up] per row.
+// out[t, j] = act(gate[t, j]) * up[t, j], with gate_up = [gate | up] per
+// row; act: SiLU (silu_mul) or GELU-tanh (gelu_tanh_mul).
 // Grid: (tokens, ceil(ff / (8 * blockDim.x))); 8 elements (16 bytes) per
 // thread; ff must be a multiple of 8.
-extern "C" __global__ void silu_mul(const bf16* __restrict__ gate_up, bf16* __restrict__ out, int ff) {
+template <bool GELU>
+__device__ __forceinline__ void gated_mul(const bf16* __restrict__ gate_up, bf16* __restrict__ out, int ff) {
   pdl_begin();
   const int t = blockIdx.x;
   const int j = 8 * (blockIdx.y * blockDim.x + threadIdx.x);
@@ -132,10 +192,15 @@ extern "C" __global__ void silu_mul(const bf16* __restrict__ gate_up, bf16* __re
   for (int i = 0; i < 4; ++i) {
     const float2 a = __bfloat1622float2(g2[i]);
     const float2 b = __bfloat1622float2(u2[i]);
-    r2[i] = __floats2bfloat162_rn(a.x / (1.f + __expf(-a.x)) * b.x, a.y / (1.f + __expf(-a.y)) * b.y);
+    if (GELU) r2[i] = __floats2bfloat162_rn(gelu_tanh(a.x) * b.x, gelu_tanh(a.y) * b.y);
+    else r2[i] = __floats2bfloat162_rn(a.x / (1.f + __expf(-a.x)) * b.x, a.y / (1.f + __expf(-a.y)) * b.y);
   }
   *reinterpret_cast<uint4*>(out + (size_t)t * ff + j) = r;
 }
+
+extern "C" __global__ void silu_mul(const bf16* gate_up, bf16* out, int ff) { gated_mul<false>(gate_up, out, ff); }
+
+extern "C" __global__ void gelu_tanh_mul(const bf16* gate_up, bf16* out, int ff) { gated_mul<true>(gate_up, out, ff); }
 
 // out[i] = offset + scale * u_i with u_i uniform in [-0.5, 0.5), a pure
 // function of (seed, i): dummy weights made on the device, no host traffic.

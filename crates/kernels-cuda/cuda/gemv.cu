@@ -9,6 +9,7 @@
 //   gemv_n{n}_swiglu:       w is the fused [2·ff, in] gate/up matrix; the
 //                           warp for column i reads gate row i and up row
 //                           ff + i and writes silu(gate)·up (bf16)
+//   gemv_n{n}_geglu:        the same with GELU (tanh) for SiLU (Gemma)
 //   gemv_n{n}_qkv_rope:     w is the fused q/k/v matrix; two warps for a
 //                           rotary pair read rows i and i + hd/2 of one
 //                           head (half of the input each), add the bias,
@@ -17,7 +18,7 @@
 //                           after a plain GEMM, without the round trip)
 //   gemv_n{n}_bf16_norm:    y = rmsnorm(x)·wᵀ (bf16), for q/k/v of models
 //                           whose q/k norm keeps rope in its own kernel
-//   ..._swiglu_norm / _qkv_rope_norm: the same with the input RMSNorm
+//   ..._swiglu_norm / _geglu_norm / _qkv_rope_norm: the same with the input RMSNorm
 //                           fused: x is the residual already multiplied by
 //                           the norm weight (bf16, left by the residual's
 //                           writer), and the dot products are scaled by
@@ -186,7 +187,7 @@ __device__ __forceinline__ void gemv_plain(const bf16* x, const bf16* w, void* y
   if (MODE == 2 && sumsq) gemv_sumsq<N>(sumsq, sq);
 }
 
-template <int N, bool NORM = false>
+template <int N, bool NORM = false, bool GELU = false>
 __device__ __forceinline__ void gemv_swiglu(const bf16* x, const bf16* w, bf16* y, int in, int ff, NormIn norm = {}) {
   const int col = warp_column();
   const size_t c = min(col, ff - 1);
@@ -197,7 +198,7 @@ __device__ __forceinline__ void gemv_swiglu(const bf16* x, const bf16* w, bf16* 
 #pragma unroll
   for (int n = 0; n < N; ++n) {
     const float g = acc[0][n];
-    y[(size_t)n * ff + col] = to_bf16(g / (1.f + __expf(-g)) * acc[1][n]);
+    y[(size_t)n * ff + col] = to_bf16((GELU ? gelu_tanh(g) : g / (1.f + __expf(-g))) * acc[1][n]);
   }
 }
 
@@ -276,6 +277,15 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const bf16* w, int 
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
       gemv_n##N##_swiglu(const bf16* x, const bf16* w, void* y, int in, int out) {                               \
     gemv_swiglu<N>(x, w, reinterpret_cast<bf16*>(y), in, out);                                                   \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
+      gemv_n##N##_geglu(const bf16* x, const bf16* w, void* y, int in, int out) {                                \
+    gemv_swiglu<N, false, true>(x, w, reinterpret_cast<bf16*>(y), in, out);                                      \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
+      gemv_n##N##_geglu_norm(const bf16* xg, float eps, const SumSq* sumsq, const bf16* w, void* y, int in,      \
+                             int out) {                                                                          \
+    gemv_swiglu<N, true, true>(xg, w, reinterpret_cast<bf16*>(y), in, out, NormIn{eps, sumsq});                 \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_n##N##_qkv_rope(                            \
       const bf16* x, const bf16* w, int in, const float* bias, const int* positions, const long long* slots,    \

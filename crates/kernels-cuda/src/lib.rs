@@ -4,8 +4,10 @@
 //!
 //! The sources are in `cuda/`: `elementwise.cu` (embedding, residual add +
 //! RMSNorm, SiLU x mul, argmax, random fill), `rope.cu` (bias, q/k norm,
-//! rotary embedding and paged KV write) and `attention.cu` (paged decode
-//! attention with GQA and split-K, tensor-core prefill attention).
+//! rotary embedding and paged KV write), `attention.cu` (paged decode
+//! attention with GQA and split-K, tensor-core prefill attention) and
+//! `encoder.cu` (the BERT encoder's LayerNorm, GELU, bidirectional
+//! attention over packed sequences, pooling and L2 normalisation).
 
 /// One compiled `.cu` file.
 #[derive(Debug, Clone, Copy)]

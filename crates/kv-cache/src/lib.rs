@@ -12,13 +12,21 @@
 //! instead of recomputing. Evictable blocks are reclaimed least recently
 //! used first, only when a free block is needed.
 //!
+//! Layer groups (see [`KvLayout`]): the layers of a model with sliding-window
+//! attention split into a global group and a sliding group, each with its own
+//! block table per sequence, all drawing pages from one pool. A sliding group
+//! gives its blocks back as they leave the window (to the prefix cache when
+//! named), so a long sequence holds about a window of them.
+//!
 //! Invariants: every block is exactly one of free (no name), in use
 //! (ref count > 0) or evictable (ref count 0, named, in the LRU); a name maps
 //! to at most one block. Allocation, free and lookup are O(1) amortised
 //! (LRU removal is O(log n)).
 
 mod hash;
+mod layout;
 mod pool;
 
 pub use hash::BlockHash;
+pub use layout::{KvGroup, KvLayout, LayerSite, NULL_BLOCK};
 pub use pool::{BlockId, BlockPool, BlockTable, OutOfBlocks, PrefixCacheStats};

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::layout::{KvLayout, NULL_BLOCK};
 use crate::BlockHash;
 
 /// Index of a KV block in the runner's pool.
@@ -27,38 +28,66 @@ pub struct PrefixCacheStats {
     pub hits: u64,
 }
 
+/// A page's name in the prefix cache: the prefix its logical block ends,
+/// and which group and part of that block it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct PageName {
+    prefix: BlockHash,
+    group: u32,
+    part: u32,
+}
+
 #[derive(Debug, Clone, Default)]
 struct Block {
     ref_count: u32,
-    name: Option<BlockHash>,
+    name: Option<PageName>,
     /// LRU key while evictable.
     lru_tick: u64,
 }
 
-/// A fixed set of KV blocks shared by all sequences.
+/// A fixed set of KV pages shared by all sequences and all layer groups
+/// (see [`KvLayout`]; with one group, a page is a block of every layer).
 #[derive(Debug, Clone)]
 pub struct BlockPool {
     block_size: usize,
+    layout: KvLayout,
     blocks: Vec<Block>,
     /// Unnamed, unreferenced blocks (LIFO: recently freed memory is warm).
     free: Vec<BlockId>,
     /// Named, unreferenced blocks by last use.
     evictable: BTreeMap<u64, BlockId>,
-    /// Prefix name → block holding it.
-    named: HashMap<BlockHash, BlockId>,
+    /// Page name → block holding it.
+    named: HashMap<PageName, BlockId>,
     tick: u64,
     prefix_caching: bool,
     stats: PrefixCacheStats,
 }
 
 impl BlockPool {
-    /// `num_blocks` blocks of `block_size` token slots each.
+    /// `num_blocks` blocks of `block_size` token slots each, one layer
+    /// group (every layer global).
     pub fn new(num_blocks: usize, block_size: usize, prefix_caching: bool) -> Self {
+        Self::with_layout(num_blocks, block_size, KvLayout::single(1), prefix_caching)
+    }
+
+    /// `num_pages` pages of `block_size` token slots shared by the groups
+    /// of `layout`.
+    pub fn with_layout(
+        num_pages: usize,
+        block_size: usize,
+        layout: KvLayout,
+        prefix_caching: bool,
+    ) -> Self {
         assert!(block_size > 0, "block_size must be positive");
+        assert!(
+            num_pages < NULL_BLOCK as usize,
+            "page ids must stay below NULL_BLOCK"
+        );
         Self {
             block_size,
-            blocks: vec![Block::default(); num_blocks],
-            free: (0..num_blocks as BlockId).rev().collect(),
+            layout,
+            blocks: vec![Block::default(); num_pages],
+            free: (0..num_pages as BlockId).rev().collect(),
             evictable: BTreeMap::new(),
             named: HashMap::new(),
             tick: 0,
@@ -67,12 +96,27 @@ impl BlockPool {
         }
     }
 
+    /// The layer groups.
+    pub fn layout(&self) -> &KvLayout {
+        &self.layout
+    }
+
+    /// Empty block tables for a new sequence, one per layer group.
+    pub fn new_tables(&self) -> Vec<BlockTable> {
+        (0..self.layout.groups().len())
+            .map(|g| BlockTable {
+                pages_per_block: self.layout.pages_per_block(g),
+                ..BlockTable::default()
+            })
+            .collect()
+    }
+
     /// Token slots per block.
     pub fn block_size(&self) -> usize {
         self.block_size
     }
 
-    /// Total blocks.
+    /// Total blocks (pages).
     pub fn num_blocks(&self) -> usize {
         self.blocks.len()
     }
@@ -96,9 +140,15 @@ impl BlockPool {
         }
     }
 
-    /// Blocks needed to hold `tokens` positions.
+    /// Blocks needed to hold `tokens` positions in a one-group pool.
     pub fn blocks_for(&self, tokens: usize) -> usize {
         tokens.div_ceil(self.block_size)
+    }
+
+    /// Pages a sequence holds while computing positions `start..end`, all
+    /// groups counted (a sliding group only its window's blocks).
+    pub fn pages_for(&self, start: usize, end: usize) -> usize {
+        self.layout.pages_for(start, end, self.block_size)
     }
 
     /// Prefix-cache counters so far.
@@ -111,31 +161,100 @@ impl BlockPool {
         self.prefix_caching
     }
 
-    /// Starts `table` (empty) with the longest cached prefix of `tokens` and
-    /// returns how many tokens it covers. At least one token is always left
-    /// to compute, since the last prompt token's logits are needed.
+    /// [`BlockPool::reuse_prefix_groups`] for a one-group pool.
     pub fn reuse_prefix(&mut self, table: &mut BlockTable, tokens: &[u32]) -> usize {
-        debug_assert!(table.blocks.is_empty());
+        self.reuse_prefix_groups(std::slice::from_mut(table), tokens)
+    }
+
+    /// Starts `tables` (empty, one per group) with the longest cached
+    /// prefix of `tokens` that every group can resume from, and returns how
+    /// many tokens it covers. At least one token is always left to compute,
+    /// since the last prompt token's logits are needed.
+    ///
+    /// A global group needs every block of the prefix; a sliding group only
+    /// the blocks its window still sees from the prefix's end. So the hit
+    /// is the longest prefix the global groups hold, shortened to the
+    /// latest block boundary where every sliding group holds its window.
+    pub fn reuse_prefix_groups(&mut self, tables: &mut [BlockTable], tokens: &[u32]) -> usize {
+        debug_assert!(tables.iter().all(|t| t.blocks.is_empty()));
+        debug_assert_eq!(tables.len(), self.layout.groups().len());
         if !self.prefix_caching {
             return 0;
         }
         let bs = self.block_size;
         let usable = tokens.len().saturating_sub(1) / bs;
+        let groups = self.layout.groups().len();
+        let global: Vec<usize> = (0..groups)
+            .filter(|&g| self.layout.groups()[g].window.is_none())
+            .collect();
+        let mut names = Vec::new();
         let mut parent = None;
         for chunk in tokens.chunks_exact(bs).take(usable) {
             let name = BlockHash::chain(parent, chunk);
-            let Some(&id) = self.named.get(&name) else {
+            if !global.iter().all(|&g| self.is_cached(name, g)) {
                 break;
-            };
-            self.take_ref(id);
-            table.blocks.push(id);
-            table.names.push(name);
+            }
+            names.push(name);
             parent = Some(name);
         }
-        let hit = table.blocks.len() * bs;
+        let hit_blocks = self.sliding_resume_point(&names);
+        for (g, table) in tables.iter_mut().enumerate() {
+            let first = self.layout.first_live_block(g, hit_blocks * bs, bs);
+            for (b, &name) in names.iter().enumerate().take(hit_blocks) {
+                for part in 0..table.pages_per_block() {
+                    let id = if b < first {
+                        NULL_BLOCK
+                    } else {
+                        let id = self.named[&page_name(name, g, part)];
+                        self.take_ref(id);
+                        id
+                    };
+                    table.blocks.push(id);
+                }
+                table.names.push(name);
+            }
+            table.dropped = first.min(hit_blocks);
+        }
+        let hit = hit_blocks * bs;
         self.stats.queries += tokens.len() as u64;
         self.stats.hits += hit as u64;
         hit
+    }
+
+    /// Whether every page of group `g`'s block named `name` is cached.
+    fn is_cached(&self, name: BlockHash, g: usize) -> bool {
+        (0..self.layout.pages_per_block(g)).all(|p| self.named.contains_key(&page_name(name, g, p)))
+    }
+
+    /// The largest `k <= names.len()` such that every sliding group holds
+    /// the blocks a query at position `k * block_size` sees.
+    fn sliding_resume_point(&self, names: &[BlockHash]) -> usize {
+        let bs = self.block_size;
+        let sliding: Vec<usize> = (0..self.layout.groups().len())
+            .filter(|&g| self.layout.groups()[g].window.is_some())
+            .collect();
+        // run[g][b]: cached blocks of group g in a row ending at block b.
+        let runs: Vec<Vec<usize>> = sliding
+            .iter()
+            .map(|&g| {
+                let mut run = 0;
+                names
+                    .iter()
+                    .map(|&n| {
+                        run = if self.is_cached(n, g) { run + 1 } else { 0 };
+                        run
+                    })
+                    .collect()
+            })
+            .collect();
+        let resumable = |k: usize| {
+            k == 0
+                || sliding.iter().zip(&runs).all(|(&g, run)| {
+                    let first = self.layout.first_live_block(g, k * bs, bs);
+                    run[k - 1] >= k - first
+                })
+        };
+        (0..=names.len()).rev().find(|&k| resumable(k)).unwrap_or(0)
     }
 
     fn take_ref(&mut self, id: BlockId) {
@@ -144,6 +263,24 @@ impl BlockPool {
             self.evictable.remove(&b.lru_tick);
         }
         b.ref_count += 1;
+    }
+
+    /// Drops one reference; a block nobody holds becomes evictable when
+    /// named, else free.
+    fn unref(&mut self, id: BlockId) {
+        let b = &mut self.blocks[id as usize];
+        debug_assert!(b.ref_count > 0, "double free of block {id}");
+        b.ref_count -= 1;
+        if b.ref_count > 0 {
+            return;
+        }
+        if b.name.is_some() {
+            self.tick += 1;
+            b.lru_tick = self.tick;
+            self.evictable.insert(self.tick, id);
+        } else {
+            self.free.push(id);
+        }
     }
 
     /// One block for new contents: a free one, else the least recently used
@@ -163,51 +300,121 @@ impl BlockPool {
         Some(id)
     }
 
-    /// Grows `table` to hold `num_tokens` positions; all or nothing.
+    /// [`BlockPool::reserve_groups`] for a one-group pool, from position 0.
     pub fn reserve(
         &mut self,
         table: &mut BlockTable,
         num_tokens: usize,
     ) -> Result<(), OutOfBlocks> {
-        let needed = self
-            .blocks_for(num_tokens)
-            .saturating_sub(table.blocks.len());
+        self.reserve_groups(std::slice::from_mut(table), 0, num_tokens)
+    }
+
+    /// Readies `tables` for computing positions `start..end`: first gives
+    /// back every sliding-group block that no query at `start` or later
+    /// sees (kept cached when named), then grows each table to hold `end`
+    /// positions; the growth is all or nothing.
+    pub fn reserve_groups(
+        &mut self,
+        tables: &mut [BlockTable],
+        start: usize,
+        end: usize,
+    ) -> Result<(), OutOfBlocks> {
+        debug_assert_eq!(tables.len(), self.layout.groups().len());
+        let bs = self.block_size;
+        let blocks = end.div_ceil(bs);
+        let mut needed = 0;
+        for (g, table) in tables.iter_mut().enumerate() {
+            let first = self.layout.first_live_block(g, start, bs);
+            self.drop_blocks_before(table, first);
+            let fresh = blocks.saturating_sub(table.num_blocks().max(first));
+            needed += fresh * table.pages_per_block();
+        }
         if needed > self.num_available() {
             return Err(OutOfBlocks {
                 needed,
                 free: self.num_available(),
             });
         }
-        for _ in 0..needed {
-            let id = self
-                .pop_block()
-                .expect("availability checked above. This is a bug.");
-            table.blocks.push(id);
+        for (g, table) in tables.iter_mut().enumerate() {
+            let first = self.layout.first_live_block(g, start, bs);
+            while table.num_blocks() < blocks {
+                let live = table.num_blocks() >= first;
+                for _ in 0..table.pages_per_block() {
+                    let id = if live {
+                        self.pop_block()
+                            .expect("availability checked above. This is a bug.")
+                    } else {
+                        NULL_BLOCK
+                    };
+                    table.blocks.push(id);
+                }
+                if !live {
+                    table.dropped = table.num_blocks();
+                }
+            }
         }
         Ok(())
     }
 
-    /// Names every full block of `table` whose `tokens` are computed, so
+    /// Gives back the pages of `table`'s logical blocks before `first`.
+    fn drop_blocks_before(&mut self, table: &mut BlockTable, first: usize) {
+        let ppb = table.pages_per_block();
+        let upto = first.min(table.num_blocks());
+        for i in table.dropped * ppb..upto * ppb {
+            let id = std::mem::replace(&mut table.blocks[i], NULL_BLOCK);
+            if id != NULL_BLOCK {
+                self.unref(id);
+            }
+        }
+        table.dropped = table.dropped.max(upto);
+    }
+
+    /// [`BlockPool::publish_groups`] for a one-group pool.
+    pub fn publish_full_blocks(&mut self, table: &mut BlockTable, tokens: &[u32], computed: usize) {
+        self.publish_groups(std::slice::from_mut(table), tokens, computed);
+    }
+
+    /// Names every full block of `tables` whose `tokens` are computed, so
     /// later sequences can reuse them. `tokens` are the sequence's tokens;
     /// `computed` how many of them are in the cache.
-    pub fn publish_full_blocks(&mut self, table: &mut BlockTable, tokens: &[u32], computed: usize) {
+    pub fn publish_groups(&mut self, tables: &mut [BlockTable], tokens: &[u32], computed: usize) {
         if !self.prefix_caching {
             return;
         }
         let bs = self.block_size;
-        let full = (computed.min(tokens.len()) / bs).min(table.blocks.len());
-        while table.names.len() < full {
-            let i = table.names.len();
-            let parent = table.names.last().copied();
-            let name = BlockHash::chain(parent, &tokens[i * bs..(i + 1) * bs]);
-            table.names.push(name);
-            let id = table.blocks[i];
-            // The same prefix computed twice concurrently: keep the first
-            // copy named; this one is freed normally.
-            if !self.named.contains_key(&name) && self.blocks[id as usize].name.is_none() {
-                self.named.insert(name, id);
-                self.blocks[id as usize].name = Some(name);
+        let full = computed.min(tokens.len()) / bs;
+        // The chain of names is the same for every group: hash it once.
+        let mut chain = tables.first().map(|t| t.names.clone()).unwrap_or_default();
+        while chain.len() < full {
+            let i = chain.len();
+            let parent = chain.last().copied();
+            chain.push(BlockHash::chain(parent, &tokens[i * bs..(i + 1) * bs]));
+        }
+        for (g, table) in tables.iter_mut().enumerate() {
+            let upto = full.min(table.num_blocks());
+            while table.names.len() < upto {
+                let b = table.names.len();
+                let name = chain[b];
+                table.names.push(name);
+                for part in 0..table.pages_per_block() {
+                    let id = table.blocks[b * table.pages_per_block() + part];
+                    self.name_page(id, page_name(name, g, part));
+                }
             }
+        }
+    }
+
+    /// Names page `id` unless it is a dropped entry, already named, or the
+    /// same contents are cached already (a prefix computed twice at once:
+    /// the first copy keeps the name, this one is freed normally).
+    fn name_page(&mut self, id: BlockId, name: PageName) {
+        if id == NULL_BLOCK || self.named.contains_key(&name) {
+            return;
+        }
+        let block = &mut self.blocks[id as usize];
+        if block.name.is_none() {
+            block.name = Some(name);
+            self.named.insert(name, id);
         }
     }
 
@@ -223,52 +430,79 @@ impl BlockPool {
         }
     }
 
-    /// Returns every block of `table` to the pool. Named blocks stay cached
-    /// (evictable) until their memory is needed.
+    /// [`BlockPool::release_groups`] for a one-group pool.
     pub fn release(&mut self, table: &mut BlockTable) {
-        // Release the tail first so that, under LRU, a prefix's deeper blocks
-        // are evicted before the shallower ones they depend on.
-        for id in table.blocks.drain(..).rev() {
-            let b = &mut self.blocks[id as usize];
-            debug_assert!(b.ref_count > 0, "double free of block {id}");
-            b.ref_count -= 1;
-            if b.ref_count > 0 {
-                continue;
+        self.release_groups(std::slice::from_mut(table));
+    }
+
+    /// Returns every block of `tables` to the pool. Named blocks stay
+    /// cached (evictable) until their memory is needed.
+    pub fn release_groups(&mut self, tables: &mut [BlockTable]) {
+        for table in tables {
+            // Release the tail first so that, under LRU, a prefix's deeper
+            // blocks are evicted before the shallower ones they depend on.
+            for id in table.blocks.drain(..).rev() {
+                if id != NULL_BLOCK {
+                    self.unref(id);
+                }
             }
-            if b.name.is_some() {
-                self.tick += 1;
-                b.lru_tick = self.tick;
-                self.evictable.insert(self.tick, id);
-            } else {
-                self.free.push(id);
-            }
+            table.names.clear();
+            table.dropped = 0;
         }
-        table.names.clear();
     }
 }
 
-/// The blocks of one sequence, in position order, with the names of its
-/// full computed blocks.
+fn page_name(prefix: BlockHash, group: usize, part: usize) -> PageName {
+    PageName {
+        prefix,
+        group: group as u32,
+        part: part as u32,
+    }
+}
+
+/// The blocks of one sequence in one layer group, in position order, with
+/// the names of its full computed blocks. A group of several pages per
+/// block lists them block by block; entries of blocks that left a sliding
+/// window are [`NULL_BLOCK`].
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct BlockTable {
     blocks: Vec<BlockId>,
     names: Vec<BlockHash>,
+    /// Pages per logical block (0 reads as 1: a table from `new`).
+    pages_per_block: usize,
+    /// Leading logical blocks given back (their entries are `NULL_BLOCK`).
+    dropped: usize,
 }
 
 impl BlockTable {
-    /// An empty table.
+    /// An empty table of one page per block.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Block ids in position order.
+    /// Page ids in position order ([`NULL_BLOCK`] where given back).
     pub fn blocks(&self) -> &[BlockId] {
         &self.blocks
     }
 
+    /// Pages per logical block.
+    pub fn pages_per_block(&self) -> usize {
+        self.pages_per_block.max(1)
+    }
+
+    /// Logical blocks (positions / block size, rounded up) the table spans.
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.len() / self.pages_per_block()
+    }
+
+    /// Pages the table holds (not given back).
+    pub fn num_live_pages(&self) -> usize {
+        self.blocks.iter().filter(|&&b| b != NULL_BLOCK).count()
+    }
+
     /// Positions the table can hold.
     pub fn capacity(&self, block_size: usize) -> usize {
-        self.blocks.len() * block_size
+        self.num_blocks() * block_size
     }
 }
 
@@ -451,5 +685,132 @@ mod tests {
         run_seq(&mut pool, &toks(5, 0));
         let mut t = BlockTable::new();
         assert_eq!(pool.reuse_prefix(&mut t, &toks(5, 0)), 0);
+    }
+
+    /// Layer 0 global; layers 1 and 2 through a window of 8: one page
+    /// layer, 1 page per global block, 2 per sliding block.
+    fn two_groups(pages: usize) -> BlockPool {
+        let layout = KvLayout::from_windows(&[None, Some(8), Some(8)]);
+        BlockPool::with_layout(pages, 4, layout, true)
+    }
+
+    /// Runs `tokens` through `pool` in chunks of `chunk` (from its cached
+    /// prefix), publishing as it goes; returns the hit and the most pages
+    /// held at once.
+    fn run_chunked(pool: &mut BlockPool, tokens: &[u32], chunk: usize) -> (usize, usize) {
+        let mut t = pool.new_tables();
+        let hit = pool.reuse_prefix_groups(&mut t, tokens);
+        let (mut pos, mut peak) = (hit, 0);
+        while pos < tokens.len() {
+            let end = (pos + chunk).min(tokens.len());
+            pool.reserve_groups(&mut t, pos, end).unwrap();
+            peak = peak.max(pool.num_in_use());
+            pool.publish_groups(&mut t, tokens, end);
+            pos = end;
+        }
+        pool.release_groups(&mut t);
+        (hit, peak)
+    }
+
+    #[test]
+    fn sliding_blocks_leave_with_the_window() {
+        let mut pool = two_groups(64);
+        let mut t = pool.new_tables();
+        pool.reserve_groups(&mut t, 0, 20).unwrap();
+        assert_eq!(pool.num_in_use(), 5 + 5 * 2);
+        // A query at 20 sees 13..=20: sliding blocks 0..3 go back.
+        pool.reserve_groups(&mut t, 20, 21).unwrap();
+        assert_eq!(t[1].blocks()[..6], [NULL_BLOCK; 6]);
+        assert_eq!(t[1].num_live_pages(), 3 * 2);
+        assert_eq!(pool.num_in_use(), 6 + 3 * 2);
+        // Decoding on: the sliding group never holds more than 3 blocks.
+        for pos in 21..200 {
+            pool.reserve_groups(&mut t, pos, pos + 1).unwrap();
+            assert!(t[1].num_live_pages() <= 3 * 2, "at {pos}");
+            assert_eq!(t[0].num_live_pages(), (pos + 1).div_ceil(4));
+        }
+        pool.release_groups(&mut t);
+        assert_eq!(pool.num_in_use(), 0);
+        assert_eq!(pool.num_available(), 64);
+    }
+
+    #[test]
+    fn chunked_prefill_frees_behind_the_chunk_and_admission_counts_groups() {
+        // One table of 200 tokens would be 50 blocks of 3 pages: 150 pages.
+        let mut pool = two_groups(64);
+        let (_, peak) = run_chunked(&mut pool, &toks(200, 0), 8);
+        // 50 global + at most (8 + 8) / 4 + 1 sliding blocks of 2 pages.
+        assert!(peak <= 50 + 5 * 2, "peak {peak}");
+        assert_eq!(pool.pages_for(0, 20), 5 + 5 * 2);
+        assert_eq!(pool.pages_for(192, 200), 50 + 4 * 2);
+        // A pool too small for the step refuses it whole.
+        let mut small = two_groups(10);
+        let mut t = small.new_tables();
+        let err = small.reserve_groups(&mut t, 0, 16).unwrap_err();
+        assert_eq!(
+            err,
+            OutOfBlocks {
+                needed: 12,
+                free: 10
+            }
+        );
+        assert_eq!(small.num_in_use(), 0);
+    }
+
+    #[test]
+    fn a_prefix_hit_resumes_both_groups_with_the_window_cached() {
+        let mut pool = two_groups(256);
+        let first = toks(40, 0);
+        assert_eq!(run_chunked(&mut pool, &first, 8).0, 0);
+        let mut second = toks(36, 0);
+        second.extend([900, 901, 902]);
+        let mut t = pool.new_tables();
+        assert_eq!(pool.reuse_prefix_groups(&mut t, &second), 36);
+        // The global group holds all 9 blocks; the sliding one only what a
+        // query at 36 sees (29..36: blocks 7 and 8), the rest are null.
+        assert_eq!(t[0].num_live_pages(), 9);
+        assert_eq!(t[1].num_blocks(), 9);
+        assert_eq!(t[1].blocks()[..14], [NULL_BLOCK; 14]);
+        assert_eq!(t[1].num_live_pages(), 2 * 2);
+        pool.reserve_groups(&mut t, 36, second.len()).unwrap();
+        pool.publish_groups(&mut t, &second, second.len());
+        pool.release_groups(&mut t);
+        assert_eq!(pool.num_in_use(), 0);
+    }
+
+    #[test]
+    fn a_prefix_whose_window_was_evicted_falls_back() {
+        let mut pool = two_groups(60);
+        run_chunked(&mut pool, &toks(40, 0), 8);
+        // 30 pages stay cached. The oldest are the sliding blocks 0..6
+        // that left the window while the sequence ran (12 pages): taking
+        // 42 pages evicts exactly those.
+        let mut other = pool.new_tables();
+        pool.reserve_groups(&mut other, 0, 14 * 4).unwrap();
+        pool.release_groups(&mut other);
+        let mut t = pool.new_tables();
+        // Resuming at 40 or 32 needs sliding blocks 8, 9 or 6, 7: cached.
+        assert_eq!(pool.reuse_prefix_groups(&mut t, &toks(41, 0)), 40);
+        pool.release_groups(&mut t);
+        let mut at_32 = toks(33, 0);
+        at_32.push(77);
+        assert_eq!(pool.reuse_prefix_groups(&mut t, &at_32), 32);
+        pool.release_groups(&mut t);
+        // Resuming at 28 needs block 5, evicted, and so does every earlier
+        // point: nothing is reused though the global group holds it all.
+        let mut at_28 = toks(29, 0);
+        at_28.push(77);
+        assert_eq!(pool.reuse_prefix_groups(&mut t, &at_28), 0);
+        assert!(t.iter().all(|t| t.blocks().is_empty()));
+    }
+
+    #[test]
+    fn one_group_pools_behave_as_before() {
+        let mut pool = BlockPool::new(8, 4, true);
+        assert_eq!(pool.layout().groups().len(), 1);
+        let mut t = pool.new_tables();
+        pool.reserve_groups(&mut t, 30, 32).unwrap();
+        assert_eq!(t[0].num_live_pages(), 8, "nothing is windowed");
+        pool.release_groups(&mut t);
     }
 }

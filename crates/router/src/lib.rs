@@ -9,6 +9,7 @@
 
 mod app;
 pub mod breaker;
+pub mod canary_slo;
 pub mod config;
 mod discovery;
 mod error;

@@ -57,6 +57,9 @@ pub const ROUTE_AWAY_ACTIONS: &str = "ingot_router_route_away_actions_total";
 /// 1 while a worker is routed away for breaching `[slo]` (in dry_run: would
 /// be), by worker and mode.
 pub const ROUTED_AWAY: &str = "ingot_router_routed_away";
+/// `[slo] canary_rollback` decisions, by canary and mode (on: rolled back;
+/// dry_run: would have).
+pub const CANARY_SLO_ACTIONS: &str = "ingot_router_canary_slo_actions_total";
 /// Canary promotions, by canary.
 pub const CANARY_PROMOTIONS: &str = "ingot_canary_promotions_total";
 
@@ -125,6 +128,10 @@ fn describe_fleet() {
     describe_histogram!(ARM_E2E, "End-to-end latency per arm (seconds)");
     describe_gauge!(CANARY_SHARE, "A canary's share of its traffic (percent)");
     describe_counter!(CANARY_ROLLBACKS, "Canary rollbacks, by reason");
+    describe_counter!(
+        CANARY_SLO_ACTIONS,
+        "[slo] canary rollbacks, by canary and mode (dry_run: would have)"
+    );
     describe_counter!(CANARY_PROMOTIONS, "Canaries promoted to stable");
     describe_counter!(
         ROUTE_AWAY_ACTIONS,

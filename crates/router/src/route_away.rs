@@ -60,6 +60,9 @@ pub struct RouterSloSection {
     /// Longest time out of rotation (the hold doubles per relapse).
     /// Default "120s".
     pub hold_max: Option<ConfigDuration>,
+    /// Roll back a canary whose group breaches the targets while its
+    /// stable group meets them (`crate::canary_slo`). Default false.
+    pub canary_rollback: Option<bool>,
 }
 
 /// The resolved `[slo]`.
@@ -79,6 +82,8 @@ pub struct RouteAwayConfig {
     pub hold: Duration,
     /// Longest hold.
     pub hold_max: Duration,
+    /// Roll back canaries that breach while stable meets the targets.
+    pub canary_rollback: bool,
 }
 
 impl Default for RouteAwayConfig {
@@ -91,6 +96,7 @@ impl Default for RouteAwayConfig {
             min_samples: 5,
             hold: Duration::from_secs(10),
             hold_max: Duration::from_secs(120),
+            canary_rollback: false,
         }
     }
 }
@@ -108,6 +114,7 @@ impl RouterSloSection {
             min_samples: self.min_samples.unwrap_or(base.min_samples),
             hold: self.hold.map_or(base.hold, ConfigDuration::get),
             hold_max: self.hold_max.map_or(base.hold_max, ConfigDuration::get),
+            canary_rollback: self.canary_rollback.unwrap_or(base.canary_rollback),
         };
         for (key, target) in [
             ("slo.ttft_target", config.ttft),
@@ -170,7 +177,7 @@ pub enum Decision {
 
 impl RouteAwayConfig {
     /// Whether `latency` is over a target (after enough samples).
-    fn breaches(&self, latency: Latency) -> bool {
+    pub(crate) fn breaches(&self, latency: Latency) -> bool {
         if latency.samples < self.min_samples {
             return false;
         }
@@ -178,9 +185,9 @@ impl RouteAwayConfig {
         over(latency.ttft, self.ttft) || over(latency.itl, self.itl)
     }
 
-    /// Whether every measured average is under its exit bound (and at
-    /// least one is measured).
-    fn recovered(&self, latency: Latency) -> bool {
+    /// Whether every measured average is under `ratio` × its target (and
+    /// at least one is measured, after enough samples).
+    fn within(&self, latency: Latency, ratio: f64) -> bool {
         let pairs = [(latency.ttft, self.ttft), (latency.itl, self.itl)];
         if latency.samples < self.min_samples {
             return false;
@@ -189,12 +196,23 @@ impl RouteAwayConfig {
         for (avg, target) in pairs {
             if let (Some(a), Some(t)) = (avg, target) {
                 measured = true;
-                if a >= self.exit_ratio * t {
+                if a >= ratio * t {
                     return false;
                 }
             }
         }
         measured
+    }
+
+    /// Whether every measured average is under its exit bound.
+    fn recovered(&self, latency: Latency) -> bool {
+        self.within(latency, self.exit_ratio)
+    }
+
+    /// Whether `latency` is measured and meets every target: a canary is
+    /// only blamed for a breach its stable group does not share.
+    pub(crate) fn meets(&self, latency: Latency) -> bool {
+        self.within(latency, 1.0)
     }
 
     /// Advances `state` for a worker measured at `latency` at `now`.
@@ -407,6 +425,12 @@ mod tests {
         );
         let ok = on().validate().expect("valid");
         assert_eq!(ok.ttft, Some(1.0));
+        assert!(!ok.canary_rollback, "off unless asked for");
+        let rollback = RouterSloSection {
+            canary_rollback: Some(true),
+            ..on()
+        };
+        assert!(rollback.validate().expect("valid").canary_rollback);
         assert_eq!(
             RouterSloSection::default().validate(),
             Ok(RouteAwayConfig::default())

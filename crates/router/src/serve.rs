@@ -16,7 +16,8 @@ use crate::supervisor::supervise_task;
 use crate::worker::{Worker, DEFAULT_GROUP};
 
 /// Evaluates the canaries every `eval_interval` (the shortest of them):
-/// steps, promotions and automatic rollbacks happen here.
+/// steps, promotions and automatic rollbacks happen here, then the `[slo]`
+/// canary rollback.
 async fn canary_task(state: Arc<RouterState>) {
     let Some(tick) = state.splits.canaries.tick() else {
         return;
@@ -25,7 +26,9 @@ async fn canary_task(state: Arc<RouterState>) {
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         interval.tick().await;
-        state.splits.canaries.evaluate(std::time::Instant::now());
+        let now = std::time::Instant::now();
+        state.splits.canaries.evaluate(now);
+        crate::canary_slo::evaluate(&state.config.route_away, &state.splits.canaries, now);
     }
 }
 

@@ -36,6 +36,10 @@ pub struct AttentionShape {
     /// Sliding window: a token at `pos` attends to `pos + 1 - window ..= pos`
     /// only; `None`: its whole causal prefix.
     pub window: Option<usize>,
+    /// The layer's group lists this many pages per block in its tables...
+    pub pages_per_block: usize,
+    /// ...and the layer reads page `part` of each block.
+    pub part: usize,
 }
 
 /// Where a batch token sits: its sequence's block table and its position.
@@ -89,8 +93,9 @@ fn attend_one(
     // block holding it is read from its offset on.
     let first = shape.window.map_or(0, |w| len.saturating_sub(w));
     let first_block = first / bs;
-    let blocks = site.block_table.iter().enumerate().take(len.div_ceil(bs));
-    for (b, &block) in blocks.skip(first_block) {
+    let (ppb, part) = (shape.pages_per_block, shape.part);
+    for b in first_block..len.div_ceil(bs) {
+        let block = site.block_table[b * ppb + part];
         let lo = first.saturating_sub(b * bs);
         let n = bs.min(len - b * bs);
         let base = block as usize * bs * row + kv_head * hd;
@@ -157,6 +162,8 @@ mod tests {
             block_size: 4,
             scale: 1.0 / 8f32.sqrt(),
             window,
+            pages_per_block: 1,
+            part: 0,
         };
         let row = shape.num_kv_heads * shape.head_dim;
         let num_blocks = 6;

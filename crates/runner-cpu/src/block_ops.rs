@@ -5,6 +5,7 @@
 use ingot_arch::{
     Activation, AttentionSpec, DecoderOps, EmbedSpec, HeadSpec, MlpSpec, NextNorm, RopeTable,
 };
+use ingot_kv_cache::KvLayout;
 use ingot_models::ModelConfig;
 use ingot_runner::{ForwardBatch, RunnerError};
 
@@ -21,7 +22,9 @@ pub(crate) struct CpuOps<'a, 'b> {
     pub lm_head: Option<&'a Matrix>,
     pub norm: &'a [f32],
     pub layers: &'a [Layer],
+    /// One K/V tensor per slice of a page (see [`KvLayout`]).
     pub kv: &'a mut [LayerKv],
+    pub layout: &'a KvLayout,
     pub block_size: usize,
     /// `[position, head_dim / 2]` tables.
     pub cos: &'a [f32],
@@ -31,8 +34,9 @@ pub(crate) struct CpuOps<'a, 'b> {
     pub local_sin: &'a [f32],
     pub ws: &'a mut Workspace,
     pub batch: &'a ForwardBatch<'b>,
-    /// Per token row: its sequence's block table and position.
-    pub sites: Vec<TokenSite<'b>>,
+    /// Per layer group, per token row: the sequence's table of that group
+    /// and the token's position.
+    pub sites: Vec<Vec<TokenSite<'b>>>,
     /// Logits written by [`DecoderOps::logits`].
     pub logits_len: usize,
 }
@@ -43,7 +47,7 @@ fn unsupported(what: &str) -> RunnerError {
 
 impl CpuOps<'_, '_> {
     fn tokens(&self) -> usize {
-        self.sites.len()
+        self.ws.positions.len()
     }
 
     /// q/k/v projection (+ bias), q/k norm, rope and the paged KV write of
@@ -54,7 +58,10 @@ impl CpuOps<'_, '_> {
         let qkv_w = qd + 2 * kvd;
         let (t, half) = (self.tokens(), hd / 2);
         let (l, ws) = (&self.layers[layer], &mut *self.ws);
-        let kv = &mut self.kv[layer];
+        let site = self.layout.site(layer);
+        let kv = &mut self.kv[site.slice];
+        let sites = &self.sites[site.group];
+        let bs = self.block_size;
         let (cos_table, sin_table) = match spec.rope {
             RopeTable::Global => (self.cos, self.sin),
             RopeTable::Local => (self.local_cos, self.local_sin),
@@ -70,7 +77,7 @@ impl CpuOps<'_, '_> {
         if let Some(bias) = l.qkv_bias.as_ref().filter(|_| spec.qkv_bias) {
             ops::add_bias(&mut ws.qkv[..t * qkv_w], bias);
         }
-        for row in 0..t {
+        for (row, token) in sites.iter().enumerate().take(t) {
             let r = &mut ws.qkv[row * qkv_w..(row + 1) * qkv_w];
             let (q, rest) = r.split_at_mut(qd);
             let (k, v) = rest.split_at_mut(kvd);
@@ -78,14 +85,15 @@ impl CpuOps<'_, '_> {
                 ops::rms_norm_heads_in_place(q, qn, c.rms_norm_eps);
                 ops::rms_norm_heads_in_place(k, kn, c.rms_norm_eps);
             }
-            let p = ws.positions[row];
+            let p = token.pos;
             let (cos, sin) = (
                 &cos_table[p * half..(p + 1) * half],
                 &sin_table[p * half..(p + 1) * half],
             );
             ops::rope_in_place(q, hd, cos, sin);
             ops::rope_in_place(k, hd, cos, sin);
-            let slot = ws.slots[row];
+            let block = token.block_table[(p / bs) * site.pages_per_block + site.part];
+            let slot = block as usize * bs + p % bs;
             kv.k[slot * kvd..(slot + 1) * kvd].copy_from_slice(k);
             kv.v[slot * kvd..(slot + 1) * kvd].copy_from_slice(v);
             ws.q[row * qd..(row + 1) * qd].copy_from_slice(q);
@@ -101,7 +109,7 @@ impl DecoderOps for CpuOps<'_, '_> {
     fn embed(&mut self, spec: &EmbedSpec, _next: NextNorm) -> Result<(), RunnerError> {
         let c = self.config;
         let (d, qd, kvd, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
-        let (t, bs) = (self.batch.num_tokens(), self.block_size);
+        let t = self.batch.num_tokens();
         let ws = &mut *self.ws;
         grow(&mut ws.x, t * d);
         grow(&mut ws.xn, t * d);
@@ -112,24 +120,25 @@ impl DecoderOps for CpuOps<'_, '_> {
         grow(&mut ws.gate_up, t * 2 * ff);
         grow(&mut ws.act, t * ff);
         ws.positions.clear();
-        ws.slots.clear();
-        self.sites.clear();
+        let groups = self.layout.groups().len();
+        self.sites = vec![Vec::with_capacity(t); groups];
         for chunk in &self.batch.chunks {
             for (i, &tok) in chunk.tokens.iter().enumerate() {
                 let pos = chunk.start_pos + i;
                 let row = ws.positions.len();
                 ws.positions.push(pos);
-                ws.slots
-                    .push(chunk.block_table[pos / bs] as usize * bs + pos % bs);
                 let x = &mut ws.x[row * d..(row + 1) * d];
                 self.embed.row_into(tok as usize, x);
                 if let Some(scale) = spec.scale {
                     x.iter_mut().for_each(|v| *v *= scale);
                 }
-                self.sites.push(TokenSite {
-                    block_table: chunk.block_table,
-                    pos,
-                });
+                for (g, sites) in self.sites.iter_mut().enumerate() {
+                    let block_table = match g {
+                        0 => chunk.block_table,
+                        _ => chunk.group_tables[g - 1].blocks(),
+                    };
+                    sites.push(TokenSite { block_table, pos });
+                }
             }
         }
         Ok(())
@@ -148,6 +157,7 @@ impl DecoderOps for CpuOps<'_, '_> {
             return Err(unsupported("a local rope table without a local rope base"));
         }
         self.project_qkv(layer, spec);
+        let site = self.layout.site(layer);
         let c = self.config;
         let (t, d, qd) = (self.tokens(), c.hidden_size, c.q_dim());
         let shape = AttentionShape {
@@ -160,14 +170,16 @@ impl DecoderOps for CpuOps<'_, '_> {
                 .attention_scale
                 .unwrap_or(1.0 / (c.head_dim as f32).sqrt()),
             window: spec.window,
+            pages_per_block: site.pages_per_block,
+            part: site.part,
         };
         let ws = &mut *self.ws;
-        let kv = &self.kv[layer];
+        let kv = &self.kv[site.slice];
         paged_attention(
             shape,
             &ws.q[..t * qd],
             kv,
-            &self.sites,
+            &self.sites[site.group],
             &mut ws.attn[..t * qd],
         );
         let l = &self.layers[layer];

@@ -29,6 +29,7 @@ mod simd;
 
 use attention::{LayerKv, MAX_BLOCK_SIZE, MAX_HEAD_DIM};
 use block_ops::CpuOps;
+use ingot_kv_cache::KvLayout;
 use ingot_models::{BlockData, LlamaWeights, ModelConfig, ModelError, TensorSource};
 use ingot_runner::{ForwardBatch, KvCacheShape, ModelRunner, RunnerError};
 use kv_memory::KvSlots;
@@ -58,7 +59,9 @@ pub enum CpuWeights {
 /// Sizes chosen by the caller.
 #[derive(Debug, Clone, Copy)]
 pub struct CpuRunnerConfig {
-    /// KV blocks to allocate.
+    /// KV memory, in blocks of every layer. A model with sliding-window
+    /// layers gets the same memory as pages of fewer layers (more of them),
+    /// shared by its layer groups (see [`ingot_runner::kv_layout_of`]).
     pub num_blocks: usize,
     /// Token slots per block.
     pub block_size: usize,
@@ -98,7 +101,6 @@ struct Workspace {
     /// Quantized activations for the native kernels.
     acts: ActScratch,
     positions: Vec<usize>,
-    slots: Vec<usize>,
 }
 
 fn grow(buf: &mut Vec<f32>, len: usize) {
@@ -115,8 +117,11 @@ pub struct CpuRunner {
     lm_head: Option<Matrix>,
     norm: Vec<f32>,
     layers: Vec<Layer>,
+    /// One K/V tensor per layer of a page: the groups' layers share them
+    /// (see [`KvLayout`]).
     kv: Vec<LayerKv>,
     kv_shape: KvCacheShape,
+    layout: KvLayout,
     /// `[position, head_dim / 2]` tables.
     cos: Vec<f32>,
     sin: Vec<f32>,
@@ -336,8 +341,11 @@ impl CpuRunner {
                 "CPU attention supports head_dim <= {MAX_HEAD_DIM} and block_size in 1..={MAX_BLOCK_SIZE}"
             )));
         }
-        let slots = opts.num_blocks * opts.block_size * config.kv_dim();
-        let kv = (0..config.num_layers)
+        let layout = ingot_runner::kv_layout_of(&config);
+        // Same memory as `num_blocks` blocks of every layer.
+        let num_pages = opts.num_blocks * config.num_layers / layout.page_layers();
+        let slots = num_pages * opts.block_size * config.kv_dim();
+        let kv = (0..layout.page_layers())
             .map(|_| layer_kv(slots))
             .collect::<Result<_, _>>()?;
         let (cos, sin) = config.rope.tables(config.head_dim, config.max_context);
@@ -352,9 +360,10 @@ impl CpuRunner {
             layers,
             kv,
             kv_shape: KvCacheShape {
-                num_blocks: opts.num_blocks,
+                num_blocks: num_pages,
                 block_size: opts.block_size,
             },
+            layout,
             cos,
             sin,
             local_cos,
@@ -420,6 +429,12 @@ impl ModelRunner for CpuRunner {
         self.kv_shape
     }
 
+    /// The model's layer groups: Gemma 3's sliding layers read their own
+    /// table, whose blocks leave with the window.
+    fn kv_layout(&self) -> KvLayout {
+        self.layout.clone()
+    }
+
     fn device_name(&self) -> String {
         format!("cpu ({} threads)", rayon::current_num_threads())
     }
@@ -450,7 +465,7 @@ impl ModelRunner for CpuRunner {
     }
 
     fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<&[f32], RunnerError> {
-        ingot_runner::validate_batch(&self.config, self.kv_shape, batch)?;
+        ingot_runner::validate_grouped(&self.config, self.kv_shape, &self.layout, batch)?;
         if self
             .kv
             .first()
@@ -478,6 +493,7 @@ impl CpuRunner {
             norm: &self.norm,
             layers: &self.layers,
             kv: &mut self.kv,
+            layout: &self.layout,
             block_size: self.kv_shape.block_size,
             cos: &self.cos,
             sin: &self.sin,
@@ -485,7 +501,7 @@ impl CpuRunner {
             local_sin: &self.local_sin,
             ws: &mut self.ws,
             batch,
-            sites: Vec::with_capacity(batch.num_tokens()),
+            sites: Vec::new(),
             logits_len: 0,
         };
         ingot_arch::forward(&self.config, &mut ops)?;

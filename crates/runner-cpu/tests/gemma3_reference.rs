@@ -3,10 +3,15 @@
 //! the top first-step logits within 1e-3 and 16 greedy tokens identical on
 //! every fixture prompt, one of them (965 tokens) longer than the 512-token
 //! sliding window; and the long prompt prefilled in chunks gives the same
-//! tokens as in one batch.
+//! tokens as in one batch. The sliding layers read their own block table,
+//! whose blocks go back to the pool as they leave the window: a prompt
+//! several windows long (1,670 tokens, prefilled in chunks, then decoded
+//! across further window edges) runs in a pool too small for one shared
+//! table and still equals the reference, also when resumed from the
+//! prefix cache.
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
-use ingot_kv_cache::{BlockPool, BlockTable};
+use ingot_kv_cache::{BlockPool, NULL_BLOCK};
 use ingot_models::{LlamaWeights, LoadFormat};
 use ingot_runner::{ForwardBatch, ModelRunner, SequenceChunk};
 use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig};
@@ -38,37 +43,55 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-/// Greedy decoding of `n` tokens: the prompt in chunks of at most `chunk`
-/// tokens, then one token a step. Returns the tokens and the logits after
-/// the prompt.
+/// The runner's pool, with its layer groups.
+fn pool_of(runner: &CpuRunner, prefix_caching: bool) -> BlockPool {
+    let shape = runner.kv_cache_shape();
+    BlockPool::with_layout(
+        shape.num_blocks,
+        shape.block_size,
+        runner.kv_layout(),
+        prefix_caching,
+    )
+}
+
+/// Greedy decoding of `n` tokens: the prompt (from its cached prefix) in
+/// chunks of at most `chunk` tokens, then one token a step, the tables
+/// readied before each step as the scheduler does (sliding blocks that
+/// left the window go back). Returns the tokens, the logits after the
+/// prompt and the prefix-cache hit.
 fn greedy(
     runner: &mut CpuRunner,
     pool: &mut BlockPool,
     prompt: &[u32],
     n: usize,
     chunk: usize,
-) -> (Vec<u32>, Vec<f32>) {
-    let mut table = BlockTable::new();
-    pool.reserve(&mut table, prompt.len() + n).unwrap();
+) -> (Vec<u32>, Vec<f32>, usize) {
+    let mut tables = pool.new_tables();
+    let hit = pool.reuse_prefix_groups(&mut tables, prompt);
+    let window = runner.config().block.sliding_window.clone().unwrap().size;
     let mut tokens = prompt.to_vec();
     let (mut got, mut first) = (Vec::new(), Vec::new());
-    let mut pos = 0;
+    let mut pos = hit;
     while got.len() < n {
         let end = if pos < prompt.len() {
             (pos + chunk).min(prompt.len())
         } else {
             tokens.len()
         };
+        pool.reserve_groups(&mut tables, pos, end).unwrap();
+        // The sliding group holds no more than its window and the chunk.
+        let live_blocks = tables[1].num_live_pages() / tables[1].pages_per_block();
+        assert!(live_blocks <= (window + end - pos).div_ceil(BLOCK_SIZE) + 1);
+        if pos > window + BLOCK_SIZE {
+            assert_eq!(tables[1].blocks()[0], NULL_BLOCK, "left the window");
+        }
         let batch = ForwardBatch {
-            chunks: vec![SequenceChunk {
-                tokens: &tokens[pos..end],
-                start_pos: pos,
-                block_table: table.blocks(),
-            }],
+            chunks: vec![SequenceChunk::with_tables(&tokens[pos..end], pos, &tables)],
             expect_next: false,
             score: Vec::new(),
         };
         let logits = runner.forward(&batch).unwrap();
+        pool.publish_groups(&mut tables, &tokens, end);
         pos = end;
         if pos < prompt.len() {
             continue;
@@ -80,14 +103,14 @@ fn greedy(
         got.push(next);
         tokens.push(next);
     }
-    pool.release(&mut table);
-    (got, first)
+    pool.release_groups(&mut tables);
+    (got, first, hit)
 }
 
 #[test]
 fn gemma3_matches_f32_reference() {
     let mut runner = runner();
-    let mut pool = BlockPool::new(NUM_BLOCKS, BLOCK_SIZE, false);
+    let mut pool = pool_of(&runner, false);
     let expected: Value = serde_json::from_str(
         &std::fs::read_to_string(ingot_testkit::fixture("gemma3/expected.json")).unwrap(),
     )
@@ -103,7 +126,7 @@ fn gemma3_matches_f32_reference() {
         let want = ids(&case["greedy_ids"]);
         assert!(prompt.len() >= 64, "{name}: prompts are at least 64 tokens");
         longest = longest.max(prompt.len());
-        let (got, logits) = greedy(&mut runner, &mut pool, &prompt, want.len(), prompt.len());
+        let (got, logits, _) = greedy(&mut runner, &mut pool, &prompt, want.len(), prompt.len());
         let mut max_err = 0f32;
         for pair in case["first_logits_top"].as_array().unwrap() {
             let (id, value) = (
@@ -128,7 +151,7 @@ fn gemma3_matches_f32_reference() {
         }
         if prompt.len() > window {
             // Chunks of 200 put window edges inside chunks and across them.
-            let (chunked, _) = greedy(&mut runner, &mut pool, &prompt, want.len(), 200);
+            let (chunked, ..) = greedy(&mut runner, &mut pool, &prompt, want.len(), 200);
             if chunked != want {
                 failures.push(format!(
                     "{name} in chunks of 200: got {chunked:?}, want {want:?}"
@@ -140,5 +163,54 @@ fn gemma3_matches_f32_reference() {
         longest > window,
         "one prompt must be longer than the {window}-token window"
     );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn gemma3_frees_sliding_blocks_and_still_matches_the_reference_over_several_windows() {
+    let mut runner = runner();
+    let expected: Value = serde_json::from_str(
+        &std::fs::read_to_string(ingot_testkit::fixture("gemma3/long.json")).unwrap(),
+    )
+    .unwrap();
+    let case = &expected.as_array().unwrap()[0];
+    let prompt = ids(&case["prompt_ids"]);
+    let want = ids(&case["greedy_ids"]);
+    let window = runner.config().block.sliding_window.clone().unwrap().size;
+    assert!(prompt.len() > 3 * window, "several windows long");
+    // One shared table would need every block in every layer: more pages
+    // than the pool has. Only freeing makes the sequence fit.
+    let total = prompt.len() + want.len();
+    let layout = runner.kv_layout();
+    let shared =
+        total.div_ceil(BLOCK_SIZE) * (layout.pages_per_block(0) + layout.pages_per_block(1));
+    assert!(
+        shared > runner.kv_cache_shape().num_blocks,
+        "{shared} pages would fit"
+    );
+    let mut failures = Vec::new();
+    for chunk in [200, 512] {
+        let mut pool = pool_of(&runner, false);
+        let (got, ..) = greedy(&mut runner, &mut pool, &prompt, want.len(), chunk);
+        if got != want {
+            failures.push(format!("chunks of {chunk}: got {got:?}, want {want:?}"));
+        }
+        assert_eq!(pool.num_in_use(), 0);
+    }
+    // A second request resumes from the cached prefix: the global group
+    // from its blocks, the sliding group from the window before the hit.
+    let mut pool = pool_of(&runner, true);
+    let (first, ..) = greedy(&mut runner, &mut pool, &prompt, want.len(), 256);
+    let (again, _, hit) = greedy(&mut runner, &mut pool, &prompt, want.len(), 256);
+    assert_eq!(
+        hit,
+        (prompt.len() - 1) / BLOCK_SIZE * BLOCK_SIZE,
+        "prefix hit"
+    );
+    for (name, got) in [("first", first), ("from the prefix cache", again)] {
+        if got != want {
+            failures.push(format!("{name}: got {got:?}, want {want:?}"));
+        }
+    }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

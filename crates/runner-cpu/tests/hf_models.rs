@@ -145,6 +145,7 @@ fn chunk<'a>(tokens: &'a [u32], start_pos: usize, table: &'a BlockTable) -> Sequ
         tokens,
         start_pos,
         block_table: table.blocks(),
+        group_tables: &[],
     }
 }
 

@@ -377,6 +377,14 @@ impl Buffers {
         gpu.upload(self.inputs, &self.inputs_host.as_slice()[..plan.upload_len])
     }
 
+    /// `[tokens, hidden]` f32 scratch for a post-norm block's output: the
+    /// gate/up buffer (`4 · intermediate` bytes a row, at least the `4 ·
+    /// hidden` needed where the MLP is wider than the model, which the
+    /// post-norm op checks), free whenever a block's output projection runs.
+    pub(crate) fn proj(&self) -> DevPtr {
+        self.gate_up
+    }
+
     /// The device address of the input at `offset` (i32 elements).
     pub(crate) fn input(&self, offset: usize) -> DevPtr {
         self.inputs + (offset * 4) as u64

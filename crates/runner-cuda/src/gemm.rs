@@ -14,6 +14,7 @@ use std::ffi::c_void;
 use cudarc::cublaslt::{result, sys};
 
 use cudarc::driver::sys::CUevent_flags;
+use ingot_arch::Activation;
 
 use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel};
 use crate::CudaError;
@@ -43,12 +44,23 @@ pub enum OutType {
     AddF32,
 }
 
+/// Input (weight and activation) element type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum InType {
+    /// The decoder's bf16.
+    Bf16,
+    /// f16: the encoder's (its 3 more mantissa bits keep MiniLM's
+    /// sentence vectors within 1e-6 of the f32 reference's direction).
+    F16,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Shape {
     tokens: usize,
     inputs: usize,
     outputs: usize,
     out: OutType,
+    input: InType,
 }
 
 /// Everything cuBLASLt needs for one shape.
@@ -70,8 +82,9 @@ pub struct Gemm {
     /// Interior mutability: steps borrow the runner's parts immutably.
     plans: RefCell<HashMap<Shape, Plan>>,
     /// `[tokens - 1][mode]`: bf16, f32, f32 accumulate, SwiGLU, q/k/v + rope,
-    /// then SwiGLU, q/k/v + rope and bf16 with the input RMSNorm fused.
-    gemv: Vec<[Kernel; 8]>,
+    /// then SwiGLU, q/k/v + rope and bf16 with the input RMSNorm fused,
+    /// then GeGLU (GELU-tanh) without and with it.
+    gemv: Vec<[Kernel; 10]>,
     /// Time the candidates of new shapes (only while buffers hold scratch).
     pub tune: bool,
     /// Where accumulating GEMVs leave the residual's sums of squares and
@@ -97,6 +110,8 @@ impl Gemm {
                     gpu.kernel(&format!("gemv_n{n}_swiglu_norm"))?,
                     gpu.kernel(&format!("gemv_n{n}_qkv_rope_norm"))?,
                     gpu.kernel(&format!("gemv_n{n}_bf16_norm"))?,
+                    gpu.kernel(&format!("gemv_n{n}_geglu"))?,
+                    gpu.kernel(&format!("gemv_n{n}_geglu_norm"))?,
                 ])
             })
             .collect::<Result<_, CudaError>>()?;
@@ -136,7 +151,41 @@ impl Gemm {
             inputs,
             outputs,
             out,
+            input: InType::Bf16,
         };
+        self.run_plan(gpu, shape, (x, w, y))
+    }
+
+    /// `y = x·wᵀ` with f16 `x` and `w` and f32 `y`, always through cuBLASLt
+    /// (the encoder's linear layers).
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_f16(
+        &self,
+        gpu: &Gpu,
+        x: DevPtr,
+        w: DevPtr,
+        y: DevPtr,
+        tokens: usize,
+        inputs: usize,
+        outputs: usize,
+    ) -> Result<(), CudaError> {
+        let shape = Shape {
+            tokens,
+            inputs,
+            outputs,
+            out: OutType::F32,
+            input: InType::F16,
+        };
+        self.run_plan(gpu, shape, (x, w, y))
+    }
+
+    /// Runs `shape`'s cached plan, building it first if new.
+    fn run_plan(
+        &self,
+        gpu: &Gpu,
+        shape: Shape,
+        (x, w, y): (DevPtr, DevPtr, DevPtr),
+    ) -> Result<(), CudaError> {
         if !self.plans.borrow().contains_key(&shape) {
             let plan = self.plan(gpu, shape, (x, w, y))?;
             self.plans.borrow_mut().insert(shape, plan);
@@ -214,14 +263,16 @@ impl Gemm {
         Ok(true)
     }
 
-    /// `act[t, i] = silu(x·gateᵢ) · (x·upᵢ)` straight from the fused
-    /// `[2 * outputs, inputs]` gate/up matrix when the GEMV path applies
-    /// (the activation then costs no kernel); false otherwise (the caller
-    /// runs [`Gemm::linear`] and the activation kernel).
-    pub fn swiglu(
+    /// `act[t, i] = f(x·gateᵢ) · (x·upᵢ)` (f: SiLU or GELU-tanh) straight
+    /// from the fused `[2 * outputs, inputs]` gate/up matrix when the GEMV
+    /// path applies (the activation then costs no kernel); false otherwise
+    /// (the caller runs [`Gemm::linear`] and the activation kernel).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated(
         &self,
         gpu: &Gpu,
         (x, w, act): (DevPtr, DevPtr, DevPtr),
+        activation: Activation,
         tokens: usize,
         inputs: usize,
         outputs: usize,
@@ -242,6 +293,11 @@ impl Gemm {
             // applies 1/rms from the sums of squares.
             Some(eps) => (5, vec![Arg::Ptr(x), Arg::F32(eps), Arg::Ptr(self.sumsq)]),
             None => (3, vec![Arg::Ptr(x)]),
+        };
+        let kernel = match (activation, kernel) {
+            (Activation::Silu, k) => k,
+            (Activation::GeluTanh, 5) => 9,
+            (Activation::GeluTanh, _) => 8,
         };
         let args: Vec<Arg> = head.into_iter().chain(tail).collect();
         gpu.launch(&self.gemv[tokens - 1][kernel], grid, 256, 0, &args)?;
@@ -322,6 +378,10 @@ impl Gemm {
     /// where the row-major `w` is a column-major `[inputs, outputs]`, transposed.
     fn plan(&self, gpu: &Gpu, s: Shape, ptrs: (DevPtr, DevPtr, DevPtr)) -> Result<Plan, CudaError> {
         let bf16 = sys::cudaDataType_t::CUDA_R_16BF;
+        let in_type = match s.input {
+            InType::Bf16 => bf16,
+            InType::F16 => sys::cudaDataType_t::CUDA_R_16F,
+        };
         let out_type = match s.out {
             OutType::Bf16 => bf16,
             OutType::F32 | OutType::AddF32 => sys::cudaDataType_t::CUDA_R_32F,
@@ -340,8 +400,8 @@ impl Gemm {
                 std::mem::size_of::<i32>(),
             )?;
         }
-        let w = result::create_matrix_layout(bf16, k, m, k as i64)?;
-        let x = result::create_matrix_layout(bf16, k, n, k as i64)?;
+        let w = result::create_matrix_layout(in_type, k, m, k as i64)?;
+        let x = result::create_matrix_layout(in_type, k, n, k as i64)?;
         let y = result::create_matrix_layout(out_type, m, n, m as i64)?;
         let pref = result::create_matmul_pref()?;
         let mut found = [std::mem::MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::zeroed();

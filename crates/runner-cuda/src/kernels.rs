@@ -4,6 +4,7 @@
 //! call sites).
 
 use cudarc::driver::sys::CUdevice_attribute;
+use ingot_arch::Activation;
 use ingot_models::ModelConfig;
 
 use crate::device::{Arg, DevPtr, Gpu, Kernel};
@@ -18,9 +19,13 @@ const ROPE_WARPS: usize = 8;
 /// The kernels this model needs.
 pub struct Kernels {
     embed_rows: Kernel,
+    embed_rows_scaled: Kernel,
     add_rms_norm: Kernel,
+    post_norm_add: Kernel,
+    softcap_rows: Kernel,
     rope_qkv: Kernel,
     silu_mul: Kernel,
+    gelu_tanh_mul: Kernel,
     argmax_rows: Kernel,
     decode_attention: Kernel,
     combine: Kernel,
@@ -140,9 +145,13 @@ impl Kernels {
         };
         Ok(Self {
             embed_rows: gpu.kernel("embed_rows")?,
+            embed_rows_scaled: gpu.kernel("embed_rows_scaled")?,
             add_rms_norm: gpu.kernel("add_rms_norm")?,
+            post_norm_add: gpu.kernel("post_norm_add")?,
+            softcap_rows: gpu.kernel("softcap_rows")?,
             rope_qkv: gpu.kernel("rope_qkv")?,
             silu_mul: gpu.kernel("silu_mul")?,
+            gelu_tanh_mul: gpu.kernel("gelu_tanh_mul")?,
             argmax_rows: gpu.kernel("argmax_rows")?,
             decode_attention,
             combine: gpu.kernel("attention_combine")?,
@@ -202,15 +211,16 @@ pub struct KvCache {
     pub block_size: usize,
 }
 
-/// `embed_rows`: `x[t] = embed[ids[t]]` (f32), leaving the rows' sums of
-/// squares and, with `next_norm = (g, xg)`, `xg = bf16(x ⊙ g)` for the
-/// RMSNorm fused into the next GEMV.
+/// `embed_rows`: `x[t] = embed[ids[t]]` (f32, times `scale` when set),
+/// leaving the rows' sums of squares and, with `next_norm = (g, xg)`,
+/// `xg = bf16(x ⊙ g)` for the RMSNorm fused into the next GEMV.
 pub struct EmbedRows {
     pub tokens: usize,
     pub ids: DevPtr,
     pub table: DevPtr,
     pub x: DevPtr,
     pub hidden: usize,
+    pub scale: Option<f32>,
     pub sumsq: DevPtr,
     pub next_norm: Option<(DevPtr, DevPtr)>,
 }
@@ -218,7 +228,7 @@ pub struct EmbedRows {
 impl EmbedRows {
     pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
         let (norm, xg) = self.next_norm.unwrap_or((0, 0));
-        let args = [
+        let mut args = vec![
             Arg::Ptr(self.ids),
             Arg::Ptr(self.table),
             Arg::Ptr(self.x),
@@ -227,7 +237,82 @@ impl EmbedRows {
             Arg::Ptr(norm),
             Arg::Ptr(xg),
         ];
-        gpu.launch(&k.embed_rows, (self.tokens as u32, 1, 1), 256, 0, &args)
+        let kernel = match self.scale {
+            Some(scale) => {
+                args.push(Arg::F32(scale));
+                &k.embed_rows_scaled
+            }
+            None => &k.embed_rows,
+        };
+        gpu.launch(kernel, (self.tokens as u32, 1, 1), 256, 0, &args)
+    }
+}
+
+/// What writes the next pre-norm's input after a post-norm add.
+#[derive(Debug, Clone, Copy)]
+pub enum NextNormOut {
+    /// None (the final norm gathers rows itself).
+    Skip,
+    /// `xn = bf16(x ⊙ g)` and the rows' sums of squares, for the RMSNorm
+    /// fused into the next GEMV.
+    Prescaled { weight: DevPtr, sumsq: DevPtr },
+    /// `xn = bf16(RMSNorm(x) · g)`.
+    Normed { weight: DevPtr },
+}
+
+/// `post_norm_add`: `x[t] += RMSNorm(y[t]) · post` (a post-norm block's
+/// output `y`, f32), then the next pre-norm's input into `xn` as `next`
+/// says.
+pub struct PostNormAdd {
+    pub tokens: usize,
+    pub x: DevPtr,
+    pub y: DevPtr,
+    pub post: DevPtr,
+    pub hidden: usize,
+    pub eps: f32,
+    pub next: NextNormOut,
+    pub xn: DevPtr,
+}
+
+impl PostNormAdd {
+    pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        let (weight, sumsq) = match self.next {
+            NextNormOut::Skip => (0, 0),
+            NextNormOut::Prescaled { weight, sumsq } => (weight, sumsq),
+            NextNormOut::Normed { weight } => (weight, 0),
+        };
+        let args = [
+            Arg::Ptr(self.x),
+            Arg::Ptr(self.y),
+            Arg::Ptr(self.post),
+            Arg::I32(self.hidden as i32),
+            Arg::F32(self.eps),
+            Arg::Ptr(weight),
+            Arg::Ptr(sumsq),
+            Arg::Ptr(self.xn),
+        ];
+        gpu.launch(&k.post_norm_add, (self.tokens as u32, 1, 1), 256, 0, &args)
+    }
+}
+
+/// `softcap_rows`: `logits = cap · tanh(logits / cap)` over `rows` rows.
+pub struct SoftcapRows {
+    pub rows: usize,
+    pub logits: DevPtr,
+    pub vocab: usize,
+    pub cap: f32,
+}
+
+impl SoftcapRows {
+    pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        let n = self.rows * self.vocab;
+        let args = [
+            Arg::Ptr(self.logits),
+            Arg::I64(n as i64),
+            Arg::F32(self.cap),
+        ];
+        let grid = (n.div_ceil(256).min(4096) as u32, 1, 1);
+        gpu.launch(&k.softcap_rows, grid, 256, 0, &args)
     }
 }
 
@@ -378,15 +463,17 @@ impl RopeQkv {
     }
 }
 
-/// `silu_mul`: `act = silu(gate) · up` from the fused gate/up rows.
-pub struct SiluMul {
+/// `silu_mul` / `gelu_tanh_mul`: `act = f(gate) · up` from the fused
+/// gate/up rows.
+pub struct GatedMul {
     pub tokens: usize,
+    pub activation: Activation,
     pub gate_up: DevPtr,
     pub act: DevPtr,
     pub width: usize,
 }
 
-impl SiluMul {
+impl GatedMul {
     pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
         let grid = (self.tokens as u32, self.width.div_ceil(8 * 256) as u32, 1);
         let args = [
@@ -394,7 +481,11 @@ impl SiluMul {
             Arg::Ptr(self.act),
             Arg::I32(self.width as i32),
         ];
-        gpu.launch(&k.silu_mul, grid, 256, 0, &args)
+        let kernel = match self.activation {
+            Activation::Silu => &k.silu_mul,
+            Activation::GeluTanh => &k.gelu_tanh_mul,
+        };
+        gpu.launch(kernel, grid, 256, 0, &args)
     }
 }
 
@@ -443,6 +534,8 @@ pub struct DecodeAttention {
     pub part_ml: DevPtr,
     pub heads: Heads,
     pub scale_log2: f32,
+    /// Attend to the last this many positions (0: all).
+    pub window: usize,
     pub prefetch: (DevPtr, usize),
 }
 
@@ -469,6 +562,7 @@ impl DecodeAttention {
             pf_base,
             pf_bytes,
             pf_mode,
+            Arg::I32(self.window as i32),
         ];
         let grid = (
             self.tokens as u32,
@@ -530,6 +624,8 @@ pub struct PrefillAttention {
     pub out: DevPtr,
     pub heads: Heads,
     pub scale_log2: f32,
+    /// As [`DecodeAttention::window`].
+    pub window: usize,
 }
 
 impl PrefillAttention {
@@ -550,6 +646,7 @@ impl PrefillAttention {
             Arg::I32(self.heads.kv_heads as i32),
             Arg::I32(self.kv.block_size as i32),
             Arg::F32(self.scale_log2),
+            Arg::I32(self.window as i32),
         ];
         let grid = (self.num_tiles as u32, self.heads.kv_heads as u32, 1);
         gpu.launch(kernel, grid, 128, *smem, &args)

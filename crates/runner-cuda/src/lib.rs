@@ -1,5 +1,5 @@
 //! [`ModelRunner`] on an NVIDIA GPU: the Llama-family decoder in bf16 with
-//! f32 accumulation.
+//! f32 accumulation; [`encoder`] runs the BERT-family embedding models.
 //!
 //! - Memory: three arenas allocated at start-up (weights, activation
 //!   workspace sized for `max_num_batched_tokens`, the KV block pool sized
@@ -15,6 +15,7 @@
 
 mod buffers;
 mod device;
+pub mod encoder;
 mod gemm;
 mod kernels;
 mod ops;
@@ -88,14 +89,19 @@ pub fn availability() -> Result<(), CudaError> {
     Ok(())
 }
 
-/// Whether this backend runs `config`'s architecture: the Llama family
-/// only (its ops lack Gemma 3's windows, post-norms and GELU-tanh MLP).
+/// Whether this backend runs `config`'s architecture: the Llama family and
+/// Gemma 3 (sliding windows, local rope, post-norms, GELU-tanh MLP, scaled
+/// embeddings, logit soft-capping). Head sizes and GQA groups are checked
+/// where the kernels load.
 pub fn supports(config: &ModelConfig) -> Result<(), CudaError> {
-    if config.block != ingot_models::BlockOptions::default() {
+    // Post-norm blocks stage their f32 output in the gate/up buffer.
+    if config.block.post_norms && config.intermediate_size < config.hidden_size {
         return Err(CudaError::Unsupported(format!(
-            "the {} architecture (sliding-window attention, post-norms, GELU-tanh MLP) \
-             on the CUDA backend; serve it on the CPU (--device cpu)",
-            config.architecture.name()
+            "the {} architecture with an MLP ({}) narrower than the model ({}) on the \
+             CUDA backend; serve it on the CPU (--device cpu)",
+            config.architecture.name(),
+            config.intermediate_size,
+            config.hidden_size
         )));
     }
     Ok(())
@@ -445,6 +451,7 @@ impl CudaRunner {
                 tokens: &ids,
                 start_pos: 0,
                 block_table: &table,
+                group_tables: &[],
             }],
             expect_next: false,
             score: Vec::new(),
@@ -952,6 +959,7 @@ mod speculation_tests {
                     tokens: std::slice::from_ref(&IDS[r]),
                     start_pos: SPEC[r].0,
                     block_table: &TABLES[r],
+                    group_tables: &[],
                 })
                 .collect(),
             ..Default::default()
@@ -989,5 +997,67 @@ mod speculation_tests {
         let mut b = batch(&[0, 1]);
         b.chunks[0].tokens = &other;
         assert_eq!(speculated_rows(&SPEC, &IDS, 16, &b), None);
+    }
+}
+
+#[cfg(test)]
+mod support_tests {
+    use super::*;
+    use ingot_models::{Architecture, BlockOptions, RopeConfig, RopeScaling, SlidingWindow};
+
+    /// Gemma 3 270M's shape.
+    fn gemma3() -> ModelConfig {
+        let rope = |theta| RopeConfig {
+            theta,
+            scaling: RopeScaling::None,
+        };
+        ModelConfig {
+            architecture: Architecture::Gemma3,
+            hidden_size: 640,
+            intermediate_size: 2048,
+            num_layers: 18,
+            num_heads: 4,
+            num_kv_heads: 1,
+            head_dim: 256,
+            vocab_size: 262_144,
+            max_context: 2048,
+            rms_norm_eps: 1e-6,
+            rope: rope(1e6),
+            qkv_bias: false,
+            qk_norm: true,
+            tie_word_embeddings: true,
+            block: BlockOptions {
+                sliding_window: Some(SlidingWindow {
+                    size: 512,
+                    global_every: 6,
+                    local_rope: rope(1e4),
+                }),
+                post_norms: true,
+                attention_scale: None,
+                final_logit_softcap: None,
+            },
+        }
+    }
+
+    #[test]
+    fn gemma3_is_supported_and_a_narrow_post_norm_mlp_is_refused() {
+        let mut c = gemma3();
+        assert!(supports(&c).is_ok());
+        c.intermediate_size = 320;
+        let err = supports(&c).map(|_| ()).unwrap_err().to_string();
+        assert!(
+            err.contains("narrower") && err.contains("--device cpu"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn sliding_models_get_a_second_pair_of_rope_tables() {
+        let c = gemma3();
+        let mut global_only = c.clone();
+        global_only.block.sliding_window = None;
+        let table = c.max_context * (c.head_dim / 2) * 4;
+        let extra = weights::DeviceWeights::bytes(&c) - weights::DeviceWeights::bytes(&global_only);
+        assert!((2 * table..2 * table + 1024).contains(&extra), "{extra}");
     }
 }

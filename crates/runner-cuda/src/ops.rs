@@ -3,19 +3,23 @@
 //! sizes the writer of the residual stream (the embedding, or an
 //! accumulating GEMV) leaves the sums of squares and the input pre-scaled
 //! by the [`NextNorm`]'s weights, and the op that owns that norm folds it
-//! into its first GEMV instead of running a norm kernel. [`encode`] runs
+//! into its first GEMV instead of running a norm kernel. Post-norm blocks
+//! (Gemma) write their output to an f32 scratch, and `post_norm_add`
+//! normalizes it into the residual and prepares the next norm's input the
+//! same way. [`encode`] runs
 //! the model's architecture file over these ops (the same sequence is
 //! captured into the decode graphs).
 
-use ingot_arch::{AttentionSpec, DecoderOps, EmbedSpec, HeadSpec, MlpSpec, NextNorm};
+use ingot_arch::{AttentionSpec, DecoderOps, EmbedSpec, HeadSpec, MlpSpec, NextNorm, RopeTable};
 use ingot_models::ModelConfig;
 
 use crate::buffers::{Buffers, StepPlan, SUMSQ_MAX_BLOCKS};
 use crate::device::{DevPtr, Gpu};
 use crate::gemm::{Gemm, OutType, GEMV_MAX_TOKENS};
 use crate::kernels::{
-    ArgmaxRows, DecodeAttention, EmbedRows, GemvInput, Heads, Kernels, KvCache, PagedInputs,
-    PrefillAttention, QkvRopeGemv, RmsNorm, RopeQkv, RopeTarget, SiluMul,
+    ArgmaxRows, DecodeAttention, EmbedRows, GatedMul, GemvInput, Heads, Kernels, KvCache,
+    NextNormOut, PagedInputs, PostNormAdd, PrefillAttention, QkvRopeGemv, RmsNorm, RopeQkv,
+    RopeTarget, SoftcapRows,
 };
 use crate::profile::{Category, Marks};
 use crate::weights::{DeviceWeights, LayerWeights};
@@ -65,9 +69,6 @@ fn head(
     spec: &HeadSpec,
     mark: &mut dyn FnMut(Category) -> Result<(), CudaError>,
 ) -> Result<(), CudaError> {
-    if let Some(what) = spec.beyond_llama() {
-        return Err(unsupported(what));
-    }
     let (b, c, w) = (m.buffers, m.config, m.weights);
     RmsNorm {
         rows,
@@ -91,7 +92,18 @@ fn head(
         c.vocab_size,
         OutType::F32,
     )?;
-    mark(Category::Gemm)
+    mark(Category::Gemm)?;
+    if let Some(cap) = spec.softcap {
+        SoftcapRows {
+            rows,
+            logits: b.logits,
+            vocab: c.vocab_size,
+            cap,
+        }
+        .launch(m.gpu, m.kernels)?;
+        mark(Category::Other)?;
+    }
+    Ok(())
 }
 
 fn unsupported(what: &str) -> CudaError {
@@ -105,9 +117,18 @@ pub struct CudaOps<'a, 'm> {
     marks: Option<&'m mut Marks>,
     /// At GEMV batch sizes the norms run inside the GEMVs that consume them.
     fuse_norms: bool,
-    /// The norm whose pre-scaled input (in `xn`, with the sums of squares)
-    /// the residual's last writer left.
-    prescaled: Option<NextNorm>,
+    /// The norm whose input the residual's last writer left in `xn`, and
+    /// in which form.
+    prescaled: Option<(NextNorm, Ready)>,
+}
+
+/// What the residual's writer left in `xn` for the next norm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ready {
+    /// `x ⊙ g` and the sums of squares: the consuming GEMV fuses the norm.
+    Prescaled,
+    /// The normed activations.
+    Normed,
 }
 
 impl<'a, 'm> CudaOps<'a, 'm> {
@@ -137,26 +158,90 @@ impl<'a, 'm> CudaOps<'a, 'm> {
             .ok_or_else(|| CudaError::Unsupported(format!("layer {i} is not loaded")))
     }
 
+    /// The weights of `next` (none for the final norm, which gathers rows).
+    fn norm_weight(&self, next: NextNorm) -> Option<DevPtr> {
+        let layers = &self.m.weights.layers;
+        match next {
+            NextNorm::Attention(i) => layers.get(i).map(|l| l.attn_norm),
+            NextNorm::Mlp(i) => layers.get(i).map(|l| l.mlp_norm),
+            NextNorm::Final => None,
+        }
+    }
+
     /// `(weights, xg)` for the writer of the residual to pre-apply `next`
     /// when norms are fused (the final norm gathers rows: never fused);
     /// records what the consumer will find.
     fn fuse_next(&mut self, next: NextNorm) -> Option<(DevPtr, DevPtr)> {
-        let layers = &self.m.weights.layers;
-        let weights = match next {
-            NextNorm::Attention(i) => layers.get(i).map(|l| l.attn_norm),
-            NextNorm::Mlp(i) => layers.get(i).map(|l| l.mlp_norm),
-            NextNorm::Final => None,
-        };
-        let fused = weights.filter(|_| self.fuse_norms);
-        self.prescaled = fused.map(|_| next);
+        let fused = self.norm_weight(next).filter(|_| self.fuse_norms);
+        self.prescaled = fused.map(|_| (next, Ready::Prescaled));
         fused.map(|g| (g, self.m.buffers.xn))
     }
 
-    /// Whether the residual's writer pre-applied `norm`; else runs it into
-    /// `xn` (over every token row).
+    /// What a post-norm add leaves for `next`: the pre-scaled input where
+    /// norms are fused, else the normed activations; records it.
+    fn post_norm_next(&mut self, next: NextNorm) -> NextNormOut {
+        let Some(weight) = self.norm_weight(next) else {
+            self.prescaled = None;
+            return NextNormOut::Skip;
+        };
+        if self.fuse_norms {
+            self.prescaled = Some((next, Ready::Prescaled));
+            NextNormOut::Prescaled {
+                weight,
+                sumsq: self.m.buffers.sumsq,
+            }
+        } else {
+            self.prescaled = Some((next, Ready::Normed));
+            NextNormOut::Normed { weight }
+        }
+    }
+
+    /// Adds a post-norm block's output (f32, in the `proj` scratch) to the
+    /// residual through its norm `post`, then prepares `next`.
+    fn post_norm_add(&mut self, post: DevPtr, next: NextNorm) -> Result<(), CudaError> {
+        let (b, c) = (self.m.buffers, self.m.config);
+        PostNormAdd {
+            tokens: self.plan.tokens,
+            x: b.x,
+            y: b.proj(),
+            post,
+            hidden: c.hidden_size,
+            eps: c.rms_norm_eps,
+            next: self.post_norm_next(next),
+            xn: b.xn,
+        }
+        .launch(self.m.gpu, self.m.kernels)?;
+        self.mark(Category::Other)
+    }
+
+    /// A block's output projection `input·wᵀ` into the residual: added
+    /// directly (fusing the next norm), or through the post-norm `post`.
+    fn project_out(
+        &mut self,
+        (input, w, inputs): (DevPtr, DevPtr, usize),
+        post: Option<DevPtr>,
+        next: NextNorm,
+    ) -> Result<(), CudaError> {
+        let (gpu, gemm, b, c) = (self.m.gpu, self.m.gemm, self.m.buffers, self.m.config);
+        let (t, d) = (self.plan.tokens, c.hidden_size);
+        let Some(post) = post else {
+            let next_norm = self.fuse_next(next);
+            gemm.accumulate(gpu, input, w, b.x, t, inputs, d, next_norm)?;
+            return self.mark(Category::Gemm);
+        };
+        gemm.linear(gpu, input, w, b.proj(), t, inputs, d, OutType::F32)?;
+        self.mark(Category::Gemm)?;
+        self.post_norm_add(post, next)
+    }
+
+    /// Whether the residual's writer pre-applied `norm` (the GEMV fuses
+    /// it); else makes sure `xn` holds it normed, running the norm (over
+    /// every token row) unless the writer already did.
     fn take_norm(&mut self, norm: NextNorm, weight: DevPtr) -> Result<bool, CudaError> {
-        if self.prescaled.take() == Some(norm) {
-            return Ok(true);
+        match self.prescaled.take() {
+            Some((n, Ready::Prescaled)) if n == norm => return Ok(true),
+            Some((n, Ready::Normed)) if n == norm => return Ok(false),
+            _ => {}
         }
         let (b, c) = (self.m.buffers, self.m.config);
         RmsNorm {
@@ -196,11 +281,12 @@ impl<'a, 'm> CudaOps<'a, 'm> {
         kv: KvCache,
         fused_norm: bool,
     ) -> Result<(), CudaError> {
+        let (cos, sin) = self.rope_table(spec.rope)?;
         let Model {
             gpu,
             gemm,
             kernels,
-            weights: w,
+            weights: _,
             buffers: b,
             config: c,
         } = *self.m;
@@ -210,8 +296,8 @@ impl<'a, 'm> CudaOps<'a, 'm> {
         let target = RopeTarget {
             positions: b.input(l.positions),
             slots: b.input(l.slots),
-            cos: w.cos,
-            sin: w.sin,
+            cos,
+            sin,
             q: b.q,
             kv,
             heads: Heads::of(c),
@@ -265,13 +351,53 @@ impl<'a, 'm> CudaOps<'a, 'm> {
         self.mark(Category::Other)
     }
 
+    /// The post-norm weights a block's spec asks for (picked from the
+    /// layer's pair), or an error when the model has none; the `proj`
+    /// scratch they need must fit.
+    fn post_norm(
+        &self,
+        wanted: bool,
+        layer: &LayerWeights,
+        pick: fn((DevPtr, DevPtr)) -> DevPtr,
+    ) -> Result<Option<DevPtr>, CudaError> {
+        if !wanted {
+            return Ok(None);
+        }
+        let c = self.m.config;
+        if c.intermediate_size < c.hidden_size {
+            return Err(unsupported(
+                "a post-norm block with an MLP narrower than the model",
+            ));
+        }
+        layer
+            .post_norms
+            .map(pick)
+            .map(Some)
+            .ok_or_else(|| unsupported("a post-norm the model has no weights for"))
+    }
+
+    /// The `(cos, sin)` tables of `table`.
+    fn rope_table(&self, table: RopeTable) -> Result<(DevPtr, DevPtr), CudaError> {
+        let w = self.m.weights;
+        match table {
+            RopeTable::Global => Ok((w.cos, w.sin)),
+            RopeTable::Local => w
+                .local_rope
+                .ok_or_else(|| unsupported("a local rope table without a local rope base")),
+        }
+    }
+
     /// Paged attention of the step's decode rows and prefill tiles into
-    /// `attn`; at GEMV sizes the decode kernel prefetches `o_proj`.
-    fn attend(&mut self, kv: KvCache, o_proj: DevPtr) -> Result<(), CudaError> {
+    /// `attn` (the last `window` positions; 0: all); at GEMV sizes the
+    /// decode kernel prefetches `o_proj`.
+    fn attend(&mut self, kv: KvCache, o_proj: DevPtr, window: usize) -> Result<(), CudaError> {
         let (b, c, plan) = (self.m.buffers, self.m.config, self.plan);
         let l = b.layout;
         let heads = Heads::of(c);
-        let scale_log2 = std::f32::consts::LOG2_E / (c.head_dim as f32).sqrt();
+        let scale_log2 = match c.block.attention_scale {
+            Some(scale) => std::f32::consts::LOG2_E * scale,
+            None => std::f32::consts::LOG2_E / (c.head_dim as f32).sqrt(),
+        };
         let paged = PagedInputs {
             tables: b.input(l.tables),
             stride: b.input(l.stride),
@@ -301,6 +427,7 @@ impl<'a, 'm> CudaOps<'a, 'm> {
                 part_ml: b.part_ml,
                 heads,
                 scale_log2,
+                window,
                 prefetch: (o_proj, o_bytes),
             }
             .launch(self.m.gpu, self.m.kernels)?;
@@ -315,6 +442,7 @@ impl<'a, 'm> CudaOps<'a, 'm> {
                 out: b.attn,
                 heads,
                 scale_log2,
+                window,
             }
             .launch(self.m.gpu, self.m.kernels)?;
         }
@@ -326,9 +454,6 @@ impl DecoderOps for CudaOps<'_, '_> {
     type Error = CudaError;
 
     fn embed(&mut self, spec: &EmbedSpec, next: NextNorm) -> Result<(), CudaError> {
-        if let Some(what) = spec.beyond_llama() {
-            return Err(unsupported(what));
-        }
         let (b, c) = (self.m.buffers, self.m.config);
         EmbedRows {
             tokens: self.plan.tokens,
@@ -336,6 +461,7 @@ impl DecoderOps for CudaOps<'_, '_> {
             table: self.m.weights.embed,
             x: b.x,
             hidden: c.hidden_size,
+            scale: spec.scale,
             sumsq: b.sumsq,
             next_norm: self.fuse_next(next),
         }
@@ -349,27 +475,21 @@ impl DecoderOps for CudaOps<'_, '_> {
         spec: &AttentionSpec,
         next: NextNorm,
     ) -> Result<(), CudaError> {
-        if let Some(what) = spec.beyond_llama() {
-            return Err(unsupported(what));
+        if spec.softcap.is_some() {
+            return Err(unsupported("attention score soft-capping"));
         }
         let (layer, kv) = (self.layer(i)?, self.kv_cache(i)?);
+        let post = self.post_norm(spec.post_norm, layer, |(attn, _)| attn)?;
         let fused_norm = self.take_norm(NextNorm::Attention(i), layer.attn_norm)?;
         self.project_qkv(layer, spec, kv, fused_norm)?;
-        self.attend(kv, layer.o_proj)?;
-        let (b, c) = (self.m.buffers, self.m.config);
-        let next_norm = self.fuse_next(next);
-        let (t, qd, d) = (self.plan.tokens, c.q_dim(), c.hidden_size);
-        self.m
-            .gemm
-            .accumulate(self.m.gpu, b.attn, layer.o_proj, b.x, t, qd, d, next_norm)?;
-        self.mark(Category::Gemm)
+        self.attend(kv, layer.o_proj, spec.window.unwrap_or(0))?;
+        let o_proj = (self.m.buffers.attn, layer.o_proj, self.m.config.q_dim());
+        self.project_out(o_proj, post, next)
     }
 
     fn mlp(&mut self, i: usize, spec: &MlpSpec, next: NextNorm) -> Result<(), CudaError> {
-        if let Some(what) = spec.beyond_llama() {
-            return Err(unsupported(what));
-        }
         let layer = self.layer(i)?;
+        let post = self.post_norm(spec.post_norm, layer, |(_, mlp)| mlp)?;
         let fused_norm = self.take_norm(NextNorm::Mlp(i), layer.mlp_norm)?;
         let Model {
             gpu,
@@ -381,7 +501,8 @@ impl DecoderOps for CudaOps<'_, '_> {
         let (t, d, ff) = (self.plan.tokens, c.hidden_size, c.intermediate_size);
         // Small batches fuse the activation into the gate/up projection.
         let norm_eps = fused_norm.then_some(c.rms_norm_eps);
-        if !gemm.swiglu(gpu, (b.xn, layer.gate_up, b.act), t, d, ff, norm_eps)? {
+        let io = (b.xn, layer.gate_up, b.act);
+        if !gemm.gated(gpu, io, spec.act, t, d, ff, norm_eps)? {
             gemm.linear(
                 gpu,
                 b.xn,
@@ -393,8 +514,9 @@ impl DecoderOps for CudaOps<'_, '_> {
                 OutType::Bf16,
             )?;
             self.mark(Category::Gemm)?;
-            SiluMul {
+            GatedMul {
                 tokens: t,
+                activation: spec.act,
                 gate_up: b.gate_up,
                 act: b.act,
                 width: ff,
@@ -402,9 +524,7 @@ impl DecoderOps for CudaOps<'_, '_> {
             .launch(gpu, self.m.kernels)?;
             self.mark(Category::Other)?;
         }
-        let next_norm = self.fuse_next(next);
-        gemm.accumulate(gpu, b.act, layer.down, b.x, t, ff, d, next_norm)?;
-        self.mark(Category::Gemm)
+        self.project_out((b.act, layer.down, ff), post, next)
     }
 
     /// Final norm and LM head of each sequence's last token.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaEvent;
 use half::bf16;
-use ingot_models::llama::expected_shapes;
+use ingot_models::llama::{expected_shapes, mlp_norm_name, POST_ATTN_NORM, POST_MLP_NORM};
 use ingot_models::{ModelConfig, ModelError, TensorSource};
 use rayon::prelude::*;
 
@@ -27,6 +27,8 @@ pub struct LayerWeights {
     pub qk_norm: Option<(DevPtr, DevPtr)>,
     pub o_proj: DevPtr,
     pub mlp_norm: DevPtr,
+    /// `(after attention, after the MLP)` `[hidden]` f32 each (Gemma).
+    pub post_norms: Option<(DevPtr, DevPtr)>,
     /// `[2 intermediate, hidden]` bf16: gate rows, then up rows.
     pub gate_up: DevPtr,
     pub down: DevPtr,
@@ -42,7 +44,26 @@ pub struct DeviceWeights {
     /// `[max_context, head_dim / 2]` f32.
     pub cos: DevPtr,
     pub sin: DevPtr,
+    /// The sliding layers' tables (their own rope base), when the model
+    /// has sliding layers.
+    pub local_rope: Option<(DevPtr, DevPtr)>,
     pub arena: Arena,
+}
+
+/// The rotary tables: global, then local when the model has sliding layers.
+struct RopeTables {
+    cos: DevPtr,
+    sin: DevPtr,
+    local: Option<(DevPtr, DevPtr)>,
+}
+
+/// Rotary tables the model needs (two per rope base).
+fn rope_table_count(config: &ModelConfig) -> usize {
+    if config.block.sliding_window.is_some() {
+        4
+    } else {
+        2
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -71,12 +92,12 @@ struct Placement {
 impl DeviceWeights {
     /// Bytes the weights occupy on the device.
     pub fn bytes(config: &ModelConfig) -> usize {
-        let tables = 2 * config.max_context * (config.head_dim / 2) * 4;
+        let table = config.max_context * (config.head_dim / 2) * 4;
         Arena::size_of(
             expected_shapes(config).iter().map(|(name, shape)| {
                 shape.iter().product::<usize>() * dtype_of(name, shape).size()
             }),
-        ) + Arena::size_of([tables / 2, tables / 2])
+        ) + Arena::size_of(vec![table; rope_table_count(config)])
     }
 
     /// Allocates the arena and fills it from `source`.
@@ -87,7 +108,7 @@ impl DeviceWeights {
         progress: &dyn Fn(usize, usize),
     ) -> Result<Self, CudaError> {
         let mut arena = Arena::new(gpu, "weights", Self::bytes(config))?;
-        let (placements, cos, sin) = Self::place(config, &mut arena)?;
+        let (placements, tables) = Self::place(config, &mut arena)?;
         let total = placements.len();
         match source.random_seed() {
             Some(seed) => {
@@ -128,10 +149,15 @@ impl DeviceWeights {
             }
         }
         let (cos_t, sin_t) = config.rope.tables(config.head_dim, config.max_context);
-        gpu.upload(cos, &cos_t)?;
-        gpu.upload(sin, &sin_t)?;
+        gpu.upload(tables.cos, &cos_t)?;
+        gpu.upload(tables.sin, &sin_t)?;
+        if let (Some((cos, sin)), Some(w)) = (tables.local, &config.block.sliding_window) {
+            let (cos_t, sin_t) = w.local_rope.tables(config.head_dim, config.max_context);
+            gpu.upload(cos, &cos_t)?;
+            gpu.upload(sin, &sin_t)?;
+        }
         gpu.sync()?;
-        Self::assemble(config, &placements, (cos, sin), arena)
+        Self::assemble(config, &placements, tables, arena)
     }
 
     /// Carves the arena into tensors: where each named tensor lands (fused
@@ -139,7 +165,7 @@ impl DeviceWeights {
     fn place(
         config: &ModelConfig,
         arena: &mut Arena,
-    ) -> Result<(Vec<Placement>, DevPtr, DevPtr), CudaError> {
+    ) -> Result<(Vec<Placement>, RopeTables), CudaError> {
         let shapes = expected_shapes(config);
         let mut placements = Vec::with_capacity(shapes.len());
         let mut fused: Vec<(String, DevPtr)> = Vec::new();
@@ -177,14 +203,19 @@ impl DeviceWeights {
         let table_bytes = config.max_context * (config.head_dim / 2) * 4;
         let cos = arena.take(table_bytes)?;
         let sin = arena.take(table_bytes)?;
-        Ok((placements, cos, sin))
+        let local = if rope_table_count(config) > 2 {
+            Some((arena.take(table_bytes)?, arena.take(table_bytes)?))
+        } else {
+            None
+        };
+        Ok((placements, RopeTables { cos, sin, local }))
     }
 
     /// The named pointers of a placed arena.
     fn assemble(
         config: &ModelConfig,
         placements: &[Placement],
-        (cos, sin): (DevPtr, DevPtr),
+        tables: RopeTables,
         arena: Arena,
     ) -> Result<Self, CudaError> {
         let at = |n: &str| -> Result<DevPtr, CudaError> {
@@ -214,7 +245,12 @@ impl DeviceWeights {
                     None
                 },
                 o_proj: at(&p("self_attn.o_proj.weight"))?,
-                mlp_norm: at(&p("post_attention_layernorm.weight"))?,
+                mlp_norm: at(&p(mlp_norm_name(config)))?,
+                post_norms: if config.block.post_norms {
+                    Some((at(&p(POST_ATTN_NORM))?, at(&p(POST_MLP_NORM))?))
+                } else {
+                    None
+                },
                 gate_up: at(&p("mlp.gate_proj.weight"))?,
                 down: at(&p("mlp.down_proj.weight"))?,
             });
@@ -229,8 +265,9 @@ impl DeviceWeights {
             },
             norm: at("model.norm.weight")?,
             layers,
-            cos,
-            sin,
+            cos: tables.cos,
+            sin: tables.sin,
+            local_rope: tables.local,
             arena,
         })
     }

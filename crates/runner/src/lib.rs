@@ -9,7 +9,7 @@ pub mod sampling;
 pub mod scoring;
 
 use ingot_core::TokenId;
-use ingot_kv_cache::BlockId;
+use ingot_kv_cache::{BlockId, BlockTable, KvLayout, NULL_BLOCK};
 use ingot_models::ModelConfig;
 
 pub use sampling::{apply_mask, Logprobs, Pick, RowSampling, TokenLogprob};
@@ -49,15 +49,49 @@ pub struct SequenceChunk<'a> {
     pub tokens: &'a [TokenId],
     /// Position of `tokens[0]`; positions before it are already in the cache.
     pub start_pos: usize,
-    /// The sequence's blocks, covering at least `start_pos + tokens.len()`.
+    /// The sequence's blocks, covering at least `start_pos + tokens.len()`:
+    /// the table of the first layer group of the runner's
+    /// [`ModelRunner::kv_layout`] (the only one of a model without sliding
+    /// windows).
     pub block_table: &'a [BlockId],
+    /// The tables of the layout's other groups, in order (empty with one
+    /// group). A sliding group's entries before its window are
+    /// [`NULL_BLOCK`]: those positions are never read again.
+    pub group_tables: &'a [BlockTable],
 }
 
-impl SequenceChunk<'_> {
+impl<'a> SequenceChunk<'a> {
+    /// A chunk reading `tables`, one per layer group (at least one).
+    pub fn with_tables(tokens: &'a [TokenId], start_pos: usize, tables: &'a [BlockTable]) -> Self {
+        Self {
+            tokens,
+            start_pos,
+            block_table: tables.first().map_or(&[], BlockTable::blocks),
+            group_tables: tables.get(1..).unwrap_or_default(),
+        }
+    }
+
     /// Positions in the cache after this chunk has run.
     pub fn end_pos(&self) -> usize {
         self.start_pos + self.tokens.len()
     }
+}
+
+/// Block tables of every layer group of `runner` for one sequence of `len`
+/// positions running alone (tools and tests): pages taken in order from an
+/// empty pool of the runner's size.
+pub fn solo_tables(runner: &dyn ModelRunner, len: usize) -> Result<Vec<BlockTable>, RunnerError> {
+    let shape = runner.kv_cache_shape();
+    let mut pool = ingot_kv_cache::BlockPool::with_layout(
+        shape.num_blocks,
+        shape.block_size,
+        runner.kv_layout(),
+        false,
+    );
+    let mut tables = pool.new_tables();
+    pool.reserve_groups(&mut tables, 0, len)
+        .map_err(|e| RunnerError::InvalidBatch(e.to_string()))?;
+    Ok(tables)
 }
 
 /// A step's work: prefill chunks and decode tokens mixed freely.
@@ -126,6 +160,14 @@ pub trait ModelRunner: Send {
     /// entry of `batch.score` (its chunk's first `next.len()` positions),
     /// valid until the next call.
     fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<&[f32], RunnerError>;
+
+    /// How the layers share KV pages and block tables. The default is one
+    /// group of every layer: one table per sequence, every layer reading
+    /// it, whatever windows the model has. A backend that reads a table
+    /// per group returns [`kv_layout_of`] its model.
+    fn kv_layout(&self) -> KvLayout {
+        KvLayout::single(self.config().num_layers)
+    }
 
     /// Short name of the device ("cpu (2 threads)", "cuda:0 H100").
     fn device_name(&self) -> String;
@@ -271,14 +313,63 @@ pub fn argmax(v: &[f32]) -> TokenId {
     best as TokenId
 }
 
-/// Checks what every backend relies on: non-empty chunks inside the context,
-/// block tables that cover them and stay in the pool, tokens in the vocabulary.
+/// The layer groups of `config`: global layers in one group, sliding-window
+/// layers in another (one group for a model without windows).
+pub fn kv_layout_of(config: &ModelConfig) -> KvLayout {
+    let windows: Vec<Option<usize>> = (0..config.num_layers)
+        .map(|l| config.block.window_of(l))
+        .collect();
+    KvLayout::from_windows(&windows)
+}
+
+/// [`validate_grouped`] for a runner with one table per sequence.
 pub fn validate_batch(
     config: &ModelConfig,
     kv: KvCacheShape,
     batch: &ForwardBatch<'_>,
 ) -> Result<(), RunnerError> {
-    let bs = kv.block_size;
+    validate_grouped(config, kv, &KvLayout::single(config.num_layers), batch)
+}
+
+/// Checks one group's table of chunk `c`: it covers the chunk, its pages
+/// are in the pool, and only blocks no query of the chunk sees are null.
+fn validate_table(
+    c: &SequenceChunk<'_>,
+    (layout, g): (&KvLayout, usize),
+    table: &[BlockId],
+    kv: KvCacheShape,
+) -> Result<(), RunnerError> {
+    let (bs, ppb) = (kv.block_size, layout.pages_per_block(g));
+    if table.len() / ppb * bs < c.end_pos() {
+        return Err(RunnerError::InvalidBatch(format!(
+            "block table of {} blocks cannot hold {} positions",
+            table.len() / ppb,
+            c.end_pos()
+        )));
+    }
+    let first_live = layout.first_live_block(g, c.start_pos, bs) * ppb;
+    for (i, &b) in table.iter().enumerate() {
+        if b == NULL_BLOCK && i < first_live {
+            continue;
+        }
+        if b as usize >= kv.num_blocks {
+            return Err(RunnerError::InvalidBatch(format!(
+                "block {b} outside the pool"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks what every backend relies on: non-empty chunks inside the context,
+/// block tables (one per group of `layout`) that cover them and stay in the
+/// pool, tokens in the vocabulary.
+pub fn validate_grouped(
+    config: &ModelConfig,
+    kv: KvCacheShape,
+    layout: &KvLayout,
+    batch: &ForwardBatch<'_>,
+) -> Result<(), RunnerError> {
     for c in &batch.chunks {
         if c.tokens.is_empty() {
             return Err(RunnerError::InvalidBatch("empty chunk".into()));
@@ -290,17 +381,16 @@ pub fn validate_batch(
                 config.max_context
             )));
         }
-        if c.block_table.len() * bs < c.end_pos() {
+        if c.group_tables.len() + 1 != layout.groups().len() {
             return Err(RunnerError::InvalidBatch(format!(
-                "block table of {} blocks cannot hold {} positions",
-                c.block_table.len(),
-                c.end_pos()
+                "{} block tables for {} layer groups",
+                c.group_tables.len() + 1,
+                layout.groups().len()
             )));
         }
-        if let Some(&b) = c.block_table.iter().find(|&&b| b as usize >= kv.num_blocks) {
-            return Err(RunnerError::InvalidBatch(format!(
-                "block {b} outside the pool"
-            )));
+        validate_table(c, (layout, 0), c.block_table, kv)?;
+        for (g, t) in c.group_tables.iter().enumerate() {
+            validate_table(c, (layout, g + 1), t.blocks(), kv)?;
         }
         if let Some(&id) = c.tokens.iter().find(|&&t| t as usize >= config.vocab_size) {
             return Err(RunnerError::TokenOutOfRange {

@@ -101,8 +101,11 @@ pub struct SchedulerOutput {
 pub struct SeqView<'a> {
     /// All tokens (prompt then output).
     pub tokens: &'a [TokenId],
-    /// KV blocks in position order.
+    /// KV blocks of the first layer group, in position order (the only
+    /// group of a model without sliding windows).
     pub blocks: &'a [BlockId],
+    /// Every layer group's table (the first is `blocks`).
+    pub tables: &'a [BlockTable],
 }
 
 #[derive(Debug, PartialEq, Eq, Clone, Copy)]
@@ -119,7 +122,8 @@ struct Seq {
     max_tokens: usize,
     prompt_len: usize,
     num_computed: usize,
-    table: BlockTable,
+    /// One block table per layer group of the pool's layout.
+    tables: Vec<BlockTable>,
     state: State,
     paused: bool,
     /// Computes every position itself (it needs their logits, e.g. for
@@ -217,9 +221,15 @@ impl Scheduler {
         self.seqs.is_empty()
     }
 
-    /// Positions the whole pool can hold: longer sequences can never run.
+    /// The longest sequence the whole pool can run (a sliding layer group
+    /// holds only its window, so this can exceed the pool's positions):
+    /// longer sequences can never run.
     pub fn capacity_tokens(&self) -> usize {
-        self.pool.num_blocks() * self.pool.block_size()
+        self.pool.layout().capacity_tokens(
+            self.pool.num_blocks(),
+            self.pool.block_size(),
+            self.config.max_num_batched_tokens,
+        )
     }
 
     /// Queues a sequence. `max_tokens` only feeds the shortest-job estimate.
@@ -241,7 +251,7 @@ impl Scheduler {
                 max_tokens,
                 prompt_len,
                 num_computed: 0,
-                table: BlockTable::new(),
+                tables: self.pool.new_tables(),
                 state: State::Waiting,
                 paused: false,
                 compute_all: false,
@@ -265,7 +275,7 @@ impl Scheduler {
         let Some(mut seq) = self.seqs.remove(&id) else {
             return false;
         };
-        self.pool.release(&mut seq.table);
+        self.pool.release_groups(&mut seq.tables);
         match seq.state {
             State::Waiting => self.waiting.retain(|&w| w != id),
             State::Running => self.running.retain(|&r| r != id),
@@ -300,7 +310,8 @@ impl Scheduler {
     pub fn view(&self, id: SeqId) -> Option<SeqView<'_>> {
         self.seqs.get(&id).map(|s| SeqView {
             tokens: &s.tokens,
-            blocks: s.table.blocks(),
+            blocks: s.tables.first().map_or(&[], |t| t.blocks()),
+            tables: &s.tables,
         })
     }
 
@@ -354,7 +365,7 @@ impl Scheduler {
         let Some(seq) = self.seqs.get_mut(&id) else {
             return;
         };
-        self.pool.release(&mut seq.table);
+        self.pool.release_groups(&mut seq.tables);
         seq.num_computed = 0;
         seq.state = State::Waiting;
         self.running.retain(|&r| r != id);
@@ -406,8 +417,12 @@ impl Scheduler {
                 .seqs
                 .get_mut(&id)
                 .expect("scheduled ids exist. This is a bug.");
-            let target = seq.num_computed + n;
-            if self.pool.reserve(&mut seq.table, target).is_ok() {
+            let (start, target) = (seq.num_computed, seq.num_computed + n);
+            if self
+                .pool
+                .reserve_groups(&mut seq.tables, start, target)
+                .is_ok()
+            {
                 return true;
             }
             let victim = self.victims().into_iter().find(|v| *v != id);
@@ -441,7 +456,8 @@ impl Scheduler {
         let (rank, need) = {
             let s = &self.seqs[&best];
             let chunk = s.pending().min(self.config.max_num_batched_tokens);
-            (s.priority, self.pool.blocks_for(s.num_computed + chunk))
+            let end = s.num_computed + chunk;
+            (s.priority, self.pool.pages_for(s.num_computed, end))
         };
         loop {
             let short_of_slots = self.num_stepping() >= self.config.max_num_seqs;
@@ -484,18 +500,19 @@ impl Scheduler {
             let cached = if seq.compute_all {
                 0
             } else {
-                self.pool.reuse_prefix(&mut seq.table, &seq.tokens)
+                self.pool.reuse_prefix_groups(&mut seq.tables, &seq.tokens)
             };
             seq.num_computed = cached;
             let n = seq.pending().min(*budget);
+            let (start, end) = (seq.num_computed, seq.num_computed + n);
             if self
                 .pool
-                .reserve(&mut seq.table, seq.num_computed + n)
+                .reserve_groups(&mut seq.tables, start, end)
                 .is_err()
             {
                 // Not enough memory: give the prefix back and stop admitting,
                 // so a large request is not overtaken forever by small ones.
-                self.pool.release(&mut seq.table);
+                self.pool.release_groups(&mut seq.tables);
                 seq.num_computed = 0;
                 return;
             }
@@ -518,7 +535,7 @@ impl Scheduler {
                 .expect("scheduled ids exist. This is a bug.");
             seq.num_computed = c.start + c.len;
             self.pool
-                .publish_full_blocks(&mut seq.table, &seq.tokens, seq.num_computed);
+                .publish_groups(&mut seq.tables, &seq.tokens, seq.num_computed);
         }
     }
 }
@@ -856,5 +873,85 @@ mod tests {
         assert_eq!(s.pool().num_in_use(), 0);
         assert!(s.is_idle());
         assert!(!s.remove(1));
+    }
+
+    /// Gemma 3 270M's groups (18 layers, every sixth global, window 512)
+    /// over `pages` pages of 16 positions.
+    fn gemma_sched(pages: usize, budget: usize) -> Scheduler {
+        let windows: Vec<_> = (0..18).map(|l| ((l + 1) % 6 != 0).then_some(512)).collect();
+        let layout = ingot_kv_cache::KvLayout::from_windows(&windows);
+        let config = SchedulerConfig {
+            max_num_batched_tokens: budget,
+            ..SchedulerConfig::default()
+        };
+        Scheduler::new(config, BlockPool::with_layout(pages, 16, layout, true))
+    }
+
+    /// Runs sequence `id` until it holds `len` tokens; returns the most
+    /// pages in use at once.
+    fn run_to(s: &mut Scheduler, id: SeqId, len: usize, t0: Instant) -> usize {
+        let mut peak = 0;
+        while s.view(id).is_some_and(|v| v.tokens.len() < len) {
+            let out = step(s, t0);
+            assert!(out.preempted.is_empty(), "no preemption expected");
+            peak = peak.max(s.pool().num_in_use());
+        }
+        peak
+    }
+
+    #[test]
+    fn a_long_gemma_sequence_holds_a_window_of_sliding_blocks() {
+        let t0 = Instant::now();
+        // 700 pages: a 4k sequence in one shared table would need 256
+        // blocks of 6 pages (1536).
+        let mut s = gemma_sched(700, 512);
+        assert!(s.capacity_tokens() >= 4096 + 64);
+        s.add(1, prompt(4000, 0), Priority::Normal, 200, t0);
+        let peak = run_to(&mut s, 1, 4096, t0);
+        let v = s.view(1).unwrap();
+        let (global, sliding) = (v.tables[0].num_live_pages(), v.tables[1].num_live_pages());
+        assert_eq!(global, 4096usize.div_ceil(16));
+        // The last step computed position 4094, which sees 3583..=4094:
+        // blocks 223..=255, 5 pages each; one table would hold 256.
+        assert_eq!(sliding, 33 * 5);
+        assert_eq!(s.pool().num_in_use(), global + sliding);
+        // While prefilling, a 512-token chunk adds its own blocks.
+        assert!(peak <= 256 + (512 + 512) / 16 * 5 + 5, "peak {peak}");
+        s.remove(1);
+        assert_eq!(s.pool().num_in_use(), 0);
+    }
+
+    #[test]
+    fn gemma_admission_counts_pages_per_group() {
+        let t0 = Instant::now();
+        let mut s = gemma_sched(700, 512);
+        s.add(1, prompt(100, 0), Priority::Normal, 10, t0);
+        step(&mut s, t0);
+        // 100 positions: 7 blocks in both groups, 1 + 5 pages each.
+        assert_eq!(s.pool().num_in_use(), 7 * 6);
+        // A pool too small for even one chunk's window never admits.
+        let mut tiny = gemma_sched(40, 512);
+        tiny.add(1, prompt(100, 0), Priority::Normal, 10, t0);
+        assert!(tiny.schedule(t0).chunks.is_empty());
+        assert_eq!(tiny.num_waiting(), 1);
+    }
+
+    #[test]
+    fn gemma_prefix_reuse_resumes_both_groups() {
+        let t0 = Instant::now();
+        let mut s = gemma_sched(2000, 512);
+        s.add(1, prompt(2000, 0), Priority::Normal, 4, t0);
+        run_to(&mut s, 1, 2001, t0);
+        s.remove(1);
+        let mut p = prompt(1800, 0);
+        p.extend([9000, 9001]);
+        s.add(2, p, Priority::Normal, 4, t0);
+        let out = step(&mut s, t0);
+        assert_eq!(out.started, vec![(2, 1792)]);
+        let v = s.view(2).unwrap();
+        // The sliding group holds only the window before position 1792.
+        let first_live = (1792 + 1 - 512) / 16;
+        assert_eq!(v.tables[1].num_live_pages(), (113 - first_live) * 5);
+        assert_eq!(v.tables[0].num_live_pages(), 113);
     }
 }

@@ -119,7 +119,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         let prompt = args.prompt.as_deref().context("--score needs --prompt")?;
         let (mut runner, tokenizer) = load_runner(&config, 1)?;
         let (context, tail) = score::split(&tokenizer, prompt, continuation)?;
-        let result = score::score(runner.as_mut(), config.engine.block_size, context, tail)?;
+        let result = score::score(runner.as_mut(), context, tail)?;
         println!("{}", result.to_json());
         return Ok(());
     }

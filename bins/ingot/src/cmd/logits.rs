@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use ingot_core::TokenId;
+use ingot_kv_cache::BlockTable;
 use ingot_runner::{ForwardBatch, SequenceChunk};
 
 use crate::model::{load_runner, ModelArgs};
@@ -38,7 +39,7 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
         None => args.prompt_ids.clone(),
     };
     anyhow::ensure!(!ids.is_empty(), "give --prompt-ids or --prompt");
-    let table: Vec<u32> = (0..ids.len().div_ceil(config.engine.block_size) as u32).collect();
+    let table = ingot_runner::solo_tables(runner.as_ref(), ids.len())?;
     // The prompt runs as a prefill of all but the last token, then the last
     // token as a decode step: the logits come from the decode path (the one
     // every generated token takes), with the prefill path behind its cache.
@@ -63,13 +64,13 @@ pub fn run(args: LogitsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn one_chunk<'a>(tokens: &'a [TokenId], start_pos: usize, table: &'a [u32]) -> ForwardBatch<'a> {
+fn one_chunk<'a>(
+    tokens: &'a [TokenId],
+    start_pos: usize,
+    tables: &'a [BlockTable],
+) -> ForwardBatch<'a> {
     ForwardBatch {
-        chunks: vec![SequenceChunk {
-            tokens,
-            start_pos,
-            block_table: table,
-        }],
+        chunks: vec![SequenceChunk::with_tables(tokens, start_pos, tables)],
         expect_next: false,
         score: Vec::new(),
     }

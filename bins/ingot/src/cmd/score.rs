@@ -56,18 +56,13 @@ pub fn split(
 /// last token as one prefill, then one decode step per scored token.
 pub fn score(
     runner: &mut dyn ModelRunner,
-    block_size: usize,
     context: Vec<TokenId>,
     continuation: Vec<TokenId>,
 ) -> anyhow::Result<Score> {
     let ids: Vec<TokenId> = context.iter().chain(&continuation).copied().collect();
-    let table: Vec<u32> = (0..ids.len().div_ceil(block_size) as u32).collect();
+    let tables = ingot_runner::solo_tables(&*runner, ids.len())?;
     let batch = |start: usize, end: usize| ForwardBatch {
-        chunks: vec![SequenceChunk {
-            tokens: &ids[start..end],
-            start_pos: start,
-            block_table: &table,
-        }],
+        chunks: vec![SequenceChunk::with_tables(&ids[start..end], start, &tables)],
         expect_next: false,
         score: Vec::new(),
     };

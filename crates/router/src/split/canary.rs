@@ -19,6 +19,7 @@ use serde::Serialize;
 use super::config::{CanaryConfig, Thresholds, WindowKind};
 use super::window::{ArmWindow, Outcomes, Sample};
 use crate::metrics as m;
+use crate::worker::Latency;
 
 /// Where a canary is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -42,11 +43,13 @@ pub struct Event {
     pub at_unix_ms: u64,
     /// Seconds since the router started the canary.
     pub since_start_s: f64,
-    /// "start", "step", "pause", "resume", "rollback" or "promote".
+    /// "start", "step", "pause", "resume", "rollback", "promote" or
+    /// "slo_dry_run" (`[slo]` in dry-run mode would have rolled it back).
     pub kind: &'static str,
     /// The canary's share after the event, percent.
     pub share: f64,
-    /// Why (rollbacks: "error_rate", "ttft", "itl", "manual" or the caller's).
+    /// Why (rollbacks: "error_rate", "ttft", "itl", "slo", "manual" or the
+    /// caller's).
     pub reason: Option<String>,
     /// What the windows held at that moment.
     pub detail: Option<String>,
@@ -75,6 +78,9 @@ struct Run {
     step_started: Instant,
     windows: [ArmWindow; 2],
     events: Vec<Event>,
+    /// A dry-run SLO breach is in the event log and not yet over (one
+    /// event per breach, not one per evaluation).
+    slo_noted: bool,
 }
 
 /// One canary.
@@ -190,11 +196,12 @@ impl Canary {
                 step_started: now,
                 windows: Default::default(),
                 events: Vec::new(),
+                slo_noted: false,
             }),
             config,
         };
         let mut run = canary.lock();
-        canary.transition(&mut run, "start", first, None);
+        canary.transition(&mut run, "start", first, None, None);
         drop(run);
         canary
     }
@@ -226,13 +233,22 @@ impl Canary {
         }
     }
 
-    /// Sets the share, logs, counts and appends the event.
-    fn transition(&self, run: &mut Run, kind: &'static str, share: f64, reason: Option<String>) {
+    /// Sets the share, logs, counts and appends the event (its detail: the
+    /// windows, after `note` when given).
+    fn transition(
+        &self,
+        run: &mut Run,
+        kind: &'static str,
+        share: f64,
+        reason: Option<String>,
+        note: Option<&str>,
+    ) {
         self.share_bp
             .store((share * 100.0).round() as u32, Ordering::Relaxed);
         let name = &self.config.name;
         metrics::gauge!(m::CANARY_SHARE, "canary" => name.clone()).set(share);
-        let detail = describe(&run.windows);
+        let windows = describe(&run.windows);
+        let detail = note.map_or_else(|| windows.clone(), |n| format!("{n}; {windows}"));
         match kind {
             "rollback" => {
                 let reason = reason.clone().unwrap_or_default();
@@ -270,11 +286,59 @@ impl Canary {
 
     /// Share to 0 now, recording `reason`.
     pub fn rollback(&self, reason: &str) -> Result<(), CanaryError> {
+        self.rollback_noted(reason, None)
+    }
+
+    /// Share to 0 now, recording `reason` and `note` (what was measured).
+    pub fn rollback_noted(&self, reason: &str, note: Option<&str>) -> Result<(), CanaryError> {
         let mut run = self.lock();
         self.finished(&run)?;
         run.phase = Phase::RolledBack;
-        self.transition(&mut run, "rollback", 0.0, Some(reason.to_string()));
+        self.transition(&mut run, "rollback", 0.0, Some(reason.to_string()), note);
         Ok(())
+    }
+
+    /// Records (once per breach) that `[slo]` in dry-run mode would roll
+    /// the canary back: an `slo_dry_run` event, the share unchanged. True
+    /// when this call recorded it.
+    pub fn note_slo_dry_run(&self, note: &str) -> bool {
+        let mut run = self.lock();
+        if run.slo_noted || self.finished(&run).is_err() {
+            return false;
+        }
+        run.slo_noted = true;
+        let share = self.share();
+        self.transition(
+            &mut run,
+            "slo_dry_run",
+            share,
+            Some("slo".into()),
+            Some(note),
+        );
+        true
+    }
+
+    /// The breach a dry run noted is over: the next one is noted again.
+    pub fn clear_slo_note(&self) {
+        self.lock().slo_noted = false;
+    }
+
+    /// Each arm's window (pruned at `now`) as the SLO sees a worker: mean
+    /// TTFT and mean per-request ITL, seconds, and the TTFT sample count.
+    pub fn arm_latencies(&self, now: Instant) -> [Latency; 2] {
+        let mut run = self.lock();
+        for w in run.windows.iter_mut() {
+            w.prune(now, WindowKind::Sliding(self.config.window));
+        }
+        let mean = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+        [&run.windows[0], &run.windows[1]].map(|w| {
+            let ttft = w.ttft();
+            Latency {
+                samples: u32::try_from(ttft.len()).unwrap_or(u32::MAX),
+                ttft: mean(ttft),
+                itl: mean(w.itl()),
+            }
+        })
     }
 
     /// Share to 100 for good: the canary group becomes stable.
@@ -282,7 +346,7 @@ impl Canary {
         let mut run = self.lock();
         self.finished(&run)?;
         run.phase = Phase::Promoted;
-        self.transition(&mut run, "promote", 100.0, Some(reason.to_string()));
+        self.transition(&mut run, "promote", 100.0, Some(reason.to_string()), None);
         Ok(())
     }
 
@@ -293,11 +357,11 @@ impl Canary {
         let share = self.share();
         if paused && run.phase == Phase::Running {
             run.phase = Phase::Paused;
-            self.transition(&mut run, "pause", share, Some("manual".into()));
+            self.transition(&mut run, "pause", share, Some("manual".into()), None);
         } else if !paused && run.phase == Phase::Paused {
             run.phase = Phase::Running;
             run.step_started = Instant::now();
-            self.transition(&mut run, "resume", share, Some("manual".into()));
+            self.transition(&mut run, "resume", share, Some("manual".into()), None);
         }
         Ok(())
     }
@@ -315,7 +379,7 @@ impl Canary {
         }
         if let Some(reason) = regression(&run.windows, &self.config.thresholds) {
             run.phase = Phase::RolledBack;
-            self.transition(&mut run, "rollback", 0.0, Some(reason.into()));
+            self.transition(&mut run, "rollback", 0.0, Some(reason.into()), None);
             return;
         }
         let due = now.saturating_duration_since(run.step_started) >= self.config.step_duration;
@@ -327,7 +391,7 @@ impl Canary {
             Some(next) => {
                 run.step += 1;
                 run.step_started = now;
-                self.transition(&mut run, "step", next, None);
+                self.transition(&mut run, "step", next, None, None);
                 // Each step is judged on its own samples: both arms measured
                 // over the same period at the same share (a larger share
                 // batches more and is slower; at 100% stable gets nothing).
@@ -342,6 +406,7 @@ impl Canary {
                     "promote",
                     100.0,
                     Some("healthy at every step".into()),
+                    None,
                 );
             }
         }
