@@ -430,11 +430,6 @@ impl CudaRunner {
         self.memory
     }
 
-    /// Bytes of KV cache per token position (all layers, K and V, bf16).
-    pub fn kv_bytes_per_token(config: &ModelConfig) -> usize {
-        config.num_layers * 2 * config.kv_dim() * 2
-    }
-
     /// Runs one forward pass at the largest token count with a temporary KV
     /// pool (so cuBLASLt and the driver allocate whatever they lazily need),
     /// then gives the KV pool what is left of the memory budget, in pages
@@ -1011,6 +1006,27 @@ mod speculation_tests {
             speculated_rows(&SPEC, &IDS, (16, 1), &batch(&[1])),
             Some(vec![1])
         );
+    }
+
+    #[test]
+    fn a_first_group_of_two_pages_per_block_is_matched_on_the_written_blocks_page() {
+        // Position 21 is in block 1: its pages are entries 2 and 3.
+        let table = [4, 5, 6, 7];
+        let b = ForwardBatch {
+            chunks: vec![SequenceChunk {
+                tokens: &IDS[..1],
+                start_pos: 21,
+                block_table: &table,
+                group_tables: &[],
+            }],
+            ..Default::default()
+        };
+        assert_eq!(
+            speculated_rows(&[(21, 6)], &IDS[..1], (16, 2), &b),
+            Some(vec![0])
+        );
+        // Entry 1 (block 0's second page) is a shared prefix's page.
+        assert_eq!(speculated_rows(&[(21, 5)], &IDS[..1], (16, 2), &b), None);
     }
 
     #[test]
