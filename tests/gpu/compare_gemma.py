@@ -4,7 +4,7 @@ the real GGUF weights and the prompts of tests/fixtures/gemma3/expected.json
 (6 prompts of 65 to 965 tokens: one is longer than the 512-token window).
 
     python3 tests/gpu/compare_gemma.py --ingot BIN --model gemma-3-270m-q4_k_m.gguf \
-        --fixture tests/fixtures/gemma3/expected.json [--hf]
+        --fixture tests/fixtures/gemma3/expected.json [--long tests/fixtures/gemma3/long.json] [--hf]
 
 Per prompt: ingot's tokenization against the fixture's (HF tokenizer) ids;
 first-step logits CUDA vs CPU (bf16 weights on both, as compare_backends.py)
@@ -14,6 +14,12 @@ dequantized with the `gguf` package into a transformers Gemma3ForCausalLM
 (norm weights minus the one the GGUF holds: transformers' RMSNorm scales by
 1 + w; q/k rows are in HF order for gemma3) and run on the GPU in f32 and
 bf16: first-step logits vs CUDA and 32 greedy tokens vs CUDA.
+
+With --long (tests/fixtures/gemma3/long.json: 1,670 tokens, several windows,
+48 reference tokens), that prompt runs the same checks with its 48 tokens, the
+greedy runs (prefilled in the default 512-token chunks) in a KV pool of
+--long-kv-tokens: fewer pages than one table shared by all layers needs, so
+it completes only if the sliding layers give their blocks back.
 
 A greedy divergence passes only at a near-tie (the reference side's
 top-1/top-2 margin at that step below --tie-margin). Exit 1 on a logits error
@@ -53,8 +59,9 @@ def logits(binary, model, device, ids, out):
     return np.fromfile(out, dtype="<f4").astype(np.float64)
 
 
-def greedy(binary, model, device, prompt, n):
-    r = ingot(binary, "generate", "--model", model, "--device", device, *cpu_flags(device),
+def greedy(binary, model, device, prompt, n, kv_tokens=None):
+    pool = ["--kv-cache-tokens", str(kv_tokens)] if kv_tokens else []
+    r = ingot(binary, "generate", "--model", model, "--device", device, *cpu_flags(device), *pool,
               "--prompt", prompt, "--max-tokens", str(n), "--ignore-eos", "--print-ids")
     return json.loads(r.stderr.strip().splitlines()[-1])
 
@@ -159,8 +166,15 @@ def main():
     ap.add_argument("--threshold", type=float, default=3e-2)
     ap.add_argument("--tie-margin", type=float, default=0.15)
     ap.add_argument("--hf", action="store_true")
+    ap.add_argument("--long", help="a fixture of prompts several windows long, run in a small KV pool")
+    # 480 pages of 3 layers (block 16): 108 blocks x 6 pages = 648 would be
+    # one shared table for 1,718 positions; the grouped layout needs 108 +
+    # 65 x 5 = 433 with 512-token chunks.
+    ap.add_argument("--long-kv-tokens", type=int, default=1280)
     args = ap.parse_args()
     cases = json.load(open(args.fixture))
+    if args.long:
+        cases += [dict(c, kv_tokens=args.long_kv_tokens) for c in json.load(open(args.long))]
     tmp = tempfile.mkdtemp()
     failures, rows = [], []
 
@@ -175,8 +189,9 @@ def main():
     print(f"{'prompt':14} {'len':>4} {'ids':>4} {'rel_l2':>8} {'rel_max':>8} {'cpu32':>10} {'ref16':>10}")
     for case in cases:
         name, ids = case["name"], case["prompt_ids"]
-        cpu_run = greedy(args.ingot, args.model, "cpu", case["prompt"], args.tokens)
-        gpu_run = greedy(args.ingot, args.model, "cuda", case["prompt"], args.tokens)
+        n, pool = max(args.tokens, len(case["greedy_ids"])), case.get("kv_tokens")
+        cpu_run = greedy(args.ingot, args.model, "cpu", case["prompt"], n, pool)
+        gpu_run = greedy(args.ingot, args.model, "cuda", case["prompt"], n, pool)
         same_ids = cpu_run["prompt_ids"] == ids and gpu_run["prompt_ids"] == ids
         if not same_ids:
             failures.append(f"{name}: ingot's prompt ids differ from the fixture's")

@@ -5,7 +5,8 @@
 #   hf        CUDA vs transformers on 2-layer Llama-3-8B / Qwen3 shapes
 #   smollm2   CUDA vs CPU backend on SmolLM2 (bf16 weights); batch-1 speed
 #   gemma     Gemma 3 270M (GGUF bundle, `scripts/gpu-bundle gemma3 N`): CUDA vs CPU
-#             and the f32 reference on 6 prompts (one past the 512-token window), vs
+#             and the f32 reference on 6 prompts (one past the 512-token window) and a
+#             1,670-token one in a KV pool that holds it only if sliding blocks are freed, vs
 #             transformers (f32, bf16) on the dequantized weights (compare_gemma.py,
 #             the `gguf` wheel from the bundle's whl/); batch-1 speed
 #   bench     8B-shaped dummy: batch 1, prefill 1024, 256 x 1024 decode
@@ -121,7 +122,8 @@ for phase in "$@"; do
         export PYTHONPATH=/tmp/site
       fi
       timeout -k 5 $((4 * T)) python3 tests/gpu/compare_gemma.py --ingot "$ING_RAW" --model "$G" \
-        --fixture tests/fixtures/gemma3/expected.json --hf | tee "$O/gemma.txt"
+        --fixture tests/fixtures/gemma3/expected.json --long tests/fixtures/gemma3/long.json \
+        --hf | tee "$O/gemma.txt"
       for eager in "" "--enforce-eager"; do
         "$ING" bench latency --model "$G" --input-len 128 --output-len 256 --num-iters 3 $eager --json | tee -a "$O/bench.jsonl"
       done ;;

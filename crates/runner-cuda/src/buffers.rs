@@ -1,6 +1,7 @@
 //! The step's inputs and buffers: the input region laid out for a single
 //! upload (token ids, positions, KV slots, block tables, attention tiles),
-//! the activation workspace and the KV pool.
+//! the activation workspace and the KV pool (one K/V buffer pair per layer
+//! of a page, see [`KvViews`]).
 
 use ingot_models::ModelConfig;
 use ingot_runner::ForwardBatch;
@@ -8,6 +9,7 @@ use ingot_runner::ForwardBatch;
 use crate::device::{Arena, DevPtr, Gpu, Pinned};
 use crate::gemm::GEMV_MAX_TOKENS;
 use crate::kernels::{AdvanceDecode, Kernels, PREFILL_TILE};
+use crate::kv_views::KvViews;
 use crate::CudaError;
 
 /// Chunks at least this long use the tensor-core prefill attention.
@@ -46,12 +48,17 @@ pub struct StepPlan {
     pub splits: usize,
     /// i32 elements of the input region to upload.
     upload_len: usize,
+    /// i32 elements of each further view's table (sequences × stride).
+    table_len: usize,
     /// The captured graph this step replays (its padded size).
     pub graph_size: Option<usize>,
 }
 
 /// Offsets (in i32 elements) of the step inputs inside one region that is
-/// mirrored in pinned host memory and copied up in one transfer.
+/// mirrored in pinned host memory and copied up in one transfer. A layout
+/// of several [`KvViews`] adds, per further view, its KV-write slots and
+/// table (one more transfer each) and a sink for [`advance_decode`]; with
+/// one view the region is what it was before layer groups.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct InputLayout {
     pub(crate) slots: usize,
@@ -63,11 +70,22 @@ pub(crate) struct InputLayout {
     pub(crate) last_rows: usize,
     pub(crate) stride: usize,
     pub(crate) tables: usize,
+    /// Views staged (1 without sliding windows).
+    views: usize,
+    /// Where view 1's slots start; views after it follow every `view_len`.
+    extra: usize,
+    /// i32 elements of a further view: its slots, then its table.
+    view_len: usize,
+    /// Slots before a further view's table (2 per token).
+    view_slots: usize,
+    /// `2 × max_seqs` elements [`advance_decode`] writes the ids and
+    /// positions of further views into (they only move slots).
+    sink: usize,
     pub(crate) len: usize,
 }
 
 impl InputLayout {
-    fn new(max_tokens: usize, max_seqs: usize, max_blocks: usize) -> Self {
+    fn new(max_tokens: usize, max_seqs: usize, max_blocks: usize, views: usize) -> Self {
         // Tiles hold 64 / G tokens; G is at most 8.
         let max_tiles = max_tokens * 8 / PREFILL_TILE + max_seqs + 1;
         let slots = 0;
@@ -79,6 +97,16 @@ impl InputLayout {
         let last_rows = tiles + 3 * max_tiles;
         let stride = last_rows + max_seqs;
         let tables = stride + 2;
+        let end = tables + max_seqs * max_blocks;
+        // i64 slots start 8-byte aligned.
+        let extra = end.next_multiple_of(2);
+        let view_slots = 2 * max_tokens;
+        let view_len = (view_slots + max_seqs * max_blocks).next_multiple_of(2);
+        let sink = extra + (views - 1) * view_len;
+        let len = match views {
+            1 => end,
+            _ => sink + 2 * max_seqs,
+        };
         Self {
             slots,
             ids,
@@ -89,7 +117,28 @@ impl InputLayout {
             last_rows,
             stride,
             tables,
-            len: tables + max_seqs * max_blocks,
+            views,
+            extra,
+            view_len,
+            view_slots,
+            sink,
+            len,
+        }
+    }
+
+    /// Where view `v`'s KV-write slots (i64 per token) start.
+    pub(crate) fn slots_of(&self, v: usize) -> usize {
+        match v {
+            0 => self.slots,
+            _ => self.extra + (v - 1) * self.view_len,
+        }
+    }
+
+    /// Where view `v`'s block tables start.
+    pub(crate) fn tables_of(&self, v: usize) -> usize {
+        match v {
+            0 => self.tables,
+            _ => self.slots_of(v) + self.view_slots,
         }
     }
 }
@@ -100,6 +149,8 @@ pub struct Buffers {
     pub max_seqs: usize,
     pub(crate) block_size: usize,
     pub(crate) layout: InputLayout,
+    /// The tables and buffers layers read.
+    pub(crate) views: KvViews,
     inputs: DevPtr,
     inputs_host: Pinned<i32>,
     pub(crate) x: DevPtr,
@@ -117,9 +168,20 @@ pub struct Buffers {
     /// `SumSq` (common.cuh): row sums of squares for fused RMSNorms.
     pub sumsq: DevPtr,
     arena: Arena,
-    /// (k, v) per layer, `[blocks, kv_heads, block_size, head_dim]` bf16 each.
-    pub(crate) kv_layers: Vec<(DevPtr, DevPtr)>,
+    /// (k, v) per layer of a page (every layer without sliding windows),
+    /// `[pages, kv_heads, block_size, head_dim]` bf16 each.
+    pub(crate) kv_slices: Vec<(DevPtr, DevPtr)>,
     kv: Option<Arena>,
+}
+
+/// Bytes of one K (or V) buffer of `pages` pages.
+fn kv_slice_bytes(c: &ModelConfig, pages: usize, bs: usize) -> usize {
+    pages * bs * c.kv_dim() * 2
+}
+
+/// Bytes of one KV page (every layer of a page, K and V, bf16).
+pub(crate) fn kv_page_bytes(c: &ModelConfig, bs: usize) -> usize {
+    KvViews::of(c).slices() * 2 * kv_slice_bytes(c, 1, bs)
 }
 
 /// Bytes of each workspace buffer, in the order [`Buffers::new`] takes them.
@@ -151,7 +213,7 @@ fn piece_sizes(c: &ModelConfig, t: usize, s: usize, layout: &InputLayout) -> [us
 
 impl Buffers {
     fn layout(c: &ModelConfig, t: usize, s: usize, bs: usize) -> InputLayout {
-        InputLayout::new(t, s, c.max_context.div_ceil(bs))
+        InputLayout::new(t, s, c.max_context.div_ceil(bs), KvViews::of(c).count())
     }
 
     /// Workspace bytes for `t` tokens and `s` sequences per step.
@@ -177,6 +239,7 @@ impl Buffers {
             max_seqs: s,
             block_size: bs,
             layout,
+            views: KvViews::of(c),
             inputs: p[0],
             inputs_host: Pinned::new(gpu, layout.len)?,
             x: p[1],
@@ -193,7 +256,7 @@ impl Buffers {
             part_ml: p[12],
             sumsq: p[13],
             arena,
-            kv_layers: Vec::new(),
+            kv_slices: Vec::new(),
             kv: None,
         })
     }
@@ -203,23 +266,20 @@ impl Buffers {
         self.arena.size()
     }
 
-    /// (Re)allocates the KV pool with `blocks` blocks per layer.
+    /// (Re)allocates the KV pool with `pages` pages per buffer.
     pub fn set_kv(
         &mut self,
         gpu: &Gpu,
         c: &ModelConfig,
-        blocks: usize,
+        pages: usize,
         bs: usize,
     ) -> Result<(), CudaError> {
         self.drop_kv();
-        let per_layer = blocks * bs * c.kv_dim() * 2;
-        let mut arena = Arena::new(
-            gpu,
-            "kv cache",
-            Arena::size_of(vec![per_layer; 2 * c.num_layers]),
-        )?;
-        self.kv_layers = (0..c.num_layers)
-            .map(|_| Ok((arena.take(per_layer)?, arena.take(per_layer)?)))
+        let per_slice = kv_slice_bytes(c, pages, bs);
+        let slices = self.views.slices();
+        let mut arena = Arena::new(gpu, "kv cache", Arena::size_of(vec![per_slice; 2 * slices]))?;
+        self.kv_slices = (0..slices)
+            .map(|_| Ok((arena.take(per_slice)?, arena.take(per_slice)?)))
             .collect::<Result<_, CudaError>>()?;
         self.kv = Some(arena);
         Ok(())
@@ -247,74 +307,25 @@ impl Buffers {
 
     /// Frees the KV pool.
     pub fn drop_kv(&mut self) {
-        self.kv_layers.clear();
+        self.kv_slices.clear();
         self.kv = None;
     }
 
-    /// Lays out an arbitrary batch (eager step).
+    /// Lays out an arbitrary batch (eager step); given-back sliding blocks
+    /// read as the `scratch` page.
     pub fn prepare(
         &mut self,
         batch: &ForwardBatch<'_>,
         num_sms: usize,
         c: &ModelConfig,
-        prefill: bool,
+        prefill: (bool, u32),
     ) -> StepPlan {
-        let (l, bs) = (self.layout, self.block_size);
-        let stride = table_stride(batch);
-        let host = self.inputs_host.as_mut_slice();
-        let (mut t, mut n_decode, mut n_tiles, mut max_ctx) = (0, 0, 0, 1);
-        for (s, ch) in batch.chunks.iter().enumerate() {
-            let first = t;
-            for (i, &tok) in ch.tokens.iter().enumerate() {
-                let pos = ch.start_pos + i;
-                write_token(
-                    host,
-                    &l,
-                    t,
-                    tok as i32,
-                    pos,
-                    ch.block_table[pos / bs] as usize * bs + pos % bs,
-                    s,
-                );
-                t += 1;
-            }
-            host[l.last_rows + s] = (t - 1) as i32;
-            if prefill && ch.tokens.len() >= PREFILL_MIN_TOKENS {
-                let tile_tokens = PREFILL_TILE / (c.num_heads / c.num_kv_heads);
-                for start in (0..ch.tokens.len()).step_by(tile_tokens) {
-                    let n = tile_tokens.min(ch.tokens.len() - start);
-                    host[l.tiles + 3 * n_tiles..l.tiles + 3 * n_tiles + 3].copy_from_slice(&[
-                        (first + start) as i32,
-                        n as i32,
-                        s as i32,
-                    ]);
-                    n_tiles += 1;
-                }
-            } else {
-                for tok in first..t {
-                    host[l.decode_ids + n_decode] = tok as i32;
-                    n_decode += 1;
-                }
-                max_ctx = max_ctx.max(ch.end_pos());
-            }
-            write_table(host, &l, s, stride, ch.block_table);
-        }
-        host[l.stride] = stride as i32;
-        let splits = decode_splits(n_decode, max_ctx, num_sms, c);
-        StepPlan {
-            tokens: t,
-            seqs: batch.chunks.len(),
-            decode_tokens: n_decode,
-            decode_list: true,
-            tiles: n_tiles,
-            splits,
-            upload_len: l.tables + batch.chunks.len() * stride,
-            graph_size: None,
-        }
+        let staging = self.staging();
+        stage_batch(staging, batch, num_sms, c, prefill)
     }
 
     /// Lays out a decode batch padded to a graph's `size`: padded rows
-    /// read and write only the scratch block.
+    /// read and write only the scratch block (as do given-back blocks).
     pub fn prepare_graph_decode(
         &mut self,
         batch: &ForwardBatch<'_>,
@@ -323,37 +334,142 @@ impl Buffers {
         num_sms: usize,
         c: &ModelConfig,
     ) -> StepPlan {
-        let (l, bs) = (self.layout, self.block_size);
-        let stride = table_stride(batch);
-        let host = self.inputs_host.as_mut_slice();
-        for s in 0..size {
-            match batch.chunks.get(s) {
-                Some(ch) => {
-                    let pos = ch.start_pos;
-                    let slot = ch.block_table[pos / bs] as usize * bs + pos % bs;
-                    write_token(host, &l, s, ch.tokens[0] as i32, pos, slot, s);
-                    write_table(host, &l, s, stride, ch.block_table);
-                }
-                None => {
-                    write_token(host, &l, s, 0, 0, scratch as usize * bs, s);
-                    write_table(host, &l, s, stride, &[scratch]);
-                }
-            }
-            host[l.last_rows + s] = s as i32;
-        }
-        host[l.stride] = stride as i32;
-        StepPlan {
-            tokens: size,
-            seqs: size,
-            decode_tokens: size,
-            decode_list: false,
-            tiles: 0,
-            splits: graph_splits(size, num_sms, c),
-            upload_len: l.tables + size * stride,
-            graph_size: Some(size),
-        }
+        let staging = self.staging();
+        stage_graph_decode(staging, batch, (size, scratch), num_sms, c)
     }
 
+    /// The pinned input region and how it is laid out.
+    fn staging(&mut self) -> Staging<'_> {
+        Staging {
+            host: self.inputs_host.as_mut_slice(),
+            l: self.layout,
+            bs: self.block_size,
+            views: &self.views,
+        }
+    }
+}
+
+/// The step-input staging the layout functions write.
+struct Staging<'a> {
+    host: &'a mut [i32],
+    l: InputLayout,
+    bs: usize,
+    views: &'a KvViews,
+}
+
+/// Lays out an arbitrary batch (eager step); given-back sliding blocks
+/// read as the `scratch` page.
+fn stage_batch(
+    Staging { host, l, bs, views }: Staging<'_>,
+    batch: &ForwardBatch<'_>,
+    num_sms: usize,
+    c: &ModelConfig,
+    (prefill, scratch): (bool, u32),
+) -> StepPlan {
+    let stride = table_stride(views, batch);
+    let (mut t, mut n_decode, mut n_tiles, mut max_ctx) = (0, 0, 0, 1);
+    for (s, ch) in batch.chunks.iter().enumerate() {
+        let first = t;
+        for (i, &tok) in ch.tokens.iter().enumerate() {
+            let pos = ch.start_pos + i;
+            let slot = |v| views.page(ch, v, pos / bs, scratch) as usize * bs + pos % bs;
+            write_token(host, &l, t, tok as i32, pos, slot(0), s);
+            for v in 1..views.count() {
+                write_slot(host, l.slots_of(v), t, slot(v));
+            }
+            t += 1;
+        }
+        host[l.last_rows + s] = (t - 1) as i32;
+        if prefill && ch.tokens.len() >= PREFILL_MIN_TOKENS {
+            let tile_tokens = PREFILL_TILE / (c.num_heads / c.num_kv_heads);
+            for start in (0..ch.tokens.len()).step_by(tile_tokens) {
+                let n = tile_tokens.min(ch.tokens.len() - start);
+                host[l.tiles + 3 * n_tiles..l.tiles + 3 * n_tiles + 3].copy_from_slice(&[
+                    (first + start) as i32,
+                    n as i32,
+                    s as i32,
+                ]);
+                n_tiles += 1;
+            }
+        } else {
+            for tok in first..t {
+                host[l.decode_ids + n_decode] = tok as i32;
+                n_decode += 1;
+            }
+            max_ctx = max_ctx.max(ch.end_pos());
+        }
+        for v in 0..views.count() {
+            let row = l.tables_of(v) + s * stride;
+            write_table(&mut host[row..row + stride], views.pages(ch, v, scratch));
+        }
+    }
+    host[l.stride] = stride as i32;
+    let splits = decode_splits(n_decode, max_ctx, num_sms, c);
+    let table_len = batch.chunks.len() * stride;
+    StepPlan {
+        tokens: t,
+        seqs: batch.chunks.len(),
+        decode_tokens: n_decode,
+        decode_list: true,
+        tiles: n_tiles,
+        splits,
+        upload_len: l.tables + table_len,
+        table_len,
+        graph_size: None,
+    }
+}
+
+/// Lays out a decode batch padded to a graph's `size`: padded rows read
+/// and write only the `scratch` page (as do given-back blocks).
+fn stage_graph_decode(
+    Staging { host, l, bs, views }: Staging<'_>,
+    batch: &ForwardBatch<'_>,
+    (size, scratch): (usize, u32),
+    num_sms: usize,
+    c: &ModelConfig,
+) -> StepPlan {
+    let stride = table_stride(views, batch);
+    for s in 0..size {
+        let row = |v| l.tables_of(v) + s * stride..l.tables_of(v) + (s + 1) * stride;
+        match batch.chunks.get(s) {
+            Some(ch) => {
+                let pos = ch.start_pos;
+                let slot = |v| views.page(ch, v, pos / bs, scratch) as usize * bs + pos % bs;
+                write_token(host, &l, s, ch.tokens[0] as i32, pos, slot(0), s);
+                for v in 0..views.count() {
+                    if v > 0 {
+                        write_slot(host, l.slots_of(v), s, slot(v));
+                    }
+                    write_table(&mut host[row(v)], views.pages(ch, v, scratch));
+                }
+            }
+            None => {
+                write_token(host, &l, s, 0, 0, scratch as usize * bs, s);
+                for v in 0..views.count() {
+                    if v > 0 {
+                        write_slot(host, l.slots_of(v), s, scratch as usize * bs);
+                    }
+                    write_table(&mut host[row(v)], [scratch]);
+                }
+            }
+        }
+        host[l.last_rows + s] = s as i32;
+    }
+    host[l.stride] = stride as i32;
+    StepPlan {
+        tokens: size,
+        seqs: size,
+        decode_tokens: size,
+        decode_list: false,
+        tiles: 0,
+        splits: graph_splits(size, num_sms, c),
+        upload_len: l.tables + size * stride,
+        table_len: size * stride,
+        graph_size: Some(size),
+    }
+}
+
+impl Buffers {
     /// Sets the final norm's gather list to `rows` (token rows of the last
     /// step, at most `max_seqs`) and uploads it. The caller syncs the
     /// stream before the next call rewrites the pinned staging.
@@ -372,9 +488,16 @@ impl Buffers {
         gpu.upload(dst, host)
     }
 
-    /// Copies the step's inputs to the device (stream-ordered).
+    /// Copies the step's inputs to the device (stream-ordered): one
+    /// transfer, and one more per further view (its slots and table).
     pub fn upload(&self, gpu: &Gpu, plan: &StepPlan) -> Result<(), CudaError> {
-        gpu.upload(self.inputs, &self.inputs_host.as_slice()[..plan.upload_len])
+        let (l, host) = (self.layout, self.inputs_host.as_slice());
+        gpu.upload(self.inputs, &host[..plan.upload_len])?;
+        for v in 1..l.views {
+            let (at, end) = (l.slots_of(v), l.tables_of(v) + plan.table_len);
+            gpu.upload(self.input(at), &host[at..end])?;
+        }
+        Ok(())
     }
 
     /// `[tokens, hidden]` f32 scratch for a post-norm block's output: the
@@ -411,24 +534,31 @@ fn graph_splits(size: usize, num_sms: usize, c: &ModelConfig) -> usize {
     decode_splits(size, c.max_context, num_sms, c)
 }
 
-/// Entries per block-table row: the longest table of the batch.
-fn table_stride(batch: &ForwardBatch<'_>) -> usize {
+/// Entries per block-table row: the most logical blocks of a chunk's
+/// tables in the batch (its block table's length with one view).
+fn table_stride(views: &KvViews, batch: &ForwardBatch<'_>) -> usize {
     batch
         .chunks
         .iter()
-        .map(|ch| ch.block_table.len())
+        .map(|ch| views.blocks_of(ch))
         .max()
         .unwrap_or(1)
         .max(1)
 }
 
-/// Row `s` of the block tables, zero-padded to `stride`.
-fn write_table(host: &mut [i32], l: &InputLayout, s: usize, stride: usize, blocks: &[u32]) {
-    let row = &mut host[l.tables + s * stride..l.tables + (s + 1) * stride];
+/// One row of a view's block tables, zero-padded.
+fn write_table(row: &mut [i32], pages: impl IntoIterator<Item = u32>) {
     row.fill(0);
-    for (dst, &b) in row.iter_mut().zip(blocks) {
+    for (dst, b) in row.iter_mut().zip(pages) {
         *dst = b as i32;
     }
+}
+
+/// Token `t`'s KV-write slot in the slots starting at `at`.
+fn write_slot(host: &mut [i32], at: usize, t: usize, slot: usize) {
+    let slot = slot as i64;
+    host[at + 2 * t] = slot as i32;
+    host[at + 2 * t + 1] = (slot >> 32) as i32;
 }
 
 fn write_token(
@@ -443,15 +573,24 @@ fn write_token(
     host[l.ids + t] = id;
     host[l.positions + t] = pos as i32;
     host[l.token_seq + t] = seq as i32;
-    let slot = slot as i64;
-    host[l.slots + 2 * t] = slot as i32;
-    host[l.slots + 2 * t + 1] = (slot >> 32) as i32;
+    write_slot(host, l.slots, t, slot);
 }
 
 /// Rewrites the inputs of the decode step just enqueued into those of the
-/// step after it (next token = the one picked, one position further).
+/// step after it (next token = the one picked, one position further). Each
+/// row stays in its block, so every view's slot moves one further too.
 pub fn advance_decode(gpu: &Gpu, k: &Kernels, b: &Buffers, rows: usize) -> Result<(), CudaError> {
     let l = b.layout;
+    for v in 1..l.views {
+        AdvanceDecode {
+            rows,
+            ids: b.input(l.sink),
+            positions: b.input(l.sink + b.max_seqs),
+            slots: b.input(l.slots_of(v)),
+            sampled: b.sampled,
+        }
+        .launch(gpu, k)?;
+    }
     AdvanceDecode {
         rows,
         ids: b.input(l.ids),
@@ -465,7 +604,9 @@ pub fn advance_decode(gpu: &Gpu, k: &Kernels, b: &Buffers, rows: usize) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ingot_kv_cache::NULL_BLOCK;
     use ingot_models::{Architecture, RopeConfig, RopeScaling};
+    use ingot_runner::SequenceChunk;
 
     fn llama8b() -> ModelConfig {
         ModelConfig {
@@ -507,7 +648,7 @@ mod tests {
 
     #[test]
     fn input_regions_do_not_overlap() {
-        let l = InputLayout::new(512, 64, 256);
+        let l = InputLayout::new(512, 64, 256, 1);
         let regions = [
             (l.slots, 2 * 512),
             (l.ids, 512),
@@ -525,5 +666,188 @@ mod tests {
         assert_eq!(l.tables + 64 * 256, l.len);
         // i64 slots start 8-byte aligned.
         assert_eq!(l.slots % 2, 0);
+    }
+
+    /// Gemma 3 270M's attention shape (18 layers, every sixth global).
+    fn gemma3() -> ModelConfig {
+        let local_rope = RopeConfig {
+            theta: 1e4,
+            scaling: RopeScaling::None,
+        };
+        ModelConfig {
+            architecture: Architecture::Gemma3,
+            num_layers: 18,
+            num_heads: 4,
+            num_kv_heads: 1,
+            head_dim: 256,
+            max_context: 32768,
+            block: ingot_models::BlockOptions {
+                sliding_window: Some(ingot_models::SlidingWindow {
+                    size: 512,
+                    global_every: 6,
+                    local_rope,
+                }),
+                post_norms: true,
+                ..Default::default()
+            },
+            ..llama8b()
+        }
+    }
+
+    /// The staging of `c` for 64 tokens, 4 sequences, 2,048 blocks.
+    fn staging(c: &ModelConfig) -> (Vec<i32>, InputLayout, KvViews) {
+        let views = KvViews::of(c);
+        let l = InputLayout::new(64, 4, 2048, views.count());
+        (vec![-7; l.len], l, views)
+    }
+
+    fn slot_at(host: &[i32], at: usize, t: usize) -> i64 {
+        (host[at + 2 * t] as u32 as i64) | ((host[at + 2 * t + 1] as i64) << 32)
+    }
+
+    #[test]
+    fn one_view_keeps_the_region_and_stages_the_block_table_as_it_is() {
+        let c = llama8b();
+        let (mut host, l, views) = staging(&c);
+        // Exactly the region of one table, as before layer groups.
+        assert_eq!(l.len, l.tables + 4 * 2048);
+        assert_eq!((l.slots_of(0), l.tables_of(0)), (l.slots, l.tables));
+        let (a, b) = ([5u32, 9, 2], [4u32]);
+        let ids = [1u32; 20];
+        let batch = ForwardBatch {
+            chunks: vec![
+                SequenceChunk {
+                    tokens: &ids[..1],
+                    start_pos: 40,
+                    block_table: &a,
+                    group_tables: &[],
+                },
+                SequenceChunk {
+                    tokens: &ids[..3],
+                    start_pos: 0,
+                    block_table: &b,
+                    group_tables: &[],
+                },
+            ],
+            ..Default::default()
+        };
+        let st = Staging {
+            host: &mut host,
+            l,
+            bs: 16,
+            views: &views,
+        };
+        let plan = stage_batch(st, &batch, 132, &c, (true, 77));
+        assert_eq!(host[l.stride], 3);
+        assert_eq!(host[l.tables..l.tables + 6], [5, 9, 2, 4, 0, 0]);
+        assert_eq!(slot_at(&host, l.slots, 0), 2 * 16 + 8);
+        assert_eq!(slot_at(&host, l.slots, 3), 4 * 16 + 2);
+        assert_eq!((plan.upload_len, plan.table_len), (l.tables + 6, 6));
+    }
+
+    #[test]
+    fn grouped_regions_do_not_overlap_and_keep_slots_aligned() {
+        let (_, l, views) = staging(&gemma3());
+        assert_eq!(views.count(), 6);
+        let mut regions = vec![(l.slots, 2 * 64), (l.tables, 4 * 2048)];
+        for v in 1..6 {
+            assert_eq!(l.slots_of(v) % 2, 0, "view {v}");
+            regions.push((l.slots_of(v), 2 * 64));
+            regions.push((l.tables_of(v), 4 * 2048));
+        }
+        regions.push((l.sink, 2 * 4));
+        for w in regions.windows(2) {
+            assert!(w[0].0 + w[0].1 <= w[1].0, "{regions:?}");
+        }
+        assert_eq!(l.sink + 2 * 4, l.len);
+    }
+
+    #[test]
+    fn each_view_gets_its_groups_part_of_the_pages_and_scratch_for_freed_blocks() {
+        let c = gemma3();
+        let (mut host, l, views) = staging(&c);
+        let mut pool =
+            ingot_kv_cache::BlockPool::with_layout(600, 16, views.layout().clone(), false);
+        let (mut long, mut short) = (pool.new_tables(), pool.new_tables());
+        pool.reserve_groups(&mut long, 0, 560).unwrap();
+        // Decoding at 543: the sliding group gave its blocks 0 and 1 back.
+        pool.reserve_groups(&mut long, 543, 560).unwrap();
+        pool.reserve_groups(&mut short, 0, 20).unwrap();
+        let ids = [1u32; 20];
+        let batch = ForwardBatch {
+            chunks: vec![
+                SequenceChunk::with_tables(&ids[..1], 543, &long),
+                SequenceChunk::with_tables(&ids, 0, &short),
+            ],
+            ..Default::default()
+        };
+        let scratch = 600;
+        let st = Staging {
+            host: &mut host,
+            l,
+            bs: 16,
+            views: &views,
+        };
+        let plan = stage_batch(st, &batch, 132, &c, (true, scratch));
+        let stride = 35;
+        assert_eq!(
+            (host[l.stride], plan.table_len),
+            (stride as i32, 2 * stride)
+        );
+        let tables = [&long, &short];
+        for v in 0..6 {
+            // View 0: the global table; view 1 + p: part p of the sliding one.
+            let (g, part, ppb) = if v == 0 { (0, 0, 1) } else { (1, v - 1, 5) };
+            for (s, t) in tables.iter().enumerate() {
+                let row = &host[l.tables_of(v) + s * stride..][..stride];
+                let blocks = t[g].blocks();
+                for (b, &page) in row.iter().enumerate() {
+                    let want = match blocks.get(b * ppb + part) {
+                        Some(&NULL_BLOCK) => scratch as i32,
+                        Some(&p) => p as i32,
+                        None => 0,
+                    };
+                    assert_eq!(page, want, "view {v} seq {s} block {b}");
+                }
+            }
+            // Token 0 (position 543, block 33) and token 1 + 7 (position 7).
+            let page = |t: &[ingot_kv_cache::BlockTable], b: usize| t[g].blocks()[b * ppb + part];
+            let slot0 = page(&long, 33) as i64 * 16 + 543 % 16;
+            assert_eq!(slot_at(&host, l.slots_of(v), 0), slot0, "view {v}");
+            let slot8 = page(&short, 0) as i64 * 16 + 7;
+            assert_eq!(slot_at(&host, l.slots_of(v), 8), slot8, "view {v}");
+        }
+        assert_eq!(host[l.tables_of(2)], scratch as i32);
+        assert_eq!(host[l.tables_of(2) + 1], scratch as i32);
+    }
+
+    #[test]
+    fn padded_graph_rows_read_and_write_scratch_in_every_view() {
+        let c = gemma3();
+        let (mut host, l, views) = staging(&c);
+        let mut pool =
+            ingot_kv_cache::BlockPool::with_layout(600, 16, views.layout().clone(), false);
+        let mut tables = pool.new_tables();
+        pool.reserve_groups(&mut tables, 0, 30).unwrap();
+        let batch = ForwardBatch {
+            chunks: vec![SequenceChunk::with_tables(&[3], 29, &tables)],
+            ..Default::default()
+        };
+        let st = Staging {
+            host: &mut host,
+            l,
+            bs: 16,
+            views: &views,
+        };
+        let plan = stage_graph_decode(st, &batch, (4, 600), 132, &c);
+        assert_eq!((plan.tokens, plan.table_len), (4, 4 * 2));
+        for v in 0..6 {
+            let page = views.page(&batch.chunks[0], v, 1, 600);
+            assert_eq!(slot_at(&host, l.slots_of(v), 0), page as i64 * 16 + 13);
+            for row in 1..4 {
+                assert_eq!(slot_at(&host, l.slots_of(v), row), 600 * 16);
+                assert_eq!(host[l.tables_of(v) + row * 2..][..2], [600, 0]);
+            }
+        }
     }
 }

@@ -18,6 +18,7 @@ mod device;
 pub mod encoder;
 mod gemm;
 mod kernels;
+mod kv_views;
 mod ops;
 mod profile;
 mod sampling;
@@ -27,6 +28,7 @@ use std::time::Instant;
 
 use cudarc::driver::{sys, CudaEvent, CudaGraph};
 use ingot_core::TokenId;
+use ingot_kv_cache::KvLayout;
 use ingot_models::{ModelConfig, ModelError, TensorSource};
 use ingot_runner::{
     ForwardBatch, KvCacheShape, MaskSource, ModelRunner, Pick, RowSampling, RunnerError,
@@ -36,6 +38,7 @@ use buffers::{Buffers, StepPlan};
 use device::{Arena, Gpu, Pinned};
 use gemm::Gemm;
 use kernels::{Kernels, L2PrefetchSpec};
+use kv_views::KvSizing;
 use profile::{Marks, Profiler};
 use sampling::DeviceSampler;
 use weights::DeviceWeights;
@@ -177,7 +180,7 @@ pub struct MemoryReport {
     pub weights: usize,
     /// Activations, step inputs and the cuBLASLt workspace.
     pub workspace: usize,
-    /// The KV block pool.
+    /// The KV page pool.
     pub kv_cache: usize,
     /// The GPU's memory.
     pub total: usize,
@@ -427,79 +430,80 @@ impl CudaRunner {
         self.memory
     }
 
-    /// Bytes of KV cache per token position (all layers, K and V, bf16).
-    pub fn kv_bytes_per_token(config: &ModelConfig) -> usize {
-        config.num_layers * 2 * config.kv_dim() * 2
-    }
-
     /// Runs one forward pass at the largest token count with a temporary KV
     /// pool (so cuBLASLt and the driver allocate whatever they lazily need),
-    /// then gives the KV pool what is left of the memory budget.
+    /// then gives the KV pool what is left of the memory budget, in pages
+    /// of the model's layout (blocks of every layer without sliding
+    /// windows).
     fn profile_and_allocate_kv(&mut self) -> Result<(), CudaError> {
         let bs = self.opts.block_size;
         let tokens = self.buffers.max_tokens.min(self.config.max_context);
-        let blocks = tokens.div_ceil(bs);
         let started = Instant::now();
-        self.buffers
-            .set_kv(&self.gpu, &self.config, blocks + 1, bs)?;
+        let need = self.kv_sizing().need();
+        self.buffers.set_kv(&self.gpu, &self.config, need + 1, bs)?;
+        self.kv_shape.num_blocks = need;
+        let tables = ingot_runner::solo_tables(&*self, tokens)
+            .map_err(|e| CudaError::Unsupported(e.to_string()))?;
         let ids: Vec<TokenId> = (0..tokens as TokenId)
             .map(|i| i % self.config.vocab_size as TokenId)
             .collect();
-        let table: Vec<u32> = (0..blocks as u32).collect();
         let batch = ForwardBatch {
-            chunks: vec![ingot_runner::SequenceChunk {
-                tokens: &ids,
-                start_pos: 0,
-                block_table: &table,
-                group_tables: &[],
-            }],
+            chunks: vec![ingot_runner::SequenceChunk::with_tables(&ids, 0, &tables)],
             expect_next: false,
             score: Vec::new(),
         };
-        self.kv_shape.num_blocks = blocks;
         self.run(&batch, false)?;
         self.buffers.drop_kv();
         let (free, total) = self.gpu.memory()?;
-        let per_block = Self::kv_bytes_per_token(&self.config) * bs;
-        let num_blocks = match self.opts.kv_cache_tokens {
-            Some(t) => t.div_ceil(bs),
+        let per_page = buffers::kv_page_bytes(&self.config, bs);
+        let num_pages = match self.opts.kv_cache_tokens {
+            Some(t) => self.kv_sizing().pages_for_tokens(t),
             None => {
                 // Keep room for graph executables and driver growth.
                 let reserve = 512usize << 20;
                 let budget = (total as f64 * self.opts.gpu_memory_utilization) as usize;
                 let used = total - free;
-                budget.saturating_sub(used + reserve) / per_block
+                budget.saturating_sub(used + reserve) / per_page
             }
         };
         // An explicit size is the caller's choice; the engine checks requests against it.
         let need = match self.opts.kv_cache_tokens {
             Some(_) => 1,
-            None => self
-                .config
-                .max_context
-                .min(self.buffers.max_tokens)
-                .div_ceil(bs),
+            None => need,
         };
-        if num_blocks < need {
+        if num_pages < need {
             return Err(CudaError::OutOfMemory(format!(
-                "only {num_blocks} KV blocks fit ({} MiB free of {} MiB); raise --gpu-memory-utilization or lower --max-num-batched-tokens",
+                "only {num_pages} KV pages fit ({} MiB free of {} MiB); raise --gpu-memory-utilization or lower --max-num-batched-tokens",
                 free >> 20,
                 total >> 20
             )));
         }
+        let kv_tokens = self.kv_sizing().capacity_tokens(num_pages);
         self.buffers
-            .set_kv(&self.gpu, &self.config, num_blocks + 1, bs)?;
-        self.kv_shape.num_blocks = num_blocks;
-        self.memory.kv_cache = (num_blocks + 1) * per_block;
+            .set_kv(&self.gpu, &self.config, num_pages + 1, bs)?;
+        self.kv_shape.num_blocks = num_pages;
+        self.memory.kv_cache = (num_pages + 1) * per_page;
         tracing::info!(
             profile_ms = started.elapsed().as_secs_f64() * 1e3,
             weights_mib = self.memory.weights >> 20,
             workspace_mib = self.memory.workspace >> 20,
             kv_cache_mib = self.memory.kv_cache >> 20,
-            kv_tokens = num_blocks * bs,
+            kv_pages = num_pages,
+            kv_tokens,
             "GPU memory reserved"
         );
         Ok(())
+    }
+
+    /// How the KV pool is sized in pages of the model's layout.
+    fn kv_sizing(&self) -> KvSizing<'_> {
+        KvSizing {
+            layout: self.buffers.views.layout(),
+            num_layers: self.config.num_layers,
+            max_context: self.config.max_context,
+            block_size: self.opts.block_size,
+            max_tokens: self.buffers.max_tokens,
+        }
     }
 
     /// Batch sizes that get a captured decode graph.
@@ -568,7 +572,8 @@ impl CudaRunner {
         }
     }
 
-    /// The extra block behind the pool that padded graph rows write into.
+    /// The extra page behind the pool that padded graph rows write into
+    /// (and given-back sliding blocks read as; they are never read).
     fn scratch_block(&self) -> u32 {
         self.kv_shape.num_blocks as u32
     }
@@ -596,7 +601,7 @@ impl CudaRunner {
                 batch,
                 self.kernels.num_sms,
                 &self.config,
-                self.kernels.has_prefill(),
+                (self.kernels.has_prefill(), self.scratch_block()),
             ),
         };
         let mut marks = match self.profiler {
@@ -642,6 +647,12 @@ impl ModelRunner for CudaRunner {
 
     fn kv_cache_shape(&self) -> KvCacheShape {
         self.kv_shape
+    }
+
+    /// The model's layer groups (as the CPU runner's): Gemma 3's sliding
+    /// layers read their own table, whose blocks leave with the window.
+    fn kv_layout(&self) -> KvLayout {
+        self.buffers.views.layout().clone()
     }
 
     fn device_name(&self) -> String {
@@ -857,16 +868,21 @@ impl CudaRunner {
         Ok((buffer, done))
     }
 
-    /// Where each row goes next, when every row stays inside its block.
+    /// Where each row goes next, when every row stays inside its block:
+    /// its position and its first-group page there (only its sequence
+    /// writes it, so the page names the sequence and, with it, the pages
+    /// of its other groups, which stay put while the row is in the block).
     fn next_rows(&self, batch: &ForwardBatch<'_>) -> Option<Vec<(usize, u32)>> {
         let bs = self.kv_shape.block_size;
+        let ppb = self.buffers.views.layout().pages_per_block(0);
         batch
             .chunks
             .iter()
             .map(|c| {
                 let next = c.start_pos + 1;
                 let same_block = next % bs != 0 && next < self.config.max_context;
-                same_block.then(|| (next, c.block_table[c.start_pos / bs]))
+                let page = c.block_table.get(c.start_pos / bs * ppb).copied();
+                page.filter(|_| same_block).map(|page| (next, page))
             })
             .collect()
     }
@@ -874,7 +890,11 @@ impl CudaRunner {
     /// Which speculated row each row of `batch` is (see
     /// [`speculated_rows`]).
     fn speculated_rows(&self, spec: &Speculation, batch: &ForwardBatch<'_>) -> Option<Vec<usize>> {
-        speculated_rows(&spec.rows, &self.last_ids, self.kv_shape.block_size, batch)
+        let shape = (
+            self.kv_shape.block_size,
+            self.buffers.views.layout().pages_per_block(0),
+        );
+        speculated_rows(&spec.rows, &self.last_ids, shape, batch)
     }
 
     /// Moves the logits rows of a partial speculation hit together, so row
@@ -896,7 +916,8 @@ impl CudaRunner {
             // Its memory is unmapped: a launch would fault the context.
             return Err(RunnerError::Backend("the model is asleep".into()));
         }
-        ingot_runner::validate_batch(&self.config, self.kv_shape, batch)?;
+        let layout = self.buffers.views.layout();
+        ingot_runner::validate_grouped(&self.config, self.kv_shape, layout, batch)?;
         let (tokens, seqs) = (batch.num_tokens(), batch.chunks.len());
         if tokens > self.buffers.max_tokens || seqs > self.buffers.max_seqs {
             return Err(RunnerError::InvalidBatch(format!(
@@ -912,12 +933,13 @@ impl CudaRunner {
 /// speculated one or the speculated one less some rows (finished ones):
 /// every row carries the id it was given last step (`last_ids`, one per
 /// speculated row), one position further in the same block (`spec`: the
-/// position and block each speculated row must have), in the speculated
+/// position and first-group page each speculated row must have; `shape`:
+/// block size and the first group's pages per block), in the speculated
 /// order. `None` when a row was not speculated.
 fn speculated_rows(
     spec: &[(usize, u32)],
     last_ids: &[TokenId],
-    block_size: usize,
+    (block_size, pages_per_block): (usize, usize),
     batch: &ForwardBatch<'_>,
 ) -> Option<Vec<usize>> {
     if spec.len() != last_ids.len() || batch.chunks.is_empty() {
@@ -932,7 +954,7 @@ fn speculated_rows(
                 let (pos, block) = spec[j];
                 c.tokens == [last_ids[j]]
                     && c.start_pos == pos
-                    && c.block_table.get(pos / block_size) == Some(&block)
+                    && c.block_table.get(pos / block_size * pages_per_block) == Some(&block)
             })?;
             next = found + 1;
             Some(found)
@@ -969,7 +991,7 @@ mod speculation_tests {
     #[test]
     fn the_same_rows_are_a_full_hit() {
         assert_eq!(
-            speculated_rows(&SPEC, &IDS, 16, &batch(&[0, 1, 2])),
+            speculated_rows(&SPEC, &IDS, (16, 1), &batch(&[0, 1, 2])),
             Some(vec![0, 1, 2])
         );
     }
@@ -977,26 +999,47 @@ mod speculation_tests {
     #[test]
     fn finished_rows_leave_a_partial_hit_in_order() {
         assert_eq!(
-            speculated_rows(&SPEC, &IDS, 16, &batch(&[0, 2])),
+            speculated_rows(&SPEC, &IDS, (16, 1), &batch(&[0, 2])),
             Some(vec![0, 2])
         );
         assert_eq!(
-            speculated_rows(&SPEC, &IDS, 16, &batch(&[1])),
+            speculated_rows(&SPEC, &IDS, (16, 1), &batch(&[1])),
             Some(vec![1])
         );
     }
 
     #[test]
+    fn a_first_group_of_two_pages_per_block_is_matched_on_the_written_blocks_page() {
+        // Position 21 is in block 1: its pages are entries 2 and 3.
+        let table = [4, 5, 6, 7];
+        let b = ForwardBatch {
+            chunks: vec![SequenceChunk {
+                tokens: &IDS[..1],
+                start_pos: 21,
+                block_table: &table,
+                group_tables: &[],
+            }],
+            ..Default::default()
+        };
+        assert_eq!(
+            speculated_rows(&[(21, 6)], &IDS[..1], (16, 2), &b),
+            Some(vec![0])
+        );
+        // Entry 1 (block 0's second page) is a shared prefix's page.
+        assert_eq!(speculated_rows(&[(21, 5)], &IDS[..1], (16, 2), &b), None);
+    }
+
+    #[test]
     fn reordered_new_or_changed_rows_are_a_miss() {
-        assert_eq!(speculated_rows(&SPEC, &IDS, 16, &batch(&[2, 0])), None);
-        assert_eq!(speculated_rows(&SPEC, &IDS, 16, &batch(&[])), None);
+        assert_eq!(speculated_rows(&SPEC, &IDS, (16, 1), &batch(&[2, 0])), None);
+        assert_eq!(speculated_rows(&SPEC, &IDS, (16, 1), &batch(&[])), None);
         let mut b = batch(&[0, 1]);
         b.chunks[1].start_pos = 9;
-        assert_eq!(speculated_rows(&SPEC, &IDS, 16, &b), None);
+        assert_eq!(speculated_rows(&SPEC, &IDS, (16, 1), &b), None);
         let other = [8];
         let mut b = batch(&[0, 1]);
         b.chunks[0].tokens = &other;
-        assert_eq!(speculated_rows(&SPEC, &IDS, 16, &b), None);
+        assert_eq!(speculated_rows(&SPEC, &IDS, (16, 1), &b), None);
     }
 }
 

@@ -258,17 +258,21 @@ impl<'a, 'm> CudaOps<'a, 'm> {
         Ok(false)
     }
 
-    fn kv_cache(&self, i: usize) -> Result<KvCache, CudaError> {
+    /// Layer `i`'s K/V buffers and the view (table and KV-write slots)
+    /// it reads: its group's, its page part's (see [`crate::kv_views`]).
+    fn kv_cache(&self, i: usize) -> Result<(KvCache, usize), CudaError> {
         let b = self.m.buffers;
+        let site = b.views.of_layer(i);
         let &(k, v) = b
-            .kv_layers
-            .get(i)
+            .kv_slices
+            .get(site.slice)
             .ok_or_else(|| CudaError::Unsupported("the KV cache is not allocated".into()))?;
-        Ok(KvCache {
+        let kv = KvCache {
             k,
             v,
             block_size: b.block_size,
-        })
+        };
+        Ok((kv, site.view))
     }
 
     /// q/k/v projection, bias, q/k norm, rotary embedding and the paged KV
@@ -278,7 +282,7 @@ impl<'a, 'm> CudaOps<'a, 'm> {
         &mut self,
         layer: &LayerWeights,
         spec: &AttentionSpec,
-        kv: KvCache,
+        (kv, view): (KvCache, usize),
         fused_norm: bool,
     ) -> Result<(), CudaError> {
         let (cos, sin) = self.rope_table(spec.rope)?;
@@ -295,7 +299,7 @@ impl<'a, 'm> CudaOps<'a, 'm> {
         let l = b.layout;
         let target = RopeTarget {
             positions: b.input(l.positions),
-            slots: b.input(l.slots),
+            slots: b.input(l.slots_of(view)),
             cos,
             sin,
             q: b.q,
@@ -390,7 +394,12 @@ impl<'a, 'm> CudaOps<'a, 'm> {
     /// Paged attention of the step's decode rows and prefill tiles into
     /// `attn` (the last `window` positions; 0: all); at GEMV sizes the
     /// decode kernel prefetches `o_proj`.
-    fn attend(&mut self, kv: KvCache, o_proj: DevPtr, window: usize) -> Result<(), CudaError> {
+    fn attend(
+        &mut self,
+        (kv, view): (KvCache, usize),
+        o_proj: DevPtr,
+        window: usize,
+    ) -> Result<(), CudaError> {
         let (b, c, plan) = (self.m.buffers, self.m.config, self.plan);
         let l = b.layout;
         let heads = Heads::of(c);
@@ -399,7 +408,7 @@ impl<'a, 'm> CudaOps<'a, 'm> {
             None => std::f32::consts::LOG2_E / (c.head_dim as f32).sqrt(),
         };
         let paged = PagedInputs {
-            tables: b.input(l.tables),
+            tables: b.input(l.tables_of(view)),
             stride: b.input(l.stride),
             positions: b.input(l.positions),
         };
