@@ -18,6 +18,7 @@ const SOURCES: &[&str] = &[
     "gemv",
     "sampling",
     "encoder",
+    "fp8",
 ];
 
 fn main() {

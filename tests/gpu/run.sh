@@ -32,6 +32,10 @@
 #             backend and transformers / sentence-transformers on the GPU; sentences/s beside
 #             sentence-transformers (embeddings_check.py; needs the MiniLM bundle)
 #   torch     PyTorch eager baselines for the bench shapes
+#   fp8kernels  the FP8 quantize and GEMV kernels vs a float64 reference (check_fp8.py)
+#   fp8acc    --quantization fp8 vs bf16 on CUDA: SmolLM2 (20 prompts; needs its bundle) and the
+#             8B dummy (3 prompts): prefill logits rel_l2, 32-token greedy agreement (compare_fp8.py)
+#   fp8bench  8B dummy with --quantization fp8: batch 1, prefill 1024, 256 x 1024 decode
 #   ncu       ncu sections of the decode attention at 256 x 1k (one launch)
 #   ncu1      per-kernel time and bandwidth of one batch-1 decode step (8B)
 #   ncup      the same for the non-GEMM kernels of a 1024-token prefill (8B)
@@ -108,6 +112,16 @@ for phase in "$@"; do
       "$ING" bench latency --model "$(llama8b)" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl" ;;
     prefill)
       "$ING" bench latency --model "$(llama8b)" --load-format dummy --max-model-len 4096 --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 5 --json | tee -a "$O/bench.jsonl" ;;
+    fp8kernels) timeout -k 5 "$T" python3 tests/gpu/check_fp8.py --cubins "$W" ;;
+    fp8acc)
+      if [ -f "$SMOL" ]; then timeout -k 5 $((3 * T)) python3 tests/gpu/compare_fp8.py --ingot "$ING_RAW" --model "$SMOL" | tee "$O/fp8_smollm2.txt"
+      else echo "no SmolLM2 bundle"; fi
+      timeout -k 5 $((2 * T)) python3 tests/gpu/compare_fp8.py --ingot "$ING_RAW" --model "$(llama8b)" --dummy --prompts 3 | tee "$O/fp8_8b.txt" ;;
+    fp8bench)
+      M=$(llama8b); Q="--quantization fp8"
+      "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 $Q --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl"
+      "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 $Q --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 5 --json | tee -a "$O/bench.jsonl"
+      "$ING" bench throughput --model "$M" --load-format dummy --max-model-len 4096 $Q --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl" ;;
     tput)
       "$ING" bench throughput --model "$(llama8b)" --load-format dummy --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl" ;;
     gemma)

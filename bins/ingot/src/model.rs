@@ -54,8 +54,10 @@ pub struct ModelArgs {
     /// (a quarter of f32's bytes; logits differ by the 8-bit rounding of
     /// weights and activations), `q4_0` or `q4_k` (about a seventh; 4-bit
     /// weights cost more accuracy, see docs/benchmarks.md; k-quant rows
-    /// 256 does not divide take Q8_0) or `none` [model.quantization; none].
-    #[arg(long, value_parser = ["none", "q8_0", "q4_0", "q4_k"])]
+    /// 256 does not divide take Q8_0) or `none`; on the GPU `fp8`: the
+    /// decoder's weight matrices in e4m3 with per-channel scales (CUDA
+    /// only) [model.quantization; none].
+    #[arg(long, value_parser = ["none", "q8_0", "q4_0", "q4_k", "fp8"])]
     pub quantization: Option<String>,
     /// Most tokens per engine step (prefill chunks + decodes)
     /// [scheduler.max_num_batched_tokens; 512].
@@ -365,6 +367,7 @@ fn cuda_runner(
         check: cuda.check,
         l2_prefetch: cuda.l2_prefetch.clone(),
         pdl: cuda.pdl,
+        fp8_weights: m.quantization == ingot_config::Quantization::Fp8,
     };
     let path = settings::model_path(config)?;
     let runner = CudaRunner::new(files.config.clone(), files.tensors.as_ref(), opts, progress)
@@ -385,6 +388,13 @@ fn cpu_runner(
         || default_kv_tokens(&model, block_size) as usize,
         |t| t.max(block_size),
     );
+    if config.model.quantization == ingot_config::Quantization::Fp8 {
+        anyhow::bail!(
+            "model.quantization = \"fp8\" needs the CUDA backend, and this model runs on the CPU \
+             (--device {}); use none, q8_0, q4_0 or q4_k on the CPU",
+            config.model.device.as_str()
+        );
+    }
     let weights = match config.model.cpu_weights {
         ingot_config::CpuWeights::Native => CpuWeights::Native,
         ingot_config::CpuWeights::F32 => CpuWeights::F32,
@@ -406,6 +416,7 @@ fn cpu_runner(
             ingot_config::Quantization::Q8_0 => Some(QuantKind::Q8_0),
             ingot_config::Quantization::Q4_0 => Some(QuantKind::Q4_0),
             ingot_config::Quantization::Q4K => Some(QuantKind::Q4K),
+            ingot_config::Quantization::Fp8 => None, // refused above
         },
         progress,
     )

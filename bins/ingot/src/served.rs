@@ -266,7 +266,7 @@ fn metadata(c: &Config) -> anyhow::Result<(ingot_models::ModelFiles, ingot_model
 }
 
 /// Device bytes of a model once loaded: its weights as the backend holds
-/// them (bf16 on the GPU; on the CPU the file's quantized blocks on the
+/// them (bf16 on the GPU, or e4m3 layer matrices with `fp8`; on the CPU the file's quantized blocks on the
 /// native path, else f32 or bf16) plus its KV cache, read from the model's
 /// metadata without loading weights.
 fn footprint(c: &Config) -> anyhow::Result<u64> {
@@ -282,7 +282,12 @@ fn footprint(c: &Config) -> anyhow::Result<u64> {
     let params = model.num_params() as u64;
     let cpu = !on_gpu(c);
     let weights = if !cpu {
-        params * 2
+        let format = if c.model.quantization == Quantization::Fp8 {
+            ingot_runner_cuda::WeightFormat::Fp8
+        } else {
+            ingot_runner_cuda::WeightFormat::Bf16
+        };
+        ingot_runner_cuda::weight_bytes(&model, format) as u64
     } else if c.model.quantization == Quantization::Q4_0 {
         // 18-byte blocks of 32 weights.
         params * 18 / 32

@@ -150,7 +150,7 @@ pub enum CpuWeights {
     F32,
 }
 
-/// Quantization at load of float weights (CPU, native kernels).
+/// Quantization at load of float weights (CPU: native kernels; CUDA: `fp8`).
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Quantization {
@@ -165,6 +165,9 @@ pub enum Quantization {
     /// does not divide take Q8_0).
     #[serde(rename = "q4_k")]
     Q4K,
+    /// CUDA only: the decoder's weight matrices quantized to FP8 (e4m3)
+    /// at load, with one f32 scale per output channel.
+    Fp8,
 }
 
 /// Which model to load and how.
@@ -184,7 +187,7 @@ pub struct ModelSection {
     /// CPU handling of quantized GGUF tensors: `native` or `f32`.
     pub cpu_weights: CpuWeights,
     /// CPU: quantize float weight matrices at load (`none`, `q8_0`, `q4_0`
-    /// or `q4_k`).
+    /// or `q4_k`); CUDA: `fp8` (e4m3 layer matrices, per-channel scales).
     pub quantization: Quantization,
     /// CPU worker threads (default: all cores).
     #[schemars(range(min = 1))]

@@ -25,6 +25,13 @@
 //                           1/rms from the sums of squares it left (SumSq):
 //                           rmsnorm(x)·w = (1/rms)·((x ⊙ g)·w), so the
 //                           inner loop is the plain GEMV's
+// Each comes for bf16 weights and, as gemv_fp8_n{n}_..., for e4m3 weights
+// (`--quantization fp8`): 16 weights per 16-byte load, converted in pairs
+// by the hardware (cvt e4m3x2 -> f16x2 on sm_89+), with the f32 per-row
+// scale that follows the matrix (see fp8.cu) applied once to each sum.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
 #include "common.cuh"
 
 constexpr int GEMV_WARPS = 8;
@@ -40,6 +47,37 @@ __device__ __forceinline__ void dot8(const uint4& wv, const uint4& xv, float& ac
     acc = fmaf(a.x, b.x, acc);
     acc = fmaf(a.y, b.y, acc);
   }
+}
+
+// 16 e4m3 weights against 16 bf16 activations (two 16-byte loads).
+__device__ __forceinline__ void dot16_e4m3(const uint4& wv, const uint4& x0, const uint4& x1, float& acc) {
+  const __nv_fp8x2_storage_t* w2 = reinterpret_cast<const __nv_fp8x2_storage_t*>(&wv);
+  const __nv_bfloat162* xa = reinterpret_cast<const __nv_bfloat162*>(&x0);
+  const __nv_bfloat162* xb = reinterpret_cast<const __nv_bfloat162*>(&x1);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float2 a = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(w2[i], __NV_E4M3)));
+    const float2 b = __bfloat1622float2(i < 4 ? xa[i] : xb[i - 4]);
+    acc = fmaf(a.x, b.x, acc);
+    acc = fmaf(a.y, b.y, acc);
+  }
+}
+
+// Weight element types. ELEMS: weights per 16-byte load.
+struct Bf16W {
+  typedef bf16 T;
+  static constexpr int ELEMS = 8;
+};
+struct Fp8W {
+  typedef __nv_fp8_storage_t T;
+  static constexpr int ELEMS = 16;
+};
+
+// The per-row f32 scales of an e4m3 matrix of `rows` x `in`: they follow
+// its bytes at the next 256-byte boundary (the loader's layout, fp8.cu).
+__device__ __forceinline__ const float* fp8_row_scales(const void* w, size_t rows, int in) {
+  const size_t bytes = (rows * (size_t)in + 255) & ~(size_t)255;
+  return reinterpret_cast<const float*>(reinterpret_cast<const char*>(w) + bytes);
 }
 
 template <int ROWS>
@@ -78,13 +116,14 @@ __device__ __forceinline__ void norm_scales(const NormIn& norm, int in, float (&
   }
 }
 
-// Over the 8-element vectors [v0, v1) of the rows (v1 < 0: to the end).
-template <int N, int ROWS, bool NORM = false>
-__device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const bf16* __restrict__ w, int in,
-                                          const size_t (&rows)[ROWS], float (&acc)[ROWS][N], NormIn norm = {},
-                                          int v0 = 0, int v1 = -1) {
+// Over the 16-byte weight vectors [v0, v1) of the rows (v1 < 0: to the
+// end). `total_rows`: the matrix's rows (where e4m3 scales start).
+template <int N, int ROWS, bool NORM = false, typename W = Bf16W>
+__device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const typename W::T* __restrict__ w, int in,
+                                          size_t total_rows, const size_t (&rows)[ROWS], float (&acc)[ROWS][N],
+                                          NormIn norm = {}, int v0 = 0, int v1 = -1) {
   const int lane = threadIdx.x & 31;
-  const int vecs = in / 8, end = v1 < 0 ? vecs : v1;
+  const int vecs = in / W::ELEMS, end = v1 < 0 ? vecs : v1, xvecs = in / 8;
   const uint4* wr[ROWS];
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) wr[r] = reinterpret_cast<const uint4*>(w + rows[r] * in);
@@ -110,9 +149,15 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const bf16
       if (i >= end) break;
 #pragma unroll
       for (int n = 0; n < N; ++n) {
-        const uint4 xv = __ldg(xr + (size_t)n * vecs + i);
+        if constexpr (W::ELEMS == 16) {
+          const uint4 x0 = __ldg(xr + (size_t)n * xvecs + 2 * i), x1 = __ldg(xr + (size_t)n * xvecs + 2 * i + 1);
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r) dot8(cur[r][u], xv, acc[r][n]);
+          for (int r = 0; r < ROWS; ++r) dot16_e4m3(cur[r][u], x0, x1, acc[r][n]);
+        } else {
+          const uint4 xv = __ldg(xr + (size_t)n * xvecs + i);
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) dot8(cur[r][u], xv, acc[r][n]);
+        }
       }
     }
 #pragma unroll
@@ -124,6 +169,15 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const bf16
   for (int r = 0; r < ROWS; ++r)
 #pragma unroll
     for (int n = 0; n < N; ++n) acc[r][n] = warp_sum(acc[r][n]);
+  if constexpr (W::ELEMS == 16) {
+    const float* scales = fp8_row_scales(w, total_rows, in);
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const float s = __ldg(scales + rows[r]);
+#pragma unroll
+      for (int n = 0; n < N; ++n) acc[r][n] *= s;
+    }
+  }
   if (NORM) {
     __syncthreads();
 #pragma unroll
@@ -161,13 +215,13 @@ __device__ __forceinline__ void gemv_sumsq(SumSq* sumsq, const float (&sq)[N]) {
 // MODE 0: bf16 out, 1: f32 out, 2: f32 accumulate (and, with sumsq, the
 // updated rows' sums of squares for the next fused RMSNorm; with next_norm,
 // also xg = bf16(y ⊙ next_norm), that norm's pre-scaled input).
-template <int N, int MODE, bool NORM = false>
-__device__ __forceinline__ void gemv_plain(const bf16* x, const bf16* w, void* y, int in, int out, SumSq* sumsq,
+template <int N, int MODE, bool NORM = false, typename W = Bf16W>
+__device__ __forceinline__ void gemv_plain(const bf16* x, const typename W::T* w, void* y, int in, int out, SumSq* sumsq,
                                            const float* next_norm, bf16* xg, NormIn norm = {}) {
   const int col = warp_column();
   const size_t rows[1] = {(size_t)min(col, out - 1)};
   float acc[1][N];
-  gemv_rows<N, 1, NORM>(x, w, in, rows, acc, norm);
+  gemv_rows<N, 1, NORM, W>(x, w, in, out, rows, acc, norm);
   const bool writer = (threadIdx.x & 31) == 0 && col < out;
   float sq[N];
 #pragma unroll
@@ -187,13 +241,14 @@ __device__ __forceinline__ void gemv_plain(const bf16* x, const bf16* w, void* y
   if (MODE == 2 && sumsq) gemv_sumsq<N>(sumsq, sq);
 }
 
-template <int N, bool NORM = false, bool GELU = false>
-__device__ __forceinline__ void gemv_swiglu(const bf16* x, const bf16* w, bf16* y, int in, int ff, NormIn norm = {}) {
+template <int N, bool NORM = false, bool GELU = false, typename W = Bf16W>
+__device__ __forceinline__ void gemv_swiglu(const bf16* x, const typename W::T* w, bf16* y, int in, int ff,
+                                            NormIn norm = {}) {
   const int col = warp_column();
   const size_t c = min(col, ff - 1);
   const size_t rows[2] = {c, c + ff};
   float acc[2][N];
-  gemv_rows<N, 2, NORM>(x, w, in, rows, acc, norm);
+  gemv_rows<N, 2, NORM, W>(x, w, in, 2 * (size_t)ff, rows, acc, norm);
   if ((threadIdx.x & 31) != 0 || col >= ff) return;
 #pragma unroll
   for (int n = 0; n < N; ++n) {
@@ -203,8 +258,8 @@ __device__ __forceinline__ void gemv_swiglu(const bf16* x, const bf16* w, bf16* 
 }
 
 // Columns are rotary pairs: (H + 2 KVH) heads x hd / 2.
-template <int N, bool NORM = false>
-__device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const bf16* w, int in, const float* bias,
+template <int N, bool NORM = false, typename W = Bf16W>
+__device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const typename W::T* w, int in, const float* bias,
                                               const int* positions, const long long* slots, const float* cos_t,
                                               const float* sin_t, bf16* q_out, bf16* k_cache, bf16* v_cache,
                                               int num_heads, int num_kv_heads, int hd, int block_size,
@@ -218,8 +273,8 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const bf16* w, int 
   const int head = c / half, i = c % half;
   const size_t rows[2] = {(size_t)head * hd + i, (size_t)head * hd + i + half};
   float acc[2][N];
-  const int mid = in / 16;
-  gemv_rows<N, 2, NORM>(x, w, in, rows, acc, norm, part ? mid : 0, part ? -1 : mid);
+  const int mid = in / W::ELEMS / 2;
+  gemv_rows<N, 2, NORM, W>(x, w, in, 2 * (size_t)pairs, rows, acc, norm, part ? mid : 0, part ? -1 : mid);
   __shared__ float s_upper[GEMV_WARPS / 2][2][N];
   const int lane = threadIdx.x & 31, pair_slot = (threadIdx.x >> 5) >> 1;
   if (part && lane == 0)
@@ -258,64 +313,72 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const bf16* w, int 
   }
 }
 
-#define GEMV_KERNELS(N)                                                                                          \
+#define GEMV_KERNELS(N, W, PRE)                                                                                          \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
-      gemv_n##N##_bf16(const bf16* x, const bf16* w, void* y, int in, int out, SumSq* sumsq,               \
+      gemv##PRE##_n##N##_bf16(const bf16* x, const W::T* w, void* y, int in, int out, SumSq* sumsq,               \
                           const float* next_norm, bf16* xg) {                   \
-    gemv_plain<N, 0>(x, w, y, in, out, sumsq, next_norm, xg);                                                                   \
+    gemv_plain<N, 0, false, W>(x, w, y, in, out, sumsq, next_norm, xg);                                                                   \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
-      gemv_n##N##_f32(const bf16* x, const bf16* w, void* y, int in, int out, SumSq* sumsq,               \
+      gemv##PRE##_n##N##_f32(const bf16* x, const W::T* w, void* y, int in, int out, SumSq* sumsq,               \
                           const float* next_norm, bf16* xg) {                    \
-    gemv_plain<N, 1>(x, w, y, in, out, sumsq, next_norm, xg);                                                                   \
+    gemv_plain<N, 1, false, W>(x, w, y, in, out, sumsq, next_norm, xg);                                                                   \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
-      gemv_n##N##_add_f32(const bf16* x, const bf16* w, void* y, int in, int out, SumSq* sumsq,               \
+      gemv##PRE##_n##N##_add_f32(const bf16* x, const W::T* w, void* y, int in, int out, SumSq* sumsq,               \
                           const float* next_norm, bf16* xg) {                \
-    gemv_plain<N, 2>(x, w, y, in, out, sumsq, next_norm, xg);                                                                   \
+    gemv_plain<N, 2, false, W>(x, w, y, in, out, sumsq, next_norm, xg);                                                                   \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
-      gemv_n##N##_swiglu(const bf16* x, const bf16* w, void* y, int in, int out) {                               \
-    gemv_swiglu<N>(x, w, reinterpret_cast<bf16*>(y), in, out);                                                   \
+      gemv##PRE##_n##N##_swiglu(const bf16* x, const W::T* w, void* y, int in, int out) {                               \
+    gemv_swiglu<N, false, false, W>(x, w, reinterpret_cast<bf16*>(y), in, out);                                                   \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
-      gemv_n##N##_geglu(const bf16* x, const bf16* w, void* y, int in, int out) {                                \
-    gemv_swiglu<N, false, true>(x, w, reinterpret_cast<bf16*>(y), in, out);                                      \
+      gemv##PRE##_n##N##_geglu(const bf16* x, const W::T* w, void* y, int in, int out) {                                \
+    gemv_swiglu<N, false, true, W>(x, w, reinterpret_cast<bf16*>(y), in, out);                                      \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
-      gemv_n##N##_geglu_norm(const bf16* xg, float eps, const SumSq* sumsq, const bf16* w, void* y, int in,      \
+      gemv##PRE##_n##N##_geglu_norm(const bf16* xg, float eps, const SumSq* sumsq, const W::T* w, void* y, int in,      \
                              int out) {                                                                          \
-    gemv_swiglu<N, true, true>(xg, w, reinterpret_cast<bf16*>(y), in, out, NormIn{eps, sumsq});                 \
+    gemv_swiglu<N, true, true, W>(xg, w, reinterpret_cast<bf16*>(y), in, out, NormIn{eps, sumsq});                 \
   }                                                                                                              \
-  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_n##N##_qkv_rope(                            \
-      const bf16* x, const bf16* w, int in, const float* bias, const int* positions, const long long* slots,    \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv##PRE##_n##N##_qkv_rope(                            \
+      const bf16* x, const W::T* w, int in, const float* bias, const int* positions, const long long* slots,    \
       const float* cos_t, const float* sin_t, bf16* q_out, bf16* k_cache, bf16* v_cache, int num_heads,         \
       int num_kv_heads, int hd, int block_size) {                                                                \
-    gemv_qkv_rope<N>(x, w, in, bias, positions, slots, cos_t, sin_t, q_out, k_cache, v_cache, num_heads,        \
+    gemv_qkv_rope<N, false, W>(x, w, in, bias, positions, slots, cos_t, sin_t, q_out, k_cache, v_cache, num_heads,        \
                      num_kv_heads, hd, block_size);                                                              \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
-      gemv_n##N##_bf16_norm(const bf16* xg, float eps, const SumSq* sumsq, const bf16* w, void* y, int in,       \
+      gemv##PRE##_n##N##_bf16_norm(const bf16* xg, float eps, const SumSq* sumsq, const W::T* w, void* y, int in,       \
                             int out) {                                                                           \
-    gemv_plain<N, 0, true>(xg, w, y, in, out, nullptr, nullptr, nullptr, NormIn{eps, sumsq});                   \
+    gemv_plain<N, 0, true, W>(xg, w, y, in, out, nullptr, nullptr, nullptr, NormIn{eps, sumsq});                   \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
-      gemv_n##N##_swiglu_norm(const bf16* xg, float eps, const SumSq* sumsq, const bf16* w, void* y, int in,     \
+      gemv##PRE##_n##N##_swiglu_norm(const bf16* xg, float eps, const SumSq* sumsq, const W::T* w, void* y, int in,     \
                               int out) {                                                                         \
-    gemv_swiglu<N, true>(xg, w, reinterpret_cast<bf16*>(y), in, out, NormIn{eps, sumsq});                      \
+    gemv_swiglu<N, true, false, W>(xg, w, reinterpret_cast<bf16*>(y), in, out, NormIn{eps, sumsq});                      \
   }                                                                                                              \
-  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_n##N##_qkv_rope_norm(                       \
-      const bf16* xg, float eps, const SumSq* sumsq, const bf16* w, int in, const float* bias,                   \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv##PRE##_n##N##_qkv_rope_norm(                       \
+      const bf16* xg, float eps, const SumSq* sumsq, const W::T* w, int in, const float* bias,                   \
       const int* positions, const long long* slots, const float* cos_t, const float* sin_t, bf16* q_out,        \
       bf16* k_cache, bf16* v_cache, int num_heads, int num_kv_heads, int hd, int block_size) {                   \
-    gemv_qkv_rope<N, true>(xg, w, in, bias, positions, slots, cos_t, sin_t, q_out, k_cache, v_cache, num_heads,  \
+    gemv_qkv_rope<N, true, W>(xg, w, in, bias, positions, slots, cos_t, sin_t, q_out, k_cache, v_cache, num_heads,  \
                            num_kv_heads, hd, block_size, NormIn{eps, sumsq});                                    \
   }
-GEMV_KERNELS(1)
-GEMV_KERNELS(2)
-GEMV_KERNELS(3)
-GEMV_KERNELS(4)
-GEMV_KERNELS(5)
-GEMV_KERNELS(6)
-GEMV_KERNELS(7)
-GEMV_KERNELS(8)
+GEMV_KERNELS(1, Bf16W, )
+GEMV_KERNELS(2, Bf16W, )
+GEMV_KERNELS(3, Bf16W, )
+GEMV_KERNELS(4, Bf16W, )
+GEMV_KERNELS(5, Bf16W, )
+GEMV_KERNELS(6, Bf16W, )
+GEMV_KERNELS(7, Bf16W, )
+GEMV_KERNELS(8, Bf16W, )
+GEMV_KERNELS(1, Fp8W, _fp8)
+GEMV_KERNELS(2, Fp8W, _fp8)
+GEMV_KERNELS(3, Fp8W, _fp8)
+GEMV_KERNELS(4, Fp8W, _fp8)
+GEMV_KERNELS(5, Fp8W, _fp8)
+GEMV_KERNELS(6, Fp8W, _fp8)
+GEMV_KERNELS(7, Fp8W, _fp8)
+GEMV_KERNELS(8, Fp8W, _fp8)

@@ -6,6 +6,13 @@
 //! shape and cached. While [`Gemm::tune`] is set (start-up: the profiling
 //! pass and the graph warm-up, whose data is scratch) the heuristic's top
 //! candidates are timed on the real shape and the fastest is kept.
+//!
+//! FP8 weights (`--quantization fp8`, see [`crate::weights::WeightFormat`])
+//! live in one address range, so a weight pointer says its type: the GEMV
+//! kernels' `gemv_fp8_*` variants read them at small batch, and larger
+//! shapes quantize the activations per token (`quantize_rows_e4m3`) and
+//! run cuBLASLt's e4m3 GEMM with outer-vector scales (per weight row and
+//! per token, applied to the f32 sums before the bf16/f32 output).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -17,6 +24,7 @@ use cudarc::driver::sys::CUevent_flags;
 use ingot_arch::Activation;
 
 use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel};
+use crate::weights::fp8_scales_offset;
 use crate::CudaError;
 
 /// cuBLASLt's recommended workspace on Hopper.
@@ -27,9 +35,40 @@ pub const GEMV_MAX_TOKENS: usize = 8;
 const TUNE_CANDIDATES: usize = 8;
 
 /// Whether the GEMV kernels take `tokens` rows of `inputs`-wide
-/// activations (16-byte loads: inputs a multiple of 8).
-fn gemv_fits(tokens: usize, inputs: usize) -> bool {
-    (1..=GEMV_MAX_TOKENS).contains(&tokens) && inputs.is_multiple_of(8)
+/// activations (16-byte loads of weights: inputs a multiple of 8 for bf16,
+/// of 16 for e4m3).
+fn gemv_fits(tokens: usize, inputs: usize, fp8: bool) -> bool {
+    (1..=GEMV_MAX_TOKENS).contains(&tokens) && inputs.is_multiple_of(if fp8 { 16 } else { 8 })
+}
+
+/// The GEMV kernel variants, in the order of [`Gemm`]'s `gemv` table.
+const GEMV_MODES: [&str; 10] = [
+    "bf16",
+    "f32",
+    "add_f32",
+    "swiglu",
+    "qkv_rope",
+    "swiglu_norm",
+    "qkv_rope_norm",
+    "bf16_norm",
+    "geglu",
+    "geglu_norm",
+];
+
+/// The GEMV kernels for n = 1..=8 of one weight type (`prefix`: `gemv` or
+/// `gemv_fp8`).
+fn gemv_table(gpu: &Gpu, prefix: &str) -> Result<Vec<[Kernel; 10]>, CudaError> {
+    (1..=GEMV_MAX_TOKENS)
+        .map(|n| {
+            let kernels = GEMV_MODES
+                .iter()
+                .map(|mode| gpu.kernel(&format!("{prefix}_n{n}_{mode}")))
+                .collect::<Result<Vec<_>, CudaError>>()?;
+            kernels
+                .try_into()
+                .map_err(|_| CudaError::Unsupported("GEMV table size".into()))
+        })
+        .collect()
 }
 
 /// Output element type.
@@ -52,6 +91,31 @@ enum InType {
     /// f16: the encoder's (its 3 more mantissa bits keep MiniLM's
     /// sentence vectors within 1e-6 of the f32 reference's direction).
     F16,
+    /// e4m3 weights and per-token e4m3 activations, each with f32 scales.
+    Fp8,
+}
+
+/// What one cuBLASLt call reads and writes.
+#[derive(Clone, Copy)]
+struct Operands {
+    x: DevPtr,
+    w: DevPtr,
+    y: DevPtr,
+    /// FP8: the weight rows' and the activation rows' scales.
+    scales: Option<(DevPtr, DevPtr)>,
+}
+
+/// FP8 weights: where they live, and scratch for quantized activations.
+struct Fp8 {
+    /// `[start, end)` of the e4m3 matrices.
+    region: (DevPtr, DevPtr),
+    gemv: Vec<[Kernel; 10]>,
+    quantize: Kernel,
+    /// `[max_tokens, max_inputs]` e4m3 and `[max_tokens]` f32 scales.
+    x8: DevPtr,
+    x_scales: DevPtr,
+    max_tokens: usize,
+    max_inputs: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -91,6 +155,8 @@ pub struct Gemm {
     /// the normed SwiGLU GEMV reads them (`SumSq`); set once the workspace
     /// is carved.
     pub sumsq: DevPtr,
+    /// Set by [`Gemm::enable_fp8`].
+    fp8: Option<Fp8>,
 }
 
 // The handle is only used from the runner's thread.
@@ -99,35 +165,61 @@ unsafe impl Send for Gemm {}
 impl Gemm {
     /// A handle whose workspace is taken from `arena`.
     pub fn new(gpu: &Gpu, arena: &mut Arena) -> Result<Self, CudaError> {
-        let gemv = (1..=GEMV_MAX_TOKENS)
-            .map(|n| {
-                Ok([
-                    gpu.kernel(&format!("gemv_n{n}_bf16"))?,
-                    gpu.kernel(&format!("gemv_n{n}_f32"))?,
-                    gpu.kernel(&format!("gemv_n{n}_add_f32"))?,
-                    gpu.kernel(&format!("gemv_n{n}_swiglu"))?,
-                    gpu.kernel(&format!("gemv_n{n}_qkv_rope"))?,
-                    gpu.kernel(&format!("gemv_n{n}_swiglu_norm"))?,
-                    gpu.kernel(&format!("gemv_n{n}_qkv_rope_norm"))?,
-                    gpu.kernel(&format!("gemv_n{n}_bf16_norm"))?,
-                    gpu.kernel(&format!("gemv_n{n}_geglu"))?,
-                    gpu.kernel(&format!("gemv_n{n}_geglu_norm"))?,
-                ])
-            })
-            .collect::<Result<_, CudaError>>()?;
         Ok(Self {
             handle: result::create_handle()?,
             workspace: arena.take(WORKSPACE_BYTES)?,
             plans: RefCell::new(HashMap::new()),
-            gemv,
+            gemv: gemv_table(gpu, "gemv")?,
             tune: false,
             sumsq: 0,
+            fp8: None,
         })
     }
 
     /// Workspace bytes to reserve in the arena passed to [`Gemm::new`].
     pub fn workspace_bytes() -> usize {
         WORKSPACE_BYTES
+    }
+
+    /// Arena bytes [`Gemm::enable_fp8`] takes for `max_tokens` rows of at
+    /// most `max_inputs` activations.
+    pub fn fp8_scratch_bytes(max_tokens: usize, max_inputs: usize) -> usize {
+        Arena::size_of([max_tokens * max_inputs, max_tokens * 4])
+    }
+
+    /// Weights inside `region` are e4m3 (see the module doc); their GEMMs
+    /// quantize up to `max_tokens` activation rows of at most `max_inputs`
+    /// into scratch taken from `arena`.
+    pub fn enable_fp8(
+        &mut self,
+        gpu: &Gpu,
+        arena: &mut Arena,
+        region: (DevPtr, DevPtr),
+        max_tokens: usize,
+        max_inputs: usize,
+    ) -> Result<(), CudaError> {
+        self.fp8 = Some(Fp8 {
+            region,
+            gemv: gemv_table(gpu, "gemv_fp8")?,
+            quantize: gpu.kernel("quantize_rows_e4m3")?,
+            x8: arena.take(max_tokens * max_inputs)?,
+            x_scales: arena.take(max_tokens * 4)?,
+            max_tokens,
+            max_inputs,
+        });
+        Ok(())
+    }
+
+    /// The FP8 state when `w` is an e4m3 matrix.
+    fn fp8_of(&self, w: DevPtr) -> Option<&Fp8> {
+        self.fp8
+            .as_ref()
+            .filter(|f| (f.region.0..f.region.1).contains(&w))
+    }
+
+    /// The GEMV kernels for `w`'s type.
+    fn gemv_kernels(&self, w: DevPtr) -> &[[Kernel; 10]] {
+        self.fp8_of(w).map_or(&self.gemv, |f| &f.gemv)
     }
 
     /// Enqueues one linear layer on `gpu`'s stream.
@@ -146,14 +238,27 @@ impl Gemm {
         if self.gemv(gpu, (x, w, y), tokens, inputs, outputs, out, None)? {
             return Ok(());
         }
-        let shape = Shape {
+        let mut shape = Shape {
             tokens,
             inputs,
             outputs,
             out,
             input: InType::Bf16,
         };
-        self.run_plan(gpu, shape, (x, w, y))
+        let mut ops = Operands {
+            x,
+            w,
+            y,
+            scales: None,
+        };
+        if let Some(fp8) = self.fp8_of(w) {
+            shape.input = InType::Fp8;
+            ops.x = fp8.x8;
+            let w_scales = w + fp8_scales_offset(outputs, inputs) as u64;
+            ops.scales = Some((w_scales, fp8.x_scales));
+            quantize_activations(gpu, fp8, x, tokens, inputs)?;
+        }
+        self.run_plan(gpu, shape, ops)
     }
 
     /// `y = x·wᵀ` with f16 `x` and `w` and f32 `y`, always through cuBLASLt
@@ -176,23 +281,24 @@ impl Gemm {
             out: OutType::F32,
             input: InType::F16,
         };
-        self.run_plan(gpu, shape, (x, w, y))
+        let ops = Operands {
+            x,
+            w,
+            y,
+            scales: None,
+        };
+        self.run_plan(gpu, shape, ops)
     }
 
     /// Runs `shape`'s cached plan, building it first if new.
-    fn run_plan(
-        &self,
-        gpu: &Gpu,
-        shape: Shape,
-        (x, w, y): (DevPtr, DevPtr, DevPtr),
-    ) -> Result<(), CudaError> {
+    fn run_plan(&self, gpu: &Gpu, shape: Shape, ops: Operands) -> Result<(), CudaError> {
         if !self.plans.borrow().contains_key(&shape) {
-            let plan = self.plan(gpu, shape, (x, w, y))?;
+            let plan = self.plan(gpu, shape, ops)?;
             self.plans.borrow_mut().insert(shape, plan);
         }
         let plans = self.plans.borrow();
         let plan = &plans[&shape];
-        self.matmul(gpu, plan, &plan.algo, (x, w, y))
+        self.matmul(gpu, plan, &plan.algo, ops)
     }
 
     /// `residual += x·wᵀ` (f32). At GEMV sizes it also leaves the sums of
@@ -239,7 +345,7 @@ impl Gemm {
         out: OutType,
         next_norm: Option<(DevPtr, DevPtr)>,
     ) -> Result<bool, CudaError> {
-        if !gemv_fits(tokens, inputs) {
+        if !gemv_fits(tokens, inputs, self.fp8_of(w).is_some()) {
             return Ok(false);
         }
         let (mode, sumsq) = match out {
@@ -259,7 +365,7 @@ impl Gemm {
             Arg::Ptr(norm),
             Arg::Ptr(xg),
         ];
-        gpu.launch(&self.gemv[tokens - 1][mode], grid, 256, 0, &args)?;
+        gpu.launch(&self.gemv_kernels(w)[tokens - 1][mode], grid, 256, 0, &args)?;
         Ok(true)
     }
 
@@ -278,7 +384,7 @@ impl Gemm {
         outputs: usize,
         norm_eps: Option<f32>,
     ) -> Result<bool, CudaError> {
-        if !gemv_fits(tokens, inputs) {
+        if !gemv_fits(tokens, inputs, self.fp8_of(w).is_some()) {
             return Ok(false);
         }
         let grid = (outputs.div_ceil(8) as u32, 1, 1);
@@ -300,7 +406,13 @@ impl Gemm {
             (Activation::GeluTanh, _) => 8,
         };
         let args: Vec<Arg> = head.into_iter().chain(tail).collect();
-        gpu.launch(&self.gemv[tokens - 1][kernel], grid, 256, 0, &args)?;
+        gpu.launch(
+            &self.gemv_kernels(w)[tokens - 1][kernel],
+            grid,
+            256,
+            0,
+            &args,
+        )?;
         Ok(true)
     }
 
@@ -317,7 +429,7 @@ impl Gemm {
         outputs: usize,
         eps: f32,
     ) -> Result<bool, CudaError> {
-        if !gemv_fits(tokens, inputs) {
+        if !gemv_fits(tokens, inputs, self.fp8_of(w).is_some()) {
             return Ok(false);
         }
         let args = [
@@ -330,16 +442,23 @@ impl Gemm {
             Arg::I32(outputs as i32),
         ];
         let grid = (outputs.div_ceil(8) as u32, 1, 1);
-        gpu.launch(&self.gemv[tokens - 1][7], grid, 256, 0, &args)?;
+        gpu.launch(&self.gemv_kernels(w)[tokens - 1][7], grid, 256, 0, &args)?;
         Ok(true)
     }
 
     /// The fused q/k/v projection + rotary + KV write kernel for `tokens`
-    /// rows of `inputs` wide activations, when the GEMV path applies.
-    /// With `norm`, the variant that applies the RMSNorm to a pre-scaled
-    /// input (arguments: xg, eps, sums of squares, then the rest).
-    pub fn qkv_rope_kernel(&self, tokens: usize, inputs: usize, norm: bool) -> Option<&Kernel> {
-        gemv_fits(tokens, inputs).then(|| &self.gemv[tokens - 1][if norm { 6 } else { 4 }])
+    /// rows of `inputs` wide activations and weights `w`, when the GEMV
+    /// path applies. With `norm`, the variant that applies the RMSNorm to a
+    /// pre-scaled input (arguments: xg, eps, sums of squares, then the rest).
+    pub fn qkv_rope_kernel(
+        &self,
+        w: DevPtr,
+        tokens: usize,
+        inputs: usize,
+        norm: bool,
+    ) -> Option<&Kernel> {
+        gemv_fits(tokens, inputs, self.fp8_of(w).is_some())
+            .then(|| &self.gemv_kernels(w)[tokens - 1][if norm { 6 } else { 4 }])
     }
 
     fn matmul(
@@ -347,10 +466,16 @@ impl Gemm {
         gpu: &Gpu,
         plan: &Plan,
         algo: &sys::cublasLtMatmulAlgo_t,
-        (x, w, y): (DevPtr, DevPtr, DevPtr),
+        Operands { x, w, y, scales }: Operands,
     ) -> Result<(), CudaError> {
         let alpha = 1.0f32;
         let beta = if plan.accumulate { 1.0f32 } else { 0.0 };
+        if let Some((w_scales, x_scales)) = scales {
+            // Plans are per shape, shared by layers: the scales are per call.
+            use sys::cublasLtMatmulDescAttributes_t as A;
+            set_desc_ptr(plan.desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scales)?;
+            set_desc_ptr(plan.desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scales)?;
+        }
         unsafe {
             result::matmul(
                 self.handle,
@@ -376,11 +501,12 @@ impl Gemm {
 
     /// Column-major view: `yᵀ[outputs, tokens] = op(W)[outputs, inputs] · xᵀ[inputs, tokens]`
     /// where the row-major `w` is a column-major `[inputs, outputs]`, transposed.
-    fn plan(&self, gpu: &Gpu, s: Shape, ptrs: (DevPtr, DevPtr, DevPtr)) -> Result<Plan, CudaError> {
+    fn plan(&self, gpu: &Gpu, s: Shape, ptrs: Operands) -> Result<Plan, CudaError> {
         let bf16 = sys::cudaDataType_t::CUDA_R_16BF;
         let in_type = match s.input {
             InType::Bf16 => bf16,
             InType::F16 => sys::cudaDataType_t::CUDA_R_16F,
+            InType::Fp8 => sys::cudaDataType_t::CUDA_R_8F_E4M3,
         };
         let out_type = match s.out {
             OutType::Bf16 => bf16,
@@ -399,6 +525,9 @@ impl Gemm {
                 &transpose as *const i32 as *const c_void,
                 std::mem::size_of::<i32>(),
             )?;
+        }
+        if s.input == InType::Fp8 {
+            set_outer_vector_scales(desc)?;
         }
         let w = result::create_matrix_layout(in_type, k, m, k as i64)?;
         let x = result::create_matrix_layout(in_type, k, n, k as i64)?;
@@ -461,7 +590,7 @@ impl Gemm {
         gpu: &Gpu,
         plan: &Plan,
         algos: &[sys::cublasLtMatmulAlgo_t],
-        ptrs: (DevPtr, DevPtr, DevPtr),
+        ptrs: Operands,
     ) -> Result<sys::cublasLtMatmulAlgo_t, CudaError> {
         const RUNS: usize = 5;
         let mut best = (f32::INFINITY, algos[0]);
@@ -487,6 +616,68 @@ impl Gemm {
         }
         Ok(best.1)
     }
+}
+
+/// Sets a pointer-valued attribute of `desc`.
+fn set_desc_ptr(
+    desc: sys::cublasLtMatmulDesc_t,
+    attr: sys::cublasLtMatmulDescAttributes_t,
+    ptr: DevPtr,
+) -> Result<(), CudaError> {
+    unsafe {
+        result::set_matmul_desc_attribute(
+            desc,
+            attr,
+            &ptr as *const DevPtr as *const c_void,
+            std::mem::size_of::<DevPtr>(),
+        )?;
+    }
+    Ok(())
+}
+
+/// FP8 scaling: one f32 per row of `op(A)` (weight rows: output channels)
+/// and per column of `B` (tokens), the sums multiplied by both.
+fn set_outer_vector_scales(desc: sys::cublasLtMatmulDesc_t) -> Result<(), CudaError> {
+    use sys::cublasLtMatmulDescAttributes_t as A;
+    let mode = sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F as i32;
+    for attr in [
+        A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+        A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+    ] {
+        unsafe {
+            result::set_matmul_desc_attribute(
+                desc,
+                attr,
+                &mode as *const i32 as *const c_void,
+                std::mem::size_of::<i32>(),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Quantizes `tokens` rows of `inputs` bf16 activations at `x` into the
+/// FP8 scratch, one scale per row.
+fn quantize_activations(
+    gpu: &Gpu,
+    fp8: &Fp8,
+    x: DevPtr,
+    tokens: usize,
+    inputs: usize,
+) -> Result<(), CudaError> {
+    if tokens > fp8.max_tokens || inputs > fp8.max_inputs {
+        return Err(CudaError::Unsupported(format!(
+            "an FP8 GEMM of {tokens} x {inputs} activations (scratch for {} x {})",
+            fp8.max_tokens, fp8.max_inputs
+        )));
+    }
+    let args = [
+        Arg::Ptr(x),
+        Arg::Ptr(fp8.x8),
+        Arg::Ptr(fp8.x_scales),
+        Arg::I32(inputs as i32),
+    ];
+    gpu.launch(&fp8.quantize, (tokens as u32, 1, 1), 256, 0, &args)
 }
 
 impl Drop for Gemm {

@@ -42,6 +42,7 @@ use kv_views::KvSizing;
 use profile::{Marks, Profiler};
 use sampling::DeviceSampler;
 use weights::DeviceWeights;
+pub use weights::WeightFormat;
 
 /// A failure of the CUDA backend.
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +97,26 @@ pub fn availability() -> Result<(), CudaError> {
 /// Gemma 3 (sliding windows, local rope, post-norms, GELU-tanh MLP, scaled
 /// embeddings, logit soft-capping). Head sizes and GQA groups are checked
 /// where the kernels load.
+/// Bytes the model's weights take on the device in `format` (the start-up
+/// memory estimate).
+pub fn weight_bytes(config: &ModelConfig, format: WeightFormat) -> usize {
+    DeviceWeights::bytes(config, format)
+}
+
+/// Whether `format` suits the model: e4m3 GEMMs and the FP8 GEMV read
+/// 16 weights per load, so every matrix's input width must be a multiple
+/// of 16.
+fn supports_format(config: &ModelConfig, format: WeightFormat) -> Result<(), CudaError> {
+    let widths = [config.hidden_size, config.q_dim(), config.intermediate_size];
+    if format == WeightFormat::Fp8 && widths.iter().any(|w| !w.is_multiple_of(16)) {
+        return Err(CudaError::Unsupported(format!(
+            "FP8 weights (model.quantization = \"fp8\") need matrix widths that are \
+             multiples of 16; this model has {widths:?} (hidden, q, intermediate)"
+        )));
+    }
+    Ok(())
+}
+
 pub fn supports(config: &ModelConfig) -> Result<(), CudaError> {
     // Post-norm blocks stage their f32 output in the gate/up buffer.
     if config.block.post_norms && config.intermediate_size < config.hidden_size {
@@ -153,6 +174,9 @@ pub struct CudaRunnerConfig {
     pub l2_prefetch: Option<String>,
     /// Programmatic dependent launch on sm_90+ (`cuda.pdl`).
     pub pdl: bool,
+    /// The decoder's weight matrices in FP8 (e4m3, per-channel scales;
+    /// `model.quantization = "fp8"`).
+    pub fp8_weights: bool,
 }
 
 impl Default for CudaRunnerConfig {
@@ -169,6 +193,7 @@ impl Default for CudaRunnerConfig {
             check: false,
             l2_prefetch: None,
             pdl: true,
+            fp8_weights: false,
         }
     }
 }
@@ -278,6 +303,12 @@ impl CudaRunner {
     ) -> Result<Self, CudaError> {
         // A bad spec fails before any GPU work.
         supports(&config)?;
+        let format = if opts.fp8_weights {
+            WeightFormat::Fp8
+        } else {
+            WeightFormat::Bf16
+        };
+        supports_format(&config, format)?;
         let prefetch = L2PrefetchSpec::parse(opts.l2_prefetch.as_deref())?;
         let started = Instant::now();
         let gpu = Gpu::open(opts.device, opts.pdl, opts.check)?;
@@ -285,17 +316,30 @@ impl CudaRunner {
         let (_, total) = gpu.memory()?;
         let context_ms = ms_since(started);
         let weights_started = Instant::now();
-        let weights = DeviceWeights::load(&gpu, &config, source, progress)?;
+        let weights = DeviceWeights::load(&gpu, &config, source, format, progress)?;
         let weights_ms = ms_since(weights_started);
         let max_tokens = opts.max_num_batched_tokens.max(opts.max_num_seqs);
         let max_seqs = opts.max_num_seqs;
+        // The widest input of a quantized matrix (o_proj's q, down's ff).
+        let max_inputs = config
+            .hidden_size
+            .max(config.q_dim())
+            .max(config.intermediate_size);
+        let fp8_scratch = match weights.fp8_region {
+            Some(_) => Gemm::fp8_scratch_bytes(max_tokens, max_inputs),
+            None => 0,
+        };
         let mut workspace = Arena::new(
             &gpu,
             "workspace",
             Buffers::bytes(&config, max_tokens, max_seqs, opts.block_size)
-                + Gemm::workspace_bytes(),
+                + Gemm::workspace_bytes()
+                + fp8_scratch,
         )?;
         let mut gemm = Gemm::new(&gpu, &mut workspace)?;
+        if let Some(region) = weights.fp8_region {
+            gemm.enable_fp8(&gpu, &mut workspace, region, max_tokens, max_inputs)?;
+        }
         // Start-up passes run on scratch data: time GEMM candidates there.
         gemm.tune = true;
         let buffers = Buffers::new(
@@ -1100,7 +1144,8 @@ mod support_tests {
         let mut global_only = c.clone();
         global_only.block.sliding_window = None;
         let table = c.max_context * (c.head_dim / 2) * 4;
-        let extra = weights::DeviceWeights::bytes(&c) - weights::DeviceWeights::bytes(&global_only);
+        let bytes = |c| weights::DeviceWeights::bytes(c, WeightFormat::Bf16);
+        let extra = bytes(&c) - bytes(&global_only);
         assert!((2 * table..2 * table + 1024).contains(&extra), "{extra}");
     }
 }

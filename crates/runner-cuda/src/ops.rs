@@ -321,7 +321,7 @@ impl<'a, 'm> CudaOps<'a, 'm> {
             GemvInput::Plain(b.xn)
         };
         if let Some(kernel) = gemm
-            .qkv_rope_kernel(t, d, fused_norm)
+            .qkv_rope_kernel(layer.qkv, t, d, fused_norm)
             .filter(|_| qk_norm.is_none())
         {
             QkvRopeGemv {

@@ -4,6 +4,14 @@
 //! (see [`Stager`]): bf16/f16 tensors go in without an f32 round trip, and
 //! host reads overlap the copies; random weights (`--load-format dummy`) are
 //! generated on the device.
+//!
+//! With [`WeightFormat::Fp8`] (`--quantization fp8`) the decoder's weight
+//! matrices (q/k/v, o, gate/up, down) are kept in e4m3 with one f32 scale
+//! per output channel: each layer's matrices arrive in bf16 in a one-layer
+//! staging arena (from the file, or generated) and `quantize_rows_e4m3`
+//! writes them into the weights arena, in order on the stream, so the next
+//! layer's copies reuse the staging memory. The embeddings and the LM head
+//! stay bf16.
 
 use std::time::{Duration, Instant};
 
@@ -13,7 +21,7 @@ use ingot_models::llama::{expected_shapes, mlp_norm_name, POST_ATTN_NORM, POST_M
 use ingot_models::{ModelConfig, ModelError, TensorSource};
 use rayon::prelude::*;
 
-use crate::device::{Arena, Arg, DevPtr, Gpu, Pinned};
+use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel, Pinned};
 use crate::CudaError;
 
 /// One decoder block's weights.
@@ -34,6 +42,141 @@ pub struct LayerWeights {
     pub down: DevPtr,
 }
 
+/// How the decoder's weight matrices are stored on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WeightFormat {
+    /// bf16 (the file's bf16; f16, f32 and dequantized GGUF rows rounded).
+    #[default]
+    Bf16,
+    /// e4m3 rows, then one f32 scale per row (output channel) at the next
+    /// 256-byte boundary (the layout of `fp8.cu`).
+    Fp8,
+}
+
+/// Bytes of an e4m3 matrix of `rows` x `cols` and its row scales.
+pub fn fp8_matrix_bytes(rows: usize, cols: usize) -> usize {
+    fp8_scales_offset(rows, cols) + rows * 4
+}
+
+/// Where the row scales of an e4m3 matrix start, from its base.
+pub fn fp8_scales_offset(rows: usize, cols: usize) -> usize {
+    (rows * cols).next_multiple_of(256)
+}
+
+/// A layer's quantized matrices, in the order their last tensors load.
+const FP8_GROUPS: [&str; 4] = ["qkv", "o_proj", "gate_up", "down"];
+
+/// The weight-tensor count per layer that lands in the staging arena
+/// (q, k, v, o, gate, up, down).
+const FP8_TENSORS_PER_LAYER: usize = 7;
+
+/// `(rows, cols)` of a layer's matrix `group` (see [`FP8_GROUPS`]).
+fn group_shape(config: &ModelConfig, group: &str) -> (usize, usize) {
+    let (d, q, kv, ff) = (
+        config.hidden_size,
+        config.q_dim(),
+        config.kv_dim(),
+        config.intermediate_size,
+    );
+    match group {
+        "qkv" => (q + 2 * kv, d),
+        "o_proj" => (d, q),
+        "gate_up" => (2 * ff, d),
+        _ => (d, ff),
+    }
+}
+
+/// `(layer, group, part)` of a layer weight matrix kept in e4m3.
+fn fp8_part(name: &str) -> Option<(usize, &'static str, usize)> {
+    let rest = name.strip_prefix("model.layers.")?;
+    let (layer, leaf) = rest.split_once('.')?;
+    let (group, part) = match leaf {
+        "self_attn.q_proj.weight" => ("qkv", 0),
+        "self_attn.k_proj.weight" => ("qkv", 1),
+        "self_attn.v_proj.weight" => ("qkv", 2),
+        "self_attn.o_proj.weight" => ("o_proj", 0),
+        "mlp.gate_proj.weight" => ("gate_up", 0),
+        "mlp.up_proj.weight" => ("gate_up", 1),
+        "mlp.down_proj.weight" => ("down", 0),
+        _ => return None,
+    };
+    Some((layer.parse().ok()?, group, part))
+}
+
+/// Byte offset of `group` in the one-layer staging arena (bf16).
+fn staging_offset(config: &ModelConfig, group: &str) -> usize {
+    FP8_GROUPS
+        .iter()
+        .take_while(|g| **g != group)
+        .map(|g| {
+            let (rows, cols) = group_shape(config, g);
+            (rows * cols * 2).next_multiple_of(256)
+        })
+        .sum()
+}
+
+/// A layer matrix staged in bf16 at `staged`, quantized into `dst`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Fp8Matrix {
+    staged: DevPtr,
+    dst: DevPtr,
+    rows: usize,
+    cols: usize,
+}
+
+/// Quantizes each layer's staged matrices once its last tensor is in.
+/// Staging holds one layer, so a layer's tensors must load together.
+struct Fp8Quantizer {
+    kernel: Kernel,
+    /// Per layer: its matrices and the tensors still to come.
+    layers: Vec<([Fp8Matrix; 4], usize)>,
+    /// The layer whose tensors are in staging.
+    open: Option<usize>,
+}
+
+impl Fp8Quantizer {
+    /// Notes that a staged tensor of `layer` is in (its copy enqueued);
+    /// after the layer's last, enqueues its quantization.
+    fn staged(&mut self, gpu: &Gpu, layer: usize, name: &str) -> Result<(), CudaError> {
+        if self.open.is_some_and(|open| open != layer) {
+            return Err(CudaError::Unsupported(format!(
+                "{name} loads before the previous layer's matrices are complete (FP8 staging holds one layer)"
+            )));
+        }
+        let (matrices, left) = self
+            .layers
+            .get_mut(layer)
+            .ok_or_else(|| CudaError::Unsupported(format!("{name}: no such layer")))?;
+        *left = left.saturating_sub(1);
+        if *left > 0 {
+            self.open = Some(layer);
+            return Ok(());
+        }
+        self.open = None;
+        for m in matrices.iter() {
+            let scales = m.dst + fp8_scales_offset(m.rows, m.cols) as u64;
+            let args = [
+                Arg::Ptr(m.staged),
+                Arg::Ptr(m.dst),
+                Arg::Ptr(scales),
+                Arg::I32(m.cols as i32),
+            ];
+            gpu.launch(&self.kernel, (m.rows as u32, 1, 1), 256, 0, &args)?;
+        }
+        Ok(())
+    }
+
+    /// Fails unless every layer was quantized.
+    fn finish(&self) -> Result<(), CudaError> {
+        match self.layers.iter().position(|(_, left)| *left > 0) {
+            Some(layer) => Err(CudaError::Unsupported(format!(
+                "layer {layer}'s weight matrices are incomplete"
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
 /// All weights; pointers into `arena`.
 pub struct DeviceWeights {
     pub embed: DevPtr,
@@ -47,6 +190,8 @@ pub struct DeviceWeights {
     /// The sliding layers' tables (their own rope base), when the model
     /// has sliding layers.
     pub local_rope: Option<(DevPtr, DevPtr)>,
+    /// `[start, end)` of the e4m3 layer matrices ([`WeightFormat::Fp8`]).
+    pub fp8_region: Option<(DevPtr, DevPtr)>,
     pub arena: Arena,
 }
 
@@ -86,18 +231,61 @@ struct Placement {
     name: String,
     shape: Vec<usize>,
     dtype: Dtype,
+    /// Where its bytes are written.
     dst: DevPtr,
+    /// FP8: `(layer, the group's e4m3 base)` of a matrix written to
+    /// staging and quantized from there.
+    quantized: Option<(usize, DevPtr)>,
+}
+
+impl Placement {
+    /// The pointer the model reads.
+    fn home(&self) -> DevPtr {
+        self.quantized.map_or(self.dst, |(_, base)| base)
+    }
+}
+
+/// The carved arena: tensors, rotary tables, and for FP8 the quantizer
+/// and the e4m3 region.
+struct Layout {
+    placements: Vec<Placement>,
+    tables: RopeTables,
+    fp8: Option<Fp8Layout>,
+}
+
+/// Every layer's e4m3 matrices, and the address range they fill.
+struct Fp8Layout {
+    layers: Vec<[Fp8Matrix; 4]>,
+    region: (DevPtr, DevPtr),
 }
 
 impl DeviceWeights {
     /// Bytes the weights occupy on the device.
-    pub fn bytes(config: &ModelConfig) -> usize {
+    pub fn bytes(config: &ModelConfig, format: WeightFormat) -> usize {
         let table = config.max_context * (config.head_dim / 2) * 4;
+        let fp8 = format == WeightFormat::Fp8;
+        let fp8_layer = Arena::size_of(FP8_GROUPS.iter().map(|g| {
+            let (rows, cols) = group_shape(config, g);
+            fp8_matrix_bytes(rows, cols)
+        }));
         Arena::size_of(
-            expected_shapes(config).iter().map(|(name, shape)| {
-                shape.iter().product::<usize>() * dtype_of(name, shape).size()
-            }),
+            expected_shapes(config)
+                .iter()
+                .filter(|(name, _)| !(fp8 && fp8_part(name).is_some()))
+                .map(|(name, shape)| {
+                    shape.iter().product::<usize>() * dtype_of(name, shape).size()
+                }),
         ) + Arena::size_of(vec![table; rope_table_count(config)])
+            + if fp8 {
+                config.num_layers * fp8_layer
+            } else {
+                0
+            }
+    }
+
+    /// Bytes of the one-layer bf16 staging arena of an FP8 load.
+    fn staging_bytes(config: &ModelConfig) -> usize {
+        staging_offset(config, "")
     }
 
     /// Allocates the arena and fills it from `source`.
@@ -105,10 +293,34 @@ impl DeviceWeights {
         gpu: &Gpu,
         config: &ModelConfig,
         source: &dyn TensorSource,
+        format: WeightFormat,
         progress: &dyn Fn(usize, usize),
     ) -> Result<Self, CudaError> {
-        let mut arena = Arena::new(gpu, "weights", Self::bytes(config))?;
-        let (placements, tables) = Self::place(config, &mut arena)?;
+        let mut arena = Arena::new(gpu, "weights", Self::bytes(config, format))?;
+        let staging = match format {
+            WeightFormat::Fp8 => Some(Arena::new(gpu, "fp8 staging", Self::staging_bytes(config))?),
+            WeightFormat::Bf16 => None,
+        };
+        let layout = Self::place(config, &mut arena, staging.as_ref().map(Arena::base))?;
+        let mut quantizer = match &layout.fp8 {
+            Some(fp8) => Some(Fp8Quantizer {
+                kernel: gpu.kernel("quantize_rows_e4m3")?,
+                layers: fp8
+                    .layers
+                    .iter()
+                    .map(|m| (*m, FP8_TENSORS_PER_LAYER))
+                    .collect(),
+                open: None,
+            }),
+            None => None,
+        };
+        let mut staged = |p: &Placement| -> Result<(), CudaError> {
+            match (&mut quantizer, p.quantized) {
+                (Some(q), Some((layer, _))) => q.staged(gpu, layer, &p.name),
+                _ => Ok(()),
+            }
+        };
+        let placements = &layout.placements;
         let total = placements.len();
         match source.random_seed() {
             Some(seed) => {
@@ -136,18 +348,24 @@ impl DeviceWeights {
                         Arg::F32(offset),
                     ];
                     gpu.launch(kernel, (1024, 1, 1), 256, 0, &args)?;
+                    staged(p)?;
                     progress(i + 1, total);
                 }
             }
             None => {
-                let mut stager = Stager::new(gpu, Self::bytes(config))?;
+                let mut stager = Stager::new(gpu, Self::bytes(config, format))?;
                 for (i, p) in placements.iter().enumerate() {
                     stager.tensor(source, p)?;
+                    staged(p)?;
                     progress(i + 1, total);
                 }
                 stager.finish()?;
             }
         }
+        if let Some(q) = &quantizer {
+            q.finish()?;
+        }
+        let tables = &layout.tables;
         let (cos_t, sin_t) = config.rope.tables(config.head_dim, config.max_context);
         gpu.upload(tables.cos, &cos_t)?;
         gpu.upload(tables.sin, &sin_t)?;
@@ -157,20 +375,50 @@ impl DeviceWeights {
             gpu.upload(sin, &sin_t)?;
         }
         gpu.sync()?;
-        Self::assemble(config, &placements, tables, arena)
+        // The staging arena goes back here, its last reads done.
+        drop(staging);
+        Self::assemble(config, layout, arena)
     }
 
     /// Carves the arena into tensors: where each named tensor lands (fused
     /// matrices take their parts at row offsets), then the rotary tables.
+    /// With `staging` (FP8), the layer matrices' e4m3 homes come first, in
+    /// one region, and their tensors are written to the staging arena.
     fn place(
         config: &ModelConfig,
         arena: &mut Arena,
-    ) -> Result<(Vec<Placement>, RopeTables), CudaError> {
+        staging: Option<DevPtr>,
+    ) -> Result<Layout, CudaError> {
         let shapes = expected_shapes(config);
         let mut placements = Vec::with_capacity(shapes.len());
         let mut fused: Vec<(String, DevPtr)> = Vec::new();
+        let fp8 = match staging {
+            Some(staging) => Some(Self::place_fp8(config, arena, staging)?),
+            None => None,
+        };
         for (name, shape) in &shapes {
             let dtype = dtype_of(name, shape);
+            if let (Some(fp8), Some((layer, group, part))) = (&fp8, fp8_part(name)) {
+                let index = FP8_GROUPS.iter().position(|g| *g == group).unwrap_or(0);
+                let matrix = fp8
+                    .layers
+                    .get(layer)
+                    .map(|m| m[index])
+                    .ok_or_else(|| CudaError::Unsupported(format!("{name}: no such layer")))?;
+                let rows = if part == 0 {
+                    0
+                } else {
+                    fused_offset_rows(config, group, part)
+                };
+                placements.push(Placement {
+                    name: name.clone(),
+                    shape: shape.clone(),
+                    dtype,
+                    dst: matrix.staged + (rows * row_bytes(shape, dtype)) as u64,
+                    quantized: Some((layer, matrix.dst)),
+                });
+                continue;
+            }
             let bytes = shape.iter().product::<usize>() * dtype.size();
             // Parts of a fused matrix follow the first part contiguously.
             let dst = match fused_part(name) {
@@ -198,6 +446,7 @@ impl DeviceWeights {
                 shape: shape.clone(),
                 dtype,
                 dst,
+                quantized: None,
             });
         }
         let table_bytes = config.max_context * (config.head_dim / 2) * 4;
@@ -208,21 +457,62 @@ impl DeviceWeights {
         } else {
             None
         };
-        Ok((placements, RopeTables { cos, sin, local }))
+        Ok(Layout {
+            placements,
+            tables: RopeTables { cos, sin, local },
+            fp8,
+        })
+    }
+
+    /// Takes every layer's e4m3 matrices from `arena` (one region) and
+    /// pairs them with their places in the one-layer `staging` arena.
+    fn place_fp8(
+        config: &ModelConfig,
+        arena: &mut Arena,
+        staging: DevPtr,
+    ) -> Result<Fp8Layout, CudaError> {
+        let mut layers = Vec::with_capacity(config.num_layers);
+        let (mut start, mut end) = (None, 0);
+        for _ in 0..config.num_layers {
+            let mut matrices = [Fp8Matrix {
+                staged: 0,
+                dst: 0,
+                rows: 0,
+                cols: 0,
+            }; 4];
+            for (m, group) in matrices.iter_mut().zip(FP8_GROUPS) {
+                let (rows, cols) = group_shape(config, group);
+                let bytes = fp8_matrix_bytes(rows, cols);
+                let dst = arena.take(bytes)?;
+                start.get_or_insert(dst);
+                end = dst + bytes as u64;
+                *m = Fp8Matrix {
+                    staged: staging + staging_offset(config, group) as u64,
+                    dst,
+                    rows,
+                    cols,
+                };
+            }
+            layers.push(matrices);
+        }
+        Ok(Fp8Layout {
+            layers,
+            region: (start.unwrap_or(end), end),
+        })
     }
 
     /// The named pointers of a placed arena.
-    fn assemble(
-        config: &ModelConfig,
-        placements: &[Placement],
-        tables: RopeTables,
-        arena: Arena,
-    ) -> Result<Self, CudaError> {
+    fn assemble(config: &ModelConfig, layout: Layout, arena: Arena) -> Result<Self, CudaError> {
+        let Layout {
+            placements,
+            tables,
+            fp8,
+        } = layout;
         let at = |n: &str| -> Result<DevPtr, CudaError> {
             placements
                 .iter()
                 .find(|p| p.name == n)
-                .map(|p| p.dst)
+                .map(Placement::home)
                 .ok_or_else(|| CudaError::Unsupported(format!("no tensor {n}")))
         };
         let mut layers = Vec::with_capacity(config.num_layers);
@@ -268,6 +558,7 @@ impl DeviceWeights {
             cos: tables.cos,
             sin: tables.sin,
             local_rope: tables.local,
+            fp8_region: fp8.map(|f| f.region),
             arena,
         })
     }

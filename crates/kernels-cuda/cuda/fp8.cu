@@ -1,0 +1,31 @@
+// FP8 (e4m3) weights, `--quantization fp8`. A quantized matrix is stored as
+// its rows of e4m3 bytes, then, at the next 256-byte boundary, one f32
+// scale per row (absmax / 448, e4m3's largest finite value): the GEMV
+// kernels (gemv.cu, fp8_row_scales) and cuBLASLt's per-channel scaling
+// read it in that layout.
+//
+//   quantize_rows_e4m3: q[r, :] = e4m3(x[r, :] / s[r]), s[r] = max|x[r, :]| / 448
+//                       for bf16 rows x; one block per row. Weights at load
+//                       (written as above) and activations before an FP8
+//                       GEMM (per-token scales).
+#include <cuda_fp8.h>
+
+#include "common.cuh"
+
+constexpr float E4M3_MAX = 448.f;
+
+extern "C" __global__ void quantize_rows_e4m3(const bf16* __restrict__ x, __nv_fp8_storage_t* __restrict__ q,
+                                              float* __restrict__ scales, int cols) {
+  pdl_begin();
+  const size_t row = blockIdx.x;
+  const bf16* xr = x + row * cols;
+  __nv_fp8_storage_t* qr = q + row * cols;
+  float m = 0.f;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) m = fmaxf(m, fabsf(to_f32(xr[i])));
+  m = block_max(m);
+  // An all-zero row keeps scale 1 (its bytes are zeros either way).
+  const float s = m > 0.f ? m / E4M3_MAX : 1.f;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x)
+    qr[i] = __nv_cvt_float_to_fp8(to_f32(xr[i]) / s, __NV_SATFINITE, __NV_E4M3);
+  if (threadIdx.x == 0) scales[row] = s;
+}

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Checks the FP8 (e4m3) weight kernels against a float64 NumPy reference:
+`quantize_rows_e4m3` (fp8.cu) and every `gemv_fp8_*` variant (gemv.cu) on
+random inputs, with the matrix in the loader's layout (e4m3 rows, then one
+f32 scale per row at the next 256-byte boundary). The reference multiplies
+the bf16 activations by the dequantized weights (e4m3 value x row scale),
+so the tolerances are those of the bf16 GEMV checks: what is measured is
+the kernel's arithmetic, not FP8's rounding (compare_fp8.py measures that
+on whole models).
+
+    python3 tests/gpu/check_fp8.py --cubins DIR
+
+Prints one line per check and exits 1 if any fails.
+"""
+import argparse
+import math
+import os
+import sys
+
+import numpy as np
+import torch
+
+import check_kernels as ck
+from check_kernels import bf, dev, f32, host, i32, launch, ptr, rel, report, rnd
+
+E4M3_MAX = 448.0
+
+
+def fp8_matrix(rng, rows, cols, scale=0.05):
+    """(device buffer in the loader's layout, dequantized float64 weights)."""
+    w = rnd(rng, rows, cols, scale=scale) * rng.uniform(0.2, 5.0, size=(rows, 1))
+    s = (np.abs(w).max(1) / E4M3_MAX).astype(np.float32)
+    q = torch.tensor(w / s.astype(np.float64)[:, None]).to(torch.float8_e4m3fn)
+    deq = q.double().numpy() * s.astype(np.float64)[:, None]
+    at = (rows * cols + 255) // 256 * 256
+    buf = torch.zeros(at + rows * 4, dtype=torch.uint8)
+    buf[: rows * cols] = q.view(torch.uint8).flatten()
+    buf[at:] = torch.from_numpy(s.copy()).view(torch.uint8)
+    return buf.cuda(), deq
+
+
+def check_quantize(m, rng):
+    """Row absmax / 448 scales and e4m3 bytes vs torch's own rounding."""
+    for rows, cols in ((7, 576), (64, 4096), (3, 14336)):
+        x = bf(rnd(rng, rows, cols, scale=2.0) * rng.uniform(0.01, 50.0, size=(rows, 1)))
+        q = torch.empty(rows, cols, dtype=torch.uint8, device="cuda")
+        s = torch.empty(rows, dtype=torch.float32, device="cuda")
+        launch(m.fn("quantize_rows_e4m3"), (rows,), 256, [ptr(dev(x, torch.bfloat16)), ptr(q), ptr(s), i32(cols)])
+        want_s = np.abs(x).max(1) / E4M3_MAX
+        report(f"quantize_rows_e4m3 {rows}x{cols} scales", rel(host(s), want_s), 1e-6)
+        got = q.cpu().view(torch.float8_e4m3fn).double().numpy()
+        ref = torch.tensor(x / host(s)[:, None]).to(torch.float8_e4m3fn)
+        same = float((q.cpu() == ref.view(torch.uint8)).double().mean())
+        # Fast-math division may land a value one step away at a tie.
+        report(f"quantize_rows_e4m3 {rows}x{cols} bytes equal to torch's", 1 - same, 1e-3)
+        err = np.max(np.abs(got * host(s)[:, None] - x) / np.abs(x).max(1, keepdims=True))
+        report(f"quantize_rows_e4m3 {rows}x{cols} dequantized error / row absmax", err, 1 / 16)
+
+
+def check_gemv_fp8(m, rng):
+    for n, inp, out in ((1, 576, 960), (3, 1536, 576), (8, 4096, 1000), (2, 14336, 512)):
+        x = bf(rnd(rng, n, inp))
+        wd, w = fp8_matrix(rng, out, inp)
+        want = x @ w.T
+        xd = dev(x, torch.bfloat16)
+        grid = (math.ceil(out / 8),)
+        tag = f"gemv_fp8 n={n} {inp}->{out}"
+        y = torch.empty(n, out, dtype=torch.bfloat16, device="cuda")
+        launch(m.fn(f"gemv_fp8_n{n}_bf16"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(None), ptr(None), ptr(None)])
+        report(f"{tag} bf16 out", rel(host(y), want), 8e-3)
+        y = torch.empty(n, out, dtype=torch.float32, device="cuda")
+        launch(m.fn(f"gemv_fp8_n{n}_f32"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(None), ptr(None), ptr(None)])
+        report(f"{tag} f32 out", rel(host(y), want), 1e-5)
+        base = rnd(rng, n, out).astype(np.float32).astype(np.float64)
+        y = dev(base, torch.float32)
+        ssb = ck.sumsq_buffer()
+        g = (1 + 0.2 * rnd(rng, out)).astype(np.float32).astype(np.float64)
+        xg = torch.empty(n, out, dtype=torch.bfloat16, device="cuda")
+        launch(m.fn(f"gemv_fp8_n{n}_add_f32"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(ssb),
+                                                         ptr(dev(g, torch.float32)), ptr(xg)])
+        report(f"{tag} f32 accumulate", rel(host(y), base + want), 1e-5)
+        got, _ = ck.sumsq_rows(ssb, n)
+        report(f"{tag} f32 accumulate: sums of squares", rel(got, ((base + want) ** 2).sum(-1)), 1e-5)
+        w2d, w2 = fp8_matrix(rng, 2 * out, inp)
+        gate, up = x @ w2[:out].T, x @ w2[out:].T
+        y = torch.empty(n, out, dtype=torch.bfloat16, device="cuda")
+        launch(m.fn(f"gemv_fp8_n{n}_swiglu"), grid, 256, [ptr(xd), ptr(w2d), ptr(y), i32(inp), i32(out)])
+        report(f"{tag} swiglu (bf16 out)", rel(host(y), gate / (1 + np.exp(-gate)) * up), 8e-3)
+        launch(m.fn(f"gemv_fp8_n{n}_geglu"), grid, 256, [ptr(xd), ptr(w2d), ptr(y), i32(inp), i32(out)])
+        report(f"{tag} geglu (bf16 out)", rel(host(y), ck.gelu_tanh(gate) * up), 8e-3)
+
+
+def qkv_case(rng, n, H, KVH, hd, d):
+    w = (H + 2 * KVH) * hd
+    wqd, wq = fp8_matrix(rng, w, d)
+    pos, slots = rng.integers(0, 512, n), rng.permutation(64)[:n]
+    cos, sin = (a.astype(np.float32).astype(np.float64) for a in ck.rope_tables(hd, 512, 10000.0))
+    q_out = torch.zeros(n, H * hd, dtype=torch.bfloat16, device="cuda")
+    kc = torch.zeros(64, KVH * hd, dtype=torch.bfloat16, device="cuda")
+    vc = torch.zeros(64, KVH * hd, dtype=torch.bfloat16, device="cuda")
+    tail = [ptr(dev(pos, torch.int32)), ptr(dev(slots, torch.int64)), ptr(dev(cos, torch.float32)),
+            ptr(dev(sin, torch.float32)), ptr(q_out), ptr(kc), ptr(vc), i32(H), i32(KVH), i32(hd), i32(16)]
+
+    def verify(tag, y):
+        q, k, v = (y[:, a:b].reshape(n, -1, hd) for a, b in
+                   ((0, H * hd), (H * hd, (H + KVH) * hd), ((H + KVH) * hd, w)))
+        kh = ck.from_device_layout(host(kc), KVH, hd, 16)[slots].reshape(n, KVH, hd)
+        vh = ck.from_device_layout(host(vc), KVH, hd, 16)[slots].reshape(n, KVH, hd)
+        report(f"{tag} q", rel(host(q_out).reshape(n, H, hd), ck.rotate(q, cos, sin, pos)), 8e-3)
+        report(f"{tag} k -> cache", rel(kh, ck.rotate(k, cos, sin, pos)), 8e-3)
+        report(f"{tag} v -> cache", rel(vh, v), 8e-3)
+
+    return w, wqd, wq, tail, verify
+
+
+def check_qkv_rope_fp8(m, rng):
+    for n, H, KVH, hd, d in ((1, 9, 3, 64, 576), (4, 32, 8, 128, 4096)):
+        w, wqd, wq, tail, verify = qkv_case(rng, n, H, KVH, hd, d)
+        x = bf(rnd(rng, n, d))
+        launch(m.fn(f"gemv_fp8_n{n}_qkv_rope"), (math.ceil(w / 8),), 256,
+               [ptr(dev(x, torch.bfloat16)), ptr(wqd), i32(d), ptr(None)] + tail)
+        verify(f"gemv_fp8 qkv_rope n={n} H={H} KVH={KVH} hd={hd}", x @ wq.T)
+
+
+def check_fused_norm_fp8(m, rng):
+    """The normed variants: pre-scaled xg = bf16(x * g), 1/rms from SumSq."""
+    n, d, ff, eps = 2, 576, 1536, 1e-5
+    x = rnd(rng, n, d, scale=3.0).astype(np.float32).astype(np.float64)
+    nw = (1 + 0.2 * rnd(rng, d)).astype(np.float32).astype(np.float64)
+    xg = bf(x * nw)
+    xn = xg / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)
+    ssb = ck.sumsq_buffer((x ** 2).sum(-1))
+    xgd = dev(xg, torch.bfloat16)
+    w2d, w2 = fp8_matrix(rng, 2 * ff, d)
+    gate, up = xn @ w2[:ff].T, xn @ w2[ff:].T
+    y = torch.empty(n, ff, dtype=torch.bfloat16, device="cuda")
+    head = [ptr(xgd), f32(eps), ptr(ssb)]
+    launch(m.fn(f"gemv_fp8_n{n}_swiglu_norm"), (math.ceil(ff / 8),), 256, head + [ptr(w2d), ptr(y), i32(d), i32(ff)])
+    report(f"gemv_fp8 n={n} swiglu with fused RMSNorm", rel(host(y), gate / (1 + np.exp(-gate)) * up), 8e-3)
+    launch(m.fn(f"gemv_fp8_n{n}_geglu_norm"), (math.ceil(ff / 8),), 256, head + [ptr(w2d), ptr(y), i32(d), i32(ff)])
+    report(f"gemv_fp8 n={n} geglu with fused RMSNorm", rel(host(y), ck.gelu_tanh(gate) * up), 8e-3)
+    wpd, wp = fp8_matrix(rng, 704, d)
+    yp = torch.empty(n, 704, dtype=torch.bfloat16, device="cuda")
+    launch(m.fn(f"gemv_fp8_n{n}_bf16_norm"), (704 // 8,), 256, head + [ptr(wpd), ptr(yp), i32(d), i32(704)])
+    report(f"gemv_fp8 n={n} bf16 out with fused RMSNorm", rel(host(yp), xn @ wp.T), 8e-3)
+    w, wqd, wq, tail, verify = qkv_case(rng, n, 9, 3, 64, d)
+    launch(m.fn(f"gemv_fp8_n{n}_qkv_rope_norm"), (math.ceil(w / 8),), 256, head + [ptr(wqd), i32(d), ptr(None)] + tail)
+    verify(f"gemv_fp8 n={n} qkv_rope with fused RMSNorm", xn @ wq.T)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cubins", required=True, help="folder with fp8/gemv .sm_90.cubin")
+    args = ap.parse_args()
+    torch.zeros(1, device="cuda")  # makes the primary context current for the driver calls
+    rng = np.random.default_rng(0)
+    fp8 = ck.Module(os.path.join(args.cubins, "fp8.sm_90.cubin"))
+    gemv = ck.Module(os.path.join(args.cubins, "gemv.sm_90.cubin"))
+    check_quantize(fp8, rng)
+    check_gemv_fp8(gemv, rng)
+    check_qkv_rope_fp8(gemv, rng)
+    check_fused_norm_fp8(gemv, rng)
+    print(f"fp8 kernel checks: {'all passed' if not ck.FAILS else 'FAILED: ' + ', '.join(ck.FAILS)}")
+    sys.exit(1 if ck.FAILS else 0)
+
+
+if __name__ == "__main__":
+    main()
