@@ -57,6 +57,23 @@ def check_quantize(m, rng):
         report(f"quantize_rows_e4m3 {rows}x{cols} dequantized error / row absmax", err, 1 / 16)
 
 
+def check_scale_out(m, rng):
+    """fp8_scale_out: y (=, +=) acc[t, o] * sx[t] * sw[o]."""
+    t, o = 5, 300
+    acc = rnd(rng, t, o, scale=100.0).astype(np.float32).astype(np.float64)
+    sx = rng.uniform(0.001, 0.1, t).astype(np.float32).astype(np.float64)
+    sw = rng.uniform(0.0001, 0.01, o).astype(np.float32).astype(np.float64)
+    want = acc * sx[:, None] * sw[None, :]
+    base = rnd(rng, t, o).astype(np.float32).astype(np.float64)
+    for mode, dtype, start, tol in ((0, torch.bfloat16, None, 8e-3), (1, torch.float32, None, 1e-6),
+                                    (2, torch.float32, base, 1e-6)):
+        y = dev(start, dtype) if start is not None else torch.empty(t, o, dtype=dtype, device="cuda")
+        launch(m.fn("fp8_scale_out"), (math.ceil(t * o / 256),), 256,
+               [ptr(dev(acc, torch.float32)), ptr(dev(sx, torch.float32)), ptr(dev(sw, torch.float32)), ptr(y),
+                i32(t), i32(o), i32(mode)])
+        report(f"fp8_scale_out mode {mode}", rel(host(y), want + (0 if start is None else start)), tol)
+
+
 def check_gemv_fp8(m, rng):
     for n, inp, out in ((1, 576, 960), (3, 1536, 576), (8, 4096, 1000), (2, 14336, 512)):
         x = bf(rnd(rng, n, inp))
@@ -157,6 +174,7 @@ def main():
     fp8 = ck.Module(os.path.join(args.cubins, "fp8.sm_90.cubin"))
     gemv = ck.Module(os.path.join(args.cubins, "gemv.sm_90.cubin"))
     check_quantize(fp8, rng)
+    check_scale_out(fp8, rng)
     check_gemv_fp8(gemv, rng)
     check_qkv_rope_fp8(gemv, rng)
     check_fused_norm_fp8(gemv, rng)

@@ -8,6 +8,8 @@
 //                       for bf16 rows x; one block per row. Weights at load
 //                       (written as above) and activations before an FP8
 //                       GEMM (per-token scales).
+//   fp8_scale_out:      y (=, or += for the residual) acc[t, o] * sx[t] * sw[o] after an FP8
+//                       GEMM run without cuBLASLt's outer-vector scales
 #include <cuda_fp8.h>
 
 #include "common.cuh"
@@ -28,4 +30,20 @@ extern "C" __global__ void quantize_rows_e4m3(const bf16* __restrict__ x, __nv_f
   for (int i = threadIdx.x; i < cols; i += blockDim.x)
     qr[i] = __nv_cvt_float_to_fp8(to_f32(xr[i]) / s, __NV_SATFINITE, __NV_E4M3);
   if (threadIdx.x == 0) scales[row] = s;
+}
+
+// After an FP8 GEMM whose cuBLASLt takes no outer-vector scales: the
+// unscaled f32 sums acc[t, o] times the token's and the weight row's
+// scales. MODE 0: bf16 y, 1: f32 y, 2: added to f32 y (the residual).
+extern "C" __global__ void fp8_scale_out(const float* __restrict__ acc, const float* __restrict__ x_scales,
+                                         const float* __restrict__ w_scales, void* __restrict__ y, int tokens,
+                                         int outputs, int mode) {
+  pdl_begin();
+  const size_t total = (size_t)tokens * outputs;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+    const float v = acc[i] * x_scales[i / outputs] * w_scales[i % outputs];
+    if (mode == 0) reinterpret_cast<bf16*>(y)[i] = to_bf16(v);
+    else if (mode == 1) reinterpret_cast<float*>(y)[i] = v;
+    else reinterpret_cast<float*>(y)[i] += v;
+  }
 }

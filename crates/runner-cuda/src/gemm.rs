@@ -12,7 +12,10 @@
 //! kernels' `gemv_fp8_*` variants read them at small batch, and larger
 //! shapes quantize the activations per token (`quantize_rows_e4m3`) and
 //! run cuBLASLt's e4m3 GEMM with outer-vector scales (per weight row and
-//! per token, applied to the f32 sums before the bf16/f32 output).
+//! per token, applied to the f32 sums before the bf16/f32 output). Where
+//! the cuBLASLt at hand refuses those scales for a shape (checked once per
+//! shape, on scratch), the GEMM writes unscaled f32 sums to scratch and
+//! `fp8_scale_out` applies both scales and writes (or adds) the output.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -114,8 +117,13 @@ struct Fp8 {
     /// `[max_tokens, max_inputs]` e4m3 and `[max_tokens]` f32 scales.
     x8: DevPtr,
     x_scales: DevPtr,
+    /// `[max_tokens, max_outputs]` f32: unscaled sums (epilogue plans) and
+    /// the trial output of new plans.
+    sums: DevPtr,
+    scale_out: Kernel,
     max_tokens: usize,
     max_inputs: usize,
+    max_outputs: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -136,6 +144,20 @@ struct Plan {
     algo: sys::cublasLtMatmulAlgo_t,
     /// beta = 1: add into the output.
     accumulate: bool,
+    /// FP8 without outer-vector scales: f32 sums into scratch, then
+    /// `fp8_scale_out`.
+    fp8_epilogue: bool,
+}
+
+/// How a plan scales an FP8 product.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fp8Scaling {
+    /// Not FP8.
+    None,
+    /// cuBLASLt's outer-vector scales.
+    OuterVector,
+    /// Unscaled f32 sums; `fp8_scale_out` scales them.
+    Epilogue,
 }
 
 /// `y[tokens, outputs] = x[tokens, inputs] · w[outputs, inputs]ᵀ` (row-major,
@@ -182,21 +204,24 @@ impl Gemm {
     }
 
     /// Arena bytes [`Gemm::enable_fp8`] takes for `max_tokens` rows of at
-    /// most `max_inputs` activations.
-    pub fn fp8_scratch_bytes(max_tokens: usize, max_inputs: usize) -> usize {
-        Arena::size_of([max_tokens * max_inputs, max_tokens * 4])
+    /// most `max_inputs` activations and `max_outputs` outputs.
+    pub fn fp8_scratch_bytes(max_tokens: usize, max_inputs: usize, max_outputs: usize) -> usize {
+        Arena::size_of([
+            max_tokens * max_inputs,
+            max_tokens * 4,
+            max_tokens * max_outputs * 4,
+        ])
     }
 
     /// Weights inside `region` are e4m3 (see the module doc); their GEMMs
     /// quantize up to `max_tokens` activation rows of at most `max_inputs`
-    /// into scratch taken from `arena`.
+    /// (into `max_outputs` outputs) in scratch taken from `arena`.
     pub fn enable_fp8(
         &mut self,
         gpu: &Gpu,
         arena: &mut Arena,
         region: (DevPtr, DevPtr),
-        max_tokens: usize,
-        max_inputs: usize,
+        (max_tokens, max_inputs, max_outputs): (usize, usize, usize),
     ) -> Result<(), CudaError> {
         self.fp8 = Some(Fp8 {
             region,
@@ -204,8 +229,11 @@ impl Gemm {
             quantize: gpu.kernel("quantize_rows_e4m3")?,
             x8: arena.take(max_tokens * max_inputs)?,
             x_scales: arena.take(max_tokens * 4)?,
+            sums: arena.take(max_tokens * max_outputs * 4)?,
+            scale_out: gpu.kernel("fp8_scale_out")?,
             max_tokens,
             max_inputs,
+            max_outputs,
         });
         Ok(())
     }
@@ -298,7 +326,34 @@ impl Gemm {
         }
         let plans = self.plans.borrow();
         let plan = &plans[&shape];
-        self.matmul(gpu, plan, &plan.algo, ops)
+        match (&self.fp8, plan.fp8_epilogue, ops.scales) {
+            (Some(fp8), true, Some((w_scales, x_scales))) => {
+                self.matmul(gpu, plan, &plan.algo, fp8.unscaled(ops))?;
+                let mode = match shape.out {
+                    OutType::Bf16 => 0,
+                    OutType::F32 => 1,
+                    OutType::AddF32 => 2,
+                };
+                let args = [
+                    Arg::Ptr(fp8.sums),
+                    Arg::Ptr(x_scales),
+                    Arg::Ptr(w_scales),
+                    Arg::Ptr(ops.y),
+                    Arg::I32(shape.tokens as i32),
+                    Arg::I32(shape.outputs as i32),
+                    Arg::I32(mode),
+                ];
+                let elems = shape.tokens * shape.outputs;
+                gpu.launch(
+                    &fp8.scale_out,
+                    (elems.div_ceil(256) as u32, 1, 1),
+                    256,
+                    0,
+                    &args,
+                )
+            }
+            _ => self.matmul(gpu, plan, &plan.algo, ops),
+        }
     }
 
     /// `residual += x·wᵀ` (f32). At GEMV sizes it also leaves the sums of
@@ -501,7 +556,44 @@ impl Gemm {
 
     /// Column-major view: `yᵀ[outputs, tokens] = op(W)[outputs, inputs] · xᵀ[inputs, tokens]`
     /// where the row-major `w` is a column-major `[inputs, outputs]`, transposed.
-    fn plan(&self, gpu: &Gpu, s: Shape, ptrs: Operands) -> Result<Plan, CudaError> {
+    fn plan(&self, gpu: &Gpu, s: Shape, ops: Operands) -> Result<Plan, CudaError> {
+        let Some(fp8) = self.fp8.as_ref().filter(|_| s.input == InType::Fp8) else {
+            return self.build_plan(gpu, s, ops, Fp8Scaling::None);
+        };
+        if s.tokens > fp8.max_tokens || s.outputs > fp8.max_outputs {
+            return Err(CudaError::Unsupported(format!(
+                "an FP8 GEMM of {s:?} (scratch for {} x {})",
+                fp8.max_tokens, fp8.max_outputs
+            )));
+        }
+        // Built, tuned and tried on the scratch output: no side effects.
+        let trial = Operands { y: fp8.sums, ..ops };
+        let outer = self
+            .build_plan(gpu, s, trial, Fp8Scaling::OuterVector)
+            .and_then(|plan| match self.matmul(gpu, &plan, &plan.algo, trial) {
+                Ok(()) => Ok(plan),
+                Err(e) => {
+                    destroy_plan(&plan);
+                    Err(e)
+                }
+            });
+        match outer {
+            Ok(plan) => Ok(plan),
+            Err(e) => {
+                tracing::info!(shape = ?s, error = %e, "FP8 GEMM: cuBLASLt refuses outer-vector scales; scaling in an epilogue kernel");
+                self.build_plan(gpu, s, fp8.unscaled(ops), Fp8Scaling::Epilogue)
+            }
+        }
+    }
+
+    /// Builds (and while tuning, times candidates on `ptrs`) a plan.
+    fn build_plan(
+        &self,
+        gpu: &Gpu,
+        s: Shape,
+        ptrs: Operands,
+        scaling: Fp8Scaling,
+    ) -> Result<Plan, CudaError> {
         let bf16 = sys::cudaDataType_t::CUDA_R_16BF;
         let in_type = match s.input {
             InType::Bf16 => bf16,
@@ -509,6 +601,7 @@ impl Gemm {
             InType::Fp8 => sys::cudaDataType_t::CUDA_R_8F_E4M3,
         };
         let out_type = match s.out {
+            _ if scaling == Fp8Scaling::Epilogue => sys::cudaDataType_t::CUDA_R_32F,
             OutType::Bf16 => bf16,
             OutType::F32 | OutType::AddF32 => sys::cudaDataType_t::CUDA_R_32F,
         };
@@ -526,7 +619,7 @@ impl Gemm {
                 std::mem::size_of::<i32>(),
             )?;
         }
-        if s.input == InType::Fp8 {
+        if scaling == Fp8Scaling::OuterVector {
             set_outer_vector_scales(desc)?;
         }
         let w = result::create_matrix_layout(in_type, k, m, k as i64)?;
@@ -576,7 +669,8 @@ impl Gemm {
             x,
             y,
             algo: algos[0],
-            accumulate: s.out == OutType::AddF32,
+            accumulate: s.out == OutType::AddF32 && scaling != Fp8Scaling::Epilogue,
+            fp8_epilogue: scaling == Fp8Scaling::Epilogue,
         };
         if algos.len() > 1 {
             plan.algo = self.fastest(gpu, &plan, &algos, ptrs)?;
@@ -615,6 +709,27 @@ impl Gemm {
             }
         }
         Ok(best.1)
+    }
+}
+
+/// Frees a plan's cuBLASLt objects.
+fn destroy_plan(p: &Plan) {
+    unsafe {
+        let _ = result::destroy_matrix_layout(p.w);
+        let _ = result::destroy_matrix_layout(p.x);
+        let _ = result::destroy_matrix_layout(p.y);
+        let _ = result::destroy_matmul_desc(p.desc);
+    }
+}
+
+impl Fp8 {
+    /// `ops` writing unscaled sums to the scratch (no scale pointers).
+    fn unscaled(&self, ops: Operands) -> Operands {
+        Operands {
+            y: self.sums,
+            scales: None,
+            ..ops
+        }
     }
 }
 
@@ -684,10 +799,7 @@ impl Drop for Gemm {
     fn drop(&mut self) {
         unsafe {
             for (_, p) in self.plans.get_mut().drain() {
-                let _ = result::destroy_matrix_layout(p.w);
-                let _ = result::destroy_matrix_layout(p.x);
-                let _ = result::destroy_matrix_layout(p.y);
-                let _ = result::destroy_matmul_desc(p.desc);
+                destroy_plan(&p);
             }
             let _ = result::destroy_handle(self.handle);
         }

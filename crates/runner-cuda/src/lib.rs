@@ -325,8 +325,12 @@ impl CudaRunner {
             .hidden_size
             .max(config.q_dim())
             .max(config.intermediate_size);
+        // The widest output of a quantized matrix (q/k/v, gate/up).
+        let max_outputs = (config.q_dim() + 2 * config.kv_dim())
+            .max(2 * config.intermediate_size)
+            .max(config.hidden_size);
         let fp8_scratch = match weights.fp8_region {
-            Some(_) => Gemm::fp8_scratch_bytes(max_tokens, max_inputs),
+            Some(_) => Gemm::fp8_scratch_bytes(max_tokens, max_inputs, max_outputs),
             None => 0,
         };
         let mut workspace = Arena::new(
@@ -338,7 +342,8 @@ impl CudaRunner {
         )?;
         let mut gemm = Gemm::new(&gpu, &mut workspace)?;
         if let Some(region) = weights.fp8_region {
-            gemm.enable_fp8(&gpu, &mut workspace, region, max_tokens, max_inputs)?;
+            let limits = (max_tokens, max_inputs, max_outputs);
+            gemm.enable_fp8(&gpu, &mut workspace, region, limits)?;
         }
         // Start-up passes run on scratch data: time GEMM candidates there.
         gemm.tune = true;
@@ -1147,5 +1152,31 @@ mod support_tests {
         let bytes = |c| weights::DeviceWeights::bytes(c, WeightFormat::Bf16);
         let extra = bytes(&c) - bytes(&global_only);
         assert!((2 * table..2 * table + 1024).contains(&extra), "{extra}");
+    }
+
+    #[test]
+    fn fp8_weights_take_one_byte_per_layer_weight_plus_row_scales() {
+        let c = gemma3();
+        let (d, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let layer_weights = (q + 2 * kv) * d + d * q + 2 * ff * d + d * ff;
+        let layer_rows = (q + 2 * kv) + d + 2 * ff + d;
+        let saved = weight_bytes(&c, WeightFormat::Bf16) - weight_bytes(&c, WeightFormat::Fp8);
+        // bf16 2 bytes -> e4m3 1 byte, plus a 4-byte scale per row (and
+        // the arena's 256-byte rounding of each piece).
+        let want = c.num_layers * (layer_weights - 4 * layer_rows);
+        let slack = c.num_layers * 16 * 256;
+        assert!(saved.abs_diff(want) < slack, "saved {saved}, want {want}");
+    }
+
+    #[test]
+    fn fp8_needs_widths_that_16_divides() {
+        let mut c = gemma3();
+        assert!(supports_format(&c, WeightFormat::Fp8).is_ok());
+        c.intermediate_size = 2056;
+        assert!(supports_format(&c, WeightFormat::Bf16).is_ok());
+        let err = supports_format(&c, WeightFormat::Fp8)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("multiples of 16"), "{err}");
     }
 }

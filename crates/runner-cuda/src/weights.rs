@@ -124,20 +124,23 @@ struct Fp8Matrix {
     cols: usize,
 }
 
-/// Quantizes each layer's staged matrices once its last tensor is in.
+/// Which layer's matrices are in staging and when they are complete.
 /// Staging holds one layer, so a layer's tensors must load together.
-struct Fp8Quantizer {
-    kernel: Kernel,
+struct Fp8Progress {
     /// Per layer: its matrices and the tensors still to come.
     layers: Vec<([Fp8Matrix; 4], usize)>,
     /// The layer whose tensors are in staging.
     open: Option<usize>,
 }
 
-impl Fp8Quantizer {
+impl Fp8Progress {
     /// Notes that a staged tensor of `layer` is in (its copy enqueued);
-    /// after the layer's last, enqueues its quantization.
-    fn staged(&mut self, gpu: &Gpu, layer: usize, name: &str) -> Result<(), CudaError> {
+    /// after the layer's last, returns its matrices to quantize.
+    fn note_staged(
+        &mut self,
+        layer: usize,
+        name: &str,
+    ) -> Result<Option<[Fp8Matrix; 4]>, CudaError> {
         if self.open.is_some_and(|open| open != layer) {
             return Err(CudaError::Unsupported(format!(
                 "{name} loads before the previous layer's matrices are complete (FP8 staging holds one layer)"
@@ -150,20 +153,10 @@ impl Fp8Quantizer {
         *left = left.saturating_sub(1);
         if *left > 0 {
             self.open = Some(layer);
-            return Ok(());
+            return Ok(None);
         }
         self.open = None;
-        for m in matrices.iter() {
-            let scales = m.dst + fp8_scales_offset(m.rows, m.cols) as u64;
-            let args = [
-                Arg::Ptr(m.staged),
-                Arg::Ptr(m.dst),
-                Arg::Ptr(scales),
-                Arg::I32(m.cols as i32),
-            ];
-            gpu.launch(&self.kernel, (m.rows as u32, 1, 1), 256, 0, &args)?;
-        }
-        Ok(())
+        Ok(Some(*matrices))
     }
 
     /// Fails unless every layer was quantized.
@@ -175,6 +168,21 @@ impl Fp8Quantizer {
             None => Ok(()),
         }
     }
+}
+
+/// Enqueues `quantize_rows_e4m3` over staged matrices.
+fn quantize(gpu: &Gpu, kernel: &Kernel, matrices: &[Fp8Matrix]) -> Result<(), CudaError> {
+    for m in matrices {
+        let scales = m.dst + fp8_scales_offset(m.rows, m.cols) as u64;
+        let args = [
+            Arg::Ptr(m.staged),
+            Arg::Ptr(m.dst),
+            Arg::Ptr(scales),
+            Arg::I32(m.cols as i32),
+        ];
+        gpu.launch(kernel, (m.rows as u32, 1, 1), 256, 0, &args)?;
+    }
+    Ok(())
 }
 
 /// All weights; pointers into `arena`.
@@ -303,21 +311,29 @@ impl DeviceWeights {
         };
         let layout = Self::place(config, &mut arena, staging.as_ref().map(Arena::base))?;
         let mut quantizer = match &layout.fp8 {
-            Some(fp8) => Some(Fp8Quantizer {
-                kernel: gpu.kernel("quantize_rows_e4m3")?,
-                layers: fp8
-                    .layers
-                    .iter()
-                    .map(|m| (*m, FP8_TENSORS_PER_LAYER))
-                    .collect(),
-                open: None,
-            }),
+            Some(fp8) => Some((
+                gpu.kernel("quantize_rows_e4m3")?,
+                Fp8Progress {
+                    layers: fp8
+                        .layers
+                        .iter()
+                        .map(|m| (*m, FP8_TENSORS_PER_LAYER))
+                        .collect(),
+                    open: None,
+                },
+            )),
             None => None,
         };
+        // After a tensor's copy (or fill) is enqueued: quantize its layer
+        // once complete (stream order keeps the next layer's copies out
+        // of staging until then).
         let mut staged = |p: &Placement| -> Result<(), CudaError> {
-            match (&mut quantizer, p.quantized) {
-                (Some(q), Some((layer, _))) => q.staged(gpu, layer, &p.name),
-                _ => Ok(()),
+            let (Some((kernel, progress)), Some((layer, _))) = (&mut quantizer, p.quantized) else {
+                return Ok(());
+            };
+            match progress.note_staged(layer, &p.name)? {
+                Some(matrices) => quantize(gpu, kernel, &matrices),
+                None => Ok(()),
             }
         };
         let placements = &layout.placements;
@@ -362,8 +378,8 @@ impl DeviceWeights {
                 stager.finish()?;
             }
         }
-        if let Some(q) = &quantizer {
-            q.finish()?;
+        if let Some((_, progress)) = &quantizer {
+            progress.finish()?;
         }
         let tables = &layout.tables;
         let (cos_t, sin_t) = config.rope.tables(config.head_dim, config.max_context);
@@ -931,5 +947,51 @@ mod tests {
     fn matrices_are_bf16_and_vectors_f32() {
         assert!(dtype_of("x", &[4, 4]) == Dtype::Bf16);
         assert!(dtype_of("x", &[4]) == Dtype::F32);
+    }
+
+    #[test]
+    fn fp8_takes_the_layer_matrices_only() {
+        assert_eq!(
+            fp8_part("model.layers.12.self_attn.v_proj.weight"),
+            Some((12, "qkv", 2))
+        );
+        assert_eq!(
+            fp8_part("model.layers.0.mlp.down_proj.weight"),
+            Some((0, "down", 0))
+        );
+        assert_eq!(fp8_part("model.layers.0.self_attn.q_proj.bias"), None);
+        assert_eq!(fp8_part("model.layers.0.input_layernorm.weight"), None);
+        assert_eq!(fp8_part("model.embed_tokens.weight"), None);
+        assert_eq!(fp8_part("lm_head.weight"), None);
+    }
+
+    #[test]
+    fn fp8_scales_follow_the_bytes_at_a_256_byte_boundary() {
+        assert_eq!(fp8_scales_offset(3, 100), 512);
+        assert_eq!(fp8_scales_offset(2, 128), 256);
+        assert_eq!(fp8_matrix_bytes(3, 100), 512 + 12);
+    }
+
+    /// The quantizer waits for a layer's seven matrices, refuses a
+    /// second layer while one is open, and reports an unfinished layer.
+    #[test]
+    fn fp8_staging_holds_one_layer_at_a_time() {
+        let m = Fp8Matrix {
+            staged: 0,
+            dst: 0,
+            rows: 1,
+            cols: 16,
+        };
+        let mut q = Fp8Progress {
+            layers: vec![([m; 4], FP8_TENSORS_PER_LAYER); 2],
+            open: None,
+        };
+        q.layers[0].1 = 2;
+        assert!(matches!(q.note_staged(0, "a"), Ok(None)));
+        assert_eq!(q.open, Some(0));
+        assert!(q.note_staged(1, "b").is_err());
+        assert!(matches!(q.note_staged(0, "a"), Ok(Some(_))));
+        assert_eq!(q.open, None);
+        assert!(q.finish().is_err());
     }
 }
