@@ -365,6 +365,7 @@ fn cuda_runner(
         check: cuda.check,
         l2_prefetch: cuda.l2_prefetch.clone(),
         pdl: cuda.pdl,
+        fused_block: cuda.fused_block,
     };
     let path = settings::model_path(config)?;
     let runner = CudaRunner::new(files.config.clone(), files.tensors.as_ref(), opts, progress)

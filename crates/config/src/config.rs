@@ -492,6 +492,10 @@ pub struct CudaSection {
     /// Programmatic dependent launch on sm_90+ (each kernel may start while
     /// the previous one drains).
     pub pdl: bool,
+    /// Small models (hidden size up to 1,024) at batch 1-8: run each
+    /// layer's attention combine, o_proj and MLP as one kernel with
+    /// grid-wide barriers instead of four (same bits, fewer launches).
+    pub fused_block: bool,
 }
 
 impl Default for CudaSection {
@@ -501,6 +505,7 @@ impl Default for CudaSection {
             check: false,
             l2_prefetch: None,
             pdl: true,
+            fused_block: true,
         }
     }
 }

@@ -210,6 +210,22 @@ impl Kernel {
         };
         Ok(())
     }
+
+    /// Blocks of `threads` threads (and its static shared memory) that fit
+    /// on one SM at once: grids with grid-wide barriers stay within it.
+    pub fn max_resident_blocks(&self, threads: u32) -> Result<usize, CudaError> {
+        let mut blocks = 0i32;
+        unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut blocks,
+                self.raw,
+                threads as i32,
+                0,
+            )
+            .result()?;
+        }
+        Ok(blocks.max(0) as usize)
+    }
 }
 
 /// One device allocation handed out in aligned pieces: the weights, the

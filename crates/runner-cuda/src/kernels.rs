@@ -541,6 +541,16 @@ pub struct DecodeAttention {
 
 impl DecodeAttention {
     pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        self.launch_splits(gpu, k)?;
+        if self.splits > 1 {
+            self.combine().launch(gpu, k)?;
+        }
+        Ok(())
+    }
+
+    /// The attention kernel alone: with several splits its partials stay
+    /// in `part_acc`/`part_ml` for [`Self::combine`] (or a fused block).
+    pub fn launch_splits(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
         let [pf_base, pf_bytes, pf_mode] = k.l2_prefetch.args(self.prefetch.0, self.prefetch.1);
         let args = [
             Arg::Ptr(self.q),
@@ -569,20 +579,20 @@ impl DecodeAttention {
             self.heads.kv_heads as u32,
             self.splits as u32,
         );
-        gpu.launch(&k.decode_attention, grid, 128, 0, &args)?;
-        if self.splits > 1 {
-            let combine = AttentionCombine {
-                tokens: self.tokens,
-                splits: self.splits,
-                part_acc: self.part_acc,
-                part_ml: self.part_ml,
-                decode_ids: self.decode_ids,
-                out: self.out,
-                heads: self.heads,
-            };
-            combine.launch(gpu, k)?;
+        gpu.launch(&k.decode_attention, grid, 128, 0, &args)
+    }
+
+    /// The merge of this launch's split partials into `out`.
+    pub fn combine(&self) -> AttentionCombine {
+        AttentionCombine {
+            tokens: self.tokens,
+            splits: self.splits,
+            part_acc: self.part_acc,
+            part_ml: self.part_ml,
+            decode_ids: self.decode_ids,
+            out: self.out,
+            heads: self.heads,
         }
-        Ok(())
     }
 }
 

@@ -16,6 +16,7 @@
 mod buffers;
 mod device;
 pub mod encoder;
+mod fused;
 mod gemm;
 mod kernels;
 mod kv_views;
@@ -36,6 +37,7 @@ use ingot_runner::{
 
 use buffers::{Buffers, StepPlan};
 use device::{Arena, Gpu, Pinned};
+use fused::FusedBlocks;
 use gemm::Gemm;
 use kernels::{Kernels, L2PrefetchSpec};
 use kv_views::KvSizing;
@@ -153,6 +155,9 @@ pub struct CudaRunnerConfig {
     pub l2_prefetch: Option<String>,
     /// Programmatic dependent launch on sm_90+ (`cuda.pdl`).
     pub pdl: bool,
+    /// One kernel for each layer's attention combine, o_proj and MLP on
+    /// small models at GEMV batch sizes (`cuda.fused_block`).
+    pub fused_block: bool,
 }
 
 impl Default for CudaRunnerConfig {
@@ -169,6 +174,7 @@ impl Default for CudaRunnerConfig {
             check: false,
             l2_prefetch: None,
             pdl: true,
+            fused_block: true,
         }
     }
 }
@@ -263,6 +269,7 @@ pub struct CudaRunner {
     gemm: Gemm,
     buffers: Buffers,
     kernels: Kernels,
+    fused: Option<FusedBlocks>,
     weights: DeviceWeights,
     gpu: Gpu,
 }
@@ -282,6 +289,7 @@ impl CudaRunner {
         let started = Instant::now();
         let gpu = Gpu::open(opts.device, opts.pdl, opts.check)?;
         let kernels = Kernels::load(&gpu, &config, prefetch)?;
+        let fused = FusedBlocks::load(&gpu, &config, opts.fused_block)?;
         let (_, total) = gpu.memory()?;
         let context_ms = ms_since(started);
         let weights_started = Instant::now();
@@ -335,6 +343,7 @@ impl CudaRunner {
             gemm,
             buffers,
             kernels,
+            fused,
             weights,
             gpu,
             config,
@@ -566,6 +575,7 @@ impl CudaRunner {
             gpu: &self.gpu,
             gemm: &self.gemm,
             kernels: &self.kernels,
+            fused: self.fused.as_ref(),
             weights: &self.weights,
             buffers: &self.buffers,
             config: &self.config,

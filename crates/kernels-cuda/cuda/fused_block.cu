@@ -1,0 +1,304 @@
+// The second half of a decoder layer at GEMV batch sizes, in one kernel:
+//   attention_combine -> o_proj (+= residual) -> RMSNorm -> gate/up + SwiGLU
+//   (or GeGLU) -> down (+= residual)
+// for models small enough that these are latency-bound (SmolLM2-135M:
+// hidden 576, MLP 1536: each GEMV reads 0.6-3.5 MB and a kernel boundary,
+// ~3 us even in a graph with PDL, costs more than its weights take). The
+// phases are separated by grid-wide barriers instead of kernel boundaries:
+//   1. every block that has o_proj columns merges the split-K attention
+//      partials of all heads into shared memory (redundantly: no barrier),
+//      then its 8 warps add one o_proj column each into the residual,
+//      leaving the sums of squares and the pre-scaled input x ⊙ g of the
+//      MLP's norm (the protocol of gemv.cu's accumulating GEMVs);
+//   2. (barrier) gate/up rows of one output column per warp, scaled by
+//      1/rms, activation, into `act`;
+//   3. (barrier) down rows into the residual, leaving the sums of squares
+//      and the next layer's pre-scaled input as gemv.cu does.
+// Every reduction runs in the order of the unfused kernels
+// (attention_combine, gemv_n*_add_f32, gemv_n*_swiglu_norm), so both paths
+// give the same bits.
+//
+// The grid must be co-resident (the host caps it by the occupancy API) and
+// the barrier state lives in SumSq's spare words (zeroed with it). Dependent
+// kernels are let in only after the last barrier: a dependent block that
+// took an SM before all of this grid's blocks were resident would wait for
+// this grid while this grid waits for a slot.
+#include "common.cuh"
+
+constexpr int FB_WARPS = 8;
+constexpr int FB_UNROLL = 4;
+// Shared-memory bounds: the host only picks this kernel within them.
+constexpr int FB_MAX_QDIM = 1024;
+constexpr int FB_MAX_PARTS = 512;  // heads x splits of one token row
+
+// The same products in the same order as gemv.cu's dot8 (bitwise equal
+// results).
+__device__ __forceinline__ void fb_dot8(const uint4& wv, const uint4& xv, float& acc) {
+  const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
+  const __nv_bfloat162* x2 = reinterpret_cast<const __nv_bfloat162*>(&xv);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 a = __bfloat1622float2(w2[i]);
+    const float2 b = __bfloat1622float2(x2[i]);
+    acc = fmaf(a.x, b.x, acc);
+    acc = fmaf(a.y, b.y, acc);
+  }
+}
+
+// Loads 16 bytes of data written earlier in this kernel by other blocks:
+// through L2 (the non-coherent and L1 paths could serve stale lines).
+__device__ __forceinline__ uint4 fb_load_fresh(const uint4* p) { return __ldcg(p); }
+__device__ __forceinline__ uint4 fb_load_smem(const uint4* p) { return *p; }
+
+// acc[r][n] = x[n] · w[rows[r]] for one warp, in gemv.cu's gemv_rows order:
+// lane l takes vectors l, l + 32, ... in groups of FB_UNROLL, then a
+// butterfly sum. `load_x(n, i)` gives vector i of input row n.
+template <int N, int ROWS, typename LoadX>
+__device__ __forceinline__ void fb_rows(const bf16* __restrict__ w, int in, const size_t (&rows)[ROWS],
+                                        float (&acc)[ROWS][N], LoadX load_x) {
+  const int lane = threadIdx.x & 31, vecs = in / 8;
+  const uint4* wr[ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) wr[r] = reinterpret_cast<const uint4*>(w + rows[r] * in);
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+    for (int n = 0; n < N; ++n) acc[r][n] = 0.f;
+  for (int base = lane; base < vecs; base += 32 * FB_UNROLL) {
+    uint4 wv[ROWS][FB_UNROLL];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int u = 0; u < FB_UNROLL; ++u) {
+        const int i = base + u * 32;
+        wv[r][u] = i < vecs ? __ldcs(wr[r] + i) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+    for (int u = 0; u < FB_UNROLL; ++u) {
+      const int i = base + u * 32;
+      if (i >= vecs) break;
+#pragma unroll
+      for (int n = 0; n < N; ++n) {
+        const uint4 xv = load_x(n, i);
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) fb_dot8(wv[r][u], xv, acc[r][n]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+    for (int n = 0; n < N; ++n) acc[r][n] = warp_sum(acc[r][n]);
+}
+
+// Grid-wide barrier over a co-resident grid. `state[0]` counts arrivals,
+// `state[1]` is the generation; the last block to arrive resets the count
+// and advances the generation, so the state is ready for the next barrier
+// and the next launch.
+__device__ __forceinline__ void fb_grid_barrier(unsigned* state) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    volatile unsigned* generation = state + 1;
+    const unsigned seen = *generation;
+    __threadfence();
+    if (atomicAdd(state, 1u) == gridDim.x - 1) {
+      atomicExch(state, 0u);
+      __threadfence();
+      atomicAdd(state + 1, 1u);
+    } else {
+      while (*generation == seen) {
+      }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// Merges the split-K partials of every decode row and head into s_x
+// (bf16, row-major [token][q_dim]) exactly as attention_combine does, or
+// copies the attention output when there is one split.
+struct Combine {
+  const float* part_acc;
+  const float* part_ml;
+  const int* token_ids;  // decode row -> token row (null: the same)
+  const bf16* attn;      // the attention's own output when num_splits == 1
+  int num_heads, hd, num_splits;
+};
+
+template <int N>
+__device__ __forceinline__ void fb_combine(const Combine& c, bf16 (*s_x)[FB_MAX_QDIM],
+                                           float (*s_f)[FB_MAX_PARTS], float (*s_l)[FB_MAX_PARTS / 8]) {
+  const int qd = c.num_heads * c.hd, S = c.num_splits;
+  if (S == 1) {
+    for (int idx = threadIdx.x; idx < N * qd; idx += blockDim.x) s_x[idx / qd][idx % qd] = c.attn[idx];
+    __syncthreads();
+    return;
+  }
+  // Per (row, head): each split's weight exp2(m_s - max) and the total
+  // weight, summed in split order as attention_combine does.
+  for (int p = threadIdx.x; p < N * c.num_heads; p += blockDim.x) {
+    const int b = p / c.num_heads, h = p % c.num_heads;
+    const float* ml = c.part_ml + 2 * ((size_t)b * c.num_heads + h) * S;
+    float mx = -INFINITY;
+    for (int s = 0; s < S; ++s) mx = fmaxf(mx, ml[2 * s]);
+    float sum_l = 0.f;
+    for (int s = 0; s < S; ++s) {
+      const float f = mx == -INFINITY ? 0.f : exp2f(ml[2 * s] - mx);
+      s_f[b][h * S + s] = f;
+      sum_l += ml[2 * s + 1] * f;
+    }
+    s_l[b][h] = mx == -INFINITY ? 0.f : sum_l;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < N * qd; idx += blockDim.x) {
+    const int b = idx / qd, e = idx % qd, h = e / c.hd, d = e % c.hd;
+    const size_t base = ((size_t)b * c.num_heads + h) * S;
+    const float sum_l = s_l[b][h];
+    float sum_a = 0.f;
+    if (sum_l > 0.f)
+      for (int s = 0; s < S; ++s) sum_a += c.part_acc[(base + s) * c.hd + d] * s_f[b][h * S + s];
+    const int tok = c.token_ids ? c.token_ids[b] : b;
+    s_x[tok][e] = to_bf16(sum_l > 0.f ? sum_a / sum_l : 0.f);
+  }
+  __syncthreads();
+}
+
+// One block's 8 accumulating columns of `task`: x[n][col] += acc, the
+// partial sums of squares of the task into sumsq, and xg = bf16(x ⊙ g)
+// with g = norm (null: none). Every thread of the block calls it.
+template <int N>
+__device__ __forceinline__ void fb_accumulate(const float (&acc)[1][N], int task, int col, int d, float* x,
+                                              const float* norm, bf16* xg, SumSq* sumsq) {
+  __shared__ float s_sq[FB_WARPS][N];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0)
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      float sq = 0.f;
+      if (col < d) {
+        const size_t o = (size_t)n * d + col;
+        const float v = x[o] + acc[0][n];
+        x[o] = v;
+        sq = v * v;
+        if (norm) xg[o] = to_bf16(v * norm[col]);
+      }
+      s_sq[warp][n] = sq;
+    }
+  __syncthreads();
+  if (threadIdx.x < N) {
+    float t = 0.f;
+#pragma unroll
+    for (int w = 0; w < FB_WARPS; ++w) t += s_sq[w][threadIdx.x];
+    sumsq->partial[threadIdx.x][task] = t;
+  }
+  __syncthreads();  // s_sq is reused by the block's next task
+}
+
+// 1/rms of each row from the `blocks` partial sums of squares, added in
+// gemv.cu's norm_scales order; every lane of the calling warp gets them.
+template <int N>
+__device__ __forceinline__ void fb_norm_scales(const SumSq* sumsq, int blocks, int in, float eps, float (&inv)[N]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    float t = 0.f;
+    for (int b = lane; b < blocks; b += 32) t += __ldcg(&sumsq->partial[n][b]);
+    inv[n] = rsqrtf(warp_sum(t) / in + eps);
+  }
+}
+
+struct Mlp {
+  const bf16* o_proj;     // [hidden, q_dim]
+  float* x;               // residual [N, hidden] f32
+  const float* mlp_norm;  // the MLP's RMSNorm weights
+  bf16* xn;               // pre-scaled norm inputs [N, hidden]
+  SumSq* sumsq;
+  float eps;
+  const bf16* gate_up;    // [2 ff, hidden]
+  bf16* act;              // [N, ff]
+  const bf16* down;       // [hidden, ff]
+  const float* next_norm; // the next layer's attention norm (null: none)
+  int hidden, ff;
+};
+
+template <int N, bool GELU>
+__device__ __forceinline__ void fused_block(const Combine& c, const Mlp& m) {
+  // Weights do not depend on earlier kernels: the MLP's go to L2 while the
+  // attention drains (the attention already prefetches o_proj's).
+  l2_prefetch(m.gate_up, (unsigned long long)2 * m.ff * m.hidden * 2, 0);
+  l2_prefetch(m.down, (unsigned long long)m.hidden * m.ff * 2, 0);
+  pdl_wait();
+  __shared__ __align__(16) bf16 s_x[N][FB_MAX_QDIM];
+  __shared__ float s_f[N][FB_MAX_PARTS];
+  __shared__ float s_l[N][FB_MAX_PARTS / 8];
+  unsigned* barrier = m.sumsq->pad;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int qd = c.num_heads * c.hd, d_tasks = (m.hidden + FB_WARPS - 1) / FB_WARPS;
+  const int ff_tasks = (m.ff + FB_WARPS - 1) / FB_WARPS;
+  // 1. combine, o_proj into the residual, the MLP norm's input.
+  if (blockIdx.x < d_tasks) fb_combine<N>(c, s_x, s_f, s_l);
+  auto from_smem = [&](int n, int i) { return fb_load_smem(reinterpret_cast<const uint4*>(s_x[n]) + i); };
+  for (int task = blockIdx.x; task < d_tasks; task += gridDim.x) {
+    const int col = task * FB_WARPS + warp;
+    const size_t rows[1] = {(size_t)min(col, m.hidden - 1)};
+    float acc[1][N];
+    fb_rows<N, 1>(m.o_proj, qd, rows, acc, from_smem);
+    fb_accumulate<N>(acc, task, col, m.hidden, m.x, m.mlp_norm, m.xn, m.sumsq);
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) m.sumsq->blocks = d_tasks;
+  fb_grid_barrier(barrier);
+  // 2. gate/up with the fused RMSNorm, activation into act.
+  const uint4* xg = reinterpret_cast<const uint4*>(m.xn);
+  const int dvecs = m.hidden / 8;
+  auto from_xg = [&](int n, int i) { return fb_load_fresh(xg + (size_t)n * dvecs + i); };
+  for (int task = blockIdx.x; task < ff_tasks; task += gridDim.x) {
+    const int col = task * FB_WARPS + warp;
+    const size_t cc = min(col, m.ff - 1);
+    const size_t rows[2] = {cc, cc + m.ff};
+    float acc[2][N], inv[N];
+    fb_norm_scales<N>(m.sumsq, d_tasks, m.hidden, m.eps, inv);
+    fb_rows<N, 2>(m.gate_up, m.hidden, rows, acc, from_xg);
+    if (lane == 0 && col < m.ff)
+#pragma unroll
+      for (int n = 0; n < N; ++n) {
+        const float g = acc[0][n] * inv[n], u = acc[1][n] * inv[n];
+        m.act[(size_t)n * m.ff + col] = to_bf16((GELU ? gelu_tanh(g) : g / (1.f + __expf(-g))) * u);
+      }
+  }
+  fb_grid_barrier(barrier);
+  // Every block is resident now: the next kernel may take free slots.
+  pdl_launch_dependents();
+  // 3. down into the residual, the next layer's norm input.
+  const uint4* act = reinterpret_cast<const uint4*>(m.act);
+  const int fvecs = m.ff / 8;
+  auto from_act = [&](int n, int i) { return fb_load_fresh(act + (size_t)n * fvecs + i); };
+  for (int task = blockIdx.x; task < d_tasks; task += gridDim.x) {
+    const int col = task * FB_WARPS + warp;
+    const size_t rows[1] = {(size_t)min(col, m.hidden - 1)};
+    float acc[1][N];
+    fb_rows<N, 1>(m.down, m.ff, rows, acc, from_act);
+    fb_accumulate<N>(acc, task, col, m.hidden, m.x, m.next_norm, m.xn, m.sumsq);
+  }
+}
+
+#define FUSED_BLOCK(N, NAME, GELU)                                                                              \
+  extern "C" __global__ void __launch_bounds__(FB_WARPS * 32, 2) fused_block_n##N##_##NAME(                       \
+      const float* part_acc, const float* part_ml, const int* token_ids, const bf16* attn, int num_heads,      \
+      int hd, int num_splits, const bf16* o_proj, float* x, const float* mlp_norm, bf16* xn, SumSq* sumsq,      \
+      float eps, const bf16* gate_up, bf16* act, const bf16* down, const float* next_norm, int hidden,          \
+      int ff) {                                                                                                 \
+    const Combine c{part_acc, part_ml, token_ids, attn, num_heads, hd, num_splits};                            \
+    const Mlp m{o_proj, x, mlp_norm, xn, sumsq, eps, gate_up, act, down, next_norm, hidden, ff};                \
+    fused_block<N, GELU>(c, m);                                                                                \
+  }
+#define FUSED_BLOCKS(N)           \
+  FUSED_BLOCK(N, swiglu, false)   \
+  FUSED_BLOCK(N, geglu, true)
+FUSED_BLOCKS(1)
+FUSED_BLOCKS(2)
+FUSED_BLOCKS(3)
+FUSED_BLOCKS(4)
+FUSED_BLOCKS(5)
+FUSED_BLOCKS(6)
+FUSED_BLOCKS(7)
+FUSED_BLOCKS(8)
