@@ -108,8 +108,8 @@ impl Gpu {
         shared_mem: u32,
         args: &[Arg],
     ) -> Result<(), CudaError> {
-        let mut values = [0u64; 24];
-        let mut params = [std::ptr::null_mut::<c_void>(); 24];
+        let mut values = [0u64; 32];
+        let mut params = [std::ptr::null_mut::<c_void>(); 32];
         debug_assert!(args.len() <= values.len());
         for (i, a) in args.iter().enumerate() {
             // Little-endian: a 4-byte argument is read from the first bytes.

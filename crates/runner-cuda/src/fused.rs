@@ -1,8 +1,10 @@
 //! The fused second half of a decoder layer for small models at GEMV batch
 //! sizes (`fused_block.cu`): attention combine, o_proj, the MLP's RMSNorm,
-//! gate/up + activation and down in one kernel with grid-wide barriers
-//! between the phases, instead of four kernels. It gives the same bits as
-//! the unfused kernels; `cuda.fused_block` turns it off.
+//! gate/up + activation, down and (when the next layer's attention takes
+//! it) the next layer's q/k/v + rope + KV write in one kernel with
+//! grid-wide barriers between the phases, instead of five kernels. It
+//! gives the same bits as the unfused kernels; `cuda.fused_block` turns it
+//! off.
 
 use cudarc::driver::sys::CUdevice_attribute;
 use ingot_arch::Activation;
@@ -10,6 +12,7 @@ use ingot_models::ModelConfig;
 
 use crate::device::{Arg, DevPtr, Gpu, Kernel};
 use crate::gemm::GEMV_MAX_TOKENS;
+use crate::kernels::RopeTarget;
 use crate::CudaError;
 
 /// Threads of a block (the kernel's `FB_WARPS` warps).
@@ -134,6 +137,51 @@ pub struct FusedBlock {
     pub next_norm: DevPtr,
     pub hidden: usize,
     pub ff: usize,
+    /// The next layer's q/k/v projection, when this kernel runs it.
+    pub next_qkv: Option<NextQkv>,
+}
+
+/// The next layer's fused q/k/v weights, bias (0: none) and where its
+/// rope and KV write go (`gemv_n*_qkv_rope_norm`'s work).
+#[derive(Debug, Clone, Copy)]
+pub struct NextQkv {
+    pub weight: DevPtr,
+    pub bias: DevPtr,
+    pub target: RopeTarget,
+}
+
+impl NextQkv {
+    /// The kernel's trailing arguments (zeros: no q/k/v phase).
+    fn args(this: Option<&Self>) -> [Arg; 11] {
+        let Some(q) = this else {
+            // Null pointers; a block size of 1 keeps the kernel's unused
+            // divisions defined.
+            let mut none = [Arg::Ptr(0); 11];
+            none[9] = Arg::I32(0);
+            none[10] = Arg::I32(1);
+            return none;
+        };
+        let t = &q.target;
+        [
+            Arg::Ptr(q.weight),
+            Arg::Ptr(q.bias),
+            Arg::Ptr(t.positions),
+            Arg::Ptr(t.slots),
+            Arg::Ptr(t.cos),
+            Arg::Ptr(t.sin),
+            Arg::Ptr(t.q),
+            Arg::Ptr(t.kv.k),
+            Arg::Ptr(t.kv.v),
+            Arg::I32(t.heads.kv_heads as i32),
+            Arg::I32(t.kv.block_size as i32),
+        ]
+    }
+
+    /// Block tasks of the q/k/v phase: two warps per rotary pair.
+    fn tasks(&self) -> usize {
+        let h = self.target.heads;
+        ((h.heads + 2 * h.kv_heads) * h.head_dim).div_ceil(COLUMNS_PER_TASK)
+    }
 }
 
 impl FusedBlock {
@@ -147,7 +195,7 @@ impl FusedBlock {
                     self.tokens, a.splits
                 ))
             })?;
-        let args = [
+        let mut args = vec![
             Arg::Ptr(a.part_acc),
             Arg::Ptr(a.part_ml),
             Arg::Ptr(a.decode_ids),
@@ -168,15 +216,18 @@ impl FusedBlock {
             Arg::I32(self.hidden as i32),
             Arg::I32(self.ff as i32),
         ];
-        let grid = grid_blocks(self.hidden, self.ff, *resident);
+        args.extend(NextQkv::args(self.next_qkv.as_ref()));
+        let qkv_tasks = self.next_qkv.as_ref().map_or(0, NextQkv::tasks);
+        let grid = grid_blocks(self.hidden, self.ff, qkv_tasks, *resident);
         gpu.launch(kernel, (grid as u32, 1, 1), BLOCK_THREADS, 0, &args)
     }
 }
 
-/// One block per task of the widest phase (gate/up, or o_proj/down), capped
-/// so that the whole grid is resident at once (its barriers need that).
-fn grid_blocks(hidden: usize, ff: usize, resident: usize) -> usize {
-    let tasks = hidden.max(ff).div_ceil(COLUMNS_PER_TASK);
+/// One block per task of the widest phase (gate/up, o_proj/down or the
+/// next q/k/v), capped so that the whole grid is resident at once (its
+/// barriers need that).
+fn grid_blocks(hidden: usize, ff: usize, qkv_tasks: usize, resident: usize) -> usize {
+    let tasks = hidden.max(ff).div_ceil(COLUMNS_PER_TASK).max(qkv_tasks);
     tasks.min(resident).max(1)
 }
 
@@ -187,10 +238,12 @@ mod tests {
     #[test]
     fn the_grid_covers_the_widest_phase_within_residency() {
         // SmolLM2: 1,536 MLP columns = 192 tasks; two blocks on 132 SMs.
-        assert_eq!(grid_blocks(576, 1536, 264), 192);
+        assert_eq!(grid_blocks(576, 1536, 120, 264), 192);
         // Fewer resident slots than tasks: blocks loop over tasks.
-        assert_eq!(grid_blocks(576, 1536, 132), 132);
-        assert_eq!(grid_blocks(8, 8, 1), 1);
+        assert_eq!(grid_blocks(576, 1536, 120, 132), 132);
+        // A q/k/v phase wider than the MLP sets the grid.
+        assert_eq!(grid_blocks(64, 128, 40, 264), 40);
+        assert_eq!(grid_blocks(8, 8, 0, 1), 1);
     }
 
     fn llama(hidden: usize, ff: usize, heads: usize, kv_heads: usize) -> ModelConfig {

@@ -15,7 +15,7 @@ use ingot_models::ModelConfig;
 
 use crate::buffers::{Buffers, StepPlan, SUMSQ_MAX_BLOCKS};
 use crate::device::{DevPtr, Gpu};
-use crate::fused::{AttentionOut, FusedBlock, FusedBlocks};
+use crate::fused::{AttentionOut, FusedBlock, FusedBlocks, NextQkv};
 use crate::gemm::{Gemm, OutType, GEMV_MAX_TOKENS};
 use crate::kernels::{
     ArgmaxRows, AttentionCombine, DecodeAttention, EmbedRows, GatedMul, GemvInput, Heads, Kernels,
@@ -126,6 +126,11 @@ pub struct CudaOps<'a, 'm> {
     /// The layer whose attention left split partials for a fused block
     /// (its o_proj has not run yet).
     deferred: Option<usize>,
+    /// The last attention block's spec (every layer's, where layers do not
+    /// alternate: what a fused block's q/k/v phase runs for the next).
+    attention_spec: Option<AttentionSpec>,
+    /// The layer whose q/k/v, rope and KV write a fused block already ran.
+    qkv_ready: Option<usize>,
 }
 
 /// What the residual's writer left in `xn` for the next norm.
@@ -147,6 +152,8 @@ impl<'a, 'm> CudaOps<'a, 'm> {
             fuse_norms: t <= GEMV_MAX_TOKENS && d.div_ceil(8) <= SUMSQ_MAX_BLOCKS,
             prescaled: None,
             deferred: None,
+            attention_spec: None,
+            qkv_ready: None,
         }
     }
 
@@ -292,7 +299,7 @@ impl<'a, 'm> CudaOps<'a, 'm> {
         (kv, view): (KvCache, usize),
         fused_norm: bool,
     ) -> Result<(), CudaError> {
-        let (cos, sin) = self.rope_table(spec.rope)?;
+        let target = self.rope_target(spec, (kv, view))?;
         let Model {
             gpu,
             gemm,
@@ -303,16 +310,6 @@ impl<'a, 'm> CudaOps<'a, 'm> {
         } = *self.m;
         let (t, d) = (self.plan.tokens, c.hidden_size);
         let width = c.q_dim() + 2 * c.kv_dim();
-        let l = b.layout;
-        let target = RopeTarget {
-            positions: b.input(l.positions),
-            slots: b.input(l.slots_of(view)),
-            cos,
-            sin,
-            q: b.q,
-            kv,
-            heads: Heads::of(c),
-        };
         let bias = layer.qkv_bias.filter(|_| spec.qkv_bias).unwrap_or(0);
         let qk_norm = layer.qk_norm.filter(|_| spec.qk_norm);
         let eps = c.rms_norm_eps;
@@ -360,6 +357,27 @@ impl<'a, 'm> CudaOps<'a, 'm> {
         }
         .launch(gpu, kernels)?;
         self.mark(Category::Other)
+    }
+
+    /// Where a layer's rope and KV write go: the step's positions, its
+    /// view's slots, `spec`'s rotary table, the queries and `kv`.
+    fn rope_target(
+        &self,
+        spec: &AttentionSpec,
+        (kv, view): (KvCache, usize),
+    ) -> Result<RopeTarget, CudaError> {
+        let (cos, sin) = self.rope_table(spec.rope)?;
+        let (b, c) = (self.m.buffers, self.m.config);
+        let l = b.layout;
+        Ok(RopeTarget {
+            positions: b.input(l.positions),
+            slots: b.input(l.slots_of(view)),
+            cos,
+            sin,
+            q: b.q,
+            kv,
+            heads: Heads::of(c),
+        })
     }
 
     /// The post-norm weights a block's spec asks for (picked from the
@@ -528,6 +546,7 @@ impl CudaOps<'_, '_> {
             .fused
             .ok_or_else(|| unsupported("a fused block without its kernels"))?;
         let next_norm = self.fuse_next(next).map_or(0, |(g, _)| g);
+        let next_qkv = self.next_qkv(next)?;
         FusedBlock {
             tokens: plan.tokens,
             activation: spec.act,
@@ -552,9 +571,34 @@ impl CudaOps<'_, '_> {
             next_norm,
             hidden: c.hidden_size,
             ff: c.intermediate_size,
+            next_qkv,
         }
         .launch(self.m.gpu, fused)?;
+        if let (Some(_), NextNorm::Attention(j)) = (next_qkv, next) {
+            self.qkv_ready = Some(j);
+        }
         self.mark(Category::Gemm)
+    }
+
+    /// The next layer's q/k/v work for a fused block to run: when `next`
+    /// is a layer's attention norm (fused: pre-scaled input), layers do
+    /// not alternate (its spec is the last one's) and its q/k/v takes the
+    /// fused rope GEMV (no q/k norm).
+    fn next_qkv(&self, next: NextNorm) -> Result<Option<NextQkv>, CudaError> {
+        let (NextNorm::Attention(j), Some(spec)) = (next, self.attention_spec) else {
+            return Ok(None);
+        };
+        let uniform = self.m.config.block.sliding_window.is_none();
+        let ready = matches!(self.prescaled, Some((n, Ready::Prescaled)) if n == next);
+        if !uniform || !ready || spec.qk_norm || spec.post_norm {
+            return Ok(None);
+        }
+        let layer = self.layer(j)?;
+        Ok(Some(NextQkv {
+            weight: layer.qkv,
+            bias: layer.qkv_bias.filter(|_| spec.qkv_bias).unwrap_or(0),
+            target: self.rope_target(&spec, self.kv_cache(j)?)?,
+        }))
     }
 }
 
@@ -589,7 +633,12 @@ impl DecoderOps for CudaOps<'_, '_> {
         let (layer, kv) = (self.layer(i)?, self.kv_cache(i)?);
         let post = self.post_norm(spec.post_norm, layer, |(attn, _)| attn)?;
         let fused_norm = self.take_norm(NextNorm::Attention(i), layer.attn_norm)?;
-        self.project_qkv(layer, spec, kv, fused_norm)?;
+        if self.qkv_ready.take() != Some(i) {
+            self.project_qkv(layer, spec, kv, fused_norm)?;
+        } else if self.attention_spec != Some(*spec) {
+            return Err(unsupported("a fused q/k/v for a layer of another kind"));
+        }
+        self.attention_spec = Some(*spec);
         let fused_block = post.is_none() && self.fuses_block(i, next);
         self.attend(kv, layer.o_proj, spec.window.unwrap_or(0), fused_block)?;
         if fused_block {
