@@ -128,22 +128,23 @@ __device__ __forceinline__ int fb_column(int task) { return task * FB_WARPS + (t
 // Grid-wide barrier over a co-resident grid. `state[0]` counts arrivals,
 // `state[1]` is the generation; the last block to arrive resets the count
 // and advances the generation, so the state is ready for the next barrier
-// and the next launch.
+// and the next launch. Release on arrival and acquire on the generation
+// (after the block barrier) carry every thread's writes across.
 __device__ __forceinline__ void fb_grid_barrier(unsigned* state) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    volatile unsigned* generation = state + 1;
-    const unsigned seen = *generation;
-    __threadfence();
-    if (atomicAdd(state, 1u) == gridDim.x - 1) {
-      atomicExch(state, 0u);
-      __threadfence();
-      atomicAdd(state + 1, 1u);
+    unsigned seen, old;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(state + 1) : "memory");
+    asm volatile("atom.add.release.gpu.global.u32 %0, [%1], 1;" : "=r"(old) : "l"(state) : "memory");
+    if (old == gridDim.x - 1) {
+      asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(state) : "memory");
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(state + 1) : "memory");
     } else {
-      while (*generation == seen) {
-      }
+      unsigned now;
+      do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(state + 1) : "memory");
+      } while (now == seen);
     }
-    __threadfence();
   }
   __syncthreads();
 }
@@ -159,40 +160,85 @@ struct Combine {
   int num_heads, hd, num_splits;
 };
 
-template <int N>
-__device__ __forceinline__ void fb_combine(const Combine& c, bf16 (*s_x)[FB_MAX_QDIM],
-                                           float (*s_f)[FB_MAX_PARTS], float (*s_l)[FB_MAX_PARTS / 8]) {
-  const int qd = c.num_heads * c.hd, S = c.num_splits;
-  if (S == 1) {
-    for (int idx = threadIdx.x; idx < N * qd; idx += blockDim.x) s_x[idx / qd][idx % qd] = c.attn[idx];
-    __syncthreads();
-    return;
-  }
-  // Per (row, head): each split's weight exp2(m_s - max) and the total
-  // weight, summed in split order as attention_combine does.
-  for (int p = threadIdx.x; p < N * c.num_heads; p += blockDim.x) {
+// Per (row, head), one warp: each split's weight exp2(m_s - max) into s_f
+// and the total weight, summed in split order as attention_combine does
+// (lane 0 takes the terms by shuffle), into s_l.
+__device__ __forceinline__ void fb_split_weights(const Combine& c, int pairs, float (*s_f)[FB_MAX_PARTS],
+                                                 float (*s_l)[FB_MAX_PARTS / 8]) {
+  const int lane = threadIdx.x & 31, S = c.num_splits;
+  for (int p = threadIdx.x >> 5; p < pairs; p += FB_WARPS) {
     const int b = p / c.num_heads, h = p % c.num_heads;
     const float* ml = c.part_ml + 2 * ((size_t)b * c.num_heads + h) * S;
     float mx = -INFINITY;
-    for (int s = 0; s < S; ++s) mx = fmaxf(mx, ml[2 * s]);
+    for (int s = lane; s < S; s += 32) mx = fmaxf(mx, ml[2 * s]);
+    mx = warp_max(mx);
     float sum_l = 0.f;
-    for (int s = 0; s < S; ++s) {
-      const float f = mx == -INFINITY ? 0.f : exp2f(ml[2 * s] - mx);
-      s_f[b][h * S + s] = f;
-      sum_l += ml[2 * s + 1] * f;
+    for (int s0 = 0; s0 < S; s0 += 32) {
+      const int s = s0 + lane;
+      const float f = s < S && mx != -INFINITY ? exp2f(ml[2 * s] - mx) : 0.f;
+      const float l = s < S ? ml[2 * s + 1] : 0.f;
+      if (s < S) s_f[b][h * S + s] = f;
+      for (int j = 0; j < 32 && s0 + j < S; ++j) {
+        const float lj = __shfl_sync(0xffffffffu, l, j), fj = __shfl_sync(0xffffffffu, f, j);
+        sum_l += lj * fj;
+      }
     }
-    s_l[b][h] = mx == -INFINITY ? 0.f : sum_l;
+    if (lane == 0) s_l[b][h] = mx == -INFINITY ? 0.f : sum_l;
   }
+}
+
+// Merges the split-K partials into s_x (bf16, [token][q_dim]) exactly as
+// attention_combine does, or copies the attention's output when there is
+// one split. Each thread takes FB_COMBINE outputs at once and loads
+// FB_COMBINE_SPLITS splits of each before adding them in split order, so
+// a row costs a few L2 round trips rather than one per split.
+constexpr int FB_COMBINE = 3;
+constexpr int FB_COMBINE_SPLITS = 8;
+
+template <int N>
+__device__ __forceinline__ void fb_combine(const Combine& c, bf16 (*s_x)[FB_MAX_QDIM],
+                                           float (*s_f)[FB_MAX_PARTS], float (*s_l)[FB_MAX_PARTS / 8]) {
+  const int qd = c.num_heads * c.hd, S = c.num_splits, total = N * qd;
+  if (S == 1) {
+    for (int idx = threadIdx.x; idx < total; idx += blockDim.x) s_x[idx / qd][idx % qd] = c.attn[idx];
+    __syncthreads();
+    return;
+  }
+  fb_split_weights(c, N * c.num_heads, s_f, s_l);
   __syncthreads();
-  for (int idx = threadIdx.x; idx < N * qd; idx += blockDim.x) {
-    const int b = idx / qd, e = idx % qd, h = e / c.hd, d = e % c.hd;
-    const size_t base = ((size_t)b * c.num_heads + h) * S;
-    const float sum_l = s_l[b][h];
-    float sum_a = 0.f;
-    if (sum_l > 0.f)
-      for (int s = 0; s < S; ++s) sum_a += c.part_acc[(base + s) * c.hd + d] * s_f[b][h * S + s];
-    const int tok = c.token_ids ? c.token_ids[b] : b;
-    s_x[tok][e] = to_bf16(sum_l > 0.f ? sum_a / sum_l : 0.f);
+  for (int first = threadIdx.x; first < total; first += FB_COMBINE * blockDim.x) {
+    int b[FB_COMBINE], e[FB_COMBINE], h[FB_COMBINE];
+    float sum_a[FB_COMBINE], sum_l[FB_COMBINE];
+    const float* acc[FB_COMBINE];
+#pragma unroll
+    for (int k = 0; k < FB_COMBINE; ++k) {
+      const int idx = min(first + k * (int)blockDim.x, total - 1);
+      b[k] = idx / qd;
+      e[k] = idx % qd;
+      h[k] = e[k] / c.hd;
+      sum_l[k] = s_l[b[k]][h[k]];
+      sum_a[k] = 0.f;
+      acc[k] = c.part_acc + ((size_t)b[k] * c.num_heads + h[k]) * S * c.hd + e[k] % c.hd;
+    }
+    for (int s0 = 0; s0 < S; s0 += FB_COMBINE_SPLITS) {
+      float v[FB_COMBINE][FB_COMBINE_SPLITS];
+#pragma unroll
+      for (int k = 0; k < FB_COMBINE; ++k)
+#pragma unroll
+        for (int j = 0; j < FB_COMBINE_SPLITS; ++j)
+          v[k][j] = s0 + j < S && sum_l[k] > 0.f ? __ldg(acc[k] + (size_t)(s0 + j) * c.hd) : 0.f;
+#pragma unroll
+      for (int k = 0; k < FB_COMBINE; ++k)
+#pragma unroll
+        for (int j = 0; j < FB_COMBINE_SPLITS; ++j)
+          if (s0 + j < S) sum_a[k] += v[k][j] * s_f[b[k]][h[k] * S + s0 + j];
+    }
+#pragma unroll
+    for (int k = 0; k < FB_COMBINE; ++k) {
+      if (first + k * (int)blockDim.x >= total) break;
+      const int tok = c.token_ids ? c.token_ids[b[k]] : b[k];
+      s_x[tok][e[k]] = to_bf16(sum_l[k] > 0.f ? sum_a[k] / sum_l[k] : 0.f);
+    }
   }
   __syncthreads();
 }
