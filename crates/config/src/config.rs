@@ -493,8 +493,9 @@ pub struct CudaSection {
     /// the previous one drains).
     pub pdl: bool,
     /// Small models (hidden size up to 1,024) at batch 1-8: run each
-    /// layer's attention combine, o_proj and MLP as one kernel with
-    /// grid-wide barriers instead of four (same bits, fewer launches).
+    /// layer's attention combine, o_proj, MLP and the next layer's q/k/v as
+    /// one kernel with grid-wide barriers instead of five (same bits, fewer
+    /// launches). Off: measured slower on the H100 (docs/perf/small-models.md).
     pub fused_block: bool,
 }
 
@@ -505,7 +506,7 @@ impl Default for CudaSection {
             check: false,
             l2_prefetch: None,
             pdl: true,
-            fused_block: true,
+            fused_block: false,
         }
     }
 }

@@ -103,7 +103,7 @@ fn legacy_variables_keep_working() {
             ("INGOT_CUDA_CHECK", "1"),
             ("INGOT_CUDA_L2_PREFETCH", "8:1"),
             ("INGOT_CUDA_PDL", "0"),
-            ("INGOT_CUDA_FUSED_BLOCK", "off"),
+            ("INGOT_CUDA_FUSED_BLOCK", "on"),
             ("INGOT_CACHE", "/tmp/assets"),
         ]),
         ..Layers::default()
@@ -115,7 +115,7 @@ fn legacy_variables_keep_working() {
     assert_eq!(c.model.threads, Some(2));
     assert_eq!(c.model.device, Device::Cpu);
     assert_eq!(c.log.level, "info,ingot_server=debug");
-    assert!(c.cuda.profile && c.cuda.check && !c.cuda.pdl && !c.cuda.fused_block);
+    assert!(c.cuda.profile && c.cuda.check && !c.cuda.pdl && c.cuda.fused_block);
     assert_eq!(c.cuda.l2_prefetch.as_deref(), Some("8:1"));
     assert_eq!(
         c.cache,

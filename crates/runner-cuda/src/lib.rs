@@ -155,8 +155,9 @@ pub struct CudaRunnerConfig {
     pub l2_prefetch: Option<String>,
     /// Programmatic dependent launch on sm_90+ (`cuda.pdl`).
     pub pdl: bool,
-    /// One kernel for each layer's attention combine, o_proj and MLP on
-    /// small models at GEMV batch sizes (`cuda.fused_block`).
+    /// One kernel for each layer's attention combine, o_proj, MLP and the
+    /// next layer's q/k/v on small models at GEMV batch sizes
+    /// (`cuda.fused_block`; off by default: measured slower).
     pub fused_block: bool,
 }
 
@@ -174,7 +175,7 @@ impl Default for CudaRunnerConfig {
             check: false,
             l2_prefetch: None,
             pdl: true,
-            fused_block: true,
+            fused_block: false,
         }
     }
 }
