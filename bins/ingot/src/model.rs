@@ -73,6 +73,11 @@ pub struct ModelArgs {
     /// [model.enforce_eager].
     #[arg(long)]
     pub enforce_eager: bool,
+    /// Batch-invariant kernels: a greedy answer does not depend on what
+    /// else is batched with it (the CPU backend always is; slower on the
+    /// GPU) [engine.deterministic; false].
+    #[arg(long)]
+    pub deterministic: bool,
 }
 
 impl ModelArgs {
@@ -117,6 +122,12 @@ impl ModelArgs {
             "--enforce-eager",
             "model.enforce_eager",
             self.enforce_eager,
+            true,
+        );
+        flags.switch(
+            "--deterministic",
+            "engine.deterministic",
+            self.deterministic,
             true,
         );
         Ok(())
@@ -294,6 +305,8 @@ pub fn load_runner(
     tracing::info!(
         model = %path.display(),
         device = runner.device_name(),
+        // The CPU backend is batch-invariant with or without it.
+        deterministic = config.engine.deterministic,
         elapsed = ?start.elapsed(),
         "model loaded"
     );
@@ -365,6 +378,7 @@ fn cuda_runner(
         check: cuda.check,
         l2_prefetch: cuda.l2_prefetch.clone(),
         pdl: cuda.pdl,
+        deterministic: config.engine.deterministic,
     };
     let path = settings::model_path(config)?;
     let runner = CudaRunner::new(files.config.clone(), files.tensors.as_ref(), opts, progress)

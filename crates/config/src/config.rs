@@ -276,6 +276,10 @@ pub struct EngineSection {
     /// Token slots per KV block (only 16 is supported).
     #[schemars(range(min = 16, max = 16))]
     pub block_size: usize,
+    /// Batch-invariant kernels: a greedy (or seeded) answer does not depend
+    /// on what else runs beside it. The CPU backend always is; on the GPU
+    /// this picks slower kernels, so it is off by default.
+    pub deterministic: bool,
 }
 
 impl Default for EngineSection {
@@ -284,6 +288,7 @@ impl Default for EngineSection {
             prefix_caching: true,
             stall_timeout: Duration::from_secs(30),
             block_size: BLOCK_SIZE,
+            deterministic: false,
         }
     }
 }

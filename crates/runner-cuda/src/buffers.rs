@@ -172,6 +172,9 @@ pub struct Buffers {
     /// `[pages, kv_heads, block_size, head_dim]` bf16 each.
     pub(crate) kv_slices: Vec<(DevPtr, DevPtr)>,
     kv: Option<Arena>,
+    /// Batch-invariant attention: every token through the decode kernel
+    /// in one split (see [`batch_invariant`]).
+    pub deterministic: bool,
 }
 
 /// Bytes of one K (or V) buffer of `pages` pages.
@@ -258,6 +261,7 @@ impl Buffers {
             arena,
             kv_slices: Vec::new(),
             kv: None,
+            deterministic: false,
         })
     }
 
@@ -318,10 +322,15 @@ impl Buffers {
         batch: &ForwardBatch<'_>,
         num_sms: usize,
         c: &ModelConfig,
-        prefill: (bool, u32),
+        (prefill, scratch): (bool, u32),
     ) -> StepPlan {
+        let deterministic = self.deterministic;
         let staging = self.staging();
-        stage_batch(staging, batch, num_sms, c, prefill)
+        let prefill = (prefill && !deterministic, scratch);
+        batch_invariant(
+            stage_batch(staging, batch, num_sms, c, prefill),
+            deterministic,
+        )
     }
 
     /// Lays out a decode batch padded to a graph's `size`: padded rows
@@ -334,8 +343,10 @@ impl Buffers {
         num_sms: usize,
         c: &ModelConfig,
     ) -> StepPlan {
+        let deterministic = self.deterministic;
         let staging = self.staging();
-        stage_graph_decode(staging, batch, (size, scratch), num_sms, c)
+        let plan = stage_graph_decode(staging, batch, (size, scratch), num_sms, c);
+        batch_invariant(plan, deterministic)
     }
 
     /// The pinned input region and how it is laid out.
@@ -511,6 +522,20 @@ impl Buffers {
     /// The device address of the input at `offset` (i32 elements).
     pub(crate) fn input(&self, offset: usize) -> DevPtr {
         self.inputs + (offset * 4) as u64
+    }
+}
+
+/// `plan` in deterministic mode: one split per token, so a token's keys
+/// are summed in the same order whatever the batch's size and longest
+/// context (the split count otherwise follows both). The eager step also
+/// sends prefill chunks to the decode kernel then (the caller turns the
+/// prefill kernel off): a prompt token's attention is the same whether it
+/// came in a long chunk, a short one, or after a prefix-cache hit.
+fn batch_invariant(plan: StepPlan, deterministic: bool) -> StepPlan {
+    if deterministic {
+        StepPlan { splits: 1, ..plan }
+    } else {
+        plan
     }
 }
 

@@ -153,6 +153,12 @@ pub struct CudaRunnerConfig {
     pub l2_prefetch: Option<String>,
     /// Programmatic dependent launch on sm_90+ (`cuda.pdl`).
     pub pdl: bool,
+    /// Batch-invariant kernels (`engine.deterministic`): a row's result
+    /// does not depend on what else is in the step. Linear layers run
+    /// cuBLASLt with one split-K-free algorithm per matrix at every token
+    /// count (no GEMV kernels, no fused norms), attention runs every token
+    /// through the decode kernel in one split. Costs speed.
+    pub deterministic: bool,
 }
 
 impl Default for CudaRunnerConfig {
@@ -169,6 +175,7 @@ impl Default for CudaRunnerConfig {
             check: false,
             l2_prefetch: None,
             pdl: true,
+            deterministic: false,
         }
     }
 }
@@ -298,12 +305,14 @@ impl CudaRunner {
         let mut gemm = Gemm::new(&gpu, &mut workspace)?;
         // Start-up passes run on scratch data: time GEMM candidates there.
         gemm.tune = true;
-        let buffers = Buffers::new(
+        gemm.deterministic = opts.deterministic;
+        let mut buffers = Buffers::new(
             &gpu,
             &config,
             (max_tokens, max_seqs, opts.block_size),
             workspace,
         )?;
+        buffers.deterministic = opts.deterministic;
         // SumSq starts empty (every step's embedding fills it first).
         gpu.upload(buffers.sumsq, &vec![0u32; buffers::SUMSQ_BYTES / 4])?;
         gemm.sumsq = buffers.sumsq;

@@ -134,11 +134,13 @@ enum Ready {
 impl<'a, 'm> CudaOps<'a, 'm> {
     pub fn new(m: &'a Model<'a>, plan: &'a StepPlan, marks: Option<&'m mut Marks>) -> Self {
         let (t, d) = (plan.tokens, m.config.hidden_size);
+        // Deterministic mode runs the norms the same way at every batch size.
+        let gemv_sizes = t <= GEMV_MAX_TOKENS && !m.gemm.deterministic;
         Self {
             m,
             plan,
             marks,
-            fuse_norms: t <= GEMV_MAX_TOKENS && d.div_ceil(8) <= SUMSQ_MAX_BLOCKS,
+            fuse_norms: gemv_sizes && d.div_ceil(8) <= SUMSQ_MAX_BLOCKS,
             prescaled: None,
         }
     }
