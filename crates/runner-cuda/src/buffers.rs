@@ -326,9 +326,12 @@ impl Buffers {
     ) -> StepPlan {
         let deterministic = self.deterministic;
         let staging = self.staging();
-        let prefill = (prefill && !deterministic, scratch);
-        batch_invariant(
-            stage_batch(staging, batch, num_sms, c, prefill),
+        stage_step(
+            staging,
+            batch,
+            num_sms,
+            c,
+            (prefill, scratch),
             deterministic,
         )
     }
@@ -523,6 +526,20 @@ impl Buffers {
     pub(crate) fn input(&self, offset: usize) -> DevPtr {
         self.inputs + (offset * 4) as u64
     }
+}
+
+/// Lays out an eager step; in deterministic mode every token goes to the
+/// decode kernel, in one split (see [`batch_invariant`]).
+fn stage_step(
+    st: Staging<'_>,
+    batch: &ForwardBatch<'_>,
+    num_sms: usize,
+    c: &ModelConfig,
+    (prefill, scratch): (bool, u32),
+    deterministic: bool,
+) -> StepPlan {
+    let prefill = (prefill && !deterministic, scratch);
+    batch_invariant(stage_batch(st, batch, num_sms, c, prefill), deterministic)
 }
 
 /// `plan` in deterministic mode: one split per token, so a token's keys
@@ -768,6 +785,61 @@ mod tests {
         assert_eq!(slot_at(&host, l.slots, 0), 2 * 16 + 8);
         assert_eq!(slot_at(&host, l.slots, 3), 4 * 16 + 2);
         assert_eq!((plan.upload_len, plan.table_len), (l.tables + 6, 6));
+    }
+
+    #[test]
+    fn deterministic_steps_send_every_token_to_the_decode_kernel_in_one_split() {
+        let c = llama8b();
+        let (mut host, l, views) = staging(&c);
+        let ids = [1u32; 40];
+        let (long, short) = ((0..200).collect::<Vec<u32>>(), vec![300, 301, 302]);
+        let batch = ForwardBatch {
+            chunks: vec![
+                // A decode at a long context and a 40-token prompt chunk.
+                SequenceChunk {
+                    tokens: &ids[..1],
+                    start_pos: 3000,
+                    block_table: &long,
+                    group_tables: &[],
+                },
+                SequenceChunk {
+                    tokens: &ids,
+                    start_pos: 0,
+                    block_table: &short,
+                    group_tables: &[],
+                },
+            ],
+            ..Default::default()
+        };
+        let mut plan_of = |deterministic| {
+            let st = Staging {
+                host: &mut host,
+                l,
+                bs: 16,
+                views: &views,
+            };
+            stage_step(st, &batch, 132, &c, (true, 77), deterministic)
+        };
+        // Default: the prompt chunk takes prefill tiles, the decode splits.
+        let default = plan_of(false);
+        assert_eq!((default.decode_tokens, default.tiles), (1, 3));
+        assert!(default.splits > 1, "{default:?}");
+        // Deterministic: one kernel and one split for all 41 tokens.
+        let det = plan_of(true);
+        assert_eq!((det.decode_tokens, det.tiles, det.splits), (41, 0, 1));
+        assert_eq!(det.tokens, 41);
+        // Graph steps too, whatever their size.
+        for size in [1, 8, 64] {
+            let st = Staging {
+                host: &mut host,
+                l,
+                bs: 16,
+                views: &views,
+            };
+            let graph = stage_graph_decode(st, &ForwardBatch::default(), (size, 77), 132, &c);
+            assert!(graph.splits > 1, "size {size}: {graph:?}");
+            assert_eq!(batch_invariant(graph, true).splits, 1);
+        }
     }
 
     #[test]

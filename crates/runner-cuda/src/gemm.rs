@@ -92,6 +92,16 @@ struct Plan {
     algo: sys::cublasLtMatmulAlgo_t,
     /// beta = 1: add into the output.
     accumulate: bool,
+    /// Workspace bytes the algorithm may use.
+    workspace: usize,
+}
+
+/// Deterministic mode's algorithm of one matrix and the workspace it was
+/// checked with.
+#[derive(Clone, Copy)]
+struct Fixed {
+    algo: sys::cublasLtMatmulAlgo_t,
+    workspace: usize,
 }
 
 /// `y[tokens, outputs] = x[tokens, inputs] · w[outputs, inputs]ᵀ` (row-major,
@@ -112,7 +122,10 @@ pub struct Gemm {
     pub deterministic: bool,
     /// Deterministic mode's algorithm per matrix (keyed by its shape at
     /// [`DETERMINISTIC_REF_TOKENS`]).
-    fixed_algos: RefCell<HashMap<Shape, sys::cublasLtMatmulAlgo_t>>,
+    fixed_algos: RefCell<HashMap<Shape, Fixed>>,
+    /// The most tokens of a step: deterministic algorithms are checked up
+    /// to it.
+    pub max_tokens: usize,
     /// Where accumulating GEMVs leave the residual's sums of squares and
     /// the normed SwiGLU GEMV reads them (`SumSq`); set once the workspace
     /// is carved.
@@ -149,6 +162,7 @@ impl Gemm {
             tune: false,
             deterministic: false,
             fixed_algos: RefCell::new(HashMap::new()),
+            max_tokens: 0,
             sumsq: 0,
         })
     }
@@ -386,13 +400,9 @@ impl Gemm {
     ) -> Result<(), CudaError> {
         let alpha = 1.0f32;
         let beta = if plan.accumulate { 1.0f32 } else { 0.0 };
-        // Deterministic plans were picked to need no workspace; passing
-        // none keeps cuBLASLt from any split it would reduce there.
-        let workspace = if self.deterministic {
-            0
-        } else {
-            WORKSPACE_BYTES
-        };
+        // Deterministic plans get only the workspace their algorithm was
+        // picked for (none where possible).
+        let workspace = plan.workspace;
         unsafe {
             result::matmul(
                 self.handle,
@@ -424,16 +434,16 @@ impl Gemm {
         let mut guard = PlanGuard::new(s)?;
         let plan = &mut guard.0;
         if self.deterministic {
-            plan.algo = self.fixed_algo(s)?;
-            if !self.runs(plan, &plan.algo) {
+            let fixed = self.fixed_algo(s)?;
+            (plan.algo, plan.workspace) = (fixed.algo, fixed.workspace);
+            if let Err(why) = self.runs(plan, &fixed.algo, fixed.workspace) {
                 return Err(CudaError::Unsupported(format!(
-                    "deterministic mode: the algorithm picked at {DETERMINISTIC_REF_TOKENS} tokens does not run {s:?}"
+                    "deterministic mode: the algorithm picked for this matrix does not run {s:?}: {why}"
                 )));
             }
             return Ok(guard.into_plan());
         }
-        let wanted = if self.tune { TUNE_CANDIDATES } else { 1 };
-        let algos = self.heuristic(plan, wanted, false)?;
+        let algos = self.heuristic(plan, WORKSPACE_BYTES, false)?;
         let Some(&first) = algos.first() else {
             return Err(CudaError::Unsupported(format!(
                 "no cuBLASLt algorithm for {s:?}"
@@ -446,21 +456,25 @@ impl Gemm {
         Ok(guard.into_plan())
     }
 
-    /// The heuristic's top `wanted` algorithms for `plan`'s descriptors;
-    /// with `no_split`, only those that need no workspace and reduce
-    /// nothing across CTAs (no split-K).
+    /// The heuristic's top algorithms for `plan`'s descriptors (one unless
+    /// tuning or deterministic) within `workspace` bytes; with `no_split`,
+    /// only those that reduce nothing across CTAs (no split-K).
     fn heuristic(
         &self,
         plan: &Plan,
-        wanted: usize,
+        workspace: usize,
         no_split: bool,
     ) -> Result<Vec<sys::cublasLtMatmulAlgo_t>, CudaError> {
+        let wanted = if self.tune || self.deterministic {
+            TUNE_CANDIDATES
+        } else {
+            1
+        };
         let pref = result::create_matmul_pref()?;
         let mut found = [std::mem::MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::zeroed();
             TUNE_CANDIDATES];
-        let wanted = wanted.min(TUNE_CANDIDATES);
         let mut count = 0i32;
-        let ws: usize = if no_split { 0 } else { WORKSPACE_BYTES };
+        let ws = workspace;
         // CUBLASLT_REDUCTION_SCHEME_NONE (0) is the only scheme the mask lets through.
         let reductions = sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_NONE as u32;
         let status = unsafe {
@@ -498,41 +512,77 @@ impl Gemm {
             .collect())
     }
 
-    /// Deterministic mode's algorithm for `s`'s matrix: the heuristic's
-    /// first split-K-free candidate at [`DETERMINISTIC_REF_TOKENS`] that
-    /// also runs a single token, with split-K pinned to 1; picked once
-    /// (no timing, so every process on this GPU and library picks the same).
-    fn fixed_algo(&self, s: Shape) -> Result<sys::cublasLtMatmulAlgo_t, CudaError> {
+    /// Deterministic mode's algorithm for `s`'s matrix, picked once (no
+    /// timing, so every process on this GPU and library picks the same):
+    /// the heuristic's first split-K-free candidate, asked at
+    /// [`DETERMINISTIC_REF_TOKENS`] (then at the largest step, then at one
+    /// token), that runs every checked token count up to
+    /// [`Gemm::max_tokens`], with split-K pinned to 1. Candidates that need
+    /// no workspace come first; failing those, ones that need some (for
+    /// anything but split-K, which is pinned off).
+    fn fixed_algo(&self, s: Shape) -> Result<Fixed, CudaError> {
         let key = s.with_tokens(DETERMINISTIC_REF_TOKENS);
-        if let Some(algo) = self.fixed_algos.borrow().get(&key) {
-            return Ok(*algo);
+        if let Some(fixed) = self.fixed_algos.borrow().get(&key) {
+            return Ok(*fixed);
         }
-        let reference = PlanGuard::new(key)?;
-        let single = PlanGuard::new(s.with_tokens(1))?;
-        let candidates = self.heuristic(&reference.0, TUNE_CANDIDATES, true)?;
-        let algo = candidates
+        let max = self.max_tokens.max(DETERMINISTIC_REF_TOKENS);
+        let checked: Vec<PlanGuard> = [1, 2, 8, 16, DETERMINISTIC_REF_TOKENS, 128, 256, 512, max]
             .into_iter()
-            .map(no_split_k)
-            .find(|algo| self.runs(&reference.0, algo) && self.runs(&single.0, algo))
-            .ok_or_else(|| {
-                CudaError::Unsupported(format!(
-                    "deterministic mode: no split-K-free cuBLASLt algorithm for {key:?}"
-                ))
-            })?;
-        tracing::debug!(
-            inputs = s.inputs,
-            outputs = s.outputs,
-            algo_id = algo_config(&algo, ConfigAttr::CUBLASLT_ALGO_CONFIG_ID),
-            tile = algo_config(&algo, ConfigAttr::CUBLASLT_ALGO_CONFIG_TILE_ID),
-            "deterministic GEMM algorithm"
-        );
-        self.fixed_algos.borrow_mut().insert(key, algo);
-        Ok(algo)
+            .filter(|&t| t <= max)
+            .map(|t| PlanGuard::new(s.with_tokens(t)))
+            .collect::<Result<_, _>>()?;
+        let mut why = Vec::new();
+        for workspace in [0, WORKSPACE_BYTES] {
+            for reference in [DETERMINISTIC_REF_TOKENS, max, 1] {
+                let plan = PlanGuard::new(s.with_tokens(reference))?;
+                let mut candidates = self.heuristic(&plan.0, workspace, true)?;
+                if candidates.is_empty() {
+                    // A library that reads the reduction mask otherwise:
+                    // any candidate, split-K pinned off below.
+                    candidates = self.heuristic(&plan.0, workspace, false)?;
+                }
+                for algo in candidates.into_iter().map(no_split_k) {
+                    let failed = checked
+                        .iter()
+                        .map(|p| self.runs(&p.0, &algo, workspace).err())
+                        .find_map(|e| e);
+                    let Some(failed) = failed else {
+                        let fixed = Fixed { algo, workspace };
+                        self.log_fixed(s, &fixed);
+                        self.fixed_algos.borrow_mut().insert(key, fixed);
+                        return Ok(fixed);
+                    };
+                    why.push(failed);
+                }
+            }
+        }
+        why.dedup();
+        Err(CudaError::Unsupported(format!(
+            "deterministic mode: no split-K-free cuBLASLt algorithm runs {key:?} at every token count up to {max}: {}",
+            why.join("; ")
+        )))
     }
 
-    /// Whether cuBLASLt accepts `algo` for `plan`'s descriptors without
-    /// workspace.
-    fn runs(&self, plan: &Plan, algo: &sys::cublasLtMatmulAlgo_t) -> bool {
+    fn log_fixed(&self, s: Shape, fixed: &Fixed) {
+        tracing::info!(
+            inputs = s.inputs,
+            outputs = s.outputs,
+            algo_id = algo_config(&fixed.algo, ConfigAttr::CUBLASLT_ALGO_CONFIG_ID),
+            tile = algo_config(&fixed.algo, ConfigAttr::CUBLASLT_ALGO_CONFIG_TILE_ID),
+            stages = algo_config(&fixed.algo, ConfigAttr::CUBLASLT_ALGO_CONFIG_STAGES_ID),
+            workspace = fixed.workspace,
+            "deterministic GEMM algorithm"
+        );
+    }
+
+    /// Whether cuBLASLt accepts `algo` for `plan`'s descriptors within
+    /// `workspace` bytes; else why not.
+    fn runs(
+        &self,
+        plan: &Plan,
+        algo: &sys::cublasLtMatmulAlgo_t,
+        workspace: usize,
+    ) -> Result<(), String> {
         let mut found = std::mem::MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::zeroed();
         let status = unsafe {
             sys::cublasLtMatmulAlgoCheck(
@@ -546,7 +596,12 @@ impl Gemm {
                 found.as_mut_ptr(),
             )
         };
-        status.result().is_ok() && unsafe { found.assume_init() }.workspaceSize == 0
+        status.result().map_err(|e| format!("{e:?}"))?;
+        let needs = unsafe { found.assume_init() }.workspaceSize;
+        if needs > workspace {
+            return Err(format!("needs {needs} bytes of workspace"));
+        }
+        Ok(())
     }
 
     /// Times each candidate (after one warm-up call) and returns the fastest.
@@ -705,6 +760,7 @@ impl PlanGuard {
             y,
             algo: unsafe { std::mem::zeroed() },
             accumulate: s.out == OutType::AddF32,
+            workspace: WORKSPACE_BYTES,
         }))
     }
 }

@@ -306,6 +306,7 @@ impl CudaRunner {
         // Start-up passes run on scratch data: time GEMM candidates there.
         gemm.tune = true;
         gemm.deterministic = opts.deterministic;
+        gemm.max_tokens = max_tokens;
         let mut buffers = Buffers::new(
             &gpu,
             &config,
