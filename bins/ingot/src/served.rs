@@ -116,7 +116,13 @@ pub fn registry(config: &Config, entries: Vec<ModelEntry>) -> anyhow::Result<Mod
             return Ok(ServedModel::embedding(id, handle));
         }
         let handle = load_engine(&c, engine).map_err(|e| format!("{e:#}"))?;
-        eprintln!("ingot: {id} serving on {}", handle.device_name());
+        // Users see whether answers are batch-invariant by choice.
+        let mode = if c.engine.deterministic {
+            " in deterministic mode"
+        } else {
+            ""
+        };
+        eprintln!("ingot: {id} serving on {}{mode}", handle.device_name());
         Ok(ServedModel::new(id, handle))
     });
     let budget = Budget {
