@@ -12,8 +12,9 @@
 //! their fused norms are off (their reduction order differs from
 //! cuBLASLt's), and each weight matrix gets one cuBLASLt algorithm for
 //! every token count, picked once at [`DETERMINISTIC_REF_TOKENS`] without
-//! split-K or any workspace (so no cross-CTA reduction can depend on the
-//! shape) and checked valid for each shape that uses it.
+//! split-K (and without workspace where one runs every token count), so no
+//! cross-CTA reduction can depend on the shape, and checked valid for each
+//! shape that uses it (`Gemm::fixed_algo`).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
