@@ -33,7 +33,7 @@ pub use auth::{check_keys, ApiKeyEntry, AuthSection, Tier};
 pub use config::{
     CacheSection, Config, CpuWeights, CudaSection, Device, Dtype, EngineSection, LimitsSection,
     LoadFormat, LogFormat, LogSection, MetricsSection, ModelSection, PriorityDeadlines,
-    Quantization, SchedulerSection, ServerSection, StructuredSection, TierTimeouts, TracingSection,
+    KvCacheDtype, Quantization, SchedulerSection, ServerSection, StructuredSection, TierTimeouts, TracingSection,
     BLOCK_SIZE,
 };
 pub use env::{env_name, FLAG_PREFIX, LEGACY, NOT_CONFIG};
