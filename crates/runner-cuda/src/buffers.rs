@@ -650,6 +650,16 @@ mod tests {
     }
 
     #[test]
+    fn an_fp8_page_is_half_a_bf16_page() {
+        let c = llama8b();
+        // 32 layers x (K, V) x 16 slots x 8 kv heads x 128 dims.
+        let elems = 32 * 2 * 16 * 8 * 128;
+        assert_eq!(kv_page_bytes(&c, 16, KvDtype::Bf16), elems * 2);
+        assert_eq!(kv_page_bytes(&c, 16, KvDtype::Fp8), elems);
+        assert_eq!(kv_slice_bytes(&c, 10, 16, KvDtype::Fp8), 10 * 16 * 8 * 128);
+    }
+
+    #[test]
     fn input_regions_do_not_overlap() {
         let l = InputLayout::new(512, 64, 256, 1);
         let regions = [

@@ -37,8 +37,8 @@ use ingot_runner::{
 use buffers::{Buffers, StepPlan};
 use device::{Arena, Gpu, Pinned};
 use gemm::Gemm;
-use kernels::{Kernels, L2PrefetchSpec};
 pub use kernels::KvDtype;
+use kernels::{Kernels, L2PrefetchSpec};
 use kv_views::KvSizing;
 use profile::{Marks, Profiler};
 use sampling::DeviceSampler;
