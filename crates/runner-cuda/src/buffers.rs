@@ -8,7 +8,7 @@ use ingot_runner::ForwardBatch;
 
 use crate::device::{Arena, DevPtr, Gpu, Pinned};
 use crate::gemm::GEMV_MAX_TOKENS;
-use crate::kernels::{AdvanceDecode, Kernels, PREFILL_TILE};
+use crate::kernels::{AdvanceDecode, Kernels, KvDtype, PREFILL_TILE};
 use crate::kv_views::KvViews;
 use crate::CudaError;
 
@@ -169,8 +169,9 @@ pub struct Buffers {
     pub sumsq: DevPtr,
     arena: Arena,
     /// (k, v) per layer of a page (every layer without sliding windows),
-    /// `[pages, kv_heads, block_size, head_dim]` bf16 each.
+    /// `[pages, kv_heads, block_size, head_dim]` of `kv_dtype` each.
     pub(crate) kv_slices: Vec<(DevPtr, DevPtr)>,
+    pub(crate) kv_dtype: KvDtype,
     kv: Option<Arena>,
     /// Batch-invariant attention: every token through the decode kernel
     /// in one split (see [`batch_invariant`]).
@@ -178,13 +179,13 @@ pub struct Buffers {
 }
 
 /// Bytes of one K (or V) buffer of `pages` pages.
-fn kv_slice_bytes(c: &ModelConfig, pages: usize, bs: usize) -> usize {
-    pages * bs * c.kv_dim() * 2
+fn kv_slice_bytes(c: &ModelConfig, pages: usize, bs: usize, dtype: KvDtype) -> usize {
+    pages * bs * c.kv_dim() * dtype.bytes()
 }
 
-/// Bytes of one KV page (every layer of a page, K and V, bf16).
-pub(crate) fn kv_page_bytes(c: &ModelConfig, bs: usize) -> usize {
-    KvViews::of(c).slices() * 2 * kv_slice_bytes(c, 1, bs)
+/// Bytes of one KV page (every layer of a page, K and V).
+pub(crate) fn kv_page_bytes(c: &ModelConfig, bs: usize, dtype: KvDtype) -> usize {
+    KvViews::of(c).slices() * 2 * kv_slice_bytes(c, 1, bs, dtype)
 }
 
 /// Bytes of each workspace buffer, in the order [`Buffers::new`] takes them.
@@ -260,6 +261,7 @@ impl Buffers {
             sumsq: p[13],
             arena,
             kv_slices: Vec::new(),
+            kv_dtype: KvDtype::Bf16,
             kv: None,
             deterministic: false,
         })
@@ -270,16 +272,17 @@ impl Buffers {
         self.arena.size()
     }
 
-    /// (Re)allocates the KV pool with `pages` pages per buffer.
+    /// (Re)allocates the KV pool with `pages` pages per buffer of `dtype`.
     pub fn set_kv(
         &mut self,
         gpu: &Gpu,
         c: &ModelConfig,
-        pages: usize,
-        bs: usize,
+        (pages, bs): (usize, usize),
+        dtype: KvDtype,
     ) -> Result<(), CudaError> {
         self.drop_kv();
-        let per_slice = kv_slice_bytes(c, pages, bs);
+        let per_slice = kv_slice_bytes(c, pages, bs, dtype);
+        self.kv_dtype = dtype;
         let slices = self.views.slices();
         let mut arena = Arena::new(gpu, "kv cache", Arena::size_of(vec![per_slice; 2 * slices]))?;
         self.kv_slices = (0..slices)
@@ -686,6 +689,16 @@ mod tests {
             assert!(s >= 1 && tokens * s <= PART_ROWS, "{tokens}: {s}");
         }
         assert_eq!(decode_splits(256, 1024, 132, &c), 4);
+    }
+
+    #[test]
+    fn an_fp8_page_is_half_a_bf16_page() {
+        let c = llama8b();
+        // 32 layers x (K, V) x 16 slots x 8 kv heads x 128 dims.
+        let elems = 32 * 2 * 16 * 8 * 128;
+        assert_eq!(kv_page_bytes(&c, 16, KvDtype::Bf16), elems * 2);
+        assert_eq!(kv_page_bytes(&c, 16, KvDtype::Fp8), elems);
+        assert_eq!(kv_slice_bytes(&c, 10, 16, KvDtype::Fp8), 10 * 16 * 8 * 128);
     }
 
     #[test]

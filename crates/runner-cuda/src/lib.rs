@@ -37,6 +37,7 @@ use ingot_runner::{
 use buffers::{Buffers, StepPlan};
 use device::{Arena, Gpu, Pinned};
 use gemm::Gemm;
+pub use kernels::KvDtype;
 use kernels::{Kernels, L2PrefetchSpec};
 use kv_views::KvSizing;
 use profile::{Marks, Profiler};
@@ -140,6 +141,8 @@ pub struct CudaRunnerConfig {
     pub gpu_memory_utilization: f64,
     /// KV tokens to allocate instead of filling the memory budget.
     pub kv_cache_tokens: Option<usize>,
+    /// Element type of the KV cache (`model.kv_cache_dtype`).
+    pub kv_cache_dtype: KvDtype,
     /// Capture decode steps in CUDA graphs.
     pub cuda_graphs: bool,
     /// Log a per-step GPU time breakdown (`cuda.profile`).
@@ -170,6 +173,7 @@ impl Default for CudaRunnerConfig {
             max_num_seqs: 256,
             gpu_memory_utilization: 0.9,
             kv_cache_tokens: None,
+            kv_cache_dtype: KvDtype::Bf16,
             cuda_graphs: true,
             profile: false,
             check: false,
@@ -288,7 +292,7 @@ impl CudaRunner {
         let prefetch = L2PrefetchSpec::parse(opts.l2_prefetch.as_deref())?;
         let started = Instant::now();
         let gpu = Gpu::open(opts.device, opts.pdl, opts.check)?;
-        let kernels = Kernels::load(&gpu, &config, prefetch)?;
+        let kernels = Kernels::load(&gpu, &config, opts.kv_cache_dtype, prefetch)?;
         let (_, total) = gpu.memory()?;
         let context_ms = ms_since(started);
         let weights_started = Instant::now();
@@ -450,7 +454,9 @@ impl CudaRunner {
         let tokens = self.buffers.max_tokens.min(self.config.max_context);
         let started = Instant::now();
         let need = self.kv_sizing().need();
-        self.buffers.set_kv(&self.gpu, &self.config, need + 1, bs)?;
+        let dtype = self.opts.kv_cache_dtype;
+        self.buffers
+            .set_kv(&self.gpu, &self.config, (need + 1, bs), dtype)?;
         self.kv_shape.num_blocks = need;
         let tables = ingot_runner::solo_tables(&*self, tokens)
             .map_err(|e| CudaError::Unsupported(e.to_string()))?;
@@ -465,7 +471,7 @@ impl CudaRunner {
         self.run(&batch, false)?;
         self.buffers.drop_kv();
         let (free, total) = self.gpu.memory()?;
-        let per_page = buffers::kv_page_bytes(&self.config, bs);
+        let per_page = buffers::kv_page_bytes(&self.config, bs, dtype);
         let num_pages = match self.opts.kv_cache_tokens {
             Some(t) => self.kv_sizing().pages_for_tokens(t),
             None => {
@@ -490,7 +496,7 @@ impl CudaRunner {
         }
         let kv_tokens = self.kv_sizing().capacity_tokens(num_pages);
         self.buffers
-            .set_kv(&self.gpu, &self.config, num_pages + 1, bs)?;
+            .set_kv(&self.gpu, &self.config, (num_pages + 1, bs), dtype)?;
         self.kv_shape.num_blocks = num_pages;
         self.memory.kv_cache = (num_pages + 1) * per_page;
         tracing::info!(
@@ -498,6 +504,7 @@ impl CudaRunner {
             weights_mib = self.memory.weights >> 20,
             workspace_mib = self.memory.workspace >> 20,
             kv_cache_mib = self.memory.kv_cache >> 20,
+            kv_cache_dtype = ?dtype,
             kv_pages = num_pages,
             kv_tokens,
             "GPU memory reserved"

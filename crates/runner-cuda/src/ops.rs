@@ -17,7 +17,7 @@ use crate::buffers::{Buffers, StepPlan, SUMSQ_MAX_BLOCKS};
 use crate::device::{DevPtr, Gpu};
 use crate::gemm::{Gemm, OutType, GEMV_MAX_TOKENS};
 use crate::kernels::{
-    ArgmaxRows, DecodeAttention, EmbedRows, GatedMul, GemvInput, Heads, Kernels, KvCache,
+    ArgmaxRows, DecodeAttention, EmbedRows, GatedMul, GemvInput, Heads, Kernels, KvCache, KvDtype,
     NextNormOut, PagedInputs, PostNormAdd, PrefillAttention, QkvRopeGemv, RmsNorm, RopeQkv,
     RopeTarget, SoftcapRows,
 };
@@ -273,6 +273,7 @@ impl<'a, 'm> CudaOps<'a, 'm> {
             k,
             v,
             block_size: b.block_size,
+            dtype: b.kv_dtype,
         };
         Ok((kv, site.view))
     }
@@ -322,9 +323,10 @@ impl<'a, 'm> CudaOps<'a, 'm> {
         } else {
             GemvInput::Plain(b.xn)
         };
+        // The fused GEMV writes bf16 K/V; an FP8 cache takes rope_qkv_fp8.
         if let Some(kernel) = gemm
             .qkv_rope_kernel(t, d, fused_norm)
-            .filter(|_| qk_norm.is_none())
+            .filter(|_| qk_norm.is_none() && kv.dtype == KvDtype::Bf16)
         {
             QkvRopeGemv {
                 input,
