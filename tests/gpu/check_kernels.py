@@ -10,6 +10,7 @@ Prints one line per check and exits 1 if any fails.
 """
 import argparse
 import ctypes
+import itertools
 import math
 import os
 import sys
@@ -368,6 +369,17 @@ def check_sampling(m, rng):
         print(f"time sample_rows {R} x {V} {case}: {best * 1e3:.0f} us")
 
 
+# KV cache element types: (kernel name infix, torch dtype, tolerance of a
+# value written into the cache). FP8 e4m3 keeps 3 mantissa bits: a written
+# value is within 2^-4 of its own magnitude (kv_types.cuh).
+KV_TYPES = (("", torch.bfloat16, 8e-3), ("_fp8", torch.float8_e4m3fn, 7e-2))
+
+
+def kv_round(x, dtype):
+    """Rounds through the cache's element type (what attention reads)."""
+    return torch.tensor(x, dtype=torch.float64).to(dtype).double().numpy()
+
+
 def to_device_layout(a, KVH, hd, bs):
     """[slots, KVH * hd] (slot = block * bs + offset) -> the cache's [blocks, KVH, bs, hd]."""
     return a.reshape(-1, bs, KVH, hd).transpose(0, 2, 1, 3).reshape(a.shape[0], KVH * hd)
@@ -392,8 +404,9 @@ def rope_tables(hd, max_pos, theta):
 
 
 def check_rope(m, rng):
-    for H, KVH, hd, bias, qk_norm in ((9, 3, 64, False, False), (16, 8, 128, False, True), (28, 4, 128, True, False),
-                                       (4, 1, 256, False, True)):
+    for (H, KVH, hd, bias, qk_norm), (infix, kv_dtype, kv_tol) in itertools.product(
+            ((9, 3, 64, False, False), (16, 8, 128, False, True), (28, 4, 128, True, False), (4, 1, 256, False, True)),
+            KV_TYPES):
         T, max_pos, nslots = 19, 4096, 512
         w = (H + 2 * KVH) * hd
         qkv = bf(rnd(rng, T, w, scale=2.0))
@@ -405,14 +418,14 @@ def check_rope(m, rng):
         cos, sin = rope_tables(hd, max_pos, 10000.0)
         cos, sin = cos.astype(np.float32).astype(np.float64), sin.astype(np.float32).astype(np.float64)
         q_out = torch.empty(T, H * hd, dtype=torch.bfloat16, device="cuda")
-        kc = torch.zeros(nslots, KVH * hd, dtype=torch.bfloat16, device="cuda")
-        vc = torch.zeros(nslots, KVH * hd, dtype=torch.bfloat16, device="cuda")
+        kc = torch.zeros(nslots, KVH * hd, dtype=kv_dtype, device="cuda")
+        vc = torch.zeros(nslots, KVH * hd, dtype=kv_dtype, device="cuda")
         args = [ptr(dev(qkv, torch.bfloat16)), ptr(dev(b, torch.float32) if bias else None),
                 ptr(dev(qn, torch.float32) if qk_norm else None), ptr(dev(kn, torch.float32) if qk_norm else None),
                 ptr(dev(pos, torch.int32)), ptr(dev(slots, torch.int64)),
                 ptr(dev(cos, torch.float32)), ptr(dev(sin, torch.float32)),
                 ptr(q_out), ptr(kc), ptr(vc), i32(H), i32(KVH), i32(hd), f32(1e-6), i32(16)]
-        launch(m.fn("rope_qkv"), (T, (H + 2 * KVH + 7) // 8), 256, args)  # a warp per head, 8 per block
+        launch(m.fn(f"rope_qkv{infix}"), (T, (H + 2 * KVH + 7) // 8), 256, args)  # a warp per head, 8 per block
         x = qkv + (b if bias else 0)
         q = x[:, :H * hd].reshape(T, H, hd)
         k = x[:, H * hd:(H + KVH) * hd].reshape(T, KVH, hd)
@@ -425,11 +438,11 @@ def check_rope(m, rng):
             return rotate(a, cos, sin, pos)
 
         tag = f"H={H} KVH={KVH} hd={hd}{' bias' if bias else ''}{' qk_norm' if qk_norm else ''}"
-        report(f"rope_qkv q {tag}", rel(host(q_out).reshape(T, H, hd), rot(q)), 8e-3)
+        report(f"rope_qkv{infix} q {tag}", rel(host(q_out).reshape(T, H, hd), rot(q)), 8e-3)
         kh = from_device_layout(host(kc), KVH, hd, 16)
         vh = from_device_layout(host(vc), KVH, hd, 16)
-        report(f"rope_qkv k -> cache slot {tag}", rel(kh[slots].reshape(T, KVH, hd), rot(k)), 8e-3)
-        report(f"rope_qkv v -> cache slot {tag}", rel(vh[slots].reshape(T, KVH, hd), v), 8e-3)
+        report(f"rope_qkv{infix} k -> cache slot {tag}", rel(kh[slots].reshape(T, KVH, hd), rot(k)), kv_tol)
+        report(f"rope_qkv{infix} v -> cache slot {tag}", rel(vh[slots].reshape(T, KVH, hd), v), kv_tol)
 
 
 def paged_setup(rng, lens, KVH, hd, bs):
@@ -470,12 +483,14 @@ def check_attention(m, rng):
     bs = 16
     # (H, KVH, hd, sliding window): Llama shapes with full attention, then
     # windowed ones (Gemma 3: 270M is 4 x 1 x 256, window 512).
-    for H, KVH, hd, window in ((9, 3, 64, 0), (32, 8, 128, 0), (9, 3, 64, 100), (4, 1, 256, 0), (4, 1, 256, 300)):
+    for (H, KVH, hd, window), (infix, kv_dtype, _) in itertools.product(
+            ((9, 3, 64, 0), (32, 8, 128, 0), (9, 3, 64, 100), (4, 1, 256, 0), (4, 1, 256, 300)), KV_TYPES):
         g = H // KVH
         scale_log2 = math.log2(math.e) / math.sqrt(hd)
         # Decode: one token per sequence at the end of contexts of various lengths.
         lens = [1, 17, 300, 1000, 64]
         table, stride, k, v = paged_setup(rng, lens, KVH, hd, bs)
+        k, v = kv_round(k, kv_dtype), kv_round(v, kv_dtype)
         n = len(lens)
         q = bf(rnd(rng, n, H * hd))
         pos = np.array(lens) - 1
@@ -490,18 +505,18 @@ def check_attention(m, rng):
             strided = dev([stride], torch.int32)
             seq = dev(np.arange(n), torch.int32)
             posd = dev(pos, torch.int32)
-            kd, vd = (dev(to_device_layout(a, KVH, hd, bs), torch.bfloat16) for a in (k, v))
+            kd, vd = (dev(to_device_layout(a, KVH, hd, bs), kv_dtype) for a in (k, v))
             args = [ptr(dev(q, torch.bfloat16)), ptr(kd), ptr(vd), ptr(tabled),
                     ptr(strided), ptr(seq), ptr(posd), ptr(None), ptr(out), ptr(part_acc), ptr(part_ml),
                     i32(H), i32(KVH), i32(bs), f32(scale_log2), i32(splits),
                     # L2 prefetch of some other buffer (a hint: must not change the result):
                     # early without a hint with one split, late with evict-last with four.
                     ptr(prefetch), ctypes.c_uint64(prefetch.numel() * 2), i32(1 if splits == 1 else 2), i32(window)]
-            launch(m.fn(f"paged_attention_hd{hd}_g{g}"), (n, KVH, splits), 128, args)
+            launch(m.fn(f"paged_attention{infix}_hd{hd}_g{g}"), (n, KVH, splits), 128, args)
             if splits > 1:
                 launch(m.fn("attention_combine"), (n, H), 128,
                        [ptr(part_acc), ptr(part_ml), ptr(None), ptr(out), i32(H), i32(hd), i32(splits)])
-            report(f"paged_attention hd={hd} g={g} splits={splits} window={window} ctx={lens}",
+            report(f"paged_attention{infix} hd={hd} g={g} splits={splits} window={window} ctx={lens}",
                    rel(host(out).reshape(n, H, hd), want), 2e-2)
         if hd > 128:
             continue  # no tensor-core prefill kernel: prefill rows take the decode kernel
@@ -510,6 +525,7 @@ def check_attention(m, rng):
         prefix, chunk = 70, 150
         lens = [prefix + chunk, 20]
         table, stride, k, v = paged_setup(rng, lens, KVH, hd, bs)
+        k, v = kv_round(k, kv_dtype), kv_round(v, kv_dtype)
         T = chunk + 20
         q = bf(rnd(rng, T, H * hd))
         pos = np.concatenate([prefix + np.arange(chunk), np.arange(20)])
@@ -521,14 +537,14 @@ def check_attention(m, rng):
             tiles += [chunk + start, min(tt, 20 - start), 1]
         out = torch.zeros(T, H * hd, dtype=torch.bfloat16, device="cuda")
         smem = 3 * 64 * (hd + 8) * 2  # PrefillSmem: Q, K, V
-        kd, vd = (dev(to_device_layout(a, KVH, hd, bs), torch.bfloat16) for a in (k, v))
+        kd, vd = (dev(to_device_layout(a, KVH, hd, bs), kv_dtype) for a in (k, v))
         args = [ptr(dev(q, torch.bfloat16)), ptr(kd), ptr(vd),
                 ptr(dev(table.reshape(-1), torch.int32)), ptr(dev([stride], torch.int32)), ptr(dev(tiles, torch.int32)),
                 ptr(dev(pos, torch.int32)), ptr(out), i32(H), i32(KVH), i32(bs), f32(scale_log2), i32(window)]
-        launch(m.fn(f"prefill_attention_hd{hd}"), (len(tiles) // 3, KVH), 128, args, smem=smem)
+        launch(m.fn(f"prefill_attention{infix}_hd{hd}"), (len(tiles) // 3, KVH), 128, args, smem=smem)
         want = np.stack([reference_attention(q[t].reshape(H, hd), k, v, table, seqs[t], pos[t], H, KVH, hd, bs, window)
                          for t in range(T)])
-        report(f"prefill_attention hd={hd} H={H} KVH={KVH} window={window} (cached prefix {prefix})",
+        report(f"prefill_attention{infix} hd={hd} H={H} KVH={KVH} window={window} (cached prefix {prefix})",
                rel(host(out).reshape(T, H, hd), want), 2e-2)
 
 

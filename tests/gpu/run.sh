@@ -16,6 +16,9 @@
 #   smolb1    batch 1 on a SmolLM2-135M-shaped dummy (no GGUF needed), graphs on and off
 #   qwen3b1   batch 1 on a Qwen3-8B-shaped dummy (q/k norm)
 #   profile   per-step GPU time by category (eager) and CPU gaps
+#   kvfp8     FP8 KV cache (--kv-cache-dtype fp8): the 256 x (1024 in, 128 out) row, its eager
+#             profile, batch 1, and logits rel_l2 / 32-token greedy agreement against the bf16
+#             cache (compare_kv_dtype.py) on the 8B dummy and, with its bundle, SmolLM2
 #   sampled   the bench shapes with sampling on the GPU (temperature, top-p, top-k)
 #   logprobs  the same two with 5 top logprobs per token (also on the GPU)
 #   serve     the HTTP server on CUDA with curl (serve_smoke.sh), 8B dummy
@@ -150,6 +153,15 @@ for phase in "$@"; do
       INGOT_CUDA_PROFILE=1 "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 64 --num-iters 1 --json
       INGOT_CUDA_PROFILE=1 "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 2 --json
       INGOT_CUDA_PROFILE=1 "$ING" bench throughput --model "$M" --load-format dummy --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 32 --max-num-batched-tokens 8192 --json ;;
+    kvfp8)
+      M=$(llama8b)
+      TP="bench throughput --model $M --load-format dummy --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --kv-cache-dtype fp8"
+      "$ING" $TP --json | tee -a "$O/bench.jsonl"
+      INGOT_CUDA_PROFILE=1 "$ING" $TP 2>&1 | grep -E "cuda profile"
+      "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --kv-cache-dtype fp8 --json | tee -a "$O/bench.jsonl"
+      timeout -k 5 $((2 * T)) python3 tests/gpu/compare_kv_dtype.py --ingot "$ING_RAW" --model "$M" --prompts 2 \
+        -- --load-format dummy --max-model-len 4096 --enforce-eager
+      if [ -f "$SMOL" ]; then timeout -k 5 $((2 * T)) python3 tests/gpu/compare_kv_dtype.py --ingot "$ING_RAW" --model "$SMOL"; else echo "no SmolLM2 bundle"; fi ;;
     serve) bash tests/gpu/serve_smoke.sh "$ING_RAW" "$(llama8b)" --load-format dummy --max-model-len 4096 --max-num-seqs 32 ;;
     models)
       mkdir -p "$W/llama1b-dummy"; cp tests/gpu/configs/llama-3.2-1b/config.json "$W"/tokenizers/llama3/* "$W/llama1b-dummy/"

@@ -167,6 +167,32 @@ pub enum Quantization {
     Q4K,
 }
 
+/// Element type of the KV cache (CUDA; the CPU backend keeps f32).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum KvCacheDtype {
+    /// The model's compute dtype (bf16 on CUDA, f32 on the CPU).
+    #[default]
+    Auto,
+    /// bf16 (CUDA).
+    Bf16,
+    /// FP8 e4m3 with a per-tensor scale of 1.0 (CUDA): half the bytes per
+    /// token, so twice the tokens in the same memory; logits differ by the
+    /// 3-bit-mantissa rounding of K and V.
+    Fp8,
+}
+
+impl KvCacheDtype {
+    /// The value as written in config files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Bf16 => "bf16",
+            Self::Fp8 => "fp8",
+        }
+    }
+}
+
 /// Which model to load and how.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -196,6 +222,9 @@ pub struct ModelSection {
     /// budget on the GPU).
     #[schemars(range(min = 1))]
     pub kv_cache_tokens: Option<usize>,
+    /// KV cache element type: `auto` (the model's dtype), `bf16` or `fp8`
+    /// (CUDA only).
+    pub kv_cache_dtype: KvCacheDtype,
     /// Share of GPU memory for weights, workspace and KV cache, in (0, 1].
     #[schemars(range(max = 1), extend("exclusiveMinimum" = 0))]
     pub gpu_memory_utilization: f64,
@@ -216,6 +245,7 @@ impl Default for ModelSection {
             threads: None,
             max_model_len: None,
             kv_cache_tokens: None,
+            kv_cache_dtype: KvCacheDtype::Auto,
             gpu_memory_utilization: 0.9,
             enforce_eager: false,
         }
@@ -276,6 +306,10 @@ pub struct EngineSection {
     /// Token slots per KV block (only 16 is supported).
     #[schemars(range(min = 16, max = 16))]
     pub block_size: usize,
+    /// Batch-invariant kernels: a greedy (or seeded) answer does not depend
+    /// on what else runs beside it. The CPU backend always is; on the GPU
+    /// this picks slower kernels, so it is off by default.
+    pub deterministic: bool,
 }
 
 impl Default for EngineSection {
@@ -284,6 +318,7 @@ impl Default for EngineSection {
             prefix_caching: true,
             stall_timeout: Duration::from_secs(30),
             block_size: BLOCK_SIZE,
+            deterministic: false,
         }
     }
 }

@@ -487,6 +487,39 @@ fn schema_describes_every_section() {
 }
 
 #[test]
+fn kv_cache_dtype_is_auto_unless_set_and_needs_a_restart() {
+    assert_eq!(Config::default().model.kv_cache_dtype, KvCacheDtype::Auto);
+    let l = load(&Layers {
+        file: Some(file("[model]\nkv_cache_dtype = \"fp8\"\n")),
+        ..Layers::default()
+    })
+    .unwrap();
+    assert_eq!(l.config.model.kv_cache_dtype, KvCacheDtype::Fp8);
+    let l = load(&Layers {
+        env: env(&[("INGOT_MODEL_KV_CACHE_DTYPE", "bf16")]),
+        ..Layers::default()
+    })
+    .unwrap();
+    assert_eq!(l.config.model.kv_cache_dtype, KvCacheDtype::Bf16);
+    let e = load(&Layers {
+        env: env(&[("INGOT_MODEL_KV_CACHE_DTYPE", "fp4")]),
+        ..Layers::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("model.kv_cache_dtype") && e.contains("fp8"),
+        "{e}"
+    );
+    let mut new = Config::default();
+    new.model.kv_cache_dtype = KvCacheDtype::Fp8;
+    assert_eq!(
+        diff(&Config::default(), &new).needs_restart,
+        ["model.kv_cache_dtype"]
+    );
+}
+
+#[test]
 fn log_format_is_text_or_json_and_needs_a_restart() {
     assert_eq!(Config::default().log.format, LogFormat::Text);
     let l = load(&Layers {

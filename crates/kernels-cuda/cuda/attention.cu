@@ -11,12 +11,17 @@
 //     the warp in one reduce-scatter.
 //     With num_splits > 1 it writes partial results for attention_combine
 //     (flash-decoding: long contexts at small batch still fill the GPU).
+//     paged_attention_fp8_*: the same over an FP8 e4m3 cache (kv_types.cuh),
+//     dequantized as each lane reads its pieces from the ring.
 //   prefill_attention_hd{HD}: one block per (query tile of one chunk, kv
 //     head): 64 rows = 64 / G tokens x the G query heads sharing the kv
 //     head; tensor cores (mma.sync bf16, FlashAttention-2 style with S, P
 //     and O in registers) for QK^T and PV, each K/V tile staged in shared
 //     memory once for the whole group: the O(n^2) work of prompts.
+//     prefill_attention_fp8_hd{HD}: the same, FP8 K/V rows converted to
+//     bf16 as they are staged.
 #include "common.cuh"
+#include "kv_types.cuh"
 
 constexpr int DECODE_WARPS = 4;
 constexpr int DECODE_UNROLL = 4;
@@ -62,8 +67,9 @@ __device__ __forceinline__ float warp_reduce_scatter(Partials<V> p, int lane) {
 }
 
 // Ring stages of the decode kernel: the static shared memory (48 KiB) holds
-// 4 stages up to head_dim 128, 2 at 256.
-__host__ __device__ constexpr int decode_stages(int hd) { return hd <= 128 ? 4 : 2; }
+// 4 bf16 stages up to head_dim 128, 2 at 256; FP8 stages are half the
+// size, so twice as many keep the same bytes in flight.
+__host__ __device__ constexpr int decode_stages(int hd, int kv_bytes) { return (hd <= 128 ? 4 : 2) * (2 / kv_bytes); }
 
 // Asynchronous global -> shared copy of BYTES (4, 8 or 16) and its groups.
 template <int BYTES>
@@ -77,9 +83,22 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
 }
 
-template <int HD, int G>
+// A lane's piece of a K/V row into the ring: cp.async for 4 to 16 bytes;
+// the 2-byte pieces of FP8 at head_dim 64 (below cp.async's smallest size)
+// are copied directly.
+template <int BYTES>
+__device__ __forceinline__ void copy_piece(void* smem_dst, const void* gmem_src) {
+  if constexpr (BYTES >= 4) {
+    cp_async<BYTES>(smem_dst, gmem_src);
+  } else {
+    static_assert(BYTES == 2, "K/V pieces are 2 to 16 bytes");
+    *static_cast<unsigned short*>(smem_dst) = *static_cast<const unsigned short*>(gmem_src);
+  }
+}
+
+template <int HD, int G, typename KV>
 __device__ __forceinline__ void decode_attention(
-    const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+    const bf16* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
     const int* __restrict__ block_tables, const int* __restrict__ table_stride, const int* __restrict__ token_seq,
     const int* __restrict__ positions, const int* __restrict__ token_ids, bf16* __restrict__ out,
     float* __restrict__ part_acc, float* __restrict__ part_ml, int num_heads, int num_kv_heads,
@@ -92,10 +111,10 @@ __device__ __forceinline__ void decode_attention(
   pdl_begin();
   if (!(prefetch_mode & 1)) l2_prefetch(prefetch, prefetch_bytes, prefetch_mode);
   constexpr int D = HD / 32;
-  constexpr int S = decode_stages(HD);
+  constexpr int S = decode_stages(HD, sizeof(KV));
   // Per warp, S stages of its lanes' K/V pieces (cp.async ring); after the
   // loop the same memory holds the warps' accumulators.
-  using Ring = bf16[DECODE_WARPS][S][DECODE_UNROLL][2][32][D];
+  using Ring = KV[DECODE_WARPS][S][DECODE_UNROLL][2][32][D];
   using Acc = float[DECODE_WARPS][G][HD];
   __shared__ __align__(16) unsigned char smem[sizeof(Ring) > sizeof(Acc) ? sizeof(Ring) : sizeof(Acc)];
   Ring& ring = *reinterpret_cast<Ring*>(smem);
@@ -138,8 +157,8 @@ __device__ __forceinline__ void decode_attention(
       for (int u = 0; u < DECODE_UNROLL; ++u) {
         const int j = min(j0 + u, end - 1);
         const size_t off = kv_index(table[j / block_size], kvh, j % block_size, num_kv_heads, block_size, HD) + lane * D;
-        cp_async<D * 2>(ring[warp][st][u][0][lane], k_cache + off);
-        cp_async<D * 2>(ring[warp][st][u][1][lane], v_cache + off);
+        copy_piece<D * sizeof(KV)>(ring[warp][st][u][0][lane], k_cache + off);
+        copy_piece<D * sizeof(KV)>(ring[warp][st][u][1][lane], v_cache + off);
       }
     }
     cp_async_commit();  // empty past the end: keeps the group count uniform
@@ -155,8 +174,8 @@ __device__ __forceinline__ void decode_attention(
     float kv[DECODE_UNROLL][D], vv[DECODE_UNROLL][D];
 #pragma unroll
     for (int u = 0; u < DECODE_UNROLL; ++u) {
-      load_bf16<D>(ring[warp][stage][u][0][lane], kv[u]);
-      load_bf16<D>(ring[warp][stage][u][1][lane], vv[u]);
+      load_kv<D>(ring[warp][stage][u][0][lane], kv[u]);
+      load_kv<D>(ring[warp][stage][u][1][lane], vv[u]);
     }
     stage = (stage + 1) % S;
     // Partial q·k of every (head, key) pair, then one reduce-scatter over
@@ -236,13 +255,15 @@ __device__ __forceinline__ void decode_attention(
   }
 }
 
-#define DECODE_KERNEL(HD, G)                                                                               \
-  extern "C" __global__ void __launch_bounds__(DECODE_WARPS * 32) paged_attention_hd##HD##_g##G(          \
-      const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* block_tables, const int* table_stride,  \
+#define DECODE_KERNEL(HD, G) DECODE_KERNEL_OF(paged_attention_hd##HD##_g##G, HD, G, bf16) \
+  DECODE_KERNEL_OF(paged_attention_fp8_hd##HD##_g##G, HD, G, fp8)
+#define DECODE_KERNEL_OF(NAME, HD, G, KV)                                                                  \
+  extern "C" __global__ void __launch_bounds__(DECODE_WARPS * 32) NAME(                                   \
+      const bf16* q, const KV* k_cache, const KV* v_cache, const int* block_tables, const int* table_stride,      \
       const int* token_seq, const int* positions, const int* token_ids, bf16* out, float* part_acc,        \
       float* part_ml, int num_heads, int num_kv_heads, int block_size, float scale_log2, int num_splits,    \
       const void* prefetch, unsigned long long prefetch_bytes, int prefetch_mode, int window) {             \
-    decode_attention<HD, G>(q, k_cache, v_cache, block_tables, table_stride, token_seq, positions,         \
+    decode_attention<HD, G, KV>(q, k_cache, v_cache, block_tables, table_stride, token_seq, positions,         \
                             token_ids, out, part_acc, part_ml, num_heads, num_kv_heads, block_size,        \
                             scale_log2, num_splits, prefetch, prefetch_bytes, prefetch_mode, window);      \
   }
@@ -329,23 +350,29 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
 }
 
 // Starts copying 64 rows of HD bf16 (row r from src_row(r); zeros where
-// it returns null) into shared memory; the caller commits and waits.
+// it returns null) into shared memory; the caller commits and waits. FP8
+// rows are converted to bf16 on the way (plain loads, done on return).
 template <int HD, typename RowPtr>
 __device__ __forceinline__ void stage_rows(bf16* dst, RowPtr src_row) {
-  constexpr int VEC = HD / 8;  // 16-byte vectors per row
+  constexpr int VEC = HD / 8;  // 8-element vectors per row (16 bytes of bf16)
   constexpr int LD = PrefillSmem<HD>::LD;
   for (int idx = threadIdx.x; idx < TILE * VEC; idx += blockDim.x) {
     const int r = idx / VEC, c = idx % VEC;
-    const bf16* src = src_row(r);
+    const auto* src = src_row(r);
     bf16* d = dst + r * LD + c * 8;
-    if (src) cp_async<16>(d, src + c * 8);
-    else *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    if (!src) {
+      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    } else if constexpr (sizeof(*src) == 2) {
+      cp_async<16>(d, src + c * 8);
+    } else {
+      *reinterpret_cast<uint4*>(d) = fp8x8_to_bf16x8(*reinterpret_cast<const uint2*>(src + c * 8));
+    }
   }
 }
 
-template <int HD>
+template <int HD, typename KV>
 __device__ __forceinline__ void prefill_attention(
-    const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+    const bf16* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
     const int* __restrict__ block_tables, const int* __restrict__ table_stride, const int* __restrict__ tiles,
     const int* __restrict__ positions, bf16* __restrict__ out, int num_heads, int num_kv_heads,
     int block_size, float scale_log2, int window) {
@@ -375,8 +402,8 @@ __device__ __forceinline__ void prefill_attention(
   auto q_row = [&](int r) -> const bf16* {
     return r / group < n ? q + (size_t)(t0 + r / group) * qd + (kvh * group + r % group) * HD : nullptr;
   };
-  auto kv_row = [&](const bf16* cache, int kt) {
-    return [=](int r) -> const bf16* {
+  auto kv_row = [&](const KV* cache, int kt) {
+    return [=](int r) -> const KV* {
       const int j = kt * TILE + r;
       if (j > last || j < first_key) return nullptr;
       return cache + kv_index(table[j / block_size], kvh, j % block_size, num_kv_heads, block_size, HD);
@@ -498,12 +525,14 @@ __device__ __forceinline__ void prefill_attention(
   }
 }
 
-#define PREFILL_KERNEL(HD)                                                                                  \
-  extern "C" __global__ void __launch_bounds__(PREFILL_WARPS * 32, 4) prefill_attention_hd##HD(            \
-      const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* block_tables, const int* table_stride,   \
+#define PREFILL_KERNEL(HD) PREFILL_KERNEL_OF(prefill_attention_hd##HD, HD, bf16) \
+  PREFILL_KERNEL_OF(prefill_attention_fp8_hd##HD, HD, fp8)
+#define PREFILL_KERNEL_OF(NAME, HD, KV)                                                                     \
+  extern "C" __global__ void __launch_bounds__(PREFILL_WARPS * 32, 4) NAME(                                \
+      const bf16* q, const KV* k_cache, const KV* v_cache, const int* block_tables, const int* table_stride,       \
       const int* tiles, const int* positions, bf16* out, int num_heads, int num_kv_heads, int block_size,  \
       float scale_log2, int window) {                                                                       \
-    prefill_attention<HD>(q, k_cache, v_cache, block_tables, table_stride, tiles, positions, out,          \
+    prefill_attention<HD, KV>(q, k_cache, v_cache, block_tables, table_stride, tiles, positions, out,          \
                           num_heads, num_kv_heads, block_size, scale_log2, window);                         \
   }
 PREFILL_KERNEL(64)

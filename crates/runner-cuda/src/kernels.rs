@@ -16,6 +16,35 @@ pub const PREFILL_TILE: usize = 64;
 /// Heads (one per warp) of a `rope_qkv` block (its `ROPE_WARPS`).
 const ROPE_WARPS: usize = 8;
 
+/// Element type of the paged KV cache (`model.kv_cache_dtype`); the kernels
+/// that write and read the cache are loaded for it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KvDtype {
+    /// The model's dtype.
+    #[default]
+    Bf16,
+    /// FP8 e4m3, per-tensor scale 1.0, saturated (kv_types.cuh).
+    Fp8,
+}
+
+impl KvDtype {
+    /// Bytes per element.
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::Bf16 => 2,
+            Self::Fp8 => 1,
+        }
+    }
+
+    /// The infix of the kernels specialized for it (`paged_attention{}_hd…`).
+    fn kernel_infix(self) -> &'static str {
+        match self {
+            Self::Bf16 => "",
+            Self::Fp8 => "_fp8",
+        }
+    }
+}
+
 /// The kernels this model needs.
 pub struct Kernels {
     embed_rows: Kernel,
@@ -108,10 +137,12 @@ impl L2Prefetch {
 }
 
 impl Kernels {
-    /// Loads the kernels for `config`'s head size and GQA group.
+    /// Loads the kernels for `config`'s head size and GQA group and a KV
+    /// cache of `kv` elements.
     pub fn load(
         gpu: &Gpu,
         config: &ModelConfig,
+        kv: KvDtype,
         prefetch: L2PrefetchSpec,
     ) -> Result<Self, CudaError> {
         let (hd, group) = (
@@ -130,12 +161,13 @@ impl Kernels {
                 config.hidden_size, config.intermediate_size
             )));
         }
+        let infix = kv.kernel_infix();
         let decode_attention = gpu
-            .kernel(&format!("paged_attention_hd{hd}_g{group}"))
+            .kernel(&format!("paged_attention{infix}_hd{hd}_g{group}"))
             .map_err(|_| {
                 CudaError::Unsupported(format!("head_dim {hd} (64, 128 and 256 are supported)"))
             })?;
-        let prefill_attention = match gpu.kernel(&format!("prefill_attention_hd{hd}")) {
+        let prefill_attention = match gpu.kernel(&format!("prefill_attention{infix}_hd{hd}")) {
             Ok(k) => {
                 let bytes = prefill_shared_bytes(hd) as u32;
                 k.allow_shared_memory(bytes)?;
@@ -149,7 +181,7 @@ impl Kernels {
             add_rms_norm: gpu.kernel("add_rms_norm")?,
             post_norm_add: gpu.kernel("post_norm_add")?,
             softcap_rows: gpu.kernel("softcap_rows")?,
-            rope_qkv: gpu.kernel("rope_qkv")?,
+            rope_qkv: gpu.kernel(&format!("rope_qkv{infix}"))?,
             silu_mul: gpu.kernel("silu_mul")?,
             gelu_tanh_mul: gpu.kernel("gelu_tanh_mul")?,
             argmax_rows: gpu.kernel("argmax_rows")?,
@@ -203,12 +235,13 @@ impl Heads {
 }
 
 /// One layer's paged KV cache, `[blocks, kv_heads, block_size, head_dim]`
-/// bf16 each.
+/// of `dtype` each.
 #[derive(Debug, Clone, Copy)]
 pub struct KvCache {
     pub k: DevPtr,
     pub v: DevPtr,
     pub block_size: usize,
+    pub dtype: KvDtype,
 }
 
 /// `embed_rows`: `x[t] = embed[ids[t]]` (f32, times `scale` when set),

@@ -39,6 +39,7 @@ use buffers::{Buffers, StepPlan};
 use device::{Arena, Gpu, Pinned};
 use fused::FusedBlocks;
 use gemm::Gemm;
+pub use kernels::KvDtype;
 use kernels::{Kernels, L2PrefetchSpec};
 use kv_views::KvSizing;
 use profile::{Marks, Profiler};
@@ -142,6 +143,8 @@ pub struct CudaRunnerConfig {
     pub gpu_memory_utilization: f64,
     /// KV tokens to allocate instead of filling the memory budget.
     pub kv_cache_tokens: Option<usize>,
+    /// Element type of the KV cache (`model.kv_cache_dtype`).
+    pub kv_cache_dtype: KvDtype,
     /// Capture decode steps in CUDA graphs.
     pub cuda_graphs: bool,
     /// Log a per-step GPU time breakdown (`cuda.profile`).
@@ -159,6 +162,12 @@ pub struct CudaRunnerConfig {
     /// next layer's q/k/v on small models at GEMV batch sizes
     /// (`cuda.fused_block`; off by default: measured slower).
     pub fused_block: bool,
+    /// Batch-invariant kernels (`engine.deterministic`): a row's result
+    /// does not depend on what else is in the step. Linear layers run
+    /// cuBLASLt with one split-K-free algorithm per matrix at every token
+    /// count (no GEMV kernels, no fused norms), attention runs every token
+    /// through the decode kernel in one split. Costs speed.
+    pub deterministic: bool,
 }
 
 impl Default for CudaRunnerConfig {
@@ -170,12 +179,14 @@ impl Default for CudaRunnerConfig {
             max_num_seqs: 256,
             gpu_memory_utilization: 0.9,
             kv_cache_tokens: None,
+            kv_cache_dtype: KvDtype::Bf16,
             cuda_graphs: true,
             profile: false,
             check: false,
             l2_prefetch: None,
             pdl: true,
             fused_block: false,
+            deterministic: false,
         }
     }
 }
@@ -289,7 +300,7 @@ impl CudaRunner {
         let prefetch = L2PrefetchSpec::parse(opts.l2_prefetch.as_deref())?;
         let started = Instant::now();
         let gpu = Gpu::open(opts.device, opts.pdl, opts.check)?;
-        let kernels = Kernels::load(&gpu, &config, prefetch)?;
+        let kernels = Kernels::load(&gpu, &config, opts.kv_cache_dtype, prefetch)?;
         let fused = FusedBlocks::load(&gpu, &config, opts.fused_block)?;
         let (_, total) = gpu.memory()?;
         let context_ms = ms_since(started);
@@ -307,12 +318,15 @@ impl CudaRunner {
         let mut gemm = Gemm::new(&gpu, &mut workspace)?;
         // Start-up passes run on scratch data: time GEMM candidates there.
         gemm.tune = true;
-        let buffers = Buffers::new(
+        gemm.deterministic = opts.deterministic;
+        gemm.max_tokens = max_tokens;
+        let mut buffers = Buffers::new(
             &gpu,
             &config,
             (max_tokens, max_seqs, opts.block_size),
             workspace,
         )?;
+        buffers.deterministic = opts.deterministic;
         // SumSq starts empty (every step's embedding fills it first).
         gpu.upload(buffers.sumsq, &vec![0u32; buffers::SUMSQ_BYTES / 4])?;
         gemm.sumsq = buffers.sumsq;
@@ -450,7 +464,9 @@ impl CudaRunner {
         let tokens = self.buffers.max_tokens.min(self.config.max_context);
         let started = Instant::now();
         let need = self.kv_sizing().need();
-        self.buffers.set_kv(&self.gpu, &self.config, need + 1, bs)?;
+        let dtype = self.opts.kv_cache_dtype;
+        self.buffers
+            .set_kv(&self.gpu, &self.config, (need + 1, bs), dtype)?;
         self.kv_shape.num_blocks = need;
         let tables = ingot_runner::solo_tables(&*self, tokens)
             .map_err(|e| CudaError::Unsupported(e.to_string()))?;
@@ -465,7 +481,7 @@ impl CudaRunner {
         self.run(&batch, false)?;
         self.buffers.drop_kv();
         let (free, total) = self.gpu.memory()?;
-        let per_page = buffers::kv_page_bytes(&self.config, bs);
+        let per_page = buffers::kv_page_bytes(&self.config, bs, dtype);
         let num_pages = match self.opts.kv_cache_tokens {
             Some(t) => self.kv_sizing().pages_for_tokens(t),
             None => {
@@ -490,7 +506,7 @@ impl CudaRunner {
         }
         let kv_tokens = self.kv_sizing().capacity_tokens(num_pages);
         self.buffers
-            .set_kv(&self.gpu, &self.config, num_pages + 1, bs)?;
+            .set_kv(&self.gpu, &self.config, (num_pages + 1, bs), dtype)?;
         self.kv_shape.num_blocks = num_pages;
         self.memory.kv_cache = (num_pages + 1) * per_page;
         tracing::info!(
@@ -498,6 +514,7 @@ impl CudaRunner {
             weights_mib = self.memory.weights >> 20,
             workspace_mib = self.memory.workspace >> 20,
             kv_cache_mib = self.memory.kv_cache >> 20,
+            kv_cache_dtype = ?dtype,
             kv_pages = num_pages,
             kv_tokens,
             "GPU memory reserved"

@@ -19,8 +19,8 @@ use crate::fused::{AttentionOut, FusedBlock, FusedBlocks, NextQkv};
 use crate::gemm::{Gemm, OutType, GEMV_MAX_TOKENS};
 use crate::kernels::{
     ArgmaxRows, AttentionCombine, DecodeAttention, EmbedRows, GatedMul, GemvInput, Heads, Kernels,
-    KvCache, NextNormOut, PagedInputs, PostNormAdd, PrefillAttention, QkvRopeGemv, RmsNorm,
-    RopeQkv, RopeTarget, SoftcapRows,
+    KvCache, KvDtype, NextNormOut, PagedInputs, PostNormAdd, PrefillAttention, QkvRopeGemv,
+    RmsNorm, RopeQkv, RopeTarget, SoftcapRows,
 };
 use crate::profile::{Category, Marks};
 use crate::weights::{DeviceWeights, LayerWeights};
@@ -145,11 +145,13 @@ enum Ready {
 impl<'a, 'm> CudaOps<'a, 'm> {
     pub fn new(m: &'a Model<'a>, plan: &'a StepPlan, marks: Option<&'m mut Marks>) -> Self {
         let (t, d) = (plan.tokens, m.config.hidden_size);
+        // Deterministic mode runs the norms the same way at every batch size.
+        let gemv_sizes = t <= GEMV_MAX_TOKENS && !m.gemm.deterministic;
         Self {
             m,
             plan,
             marks,
-            fuse_norms: t <= GEMV_MAX_TOKENS && d.div_ceil(8) <= SUMSQ_MAX_BLOCKS,
+            fuse_norms: gemv_sizes && d.div_ceil(8) <= SUMSQ_MAX_BLOCKS,
             prescaled: None,
             deferred: None,
             attention_spec: None,
@@ -285,6 +287,7 @@ impl<'a, 'm> CudaOps<'a, 'm> {
             k,
             v,
             block_size: b.block_size,
+            dtype: b.kv_dtype,
         };
         Ok((kv, site.view))
     }
@@ -324,9 +327,10 @@ impl<'a, 'm> CudaOps<'a, 'm> {
         } else {
             GemvInput::Plain(b.xn)
         };
+        // The fused GEMV writes bf16 K/V; an FP8 cache takes rope_qkv_fp8.
         if let Some(kernel) = gemm
             .qkv_rope_kernel(t, d, fused_norm)
-            .filter(|_| qk_norm.is_none())
+            .filter(|_| qk_norm.is_none() && kv.dtype == KvDtype::Bf16)
         {
             QkvRopeGemv {
                 input,
@@ -582,8 +586,8 @@ impl CudaOps<'_, '_> {
 
     /// The next layer's q/k/v work for a fused block to run: when `next`
     /// is a layer's attention norm (fused: pre-scaled input), layers do
-    /// not alternate (its spec is the last one's) and its q/k/v takes the
-    /// fused rope GEMV (no q/k norm).
+    /// not alternate (its spec is the last one's), its q/k/v takes the
+    /// fused rope GEMV (no q/k norm) and its KV cache is bf16.
     fn next_qkv(&self, next: NextNorm) -> Result<Option<NextQkv>, CudaError> {
         let (NextNorm::Attention(j), Some(spec)) = (next, self.attention_spec) else {
             return Ok(None);
@@ -593,11 +597,15 @@ impl CudaOps<'_, '_> {
         if !uniform || !ready || spec.qk_norm || spec.post_norm {
             return Ok(None);
         }
-        let layer = self.layer(j)?;
+        let (layer, kv) = (self.layer(j)?, self.kv_cache(j)?);
+        // The phase writes bf16 K/V (an FP8 cache takes rope_qkv's stores).
+        if kv.0.dtype != KvDtype::Bf16 {
+            return Ok(None);
+        }
         Ok(Some(NextQkv {
             weight: layer.qkv,
             bias: layer.qkv_bias.filter(|_| spec.qkv_bias).unwrap_or(0),
-            target: self.rope_target(&spec, self.kv_cache(j)?)?,
+            target: self.rope_target(&spec, kv)?,
         }))
     }
 }
