@@ -380,6 +380,7 @@ fn cuda_runner(
         check: cuda.check,
         l2_prefetch: cuda.l2_prefetch.clone(),
         pdl: cuda.pdl,
+        tc_decode_min_rows: cuda.tc_decode_min_rows,
     };
     let path = settings::model_path(config)?;
     let runner = CudaRunner::new(files.config.clone(), files.tensors.as_ref(), opts, progress)

@@ -522,6 +522,9 @@ pub struct CudaSection {
     /// Programmatic dependent launch on sm_90+ (each kernel may start while
     /// the previous one drains).
     pub pdl: bool,
+    /// Decode steps with at least this many decode rows run the tensor-core
+    /// decode attention kernel (0: never; head sizes 64 and 128).
+    pub tc_decode_min_rows: usize,
 }
 
 impl Default for CudaSection {
@@ -531,6 +534,7 @@ impl Default for CudaSection {
             check: false,
             l2_prefetch: None,
             pdl: true,
+            tc_decode_min_rows: 0,
         }
     }
 }

@@ -156,6 +156,9 @@ pub struct CudaRunnerConfig {
     pub l2_prefetch: Option<String>,
     /// Programmatic dependent launch on sm_90+ (`cuda.pdl`).
     pub pdl: bool,
+    /// Decode steps with at least this many decode rows use the
+    /// tensor-core decode attention (`cuda.tc_decode_min_rows`; 0: never).
+    pub tc_decode_min_rows: usize,
 }
 
 impl Default for CudaRunnerConfig {
@@ -173,6 +176,7 @@ impl Default for CudaRunnerConfig {
             check: false,
             l2_prefetch: None,
             pdl: true,
+            tc_decode_min_rows: 0,
         }
     }
 }
@@ -285,7 +289,13 @@ impl CudaRunner {
         let prefetch = L2PrefetchSpec::parse(opts.l2_prefetch.as_deref())?;
         let started = Instant::now();
         let gpu = Gpu::open(opts.device, opts.pdl, opts.check)?;
-        let kernels = Kernels::load(&gpu, &config, opts.kv_cache_dtype, prefetch)?;
+        let kernels = Kernels::load(
+            &gpu,
+            &config,
+            opts.kv_cache_dtype,
+            prefetch,
+            opts.tc_decode_min_rows,
+        )?;
         let (_, total) = gpu.memory()?;
         let context_ms = ms_since(started);
         let weights_started = Instant::now();
