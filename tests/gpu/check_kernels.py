@@ -516,7 +516,7 @@ def check_attention(m, rng):
             # The SIMT kernel, and the tensor-core one (head sizes 64 and 128)
             # with the same arguments and partials; its dynamic shared memory
             # is DecodeTcSmem::BYTES.
-            variants = [("", 0)] + ([("_tc", 4 * 2 * 2 * 16 * (hd + 8) * 2)] if hd <= 128 else [])
+            variants = [("", 0)] + ([("_tc", 4 * 3 * 2 * 16 * (hd + 8) * 2)] if hd <= 128 else [])
             for tc, smem in variants:
                 out.zero_()
                 launch(m.fn(f"paged_attention{tc}{infix}_hd{hd}_g{g}"), (n, KVH, splits), 128, args, smem=smem)

@@ -157,7 +157,10 @@ for phase in "$@"; do
         echo "tc_decode_min_rows=$rows batch 1"
         INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl"
       done
-      INGOT_CUDA_TC_DECODE_MIN_ROWS=1 INGOT_CUDA_PROFILE=1 "$ING" $TP --num-prompts 256 --max-num-seqs 256 --output-len 32 2>&1 | grep -E "cuda profile"
+      for rows in 0 1; do
+        echo "tc_decode_min_rows=$rows seqs=256 eager profile"
+        INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows INGOT_CUDA_PROFILE=1 "$ING" ${TP/--output-len 128/--output-len 32} --num-prompts 256 --max-num-seqs 256 2>&1 | grep -E "cuda profile"
+      done
       INGOT_CUDA_TC_DECODE_MIN_ROWS=1 timeout -k 5 "$T" python3 tests/gpu/compare_hf.py --ingot "$ING" --tokenizers "$W/tokenizers" --work "$W/hf" ;;
     sampled)
       M=$(llama8b)

@@ -570,10 +570,10 @@ fn load_tc_decode(gpu: &Gpu, name: &str, hd: usize) -> Result<Option<(Kernel, u3
 }
 
 /// Dynamic shared memory of `paged_attention_tc*` (`DecodeTcSmem::BYTES`):
-/// per warp, two stages of 16-key K and V tiles with rows padded by 8.
+/// per warp, three stages of 16-key K and V tiles with rows padded by 8.
 fn tc_decode_shared_bytes(hd: usize) -> usize {
     const WARPS: usize = 4;
-    const STAGES: usize = 2;
+    const STAGES: usize = 3;
     const KEYS: usize = 16;
     WARPS * STAGES * 2 * KEYS * (hd + 8) * 2
 }
