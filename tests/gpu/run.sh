@@ -22,6 +22,8 @@
 #   tcdec     tensor-core decode attention (cuda.tc_decode_min_rows) A/B against the SIMT kernel
 #             in one call: the attention kernel checks, 256 / 64 x (1024 in, 128 out) with each, FP8 KV at 256, batch 1,
 #             the eager per-step profile with it, and compare_hf with it forced on
+#   tcfp8     the FP8-cache half of tcdec: attention kernel checks, 256 x (1024 in, 128 out) and its
+#             eager profile with --kv-cache-dtype fp8, SIMT vs tensor cores
 #   sampled   the bench shapes with sampling on the GPU (temperature, top-p, top-k)
 #   logprobs  the same two with 5 top logprobs per token (also on the GPU)
 #   serve     the HTTP server on CUDA with curl (serve_smoke.sh), 8B dummy
@@ -162,6 +164,18 @@ for phase in "$@"; do
         INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows INGOT_CUDA_PROFILE=1 "$ING" ${TP/--output-len 128/--output-len 32} --num-prompts 256 --max-num-seqs 256 2>&1 | grep -E "cuda profile"
       done
       INGOT_CUDA_TC_DECODE_MIN_ROWS=1 timeout -k 5 "$T" python3 tests/gpu/compare_hf.py --ingot "$ING" --tokenizers "$W/tokenizers" --work "$W/hf" ;;
+    tcfp8)
+      M=$(llama8b)
+      TP="bench throughput --model $M --load-format dummy --max-model-len 4096 --input-len 1024 --max-num-batched-tokens 8192 --num-prompts 256 --max-num-seqs 256 --kv-cache-dtype fp8"
+      timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only attention
+      for rows in 0 1; do
+        echo "tc_decode_min_rows=$rows seqs=256 kv fp8"
+        INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows "$ING" $TP --output-len 128 --json | tee -a "$O/bench.jsonl"
+      done
+      for rows in 0 1; do
+        echo "tc_decode_min_rows=$rows seqs=256 kv fp8 eager profile"
+        INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows INGOT_CUDA_PROFILE=1 "$ING" $TP --output-len 32 2>&1 | grep -E "cuda profile"
+      done ;;
     sampled)
       M=$(llama8b)
       S="--temperature 0.8 --top-p 0.95 --top-k 50"
