@@ -757,6 +757,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tc_decode_rings_fit_two_blocks_an_sm_and_hold_the_accumulators() {
+        // DecodeTcSmem<128>::BYTES in attention.cu.
+        assert_eq!(tc_decode_shared_bytes(128), 104_448);
+        for hd in [64, 128] {
+            let bytes = tc_decode_shared_bytes(hd);
+            // Hopper: 228 KiB of shared memory per SM, 1 KiB reserved per block.
+            assert!(2 * (bytes + 1024) <= 228 << 10, "hd {hd}: {bytes}");
+            // The 4 warps' f32 accumulators of up to 8 heads reuse the ring.
+            assert!(bytes >= 4 * 8 * hd * 4, "hd {hd}: {bytes}");
+        }
+    }
+
+    #[test]
     fn l2_prefetch_specs_parse_strictly() {
         let parse = |s| L2PrefetchSpec::parse(Some(s));
         let spec = |mib, mode| L2PrefetchSpec { mib, mode };
