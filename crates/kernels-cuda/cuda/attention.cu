@@ -554,9 +554,10 @@ PREFILL_KERNEL(128)
 // ---------------------------------------------------------------------------
 // Decode on tensor cores: paged_attention_tc{,_fp8}_hd{HD}_g{G}, the same
 // grid, arguments, splits and outputs as paged_attention_* (so the runner's
-// split choice and attention_combine serve both). The SIMT kernel spends its
-// time on per-key FMAs, shuffle reductions and 32-fold redundant exp2 and
-// is latency-bound at large batch (docs/perf/large-batch.md); here the G
+// split choice and attention_combine serve both). The SIMT kernel spends
+// per key FMAs, shuffle reductions and 32-fold redundant exp2 (with a bf16
+// cache it still streams K/V as fast as this one: docs/perf/large-batch.md
+// has the measured A/B, and why it is off by default); here the G
 // query heads of the kv head are the rows of an m16n8k16 A tile (rows G..15
 // are zero padding), so a warp computes S = Q K^T for 16 keys with HD/8 mmas
 // and O += P V with HD/8 more, the online softmax of a row lives in one quad
