@@ -484,7 +484,8 @@ def check_attention(m, rng):
     # (H, KVH, hd, sliding window): Llama shapes with full attention, then
     # windowed ones (Gemma 3: 270M is 4 x 1 x 256, window 512).
     for (H, KVH, hd, window), (infix, kv_dtype, _) in itertools.product(
-            ((9, 3, 64, 0), (32, 8, 128, 0), (9, 3, 64, 100), (4, 1, 256, 0), (4, 1, 256, 300)), KV_TYPES):
+            ((9, 3, 64, 0), (32, 8, 128, 0), (64, 8, 128, 0), (8, 8, 128, 0), (9, 3, 64, 100), (4, 1, 256, 0),
+             (4, 1, 256, 300)), KV_TYPES):
         g = H // KVH
         scale_log2 = math.log2(math.e) / math.sqrt(hd)
         # Decode: one token per sequence at the end of contexts of various lengths.
@@ -512,12 +513,18 @@ def check_attention(m, rng):
                     # L2 prefetch of some other buffer (a hint: must not change the result):
                     # early without a hint with one split, late with evict-last with four.
                     ptr(prefetch), ctypes.c_uint64(prefetch.numel() * 2), i32(1 if splits == 1 else 2), i32(window)]
-            launch(m.fn(f"paged_attention{infix}_hd{hd}_g{g}"), (n, KVH, splits), 128, args)
-            if splits > 1:
-                launch(m.fn("attention_combine"), (n, H), 128,
-                       [ptr(part_acc), ptr(part_ml), ptr(None), ptr(out), i32(H), i32(hd), i32(splits)])
-            report(f"paged_attention{infix} hd={hd} g={g} splits={splits} window={window} ctx={lens}",
-                   rel(host(out).reshape(n, H, hd), want), 2e-2)
+            # The SIMT kernel, and the tensor-core one (head sizes 64 and 128)
+            # with the same arguments and partials; its dynamic shared memory
+            # is DecodeTcSmem::BYTES.
+            variants = [("", 0)] + ([("_tc", 4 * 3 * 2 * 16 * (hd + 8) * 2)] if hd <= 128 else [])
+            for tc, smem in variants:
+                out.zero_()
+                launch(m.fn(f"paged_attention{tc}{infix}_hd{hd}_g{g}"), (n, KVH, splits), 128, args, smem=smem)
+                if splits > 1:
+                    launch(m.fn("attention_combine"), (n, H), 128,
+                           [ptr(part_acc), ptr(part_ml), ptr(None), ptr(out), i32(H), i32(hd), i32(splits)])
+                report(f"paged_attention{tc}{infix} hd={hd} g={g} splits={splits} window={window} ctx={lens}",
+                       rel(host(out).reshape(n, H, hd), want), 2e-2)
         if hd > 128:
             continue  # no tensor-core prefill kernel: prefill rows take the decode kernel
 
@@ -851,21 +858,30 @@ def check_qkv_rope(m, rng):
         report(f"gemv qkv_rope v -> cache {tag}", rel(vh, v), 8e-3)
 
 
+# (name, module, check), in the order they run.
+CHECKS = [
+    ("elementwise", "elementwise", check_elementwise),
+    ("sampling", "sampling", check_sampling),
+    ("rope", "rope", check_rope),
+    ("attention", "attention", check_attention),
+    ("gemv", "gemv", check_gemv),
+    ("qkv_rope", "gemv", check_qkv_rope),
+    ("fused_norm", "gemv", check_fused_norm),
+    ("fused_block", None, check_fused_block),  # takes every module
+]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cubins", required=True, help="folder with elementwise/rope/attention .sm_90.cubin")
+    ap.add_argument("--only", choices=[c[0] for c in CHECKS], help="run one group of checks")
     args = ap.parse_args()
     torch.zeros(1, device="cuda")  # makes the primary context current for the driver calls
     rng = np.random.default_rng(0)
     mods = {n: Module(os.path.join(args.cubins, f"{n}.sm_90.cubin")) for n in ("elementwise", "rope", "attention", "gemv", "sampling", "fused_block")}
-    check_elementwise(mods["elementwise"], rng)
-    check_sampling(mods["sampling"], rng)
-    check_rope(mods["rope"], rng)
-    check_attention(mods["attention"], rng)
-    check_gemv(mods["gemv"], rng)
-    check_qkv_rope(mods["gemv"], rng)
-    check_fused_norm(mods["gemv"], rng)
-    check_fused_block(mods, rng)
+    for name, module, check in CHECKS:
+        if args.only in (None, name):
+            check(mods[module] if module else mods, rng)
     print(f"kernel checks: {'all passed' if not FAILS else 'FAILED: ' + ', '.join(FAILS)}")
     sys.exit(1 if FAILS else 0)
 

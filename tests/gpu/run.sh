@@ -19,6 +19,11 @@
 #   kvfp8     FP8 KV cache (--kv-cache-dtype fp8): the 256 x (1024 in, 128 out) row, its eager
 #             profile, batch 1, and logits rel_l2 / 32-token greedy agreement against the bf16
 #             cache (compare_kv_dtype.py) on the 8B dummy and, with its bundle, SmolLM2
+#   tcdec     tensor-core decode attention (cuda.tc_decode_min_rows) A/B against the SIMT kernel
+#             in one call: the attention kernel checks, 256 / 64 x (1024 in, 128 out) with each, FP8 KV at 256, batch 1,
+#             the eager per-step profile with it, and compare_hf with it forced on
+#   tcfp8     the FP8-cache half of tcdec: attention kernel checks, 256 x (1024 in, 128 out) and its
+#             eager profile with --kv-cache-dtype fp8, SIMT vs tensor cores
 #   sampled   the bench shapes with sampling on the GPU (temperature, top-p, top-k)
 #   logprobs  the same two with 5 top logprobs per token (also on the GPU)
 #   serve     the HTTP server on CUDA with curl (serve_smoke.sh), 8B dummy
@@ -137,6 +142,39 @@ for phase in "$@"; do
       mkdir -p "$W/smollm2-dummy"; cp tests/gpu/configs/smollm2-135m/config.json "$W"/tokenizers/llama3/* "$W/smollm2-dummy/"
       for eager in "" "--enforce-eager"; do
         "$ING" bench latency --model "$W/smollm2-dummy" --load-format dummy --input-len 128 --output-len 256 --num-iters 3 $eager --json | tee -a "$O/bench.jsonl"
+      done ;;
+    tcdec)
+      M=$(llama8b)
+      TP="bench throughput --model $M --load-format dummy --max-model-len 4096 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192"
+      timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only attention
+      for n in 256 64; do
+        for rows in 0 1; do
+          echo "tc_decode_min_rows=$rows seqs=$n"
+          INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows "$ING" $TP --num-prompts $n --max-num-seqs $n --json | tee -a "$O/bench.jsonl"
+        done
+      done
+      for rows in 0 1; do
+        echo "tc_decode_min_rows=$rows seqs=256 kv fp8"
+        INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows "$ING" $TP --num-prompts 256 --max-num-seqs 256 --kv-cache-dtype fp8 --json | tee -a "$O/bench.jsonl"
+        echo "tc_decode_min_rows=$rows batch 1"
+        INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl"
+      done
+      for rows in 0 1; do
+        echo "tc_decode_min_rows=$rows seqs=256 eager profile"
+        INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows INGOT_CUDA_PROFILE=1 "$ING" ${TP/--output-len 128/--output-len 32} --num-prompts 256 --max-num-seqs 256 2>&1 | grep -E "cuda profile"
+      done
+      INGOT_CUDA_TC_DECODE_MIN_ROWS=1 timeout -k 5 "$T" python3 tests/gpu/compare_hf.py --ingot "$ING" --tokenizers "$W/tokenizers" --work "$W/hf" ;;
+    tcfp8)
+      M=$(llama8b)
+      TP="bench throughput --model $M --load-format dummy --max-model-len 4096 --input-len 1024 --max-num-batched-tokens 8192 --num-prompts 256 --max-num-seqs 256 --kv-cache-dtype fp8"
+      timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only attention
+      for rows in 0 1; do
+        echo "tc_decode_min_rows=$rows seqs=256 kv fp8"
+        INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows "$ING" $TP --output-len 128 --json | tee -a "$O/bench.jsonl"
+      done
+      for rows in 0 1; do
+        echo "tc_decode_min_rows=$rows seqs=256 kv fp8 eager profile"
+        INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows INGOT_CUDA_PROFILE=1 "$ING" $TP --output-len 32 2>&1 | grep -E "cuda profile"
       done ;;
     sampled)
       M=$(llama8b)

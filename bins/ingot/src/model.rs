@@ -395,6 +395,7 @@ fn cuda_runner(
         pdl: cuda.pdl,
         fused_block: cuda.fused_block,
         deterministic: config.engine.deterministic,
+        tc_decode_min_rows: cuda.tc_decode_min_rows,
     };
     let path = settings::model_path(config)?;
     let runner = CudaRunner::new(files.config.clone(), files.tensors.as_ref(), opts, progress)

@@ -532,6 +532,9 @@ pub struct CudaSection {
     /// one kernel with grid-wide barriers instead of five (same bits, fewer
     /// launches). Off: measured slower on the H100 (docs/perf/small-models.md).
     pub fused_block: bool,
+    /// Decode steps with at least this many decode rows run the tensor-core
+    /// decode attention kernel (0: never; head sizes 64 and 128).
+    pub tc_decode_min_rows: usize,
 }
 
 impl Default for CudaSection {
@@ -542,6 +545,7 @@ impl Default for CudaSection {
             l2_prefetch: None,
             pdl: true,
             fused_block: false,
+            tc_decode_min_rows: 0,
         }
     }
 }

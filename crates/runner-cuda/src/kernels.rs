@@ -57,6 +57,11 @@ pub struct Kernels {
     gelu_tanh_mul: Kernel,
     argmax_rows: Kernel,
     decode_attention: Kernel,
+    /// The tensor-core decode attention and its dynamic shared memory, for
+    /// steps of at least `tc_decode_min_rows` decode rows (absent when off
+    /// or for head sizes without one).
+    tc_decode_attention: Option<(Kernel, u32)>,
+    tc_decode_min_rows: usize,
     combine: Kernel,
     advance_decode: Kernel,
     /// Absent for head sizes without a tensor-core kernel.
@@ -138,12 +143,14 @@ impl L2Prefetch {
 
 impl Kernels {
     /// Loads the kernels for `config`'s head size and GQA group and a KV
-    /// cache of `kv` elements.
+    /// cache of `kv` elements; decode steps of at least `tc_decode_min_rows`
+    /// rows (0: none) take the tensor-core decode attention.
     pub fn load(
         gpu: &Gpu,
         config: &ModelConfig,
         kv: KvDtype,
         prefetch: L2PrefetchSpec,
+        tc_decode_min_rows: usize,
     ) -> Result<Self, CudaError> {
         let (hd, group) = (
             config.head_dim,
@@ -167,6 +174,14 @@ impl Kernels {
             .map_err(|_| {
                 CudaError::Unsupported(format!("head_dim {hd} (64, 128 and 256 are supported)"))
             })?;
+        let tc_decode_attention = match tc_decode_min_rows {
+            0 => None,
+            _ => load_tc_decode(
+                gpu,
+                &format!("paged_attention_tc{infix}_hd{hd}_g{group}"),
+                hd,
+            )?,
+        };
         let prefill_attention = match gpu.kernel(&format!("prefill_attention{infix}_hd{hd}")) {
             Ok(k) => {
                 let bytes = prefill_shared_bytes(hd) as u32;
@@ -186,6 +201,8 @@ impl Kernels {
             gelu_tanh_mul: gpu.kernel("gelu_tanh_mul")?,
             argmax_rows: gpu.kernel("argmax_rows")?,
             decode_attention,
+            tc_decode_attention,
+            tc_decode_min_rows,
             combine: gpu.kernel("attention_combine")?,
             advance_decode: gpu.kernel("advance_decode")?,
             prefill_attention,
@@ -541,6 +558,26 @@ impl ArgmaxRows {
     }
 }
 
+/// `name` (a `paged_attention_tc*` kernel) with its dynamic shared memory
+/// allowed, or `None` for a head size without one.
+fn load_tc_decode(gpu: &Gpu, name: &str, hd: usize) -> Result<Option<(Kernel, u32)>, CudaError> {
+    let Ok(kernel) = gpu.kernel(name) else {
+        return Ok(None);
+    };
+    let bytes = tc_decode_shared_bytes(hd) as u32;
+    kernel.allow_shared_memory(bytes)?;
+    Ok(Some((kernel, bytes)))
+}
+
+/// Dynamic shared memory of `paged_attention_tc*` (`DecodeTcSmem::BYTES`):
+/// per warp, three stages of 16-key K and V tiles with rows padded by 8.
+fn tc_decode_shared_bytes(hd: usize) -> usize {
+    const WARPS: usize = 4;
+    const STAGES: usize = 3;
+    const KEYS: usize = 16;
+    WARPS * STAGES * 2 * KEYS * (hd + 8) * 2
+}
+
 /// The step's paged-attention inputs shared by the decode and prefill
 /// kernels.
 #[derive(Debug, Clone, Copy)]
@@ -612,7 +649,12 @@ impl DecodeAttention {
             self.heads.kv_heads as u32,
             self.splits as u32,
         );
-        gpu.launch(&k.decode_attention, grid, 128, 0, &args)
+        match &k.tc_decode_attention {
+            Some((tc, smem)) if self.tokens >= k.tc_decode_min_rows => {
+                gpu.launch(tc, grid, 128, *smem, &args)
+            }
+            _ => gpu.launch(&k.decode_attention, grid, 128, 0, &args),
+        }
     }
 
     /// The merge of this launch's split partials into `out`.
@@ -723,6 +765,19 @@ impl AdvanceDecode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tc_decode_rings_fit_two_blocks_an_sm_and_hold_the_accumulators() {
+        // DecodeTcSmem<128>::BYTES in attention.cu.
+        assert_eq!(tc_decode_shared_bytes(128), 104_448);
+        for hd in [64, 128] {
+            let bytes = tc_decode_shared_bytes(hd);
+            // Hopper: 228 KiB of shared memory per SM, 1 KiB reserved per block.
+            assert!(2 * (bytes + 1024) <= 228 << 10, "hd {hd}: {bytes}");
+            // The 4 warps' f32 accumulators of up to 8 heads reuse the ring.
+            assert!(bytes >= 4 * 8 * hd * 4, "hd {hd}: {bytes}");
+        }
+    }
 
     #[test]
     fn l2_prefetch_specs_parse_strictly() {

@@ -168,6 +168,9 @@ pub struct CudaRunnerConfig {
     /// count (no GEMV kernels, no fused norms), attention runs every token
     /// through the decode kernel in one split. Costs speed.
     pub deterministic: bool,
+    /// Decode steps with at least this many decode rows use the
+    /// tensor-core decode attention (`cuda.tc_decode_min_rows`; 0: never).
+    pub tc_decode_min_rows: usize,
 }
 
 impl Default for CudaRunnerConfig {
@@ -187,6 +190,7 @@ impl Default for CudaRunnerConfig {
             pdl: true,
             fused_block: false,
             deterministic: false,
+            tc_decode_min_rows: 0,
         }
     }
 }
@@ -300,7 +304,19 @@ impl CudaRunner {
         let prefetch = L2PrefetchSpec::parse(opts.l2_prefetch.as_deref())?;
         let started = Instant::now();
         let gpu = Gpu::open(opts.device, opts.pdl, opts.check)?;
-        let kernels = Kernels::load(&gpu, &config, opts.kv_cache_dtype, prefetch)?;
+        // A row threshold would make the kernel depend on the batch size.
+        let tc_decode_min_rows = if opts.deterministic {
+            0
+        } else {
+            opts.tc_decode_min_rows
+        };
+        let kernels = Kernels::load(
+            &gpu,
+            &config,
+            opts.kv_cache_dtype,
+            prefetch,
+            tc_decode_min_rows,
+        )?;
         let fused = FusedBlocks::load(&gpu, &config, opts.fused_block)?;
         let (_, total) = gpu.memory()?;
         let context_ms = ms_since(started);
