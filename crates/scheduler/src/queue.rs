@@ -34,7 +34,8 @@ impl SchedulerConfig {
     /// The most tokens any step may hold (what the runner's activations
     /// must be sized for).
     pub fn largest_step(&self) -> usize {
-        self.max_num_batched_tokens.max(self.max_prefill_only_tokens)
+        self.max_num_batched_tokens
+            .max(self.max_prefill_only_tokens)
     }
 }
 

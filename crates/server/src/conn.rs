@@ -118,7 +118,8 @@ impl Connection {
         let socket = probe.clone();
         let router = self.router.clone();
         let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
-            req.extensions_mut().insert(Received(std::time::Instant::now()));
+            req.extensions_mut()
+                .insert(Received(std::time::Instant::now()));
             req.extensions_mut().insert(probe.clone());
             let mut router = router.clone();
             router.call(req.map(axum::body::Body::new))

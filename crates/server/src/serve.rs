@@ -80,10 +80,7 @@ fn install_metrics(model_name: &str) -> Option<PrometheusHandle> {
             )
         })
         .and_then(|b| {
-            b.set_buckets_for_metric(
-                Matcher::Full("ingot_request_prefill_steps".into()),
-                &steps,
-            )
+            b.set_buckets_for_metric(Matcher::Full("ingot_request_prefill_steps".into()), &steps)
         })
         .and_then(|b| {
             b.set_buckets_for_metric(
