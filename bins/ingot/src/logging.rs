@@ -222,3 +222,18 @@ fn log_level(filter: &EnvFilter) -> log::LevelFilter {
         _ => log::LevelFilter::Trace,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_records_are_capped_at_the_most_verbose_level_the_filter_passes() {
+        let level = |d: &str| log_level(&EnvFilter::new(d));
+        assert_eq!(level("warn"), log::LevelFilter::Warn);
+        assert_eq!(level("off"), log::LevelFilter::Off);
+        assert_eq!(level("error"), log::LevelFilter::Error);
+        assert_eq!(level("info,ingot_server=debug"), log::LevelFilter::Debug);
+        assert_eq!(level("warn,tokenizers=trace"), log::LevelFilter::Trace);
+    }
+}
