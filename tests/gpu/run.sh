@@ -12,6 +12,11 @@
 #   bench     8B-shaped dummy: batch 1, prefill 1024, 256 x 1024 decode
 #   b1        only the batch-1 row of bench (for A/B runs of one knob)
 #   prefill   only the 1024-token prefill row of bench
+#   ttft      HTTP TTFT of a 1024-token prompt at concurrency 1 on `ingot serve` (8B dummy):
+#             scripts/bench-ttft (per request: client TTFT, the engine's prefill forward time,
+#             the gap and where it goes), after the engine-only prefill row; then the same
+#             with main's old behaviour (chunked prompt, log records through the tracing
+#             bridge) for an A/B in one call
 #   tput      only the 256 x (1024 in, 128 out) row of bench
 #   smolb1    batch 1 on a SmolLM2-135M-shaped dummy (no GGUF needed), graphs on and off
 #   qwen3b1   batch 1 on a Qwen3-8B-shaped dummy (q/k norm)
@@ -116,6 +121,13 @@ for phase in "$@"; do
       "$ING" bench latency --model "$(llama8b)" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl" ;;
     prefill)
       "$ING" bench latency --model "$(llama8b)" --load-format dummy --max-model-len 4096 --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 5 --json | tee -a "$O/bench.jsonl" ;;
+    ttft)
+      M=$(llama8b)
+      "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 5 --json | tee -a "$O/bench.jsonl"
+      timeout -k 5 "$T" python3 scripts/bench-ttft --binary "$ING_RAW" -n 20 --warmup 3 --json "$O/ttft.json" -- \
+        --model "$M" --load-format dummy --max-model-len 4096
+      INGOT_LOG_LEVEL="warn,ttft_before=trace" timeout -k 5 "$T" python3 scripts/bench-ttft --binary "$ING_RAW" -n 20 --warmup 3 \
+        --json "$O/ttft_before.json" -- --model "$M" --load-format dummy --max-model-len 4096 --max-prefill-only-tokens 0 ;;
     tput)
       "$ING" bench throughput --model "$(llama8b)" --load-format dummy --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl" ;;
     gemma)

@@ -67,6 +67,11 @@ pub struct ModelArgs {
     /// [scheduler.max_num_batched_tokens; 512].
     #[arg(long)]
     pub max_num_batched_tokens: Option<usize>,
+    /// Most tokens of a step in which no sequence decodes (a prompt alone
+    /// takes one step up to this length; 0: off)
+    /// [scheduler.max_prefill_only_tokens; 2048].
+    #[arg(long)]
+    pub max_prefill_only_tokens: Option<usize>,
     /// Where to run: `cuda` when a GPU driver and this build's kernels are
     /// present (`auto`), else `cpu` [model.device; auto].
     #[arg(long, value_parser = ["auto", "cpu", "cuda"])]
@@ -122,6 +127,11 @@ impl ModelArgs {
             "--max-num-batched-tokens",
             "scheduler.max_num_batched_tokens",
             &self.max_num_batched_tokens,
+        );
+        flags.opt(
+            "--max-prefill-only-tokens",
+            "scheduler.max_prefill_only_tokens",
+            &self.max_prefill_only_tokens,
         );
         flags.opt("--device", "model.device", &self.device);
         flags.opt(
@@ -380,7 +390,11 @@ fn cuda_runner(
     let opts = CudaRunnerConfig {
         device: 0,
         block_size: config.engine.block_size,
-        max_num_batched_tokens: config.scheduler.max_num_batched_tokens,
+        // The workspace holds the largest step, a prefill-only one included.
+        max_num_batched_tokens: config
+            .scheduler
+            .max_num_batched_tokens
+            .max(config.scheduler.max_prefill_only_tokens),
         max_num_seqs,
         gpu_memory_utilization: m.gpu_memory_utilization,
         kv_cache_tokens: m.kv_cache_tokens,

@@ -334,6 +334,12 @@ pub struct SchedulerSection {
     /// `engine.block_size`.
     #[schemars(range(min = 16))]
     pub max_num_batched_tokens: usize,
+    /// Most tokens of a step in which no sequence decodes (only prompts,
+    /// as when a request arrives at an idle server): such a step delays
+    /// no running request's next token, so a prompt up to this long is
+    /// computed in one step instead of chunks of `max_num_batched_tokens`.
+    /// At or below `max_num_batched_tokens` (0: off) it changes nothing.
+    pub max_prefill_only_tokens: usize,
     /// Waiting-queue bound; beyond it requests get 429 (low tiers first).
     pub max_waiting: usize,
     /// Waiting this long promotes a request by one tier.
@@ -348,6 +354,7 @@ impl Default for SchedulerSection {
         Self {
             max_num_seqs: 64,
             max_num_batched_tokens: 512,
+            max_prefill_only_tokens: 2048,
             max_waiting: 256,
             aging: Duration::from_secs(10),
             priority_deadlines: PriorityDeadlines::default(),
