@@ -16,6 +16,7 @@ const SOURCES: &[&str] = &[
     "rope",
     "attention",
     "gemv",
+    "fused_block",
     "sampling",
     "encoder",
     "fp8",

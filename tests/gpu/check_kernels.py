@@ -10,6 +10,7 @@ Prints one line per check and exits 1 if any fails.
 """
 import argparse
 import ctypes
+import itertools
 import math
 import os
 import sys
@@ -368,6 +369,17 @@ def check_sampling(m, rng):
         print(f"time sample_rows {R} x {V} {case}: {best * 1e3:.0f} us")
 
 
+# KV cache element types: (kernel name infix, torch dtype, tolerance of a
+# value written into the cache). FP8 e4m3 keeps 3 mantissa bits: a written
+# value is within 2^-4 of its own magnitude (kv_types.cuh).
+KV_TYPES = (("", torch.bfloat16, 8e-3), ("_fp8", torch.float8_e4m3fn, 7e-2))
+
+
+def kv_round(x, dtype):
+    """Rounds through the cache's element type (what attention reads)."""
+    return torch.tensor(x, dtype=torch.float64).to(dtype).double().numpy()
+
+
 def to_device_layout(a, KVH, hd, bs):
     """[slots, KVH * hd] (slot = block * bs + offset) -> the cache's [blocks, KVH, bs, hd]."""
     return a.reshape(-1, bs, KVH, hd).transpose(0, 2, 1, 3).reshape(a.shape[0], KVH * hd)
@@ -392,8 +404,9 @@ def rope_tables(hd, max_pos, theta):
 
 
 def check_rope(m, rng):
-    for H, KVH, hd, bias, qk_norm in ((9, 3, 64, False, False), (16, 8, 128, False, True), (28, 4, 128, True, False),
-                                       (4, 1, 256, False, True)):
+    for (H, KVH, hd, bias, qk_norm), (infix, kv_dtype, kv_tol) in itertools.product(
+            ((9, 3, 64, False, False), (16, 8, 128, False, True), (28, 4, 128, True, False), (4, 1, 256, False, True)),
+            KV_TYPES):
         T, max_pos, nslots = 19, 4096, 512
         w = (H + 2 * KVH) * hd
         qkv = bf(rnd(rng, T, w, scale=2.0))
@@ -405,14 +418,14 @@ def check_rope(m, rng):
         cos, sin = rope_tables(hd, max_pos, 10000.0)
         cos, sin = cos.astype(np.float32).astype(np.float64), sin.astype(np.float32).astype(np.float64)
         q_out = torch.empty(T, H * hd, dtype=torch.bfloat16, device="cuda")
-        kc = torch.zeros(nslots, KVH * hd, dtype=torch.bfloat16, device="cuda")
-        vc = torch.zeros(nslots, KVH * hd, dtype=torch.bfloat16, device="cuda")
+        kc = torch.zeros(nslots, KVH * hd, dtype=kv_dtype, device="cuda")
+        vc = torch.zeros(nslots, KVH * hd, dtype=kv_dtype, device="cuda")
         args = [ptr(dev(qkv, torch.bfloat16)), ptr(dev(b, torch.float32) if bias else None),
                 ptr(dev(qn, torch.float32) if qk_norm else None), ptr(dev(kn, torch.float32) if qk_norm else None),
                 ptr(dev(pos, torch.int32)), ptr(dev(slots, torch.int64)),
                 ptr(dev(cos, torch.float32)), ptr(dev(sin, torch.float32)),
                 ptr(q_out), ptr(kc), ptr(vc), i32(H), i32(KVH), i32(hd), f32(1e-6), i32(16)]
-        launch(m.fn("rope_qkv"), (T, (H + 2 * KVH + 7) // 8), 256, args)  # a warp per head, 8 per block
+        launch(m.fn(f"rope_qkv{infix}"), (T, (H + 2 * KVH + 7) // 8), 256, args)  # a warp per head, 8 per block
         x = qkv + (b if bias else 0)
         q = x[:, :H * hd].reshape(T, H, hd)
         k = x[:, H * hd:(H + KVH) * hd].reshape(T, KVH, hd)
@@ -425,11 +438,11 @@ def check_rope(m, rng):
             return rotate(a, cos, sin, pos)
 
         tag = f"H={H} KVH={KVH} hd={hd}{' bias' if bias else ''}{' qk_norm' if qk_norm else ''}"
-        report(f"rope_qkv q {tag}", rel(host(q_out).reshape(T, H, hd), rot(q)), 8e-3)
+        report(f"rope_qkv{infix} q {tag}", rel(host(q_out).reshape(T, H, hd), rot(q)), 8e-3)
         kh = from_device_layout(host(kc), KVH, hd, 16)
         vh = from_device_layout(host(vc), KVH, hd, 16)
-        report(f"rope_qkv k -> cache slot {tag}", rel(kh[slots].reshape(T, KVH, hd), rot(k)), 8e-3)
-        report(f"rope_qkv v -> cache slot {tag}", rel(vh[slots].reshape(T, KVH, hd), v), 8e-3)
+        report(f"rope_qkv{infix} k -> cache slot {tag}", rel(kh[slots].reshape(T, KVH, hd), rot(k)), kv_tol)
+        report(f"rope_qkv{infix} v -> cache slot {tag}", rel(vh[slots].reshape(T, KVH, hd), v), kv_tol)
 
 
 def paged_setup(rng, lens, KVH, hd, bs):
@@ -470,12 +483,15 @@ def check_attention(m, rng):
     bs = 16
     # (H, KVH, hd, sliding window): Llama shapes with full attention, then
     # windowed ones (Gemma 3: 270M is 4 x 1 x 256, window 512).
-    for H, KVH, hd, window in ((9, 3, 64, 0), (32, 8, 128, 0), (9, 3, 64, 100), (4, 1, 256, 0), (4, 1, 256, 300)):
+    for (H, KVH, hd, window), (infix, kv_dtype, _) in itertools.product(
+            ((9, 3, 64, 0), (32, 8, 128, 0), (64, 8, 128, 0), (8, 8, 128, 0), (9, 3, 64, 100), (4, 1, 256, 0),
+             (4, 1, 256, 300)), KV_TYPES):
         g = H // KVH
         scale_log2 = math.log2(math.e) / math.sqrt(hd)
         # Decode: one token per sequence at the end of contexts of various lengths.
         lens = [1, 17, 300, 1000, 64]
         table, stride, k, v = paged_setup(rng, lens, KVH, hd, bs)
+        k, v = kv_round(k, kv_dtype), kv_round(v, kv_dtype)
         n = len(lens)
         q = bf(rnd(rng, n, H * hd))
         pos = np.array(lens) - 1
@@ -490,19 +506,25 @@ def check_attention(m, rng):
             strided = dev([stride], torch.int32)
             seq = dev(np.arange(n), torch.int32)
             posd = dev(pos, torch.int32)
-            kd, vd = (dev(to_device_layout(a, KVH, hd, bs), torch.bfloat16) for a in (k, v))
+            kd, vd = (dev(to_device_layout(a, KVH, hd, bs), kv_dtype) for a in (k, v))
             args = [ptr(dev(q, torch.bfloat16)), ptr(kd), ptr(vd), ptr(tabled),
                     ptr(strided), ptr(seq), ptr(posd), ptr(None), ptr(out), ptr(part_acc), ptr(part_ml),
                     i32(H), i32(KVH), i32(bs), f32(scale_log2), i32(splits),
                     # L2 prefetch of some other buffer (a hint: must not change the result):
                     # early without a hint with one split, late with evict-last with four.
                     ptr(prefetch), ctypes.c_uint64(prefetch.numel() * 2), i32(1 if splits == 1 else 2), i32(window)]
-            launch(m.fn(f"paged_attention_hd{hd}_g{g}"), (n, KVH, splits), 128, args)
-            if splits > 1:
-                launch(m.fn("attention_combine"), (n, H), 128,
-                       [ptr(part_acc), ptr(part_ml), ptr(None), ptr(out), i32(H), i32(hd), i32(splits)])
-            report(f"paged_attention hd={hd} g={g} splits={splits} window={window} ctx={lens}",
-                   rel(host(out).reshape(n, H, hd), want), 2e-2)
+            # The SIMT kernel, and the tensor-core one (head sizes 64 and 128)
+            # with the same arguments and partials; its dynamic shared memory
+            # is DecodeTcSmem::BYTES.
+            variants = [("", 0)] + ([("_tc", 4 * 3 * 2 * 16 * (hd + 8) * 2)] if hd <= 128 else [])
+            for tc, smem in variants:
+                out.zero_()
+                launch(m.fn(f"paged_attention{tc}{infix}_hd{hd}_g{g}"), (n, KVH, splits), 128, args, smem=smem)
+                if splits > 1:
+                    launch(m.fn("attention_combine"), (n, H), 128,
+                           [ptr(part_acc), ptr(part_ml), ptr(None), ptr(out), i32(H), i32(hd), i32(splits)])
+                report(f"paged_attention{tc}{infix} hd={hd} g={g} splits={splits} window={window} ctx={lens}",
+                       rel(host(out).reshape(n, H, hd), want), 2e-2)
         if hd > 128:
             continue  # no tensor-core prefill kernel: prefill rows take the decode kernel
 
@@ -510,6 +532,7 @@ def check_attention(m, rng):
         prefix, chunk = 70, 150
         lens = [prefix + chunk, 20]
         table, stride, k, v = paged_setup(rng, lens, KVH, hd, bs)
+        k, v = kv_round(k, kv_dtype), kv_round(v, kv_dtype)
         T = chunk + 20
         q = bf(rnd(rng, T, H * hd))
         pos = np.concatenate([prefix + np.arange(chunk), np.arange(20)])
@@ -521,14 +544,14 @@ def check_attention(m, rng):
             tiles += [chunk + start, min(tt, 20 - start), 1]
         out = torch.zeros(T, H * hd, dtype=torch.bfloat16, device="cuda")
         smem = 3 * 64 * (hd + 8) * 2  # PrefillSmem: Q, K, V
-        kd, vd = (dev(to_device_layout(a, KVH, hd, bs), torch.bfloat16) for a in (k, v))
+        kd, vd = (dev(to_device_layout(a, KVH, hd, bs), kv_dtype) for a in (k, v))
         args = [ptr(dev(q, torch.bfloat16)), ptr(kd), ptr(vd),
                 ptr(dev(table.reshape(-1), torch.int32)), ptr(dev([stride], torch.int32)), ptr(dev(tiles, torch.int32)),
                 ptr(dev(pos, torch.int32)), ptr(out), i32(H), i32(KVH), i32(bs), f32(scale_log2), i32(window)]
-        launch(m.fn(f"prefill_attention_hd{hd}"), (len(tiles) // 3, KVH), 128, args, smem=smem)
+        launch(m.fn(f"prefill_attention{infix}_hd{hd}"), (len(tiles) // 3, KVH), 128, args, smem=smem)
         want = np.stack([reference_attention(q[t].reshape(H, hd), k, v, table, seqs[t], pos[t], H, KVH, hd, bs, window)
                          for t in range(T)])
-        report(f"prefill_attention hd={hd} H={H} KVH={KVH} window={window} (cached prefix {prefix})",
+        report(f"prefill_attention{infix} hd={hd} H={H} KVH={KVH} window={window} (cached prefix {prefix})",
                rel(host(out).reshape(T, H, hd), want), 2e-2)
 
 
@@ -631,6 +654,176 @@ def check_fused_norm(m, rng):
     report(f"gemv n={n} qkv_rope with fused RMSNorm (v)", rel(vh, yq[:, (H + KVH) * hd:].reshape(n, KVH, hd)), 8e-3)
 
 
+def fused_block_case(rng, n, H, hd, S, d, ff, empty_splits):
+    """Random split-K attention partials (some splits empty) and the weights
+    and residual of one layer's second half."""
+    qd = H * hd
+    m = rng.uniform(-4, 4, size=(n, H, S))
+    l = rng.uniform(0.5, 3, size=(n, H, S))
+    acc = rnd(rng, n, H, S, hd, scale=2.0)
+    if empty_splits:
+        m[:, :, S // 2:] = -np.inf  # short contexts leave the last splits empty
+        l[:, :, S // 2:] = 0
+        acc[:, :, S // 2:] = 0
+    c = dict(m=m.astype(np.float32), l=l.astype(np.float32), acc=acc.astype(np.float32))
+    c.update(
+        x=rnd(rng, n, d, scale=2.0).astype(np.float32).astype(np.float64),
+        g=(1 + 0.2 * rnd(rng, d)).astype(np.float32).astype(np.float64),
+        g2=(1 + 0.2 * rnd(rng, d)).astype(np.float32).astype(np.float64),
+        wo=bf(rnd(rng, d, qd, scale=0.05)),
+        wgu=bf(rnd(rng, 2 * ff, d, scale=0.05)),
+        wd=bf(rnd(rng, d, ff, scale=0.05)),
+    )
+    return c
+
+
+def fused_block_reference(c, ids, eps, gelu):
+    """float64: combine, o_proj into the residual, RMSNorm, gate/up, down;
+    bf16 where the kernels store bf16."""
+    m, l, acc = (c[k].astype(np.float64) for k in ("m", "l", "acc"))
+    top = m.max(-1, keepdims=True)
+    f = np.where(np.isfinite(m), np.exp2(m - top), 0.0)
+    attn = (acc * f[..., None]).sum(2) / (l * f).sum(-1)[..., None]
+    n = attn.shape[0]
+    attn_rows = np.empty_like(attn.reshape(n, -1))
+    attn_rows[ids] = bf(attn.reshape(n, -1))
+    x1 = c["x"] + attn_rows @ c["wo"].T
+    xg1 = bf(x1 * c["g"])
+    inv = 1 / np.sqrt((x1 ** 2).mean(-1, keepdims=True) + eps)
+    ff = c["wgu"].shape[0] // 2
+    gate, up = (xg1 @ c["wgu"][:ff].T) * inv, (xg1 @ c["wgu"][ff:].T) * inv
+    act = bf((gelu_tanh(gate) if gelu else gate / (1 + np.exp(-gate))) * up)
+    x2 = x1 + act @ c["wd"].T
+    return x2, bf(x2 * c["g2"]), act
+
+
+def qkv_case(rng, n, H, KVH, hd, d, bias):
+    """The next layer's q/k/v weights, bias and rope/KV-write targets."""
+    w = (H + 2 * KVH) * hd
+    max_pos, bs, nslots = 1024, 16, 256
+    cos, sin = (a.astype(np.float32).astype(np.float64) for a in rope_tables(hd, max_pos, 10000.0))
+    return dict(wq=bf(rnd(rng, w, d, scale=0.05)),
+                b=rnd(rng, w, scale=0.5).astype(np.float32).astype(np.float64) if bias else None,
+                pos=rng.integers(0, max_pos, n), slots=rng.permutation(nslots)[:n], cos=cos, sin=sin,
+                H=H, KVH=KVH, hd=hd, bs=bs, nslots=nslots)
+
+
+def qkv_reference(q, xg2, x2, eps):
+    """q, k, v (rotated where rope applies) of the next layer from its
+    pre-scaled input and the residual's 1/rms."""
+    inv = 1 / np.sqrt((x2 ** 2).mean(-1, keepdims=True) + eps)
+    y = (xg2 @ q["wq"].T) * inv + (q["b"] if q["b"] is not None else 0)
+    n, H, KVH, hd = len(x2), q["H"], q["KVH"], q["hd"]
+    rot = lambda a: rotate(a, q["cos"], q["sin"], q["pos"])  # noqa: E731
+    return (rot(y[:, :H * hd].reshape(n, H, hd)), rot(y[:, H * hd:(H + KVH) * hd].reshape(n, KVH, hd)),
+            y[:, (H + KVH) * hd:].reshape(n, KVH, hd))
+
+
+def qkv_buffers(q, n):
+    """Device inputs and zeroed outputs of a q/k/v phase: the kernel's
+    trailing arguments (null pointers and no heads without one)."""
+    if q is None:
+        return [ptr(None)] * 9 + [i32(0), i32(1)], None
+    H, KVH, hd = q["H"], q["KVH"], q["hd"]
+    outs = (torch.zeros(n, H * hd, dtype=torch.bfloat16, device="cuda"),
+            torch.zeros(q["nslots"], KVH * hd, dtype=torch.bfloat16, device="cuda"),
+            torch.zeros(q["nslots"], KVH * hd, dtype=torch.bfloat16, device="cuda"))
+    args = [ptr(dev(q["wq"], torch.bfloat16)), ptr(dev(q["b"], torch.float32) if q["b"] is not None else None),
+            ptr(dev(q["pos"], torch.int32)), ptr(dev(q["slots"], torch.int64)), ptr(dev(q["cos"], torch.float32)),
+            ptr(dev(q["sin"], torch.float32)), ptr(outs[0]), ptr(outs[1]), ptr(outs[2]), i32(KVH), i32(q["bs"])]
+    return args, outs
+
+
+def bits(t):
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+
+
+def check_fused_block(mods, rng):
+    """fused_block_n*: the second half of a layer (and the next layer's
+    q/k/v) in one kernel, against float64 and bit for bit against the
+    unfused kernels it replaces (attention_combine, gemv add_f32,
+    swiglu_norm, add_f32, qkv_rope_norm)."""
+    fb, gemv, att = mods["fused_block"], mods["gemv"], mods["attention"]
+    H, KVH, hd, d, ff, eps = 9, 3, 64, 576, 1536, 1e-5
+    # (tokens, splits, decode rows permuted, empty splits, grid, activation, next q/k/v: None / bias or not)
+    cases = ((1, 32, False, True, 192, "swiglu", False), (1, 32, False, False, 192, "swiglu", None),
+             (3, 4, True, False, 192, "swiglu", True), (8, 32, False, False, 40, "swiglu", False),
+             (2, 1, False, False, 192, "swiglu", None), (4, 8, False, True, 100, "geglu", False))
+    for n, S, permute, empty, grid, act_name, qkv_bias in cases:
+        gelu = act_name == "geglu"
+        c = fused_block_case(rng, n, H, hd, S, d, ff, empty)
+        q = None if qkv_bias is None else qkv_case(rng, n, H, KVH, hd, d, qkv_bias)
+        ids = rng.permutation(n) if permute else np.arange(n)
+        x2, xg2, act = fused_block_reference(c, ids, eps, gelu)
+        ml = np.stack([c["m"], c["l"]], -1).reshape(-1)
+        part_acc, part_ml = dev(c["acc"].reshape(-1), torch.float32), dev(ml, torch.float32)
+        idsd = dev(ids, torch.int32) if permute else None
+        attn = torch.zeros(n, H * hd, dtype=torch.bfloat16, device="cuda")
+        if S == 1:  # one split: the attention wrote its rows itself
+            attn = dev(fused_block_reference_attn(c, ids), torch.bfloat16)
+        wo, wgu, wd = (dev(c[k], torch.bfloat16) for k in ("wo", "wgu", "wd"))
+        g, g2 = dev(c["g"], torch.float32), dev(c["g2"], torch.float32)
+        what = (f"fused_block n={n} splits={S} grid={grid} {act_name}{' permuted rows' if permute else ''}"
+                f"{'' if q is None else ' + next q/k/v' + (' bias' if qkv_bias else '')}")
+        outs = []
+        for fused in (True, False):
+            xn = torch.zeros(n, d, dtype=torch.bfloat16, device="cuda")
+            actd = torch.zeros(n, ff, dtype=torch.bfloat16, device="cuda")
+            ssb = sumsq_buffer()
+            qargs, qouts = qkv_buffers(q, n)
+            if fused:
+                # Twice: the barrier state must be ready again after a launch.
+                for _ in range(2):
+                    x = dev(c["x"], torch.float32)
+                    launch(fb.fn(f"fused_block_n{n}_{act_name}"), (grid,), 256,
+                           [ptr(part_acc), ptr(part_ml), ptr(idsd), ptr(attn), i32(H), i32(hd), i32(S), ptr(wo),
+                            ptr(x), ptr(g), ptr(xn), ptr(ssb), f32(eps), ptr(wgu), ptr(actd), ptr(wd), ptr(g2),
+                            i32(d), i32(ff)] + qargs)
+            else:
+                x = dev(c["x"], torch.float32)
+                a = attn.clone()
+                if S > 1:
+                    launch(att.fn("attention_combine"), (n, H), 128,
+                           [ptr(part_acc), ptr(part_ml), ptr(idsd), ptr(a), i32(H), i32(hd), i32(S)])
+                launch(gemv.fn(f"gemv_n{n}_add_f32"), (d // 8,), 256,
+                       [ptr(a), ptr(wo), ptr(x), i32(H * hd), i32(d), ptr(ssb), ptr(g), ptr(xn)])
+                launch(gemv.fn(f"gemv_n{n}_{act_name}_norm"), (ff // 8,), 256,
+                       [ptr(xn), f32(eps), ptr(ssb), ptr(wgu), ptr(actd), i32(d), i32(ff)])
+                launch(gemv.fn(f"gemv_n{n}_add_f32"), (d // 8,), 256,
+                       [ptr(actd), ptr(wd), ptr(x), i32(ff), i32(d), ptr(ssb), ptr(g2), ptr(xn)])
+                if q is not None:
+                    width = (H + 2 * KVH) * hd
+                    launch(gemv.fn(f"gemv_n{n}_qkv_rope_norm"), (math.ceil(width / 8),), 256,
+                           [ptr(xn), f32(eps), ptr(ssb), qargs[0], i32(d)] + qargs[1:9] + [i32(H), i32(KVH), i32(hd),
+                                                                                        i32(q["bs"])])
+            outs.append([x, xn, actd, ssb[8:]] + list(qouts or ()))
+            if not fused:
+                continue
+            got_ss, blocks = sumsq_rows(ssb, n)
+            report(f"{what}: residual", rel(host(x), x2), 1e-4)
+            report(f"{what}: next norm's pre-scaled input", rel(host(xn), xg2), 8e-3)
+            report(f"{what}: activations", rel(host(actd), act), 1.6e-2)
+            report(f"{what}: sums of squares", rel(got_ss, (x2 ** 2).sum(-1)), 1e-4)
+            report(f"{what}: one partial per o_proj task", abs(blocks - d // 8), 0.5)
+            if q is not None:
+                wq_, wk, wv = qkv_reference(q, xg2, x2, eps)
+                kh = from_device_layout(host(qouts[1]), KVH, hd, q["bs"])[q["slots"]].reshape(n, KVH, hd)
+                vh = from_device_layout(host(qouts[2]), KVH, hd, q["bs"])[q["slots"]].reshape(n, KVH, hd)
+                report(f"{what}: next q", rel(host(qouts[0]).reshape(n, H, hd), wq_), 1.6e-2)
+                report(f"{what}: next k -> cache", rel(kh, wk), 1.6e-2)
+                report(f"{what}: next v -> cache", rel(vh, wv), 1.6e-2)
+        same = all(torch.equal(bits(a), bits(b)) for a, b in zip(*outs))
+        report(f"{what}: same bits as the unfused kernels", 0.0 if same else 1.0, 0.5)
+
+
+def fused_block_reference_attn(c, ids):
+    """The attention rows a one-split attention writes itself (bf16)."""
+    n, H, _, hd = c["acc"].shape
+    rows = np.empty((n, H * hd))
+    rows[ids] = (c["acc"][:, :, 0] / c["l"][:, :, :1]).reshape(n, -1)
+    return bf(rows)
+
+
 def check_qkv_rope(m, rng):
     """Fused q/k/v GEMV + bias + rope + paged KV write vs GEMV then the reference rope."""
     for n, H, KVH, hd, d, bias in ((1, 9, 3, 64, 576, False), (4, 32, 8, 128, 4096, True)):
@@ -665,20 +858,30 @@ def check_qkv_rope(m, rng):
         report(f"gemv qkv_rope v -> cache {tag}", rel(vh, v), 8e-3)
 
 
+# (name, module, check), in the order they run.
+CHECKS = [
+    ("elementwise", "elementwise", check_elementwise),
+    ("sampling", "sampling", check_sampling),
+    ("rope", "rope", check_rope),
+    ("attention", "attention", check_attention),
+    ("gemv", "gemv", check_gemv),
+    ("qkv_rope", "gemv", check_qkv_rope),
+    ("fused_norm", "gemv", check_fused_norm),
+    ("fused_block", None, check_fused_block),  # takes every module
+]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cubins", required=True, help="folder with elementwise/rope/attention .sm_90.cubin")
+    ap.add_argument("--only", choices=[c[0] for c in CHECKS], help="run one group of checks")
     args = ap.parse_args()
     torch.zeros(1, device="cuda")  # makes the primary context current for the driver calls
     rng = np.random.default_rng(0)
-    mods = {n: Module(os.path.join(args.cubins, f"{n}.sm_90.cubin")) for n in ("elementwise", "rope", "attention", "gemv", "sampling")}
-    check_elementwise(mods["elementwise"], rng)
-    check_sampling(mods["sampling"], rng)
-    check_rope(mods["rope"], rng)
-    check_attention(mods["attention"], rng)
-    check_gemv(mods["gemv"], rng)
-    check_qkv_rope(mods["gemv"], rng)
-    check_fused_norm(mods["gemv"], rng)
+    mods = {n: Module(os.path.join(args.cubins, f"{n}.sm_90.cubin")) for n in ("elementwise", "rope", "attention", "gemv", "sampling", "fused_block")}
+    for name, module, check in CHECKS:
+        if args.only in (None, name):
+            check(mods[module] if module else mods, rng)
     print(f"kernel checks: {'all passed' if not FAILS else 'FAILED: ' + ', '.join(FAILS)}")
     sys.exit(1 if FAILS else 0)
 

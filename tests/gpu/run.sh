@@ -12,10 +12,23 @@
 #   bench     8B-shaped dummy: batch 1, prefill 1024, 256 x 1024 decode
 #   b1        only the batch-1 row of bench (for A/B runs of one knob)
 #   prefill   only the 1024-token prefill row of bench
+#   ttft      HTTP TTFT of a 1024-token prompt at concurrency 1 on `ingot serve` (8B dummy):
+#             scripts/bench-ttft (per request: client TTFT, the engine's prefill forward time,
+#             the gap and where it goes), after the engine-only prefill row; then the same
+#             with main's old behaviour (chunked prompt, log records through the tracing
+#             bridge) for an A/B in one call
 #   tput      only the 256 x (1024 in, 128 out) row of bench
 #   smolb1    batch 1 on a SmolLM2-135M-shaped dummy (no GGUF needed), graphs on and off
 #   qwen3b1   batch 1 on a Qwen3-8B-shaped dummy (q/k norm)
 #   profile   per-step GPU time by category (eager) and CPU gaps
+#   kvfp8     FP8 KV cache (--kv-cache-dtype fp8): the 256 x (1024 in, 128 out) row, its eager
+#             profile, batch 1, and logits rel_l2 / 32-token greedy agreement against the bf16
+#             cache (compare_kv_dtype.py) on the 8B dummy and, with its bundle, SmolLM2
+#   tcdec     tensor-core decode attention (cuda.tc_decode_min_rows) A/B against the SIMT kernel
+#             in one call: the attention kernel checks, 256 / 64 x (1024 in, 128 out) with each, FP8 KV at 256, batch 1,
+#             the eager per-step profile with it, and compare_hf with it forced on
+#   tcfp8     the FP8-cache half of tcdec: attention kernel checks, 256 x (1024 in, 128 out) and its
+#             eager profile with --kv-cache-dtype fp8, SIMT vs tensor cores
 #   sampled   the bench shapes with sampling on the GPU (temperature, top-p, top-k)
 #   logprobs  the same two with 5 top logprobs per token (also on the GPU)
 #   serve     the HTTP server on CUDA with curl (serve_smoke.sh), 8B dummy
@@ -122,6 +135,13 @@ for phase in "$@"; do
       "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 $Q --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl"
       "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 $Q --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 5 --json | tee -a "$O/bench.jsonl"
       "$ING" bench throughput --model "$M" --load-format dummy --max-model-len 4096 $Q --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl" ;;
+    ttft)
+      M=$(llama8b)
+      "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 5 --json | tee -a "$O/bench.jsonl"
+      timeout -k 5 "$T" python3 scripts/bench-ttft --binary "$ING_RAW" -n 20 --warmup 3 --json "$O/ttft.json" -- \
+        --model "$M" --load-format dummy --max-model-len 4096
+      INGOT_LOG_LEVEL="warn,ttft_before=trace" timeout -k 5 "$T" python3 scripts/bench-ttft --binary "$ING_RAW" -n 20 --warmup 3 \
+        --json "$O/ttft_before.json" -- --model "$M" --load-format dummy --max-model-len 4096 --max-prefill-only-tokens 0 ;;
     tput)
       "$ING" bench throughput --model "$(llama8b)" --load-format dummy --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl" ;;
     gemma)
@@ -149,6 +169,39 @@ for phase in "$@"; do
       for eager in "" "--enforce-eager"; do
         "$ING" bench latency --model "$W/smollm2-dummy" --load-format dummy --input-len 128 --output-len 256 --num-iters 3 $eager --json | tee -a "$O/bench.jsonl"
       done ;;
+    tcdec)
+      M=$(llama8b)
+      TP="bench throughput --model $M --load-format dummy --max-model-len 4096 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192"
+      timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only attention
+      for n in 256 64; do
+        for rows in 0 1; do
+          echo "tc_decode_min_rows=$rows seqs=$n"
+          INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows "$ING" $TP --num-prompts $n --max-num-seqs $n --json | tee -a "$O/bench.jsonl"
+        done
+      done
+      for rows in 0 1; do
+        echo "tc_decode_min_rows=$rows seqs=256 kv fp8"
+        INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows "$ING" $TP --num-prompts 256 --max-num-seqs 256 --kv-cache-dtype fp8 --json | tee -a "$O/bench.jsonl"
+        echo "tc_decode_min_rows=$rows batch 1"
+        INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl"
+      done
+      for rows in 0 1; do
+        echo "tc_decode_min_rows=$rows seqs=256 eager profile"
+        INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows INGOT_CUDA_PROFILE=1 "$ING" ${TP/--output-len 128/--output-len 32} --num-prompts 256 --max-num-seqs 256 2>&1 | grep -E "cuda profile"
+      done
+      INGOT_CUDA_TC_DECODE_MIN_ROWS=1 timeout -k 5 "$T" python3 tests/gpu/compare_hf.py --ingot "$ING" --tokenizers "$W/tokenizers" --work "$W/hf" ;;
+    tcfp8)
+      M=$(llama8b)
+      TP="bench throughput --model $M --load-format dummy --max-model-len 4096 --input-len 1024 --max-num-batched-tokens 8192 --num-prompts 256 --max-num-seqs 256 --kv-cache-dtype fp8"
+      timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only attention
+      for rows in 0 1; do
+        echo "tc_decode_min_rows=$rows seqs=256 kv fp8"
+        INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows "$ING" $TP --output-len 128 --json | tee -a "$O/bench.jsonl"
+      done
+      for rows in 0 1; do
+        echo "tc_decode_min_rows=$rows seqs=256 kv fp8 eager profile"
+        INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows INGOT_CUDA_PROFILE=1 "$ING" $TP --output-len 32 2>&1 | grep -E "cuda profile"
+      done ;;
     sampled)
       M=$(llama8b)
       S="--temperature 0.8 --top-p 0.95 --top-k 50"
@@ -164,6 +217,15 @@ for phase in "$@"; do
       INGOT_CUDA_PROFILE=1 "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 64 --num-iters 1 --json
       INGOT_CUDA_PROFILE=1 "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 2 --json
       INGOT_CUDA_PROFILE=1 "$ING" bench throughput --model "$M" --load-format dummy --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 32 --max-num-batched-tokens 8192 --json ;;
+    kvfp8)
+      M=$(llama8b)
+      TP="bench throughput --model $M --load-format dummy --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --kv-cache-dtype fp8"
+      "$ING" $TP --json | tee -a "$O/bench.jsonl"
+      INGOT_CUDA_PROFILE=1 "$ING" $TP 2>&1 | grep -E "cuda profile"
+      "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --kv-cache-dtype fp8 --json | tee -a "$O/bench.jsonl"
+      timeout -k 5 $((2 * T)) python3 tests/gpu/compare_kv_dtype.py --ingot "$ING_RAW" --model "$M" --prompts 2 \
+        -- --load-format dummy --max-model-len 4096 --enforce-eager
+      if [ -f "$SMOL" ]; then timeout -k 5 $((2 * T)) python3 tests/gpu/compare_kv_dtype.py --ingot "$ING_RAW" --model "$SMOL"; else echo "no SmolLM2 bundle"; fi ;;
     serve) bash tests/gpu/serve_smoke.sh "$ING_RAW" "$(llama8b)" --load-format dummy --max-model-len 4096 --max-num-seqs 32 ;;
     models)
       mkdir -p "$W/llama1b-dummy"; cp tests/gpu/configs/llama-3.2-1b/config.json "$W"/tokenizers/llama3/* "$W/llama1b-dummy/"

@@ -102,6 +102,7 @@ pub fn init() {
         .with(OtelSlot(otel.clone()).with_filter(exported()))
         .init();
     // init() runs once, from main; a second call would have panicked above.
+    log::set_max_level(log_level(&EnvFilter::new("warn")));
     let _ = FILTER.set(handle);
     let _ = FORMAT.set(format);
     let _ = OTEL.set(otel);
@@ -175,10 +176,15 @@ fn writer(format: LogFormat) -> Writer {
 /// Sets the line format (`log.format`); applied once the config is loaded,
 /// before any request (a reload reports a change as needing a restart).
 pub fn set_format(format: LogFormat) -> Result<(), String> {
-    match FORMAT.get() {
-        Some(handle) => handle.reload(writer(format)).map_err(|e| e.to_string()),
-        None => Ok(()),
+    let Some(handle) = FORMAT.get() else {
+        return Ok(());
+    };
+    handle.reload(writer(format)).map_err(|e| e.to_string())?;
+    // A reload lifts `log`'s cap to tracing's global level: set it again.
+    if let Some(level) = FILTER.get().and_then(|h| h.with_current(log_level).ok()) {
+        log::set_max_level(level);
     }
+    Ok(())
 }
 
 /// Parses a `log.level` directive the way [`set`] will.
@@ -189,8 +195,45 @@ pub fn parse(directive: &str) -> Result<EnvFilter, String> {
 /// Replaces the filter with `directive`.
 pub fn set(directive: &str) -> Result<(), String> {
     let filter = parse(directive)?;
-    match FILTER.get() {
-        Some(handle) => handle.reload(filter).map_err(|e| e.to_string()),
-        None => Ok(()),
+    let level = log_level(&filter);
+    if let Some(handle) = FILTER.get() {
+        handle.reload(filter).map_err(|e| e.to_string())?;
+    }
+    log::set_max_level(level);
+    Ok(())
+}
+
+/// The `log` crate's level cap for `filter`: the most verbose level it can
+/// pass. Set after every reload (a reload lifts the cap to tracing's global
+/// level, which the span exporter's filter leaves at `trace`). Without it,
+/// libraries that use `log` (tokenizers logs per character in its
+/// normalizer) hand every record to the tracing bridge to be filtered out
+/// there: that was about 40 % of the time to tokenize a 1,024-token
+/// prompt, on the path of every request's first token
+/// (docs/perf/http-ttft.md). The exporter takes spans, never `log` records.
+fn log_level(filter: &EnvFilter) -> log::LevelFilter {
+    use tracing_subscriber::filter::LevelFilter;
+    match filter.max_level_hint() {
+        Some(LevelFilter::OFF) => log::LevelFilter::Off,
+        Some(LevelFilter::ERROR) => log::LevelFilter::Error,
+        Some(LevelFilter::WARN) => log::LevelFilter::Warn,
+        Some(LevelFilter::INFO) => log::LevelFilter::Info,
+        Some(LevelFilter::DEBUG) => log::LevelFilter::Debug,
+        _ => log::LevelFilter::Trace,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_records_are_capped_at_the_most_verbose_level_the_filter_passes() {
+        let level = |d: &str| log_level(&EnvFilter::new(d));
+        assert_eq!(level("warn"), log::LevelFilter::Warn);
+        assert_eq!(level("off"), log::LevelFilter::Off);
+        assert_eq!(level("error"), log::LevelFilter::Error);
+        assert_eq!(level("info,ingot_server=debug"), log::LevelFilter::Debug);
+        assert_eq!(level("warn,tokenizers=trace"), log::LevelFilter::Trace);
     }
 }

@@ -12,7 +12,7 @@ use ingot_engine::{start_engine, EngineConfig, EngineHandle};
 use ingot_models::{LoadFormat, ModelConfig, ModelFiles};
 use ingot_runner::ModelRunner;
 use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig, CpuWeights, QuantKind, WeightDtype};
-use ingot_runner_cuda::{CudaRunner, CudaRunnerConfig};
+use ingot_runner_cuda::{CudaRunner, CudaRunnerConfig, KvDtype};
 use ingot_tokenizer::Tokenizer;
 
 use crate::settings::{self, FlagSet};
@@ -36,6 +36,12 @@ pub struct ModelArgs {
     /// the CPU, at least one full context].
     #[arg(long)]
     pub kv_cache_tokens: Option<usize>,
+    /// KV cache element type on CUDA: `auto` (the model's dtype), `bf16`, or
+    /// `fp8` (e4m3: twice the tokens in the same memory, less to read per
+    /// decode step; logits differ by the rounding of K and V)
+    /// [model.kv_cache_dtype; auto].
+    #[arg(long, value_parser = ["auto", "bf16", "fp8"])]
+    pub kv_cache_dtype: Option<String>,
     /// Cap the context length below the model's [model.max_model_len].
     #[arg(long)]
     pub max_model_len: Option<usize>,
@@ -63,6 +69,11 @@ pub struct ModelArgs {
     /// [scheduler.max_num_batched_tokens; 512].
     #[arg(long)]
     pub max_num_batched_tokens: Option<usize>,
+    /// Most tokens of a step in which no sequence decodes (a prompt alone
+    /// takes one step up to this length; 0: off)
+    /// [scheduler.max_prefill_only_tokens; 2048].
+    #[arg(long)]
+    pub max_prefill_only_tokens: Option<usize>,
     /// Where to run: `cuda` when a GPU driver and this build's kernels are
     /// present (`auto`), else `cpu` [model.device; auto].
     #[arg(long, value_parser = ["auto", "cpu", "cuda"])]
@@ -75,6 +86,11 @@ pub struct ModelArgs {
     /// [model.enforce_eager].
     #[arg(long)]
     pub enforce_eager: bool,
+    /// Batch-invariant kernels: a greedy answer does not depend on what
+    /// else is batched with it (the CPU backend always is; slower on the
+    /// GPU) [engine.deterministic; false].
+    #[arg(long)]
+    pub deterministic: bool,
 }
 
 impl ModelArgs {
@@ -97,6 +113,11 @@ impl ModelArgs {
             &self.kv_cache_tokens,
         );
         flags.opt(
+            "--kv-cache-dtype",
+            "model.kv_cache_dtype",
+            &self.kv_cache_dtype,
+        );
+        flags.opt(
             "--max-model-len",
             "model.max_model_len",
             &self.max_model_len,
@@ -109,6 +130,11 @@ impl ModelArgs {
             "scheduler.max_num_batched_tokens",
             &self.max_num_batched_tokens,
         );
+        flags.opt(
+            "--max-prefill-only-tokens",
+            "scheduler.max_prefill_only_tokens",
+            &self.max_prefill_only_tokens,
+        );
         flags.opt("--device", "model.device", &self.device);
         flags.opt(
             "--gpu-memory-utilization",
@@ -119,6 +145,12 @@ impl ModelArgs {
             "--enforce-eager",
             "model.enforce_eager",
             self.enforce_eager,
+            true,
+        );
+        flags.switch(
+            "--deterministic",
+            "engine.deterministic",
+            self.deterministic,
             true,
         );
         Ok(())
@@ -296,6 +328,8 @@ pub fn load_runner(
     tracing::info!(
         model = %path.display(),
         device = runner.device_name(),
+        // The CPU backend is batch-invariant with or without it.
+        deterministic = config.engine.deterministic,
         elapsed = ?start.elapsed(),
         "model loaded"
     );
@@ -358,16 +392,27 @@ fn cuda_runner(
     let opts = CudaRunnerConfig {
         device: 0,
         block_size: config.engine.block_size,
-        max_num_batched_tokens: config.scheduler.max_num_batched_tokens,
+        // The workspace holds the largest step, a prefill-only one included.
+        max_num_batched_tokens: config
+            .scheduler
+            .max_num_batched_tokens
+            .max(config.scheduler.max_prefill_only_tokens),
         max_num_seqs,
         gpu_memory_utilization: m.gpu_memory_utilization,
         kv_cache_tokens: m.kv_cache_tokens,
+        kv_cache_dtype: match m.kv_cache_dtype {
+            ingot_config::KvCacheDtype::Auto | ingot_config::KvCacheDtype::Bf16 => KvDtype::Bf16,
+            ingot_config::KvCacheDtype::Fp8 => KvDtype::Fp8,
+        },
         cuda_graphs: !m.enforce_eager,
         profile: cuda.profile,
         check: cuda.check,
         l2_prefetch: cuda.l2_prefetch.clone(),
         pdl: cuda.pdl,
         fp8_weights: m.quantization == ingot_config::Quantization::Fp8,
+        fused_block: cuda.fused_block,
+        deterministic: config.engine.deterministic,
+        tc_decode_min_rows: cuda.tc_decode_min_rows,
     };
     let path = settings::model_path(config)?;
     let runner = CudaRunner::new(files.config.clone(), files.tensors.as_ref(), opts, progress)
@@ -383,6 +428,13 @@ fn cpu_runner(
 ) -> anyhow::Result<CpuRunner> {
     let model = files.config.clone();
     let path = settings::model_path(config)?;
+    let kv_dtype = config.model.kv_cache_dtype;
+    if kv_dtype != ingot_config::KvCacheDtype::Auto {
+        anyhow::bail!(
+            "model.kv_cache_dtype = {:?} needs the CUDA backend: the CPU backend keeps its KV cache in f32 (use \"auto\" or --device cuda)",
+            kv_dtype.as_str()
+        );
+    }
     let block_size = config.engine.block_size;
     let kv_tokens = config.model.kv_cache_tokens.map_or_else(
         || default_kv_tokens(&model, block_size) as usize,

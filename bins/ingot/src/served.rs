@@ -116,7 +116,13 @@ pub fn registry(config: &Config, entries: Vec<ModelEntry>) -> anyhow::Result<Mod
             return Ok(ServedModel::embedding(id, handle));
         }
         let handle = load_engine(&c, engine).map_err(|e| format!("{e:#}"))?;
-        eprintln!("ingot: {id} serving on {}", handle.device_name());
+        // Users see whether answers are batch-invariant by choice.
+        let mode = if c.engine.deterministic {
+            " in deterministic mode"
+        } else {
+            ""
+        };
+        eprintln!("ingot: {id} serving on {}{mode}", handle.device_name());
         Ok(ServedModel::new(id, handle))
     });
     let budget = Budget {
@@ -213,7 +219,7 @@ fn with_kv_shares(
         let c = entry_config(config, e);
         let (_, model) = metadata(&c)?;
         let weights = model.num_params() as u64 * 2;
-        let per_token = (CpuRunner::kv_bytes_per_token(&model) / 2).max(1) as u64;
+        let per_token = gpu_kv_bytes_per_token(&c, &model).max(1);
         let tokens = share.saturating_sub(weights + GPU_WORKSPACE_SLACK) / per_token;
         let block = c.engine.block_size as u64;
         anyhow::ensure!(
@@ -230,6 +236,16 @@ fn with_kv_shares(
     }
     Ok(entries)
 }
+/// KV bytes per token on the GPU: the CPU's f32 bytes scaled to
+/// `model.kv_cache_dtype` (bf16: half, fp8: a quarter).
+fn gpu_kv_bytes_per_token(c: &Config, model: &ingot_models::ModelConfig) -> u64 {
+    let f32_bytes = CpuRunner::kv_bytes_per_token(model) as u64;
+    match c.model.kv_cache_dtype {
+        ingot_config::KvCacheDtype::Fp8 => f32_bytes / 4,
+        ingot_config::KvCacheDtype::Auto | ingot_config::KvCacheDtype::Bf16 => f32_bytes / 2,
+    }
+}
+
 /// Whether the engines will run on the GPU.
 fn on_gpu(config: &Config) -> bool {
     match config.model.device {
@@ -307,6 +323,10 @@ fn footprint(c: &Config) -> anyhow::Result<u64> {
         || crate::model::default_kv_tokens(&model, c.engine.block_size),
         |t| t as u64,
     );
-    let kv_per_token = CpuRunner::kv_bytes_per_token(&model) as u64 / if cpu { 1 } else { 2 };
+    let kv_per_token = if cpu {
+        CpuRunner::kv_bytes_per_token(&model) as u64
+    } else {
+        gpu_kv_bytes_per_token(c, &model)
+    };
     Ok(weights + kv_tokens * kv_per_token)
 }

@@ -355,6 +355,44 @@ fn device_cuda_without_a_gpu_is_a_clear_error() {
     assert_clean_error(&o, "--device cuda: CUDA unavailable");
 }
 
+#[test]
+fn an_fp8_kv_cache_on_the_cpu_is_a_clear_error() {
+    for device in ["cpu", "auto"] {
+        if device == "auto" && !ingot_runner_cuda_unavailable() {
+            continue; // auto lands on the GPU there
+        }
+        let o = ingot(&[
+            "logits",
+            "--model",
+            &model(),
+            "--device",
+            device,
+            "--kv-cache-dtype",
+            "fp8",
+            "--prompt-ids",
+            "1",
+            "--out",
+            "/dev/null",
+        ]);
+        assert_clean_error(&o, "model.kv_cache_dtype = \"fp8\" needs the CUDA backend");
+    }
+    // `auto` is the default and runs anywhere.
+    let o = ingot(&[
+        "logits",
+        "--model",
+        &model(),
+        "--device",
+        "cpu",
+        "--kv-cache-dtype",
+        "auto",
+        "--prompt-ids",
+        "1",
+        "--out",
+        "/dev/null",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
 fn example_config() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../ingot.example.toml")
 }

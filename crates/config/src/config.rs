@@ -170,6 +170,32 @@ pub enum Quantization {
     Fp8,
 }
 
+/// Element type of the KV cache (CUDA; the CPU backend keeps f32).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum KvCacheDtype {
+    /// The model's compute dtype (bf16 on CUDA, f32 on the CPU).
+    #[default]
+    Auto,
+    /// bf16 (CUDA).
+    Bf16,
+    /// FP8 e4m3 with a per-tensor scale of 1.0 (CUDA): half the bytes per
+    /// token, so twice the tokens in the same memory; logits differ by the
+    /// 3-bit-mantissa rounding of K and V.
+    Fp8,
+}
+
+impl KvCacheDtype {
+    /// The value as written in config files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Bf16 => "bf16",
+            Self::Fp8 => "fp8",
+        }
+    }
+}
+
 /// Which model to load and how.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -199,6 +225,9 @@ pub struct ModelSection {
     /// budget on the GPU).
     #[schemars(range(min = 1))]
     pub kv_cache_tokens: Option<usize>,
+    /// KV cache element type: `auto` (the model's dtype), `bf16` or `fp8`
+    /// (CUDA only).
+    pub kv_cache_dtype: KvCacheDtype,
     /// Share of GPU memory for weights, workspace and KV cache, in (0, 1].
     #[schemars(range(max = 1), extend("exclusiveMinimum" = 0))]
     pub gpu_memory_utilization: f64,
@@ -219,6 +248,7 @@ impl Default for ModelSection {
             threads: None,
             max_model_len: None,
             kv_cache_tokens: None,
+            kv_cache_dtype: KvCacheDtype::Auto,
             gpu_memory_utilization: 0.9,
             enforce_eager: false,
         }
@@ -279,6 +309,10 @@ pub struct EngineSection {
     /// Token slots per KV block (only 16 is supported).
     #[schemars(range(min = 16, max = 16))]
     pub block_size: usize,
+    /// Batch-invariant kernels: a greedy (or seeded) answer does not depend
+    /// on what else runs beside it. The CPU backend always is; on the GPU
+    /// this picks slower kernels, so it is off by default.
+    pub deterministic: bool,
 }
 
 impl Default for EngineSection {
@@ -287,6 +321,7 @@ impl Default for EngineSection {
             prefix_caching: true,
             stall_timeout: Duration::from_secs(30),
             block_size: BLOCK_SIZE,
+            deterministic: false,
         }
     }
 }
@@ -302,6 +337,12 @@ pub struct SchedulerSection {
     /// `engine.block_size`.
     #[schemars(range(min = 16))]
     pub max_num_batched_tokens: usize,
+    /// Most tokens of a step in which no sequence decodes (only prompts,
+    /// as when a request arrives at an idle server): such a step delays
+    /// no running request's next token, so a prompt up to this long is
+    /// computed in one step instead of chunks of `max_num_batched_tokens`.
+    /// At or below `max_num_batched_tokens` (0: off) it changes nothing.
+    pub max_prefill_only_tokens: usize,
     /// Waiting-queue bound; beyond it requests get 429 (low tiers first).
     pub max_waiting: usize,
     /// Waiting this long promotes a request by one tier.
@@ -316,6 +357,7 @@ impl Default for SchedulerSection {
         Self {
             max_num_seqs: 64,
             max_num_batched_tokens: 512,
+            max_prefill_only_tokens: 2048,
             max_waiting: 256,
             aging: Duration::from_secs(10),
             priority_deadlines: PriorityDeadlines::default(),
@@ -495,6 +537,14 @@ pub struct CudaSection {
     /// Programmatic dependent launch on sm_90+ (each kernel may start while
     /// the previous one drains).
     pub pdl: bool,
+    /// Small models (hidden size up to 1,024) at batch 1-8: run each
+    /// layer's attention combine, o_proj, MLP and the next layer's q/k/v as
+    /// one kernel with grid-wide barriers instead of five (same bits, fewer
+    /// launches). Off: measured slower on the H100 (docs/perf/small-models.md).
+    pub fused_block: bool,
+    /// Decode steps with at least this many decode rows run the tensor-core
+    /// decode attention kernel (0: never; head sizes 64 and 128).
+    pub tc_decode_min_rows: usize,
 }
 
 impl Default for CudaSection {
@@ -504,6 +554,8 @@ impl Default for CudaSection {
             check: false,
             l2_prefetch: None,
             pdl: true,
+            fused_block: false,
+            tc_decode_min_rows: 0,
         }
     }
 }

@@ -31,10 +31,10 @@ mod units;
 
 pub use auth::{check_keys, ApiKeyEntry, AuthSection, Tier};
 pub use config::{
-    CacheSection, Config, CpuWeights, CudaSection, Device, Dtype, EngineSection, LimitsSection,
-    LoadFormat, LogFormat, LogSection, MetricsSection, ModelSection, PriorityDeadlines,
-    Quantization, SchedulerSection, ServerSection, StructuredSection, TierTimeouts, TracingSection,
-    BLOCK_SIZE,
+    CacheSection, Config, CpuWeights, CudaSection, Device, Dtype, EngineSection, KvCacheDtype,
+    LimitsSection, LoadFormat, LogFormat, LogSection, MetricsSection, ModelSection,
+    PriorityDeadlines, Quantization, SchedulerSection, ServerSection, StructuredSection,
+    TierTimeouts, TracingSection, BLOCK_SIZE,
 };
 pub use env::{env_name, FLAG_PREFIX, LEGACY, NOT_CONFIG};
 pub use error::{ConfigError, Source};

@@ -103,6 +103,8 @@ fn legacy_variables_keep_working() {
             ("INGOT_CUDA_CHECK", "1"),
             ("INGOT_CUDA_L2_PREFETCH", "8:1"),
             ("INGOT_CUDA_PDL", "0"),
+            ("INGOT_CUDA_FUSED_BLOCK", "on"),
+            ("INGOT_CUDA_TC_DECODE_MIN_ROWS", "64"),
             ("INGOT_CACHE", "/tmp/assets"),
         ]),
         ..Layers::default()
@@ -114,8 +116,9 @@ fn legacy_variables_keep_working() {
     assert_eq!(c.model.threads, Some(2));
     assert_eq!(c.model.device, Device::Cpu);
     assert_eq!(c.log.level, "info,ingot_server=debug");
-    assert!(c.cuda.profile && c.cuda.check && !c.cuda.pdl);
+    assert!(c.cuda.profile && c.cuda.check && !c.cuda.pdl && c.cuda.fused_block);
     assert_eq!(c.cuda.l2_prefetch.as_deref(), Some("8:1"));
+    assert_eq!(c.cuda.tc_decode_min_rows, 64);
     assert_eq!(
         c.cache,
         CacheSection::default(),
@@ -483,6 +486,39 @@ fn schema_describes_every_section() {
         assert!(props.contains_key(section), "{section}");
     }
     assert_eq!(s["additionalProperties"], json!(false));
+}
+
+#[test]
+fn kv_cache_dtype_is_auto_unless_set_and_needs_a_restart() {
+    assert_eq!(Config::default().model.kv_cache_dtype, KvCacheDtype::Auto);
+    let l = load(&Layers {
+        file: Some(file("[model]\nkv_cache_dtype = \"fp8\"\n")),
+        ..Layers::default()
+    })
+    .unwrap();
+    assert_eq!(l.config.model.kv_cache_dtype, KvCacheDtype::Fp8);
+    let l = load(&Layers {
+        env: env(&[("INGOT_MODEL_KV_CACHE_DTYPE", "bf16")]),
+        ..Layers::default()
+    })
+    .unwrap();
+    assert_eq!(l.config.model.kv_cache_dtype, KvCacheDtype::Bf16);
+    let e = load(&Layers {
+        env: env(&[("INGOT_MODEL_KV_CACHE_DTYPE", "fp4")]),
+        ..Layers::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("model.kv_cache_dtype") && e.contains("fp8"),
+        "{e}"
+    );
+    let mut new = Config::default();
+    new.model.kv_cache_dtype = KvCacheDtype::Fp8;
+    assert_eq!(
+        diff(&Config::default(), &new).needs_restart,
+        ["model.kv_cache_dtype"]
+    );
 }
 
 #[test]

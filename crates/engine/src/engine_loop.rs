@@ -81,7 +81,7 @@ pub fn start_engine(
     let kv_capacity_tokens = layout.capacity_tokens(
         shape.num_blocks,
         shape.block_size,
-        config.scheduler.max_num_batched_tokens,
+        config.scheduler.largest_step(),
     );
     let pool = BlockPool::with_layout(
         shape.num_blocks,
@@ -168,6 +168,11 @@ struct Active {
     scheduled: Option<Instant>,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
+    /// Forward-pass time of the steps that computed its prompt, until its
+    /// first token: the engine's own prefill time.
+    prefill_forward: Duration,
+    /// How many steps those were.
+    prefill_steps: u32,
     /// The sequence ended; only the backlog remains to deliver.
     done: bool,
     /// Prompt logprobs being collected, when asked for.
@@ -309,6 +314,8 @@ impl EngineLoop {
                         scheduled: None,
                         first_token: None,
                         last_token: None,
+                        prefill_forward: Duration::ZERO,
+                        prefill_steps: 0,
                         done: false,
                         prompt_scores: scored
                             .map(|top| PromptScores::new(request.prompt.len(), top)),
@@ -485,6 +492,7 @@ impl EngineLoop {
             });
         let mut scores: Vec<Vec<Logprobs>> = Vec::new();
         let turn = self.cpu.as_deref().map(CpuArbiter::decode_step);
+        let forward_started = Instant::now();
         let picked = if greedy {
             self.runner
                 .forward_greedy(&batch)
@@ -517,6 +525,7 @@ impl EngineLoop {
                     })
             }
         };
+        let forward = forward_started.elapsed();
         drop(turn);
         let picked: Vec<Pick> = match picked {
             Ok(p) => p,
@@ -575,6 +584,7 @@ impl EngineLoop {
         }
         let expect_next = batch.expect_next;
         drop(batch);
+        self.count_prefill(chunks, forward);
         tracing::debug!(
             tokens = num_tokens,
             seqs = chunks.len(),
@@ -627,6 +637,20 @@ impl EngineLoop {
         self.masks.advance(rows)
     }
 
+    /// Adds a step's forward time to every request whose prompt it
+    /// computed (chunks before the end of the prompt, or the prompt's last
+    /// chunk, which also samples the first token).
+    fn count_prefill(&mut self, chunks: &[ScheduledChunk], forward: Duration) {
+        for c in chunks {
+            if let Some(a) = self.active.get_mut(&c.id) {
+                if a.first_token.is_none() && c.start < a.prompt_tokens {
+                    a.prefill_forward += forward;
+                    a.prefill_steps += 1;
+                }
+            }
+        }
+    }
+
     fn emit(&mut self, id: RequestId, out: TokenOutput, now: Instant) {
         self.scheduler.append_token(id, out.sampled.token);
         let Some(a) = self.active.get_mut(&id) else {
@@ -636,6 +660,7 @@ impl EngineLoop {
             None => {
                 let d = now.saturating_duration_since(a.arrival);
                 self.metrics.time_to_first_token(d, a.priority);
+                self.metrics.prefill(a.prefill_forward, a.prefill_steps);
                 self.controls
                     .record(a.priority, Measure::Ttft, d.as_secs_f64(), now);
             }

@@ -51,6 +51,8 @@ pub(crate) struct Metrics {
     ingot: Series,
     iteration_tokens: Histogram,
     step_duration: Histogram,
+    prefill_forward: Histogram,
+    prefill_steps: Histogram,
     vllm: Option<Vllm>,
 }
 
@@ -84,6 +86,8 @@ impl Metrics {
             ingot,
             iteration_tokens: histogram!("ingot_iteration_tokens", label()),
             step_duration: histogram!("ingot_step_duration_seconds", label()),
+            prefill_forward: histogram!("ingot_request_prefill_forward_seconds", label()),
+            prefill_steps: histogram!("ingot_request_prefill_steps", label()),
             vllm,
             model,
         };
@@ -141,6 +145,13 @@ impl Metrics {
     pub(crate) fn iteration(&self, tokens: usize, elapsed: Duration) {
         self.iteration_tokens.record(tokens as f64);
         self.step_duration.record(elapsed.as_secs_f64());
+    }
+
+    /// A request's first token came: the forward time of the steps that
+    /// computed its prompt, and their number.
+    pub(crate) fn prefill(&self, forward: Duration, steps: u32) {
+        self.prefill_forward.record(forward.as_secs_f64());
+        self.prefill_steps.record(f64::from(steps));
     }
 
     /// Arrival to first scheduling.
@@ -315,6 +326,16 @@ fn describe_ingot() {
         "ingot_step_duration_seconds",
         Unit::Seconds,
         "Wall time of one engine step."
+    );
+    describe_histogram!(
+        "ingot_request_prefill_forward_seconds",
+        Unit::Seconds,
+        "Forward-pass time of the engine steps that computed a request's prompt, until its first token (the engine's own prefill time)."
+    );
+    describe_histogram!(
+        "ingot_request_prefill_steps",
+        Unit::Count,
+        "Engine steps that computed a request's prompt, until its first token."
     );
     describe_histogram!(
         "ingot_request_queue_time_seconds",

@@ -129,6 +129,18 @@ fn concurrent_requests_match_sequential_bit_for_bit() {
 }
 
 #[test]
+fn a_prompt_in_one_prefill_only_step_matches_it_chunked_bit_for_bit() {
+    // Budget 64: a 150-token prompt alone takes 3 chunks, or one step with
+    // a prefill-only budget of 256.
+    let chunked = engine(256, |_| {});
+    let whole = engine(256, |c| c.scheduler.max_prefill_only_tokens = 256);
+    for i in 0..3 {
+        let r = request(i, 150, 12);
+        assert_eq!(run(&chunked, r.clone()), run(&whole, r));
+    }
+}
+
+#[test]
 fn preemption_recomputes_to_the_same_tokens() {
     // 12 blocks of 16 = 192 slots; 6 requests of 40 + 24 tokens (4 blocks
     // each at the end) cannot all fit, so some are preempted and recomputed.

@@ -11,12 +11,17 @@
 //     the warp in one reduce-scatter.
 //     With num_splits > 1 it writes partial results for attention_combine
 //     (flash-decoding: long contexts at small batch still fill the GPU).
+//     paged_attention_fp8_*: the same over an FP8 e4m3 cache (kv_types.cuh),
+//     dequantized as each lane reads its pieces from the ring.
 //   prefill_attention_hd{HD}: one block per (query tile of one chunk, kv
 //     head): 64 rows = 64 / G tokens x the G query heads sharing the kv
 //     head; tensor cores (mma.sync bf16, FlashAttention-2 style with S, P
 //     and O in registers) for QK^T and PV, each K/V tile staged in shared
 //     memory once for the whole group: the O(n^2) work of prompts.
+//     prefill_attention_fp8_hd{HD}: the same, FP8 K/V rows converted to
+//     bf16 as they are staged.
 #include "common.cuh"
+#include "kv_types.cuh"
 
 constexpr int DECODE_WARPS = 4;
 constexpr int DECODE_UNROLL = 4;
@@ -62,8 +67,9 @@ __device__ __forceinline__ float warp_reduce_scatter(Partials<V> p, int lane) {
 }
 
 // Ring stages of the decode kernel: the static shared memory (48 KiB) holds
-// 4 stages up to head_dim 128, 2 at 256.
-__host__ __device__ constexpr int decode_stages(int hd) { return hd <= 128 ? 4 : 2; }
+// 4 bf16 stages up to head_dim 128, 2 at 256; FP8 stages are half the
+// size, so twice as many keep the same bytes in flight.
+__host__ __device__ constexpr int decode_stages(int hd, int kv_bytes) { return (hd <= 128 ? 4 : 2) * (2 / kv_bytes); }
 
 // Asynchronous global -> shared copy of BYTES (4, 8 or 16) and its groups.
 template <int BYTES>
@@ -77,9 +83,59 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
 }
 
+// A lane's piece of a K/V row into the ring: cp.async for 4 to 16 bytes;
+// the 2-byte pieces of FP8 at head_dim 64 (below cp.async's smallest size)
+// are copied directly.
+template <int BYTES>
+__device__ __forceinline__ void copy_piece(void* smem_dst, const void* gmem_src) {
+  if constexpr (BYTES >= 4) {
+    cp_async<BYTES>(smem_dst, gmem_src);
+  } else {
+    static_assert(BYTES == 2, "K/V pieces are 2 to 16 bytes");
+    *static_cast<unsigned short*>(smem_dst) = *static_cast<const unsigned short*>(gmem_src);
+  }
+}
+
+// Merges the per-warp online softmax states of one (token, kv head, split)
+// block (s_acc: [DECODE_WARPS][G][HD]) and writes the output rows, or the
+// split's partials for attention_combine.
 template <int HD, int G>
+__device__ __forceinline__ void store_decode_result(const float* s_acc, const float (&s_m)[DECODE_WARPS][G],
+                                                    const float (&s_l)[DECODE_WARPS][G], int b, int tok, int kvh,
+                                                    int split, int num_heads, int num_splits, bf16* out,
+                                                    float* part_acc, float* part_ml) {
+  const int qd = num_heads * HD;
+  for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
+    const int g = idx / HD, d = idx % HD;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < DECODE_WARPS; ++w) mx = fmaxf(mx, s_m[w][g]);
+    float sum_l = 0.f, sum_a = 0.f;
+    if (mx != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < DECODE_WARPS; ++w) {
+        const float f = exp2f(s_m[w][g] - mx);
+        sum_l += s_l[w][g] * f;
+        sum_a += s_acc[(w * G + g) * HD + d] * f;
+      }
+    }
+    const int h = kvh * G + g;
+    if (num_splits == 1) {
+      out[(size_t)tok * qd + h * HD + d] = to_bf16(sum_l > 0.f ? sum_a / sum_l : 0.f);
+    } else {
+      const size_t p = ((size_t)b * num_heads + h) * num_splits + split;
+      part_acc[p * HD + d] = sum_a;
+      if (d == 0) {
+        part_ml[2 * p] = mx;
+        part_ml[2 * p + 1] = sum_l;
+      }
+    }
+  }
+}
+
+template <int HD, int G, typename KV>
 __device__ __forceinline__ void decode_attention(
-    const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+    const bf16* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
     const int* __restrict__ block_tables, const int* __restrict__ table_stride, const int* __restrict__ token_seq,
     const int* __restrict__ positions, const int* __restrict__ token_ids, bf16* __restrict__ out,
     float* __restrict__ part_acc, float* __restrict__ part_ml, int num_heads, int num_kv_heads,
@@ -92,10 +148,10 @@ __device__ __forceinline__ void decode_attention(
   pdl_begin();
   if (!(prefetch_mode & 1)) l2_prefetch(prefetch, prefetch_bytes, prefetch_mode);
   constexpr int D = HD / 32;
-  constexpr int S = decode_stages(HD);
+  constexpr int S = decode_stages(HD, sizeof(KV));
   // Per warp, S stages of its lanes' K/V pieces (cp.async ring); after the
   // loop the same memory holds the warps' accumulators.
-  using Ring = bf16[DECODE_WARPS][S][DECODE_UNROLL][2][32][D];
+  using Ring = KV[DECODE_WARPS][S][DECODE_UNROLL][2][32][D];
   using Acc = float[DECODE_WARPS][G][HD];
   __shared__ __align__(16) unsigned char smem[sizeof(Ring) > sizeof(Acc) ? sizeof(Ring) : sizeof(Acc)];
   Ring& ring = *reinterpret_cast<Ring*>(smem);
@@ -138,8 +194,8 @@ __device__ __forceinline__ void decode_attention(
       for (int u = 0; u < DECODE_UNROLL; ++u) {
         const int j = min(j0 + u, end - 1);
         const size_t off = kv_index(table[j / block_size], kvh, j % block_size, num_kv_heads, block_size, HD) + lane * D;
-        cp_async<D * 2>(ring[warp][st][u][0][lane], k_cache + off);
-        cp_async<D * 2>(ring[warp][st][u][1][lane], v_cache + off);
+        copy_piece<D * sizeof(KV)>(ring[warp][st][u][0][lane], k_cache + off);
+        copy_piece<D * sizeof(KV)>(ring[warp][st][u][1][lane], v_cache + off);
       }
     }
     cp_async_commit();  // empty past the end: keeps the group count uniform
@@ -155,8 +211,8 @@ __device__ __forceinline__ void decode_attention(
     float kv[DECODE_UNROLL][D], vv[DECODE_UNROLL][D];
 #pragma unroll
     for (int u = 0; u < DECODE_UNROLL; ++u) {
-      load_bf16<D>(ring[warp][stage][u][0][lane], kv[u]);
-      load_bf16<D>(ring[warp][stage][u][1][lane], vv[u]);
+      load_kv<D>(ring[warp][stage][u][0][lane], kv[u]);
+      load_kv<D>(ring[warp][stage][u][1][lane], vv[u]);
     }
     stage = (stage + 1) % S;
     // Partial q·k of every (head, key) pair, then one reduce-scatter over
@@ -208,41 +264,19 @@ __device__ __forceinline__ void decode_attention(
     for (int d = 0; d < D; ++d) s_acc[warp][g][lane * D + d] = acc[g][d];
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
-    const int g = idx / HD, d = idx % HD;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < DECODE_WARPS; ++w) mx = fmaxf(mx, s_m[w][g]);
-    float sum_l = 0.f, sum_a = 0.f;
-    if (mx != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < DECODE_WARPS; ++w) {
-        const float f = exp2f(s_m[w][g] - mx);
-        sum_l += s_l[w][g] * f;
-        sum_a += s_acc[w][g][d] * f;
-      }
-    }
-    const int h = kvh * G + g;
-    if (num_splits == 1) {
-      out[(size_t)tok * qd + h * HD + d] = to_bf16(sum_l > 0.f ? sum_a / sum_l : 0.f);
-    } else {
-      const size_t p = ((size_t)b * num_heads + h) * num_splits + split;
-      part_acc[p * HD + d] = sum_a;
-      if (d == 0) {
-        part_ml[2 * p] = mx;
-        part_ml[2 * p + 1] = sum_l;
-      }
-    }
-  }
+  store_decode_result<HD, G>(&s_acc[0][0][0], s_m, s_l, b, tok, kvh, split, num_heads, num_splits, out, part_acc,
+                             part_ml);
 }
 
-#define DECODE_KERNEL(HD, G)                                                                               \
-  extern "C" __global__ void __launch_bounds__(DECODE_WARPS * 32) paged_attention_hd##HD##_g##G(          \
-      const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* block_tables, const int* table_stride,  \
+#define DECODE_KERNEL(HD, G) DECODE_KERNEL_OF(paged_attention_hd##HD##_g##G, HD, G, bf16) \
+  DECODE_KERNEL_OF(paged_attention_fp8_hd##HD##_g##G, HD, G, fp8)
+#define DECODE_KERNEL_OF(NAME, HD, G, KV)                                                                  \
+  extern "C" __global__ void __launch_bounds__(DECODE_WARPS * 32) NAME(                                   \
+      const bf16* q, const KV* k_cache, const KV* v_cache, const int* block_tables, const int* table_stride,      \
       const int* token_seq, const int* positions, const int* token_ids, bf16* out, float* part_acc,        \
       float* part_ml, int num_heads, int num_kv_heads, int block_size, float scale_log2, int num_splits,    \
       const void* prefetch, unsigned long long prefetch_bytes, int prefetch_mode, int window) {             \
-    decode_attention<HD, G>(q, k_cache, v_cache, block_tables, table_stride, token_seq, positions,         \
+    decode_attention<HD, G, KV>(q, k_cache, v_cache, block_tables, table_stride, token_seq, positions,         \
                             token_ids, out, part_acc, part_ml, num_heads, num_kv_heads, block_size,        \
                             scale_log2, num_splits, prefetch, prefetch_bytes, prefetch_mode, window);      \
   }
@@ -329,23 +363,29 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
 }
 
 // Starts copying 64 rows of HD bf16 (row r from src_row(r); zeros where
-// it returns null) into shared memory; the caller commits and waits.
+// it returns null) into shared memory; the caller commits and waits. FP8
+// rows are converted to bf16 on the way (plain loads, done on return).
 template <int HD, typename RowPtr>
 __device__ __forceinline__ void stage_rows(bf16* dst, RowPtr src_row) {
-  constexpr int VEC = HD / 8;  // 16-byte vectors per row
+  constexpr int VEC = HD / 8;  // 8-element vectors per row (16 bytes of bf16)
   constexpr int LD = PrefillSmem<HD>::LD;
   for (int idx = threadIdx.x; idx < TILE * VEC; idx += blockDim.x) {
     const int r = idx / VEC, c = idx % VEC;
-    const bf16* src = src_row(r);
+    const auto* src = src_row(r);
     bf16* d = dst + r * LD + c * 8;
-    if (src) cp_async<16>(d, src + c * 8);
-    else *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    if (!src) {
+      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    } else if constexpr (sizeof(*src) == 2) {
+      cp_async<16>(d, src + c * 8);
+    } else {
+      *reinterpret_cast<uint4*>(d) = fp8x8_to_bf16x8(*reinterpret_cast<const uint2*>(src + c * 8));
+    }
   }
 }
 
-template <int HD>
+template <int HD, typename KV>
 __device__ __forceinline__ void prefill_attention(
-    const bf16* __restrict__ q, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+    const bf16* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
     const int* __restrict__ block_tables, const int* __restrict__ table_stride, const int* __restrict__ tiles,
     const int* __restrict__ positions, bf16* __restrict__ out, int num_heads, int num_kv_heads,
     int block_size, float scale_log2, int window) {
@@ -375,8 +415,8 @@ __device__ __forceinline__ void prefill_attention(
   auto q_row = [&](int r) -> const bf16* {
     return r / group < n ? q + (size_t)(t0 + r / group) * qd + (kvh * group + r % group) * HD : nullptr;
   };
-  auto kv_row = [&](const bf16* cache, int kt) {
-    return [=](int r) -> const bf16* {
+  auto kv_row = [&](const KV* cache, int kt) {
+    return [=](int r) -> const KV* {
       const int j = kt * TILE + r;
       if (j > last || j < first_key) return nullptr;
       return cache + kv_index(table[j / block_size], kvh, j % block_size, num_kv_heads, block_size, HD);
@@ -498,13 +538,234 @@ __device__ __forceinline__ void prefill_attention(
   }
 }
 
-#define PREFILL_KERNEL(HD)                                                                                  \
-  extern "C" __global__ void __launch_bounds__(PREFILL_WARPS * 32, 4) prefill_attention_hd##HD(            \
-      const bf16* q, const bf16* k_cache, const bf16* v_cache, const int* block_tables, const int* table_stride,   \
+#define PREFILL_KERNEL(HD) PREFILL_KERNEL_OF(prefill_attention_hd##HD, HD, bf16) \
+  PREFILL_KERNEL_OF(prefill_attention_fp8_hd##HD, HD, fp8)
+#define PREFILL_KERNEL_OF(NAME, HD, KV)                                                                     \
+  extern "C" __global__ void __launch_bounds__(PREFILL_WARPS * 32, 4) NAME(                                \
+      const bf16* q, const KV* k_cache, const KV* v_cache, const int* block_tables, const int* table_stride,       \
       const int* tiles, const int* positions, bf16* out, int num_heads, int num_kv_heads, int block_size,  \
       float scale_log2, int window) {                                                                       \
-    prefill_attention<HD>(q, k_cache, v_cache, block_tables, table_stride, tiles, positions, out,          \
+    prefill_attention<HD, KV>(q, k_cache, v_cache, block_tables, table_stride, tiles, positions, out,          \
                           num_heads, num_kv_heads, block_size, scale_log2, window);                         \
   }
 PREFILL_KERNEL(64)
 PREFILL_KERNEL(128)
+
+// ---------------------------------------------------------------------------
+// Decode on tensor cores: paged_attention_tc{,_fp8}_hd{HD}_g{G}, the same
+// grid, arguments, splits and outputs as paged_attention_* (so the runner's
+// split choice and attention_combine serve both). The SIMT kernel spends
+// per key FMAs, shuffle reductions and 32-fold redundant exp2 (with a bf16
+// cache it still streams K/V as fast as this one: docs/perf/large-batch.md
+// has the measured A/B, and why it is off by default); here the G
+// query heads of the kv head are the rows of an m16n8k16 A tile (rows G..15
+// are zero padding), so a warp computes S = Q K^T for 16 keys with HD/8 mmas
+// and O += P V with HD/8 more, the online softmax of a row lives in one quad
+// of lanes, and each probability is computed once. Each warp streams its own
+// tiles of 16 keys through a 3-stage cp.async ring (FP8 tiles are
+// converted to bf16 as they are staged) and the warps merge at the end.
+
+constexpr int TC_KEYS = 16;   // keys per warp tile: one k-step of P V
+// Ring depth per warp: two tiles in flight while one is used. 3 stages at
+// head_dim 128 (104 KiB a block, 2 blocks = 8 warps an SM) keep ~136 KiB
+// per SM in flight against ~100 KiB with 2 stages and 3 blocks.
+constexpr int TC_STAGES = 3;
+
+template <int HD>
+struct DecodeTcSmem {
+  static constexpr int LD = HD + 8;                  // bf16 row stride: conflict-free ldmatrix
+  static constexpr int TILE = TC_KEYS * LD;          // elements of one staged K or V tile
+  static constexpr int WARP = TC_STAGES * 2 * TILE;  // a warp's ring: stages of (K, V)
+  static constexpr int BYTES = DECODE_WARPS * WARP * 2;
+};
+
+// 16-byte global -> shared copy that skips L1 (streamed K/V: L1 shares its
+// capacity with the rings).
+__device__ __forceinline__ void cp_async_cg(void* smem_dst, const void* gmem_src) {
+  const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem_src) : "memory");
+}
+
+// Stages keys j0 .. j0 + 15 (clamped to end - 1: masked later, finite data)
+// of one kv head into a warp's K and V tiles.
+template <int HD, typename KV>
+__device__ __forceinline__ void stage_decode_tile(bf16* sk, bf16* sv, const KV* __restrict__ k_cache,
+                                                  const KV* __restrict__ v_cache, const int* table, int j0, int end,
+                                                  int kvh, int num_kv_heads, int block_size, int lane) {
+  constexpr int VEC = HD / 8;  // 8-element pieces per row
+  constexpr int LD = DecodeTcSmem<HD>::LD;
+#pragma unroll
+  for (int idx = lane; idx < TC_KEYS * VEC; idx += 32) {
+    const int r = idx / VEC, c = idx % VEC;
+    const int j = min(j0 + r, end - 1);
+    const size_t off = kv_index(table[j / block_size], kvh, j % block_size, num_kv_heads, block_size, HD) + c * 8;
+    if constexpr (sizeof(KV) == 2) {
+      cp_async_cg(sk + r * LD + c * 8, k_cache + off);
+      cp_async_cg(sv + r * LD + c * 8, v_cache + off);
+    } else {
+      *reinterpret_cast<uint4*>(sk + r * LD + c * 8) = fp8x8_to_bf16x8(*reinterpret_cast<const uint2*>(k_cache + off));
+      *reinterpret_cast<uint4*>(sv + r * LD + c * 8) = fp8x8_to_bf16x8(*reinterpret_cast<const uint2*>(v_cache + off));
+    }
+  }
+  cp_async_commit();
+}
+
+template <int HD, int G, typename KV>
+__device__ __forceinline__ void decode_attention_tc(
+    const bf16* __restrict__ q, const KV* __restrict__ k_cache, const KV* __restrict__ v_cache,
+    const int* __restrict__ block_tables, const int* __restrict__ table_stride, const int* __restrict__ token_seq,
+    const int* __restrict__ positions, const int* __restrict__ token_ids, bf16* __restrict__ out,
+    float* __restrict__ part_acc, float* __restrict__ part_ml, int num_heads, int num_kv_heads,
+    int block_size, float scale_log2, int num_splits, const void* prefetch, unsigned long long prefetch_bytes,
+    int prefetch_mode, int window) {
+  static_assert(G <= 8, "the group's heads are rows 0..7 of the A tile");
+  if (prefetch_mode & 1) l2_prefetch(prefetch, prefetch_bytes, prefetch_mode);
+  pdl_begin();
+  if (!(prefetch_mode & 1)) l2_prefetch(prefetch, prefetch_bytes, prefetch_mode);
+  using L = DecodeTcSmem<HD>;
+  constexpr int LD = L::LD, DT = HD / 8, KT = HD / 16;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ float s_m[DECODE_WARPS][G], s_l[DECODE_WARPS][G];
+  const int b = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+  const int tok = token_ids ? token_ids[b] : b;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3;  // fragment row (query head) and column pair
+  const int ctx = positions[tok] + 1;
+  const int lo = window > 0 ? max(0, ctx - window) : 0;
+  const int per_split = (ctx - lo + num_splits - 1) / num_splits;
+  const int start = lo + split * per_split, end = min(ctx, start + per_split);
+  const int* table = block_tables + (size_t)token_seq[tok] * *table_stride;
+  bf16* ring = reinterpret_cast<bf16*>(smem) + warp * L::WARP;
+
+  // Q as A fragments (row g: head kvh * G + g; rows >= G and g + 8 zero).
+  unsigned qf[KT][2];
+  const bf16* qrow = q + (size_t)tok * num_heads * HD + (kvh * G + min(g, G - 1)) * HD;
+#pragma unroll
+  for (int kk = 0; kk < KT; ++kk) {
+    qf[kk][0] = g < G ? *reinterpret_cast<const unsigned*>(qrow + kk * 16 + 2 * c) : 0u;
+    qf[kk][1] = g < G ? *reinterpret_cast<const unsigned*>(qrow + kk * 16 + 8 + 2 * c) : 0u;
+  }
+  float o[DT][4], m = -INFINITY, l = 0.f;
+#pragma unroll
+  for (int d = 0; d < DT; ++d)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[d][e] = 0.f;
+
+  // Warp w takes tiles w, w + 4, ... of the split's keys.
+  const int n_tiles = end > start ? (end - start + TC_KEYS - 1) / TC_KEYS : 0;
+  auto issue = [&](int stage, int t) {
+    if (t < n_tiles) {
+      bf16* sk = ring + stage * 2 * L::TILE;
+      stage_decode_tile<HD, KV>(sk, sk + L::TILE, k_cache, v_cache, table, start + t * TC_KEYS, end, kvh,
+                                num_kv_heads, block_size, lane);
+    } else {
+      cp_async_commit();  // keeps the group count uniform
+    }
+  };
+#pragma unroll
+  for (int st = 0; st < TC_STAGES - 1; ++st) issue(st, warp + st * DECODE_WARPS);
+  int stage = 0;
+  for (int t = warp; t < n_tiles; t += DECODE_WARPS) {
+    issue((stage + TC_STAGES - 1) % TC_STAGES, t + (TC_STAGES - 1) * DECODE_WARPS);
+    cp_async_wait<TC_STAGES - 1>();
+    __syncwarp();  // the other lanes' pieces of this tile have landed
+    const bf16* K = ring + stage * 2 * L::TILE;
+    const bf16* V = K + L::TILE;
+
+    // S = Q K^T: two 8-key column tiles.
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int kk = 0; kk < KT; ++kk) {
+      unsigned bk[4];
+      ldmatrix_x4(bk, K + ((lane & 7) + ((lane >> 4) << 3)) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
+      const unsigned a[4] = {qf[kk][0], 0u, qf[kk][1], 0u};
+      mma_bf16(s[0], a, bk[0], bk[1]);
+      mma_bf16(s[1], a, bk[2], bk[3]);
+    }
+
+    // Online softmax of row g (log2 domain); its 16 scores are spread over
+    // the quad. The tile's first key is always valid, so m_new is finite.
+    const int key0 = start + t * TC_KEYS + 2 * c;
+    float p[4], mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int key = key0 + (i >> 1) * 8 + (i & 1);
+      p[i] = key < end ? s[i >> 1][i & 1] * scale_log2 : -INFINITY;
+      mx = fmaxf(mx, p[i]);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m, mx);
+    const float corr = exp2f(m - m_new);
+    m = m_new;
+    l *= corr;
+#pragma unroll
+    for (int d = 0; d < DT; ++d) {
+      o[d][0] *= corr;
+      o[d][1] *= corr;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      p[i] = exp2f(p[i] - m_new);
+      l += p[i];
+    }
+
+    // O += P V: P (row g, keys 2c, 2c + 1, 8 + 2c, 9 + 2c) is the A fragment.
+    const unsigned a[4] = {pack_bf16(p[0], p[1]), 0u, pack_bf16(p[2], p[3]), 0u};
+#pragma unroll
+    for (int dp = 0; dp < DT / 2; ++dp) {
+      unsigned bv[4];
+      ldmatrix_x4_trans(bv, V + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 + (lane >> 4) * 8);
+      mma_bf16(o[2 * dp], a, bv[0], bv[1]);
+      mma_bf16(o[2 * dp + 1], a, bv[2], bv[3]);
+    }
+    __syncwarp();  // every lane is done with this stage before it is refilled
+    stage = (stage + 1) % TC_STAGES;
+  }
+  cp_async_wait<0>();
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  __syncthreads();  // every warp is done with its ring before it holds accumulators
+  float* s_acc = reinterpret_cast<float*>(smem);  // [DECODE_WARPS][G][HD]
+  if (g < G) {
+    if (c == 0) {
+      s_m[warp][g] = m;
+      s_l[warp][g] = l;
+    }
+#pragma unroll
+    for (int d = 0; d < DT; ++d) {
+      s_acc[(warp * G + g) * HD + d * 8 + 2 * c] = o[d][0];
+      s_acc[(warp * G + g) * HD + d * 8 + 2 * c + 1] = o[d][1];
+    }
+  }
+  __syncthreads();
+  store_decode_result<HD, G>(s_acc, s_m, s_l, b, tok, kvh, split, num_heads, num_splits, out, part_acc, part_ml);
+}
+
+// The accumulators ([DECODE_WARPS][G][HD] f32) reuse the ring.
+static_assert(DecodeTcSmem<64>::BYTES >= DECODE_WARPS * 8 * 64 * 4, "ring holds the accumulators");
+static_assert(DecodeTcSmem<128>::BYTES >= DECODE_WARPS * 8 * 128 * 4, "ring holds the accumulators");
+
+#define DECODE_TC_KERNEL(HD, G) DECODE_TC_KERNEL_OF(paged_attention_tc_hd##HD##_g##G, HD, G, bf16) \
+  DECODE_TC_KERNEL_OF(paged_attention_tc_fp8_hd##HD##_g##G, HD, G, fp8)
+#define DECODE_TC_KERNEL_OF(NAME, HD, G, KV)                                                               \
+  extern "C" __global__ void __launch_bounds__(DECODE_WARPS * 32) NAME(                                   \
+      const bf16* q, const KV* k_cache, const KV* v_cache, const int* block_tables, const int* table_stride, \
+      const int* token_seq, const int* positions, const int* token_ids, bf16* out, float* part_acc,        \
+      float* part_ml, int num_heads, int num_kv_heads, int block_size, float scale_log2, int num_splits,    \
+      const void* prefetch, unsigned long long prefetch_bytes, int prefetch_mode, int window) {             \
+    decode_attention_tc<HD, G, KV>(q, k_cache, v_cache, block_tables, table_stride, token_seq, positions,    \
+                                   token_ids, out, part_acc, part_ml, num_heads, num_kv_heads, block_size, \
+                                   scale_log2, num_splits, prefetch, prefetch_bytes, prefetch_mode, window); \
+  }
+#define DECODE_TC_KERNELS(HD) \
+  DECODE_TC_KERNEL(HD, 1)     \
+  DECODE_TC_KERNEL(HD, 2)     \
+  DECODE_TC_KERNEL(HD, 3)     \
+  DECODE_TC_KERNEL(HD, 4)     \
+  DECODE_TC_KERNEL(HD, 5)     \
+  DECODE_TC_KERNEL(HD, 6)     \
+  DECODE_TC_KERNEL(HD, 7)     \
+  DECODE_TC_KERNEL(HD, 8)
+DECODE_TC_KERNELS(64)
+DECODE_TC_KERNELS(128)

@@ -8,7 +8,7 @@ use ingot_runner::ForwardBatch;
 
 use crate::device::{Arena, DevPtr, Gpu, Pinned};
 use crate::gemm::GEMV_MAX_TOKENS;
-use crate::kernels::{AdvanceDecode, Kernels, PREFILL_TILE};
+use crate::kernels::{AdvanceDecode, Kernels, KvDtype, PREFILL_TILE};
 use crate::kv_views::KvViews;
 use crate::CudaError;
 
@@ -169,19 +169,23 @@ pub struct Buffers {
     pub sumsq: DevPtr,
     arena: Arena,
     /// (k, v) per layer of a page (every layer without sliding windows),
-    /// `[pages, kv_heads, block_size, head_dim]` bf16 each.
+    /// `[pages, kv_heads, block_size, head_dim]` of `kv_dtype` each.
     pub(crate) kv_slices: Vec<(DevPtr, DevPtr)>,
+    pub(crate) kv_dtype: KvDtype,
     kv: Option<Arena>,
+    /// Batch-invariant attention: every token through the decode kernel
+    /// in one split (see [`batch_invariant`]).
+    pub deterministic: bool,
 }
 
 /// Bytes of one K (or V) buffer of `pages` pages.
-fn kv_slice_bytes(c: &ModelConfig, pages: usize, bs: usize) -> usize {
-    pages * bs * c.kv_dim() * 2
+fn kv_slice_bytes(c: &ModelConfig, pages: usize, bs: usize, dtype: KvDtype) -> usize {
+    pages * bs * c.kv_dim() * dtype.bytes()
 }
 
-/// Bytes of one KV page (every layer of a page, K and V, bf16).
-pub(crate) fn kv_page_bytes(c: &ModelConfig, bs: usize) -> usize {
-    KvViews::of(c).slices() * 2 * kv_slice_bytes(c, 1, bs)
+/// Bytes of one KV page (every layer of a page, K and V).
+pub(crate) fn kv_page_bytes(c: &ModelConfig, bs: usize, dtype: KvDtype) -> usize {
+    KvViews::of(c).slices() * 2 * kv_slice_bytes(c, 1, bs, dtype)
 }
 
 /// Bytes of each workspace buffer, in the order [`Buffers::new`] takes them.
@@ -257,7 +261,9 @@ impl Buffers {
             sumsq: p[13],
             arena,
             kv_slices: Vec::new(),
+            kv_dtype: KvDtype::Bf16,
             kv: None,
+            deterministic: false,
         })
     }
 
@@ -266,16 +272,17 @@ impl Buffers {
         self.arena.size()
     }
 
-    /// (Re)allocates the KV pool with `pages` pages per buffer.
+    /// (Re)allocates the KV pool with `pages` pages per buffer of `dtype`.
     pub fn set_kv(
         &mut self,
         gpu: &Gpu,
         c: &ModelConfig,
-        pages: usize,
-        bs: usize,
+        (pages, bs): (usize, usize),
+        dtype: KvDtype,
     ) -> Result<(), CudaError> {
         self.drop_kv();
-        let per_slice = kv_slice_bytes(c, pages, bs);
+        let per_slice = kv_slice_bytes(c, pages, bs, dtype);
+        self.kv_dtype = dtype;
         let slices = self.views.slices();
         let mut arena = Arena::new(gpu, "kv cache", Arena::size_of(vec![per_slice; 2 * slices]))?;
         self.kv_slices = (0..slices)
@@ -318,10 +325,18 @@ impl Buffers {
         batch: &ForwardBatch<'_>,
         num_sms: usize,
         c: &ModelConfig,
-        prefill: (bool, u32),
+        (prefill, scratch): (bool, u32),
     ) -> StepPlan {
+        let deterministic = self.deterministic;
         let staging = self.staging();
-        stage_batch(staging, batch, num_sms, c, prefill)
+        stage_step(
+            staging,
+            batch,
+            num_sms,
+            c,
+            (prefill, scratch),
+            deterministic,
+        )
     }
 
     /// Lays out a decode batch padded to a graph's `size`: padded rows
@@ -334,8 +349,10 @@ impl Buffers {
         num_sms: usize,
         c: &ModelConfig,
     ) -> StepPlan {
+        let deterministic = self.deterministic;
         let staging = self.staging();
-        stage_graph_decode(staging, batch, (size, scratch), num_sms, c)
+        let plan = stage_graph_decode(staging, batch, (size, scratch), num_sms, c);
+        batch_invariant(plan, deterministic)
     }
 
     /// The pinned input region and how it is laid out.
@@ -514,6 +531,34 @@ impl Buffers {
     }
 }
 
+/// Lays out an eager step; in deterministic mode every token goes to the
+/// decode kernel, in one split (see [`batch_invariant`]).
+fn stage_step(
+    st: Staging<'_>,
+    batch: &ForwardBatch<'_>,
+    num_sms: usize,
+    c: &ModelConfig,
+    (prefill, scratch): (bool, u32),
+    deterministic: bool,
+) -> StepPlan {
+    let prefill = (prefill && !deterministic, scratch);
+    batch_invariant(stage_batch(st, batch, num_sms, c, prefill), deterministic)
+}
+
+/// `plan` in deterministic mode: one split per token, so a token's keys
+/// are summed in the same order whatever the batch's size and longest
+/// context (the split count otherwise follows both). The eager step also
+/// sends prefill chunks to the decode kernel then (the caller turns the
+/// prefill kernel off): a prompt token's attention is the same whether it
+/// came in a long chunk, a short one, or after a prefix-cache hit.
+fn batch_invariant(plan: StepPlan, deterministic: bool) -> StepPlan {
+    if deterministic {
+        StepPlan { splits: 1, ..plan }
+    } else {
+        plan
+    }
+}
+
 /// Splits of each decode token's keys: enough blocks to fill the GPU at
 /// small batch, and blocks of at most ~[`KEYS_PER_SPLIT`] keys at large
 /// batch, so the last wave of long blocks does not idle most SMs.
@@ -647,6 +692,16 @@ mod tests {
     }
 
     #[test]
+    fn an_fp8_page_is_half_a_bf16_page() {
+        let c = llama8b();
+        // 32 layers x (K, V) x 16 slots x 8 kv heads x 128 dims.
+        let elems = 32 * 2 * 16 * 8 * 128;
+        assert_eq!(kv_page_bytes(&c, 16, KvDtype::Bf16), elems * 2);
+        assert_eq!(kv_page_bytes(&c, 16, KvDtype::Fp8), elems);
+        assert_eq!(kv_slice_bytes(&c, 10, 16, KvDtype::Fp8), 10 * 16 * 8 * 128);
+    }
+
+    #[test]
     fn input_regions_do_not_overlap() {
         let l = InputLayout::new(512, 64, 256, 1);
         let regions = [
@@ -743,6 +798,61 @@ mod tests {
         assert_eq!(slot_at(&host, l.slots, 0), 2 * 16 + 8);
         assert_eq!(slot_at(&host, l.slots, 3), 4 * 16 + 2);
         assert_eq!((plan.upload_len, plan.table_len), (l.tables + 6, 6));
+    }
+
+    #[test]
+    fn deterministic_steps_send_every_token_to_the_decode_kernel_in_one_split() {
+        let c = llama8b();
+        let (mut host, l, views) = staging(&c);
+        let ids = [1u32; 40];
+        let (long, short) = ((0..200).collect::<Vec<u32>>(), vec![300, 301, 302]);
+        let batch = ForwardBatch {
+            chunks: vec![
+                // A decode at a long context and a 40-token prompt chunk.
+                SequenceChunk {
+                    tokens: &ids[..1],
+                    start_pos: 3000,
+                    block_table: &long,
+                    group_tables: &[],
+                },
+                SequenceChunk {
+                    tokens: &ids,
+                    start_pos: 0,
+                    block_table: &short,
+                    group_tables: &[],
+                },
+            ],
+            ..Default::default()
+        };
+        let mut plan_of = |deterministic| {
+            let st = Staging {
+                host: &mut host,
+                l,
+                bs: 16,
+                views: &views,
+            };
+            stage_step(st, &batch, 132, &c, (true, 77), deterministic)
+        };
+        // Default: the prompt chunk takes prefill tiles, the decode splits.
+        let default = plan_of(false);
+        assert_eq!((default.decode_tokens, default.tiles), (1, 3));
+        assert!(default.splits > 1, "{default:?}");
+        // Deterministic: one kernel and one split for all 41 tokens.
+        let det = plan_of(true);
+        assert_eq!((det.decode_tokens, det.tiles, det.splits), (41, 0, 1));
+        assert_eq!(det.tokens, 41);
+        // Graph steps too, whatever their size.
+        for size in [1, 8, 64] {
+            let st = Staging {
+                host: &mut host,
+                l,
+                bs: 16,
+                views: &views,
+            };
+            let graph = stage_graph_decode(st, &ForwardBatch::default(), (size, 77), 132, &c);
+            assert!(graph.splits > 1, "size {size}: {graph:?}");
+            assert_eq!(batch_invariant(graph, true).splits, 1);
+        }
     }
 
     #[test]

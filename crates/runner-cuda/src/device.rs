@@ -108,8 +108,8 @@ impl Gpu {
         shared_mem: u32,
         args: &[Arg],
     ) -> Result<(), CudaError> {
-        let mut values = [0u64; 24];
-        let mut params = [std::ptr::null_mut::<c_void>(); 24];
+        let mut values = [0u64; 32];
+        let mut params = [std::ptr::null_mut::<c_void>(); 32];
         debug_assert!(args.len() <= values.len());
         for (i, a) in args.iter().enumerate() {
             // Little-endian: a 4-byte argument is read from the first bytes.
@@ -209,6 +209,22 @@ impl Kernel {
             )?
         };
         Ok(())
+    }
+
+    /// Blocks of `threads` threads (and its static shared memory) that fit
+    /// on one SM at once: grids with grid-wide barriers stay within it.
+    pub fn max_resident_blocks(&self, threads: u32) -> Result<usize, CudaError> {
+        let mut blocks = 0i32;
+        unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut blocks,
+                self.raw,
+                threads as i32,
+                0,
+            )
+            .result()?;
+        }
+        Ok(blocks.max(0) as usize)
     }
 }
 

@@ -7,6 +7,15 @@
 //! pass and the graph warm-up, whose data is scratch) the heuristic's top
 //! candidates are timed on the real shape and the fastest is kept.
 //!
+//! In deterministic mode ([`Gemm::deterministic`]) every row of a product
+//! must come out the same whatever the token count: the GEMV kernels and
+//! their fused norms are off (their reduction order differs from
+//! cuBLASLt's), and each weight matrix gets one cuBLASLt algorithm for
+//! every token count, picked once at [`DETERMINISTIC_REF_TOKENS`] without
+//! split-K (and without workspace where one runs every token count), so no
+//! cross-CTA reduction can depend on the shape, and checked valid for each
+//! shape that uses it (`Gemm::fixed_algo`).
+//!
 //! FP8 weights (`--quantization fp8`, see [`crate::weights::WeightFormat`])
 //! live in one address range, so a weight pointer says its type: the GEMV
 //! kernels' `gemv_fp8_*` variants read them at small batch, and larger
@@ -16,6 +25,7 @@
 //! the cuBLASLt at hand refuses those scales for a shape (checked once per
 //! shape, on scratch), the GEMM writes unscaled f32 sums to scratch and
 //! `fp8_scale_out` applies both scales and writes (or adds) the output.
+//! FP8 and deterministic mode are not combined (refused at start-up).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -36,6 +46,10 @@ const WORKSPACE_BYTES: usize = 32 << 20;
 pub const GEMV_MAX_TOKENS: usize = 8;
 /// Candidates timed per shape while tuning.
 const TUNE_CANDIDATES: usize = 8;
+/// Deterministic mode picks each matrix's one algorithm for this token
+/// count: a middle size, so batch 1 keeps enough tiles to stream the
+/// weights and 256 rows do not re-read them too often.
+pub const DETERMINISTIC_REF_TOKENS: usize = 64;
 
 /// Whether the GEMV kernels take `tokens` rows of `inputs`-wide
 /// activations (16-byte loads of weights: inputs a multiple of 8 for bf16,
@@ -126,6 +140,17 @@ struct Fp8 {
     max_outputs: usize,
 }
 
+/// How a plan scales an FP8 product.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fp8Scaling {
+    /// Not FP8.
+    None,
+    /// cuBLASLt's outer-vector scales.
+    OuterVector,
+    /// Unscaled f32 sums; `fp8_scale_out` scales them.
+    Epilogue,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Shape {
     tokens: usize,
@@ -133,6 +158,14 @@ struct Shape {
     outputs: usize,
     out: OutType,
     input: InType,
+}
+
+impl Shape {
+    /// The same product at another token count (deterministic mode's
+    /// reference shape shares the algorithm with every token count).
+    fn with_tokens(self, tokens: usize) -> Self {
+        Self { tokens, ..self }
+    }
 }
 
 /// Everything cuBLASLt needs for one shape.
@@ -144,20 +177,19 @@ struct Plan {
     algo: sys::cublasLtMatmulAlgo_t,
     /// beta = 1: add into the output.
     accumulate: bool,
+    /// Workspace bytes the algorithm may use.
+    workspace: usize,
     /// FP8 without outer-vector scales: f32 sums into scratch, then
     /// `fp8_scale_out`.
     fp8_epilogue: bool,
 }
 
-/// How a plan scales an FP8 product.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Fp8Scaling {
-    /// Not FP8.
-    None,
-    /// cuBLASLt's outer-vector scales.
-    OuterVector,
-    /// Unscaled f32 sums; `fp8_scale_out` scales them.
-    Epilogue,
+/// Deterministic mode's algorithm of one matrix and the workspace it was
+/// checked with.
+#[derive(Clone, Copy)]
+struct Fixed {
+    algo: sys::cublasLtMatmulAlgo_t,
+    workspace: usize,
 }
 
 /// `y[tokens, outputs] = x[tokens, inputs] · w[outputs, inputs]ᵀ` (row-major,
@@ -173,6 +205,15 @@ pub struct Gemm {
     gemv: Vec<[Kernel; 10]>,
     /// Time the candidates of new shapes (only while buffers hold scratch).
     pub tune: bool,
+    /// Batch-invariant products: no GEMV kernels, one split-K-free
+    /// cuBLASLt algorithm per matrix for every token count (module doc).
+    pub deterministic: bool,
+    /// Deterministic mode's algorithm per matrix (keyed by its shape at
+    /// [`DETERMINISTIC_REF_TOKENS`]).
+    fixed_algos: RefCell<HashMap<Shape, Fixed>>,
+    /// The most tokens of a step: deterministic algorithms are checked up
+    /// to it.
+    pub max_tokens: usize,
     /// Where accumulating GEMVs leave the residual's sums of squares and
     /// the normed SwiGLU GEMV reads them (`SumSq`); set once the workspace
     /// is carved.
@@ -193,9 +234,18 @@ impl Gemm {
             plans: RefCell::new(HashMap::new()),
             gemv: gemv_table(gpu, "gemv")?,
             tune: false,
+            deterministic: false,
+            fixed_algos: RefCell::new(HashMap::new()),
+            max_tokens: 0,
             sumsq: 0,
             fp8: None,
         })
+    }
+
+    /// Whether the GEMV kernels take this product (never in deterministic
+    /// mode: their per-row reduction order is not cuBLASLt's).
+    fn gemv_fits(&self, tokens: usize, inputs: usize, w: DevPtr) -> bool {
+        !self.deterministic && gemv_fits(tokens, inputs, self.fp8_of(w).is_some())
     }
 
     /// Workspace bytes to reserve in the arena passed to [`Gemm::new`].
@@ -223,6 +273,11 @@ impl Gemm {
         region: (DevPtr, DevPtr),
         (max_tokens, max_inputs, max_outputs): (usize, usize, usize),
     ) -> Result<(), CudaError> {
+        if self.deterministic {
+            return Err(CudaError::Unsupported(
+                "FP8 weights in deterministic mode".into(),
+            ));
+        }
         self.fp8 = Some(Fp8 {
             region,
             gemv: gemv_table(gpu, "gemv_fp8")?,
@@ -400,7 +455,7 @@ impl Gemm {
         out: OutType,
         next_norm: Option<(DevPtr, DevPtr)>,
     ) -> Result<bool, CudaError> {
-        if !gemv_fits(tokens, inputs, self.fp8_of(w).is_some()) {
+        if !self.gemv_fits(tokens, inputs, w) {
             return Ok(false);
         }
         let (mode, sumsq) = match out {
@@ -439,7 +494,7 @@ impl Gemm {
         outputs: usize,
         norm_eps: Option<f32>,
     ) -> Result<bool, CudaError> {
-        if !gemv_fits(tokens, inputs, self.fp8_of(w).is_some()) {
+        if !self.gemv_fits(tokens, inputs, w) {
             return Ok(false);
         }
         let grid = (outputs.div_ceil(8) as u32, 1, 1);
@@ -484,7 +539,7 @@ impl Gemm {
         outputs: usize,
         eps: f32,
     ) -> Result<bool, CudaError> {
-        if !gemv_fits(tokens, inputs, self.fp8_of(w).is_some()) {
+        if !self.gemv_fits(tokens, inputs, w) {
             return Ok(false);
         }
         let args = [
@@ -512,7 +567,7 @@ impl Gemm {
         inputs: usize,
         norm: bool,
     ) -> Option<&Kernel> {
-        gemv_fits(tokens, inputs, self.fp8_of(w).is_some())
+        self.gemv_fits(tokens, inputs, w)
             .then(|| &self.gemv_kernels(w)[tokens - 1][if norm { 6 } else { 4 }])
     }
 
@@ -531,6 +586,9 @@ impl Gemm {
             set_desc_ptr(plan.desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scales)?;
             set_desc_ptr(plan.desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scales)?;
         }
+        // Deterministic plans get only the workspace their algorithm was
+        // picked for (none where possible).
+        let workspace = plan.workspace;
         unsafe {
             result::matmul(
                 self.handle,
@@ -547,16 +605,21 @@ impl Gemm {
                 plan.y,
                 algo,
                 self.workspace as *mut c_void,
-                WORKSPACE_BYTES,
+                workspace,
                 gpu.stream.cu_stream() as sys::cudaStream_t,
             )?;
         }
         Ok(())
     }
 
-    /// Column-major view: `yᵀ[outputs, tokens] = op(W)[outputs, inputs] · xᵀ[inputs, tokens]`
-    /// where the row-major `w` is a column-major `[inputs, outputs]`, transposed.
+    /// Builds `s`'s plan: the heuristic's pick (the fastest of its top
+    /// candidates while tuning), or in deterministic mode the matrix's one
+    /// algorithm, checked valid for this token count. FP8 products try
+    /// cuBLASLt's outer-vector scales first, else an epilogue kernel.
     fn plan(&self, gpu: &Gpu, s: Shape, ops: Operands) -> Result<Plan, CudaError> {
+        if self.deterministic {
+            return self.fixed_plan(s);
+        }
         let Some(fp8) = self.fp8.as_ref().filter(|_| s.input == InType::Fp8) else {
             return self.build_plan(gpu, s, ops, Fp8Scaling::None);
         };
@@ -586,65 +649,86 @@ impl Gemm {
         }
     }
 
-    /// Builds (and while tuning, times candidates on `ptrs`) a plan.
+    /// Deterministic mode's plan: the matrix's one algorithm, checked
+    /// valid for this token count.
+    fn fixed_plan(&self, s: Shape) -> Result<Plan, CudaError> {
+        // Destroys the descriptors if this fails.
+        let mut guard = PlanGuard::new(s, Fp8Scaling::None)?;
+        let plan = &mut guard.0;
+        let fixed = self.fixed_algo(s)?;
+        (plan.algo, plan.workspace) = (fixed.algo, fixed.workspace);
+        if let Err(why) = self.runs(plan, &fixed.algo, fixed.workspace) {
+            return Err(CudaError::Unsupported(format!(
+                "deterministic mode: the algorithm picked for this matrix does not run {s:?}: {why}"
+            )));
+        }
+        Ok(guard.into_plan())
+    }
+
+    /// Builds (and while tuning, times candidates on `ops`) a plan.
     fn build_plan(
         &self,
         gpu: &Gpu,
         s: Shape,
-        ptrs: Operands,
+        ops: Operands,
         scaling: Fp8Scaling,
     ) -> Result<Plan, CudaError> {
-        let bf16 = sys::cudaDataType_t::CUDA_R_16BF;
-        let in_type = match s.input {
-            InType::Bf16 => bf16,
-            InType::F16 => sys::cudaDataType_t::CUDA_R_16F,
-            InType::Fp8 => sys::cudaDataType_t::CUDA_R_8F_E4M3,
+        let mut guard = PlanGuard::new(s, scaling)?;
+        let plan = &mut guard.0;
+        let algos = self.heuristic(plan, WORKSPACE_BYTES, false)?;
+        let Some(&first) = algos.first() else {
+            return Err(CudaError::Unsupported(format!(
+                "no cuBLASLt algorithm for {s:?}"
+            )));
         };
-        let out_type = match s.out {
-            _ if scaling == Fp8Scaling::Epilogue => sys::cudaDataType_t::CUDA_R_32F,
-            OutType::Bf16 => bf16,
-            OutType::F32 | OutType::AddF32 => sys::cudaDataType_t::CUDA_R_32F,
+        plan.algo = first;
+        if algos.len() > 1 {
+            plan.algo = self.fastest(gpu, plan, &algos, ops)?;
+        }
+        Ok(guard.into_plan())
+    }
+
+    /// The heuristic's top algorithms for `plan`'s descriptors (one unless
+    /// tuning or deterministic) within `workspace` bytes; with `no_split`,
+    /// only those that reduce nothing across CTAs (no split-K).
+    fn heuristic(
+        &self,
+        plan: &Plan,
+        workspace: usize,
+        no_split: bool,
+    ) -> Result<Vec<sys::cublasLtMatmulAlgo_t>, CudaError> {
+        let wanted = if self.tune || self.deterministic {
+            TUNE_CANDIDATES
+        } else {
+            1
         };
-        let (m, n, k) = (s.outputs as u64, s.tokens as u64, s.inputs as u64);
-        let desc = result::create_matmul_desc(
-            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            sys::cudaDataType_t::CUDA_R_32F,
-        )?;
-        let transpose: i32 = 1;
-        unsafe {
-            result::set_matmul_desc_attribute(
-                desc,
-                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-                &transpose as *const i32 as *const c_void,
-                std::mem::size_of::<i32>(),
-            )?;
-        }
-        if scaling == Fp8Scaling::OuterVector {
-            set_outer_vector_scales(desc)?;
-        }
-        let w = result::create_matrix_layout(in_type, k, m, k as i64)?;
-        let x = result::create_matrix_layout(in_type, k, n, k as i64)?;
-        let y = result::create_matrix_layout(out_type, m, n, m as i64)?;
         let pref = result::create_matmul_pref()?;
         let mut found = [std::mem::MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::zeroed();
             TUNE_CANDIDATES];
         let mut count = 0i32;
-        let wanted = if self.tune { TUNE_CANDIDATES } else { 1 };
+        let ws = workspace;
+        // CUBLASLT_REDUCTION_SCHEME_NONE (0) is the only scheme the mask lets through.
+        let reductions = sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_NONE as u32;
         let status = unsafe {
-            let ws = WORKSPACE_BYTES;
-            result::set_matmul_pref_attribute(
+            set_pref(
                 pref,
                 sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                &ws as *const usize as *const c_void,
-                std::mem::size_of::<usize>(),
+                &ws,
             )?;
+            if no_split {
+                set_pref(
+                    pref,
+                    sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                    &reductions,
+                )?;
+            }
             let status = sys::cublasLtMatmulAlgoGetHeuristic(
                 self.handle,
-                desc,
-                w,
-                x,
-                y,
-                y,
+                plan.desc,
+                plan.w,
+                plan.x,
+                plan.y,
+                plan.y,
                 pref,
                 wanted as i32,
                 found.as_mut_ptr() as *mut sys::cublasLtMatmulHeuristicResult_t,
@@ -654,28 +738,102 @@ impl Gemm {
             status
         };
         status.result()?;
-        if count == 0 {
-            return Err(CudaError::Unsupported(format!(
-                "no cuBLASLt algorithm for {s:?}"
-            )));
-        }
-        let algos: Vec<sys::cublasLtMatmulAlgo_t> = found[..count as usize]
+        Ok(found[..count.max(0) as usize]
             .iter()
             .map(|r| unsafe { r.assume_init() }.algo)
-            .collect();
-        let mut plan = Plan {
-            desc,
-            w,
-            x,
-            y,
-            algo: algos[0],
-            accumulate: s.out == OutType::AddF32 && scaling != Fp8Scaling::Epilogue,
-            fp8_epilogue: scaling == Fp8Scaling::Epilogue,
-        };
-        if algos.len() > 1 {
-            plan.algo = self.fastest(gpu, &plan, &algos, ptrs)?;
+            .collect())
+    }
+
+    /// Deterministic mode's algorithm for `s`'s matrix, picked once (no
+    /// timing, so every process on this GPU and library picks the same):
+    /// the heuristic's first split-K-free candidate, asked at
+    /// [`DETERMINISTIC_REF_TOKENS`] (then at the largest step, then at one
+    /// token), that runs every checked token count up to
+    /// [`Gemm::max_tokens`], with split-K pinned to 1. Candidates that need
+    /// no workspace come first; failing those, ones that need some (for
+    /// anything but split-K, which is pinned off).
+    fn fixed_algo(&self, s: Shape) -> Result<Fixed, CudaError> {
+        let key = s.with_tokens(DETERMINISTIC_REF_TOKENS);
+        if let Some(fixed) = self.fixed_algos.borrow().get(&key) {
+            return Ok(*fixed);
         }
-        Ok(plan)
+        let max = self.max_tokens.max(DETERMINISTIC_REF_TOKENS);
+        let checked: Vec<PlanGuard> = [1, 2, 8, 16, DETERMINISTIC_REF_TOKENS, 128, 256, 512, max]
+            .into_iter()
+            .filter(|&t| t <= max)
+            .map(|t| PlanGuard::new(s.with_tokens(t), Fp8Scaling::None))
+            .collect::<Result<_, _>>()?;
+        let mut why = Vec::new();
+        for workspace in [0, WORKSPACE_BYTES] {
+            for reference in [DETERMINISTIC_REF_TOKENS, max, 1] {
+                let plan = PlanGuard::new(s.with_tokens(reference), Fp8Scaling::None)?;
+                let mut candidates = self.heuristic(&plan.0, workspace, true)?;
+                if candidates.is_empty() {
+                    // A library that reads the reduction mask otherwise:
+                    // any candidate, split-K pinned off below.
+                    candidates = self.heuristic(&plan.0, workspace, false)?;
+                }
+                for algo in candidates.into_iter().map(no_split_k) {
+                    let failed = checked
+                        .iter()
+                        .map(|p| self.runs(&p.0, &algo, workspace).err())
+                        .find_map(|e| e);
+                    let Some(failed) = failed else {
+                        let fixed = Fixed { algo, workspace };
+                        self.log_fixed(s, &fixed);
+                        self.fixed_algos.borrow_mut().insert(key, fixed);
+                        return Ok(fixed);
+                    };
+                    why.push(failed);
+                }
+            }
+        }
+        why.dedup();
+        Err(CudaError::Unsupported(format!(
+            "deterministic mode: no split-K-free cuBLASLt algorithm runs {key:?} at every token count up to {max}: {}",
+            why.join("; ")
+        )))
+    }
+
+    fn log_fixed(&self, s: Shape, fixed: &Fixed) {
+        tracing::info!(
+            inputs = s.inputs,
+            outputs = s.outputs,
+            algo_id = algo_config(&fixed.algo, ConfigAttr::CUBLASLT_ALGO_CONFIG_ID),
+            tile = algo_config(&fixed.algo, ConfigAttr::CUBLASLT_ALGO_CONFIG_TILE_ID),
+            stages = algo_config(&fixed.algo, ConfigAttr::CUBLASLT_ALGO_CONFIG_STAGES_ID),
+            workspace = fixed.workspace,
+            "deterministic GEMM algorithm"
+        );
+    }
+
+    /// Whether cuBLASLt accepts `algo` for `plan`'s descriptors within
+    /// `workspace` bytes; else why not.
+    fn runs(
+        &self,
+        plan: &Plan,
+        algo: &sys::cublasLtMatmulAlgo_t,
+        workspace: usize,
+    ) -> Result<(), String> {
+        let mut found = std::mem::MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::zeroed();
+        let status = unsafe {
+            sys::cublasLtMatmulAlgoCheck(
+                self.handle,
+                plan.desc,
+                plan.w,
+                plan.x,
+                plan.y,
+                plan.y,
+                algo,
+                found.as_mut_ptr(),
+            )
+        };
+        status.result().map_err(|e| format!("{e:?}"))?;
+        let needs = unsafe { found.assume_init() }.workspaceSize;
+        if needs > workspace {
+            return Err(format!("needs {needs} bytes of workspace"));
+        }
+        Ok(())
     }
 
     /// Times each candidate (after one warm-up call) and returns the fastest.
@@ -709,6 +867,155 @@ impl Gemm {
             }
         }
         Ok(best.1)
+    }
+}
+
+type ConfigAttr = sys::cublasLtMatmulAlgoConfigAttributes_t;
+
+/// Descriptor and layouts of `s` in cuBLASLt's column-major view:
+/// `yᵀ[outputs, tokens] = op(W)[outputs, inputs] · xᵀ[inputs, tokens]`,
+/// where the row-major `w` is a column-major `[inputs, outputs]`, transposed.
+#[allow(clippy::type_complexity)]
+fn describe(
+    s: Shape,
+    scaling: Fp8Scaling,
+) -> Result<
+    (
+        sys::cublasLtMatmulDesc_t,
+        sys::cublasLtMatrixLayout_t,
+        sys::cublasLtMatrixLayout_t,
+        sys::cublasLtMatrixLayout_t,
+    ),
+    CudaError,
+> {
+    let bf16 = sys::cudaDataType_t::CUDA_R_16BF;
+    let in_type = match s.input {
+        InType::Bf16 => bf16,
+        InType::F16 => sys::cudaDataType_t::CUDA_R_16F,
+        InType::Fp8 => sys::cudaDataType_t::CUDA_R_8F_E4M3,
+    };
+    let out_type = match s.out {
+        _ if scaling == Fp8Scaling::Epilogue => sys::cudaDataType_t::CUDA_R_32F,
+        OutType::Bf16 => bf16,
+        OutType::F32 | OutType::AddF32 => sys::cudaDataType_t::CUDA_R_32F,
+    };
+    let (m, n, k) = (s.outputs as u64, s.tokens as u64, s.inputs as u64);
+    let desc = result::create_matmul_desc(
+        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        sys::cudaDataType_t::CUDA_R_32F,
+    )?;
+    let transpose: i32 = 1;
+    unsafe {
+        result::set_matmul_desc_attribute(
+            desc,
+            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+            &transpose as *const i32 as *const c_void,
+            std::mem::size_of::<i32>(),
+        )?;
+    }
+    if scaling == Fp8Scaling::OuterVector {
+        set_outer_vector_scales(desc)?;
+    }
+    let w = result::create_matrix_layout(in_type, k, m, k as i64)?;
+    let x = result::create_matrix_layout(in_type, k, n, k as i64)?;
+    let y = result::create_matrix_layout(out_type, m, n, m as i64)?;
+    Ok((desc, w, x, y))
+}
+
+/// Sets one matmul preference attribute.
+///
+/// # Safety
+/// `T` must be the attribute's C type.
+unsafe fn set_pref<T>(
+    pref: sys::cublasLtMatmulPreference_t,
+    attr: sys::cublasLtMatmulPreferenceAttributes_t,
+    value: &T,
+) -> Result<(), CudaError> {
+    unsafe {
+        result::set_matmul_pref_attribute(
+            pref,
+            attr,
+            value as *const T as *const c_void,
+            std::mem::size_of::<T>(),
+        )?;
+    }
+    Ok(())
+}
+
+/// `algo` with split-K pinned to 1 and no reduction scheme.
+fn no_split_k(mut algo: sys::cublasLtMatmulAlgo_t) -> sys::cublasLtMatmulAlgo_t {
+    let one: i32 = 1;
+    let none = sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_NONE as u32;
+    // A candidate these fail on is caught by the validity check after.
+    unsafe {
+        let _ = sys::cublasLtMatmulAlgoConfigSetAttribute(
+            &mut algo,
+            ConfigAttr::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+            &one as *const i32 as *const c_void,
+            std::mem::size_of::<i32>(),
+        );
+        let _ = sys::cublasLtMatmulAlgoConfigSetAttribute(
+            &mut algo,
+            ConfigAttr::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+            &none as *const u32 as *const c_void,
+            std::mem::size_of::<u32>(),
+        );
+    }
+    algo
+}
+
+/// One 32-bit config attribute of `algo` (for the log; -1 if unreadable).
+fn algo_config(algo: &sys::cublasLtMatmulAlgo_t, attr: ConfigAttr) -> i64 {
+    let mut value: u32 = 0;
+    let mut written = 0usize;
+    let status = unsafe {
+        sys::cublasLtMatmulAlgoConfigGetAttribute(
+            algo,
+            attr,
+            &mut value as *mut u32 as *mut c_void,
+            std::mem::size_of::<u32>(),
+            &mut written,
+        )
+    };
+    if status.result().is_ok() {
+        i64::from(value)
+    } else {
+        -1
+    }
+}
+
+/// A plan's descriptors that are destroyed when it goes out of scope
+/// (unless the plan is taken: [`PlanGuard::into_plan`]).
+struct PlanGuard(Plan);
+
+impl PlanGuard {
+    fn new(s: Shape, scaling: Fp8Scaling) -> Result<Self, CudaError> {
+        let (desc, w, x, y) = describe(s, scaling)?;
+        Ok(Self(Plan {
+            desc,
+            w,
+            x,
+            y,
+            algo: unsafe { std::mem::zeroed() },
+            accumulate: s.out == OutType::AddF32 && scaling != Fp8Scaling::Epilogue,
+            workspace: WORKSPACE_BYTES,
+            fp8_epilogue: scaling == Fp8Scaling::Epilogue,
+        }))
+    }
+}
+
+impl PlanGuard {
+    /// The plan, whose descriptors the caller now owns.
+    fn into_plan(self) -> Plan {
+        let guard = std::mem::ManuallyDrop::new(self);
+        // SAFETY: the guard is never dropped, so the handles move out once.
+        unsafe { std::ptr::read(&guard.0) }
+    }
+}
+
+impl Drop for PlanGuard {
+    fn drop(&mut self) {
+        destroy_plan(&self.0);
     }
 }
 

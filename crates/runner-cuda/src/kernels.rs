@@ -16,6 +16,35 @@ pub const PREFILL_TILE: usize = 64;
 /// Heads (one per warp) of a `rope_qkv` block (its `ROPE_WARPS`).
 const ROPE_WARPS: usize = 8;
 
+/// Element type of the paged KV cache (`model.kv_cache_dtype`); the kernels
+/// that write and read the cache are loaded for it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KvDtype {
+    /// The model's dtype.
+    #[default]
+    Bf16,
+    /// FP8 e4m3, per-tensor scale 1.0, saturated (kv_types.cuh).
+    Fp8,
+}
+
+impl KvDtype {
+    /// Bytes per element.
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::Bf16 => 2,
+            Self::Fp8 => 1,
+        }
+    }
+
+    /// The infix of the kernels specialized for it (`paged_attention{}_hd…`).
+    fn kernel_infix(self) -> &'static str {
+        match self {
+            Self::Bf16 => "",
+            Self::Fp8 => "_fp8",
+        }
+    }
+}
+
 /// The kernels this model needs.
 pub struct Kernels {
     embed_rows: Kernel,
@@ -28,6 +57,11 @@ pub struct Kernels {
     gelu_tanh_mul: Kernel,
     argmax_rows: Kernel,
     decode_attention: Kernel,
+    /// The tensor-core decode attention and its dynamic shared memory, for
+    /// steps of at least `tc_decode_min_rows` decode rows (absent when off
+    /// or for head sizes without one).
+    tc_decode_attention: Option<(Kernel, u32)>,
+    tc_decode_min_rows: usize,
     combine: Kernel,
     advance_decode: Kernel,
     /// Absent for head sizes without a tensor-core kernel.
@@ -108,11 +142,15 @@ impl L2Prefetch {
 }
 
 impl Kernels {
-    /// Loads the kernels for `config`'s head size and GQA group.
+    /// Loads the kernels for `config`'s head size and GQA group and a KV
+    /// cache of `kv` elements; decode steps of at least `tc_decode_min_rows`
+    /// rows (0: none) take the tensor-core decode attention.
     pub fn load(
         gpu: &Gpu,
         config: &ModelConfig,
+        kv: KvDtype,
         prefetch: L2PrefetchSpec,
+        tc_decode_min_rows: usize,
     ) -> Result<Self, CudaError> {
         let (hd, group) = (
             config.head_dim,
@@ -130,12 +168,21 @@ impl Kernels {
                 config.hidden_size, config.intermediate_size
             )));
         }
+        let infix = kv.kernel_infix();
         let decode_attention = gpu
-            .kernel(&format!("paged_attention_hd{hd}_g{group}"))
+            .kernel(&format!("paged_attention{infix}_hd{hd}_g{group}"))
             .map_err(|_| {
                 CudaError::Unsupported(format!("head_dim {hd} (64, 128 and 256 are supported)"))
             })?;
-        let prefill_attention = match gpu.kernel(&format!("prefill_attention_hd{hd}")) {
+        let tc_decode_attention = match tc_decode_min_rows {
+            0 => None,
+            _ => load_tc_decode(
+                gpu,
+                &format!("paged_attention_tc{infix}_hd{hd}_g{group}"),
+                hd,
+            )?,
+        };
+        let prefill_attention = match gpu.kernel(&format!("prefill_attention{infix}_hd{hd}")) {
             Ok(k) => {
                 let bytes = prefill_shared_bytes(hd) as u32;
                 k.allow_shared_memory(bytes)?;
@@ -149,11 +196,13 @@ impl Kernels {
             add_rms_norm: gpu.kernel("add_rms_norm")?,
             post_norm_add: gpu.kernel("post_norm_add")?,
             softcap_rows: gpu.kernel("softcap_rows")?,
-            rope_qkv: gpu.kernel("rope_qkv")?,
+            rope_qkv: gpu.kernel(&format!("rope_qkv{infix}"))?,
             silu_mul: gpu.kernel("silu_mul")?,
             gelu_tanh_mul: gpu.kernel("gelu_tanh_mul")?,
             argmax_rows: gpu.kernel("argmax_rows")?,
             decode_attention,
+            tc_decode_attention,
+            tc_decode_min_rows,
             combine: gpu.kernel("attention_combine")?,
             advance_decode: gpu.kernel("advance_decode")?,
             prefill_attention,
@@ -203,12 +252,13 @@ impl Heads {
 }
 
 /// One layer's paged KV cache, `[blocks, kv_heads, block_size, head_dim]`
-/// bf16 each.
+/// of `dtype` each.
 #[derive(Debug, Clone, Copy)]
 pub struct KvCache {
     pub k: DevPtr,
     pub v: DevPtr,
     pub block_size: usize,
+    pub dtype: KvDtype,
 }
 
 /// `embed_rows`: `x[t] = embed[ids[t]]` (f32, times `scale` when set),
@@ -508,6 +558,26 @@ impl ArgmaxRows {
     }
 }
 
+/// `name` (a `paged_attention_tc*` kernel) with its dynamic shared memory
+/// allowed, or `None` for a head size without one.
+fn load_tc_decode(gpu: &Gpu, name: &str, hd: usize) -> Result<Option<(Kernel, u32)>, CudaError> {
+    let Ok(kernel) = gpu.kernel(name) else {
+        return Ok(None);
+    };
+    let bytes = tc_decode_shared_bytes(hd) as u32;
+    kernel.allow_shared_memory(bytes)?;
+    Ok(Some((kernel, bytes)))
+}
+
+/// Dynamic shared memory of `paged_attention_tc*` (`DecodeTcSmem::BYTES`):
+/// per warp, three stages of 16-key K and V tiles with rows padded by 8.
+fn tc_decode_shared_bytes(hd: usize) -> usize {
+    const WARPS: usize = 4;
+    const STAGES: usize = 3;
+    const KEYS: usize = 16;
+    WARPS * STAGES * 2 * KEYS * (hd + 8) * 2
+}
+
 /// The step's paged-attention inputs shared by the decode and prefill
 /// kernels.
 #[derive(Debug, Clone, Copy)]
@@ -541,6 +611,16 @@ pub struct DecodeAttention {
 
 impl DecodeAttention {
     pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        self.launch_splits(gpu, k)?;
+        if self.splits > 1 {
+            self.combine().launch(gpu, k)?;
+        }
+        Ok(())
+    }
+
+    /// The attention kernel alone: with several splits its partials stay
+    /// in `part_acc`/`part_ml` for [`Self::combine`] (or a fused block).
+    pub fn launch_splits(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
         let [pf_base, pf_bytes, pf_mode] = k.l2_prefetch.args(self.prefetch.0, self.prefetch.1);
         let args = [
             Arg::Ptr(self.q),
@@ -569,20 +649,25 @@ impl DecodeAttention {
             self.heads.kv_heads as u32,
             self.splits as u32,
         );
-        gpu.launch(&k.decode_attention, grid, 128, 0, &args)?;
-        if self.splits > 1 {
-            let combine = AttentionCombine {
-                tokens: self.tokens,
-                splits: self.splits,
-                part_acc: self.part_acc,
-                part_ml: self.part_ml,
-                decode_ids: self.decode_ids,
-                out: self.out,
-                heads: self.heads,
-            };
-            combine.launch(gpu, k)?;
+        match &k.tc_decode_attention {
+            Some((tc, smem)) if self.tokens >= k.tc_decode_min_rows => {
+                gpu.launch(tc, grid, 128, *smem, &args)
+            }
+            _ => gpu.launch(&k.decode_attention, grid, 128, 0, &args),
         }
-        Ok(())
+    }
+
+    /// The merge of this launch's split partials into `out`.
+    pub fn combine(&self) -> AttentionCombine {
+        AttentionCombine {
+            tokens: self.tokens,
+            splits: self.splits,
+            part_acc: self.part_acc,
+            part_ml: self.part_ml,
+            decode_ids: self.decode_ids,
+            out: self.out,
+            heads: self.heads,
+        }
     }
 }
 
@@ -680,6 +765,19 @@ impl AdvanceDecode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tc_decode_rings_fit_two_blocks_an_sm_and_hold_the_accumulators() {
+        // DecodeTcSmem<128>::BYTES in attention.cu.
+        assert_eq!(tc_decode_shared_bytes(128), 104_448);
+        for hd in [64, 128] {
+            let bytes = tc_decode_shared_bytes(hd);
+            // Hopper: 228 KiB of shared memory per SM, 1 KiB reserved per block.
+            assert!(2 * (bytes + 1024) <= 228 << 10, "hd {hd}: {bytes}");
+            // The 4 warps' f32 accumulators of up to 8 heads reuse the ring.
+            assert!(bytes >= 4 * 8 * hd * 4, "hd {hd}: {bytes}");
+        }
+    }
 
     #[test]
     fn l2_prefetch_specs_parse_strictly() {

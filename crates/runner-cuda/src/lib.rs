@@ -16,6 +16,7 @@
 mod buffers;
 mod device;
 pub mod encoder;
+mod fused;
 mod gemm;
 mod kernels;
 mod kv_views;
@@ -36,7 +37,9 @@ use ingot_runner::{
 
 use buffers::{Buffers, StepPlan};
 use device::{Arena, Gpu, Pinned};
+use fused::FusedBlocks;
 use gemm::Gemm;
+pub use kernels::KvDtype;
 use kernels::{Kernels, L2PrefetchSpec};
 use kv_views::KvSizing;
 use profile::{Marks, Profiler};
@@ -161,6 +164,8 @@ pub struct CudaRunnerConfig {
     pub gpu_memory_utilization: f64,
     /// KV tokens to allocate instead of filling the memory budget.
     pub kv_cache_tokens: Option<usize>,
+    /// Element type of the KV cache (`model.kv_cache_dtype`).
+    pub kv_cache_dtype: KvDtype,
     /// Capture decode steps in CUDA graphs.
     pub cuda_graphs: bool,
     /// Log a per-step GPU time breakdown (`cuda.profile`).
@@ -177,6 +182,19 @@ pub struct CudaRunnerConfig {
     /// The decoder's weight matrices in FP8 (e4m3, per-channel scales;
     /// `model.quantization = "fp8"`).
     pub fp8_weights: bool,
+    /// One kernel for each layer's attention combine, o_proj, MLP and the
+    /// next layer's q/k/v on small models at GEMV batch sizes
+    /// (`cuda.fused_block`; off by default: measured slower).
+    pub fused_block: bool,
+    /// Batch-invariant kernels (`engine.deterministic`): a row's result
+    /// does not depend on what else is in the step. Linear layers run
+    /// cuBLASLt with one split-K-free algorithm per matrix at every token
+    /// count (no GEMV kernels, no fused norms), attention runs every token
+    /// through the decode kernel in one split. Costs speed.
+    pub deterministic: bool,
+    /// Decode steps with at least this many decode rows use the
+    /// tensor-core decode attention (`cuda.tc_decode_min_rows`; 0: never).
+    pub tc_decode_min_rows: usize,
 }
 
 impl Default for CudaRunnerConfig {
@@ -188,12 +206,16 @@ impl Default for CudaRunnerConfig {
             max_num_seqs: 256,
             gpu_memory_utilization: 0.9,
             kv_cache_tokens: None,
+            kv_cache_dtype: KvDtype::Bf16,
             cuda_graphs: true,
             profile: false,
             check: false,
             l2_prefetch: None,
             pdl: true,
             fp8_weights: false,
+            fused_block: false,
+            deterministic: false,
+            tc_decode_min_rows: 0,
         }
     }
 }
@@ -288,6 +310,7 @@ pub struct CudaRunner {
     gemm: Gemm,
     buffers: Buffers,
     kernels: Kernels,
+    fused: Option<FusedBlocks>,
     weights: DeviceWeights,
     gpu: Gpu,
 }
@@ -309,10 +332,31 @@ impl CudaRunner {
             WeightFormat::Bf16
         };
         supports_format(&config, format)?;
+        if opts.fp8_weights && opts.deterministic {
+            return Err(CudaError::Unsupported(
+                "FP8 weights (model.quantization = \"fp8\") with engine.deterministic: \
+                 the FP8 GEMMs have no batch-invariant algorithm choice"
+                    .into(),
+            ));
+        }
         let prefetch = L2PrefetchSpec::parse(opts.l2_prefetch.as_deref())?;
         let started = Instant::now();
         let gpu = Gpu::open(opts.device, opts.pdl, opts.check)?;
-        let kernels = Kernels::load(&gpu, &config, prefetch)?;
+        // A row threshold would make the kernel depend on the batch size.
+        let tc_decode_min_rows = if opts.deterministic {
+            0
+        } else {
+            opts.tc_decode_min_rows
+        };
+        let kernels = Kernels::load(
+            &gpu,
+            &config,
+            opts.kv_cache_dtype,
+            prefetch,
+            tc_decode_min_rows,
+        )?;
+        // The fused block reads its weights as bf16.
+        let fused = FusedBlocks::load(&gpu, &config, opts.fused_block && !opts.fp8_weights)?;
         let (_, total) = gpu.memory()?;
         let context_ms = ms_since(started);
         let weights_started = Instant::now();
@@ -341,18 +385,21 @@ impl CudaRunner {
                 + fp8_scratch,
         )?;
         let mut gemm = Gemm::new(&gpu, &mut workspace)?;
+        gemm.deterministic = opts.deterministic;
         if let Some(region) = weights.fp8_region {
             let limits = (max_tokens, max_inputs, max_outputs);
             gemm.enable_fp8(&gpu, &mut workspace, region, limits)?;
         }
         // Start-up passes run on scratch data: time GEMM candidates there.
         gemm.tune = true;
-        let buffers = Buffers::new(
+        gemm.max_tokens = max_tokens;
+        let mut buffers = Buffers::new(
             &gpu,
             &config,
             (max_tokens, max_seqs, opts.block_size),
             workspace,
         )?;
+        buffers.deterministic = opts.deterministic;
         // SumSq starts empty (every step's embedding fills it first).
         gpu.upload(buffers.sumsq, &vec![0u32; buffers::SUMSQ_BYTES / 4])?;
         gemm.sumsq = buffers.sumsq;
@@ -384,6 +431,7 @@ impl CudaRunner {
             gemm,
             buffers,
             kernels,
+            fused,
             weights,
             gpu,
             config,
@@ -489,7 +537,9 @@ impl CudaRunner {
         let tokens = self.buffers.max_tokens.min(self.config.max_context);
         let started = Instant::now();
         let need = self.kv_sizing().need();
-        self.buffers.set_kv(&self.gpu, &self.config, need + 1, bs)?;
+        let dtype = self.opts.kv_cache_dtype;
+        self.buffers
+            .set_kv(&self.gpu, &self.config, (need + 1, bs), dtype)?;
         self.kv_shape.num_blocks = need;
         let tables = ingot_runner::solo_tables(&*self, tokens)
             .map_err(|e| CudaError::Unsupported(e.to_string()))?;
@@ -504,7 +554,7 @@ impl CudaRunner {
         self.run(&batch, false)?;
         self.buffers.drop_kv();
         let (free, total) = self.gpu.memory()?;
-        let per_page = buffers::kv_page_bytes(&self.config, bs);
+        let per_page = buffers::kv_page_bytes(&self.config, bs, dtype);
         let num_pages = match self.opts.kv_cache_tokens {
             Some(t) => self.kv_sizing().pages_for_tokens(t),
             None => {
@@ -529,7 +579,7 @@ impl CudaRunner {
         }
         let kv_tokens = self.kv_sizing().capacity_tokens(num_pages);
         self.buffers
-            .set_kv(&self.gpu, &self.config, num_pages + 1, bs)?;
+            .set_kv(&self.gpu, &self.config, (num_pages + 1, bs), dtype)?;
         self.kv_shape.num_blocks = num_pages;
         self.memory.kv_cache = (num_pages + 1) * per_page;
         tracing::info!(
@@ -537,6 +587,7 @@ impl CudaRunner {
             weights_mib = self.memory.weights >> 20,
             workspace_mib = self.memory.workspace >> 20,
             kv_cache_mib = self.memory.kv_cache >> 20,
+            kv_cache_dtype = ?dtype,
             kv_pages = num_pages,
             kv_tokens,
             "GPU memory reserved"
@@ -615,6 +666,7 @@ impl CudaRunner {
             gpu: &self.gpu,
             gemm: &self.gemm,
             kernels: &self.kernels,
+            fused: self.fused.as_ref(),
             weights: &self.weights,
             buffers: &self.buffers,
             config: &self.config,

@@ -15,11 +15,12 @@ use ingot_models::ModelConfig;
 
 use crate::buffers::{Buffers, StepPlan, SUMSQ_MAX_BLOCKS};
 use crate::device::{DevPtr, Gpu};
+use crate::fused::{AttentionOut, FusedBlock, FusedBlocks, NextQkv};
 use crate::gemm::{Gemm, OutType, GEMV_MAX_TOKENS};
 use crate::kernels::{
-    ArgmaxRows, DecodeAttention, EmbedRows, GatedMul, GemvInput, Heads, Kernels, KvCache,
-    NextNormOut, PagedInputs, PostNormAdd, PrefillAttention, QkvRopeGemv, RmsNorm, RopeQkv,
-    RopeTarget, SoftcapRows,
+    ArgmaxRows, AttentionCombine, DecodeAttention, EmbedRows, GatedMul, GemvInput, Heads, Kernels,
+    KvCache, KvDtype, NextNormOut, PagedInputs, PostNormAdd, PrefillAttention, QkvRopeGemv,
+    RmsNorm, RopeQkv, RopeTarget, SoftcapRows,
 };
 use crate::profile::{Category, Marks};
 use crate::weights::{DeviceWeights, LayerWeights};
@@ -35,6 +36,8 @@ pub struct Model<'a> {
     pub weights: &'a DeviceWeights,
     pub buffers: &'a Buffers,
     pub config: &'a ModelConfig,
+    /// The fused o_proj + MLP kernels, for small models.
+    pub fused: Option<&'a FusedBlocks>,
 }
 
 /// Enqueues the whole decoder for `plan` on the stream (the architecture
@@ -120,6 +123,14 @@ pub struct CudaOps<'a, 'm> {
     /// The norm whose input the residual's last writer left in `xn`, and
     /// in which form.
     prescaled: Option<(NextNorm, Ready)>,
+    /// The layer whose attention left split partials for a fused block
+    /// (its o_proj has not run yet).
+    deferred: Option<usize>,
+    /// The last attention block's spec (every layer's, where layers do not
+    /// alternate: what a fused block's q/k/v phase runs for the next).
+    attention_spec: Option<AttentionSpec>,
+    /// The layer whose q/k/v, rope and KV write a fused block already ran.
+    qkv_ready: Option<usize>,
 }
 
 /// What the residual's writer left in `xn` for the next norm.
@@ -134,12 +145,17 @@ enum Ready {
 impl<'a, 'm> CudaOps<'a, 'm> {
     pub fn new(m: &'a Model<'a>, plan: &'a StepPlan, marks: Option<&'m mut Marks>) -> Self {
         let (t, d) = (plan.tokens, m.config.hidden_size);
+        // Deterministic mode runs the norms the same way at every batch size.
+        let gemv_sizes = t <= GEMV_MAX_TOKENS && !m.gemm.deterministic;
         Self {
             m,
             plan,
             marks,
-            fuse_norms: t <= GEMV_MAX_TOKENS && d.div_ceil(8) <= SUMSQ_MAX_BLOCKS,
+            fuse_norms: gemv_sizes && d.div_ceil(8) <= SUMSQ_MAX_BLOCKS,
             prescaled: None,
+            deferred: None,
+            attention_spec: None,
+            qkv_ready: None,
         }
     }
 
@@ -271,6 +287,7 @@ impl<'a, 'm> CudaOps<'a, 'm> {
             k,
             v,
             block_size: b.block_size,
+            dtype: b.kv_dtype,
         };
         Ok((kv, site.view))
     }
@@ -285,27 +302,17 @@ impl<'a, 'm> CudaOps<'a, 'm> {
         (kv, view): (KvCache, usize),
         fused_norm: bool,
     ) -> Result<(), CudaError> {
-        let (cos, sin) = self.rope_table(spec.rope)?;
+        let target = self.rope_target(spec, (kv, view))?;
         let Model {
             gpu,
             gemm,
             kernels,
-            weights: _,
             buffers: b,
             config: c,
+            ..
         } = *self.m;
         let (t, d) = (self.plan.tokens, c.hidden_size);
         let width = c.q_dim() + 2 * c.kv_dim();
-        let l = b.layout;
-        let target = RopeTarget {
-            positions: b.input(l.positions),
-            slots: b.input(l.slots_of(view)),
-            cos,
-            sin,
-            q: b.q,
-            kv,
-            heads: Heads::of(c),
-        };
         let bias = layer.qkv_bias.filter(|_| spec.qkv_bias).unwrap_or(0);
         let qk_norm = layer.qk_norm.filter(|_| spec.qk_norm);
         let eps = c.rms_norm_eps;
@@ -320,9 +327,10 @@ impl<'a, 'm> CudaOps<'a, 'm> {
         } else {
             GemvInput::Plain(b.xn)
         };
+        // The fused GEMV writes bf16 K/V; an FP8 cache takes rope_qkv_fp8.
         if let Some(kernel) = gemm
             .qkv_rope_kernel(layer.qkv, t, d, fused_norm)
-            .filter(|_| qk_norm.is_none())
+            .filter(|_| qk_norm.is_none() && kv.dtype == KvDtype::Bf16)
         {
             QkvRopeGemv {
                 input,
@@ -353,6 +361,27 @@ impl<'a, 'm> CudaOps<'a, 'm> {
         }
         .launch(gpu, kernels)?;
         self.mark(Category::Other)
+    }
+
+    /// Where a layer's rope and KV write go: the step's positions, its
+    /// view's slots, `spec`'s rotary table, the queries and `kv`.
+    fn rope_target(
+        &self,
+        spec: &AttentionSpec,
+        (kv, view): (KvCache, usize),
+    ) -> Result<RopeTarget, CudaError> {
+        let (cos, sin) = self.rope_table(spec.rope)?;
+        let (b, c) = (self.m.buffers, self.m.config);
+        let l = b.layout;
+        Ok(RopeTarget {
+            positions: b.input(l.positions),
+            slots: b.input(l.slots_of(view)),
+            cos,
+            sin,
+            q: b.q,
+            kv,
+            heads: Heads::of(c),
+        })
     }
 
     /// The post-norm weights a block's spec asks for (picked from the
@@ -399,6 +428,7 @@ impl<'a, 'm> CudaOps<'a, 'm> {
         (kv, view): (KvCache, usize),
         o_proj: DevPtr,
         window: usize,
+        keep_partials: bool,
     ) -> Result<(), CudaError> {
         let (b, c, plan) = (self.m.buffers, self.m.config, self.plan);
         let l = b.layout;
@@ -419,18 +449,14 @@ impl<'a, 'm> CudaOps<'a, 'm> {
             } else {
                 0
             };
-            DecodeAttention {
+            let attention = DecodeAttention {
                 tokens: plan.decode_tokens,
                 splits: plan.splits,
                 q: b.q,
                 kv,
                 paged,
                 token_seq: b.input(l.token_seq),
-                decode_ids: if plan.decode_list {
-                    b.input(l.decode_ids)
-                } else {
-                    0
-                },
+                decode_ids: self.decode_ids(),
                 out: b.attn,
                 part_acc: b.part_acc,
                 part_ml: b.part_ml,
@@ -438,8 +464,12 @@ impl<'a, 'm> CudaOps<'a, 'm> {
                 scale_log2,
                 window,
                 prefetch: (o_proj, o_bytes),
+            };
+            if keep_partials {
+                attention.launch_splits(self.m.gpu, self.m.kernels)?;
+            } else {
+                attention.launch(self.m.gpu, self.m.kernels)?;
             }
-            .launch(self.m.gpu, self.m.kernels)?;
         }
         if plan.tiles > 0 {
             PrefillAttention {
@@ -456,6 +486,127 @@ impl<'a, 'm> CudaOps<'a, 'm> {
             .launch(self.m.gpu, self.m.kernels)?;
         }
         self.mark(Category::Attention)
+    }
+}
+
+/// The fused second half of a layer (see [`crate::fused`]).
+impl CudaOps<'_, '_> {
+    /// The decode attention's row list (0: rows 0..tokens).
+    fn decode_ids(&self) -> DevPtr {
+        let b = self.m.buffers;
+        if self.plan.decode_list {
+            b.input(b.layout.decode_ids)
+        } else {
+            0
+        }
+    }
+
+    /// Whether layer `i`'s o_proj and MLP run as one fused block: a small
+    /// model (the kernels are loaded), a step of decode rows only at GEMV
+    /// sizes with fused norms, and the o_proj feeding the MLP's norm.
+    fn fuses_block(&self, i: usize, next: NextNorm) -> bool {
+        let (c, plan) = (self.m.config, self.plan);
+        self.m
+            .fused
+            .is_some_and(|f| f.takes(plan.tokens, c.num_heads, plan.splits))
+            && self.fuse_norms
+            && plan.tiles == 0
+            && plan.decode_tokens == plan.tokens
+            && next == NextNorm::Mlp(i)
+    }
+
+    /// A deferred layer whose MLP cannot be fused after all: merges its
+    /// attention splits and runs its o_proj as the unfused path does.
+    fn finish_attention(&mut self, i: usize) -> Result<(), CudaError> {
+        let (b, c, plan) = (self.m.buffers, self.m.config, self.plan);
+        if plan.splits > 1 {
+            AttentionCombine {
+                tokens: plan.decode_tokens,
+                splits: plan.splits,
+                part_acc: b.part_acc,
+                part_ml: b.part_ml,
+                decode_ids: self.decode_ids(),
+                out: b.attn,
+                heads: Heads::of(c),
+            }
+            .launch(self.m.gpu, self.m.kernels)?;
+        }
+        let o_proj = (b.attn, self.layer(i)?.o_proj, c.q_dim());
+        self.project_out(o_proj, None, NextNorm::Mlp(i))
+    }
+
+    /// Combine, o_proj, the MLP's norm, gate/up and down of `layer` in one
+    /// kernel; the residual's writer protocol (sums of squares, `next`'s
+    /// pre-scaled input) is the unfused GEMVs'.
+    fn fused_block(
+        &mut self,
+        layer: &LayerWeights,
+        spec: &MlpSpec,
+        next: NextNorm,
+    ) -> Result<(), CudaError> {
+        let (b, c, plan) = (self.m.buffers, self.m.config, self.plan);
+        let fused = self
+            .m
+            .fused
+            .ok_or_else(|| unsupported("a fused block without its kernels"))?;
+        let next_norm = self.fuse_next(next).map_or(0, |(g, _)| g);
+        let next_qkv = self.next_qkv(next)?;
+        FusedBlock {
+            tokens: plan.tokens,
+            activation: spec.act,
+            attention: AttentionOut {
+                part_acc: b.part_acc,
+                part_ml: b.part_ml,
+                decode_ids: self.decode_ids(),
+                attn: b.attn,
+                heads: c.num_heads,
+                head_dim: c.head_dim,
+                splits: plan.splits,
+            },
+            o_proj: layer.o_proj,
+            x: b.x,
+            mlp_norm: layer.mlp_norm,
+            xn: b.xn,
+            sumsq: b.sumsq,
+            eps: c.rms_norm_eps,
+            gate_up: layer.gate_up,
+            act: b.act,
+            down: layer.down,
+            next_norm,
+            hidden: c.hidden_size,
+            ff: c.intermediate_size,
+            next_qkv,
+        }
+        .launch(self.m.gpu, fused)?;
+        if let (Some(_), NextNorm::Attention(j)) = (next_qkv, next) {
+            self.qkv_ready = Some(j);
+        }
+        self.mark(Category::Gemm)
+    }
+
+    /// The next layer's q/k/v work for a fused block to run: when `next`
+    /// is a layer's attention norm (fused: pre-scaled input), layers do
+    /// not alternate (its spec is the last one's), its q/k/v takes the
+    /// fused rope GEMV (no q/k norm) and its KV cache is bf16.
+    fn next_qkv(&self, next: NextNorm) -> Result<Option<NextQkv>, CudaError> {
+        let (NextNorm::Attention(j), Some(spec)) = (next, self.attention_spec) else {
+            return Ok(None);
+        };
+        let uniform = self.m.config.block.sliding_window.is_none();
+        let ready = matches!(self.prescaled, Some((n, Ready::Prescaled)) if n == next);
+        if !uniform || !ready || spec.qk_norm || spec.post_norm {
+            return Ok(None);
+        }
+        let (layer, kv) = (self.layer(j)?, self.kv_cache(j)?);
+        // The phase writes bf16 K/V (an FP8 cache takes rope_qkv's stores).
+        if kv.0.dtype != KvDtype::Bf16 {
+            return Ok(None);
+        }
+        Ok(Some(NextQkv {
+            weight: layer.qkv,
+            bias: layer.qkv_bias.filter(|_| spec.qkv_bias).unwrap_or(0),
+            target: self.rope_target(&spec, kv)?,
+        }))
     }
 }
 
@@ -490,8 +641,18 @@ impl DecoderOps for CudaOps<'_, '_> {
         let (layer, kv) = (self.layer(i)?, self.kv_cache(i)?);
         let post = self.post_norm(spec.post_norm, layer, |(attn, _)| attn)?;
         let fused_norm = self.take_norm(NextNorm::Attention(i), layer.attn_norm)?;
-        self.project_qkv(layer, spec, kv, fused_norm)?;
-        self.attend(kv, layer.o_proj, spec.window.unwrap_or(0))?;
+        if self.qkv_ready.take() != Some(i) {
+            self.project_qkv(layer, spec, kv, fused_norm)?;
+        } else if self.attention_spec != Some(*spec) {
+            return Err(unsupported("a fused q/k/v for a layer of another kind"));
+        }
+        self.attention_spec = Some(*spec);
+        let fused_block = post.is_none() && self.fuses_block(i, next);
+        self.attend(kv, layer.o_proj, spec.window.unwrap_or(0), fused_block)?;
+        if fused_block {
+            self.deferred = Some(i);
+            return Ok(());
+        }
         let o_proj = (self.m.buffers.attn, layer.o_proj, self.m.config.q_dim());
         self.project_out(o_proj, post, next)
     }
@@ -499,6 +660,12 @@ impl DecoderOps for CudaOps<'_, '_> {
     fn mlp(&mut self, i: usize, spec: &MlpSpec, next: NextNorm) -> Result<(), CudaError> {
         let layer = self.layer(i)?;
         let post = self.post_norm(spec.post_norm, layer, |(_, mlp)| mlp)?;
+        if let Some(attended) = self.deferred.take() {
+            if attended == i && post.is_none() {
+                return self.fused_block(layer, spec, next);
+            }
+            self.finish_attention(attended)?;
+        }
         let fused_norm = self.take_norm(NextNorm::Mlp(i), layer.mlp_norm)?;
         let Model {
             gpu,

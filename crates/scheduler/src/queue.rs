@@ -16,6 +16,12 @@ pub struct SchedulerConfig {
     pub max_num_seqs: usize,
     /// Most tokens (decode + prefill) per step.
     pub max_num_batched_tokens: usize,
+    /// Most tokens of a step in which no sequence decodes (every one it
+    /// runs is still in its prompt): no running request's inter-token
+    /// latency waits on such a step, so it may take more than
+    /// `max_num_batched_tokens`. At or below that (0: off) it changes
+    /// nothing.
+    pub max_prefill_only_tokens: usize,
     /// Waiting-queue bound; tiers below high are shed earlier (see [`admit`]).
     pub max_waiting: usize,
     /// First-token deadline per tier, most urgent first.
@@ -24,11 +30,21 @@ pub struct SchedulerConfig {
     pub aging: Duration,
 }
 
+impl SchedulerConfig {
+    /// The most tokens any step may hold (what the runner's activations
+    /// must be sized for).
+    pub fn largest_step(&self) -> usize {
+        self.max_num_batched_tokens
+            .max(self.max_prefill_only_tokens)
+    }
+}
+
 impl Default for SchedulerConfig {
     fn default() -> Self {
         Self {
             max_num_seqs: 64,
             max_num_batched_tokens: 2048,
+            max_prefill_only_tokens: 0,
             max_waiting: 256,
             tier_deadlines: [
                 Duration::from_millis(250),
@@ -228,7 +244,7 @@ impl Scheduler {
         self.pool.layout().capacity_tokens(
             self.pool.num_blocks(),
             self.pool.block_size(),
-            self.config.max_num_batched_tokens,
+            self.config.largest_step(),
         )
     }
 
@@ -380,7 +396,7 @@ impl Scheduler {
         let mut out = SchedulerOutput::default();
         self.preempt_for_urgent_waiting(now, &mut out);
         let urgent_preemptions = out.preempted.len();
-        let mut budget = self.config.max_num_batched_tokens;
+        let mut budget = self.step_budget();
         // 1. Running sequences, most urgent first.
         let mut order = self.running.clone();
         order.sort_by_key(|id| (self.seqs[id].priority, self.seqs[id].arrival, *id));
@@ -407,6 +423,23 @@ impl Scheduler {
         }
         self.commit(&out);
         out
+    }
+
+    /// This step's token budget: the larger prefill-only budget when no
+    /// sequence that will be stepped has finished its prompt.
+    fn step_budget(&self) -> usize {
+        let decoding = self.running.iter().any(|id| {
+            let s = &self.seqs[id];
+            s.state == State::Running
+                && !s.paused
+                && !self.is_held(s)
+                && s.num_computed >= s.prompt_len
+        });
+        if decoding {
+            self.config.max_num_batched_tokens
+        } else {
+            self.config.largest_step()
+        }
     }
 
     /// Grows `id`'s table for `n` more tokens, preempting less urgent running
@@ -453,9 +486,10 @@ impl Scheduler {
         let Some(&best) = self.sorted_waiting(now).first() else {
             return;
         };
+        let budget = self.step_budget();
         let (rank, need) = {
             let s = &self.seqs[&best];
-            let chunk = s.pending().min(self.config.max_num_batched_tokens);
+            let chunk = s.pending().min(budget);
             let end = s.num_computed + chunk;
             (s.priority, self.pool.pages_for(s.num_computed, end))
         };
@@ -657,6 +691,52 @@ mod tests {
             assert_eq!(c2.sample, prefilled == 40);
         }
         assert_eq!(prefilled, 40);
+    }
+
+    #[test]
+    fn a_prompt_with_no_decode_beside_it_takes_the_prefill_only_budget() {
+        let t0 = Instant::now();
+        let mut s = sched(64, |c| c.max_prefill_only_tokens = 48);
+        s.add(1, prompt(40, 0), Priority::Normal, 10, t0);
+        let out = step(&mut s, t0);
+        assert_eq!(
+            out.chunks,
+            vec![ScheduledChunk {
+                id: 1,
+                start: 0,
+                len: 40,
+                sample: true
+            }],
+            "one step for the whole prompt"
+        );
+        // Seq 1 now decodes: a new prompt is chunked under the normal budget.
+        s.add(2, prompt(40, 100), Priority::Normal, 10, t0);
+        let out = step(&mut s, t0);
+        assert_eq!(ids(&out), vec![1, 2]);
+        assert_eq!(out.chunks.iter().map(|c| c.len).sum::<usize>(), 16);
+    }
+
+    #[test]
+    fn prompts_waiting_together_share_the_prefill_only_budget() {
+        let t0 = Instant::now();
+        let mut s = sched(64, |c| c.max_prefill_only_tokens = 48);
+        s.add(1, prompt(30, 0), Priority::Normal, 10, t0);
+        s.add(2, prompt(30, 100), Priority::Normal, 10, t0);
+        let out = step(&mut s, t0);
+        let lens: Vec<_> = out.chunks.iter().map(|c| (c.id, c.len)).collect();
+        assert_eq!(lens, vec![(1, 30), (2, 18)]);
+        // Seq 1 decodes from now on: seq 2's rest goes under the normal budget.
+        let out = step(&mut s, t0);
+        let lens: Vec<_> = out.chunks.iter().map(|c| (c.id, c.len)).collect();
+        assert_eq!(lens, vec![(1, 1), (2, 12)]);
+    }
+
+    #[test]
+    fn a_prefill_only_budget_below_the_step_budget_changes_nothing() {
+        let t0 = Instant::now();
+        let mut s = sched(64, |c| c.max_prefill_only_tokens = 8);
+        s.add(1, prompt(40, 0), Priority::Normal, 10, t0);
+        assert_eq!(step(&mut s, t0).chunks[0].len, 16);
     }
 
     #[test]

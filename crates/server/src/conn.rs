@@ -118,6 +118,8 @@ impl Connection {
         let socket = probe.clone();
         let router = self.router.clone();
         let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+            req.extensions_mut()
+                .insert(Received(std::time::Instant::now()));
             req.extensions_mut().insert(probe.clone());
             let mut router = router.clone();
             router.call(req.map(axum::body::Body::new))
@@ -146,6 +148,20 @@ impl Connection {
         // The socket closes with `conn`: no probe may read its descriptor
         // number after that (it could be another connection's by then).
         socket.close_with(conn);
+    }
+}
+
+/// When hyper handed a request over (its head parsed): the start of the
+/// server's own latency series (`ingot_request_prepare_seconds`,
+/// `ingot_http_time_to_first_token_seconds`).
+#[derive(Clone, Copy, Debug)]
+pub struct Received(pub std::time::Instant);
+
+impl Received {
+    /// The instant of `received`, else now (requests that did not come
+    /// through a connection, as in in-process tests).
+    pub fn or_now(received: Option<axum::Extension<Received>>) -> std::time::Instant {
+        received.map_or_else(std::time::Instant::now, |r| r.0 .0)
     }
 }
 

@@ -66,6 +66,11 @@ impl Deadlines {
 }
 
 impl Job {
+    /// When it was handed to the pipeline.
+    pub fn submitted(&self) -> Instant {
+        self.submitted
+    }
+
     /// The next event, or the timeout the job ran past (dropping the job
     /// then cancels its generation).
     async fn next(&mut self) -> Result<Option<TokenEvent>, Timeout> {

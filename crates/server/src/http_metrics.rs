@@ -8,10 +8,16 @@ use axum::extract::{MatchedPath, Request};
 use axum::middleware::Next;
 use axum::response::Response;
 use ingot_edge::status_class;
-use metrics::{counter, describe_counter, describe_gauge, Unit};
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, Unit};
 
 /// The series name.
 pub const HTTP_REQUESTS: &str = "ingot_http_requests_total";
+
+/// Request head to its generations handed to the engine (histogram).
+pub const PREPARE_SECONDS: &str = "ingot_request_prepare_seconds";
+
+/// Request head to the first token's SSE chunk (histogram, streams only).
+pub const HTTP_TTFT_SECONDS: &str = "ingot_http_time_to_first_token_seconds";
 
 /// The route label of a request that matched no route.
 const OTHER_ROUTE: &str = "other";
@@ -38,6 +44,16 @@ pub fn describe() {
     for reason in ["stall", "overflow"] {
         metrics::counter!(crate::routes::STREAMS_CUT, "reason" => reason).absolute(0);
     }
+    describe_histogram!(
+        PREPARE_SECONDS,
+        Unit::Seconds,
+        "From a generation request's head to its generations being handed to the engine: body, parsing, validation, chat template, tokenization, admission."
+    );
+    describe_histogram!(
+        HTTP_TTFT_SECONDS,
+        Unit::Seconds,
+        "From a streaming request's head to its first token's SSE chunk being queued for the connection."
+    );
     describe_gauge!(
         crate::conn::CONNECTIONS,
         Unit::Count,

@@ -61,11 +61,26 @@ fn install_metrics(model_name: &str) -> Option<PrometheusHandle> {
         5e-6, 1e-5, 2e-5, 3e-5, 5e-5, 7.5e-5, 1e-4, 1.5e-4, 2e-4, 3e-4, 5e-4, 7.5e-4, 1e-3, 2e-3,
         5e-3, 1e-2, 2.5e-2, 0.1,
     ];
+    // Server-side parts of a request's latency: well under a millisecond
+    // when nothing is wrong.
+    let fine = [
+        1e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 3e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0,
+    ];
+    let steps = [1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0, 32.0, 64.0];
     let handle = PrometheusBuilder::new()
         .add_global_label("model", model_name)
         .set_buckets(&latency)
         .and_then(|b| {
             b.set_buckets_for_metric(Matcher::Full("ingot_iteration_tokens".into()), &tokens)
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full(crate::http_metrics::PREPARE_SECONDS.into()),
+                &fine,
+            )
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Full("ingot_request_prefill_steps".into()), &steps)
         })
         .and_then(|b| {
             b.set_buckets_for_metric(

@@ -21,7 +21,7 @@ use ingot_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
 use super::sse::Event;
 use super::{json_body, sse, start, unix_now, Shared, Started};
-use crate::conn::ConnProbe;
+use crate::conn::{ConnProbe, Received};
 use crate::generate;
 use crate::logprobs::resolve;
 use crate::tools::{self, Piece, ToolFormat, ToolStream};
@@ -78,9 +78,11 @@ pub async fn chat_completions(
     State((state, limit)): State<Shared>,
     Extension(caller): Extension<Caller>,
     probe: Option<Extension<ConnProbe>>,
+    received: Option<Extension<Received>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let received = Received::or_now(received);
     let body = json_body(body, limit)?;
     let req = ValidChatRequest::parse(&body)?;
     let model = super::lease(&state, &caller, req.sampling.model.as_deref()).await?;
@@ -130,6 +132,7 @@ pub async fn chat_completions(
         generate::Endpoint::Chat,
     )
     .await?;
+    super::note_prepared(received, &jobs);
     let meta = Meta {
         id,
         created: unix_now(),
@@ -139,7 +142,7 @@ pub async fn chat_completions(
         tools: parse_tools,
     };
     if req.sampling.stream {
-        let delivery = super::delivery(&state, probe, guard, key_usage);
+        let delivery = super::delivery(&state, probe, guard, key_usage, received);
         let response = stream_response(jobs, meta, req.sampling.include_usage, delivery);
         return Ok(answer.finish(response, None));
     }

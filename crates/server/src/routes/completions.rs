@@ -20,7 +20,7 @@ use ingot_tokenizer::Tokenizer;
 
 use super::sse::Event;
 use super::{json_body, sse, start, unix_now, Shared, Started};
-use crate::conn::ConnProbe;
+use crate::conn::{ConnProbe, Received};
 use crate::generate;
 use crate::logprobs::{push_prompt, resolve};
 use crate::ApiError;
@@ -50,9 +50,11 @@ pub async fn completions(
     State((state, limit)): State<Shared>,
     Extension(caller): Extension<Caller>,
     probe: Option<Extension<ConnProbe>>,
+    received: Option<Extension<Received>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let received = Received::or_now(received);
     let body = json_body(body, limit)?;
     let req = ValidCompletionRequest::parse(&body)?;
     let model = super::lease(&state, &caller, req.sampling.model.as_deref()).await?;
@@ -90,6 +92,7 @@ pub async fn completions(
         generate::Endpoint::Completions,
     )
     .await?;
+    super::note_prepared(received, &jobs);
     let meta = Meta {
         id,
         created: unix_now(),
@@ -100,7 +103,7 @@ pub async fn completions(
         echo: req.echo.then_some(echo),
     };
     if req.sampling.stream {
-        let delivery = super::delivery(&state, probe, guard, key_usage);
+        let delivery = super::delivery(&state, probe, guard, key_usage, received);
         let response = stream_response(jobs, meta, req.sampling.include_usage, delivery);
         return Ok(answer.finish(response, None));
     }

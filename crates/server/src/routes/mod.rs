@@ -298,13 +298,24 @@ fn admit(key: Option<&ingot_edge::Key>, sampling: &ValidSampling) -> ValidSampli
     sampling
 }
 
+/// Records how long the request took from its head to the engine
+/// (`ingot_request_prepare_seconds`).
+fn note_prepared(received: Instant, jobs: &[crate::generate::Job]) {
+    if let Some(job) = jobs.first() {
+        let took = job.submitted().saturating_duration_since(received);
+        metrics::histogram!(crate::http_metrics::PREPARE_SECONDS).record(took.as_secs_f64());
+    }
+}
+
 /// What a stream of this connection holds and where it goes, under the
-/// running config's slow-client policy.
+/// running config's slow-client policy; `received` is when its request's
+/// head came.
 fn delivery(
     state: &AppState,
     probe: Option<axum::Extension<ConnProbe>>,
     guard: crate::state::InflightGuard,
     usage: KeyUsage,
+    received: Instant,
 ) -> sse::Delivery {
     let runtime = state.runtime();
     let c = &runtime.config;
@@ -317,7 +328,12 @@ fn delivery(
                 .unwrap_or(usize::MAX),
         },
     };
-    sse::Delivery { guard, usage, out }
+    sse::Delivery {
+        guard,
+        usage,
+        out,
+        received,
+    }
 }
 
 /// Adds `x-ingot-cache`.

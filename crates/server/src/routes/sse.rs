@@ -9,6 +9,7 @@ use futures_util::stream::{BoxStream, StreamExt};
 use ingot_engine::{Completion, GeneratedToken, PromptLogprob};
 use ingot_protocol::usage::Usage;
 use serde::Serialize;
+use std::time::Instant;
 
 use super::send_queue::{self, Settings};
 use crate::conn::ConnProbe;
@@ -72,6 +73,8 @@ pub struct Delivery {
     pub usage: KeyUsage,
     /// The connection's probe and the slow-client policy.
     pub out: Output,
+    /// When the request's head came (the start of its HTTP TTFT).
+    pub received: Instant,
 }
 
 /// Wraps batches of events into an SSE response.
@@ -120,8 +123,14 @@ pub fn stream_choices<F: ChunkFormat>(
     include_usage: bool,
     delivery: Delivery,
 ) -> Response {
-    let Delivery { guard, usage, out } = delivery;
+    let Delivery {
+        guard,
+        usage,
+        out,
+        received,
+    } = delivery;
     let state = StreamState {
+        received: Some(received),
         usage,
         events: generate::merge(jobs),
         done: Vec::new(),
@@ -156,9 +165,19 @@ struct StreamState<F> {
     usage: KeyUsage,
     /// Open while the stream lives (a child of the request's span).
     span: tracing::Span,
+    /// When the request's head came; taken by its first token's chunk.
+    received: Option<Instant>,
 }
 
 impl<F: ChunkFormat> StreamState<F> {
+    /// Records the HTTP time to first token, once.
+    fn note_first_token(&mut self) {
+        if let Some(received) = self.received.take() {
+            metrics::histogram!(crate::http_metrics::HTTP_TTFT_SECONDS)
+                .record(received.elapsed().as_secs_f64());
+        }
+    }
+
     async fn next_events(&mut self) -> Vec<Event> {
         match self.events.next().await {
             Some(ChoiceEvent::Prompt { index, prompt }) => {
@@ -166,7 +185,11 @@ impl<F: ChunkFormat> StreamState<F> {
             }
             Some(ChoiceEvent::Token { index, token }) => {
                 self.usage.add_completion(1);
-                self.format.token(index, token).into_iter().collect()
+                let chunk = self.format.token(index, token);
+                if chunk.is_some() {
+                    self.note_first_token();
+                }
+                chunk.into_iter().collect()
             }
             Some(ChoiceEvent::Done {
                 index,
