@@ -11,11 +11,12 @@ logits error at or above --threshold or a divergence at a clear margin.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
+
+from ingot_cli import ingot
 
 PROMPTS = [
     "The capital of France is",
@@ -25,13 +26,6 @@ PROMPTS = [
     "Once upon a time, in a small village,",
 ]
 
-
-def ingot(binary, *args):
-    r = subprocess.run([binary, *args], capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.stderr.write(r.stderr)
-        raise SystemExit(f"ingot {' '.join(args[:3])} failed")
-    return r
 
 
 def logits(binary, model, device, ids, out):

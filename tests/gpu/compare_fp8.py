@@ -15,11 +15,12 @@ reported).
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
+
+from ingot_cli import ingot
 
 PROMPTS = [
     "The capital of France is",
@@ -44,13 +45,6 @@ PROMPTS = [
     "The recipe calls for two cups of",
 ]
 
-
-def ingot(binary, *args):
-    r = subprocess.run([binary, *args], capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.stderr.write(r.stderr[-4000:])
-        raise SystemExit(f"ingot {' '.join(args[:3])} failed")
-    return r
 
 
 def run_args(model, fp8, dummy):

@@ -28,21 +28,15 @@ at or above --threshold or a divergence at a clear margin.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
+from ingot_cli import ingot
+
 LOCAL_ROPE_BASE = 10000.0  # rope_local_base_freq: not in llama.cpp's GGUF
 
-
-def ingot(binary, *args):
-    r = subprocess.run([binary, *args], capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.stderr.write(r.stderr[-4000:])
-        raise SystemExit(f"ingot {' '.join(args[:5])} failed")
-    return r
 
 
 def cpu_flags(device):

@@ -12,11 +12,12 @@ the continuations are identical.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
+
+from ingot_cli import ingot
 
 PROMPTS = [
     "The capital of France is",
@@ -31,13 +32,6 @@ LONG = " ".join(
     for i in range(12)
 ) + " In summary, the committee"
 
-
-def ingot(binary, *args):
-    r = subprocess.run([binary, *args], capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.stderr.write(r.stderr[-2000:])
-        raise SystemExit(f"ingot {' '.join(args[:3])} failed")
-    return r
 
 
 def logits(a, dtype, prompt, out):
