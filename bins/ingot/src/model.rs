@@ -396,7 +396,7 @@ fn cuda_runner(
         max_num_batched_tokens: config
             .scheduler
             .max_num_batched_tokens
-            .max(config.scheduler.max_prefill_only_tokens),
+            .max(config.scheduler.prefill_only_tokens()),
         max_num_seqs,
         gpu_memory_utilization: m.gpu_memory_utilization,
         kv_cache_tokens: m.kv_cache_tokens,

@@ -68,7 +68,7 @@ pub fn engine_config(config: &Config) -> EngineConfig {
         scheduler: SchedulerConfig {
             max_num_seqs: s.max_num_seqs,
             max_num_batched_tokens: s.max_num_batched_tokens,
-            max_prefill_only_tokens: s.max_prefill_only_tokens,
+            max_prefill_only_tokens: s.prefill_only_tokens(),
             max_waiting: s.max_waiting,
             tier_deadlines: s.priority_deadlines.as_array(),
             aging: s.aging.get(),

@@ -352,6 +352,24 @@ pub struct SchedulerSection {
     pub priority_deadlines: PriorityDeadlines,
 }
 
+impl SchedulerSection {
+    /// The prefill-only step budget in effect: `max_prefill_only_tokens`,
+    /// except that a `max_num_batched_tokens` lowered below its default
+    /// stays the cap of every step while this key keeps its default (a
+    /// smaller budget is asked for memory or latency; set this key to a
+    /// value other than 2048 to have both).
+    pub fn prefill_only_tokens(&self) -> usize {
+        let d = Self::default();
+        if self.max_num_batched_tokens < d.max_num_batched_tokens
+            && self.max_prefill_only_tokens == d.max_prefill_only_tokens
+        {
+            self.max_num_batched_tokens
+        } else {
+            self.max_prefill_only_tokens
+        }
+    }
+}
+
 impl Default for SchedulerSection {
     fn default() -> Self {
         Self {

@@ -714,3 +714,18 @@ fn bad_slos_are_refused_with_their_key() {
         assert!(e.contains(key), "{text:?}: {e}");
     }
 }
+
+#[test]
+fn a_lowered_step_budget_caps_prefill_only_steps_unless_they_are_set() {
+    let mut s = crate::SchedulerSection::default();
+    assert_eq!(s.prefill_only_tokens(), 2048);
+    s.max_num_batched_tokens = 32;
+    assert_eq!(s.prefill_only_tokens(), 32);
+    s.max_prefill_only_tokens = 1024;
+    assert_eq!(s.prefill_only_tokens(), 1024);
+    s.max_prefill_only_tokens = 0;
+    assert_eq!(s.prefill_only_tokens(), 0);
+    s.max_num_batched_tokens = 4096;
+    s.max_prefill_only_tokens = 2048;
+    assert_eq!(s.prefill_only_tokens(), 2048);
+}
