@@ -390,3 +390,31 @@ def wait_for(pred, timeout: float, interval: float = 0.02, what: str = "conditio
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {timeout}s (last: {last!r})")
         time.sleep(interval)
+
+
+class PeakGauge:
+    """Samples gauge `name` of `srv` every `interval` seconds on a thread
+    while the `with` block runs; `peak` is the largest value seen (to prove
+    that requests really ran at once)."""
+
+    def __init__(self, srv: Server, name: str, interval: float):
+        self.srv, self.name, self.interval = srv, name, interval
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self):
+        while not self._stop.is_set():
+            try:
+                self.peak = max(self.peak, self.srv.metrics().get(self.name))
+            except Exception:
+                pass  # a scrape that races the server's work: the next one counts
+            time.sleep(self.interval)
+
+    def __enter__(self) -> PeakGauge:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()

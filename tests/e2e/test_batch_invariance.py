@@ -5,8 +5,8 @@ identical text."""
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
+
+from ingot_e2e import PeakGauge
 
 PROMPTS = [
     "The capital of France is",
@@ -52,20 +52,6 @@ def test_batch_invariance(server_factory, model_name):
     assert len({s[0] for s in sequential}) == n, "prompts should give distinct outputs"
 
     # Concurrent pass; sample the running gauge meanwhile to prove a real batch.
-    peak = [0.0]
-    stop = threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            try:
-                peak[0] = max(peak[0], srv.metrics().get("ingot_num_requests_running"))
-            except Exception:
-                pass
-            time.sleep(0.01)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-
     async def run_all():
         client = srv.async_openai()
         try:
@@ -87,17 +73,14 @@ def test_batch_invariance(server_factory, model_name):
         finally:
             await client.close()
 
-    try:
+    with PeakGauge(srv, "ingot_num_requests_running", 0.01) as running:
         concurrent = asyncio.run(run_all())
-    finally:
-        stop.set()
-        sampler.join()
 
     mismatches = [(i, sequential[i], concurrent[i]) for i in range(n) if sequential[i] != concurrent[i]]
     assert not mismatches, "batched output differs from unbatched:\n" + "\n".join(
         f"  #{i}: alone={a!r}\n       batched={b!r}" for i, a, b in mismatches
     )
-    assert peak[0] >= 4, f"at most {peak[0]} requests ran at once; the concurrent pass did not batch"
+    assert running.peak >= 4, f"at most {running.peak} requests ran at once; the concurrent pass did not batch"
     # --no-prefix-caching: nothing was served from the cache
     assert srv.metrics().get("ingot_prefix_cache_hits_total", default=0.0) == 0
 

@@ -10,8 +10,8 @@ shows the default CUDA path failing it on the 8B dummy."""
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
+
+from ingot_e2e import PeakGauge
 
 PROMPT = (
     "The history of the old harbour town begins in the year 1200, when fishermen from the north "
@@ -41,17 +41,6 @@ def test_identical_requests_match_the_batch_1_answer(server_factory, model_name)
     # The answer depends on the prompt: a comparison against it can fail.
     assert sync.completions.create(prompt=PROMPT.replace("1200", "1350"), **kw).choices[0].text != alone
 
-    peak = [0.0]
-    stop = threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            try:
-                peak[0] = max(peak[0], srv.metrics().get("ingot_num_requests_running"))
-            except Exception:
-                pass
-            time.sleep(0.02)
-
     jobs = []
     for i in range(max(SAME, OTHERS)):
         if i < SAME:
@@ -70,13 +59,8 @@ def test_identical_requests_match_the_batch_1_answer(server_factory, model_name)
         finally:
             await client.close()
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
+    with PeakGauge(srv, "ingot_num_requests_running", 0.02) as running:
         results = asyncio.run(run_all())
-    finally:
-        stop.set()
-        sampler.join()
 
     caches = {h for _, h in results}
     assert caches <= {"bypass", "miss"}, f"answers were shared: {caches}"
@@ -85,7 +69,7 @@ def test_identical_requests_match_the_batch_1_answer(server_factory, model_name)
     assert not differing, f"{len(differing)} of {SAME} differ from the batch-1 answer {alone!r}: {differing[0]!r}"
     others = {text for (text, _), p in zip(results, jobs) if p != PROMPT}
     assert len(others) > 1, others
-    assert peak[0] >= 16, f"at most {peak[0]} requests ran at once: the copies did not batch"
+    assert running.peak >= 16, f"at most {running.peak} requests ran at once: the copies did not batch"
     m = srv.metrics()
     # Copies after the first resumed from cached blocks of the prompt.
     assert m.get("ingot_prefix_cache_hits_total", default=0.0) > 0
