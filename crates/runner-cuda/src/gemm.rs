@@ -583,8 +583,19 @@ impl Gemm {
         if let Some((w_scales, x_scales)) = scales {
             // Plans are per shape, shared by layers: the scales are per call.
             use sys::cublasLtMatmulDescAttributes_t as A;
-            set_desc_ptr(plan.desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scales)?;
-            set_desc_ptr(plan.desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x_scales)?;
+            // SAFETY: the scale pointers are device pointers (`DevPtr`).
+            unsafe {
+                set_desc(
+                    plan.desc,
+                    A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                    &w_scales,
+                )?;
+                set_desc(
+                    plan.desc,
+                    A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                    &x_scales,
+                )?;
+            }
         }
         // Deterministic plans get only the workspace their algorithm was
         // picked for (none where possible).
@@ -905,12 +916,12 @@ fn describe(
         sys::cudaDataType_t::CUDA_R_32F,
     )?;
     let transpose: i32 = 1;
+    // SAFETY: TRANSA is an i32 (cublasOperation_t).
     unsafe {
-        result::set_matmul_desc_attribute(
+        set_desc(
             desc,
             sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-            &transpose as *const i32 as *const c_void,
-            std::mem::size_of::<i32>(),
+            &transpose,
         )?;
     }
     if scaling == Fp8Scaling::OuterVector {
@@ -1040,18 +1051,21 @@ impl Fp8 {
     }
 }
 
-/// Sets a pointer-valued attribute of `desc`.
-fn set_desc_ptr(
+/// Sets one matmul descriptor attribute.
+///
+/// # Safety
+/// `T` must be the attribute's C type.
+unsafe fn set_desc<T>(
     desc: sys::cublasLtMatmulDesc_t,
     attr: sys::cublasLtMatmulDescAttributes_t,
-    ptr: DevPtr,
+    value: &T,
 ) -> Result<(), CudaError> {
     unsafe {
         result::set_matmul_desc_attribute(
             desc,
             attr,
-            &ptr as *const DevPtr as *const c_void,
-            std::mem::size_of::<DevPtr>(),
+            value as *const T as *const c_void,
+            std::mem::size_of::<T>(),
         )?;
     }
     Ok(())
@@ -1066,14 +1080,8 @@ fn set_outer_vector_scales(desc: sys::cublasLtMatmulDesc_t) -> Result<(), CudaEr
         A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
         A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
     ] {
-        unsafe {
-            result::set_matmul_desc_attribute(
-                desc,
-                attr,
-                &mode as *const i32 as *const c_void,
-                std::mem::size_of::<i32>(),
-            )?;
-        }
+        // SAFETY: the scale modes are i32 (cublasLtMatmulMatrixScale_t).
+        unsafe { set_desc(desc, attr, &mode)? };
     }
     Ok(())
 }
