@@ -209,7 +209,9 @@ static bool check(cublasLtHandle_t lt, Bufs& b, cudaStream_t st) {
     } else {
       CK(cudaMemcpy(got.data(), b.y, got.size() * 4, cudaMemcpyDeviceToHost));
     }
-    const double tol = mode == OUTER ? 8e-3 : 1e-4;
+    // bf16 out: its rounding. f32 out: the order of the f32 sums (Hopper's
+    // FP8 MMA adds in its own order; 9.4e-5 measured on an H100).
+    const double tol = mode == OUTER ? 8e-3 : 5e-4;
     double worst = 0.0;
     for (size_t i = 0; i < got.size(); ++i) {
       double want = ref[i] + (mode == OUTER_ADD ? 1.0 : 0.0);

@@ -141,6 +141,25 @@ impl L2Prefetch {
     }
 }
 
+/// The fewest decode rows of a step that runs the tensor-core decode
+/// attention for `opts`' cache (0: never): the smaller non-zero of
+/// `tc_decode_min_rows` and, with an FP8 cache, `tc_decode_fp8_min_rows`.
+pub(crate) fn tc_decode_rows(opts: &crate::CudaRunnerConfig) -> usize {
+    // A row threshold would make the kernel depend on the batch size.
+    if opts.deterministic {
+        return 0;
+    }
+    let fp8 = match opts.kv_cache_dtype {
+        KvDtype::Fp8 => opts.tc_decode_fp8_min_rows,
+        KvDtype::Bf16 => 0,
+    };
+    [opts.tc_decode_min_rows, fp8]
+        .into_iter()
+        .filter(|&rows| rows > 0)
+        .min()
+        .unwrap_or(0)
+}
+
 impl Kernels {
     /// Loads the kernels for `config`'s head size and GQA group and a KV
     /// cache of `kv` elements; decode steps of at least `tc_decode_min_rows`
@@ -769,6 +788,24 @@ impl AdvanceDecode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fp8_caches_take_the_tc_decode_threshold_of_their_own_key() {
+        let opts = |kv, all, fp8, deterministic| crate::CudaRunnerConfig {
+            kv_cache_dtype: kv,
+            tc_decode_min_rows: all,
+            tc_decode_fp8_min_rows: fp8,
+            deterministic,
+            ..Default::default()
+        };
+        assert_eq!(tc_decode_rows(&opts(KvDtype::Fp8, 0, 256, false)), 256);
+        assert_eq!(tc_decode_rows(&opts(KvDtype::Bf16, 0, 256, false)), 0);
+        assert_eq!(tc_decode_rows(&opts(KvDtype::Bf16, 64, 256, false)), 64);
+        assert_eq!(tc_decode_rows(&opts(KvDtype::Fp8, 64, 256, false)), 64);
+        assert_eq!(tc_decode_rows(&opts(KvDtype::Fp8, 512, 256, false)), 256);
+        assert_eq!(tc_decode_rows(&opts(KvDtype::Fp8, 0, 0, false)), 0);
+        assert_eq!(tc_decode_rows(&opts(KvDtype::Fp8, 64, 256, true)), 0);
+    }
 
     #[test]
     fn tc_decode_rings_fit_two_blocks_an_sm_and_hold_the_accumulators() {
