@@ -556,8 +556,9 @@ PREFILL_KERNEL(128)
 // grid, arguments, splits and outputs as paged_attention_* (so the runner's
 // split choice and attention_combine serve both). The SIMT kernel spends
 // per key FMAs, shuffle reductions and 32-fold redundant exp2 (with a bf16
-// cache it still streams K/V as fast as this one: docs/perf/large-batch.md
-// has the measured A/B, and why it is off by default); here the G
+// cache it still streams K/V as fast as this one, so bf16 caches keep it
+// off by default; with an FP8 cache its per-key work binds and this kernel
+// wins from ~192 rows: docs/perf/large-batch.md has both A/Bs); here the G
 // query heads of the kv head are the rows of an m16n8k16 A tile (rows G..15
 // are zero padding), so a warp computes S = Q K^T for 16 keys with HD/8 mmas
 // and O += P V with HD/8 more, the online softmax of a row lives in one quad
