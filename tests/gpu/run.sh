@@ -49,6 +49,9 @@
 #   fp8acc    --quantization fp8 vs bf16 on CUDA: SmolLM2 (20 prompts; needs its bundle) and the
 #             8B dummy (3 prompts): prefill logits rel_l2, 32-token greedy agreement (compare_fp8.py)
 #   fp8bench  8B dummy with --quantization fp8: batch 1, prefill 1024, 256 x 1024 decode
+#   fp8gemm   the FP8 linear layer's parts (quantize, cuBLASLt e4m3 GEMM per scaling mode,
+#             fp8_scale_out) beside bf16 on the 8B's four shapes at 64..8192 tokens, after a
+#             float64 check of the modes ingot runs (fp8_gemm_probe.cu, built here with nvcc)
 #   ncu       ncu sections of the decode attention at 256 x 1k (one launch)
 #   ncu1      per-kernel time and bandwidth of one batch-1 decode step (8B)
 #   ncup      the same for the non-GEMM kernels of a 1024-token prefill (8B)
@@ -126,6 +129,9 @@ for phase in "$@"; do
     prefill)
       "$ING" bench latency --model "$(llama8b)" --load-format dummy --max-model-len 4096 --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 5 --json | tee -a "$O/bench.jsonl" ;;
     fp8kernels) timeout -k 5 "$T" python3 tests/gpu/check_fp8.py --cubins "$W" ;;
+    fp8gemm)
+      nvcc -O2 -std=c++17 -arch=sm_90a -I crates/kernels-cuda/cuda tests/gpu/fp8_gemm_probe.cu -lcublasLt -o "$W/fp8_gemm_probe" &&
+        timeout -k 5 "$T" "$W/fp8_gemm_probe" | tee "$O/fp8_gemm_probe.txt" ;;
     fp8acc)
       if [ -f "$SMOL" ]; then timeout -k 5 $((3 * T)) python3 tests/gpu/compare_fp8.py --ingot "$ING_RAW" --model "$SMOL" | tee "$O/fp8_smollm2.txt"
       else echo "no SmolLM2 bundle"; fi

@@ -413,6 +413,7 @@ fn cuda_runner(
         fused_block: cuda.fused_block,
         deterministic: config.engine.deterministic,
         tc_decode_min_rows: cuda.tc_decode_min_rows,
+        tc_decode_fp8_min_rows: cuda.tc_decode_fp8_min_rows,
     };
     let path = settings::model_path(config)?;
     let runner = CudaRunner::new(files.config.clone(), files.tensors.as_ref(), opts, progress)

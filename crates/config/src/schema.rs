@@ -111,6 +111,7 @@ mod tests {
         assert_eq!(k["cuda.pdl"], Kind::Bool);
         assert_eq!(k["cuda.fused_block"], Kind::Bool);
         assert_eq!(k["cuda.tc_decode_min_rows"], Kind::Scalar);
+        assert_eq!(k["cuda.tc_decode_fp8_min_rows"], Kind::Scalar);
         assert_eq!(k["model.threads"], Kind::Scalar);
         assert_eq!(k["server.port"], Kind::Scalar);
         assert_eq!(k["cache.ttl"], Kind::Scalar);

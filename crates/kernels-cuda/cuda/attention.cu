@@ -556,27 +556,32 @@ PREFILL_KERNEL(128)
 // grid, arguments, splits and outputs as paged_attention_* (so the runner's
 // split choice and attention_combine serve both). The SIMT kernel spends
 // per key FMAs, shuffle reductions and 32-fold redundant exp2 (with a bf16
-// cache it still streams K/V as fast as this one: docs/perf/large-batch.md
-// has the measured A/B, and why it is off by default); here the G
+// cache it still streams K/V as fast as this one, so bf16 caches keep it
+// off by default; with an FP8 cache its per-key work binds and this kernel
+// wins from ~192 rows: docs/perf/large-batch.md has both A/Bs); here the G
 // query heads of the kv head are the rows of an m16n8k16 A tile (rows G..15
 // are zero padding), so a warp computes S = Q K^T for 16 keys with HD/8 mmas
 // and O += P V with HD/8 more, the online softmax of a row lives in one quad
 // of lanes, and each probability is computed once. Each warp streams its own
-// tiles of 16 keys through a 3-stage cp.async ring (FP8 tiles are
-// converted to bf16 as they are staged) and the warps merge at the end.
+// tiles of 16 keys through a cp.async ring (DecodeTcSmem) and the warps
+// merge at the end.
 
-constexpr int TC_KEYS = 16;   // keys per warp tile: one k-step of P V
-// Ring depth per warp: two tiles in flight while one is used. 3 stages at
-// head_dim 128 (104 KiB a block, 2 blocks = 8 warps an SM) keep ~136 KiB
-// per SM in flight against ~100 KiB with 2 stages and 3 blocks.
-constexpr int TC_STAGES = 3;
+constexpr int TC_KEYS = 16;  // keys per warp tile: one k-step of P V
 
-template <int HD>
+// A warp's ring. bf16: 3 stages of (K, V) tiles that ldmatrix reads
+// directly (104 KiB a block at head_dim 128, 2 blocks = 8 warps an SM, ~136
+// KiB per SM in flight). FP8: 4 stages of raw (K, V) bytes, each converted by
+// the lanes that copied it into one bf16 (K, V) tile when its turn comes, so
+// the copies stay asynchronous (cp.async) and 3 tiles are in flight.
+template <int HD, typename KV>
 struct DecodeTcSmem {
-  static constexpr int LD = HD + 8;                  // bf16 row stride: conflict-free ldmatrix
-  static constexpr int TILE = TC_KEYS * LD;          // elements of one staged K or V tile
-  static constexpr int WARP = TC_STAGES * 2 * TILE;  // a warp's ring: stages of (K, V)
-  static constexpr int BYTES = DECODE_WARPS * WARP * 2;
+  static constexpr bool RAW = sizeof(KV) == 1;
+  static constexpr int STAGES = RAW ? 4 : 3;
+  static constexpr int LD = HD + 8;              // bf16 row stride: conflict-free ldmatrix
+  static constexpr int TILE = TC_KEYS * LD;      // elements of one bf16 K or V tile
+  static constexpr int RAW_TILE = TC_KEYS * HD;  // bytes of one raw FP8 K or V tile
+  static constexpr int WARP_BYTES = RAW ? STAGES * 2 * RAW_TILE + 2 * TILE * 2 : STAGES * 2 * TILE * 2;
+  static constexpr int BYTES = DECODE_WARPS * WARP_BYTES;
 };
 
 // 16-byte global -> shared copy that skips L1 (streamed K/V: L1 shares its
@@ -586,28 +591,47 @@ __device__ __forceinline__ void cp_async_cg(void* smem_dst, const void* gmem_src
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem_src) : "memory");
 }
 
-// Stages keys j0 .. j0 + 15 (clamped to end - 1: masked later, finite data)
-// of one kv head into a warp's K and V tiles.
+// Starts copying keys j0 .. j0 + 15 (clamped to end - 1: masked later,
+// finite data) of one kv head into a ring stage, 16 bytes a piece: bf16
+// rows into padded tiles, FP8 rows as they are. Lane l copies pieces l,
+// l + 32, ... (the FP8 conversion relies on that).
 template <int HD, typename KV>
-__device__ __forceinline__ void stage_decode_tile(bf16* sk, bf16* sv, const KV* __restrict__ k_cache,
+__device__ __forceinline__ void stage_decode_tile(unsigned char* stage, const KV* __restrict__ k_cache,
                                                   const KV* __restrict__ v_cache, const int* table, int j0, int end,
                                                   int kvh, int num_kv_heads, int block_size, int lane) {
-  constexpr int VEC = HD / 8;  // 8-element pieces per row
-  constexpr int LD = DecodeTcSmem<HD>::LD;
+  using L = DecodeTcSmem<HD, KV>;
+  constexpr int EL = 16 / sizeof(KV);  // elements per piece
+  constexpr int VEC = HD / EL;         // pieces per row
+  constexpr int ROW = L::RAW ? HD : L::LD * 2;         // bytes per staged row
+  constexpr int V_AT = L::RAW ? L::RAW_TILE : L::TILE * 2;  // V tile offset, bytes
 #pragma unroll
   for (int idx = lane; idx < TC_KEYS * VEC; idx += 32) {
     const int r = idx / VEC, c = idx % VEC;
     const int j = min(j0 + r, end - 1);
-    const size_t off = kv_index(table[j / block_size], kvh, j % block_size, num_kv_heads, block_size, HD) + c * 8;
-    if constexpr (sizeof(KV) == 2) {
-      cp_async_cg(sk + r * LD + c * 8, k_cache + off);
-      cp_async_cg(sv + r * LD + c * 8, v_cache + off);
-    } else {
-      *reinterpret_cast<uint4*>(sk + r * LD + c * 8) = fp8x8_to_bf16x8(*reinterpret_cast<const uint2*>(k_cache + off));
-      *reinterpret_cast<uint4*>(sv + r * LD + c * 8) = fp8x8_to_bf16x8(*reinterpret_cast<const uint2*>(v_cache + off));
-    }
+    const size_t off = kv_index(table[j / block_size], kvh, j % block_size, num_kv_heads, block_size, HD) + c * EL;
+    cp_async_cg(stage + r * ROW + c * 16, k_cache + off);
+    cp_async_cg(stage + V_AT + r * ROW + c * 16, v_cache + off);
   }
   cp_async_commit();
+}
+
+// Converts this lane's pieces of a raw FP8 stage into the warp's bf16 (K, V)
+// tiles (the caller syncs the warp before ldmatrix reads them).
+template <int HD>
+__device__ __forceinline__ void convert_decode_tile(const unsigned char* stage, bf16* tile, int lane) {
+  using L = DecodeTcSmem<HD, fp8>;
+  constexpr int VEC = HD / 16;
+#pragma unroll
+  for (int idx = lane; idx < TC_KEYS * VEC; idx += 32) {
+    const int r = idx / VEC, c = idx % VEC;
+#pragma unroll
+    for (int kv = 0; kv < 2; ++kv) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(stage + kv * L::RAW_TILE + r * HD + c * 16);
+      bf16* dst = tile + kv * L::TILE + r * L::LD + c * 16;
+      *reinterpret_cast<uint4*>(dst) = fp8x8_to_bf16x8(make_uint2(raw.x, raw.y));
+      *reinterpret_cast<uint4*>(dst + 8) = fp8x8_to_bf16x8(make_uint2(raw.z, raw.w));
+    }
+  }
 }
 
 template <int HD, int G, typename KV>
@@ -622,8 +646,8 @@ __device__ __forceinline__ void decode_attention_tc(
   if (prefetch_mode & 1) l2_prefetch(prefetch, prefetch_bytes, prefetch_mode);
   pdl_begin();
   if (!(prefetch_mode & 1)) l2_prefetch(prefetch, prefetch_bytes, prefetch_mode);
-  using L = DecodeTcSmem<HD>;
-  constexpr int LD = L::LD, DT = HD / 8, KT = HD / 16;
+  using L = DecodeTcSmem<HD, KV>;
+  constexpr int LD = L::LD, DT = HD / 8, KT = HD / 16, S = L::STAGES;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float s_m[DECODE_WARPS][G], s_l[DECODE_WARPS][G];
   const int b = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
@@ -635,7 +659,10 @@ __device__ __forceinline__ void decode_attention_tc(
   const int per_split = (ctx - lo + num_splits - 1) / num_splits;
   const int start = lo + split * per_split, end = min(ctx, start + per_split);
   const int* table = block_tables + (size_t)token_seq[tok] * *table_stride;
-  bf16* ring = reinterpret_cast<bf16*>(smem) + warp * L::WARP;
+  unsigned char* ring = smem + warp * L::WARP_BYTES;
+  constexpr int STAGE_BYTES = L::RAW ? 2 * L::RAW_TILE : 2 * L::TILE * 2;
+  // FP8: the bf16 tiles that each raw stage is converted into, after the ring.
+  bf16* converted = reinterpret_cast<bf16*>(ring + S * STAGE_BYTES);
 
   // Q as A fragments (row g: head kvh * G + g; rows >= G and g + 8 zero).
   unsigned qf[KT][2];
@@ -655,21 +682,26 @@ __device__ __forceinline__ void decode_attention_tc(
   const int n_tiles = end > start ? (end - start + TC_KEYS - 1) / TC_KEYS : 0;
   auto issue = [&](int stage, int t) {
     if (t < n_tiles) {
-      bf16* sk = ring + stage * 2 * L::TILE;
-      stage_decode_tile<HD, KV>(sk, sk + L::TILE, k_cache, v_cache, table, start + t * TC_KEYS, end, kvh,
-                                num_kv_heads, block_size, lane);
+      stage_decode_tile<HD, KV>(ring + stage * STAGE_BYTES, k_cache, v_cache, table, start + t * TC_KEYS, end,
+                                kvh, num_kv_heads, block_size, lane);
     } else {
       cp_async_commit();  // keeps the group count uniform
     }
   };
 #pragma unroll
-  for (int st = 0; st < TC_STAGES - 1; ++st) issue(st, warp + st * DECODE_WARPS);
+  for (int st = 0; st < S - 1; ++st) issue(st, warp + st * DECODE_WARPS);
   int stage = 0;
   for (int t = warp; t < n_tiles; t += DECODE_WARPS) {
-    issue((stage + TC_STAGES - 1) % TC_STAGES, t + (TC_STAGES - 1) * DECODE_WARPS);
-    cp_async_wait<TC_STAGES - 1>();
+    issue((stage + S - 1) % S, t + (S - 1) * DECODE_WARPS);
+    cp_async_wait<S - 1>();
+    const bf16* K;
+    if constexpr (L::RAW) {
+      convert_decode_tile<HD>(ring + stage * STAGE_BYTES, converted, lane);
+      K = converted;
+    } else {
+      K = reinterpret_cast<const bf16*>(ring + stage * STAGE_BYTES);
+    }
     __syncwarp();  // the other lanes' pieces of this tile have landed
-    const bf16* K = ring + stage * 2 * L::TILE;
     const bf16* V = K + L::TILE;
 
     // S = Q K^T: two 8-key column tiles.
@@ -720,7 +752,7 @@ __device__ __forceinline__ void decode_attention_tc(
       mma_bf16(o[2 * dp + 1], a, bv[2], bv[3]);
     }
     __syncwarp();  // every lane is done with this stage before it is refilled
-    stage = (stage + 1) % TC_STAGES;
+    stage = (stage + 1) % S;
   }
   cp_async_wait<0>();
   l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -743,8 +775,8 @@ __device__ __forceinline__ void decode_attention_tc(
 }
 
 // The accumulators ([DECODE_WARPS][G][HD] f32) reuse the ring.
-static_assert(DecodeTcSmem<64>::BYTES >= DECODE_WARPS * 8 * 64 * 4, "ring holds the accumulators");
-static_assert(DecodeTcSmem<128>::BYTES >= DECODE_WARPS * 8 * 128 * 4, "ring holds the accumulators");
+static_assert(DecodeTcSmem<64, fp8>::BYTES >= DECODE_WARPS * 8 * 64 * 4, "ring holds the accumulators");
+static_assert(DecodeTcSmem<128, fp8>::BYTES >= DECODE_WARPS * 8 * 128 * 4, "ring holds the accumulators");
 
 #define DECODE_TC_KERNEL(HD, G) DECODE_TC_KERNEL_OF(paged_attention_tc_hd##HD##_g##G, HD, G, bf16) \
   DECODE_TC_KERNEL_OF(paged_attention_tc_fp8_hd##HD##_g##G, HD, G, fp8)

@@ -580,22 +580,9 @@ impl Gemm {
     ) -> Result<(), CudaError> {
         let alpha = 1.0f32;
         let beta = if plan.accumulate { 1.0f32 } else { 0.0 };
-        if let Some((w_scales, x_scales)) = scales {
+        if let Some(scales) = scales {
             // Plans are per shape, shared by layers: the scales are per call.
-            use sys::cublasLtMatmulDescAttributes_t as A;
-            // SAFETY: the scale pointers are device pointers (`DevPtr`).
-            unsafe {
-                set_desc(
-                    plan.desc,
-                    A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                    &w_scales,
-                )?;
-                set_desc(
-                    plan.desc,
-                    A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                    &x_scales,
-                )?;
-            }
+            set_scale_pointers(plan.desc, scales)?;
         }
         // Deterministic plans get only the workspace their algorithm was
         // picked for (none where possible).
@@ -686,6 +673,12 @@ impl Gemm {
     ) -> Result<Plan, CudaError> {
         let mut guard = PlanGuard::new(s, scaling)?;
         let plan = &mut guard.0;
+        if let (Fp8Scaling::OuterVector, Some(scales)) = (scaling, ops.scales) {
+            // cuBLASLt answers INVALID_VALUE to a heuristic query for
+            // outer-vector scales whose pointers are unset (cuBLASLt 13.1,
+            // H100): set the trial call's before asking.
+            set_scale_pointers(plan.desc, scales)?;
+        }
         let algos = self.heuristic(plan, WORKSPACE_BYTES, false)?;
         let Some(&first) = algos.first() else {
             return Err(CudaError::Unsupported(format!(
@@ -1082,6 +1075,22 @@ fn set_outer_vector_scales(desc: sys::cublasLtMatmulDesc_t) -> Result<(), CudaEr
     ] {
         // SAFETY: the scale modes are i32 (cublasLtMatmulMatrixScale_t).
         unsafe { set_desc(desc, attr, &mode)? };
+    }
+    Ok(())
+}
+
+/// Points `desc`'s A and B scales at the weight rows' and the activation
+/// rows' f32 scales.
+fn set_scale_pointers(
+    desc: sys::cublasLtMatmulDesc_t,
+    (w_scales, x_scales): (DevPtr, DevPtr),
+) -> Result<(), CudaError> {
+    use sys::cublasLtMatmulDescAttributes_t as A;
+    // SAFETY: the scale pointers are device pointers (`DevPtr`, a u64 the
+    // size of the attribute's `void*`).
+    unsafe {
+        set_desc(desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales)?;
+        set_desc(desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scales)?;
     }
     Ok(())
 }

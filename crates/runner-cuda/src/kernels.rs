@@ -141,6 +141,25 @@ impl L2Prefetch {
     }
 }
 
+/// The fewest decode rows of a step that runs the tensor-core decode
+/// attention for `opts`' cache (0: never): the smaller non-zero of
+/// `tc_decode_min_rows` and, with an FP8 cache, `tc_decode_fp8_min_rows`.
+pub(crate) fn tc_decode_rows(opts: &crate::CudaRunnerConfig) -> usize {
+    // A row threshold would make the kernel depend on the batch size.
+    if opts.deterministic {
+        return 0;
+    }
+    let fp8 = match opts.kv_cache_dtype {
+        KvDtype::Fp8 => opts.tc_decode_fp8_min_rows,
+        KvDtype::Bf16 => 0,
+    };
+    [opts.tc_decode_min_rows, fp8]
+        .into_iter()
+        .filter(|&rows| rows > 0)
+        .min()
+        .unwrap_or(0)
+}
+
 impl Kernels {
     /// Loads the kernels for `config`'s head size and GQA group and a KV
     /// cache of `kv` elements; decode steps of at least `tc_decode_min_rows`
@@ -179,7 +198,7 @@ impl Kernels {
             _ => load_tc_decode(
                 gpu,
                 &format!("paged_attention_tc{infix}_hd{hd}_g{group}"),
-                hd,
+                tc_decode_shared_bytes(hd, kv),
             )?,
         };
         let prefill_attention = match gpu.kernel(&format!("prefill_attention{infix}_hd{hd}")) {
@@ -558,24 +577,28 @@ impl ArgmaxRows {
     }
 }
 
-/// `name` (a `paged_attention_tc*` kernel) with its dynamic shared memory
-/// allowed, or `None` for a head size without one.
-fn load_tc_decode(gpu: &Gpu, name: &str, hd: usize) -> Result<Option<(Kernel, u32)>, CudaError> {
+/// `name` (a `paged_attention_tc*` kernel) with `bytes` of dynamic shared
+/// memory allowed, or `None` for a head size without one.
+fn load_tc_decode(gpu: &Gpu, name: &str, bytes: usize) -> Result<Option<(Kernel, u32)>, CudaError> {
     let Ok(kernel) = gpu.kernel(name) else {
         return Ok(None);
     };
-    let bytes = tc_decode_shared_bytes(hd) as u32;
-    kernel.allow_shared_memory(bytes)?;
-    Ok(Some((kernel, bytes)))
+    kernel.allow_shared_memory(bytes as u32)?;
+    Ok(Some((kernel, bytes as u32)))
 }
 
 /// Dynamic shared memory of `paged_attention_tc*` (`DecodeTcSmem::BYTES`):
-/// per warp, three stages of 16-key K and V tiles with rows padded by 8.
-fn tc_decode_shared_bytes(hd: usize) -> usize {
+/// per warp, 3 stages of 16-key bf16 K and V tiles with rows padded by 8;
+/// for FP8, 4 stages of raw 16-key K and V tiles plus one bf16 pair.
+fn tc_decode_shared_bytes(hd: usize, kv: KvDtype) -> usize {
     const WARPS: usize = 4;
-    const STAGES: usize = 3;
     const KEYS: usize = 16;
-    WARPS * STAGES * 2 * KEYS * (hd + 8) * 2
+    let bf16_tile = KEYS * (hd + 8) * 2;
+    let per_warp = match kv {
+        KvDtype::Bf16 => 3 * 2 * bf16_tile,
+        KvDtype::Fp8 => 4 * 2 * KEYS * hd + 2 * bf16_tile,
+    };
+    WARPS * per_warp
 }
 
 /// The step's paged-attention inputs shared by the decode and prefill
@@ -767,15 +790,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn fp8_caches_take_the_tc_decode_threshold_of_their_own_key() {
+        let opts = |kv, all, fp8, deterministic| crate::CudaRunnerConfig {
+            kv_cache_dtype: kv,
+            tc_decode_min_rows: all,
+            tc_decode_fp8_min_rows: fp8,
+            deterministic,
+            ..Default::default()
+        };
+        assert_eq!(tc_decode_rows(&opts(KvDtype::Fp8, 0, 256, false)), 256);
+        assert_eq!(tc_decode_rows(&opts(KvDtype::Bf16, 0, 256, false)), 0);
+        assert_eq!(tc_decode_rows(&opts(KvDtype::Bf16, 64, 256, false)), 64);
+        assert_eq!(tc_decode_rows(&opts(KvDtype::Fp8, 64, 256, false)), 64);
+        assert_eq!(tc_decode_rows(&opts(KvDtype::Fp8, 512, 256, false)), 256);
+        assert_eq!(tc_decode_rows(&opts(KvDtype::Fp8, 0, 0, false)), 0);
+        assert_eq!(tc_decode_rows(&opts(KvDtype::Fp8, 64, 256, true)), 0);
+    }
+
+    #[test]
     fn tc_decode_rings_fit_two_blocks_an_sm_and_hold_the_accumulators() {
-        // DecodeTcSmem<128>::BYTES in attention.cu.
-        assert_eq!(tc_decode_shared_bytes(128), 104_448);
+        // DecodeTcSmem<128, bf16 / fp8>::BYTES in attention.cu.
+        assert_eq!(tc_decode_shared_bytes(128, KvDtype::Bf16), 104_448);
+        assert_eq!(tc_decode_shared_bytes(128, KvDtype::Fp8), 100_352);
         for hd in [64, 128] {
-            let bytes = tc_decode_shared_bytes(hd);
-            // Hopper: 228 KiB of shared memory per SM, 1 KiB reserved per block.
-            assert!(2 * (bytes + 1024) <= 228 << 10, "hd {hd}: {bytes}");
-            // The 4 warps' f32 accumulators of up to 8 heads reuse the ring.
-            assert!(bytes >= 4 * 8 * hd * 4, "hd {hd}: {bytes}");
+            for kv in [KvDtype::Bf16, KvDtype::Fp8] {
+                let bytes = tc_decode_shared_bytes(hd, kv);
+                // Hopper: 228 KiB of shared memory per SM, 1 KiB reserved per block.
+                assert!(2 * (bytes + 1024) <= 228 << 10, "hd {hd} {kv:?}: {bytes}");
+                // The 4 warps' f32 accumulators of up to 8 heads reuse the ring.
+                assert!(bytes >= 4 * 8 * hd * 4, "hd {hd} {kv:?}: {bytes}");
+            }
         }
     }
 

@@ -195,6 +195,9 @@ pub struct CudaRunnerConfig {
     /// Decode steps with at least this many decode rows use the
     /// tensor-core decode attention (`cuda.tc_decode_min_rows`; 0: never).
     pub tc_decode_min_rows: usize,
+    /// The same for an FP8 KV cache (`cuda.tc_decode_fp8_min_rows`; 0:
+    /// never); the smaller non-zero threshold of the two applies.
+    pub tc_decode_fp8_min_rows: usize,
 }
 
 impl Default for CudaRunnerConfig {
@@ -216,6 +219,7 @@ impl Default for CudaRunnerConfig {
             fused_block: false,
             deterministic: false,
             tc_decode_min_rows: 0,
+            tc_decode_fp8_min_rows: 0,
         }
     }
 }
@@ -342,12 +346,7 @@ impl CudaRunner {
         let prefetch = L2PrefetchSpec::parse(opts.l2_prefetch.as_deref())?;
         let started = Instant::now();
         let gpu = Gpu::open(opts.device, opts.pdl, opts.check)?;
-        // A row threshold would make the kernel depend on the batch size.
-        let tc_decode_min_rows = if opts.deterministic {
-            0
-        } else {
-            opts.tc_decode_min_rows
-        };
+        let tc_decode_min_rows = kernels::tc_decode_rows(&opts);
         let kernels = Kernels::load(
             &gpu,
             &config,
