@@ -13,6 +13,7 @@ line per kernel: shape, µs per launch, weight bytes, TB/s.
 """
 import argparse
 import ctypes
+import os
 import re
 
 import torch
@@ -132,7 +133,7 @@ def main():
         "vc": torch.zeros(64 * KVH * HD, dtype=torch.bfloat16, device="cuda"),
     }
     mods = [(path, Module(path)) for path in a.cubin]
-    print(f"{'shape':8} {'kernel':34} {'us':>8} {'MB':>7} {'TB/s':>6}")
+    print(f"{'shape':8} {'cubin':10} {'kernel':26} {'us':>8} {'MB':>7} {'TB/s':>6}")
     for shape, (pattern, rows, cols, _) in SHAPES.items():
         for fp8 in (False, True):
             wbufs, nbytes = None, 0
@@ -153,7 +154,8 @@ def main():
                     ref = y if ref is None else ref
                     err = float((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
                     us = time_kernel(f, shape, grid, wbufs, bufs, a.launches)
-                    print(f"{shape:8} {name:34} {us:8.2f} {nbytes / 1e6:7.1f} {nbytes / us / 1e6:6.2f}  "
+                    tag = os.path.basename(os.path.dirname(os.path.abspath(path)))[-10:]
+                    print(f"{shape:8} {tag:10} {name:26} {us:8.2f} {nbytes / 1e6:7.1f} {nbytes / us / 1e6:6.2f}  "
                           f"vs first: {err:.1e}", flush=True)
             del wbufs
             torch.cuda.empty_cache()
