@@ -64,15 +64,15 @@ __device__ __forceinline__ void dot16_e4m3(const uint4& wv, const uint4& x0, con
 }
 
 // Weight element types. ELEMS: weights per 16-byte load. ROW_UNROLL: the
-// loads a lane keeps in flight per batch in the one-row-a-warp GEMVs
-// (plain and q/k/v; the gated ones read two rows and keep GEMV_UNROLL).
+// loads a lane keeps in flight per row and batch in the plain and q/k/v
+// GEMVs (the gated ones keep GEMV_UNROLL).
 struct Bf16W {
   typedef bf16 T;
   static constexpr int ELEMS = 8;
   static constexpr int ROW_UNROLL = GEMV_UNROLL;
 };
 // An 8B-class e4m3 row (4 KiB) is 8 loads a lane: batches of 2 finish the
-// 8B's q/k/v, o_proj and down_proj 8-15% sooner than batches of 4 (fewer
+// 8B's q/k/v, o_proj and down_proj 7-16% sooner than batches of 4 (fewer
 // registers, more resident warps; tests/gpu/bench_gemv.py, docs/perf/fp8.md).
 struct Fp8W {
   typedef __nv_fp8_storage_t T;
