@@ -54,6 +54,11 @@
 #             float64 check of the modes ingot runs (fp8_gemm_probe.cu, built here with nvcc)
 #   ncu       ncu sections of the decode attention at 256 x 1k (one launch)
 #   ncu1      per-kernel time and bandwidth of one batch-1 decode step (8B)
+#   ncu1fp8   the same with --quantization fp8
+#   ncustall  ncu's stall reasons, occupancy and throughputs of the batch-1 o_proj, gate/up and
+#             down GEMVs (8B), bf16 and FP8 weights
+#   gemvbench the batch-1 GEMVs alone on the 8B shapes, bf16 and FP8 (bench_gemv.py; the extra
+#             cubins listed in $GEMV_XCUBIN too)
 #   ncup      the same for the non-GEMM kernels of a 1024-token prefill (8B)
 # Results also go to $OUT (when set) as JSON lines.
 set -uo pipefail
@@ -268,6 +273,22 @@ for phase in "$@"; do
         > "$O/ncu_attention.txt" 2>&1
       grep -vE '^ +-+|^$' "$O/ncu_attention.txt" | grep -E 'paged|Duration|Throughput|Busy|Stall|Issue|Occupancy|Registers|Block Size|Grid Size|Warp Cycles|Eligible|Hit Rate|Bandwidth|Executed Ipc|One or More|No Eligible|Active Warps' | head -60 ;;
     ncu1) bash tests/gpu/ncu_decode.sh "$ING_RAW" "$(llama8b)" "$O/ncu_decode.csv" ;;
+    ncu1fp8) bash tests/gpu/ncu_decode.sh "$ING_RAW" "$(llama8b)" "$O/ncu_decode_fp8.csv" --quantization fp8 ;;
+    ncustall)
+      M=$(llama8b)
+      for q in none fp8; do
+        timeout -k 5 240 ncu --kernel-name regex:'n1_(swiglu_norm|add_f32)' --launch-skip 64 --launch-count 3 \
+          --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+          --section Occupancy --section LaunchStats --section InstructionStats --section ComputeWorkloadAnalysis \
+          --metrics 'regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' \
+          "$ING_RAW" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 \
+          --output-len 8 --num-iters 1 --enforce-eager --quantization $q > "$O/ncu_stall_$q.txt" 2>&1
+        grep -vE '^ +-+|^$' "$O/ncu_stall_$q.txt" | grep -E 'gemv|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Eligible Warps|Issue Slots Busy|stalled' \
+          | awk '!/stalled/ || $NF + 0 >= 0.3' | sed -E 's/smsp__average_warps_issue_stalled_(.*)_per_issue_active.ratio/stall \1/'
+      done ;;
+    gemvbench)
+      X=(); for c in ${GEMV_XCUBIN:-}; do X+=(--cubin "$c"); done
+      timeout -k 5 "$T" python3 tests/gpu/bench_gemv.py --cubin "$W/gemv.sm_90.cubin" "${X[@]}" ;;
     ncup) bash tests/gpu/ncu_prefill.sh "$ING_RAW" "$(llama8b)" "$O/ncu_prefill.csv" ;;
     *) echo "unknown phase $phase" ;;
   esac

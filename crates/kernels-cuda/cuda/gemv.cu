@@ -63,14 +63,21 @@ __device__ __forceinline__ void dot16_e4m3(const uint4& wv, const uint4& x0, con
   }
 }
 
-// Weight element types. ELEMS: weights per 16-byte load.
+// Weight element types. ELEMS: weights per 16-byte load. ROW_UNROLL: the
+// loads a lane keeps in flight per row and batch in the plain and q/k/v
+// GEMVs (the gated ones keep GEMV_UNROLL).
 struct Bf16W {
   typedef bf16 T;
   static constexpr int ELEMS = 8;
+  static constexpr int ROW_UNROLL = GEMV_UNROLL;
 };
+// An 8B-class e4m3 row (4 KiB) is 8 loads a lane: batches of 2 finish the
+// 8B's q/k/v, o_proj and down_proj 7-16% sooner than batches of 4 (fewer
+// registers, more resident warps; tests/gpu/bench_gemv.py, docs/perf/fp8.md).
 struct Fp8W {
   typedef __nv_fp8_storage_t T;
   static constexpr int ELEMS = 16;
+  static constexpr int ROW_UNROLL = 2;
 };
 
 // The per-row f32 scales of an e4m3 matrix of `rows` x `in`: they follow
@@ -80,13 +87,12 @@ __device__ __forceinline__ const float* fp8_row_scales(const void* w, size_t row
   return reinterpret_cast<const float*>(reinterpret_cast<const char*>(w) + bytes);
 }
 
-template <int ROWS>
-__device__ __forceinline__ void load_batch(const uint4* const (&wr)[ROWS], int base, int vecs,
-                                           uint4 (&dst)[ROWS][GEMV_UNROLL]) {
+template <int ROWS, int U>
+__device__ __forceinline__ void load_batch(const uint4* const (&wr)[ROWS], int base, int vecs, uint4 (&dst)[ROWS][U]) {
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)
 #pragma unroll
-    for (int u = 0; u < GEMV_UNROLL; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int i = base + u * 32;
       dst[r][u] = i < vecs ? __ldcs(wr[r] + i) : make_uint4(0, 0, 0, 0);
     }
@@ -118,7 +124,7 @@ __device__ __forceinline__ void norm_scales(const NormIn& norm, int in, float (&
 
 // Over the 16-byte weight vectors [v0, v1) of the rows (v1 < 0: to the
 // end). `total_rows`: the matrix's rows (where e4m3 scales start).
-template <int N, int ROWS, bool NORM = false, typename W = Bf16W>
+template <int N, int ROWS, bool NORM = false, typename W = Bf16W, int U = GEMV_UNROLL>
 __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const typename W::T* __restrict__ w, int in,
                                           size_t total_rows, const size_t (&rows)[ROWS], float (&acc)[ROWS][N],
                                           NormIn norm = {}, int v0 = 0, int v1 = -1) {
@@ -130,8 +136,8 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
   const uint4* xr = reinterpret_cast<const uint4*>(x);
   // Weights do not depend on the previous kernel: the first loads go out
   // before waiting for it (with PDL this overlaps the previous kernel's tail).
-  uint4 cur[ROWS][GEMV_UNROLL];
-  load_batch<ROWS>(wr, v0 + lane, end, cur);
+  uint4 cur[ROWS][U];
+  load_batch<ROWS, U>(wr, v0 + lane, end, cur);
   pdl_wait();
   pdl_launch_dependents();
   __shared__ float s_inv[SUMSQ_ROWS];
@@ -140,11 +146,11 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
   for (int r = 0; r < ROWS; ++r)
 #pragma unroll
     for (int n = 0; n < N; ++n) acc[r][n] = 0.f;
-  for (int base = v0 + lane; base < end; base += 32 * GEMV_UNROLL) {
-    uint4 next[ROWS][GEMV_UNROLL];
-    load_batch<ROWS>(wr, base + 32 * GEMV_UNROLL, end, next);
+  for (int base = v0 + lane; base < end; base += 32 * U) {
+    uint4 next[ROWS][U];
+    load_batch<ROWS, U>(wr, base + 32 * U, end, next);
 #pragma unroll
-    for (int u = 0; u < GEMV_UNROLL; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int i = base + u * 32;
       if (i >= end) break;
 #pragma unroll
@@ -163,7 +169,7 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
-      for (int u = 0; u < GEMV_UNROLL; ++u) cur[r][u] = next[r][u];
+      for (int u = 0; u < U; ++u) cur[r][u] = next[r][u];
   }
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)
@@ -215,13 +221,13 @@ __device__ __forceinline__ void gemv_sumsq(SumSq* sumsq, const float (&sq)[N]) {
 // MODE 0: bf16 out, 1: f32 out, 2: f32 accumulate (and, with sumsq, the
 // updated rows' sums of squares for the next fused RMSNorm; with next_norm,
 // also xg = bf16(y ⊙ next_norm), that norm's pre-scaled input).
-template <int N, int MODE, bool NORM = false, typename W = Bf16W>
+template <int N, int MODE, bool NORM = false, typename W = Bf16W, int U = W::ROW_UNROLL>
 __device__ __forceinline__ void gemv_plain(const bf16* x, const typename W::T* w, void* y, int in, int out, SumSq* sumsq,
                                            const float* next_norm, bf16* xg, NormIn norm = {}) {
   const int col = warp_column();
   const size_t rows[1] = {(size_t)min(col, out - 1)};
   float acc[1][N];
-  gemv_rows<N, 1, NORM, W>(x, w, in, out, rows, acc, norm);
+  gemv_rows<N, 1, NORM, W, U>(x, w, in, out, rows, acc, norm);
   const bool writer = (threadIdx.x & 31) == 0 && col < out;
   float sq[N];
 #pragma unroll
@@ -241,14 +247,14 @@ __device__ __forceinline__ void gemv_plain(const bf16* x, const typename W::T* w
   if (MODE == 2 && sumsq) gemv_sumsq<N>(sumsq, sq);
 }
 
-template <int N, bool NORM = false, bool GELU = false, typename W = Bf16W>
+template <int N, bool NORM = false, bool GELU = false, typename W = Bf16W, int U = GEMV_UNROLL>
 __device__ __forceinline__ void gemv_swiglu(const bf16* x, const typename W::T* w, bf16* y, int in, int ff,
                                             NormIn norm = {}) {
   const int col = warp_column();
   const size_t c = min(col, ff - 1);
   const size_t rows[2] = {c, c + ff};
   float acc[2][N];
-  gemv_rows<N, 2, NORM, W>(x, w, in, 2 * (size_t)ff, rows, acc, norm);
+  gemv_rows<N, 2, NORM, W, U>(x, w, in, 2 * (size_t)ff, rows, acc, norm);
   if ((threadIdx.x & 31) != 0 || col >= ff) return;
 #pragma unroll
   for (int n = 0; n < N; ++n) {
@@ -258,7 +264,7 @@ __device__ __forceinline__ void gemv_swiglu(const bf16* x, const typename W::T* 
 }
 
 // Columns are rotary pairs: (H + 2 KVH) heads x hd / 2.
-template <int N, bool NORM = false, typename W = Bf16W>
+template <int N, bool NORM = false, typename W = Bf16W, int U = W::ROW_UNROLL>
 __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const typename W::T* w, int in, const float* bias,
                                               const int* positions, const long long* slots, const float* cos_t,
                                               const float* sin_t, bf16* q_out, bf16* k_cache, bf16* v_cache,
@@ -274,7 +280,7 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const typename W::T
   const size_t rows[2] = {(size_t)head * hd + i, (size_t)head * hd + i + half};
   float acc[2][N];
   const int mid = in / W::ELEMS / 2;
-  gemv_rows<N, 2, NORM, W>(x, w, in, 2 * (size_t)pairs, rows, acc, norm, part ? mid : 0, part ? -1 : mid);
+  gemv_rows<N, 2, NORM, W, U>(x, w, in, 2 * (size_t)pairs, rows, acc, norm, part ? mid : 0, part ? -1 : mid);
   __shared__ float s_upper[GEMV_WARPS / 2][2][N];
   const int lane = threadIdx.x & 31, pair_slot = (threadIdx.x >> 5) >> 1;
   if (part && lane == 0)

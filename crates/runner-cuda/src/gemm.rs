@@ -300,6 +300,12 @@ impl Gemm {
             .filter(|f| (f.region.0..f.region.1).contains(&w))
     }
 
+    /// The bytes a GEMV streams for `w`, a `rows x cols` matrix: 1 a
+    /// weight for e4m3 (its row scales are noise beside them), 2 for bf16.
+    pub fn weight_bytes(&self, w: DevPtr, rows: usize, cols: usize) -> usize {
+        rows * cols * if self.fp8_of(w).is_some() { 1 } else { 2 }
+    }
+
     /// The GEMV kernels for `w`'s type.
     fn gemv_kernels(&self, w: DevPtr) -> &[[Kernel; 10]] {
         self.fp8_of(w).map_or(&self.gemv, |f| &f.gemv)

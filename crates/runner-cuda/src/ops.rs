@@ -445,7 +445,7 @@ impl<'a, 'm> CudaOps<'a, 'm> {
         if plan.decode_tokens > 0 {
             // The output projection streams its weights only at GEMV sizes.
             let o_bytes = if plan.tokens <= GEMV_MAX_TOKENS {
-                c.q_dim() * c.hidden_size * 2
+                self.m.gemm.weight_bytes(o_proj, c.hidden_size, c.q_dim())
             } else {
                 0
             };

@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Times the batch-1 GEMV kernels (gemv.cu) on the Llama-3.1-8B shapes, one
+CUDA graph of back-to-back launches per kernel, each launch on the next of
+enough weight copies that L2 (50 MiB) holds none of them: the kernel's own
+DRAM bandwidth, without the engine's PDL overlap.
+
+    python3 tests/gpu/bench_gemv.py --cubin DIR/gemv.sm_90.cubin [--cubin OTHER.cubin ...]
+        [--only REGEX] [--launches 64]
+
+Kernels are named as in gemv.cu (`gemv_fp8_n1_swiglu_norm`, ...); every
+cubin's kernels that match a shape's name pattern are timed. Prints one
+line per kernel: shape, µs per launch, weight bytes, TB/s.
+"""
+import argparse
+import ctypes
+import os
+import re
+
+import torch
+
+import check_kernels as ck
+from check_kernels import Module, i32, ptr
+
+H, KVH, HD, D, FF = 32, 8, 128, 4096, 14336
+COPIES_BYTES = 400 << 20  # weight copies cycled per graph: 8x the L2
+
+
+def f32(v):
+    return ctypes.c_float(float(v))
+
+
+def weights(rows, cols, fp8):
+    """Enough copies of a random `rows x cols` matrix (loader layout: e4m3
+    bytes then f32 row scales at the next 256-byte boundary; or bf16)."""
+    if fp8:
+        at = (rows * cols + 255) // 256 * 256
+        one = at + rows * 4
+    else:
+        one = rows * cols * 2
+    copies = max(2, COPIES_BYTES // one + 1)
+    bufs = []
+    for _ in range(copies):
+        if fp8:
+            b = torch.randint(0, 0x70, (one,), dtype=torch.uint8, device="cuda")
+            b[at:] = torch.full((rows,), 1e-3, dtype=torch.float32, device="cuda").view(torch.uint8)
+        else:
+            b = (torch.rand(rows, cols, device="cuda") * 0.02 - 0.01).to(torch.bfloat16)
+        bufs.append(b)
+    return bufs, rows * cols * (1 if fp8 else 2)
+
+
+def shape_args(shape, w, bufs):
+    """Kernel arguments for one launch on weight buffer `w`."""
+    x = bufs["x14336"] if shape == "down" else bufs["x4096"]
+    if shape == "gate_up":
+        return [ptr(x), f32(1e-5), ptr(bufs["sumsq"]), ptr(w), ptr(bufs["act"]), i32(D), i32(FF)]
+    if shape in ("o_proj", "down"):
+        return [ptr(x), ptr(w), ptr(bufs["resid"]), i32(FF if shape == "down" else D), i32(D),
+                ptr(bufs["sumsq"]), ptr(bufs["g"]), ptr(bufs["xg"])]
+    return [ptr(x), f32(1e-5), ptr(bufs["sumsq"]), ptr(w), i32(D), ptr(None), ptr(bufs["pos"]), ptr(bufs["slot"]),
+            ptr(bufs["cos"]), ptr(bufs["sin"]), ptr(bufs["q"]), ptr(bufs["kc"]), ptr(bufs["vc"]), i32(H), i32(KVH),
+            i32(HD), i32(16)]
+
+
+SHAPES = {
+    # name: (kernel-name pattern, weight rows, cols, grid blocks)
+    "qkv": (r"qkv_rope_norm$|^xq", (H + 2 * KVH) * HD, D, (H + 2 * KVH) * HD // 8),
+    "o_proj": (r"n1_add_f32$|^xa", D, D, D // 8),
+    "gate_up": (r"n1_swiglu_norm$|^xs", 2 * FF, D, FF // 8),
+    "down": (r"n1_add_f32$|^xa", D, FF, D // 8),
+}
+
+
+def launch_raw(f, grid, args, stream):
+    params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
+    ck.ok(ck.cu.cuLaunchKernel(f, grid, 1, 1, 256, 1, 1, 0, ctypes.c_void_p(stream), params, None), "launch")
+
+
+def output_of(f, shape, grid, wbuf, bufs):
+    """The kernel's output for one launch on `wbuf` (accumulators zeroed)."""
+    bufs["resid"].zero_()
+    bufs["act"].zero_()
+    bufs["q"].zero_()
+    launch_raw(f, grid, shape_args(shape, wbuf, bufs), torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    key = {"o_proj": "resid", "down": "resid", "gate_up": "act"}.get(shape, "q")
+    return bufs[key].float().clone()
+
+
+def time_kernel(f, shape, grid, wbufs, bufs, launches):
+    arg_sets = [shape_args(shape, wbufs[i % len(wbufs)], bufs) for i in range(launches)]
+    for a in arg_sets[:2]:
+        launch_raw(f, grid, a, torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
+        for a in arg_sets:
+            launch_raw(f, grid, a, s.cuda_stream)
+    g.replay()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(5):
+        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0.record()
+        g.replay()
+        t1.record()
+        torch.cuda.synchronize()
+        best = min(best, t0.elapsed_time(t1) * 1e3 / launches)
+    return best
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--cubin", action="append", required=True)
+    p.add_argument("--only", default="")
+    p.add_argument("--launches", type=int, default=64)
+    a = p.parse_args()
+    bufs = {
+        "x4096": (torch.randn(D, device="cuda") * 0.5).to(torch.bfloat16),
+        "x14336": (torch.randn(FF, device="cuda") * 0.5).to(torch.bfloat16),
+        "sumsq": ck.sumsq_buffer([float(D) * (1 - 1e-5)]),  # 1/rms = 1: the candidates without the norm compare equal
+        "act": torch.empty(FF, dtype=torch.bfloat16, device="cuda"),
+        "resid": torch.zeros(D, dtype=torch.float32, device="cuda"),
+        "g": torch.ones(D, dtype=torch.float32, device="cuda"),
+        "xg": torch.empty(D, dtype=torch.bfloat16, device="cuda"),
+        "pos": torch.tensor([300], dtype=torch.int32, device="cuda"),
+        "slot": torch.tensor([5], dtype=torch.int64, device="cuda"),
+        "cos": torch.rand(4096 * HD // 2, device="cuda"),
+        "sin": torch.rand(4096 * HD // 2, device="cuda"),
+        "q": torch.empty(H * HD, dtype=torch.bfloat16, device="cuda"),
+        "kc": torch.zeros(64 * KVH * HD, dtype=torch.bfloat16, device="cuda"),
+        "vc": torch.zeros(64 * KVH * HD, dtype=torch.bfloat16, device="cuda"),
+    }
+    mods = [(path, Module(path)) for path in a.cubin]
+    print(f"{'shape':8} {'cubin':10} {'kernel':26} {'us':>8} {'MB':>7} {'TB/s':>6}")
+    for shape, (pattern, rows, cols, _) in SHAPES.items():
+        for fp8 in (False, True):
+            wbufs, nbytes = None, 0
+            for path, m in mods:
+                names = kernel_names(m)
+                for name in names:
+                    is_fp8 = "fp8" in name or name[:1] == "x" and name[2:3] == "f"
+                    if is_fp8 != fp8 or not re.search(pattern, name) or not re.search(a.only, name):
+                        continue
+                    if not name.startswith("x") and not name.startswith("gemv_fp8_n1_" if fp8 else "gemv_n1_"):
+                        continue
+                    if wbufs is None:
+                        wbufs, nbytes = weights(rows, cols, fp8)
+                        ref = None
+                    f = m.fn(name)
+                    grid = SHAPES[shape][3]
+                    y = output_of(f, shape, grid, wbufs[0], bufs)
+                    ref = y if ref is None else ref
+                    err = float((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+                    us = time_kernel(f, shape, grid, wbufs, bufs, a.launches)
+                    tag = os.path.basename(os.path.dirname(os.path.abspath(path)))[-10:]
+                    print(f"{shape:8} {tag:10} {name:26} {us:8.2f} {nbytes / 1e6:7.1f} {nbytes / us / 1e6:6.2f}  "
+                          f"vs first: {err:.1e}", flush=True)
+            del wbufs
+            torch.cuda.empty_cache()
+
+
+def kernel_names(m):
+    """The candidate kernels this module has: gemv.cu's batch-1 ones and any
+    experimental variants `x{s,a,q}{f,b}_u{U}_p{P}` (gated / accumulate /
+    q/k/v; FP8 or bf16 weights; U loads a row in flight; P: L2 prefetch)."""
+    cands = [f"{p}_n1_{k}" for p in ("gemv", "gemv_fp8") for k in ("qkv_rope_norm", "add_f32", "swiglu_norm")]
+    cands += [f"x{k}{d}_u{u}_p{p}" for k in "saq" for d in "fb" for u in (1, 2, 4, 8) for p in (0, 1)]
+    out = []
+    for name in cands:
+        f = ctypes.c_void_p()
+        if ck.cu.cuModuleGetFunction(ctypes.byref(f), m.handle, name.encode()) == 0:
+            out.append(name)
+    return out
+
+
+if __name__ == "__main__":
+    main()
