@@ -1006,8 +1006,12 @@ mod tests {
             rows: 1,
             cols: 16,
         };
+        // All seven tensors go through staging; a kept (bf16) o_proj and
+        // down_proj take theirs straight to the arena.
+        assert_eq!(staged_tensors(&[Some(m); 4]), 7);
+        assert_eq!(staged_tensors(&[Some(m), None, Some(m), None]), 5);
         let mut q = Fp8Progress {
-            layers: vec![([m; 4], FP8_TENSORS_PER_LAYER); 2],
+            layers: vec![([Some(m); 4], staged_tensors(&[Some(m); 4])); 2],
             open: None,
         };
         q.layers[0].1 = 2;
