@@ -5,6 +5,15 @@ FP8 GEMM) and 32 greedy tokens per prompt (decode runs the FP8 GEMV).
 
     python3 tests/gpu/compare_fp8.py --ingot BIN --model SmolLM2.gguf
     python3 tests/gpu/compare_fp8.py --ingot BIN --model DIR --dummy --prompts 3
+    python3 tests/gpu/compare_fp8.py --ingot BIN --model SmolLM2.gguf \
+        --recipe fp8= --recipe "keep-down=--fp8-ignore down_proj"
+
+Each --recipe NAME=FLAGS (FLAGS space-separated, added to `--quantization
+fp8`) is compared with the same BF16 runs; the default is one plain `fp8`.
+--jobs N runs N prompts at once (each ingot process then gets a small KV
+pool and memory share: --kv-cache-tokens 4096 --gpu-memory-utilization 0.1).
+--ids-out writes every run's prompt and greedy ids (JSON) for comparisons
+elsewhere (e.g. against tests/reference/fp8_recipes.py's f32 reference).
 
 A continuation agrees when all its tokens equal BF16's. Exit 1 when the
 worst rel_l2 reaches --max-rel-l2 (5e-2) or fewer than --min-agree (0.9)
@@ -17,6 +26,7 @@ import json
 import os
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -47,8 +57,13 @@ PROMPTS = [
 
 
 
+SHARED = []  # flags that let --jobs processes share the GPU
+
+
 def run_args(model, fp8, dummy):
-    extra = ["--quantization", "fp8"] if fp8 else []
+    """fp8: None (BF16) or the recipe's extra flags."""
+    extra = ["--quantization", "fp8", *fp8] if fp8 is not None else []
+    extra += SHARED
     if dummy:
         extra += ["--load-format", "dummy", "--max-model-len", "4096"]
     return ["--model", model, "--device", "cuda", *extra]
@@ -66,6 +81,38 @@ def logits(binary, model, fp8, dummy, ids, out):
     return np.fromfile(out, dtype="<f4").astype(np.float64)
 
 
+def parse_recipe(spec):
+    name, _, flags = spec.partition("=")
+    return name, flags.split()
+
+
+def compare(args, prompt, ref, b, fp8, path):
+    got = greedy(args.ingot, args.model, fp8, args.dummy, prompt, args.tokens)
+    a = logits(args.ingot, args.model, fp8, args.dummy, ref["prompt_ids"], path)
+    out_b, out_a = ref["output_ids"], got["output_ids"]
+    same = next((i for i, (x, y) in enumerate(zip(out_b, out_a)) if x != y), len(out_b))
+    return {"prompt": prompt, "rel_l2": float(np.linalg.norm(a - b) / np.linalg.norm(b)),
+            "rel_max": float(np.max(np.abs(a - b)) / np.max(np.abs(b))),
+            "agree": out_a == out_b, "same_prefix": same, "output_ids": out_a}
+
+
+def summarize(args, name, rows):
+    agree = sum(r["agree"] for r in rows) / len(rows)
+    worst = max(r["rel_l2"] for r in rows)
+    summary = {
+        "recipe": name,
+        "model": os.path.basename(args.model.rstrip("/")),
+        "dummy": args.dummy,
+        "prompts": len(rows),
+        "agree": agree,
+        "mean_same_prefix": sum(r["same_prefix"] for r in rows) / len(rows),
+        "mean_rel_l2": sum(r["rel_l2"] for r in rows) / len(rows),
+        "max_rel_l2": worst,
+    }
+    summary["ok"] = args.dummy or (worst < args.max_rel_l2 and agree >= args.min_agree)
+    return summary
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ingot", required=True)
@@ -75,39 +122,40 @@ def main():
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--max-rel-l2", type=float, default=5e-2)
     ap.add_argument("--min-agree", type=float, default=0.9)
+    ap.add_argument("--recipe", action="append", default=[],
+                    help="NAME=FLAGS: extra ingot flags (space-separated) with --quantization fp8")
+    ap.add_argument("--ids-out", help="write the BF16 and FP8 prompt/greedy ids here (JSON)")
+    ap.add_argument("--jobs", type=int, default=1, help="prompts run at once")
     args = ap.parse_args()
+    if args.jobs > 1:
+        SHARED.extend(["--kv-cache-tokens", "4096", "--gpu-memory-utilization", "0.1"])
+    recipes = [parse_recipe(r) for r in args.recipe] or [("fp8", [])]
     tmp = tempfile.mkdtemp()
-    rows = []
-    print(f"{'prompt':40} {'rel_l2':>9} {'rel_max':>9} {'greedy':>14}")
-    for prompt in PROMPTS[: args.prompts]:
-        ref = greedy(args.ingot, args.model, False, args.dummy, prompt, args.tokens)
-        got = greedy(args.ingot, args.model, True, args.dummy, prompt, args.tokens)
-        ids = ref["prompt_ids"]
-        b = logits(args.ingot, args.model, False, args.dummy, ids, os.path.join(tmp, "bf16.f32"))
-        a = logits(args.ingot, args.model, True, args.dummy, ids, os.path.join(tmp, "fp8.f32"))
-        rel_l2 = float(np.linalg.norm(a - b) / np.linalg.norm(b))
-        rel_max = float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
-        out_b, out_a = ref["output_ids"], got["output_ids"]
-        same = next((i for i, (x, y) in enumerate(zip(out_b, out_a)) if x != y), len(out_b))
-        verdict = f"{same}/{len(out_b)} same" if same == len(out_b) else f"diverge@{same}"
-        rows.append({"prompt": prompt, "rel_l2": rel_l2, "rel_max": rel_max,
-                     "agree": out_a == out_b, "same_prefix": same})
-        print(f"{prompt[:40]!r:40} {rel_l2:9.2e} {rel_max:9.2e} {verdict:>14}", flush=True)
-    agree = sum(r["agree"] for r in rows) / len(rows)
-    worst = max(r["rel_l2"] for r in rows)
-    summary = {
-        "model": os.path.basename(args.model.rstrip("/")),
-        "dummy": args.dummy,
-        "prompts": len(rows),
-        "agree": agree,
-        "mean_same_prefix": sum(r["same_prefix"] for r in rows) / len(rows),
-        "mean_rel_l2": sum(r["rel_l2"] for r in rows) / len(rows),
-        "max_rel_l2": worst,
-    }
-    ok = args.dummy or (worst < args.max_rel_l2 and agree >= args.min_agree)
-    summary["ok"] = ok
-    print(json.dumps(summary))
-    sys.exit(0 if ok else 1)
+
+    def one_prompt(i):
+        prompt = PROMPTS[i]
+        ref = greedy(args.ingot, args.model, None, args.dummy, prompt, args.tokens)
+        b = logits(args.ingot, args.model, None, args.dummy, ref["prompt_ids"], os.path.join(tmp, f"bf16.{i}.f32"))
+        return ref, [compare(args, prompt, ref, b, flags, os.path.join(tmp, f"fp8.{i}.f32"))
+                     for _, flags in recipes]
+
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        done = list(pool.map(one_prompt, range(min(args.prompts, len(PROMPTS)))))
+    rows = {name: [r[k] for _, r in done] for k, (name, _) in enumerate(recipes)}
+    refs = [ref for ref, _ in done]
+    print(f"{'recipe':12} {'prompt':40} {'rel_l2':>9} {'rel_max':>9} {'greedy':>14}")
+    for name, _ in recipes:
+        for ref, r in zip(refs, rows[name]):
+            n = len(ref["output_ids"])
+            verdict = f"{n}/{n} same" if r["agree"] else f"diverge@{r['same_prefix']}"
+            print(f"{name[:12]:12} {r['prompt'][:40]!r:40} {r['rel_l2']:9.2e} {r['rel_max']:9.2e} {verdict:>14}")
+    summaries = [summarize(args, name, rows[name]) for name, _ in recipes]
+    for summary in summaries:
+        print(json.dumps(summary))
+    if args.ids_out:
+        with open(args.ids_out, "w", encoding="utf-8") as f:
+            json.dump({"bf16": refs, **{name: rows[name] for name, _ in recipes}}, f)
+    sys.exit(0 if all(s["ok"] for s in summaries) else 1)
 
 
 if __name__ == "__main__":

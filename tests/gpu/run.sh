@@ -48,6 +48,9 @@
 #   fp8kernels  the FP8 quantize and GEMV kernels vs a float64 reference (check_fp8.py)
 #   fp8acc    --quantization fp8 vs bf16 on CUDA: SmolLM2 (20 prompts; needs its bundle) and the
 #             8B dummy (3 prompts): prefill logits rel_l2, 32-token greedy agreement (compare_fp8.py)
+#   fp8keep   SmolLM2 (needs its bundle): FP8 recipes against one set of BF16 runs, prompts 6 at a
+#             time (compare_fp8.py --recipe --jobs): plain fp8 and model.fp8_ignore lists; every
+#             greedy id to $O/fp8_ids.json (for the f32 floor of tests/reference/fp8_recipes.py)
 #   fp8bench  8B dummy with --quantization fp8: batch 1, prefill 1024, 256 x 1024 decode
 #   fp8gemm   the FP8 linear layer's parts (quantize, cuBLASLt e4m3 GEMM per scaling mode,
 #             fp8_scale_out) beside bf16 on the 8B's four shapes at 64..8192 tokens, after a
@@ -141,6 +144,12 @@ for phase in "$@"; do
       if [ -f "$SMOL" ]; then timeout -k 5 $((3 * T)) python3 tests/gpu/compare_fp8.py --ingot "$ING_RAW" --model "$SMOL" | tee "$O/fp8_smollm2.txt"
       else echo "no SmolLM2 bundle"; fi
       timeout -k 5 $((2 * T)) python3 tests/gpu/compare_fp8.py --ingot "$ING_RAW" --model "$(llama8b)" --dummy --prompts 3 | tee "$O/fp8_8b.txt" ;;
+    fp8keep)
+      if [ -f "$SMOL" ]; then timeout -k 5 $((3 * T)) python3 tests/gpu/compare_fp8.py --ingot "$ING_RAW" --model "$SMOL" --jobs 6 \
+          --recipe "fp8=" --recipe "keep-down=--fp8-ignore down_proj" \
+          --recipe "keep-ends=--fp8-ignore layers.0,layers.1,layers.28,layers.29" \
+          --ids-out "$O/fp8_ids.json" | tee "$O/fp8_recipes.txt"
+      else echo "no SmolLM2 bundle"; fi ;;
     fp8bench)
       M=$(llama8b); Q="--quantization fp8"
       "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 $Q --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl"

@@ -65,6 +65,13 @@ pub struct ModelArgs {
     /// only) [model.quantization; none].
     #[arg(long, value_parser = ["none", "q8_0", "q4_0", "q4_k", "fp8"])]
     pub quantization: Option<String>,
+    /// With `--quantization fp8`: comma-separated patterns of decoder
+    /// matrices kept in bf16, e.g. `down_proj`, `layers.0`, `layers.29.mlp`
+    /// (whole dot-separated segments of `model.layers.N.self_attn.qkv_proj`,
+    /// `.self_attn.o_proj`, `.mlp.gate_up_proj`, `.mlp.down_proj`)
+    /// [model.fp8_ignore; none].
+    #[arg(long)]
+    pub fp8_ignore: Option<String>,
     /// Most tokens per engine step (prefill chunks + decodes)
     /// [scheduler.max_num_batched_tokens; 512].
     #[arg(long)]
@@ -125,6 +132,7 @@ impl ModelArgs {
         flags.opt("--dtype", "model.dtype", &self.dtype);
         flags.opt("--cpu-weights", "model.cpu_weights", &self.cpu_weights);
         flags.opt("--quantization", "model.quantization", &self.quantization);
+        flags.opt("--fp8-ignore", "model.fp8_ignore", &self.fp8_ignore);
         flags.opt(
             "--max-num-batched-tokens",
             "scheduler.max_num_batched_tokens",
@@ -410,6 +418,7 @@ fn cuda_runner(
         l2_prefetch: cuda.l2_prefetch.clone(),
         pdl: cuda.pdl,
         fp8_weights: m.quantization == ingot_config::Quantization::Fp8,
+        fp8_ignore: m.fp8_ignore.clone(),
         fused_block: cuda.fused_block,
         deterministic: config.engine.deterministic,
         tc_decode_min_rows: cuda.tc_decode_min_rows,

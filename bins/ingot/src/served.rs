@@ -303,7 +303,8 @@ fn footprint(c: &Config) -> anyhow::Result<u64> {
         } else {
             ingot_runner_cuda::WeightFormat::Bf16
         };
-        ingot_runner_cuda::weight_bytes(&model, format) as u64
+        let keep = ingot_runner_cuda::Fp8Keep::parse(&c.model.fp8_ignore, model.num_layers)?;
+        ingot_runner_cuda::weight_bytes(&model, format, &keep) as u64
     } else if c.model.quantization == Quantization::Q4_0 {
         // 18-byte blocks of 32 weights.
         params * 18 / 32

@@ -1,6 +1,6 @@
 //! Range and cross-field rules the types cannot express.
 
-use crate::config::{Config, BLOCK_SIZE};
+use crate::config::{Config, Quantization, BLOCK_SIZE};
 use crate::flags::valid_flag_name;
 
 /// A broken rule: the key it is about and the rule, in words.
@@ -62,6 +62,12 @@ fn model(c: &Config) -> Check {
     }
     if m.served_model_name.as_deref() == Some("") {
         return fail("model.served_model_name", "must not be empty");
+    }
+    if !m.fp8_ignore.trim().is_empty() && m.quantization != Quantization::Fp8 {
+        return fail(
+            "model.fp8_ignore",
+            "keeps matrices out of FP8 and needs model.quantization = \"fp8\"",
+        );
     }
     Ok(())
 }

@@ -215,6 +215,10 @@ pub struct ModelSection {
     /// CPU: quantize float weight matrices at load (`none`, `q8_0`, `q4_0`
     /// or `q4_k`); CUDA: `fp8` (e4m3 layer matrices, per-channel scales).
     pub quantization: Quantization,
+    /// With `quantization = "fp8"`: comma-separated patterns of decoder
+    /// matrices kept in bf16 (`down_proj`, `layers.0`, `layers.29.mlp`, ...;
+    /// empty: none).
+    pub fp8_ignore: String,
     /// CPU worker threads (default: all cores).
     #[schemars(range(min = 1))]
     pub threads: Option<usize>,
@@ -245,6 +249,7 @@ impl Default for ModelSection {
             dtype: Dtype::F32,
             cpu_weights: CpuWeights::Native,
             quantization: Quantization::None,
+            fp8_ignore: String::new(),
             threads: None,
             max_model_len: None,
             kv_cache_tokens: None,

@@ -522,6 +522,33 @@ fn kv_cache_dtype_is_auto_unless_set_and_needs_a_restart() {
 }
 
 #[test]
+fn fp8_ignore_is_empty_by_default_and_needs_fp8() {
+    assert_eq!(Config::default().model.fp8_ignore, "");
+    let l = load(&Layers {
+        file: Some(file(
+            "[model]\nquantization = \"fp8\"\nfp8_ignore = \"down_proj,layers.0\"\n",
+        )),
+        ..Layers::default()
+    })
+    .unwrap();
+    assert_eq!(l.config.model.fp8_ignore, "down_proj,layers.0");
+    let e = load(&Layers {
+        env: env(&[("INGOT_MODEL_FP8_IGNORE", "down_proj")]),
+        ..Layers::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("model.fp8_ignore") && e.contains("fp8"), "{e}");
+    let mut new = Config::default();
+    new.model.quantization = Quantization::Fp8;
+    new.model.fp8_ignore = "down_proj".into();
+    assert_eq!(
+        diff(&Config::default(), &new).needs_restart,
+        ["model.fp8_ignore", "model.quantization"]
+    );
+}
+
+#[test]
 fn log_format_is_text_or_json_and_needs_a_restart() {
     assert_eq!(Config::default().log.format, LogFormat::Text);
     let l = load(&Layers {

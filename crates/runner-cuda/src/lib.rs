@@ -16,6 +16,7 @@
 mod buffers;
 mod device;
 pub mod encoder;
+mod fp8_keep;
 mod fused;
 mod gemm;
 mod kernels;
@@ -37,6 +38,7 @@ use ingot_runner::{
 
 use buffers::{Buffers, StepPlan};
 use device::{Arena, Gpu, Pinned};
+pub use fp8_keep::Fp8Keep;
 use fused::FusedBlocks;
 use gemm::Gemm;
 pub use kernels::KvDtype;
@@ -102,8 +104,9 @@ pub fn availability() -> Result<(), CudaError> {
 /// where the kernels load.
 /// Bytes the model's weights take on the device in `format` (the start-up
 /// memory estimate).
-pub fn weight_bytes(config: &ModelConfig, format: WeightFormat) -> usize {
-    DeviceWeights::bytes(config, format)
+/// `keep`: the matrices `model.fp8_ignore` keeps in bf16 under FP8.
+pub fn weight_bytes(config: &ModelConfig, format: WeightFormat, keep: &Fp8Keep) -> usize {
+    DeviceWeights::bytes(config, format, keep)
 }
 
 /// Whether `format` suits the model: e4m3 GEMMs and the FP8 GEMV read
@@ -118,6 +121,24 @@ fn supports_format(config: &ModelConfig, format: WeightFormat) -> Result<(), Cud
         )));
     }
     Ok(())
+}
+
+/// The matrices kept in bf16: `opts.fp8_ignore` parsed (see [`Fp8Keep`]);
+/// a list without FP8 weights is refused rather than ignored.
+fn fp8_keep(opts: &CudaRunnerConfig, num_layers: usize) -> Result<Fp8Keep, CudaError> {
+    if !opts.fp8_weights && !opts.fp8_ignore.trim().is_empty() {
+        return Err(CudaError::Unsupported(
+            "model.fp8_ignore needs model.quantization = \"fp8\"".into(),
+        ));
+    }
+    let keep = Fp8Keep::parse(&opts.fp8_ignore, num_layers)?;
+    if keep.count() > 0 {
+        tracing::info!(
+            matrices = keep.count(),
+            "FP8: model.fp8_ignore keeps matrices in bf16"
+        );
+    }
+    Ok(keep)
 }
 
 pub fn supports(config: &ModelConfig) -> Result<(), CudaError> {
@@ -182,6 +203,9 @@ pub struct CudaRunnerConfig {
     /// The decoder's weight matrices in FP8 (e4m3, per-channel scales;
     /// `model.quantization = "fp8"`).
     pub fp8_weights: bool,
+    /// With `fp8_weights`: matrices kept in bf16 (`model.fp8_ignore`, see
+    /// [`Fp8Keep`]); empty keeps none.
+    pub fp8_ignore: String,
     /// One kernel for each layer's attention combine, o_proj, MLP and the
     /// next layer's q/k/v on small models at GEMV batch sizes
     /// (`cuda.fused_block`; off by default: measured slower).
@@ -216,6 +240,7 @@ impl Default for CudaRunnerConfig {
             l2_prefetch: None,
             pdl: true,
             fp8_weights: false,
+            fp8_ignore: String::new(),
             fused_block: false,
             deterministic: false,
             tc_decode_min_rows: 0,
@@ -336,6 +361,7 @@ impl CudaRunner {
             WeightFormat::Bf16
         };
         supports_format(&config, format)?;
+        let keep = fp8_keep(&opts, config.num_layers)?;
         if opts.fp8_weights && opts.deterministic {
             return Err(CudaError::Unsupported(
                 "FP8 weights (model.quantization = \"fp8\") with engine.deterministic: \
@@ -359,7 +385,7 @@ impl CudaRunner {
         let (_, total) = gpu.memory()?;
         let context_ms = ms_since(started);
         let weights_started = Instant::now();
-        let weights = DeviceWeights::load(&gpu, &config, source, format, progress)?;
+        let weights = DeviceWeights::load(&gpu, &config, source, format, &keep, progress)?;
         let weights_ms = ms_since(weights_started);
         let max_tokens = opts.max_num_batched_tokens.max(opts.max_num_seqs);
         let max_seqs = opts.max_num_seqs;
@@ -1200,7 +1226,7 @@ mod support_tests {
         let mut global_only = c.clone();
         global_only.block.sliding_window = None;
         let table = c.max_context * (c.head_dim / 2) * 4;
-        let bytes = |c| weights::DeviceWeights::bytes(c, WeightFormat::Bf16);
+        let bytes = |c| weights::DeviceWeights::bytes(c, WeightFormat::Bf16, &Fp8Keep::default());
         let extra = bytes(&c) - bytes(&global_only);
         assert!((2 * table..2 * table + 1024).contains(&extra), "{extra}");
     }
@@ -1211,12 +1237,51 @@ mod support_tests {
         let (d, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         let layer_weights = (q + 2 * kv) * d + d * q + 2 * ff * d + d * ff;
         let layer_rows = (q + 2 * kv) + d + 2 * ff + d;
-        let saved = weight_bytes(&c, WeightFormat::Bf16) - weight_bytes(&c, WeightFormat::Fp8);
+        let none = Fp8Keep::default();
+        let saved = weight_bytes(&c, WeightFormat::Bf16, &none)
+            - weight_bytes(&c, WeightFormat::Fp8, &none);
         // bf16 2 bytes -> e4m3 1 byte, plus a 4-byte scale per row (and
         // the arena's 256-byte rounding of each piece).
         let want = c.num_layers * (layer_weights - 4 * layer_rows);
         let slack = c.num_layers * 16 * 256;
         assert!(saved.abs_diff(want) < slack, "saved {saved}, want {want}");
+    }
+
+    #[test]
+    fn fp8_ignore_keeps_its_matrices_at_two_bytes_a_weight() {
+        let c = gemma3();
+        let (d, ff) = (c.hidden_size, c.intermediate_size);
+        let none = Fp8Keep::default();
+        let down = Fp8Keep::parse("down_proj", c.num_layers).unwrap();
+        let extra =
+            weight_bytes(&c, WeightFormat::Fp8, &down) - weight_bytes(&c, WeightFormat::Fp8, &none);
+        // Each layer's down_proj: 2 bytes instead of 1, less its row scales.
+        let want = c.num_layers * (d * ff - 4 * d);
+        assert!(
+            extra.abs_diff(want) < c.num_layers * 2 * 256,
+            "extra {extra}, want {want}"
+        );
+        // Everything kept: the bf16 size.
+        let all = Fp8Keep::parse("layers", c.num_layers).unwrap();
+        assert_eq!(
+            weight_bytes(&c, WeightFormat::Fp8, &all),
+            weight_bytes(&c, WeightFormat::Bf16, &none)
+        );
+    }
+
+    #[test]
+    fn fp8_ignore_without_fp8_is_refused() {
+        let opts = CudaRunnerConfig {
+            fp8_ignore: "down_proj".into(),
+            ..CudaRunnerConfig::default()
+        };
+        let err = fp8_keep(&opts, 4).unwrap_err().to_string();
+        assert!(err.contains("model.quantization"), "{err}");
+        let opts = CudaRunnerConfig {
+            fp8_weights: true,
+            ..opts
+        };
+        assert_eq!(fp8_keep(&opts, 4).unwrap().count(), 4);
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! staging arena (from the file, or generated) and `quantize_rows_e4m3`
 //! writes them into the weights arena, in order on the stream, so the next
 //! layer's copies reuse the staging memory. The embeddings and the LM head
-//! stay bf16.
+//! stay bf16. Matrices `model.fp8_ignore` names ([`Fp8Keep`]) stay bf16
+//! too, placed outside the e4m3 region.
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,7 @@ use ingot_models::{ModelConfig, ModelError, TensorSource};
 use rayon::prelude::*;
 
 use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel, Pinned};
+use crate::fp8_keep::Fp8Keep;
 use crate::CudaError;
 
 /// One decoder block's weights.
@@ -66,9 +68,8 @@ pub fn fp8_scales_offset(rows: usize, cols: usize) -> usize {
 /// A layer's quantized matrices, in the order their last tensors load.
 const FP8_GROUPS: [&str; 4] = ["qkv", "o_proj", "gate_up", "down"];
 
-/// The weight-tensor count per layer that lands in the staging arena
-/// (q, k, v, o, gate, up, down).
-const FP8_TENSORS_PER_LAYER: usize = 7;
+/// The file tensors of each of [`FP8_GROUPS`] (q/k/v, o, gate/up, down).
+const FP8_GROUP_TENSORS: [usize; 4] = [3, 1, 2, 1];
 
 /// `(rows, cols)` of a layer's matrix `group` (see [`FP8_GROUPS`]).
 fn group_shape(config: &ModelConfig, group: &str) -> (usize, usize) {
@@ -103,6 +104,16 @@ fn fp8_part(name: &str) -> Option<(usize, &'static str, usize)> {
     Some((layer.parse().ok()?, group, part))
 }
 
+/// [`fp8_part`] of a matrix that `keep` does not keep in bf16.
+fn quantized_part(name: &str, keep: &Fp8Keep) -> Option<(usize, &'static str, usize)> {
+    fp8_part(name).filter(|(layer, group, _)| !keep.keeps(*layer, group_index(group)))
+}
+
+/// Index of `group` in [`FP8_GROUPS`].
+fn group_index(group: &str) -> usize {
+    FP8_GROUPS.iter().position(|g| *g == group).unwrap_or(0)
+}
+
 /// Byte offset of `group` in the one-layer staging arena (bf16).
 fn staging_offset(config: &ModelConfig, group: &str) -> usize {
     FP8_GROUPS
@@ -127,8 +138,8 @@ struct Fp8Matrix {
 /// Which layer's matrices are in staging and when they are complete.
 /// Staging holds one layer, so a layer's tensors must load together.
 struct Fp8Progress {
-    /// Per layer: its matrices and the tensors still to come.
-    layers: Vec<([Fp8Matrix; 4], usize)>,
+    /// Per layer: its quantized matrices and the tensors still to come.
+    layers: Vec<([Option<Fp8Matrix>; 4], usize)>,
     /// The layer whose tensors are in staging.
     open: Option<usize>,
 }
@@ -140,7 +151,7 @@ impl Fp8Progress {
         &mut self,
         layer: usize,
         name: &str,
-    ) -> Result<Option<[Fp8Matrix; 4]>, CudaError> {
+    ) -> Result<Option<[Option<Fp8Matrix>; 4]>, CudaError> {
         if self.open.is_some_and(|open| open != layer) {
             return Err(CudaError::Unsupported(format!(
                 "{name} loads before the previous layer's matrices are complete (FP8 staging holds one layer)"
@@ -171,8 +182,8 @@ impl Fp8Progress {
 }
 
 /// Enqueues `quantize_rows_e4m3` over staged matrices.
-fn quantize(gpu: &Gpu, kernel: &Kernel, matrices: &[Fp8Matrix]) -> Result<(), CudaError> {
-    for m in matrices {
+fn quantize(gpu: &Gpu, kernel: &Kernel, matrices: &[Option<Fp8Matrix>]) -> Result<(), CudaError> {
+    for m in matrices.iter().flatten() {
         let scales = m.dst + fp8_scales_offset(m.rows, m.cols) as u64;
         let args = [
             Arg::Ptr(m.staged),
@@ -263,32 +274,39 @@ struct Layout {
 
 /// Every layer's e4m3 matrices, and the address range they fill.
 struct Fp8Layout {
-    layers: Vec<[Fp8Matrix; 4]>,
+    /// `None`: kept in bf16.
+    layers: Vec<[Option<Fp8Matrix>; 4]>,
     region: (DevPtr, DevPtr),
 }
 
 impl DeviceWeights {
     /// Bytes the weights occupy on the device.
-    pub fn bytes(config: &ModelConfig, format: WeightFormat) -> usize {
+    pub fn bytes(config: &ModelConfig, format: WeightFormat, keep: &Fp8Keep) -> usize {
         let table = config.max_context * (config.head_dim / 2) * 4;
         let fp8 = format == WeightFormat::Fp8;
-        let fp8_layer = Arena::size_of(FP8_GROUPS.iter().map(|g| {
-            let (rows, cols) = group_shape(config, g);
-            fp8_matrix_bytes(rows, cols)
-        }));
+        let fp8_layers: usize = (0..config.num_layers)
+            .map(|layer| {
+                Arena::size_of(
+                    FP8_GROUPS
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| !keep.keeps(layer, *i))
+                        .map(|(_, g)| {
+                            let (rows, cols) = group_shape(config, g);
+                            fp8_matrix_bytes(rows, cols)
+                        }),
+                )
+            })
+            .sum();
         Arena::size_of(
             expected_shapes(config)
                 .iter()
-                .filter(|(name, _)| !(fp8 && fp8_part(name).is_some()))
+                .filter(|(name, _)| !(fp8 && quantized_part(name, keep).is_some()))
                 .map(|(name, shape)| {
                     shape.iter().product::<usize>() * dtype_of(name, shape).size()
                 }),
         ) + Arena::size_of(vec![table; rope_table_count(config)])
-            + if fp8 {
-                config.num_layers * fp8_layer
-            } else {
-                0
-            }
+            + if fp8 { fp8_layers } else { 0 }
     }
 
     /// Bytes of the one-layer bf16 staging arena of an FP8 load.
@@ -302,23 +320,20 @@ impl DeviceWeights {
         config: &ModelConfig,
         source: &dyn TensorSource,
         format: WeightFormat,
+        keep: &Fp8Keep,
         progress: &dyn Fn(usize, usize),
     ) -> Result<Self, CudaError> {
-        let mut arena = Arena::new(gpu, "weights", Self::bytes(config, format))?;
+        let mut arena = Arena::new(gpu, "weights", Self::bytes(config, format, keep))?;
         let staging = match format {
             WeightFormat::Fp8 => Some(Arena::new(gpu, "fp8 staging", Self::staging_bytes(config))?),
             WeightFormat::Bf16 => None,
         };
-        let layout = Self::place(config, &mut arena, staging.as_ref().map(Arena::base))?;
+        let layout = Self::place(config, &mut arena, staging.as_ref().map(Arena::base), keep)?;
         let mut quantizer = match &layout.fp8 {
             Some(fp8) => Some((
                 gpu.kernel("quantize_rows_e4m3")?,
                 Fp8Progress {
-                    layers: fp8
-                        .layers
-                        .iter()
-                        .map(|m| (*m, FP8_TENSORS_PER_LAYER))
-                        .collect(),
+                    layers: fp8.layers.iter().map(|m| (*m, staged_tensors(m))).collect(),
                     open: None,
                 },
             )),
@@ -369,7 +384,7 @@ impl DeviceWeights {
                 }
             }
             None => {
-                let mut stager = Stager::new(gpu, Self::bytes(config, format))?;
+                let mut stager = Stager::new(gpu, Self::bytes(config, format, keep))?;
                 for (i, p) in placements.iter().enumerate() {
                     stager.tensor(source, p)?;
                     staged(p)?;
@@ -404,22 +419,22 @@ impl DeviceWeights {
         config: &ModelConfig,
         arena: &mut Arena,
         staging: Option<DevPtr>,
+        keep: &Fp8Keep,
     ) -> Result<Layout, CudaError> {
         let shapes = expected_shapes(config);
         let mut placements = Vec::with_capacity(shapes.len());
         let mut fused: Vec<(String, DevPtr)> = Vec::new();
         let fp8 = match staging {
-            Some(staging) => Some(Self::place_fp8(config, arena, staging)?),
+            Some(staging) => Some(Self::place_fp8(config, arena, staging, keep)?),
             None => None,
         };
         for (name, shape) in &shapes {
             let dtype = dtype_of(name, shape);
-            if let (Some(fp8), Some((layer, group, part))) = (&fp8, fp8_part(name)) {
-                let index = FP8_GROUPS.iter().position(|g| *g == group).unwrap_or(0);
+            if let (Some(fp8), Some((layer, group, part))) = (&fp8, quantized_part(name, keep)) {
                 let matrix = fp8
                     .layers
                     .get(layer)
-                    .map(|m| m[index])
+                    .and_then(|m| m[group_index(group)])
                     .ok_or_else(|| CudaError::Unsupported(format!("{name}: no such layer")))?;
                 let rows = if part == 0 {
                     0
@@ -486,28 +501,27 @@ impl DeviceWeights {
         config: &ModelConfig,
         arena: &mut Arena,
         staging: DevPtr,
+        keep: &Fp8Keep,
     ) -> Result<Fp8Layout, CudaError> {
         let mut layers = Vec::with_capacity(config.num_layers);
         let (mut start, mut end) = (None, 0);
-        for _ in 0..config.num_layers {
-            let mut matrices = [Fp8Matrix {
-                staged: 0,
-                dst: 0,
-                rows: 0,
-                cols: 0,
-            }; 4];
-            for (m, group) in matrices.iter_mut().zip(FP8_GROUPS) {
+        for layer in 0..config.num_layers {
+            let mut matrices = [None; 4];
+            for (i, (m, group)) in matrices.iter_mut().zip(FP8_GROUPS).enumerate() {
+                if keep.keeps(layer, i) {
+                    continue;
+                }
                 let (rows, cols) = group_shape(config, group);
                 let bytes = fp8_matrix_bytes(rows, cols);
                 let dst = arena.take(bytes)?;
                 start.get_or_insert(dst);
                 end = dst + bytes as u64;
-                *m = Fp8Matrix {
+                *m = Some(Fp8Matrix {
                     staged: staging + staging_offset(config, group) as u64,
                     dst,
                     rows,
                     cols,
-                };
+                });
             }
             layers.push(matrices);
         }
@@ -578,6 +592,16 @@ impl DeviceWeights {
             arena,
         })
     }
+}
+
+/// File tensors of a layer's quantized matrices (what staging receives).
+fn staged_tensors(matrices: &[Option<Fp8Matrix>; 4]) -> usize {
+    matrices
+        .iter()
+        .zip(FP8_GROUP_TENSORS)
+        .filter(|(m, _)| m.is_some())
+        .map(|(_, n)| n)
+        .sum()
 }
 
 /// Matrices in bf16; vectors (norms, biases) in f32.
@@ -982,8 +1006,12 @@ mod tests {
             rows: 1,
             cols: 16,
         };
+        // All seven tensors go through staging; a kept (bf16) o_proj and
+        // down_proj take theirs straight to the arena.
+        assert_eq!(staged_tensors(&[Some(m); 4]), 7);
+        assert_eq!(staged_tensors(&[Some(m), None, Some(m), None]), 5);
         let mut q = Fp8Progress {
-            layers: vec![([m; 4], FP8_TENSORS_PER_LAYER); 2],
+            layers: vec![([Some(m); 4], staged_tensors(&[Some(m); 4])); 2],
             open: None,
         };
         q.layers[0].1 = 2;
