@@ -51,6 +51,8 @@
 #   fp8keep   SmolLM2 (needs its bundle): FP8 recipes against one set of BF16 runs, prompts 6 at a
 #             time (compare_fp8.py --recipe --jobs): plain fp8 and model.fp8_ignore lists; every
 #             greedy id to $O/fp8_ids.json (for the f32 floor of tests/reference/fp8_recipes.py)
+#   fp8ignore model.fp8_ignore on the 8B dummy: everything kept bf16 equals BF16 exactly; batch 1
+#             with down_proj kept
 #   fp8bench  8B dummy with --quantization fp8: batch 1, prefill 1024, 256 x 1024 decode
 #   fp8gemm   the FP8 linear layer's parts (quantize, cuBLASLt e4m3 GEMM per scaling mode,
 #             fp8_scale_out) beside bf16 on the 8B's four shapes at 64..8192 tokens, after a
@@ -150,6 +152,15 @@ for phase in "$@"; do
           --recipe "keep-ends=--fp8-ignore layers.0,layers.1,layers.28,layers.29" \
           --ids-out "$O/fp8_ids.json" | tee "$O/fp8_recipes.txt"
       else echo "no SmolLM2 bundle"; fi ;;
+    fp8ignore)
+      # model.fp8_ignore on the 8B dummy: with every matrix kept bf16 the FP8 model must give the
+      # BF16 model's logits and greedy ids exactly (kept matrices take the bf16 path by pointer);
+      # then batch 1 with down_proj kept.
+      M=$(llama8b)
+      timeout -k 5 $((2 * T)) python3 tests/gpu/compare_fp8.py --ingot "$ING_RAW" --model "$M" --dummy --prompts 3 \
+        --recipe "keep-all=--fp8-ignore qkv_proj,o_proj,gate_up_proj,down_proj" --recipe "fp8=" | tee "$O/fp8_ignore_8b.txt"
+      "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --quantization fp8 --fp8-ignore down_proj \
+        --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl" ;;
     fp8bench)
       M=$(llama8b); Q="--quantization fp8"
       "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 $Q --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl"
