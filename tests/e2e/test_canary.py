@@ -321,6 +321,12 @@ arms = [{name = "default", group = "stable"}, {name = "small_budget", group = "c
     for x in results:
         seen.setdefault(x["user"], set()).add(x["arm"])
     with httpx.Client(base_url=r.url, timeout=30.0) as h:
+        # The router records a response when its body stream ends, which can
+        # come just after the client has read the last chunk: wait for it.
+        def report_counts_all():
+            arms = h.get("/admin/experiments/batching").json()["arms"]
+            return sum(x["requests"] for x in arms) >= n
+        wait_for(report_counts_all, 10, interval=0.1, what=f"{n} requests in the report")
         report = h.get("/admin/experiments/batching").json()
         assert h.get("/admin/experiments/nope").status_code == 404
     assert all(ok(x) for x in results)
