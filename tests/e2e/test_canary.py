@@ -113,11 +113,12 @@ def unix_to_monotonic(at_unix_ms: float) -> float:
     return at_unix_ms / 1000.0 - (time.time() - time.monotonic())
 
 
-def run_until_rolled_back(r: Router, window_s: float, concurrency: int = 6) -> tuple[dict, list[dict], float]:
+def run_until_rolled_back(r: Router, window_s: float, concurrency: int = 6,
+                          n_tokens: int = 8) -> tuple[dict, list[dict], float]:
     """Load (`concurrency` streams, 10 units each) until the canary is
     rolled back, then 3 s more; returns the final status, every result and
     the load's start."""
-    load = FleetLoad(r.url, concurrency=concurrency, n_tokens=8)
+    load = FleetLoad(r.url, concurrency=concurrency, n_tokens=n_tokens)
     try:
         deadline = time.monotonic() + window_s
         while (st := canary_status(r))["phase"] != "rolled_back":
@@ -187,19 +188,26 @@ def test_a_slowed_canary_is_rolled_back_within_one_window_and_units_stay_put(fle
           f"{rollback['detail']}")
 
 
+# The SLO test's answers are long enough that the slowed worker's queue (one
+# sequence at a time) dominates its TTFT: with 8 tokens the two arms' means
+# came within 5% of each other once when CI's two cores were saturated.
+SLO_LOAD_TOKENS = 24
+
+
 def calibrate_ttft_target(tmp_path, stable_url: str, canary_url: str, window_s: int) -> dict[str, float]:
     """Both arms' mean TTFT through a router with the canary at 50% under
-    the tests' load (6 streams), the canary's own comparison off; the
-    target is their geometric mean, so the stable arm meets it and the
-    slowed canary does not, whatever this machine's load is now."""
+    the SLO test's load (6 streams of SLO_LOAD_TOKENS), the canary's own
+    comparison off; the target is their geometric mean, so the stable arm
+    meets it and the slowed canary does not, whatever this machine's load
+    is now."""
     d = tmp_path / "calibrate"
     d.mkdir()
     toml = canary_toml("[50, 100]", "5m", f"{window_s}s", min_samples=6, max_ratio=1000)
     r = Router(d, groups_toml(stable_url, canary_url) + toml, wait_workers=2)
-    load = FleetLoad(r.url, concurrency=6, n_tokens=8)
+    load = FleetLoad(r.url, concurrency=6, n_tokens=SLO_LOAD_TOKENS)
     try:
-        enough = lambda: (st := canary_status(r))["canary"]["requests"] >= 6 and st["stable"]["requests"] >= 6  # noqa: E731
-        wait_for(enough, window_s, interval=0.25, what="6 requests on each arm")
+        enough = lambda: (st := canary_status(r))["canary"]["requests"] >= 8 and st["stable"]["requests"] >= 8  # noqa: E731
+        wait_for(enough, 2 * window_s, interval=0.25, what="8 requests on each arm")
         s = canary_status(r)
     finally:
         load.stop()
@@ -233,7 +241,7 @@ def test_an_slo_breach_of_the_canary_group_rolls_it_back(tmp_path, server_factor
 
     r = router("dry_run")
     try:
-        load = FleetLoad(r.url, concurrency=6, n_tokens=8)
+        load = FleetLoad(r.url, concurrency=6, n_tokens=SLO_LOAD_TOKENS)
         try:
             wait_for(lambda: canary_status(r)["events"][-1]["kind"] == "slo_dry_run", window_s, interval=0.25,
                      what="a dry-run report")
@@ -254,7 +262,7 @@ def test_an_slo_breach_of_the_canary_group_rolls_it_back(tmp_path, server_factor
 
     r = router("on")
     try:
-        s, results, started = run_until_rolled_back(r, window_s)
+        s, results, started = run_until_rolled_back(r, window_s, n_tokens=SLO_LOAD_TOKENS)
         rollback = s["events"][-1]
         assert [e["kind"] for e in s["events"]] == ["start", "rollback"], s["events"]
         assert rollback["reason"] == "slo" and "breached by the canary group" in rollback["detail"], rollback
