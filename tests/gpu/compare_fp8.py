@@ -10,12 +10,17 @@ FP8 GEMM) and 32 greedy tokens per prompt (decode runs the FP8 GEMV).
 
 Each --recipe NAME=FLAGS (FLAGS space-separated, added to `--quantization
 fp8`) is compared with the same BF16 runs; the default is one plain `fp8`.
+--ref NAME=FLAGS compares them with that FP8 recipe instead of BF16, e.g.
+the FP8 LM head against FP8 with a bf16 head:
+
+    python3 tests/gpu/compare_fp8.py --ingot BIN --model DIR --dummy --prompts 3 \
+        --ref fp8= --recipe "fp8-head=--fp8-lm-head"
 --jobs N runs N prompts at once (each ingot process then gets a small KV
 pool and memory share: --kv-cache-tokens 4096 --gpu-memory-utilization 0.1).
 --ids-out writes every run's prompt and greedy ids (JSON) for comparisons
 elsewhere (e.g. against tests/reference/fp8_recipes.py's f32 reference).
 
-A continuation agrees when all its tokens equal BF16's. Exit 1 when the
+A continuation agrees when all its tokens equal the reference's. Exit 1 when the
 worst rel_l2 reaches --max-rel-l2 (5e-2) or fewer than --min-agree (0.9)
 of the continuations agree (not checked with --dummy: random weights give
 near-flat logits, where greedy picks flip at ties; their figures are
@@ -124,18 +129,20 @@ def main():
     ap.add_argument("--min-agree", type=float, default=0.9)
     ap.add_argument("--recipe", action="append", default=[],
                     help="NAME=FLAGS: extra ingot flags (space-separated) with --quantization fp8")
-    ap.add_argument("--ids-out", help="write the BF16 and FP8 prompt/greedy ids here (JSON)")
+    ap.add_argument("--ref", help="NAME=FLAGS: the reference is this FP8 recipe, not BF16")
+    ap.add_argument("--ids-out", help="write the reference's and the recipes' prompt/greedy ids here (JSON)")
     ap.add_argument("--jobs", type=int, default=1, help="prompts run at once")
     args = ap.parse_args()
     if args.jobs > 1:
         SHARED.extend(["--kv-cache-tokens", "4096", "--gpu-memory-utilization", "0.1"])
     recipes = [parse_recipe(r) for r in args.recipe] or [("fp8", [])]
+    ref_name, ref_flags = parse_recipe(args.ref) if args.ref else ("bf16", None)
     tmp = tempfile.mkdtemp()
 
     def one_prompt(i):
         prompt = PROMPTS[i]
-        ref = greedy(args.ingot, args.model, None, args.dummy, prompt, args.tokens)
-        b = logits(args.ingot, args.model, None, args.dummy, ref["prompt_ids"], os.path.join(tmp, f"bf16.{i}.f32"))
+        ref = greedy(args.ingot, args.model, ref_flags, args.dummy, prompt, args.tokens)
+        b = logits(args.ingot, args.model, ref_flags, args.dummy, ref["prompt_ids"], os.path.join(tmp, f"ref.{i}.f32"))
         return ref, [compare(args, prompt, ref, b, flags, os.path.join(tmp, f"fp8.{i}.f32"))
                      for _, flags in recipes]
 
@@ -143,18 +150,19 @@ def main():
         done = list(pool.map(one_prompt, range(min(args.prompts, len(PROMPTS)))))
     rows = {name: [r[k] for _, r in done] for k, (name, _) in enumerate(recipes)}
     refs = [ref for ref, _ in done]
+    print(f"reference: {ref_name}")
     print(f"{'recipe':12} {'prompt':40} {'rel_l2':>9} {'rel_max':>9} {'greedy':>14}")
     for name, _ in recipes:
         for ref, r in zip(refs, rows[name]):
             n = len(ref["output_ids"])
             verdict = f"{n}/{n} same" if r["agree"] else f"diverge@{r['same_prefix']}"
             print(f"{name[:12]:12} {r['prompt'][:40]!r:40} {r['rel_l2']:9.2e} {r['rel_max']:9.2e} {verdict:>14}")
-    summaries = [summarize(args, name, rows[name]) for name, _ in recipes]
+    summaries = [dict(summarize(args, name, rows[name]), reference=ref_name) for name, _ in recipes]
     for summary in summaries:
         print(json.dumps(summary))
     if args.ids_out:
         with open(args.ids_out, "w", encoding="utf-8") as f:
-            json.dump({"bf16": refs, **{name: rows[name] for name, _ in recipes}}, f)
+            json.dump({ref_name: refs, **{name: rows[name] for name, _ in recipes}}, f)
     sys.exit(0 if all(s["ok"] for s in summaries) else 1)
 
 

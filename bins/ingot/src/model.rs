@@ -72,6 +72,11 @@ pub struct ModelArgs {
     /// [model.fp8_ignore; none].
     #[arg(long)]
     pub fp8_ignore: Option<String>,
+    /// With `--quantization fp8`: the LM head in e4m3 too, one scale per
+    /// vocabulary row (a separate copy when tied to the embeddings)
+    /// [model.fp8_lm_head; false].
+    #[arg(long)]
+    pub fp8_lm_head: bool,
     /// Most tokens per engine step (prefill chunks + decodes)
     /// [scheduler.max_num_batched_tokens; 512].
     #[arg(long)]
@@ -133,6 +138,7 @@ impl ModelArgs {
         flags.opt("--cpu-weights", "model.cpu_weights", &self.cpu_weights);
         flags.opt("--quantization", "model.quantization", &self.quantization);
         flags.opt("--fp8-ignore", "model.fp8_ignore", &self.fp8_ignore);
+        flags.switch("--fp8-lm-head", "model.fp8_lm_head", self.fp8_lm_head, true);
         flags.opt(
             "--max-num-batched-tokens",
             "scheduler.max_num_batched_tokens",
@@ -419,6 +425,7 @@ fn cuda_runner(
         pdl: cuda.pdl,
         fp8_weights: m.quantization == ingot_config::Quantization::Fp8,
         fp8_ignore: m.fp8_ignore.clone(),
+        fp8_lm_head: m.fp8_lm_head,
         fused_block: cuda.fused_block,
         deterministic: config.engine.deterministic,
         tc_decode_min_rows: cuda.tc_decode_min_rows,

@@ -299,7 +299,9 @@ fn footprint(c: &Config) -> anyhow::Result<u64> {
     let cpu = !on_gpu(c);
     let weights = if !cpu {
         let format = if c.model.quantization == Quantization::Fp8 {
-            ingot_runner_cuda::WeightFormat::Fp8
+            ingot_runner_cuda::WeightFormat::Fp8 {
+                lm_head: c.model.fp8_lm_head,
+            }
         } else {
             ingot_runner_cuda::WeightFormat::Bf16
         };

@@ -69,6 +69,12 @@ fn model(c: &Config) -> Check {
             "keeps matrices out of FP8 and needs model.quantization = \"fp8\"",
         );
     }
+    if m.fp8_lm_head && m.quantization != Quantization::Fp8 {
+        return fail(
+            "model.fp8_lm_head",
+            "puts the LM head in FP8 and needs model.quantization = \"fp8\"",
+        );
+    }
     Ok(())
 }
 

@@ -219,6 +219,10 @@ pub struct ModelSection {
     /// matrices kept in bf16 (`down_proj`, `layers.0`, `layers.29.mlp`, ...;
     /// empty: none).
     pub fp8_ignore: String,
+    /// With `quantization = "fp8"`: the LM head in e4m3 too (per-row
+    /// scales; a separate copy when tied to the embeddings). Off by
+    /// default: it changes answers.
+    pub fp8_lm_head: bool,
     /// CPU worker threads (default: all cores).
     #[schemars(range(min = 1))]
     pub threads: Option<usize>,
@@ -250,6 +254,7 @@ impl Default for ModelSection {
             cpu_weights: CpuWeights::Native,
             quantization: Quantization::None,
             fp8_ignore: String::new(),
+            fp8_lm_head: false,
             threads: None,
             max_model_len: None,
             kv_cache_tokens: None,

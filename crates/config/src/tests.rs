@@ -549,6 +549,33 @@ fn fp8_ignore_is_empty_by_default_and_needs_fp8() {
 }
 
 #[test]
+fn fp8_lm_head_is_off_by_default_and_needs_fp8() {
+    assert!(!Config::default().model.fp8_lm_head);
+    let l = load(&Layers {
+        file: Some(file(
+            "[model]\nquantization = \"fp8\"\nfp8_lm_head = true\n",
+        )),
+        ..Layers::default()
+    })
+    .unwrap();
+    assert!(l.config.model.fp8_lm_head);
+    let e = load(&Layers {
+        env: env(&[("INGOT_MODEL_FP8_LM_HEAD", "true")]),
+        ..Layers::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("model.fp8_lm_head") && e.contains("fp8"), "{e}");
+    let mut new = Config::default();
+    new.model.quantization = Quantization::Fp8;
+    new.model.fp8_lm_head = true;
+    assert_eq!(
+        diff(&Config::default(), &new).needs_restart,
+        ["model.fp8_lm_head", "model.quantization"]
+    );
+}
+
+#[test]
 fn log_format_is_text_or_json_and_needs_a_restart() {
     assert_eq!(Config::default().log.format, LogFormat::Text);
     let l = load(&Layers {

@@ -131,13 +131,22 @@ struct Fp8 {
     /// `[max_tokens, max_inputs]` e4m3 and `[max_tokens]` f32 scales.
     x8: DevPtr,
     x_scales: DevPtr,
-    /// `[max_tokens, max_outputs]` f32: unscaled sums (epilogue plans) and
-    /// the trial output of new plans.
+    /// `max_sums` f32: unscaled sums (epilogue plans) and the trial output
+    /// of new plans.
     sums: DevPtr,
     scale_out: Kernel,
-    max_tokens: usize,
-    max_inputs: usize,
-    max_outputs: usize,
+    limits: Fp8Limits,
+}
+
+/// What the FP8 scratch holds: the largest product its GEMMs take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fp8Limits {
+    /// Activation rows of one product (a step's tokens).
+    pub max_tokens: usize,
+    /// The widest quantized input.
+    pub max_inputs: usize,
+    /// The most `tokens x outputs` f32 sums of one product.
+    pub max_sums: usize,
 }
 
 /// How a plan scales an FP8 product.
@@ -253,25 +262,24 @@ impl Gemm {
         WORKSPACE_BYTES
     }
 
-    /// Arena bytes [`Gemm::enable_fp8`] takes for `max_tokens` rows of at
-    /// most `max_inputs` activations and `max_outputs` outputs.
-    pub fn fp8_scratch_bytes(max_tokens: usize, max_inputs: usize, max_outputs: usize) -> usize {
+    /// Arena bytes [`Gemm::enable_fp8`] takes for `limits`.
+    pub fn fp8_scratch_bytes(limits: Fp8Limits) -> usize {
         Arena::size_of([
-            max_tokens * max_inputs,
-            max_tokens * 4,
-            max_tokens * max_outputs * 4,
+            limits.max_tokens * limits.max_inputs,
+            limits.max_tokens * 4,
+            limits.max_sums * 4,
         ])
     }
 
     /// Weights inside `region` are e4m3 (see the module doc); their GEMMs
-    /// quantize up to `max_tokens` activation rows of at most `max_inputs`
-    /// (into `max_outputs` outputs) in scratch taken from `arena`.
+    /// quantize activations and keep sums within `limits`, in scratch
+    /// taken from `arena`.
     pub fn enable_fp8(
         &mut self,
         gpu: &Gpu,
         arena: &mut Arena,
         region: (DevPtr, DevPtr),
-        (max_tokens, max_inputs, max_outputs): (usize, usize, usize),
+        limits: Fp8Limits,
     ) -> Result<(), CudaError> {
         if self.deterministic {
             return Err(CudaError::Unsupported(
@@ -282,13 +290,11 @@ impl Gemm {
             region,
             gemv: gemv_table(gpu, "gemv_fp8")?,
             quantize: gpu.kernel("quantize_rows_e4m3")?,
-            x8: arena.take(max_tokens * max_inputs)?,
-            x_scales: arena.take(max_tokens * 4)?,
-            sums: arena.take(max_tokens * max_outputs * 4)?,
+            x8: arena.take(limits.max_tokens * limits.max_inputs)?,
+            x_scales: arena.take(limits.max_tokens * 4)?,
+            sums: arena.take(limits.max_sums * 4)?,
             scale_out: gpu.kernel("fp8_scale_out")?,
-            max_tokens,
-            max_inputs,
-            max_outputs,
+            limits,
         });
         Ok(())
     }
@@ -627,10 +633,11 @@ impl Gemm {
         let Some(fp8) = self.fp8.as_ref().filter(|_| s.input == InType::Fp8) else {
             return self.build_plan(gpu, s, ops, Fp8Scaling::None);
         };
-        if s.tokens > fp8.max_tokens || s.outputs > fp8.max_outputs {
+        let limits = fp8.limits;
+        if s.tokens > limits.max_tokens || s.tokens * s.outputs > limits.max_sums {
             return Err(CudaError::Unsupported(format!(
-                "an FP8 GEMM of {s:?} (scratch for {} x {})",
-                fp8.max_tokens, fp8.max_outputs
+                "an FP8 GEMM of {s:?} (scratch for {} tokens, {} sums)",
+                limits.max_tokens, limits.max_sums
             )));
         }
         // Built, tuned and tried on the scratch output: no side effects.
@@ -1110,10 +1117,11 @@ fn quantize_activations(
     tokens: usize,
     inputs: usize,
 ) -> Result<(), CudaError> {
-    if tokens > fp8.max_tokens || inputs > fp8.max_inputs {
+    let limits = fp8.limits;
+    if tokens > limits.max_tokens || inputs > limits.max_inputs {
         return Err(CudaError::Unsupported(format!(
             "an FP8 GEMM of {tokens} x {inputs} activations (scratch for {} x {})",
-            fp8.max_tokens, fp8.max_inputs
+            limits.max_tokens, limits.max_inputs
         )));
     }
     let args = [

@@ -40,7 +40,7 @@ use buffers::{Buffers, StepPlan};
 use device::{Arena, Gpu, Pinned};
 pub use fp8_keep::Fp8Keep;
 use fused::FusedBlocks;
-use gemm::Gemm;
+use gemm::{Fp8Limits, Gemm};
 pub use kernels::KvDtype;
 use kernels::{Kernels, L2PrefetchSpec};
 use kv_views::KvSizing;
@@ -114,13 +114,58 @@ pub fn weight_bytes(config: &ModelConfig, format: WeightFormat, keep: &Fp8Keep) 
 /// of 16.
 fn supports_format(config: &ModelConfig, format: WeightFormat) -> Result<(), CudaError> {
     let widths = [config.hidden_size, config.q_dim(), config.intermediate_size];
-    if format == WeightFormat::Fp8 && widths.iter().any(|w| !w.is_multiple_of(16)) {
+    if format.is_fp8() && widths.iter().any(|w| !w.is_multiple_of(16)) {
         return Err(CudaError::Unsupported(format!(
             "FP8 weights (model.quantization = \"fp8\") need matrix widths that are \
              multiples of 16; this model has {widths:?} (hidden, q, intermediate)"
         )));
     }
     Ok(())
+}
+
+/// How the weights are stored: `opts.fp8_weights` and `opts.fp8_lm_head`;
+/// an FP8 head without FP8 weights is refused rather than ignored.
+fn weight_format(opts: &CudaRunnerConfig) -> Result<WeightFormat, CudaError> {
+    match (opts.fp8_weights, opts.fp8_lm_head) {
+        (true, lm_head) => Ok(WeightFormat::Fp8 { lm_head }),
+        (false, false) => Ok(WeightFormat::Bf16),
+        (false, true) => Err(CudaError::Unsupported(
+            "model.fp8_lm_head needs model.quantization = \"fp8\"".into(),
+        )),
+    }
+}
+
+/// The largest FP8 product of a step of `max_tokens` tokens and
+/// `max_seqs` sequences: any layer matrix over every token, and with an
+/// FP8 LM head its vocab-wide logits of up to `max_seqs` rows (the last
+/// rows of a step, or scored prompt positions, which go in groups of
+/// `max_seqs`).
+fn fp8_limits(
+    config: &ModelConfig,
+    format: WeightFormat,
+    max_tokens: usize,
+    max_seqs: usize,
+) -> Fp8Limits {
+    // The widest input of a quantized matrix (o_proj's q, down's ff; the
+    // head's is the hidden size).
+    let max_inputs = config
+        .hidden_size
+        .max(config.q_dim())
+        .max(config.intermediate_size);
+    // The widest output of a layer matrix (q/k/v, gate/up).
+    let max_outputs = (config.q_dim() + 2 * config.kv_dim())
+        .max(2 * config.intermediate_size)
+        .max(config.hidden_size);
+    let head_sums = if format.fp8_lm_head() {
+        max_seqs * config.vocab_size
+    } else {
+        0
+    };
+    Fp8Limits {
+        max_tokens,
+        max_inputs,
+        max_sums: (max_tokens * max_outputs).max(head_sums),
+    }
 }
 
 /// The matrices kept in bf16: `opts.fp8_ignore` parsed (see [`Fp8Keep`]);
@@ -206,6 +251,9 @@ pub struct CudaRunnerConfig {
     /// With `fp8_weights`: matrices kept in bf16 (`model.fp8_ignore`, see
     /// [`Fp8Keep`]); empty keeps none.
     pub fp8_ignore: String,
+    /// With `fp8_weights`: the LM head in e4m3 too (`model.fp8_lm_head`;
+    /// off by default: it changes answers).
+    pub fp8_lm_head: bool,
     /// One kernel for each layer's attention combine, o_proj, MLP and the
     /// next layer's q/k/v on small models at GEMV batch sizes
     /// (`cuda.fused_block`; off by default: measured slower).
@@ -241,6 +289,7 @@ impl Default for CudaRunnerConfig {
             pdl: true,
             fp8_weights: false,
             fp8_ignore: String::new(),
+            fp8_lm_head: false,
             fused_block: false,
             deterministic: false,
             tc_decode_min_rows: 0,
@@ -355,11 +404,7 @@ impl CudaRunner {
     ) -> Result<Self, CudaError> {
         // A bad spec fails before any GPU work.
         supports(&config)?;
-        let format = if opts.fp8_weights {
-            WeightFormat::Fp8
-        } else {
-            WeightFormat::Bf16
-        };
+        let format = weight_format(&opts)?;
         supports_format(&config, format)?;
         let keep = fp8_keep(&opts, config.num_layers)?;
         if opts.fp8_weights && opts.deterministic {
@@ -389,17 +434,9 @@ impl CudaRunner {
         let weights_ms = ms_since(weights_started);
         let max_tokens = opts.max_num_batched_tokens.max(opts.max_num_seqs);
         let max_seqs = opts.max_num_seqs;
-        // The widest input of a quantized matrix (o_proj's q, down's ff).
-        let max_inputs = config
-            .hidden_size
-            .max(config.q_dim())
-            .max(config.intermediate_size);
-        // The widest output of a quantized matrix (q/k/v, gate/up).
-        let max_outputs = (config.q_dim() + 2 * config.kv_dim())
-            .max(2 * config.intermediate_size)
-            .max(config.hidden_size);
+        let fp8_limits = fp8_limits(&config, format, max_tokens, max_seqs);
         let fp8_scratch = match weights.fp8_region {
-            Some(_) => Gemm::fp8_scratch_bytes(max_tokens, max_inputs, max_outputs),
+            Some(_) => Gemm::fp8_scratch_bytes(fp8_limits),
             None => 0,
         };
         let mut workspace = Arena::new(
@@ -412,8 +449,7 @@ impl CudaRunner {
         let mut gemm = Gemm::new(&gpu, &mut workspace)?;
         gemm.deterministic = opts.deterministic;
         if let Some(region) = weights.fp8_region {
-            let limits = (max_tokens, max_inputs, max_outputs);
-            gemm.enable_fp8(&gpu, &mut workspace, region, limits)?;
+            gemm.enable_fp8(&gpu, &mut workspace, region, fp8_limits)?;
         }
         // Start-up passes run on scratch data: time GEMM candidates there.
         gemm.tune = true;
@@ -1239,7 +1275,7 @@ mod support_tests {
         let layer_rows = (q + 2 * kv) + d + 2 * ff + d;
         let none = Fp8Keep::default();
         let saved = weight_bytes(&c, WeightFormat::Bf16, &none)
-            - weight_bytes(&c, WeightFormat::Fp8, &none);
+            - weight_bytes(&c, WeightFormat::Fp8 { lm_head: false }, &none);
         // bf16 2 bytes -> e4m3 1 byte, plus a 4-byte scale per row (and
         // the arena's 256-byte rounding of each piece).
         let want = c.num_layers * (layer_weights - 4 * layer_rows);
@@ -1253,8 +1289,8 @@ mod support_tests {
         let (d, ff) = (c.hidden_size, c.intermediate_size);
         let none = Fp8Keep::default();
         let down = Fp8Keep::parse("down_proj", c.num_layers).unwrap();
-        let extra =
-            weight_bytes(&c, WeightFormat::Fp8, &down) - weight_bytes(&c, WeightFormat::Fp8, &none);
+        let extra = weight_bytes(&c, WeightFormat::Fp8 { lm_head: false }, &down)
+            - weight_bytes(&c, WeightFormat::Fp8 { lm_head: false }, &none);
         // Each layer's down_proj: 2 bytes instead of 1, less its row scales.
         let want = c.num_layers * (d * ff - 4 * d);
         assert!(
@@ -1264,7 +1300,7 @@ mod support_tests {
         // Everything kept: the bf16 size.
         let all = Fp8Keep::parse("layers", c.num_layers).unwrap();
         assert_eq!(
-            weight_bytes(&c, WeightFormat::Fp8, &all),
+            weight_bytes(&c, WeightFormat::Fp8 { lm_head: false }, &all),
             weight_bytes(&c, WeightFormat::Bf16, &none)
         );
     }
@@ -1284,13 +1320,84 @@ mod support_tests {
         assert_eq!(fp8_keep(&opts, 4).unwrap().count(), 4);
     }
 
+    const FP8: WeightFormat = WeightFormat::Fp8 { lm_head: false };
+    const FP8_HEAD: WeightFormat = WeightFormat::Fp8 { lm_head: true };
+
+    /// A tied FP8 head is a second copy beside the bf16 embedding table
+    /// (1 byte a weight plus a 4-byte scale a row); an untied one replaces
+    /// the bf16 head (saving 1 byte a weight, less the scales).
+    #[test]
+    fn fp8_lm_head_bytes_are_counted_in_the_plan() {
+        let tied = gemma3();
+        let (v, d) = (tied.vocab_size, tied.hidden_size);
+        let none = Fp8Keep::default();
+        let head = v * d + 4 * v;
+        let extra = weight_bytes(&tied, FP8_HEAD, &none) - weight_bytes(&tied, FP8, &none);
+        assert!(extra.abs_diff(head) < 2 * 256, "extra {extra}, want {head}");
+        let mut untied = gemma3();
+        untied.tie_word_embeddings = false;
+        let saved = weight_bytes(&untied, FP8, &none) - weight_bytes(&untied, FP8_HEAD, &none);
+        let want = v * d - 4 * v;
+        assert!(saved.abs_diff(want) < 2 * 256, "saved {saved}, want {want}");
+        // Only the head changes: the bf16 plan is the same either way.
+        assert_eq!(
+            weight_bytes(&untied, WeightFormat::Bf16, &none) - weight_bytes(&untied, FP8, &none),
+            weight_bytes(&tied, WeightFormat::Bf16, &none) - weight_bytes(&tied, FP8, &none)
+        );
+    }
+
+    /// The FP8 sums scratch holds vocab-wide logits for every row the head
+    /// takes at once (up to max_seqs), and the layer products as before.
+    #[test]
+    fn fp8_scratch_covers_the_heads_rows_of_logits() {
+        let c = gemma3();
+        let widest = 2 * c.intermediate_size;
+        let plain = fp8_limits(&c, FP8, 2048, 256);
+        assert_eq!(plain.max_sums, 2048 * widest);
+        assert_eq!(plain.max_inputs, c.intermediate_size);
+        let head = fp8_limits(&c, FP8_HEAD, 2048, 256);
+        assert_eq!(head.max_sums, 256 * c.vocab_size);
+        assert!(head.max_sums > plain.max_sums);
+        assert!(head.max_inputs >= c.hidden_size);
+        // A step's tokens through the widest layer matrix can still be more.
+        let long = fp8_limits(&c, FP8_HEAD, 65536, 256);
+        assert_eq!(long.max_sums, 65536 * widest);
+    }
+
+    #[test]
+    fn fp8_lm_head_without_fp8_is_refused() {
+        let opts = CudaRunnerConfig {
+            fp8_lm_head: true,
+            ..CudaRunnerConfig::default()
+        };
+        let err = weight_format(&opts).unwrap_err().to_string();
+        assert!(
+            err.contains("model.fp8_lm_head") && err.contains("model.quantization"),
+            "{err}"
+        );
+        let fp8 = CudaRunnerConfig {
+            fp8_weights: true,
+            ..opts.clone()
+        };
+        assert_eq!(weight_format(&fp8).unwrap(), FP8_HEAD);
+        let plain = CudaRunnerConfig {
+            fp8_lm_head: false,
+            ..fp8
+        };
+        assert_eq!(weight_format(&plain).unwrap(), FP8);
+        assert_eq!(
+            weight_format(&CudaRunnerConfig::default()).unwrap(),
+            WeightFormat::Bf16
+        );
+    }
+
     #[test]
     fn fp8_needs_widths_that_16_divides() {
         let mut c = gemma3();
-        assert!(supports_format(&c, WeightFormat::Fp8).is_ok());
+        assert!(supports_format(&c, WeightFormat::Fp8 { lm_head: false }).is_ok());
         c.intermediate_size = 2056;
         assert!(supports_format(&c, WeightFormat::Bf16).is_ok());
-        let err = supports_format(&c, WeightFormat::Fp8)
+        let err = supports_format(&c, WeightFormat::Fp8 { lm_head: false })
             .unwrap_err()
             .to_string();
         assert!(err.contains("multiples of 16"), "{err}");

@@ -10,9 +10,13 @@
 //! per output channel: each layer's matrices arrive in bf16 in a one-layer
 //! staging arena (from the file, or generated) and `quantize_rows_e4m3`
 //! writes them into the weights arena, in order on the stream, so the next
-//! layer's copies reuse the staging memory. The embeddings and the LM head
-//! stay bf16. Matrices `model.fp8_ignore` names ([`Fp8Keep`]) stay bf16
-//! too, placed outside the e4m3 region.
+//! layer's copies reuse the staging memory. The embeddings stay bf16; the
+//! LM head does too unless `model.fp8_lm_head` asks for it in e4m3
+//! (`WeightFormat::Fp8 { lm_head: true }`): it is then quantized like a
+//! layer matrix into the e4m3 region, from staging (`lm_head.weight`) or,
+//! when tied, from the bf16 embedding table, which stays for the token
+//! lookup (the FP8 head is a second copy). Matrices `model.fp8_ignore`
+//! names ([`Fp8Keep`]) stay bf16 too, placed outside the e4m3 region.
 
 use std::time::{Duration, Instant};
 
@@ -52,8 +56,28 @@ pub enum WeightFormat {
     Bf16,
     /// e4m3 rows, then one f32 scale per row (output channel) at the next
     /// 256-byte boundary (the layout of `fp8.cu`).
-    Fp8,
+    Fp8 {
+        /// The LM head in e4m3 too (`model.fp8_lm_head`).
+        lm_head: bool,
+    },
 }
+
+impl WeightFormat {
+    /// Whether the layer matrices are e4m3.
+    pub fn is_fp8(self) -> bool {
+        matches!(self, Self::Fp8 { .. })
+    }
+
+    /// Whether the LM head is e4m3.
+    pub fn fp8_lm_head(self) -> bool {
+        matches!(self, Self::Fp8 { lm_head: true })
+    }
+}
+
+/// The untied LM head's tensor.
+const LM_HEAD: &str = "lm_head.weight";
+/// The embedding table (the LM head when tied).
+const EMBED: &str = "model.embed_tokens.weight";
 
 /// Bytes of an e4m3 matrix of `rows` x `cols` and its row scales.
 pub fn fp8_matrix_bytes(rows: usize, cols: usize) -> usize {
@@ -102,6 +126,13 @@ fn fp8_part(name: &str) -> Option<(usize, &'static str, usize)> {
         _ => return None,
     };
     Some((layer.parse().ok()?, group, part))
+}
+
+/// Whether tensor `name` is written to FP8 staging rather than the arena
+/// (a quantized layer matrix, or an untied e4m3 LM head).
+fn staged_for_fp8(name: &str, format: WeightFormat, keep: &Fp8Keep) -> bool {
+    (format.is_fp8() && quantized_part(name, keep).is_some())
+        || (format.fp8_lm_head() && name == LM_HEAD)
 }
 
 /// [`fp8_part`] of a matrix that `keep` does not keep in bf16.
@@ -173,8 +204,8 @@ impl Fp8Progress {
     /// Fails unless every layer was quantized.
     fn finish(&self) -> Result<(), CudaError> {
         match self.layers.iter().position(|(_, left)| *left > 0) {
-            Some(layer) => Err(CudaError::Unsupported(format!(
-                "layer {layer}'s weight matrices are incomplete"
+            Some(slot) => Err(CudaError::Unsupported(format!(
+                "weight slot {slot}'s matrices are incomplete (a layer, or after the layers the FP8 LM head)"
             ))),
             None => Ok(()),
         }
@@ -252,15 +283,19 @@ struct Placement {
     dtype: Dtype,
     /// Where its bytes are written.
     dst: DevPtr,
-    /// FP8: `(layer, the group's e4m3 base)` of a matrix written to
-    /// staging and quantized from there.
-    quantized: Option<(usize, DevPtr)>,
+    /// FP8: the quantizer's slot (its layer, or the LM head's after the
+    /// layers) this tensor's copy fills part of; quantized from `dst` once
+    /// the slot is complete.
+    fp8_slot: Option<usize>,
+    /// FP8: the e4m3 base the model reads instead of `dst` (not for a tied
+    /// embedding table, which the token lookup reads in bf16).
+    quantized: Option<DevPtr>,
 }
 
 impl Placement {
     /// The pointer the model reads.
     fn home(&self) -> DevPtr {
-        self.quantized.map_or(self.dst, |(_, base)| base)
+        self.quantized.unwrap_or(self.dst)
     }
 }
 
@@ -272,18 +307,40 @@ struct Layout {
     fp8: Option<Fp8Layout>,
 }
 
-/// Every layer's e4m3 matrices, and the address range they fill.
+/// Every layer's e4m3 matrices (and the LM head's, when it is e4m3), and
+/// the address range they fill.
 struct Fp8Layout {
     /// `None`: kept in bf16.
     layers: Vec<[Option<Fp8Matrix>; 4]>,
+    /// The e4m3 LM head, quantized from its staged tensor or the tied
+    /// embedding table (`staged` set when the table is placed).
+    head: Option<Fp8Matrix>,
     region: (DevPtr, DevPtr),
+}
+
+impl Fp8Layout {
+    /// The quantizer's slots: each layer's matrices and tensor count, then
+    /// the head's (one tensor: `lm_head.weight` or the embedding table).
+    fn progress(&self) -> Fp8Progress {
+        let layers = self.layers.iter().map(|m| (*m, staged_tensors(m)));
+        let head = self.head.map(|h| ([Some(h), None, None, None], 1));
+        Fp8Progress {
+            layers: layers.chain(head).collect(),
+            open: None,
+        }
+    }
 }
 
 impl DeviceWeights {
     /// Bytes the weights occupy on the device.
     pub fn bytes(config: &ModelConfig, format: WeightFormat, keep: &Fp8Keep) -> usize {
         let table = config.max_context * (config.head_dim / 2) * 4;
-        let fp8 = format == WeightFormat::Fp8;
+        let fp8 = format.is_fp8();
+        let fp8_head = if format.fp8_lm_head() {
+            Arena::size_of([fp8_matrix_bytes(config.vocab_size, config.hidden_size)])
+        } else {
+            0
+        };
         let fp8_layers: usize = (0..config.num_layers)
             .map(|layer| {
                 Arena::size_of(
@@ -301,17 +358,24 @@ impl DeviceWeights {
         Arena::size_of(
             expected_shapes(config)
                 .iter()
-                .filter(|(name, _)| !(fp8 && quantized_part(name, keep).is_some()))
+                .filter(|(name, _)| !staged_for_fp8(name, format, keep))
                 .map(|(name, shape)| {
                     shape.iter().product::<usize>() * dtype_of(name, shape).size()
                 }),
         ) + Arena::size_of(vec![table; rope_table_count(config)])
             + if fp8 { fp8_layers } else { 0 }
+            + fp8_head
     }
 
-    /// Bytes of the one-layer bf16 staging arena of an FP8 load.
-    fn staging_bytes(config: &ModelConfig) -> usize {
-        staging_offset(config, "")
+    /// Bytes of the bf16 staging arena of an FP8 load: one layer, or an
+    /// untied e4m3 LM head if larger (it loads alone, after the layers).
+    fn staging_bytes(config: &ModelConfig, format: WeightFormat) -> usize {
+        let head = if format.fp8_lm_head() && !config.tie_word_embeddings {
+            config.vocab_size * config.hidden_size * 2
+        } else {
+            0
+        };
+        staging_offset(config, "").max(head)
     }
 
     /// Allocates the arena and fills it from `source`.
@@ -325,28 +389,26 @@ impl DeviceWeights {
     ) -> Result<Self, CudaError> {
         let mut arena = Arena::new(gpu, "weights", Self::bytes(config, format, keep))?;
         let staging = match format {
-            WeightFormat::Fp8 => Some(Arena::new(gpu, "fp8 staging", Self::staging_bytes(config))?),
+            WeightFormat::Fp8 { .. } => {
+                let bytes = Self::staging_bytes(config, format);
+                Some(Arena::new(gpu, "fp8 staging", bytes)?)
+            }
             WeightFormat::Bf16 => None,
         };
-        let layout = Self::place(config, &mut arena, staging.as_ref().map(Arena::base), keep)?;
+        let staging_base = staging.as_ref().map(Arena::base);
+        let layout = Self::place(config, &mut arena, staging_base, format, keep)?;
         let mut quantizer = match &layout.fp8 {
-            Some(fp8) => Some((
-                gpu.kernel("quantize_rows_e4m3")?,
-                Fp8Progress {
-                    layers: fp8.layers.iter().map(|m| (*m, staged_tensors(m))).collect(),
-                    open: None,
-                },
-            )),
+            Some(fp8) => Some((gpu.kernel("quantize_rows_e4m3")?, fp8.progress())),
             None => None,
         };
         // After a tensor's copy (or fill) is enqueued: quantize its layer
         // once complete (stream order keeps the next layer's copies out
         // of staging until then).
         let mut staged = |p: &Placement| -> Result<(), CudaError> {
-            let (Some((kernel, progress)), Some((layer, _))) = (&mut quantizer, p.quantized) else {
+            let (Some((kernel, progress)), Some(slot)) = (&mut quantizer, p.fp8_slot) else {
                 return Ok(());
             };
-            match progress.note_staged(layer, &p.name)? {
+            match progress.note_staged(slot, &p.name)? {
                 Some(matrices) => quantize(gpu, kernel, &matrices),
                 None => Ok(()),
             }
@@ -413,23 +475,41 @@ impl DeviceWeights {
 
     /// Carves the arena into tensors: where each named tensor lands (fused
     /// matrices take their parts at row offsets), then the rotary tables.
-    /// With `staging` (FP8), the layer matrices' e4m3 homes come first, in
-    /// one region, and their tensors are written to the staging arena.
+    /// With `staging` (FP8), the layer matrices' e4m3 homes (and an e4m3
+    /// LM head's) come first, in one region, and their tensors are written
+    /// to the staging arena.
     fn place(
         config: &ModelConfig,
         arena: &mut Arena,
         staging: Option<DevPtr>,
+        format: WeightFormat,
         keep: &Fp8Keep,
     ) -> Result<Layout, CudaError> {
         let shapes = expected_shapes(config);
         let mut placements = Vec::with_capacity(shapes.len());
         let mut fused: Vec<(String, DevPtr)> = Vec::new();
-        let fp8 = match staging {
-            Some(staging) => Some(Self::place_fp8(config, arena, staging, keep)?),
+        let mut fp8 = match staging {
+            Some(staging) => Some(Self::place_fp8(config, arena, staging, format, keep)?),
             None => None,
         };
+        let head_slot = config.num_layers;
         for (name, shape) in &shapes {
             let dtype = dtype_of(name, shape);
+            if let Some(head) = fp8
+                .as_ref()
+                .and_then(|f| f.head)
+                .filter(|_| name == LM_HEAD)
+            {
+                placements.push(Placement {
+                    name: name.clone(),
+                    shape: shape.clone(),
+                    dtype,
+                    dst: head.staged,
+                    fp8_slot: Some(head_slot),
+                    quantized: Some(head.dst),
+                });
+                continue;
+            }
             if let (Some(fp8), Some((layer, group, part))) = (&fp8, quantized_part(name, keep)) {
                 let matrix = fp8
                     .layers
@@ -446,7 +526,8 @@ impl DeviceWeights {
                     shape: shape.clone(),
                     dtype,
                     dst: matrix.staged + (rows * row_bytes(shape, dtype)) as u64,
-                    quantized: Some((layer, matrix.dst)),
+                    fp8_slot: Some(layer),
+                    quantized: Some(matrix.dst),
                 });
                 continue;
             }
@@ -472,11 +553,21 @@ impl DeviceWeights {
                 }
                 None => arena.take(bytes)?,
             };
+            // A tied e4m3 head is quantized from the bf16 table once it is in.
+            let tied_head = fp8
+                .as_mut()
+                .and_then(|f| f.head.as_mut())
+                .filter(|_| name == EMBED && config.tie_word_embeddings);
+            let fp8_slot = tied_head.map(|head| {
+                head.staged = dst;
+                head_slot
+            });
             placements.push(Placement {
                 name: name.clone(),
                 shape: shape.clone(),
                 dtype,
                 dst,
+                fp8_slot,
                 quantized: None,
             });
         }
@@ -495,12 +586,15 @@ impl DeviceWeights {
         })
     }
 
-    /// Takes every layer's e4m3 matrices from `arena` (one region) and
-    /// pairs them with their places in the one-layer `staging` arena.
+    /// Takes every layer's e4m3 matrices from `arena` (one region), then
+    /// an e4m3 LM head's, and pairs them with their places in the
+    /// `staging` arena (the head's start there; a tied one's source is set
+    /// when the embedding table is placed).
     fn place_fp8(
         config: &ModelConfig,
         arena: &mut Arena,
         staging: DevPtr,
+        format: WeightFormat,
         keep: &Fp8Keep,
     ) -> Result<Fp8Layout, CudaError> {
         let mut layers = Vec::with_capacity(config.num_layers);
@@ -525,8 +619,24 @@ impl DeviceWeights {
             }
             layers.push(matrices);
         }
+        let head = if format.fp8_lm_head() {
+            let (rows, cols) = (config.vocab_size, config.hidden_size);
+            let bytes = fp8_matrix_bytes(rows, cols);
+            let dst = arena.take(bytes)?;
+            start.get_or_insert(dst);
+            end = dst + bytes as u64;
+            Some(Fp8Matrix {
+                staged: staging,
+                dst,
+                rows,
+                cols,
+            })
+        } else {
+            None
+        };
         Ok(Fp8Layout {
             layers,
+            head,
             region: (start.unwrap_or(end), end),
         })
     }
@@ -575,14 +685,15 @@ impl DeviceWeights {
                 down: at(&p("mlp.down_proj.weight"))?,
             });
         }
-        let embed = at("model.embed_tokens.weight")?;
+        let embed = at(EMBED)?;
+        let lm_head = match fp8.as_ref().and_then(|f| f.head) {
+            Some(head) => head.dst,
+            None if config.tie_word_embeddings => embed,
+            None => at(LM_HEAD)?,
+        };
         Ok(Self {
             embed,
-            lm_head: if config.tie_word_embeddings {
-                embed
-            } else {
-                at("lm_head.weight")?
-            },
+            lm_head,
             norm: at("model.norm.weight")?,
             layers,
             cos: tables.cos,
@@ -994,6 +1105,96 @@ mod tests {
         assert_eq!(fp8_scales_offset(3, 100), 512);
         assert_eq!(fp8_scales_offset(2, 128), 256);
         assert_eq!(fp8_matrix_bytes(3, 100), 512 + 12);
+    }
+
+    fn llama8b() -> ModelConfig {
+        use ingot_models::{Architecture, RopeConfig, RopeScaling};
+        ModelConfig {
+            architecture: Architecture::Llama,
+            hidden_size: 4096,
+            intermediate_size: 14336,
+            num_layers: 32,
+            num_heads: 32,
+            num_kv_heads: 8,
+            head_dim: 128,
+            vocab_size: 128256,
+            max_context: 4096,
+            rms_norm_eps: 1e-5,
+            rope: RopeConfig {
+                theta: 500000.0,
+                scaling: RopeScaling::None,
+            },
+            qkv_bias: false,
+            qk_norm: false,
+            tie_word_embeddings: false,
+            block: Default::default(),
+        }
+    }
+
+    const FP8: WeightFormat = WeightFormat::Fp8 { lm_head: false };
+    const FP8_HEAD: WeightFormat = WeightFormat::Fp8 { lm_head: true };
+
+    /// An untied e4m3 head goes through staging (1 GiB in bf16 on the 8B,
+    /// more than a layer's 436 MiB), a tied one is quantized from the
+    /// embedding table in place.
+    #[test]
+    fn an_untied_fp8_head_is_staged_and_sizes_staging() {
+        let c = llama8b();
+        let none = Fp8Keep::default();
+        let layer = DeviceWeights::staging_bytes(&c, FP8);
+        assert_eq!(layer, staging_offset(&c, ""));
+        assert_eq!(
+            DeviceWeights::staging_bytes(&c, FP8_HEAD),
+            128256 * 4096 * 2
+        );
+        assert!(staged_for_fp8(LM_HEAD, FP8_HEAD, &none));
+        assert!(!staged_for_fp8(LM_HEAD, FP8, &none));
+        assert!(!staged_for_fp8(EMBED, FP8_HEAD, &none));
+        assert!(staged_for_fp8(
+            "model.layers.3.mlp.up_proj.weight",
+            FP8_HEAD,
+            &none
+        ));
+        assert!(!staged_for_fp8(
+            "model.layers.3.mlp.up_proj.weight",
+            WeightFormat::Bf16,
+            &none
+        ));
+        let mut tied = c.clone();
+        tied.tie_word_embeddings = true;
+        assert_eq!(DeviceWeights::staging_bytes(&tied, FP8_HEAD), layer);
+    }
+
+    /// The head is the quantizer's last slot, complete after one tensor,
+    /// and the progress refuses it while a layer is still open (its
+    /// staging would be overwritten).
+    #[test]
+    fn the_fp8_head_is_one_tensor_after_the_layers() {
+        let m = Fp8Matrix {
+            staged: 0,
+            dst: 0,
+            rows: 8,
+            cols: 16,
+        };
+        let layout = Fp8Layout {
+            layers: vec![[Some(m); 4]; 2],
+            head: Some(Fp8Matrix { rows: 32, ..m }),
+            region: (0, 0),
+        };
+        let mut q = layout.progress();
+        assert_eq!(q.layers.len(), 3);
+        assert_eq!(q.layers[2].1, 1);
+        assert!(matches!(q.note_staged(0, "q"), Ok(None)));
+        assert!(q.note_staged(2, LM_HEAD).is_err());
+        let mut q = layout.progress();
+        let head = q.note_staged(2, LM_HEAD).ok().flatten();
+        assert_eq!(head.and_then(|h| h[0]).map(|h| h.rows), Some(32));
+        assert!(q.finish().is_err());
+        let without = Fp8Layout {
+            head: None,
+            ..layout
+        };
+        assert_eq!(without.progress().layers.len(), 2);
     }
 
     /// The quantizer waits for a layer's seven matrices, refuses a
