@@ -54,11 +54,11 @@
 #   fp8ignore model.fp8_ignore on the 8B dummy: everything kept bf16 equals BF16 exactly; batch 1
 #             with down_proj kept
 #   fp8bench  8B dummy with --quantization fp8: batch 1, prefill 1024, 256 x 1024 decode
-#   fp8head   model.fp8_lm_head (--fp8-lm-head) against FP8 with the bf16 head: prefill logits
-#             rel_l2 and 32-token greedy agreement (compare_fp8.py --ref) on the 8B dummy (untied
-#             head) and the Llama-3.2-1B dummy (tied: the FP8 head is a copy of the embeddings),
-#             and with the SmolLM2 bundle, SmolLM2 (tied, real weights) against BF16 with and
-#             without it; then 8B batch 1, FP8 without / with the head alternated twice, BF16 once;
+#   fp8head   model.fp8_lm_head (--fp8-lm-head) against FP8 with the bf16 head: logits rel_l2 and
+#             32-token greedy agreement (compare_fp8.py --ref) on the 8B dummy (untied head); 8B
+#             batch 1, FP8 without / with the head alternated twice, BF16 once; the same comparison
+#             on the Llama-3.2-1B dummy (tied: the FP8 head is a copy of the embeddings); with the
+#             SmolLM2 bundle, SmolLM2 (tied, real weights) against BF16 with and without the head;
 #             256 x (1024 in, 128 out) without / with it (the head's cuBLASLt e4m3 GEMM at 256 rows)
 #   fp8gemm   the FP8 linear layer's parts (quantize, cuBLASLt e4m3 GEMM per scaling mode,
 #             fp8_scale_out) beside bf16 on the 8B's four shapes at 64..8192 tokens, after a
@@ -173,20 +173,21 @@ for phase in "$@"; do
       "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 $Q --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 5 --json | tee -a "$O/bench.jsonl"
       "$ING" bench throughput --model "$M" --load-format dummy --max-model-len 4096 $Q --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl" ;;
     fp8head)
+      # Order: the must-haves first (8B accuracy, batch 1), so a cut-off call still has them.
       M=$(llama8b)
-      mkdir -p "$W/llama1b-dummy"; cp tests/gpu/configs/llama-3.2-1b/config.json "$W"/tokenizers/llama3/* "$W/llama1b-dummy/"
       HEAD=(--ref fp8= --recipe "fp8-head=--fp8-lm-head")
       timeout -k 5 $((2 * T)) python3 tests/gpu/compare_fp8.py --ingot "$ING_RAW" --model "$M" --dummy --prompts 3 "${HEAD[@]}" | tee "$O/fp8_head_8b.txt"
-      timeout -k 5 "$T" python3 tests/gpu/compare_fp8.py --ingot "$ING_RAW" --model "$W/llama1b-dummy" --dummy --prompts 3 "${HEAD[@]}" | tee "$O/fp8_head_1b.txt"
-      if [ -f "$SMOL" ]; then timeout -k 5 $((3 * T)) python3 tests/gpu/compare_fp8.py --ingot "$ING_RAW" --model "$SMOL" --jobs 6 \
-          --recipe "fp8=" --recipe "fp8-head=--fp8-lm-head" | tee "$O/fp8_head_smollm2.txt"
-      else echo "no SmolLM2 bundle"; fi
       B1="bench latency --model $M --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json"
       for round in 1 2; do
         echo "round $round: fp8"; "$ING" $B1 --quantization fp8 | tee -a "$O/bench.jsonl"
         echo "round $round: fp8 + fp8_lm_head"; "$ING" $B1 --quantization fp8 --fp8-lm-head | tee -a "$O/bench.jsonl"
       done
       echo "bf16"; "$ING" $B1 | tee -a "$O/bench.jsonl"
+      mkdir -p "$W/llama1b-dummy"; cp tests/gpu/configs/llama-3.2-1b/config.json "$W"/tokenizers/llama3/* "$W/llama1b-dummy/"
+      timeout -k 5 "$T" python3 tests/gpu/compare_fp8.py --ingot "$ING_RAW" --model "$W/llama1b-dummy" --dummy --prompts 3 "${HEAD[@]}" | tee "$O/fp8_head_1b.txt"
+      if [ -f "$SMOL" ]; then timeout -k 5 $((3 * T)) python3 tests/gpu/compare_fp8.py --ingot "$ING_RAW" --model "$SMOL" --jobs 6 \
+          --recipe "fp8=" --recipe "fp8-head=--fp8-lm-head" | tee "$O/fp8_head_smollm2.txt"
+      else echo "no SmolLM2 bundle"; fi
       TP="bench throughput --model $M --load-format dummy --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --quantization fp8 --json"
       echo "256 x 1k: fp8"; "$ING" $TP | tee -a "$O/bench.jsonl"
       echo "256 x 1k: fp8 + fp8_lm_head"; "$ING" $TP --fp8-lm-head | tee -a "$O/bench.jsonl" ;;

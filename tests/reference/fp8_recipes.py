@@ -20,6 +20,11 @@ outputs and the KV cache too (bf16 on CUDA); the residual stays f32. With
 `act_fp8`, prefills of more than 8 tokens (GEMV_MAX_TOKENS: shorter ones take
 the GEMV, which reads bf16 activations) quantize the matmul inputs per token
 to e4m3 as the cuBLASLt FP8 GEMM path does.
+
+--lm-head measures `model.fp8_lm_head` instead: the tied LM head
+fake-quantized per vocabulary row from the bf16 embedding table (as the CUDA
+loader quantizes it), alone and on top of the FP8 layers, the latter also
+against the FP8 layers with the bf16 head.
 """
 import argparse
 import json
@@ -104,10 +109,11 @@ class Model:
         self.emb_bf16 = to_bf16(w["token_embd.weight"])
         self.set_weights(self.f32, act="f32")
 
-    def set_weights(self, layers, act):
+    def set_weights(self, layers, act, head=None):
         """act: "f32" (exact), "bf16" (bf16 matmul inputs) or "fp8" (bf16, and
-        per-token e4m3 inputs in prefills of more than GEMV_MAX_TOKENS)."""
-        self.layers, self.act = layers, act
+        per-token e4m3 inputs in prefills of more than GEMV_MAX_TOKENS).
+        head: the LM head's matrix (default: the embeddings as act has them)."""
+        self.layers, self.act, self.head_w = layers, act, head
         self.emb = self.b.w["token_embd.weight"] if act == "f32" else self.emb_bf16
 
     def round(self, x):
@@ -155,6 +161,8 @@ class Model:
     def head(self, x):
         x = self.b.rms_norm(x, self.b.w["output_norm.weight"])
         w_out = self.b.w_out if self.act == "f32" else self.emb_bf16  # tied LM head, bf16 on CUDA
+        if self.head_w is not None:
+            w_out = self.head_w
         return self.round(x) @ w_out.T
 
     def decode(self, tokens, positions, caches):
@@ -280,6 +288,23 @@ def ranking(model, per_row, prompts, ref_bf16, path):
     return sorted(sens, key=sens.get, reverse=True)
 
 
+def lm_head_recipes(model, per_row, prompts, refs, n, table, t0):
+    """model.fp8_lm_head: the tied head per-row e4m3 from the bf16 table,
+    with bf16 layers, then with FP8 layers (also against FP8 layers alone)."""
+    head = quantize_rows(model.emb_bf16)
+    for label, layers, head_w in (
+            ("(b) FP8 per-channel layers, bf16 head (weight-only)", per_row, None),
+            ("(f) bf16 layers, FP8 LM head", model.bf16, head),
+            ("(g) FP8 per-channel layers + FP8 LM head", per_row, head)):
+        model.set_weights(layers, "bf16", head_w)
+        runs, row = score(model, prompts, refs, n)
+        table.append((label, row))
+        print(f"{label}: {json.dumps(row)} [{time.time() - t0:.0f}s]", file=sys.stderr, flush=True)
+        if layers is per_row and head_w is None:
+            refs = {**refs, "fp8": runs}
+    print(f"(g) against (b): {json.dumps(table[-1][1].get('fp8'))}", file=sys.stderr, flush=True)
+
+
 def print_table(table, count):
     print(f"{'recipe':75} {'vs bf16: rel_l2 mean/max, agree':>34} {'vs f32: rel_l2 mean/max, agree':>34}")
     for label, row in table:
@@ -299,6 +324,8 @@ def main():
     ap.add_argument("--json", help="write the table here as JSON too")
     ap.add_argument("--refs", help="cache of the f32 and bf16 runs (JSON; reused when it matches)")
     ap.add_argument("--ranking", help="a --sensitivity-only output to use instead of measuring")
+    ap.add_argument("--lm-head", action="store_true",
+                    help="only the FP8 LM head recipes (model.fp8_lm_head)")
     ap.add_argument("--sensitivity-only", action="store_true",
                     help="only rank the matrices (prefill rel_l2 vs bf16 with one matrix in FP8)")
     args = ap.parse_args()
@@ -327,6 +354,10 @@ def main():
         table.append((label, row))
         print(f"{label}: {json.dumps(row)} [{time.time() - t0:.0f}s]", file=sys.stderr, flush=True)
 
+    if args.lm_head:
+        lm_head_recipes(model, per_row, prompts, refs, n, table, t0)
+        print_table(table, len(prompts))
+        return
     L = len(model.f32)
     # Most telling first (the CPU here is slow): each row costs a full 20 x 32 run.
     run("(b) FP8 per-channel, bf16 activations (weight-only)", per_row, "bf16")

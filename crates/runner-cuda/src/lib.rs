@@ -127,7 +127,12 @@ fn supports_format(config: &ModelConfig, format: WeightFormat) -> Result<(), Cud
 /// an FP8 head without FP8 weights is refused rather than ignored.
 fn weight_format(opts: &CudaRunnerConfig) -> Result<WeightFormat, CudaError> {
     match (opts.fp8_weights, opts.fp8_lm_head) {
-        (true, lm_head) => Ok(WeightFormat::Fp8 { lm_head }),
+        (true, lm_head) => {
+            if lm_head {
+                tracing::info!("FP8: model.fp8_lm_head puts the LM head in e4m3");
+            }
+            Ok(WeightFormat::Fp8 { lm_head })
+        }
         (false, false) => Ok(WeightFormat::Bf16),
         (false, true) => Err(CudaError::Unsupported(
             "model.fp8_lm_head needs model.quantization = \"fp8\"".into(),
