@@ -21,3 +21,13 @@ def test_fp8_weights_are_refused_on_the_cpu():
     # The same binary and model run on the CPU without it.
     ok = ingot("generate", "--model", model_path(), "--device", "cpu", "--prompt", "Hello", "--max-tokens", "1")
     assert ok.returncode == 0, ok.stderr
+
+
+def test_fp8_lm_head_without_fp8_weights_is_refused():
+    """`--fp8-lm-head` puts the LM head in FP8 next to FP8 layer matrices: alone it is
+    refused at start-up, naming the key and what it needs, rather than ignored."""
+    out = ingot("generate", "--model", model_path(), "--device", "cpu", "--fp8-lm-head",
+                "--prompt", "Hello", "--max-tokens", "1")
+    assert out.returncode != 0, f"expected a refusal, got 0\n{out.stdout}\n{out.stderr}"
+    assert "model.fp8_lm_head" in out.stderr, out.stderr
+    assert 'needs model.quantization = "fp8"' in out.stderr, out.stderr
