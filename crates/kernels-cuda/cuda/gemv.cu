@@ -29,6 +29,8 @@
 // (`--quantization fp8`): 16 weights per 16-byte load, converted in pairs
 // by the hardware (cvt e4m3x2 -> f16x2 on sm_89+), with the f32 per-row
 // scale that follows the matrix (see fp8.cu) applied once to each sum.
+// gemv_short_n1_...: batch 1 over bf16 rows of at most 2,048 inputs, each
+// lane's whole part of its rows loaded before the PDL wait (small models).
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -122,9 +124,39 @@ __device__ __forceinline__ void norm_scales(const NormIn& norm, int in, float (&
   }
 }
 
+// acc[r][n] += x[n] · w_r over the vectors base, base + 32, ... (U of them,
+// those below end) whose weights are in `cur`.
+template <int N, int ROWS, typename W, int U>
+__device__ __forceinline__ void dot_batch(const uint4 (&cur)[ROWS][U], const uint4* xr, int base, int end, int xvecs,
+                                          float (&acc)[ROWS][N]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int i = base + u * 32;
+    if (i >= end) break;
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      if constexpr (W::ELEMS == 16) {
+        const uint4 x0 = __ldg(xr + (size_t)n * xvecs + 2 * i), x1 = __ldg(xr + (size_t)n * xvecs + 2 * i + 1);
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) dot16_e4m3(cur[r][u], x0, x1, acc[r][n]);
+      } else {
+        const uint4 xv = __ldg(xr + (size_t)n * xvecs + i);
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) dot8(cur[r][u], xv, acc[r][n]);
+      }
+    }
+  }
+}
+
 // Over the 16-byte weight vectors [v0, v1) of the rows (v1 < 0: to the
 // end). `total_rows`: the matrix's rows (where e4m3 scales start).
-template <int N, int ROWS, bool NORM = false, typename W = Bf16W, int U = GEMV_UNROLL>
+// Weights do not depend on the previous kernel, so loads go out before
+// waiting for it (with PDL this overlaps the previous kernel's tail): the
+// first batch of U a row, or with WHOLE > 0, where a lane's part of its
+// rows is at most WHOLE loads each, all of them (the rest of the kernel is
+// then only the dot products on the input). The sums are the same either
+// way: every lane adds its vectors in the same order.
+template <int N, int ROWS, bool NORM = false, typename W = Bf16W, int U = GEMV_UNROLL, int WHOLE = 0>
 __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const typename W::T* __restrict__ w, int in,
                                           size_t total_rows, const size_t (&rows)[ROWS], float (&acc)[ROWS][N],
                                           NormIn norm = {}, int v0 = 0, int v1 = -1) {
@@ -134,42 +166,38 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) wr[r] = reinterpret_cast<const uint4*>(w + rows[r] * in);
   const uint4* xr = reinterpret_cast<const uint4*>(x);
-  // Weights do not depend on the previous kernel: the first loads go out
-  // before waiting for it (with PDL this overlaps the previous kernel's tail).
-  uint4 cur[ROWS][U];
-  load_batch<ROWS, U>(wr, v0 + lane, end, cur);
-  pdl_wait();
-  pdl_launch_dependents();
   __shared__ float s_inv[SUMSQ_ROWS];
-  if (NORM) norm_scales<N>(norm, in, s_inv);
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)
 #pragma unroll
     for (int n = 0; n < N; ++n) acc[r][n] = 0.f;
-  for (int base = v0 + lane; base < end; base += 32 * U) {
-    uint4 next[ROWS][U];
-    load_batch<ROWS, U>(wr, base + 32 * U, end, next);
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int i = base + u * 32;
-      if (i >= end) break;
-#pragma unroll
-      for (int n = 0; n < N; ++n) {
-        if constexpr (W::ELEMS == 16) {
-          const uint4 x0 = __ldg(xr + (size_t)n * xvecs + 2 * i), x1 = __ldg(xr + (size_t)n * xvecs + 2 * i + 1);
-#pragma unroll
-          for (int r = 0; r < ROWS; ++r) dot16_e4m3(cur[r][u], x0, x1, acc[r][n]);
-        } else {
-          const uint4 xv = __ldg(xr + (size_t)n * xvecs + i);
-#pragma unroll
-          for (int r = 0; r < ROWS; ++r) dot8(cur[r][u], xv, acc[r][n]);
-        }
-      }
+  bool done = false;
+  if constexpr (WHOLE > 0) {
+    if (end - v0 <= 32 * WHOLE) {
+      uint4 all[ROWS][WHOLE];
+      load_batch<ROWS, WHOLE>(wr, v0 + lane, end, all);
+      pdl_wait();
+      pdl_launch_dependents();
+      if (NORM) norm_scales<N>(norm, in, s_inv);
+      dot_batch<N, ROWS, W, WHOLE>(all, xr, v0 + lane, end, xvecs, acc);
+      done = true;
     }
+  }
+  if (!done) {
+    uint4 cur[ROWS][U];
+    load_batch<ROWS, U>(wr, v0 + lane, end, cur);
+    pdl_wait();
+    pdl_launch_dependents();
+    if (NORM) norm_scales<N>(norm, in, s_inv);
+    for (int base = v0 + lane; base < end; base += 32 * U) {
+      uint4 next[ROWS][U];
+      load_batch<ROWS, U>(wr, base + 32 * U, end, next);
+      dot_batch<N, ROWS, W, U>(cur, xr, base, end, xvecs, acc);
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r)
+      for (int r = 0; r < ROWS; ++r)
 #pragma unroll
-      for (int u = 0; u < U; ++u) cur[r][u] = next[r][u];
+        for (int u = 0; u < U; ++u) cur[r][u] = next[r][u];
+    }
   }
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)
@@ -192,6 +220,15 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
       for (int n = 0; n < N; ++n) acc[r][n] *= s_inv[n];
   }
 }
+
+// Loads a lane holds in the batch-1 `gemv_short_n1_*` kernels (WHOLE of
+// gemv_rows, over a kernel's rows): 8 x 16 bytes, 32 registers, so rows of
+// up to 2,048 bf16 inputs (q/k/v: two half rows of up to 1,024) are loaded
+// whole before the PDL wait. SmolLM2 batch 1 +6 % on an H100; the 8B's
+// e4m3 o_proj and q/k/v measured 4 % slower that way, and compiling the
+// path into the general kernels cost the 8B bf16 step 0.9 % (longer rows
+// never take it), hence kernels of their own (docs/perf/small-models.md).
+constexpr int SHORT_ROW_LOADS = 8;
 
 // The warp's output column; out-of-range warps compute a duplicate and skip
 // the write (they still take part in PDL).
@@ -221,13 +258,13 @@ __device__ __forceinline__ void gemv_sumsq(SumSq* sumsq, const float (&sq)[N]) {
 // MODE 0: bf16 out, 1: f32 out, 2: f32 accumulate (and, with sumsq, the
 // updated rows' sums of squares for the next fused RMSNorm; with next_norm,
 // also xg = bf16(y ⊙ next_norm), that norm's pre-scaled input).
-template <int N, int MODE, bool NORM = false, typename W = Bf16W, int U = W::ROW_UNROLL>
+template <int N, int MODE, bool NORM = false, typename W = Bf16W, int U = W::ROW_UNROLL, int WHOLE = 0>
 __device__ __forceinline__ void gemv_plain(const bf16* x, const typename W::T* w, void* y, int in, int out, SumSq* sumsq,
                                            const float* next_norm, bf16* xg, NormIn norm = {}) {
   const int col = warp_column();
   const size_t rows[1] = {(size_t)min(col, out - 1)};
   float acc[1][N];
-  gemv_rows<N, 1, NORM, W, U>(x, w, in, out, rows, acc, norm);
+  gemv_rows<N, 1, NORM, W, U, WHOLE>(x, w, in, out, rows, acc, norm);
   const bool writer = (threadIdx.x & 31) == 0 && col < out;
   float sq[N];
 #pragma unroll
@@ -263,8 +300,12 @@ __device__ __forceinline__ void gemv_swiglu(const bf16* x, const typename W::T* 
   }
 }
 
-// Columns are rotary pairs: (H + 2 KVH) heads x hd / 2.
-template <int N, bool NORM = false, typename W = Bf16W, int U = W::ROW_UNROLL>
+// Columns are rotary pairs: (H + 2 KVH) heads x hd / 2. At batch 1 each
+// lane keeps one load a row in flight (its two rows are already two): the
+// 8B's q/k/v took 11.0 us (FP8) and 19.0 us (bf16) so against 12.8 and 21.1
+// with two (tests/gpu/bench_gemv.py, docs/perf/fp8.md). WHOLE: loads over
+// both rows for gemv_rows' whole-row path (0: none).
+template <int N, bool NORM = false, typename W = Bf16W, int WHOLE = 0, int U = (N == 1 ? 1 : W::ROW_UNROLL)>
 __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const typename W::T* w, int in, const float* bias,
                                               const int* positions, const long long* slots, const float* cos_t,
                                               const float* sin_t, bf16* q_out, bf16* k_cache, bf16* v_cache,
@@ -280,7 +321,8 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const typename W::T
   const size_t rows[2] = {(size_t)head * hd + i, (size_t)head * hd + i + half};
   float acc[2][N];
   const int mid = in / W::ELEMS / 2;
-  gemv_rows<N, 2, NORM, W, U>(x, w, in, 2 * (size_t)pairs, rows, acc, norm, part ? mid : 0, part ? -1 : mid);
+  gemv_rows<N, 2, NORM, W, U, WHOLE / 2>(x, w, in, 2 * (size_t)pairs, rows, acc, norm, part ? mid : 0,
+                                          part ? -1 : mid);
   __shared__ float s_upper[GEMV_WARPS / 2][2][N];
   const int lane = threadIdx.x & 31, pair_slot = (threadIdx.x >> 5) >> 1;
   if (part && lane == 0)
@@ -319,21 +361,21 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const typename W::T
   }
 }
 
-#define GEMV_KERNELS(N, W, PRE)                                                                                          \
+#define GEMV_KERNELS(N, W, PRE, WH)                                                                                       \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
       gemv##PRE##_n##N##_bf16(const bf16* x, const W::T* w, void* y, int in, int out, SumSq* sumsq,               \
                           const float* next_norm, bf16* xg) {                   \
-    gemv_plain<N, 0, false, W>(x, w, y, in, out, sumsq, next_norm, xg);                                                                   \
+    gemv_plain<N, 0, false, W, W::ROW_UNROLL, WH>(x, w, y, in, out, sumsq, next_norm, xg);                                                                   \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
       gemv##PRE##_n##N##_f32(const bf16* x, const W::T* w, void* y, int in, int out, SumSq* sumsq,               \
                           const float* next_norm, bf16* xg) {                    \
-    gemv_plain<N, 1, false, W>(x, w, y, in, out, sumsq, next_norm, xg);                                                                   \
+    gemv_plain<N, 1, false, W, W::ROW_UNROLL, WH>(x, w, y, in, out, sumsq, next_norm, xg);                                                                   \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
       gemv##PRE##_n##N##_add_f32(const bf16* x, const W::T* w, void* y, int in, int out, SumSq* sumsq,               \
                           const float* next_norm, bf16* xg) {                \
-    gemv_plain<N, 2, false, W>(x, w, y, in, out, sumsq, next_norm, xg);                                                                   \
+    gemv_plain<N, 2, false, W, W::ROW_UNROLL, WH>(x, w, y, in, out, sumsq, next_norm, xg);                                                                   \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
       gemv##PRE##_n##N##_swiglu(const bf16* x, const W::T* w, void* y, int in, int out) {                               \
@@ -352,13 +394,13 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const typename W::T
       const bf16* x, const W::T* w, int in, const float* bias, const int* positions, const long long* slots,    \
       const float* cos_t, const float* sin_t, bf16* q_out, bf16* k_cache, bf16* v_cache, int num_heads,         \
       int num_kv_heads, int hd, int block_size) {                                                                \
-    gemv_qkv_rope<N, false, W>(x, w, in, bias, positions, slots, cos_t, sin_t, q_out, k_cache, v_cache, num_heads,        \
+    gemv_qkv_rope<N, false, W, WH>(x, w, in, bias, positions, slots, cos_t, sin_t, q_out, k_cache, v_cache, num_heads,        \
                      num_kv_heads, hd, block_size);                                                              \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
       gemv##PRE##_n##N##_bf16_norm(const bf16* xg, float eps, const SumSq* sumsq, const W::T* w, void* y, int in,       \
                             int out) {                                                                           \
-    gemv_plain<N, 0, true, W>(xg, w, y, in, out, nullptr, nullptr, nullptr, NormIn{eps, sumsq});                   \
+    gemv_plain<N, 0, true, W, W::ROW_UNROLL, WH>(xg, w, y, in, out, nullptr, nullptr, nullptr, NormIn{eps, sumsq});                   \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
       gemv##PRE##_n##N##_swiglu_norm(const bf16* xg, float eps, const SumSq* sumsq, const W::T* w, void* y, int in,     \
@@ -369,22 +411,24 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const typename W::T
       const bf16* xg, float eps, const SumSq* sumsq, const W::T* w, int in, const float* bias,                   \
       const int* positions, const long long* slots, const float* cos_t, const float* sin_t, bf16* q_out,        \
       bf16* k_cache, bf16* v_cache, int num_heads, int num_kv_heads, int hd, int block_size) {                   \
-    gemv_qkv_rope<N, true, W>(xg, w, in, bias, positions, slots, cos_t, sin_t, q_out, k_cache, v_cache, num_heads,  \
+    gemv_qkv_rope<N, true, W, WH>(xg, w, in, bias, positions, slots, cos_t, sin_t, q_out, k_cache, v_cache, num_heads,  \
                            num_kv_heads, hd, block_size, NormIn{eps, sumsq});                                    \
   }
-GEMV_KERNELS(1, Bf16W, )
-GEMV_KERNELS(2, Bf16W, )
-GEMV_KERNELS(3, Bf16W, )
-GEMV_KERNELS(4, Bf16W, )
-GEMV_KERNELS(5, Bf16W, )
-GEMV_KERNELS(6, Bf16W, )
-GEMV_KERNELS(7, Bf16W, )
-GEMV_KERNELS(8, Bf16W, )
-GEMV_KERNELS(1, Fp8W, _fp8)
-GEMV_KERNELS(2, Fp8W, _fp8)
-GEMV_KERNELS(3, Fp8W, _fp8)
-GEMV_KERNELS(4, Fp8W, _fp8)
-GEMV_KERNELS(5, Fp8W, _fp8)
-GEMV_KERNELS(6, Fp8W, _fp8)
-GEMV_KERNELS(7, Fp8W, _fp8)
-GEMV_KERNELS(8, Fp8W, _fp8)
+GEMV_KERNELS(1, Bf16W, , 0)
+GEMV_KERNELS(2, Bf16W, , 0)
+GEMV_KERNELS(3, Bf16W, , 0)
+GEMV_KERNELS(4, Bf16W, , 0)
+GEMV_KERNELS(5, Bf16W, , 0)
+GEMV_KERNELS(6, Bf16W, , 0)
+GEMV_KERNELS(7, Bf16W, , 0)
+GEMV_KERNELS(8, Bf16W, , 0)
+GEMV_KERNELS(1, Fp8W, _fp8, 0)
+GEMV_KERNELS(2, Fp8W, _fp8, 0)
+GEMV_KERNELS(3, Fp8W, _fp8, 0)
+GEMV_KERNELS(4, Fp8W, _fp8, 0)
+GEMV_KERNELS(5, Fp8W, _fp8, 0)
+GEMV_KERNELS(6, Fp8W, _fp8, 0)
+GEMV_KERNELS(7, Fp8W, _fp8, 0)
+GEMV_KERNELS(8, Fp8W, _fp8, 0)
+// Batch 1 over rows of at most 2,048 bf16 inputs (see SHORT_ROW_LOADS).
+GEMV_KERNELS(1, Bf16W, _short, SHORT_ROW_LOADS)

@@ -28,7 +28,8 @@ const _: () = assert!(GEMV_MAX_TOKENS <= SUMSQ_ROWS);
 const PART_ROWS: usize = 2048;
 /// Keys per split that make a block long enough to be worth its launch.
 const KEYS_PER_SPLIT: usize = 256;
-/// Most splits of one token's keys.
+/// Most splits of one token's keys (`attention_combine` weighs a split per
+/// lane of one warp: at most 32).
 const MAX_SPLITS: usize = 32;
 
 /// What one step runs: counts that pick grid sizes.

@@ -76,17 +76,24 @@ const GEMV_MODES: [&str; 10] = [
 /// `gemv_fp8`).
 fn gemv_table(gpu: &Gpu, prefix: &str) -> Result<Vec<[Kernel; 10]>, CudaError> {
     (1..=GEMV_MAX_TOKENS)
-        .map(|n| {
-            let kernels = GEMV_MODES
-                .iter()
-                .map(|mode| gpu.kernel(&format!("{prefix}_n{n}_{mode}")))
-                .collect::<Result<Vec<_>, CudaError>>()?;
-            kernels
-                .try_into()
-                .map_err(|_| CudaError::Unsupported("GEMV table size".into()))
-        })
+        .map(|n| gemv_modes(gpu, prefix, n))
         .collect()
 }
+
+/// The GEMV kernels of every mode for `n` rows.
+fn gemv_modes(gpu: &Gpu, prefix: &str, n: usize) -> Result<[Kernel; 10], CudaError> {
+    let kernels = GEMV_MODES
+        .iter()
+        .map(|mode| gpu.kernel(&format!("{prefix}_n{n}_{mode}")))
+        .collect::<Result<Vec<_>, CudaError>>()?;
+    kernels
+        .try_into()
+        .map_err(|_| CudaError::Unsupported("GEMV table size".into()))
+}
+
+/// The most inputs of a bf16 matrix whose batch-1 GEMV loads each lane's
+/// whole row before its PDL wait (`gemv_short_n1_*`: 8 loads of 8 a lane).
+const SHORT_ROW_INPUTS: usize = 8 * 8 * 32;
 
 /// Output element type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -212,6 +219,8 @@ pub struct Gemm {
     /// then SwiGLU, q/k/v + rope and bf16 with the input RMSNorm fused,
     /// then GeGLU (GELU-tanh) without and with it.
     gemv: Vec<[Kernel; 10]>,
+    /// The same modes at batch 1 for rows of at most [`SHORT_ROW_INPUTS`].
+    gemv_short: [Kernel; 10],
     /// Time the candidates of new shapes (only while buffers hold scratch).
     pub tune: bool,
     /// Batch-invariant products: no GEMV kernels, one split-K-free
@@ -242,6 +251,7 @@ impl Gemm {
             workspace: arena.take(WORKSPACE_BYTES)?,
             plans: RefCell::new(HashMap::new()),
             gemv: gemv_table(gpu, "gemv")?,
+            gemv_short: gemv_modes(gpu, "gemv_short", 1)?,
             tune: false,
             deterministic: false,
             fixed_algos: RefCell::new(HashMap::new()),
@@ -312,9 +322,13 @@ impl Gemm {
         rows * cols * if self.fp8_of(w).is_some() { 1 } else { 2 }
     }
 
-    /// The GEMV kernels for `w`'s type.
-    fn gemv_kernels(&self, w: DevPtr) -> &[[Kernel; 10]] {
-        self.fp8_of(w).map_or(&self.gemv, |f| &f.gemv)
+    /// The GEMV kernels for `w`'s type at `tokens` rows of `inputs`.
+    fn gemv_kernels(&self, w: DevPtr, tokens: usize, inputs: usize) -> &[Kernel; 10] {
+        match self.fp8_of(w) {
+            Some(f) => &f.gemv[tokens - 1],
+            None if tokens == 1 && inputs <= SHORT_ROW_INPUTS => &self.gemv_short,
+            None => &self.gemv[tokens - 1],
+        }
     }
 
     /// Enqueues one linear layer on `gpu`'s stream.
@@ -487,7 +501,7 @@ impl Gemm {
             Arg::Ptr(norm),
             Arg::Ptr(xg),
         ];
-        gpu.launch(&self.gemv_kernels(w)[tokens - 1][mode], grid, 256, 0, &args)?;
+        gpu.launch(&self.gemv_kernels(w, tokens, inputs)[mode], grid, 256, 0, &args)?;
         Ok(true)
     }
 
@@ -529,7 +543,7 @@ impl Gemm {
         };
         let args: Vec<Arg> = head.into_iter().chain(tail).collect();
         gpu.launch(
-            &self.gemv_kernels(w)[tokens - 1][kernel],
+            &self.gemv_kernels(w, tokens, inputs)[kernel],
             grid,
             256,
             0,
@@ -564,7 +578,7 @@ impl Gemm {
             Arg::I32(outputs as i32),
         ];
         let grid = (outputs.div_ceil(8) as u32, 1, 1);
-        gpu.launch(&self.gemv_kernels(w)[tokens - 1][7], grid, 256, 0, &args)?;
+        gpu.launch(&self.gemv_kernels(w, tokens, inputs)[7], grid, 256, 0, &args)?;
         Ok(true)
     }
 
@@ -580,7 +594,7 @@ impl Gemm {
         norm: bool,
     ) -> Option<&Kernel> {
         self.gemv_fits(tokens, inputs, w)
-            .then(|| &self.gemv_kernels(w)[tokens - 1][if norm { 6 } else { 4 }])
+            .then(|| &self.gemv_kernels(w, tokens, inputs)[if norm { 6 } else { 4 }])
     }
 
     fn matmul(
