@@ -501,7 +501,13 @@ impl Gemm {
             Arg::Ptr(norm),
             Arg::Ptr(xg),
         ];
-        gpu.launch(&self.gemv_kernels(w, tokens, inputs)[mode], grid, 256, 0, &args)?;
+        gpu.launch(
+            &self.gemv_kernels(w, tokens, inputs)[mode],
+            grid,
+            256,
+            0,
+            &args,
+        )?;
         Ok(true)
     }
 
@@ -578,7 +584,13 @@ impl Gemm {
             Arg::I32(outputs as i32),
         ];
         let grid = (outputs.div_ceil(8) as u32, 1, 1);
-        gpu.launch(&self.gemv_kernels(w, tokens, inputs)[7], grid, 256, 0, &args)?;
+        gpu.launch(
+            &self.gemv_kernels(w, tokens, inputs)[7],
+            grid,
+            256,
+            0,
+            &args,
+        )?;
         Ok(true)
     }
 
