@@ -654,29 +654,7 @@ mod tests {
     use ingot_models::{Architecture, RopeConfig, RopeScaling};
     use ingot_runner::SequenceChunk;
 
-    fn llama8b() -> ModelConfig {
-        ModelConfig {
-            architecture: Architecture::Llama,
-            hidden_size: 4096,
-            intermediate_size: 14336,
-            num_layers: 32,
-            num_heads: 32,
-            num_kv_heads: 8,
-            head_dim: 128,
-            vocab_size: 128256,
-            max_context: 4096,
-            rms_norm_eps: 1e-5,
-            rope: RopeConfig {
-                theta: 500000.0,
-                scaling: RopeScaling::None,
-            },
-            qkv_bias: false,
-            qk_norm: false,
-            tie_word_embeddings: false,
-            block: Default::default(),
-        }
-    }
-
+    use crate::test_configs::llama8b;
     #[test]
     fn splits_fill_the_gpu_at_batch_one_and_stay_within_the_partials() {
         let c = llama8b();

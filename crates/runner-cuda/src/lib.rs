@@ -24,6 +24,8 @@ mod kv_views;
 mod ops;
 mod profile;
 mod sampling;
+#[cfg(test)]
+mod test_configs;
 mod weights;
 
 use std::time::Instant;

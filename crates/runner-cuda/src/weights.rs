@@ -1047,6 +1047,7 @@ fn check_shape(p: &Placement, got: &[usize]) -> Result<(), CudaError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_configs::llama8b;
 
     #[test]
     fn fused_parts_land_at_their_row_offsets() {
@@ -1105,30 +1106,6 @@ mod tests {
         assert_eq!(fp8_scales_offset(3, 100), 512);
         assert_eq!(fp8_scales_offset(2, 128), 256);
         assert_eq!(fp8_matrix_bytes(3, 100), 512 + 12);
-    }
-
-    fn llama8b() -> ModelConfig {
-        use ingot_models::{Architecture, RopeConfig, RopeScaling};
-        ModelConfig {
-            architecture: Architecture::Llama,
-            hidden_size: 4096,
-            intermediate_size: 14336,
-            num_layers: 32,
-            num_heads: 32,
-            num_kv_heads: 8,
-            head_dim: 128,
-            vocab_size: 128256,
-            max_context: 4096,
-            rms_norm_eps: 1e-5,
-            rope: RopeConfig {
-                theta: 500000.0,
-                scaling: RopeScaling::None,
-            },
-            qkv_bias: false,
-            qk_norm: false,
-            tie_word_embeddings: false,
-            block: Default::default(),
-        }
     }
 
     const FP8: WeightFormat = WeightFormat::Fp8 { lm_head: false };
