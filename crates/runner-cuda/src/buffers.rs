@@ -86,7 +86,7 @@ pub(crate) struct InputLayout {
 
 impl InputLayout {
     fn new(max_tokens: usize, max_seqs: usize, max_blocks: usize, views: usize) -> Self {
-        // Tiles hold 64 / G tokens; G is at most 8.
+        // Tiles hold PREFILL_TILE / G tokens (at least 16: G is at most 8).
         let max_tiles = max_tokens * 8 / PREFILL_TILE + max_seqs + 1;
         let slots = 0;
         let ids = slots + 2 * max_tokens;
