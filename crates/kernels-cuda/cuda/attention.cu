@@ -14,12 +14,13 @@
 //     paged_attention_fp8_*: the same over an FP8 e4m3 cache (kv_types.cuh),
 //     dequantized as each lane reads its pieces from the ring.
 //   prefill_attention_hd{HD}: one block per (query tile of one chunk, kv
-//     head): 64 rows = 64 / G tokens x the G query heads sharing the kv
-//     head; tensor cores (mma.sync bf16, FlashAttention-2 style with S, P
-//     and O in registers) for QK^T and PV, each K/V tile staged in shared
-//     memory once for the whole group: the O(n^2) work of prompts.
-//     prefill_attention_fp8_hd{HD}: the same, FP8 K/V rows converted to
-//     bf16 as they are staged.
+//     head): 128 rows = 128 / G tokens x the G query heads sharing the kv
+//     head, 8 warps; tensor cores (mma.sync bf16, FlashAttention-2 style
+//     with S, P and O in registers) for QK^T and PV, each K/V tile staged
+//     in shared memory once for the whole group, its copy running under
+//     the previous step's tensor-core work: the O(n^2) work of prompts.
+//     prefill_attention_fp8_hd{HD}: the same, FP8 K/V tiles copied raw
+//     and converted to bf16 in shared memory.
 #include "common.cuh"
 #include "kv_types.cuh"
 
