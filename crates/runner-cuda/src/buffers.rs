@@ -833,9 +833,11 @@ mod tests {
             };
             stage_step(st, &batch, 132, &c, (true, 77), deterministic)
         };
-        // Default: the prompt chunk takes prefill tiles, the decode splits.
+        // Default: the prompt chunk takes prefill tiles (PREFILL_TILE / 4
+        // tokens each at G = 4: 32, so 2 for 40 tokens), the decode splits.
         let default = plan_of(false);
-        assert_eq!((default.decode_tokens, default.tiles), (1, 3));
+        assert_eq!(PREFILL_TILE / 4, 32);
+        assert_eq!((default.decode_tokens, default.tiles), (1, 2));
         assert!(default.splits > 1, "{default:?}");
         // Deterministic: one kernel and one split for all 41 tokens.
         let det = plan_of(true);
