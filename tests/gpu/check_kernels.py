@@ -540,18 +540,19 @@ def check_attention(m, rng):
         q = bf(rnd(rng, T, H * hd))
         pos = np.concatenate([prefix + np.arange(chunk), np.arange(20)])
         seqs = np.concatenate([np.zeros(chunk, int), np.ones(20, int)])
-        tiles, tt = [], 64 // g  # a tile is 64 / G tokens x the G heads of a kv head
+        tiles, tt = [], 128 // g  # a tile is 128 / G tokens x the G heads of a kv head
         for start in range(0, chunk, tt):
             tiles += [start, min(tt, chunk - start), 0]
         for start in range(0, 20, tt):
             tiles += [chunk + start, min(tt, 20 - start), 1]
         out = torch.zeros(T, H * hd, dtype=torch.bfloat16, device="cuda")
-        smem = 3 * 64 * (hd + 8) * 2  # PrefillSmem: Q, K, V
+        # PrefillSmem: Q (128 rows), K and V (64 rows), + a raw FP8 K/V tile.
+        smem = (128 + 2 * 64) * (hd + 8) * 2 + (64 * hd if infix else 0)
         kd, vd = (dev(to_device_layout(a, KVH, hd, bs), kv_dtype) for a in (k, v))
         args = [ptr(dev(q, torch.bfloat16)), ptr(kd), ptr(vd),
                 ptr(dev(table.reshape(-1), torch.int32)), ptr(dev([stride], torch.int32)), ptr(dev(tiles, torch.int32)),
                 ptr(dev(pos, torch.int32)), ptr(out), i32(H), i32(KVH), i32(bs), f32(scale_log2), i32(window)]
-        launch(m.fn(f"prefill_attention{infix}_hd{hd}"), (len(tiles) // 3, KVH), 128, args, smem=smem)
+        launch(m.fn(f"prefill_attention{infix}_hd{hd}"), (len(tiles) // 3, KVH), 256, args, smem=smem)
         want = np.stack([reference_attention(q[t].reshape(H, hd), k, v, table, seqs[t], pos[t], H, KVH, hd, bs, window)
                          for t in range(T)])
         report(f"prefill_attention{infix} hd={hd} H={H} KVH={KVH} window={window} (cached prefix {prefix})",

@@ -71,6 +71,8 @@
 #   gemvbench the batch-1 GEMVs alone on the 8B shapes, bf16 and FP8 (bench_gemv.py; the extra
 #             cubins listed in $GEMV_XCUBIN too)
 #   ncup      the same for the non-GEMM kernels of a 1024-token prefill (8B)
+#   prefillk  the prefill attention kernel alone, bf16 and FP8 KV, on the 8B's and SmolLM2's heads
+#             (bench_prefill_attention.py; other cubin folders can be compared beside it by hand)
 # Results also go to $OUT (when set) as JSON lines.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -335,6 +337,7 @@ for phase in "$@"; do
       X=(); for c in ${GEMV_XCUBIN:-}; do X+=(--cubin "$c"); done
       timeout -k 5 "$T" python3 tests/gpu/bench_gemv.py --cubin "$W/gemv.sm_90.cubin" "${X[@]}" ;;
     ncup) bash tests/gpu/ncu_prefill.sh "$ING_RAW" "$(llama8b)" "$O/ncu_prefill.csv" ;;
+    prefillk) timeout -k 5 "$T" python3 tests/gpu/bench_prefill_attention.py "this=$W:128:256" --fp8 ;;
     *) echo "unknown phase $phase" ;;
   esac
 done

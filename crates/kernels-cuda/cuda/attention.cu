@@ -14,12 +14,13 @@
 //     paged_attention_fp8_*: the same over an FP8 e4m3 cache (kv_types.cuh),
 //     dequantized as each lane reads its pieces from the ring.
 //   prefill_attention_hd{HD}: one block per (query tile of one chunk, kv
-//     head): 64 rows = 64 / G tokens x the G query heads sharing the kv
-//     head; tensor cores (mma.sync bf16, FlashAttention-2 style with S, P
-//     and O in registers) for QK^T and PV, each K/V tile staged in shared
-//     memory once for the whole group: the O(n^2) work of prompts.
-//     prefill_attention_fp8_hd{HD}: the same, FP8 K/V rows converted to
-//     bf16 as they are staged.
+//     head): 128 rows = 128 / G tokens x the G query heads sharing the kv
+//     head, 8 warps; tensor cores (mma.sync bf16, FlashAttention-2 style
+//     with S, P and O in registers) for QK^T and PV, each K/V tile staged
+//     in shared memory once for the whole group, its copy running under
+//     the previous step's tensor-core work: the O(n^2) work of prompts.
+//     prefill_attention_fp8_hd{HD}: the same, FP8 K/V tiles copied raw
+//     and converted to bf16 in shared memory.
 #include "common.cuh"
 #include "kv_types.cuh"
 
@@ -331,21 +332,30 @@ extern "C" __global__ void attention_combine(const float* __restrict__ part_acc,
 }
 
 // ---------------------------------------------------------------------------
-// Prefill: 64 query rows x 64 keys per tile, 4 warps of 16 rows each, in the
-// FlashAttention-2 arrangement: S = QK^T, the online softmax and O stay in
-// registers (mma.sync m16n8k16 fragments; P is reused as the A operand of
-// PV without leaving them). Q, K and V tiles take 52 KiB of shared memory
-// and at most 128 registers per thread, so 4 blocks (16 warps) share an SM
-// and hide each other's K/V loads and mma latencies.
+// Prefill: 128 query rows x 64 keys per tile, 8 warps of 16 rows each, in
+// the FlashAttention-2 arrangement: S = QK^T, the online softmax and O stay
+// in registers (mma.sync m16n8k16 fragments; P is reused as the A operand
+// of PV without leaving them). Q (128 rows), K and V (64 rows each) take
+// 68 KiB of shared memory at head_dim 128 and at most 128 registers per
+// thread, so 2 blocks (16 warps) share an SM. Each staged K/V tile serves
+// 128 rows (half the L2 traffic and copy work per FLOP of 64-row tiles),
+// and the copies run under the tensor-core work: a key tile's V is copied
+// while S = QK^T is computed, the next tile's K while O += PV is.
 
-constexpr int TILE = 64;
-constexpr int PREFILL_WARPS = 4;
+constexpr int KEY_TILE = 64;
+constexpr int PREFILL_WARPS = 8;
+constexpr int PREFILL_MIN_BLOCKS = 2;  // blocks per SM: 128 registers per thread
+constexpr int PREFILL_ROWS = 16 * PREFILL_WARPS;
+constexpr int PREFILL_THREADS = 32 * PREFILL_WARPS;
 
 template <int HD>
 struct PrefillSmem {
-  static constexpr int LD = HD + 8;           // bf16 row stride: conflict-free ldmatrix
-  static constexpr int ROWS = TILE * LD;      // elements of one staged tile
-  static constexpr int BYTES = 3 * ROWS * 2;  // Q, K, V
+  static constexpr int LD = HD + 8;  // bf16 row stride: conflict-free ldmatrix
+  static constexpr int Q_ELEMS = PREFILL_ROWS * LD;
+  static constexpr int KV_ELEMS = KEY_TILE * LD;
+  static constexpr int BF16_BYTES = (Q_ELEMS + 2 * KV_ELEMS) * 2;  // Q, K, V
+  // FP8 caches also stage each K or V tile raw before converting it.
+  static constexpr int bytes(int kv_bytes) { return BF16_BYTES + (kv_bytes == 1 ? KEY_TILE * HD : 0); }
 };
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const bf16* p) {
@@ -376,26 +386,106 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const unsigned*>(&v);
 }
 
-// Starts copying 64 rows of HD bf16 (row r from src_row(r); zeros where
-// it returns null) into shared memory; the caller commits and waits. FP8
-// rows are converted to bf16 on the way (plain loads, done on return).
-template <int HD, typename RowPtr>
-__device__ __forceinline__ void stage_rows(bf16* dst, RowPtr src_row) {
-  constexpr int VEC = HD / 8;  // 8-element vectors per row (16 bytes of bf16)
-  constexpr int LD = PrefillSmem<HD>::LD;
-  for (int idx = threadIdx.x; idx < TILE * VEC; idx += blockDim.x) {
-    const int r = idx / VEC, c = idx % VEC;
-    const auto* src = src_row(r);
-    bf16* d = dst + r * LD + c * 8;
-    if (!src) {
-      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
-    } else if constexpr (sizeof(*src) == 2) {
-      cp_async<16>(d, src + c * 8);
+// 16-byte cp.async that skips L1: staged rows are reused across blocks
+// through L2 only.
+__device__ __forceinline__ void cp_async_cg16(void* smem_dst, const void* gmem_src) {
+  const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem_src) : "memory");
+}
+
+// Starts copying the tile's query rows (token r / G, head r % G of the kv
+// head's group; zeros past the tile's n tokens) into shared memory.
+template <int HD>
+__device__ __forceinline__ void stage_q(bf16* sQ, const bf16* q, int t0, int n, int group, int kvh, int qd) {
+  constexpr int VEC = HD / 8;  // 16-byte pieces per row
+  for (int idx = threadIdx.x; idx < PREFILL_ROWS * VEC; idx += PREFILL_THREADS) {
+    const int r = idx / VEC, c = idx % VEC, tok = r / group;
+    bf16* d = sQ + r * PrefillSmem<HD>::LD + c * 8;
+    if (tok < n) {
+      cp_async_cg16(d, q + (size_t)(t0 + tok) * qd + (kvh * group + r % group) * HD + c * 8);
     } else {
-      *reinterpret_cast<uint4*>(d) = fp8x8_to_bf16x8(*reinterpret_cast<const uint2*>(src + c * 8));
+      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
     }
   }
 }
+
+// One thread's share of staging a K or V tile: PIECES pieces of rows
+// row0 + i * STEP at one column, each 16 bytes of the cache (8 bf16 or 16
+// FP8 elements). K and V rows share their cache rows, found once per key
+// tile (when its K is issued). Pieces go by cp.async: bf16 ones straight
+// into the tile, FP8 ones into the raw area, which finish() converts into
+// the tile (each thread converts only the pieces it copied, so the raw area
+// needs no barrier and serves K and V in turn).
+template <int HD, typename KV>
+struct KvStage {
+  static constexpr bool FP8 = sizeof(KV) == 1;
+  static constexpr int ELEMS = 16 / sizeof(KV);  // elements per piece
+  static constexpr int VEC = HD / ELEMS;         // pieces per row
+  static constexpr int STEP = PREFILL_THREADS / VEC;
+  static constexpr int PIECES = KEY_TILE / STEP;
+  static_assert(PREFILL_THREADS % VEC == 0 && KEY_TILE % STEP == 0, "whole rows per pass");
+
+  const int* table;
+  int kvh, num_kv_heads, block_size, first_key, last;
+  int row0 = threadIdx.x / VEC, col = threadIdx.x % VEC;
+  // Cache row (of HD elements; a cache of 2^31 rows would hold at least
+  // 128 GiB) of each piece; -1: a key outside [first_key, last], zeros.
+  int row[PIECES];
+
+  __device__ __forceinline__ int tile_offset(int i) const {
+    return (row0 + i * STEP) * PrefillSmem<HD>::LD + col * ELEMS;
+  }
+  // FP8: KEY_TILE x HD bytes after the bf16 tiles (addressed from the
+  // shared-memory symbol: no pointer held in registers).
+  __device__ __forceinline__ uint4* raw_piece(int i) const {
+    extern __shared__ __align__(128) unsigned char smem[];
+    return reinterpret_cast<uint4*>(smem + PrefillSmem<HD>::BF16_BYTES + (row0 + i * STEP) * HD + col * 16);
+  }
+
+  __device__ __forceinline__ void locate(int kt) {
+#pragma unroll
+    for (int i = 0; i < PIECES; ++i) {
+      const int j = kt * KEY_TILE + row0 + i * STEP;
+      row[i] = j < first_key || j > last ? -1
+                                         : (table[j / block_size] * num_kv_heads + kvh) * block_size + j % block_size;
+    }
+  }
+
+  __device__ __forceinline__ void issue(const KV* cache, bf16* tile) {
+#pragma unroll
+    for (int i = 0; i < PIECES; ++i) {
+      const KV* src = cache + (size_t)row[i] * HD + col * ELEMS;
+      if (row[i] < 0) {
+        if constexpr (!FP8) *reinterpret_cast<uint4*>(tile + tile_offset(i)) = make_uint4(0, 0, 0, 0);
+      } else if constexpr (FP8) {
+        cp_async_cg16(raw_piece(i), src);
+      } else {
+        cp_async_cg16(tile + tile_offset(i), src);
+      }
+    }
+    cp_async_commit();
+  }
+
+  // Completes this thread's pieces of the tile last issued (the block still
+  // synchronizes before reading them).
+  __device__ __forceinline__ void finish(bf16* tile) {
+    cp_async_wait<0>();
+    if constexpr (FP8) {
+#pragma unroll
+      for (int i = 0; i < PIECES; ++i) {
+        uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+        if (row[i] >= 0) {
+          const uint4 r = *raw_piece(i);
+          lo = fp8x8_to_bf16x8(make_uint2(r.x, r.y));
+          hi = fp8x8_to_bf16x8(make_uint2(r.z, r.w));
+        }
+        uint4* d = reinterpret_cast<uint4*>(tile + tile_offset(i));
+        d[0] = lo;
+        d[1] = hi;
+      }
+    }
+  }
+};
 
 template <int HD, typename KV>
 __device__ __forceinline__ void prefill_attention(
@@ -408,8 +498,8 @@ __device__ __forceinline__ void prefill_attention(
   constexpr int LD = L::LD, DT = HD / 8;  // DT: 8-wide column tiles of O
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);
-  bf16* sK = sQ + L::ROWS;
-  bf16* sV = sK + L::ROWS;
+  bf16* sK = sQ + L::Q_ELEMS;
+  bf16* sV = sK + L::KV_ELEMS;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;  // fragment row group and column pair
 
@@ -425,18 +515,15 @@ __device__ __forceinline__ void prefill_attention(
   // Sliding window (0: none): row at position p sees p - window + 1 ..= p;
   // keys before the first row's window are neither read nor staged.
   const int first_key = window > 0 ? max(0, p0 - window + 1) : 0;
-  const int* table = block_tables + (size_t)seq * *table_stride;
-  auto q_row = [&](int r) -> const bf16* {
-    return r / group < n ? q + (size_t)(t0 + r / group) * qd + (kvh * group + r % group) * HD : nullptr;
-  };
-  auto kv_row = [&](const KV* cache, int kt) {
-    return [=](int r) -> const KV* {
-      const int j = kt * TILE + r;
-      if (j > last || j < first_key) return nullptr;
-      return cache + kv_index(table[j / block_size], kvh, j % block_size, num_kv_heads, block_size, HD);
-    };
-  };
-  stage_rows<HD>(sQ, q_row);
+  KvStage<HD, KV> kv{block_tables + (size_t)seq * *table_stride, kvh, num_kv_heads, block_size, first_key, last};
+
+  int kt = first_key / KEY_TILE;
+  const int key_tiles = last / KEY_TILE + 1;
+  stage_q<HD>(sQ, q, t0, n, group, kvh, qd);
+  kv.locate(kt);
+  kv.issue(k_cache, sK);
+  kv.finish(sK);
+  __syncthreads();
 
   // This thread's two rows of the warp's 16: g and g + 8.
   int qpos[2], qlo[2];
@@ -452,20 +539,13 @@ __device__ __forceinline__ void prefill_attention(
     for (int e = 0; e < 4; ++e) o[d][e] = 0.f;
   const bf16* q_frag = sQ + (warp * 16 + (lane & 15)) * LD + (lane >> 4) * 8;
 
-  const int key_tiles = last / TILE + 1;
-  for (int kt = first_key / TILE; kt < key_tiles; ++kt) {
-    stage_rows<HD>(sK, kv_row(k_cache, kt));
-    stage_rows<HD>(sV, kv_row(v_cache, kt));
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-    const bf16* K = sK;
-    const bf16* V = sV;
+  for (; kt < key_tiles; ++kt) {
+    kv.issue(v_cache, sV);  // the rows located with this tile's K
 
     // S = Q K^T: 8 column tiles of 8 keys.
-    float s[TILE / 8][4];
+    float s[KEY_TILE / 8][4];
 #pragma unroll
-    for (int t = 0; t < TILE / 8; ++t)
+    for (int t = 0; t < KEY_TILE / 8; ++t)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[t][e] = 0.f;
 #pragma unroll
@@ -473,32 +553,33 @@ __device__ __forceinline__ void prefill_attention(
       unsigned qf[4];  // reloaded per tile: registers go to O and S
       ldmatrix_x4(qf, q_frag + kk * 16);
 #pragma unroll
-      for (int np = 0; np < TILE / 16; ++np) {
+      for (int np = 0; np < KEY_TILE / 16; ++np) {
         unsigned b[4];
-        ldmatrix_x4(b, K + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
+        ldmatrix_x4(b, sK + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
         mma_bf16(s[2 * np], qf, b[0], b[1]);
         mma_bf16(s[2 * np + 1], qf, b[2], b[3]);
       }
     }
 
-    // Causal mask and the online softmax (log2 domain) of both rows; each
-    // row's 64 scores are spread over the 4 lanes of a quad.
+    // Causal / window mask and the online softmax (log2 domain, the scale
+    // applied in the exponent) of both rows; each row's 64 scores are spread
+    // over the 4 lanes of a quad. (Skipping the mask on tiles inside every
+    // row's range costs registers: a second copy of this code.)
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int t = 0; t < TILE / 8; ++t)
+    for (int t = 0; t < KEY_TILE / 8; ++t)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int key = kt * TILE + t * 8 + 2 * c + (e & 1);
-        const float v = key <= qpos[e >> 1] && key >= qlo[e >> 1] ? s[t][e] * scale_log2 : -INFINITY;
-        s[t][e] = v;
-        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        const int key = kt * KEY_TILE + t * 8 + 2 * c + (e & 1);
+        if (key > qpos[e >> 1] || key < qlo[e >> 1]) s[t][e] = -INFINITY;
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[t][e]);
       }
     float base[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-      const float m_new = fmaxf(m[i], mx[i]);
+      const float m_new = fmaxf(m[i], mx[i] * scale_log2);
       // A row with no key yet (only possible before its first tile) keeps 0.
       const float corr = m[i] == -INFINITY ? 0.f : exp2f(m[i] - m_new);
       m[i] = m_new;
@@ -511,29 +592,45 @@ __device__ __forceinline__ void prefill_attention(
       }
     }
 #pragma unroll
-    for (int t = 0; t < TILE / 8; ++t)
+    for (int t = 0; t < KEY_TILE / 8; ++t)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float p = exp2f(s[t][e] - base[e >> 1]);
+        const float p = exp2f(fmaf(s[t][e], scale_log2, -base[e >> 1]));
         l[e >> 1] += p;
         s[t][e] = p;
       }
-
-    // O += P V: two S column tiles make one A fragment of 16 keys.
+    // P as bf16 A fragments (two S column tiles make one of 16 keys), packed
+    // now so that half the registers stay live while the next K is issued.
+    unsigned pa[KEY_TILE / 16][4];
 #pragma unroll
-    for (int kc = 0; kc < TILE / 16; ++kc) {
-      const unsigned a[4] = {pack_bf16(s[2 * kc][0], s[2 * kc][1]), pack_bf16(s[2 * kc][2], s[2 * kc][3]),
-                             pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                             pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+    for (int kc = 0; kc < KEY_TILE / 16; ++kc) {
+      pa[kc][0] = pack_bf16(s[2 * kc][0], s[2 * kc][1]);
+      pa[kc][1] = pack_bf16(s[2 * kc][2], s[2 * kc][3]);
+      pa[kc][2] = pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+      pa[kc][3] = pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+    }
+
+    kv.finish(sV);
+    __syncthreads();  // V is staged; every warp is done with K
+    const bool more = kt + 1 < key_tiles;
+    if (more) {
+      kv.locate(kt + 1);
+      kv.issue(k_cache, sK);
+    }
+
+    // O += P V.
+#pragma unroll
+    for (int kc = 0; kc < KEY_TILE / 16; ++kc) {
 #pragma unroll
       for (int dp = 0; dp < DT / 2; ++dp) {
         unsigned b[4];
-        ldmatrix_x4_trans(b, V + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 + (lane >> 4) * 8);
-        mma_bf16(o[2 * dp], a, b[0], b[1]);
-        mma_bf16(o[2 * dp + 1], a, b[2], b[3]);
+        ldmatrix_x4_trans(b, sV + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 + (lane >> 4) * 8);
+        mma_bf16(o[2 * dp], pa[kc], b[0], b[1]);
+        mma_bf16(o[2 * dp + 1], pa[kc], b[2], b[3]);
       }
     }
-    __syncthreads();  // K/V are restaged next
+    if (more) kv.finish(sK);
+    __syncthreads();  // the next K is staged; every warp is done with V
   }
 
 #pragma unroll
@@ -555,7 +652,7 @@ __device__ __forceinline__ void prefill_attention(
 #define PREFILL_KERNEL(HD) PREFILL_KERNEL_OF(prefill_attention_hd##HD, HD, bf16) \
   PREFILL_KERNEL_OF(prefill_attention_fp8_hd##HD, HD, fp8)
 #define PREFILL_KERNEL_OF(NAME, HD, KV)                                                                     \
-  extern "C" __global__ void __launch_bounds__(PREFILL_WARPS * 32, 4) NAME(                                \
+  extern "C" __global__ void __launch_bounds__(PREFILL_THREADS, PREFILL_MIN_BLOCKS) NAME(                  \
       const bf16* q, const KV* k_cache, const KV* v_cache, const int* block_tables, const int* table_stride,       \
       const int* tiles, const int* positions, bf16* out, int num_heads, int num_kv_heads, int block_size,  \
       float scale_log2, int window) {                                                                       \

@@ -87,7 +87,7 @@ pub(crate) struct InputLayout {
 
 impl InputLayout {
     fn new(max_tokens: usize, max_seqs: usize, max_blocks: usize, views: usize) -> Self {
-        // Tiles hold 64 / G tokens; G is at most 8.
+        // Tiles hold PREFILL_TILE / G tokens (at least 16: G is at most 8).
         let max_tiles = max_tokens * 8 / PREFILL_TILE + max_seqs + 1;
         let slots = 0;
         let ids = slots + 2 * max_tokens;
@@ -812,9 +812,11 @@ mod tests {
             };
             stage_step(st, &batch, 132, &c, (true, 77), deterministic)
         };
-        // Default: the prompt chunk takes prefill tiles, the decode splits.
+        // Default: the prompt chunk takes prefill tiles (PREFILL_TILE / 4
+        // tokens each at G = 4: 32, so 2 for 40 tokens), the decode splits.
         let default = plan_of(false);
-        assert_eq!((default.decode_tokens, default.tiles), (1, 3));
+        assert_eq!(PREFILL_TILE / 4, 32);
+        assert_eq!((default.decode_tokens, default.tiles), (1, 2));
         assert!(default.splits > 1, "{default:?}");
         // Deterministic: one kernel and one split for all 41 tokens.
         let det = plan_of(true);

@@ -10,9 +10,14 @@ use ingot_models::ModelConfig;
 use crate::device::{Arg, DevPtr, Gpu, Kernel};
 use crate::CudaError;
 
-/// Query rows per prefill-attention tile (the kernel's `TILE`): 64 / G
-/// tokens of a chunk times the G query heads of a kv head.
-pub const PREFILL_TILE: usize = 64;
+/// Query rows per prefill-attention tile (the kernel's `PREFILL_ROWS`):
+/// 128 / G tokens of a chunk times the G query heads of a kv head.
+pub const PREFILL_TILE: usize = 128;
+/// Threads of a prefill-attention block (`PREFILL_THREADS`: a warp per 16
+/// rows).
+const PREFILL_THREADS: u32 = 256;
+/// Keys per staged K/V tile (the kernel's `KEY_TILE`).
+const PREFILL_KEY_TILE: usize = 64;
 /// Heads (one per warp) of a `rope_qkv` block (its `ROPE_WARPS`).
 const ROPE_WARPS: usize = 8;
 
@@ -203,7 +208,7 @@ impl Kernels {
         };
         let prefill_attention = match gpu.kernel(&format!("prefill_attention{infix}_hd{hd}")) {
             Ok(k) => {
-                let bytes = prefill_shared_bytes(hd) as u32;
+                let bytes = prefill_shared_bytes(hd, kv) as u32;
                 k.allow_shared_memory(bytes)?;
                 Some((k, bytes))
             }
@@ -246,10 +251,15 @@ impl Kernels {
     }
 }
 
-/// Mirrors `PrefillSmem<HD>::BYTES` in attention.cu.
-fn prefill_shared_bytes(hd: usize) -> usize {
-    // Q, K and V: 64-row tiles of hd + 8 bf16.
-    3 * PREFILL_TILE * (hd + 8) * 2
+/// Mirrors `PrefillSmem<HD>::bytes` in attention.cu.
+fn prefill_shared_bytes(hd: usize, kv: KvDtype) -> usize {
+    // Q (PREFILL_TILE rows), K and V (PREFILL_KEY_TILE rows each) of hd + 8
+    // bf16; an FP8 cache also stages each K or V tile raw.
+    let bf16_tiles = (PREFILL_TILE + 2 * PREFILL_KEY_TILE) * (hd + 8) * 2;
+    match kv {
+        KvDtype::Bf16 => bf16_tiles,
+        KvDtype::Fp8 => bf16_tiles + PREFILL_KEY_TILE * hd,
+    }
 }
 
 /// Query, key and value head counts and the head width.
@@ -757,7 +767,7 @@ impl PrefillAttention {
             Arg::I32(self.window as i32),
         ];
         let grid = (self.num_tiles as u32, self.heads.kv_heads as u32, 1);
-        gpu.launch(kernel, grid, 128, *smem, &args)
+        gpu.launch(kernel, grid, PREFILL_THREADS, *smem, &args)
     }
 }
 
@@ -842,9 +852,13 @@ mod tests {
 
     #[test]
     fn prefill_shared_memory_fits_hopper() {
-        // 227 KiB per SM on sm_90: four blocks per SM for head_dim 128
-        // (the kernel's launch bounds).
-        assert!(prefill_shared_bytes(128) * 4 <= 227 * 1024);
-        assert!(prefill_shared_bytes(64) <= 163 * 1024, "sm_80 limit");
+        // 227 KiB per SM on sm_90: two blocks per SM for head_dim 128 (the
+        // kernel's launch bounds), with either cache type.
+        for kv in [KvDtype::Bf16, KvDtype::Fp8] {
+            assert!(prefill_shared_bytes(128, kv) * 2 <= 227 * 1024, "{kv:?}");
+            assert!(prefill_shared_bytes(64, kv) <= 163 * 1024, "sm_80 limit");
+        }
+        assert_eq!(prefill_shared_bytes(128, KvDtype::Bf16), 69_632);
+        assert_eq!(prefill_shared_bytes(128, KvDtype::Fp8), 69_632 + 8_192);
     }
 }
