@@ -296,38 +296,39 @@ DECODE_KERNELS(256)
 
 // Merges the splits of paged_attention. Grid: (tokens, heads); block: 128
 // (at most 32 splits, the host's MAX_SPLITS). Warp 0 weighs the splits, a
-// lane each (exp2(m_s - max); the l sum over the warp in a fixed tree
-// order), then every thread sums its dimensions' partials with them: the
-// split loop is no longer serial in each thread (SmolLM2 batch 1 +4.5 %
-// on an H100, docs/perf/small-models.md).
+// lane each (w_s = exp2(m_s - max)), into shared memory; every thread then
+// sums its dimension's partials and the l_s with those weights, both in
+// split order: the bits of the serial per-thread loop this replaced, which
+// the fused small-model block (fused_block.cu) also reproduces, without
+// its serial L2 loads (SmolLM2 batch 1 +4.6 % on an H100,
+// docs/perf/small-models.md).
 constexpr int COMBINE_MAX_SPLITS = 32;
 
 extern "C" __global__ void attention_combine(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
                                              const int* __restrict__ token_ids, bf16* __restrict__ out,
                                              int num_heads, int hd, int num_splits) {
-  __shared__ float s_w[COMBINE_MAX_SPLITS], s_l;
+  __shared__ float s_w[COMBINE_MAX_SPLITS], s_l[COMBINE_MAX_SPLITS];
   pdl_begin();
   const int b = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31;
   const int tok = token_ids ? token_ids[b] : b;
   const size_t base = ((size_t)b * num_heads + h) * num_splits;
   if (threadIdx.x < 32) {
     const float m = lane < num_splits ? part_ml[2 * (base + lane)] : -INFINITY;
-    const float l = lane < num_splits ? part_ml[2 * (base + lane) + 1] : 0.f;
     float mx = m;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    const float w = mx == -INFINITY ? 0.f : exp2f(m - mx);
-    const float sum_l = warp_sum(l * w);
-    s_w[lane] = w;
-    if (lane == 0) s_l = sum_l;
+    s_w[lane] = mx == -INFINITY ? 0.f : exp2f(m - mx);
+    s_l[lane] = lane < num_splits ? part_ml[2 * (base + lane) + 1] : 0.f;
   }
   __syncthreads();
+  float sum_l = 0.f;
+  for (int s = 0; s < num_splits; ++s) sum_l += s_l[s] * s_w[s];
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     const float* acc = part_acc + base * hd + d;
     float sum_a = 0.f;
 #pragma unroll 8
     for (int s = 0; s < num_splits; ++s) sum_a += acc[(size_t)s * hd] * s_w[s];
-    out[((size_t)tok * num_heads + h) * hd + d] = to_bf16(s_l > 0.f ? sum_a / s_l : 0.f);
+    out[((size_t)tok * num_heads + h) * hd + d] = to_bf16(sum_l > 0.f ? sum_a / sum_l : 0.f);
   }
 }
 
