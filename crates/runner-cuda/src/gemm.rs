@@ -92,7 +92,8 @@ fn gemv_modes(gpu: &Gpu, prefix: &str, n: usize) -> Result<[Kernel; 10], CudaErr
 }
 
 /// The most inputs of a bf16 matrix whose batch-1 GEMV loads each lane's
-/// whole row before its PDL wait (`gemv_short_n1_*`: 8 loads of 8 a lane).
+/// whole row before its PDL wait (`gemv_short_n1_*`: gemv.cu's
+/// `SHORT_ROW_LOADS` = 8 loads of 8 a lane, over 32 lanes).
 const SHORT_ROW_INPUTS: usize = 8 * 8 * 32;
 
 /// Output element type.

@@ -1281,8 +1281,7 @@ mod support_tests {
         let layer_weights = (q + 2 * kv) * d + d * q + 2 * ff * d + d * ff;
         let layer_rows = (q + 2 * kv) + d + 2 * ff + d;
         let none = Fp8Keep::default();
-        let saved = weight_bytes(&c, WeightFormat::Bf16, &none)
-            - weight_bytes(&c, WeightFormat::Fp8 { lm_head: false }, &none);
+        let saved = weight_bytes(&c, WeightFormat::Bf16, &none) - weight_bytes(&c, FP8, &none);
         // bf16 2 bytes -> e4m3 1 byte, plus a 4-byte scale per row (and
         // the arena's 256-byte rounding of each piece).
         let want = c.num_layers * (layer_weights - 4 * layer_rows);
@@ -1296,8 +1295,7 @@ mod support_tests {
         let (d, ff) = (c.hidden_size, c.intermediate_size);
         let none = Fp8Keep::default();
         let down = Fp8Keep::parse("down_proj", c.num_layers).unwrap();
-        let extra = weight_bytes(&c, WeightFormat::Fp8 { lm_head: false }, &down)
-            - weight_bytes(&c, WeightFormat::Fp8 { lm_head: false }, &none);
+        let extra = weight_bytes(&c, FP8, &down) - weight_bytes(&c, FP8, &none);
         // Each layer's down_proj: 2 bytes instead of 1, less its row scales.
         let want = c.num_layers * (d * ff - 4 * d);
         assert!(
@@ -1307,7 +1305,7 @@ mod support_tests {
         // Everything kept: the bf16 size.
         let all = Fp8Keep::parse("layers", c.num_layers).unwrap();
         assert_eq!(
-            weight_bytes(&c, WeightFormat::Fp8 { lm_head: false }, &all),
+            weight_bytes(&c, FP8, &all),
             weight_bytes(&c, WeightFormat::Bf16, &none)
         );
     }
@@ -1401,12 +1399,10 @@ mod support_tests {
     #[test]
     fn fp8_needs_widths_that_16_divides() {
         let mut c = gemma3();
-        assert!(supports_format(&c, WeightFormat::Fp8 { lm_head: false }).is_ok());
+        assert!(supports_format(&c, FP8).is_ok());
         c.intermediate_size = 2056;
         assert!(supports_format(&c, WeightFormat::Bf16).is_ok());
-        let err = supports_format(&c, WeightFormat::Fp8 { lm_head: false })
-            .unwrap_err()
-            .to_string();
+        let err = supports_format(&c, FP8).unwrap_err().to_string();
         assert!(err.contains("multiples of 16"), "{err}");
     }
 }
