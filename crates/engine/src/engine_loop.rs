@@ -426,9 +426,31 @@ impl EngineLoop {
         }
     }
 
+    /// In steady decode (nothing waiting), gives each row that will decode
+    /// again the block of its next position now, where that starts a new
+    /// block, for a runner that launches the next step before this one
+    /// returns (`expect_next`): it then has every row's next KV slot, not
+    /// only when no row crosses a block boundary (with many sequences at
+    /// mixed positions, some row crosses at nearly every step).
+    fn reserve_next_positions(&mut self, chunks: &[ScheduledChunk]) {
+        if !self.runner.launches_ahead() || self.scheduler.num_waiting() != 0 {
+            return;
+        }
+        for c in chunks.iter().filter(|c| c.len == 1 && c.sample) {
+            let continues = self
+                .active
+                .get(&c.id)
+                .is_some_and(|a| !a.decoding.next_hits_limit());
+            if continues {
+                self.scheduler.reserve_next_position(c.id);
+            }
+        }
+    }
+
     /// One forward pass over the scheduled chunks, then sampling.
     fn step(&mut self, chunks: &[ScheduledChunk]) {
         let started = Instant::now();
+        self.reserve_next_positions(chunks);
         let mut batch = ForwardBatch::default();
         // Which request and start position each `batch.score` entry scores.
         let mut scored = Vec::new();

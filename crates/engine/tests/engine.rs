@@ -3,6 +3,7 @@
 //! backpressure and admission control.
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -255,6 +256,11 @@ type StepLog = Arc<std::sync::Mutex<Vec<(&'static str, usize, bool)>>>;
 struct Recording {
     inner: CpuRunner,
     steps: StepLog,
+    /// What `launches_ahead` answers.
+    ahead: bool,
+    /// `expect_next` steps in which some row's tables end at its next
+    /// position (a runner launching ahead would have no slot for it).
+    short_tables: Arc<AtomicUsize>,
 }
 
 impl ingot_runner::ModelRunner for Recording {
@@ -287,6 +293,14 @@ impl ingot_runner::ModelRunner for Recording {
             .lock()
             .unwrap()
             .push(("greedy", n, batch.expect_next));
+        let bs = self.inner.kv_cache_shape().block_size;
+        let short = batch
+            .chunks
+            .iter()
+            .any(|c| c.block_table.len() * bs <= c.start_pos + 1);
+        if batch.expect_next && short {
+            self.short_tables.fetch_add(1, Ordering::SeqCst);
+        }
         self.inner.forward_greedy(batch)
     }
 
@@ -307,9 +321,21 @@ impl ingot_runner::ModelRunner for Recording {
     fn device_name(&self) -> String {
         "recording".into()
     }
+
+    fn launches_ahead(&self) -> bool {
+        self.ahead
+    }
 }
 
 fn recording_engine() -> (EngineHandle, StepLog) {
+    let (handle, steps, _) = recording_engine_ahead(false);
+    (handle, steps)
+}
+
+/// A recording engine whose runner says it launches ahead (`ahead`); also
+/// the count of steady-decode steps with a row's tables ending at its next
+/// position.
+fn recording_engine_ahead(ahead: bool) -> (EngineHandle, StepLog, Arc<AtomicUsize>) {
     let config = tiny_config();
     let weights = LlamaWeights::load(&config, &DummySource::new(&config, 1), &|_, _| {}).unwrap();
     let inner = CpuRunner::new(
@@ -323,12 +349,38 @@ fn recording_engine() -> (EngineHandle, StepLog) {
     )
     .unwrap();
     let steps = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let short_tables = Arc::new(AtomicUsize::new(0));
     let runner = Recording {
         inner,
         steps: steps.clone(),
+        ahead,
+        short_tables: short_tables.clone(),
     };
     let handle = start_engine(Box::new(runner), tokenizer(), EngineConfig::default()).unwrap();
-    (handle, steps)
+    (handle, steps, short_tables)
+}
+
+#[test]
+fn a_runner_launching_ahead_gets_every_rows_next_block_a_step_early() {
+    for ahead in [false, true] {
+        let (handle, steps, short) = recording_engine_ahead(ahead);
+        // Prompts of different lengths: rows cross block boundaries (16)
+        // at different steps, so most steps have one that does.
+        let reqs = (0..4).map(|i| request(i, 5 + 7 * i as usize, 40)).collect();
+        let out = run_concurrently(&handle, reqs);
+        assert!(out.iter().all(|t| t.len() == 40));
+        let steady = steps.lock().unwrap().iter().filter(|s| s.2).count();
+        assert!(steady > 20, "{steady} steady-decode steps");
+        let short = short.load(Ordering::SeqCst);
+        if ahead {
+            assert_eq!(short, 0, "a row's next position had no block");
+        } else {
+            assert!(
+                short > 0,
+                "no row ever crossed a block: the test shows nothing"
+            );
+        }
+    }
 }
 
 #[test]

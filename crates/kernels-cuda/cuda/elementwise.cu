@@ -224,17 +224,3 @@ extern "C" __global__ void fill_uniform_f32(float* __restrict__ out, long long n
                                             float scale, float offset) {
   fill_uniform(out, n, seed, scale, offset);
 }
-
-// Turns a decode step's inputs into the next step's on the device: each
-// row's next token is the one just picked, one position further, in the
-// next slot of the same block (the host only does this inside a block).
-// Lets the runner launch step N+1 before the host has seen step N's ids.
-extern "C" __global__ void advance_decode(int* __restrict__ ids, int* __restrict__ positions,
-                                          long long* __restrict__ slots, const int* __restrict__ sampled, int n) {
-  pdl_begin();
-  const int t = blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= n) return;
-  ids[t] = sampled[t];
-  positions[t] += 1;
-  slots[t] += 1;
-}

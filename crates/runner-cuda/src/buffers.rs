@@ -6,9 +6,11 @@
 use ingot_models::ModelConfig;
 use ingot_runner::ForwardBatch;
 
+use cudarc::driver::CudaEvent;
+
 use crate::device::{Arena, DevPtr, Gpu, Pinned};
 use crate::gemm::GEMV_MAX_TOKENS;
-use crate::kernels::{AdvanceDecode, Kernels, KvDtype, PREFILL_TILE};
+use crate::kernels::{KvDtype, PREFILL_TILE};
 use crate::kv_views::KvViews;
 use crate::CudaError;
 
@@ -58,8 +60,8 @@ pub struct StepPlan {
 /// Offsets (in i32 elements) of the step inputs inside one region that is
 /// mirrored in pinned host memory and copied up in one transfer. A layout
 /// of several [`KvViews`] adds, per further view, its KV-write slots and
-/// table (one more transfer each) and a sink for [`advance_decode`]; with
-/// one view the region is what it was before layer groups.
+/// table (one more transfer each); with one view the region is what it
+/// was before layer groups.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct InputLayout {
     pub(crate) slots: usize,
@@ -79,9 +81,6 @@ pub(crate) struct InputLayout {
     view_len: usize,
     /// Slots before a further view's table (2 per token).
     view_slots: usize,
-    /// `2 × max_seqs` elements [`advance_decode`] writes the ids and
-    /// positions of further views into (they only move slots).
-    sink: usize,
     pub(crate) len: usize,
 }
 
@@ -103,10 +102,9 @@ impl InputLayout {
         let extra = end.next_multiple_of(2);
         let view_slots = 2 * max_tokens;
         let view_len = (view_slots + max_seqs * max_blocks).next_multiple_of(2);
-        let sink = extra + (views - 1) * view_len;
         let len = match views {
             1 => end,
-            _ => sink + 2 * max_seqs,
+            _ => extra + (views - 1) * view_len,
         };
         Self {
             slots,
@@ -122,7 +120,6 @@ impl InputLayout {
             extra,
             view_len,
             view_slots,
-            sink,
             len,
         }
     }
@@ -153,7 +150,13 @@ pub struct Buffers {
     /// The tables and buffers layers read.
     pub(crate) views: KvViews,
     inputs: DevPtr,
-    inputs_host: Pinned<i32>,
+    /// Two pinned mirrors of the input region, used in turn: the next step
+    /// is staged in one while the other's copy may still be queued.
+    inputs_host: [Pinned<i32>; 2],
+    /// The mirror the last step was staged in.
+    turn: usize,
+    /// Per mirror: recorded after its last copy up was enqueued.
+    uploaded: [Option<CudaEvent>; 2],
     pub(crate) x: DevPtr,
     pub(crate) xn: DevPtr,
     pub(crate) qkv: DevPtr,
@@ -246,7 +249,9 @@ impl Buffers {
             layout,
             views: KvViews::of(c),
             inputs: p[0],
-            inputs_host: Pinned::new(gpu, layout.len)?,
+            inputs_host: [Pinned::new(gpu, layout.len)?, Pinned::new(gpu, layout.len)?],
+            turn: 0,
+            uploaded: [None, None],
             x: p[1],
             xn: p[2],
             qkv: p[3],
@@ -327,17 +332,17 @@ impl Buffers {
         num_sms: usize,
         c: &ModelConfig,
         (prefill, scratch): (bool, u32),
-    ) -> StepPlan {
+    ) -> Result<StepPlan, CudaError> {
         let deterministic = self.deterministic;
-        let staging = self.staging();
-        stage_step(
+        let staging = self.staging()?;
+        Ok(stage_step(
             staging,
             batch,
             num_sms,
             c,
             (prefill, scratch),
             deterministic,
-        )
+        ))
     }
 
     /// Lays out a decode batch padded to a graph's `size`: padded rows
@@ -349,21 +354,26 @@ impl Buffers {
         scratch: u32,
         num_sms: usize,
         c: &ModelConfig,
-    ) -> StepPlan {
+    ) -> Result<StepPlan, CudaError> {
         let deterministic = self.deterministic;
-        let staging = self.staging();
+        let staging = self.staging()?;
         let plan = stage_graph_decode(staging, batch, (size, scratch), num_sms, c);
-        batch_invariant(plan, deterministic)
+        Ok(batch_invariant(plan, deterministic))
     }
 
-    /// The pinned input region and how it is laid out.
-    fn staging(&mut self) -> Staging<'_> {
-        Staging {
-            host: self.inputs_host.as_mut_slice(),
+    /// The other pinned mirror, once its last copy up has been read, and
+    /// how the region is laid out.
+    fn staging(&mut self) -> Result<Staging<'_>, CudaError> {
+        self.turn ^= 1;
+        if let Some(copied) = self.uploaded[self.turn].take() {
+            copied.synchronize()?;
+        }
+        Ok(Staging {
+            host: self.inputs_host[self.turn].as_mut_slice(),
             l: self.layout,
             bs: self.block_size,
             views: &self.views,
-        }
+        })
     }
 }
 
@@ -489,8 +499,7 @@ fn stage_graph_decode(
 
 impl Buffers {
     /// Sets the final norm's gather list to `rows` (token rows of the last
-    /// step, at most `max_seqs`) and uploads it. The caller syncs the
-    /// stream before the next call rewrites the pinned staging.
+    /// step, at most `max_seqs`) and uploads it.
     pub fn upload_last_rows(&mut self, gpu: &Gpu, rows: &[i32]) -> Result<(), CudaError> {
         let at = self.layout.last_rows;
         if rows.len() > self.max_seqs {
@@ -501,20 +510,28 @@ impl Buffers {
             )));
         }
         let dst = self.input(at);
-        let host = &mut self.inputs_host.as_mut_slice()[at..at + rows.len()];
+        let staging = self.staging()?;
+        let host = &mut staging.host[at..at + rows.len()];
         host.copy_from_slice(rows);
-        gpu.upload(dst, host)
+        gpu.upload(dst, host)?;
+        self.mark_uploaded(gpu)
     }
 
     /// Copies the step's inputs to the device (stream-ordered): one
     /// transfer, and one more per further view (its slots and table).
-    pub fn upload(&self, gpu: &Gpu, plan: &StepPlan) -> Result<(), CudaError> {
-        let (l, host) = (self.layout, self.inputs_host.as_slice());
+    pub fn upload(&mut self, gpu: &Gpu, plan: &StepPlan) -> Result<(), CudaError> {
+        let (l, host) = (self.layout, self.inputs_host[self.turn].as_slice());
         gpu.upload(self.inputs, &host[..plan.upload_len])?;
         for v in 1..l.views {
             let (at, end) = (l.slots_of(v), l.tables_of(v) + plan.table_len);
             gpu.upload(self.input(at), &host[at..end])?;
         }
+        self.mark_uploaded(gpu)
+    }
+
+    /// Records when the mirror staged last has been copied up.
+    fn mark_uploaded(&mut self, gpu: &Gpu) -> Result<(), CudaError> {
+        self.uploaded[self.turn] = Some(gpu.stream.record_event(None)?);
         Ok(())
     }
 
@@ -620,31 +637,6 @@ fn write_token(
     host[l.positions + t] = pos as i32;
     host[l.token_seq + t] = seq as i32;
     write_slot(host, l.slots, t, slot);
-}
-
-/// Rewrites the inputs of the decode step just enqueued into those of the
-/// step after it (next token = the one picked, one position further). Each
-/// row stays in its block, so every view's slot moves one further too.
-pub fn advance_decode(gpu: &Gpu, k: &Kernels, b: &Buffers, rows: usize) -> Result<(), CudaError> {
-    let l = b.layout;
-    for v in 1..l.views {
-        AdvanceDecode {
-            rows,
-            ids: b.input(l.sink),
-            positions: b.input(l.sink + b.max_seqs),
-            slots: b.input(l.slots_of(v)),
-            sampled: b.sampled,
-        }
-        .launch(gpu, k)?;
-    }
-    AdvanceDecode {
-        rows,
-        ids: b.input(l.ids),
-        positions: b.input(l.positions),
-        slots: b.input(l.slots),
-        sampled: b.sampled,
-    }
-    .launch(gpu, k)
 }
 
 #[cfg(test)]
@@ -846,11 +838,11 @@ mod tests {
             regions.push((l.slots_of(v), 2 * 64));
             regions.push((l.tables_of(v), 4 * 2048));
         }
-        regions.push((l.sink, 2 * 4));
         for w in regions.windows(2) {
             assert!(w[0].0 + w[0].1 <= w[1].0, "{regions:?}");
         }
-        assert_eq!(l.sink + 2 * 4, l.len);
+        let last = regions[regions.len() - 1];
+        assert!(last.0 + last.1 <= l.len);
     }
 
     #[test]

@@ -68,7 +68,6 @@ pub struct Kernels {
     tc_decode_attention: Option<(Kernel, u32)>,
     tc_decode_min_rows: usize,
     combine: Kernel,
-    advance_decode: Kernel,
     /// Absent for head sizes without a tensor-core kernel.
     prefill_attention: Option<(Kernel, u32)>,
     pub num_sms: usize,
@@ -228,7 +227,6 @@ impl Kernels {
             tc_decode_attention,
             tc_decode_min_rows,
             combine: gpu.kernel("attention_combine")?,
-            advance_decode: gpu.kernel("advance_decode")?,
             prefill_attention,
             num_sms: gpu
                 .ctx
@@ -768,30 +766,6 @@ impl PrefillAttention {
         ];
         let grid = (self.num_tiles as u32, self.heads.kv_heads as u32, 1);
         gpu.launch(kernel, grid, PREFILL_THREADS, *smem, &args)
-    }
-}
-
-/// `advance_decode`: rewrites a decode step's inputs into those of the
-/// step after it (next token = the one sampled, one position further).
-pub struct AdvanceDecode {
-    pub rows: usize,
-    pub ids: DevPtr,
-    pub positions: DevPtr,
-    pub slots: DevPtr,
-    pub sampled: DevPtr,
-}
-
-impl AdvanceDecode {
-    pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
-        let args = [
-            Arg::Ptr(self.ids),
-            Arg::Ptr(self.positions),
-            Arg::Ptr(self.slots),
-            Arg::Ptr(self.sampled),
-            Arg::I32(self.rows as i32),
-        ];
-        let grid = (self.rows.div_ceil(128) as u32, 1, 1);
-        gpu.launch(&k.advance_decode, grid, 128, 0, &args)
     }
 }
 

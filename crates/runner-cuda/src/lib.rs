@@ -36,6 +36,7 @@ use ingot_kv_cache::KvLayout;
 use ingot_models::{ModelConfig, ModelError, TensorSource};
 use ingot_runner::{
     ForwardBatch, KvCacheShape, MaskSource, ModelRunner, Pick, RowSampling, RunnerError,
+    SequenceChunk,
 };
 
 use buffers::{Buffers, StepPlan};
@@ -700,7 +701,7 @@ impl CudaRunner {
                 self.scratch_block(),
                 self.kernels.num_sms,
                 &self.config,
-            );
+            )?;
             self.buffers.upload(&self.gpu, &plan)?;
             // Run once eagerly: creates cuBLASLt plans outside the capture.
             ops::encode(&self.model(), &plan, None)?;
@@ -765,13 +766,13 @@ impl CudaRunner {
                 self.scratch_block(),
                 self.kernels.num_sms,
                 &self.config,
-            ),
+            )?,
             None => self.buffers.prepare(
                 batch,
                 self.kernels.num_sms,
                 &self.config,
                 (self.kernels.has_prefill(), self.scratch_block()),
-            ),
+            )?,
         };
         let mut marks = match self.profiler {
             Some(_) => Some(Marks::begin(&self.gpu)?),
@@ -826,6 +827,10 @@ impl ModelRunner for CudaRunner {
 
     fn device_name(&self) -> String {
         format!("cuda:{} {}", self.opts.device, self.gpu.name)
+    }
+
+    fn launches_ahead(&self) -> bool {
+        true
     }
 
     fn sleep(&mut self) -> Result<u64, RunnerError> {
@@ -960,7 +965,7 @@ impl CudaRunner {
         };
         if let Some(size) = graph.filter(|_| batch.expect_next && self.profiler.is_none()) {
             if let Some(next) = self.next_rows(batch) {
-                buffers::advance_decode(&self.gpu, &self.kernels, &self.buffers, n)?;
+                self.stage_next_step(batch, size)?;
                 let g = self
                     .graphs
                     .iter()
@@ -1037,23 +1042,52 @@ impl CudaRunner {
         Ok((buffer, done))
     }
 
-    /// Where each row goes next, when every row stays inside its block:
-    /// its position and its first-group page there (only its sequence
-    /// writes it, so the page names the sequence and, with it, the pages
-    /// of its other groups, which stay put while the row is in the block).
+    /// Where each row goes next, when every row's tables already hold its
+    /// next position (inside its block, or a block the engine took a step
+    /// early: `Scheduler::reserve_next_position`): its position and its
+    /// first-group page there (only its sequence writes it, so the page
+    /// names the sequence and, with it, the pages of its other groups).
     fn next_rows(&self, batch: &ForwardBatch<'_>) -> Option<Vec<(usize, u32)>> {
-        let bs = self.kv_shape.block_size;
-        let ppb = self.buffers.views.layout().pages_per_block(0);
-        batch
-            .chunks
-            .iter()
-            .map(|c| {
-                let next = c.start_pos + 1;
-                let same_block = next % bs != 0 && next < self.config.max_context;
-                let page = c.block_table.get(c.start_pos / bs * ppb).copied();
-                page.filter(|_| same_block).map(|page| (next, page))
-            })
-            .collect()
+        let shape = (
+            self.kv_shape.block_size,
+            self.buffers.views.layout().pages_per_block(0),
+        );
+        next_rows(batch, shape, self.config.max_context)
+    }
+
+    /// Stages and uploads the inputs of the decode step after `batch` (one
+    /// position further, the same tables) for the graph of `size` rows, and
+    /// copies the ids this step picks into them on the device: the next
+    /// step can then be launched before the host has seen those ids.
+    fn stage_next_step(&mut self, batch: &ForwardBatch<'_>, size: usize) -> Result<(), CudaError> {
+        // The ids are the device's: a placeholder stands in on the host.
+        const PICKED: [TokenId; 1] = [0];
+        let next = ForwardBatch {
+            chunks: batch
+                .chunks
+                .iter()
+                .map(|c| SequenceChunk {
+                    tokens: &PICKED,
+                    start_pos: c.start_pos + 1,
+                    ..*c
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let plan = self.buffers.prepare_graph_decode(
+            &next,
+            size,
+            self.scratch_block(),
+            self.kernels.num_sms,
+            &self.config,
+        )?;
+        self.buffers.upload(&self.gpu, &plan)?;
+        let rows = next.chunks.len();
+        self.gpu.copy_within(
+            self.buffers.input(self.buffers.layout.ids),
+            self.buffers.sampled,
+            rows * std::mem::size_of::<i32>(),
+        )
     }
 
     /// Which speculated row each row of `batch` is (see
@@ -1096,6 +1130,26 @@ impl CudaRunner {
         }
         Ok(())
     }
+}
+
+/// [`CudaRunner::next_rows`] for `(block_size, pages_per_block)` of the
+/// first group and `max_context` positions.
+fn next_rows(
+    batch: &ForwardBatch<'_>,
+    (block_size, pages_per_block): (usize, usize),
+    max_context: usize,
+) -> Option<Vec<(usize, u32)>> {
+    batch
+        .chunks
+        .iter()
+        .map(|c| {
+            let next = c.start_pos + 1;
+            let block = next / block_size;
+            let held = next < max_context && c.group_tables.iter().all(|t| t.num_blocks() > block);
+            let page = c.block_table.get(block * pages_per_block).copied();
+            page.filter(|_| held).map(|page| (next, page))
+        })
+        .collect()
 }
 
 /// Which speculated row each row of `batch` is, when the batch is the
@@ -1155,6 +1209,36 @@ mod speculation_tests {
                 .collect(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn rows_go_on_into_a_block_taken_early_and_not_past_their_tables() {
+        let ids = [1u32];
+        let chunk = |start_pos, block_table| SequenceChunk {
+            tokens: &ids,
+            start_pos,
+            block_table,
+            group_tables: &[],
+        };
+        let batch = |chunks| ForwardBatch {
+            chunks,
+            ..Default::default()
+        };
+        // Position 14 goes on in its block; 15 crosses into the block the
+        // engine took early (page 8).
+        let both = batch(vec![chunk(14, &[3]), chunk(15, &[4, 8])]);
+        assert_eq!(
+            next_rows(&both, (16, 1), 4096),
+            Some(vec![(15, 3), (16, 8)])
+        );
+        // A row crossing without its next block: no speculation.
+        let short = batch(vec![chunk(14, &[3]), chunk(15, &[4])]);
+        assert_eq!(next_rows(&short, (16, 1), 4096), None);
+        // Nor at the end of the context.
+        assert_eq!(next_rows(&batch(vec![chunk(14, &[3])]), (16, 1), 15), None);
+        // Two pages a block: the next block's first page names the row.
+        let paged = batch(vec![chunk(15, &[4, 5, 8, 9])]);
+        assert_eq!(next_rows(&paged, (16, 2), 4096), Some(vec![(16, 8)]));
     }
 
     #[test]

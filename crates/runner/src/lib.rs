@@ -178,6 +178,14 @@ pub trait ModelRunner: Send {
         false
     }
 
+    /// The runner may launch the next decode step before this one returns
+    /// (see [`ForwardBatch::expect_next`]): the engine then gives each row
+    /// the block of its next position a step early, where that starts a
+    /// new block, so the launched step has every row's KV slot.
+    fn launches_ahead(&self) -> bool {
+        false
+    }
+
     /// Gives back the memory of the KV pool (its contents are lost) and,
     /// where weights live on a device, moves them to host memory, keeping
     /// what it takes to [`ModelRunner::wake`] fast. Returns the host bytes

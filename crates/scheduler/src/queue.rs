@@ -470,6 +470,39 @@ impl Scheduler {
         }
     }
 
+    /// Gives a decoding sequence the block of its next position one step
+    /// early, so a backend that launches the next decode step before this
+    /// one returns has that position's KV slot even where it starts a new
+    /// block. Best effort: it never preempts, and it leaves a block free for
+    /// every running sequence, so it cannot take a block another sequence
+    /// needs this step or the next. The engine calls it (after `schedule`)
+    /// only for rows it expects to decode again; the block is released with
+    /// the sequence like any other. True when the next position has a slot.
+    pub fn reserve_next_position(&mut self, id: SeqId) -> bool {
+        let spare = self.running.len();
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return false;
+        };
+        if seq.state != State::Running || seq.pending() != 0 || seq.num_computed == 0 {
+            return false;
+        }
+        // This step computes position `num_computed - 1` (it is scheduled:
+        // `commit` counted it); the next computes `num_computed`. Starting
+        // from this step's position gives back no block this step still reads.
+        let (start, end) = (seq.num_computed - 1, seq.num_computed + 1);
+        let blocks = end.div_ceil(self.pool.block_size());
+        if seq.tables.iter().all(|t| t.num_blocks() >= blocks) {
+            return true;
+        }
+        let needed = self.pool.pages_for(start, end) - self.pool.pages_for(start, end - 1);
+        if self.pool.num_available() < needed + spare {
+            return false;
+        }
+        self.pool
+            .reserve_groups(&mut seq.tables, start, end)
+            .is_ok()
+    }
+
     fn push_chunk(&mut self, id: SeqId, n: usize, out: &mut SchedulerOutput) {
         let seq = &self.seqs[&id];
         out.chunks.push(ScheduledChunk {
@@ -940,6 +973,57 @@ mod tests {
         assert_eq!(ids(&step(&mut s, t0)), vec![2]);
         s.set_paused(1, false);
         assert_eq!(ids(&step(&mut s, t0)).len(), 2);
+    }
+
+    #[test]
+    fn the_next_positions_block_is_taken_early_and_freed_with_the_sequence() {
+        let t0 = Instant::now();
+        let mut s = sched(16, |_| {});
+        // A 7-token prompt: positions 0..7 in 2 blocks of 4.
+        s.add(1, prompt(7, 0), Priority::Normal, 10, t0);
+        step(&mut s, t0);
+        // Its first decode step computes position 7, the end of block 1:
+        // the next step's position 8 needs a third block, taken now.
+        let out = s.schedule(t0);
+        assert_eq!(out.chunks[0].start, 7);
+        assert_eq!(s.pool().num_in_use(), 2);
+        assert!(s.reserve_next_position(1));
+        assert_eq!(s.pool().num_in_use(), 3);
+        assert_eq!(s.view(1).map(|v| v.blocks.len()), Some(3));
+        // Mid-block (position 8, next 9): nothing more is taken.
+        s.append_token(1, 7);
+        let out = s.schedule(t0);
+        assert_eq!(out.chunks[0].start, 8);
+        assert!(s.reserve_next_position(1));
+        assert_eq!(s.pool().num_in_use(), 3);
+        assert!(s.remove(1));
+        assert_eq!(s.pool().num_in_use(), 0);
+        // Unknown and waiting sequences get nothing.
+        assert!(!s.reserve_next_position(1));
+        s.add(2, prompt(4, 0), Priority::Normal, 10, t0);
+        assert!(!s.reserve_next_position(2));
+        assert_eq!(s.pool().num_in_use(), 0);
+    }
+
+    #[test]
+    fn the_next_positions_block_leaves_a_block_per_running_sequence() {
+        let t0 = Instant::now();
+        for (blocks, early) in [(4, false), (6, true)] {
+            // Two 3-token prompts (a block each), then each decodes position
+            // 3, the end of its block: position 4 would take a new block.
+            let mut s = sched(blocks, |_| {});
+            s.add(1, prompt(3, 0), Priority::Normal, 10, t0);
+            s.add(2, prompt(3, 10), Priority::Normal, 10, t0);
+            step(&mut s, t0);
+            let out = s.schedule(t0);
+            assert_eq!(out.chunks.len(), 2);
+            let free = s.pool().num_available();
+            // 4 blocks: 2 free for 2 running sequences, none to spare.
+            assert_eq!(s.reserve_next_position(1), early, "{blocks} blocks");
+            assert_eq!(s.reserve_next_position(2), early, "{blocks} blocks");
+            let taken = if early { 2 } else { 0 };
+            assert_eq!(s.pool().num_available(), free - taken);
+        }
     }
 
     #[test]
