@@ -6,7 +6,10 @@ f32 scale per row at the next 256-byte boundary). The reference multiplies
 the bf16 activations by the dequantized weights (e4m3 value x row scale),
 so the tolerances are those of the bf16 GEMV checks: what is measured is
 the kernel's arithmetic, not FP8's rounding (compare_fp8.py measures that
-on whole models).
+on whole models). The fused producers of FP8 GEMM inputs (`rms_norm_e4m3`,
+`silu_mul_e4m3`, `gelu_tanh_mul_e4m3`) must give the same bytes and scales
+as the two kernels they replace (elementwise.cu's norm or activation, then
+`quantize_rows_e4m3`).
 
     python3 tests/gpu/check_fp8.py --cubins DIR
 
@@ -165,15 +168,58 @@ def check_fused_norm_fp8(m, rng):
     verify(f"gemv_fp8 n={n} qkv_rope with fused RMSNorm", xn @ wq.T)
 
 
+def same_bytes(name, q, s, q_ref, s_ref):
+    """Reports e4m3 rows and scales equal bit for bit to the unfused chain's."""
+    report(f"{name} bytes equal to the two kernels'", float((q != q_ref).double().mean()), 1e-12)
+    report(f"{name} scales equal to the two kernels'", float((s != s_ref).double().mean()), 1e-12)
+
+
+def check_fused_producers(m, elementwise, rng):
+    """rms_norm_e4m3 and *_mul_e4m3 against add_rms_norm / silu_mul /
+    gelu_tanh_mul followed by quantize_rows_e4m3: the same bits."""
+    quantize = m.fn("quantize_rows_e4m3")
+
+    def quantized(x_bf16, rows, cols):
+        q = torch.empty(rows, cols, dtype=torch.uint8, device="cuda")
+        s = torch.empty(rows, dtype=torch.float32, device="cuda")
+        launch(quantize, (rows,), 256, [ptr(x_bf16), ptr(q), ptr(s), i32(cols)])
+        return q, s
+
+    for rows, d in ((37, 4096), (5, 576), (3, 2048), (256, 4096)):
+        x = dev(rnd(rng, rows, d, scale=2.0) * rng.uniform(0.1, 30.0, size=(rows, 1)), torch.float32)
+        w = dev(1 + 0.2 * rnd(rng, d), torch.float32)
+        threads = 512 if d >= 2048 else 256
+        normed = torch.empty(rows, d, dtype=torch.bfloat16, device="cuda")
+        launch(elementwise.fn("add_rms_norm"), (rows,), threads,
+               [ptr(x), ptr(None), ptr(None), ptr(w), ptr(normed), i32(d), f32(1e-5)])
+        q_ref, s_ref = quantized(normed, rows, d)
+        q = torch.empty(rows, d, dtype=torch.uint8, device="cuda")
+        s = torch.empty(rows, dtype=torch.float32, device="cuda")
+        launch(m.fn("rms_norm_e4m3"), (rows,), threads, [ptr(x), ptr(w), ptr(q), ptr(s), i32(d), f32(1e-5)])
+        same_bytes(f"rms_norm_e4m3 {rows}x{d}", q, s, q_ref, s_ref)
+    for rows, ff in ((37, 14336), (4, 1536), (256, 12288)):
+        gu = dev(rnd(rng, rows, 2 * ff, scale=4.0) * rng.uniform(0.1, 10.0, size=(rows, 1)), torch.bfloat16)
+        for act in ("silu_mul", "gelu_tanh_mul"):
+            out = torch.empty(rows, ff, dtype=torch.bfloat16, device="cuda")
+            launch(elementwise.fn(act), (rows, math.ceil(ff / (8 * 256))), 256, [ptr(gu), ptr(out), i32(ff)])
+            q_ref, s_ref = quantized(out, rows, ff)
+            q = torch.empty(rows, ff, dtype=torch.uint8, device="cuda")
+            s = torch.empty(rows, dtype=torch.float32, device="cuda")
+            launch(m.fn(f"{act}_e4m3"), (rows,), 256, [ptr(gu), ptr(q), ptr(s), i32(ff)])
+            same_bytes(f"{act}_e4m3 {rows}x{ff}", q, s, q_ref, s_ref)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cubins", required=True, help="folder with fp8/gemv .sm_90.cubin")
+    ap.add_argument("--cubins", required=True, help="folder with fp8/gemv/elementwise .sm_90.cubin")
     args = ap.parse_args()
     torch.zeros(1, device="cuda")  # makes the primary context current for the driver calls
     rng = np.random.default_rng(0)
     fp8 = ck.Module(os.path.join(args.cubins, "fp8.sm_90.cubin"))
     gemv = ck.Module(os.path.join(args.cubins, "gemv.sm_90.cubin"))
+    elementwise = ck.Module(os.path.join(args.cubins, "elementwise.sm_90.cubin"))
     check_quantize(fp8, rng)
+    check_fused_producers(fp8, elementwise, rng)
     check_scale_out(fp8, rng)
     check_gemv_fp8(gemv, rng)
     check_qkv_rope_fp8(gemv, rng)

@@ -94,6 +94,10 @@ __device__ __forceinline__ float block_reduce(float v) {
   return v;
 }
 
+// float4s per thread on add_rms_norm's register path; rms_norm_e4m3 (fp8.cu)
+// keeps the same partition so that the two give the same bits.
+constexpr int NORM_VECS = 4;
+
 __device__ __forceinline__ float block_sum(float v) { return block_reduce<false>(v); }
 __device__ __forceinline__ float block_max(float v) { return block_reduce<true>(v); }
 

@@ -112,7 +112,6 @@ extern "C" __global__ void softcap_rows(float* __restrict__ logits, long long n,
 //                  last token of each sequence before the LM head.
 // Rows of a multiple of 4 up to 16 per thread stay in registers between
 // the sum of squares and the scaling (16-byte loads, one pass over x).
-constexpr int NORM_VECS = 4;  // float4s per thread on the register path
 
 __device__ __forceinline__ float4 add_bf16x4(float4 v, const bf16* d) {
   const uint2 raw = *reinterpret_cast<const uint2*>(d);

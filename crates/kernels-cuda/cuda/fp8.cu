@@ -10,6 +10,10 @@
 //                       GEMM (per-token scales).
 //   fp8_scale_out:      y (=, or += for the residual) acc[t, o] * sx[t] * sw[o] after an FP8
 //                       GEMM run without cuBLASLt's outer-vector scales
+//   rms_norm_e4m3,      an FP8 GEMM's input written by its producer: RMSNorm,
+//   silu_mul_e4m3,      or the gated activation, then quantize_rows_e4m3's
+//   gelu_tanh_mul_e4m3: rows and scales, in one kernel (the same bits as the
+//                       two kernels: values rounded to bf16 first)
 #include <cuda_fp8.h>
 
 #include "common.cuh"
@@ -92,4 +96,114 @@ extern "C" __global__ void fp8_scale_out(const float* __restrict__ acc, const fl
     else if (mode == 1) reinterpret_cast<float*>(y)[i] = v;
     else reinterpret_cast<float*>(y)[i] += v;
   }
+}
+
+// Quantizes a block's row held as bf16 pairs, h[k] for this thread's
+// NORM_VECS float4 slots of add_rms_norm's partition: the row's scale from
+// the block's absmax, then 4 bytes a slot.
+__device__ __forceinline__ void store_e4m3_row(const __nv_bfloat162 (&h)[NORM_VECS][2], __nv_fp8_storage_t* q,
+                                               float* scale, int d) {
+  float m = 0.f;
+#pragma unroll
+  for (int k = 0; k < NORM_VECS; ++k) {
+    if (4 * (threadIdx.x + k * blockDim.x) >= d) continue;
+#pragma unroll
+    for (int p = 0; p < 2; ++p) m = fmaxf(m, fmaxf(fabsf(__low2float(h[k][p])), fabsf(__high2float(h[k][p]))));
+  }
+  m = block_max(m);
+  const float s = m > 0.f ? m / E4M3_MAX : 1.f;
+#pragma unroll
+  for (int k = 0; k < NORM_VECS; ++k) {
+    const int i = 4 * (threadIdx.x + k * blockDim.x);
+    if (i >= d) continue;
+    alignas(4) __nv_fp8_storage_t b[4];
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      b[2 * p] = __nv_cvt_float_to_fp8(__low2float(h[k][p]) / s, __NV_SATFINITE, __NV_E4M3);
+      b[2 * p + 1] = __nv_cvt_float_to_fp8(__high2float(h[k][p]) / s, __NV_SATFINITE, __NV_E4M3);
+    }
+    *reinterpret_cast<unsigned*>(q + i) = *reinterpret_cast<const unsigned*>(b);
+  }
+  if (threadIdx.x == 0) *scale = s;
+}
+
+// out = RMSNorm(x[r]) * weight as e4m3 bytes and a row scale: add_rms_norm
+// (no delta, no gather) then quantize_rows_e4m3 in one pass. The sum of
+// squares uses add_rms_norm's register-path partition and reduction (the
+// runner launches both with the same block size), so the bits are the same.
+// Rows of a multiple of 4, at most 4 * NORM_VECS * blockDim wide.
+extern "C" __global__ void rms_norm_e4m3(const float* __restrict__ x, const float* __restrict__ weight,
+                                         __nv_fp8_storage_t* __restrict__ q, float* __restrict__ scales, int d,
+                                         float eps) {
+  pdl_begin();
+  const int r = blockIdx.x;
+  const float* xr = x + (size_t)r * d;
+  float4 v[NORM_VECS];
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < NORM_VECS; ++k) {
+    const int i = 4 * (threadIdx.x + k * blockDim.x);
+    if (i >= d) continue;
+    v[k] = *reinterpret_cast<const float4*>(xr + i);
+    ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+  }
+  const float inv = rsqrtf(block_sum(ss) / d + eps);
+  __nv_bfloat162 h[NORM_VECS][2];
+#pragma unroll
+  for (int k = 0; k < NORM_VECS; ++k) {
+    const int i = 4 * (threadIdx.x + k * blockDim.x);
+    if (i >= d) continue;
+    const float4 w = *reinterpret_cast<const float4*>(weight + i);
+    h[k][0] = __floats2bfloat162_rn(v[k].x * inv * w.x, v[k].y * inv * w.y);
+    h[k][1] = __floats2bfloat162_rn(v[k].z * inv * w.z, v[k].w * inv * w.w);
+  }
+  store_e4m3_row(h, q + (size_t)r * d, scales + r, d);
+}
+
+// act = f(gate) * up as e4m3 bytes and a row scale: gated_mul (elementwise.cu)
+// then quantize_rows_e4m3, one block per row (the same arithmetic, so the
+// same bits). Rows of a multiple of 8, at most 8 * QUANT_CHUNKS * blockDim.
+template <bool GELU>
+__device__ __forceinline__ void gated_mul_e4m3(const bf16* __restrict__ gate_up, __nv_fp8_storage_t* __restrict__ q,
+                                               float* __restrict__ scales, int ff) {
+  pdl_begin();
+  const int t = blockIdx.x;
+  const bf16* g = gate_up + (size_t)t * 2 * ff;
+  uint4 held[QUANT_CHUNKS];
+  float m = 0.f;
+#pragma unroll
+  for (int c = 0; c < QUANT_CHUNKS; ++c) {
+    const int j = 8 * (threadIdx.x + c * blockDim.x);
+    if (j >= ff) continue;
+    const uint4 gv = *reinterpret_cast<const uint4*>(g + j);
+    const uint4 uv = *reinterpret_cast<const uint4*>(g + ff + j);
+    const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&gv);
+    const __nv_bfloat162* u2 = reinterpret_cast<const __nv_bfloat162*>(&uv);
+    __nv_bfloat162* r2 = reinterpret_cast<__nv_bfloat162*>(&held[c]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 a = __bfloat1622float2(g2[i]);
+      const float2 b = __bfloat1622float2(u2[i]);
+      if (GELU) r2[i] = __floats2bfloat162_rn(gelu_tanh(a.x) * b.x, gelu_tanh(a.y) * b.y);
+      else r2[i] = __floats2bfloat162_rn(a.x / (1.f + __expf(-a.x)) * b.x, a.y / (1.f + __expf(-a.y)) * b.y);
+    }
+    m = chunk_absmax(held[c], m);
+  }
+  m = block_max(m);
+  const float s = m > 0.f ? m / E4M3_MAX : 1.f;
+  __nv_fp8_storage_t* qr = q + (size_t)t * ff;
+#pragma unroll
+  for (int c = 0; c < QUANT_CHUNKS; ++c) {
+    const int j = 8 * (threadIdx.x + c * blockDim.x);
+    if (j < ff) *reinterpret_cast<uint2*>(qr + j) = e4m3_chunk(held[c], s);
+  }
+  if (threadIdx.x == 0) scales[t] = s;
+}
+
+extern "C" __global__ void silu_mul_e4m3(const bf16* gate_up, __nv_fp8_storage_t* q, float* scales, int ff) {
+  gated_mul_e4m3<false>(gate_up, q, scales, ff);
+}
+
+extern "C" __global__ void gelu_tanh_mul_e4m3(const bf16* gate_up, __nv_fp8_storage_t* q, float* scales, int ff) {
+  gated_mul_e4m3<true>(gate_up, q, scales, ff);
 }

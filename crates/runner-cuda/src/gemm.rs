@@ -332,7 +332,24 @@ impl Gemm {
         }
     }
 
-    /// Enqueues one linear layer on `gpu`'s stream.
+    /// Where [`Gemm::linear`] over `w` at `tokens` rows of `inputs` would
+    /// quantize its input, when it would (an FP8 matrix on the GEMM path):
+    /// the e4m3 rows and their scales. A producer that writes them itself
+    /// (`rms_norm_e4m3`, `silu_mul_e4m3`) passes the rows' address as the
+    /// linear layer's `x`, and the quantize pass is skipped.
+    pub fn quantized_input(
+        &self,
+        w: DevPtr,
+        tokens: usize,
+        inputs: usize,
+    ) -> Option<(DevPtr, DevPtr)> {
+        let fp8 = self.fp8_of(w)?;
+        let fits = tokens <= fp8.limits.max_tokens && inputs <= fp8.limits.max_inputs;
+        (fits && !self.gemv_fits(tokens, inputs, w)).then_some((fp8.x8, fp8.x_scales))
+    }
+
+    /// Enqueues one linear layer on `gpu`'s stream (`x`: bf16 rows, or the
+    /// e4m3 rows of [`Gemm::quantized_input`]).
     #[allow(clippy::too_many_arguments)]
     pub fn linear(
         &self,
@@ -366,7 +383,9 @@ impl Gemm {
             ops.x = fp8.x8;
             let w_scales = w + fp8_scales_offset(outputs, inputs) as u64;
             ops.scales = Some((w_scales, fp8.x_scales));
-            quantize_activations(gpu, fp8, x, tokens, inputs)?;
+            if x != fp8.x8 {
+                quantize_activations(gpu, fp8, x, tokens, inputs)?;
+            }
         }
         self.run_plan(gpu, shape, ops)
     }

@@ -60,6 +60,9 @@ pub struct Kernels {
     rope_qkv: Kernel,
     silu_mul: Kernel,
     gelu_tanh_mul: Kernel,
+    rms_norm_e4m3: Kernel,
+    silu_mul_e4m3: Kernel,
+    gelu_tanh_mul_e4m3: Kernel,
     argmax_rows: Kernel,
     decode_attention: Kernel,
     /// The tensor-core decode attention and its dynamic shared memory, for
@@ -222,6 +225,9 @@ impl Kernels {
             rope_qkv: gpu.kernel(&format!("rope_qkv{infix}"))?,
             silu_mul: gpu.kernel("silu_mul")?,
             gelu_tanh_mul: gpu.kernel("gelu_tanh_mul")?,
+            rms_norm_e4m3: gpu.kernel("rms_norm_e4m3")?,
+            silu_mul_e4m3: gpu.kernel("silu_mul_e4m3")?,
+            gelu_tanh_mul_e4m3: gpu.kernel("gelu_tanh_mul_e4m3")?,
             argmax_rows: gpu.kernel("argmax_rows")?,
             decode_attention,
             tc_decode_attention,
@@ -422,6 +428,42 @@ impl RmsNorm {
     }
 }
 
+/// `rms_norm_e4m3`: [`RmsNorm`] (no gather) written as an FP8 GEMM's input
+/// (e4m3 rows and row scales, [`crate::gemm::Gemm::quantized_input`]), with
+/// the same bits as the norm followed by `quantize_rows_e4m3`.
+pub struct RmsNormE4m3 {
+    pub rows: usize,
+    pub x: DevPtr,
+    pub weight: DevPtr,
+    pub quantized: (DevPtr, DevPtr),
+    pub hidden: usize,
+    pub eps: f32,
+}
+
+impl RmsNormE4m3 {
+    /// Rows the kernel takes: those `add_rms_norm` keeps in registers
+    /// (`NORM_VECS` float4s a thread), whose partition it repeats.
+    pub fn fits(hidden: usize) -> bool {
+        hidden.is_multiple_of(4) && hidden <= 4 * NORM_VECS * row_threads(hidden) as usize
+    }
+
+    pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(self.x),
+            Arg::Ptr(self.weight),
+            Arg::Ptr(self.quantized.0),
+            Arg::Ptr(self.quantized.1),
+            Arg::I32(self.hidden as i32),
+            Arg::F32(self.eps),
+        ];
+        let grid = (self.rows as u32, 1, 1);
+        gpu.launch(&k.rms_norm_e4m3, grid, row_threads(self.hidden), 0, &args)
+    }
+}
+
+/// `NORM_VECS` in common.cuh.
+const NORM_VECS: usize = 4;
+
 /// Threads for row-wise kernels over `d` elements.
 fn row_threads(d: usize) -> u32 {
     if d >= 2048 {
@@ -563,6 +605,44 @@ impl GatedMul {
             Activation::GeluTanh => &k.gelu_tanh_mul,
         };
         gpu.launch(kernel, grid, 256, 0, &args)
+    }
+}
+
+/// `silu_mul_e4m3` / `gelu_tanh_mul_e4m3`: [`GatedMul`] written as an FP8
+/// GEMM's input (e4m3 rows and row scales), one block per row, with the same
+/// bits as the activation followed by `quantize_rows_e4m3`.
+pub struct GatedMulE4m3 {
+    pub tokens: usize,
+    pub activation: Activation,
+    pub gate_up: DevPtr,
+    pub quantized: (DevPtr, DevPtr),
+    pub width: usize,
+}
+
+/// `QUANT_CHUNKS` in fp8.cu: 16-byte chunks a thread holds.
+const QUANT_CHUNKS: usize = 8;
+/// Threads of a `*_mul_e4m3` block.
+const GATED_E4M3_THREADS: usize = 256;
+
+impl GatedMulE4m3 {
+    /// Widths the kernel takes: one block's registers hold the row.
+    pub fn fits(width: usize) -> bool {
+        width.is_multiple_of(8) && width <= 8 * QUANT_CHUNKS * GATED_E4M3_THREADS
+    }
+
+    pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(self.gate_up),
+            Arg::Ptr(self.quantized.0),
+            Arg::Ptr(self.quantized.1),
+            Arg::I32(self.width as i32),
+        ];
+        let kernel = match self.activation {
+            Activation::Silu => &k.silu_mul_e4m3,
+            Activation::GeluTanh => &k.gelu_tanh_mul_e4m3,
+        };
+        let grid = (self.tokens as u32, 1, 1);
+        gpu.launch(kernel, grid, GATED_E4M3_THREADS as u32, 0, &args)
     }
 }
 

@@ -18,9 +18,9 @@ use crate::device::{DevPtr, Gpu};
 use crate::fused::{AttentionOut, FusedBlock, FusedBlocks, NextQkv};
 use crate::gemm::{Gemm, OutType, GEMV_MAX_TOKENS};
 use crate::kernels::{
-    ArgmaxRows, AttentionCombine, DecodeAttention, EmbedRows, GatedMul, GemvInput, Heads, Kernels,
-    KvCache, KvDtype, NextNormOut, PagedInputs, PostNormAdd, PrefillAttention, QkvRopeGemv,
-    RmsNorm, RopeQkv, RopeTarget, SoftcapRows,
+    ArgmaxRows, AttentionCombine, DecodeAttention, EmbedRows, GatedMul, GatedMulE4m3, GemvInput,
+    Heads, Kernels, KvCache, KvDtype, NextNormOut, PagedInputs, PostNormAdd, PrefillAttention,
+    QkvRopeGemv, RmsNorm, RmsNormE4m3, RopeQkv, RopeTarget, SoftcapRows,
 };
 use crate::profile::{Category, Marks};
 use crate::weights::{DeviceWeights, LayerWeights};
@@ -131,6 +131,9 @@ pub struct CudaOps<'a, 'm> {
     attention_spec: Option<AttentionSpec>,
     /// The layer whose q/k/v, rope and KV write a fused block already ran.
     qkv_ready: Option<usize>,
+    /// A matrix whose FP8 input rows its producer (the norm or activation
+    /// before it) wrote already, and where they are.
+    quantized: Option<(DevPtr, DevPtr)>,
 }
 
 /// What the residual's writer left in `xn` for the next norm.
@@ -156,6 +159,7 @@ impl<'a, 'm> CudaOps<'a, 'm> {
             deferred: None,
             attention_spec: None,
             qkv_ready: None,
+            quantized: None,
         }
     }
 
@@ -238,6 +242,7 @@ impl<'a, 'm> CudaOps<'a, 'm> {
         post: Option<DevPtr>,
         next: NextNorm,
     ) -> Result<(), CudaError> {
+        let input = self.gemm_input(w, input);
         let (gpu, gemm, b, c) = (self.m.gpu, self.m.gemm, self.m.buffers, self.m.config);
         let (t, d) = (self.plan.tokens, c.hidden_size);
         let Some(post) = post else {
@@ -253,13 +258,36 @@ impl<'a, 'm> CudaOps<'a, 'm> {
     /// Whether the residual's writer pre-applied `norm` (the GEMV fuses
     /// it); else makes sure `xn` holds it normed, running the norm (over
     /// every token row) unless the writer already did.
-    fn take_norm(&mut self, norm: NextNorm, weight: DevPtr) -> Result<bool, CudaError> {
+    /// `consumer` is the matrix the normed rows feed: an FP8 one on the GEMM
+    /// path gets them quantized by the norm itself.
+    fn take_norm(
+        &mut self,
+        norm: NextNorm,
+        weight: DevPtr,
+        consumer: DevPtr,
+    ) -> Result<bool, CudaError> {
         match self.prescaled.take() {
             Some((n, Ready::Prescaled)) if n == norm => return Ok(true),
             Some((n, Ready::Normed)) if n == norm => return Ok(false),
             _ => {}
         }
         let (b, c) = (self.m.buffers, self.m.config);
+        let (t, d) = (self.plan.tokens, c.hidden_size);
+        let quantized = self.m.gemm.quantized_input(consumer, t, d);
+        if let Some(q) = quantized.filter(|_| RmsNormE4m3::fits(d)) {
+            RmsNormE4m3 {
+                rows: t,
+                x: b.x,
+                weight,
+                quantized: q,
+                hidden: d,
+                eps: c.rms_norm_eps,
+            }
+            .launch(self.m.gpu, self.m.kernels)?;
+            self.quantized = Some((consumer, q.0));
+            self.mark(Category::Other)?;
+            return Ok(false);
+        }
         RmsNorm {
             rows: self.plan.tokens,
             x: b.x,
@@ -272,6 +300,47 @@ impl<'a, 'm> CudaOps<'a, 'm> {
         .launch(self.m.gpu, self.m.kernels)?;
         self.mark(Category::Other)?;
         Ok(false)
+    }
+
+    /// The gated activation of the gate/up product, into `act`, or (when
+    /// `down` takes FP8 input on the GEMM path) into its e4m3 rows.
+    fn activate(&mut self, spec: &MlpSpec, down: DevPtr) -> Result<(), CudaError> {
+        let (gpu, b, k) = (self.m.gpu, self.m.buffers, self.m.kernels);
+        let (t, ff) = (self.plan.tokens, self.m.config.intermediate_size);
+        let quantized = self.m.gemm.quantized_input(down, t, ff);
+        match quantized.filter(|_| GatedMulE4m3::fits(ff)) {
+            Some(q) => {
+                GatedMulE4m3 {
+                    tokens: t,
+                    activation: spec.act,
+                    gate_up: b.gate_up,
+                    quantized: q,
+                    width: ff,
+                }
+                .launch(gpu, k)?;
+                self.quantized = Some((down, q.0));
+            }
+            None => GatedMul {
+                tokens: t,
+                activation: spec.act,
+                gate_up: b.gate_up,
+                act: b.act,
+                width: ff,
+            }
+            .launch(gpu, k)?,
+        }
+        self.mark(Category::Other)
+    }
+
+    /// `w`'s input: `x`, or the e4m3 rows its producer wrote for it.
+    fn gemm_input(&mut self, w: DevPtr, x: DevPtr) -> DevPtr {
+        match self.quantized {
+            Some((consumer, rows)) if consumer == w => {
+                self.quantized = None;
+                rows
+            }
+            _ => x,
+        }
     }
 
     /// Layer `i`'s K/V buffers and the view (table and KV-write slots)
@@ -303,6 +372,7 @@ impl<'a, 'm> CudaOps<'a, 'm> {
         fused_norm: bool,
     ) -> Result<(), CudaError> {
         let target = self.rope_target(spec, (kv, view))?;
+        let input_rows = self.gemm_input(layer.qkv, self.m.buffers.xn);
         let Model {
             gpu,
             gemm,
@@ -344,7 +414,16 @@ impl<'a, 'm> CudaOps<'a, 'm> {
             return self.mark(Category::Gemm);
         }
         if !fused_norm {
-            gemm.linear(gpu, b.xn, layer.qkv, b.qkv, t, d, width, OutType::Bf16)?;
+            gemm.linear(
+                gpu,
+                input_rows,
+                layer.qkv,
+                b.qkv,
+                t,
+                d,
+                width,
+                OutType::Bf16,
+            )?;
         } else if !gemm.linear_normed(gpu, (b.xn, layer.qkv, b.qkv), t, d, width, eps)? {
             return Err(CudaError::Unsupported(format!(
                 "a fused RMSNorm for {t} tokens (GEMV sizes only)"
@@ -640,7 +719,7 @@ impl DecoderOps for CudaOps<'_, '_> {
         }
         let (layer, kv) = (self.layer(i)?, self.kv_cache(i)?);
         let post = self.post_norm(spec.post_norm, layer, |(attn, _)| attn)?;
-        let fused_norm = self.take_norm(NextNorm::Attention(i), layer.attn_norm)?;
+        let fused_norm = self.take_norm(NextNorm::Attention(i), layer.attn_norm, layer.qkv)?;
         if self.qkv_ready.take() != Some(i) {
             self.project_qkv(layer, spec, kv, fused_norm)?;
         } else if self.attention_spec != Some(*spec) {
@@ -666,7 +745,8 @@ impl DecoderOps for CudaOps<'_, '_> {
             }
             self.finish_attention(attended)?;
         }
-        let fused_norm = self.take_norm(NextNorm::Mlp(i), layer.mlp_norm)?;
+        let fused_norm = self.take_norm(NextNorm::Mlp(i), layer.mlp_norm, layer.gate_up)?;
+        let input_rows = self.gemm_input(layer.gate_up, self.m.buffers.xn);
         let Model {
             gpu,
             gemm,
@@ -681,7 +761,7 @@ impl DecoderOps for CudaOps<'_, '_> {
         if !gemm.gated(gpu, io, spec.act, t, d, ff, norm_eps)? {
             gemm.linear(
                 gpu,
-                b.xn,
+                input_rows,
                 layer.gate_up,
                 b.gate_up,
                 t,
@@ -690,15 +770,7 @@ impl DecoderOps for CudaOps<'_, '_> {
                 OutType::Bf16,
             )?;
             self.mark(Category::Gemm)?;
-            GatedMul {
-                tokens: t,
-                activation: spec.act,
-                gate_up: b.gate_up,
-                act: b.act,
-                width: ff,
-            }
-            .launch(gpu, self.m.kernels)?;
-            self.mark(Category::Other)?;
+            self.activate(spec, layer.down)?;
         }
         self.project_out((b.act, layer.down, ff), post, next)
     }
