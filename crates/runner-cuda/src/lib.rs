@@ -718,7 +718,9 @@ impl CudaRunner {
                 .buffers
                 .graph_split_counts(size, self.kernels.num_sms, &self.config);
             let mut graphs = Vec::with_capacity(counts.len());
-            for (i, &splits) in counts.iter().enumerate() {
+            // Most splits first: the warm-up and the first capture are the
+            // ones a size had with a single graph.
+            for (i, &splits) in counts.iter().rev().enumerate() {
                 let empty = ForwardBatch::default();
                 let scratch = self.scratch_block();
                 let plan = self
@@ -736,6 +738,7 @@ impl CudaRunner {
                 let (free_after, _) = self.gpu.memory()?;
                 graph_bytes += free_before.saturating_sub(free_after);
             }
+            graphs.reverse();
             self.graphs.push(DecodeGraph {
                 size,
                 splits: counts,
