@@ -2,9 +2,10 @@
 """Times one decode row's attention (`paged_attention{,_fp8}_hd*_g*`) and its
 split combine (`attention_combine`) per split count and context length, on
 SmolLM2-135M's heads (9 query, 3 kv, head_dim 64, 30 layers) and the 8B's
-(32, 8, 128, 32 layers), bf16 and FP8 caches: the numbers the runner's
-batch-1 graph buckets (`graph_split_buckets` in runner-cuda's buffers.rs)
-are chosen from.
+(32, 8, 128, 32 layers), bf16 and FP8 caches, 1 and 8 decode rows: the
+numbers the split counts of the runner's small decode graphs
+(`SMALL_GRAPH_SPLITS`, `SMALL_KEYS_PER_SPLIT` in runner-cuda's buffers.rs)
+were chosen from.
 
     python3 tests/gpu/bench_decode_splits.py --cubins DIR
 
