@@ -71,6 +71,9 @@
 #   gemvbench the batch-1 GEMVs alone on the 8B shapes, bf16 and FP8 (bench_gemv.py; the extra
 #             cubins listed in $GEMV_XCUBIN too)
 #   ncup      the same for the non-GEMM kernels of a 1024-token prefill (8B)
+#   splits    the decode attention + split combine alone per split count and context, 1 and 8 rows,
+#             SmolLM2's and the 8B's heads, bf16 and FP8 caches (bench_decode_splits.py: what the small
+#             decode graphs' split counts are chosen from)
 #   prefillk  the prefill attention kernel alone, bf16 and FP8 KV, on the 8B's and SmolLM2's heads
 #             (bench_prefill_attention.py; other cubin folders can be compared beside it by hand)
 # Results also go to $OUT (when set) as JSON lines.
@@ -147,6 +150,7 @@ for phase in "$@"; do
     prefill)
       "$ING" bench latency --model "$(llama8b)" --load-format dummy --max-model-len 4096 --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 5 --json | tee -a "$O/bench.jsonl" ;;
     fp8kernels) timeout -k 5 "$T" python3 tests/gpu/check_fp8.py --cubins "$W" ;;
+    splits) timeout -k 5 $((2 * T)) python3 tests/gpu/bench_decode_splits.py --cubins "$W" | tee "$O/decode_splits.txt" ;;
     fp8gemm)
       nvcc -O2 -std=c++17 -arch=sm_90a -I crates/kernels-cuda/cuda tests/gpu/fp8_gemm_probe.cu -lcublasLt -o "$W/fp8_gemm_probe" &&
         timeout -k 5 "$T" "$W/fp8_gemm_probe" | tee "$O/fp8_gemm_probe.txt" ;;

@@ -33,6 +33,16 @@ const KEYS_PER_SPLIT: usize = 256;
 /// Most splits of one token's keys (`attention_combine` weighs a split per
 /// lane of one warp: at most 32).
 const MAX_SPLITS: usize = 32;
+/// Split counts a graph of at most [`GEMV_MAX_TOKENS`] rows is captured
+/// with (see [`graph_split_counts`]). Measured on an H100 at batch 1
+/// (`tests/gpu/bench_decode_splits.py`, SmolLM2's and the 8B's heads, bf16
+/// and FP8 caches): attention + combine is fastest with one split up to
+/// ~64 keys, 8 splits up to ~512, 16 up to ~1,500, 32 beyond; 2 to 4
+/// splits never win (their blocks walk too many keys one after another).
+const SMALL_GRAPH_SPLITS: [usize; 4] = [1, 8, 16, 32];
+/// Keys per split a small graph's step may give each attention block
+/// before the next captured split count pays (see [`pick_splits`]).
+const SMALL_KEYS_PER_SPLIT: usize = 64;
 
 /// What one step runs: counts that pick grid sizes.
 #[derive(Debug, Clone, Copy)]
@@ -345,20 +355,25 @@ impl Buffers {
         ))
     }
 
-    /// Lays out a decode batch padded to a graph's `size`: padded rows
-    /// read and write only the scratch block (as do given-back blocks).
+    /// Lays out a decode batch padded to a graph's `size`, captured with
+    /// `splits` attention splits: padded rows read and write only the
+    /// scratch block (as do given-back blocks).
     pub fn prepare_graph_decode(
         &mut self,
         batch: &ForwardBatch<'_>,
-        size: usize,
+        (size, splits): (usize, usize),
         scratch: u32,
-        num_sms: usize,
-        c: &ModelConfig,
     ) -> Result<StepPlan, CudaError> {
         let deterministic = self.deterministic;
         let staging = self.staging()?;
-        let plan = stage_graph_decode(staging, batch, (size, scratch), num_sms, c);
+        let plan = stage_graph_decode(staging, batch, (size, splits, scratch));
         Ok(batch_invariant(plan, deterministic))
+    }
+
+    /// The split counts to capture graphs of `size` rows with, ascending
+    /// (one in deterministic mode, whose steps always take one split).
+    pub fn graph_split_counts(&self, size: usize, num_sms: usize, c: &ModelConfig) -> Vec<usize> {
+        graph_split_counts(size, num_sms, c, self.deterministic)
     }
 
     /// The other pinned mirror, once its last copy up has been read, and
@@ -452,9 +467,7 @@ fn stage_batch(
 fn stage_graph_decode(
     Staging { host, l, bs, views }: Staging<'_>,
     batch: &ForwardBatch<'_>,
-    (size, scratch): (usize, u32),
-    num_sms: usize,
-    c: &ModelConfig,
+    (size, splits, scratch): (usize, usize, u32),
 ) -> StepPlan {
     let stride = table_stride(views, batch);
     for s in 0..size {
@@ -490,7 +503,7 @@ fn stage_graph_decode(
         decode_tokens: size,
         decode_list: false,
         tiles: 0,
-        splits: graph_splits(size, num_sms, c),
+        splits,
         upload_len: l.tables + size * stride,
         table_len: size * stride,
         graph_size: Some(size),
@@ -597,6 +610,53 @@ fn graph_splits(size: usize, num_sms: usize, c: &ModelConfig) -> usize {
     decode_splits(size, c.max_context, num_sms, c)
 }
 
+/// The split counts graphs of `size` rows are captured with, ascending.
+/// Above GEMV sizes one, the longest context's ([`graph_splits`]): rows
+/// fill the GPU. At GEMV sizes the counts of [`SMALL_GRAPH_SPLITS`] up to
+/// the first that fills the GPU with blocks (at most the longest context's
+/// count), so that a step at a short context replays a graph whose blocks
+/// have keys enough to be worth their launch and whose combine merges few
+/// partials (none at one split: the attention writes its rows); more
+/// splits than fill the GPU only lengthen the combine (measured: 8 rows of
+/// the 8B, 8 splits beat 16 at every context). Deterministic mode: one
+/// split (its steps always take one).
+fn graph_split_counts(
+    size: usize,
+    num_sms: usize,
+    c: &ModelConfig,
+    deterministic: bool,
+) -> Vec<usize> {
+    if deterministic {
+        return vec![1];
+    }
+    let most = graph_splits(size, num_sms, c);
+    if size > GEMV_MAX_TOKENS {
+        return vec![most];
+    }
+    // Two blocks a SM, as decode_splits' `fill`.
+    let fill = (2 * num_sms).div_ceil(size * c.num_kv_heads);
+    let top = SMALL_GRAPH_SPLITS
+        .into_iter()
+        .find(|&s| s >= fill)
+        .map_or(most, |s| s.min(most));
+    let mut counts: Vec<usize> = SMALL_GRAPH_SPLITS
+        .into_iter()
+        .filter(|&s| s < top)
+        .collect();
+    counts.push(top);
+    counts
+}
+
+/// Which of a graph size's captured split counts (ascending) a step whose
+/// longest context is `max_ctx` replays: the fewest that give each split at
+/// most [`SMALL_KEYS_PER_SPLIT`] keys, else the most.
+pub fn pick_splits(counts: &[usize], max_ctx: usize) -> usize {
+    counts
+        .iter()
+        .position(|&s| max_ctx.div_ceil(s) <= SMALL_KEYS_PER_SPLIT)
+        .unwrap_or(counts.len().saturating_sub(1))
+}
+
 /// Entries per block-table row: the most logical blocks of a chunk's
 /// tables in the batch (its block table's length with one view).
 fn table_stride(views: &KvViews, batch: &ForwardBatch<'_>) -> usize {
@@ -660,6 +720,57 @@ mod tests {
             assert!(s >= 1 && tokens * s <= PART_ROWS, "{tokens}: {s}");
         }
         assert_eq!(decode_splits(256, 1024, 132, &c), 4);
+    }
+
+    #[test]
+    fn small_graphs_get_fewer_splits_at_short_context() {
+        let c = llama8b();
+        // Batch 1 fills the GPU with 32 splits at long context; GEMV sizes
+        // also get graphs of fewer splits, larger batches only the most.
+        assert_eq!(graph_split_counts(1, 132, &c, false), [1, 8, 16, 32]);
+        // 8 rows x 8 kv heads x 8 splits: 512 blocks, enough for 132 SMs.
+        assert_eq!(graph_split_counts(8, 132, &c, false), [1, 8]);
+        for size in [2, 4] {
+            let counts = graph_split_counts(size, 132, &c, false);
+            assert!(counts.windows(2).all(|w| w[0] < w[1]), "{counts:?}");
+            assert!(counts.last() <= Some(&graph_splits(size, 132, &c)));
+        }
+        assert_eq!(
+            graph_split_counts(16, 132, &c, false),
+            [graph_splits(16, 132, &c)]
+        );
+        let counts = graph_split_counts(1, 132, &c, false);
+        let picked = |ctx| counts[pick_splits(&counts, ctx)];
+        // Short contexts: one split, so no combine.
+        assert_eq!(picked(1), 1);
+        assert_eq!(picked(SMALL_KEYS_PER_SPLIT), 1);
+        // One key more: the next count; then each while its splits hold
+        // at most SMALL_KEYS_PER_SPLIT keys.
+        assert_eq!(picked(SMALL_KEYS_PER_SPLIT + 1), 8);
+        assert_eq!(picked(8 * SMALL_KEYS_PER_SPLIT), 8);
+        assert_eq!(picked(8 * SMALL_KEYS_PER_SPLIT + 1), 16);
+        assert_eq!(picked(16 * SMALL_KEYS_PER_SPLIT + 1), 32);
+        // Long contexts: the longest context's count, never more.
+        assert_eq!(picked(c.max_context), 32);
+        assert_eq!(picked(usize::MAX / 2), 32);
+        // More context never picks fewer splits.
+        let mut last = 1;
+        for ctx in 1..=c.max_context {
+            let s = picked(ctx);
+            assert!(s >= last, "{ctx}: {s} < {last}");
+            last = s;
+        }
+        // A size with one count always picks it.
+        assert_eq!(pick_splits(&[7], 5), 0);
+        assert_eq!(pick_splits(&[7], 5000), 0);
+    }
+
+    #[test]
+    fn deterministic_graphs_capture_one_split() {
+        let c = llama8b();
+        for size in [1, 8, 64] {
+            assert_eq!(graph_split_counts(size, 132, &c, true), [1]);
+        }
     }
 
     #[test]
@@ -822,7 +933,8 @@ mod tests {
                 bs: 16,
                 views: &views,
             };
-            let graph = stage_graph_decode(st, &ForwardBatch::default(), (size, 77), 132, &c);
+            let splits = graph_splits(size, 132, &c);
+            let graph = stage_graph_decode(st, &ForwardBatch::default(), (size, splits, 77));
             assert!(graph.splits > 1, "size {size}: {graph:?}");
             assert_eq!(batch_invariant(graph, true).splits, 1);
         }
@@ -922,8 +1034,8 @@ mod tests {
             bs: 16,
             views: &views,
         };
-        let plan = stage_graph_decode(st, &batch, (4, 600), 132, &c);
-        assert_eq!((plan.tokens, plan.table_len), (4, 4 * 2));
+        let plan = stage_graph_decode(st, &batch, (4, 8, 600));
+        assert_eq!((plan.tokens, plan.table_len, plan.splits), (4, 4 * 2, 8));
         for v in 0..6 {
             let page = views.page(&batch.chunks[0], v, 1, 600);
             assert_eq!(slot_at(&host, l.slots_of(v), 0), page as i64 * 16 + 13);

@@ -7,8 +7,9 @@
 //!   hot path never allocates.
 //! - GEMMs: cuBLASLt with per-shape cached plans ([`gemm`]); everything else
 //!   is ingot's own kernels (`ingot-kernels-cuda`).
-//! - Decode steps replay CUDA graphs captured per batch-size bucket; other
-//!   steps (prefill, mixed, larger batches) run eagerly.
+//! - Decode steps replay CUDA graphs captured per batch-size bucket (at GEMV
+//!   sizes also per attention split count, picked by the step's longest
+//!   context); other steps (prefill, mixed, larger batches) run eagerly.
 //! - A step's inputs (ids, positions, slots, block tables) go up in one copy
 //!   from pinned memory; only picked ids (greedy or sampled on the device)
 //!   and the logprobs rows ask for come back.
@@ -348,17 +349,34 @@ fn ms_since(t: Instant) -> f64 {
 struct Speculation {
     /// Per row: the position and block the next chunk must have.
     rows: Vec<(usize, u32)>,
-    /// The graph it replayed.
+    /// The size of the graph it replayed.
     graph: usize,
     /// Which pinned id buffer its ids land in, and when they have.
     buffer: usize,
     done: CudaEvent,
 }
 
-/// A captured decode step for batches of up to `size` sequences.
+/// The captured decode steps for batches of up to `size` sequences, one
+/// per attention split count (`splits`, ascending).
 struct DecodeGraph {
     size: usize,
-    graph: CudaGraph,
+    splits: Vec<usize>,
+    graphs: Vec<CudaGraph>,
+}
+
+impl DecodeGraph {
+    /// The split count and graph for a step whose longest context is
+    /// `max_ctx` (see [`buffers::pick_splits`]).
+    fn for_context(&self, max_ctx: usize) -> Result<(usize, &CudaGraph), CudaError> {
+        let i = buffers::pick_splits(&self.splits, max_ctx);
+        match (self.splits.get(i), self.graphs.get(i)) {
+            (Some(&splits), Some(graph)) => Ok((splits, graph)),
+            _ => Err(CudaError::Unsupported(format!(
+                "no decode graph of size {}",
+                self.size
+            ))),
+        }
+    }
 }
 
 /// The CUDA backend.
@@ -690,43 +708,71 @@ impl CudaRunner {
         sizes
     }
 
-    /// Captures one graph per batch-size bucket; logs the time it took.
+    /// Captures the graphs of every batch-size bucket (one per split count
+    /// at GEMV sizes); logs the time it took and the device memory the
+    /// graphs took.
     fn capture_graphs(&mut self) -> Result<(), CudaError> {
         let started = Instant::now();
+        let mut graph_bytes = 0;
         for size in self.graph_sizes() {
-            let empty = ForwardBatch::default();
-            let plan = self.buffers.prepare_graph_decode(
-                &empty,
+            let counts = self
+                .buffers
+                .graph_split_counts(size, self.kernels.num_sms, &self.config);
+            let mut graphs = Vec::with_capacity(counts.len());
+            // Most splits first: the warm-up and the first capture are the
+            // ones a size had with a single graph (fewest first left the
+            // 32-split graph ~2 % slower on SmolLM2, measured).
+            for (i, &splits) in counts.iter().rev().enumerate() {
+                let empty = ForwardBatch::default();
+                let scratch = self.scratch_block();
+                let plan = self
+                    .buffers
+                    .prepare_graph_decode(&empty, (size, splits), scratch)?;
+                self.buffers.upload(&self.gpu, &plan)?;
+                if i == 0 {
+                    // Run once eagerly: creates cuBLASLt plans (one set per
+                    // size) outside the capture.
+                    ops::encode(&self.model(), &plan, None)?;
+                }
+                self.gpu.sync()?;
+                let (free_before, _) = self.gpu.memory()?;
+                graphs.push(self.capture(&plan)?);
+                let (free_after, _) = self.gpu.memory()?;
+                graph_bytes += free_before.saturating_sub(free_after);
+            }
+            graphs.reverse();
+            self.graphs.push(DecodeGraph {
                 size,
-                self.scratch_block(),
-                self.kernels.num_sms,
-                &self.config,
-            )?;
-            self.buffers.upload(&self.gpu, &plan)?;
-            // Run once eagerly: creates cuBLASLt plans outside the capture.
-            ops::encode(&self.model(), &plan, None)?;
-            self.gpu.sync()?;
-            self.gpu
-                .stream
-                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-            let encoded = ops::encode(&self.model(), &plan, None);
-            let graph = self
-                .gpu
-                .stream
-                .end_capture(sys::CUgraphInstantiate_flags(0))?;
-            encoded?;
-            let graph = graph.ok_or_else(|| CudaError::Unsupported("empty decode graph".into()))?;
-            graph.upload()?;
-            self.graphs.push(DecodeGraph { size, graph });
+                splits: counts,
+                graphs,
+            });
         }
         self.gpu.sync()?;
         tracing::info!(
-            graphs = self.graphs.len(),
+            sizes = self.graphs.len(),
+            graphs = self.graphs.iter().map(|g| g.graphs.len()).sum::<usize>(),
             largest = self.graphs.last().map_or(0, |g| g.size),
+            graph_mib = graph_bytes as f64 / (1 << 20) as f64,
             warmup_ms = started.elapsed().as_secs_f64() * 1e3,
             "CUDA graphs captured"
         );
         Ok(())
+    }
+
+    /// Captures the decode step `plan` lays out and uploads its graph.
+    fn capture(&self, plan: &StepPlan) -> Result<CudaGraph, CudaError> {
+        self.gpu
+            .stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        let encoded = ops::encode(&self.model(), plan, None);
+        let graph = self
+            .gpu
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))?;
+        encoded?;
+        let graph = graph.ok_or_else(|| CudaError::Unsupported("empty decode graph".into()))?;
+        graph.upload()?;
+        Ok(graph)
     }
 
     /// The parts a step reads.
@@ -755,23 +801,25 @@ impl CudaRunner {
         let started = Instant::now();
         let decode = batch.chunks.iter().all(|c| c.tokens.len() == 1);
         let graph = if allow_graph && decode && self.profiler.is_none() {
-            self.graphs.iter().find(|g| g.size >= batch.chunks.len())
+            let max_ctx = batch.chunks.iter().map(|c| c.end_pos()).max().unwrap_or(1);
+            match self.graphs.iter().find(|g| g.size >= batch.chunks.len()) {
+                Some(g) => Some((g.size, g.for_context(max_ctx)?)),
+                None => None,
+            }
         } else {
             None
         };
+        let scratch = self.scratch_block();
         let plan = match graph {
-            Some(g) => self.buffers.prepare_graph_decode(
-                batch,
-                g.size,
-                self.scratch_block(),
-                self.kernels.num_sms,
-                &self.config,
-            )?,
+            Some((size, (splits, _))) => {
+                self.buffers
+                    .prepare_graph_decode(batch, (size, splits), scratch)?
+            }
             None => self.buffers.prepare(
                 batch,
                 self.kernels.num_sms,
                 &self.config,
-                (self.kernels.has_prefill(), self.scratch_block()),
+                (self.kernels.has_prefill(), scratch),
             )?,
         };
         let mut marks = match self.profiler {
@@ -780,7 +828,7 @@ impl CudaRunner {
         };
         self.buffers.upload(&self.gpu, &plan)?;
         match graph {
-            Some(g) => g.graph.launch()?,
+            Some((_, (_, g))) => g.launch()?,
             None => ops::encode(&self.model(), &plan, marks.as_mut())?,
         }
         if let (Some(p), Some(m)) = (self.profiler.as_mut(), marks) {
@@ -965,13 +1013,12 @@ impl CudaRunner {
         };
         if let Some(size) = graph.filter(|_| batch.expect_next && self.profiler.is_none()) {
             if let Some(next) = self.next_rows(batch) {
-                self.stage_next_step(batch, size)?;
-                let g = self
-                    .graphs
-                    .iter()
-                    .find(|g| g.size == size)
-                    .ok_or_else(|| RunnerError::Backend(format!("no graph of size {size}")))?;
-                g.graph.launch().map_err(CudaError::from)?;
+                // Its rows are one position further: their context is one longer.
+                let max_ctx = next.iter().map(|&(pos, _)| pos + 1).max().unwrap_or(1);
+                let (splits, _) = self.graph_for(size, max_ctx)?;
+                self.stage_next_step(batch, (size, splits))?;
+                let (_, graph) = self.graph_for(size, max_ctx)?;
+                graph.launch().map_err(CudaError::from)?;
                 let (buffer, done) = self.download_ids(n)?;
                 self.pending = Some(Speculation {
                     rows: next,
@@ -1055,11 +1102,27 @@ impl CudaRunner {
         next_rows(batch, shape, self.config.max_context)
     }
 
+    /// The split count and graph of `size` rows for a longest context of
+    /// `max_ctx`.
+    fn graph_for(&self, size: usize, max_ctx: usize) -> Result<(usize, &CudaGraph), RunnerError> {
+        let g = self
+            .graphs
+            .iter()
+            .find(|g| g.size == size)
+            .ok_or_else(|| RunnerError::Backend(format!("no graph of size {size}")))?;
+        Ok(g.for_context(max_ctx)?)
+    }
+
     /// Stages and uploads the inputs of the decode step after `batch` (one
-    /// position further, the same tables) for the graph of `size` rows, and
+    /// position further, the same tables) for the graph of `size` rows and
+    /// `splits` attention splits, and
     /// copies the ids this step picks into them on the device: the next
     /// step can then be launched before the host has seen those ids.
-    fn stage_next_step(&mut self, batch: &ForwardBatch<'_>, size: usize) -> Result<(), CudaError> {
+    fn stage_next_step(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+        (size, splits): (usize, usize),
+    ) -> Result<(), CudaError> {
         // The ids are the device's: a placeholder stands in on the host.
         const PICKED: [TokenId; 1] = [0];
         let next = ForwardBatch {
@@ -1074,13 +1137,10 @@ impl CudaRunner {
                 .collect(),
             ..Default::default()
         };
-        let plan = self.buffers.prepare_graph_decode(
-            &next,
-            size,
-            self.scratch_block(),
-            self.kernels.num_sms,
-            &self.config,
-        )?;
+        let scratch = self.scratch_block();
+        let plan = self
+            .buffers
+            .prepare_graph_decode(&next, (size, splits), scratch)?;
         self.buffers.upload(&self.gpu, &plan)?;
         let rows = next.chunks.len();
         self.gpu.copy_within(
