@@ -65,6 +65,24 @@ __device__ __forceinline__ float gelu_tanh(float x) {
   return 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
+// act(gate) * up for 8 bf16 pairs (16-byte chunks of the gate and up
+// halves), rounded to bf16: the gated MLP activation (SiLU, or GELU-tanh).
+template <bool GELU>
+__device__ __forceinline__ uint4 gated_chunk(uint4 gv, uint4 uv) {
+  const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&gv);
+  const __nv_bfloat162* u2 = reinterpret_cast<const __nv_bfloat162*>(&uv);
+  uint4 r;
+  __nv_bfloat162* r2 = reinterpret_cast<__nv_bfloat162*>(&r);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 a = __bfloat1622float2(g2[i]);
+    const float2 b = __bfloat1622float2(u2[i]);
+    if (GELU) r2[i] = __floats2bfloat162_rn(gelu_tanh(a.x) * b.x, gelu_tanh(a.y) * b.y);
+    else r2[i] = __floats2bfloat162_rn(a.x / (1.f + __expf(-a.x)) * b.x, a.y / (1.f + __expf(-a.y)) * b.y);
+  }
+  return r;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

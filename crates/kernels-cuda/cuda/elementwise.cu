@@ -183,18 +183,7 @@ __device__ __forceinline__ void gated_mul(const bf16* __restrict__ gate_up, bf16
   const bf16* g = gate_up + (size_t)t * 2 * ff;
   const uint4 gv = *reinterpret_cast<const uint4*>(g + j);
   const uint4 uv = *reinterpret_cast<const uint4*>(g + ff + j);
-  const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&gv);
-  const __nv_bfloat162* u2 = reinterpret_cast<const __nv_bfloat162*>(&uv);
-  uint4 r;
-  __nv_bfloat162* r2 = reinterpret_cast<__nv_bfloat162*>(&r);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 a = __bfloat1622float2(g2[i]);
-    const float2 b = __bfloat1622float2(u2[i]);
-    if (GELU) r2[i] = __floats2bfloat162_rn(gelu_tanh(a.x) * b.x, gelu_tanh(a.y) * b.y);
-    else r2[i] = __floats2bfloat162_rn(a.x / (1.f + __expf(-a.x)) * b.x, a.y / (1.f + __expf(-a.y)) * b.y);
-  }
-  *reinterpret_cast<uint4*>(out + (size_t)t * ff + j) = r;
+  *reinterpret_cast<uint4*>(out + (size_t)t * ff + j) = gated_chunk<GELU>(gv, uv);
 }
 
 extern "C" __global__ void silu_mul(const bf16* gate_up, bf16* out, int ff) { gated_mul<false>(gate_up, out, ff); }

@@ -161,7 +161,7 @@ extern "C" __global__ void rms_norm_e4m3(const float* __restrict__ x, const floa
 }
 
 // act = f(gate) * up as e4m3 bytes and a row scale: gated_mul (elementwise.cu)
-// then quantize_rows_e4m3, one block per row (the same arithmetic, so the
+// then quantize_rows_e4m3, one block per row (the same gated_chunk, so the
 // same bits). Rows of a multiple of 8, at most 8 * QUANT_CHUNKS * blockDim.
 template <bool GELU>
 __device__ __forceinline__ void gated_mul_e4m3(const bf16* __restrict__ gate_up, __nv_fp8_storage_t* __restrict__ q,
@@ -177,16 +177,7 @@ __device__ __forceinline__ void gated_mul_e4m3(const bf16* __restrict__ gate_up,
     if (j >= ff) continue;
     const uint4 gv = *reinterpret_cast<const uint4*>(g + j);
     const uint4 uv = *reinterpret_cast<const uint4*>(g + ff + j);
-    const __nv_bfloat162* g2 = reinterpret_cast<const __nv_bfloat162*>(&gv);
-    const __nv_bfloat162* u2 = reinterpret_cast<const __nv_bfloat162*>(&uv);
-    __nv_bfloat162* r2 = reinterpret_cast<__nv_bfloat162*>(&held[c]);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 a = __bfloat1622float2(g2[i]);
-      const float2 b = __bfloat1622float2(u2[i]);
-      if (GELU) r2[i] = __floats2bfloat162_rn(gelu_tanh(a.x) * b.x, gelu_tanh(a.y) * b.y);
-      else r2[i] = __floats2bfloat162_rn(a.x / (1.f + __expf(-a.x)) * b.x, a.y / (1.f + __expf(-a.y)) * b.y);
-    }
+    held[c] = gated_chunk<GELU>(gv, uv);
     m = chunk_absmax(held[c], m);
   }
   m = block_max(m);
