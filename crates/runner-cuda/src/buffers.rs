@@ -28,6 +28,15 @@ const _: () = assert!(GEMV_MAX_TOKENS <= SUMSQ_ROWS);
 const PART_ROWS: usize = 2048;
 /// Keys per split that make a block long enough to be worth its launch.
 const KEYS_PER_SPLIT: usize = 256;
+/// Decode rows from which the GPU is filled by rows and kv heads alone, so
+/// splits are sized for long blocks rather than for parallelism.
+const LARGE_BATCH_ROWS: usize = 9;
+/// Blocks per SM a large-batch decode launch aims at (several waves, so the
+/// last one's idle SMs cost little): splits beyond that only add each
+/// block's fixed start (Q, block-table and first-tile latency) and its
+/// partials, which at 256 x 1k dominated the blocks of ~136 keys that a
+/// 4,096-token graph's splits gave (docs/perf/large-batch.md, att22).
+const LARGE_BATCH_BLOCKS_PER_SM: usize = 8;
 /// Most splits of one token's keys (`attention_combine` weighs a split per
 /// lane of one warp: at most 32).
 const MAX_SPLITS: usize = 32;
@@ -561,12 +570,18 @@ fn batch_invariant(plan: StepPlan, deterministic: bool) -> StepPlan {
 }
 
 /// Splits of each decode token's keys: enough blocks to fill the GPU at
-/// small batch, and blocks of at most ~[`KEYS_PER_SPLIT`] keys at large
-/// batch, so the last wave of long blocks does not idle most SMs.
+/// small batch, and blocks of at most ~[`KEYS_PER_SPLIT`] keys at larger
+/// batch, so the last wave of long blocks does not idle most SMs; from
+/// [`LARGE_BATCH_ROWS`] rows no more splits than
+/// [`LARGE_BATCH_BLOCKS_PER_SM`] blocks an SM need, whatever the length.
 fn decode_splits(tokens: usize, max_ctx: usize, num_sms: usize, c: &ModelConfig) -> usize {
     let tokens = tokens.max(1);
     let fill = (2 * num_sms).div_ceil(tokens * c.num_kv_heads);
-    let by_length = max_ctx.div_ceil(KEYS_PER_SPLIT);
+    let mut by_length = max_ctx.div_ceil(KEYS_PER_SPLIT);
+    if tokens >= LARGE_BATCH_ROWS {
+        let waves = (LARGE_BATCH_BLOCKS_PER_SM * num_sms).div_ceil(tokens * c.num_kv_heads);
+        by_length = by_length.min(waves);
+    }
     fill.max(by_length)
         .min(max_ctx.div_ceil(16))
         .min(MAX_SPLITS)
@@ -667,7 +682,14 @@ mod tests {
             let s = decode_splits(tokens, 4096, 132, &c);
             assert!(s >= 1 && tokens * s <= PART_ROWS, "{tokens}: {s}");
         }
-        assert_eq!(decode_splits(256, 1024, 132, &c), 4);
+        // From 9 rows: no more splits than 8 blocks an SM need, whatever
+        // the length (a graph's splits are sized for the longest context).
+        assert_eq!(decode_splits(256, 1024, 132, &c), 1);
+        assert_eq!(decode_splits(256, 4096, 132, &c), 1);
+        assert_eq!(decode_splits(64, 4096, 132, &c), 3);
+        assert_eq!(decode_splits(64, 512, 132, &c), 2);
+        // Up to 8 rows, by length as before.
+        assert_eq!(decode_splits(8, 1024, 132, &c), 5);
     }
 
     #[test]
