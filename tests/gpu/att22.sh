@@ -9,7 +9,9 @@
 # FP8 tensor-core kernel at 256 rows, 1 and 8 splits), tput (256 x 1k FP8
 # weights + FP8 KV, and bf16; the branch's bf16 also with the tensor-core
 # kernel), profile (eager per-step attention, FP8), mid (64 x 1k, FP8 and
-# bf16), b1 (batch 1, bf16 and FP8 KV).
+# bf16), b1 (batch 1, bf16 and FP8 KV), kbench_small (the branch's kernels at
+# 32 and 16 rows), tput2 (256 x 1k at the branch's defaults, FP8 twice
+# alternated), kvacc (compare_kv_dtype.py through the tensor-core kernel).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 B=${B:-.gpu-att22}
@@ -57,10 +59,19 @@ for k, v in sorted(mx.items()): print(f"{k:32} worst max rel err {v:.2e}")' "$O/
         python3 "$B/tests/bench_decode_attention.py" main="$W/main:old" new="$W/new" --rows 256 --splits 1,8 --kv fp8 \
         --kernel tc --once > "$O/ncu.txt" 2>&1
       grep -E 'paged_attention_tc|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Grid Size|Warp Cycles Per Issued|Issued Warp|No Eligible|Stall' "$O/ncu.txt" | grep -v '^ *-' | head -60 ;;
+    kbench_small)
+      $T python3 "$B/tests/bench_decode_attention.py" new="$W/new" --rows 32,16 --splits 1,2,3,4,5,8 \
+        2>&1 | tee "$O/kbench_small.txt" ;;
     tput)
       for v in main new; do tput "256x1k fp8 w + fp8 kv" $v --num-prompts 256 --max-num-seqs 256 --output-len 128 --quantization fp8 --kv-cache-dtype fp8; done
       for v in main new; do tput "256x1k bf16" $v --num-prompts 256 --max-num-seqs 256 --output-len 128; done
       INGOT_CUDA_TC_DECODE_MIN_ROWS=192 tput "256x1k bf16, tc kernel >=192 rows" new --num-prompts 256 --max-num-seqs 256 --output-len 128 ;;
+    tput2)  # the branch's defaults (tensor-core kernel from 64 rows, bf16 and FP8 caches)
+      for v in main new main new; do tput "256x1k fp8 w + fp8 kv" $v --num-prompts 256 --max-num-seqs 256 --output-len 128 --quantization fp8 --kv-cache-dtype fp8; done
+      for v in main new; do tput "256x1k bf16" $v --num-prompts 256 --max-num-seqs 256 --output-len 128; done ;;
+    kvacc)  # FP8 vs bf16 cache through the branch's tensor-core kernel (forced on for every row count)
+      INGOT_CUDA_TC_DECODE_MIN_ROWS=1 timeout -k 5 200 python3 tests/gpu/compare_kv_dtype.py --ingot "$W/new/ingot" --model "$M" \
+        --prompts 2 -- --load-format dummy --max-model-len 4096 --enforce-eager 2>&1 | tail -4 ;;
     profile)
       for v in main new; do
         echo "$v"
@@ -69,7 +80,9 @@ for k, v in sorted(mx.items()): print(f"{k:32} worst max rel err {v:.2e}")' "$O/
       done ;;
     mid)
       for v in main new; do tput "64x1k fp8 w + fp8 kv" $v --num-prompts 64 --max-num-seqs 64 --output-len 128 --quantization fp8 --kv-cache-dtype fp8; done
-      for v in main new; do tput "64x1k bf16" $v --num-prompts 64 --max-num-seqs 64 --output-len 128; done ;;
+      INGOT_CUDA_TC_DECODE_MIN_ROWS=0 INGOT_CUDA_TC_DECODE_FP8_MIN_ROWS=0 tput "64x1k fp8 w + fp8 kv, simt" new --num-prompts 64 --max-num-seqs 64 --output-len 128 --quantization fp8 --kv-cache-dtype fp8
+      for v in main new; do tput "64x1k bf16" $v --num-prompts 64 --max-num-seqs 64 --output-len 128; done
+      INGOT_CUDA_TC_DECODE_MIN_ROWS=0 tput "64x1k bf16, simt" new --num-prompts 64 --max-num-seqs 64 --output-len 128 ;;
     b1)
       for v in main new; do
         for kv in bf16 fp8; do

@@ -13,6 +13,9 @@
 //     (flash-decoding: long contexts at small batch still fill the GPU).
 //     paged_attention_fp8_*: the same over an FP8 e4m3 cache (kv_types.cuh),
 //     dequantized as each lane reads its pieces from the ring.
+//   paged_attention_tc{,_fp8}_hd{HD}_g{G}: the same grid and outputs on
+//     tensor cores (below); the runner takes it from cuda.tc_decode_min_rows
+//     decode rows.
 //   prefill_attention_hd{HD}: one block per (query tile of one chunk, kv
 //     head): 128 rows = 128 / G tokens x the G query heads sharing the kv
 //     head, 8 warps; tensor cores (mma.sync bf16, FlashAttention-2 style
@@ -676,7 +679,11 @@ PREFILL_KERNEL(128)
 // and O += P V with HD/8 more, the online softmax of a row lives in one quad
 // of lanes, and each probability is computed once. Each warp streams its own
 // tiles of 16 keys through a cp.async ring (DecodeTcSmem) and the warps
-// merge at the end.
+// merge at the end. With an FP8 cache the tiles stay raw e4m3 in shared
+// memory: ldmatrix reads the bytes, a lane converts its fragments with one
+// cvt per pair (e4m3 is exact in f16) and the mmas take f16, so no tile
+// goes through shared memory twice (the conversion through shared memory
+// held this kernel to ~2 TB/s at 256 x 1k; docs/perf/large-batch.md).
 
 constexpr int TC_KEYS = 16;  // keys per warp tile: one k-step of P V
 

@@ -31,12 +31,14 @@ const KEYS_PER_SPLIT: usize = 256;
 /// Decode rows from which the GPU is filled by rows and kv heads alone, so
 /// splits are sized for long blocks rather than for parallelism.
 const LARGE_BATCH_ROWS: usize = 9;
-/// Blocks per SM a large-batch decode launch aims at (several waves, so the
-/// last one's idle SMs cost little): splits beyond that only add each
-/// block's fixed start (Q, block-table and first-tile latency) and its
-/// partials, which at 256 x 1k dominated the blocks of ~136 keys that a
-/// 4,096-token graph's splits gave (docs/perf/large-batch.md, att22).
-const LARGE_BATCH_BLOCKS_PER_SM: usize = 8;
+/// Blocks per SM a large-batch decode launch aims at: splits beyond that
+/// only add each block's fixed start (Q, block-table and first-tile
+/// latency) and its partials, which at 256 x 1k dominated the blocks of
+/// ~136 keys that a 4,096-token graph's splits gave. The kernels stream
+/// K/V near the DRAM rate, so a last wave's idle SMs cost less than more
+/// splits: at 64 and 256 rows one split was fastest on an H100
+/// (docs/perf/large-batch.md, att22).
+const LARGE_BATCH_BLOCKS_PER_SM: usize = 4;
 /// Most splits of one token's keys (`attention_combine` weighs a split per
 /// lane of one warp: at most 32).
 const MAX_SPLITS: usize = 32;
@@ -573,14 +575,15 @@ fn batch_invariant(plan: StepPlan, deterministic: bool) -> StepPlan {
 /// small batch, and blocks of at most ~[`KEYS_PER_SPLIT`] keys at larger
 /// batch, so the last wave of long blocks does not idle most SMs; from
 /// [`LARGE_BATCH_ROWS`] rows no more splits than
-/// [`LARGE_BATCH_BLOCKS_PER_SM`] blocks an SM need, whatever the length.
+/// [`LARGE_BATCH_BLOCKS_PER_SM`] blocks an SM need (but at least the fill),
+/// whatever the length.
 fn decode_splits(tokens: usize, max_ctx: usize, num_sms: usize, c: &ModelConfig) -> usize {
     let tokens = tokens.max(1);
     let fill = (2 * num_sms).div_ceil(tokens * c.num_kv_heads);
     let mut by_length = max_ctx.div_ceil(KEYS_PER_SPLIT);
     if tokens >= LARGE_BATCH_ROWS {
-        let waves = (LARGE_BATCH_BLOCKS_PER_SM * num_sms).div_ceil(tokens * c.num_kv_heads);
-        by_length = by_length.min(waves);
+        let by_blocks = (LARGE_BATCH_BLOCKS_PER_SM * num_sms).div_ceil(tokens * c.num_kv_heads);
+        by_length = by_length.min(by_blocks);
     }
     fill.max(by_length)
         .min(max_ctx.div_ceil(16))
@@ -682,12 +685,13 @@ mod tests {
             let s = decode_splits(tokens, 4096, 132, &c);
             assert!(s >= 1 && tokens * s <= PART_ROWS, "{tokens}: {s}");
         }
-        // From 9 rows: no more splits than 8 blocks an SM need, whatever
+        // From 9 rows: no more splits than 4 blocks an SM need, whatever
         // the length (a graph's splits are sized for the longest context).
         assert_eq!(decode_splits(256, 1024, 132, &c), 1);
         assert_eq!(decode_splits(256, 4096, 132, &c), 1);
-        assert_eq!(decode_splits(64, 4096, 132, &c), 3);
-        assert_eq!(decode_splits(64, 512, 132, &c), 2);
+        assert_eq!(decode_splits(64, 4096, 132, &c), 2);
+        assert_eq!(decode_splits(16, 4096, 132, &c), 5);
+        assert_eq!(decode_splits(16, 512, 132, &c), 3);
         // Up to 8 rows, by length as before.
         assert_eq!(decode_splits(8, 1024, 132, &c), 5);
     }
