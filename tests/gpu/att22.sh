@@ -59,6 +59,10 @@ for k, v in sorted(mx.items()): print(f"{k:32} worst max rel err {v:.2e}")' "$O/
         python3 "$B/tests/bench_decode_attention.py" main="$W/main:old" new="$W/new" --rows 256 --splits 1,8 --kv fp8 \
         --kernel tc --once > "$O/ncu.txt" 2>&1
       grep -E 'paged_attention_tc|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Grid Size|Warp Cycles Per Issued|Issued Warp|No Eligible|Stall' "$O/ncu.txt" | grep -v '^ *-' | head -60 ;;
+    kbench_order)  # an experimental cubin in $B/exp whose tensor-core grid is (kv heads, rows, splits)
+      mkdir -p "$W/exp" && gunzip -c "$B/exp/attention.sm_90.cubin.gz" > "$W/exp/attention.sm_90.cubin"
+      $T python3 "$B/tests/bench_decode_attention.py" new="$W/new" kvfirst="$W/exp:kvfirst" new="$W/new" \
+        kvfirst="$W/exp:kvfirst" --rows 256,64 --splits 1,2 --kernel tc 2>&1 | tee "$O/kbench_order.txt" ;;
     kbench_small)
       $T python3 "$B/tests/bench_decode_attention.py" new="$W/new" --rows 32,16 --splits 1,2,3,4,5,8 \
         2>&1 | tee "$O/kbench_small.txt" ;;

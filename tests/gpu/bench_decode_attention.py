@@ -6,9 +6,10 @@ each:
 
     python3 tests/gpu/bench_decode_attention.py main=DIR_A:old new=DIR_B
 
-Each version is LABEL=DIR (DIR holds attention.sm_90.cubin), with `:old` for
+Each version is LABEL=DIR[:FLAG...] (DIR holds attention.sm_90.cubin): `:old` for
 cubins from before att22 (the FP8 tensor-core kernel's shared memory had
-another size). Shape: the 8B's heads (32 query heads, 8 kv
+another size), `:kvfirst` for a tensor-core kernel whose grid is (kv heads,
+rows, splits). Shape: the 8B's heads (32 query heads, 8 kv
 heads, head_dim 128, 16-slot blocks), ROWS decode rows of CTX keys each, pages
 scattered over the pool (as a long-running server's are), one layer per launch
 (the pool is far larger than L2). Prints the mean time per launch (attention +
@@ -60,9 +61,10 @@ class Inputs:
 class Version:
     def __init__(self, spec):
         label, rest = spec.split("=", 1)
-        path, *smem = rest.split(":")
+        path, *flags = rest.split(":")
         self.label = label
-        self.tc_smem = [tc_smem(False), tc_smem(True, smem == ["old"])]
+        self.tc_smem = [tc_smem(False), tc_smem(True, "old" in flags)]
+        self.kv_first = "kvfirst" in flags  # tensor-core grid (kv heads, rows, splits)
         self.module = Module(os.path.join(path, "attention.sm_90.cubin"))
 
     def launcher(self, inp, fp8, tc, splits):
@@ -92,7 +94,8 @@ class Version:
         keep += [params, cparams]
 
         def run():
-            ok(cu.cuLaunchKernel(fn, inp.rows, KVH, splits, 128, 1, 1, smem, None, params, None), "launch")
+            gx, gy = (KVH, inp.rows) if tc and self.kv_first else (inp.rows, KVH)
+            ok(cu.cuLaunchKernel(fn, gx, gy, splits, 128, 1, 1, smem, None, params, None), "launch")
             if splits > 1:
                 ok(cu.cuLaunchKernel(combine, inp.rows, H, 1, 128, 1, 1, 0, None, cparams, None), "combine")
 
@@ -113,7 +116,7 @@ def time_launches(run, iters):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("versions", nargs="+", help="LABEL=DIR[:old]")
+    ap.add_argument("versions", nargs="+", help="LABEL=DIR[:old][:kvfirst]")
     ap.add_argument("--rows", default="256,64", help="decode rows, comma-separated")
     ap.add_argument("--ctx", type=int, default=1088, help="keys per row (the 256 x 1k run's mean)")
     ap.add_argument("--splits", default="1,2,4,8")
