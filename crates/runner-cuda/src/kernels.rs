@@ -828,7 +828,10 @@ mod tests {
                 // Hopper: 228 KiB of shared memory per SM, 1 KiB reserved per
                 // block; FP8 rings are small enough for 3 blocks.
                 let blocks = if kv == KvDtype::Fp8 { 3 } else { 2 };
-                assert!(blocks * (bytes + 1024) <= 228 << 10, "hd {hd} {kv:?}: {bytes}");
+                assert!(
+                    blocks * (bytes + 1024) <= 228 << 10,
+                    "hd {hd} {kv:?}: {bytes}"
+                );
                 // The 4 warps' f32 accumulators of up to 8 heads reuse the ring.
                 assert!(bytes >= 4 * 8 * hd * 4, "hd {hd} {kv:?}: {bytes}");
             }
