@@ -515,10 +515,9 @@ def check_attention(m, rng):
                     ptr(prefetch), ctypes.c_uint64(prefetch.numel() * 2), i32(1 if splits == 1 else 2), i32(window)]
             # The SIMT kernel, and the tensor-core one (head sizes 64 and 128)
             # with the same arguments and partials; its dynamic shared memory
-            # is DecodeTcSmem::BYTES (bf16: 3 stages of padded K/V tiles; FP8:
-            # 4 raw stages and one padded bf16 pair).
-            tile = 16 * (hd + 8) * 2
-            tc_smem = 4 * (4 * 2 * 16 * hd + 2 * tile if infix else 3 * 2 * tile)
+            # is DecodeTcSmem::BYTES (4 warps; bf16: 3 stages of K/V tiles with
+            # rows padded by 8 elements; FP8: 4 raw stages, rows padded by 16 bytes).
+            tc_smem = 4 * (4 * 2 * 16 * (hd + 16) if infix else 3 * 2 * 16 * (hd + 8) * 2)
             variants = [("", 0)] + ([("_tc", tc_smem)] if hd <= 128 else [])
             for tc, smem in variants:
                 out.zero_()

@@ -74,6 +74,9 @@
 #   splits    the decode attention + split combine alone per split count and context, 1 and 8 rows,
 #             SmolLM2's and the 8B's heads, bf16 and FP8 caches (bench_decode_splits.py: what the small
 #             decode graphs' split counts are chosen from)
+#   decbench  the decode attention kernels alone (SIMT and tensor cores, bf16 and FP8 caches) at 256 and 64
+#             rows of 1,088 keys, 1/2/4/8 splits (bench_decode_attention.py; tests/gpu/att22.sh compares two
+#             builds' cubins and binaries in one call)
 #   prefillk  the prefill attention kernel alone, bf16 and FP8 KV, on the 8B's and SmolLM2's heads
 #             (bench_prefill_attention.py; other cubin folders can be compared beside it by hand)
 # Results also go to $OUT (when set) as JSON lines.
@@ -238,18 +241,18 @@ for phase in "$@"; do
       for n in 256 64; do
         for rows in 0 1; do
           echo "tc_decode_min_rows=$rows seqs=$n"
-          INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows "$ING" $TP --num-prompts $n --max-num-seqs $n --json | tee -a "$O/bench.jsonl"
+          INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows INGOT_CUDA_TC_DECODE_FP8_MIN_ROWS=$rows "$ING" $TP --num-prompts $n --max-num-seqs $n --json | tee -a "$O/bench.jsonl"
         done
       done
       for rows in 0 1; do
         echo "tc_decode_min_rows=$rows seqs=256 kv fp8"
-        INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows "$ING" $TP --num-prompts 256 --max-num-seqs 256 --kv-cache-dtype fp8 --json | tee -a "$O/bench.jsonl"
+        INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows INGOT_CUDA_TC_DECODE_FP8_MIN_ROWS=$rows "$ING" $TP --num-prompts 256 --max-num-seqs 256 --kv-cache-dtype fp8 --json | tee -a "$O/bench.jsonl"
         echo "tc_decode_min_rows=$rows batch 1"
-        INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl"
+        INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows INGOT_CUDA_TC_DECODE_FP8_MIN_ROWS=$rows "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl"
       done
       for rows in 0 1; do
         echo "tc_decode_min_rows=$rows seqs=256 eager profile"
-        INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows INGOT_CUDA_PROFILE=1 "$ING" ${TP/--output-len 128/--output-len 32} --num-prompts 256 --max-num-seqs 256 2>&1 | grep -E "cuda profile"
+        INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows INGOT_CUDA_TC_DECODE_FP8_MIN_ROWS=$rows INGOT_CUDA_PROFILE=1 "$ING" ${TP/--output-len 128/--output-len 32} --num-prompts 256 --max-num-seqs 256 2>&1 | grep -E "cuda profile"
       done
       INGOT_CUDA_TC_DECODE_MIN_ROWS=1 timeout -k 5 "$T" python3 tests/gpu/compare_hf.py --ingot "$ING" --tokenizers "$W/tokenizers" --work "$W/hf" ;;
     tcfp8)
@@ -258,11 +261,11 @@ for phase in "$@"; do
       timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only attention
       for rows in 0 1; do
         echo "tc_decode_min_rows=$rows seqs=256 kv fp8"
-        INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows "$ING" $TP --output-len 128 --json | tee -a "$O/bench.jsonl"
+        INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows INGOT_CUDA_TC_DECODE_FP8_MIN_ROWS=$rows "$ING" $TP --output-len 128 --json | tee -a "$O/bench.jsonl"
       done
       for rows in 0 1; do
         echo "tc_decode_min_rows=$rows seqs=256 kv fp8 eager profile"
-        INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows INGOT_CUDA_PROFILE=1 "$ING" $TP --output-len 32 2>&1 | grep -E "cuda profile"
+        INGOT_CUDA_TC_DECODE_MIN_ROWS=$rows INGOT_CUDA_TC_DECODE_FP8_MIN_ROWS=$rows INGOT_CUDA_PROFILE=1 "$ING" $TP --output-len 32 2>&1 | grep -E "cuda profile"
       done ;;
     sampled)
       M=$(llama8b)
@@ -323,6 +326,7 @@ for phase in "$@"; do
         --max-num-seqs 256 --input-len 1024 --output-len 32 --max-num-batched-tokens 8192 --enforce-eager \
         > "$O/ncu_attention.txt" 2>&1
       grep -vE '^ +-+|^$' "$O/ncu_attention.txt" | grep -E 'paged|Duration|Throughput|Busy|Stall|Issue|Occupancy|Registers|Block Size|Grid Size|Warp Cycles|Eligible|Hit Rate|Bandwidth|Executed Ipc|One or More|No Eligible|Active Warps' | head -60 ;;
+    decbench) timeout -k 5 "$T" python3 tests/gpu/bench_decode_attention.py this="$W" --rows 256,64 --splits 1,2,4,8 ;;
     ncu1) bash tests/gpu/ncu_decode.sh "$ING_RAW" "$(llama8b)" "$O/ncu_decode.csv" ;;
     ncu1fp8) bash tests/gpu/ncu_decode.sh "$ING_RAW" "$(llama8b)" "$O/ncu_decode_fp8.csv" --quantization fp8 ;;
     ncustall)

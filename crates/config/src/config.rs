@@ -571,12 +571,14 @@ pub struct CudaSection {
     /// launches). Off: measured slower on the H100 (docs/perf/small-models.md).
     pub fused_block: bool,
     /// Decode steps with at least this many decode rows run the tensor-core
-    /// decode attention kernel (0: never; head sizes 64 and 128).
+    /// decode attention kernel (0: never; head sizes 64 and 128). Default
+    /// 64: on an H100 it was faster than the SIMT kernel at 64 and 256
+    /// sequences once large batches took one split (docs/perf/large-batch.md).
     pub tc_decode_min_rows: usize,
     /// With an FP8 KV cache, decode steps with at least this many decode
     /// rows run the tensor-core decode attention (0: never; the smaller
-    /// non-zero of this and `tc_decode_min_rows` applies). Default 192: on
-    /// an H100 it was faster at 192 and 256 sequences, slower at 128.
+    /// non-zero of this and `tc_decode_min_rows` applies). Default 64, as
+    /// above.
     pub tc_decode_fp8_min_rows: usize,
 }
 
@@ -588,8 +590,8 @@ impl Default for CudaSection {
             l2_prefetch: None,
             pdl: true,
             fused_block: false,
-            tc_decode_min_rows: 0,
-            tc_decode_fp8_min_rows: 192,
+            tc_decode_min_rows: 64,
+            tc_decode_fp8_min_rows: 64,
         }
     }
 }

@@ -104,7 +104,7 @@ fn legacy_variables_keep_working() {
             ("INGOT_CUDA_L2_PREFETCH", "8:1"),
             ("INGOT_CUDA_PDL", "0"),
             ("INGOT_CUDA_FUSED_BLOCK", "on"),
-            ("INGOT_CUDA_TC_DECODE_MIN_ROWS", "64"),
+            ("INGOT_CUDA_TC_DECODE_MIN_ROWS", "32"),
             ("INGOT_CACHE", "/tmp/assets"),
         ]),
         ..Layers::default()
@@ -118,7 +118,7 @@ fn legacy_variables_keep_working() {
     assert_eq!(c.log.level, "info,ingot_server=debug");
     assert!(c.cuda.profile && c.cuda.check && !c.cuda.pdl && c.cuda.fused_block);
     assert_eq!(c.cuda.l2_prefetch.as_deref(), Some("8:1"));
-    assert_eq!(c.cuda.tc_decode_min_rows, 64);
+    assert_eq!(c.cuda.tc_decode_min_rows, 32);
     assert_eq!(
         c.cache,
         CacheSection::default(),

@@ -13,6 +13,9 @@
 //     (flash-decoding: long contexts at small batch still fill the GPU).
 //     paged_attention_fp8_*: the same over an FP8 e4m3 cache (kv_types.cuh),
 //     dequantized as each lane reads its pieces from the ring.
+//   paged_attention_tc{,_fp8}_hd{HD}_g{G}: the same grid and outputs on
+//     tensor cores (below); the runner takes it from cuda.tc_decode_min_rows
+//     decode rows.
 //   prefill_attention_hd{HD}: one block per (query tile of one chunk, kv
 //     head): 128 rows = 128 / G tokens x the G query heads sharing the kv
 //     head, 8 warps; tensor cores (mma.sync bf16, FlashAttention-2 style
@@ -676,23 +679,27 @@ PREFILL_KERNEL(128)
 // and O += P V with HD/8 more, the online softmax of a row lives in one quad
 // of lanes, and each probability is computed once. Each warp streams its own
 // tiles of 16 keys through a cp.async ring (DecodeTcSmem) and the warps
-// merge at the end.
+// merge at the end. With an FP8 cache the tiles stay raw e4m3 in shared
+// memory: ldmatrix reads the bytes, a lane converts its fragments with one
+// cvt per pair (e4m3 is exact in f16) and the mmas take f16, so no tile
+// goes through shared memory twice (the conversion through shared memory
+// held this kernel to ~2 TB/s at 256 x 1k; docs/perf/large-batch.md).
 
 constexpr int TC_KEYS = 16;  // keys per warp tile: one k-step of P V
 
-// A warp's ring. bf16: 3 stages of (K, V) tiles that ldmatrix reads
-// directly (104 KiB a block at head_dim 128, 2 blocks = 8 warps an SM, ~136
-// KiB per SM in flight). FP8: 4 stages of raw (K, V) bytes, each converted by
-// the lanes that copied it into one bf16 (K, V) tile when its turn comes, so
-// the copies stay asynchronous (cp.async) and 3 tiles are in flight.
+// A warp's ring of (K, V) tiles, read by ldmatrix where they land. bf16: 3
+// stages of padded bf16 tiles (104 KiB a block at head_dim 128, 2 blocks =
+// 8 warps an SM, ~136 KiB per SM in flight). FP8: 4 stages of raw e4m3 rows
+// (padded to a 16-byte multiple that ldmatrix reads without bank
+// conflicts), converted in registers after ldmatrix: 72 KiB a block at
+// head_dim 128, so 3 blocks = 12 warps share an SM, 3 tiles in flight each.
 template <int HD, typename KV>
 struct DecodeTcSmem {
   static constexpr bool RAW = sizeof(KV) == 1;
   static constexpr int STAGES = RAW ? 4 : 3;
-  static constexpr int LD = HD + 8;              // bf16 row stride: conflict-free ldmatrix
-  static constexpr int TILE = TC_KEYS * LD;      // elements of one bf16 K or V tile
-  static constexpr int RAW_TILE = TC_KEYS * HD;  // bytes of one raw FP8 K or V tile
-  static constexpr int WARP_BYTES = RAW ? STAGES * 2 * RAW_TILE + 2 * TILE * 2 : STAGES * 2 * TILE * 2;
+  static constexpr int ROW = RAW ? HD + 16 : (HD + 8) * 2;  // bytes per staged key row
+  static constexpr int TILE = TC_KEYS * ROW;                // bytes of one K or V tile
+  static constexpr int WARP_BYTES = STAGES * 2 * TILE;
   static constexpr int BYTES = DECODE_WARPS * WARP_BYTES;
 };
 
@@ -704,9 +711,9 @@ __device__ __forceinline__ void cp_async_cg(void* smem_dst, const void* gmem_src
 }
 
 // Starts copying keys j0 .. j0 + 15 (clamped to end - 1: masked later,
-// finite data) of one kv head into a ring stage, 16 bytes a piece: bf16
-// rows into padded tiles, FP8 rows as they are. Lane l copies pieces l,
-// l + 32, ... (the FP8 conversion relies on that).
+// finite data) of one kv head into a ring stage, 16 bytes a piece. The
+// tile's block-table entries are looked up once: with blocks of at least 16
+// slots (the engine's are 16) it spans at most two.
 template <int HD, typename KV>
 __device__ __forceinline__ void stage_decode_tile(unsigned char* stage, const KV* __restrict__ k_cache,
                                                   const KV* __restrict__ v_cache, const int* table, int j0, int end,
@@ -714,34 +721,149 @@ __device__ __forceinline__ void stage_decode_tile(unsigned char* stage, const KV
   using L = DecodeTcSmem<HD, KV>;
   constexpr int EL = 16 / sizeof(KV);  // elements per piece
   constexpr int VEC = HD / EL;         // pieces per row
-  constexpr int ROW = L::RAW ? HD : L::LD * 2;         // bytes per staged row
-  constexpr int V_AT = L::RAW ? L::RAW_TILE : L::TILE * 2;  // V tile offset, bytes
+  const int first = j0 / block_size, off0 = j0 - first * block_size, last = (end - 1) / block_size;
+  const long long page0 = table[first], page1 = table[min(first + 1, last)];
+  const bool two_pages_at_most = block_size >= TC_KEYS;
 #pragma unroll
   for (int idx = lane; idx < TC_KEYS * VEC; idx += 32) {
     const int r = idx / VEC, c = idx % VEC;
-    const int j = min(j0 + r, end - 1);
-    const size_t off = kv_index(table[j / block_size], kvh, j % block_size, num_kv_heads, block_size, HD) + c * EL;
-    cp_async_cg(stage + r * ROW + c * 16, k_cache + off);
-    cp_async_cg(stage + V_AT + r * ROW + c * 16, v_cache + off);
+    const int o = off0 + min(r, end - 1 - j0);  // slot offset from the tile's first block
+    long long page;
+    int slot;
+    if (two_pages_at_most) {
+      const bool next = o >= block_size;
+      page = next ? page1 : page0;
+      slot = next ? o - block_size : o;
+    } else {
+      page = table[first + o / block_size];
+      slot = o % block_size;
+    }
+    const size_t off = kv_index(page, kvh, slot, num_kv_heads, block_size, HD) + c * EL;
+    cp_async_cg(stage + r * L::ROW + c * 16, k_cache + off);
+    cp_async_cg(stage + L::TILE + r * L::ROW + c * 16, v_cache + off);
   }
   cp_async_commit();
 }
 
-// Converts this lane's pieces of a raw FP8 stage into the warp's bf16 (K, V)
-// tiles (the caller syncs the warp before ldmatrix reads them).
-template <int HD>
-__device__ __forceinline__ void convert_decode_tile(const unsigned char* stage, bf16* tile, int lane) {
-  using L = DecodeTcSmem<HD, fp8>;
-  constexpr int VEC = HD / 16;
+__device__ __forceinline__ void ldmatrix_x4_at(unsigned (&r)[4], const void* p) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans_at(unsigned (&r)[4], const void* p) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+// d += a * b as mma_bf16, f16 in (exact for e4m3 K/V; 10 mantissa bits for
+// Q and P against bf16's 7).
+__device__ __forceinline__ void mma_f16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two e4m3 values (low byte first) as f16x2: exact, one instruction.
+__device__ __forceinline__ unsigned e4m3x2_to_f16x2(unsigned bits) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(bits & 0xffffu), __NV_E4M3);
+  return (unsigned)h.x | ((unsigned)h.y << 16);
+}
+
+// Two floats as f16x2, clamped to f16's finite range (Q beyond +-65504
+// would be inf; K/V are at most 448).
+__device__ __forceinline__ unsigned pack_f16(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(fminf(fmaxf(lo, -65504.f), 65504.f), fminf(fmaxf(hi, -65504.f), 65504.f));
+  return *reinterpret_cast<const unsigned*>(&v);
+}
+
+// The output dimension that accumulator element e of mma column tile d
+// holds for lane quad position c. bf16: tile d is dims 8d..8d+7 in order.
+// FP8: V's B fragments come from ldmatrix.trans of raw bytes, so a lane's
+// column g is dims 2g and 2g + 1 of a 16-dim chunk j: tile 2j + p holds the
+// chunk's dims of parity p, and a lane ends with dims 16j + 4c .. 16j + 4c + 3.
+template <bool RAW>
+__device__ __forceinline__ int tc_out_dim(int d, int e, int c) {
+  return RAW ? 16 * (d >> 1) + 4 * c + (d & 1) + 2 * e : 8 * d + 2 * c + e;
+}
+
+// S = Q K^T of one 16-key tile into s (two 8-key column tiles).
+// bf16: Q fragments qf[kk] hold dims 16kk + 2c, +1 and +8, +9, as K's do.
+// FP8: ldmatrix of raw bytes gives lane (g, c) dims 4c .. 4c + 3 of a 16-dim
+// chunk of key g; converted, they serve as k = 2c, 2c + 1, 2c + 8, 2c + 9,
+// and Q's fragments were loaded in that order (the dot product is the same
+// sum in another order).
+template <int HD, typename KV>
+__device__ __forceinline__ void tc_scores(float (&s)[2][4], const unsigned (&qf)[HD / 16][2], const unsigned char* K,
+                                          int lane) {
+  using L = DecodeTcSmem<HD, KV>;
+  const int row = (lane & 7) + ((lane >> 3) & 1) * 8;  // key of this lane's ldmatrix address
+  if constexpr (L::RAW) {
 #pragma unroll
-  for (int idx = lane; idx < TC_KEYS * VEC; idx += 32) {
-    const int r = idx / VEC, c = idx % VEC;
+    for (int kp = 0; kp < HD / 32; ++kp) {
+      unsigned bk[4];  // keys 0-7 / 8-15 of chunk 2kp, then of chunk 2kp + 1
+      ldmatrix_x4_at(bk, K + row * L::ROW + (2 * kp + (lane >> 4)) * 16);
 #pragma unroll
-    for (int kv = 0; kv < 2; ++kv) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(stage + kv * L::RAW_TILE + r * HD + c * 16);
-      bf16* dst = tile + kv * L::TILE + r * L::LD + c * 16;
-      *reinterpret_cast<uint4*>(dst) = fp8x8_to_bf16x8(make_uint2(raw.x, raw.y));
-      *reinterpret_cast<uint4*>(dst + 8) = fp8x8_to_bf16x8(make_uint2(raw.z, raw.w));
+      for (int h = 0; h < 2; ++h) {
+        const unsigned a[4] = {qf[2 * kp + h][0], 0u, qf[2 * kp + h][1], 0u};
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          const unsigned b = bk[2 * h + n];
+          mma_f16(s[n], a, e4m3x2_to_f16x2(b), e4m3x2_to_f16x2(b >> 16));
+        }
+      }
+    }
+  } else {
+    const bf16* Kb = reinterpret_cast<const bf16*>(K);
+    constexpr int LD = L::ROW / 2;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      unsigned bk[4];
+      ldmatrix_x4(bk, Kb + ((lane & 7) + ((lane >> 4) << 3)) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
+      const unsigned a[4] = {qf[kk][0], 0u, qf[kk][1], 0u};
+      mma_bf16(s[0], a, bk[0], bk[1]);
+      mma_bf16(s[1], a, bk[2], bk[3]);
+    }
+  }
+}
+
+// O += P V of one 16-key tile; p is the A fragment (row g: keys 2c, 2c + 1,
+// 8 + 2c, 9 + 2c). FP8: ldmatrix.trans of raw bytes gives lane (g, c) keys
+// 2c, 2c + 1 of dims 2g, 2g + 1 (of a 16-dim chunk) in one register; a byte
+// permute makes (key 2c, key 2c + 1) pairs of each dim, the B fragments of
+// the chunk's even and odd dims.
+template <int HD, typename KV>
+__device__ __forceinline__ void tc_accumulate(float (&o)[HD / 8][4], const unsigned (&a)[4], const unsigned char* V,
+                                              int lane) {
+  using L = DecodeTcSmem<HD, KV>;
+  const int row = (lane & 7) + ((lane >> 3) & 1) * 8;
+  if constexpr (L::RAW) {
+#pragma unroll
+    for (int jp = 0; jp < HD / 32; ++jp) {
+      unsigned bv[4];  // keys 0-7 / 8-15 of chunk 2jp, then of chunk 2jp + 1
+      ldmatrix_x4_trans_at(bv, V + row * L::ROW + (2 * jp + (lane >> 4)) * 16);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int j = 2 * jp + h;
+        const unsigned lo = __byte_perm(bv[2 * h], 0, 0x3120), hi = __byte_perm(bv[2 * h + 1], 0, 0x3120);
+        mma_f16(o[2 * j], a, e4m3x2_to_f16x2(lo), e4m3x2_to_f16x2(hi));
+        mma_f16(o[2 * j + 1], a, e4m3x2_to_f16x2(lo >> 16), e4m3x2_to_f16x2(hi >> 16));
+      }
+    }
+  } else {
+    const bf16* Vb = reinterpret_cast<const bf16*>(V);
+    constexpr int LD = L::ROW / 2;
+#pragma unroll
+    for (int dp = 0; dp < HD / 16; ++dp) {
+      unsigned bv[4];
+      ldmatrix_x4_trans(bv, Vb + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 + (lane >> 4) * 8);
+      mma_bf16(o[2 * dp], a, bv[0], bv[1]);
+      mma_bf16(o[2 * dp + 1], a, bv[2], bv[3]);
     }
   }
 }
@@ -759,7 +881,7 @@ __device__ __forceinline__ void decode_attention_tc(
   pdl_begin();
   if (!(prefetch_mode & 1)) l2_prefetch(prefetch, prefetch_bytes, prefetch_mode);
   using L = DecodeTcSmem<HD, KV>;
-  constexpr int LD = L::LD, DT = HD / 8, KT = HD / 16, S = L::STAGES;
+  constexpr int DT = HD / 8, KT = HD / 16, S = L::STAGES, STAGE_BYTES = 2 * L::TILE;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float s_m[DECODE_WARPS][G], s_l[DECODE_WARPS][G];
   const int b = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
@@ -772,17 +894,23 @@ __device__ __forceinline__ void decode_attention_tc(
   const int start = lo + split * per_split, end = min(ctx, start + per_split);
   const int* table = block_tables + (size_t)token_seq[tok] * *table_stride;
   unsigned char* ring = smem + warp * L::WARP_BYTES;
-  constexpr int STAGE_BYTES = L::RAW ? 2 * L::RAW_TILE : 2 * L::TILE * 2;
-  // FP8: the bf16 tiles that each raw stage is converted into, after the ring.
-  bf16* converted = reinterpret_cast<bf16*>(ring + S * STAGE_BYTES);
 
-  // Q as A fragments (row g: head kvh * G + g; rows >= G and g + 8 zero).
+  // Q as A fragments (row g: head kvh * G + g; rows >= G and g + 8 zero),
+  // in the dimension order of tc_scores.
   unsigned qf[KT][2];
   const bf16* qrow = q + (size_t)tok * num_heads * HD + (kvh * G + min(g, G - 1)) * HD;
 #pragma unroll
   for (int kk = 0; kk < KT; ++kk) {
-    qf[kk][0] = g < G ? *reinterpret_cast<const unsigned*>(qrow + kk * 16 + 2 * c) : 0u;
-    qf[kk][1] = g < G ? *reinterpret_cast<const unsigned*>(qrow + kk * 16 + 8 + 2 * c) : 0u;
+    if constexpr (L::RAW) {
+      const uint2 v = *reinterpret_cast<const uint2*>(qrow + kk * 16 + 4 * c);
+      const float2 q01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.x));
+      const float2 q23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.y));
+      qf[kk][0] = g < G ? pack_f16(q01.x, q01.y) : 0u;
+      qf[kk][1] = g < G ? pack_f16(q23.x, q23.y) : 0u;
+    } else {
+      qf[kk][0] = g < G ? *reinterpret_cast<const unsigned*>(qrow + kk * 16 + 2 * c) : 0u;
+      qf[kk][1] = g < G ? *reinterpret_cast<const unsigned*>(qrow + kk * 16 + 8 + 2 * c) : 0u;
+    }
   }
   float o[DT][4], m = -INFINITY, l = 0.f;
 #pragma unroll
@@ -806,26 +934,11 @@ __device__ __forceinline__ void decode_attention_tc(
   for (int t = warp; t < n_tiles; t += DECODE_WARPS) {
     issue((stage + S - 1) % S, t + (S - 1) * DECODE_WARPS);
     cp_async_wait<S - 1>();
-    const bf16* K;
-    if constexpr (L::RAW) {
-      convert_decode_tile<HD>(ring + stage * STAGE_BYTES, converted, lane);
-      K = converted;
-    } else {
-      K = reinterpret_cast<const bf16*>(ring + stage * STAGE_BYTES);
-    }
     __syncwarp();  // the other lanes' pieces of this tile have landed
-    const bf16* V = K + L::TILE;
+    const unsigned char* K = ring + stage * STAGE_BYTES;
 
-    // S = Q K^T: two 8-key column tiles.
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-    for (int kk = 0; kk < KT; ++kk) {
-      unsigned bk[4];
-      ldmatrix_x4(bk, K + ((lane & 7) + ((lane >> 4) << 3)) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
-      const unsigned a[4] = {qf[kk][0], 0u, qf[kk][1], 0u};
-      mma_bf16(s[0], a, bk[0], bk[1]);
-      mma_bf16(s[1], a, bk[2], bk[3]);
-    }
+    tc_scores<HD, KV>(s, qf, K, lane);
 
     // Online softmax of row g (log2 domain); its 16 scores are spread over
     // the quad. The tile's first key is always valid, so m_new is finite.
@@ -855,14 +968,16 @@ __device__ __forceinline__ void decode_attention_tc(
     }
 
     // O += P V: P (row g, keys 2c, 2c + 1, 8 + 2c, 9 + 2c) is the A fragment.
-    const unsigned a[4] = {pack_bf16(p[0], p[1]), 0u, pack_bf16(p[2], p[3]), 0u};
-#pragma unroll
-    for (int dp = 0; dp < DT / 2; ++dp) {
-      unsigned bv[4];
-      ldmatrix_x4_trans(bv, V + ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + dp * 16 + (lane >> 4) * 8);
-      mma_bf16(o[2 * dp], a, bv[0], bv[1]);
-      mma_bf16(o[2 * dp + 1], a, bv[2], bv[3]);
+    unsigned a[4];
+    if constexpr (L::RAW) {
+      a[0] = pack_f16(p[0], p[1]);
+      a[2] = pack_f16(p[2], p[3]);
+    } else {
+      a[0] = pack_bf16(p[0], p[1]);
+      a[2] = pack_bf16(p[2], p[3]);
     }
+    a[1] = a[3] = 0u;
+    tc_accumulate<HD, KV>(o, a, K + L::TILE, lane);
     __syncwarp();  // every lane is done with this stage before it is refilled
     stage = (stage + 1) % S;
   }
@@ -877,10 +992,9 @@ __device__ __forceinline__ void decode_attention_tc(
       s_l[warp][g] = l;
     }
 #pragma unroll
-    for (int d = 0; d < DT; ++d) {
-      s_acc[(warp * G + g) * HD + d * 8 + 2 * c] = o[d][0];
-      s_acc[(warp * G + g) * HD + d * 8 + 2 * c + 1] = o[d][1];
-    }
+    for (int d = 0; d < DT; ++d)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) s_acc[(warp * G + g) * HD + tc_out_dim<L::RAW>(d, e, c)] = o[d][e];
   }
   __syncthreads();
   store_decode_result<HD, G>(s_acc, s_m, s_l, b, tok, kvh, split, num_heads, num_splits, out, part_acc, part_ml);

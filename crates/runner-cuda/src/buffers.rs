@@ -30,6 +30,22 @@ const _: () = assert!(GEMV_MAX_TOKENS <= SUMSQ_ROWS);
 const PART_ROWS: usize = 2048;
 /// Keys per split that make a block long enough to be worth its launch.
 const KEYS_PER_SPLIT: usize = 256;
+/// Decode rows from which the GPU is filled by rows and kv heads alone, so
+/// splits are sized for long blocks rather than for parallelism.
+const LARGE_BATCH_ROWS: usize = 9;
+/// The longest split at large batch: one row far longer than the others
+/// must not leave a block of all its keys running alone at the end (a
+/// block streams ~7 GB/s of the ~2.7 TB/s the launch gets: 4,096 FP8 keys
+/// are ~150 us, a layer's 256 x 1k ~210 us).
+const LARGE_BATCH_MAX_SPLIT_KEYS: usize = 4096;
+/// Blocks per SM a large-batch decode launch aims at: splits beyond that
+/// only add each block's fixed start (Q, block-table and first-tile
+/// latency) and its partials, which at 256 x 1k dominated the blocks of
+/// ~136 keys that a 4,096-token graph's splits gave. The kernels stream
+/// K/V near the DRAM rate, so a last wave's idle SMs cost less than more
+/// splits: at 64 and 256 rows one split was fastest on an H100
+/// (docs/perf/large-batch.md, att22).
+const LARGE_BATCH_BLOCKS_PER_SM: usize = 4;
 /// Most splits of one token's keys (`attention_combine` weighs a split per
 /// lane of one warp: at most 32).
 const MAX_SPLITS: usize = 32;
@@ -591,12 +607,24 @@ fn batch_invariant(plan: StepPlan, deterministic: bool) -> StepPlan {
 }
 
 /// Splits of each decode token's keys: enough blocks to fill the GPU at
-/// small batch, and blocks of at most ~[`KEYS_PER_SPLIT`] keys at large
-/// batch, so the last wave of long blocks does not idle most SMs.
+/// small batch, and blocks of at most ~[`KEYS_PER_SPLIT`] keys at larger
+/// batch, so the last wave of long blocks does not idle most SMs; from
+/// [`LARGE_BATCH_ROWS`] rows no more splits than
+/// [`LARGE_BATCH_BLOCKS_PER_SM`] blocks an SM need (but at least the fill,
+/// and splits of at most [`LARGE_BATCH_MAX_SPLIT_KEYS`]). Only for head
+/// sizes with a prefill kernel (up to 128): their decode rows are one token
+/// of a sequence each, while head_dim 256 sends whole prompts through the
+/// decode kernel, whose causal rows (1 to n keys, longest last) keep the
+/// length-based splits.
 fn decode_splits(tokens: usize, max_ctx: usize, num_sms: usize, c: &ModelConfig) -> usize {
     let tokens = tokens.max(1);
     let fill = (2 * num_sms).div_ceil(tokens * c.num_kv_heads);
-    let by_length = max_ctx.div_ceil(KEYS_PER_SPLIT);
+    let mut by_length = max_ctx.div_ceil(KEYS_PER_SPLIT);
+    if tokens >= LARGE_BATCH_ROWS && c.head_dim <= 128 {
+        let by_blocks = (LARGE_BATCH_BLOCKS_PER_SM * num_sms).div_ceil(tokens * c.num_kv_heads);
+        let longest = max_ctx.div_ceil(LARGE_BATCH_MAX_SPLIT_KEYS);
+        by_length = by_length.min(by_blocks).max(longest);
+    }
     fill.max(by_length)
         .min(max_ctx.div_ceil(16))
         .min(MAX_SPLITS)
@@ -719,7 +747,21 @@ mod tests {
             let s = decode_splits(tokens, 4096, 132, &c);
             assert!(s >= 1 && tokens * s <= PART_ROWS, "{tokens}: {s}");
         }
-        assert_eq!(decode_splits(256, 1024, 132, &c), 4);
+        // From 9 rows: no more splits than 4 blocks an SM need, whatever
+        // the length (a graph's splits are sized for the longest context).
+        assert_eq!(decode_splits(256, 1024, 132, &c), 1);
+        assert_eq!(decode_splits(256, 4096, 132, &c), 1);
+        assert_eq!(decode_splits(64, 4096, 132, &c), 2);
+        assert_eq!(decode_splits(16, 4096, 132, &c), 5);
+        assert_eq!(decode_splits(16, 512, 132, &c), 3);
+        // ... with splits of at most 4,096 keys (long contexts as before).
+        assert_eq!(decode_splits(256, 8192, 132, &c), 2);
+        assert_eq!(decode_splits(256, 32768, 132, &c), 8);
+        // Head size 256 (prompts through the decode kernel): by length.
+        assert_eq!(decode_splits(1024, 1024, 132, &gemma3()), 2);
+        assert_eq!(decode_splits(256, 1024, 132, &gemma3()), 4);
+        // Up to 8 rows, by length as before.
+        assert_eq!(decode_splits(8, 1024, 132, &c), 5);
     }
 
     #[test]
