@@ -25,7 +25,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_kernels import Module, f32, i32, ok, cu  # noqa: E402
+from check_kernels import Module, cu, f32, i32, ok, time_launches  # noqa: E402
 
 BS, H, KVH, HD = 16, 32, 8, 128
 
@@ -100,18 +100,6 @@ class Version:
                 ok(cu.cuLaunchKernel(combine, inp.rows, H, 1, 128, 1, 1, 0, None, cparams, None), "combine")
 
         return run, out, keep
-
-
-def time_launches(run, iters):
-    for _ in range(3):
-        run()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        run()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters * 1e3  # microseconds
 
 
 def main():

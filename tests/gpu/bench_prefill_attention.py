@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_kernels import Module, f32, i32, ok, cu  # noqa: E402
+from check_kernels import Module, cu, f32, i32, ok, time_launches  # noqa: E402
 
 BS = 16
 LLAMA_8B, SMOLLM2 = (32, 8, 128), (9, 3, 64)  # query heads, kv heads, head_dim
@@ -108,18 +108,6 @@ class Version:
                "launch")
 
         return run, out, keep
-
-
-def time_launches(run, iters):
-    for _ in range(3):
-        run()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        run()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters * 1e3  # microseconds
 
 
 def main():

@@ -59,6 +59,19 @@ def launch(f, grid, block, args, smem=0):
     torch.cuda.synchronize()
 
 
+def time_launches(run, iters):
+    """Mean microseconds of `run()` over `iters` calls, after 3 warm-up calls (the kernel benchmarks)."""
+    for _ in range(3):
+        run()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        run()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters * 1e3  # microseconds
+
+
 def i32(v):
     return ctypes.c_int(int(v))
 

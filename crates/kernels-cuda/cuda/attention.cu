@@ -362,14 +362,16 @@ struct PrefillSmem {
   static constexpr int bytes(int kv_bytes) { return BF16_BYTES + (kv_bytes == 1 ? KEY_TILE * HD : 0); }
 };
 
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const bf16* p) {
+// Four 8x8 b16 matrices from shared memory (bf16 tiles, or raw e4m3 bytes
+// read as b16 pairs).
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
   const unsigned a = (unsigned)__cvta_generic_to_shared(p);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(a));
 }
 
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const bf16* p) {
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
   const unsigned a = (unsigned)__cvta_generic_to_shared(p);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -745,20 +747,6 @@ __device__ __forceinline__ void stage_decode_tile(unsigned char* stage, const KV
   cp_async_commit();
 }
 
-__device__ __forceinline__ void ldmatrix_x4_at(unsigned (&r)[4], const void* p) {
-  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans_at(unsigned (&r)[4], const void* p) {
-  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-
 // d += a * b as mma_bf16, f16 in (exact for e4m3 K/V; 10 mantissa bits for
 // Q and P against bf16's 7).
 __device__ __forceinline__ void mma_f16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
@@ -807,7 +795,7 @@ __device__ __forceinline__ void tc_scores(float (&s)[2][4], const unsigned (&qf)
 #pragma unroll
     for (int kp = 0; kp < HD / 32; ++kp) {
       unsigned bk[4];  // keys 0-7 / 8-15 of chunk 2kp, then of chunk 2kp + 1
-      ldmatrix_x4_at(bk, K + row * L::ROW + (2 * kp + (lane >> 4)) * 16);
+      ldmatrix_x4(bk, K + row * L::ROW + (2 * kp + (lane >> 4)) * 16);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const unsigned a[4] = {qf[2 * kp + h][0], 0u, qf[2 * kp + h][1], 0u};
@@ -846,7 +834,7 @@ __device__ __forceinline__ void tc_accumulate(float (&o)[HD / 8][4], const unsig
 #pragma unroll
     for (int jp = 0; jp < HD / 32; ++jp) {
       unsigned bv[4];  // keys 0-7 / 8-15 of chunk 2jp, then of chunk 2jp + 1
-      ldmatrix_x4_trans_at(bv, V + row * L::ROW + (2 * jp + (lane >> 4)) * 16);
+      ldmatrix_x4_trans(bv, V + row * L::ROW + (2 * jp + (lane >> 4)) * 16);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int j = 2 * jp + h;
