@@ -124,12 +124,7 @@ def main():
                 for splits in [int(s) for s in args.splits.split(",")]:
                     for v in versions:
                         run, out, _keep = v.launcher(inp, fp8, tc, splits)
-                        if args.once:
-                            run()
-                            torch.cuda.synchronize()
-                            us = float("nan")
-                        else:
-                            us = time_launches(run, args.iters)
+                        us = time_launches(run, args.iters, args.once)
                         res = out.float()
                         diff = 0.0 if first is None else float((res - first).abs().max() / first.abs().max())
                         first = res if first is None else first

@@ -125,12 +125,7 @@ def main():
         first = None
         for v in versions:
             run, out, _keep = v.launcher(inp, fp8)
-            us = float("nan")
-            if args.once:
-                run()
-                torch.cuda.synchronize()
-            else:
-                us = time_launches(run, args.iters)
+            us = time_launches(run, args.iters, args.once)
             res = out.float()
             diff = 0.0 if first is None else float((res - first).abs().max() / first.abs().max())
             first = res if first is None else first

@@ -59,8 +59,13 @@ def launch(f, grid, block, args, smem=0):
     torch.cuda.synchronize()
 
 
-def time_launches(run, iters):
-    """Mean microseconds of `run()` over `iters` calls, after 3 warm-up calls (the kernel benchmarks)."""
+def time_launches(run, iters, once=False):
+    """Mean microseconds of `run()` over `iters` calls, after 3 warm-up calls (the kernel benchmarks);
+    with `once`, one call and no timing (NaN: an ncu profile counts that launch)."""
+    if once:
+        run()
+        torch.cuda.synchronize()
+        return float("nan")
     for _ in range(3):
         run()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

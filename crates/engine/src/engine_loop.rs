@@ -426,31 +426,33 @@ impl EngineLoop {
         }
     }
 
-    /// In steady decode (nothing waiting), gives each row that will decode
-    /// again the block of its next position now, where that starts a new
-    /// block, for a runner that launches the next step before this one
-    /// returns (`expect_next`): it then has every row's next KV slot, not
-    /// only when no row crosses a block boundary (with many sequences at
-    /// mixed positions, some row crosses at nearly every step).
-    fn reserve_next_positions(&mut self, chunks: &[ScheduledChunk]) {
-        if !self.runner.launches_ahead() || self.scheduler.num_waiting() != 0 {
-            return;
-        }
-        for c in chunks.iter().filter(|c| c.len == 1 && c.sample) {
-            let continues = self
-                .active
-                .get(&c.id)
-                .is_some_and(|a| !a.decoding.next_hits_limit());
-            if continues {
-                self.scheduler.reserve_next_position(c.id);
-            }
-        }
+    /// Steady decode: nothing waiting, every row a decode that continues
+    /// (none at a length limit). The backend may then launch the next step
+    /// before this one returns.
+    fn expects_next(&self, chunks: &[ScheduledChunk]) -> bool {
+        self.scheduler.num_waiting() == 0
+            && chunks.iter().all(|c| {
+                c.len == 1
+                    && c.sample
+                    && self
+                        .active
+                        .get(&c.id)
+                        .is_some_and(|a| !a.decoding.next_hits_limit())
+            })
     }
 
     /// One forward pass over the scheduled chunks, then sampling.
     fn step(&mut self, chunks: &[ScheduledChunk]) {
         let started = Instant::now();
-        self.reserve_next_positions(chunks);
+        let expect_next = self.expects_next(chunks);
+        if expect_next && self.runner.launches_ahead() {
+            // Where a row's next position starts a new block, the step
+            // launched ahead needs that block now: with many sequences at
+            // mixed positions some row crosses a block at nearly every step.
+            for c in chunks {
+                self.scheduler.reserve_next_position(c.id);
+            }
+        }
         let mut batch = ForwardBatch::default();
         // Which request and start position each `batch.score` entry scores.
         let mut scored = Vec::new();
@@ -501,17 +503,7 @@ impl EngineLoop {
                     .get(&c.id)
                     .is_none_or(|a| a.decoding.is_plain_greedy())
             });
-        // Steady decode (nothing waiting, nobody at a length limit): the
-        // backend may launch the next step before this one returns.
-        batch.expect_next = self.scheduler.num_waiting() == 0
-            && chunks.iter().all(|c| {
-                c.len == 1
-                    && c.sample
-                    && self
-                        .active
-                        .get(&c.id)
-                        .is_some_and(|a| !a.decoding.next_hits_limit())
-            });
+        batch.expect_next = expect_next;
         let mut scores: Vec<Vec<Logprobs>> = Vec::new();
         let turn = self.cpu.as_deref().map(CpuArbiter::decode_step);
         let forward_started = Instant::now();
@@ -604,7 +596,6 @@ impl EngineLoop {
             };
             outputs.push((c.id, out));
         }
-        let expect_next = batch.expect_next;
         drop(batch);
         self.count_prefill(chunks, forward);
         tracing::debug!(
