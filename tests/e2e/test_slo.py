@@ -63,6 +63,12 @@ def report(http: httpx.Client) -> dict:
     return r.json()
 
 
+def low_shed(http: httpx.Client) -> bool:
+    """Whether remediation has applied a shed level that covers "low"."""
+    return any(e["applied"] and e["action"] == "shed" and e["direction"] == "apply" and "low" in e["detail"]
+               for e in report(http)["events"])
+
+
 def compliance(http: httpx.Client) -> float | None:
     """1 met, 0 breached, None while the window has too few samples to judge."""
     for s in report(http)["slos"]:
@@ -82,7 +88,10 @@ def test_overload_is_shed_and_high_ttft_recovers(server_factory, model_name, tmp
         t_loaded = time.monotonic()
         time.sleep(3.0)
         wait_for(lambda: len(prober.since(t_loaded)) >= 3, 60, 0.1, what="three loaded probes")
-        loaded = quantile(prober.since(t_loaded), 0.9)
+        # The target sits between the unloaded p90 and the loaded median: a
+        # p90 of a few loaded probes can be one outlier, and a target near it
+        # would let a lucky window pass while the overload still runs.
+        loaded = median(prober.since(t_loaded))
         assert loaded > 3 * base, f"the overload must push high TTFT up: {base=:.3f} {loaded=:.3f}"
         target = (base * loaded) ** 0.5 * 1e3
         # The SLO window holds a few loaded probes even on a slow machine
@@ -110,20 +119,19 @@ def test_overload_is_shed_and_high_ttft_recovers(server_factory, model_name, tmp
         write_config(cfg, target, "on", window=window)
         t_on = time.monotonic()
         reload(http)
+        # The SLO is met again once the low tier is covered (its requests in
+        # flight held, new ones refused); a window judged met while only the
+        # (idle) background tier is covered does not count.
         try:
-            wait_for(lambda: compliance(http) == 1.0, reaction, 0.25, what="the high-tier SLO met again")
+            wait_for(lambda: low_shed(http) and compliance(http) == 1.0, reaction, 0.25,
+                     what="the low tier shed and the high-tier SLO met again")
         except AssertionError as e:
             recent = [round(v, 3) for v in prober.since(t_on)]
             raise AssertionError(f"{e}; {target=:.0f} ms; TTFTs since on: {recent}; {report(http)}") from None
         reacted = time.monotonic() - t_on
-        # The low tier was covered on the way (its requests in flight held,
-        # new ones refused). Right now it may already be released again on
-        # a loaded machine (the SLO held for exit_after), so a direct
-        # request is checked only while "low" is still refused.
-        events = report(http)["events"]
-        shed_low = [e for e in events if e["applied"] and e["action"] == "shed" and e["direction"] == "apply"
-                    and "low" in e["detail"]]
-        assert shed_low, events
+        # Right now "low" may already be released again on a loaded machine
+        # (the SLO held for exit_after), so a direct request is checked only
+        # while it is still refused.
         if "low" in report(http)["remediation"][model_name]["shed"]["refused"]:
             r = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "priority": "low"})
             assert_error(r, 503, "service_unavailable", code="slo_shed", message_contains=("low",))
@@ -145,7 +153,7 @@ def test_overload_is_shed_and_high_ttft_recovers(server_factory, model_name, tmp
     m = srv.metrics()
     assert m.get("ingot_remediation_actions_total", action="shed", direction="undo", mode="on") >= 1
     assert m.get("ingot_remediation_active", action="shed") == 0
-    print(f"base p90 {base*1e3:.0f} ms, loaded p90 {loaded*1e3:.0f} ms, target {target:.0f} ms, "
+    print(f"base p90 {base*1e3:.0f} ms, loaded median {loaded*1e3:.0f} ms, target {target:.0f} ms, "
           f"met again after {reacted:.1f} s, after p90 {quantile(after, 0.9)*1e3:.0f} ms")
 
 
