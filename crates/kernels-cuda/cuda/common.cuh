@@ -119,6 +119,44 @@ constexpr int NORM_VECS = 4;
 __device__ __forceinline__ float block_sum(float v) { return block_reduce<false>(v); }
 __device__ __forceinline__ float block_max(float v) { return block_reduce<true>(v); }
 
+__device__ __forceinline__ float4 add_bf16x4(float4 v, const bf16* d) {
+  const uint2 raw = *reinterpret_cast<const uint2*>(d);
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+  return make_float4(v.x + lo.x, v.y + lo.y, v.z + hi.x, v.w + hi.y);
+}
+
+// add_rms_norm's register path over one row xr of d floats (a multiple of
+// 4, at most 4 * NORM_VECS * blockDim.x): xr (+ dr, then written to sum
+// when dr is given) normed and times weight, rounded to bf16 pairs: h[k]
+// holds this thread's float4 slot k. rms_norm_e4m3 (fp8.cu) shares it, so
+// the two give the same bits.
+__device__ __forceinline__ void rms_norm_row_regs(const float* xr, const bf16* dr, float* sum, const float* weight,
+                                                  int d, float eps, __nv_bfloat162 (&h)[NORM_VECS][2]) {
+  float4 v[NORM_VECS];
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < NORM_VECS; ++k) {
+    const int i = 4 * (threadIdx.x + k * blockDim.x);
+    if (i >= d) continue;
+    v[k] = *reinterpret_cast<const float4*>(xr + i);
+    if (dr) {
+      v[k] = add_bf16x4(v[k], dr + i);
+      *reinterpret_cast<float4*>(sum + i) = v[k];
+    }
+    ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+  }
+  const float inv = rsqrtf(block_sum(ss) / d + eps);
+#pragma unroll
+  for (int k = 0; k < NORM_VECS; ++k) {
+    const int i = 4 * (threadIdx.x + k * blockDim.x);
+    if (i >= d) continue;
+    const float4 w = *reinterpret_cast<const float4*>(weight + i);
+    h[k][0] = __floats2bfloat162_rn(v[k].x * inv * w.x, v[k].y * inv * w.y);
+    h[k][1] = __floats2bfloat162_rn(v[k].z * inv * w.z, v[k].w * inv * w.w);
+  }
+}
+
 // 24 random bits as a pure function of (seed, index), from SplitMix64's
 // finaliser: dummy weights and sampling noise, no state, no host traffic.
 __device__ __forceinline__ unsigned hash24(uint64_t seed, uint64_t i) {

@@ -112,14 +112,6 @@ extern "C" __global__ void softcap_rows(float* __restrict__ logits, long long n,
 //                  last token of each sequence before the LM head.
 // Rows of a multiple of 4 up to 16 per thread stay in registers between
 // the sum of squares and the scaling (16-byte loads, one pass over x).
-
-__device__ __forceinline__ float4 add_bf16x4(float4 v, const bf16* d) {
-  const uint2 raw = *reinterpret_cast<const uint2*>(d);
-  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-  return make_float4(v.x + lo.x, v.y + lo.y, v.z + hi.x, v.w + hi.y);
-}
-
 extern "C" __global__ void add_rms_norm(float* __restrict__ x, const bf16* __restrict__ delta,
                                         const int* __restrict__ rows, const float* __restrict__ weight,
                                         bf16* __restrict__ out, int d, float eps) {
@@ -130,29 +122,15 @@ extern "C" __global__ void add_rms_norm(float* __restrict__ x, const bf16* __res
   bf16* o = out + (size_t)r * d;
   float ss = 0.f;
   if ((d & 3) == 0 && d <= 4 * NORM_VECS * (int)blockDim.x) {
-    float4 v[NORM_VECS];
+    __nv_bfloat162 h[NORM_VECS][2];
+    rms_norm_row_regs(xr, dr, xr, weight, d, eps, h);
 #pragma unroll
     for (int k = 0; k < NORM_VECS; ++k) {
       const int i = 4 * (threadIdx.x + k * blockDim.x);
       if (i >= d) continue;
-      v[k] = *reinterpret_cast<const float4*>(xr + i);
-      if (dr) {
-        v[k] = add_bf16x4(v[k], dr + i);
-        *reinterpret_cast<float4*>(xr + i) = v[k];
-      }
-      ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
-    }
-    const float inv = rsqrtf(block_sum(ss) / d + eps);
-#pragma unroll
-    for (int k = 0; k < NORM_VECS; ++k) {
-      const int i = 4 * (threadIdx.x + k * blockDim.x);
-      if (i >= d) continue;
-      const float4 w = *reinterpret_cast<const float4*>(weight + i);
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(v[k].x * inv * w.x, v[k].y * inv * w.y);
-      const __nv_bfloat162 hi = __floats2bfloat162_rn(v[k].z * inv * w.z, v[k].w * inv * w.w);
       uint2 packed;
-      packed.x = *reinterpret_cast<const unsigned*>(&lo);
-      packed.y = *reinterpret_cast<const unsigned*>(&hi);
+      packed.x = *reinterpret_cast<const unsigned*>(&h[k][0]);
+      packed.y = *reinterpret_cast<const unsigned*>(&h[k][1]);
       *reinterpret_cast<uint2*>(o + i) = packed;
     }
     return;

@@ -20,6 +20,11 @@
 
 constexpr float E4M3_MAX = 448.f;
 
+// A row's scale from its absmax: the largest value maps to E4M3_MAX; an
+// all-zero row keeps scale 1 (its bytes are zeros either way). The fused
+// producers below use it too, so their scales equal quantize_rows_e4m3's.
+__device__ __forceinline__ float e4m3_scale(float absmax) { return absmax > 0.f ? absmax / E4M3_MAX : 1.f; }
+
 // 16-byte chunks (8 bf16) a thread holds in registers in the vectorized
 // path: rows up to 8 * 8 * blockDim wide (16,384 at 256 threads) are read
 // from memory once.
@@ -66,9 +71,7 @@ extern "C" __global__ void quantize_rows_e4m3(const bf16* __restrict__ x, __nv_f
   } else {
     for (int i = threadIdx.x; i < cols; i += blockDim.x) m = fmaxf(m, fabsf(to_f32(xr[i])));
   }
-  m = block_max(m);
-  // An all-zero row keeps scale 1 (its bytes are zeros either way).
-  const float s = m > 0.f ? m / E4M3_MAX : 1.f;
+  const float s = e4m3_scale(block_max(m));
   if (vectorized) {
 #pragma unroll
     for (int c = 0; c < QUANT_CHUNKS; ++c) {
@@ -110,8 +113,7 @@ __device__ __forceinline__ void store_e4m3_row(const __nv_bfloat162 (&h)[NORM_VE
 #pragma unroll
     for (int p = 0; p < 2; ++p) m = fmaxf(m, fmaxf(fabsf(__low2float(h[k][p])), fabsf(__high2float(h[k][p]))));
   }
-  m = block_max(m);
-  const float s = m > 0.f ? m / E4M3_MAX : 1.f;
+  const float s = e4m3_scale(block_max(m));
 #pragma unroll
   for (int k = 0; k < NORM_VECS; ++k) {
     const int i = 4 * (threadIdx.x + k * blockDim.x);
@@ -128,35 +130,17 @@ __device__ __forceinline__ void store_e4m3_row(const __nv_bfloat162 (&h)[NORM_VE
 }
 
 // out = RMSNorm(x[r]) * weight as e4m3 bytes and a row scale: add_rms_norm
-// (no delta, no gather) then quantize_rows_e4m3 in one pass. The sum of
-// squares uses add_rms_norm's register-path partition and reduction (the
-// runner launches both with the same block size), so the bits are the same.
+// (no delta, no gather) then quantize_rows_e4m3 in one pass. The norm is
+// add_rms_norm's register path itself (rms_norm_row_regs; the runner
+// launches both with the same block size), so the bits are the same.
 // Rows of a multiple of 4, at most 4 * NORM_VECS * blockDim wide.
 extern "C" __global__ void rms_norm_e4m3(const float* __restrict__ x, const float* __restrict__ weight,
                                          __nv_fp8_storage_t* __restrict__ q, float* __restrict__ scales, int d,
                                          float eps) {
   pdl_begin();
   const int r = blockIdx.x;
-  const float* xr = x + (size_t)r * d;
-  float4 v[NORM_VECS];
-  float ss = 0.f;
-#pragma unroll
-  for (int k = 0; k < NORM_VECS; ++k) {
-    const int i = 4 * (threadIdx.x + k * blockDim.x);
-    if (i >= d) continue;
-    v[k] = *reinterpret_cast<const float4*>(xr + i);
-    ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
-  }
-  const float inv = rsqrtf(block_sum(ss) / d + eps);
   __nv_bfloat162 h[NORM_VECS][2];
-#pragma unroll
-  for (int k = 0; k < NORM_VECS; ++k) {
-    const int i = 4 * (threadIdx.x + k * blockDim.x);
-    if (i >= d) continue;
-    const float4 w = *reinterpret_cast<const float4*>(weight + i);
-    h[k][0] = __floats2bfloat162_rn(v[k].x * inv * w.x, v[k].y * inv * w.y);
-    h[k][1] = __floats2bfloat162_rn(v[k].z * inv * w.z, v[k].w * inv * w.w);
-  }
+  rms_norm_row_regs(x + (size_t)r * d, nullptr, nullptr, weight, d, eps, h);
   store_e4m3_row(h, q + (size_t)r * d, scales + r, d);
 }
 
@@ -180,8 +164,7 @@ __device__ __forceinline__ void gated_mul_e4m3(const bf16* __restrict__ gate_up,
     held[c] = gated_chunk<GELU>(gv, uv);
     m = chunk_absmax(held[c], m);
   }
-  m = block_max(m);
-  const float s = m > 0.f ? m / E4M3_MAX : 1.f;
+  const float s = e4m3_scale(block_max(m));
   __nv_fp8_storage_t* qr = q + (size_t)t * ff;
 #pragma unroll
   for (int c = 0; c < QUANT_CHUNKS; ++c) {

@@ -46,6 +46,8 @@ const LARGE_BATCH_MAX_SPLIT_KEYS: usize = 4096;
 /// splits: at 64 and 256 rows one split was fastest on an H100
 /// (docs/perf/large-batch.md, att22).
 const LARGE_BATCH_BLOCKS_PER_SM: usize = 4;
+/// Blocks per SM that fill the GPU at small batch.
+const FILL_BLOCKS_PER_SM: usize = 2;
 /// Most splits of one token's keys (`attention_combine` weighs a split per
 /// lane of one warp: at most 32).
 const MAX_SPLITS: usize = 32;
@@ -618,10 +620,10 @@ fn batch_invariant(plan: StepPlan, deterministic: bool) -> StepPlan {
 /// length-based splits.
 fn decode_splits(tokens: usize, max_ctx: usize, num_sms: usize, c: &ModelConfig) -> usize {
     let tokens = tokens.max(1);
-    let fill = (2 * num_sms).div_ceil(tokens * c.num_kv_heads);
+    let fill = splits_for_blocks(FILL_BLOCKS_PER_SM, tokens, num_sms, c);
     let mut by_length = max_ctx.div_ceil(KEYS_PER_SPLIT);
     if tokens >= LARGE_BATCH_ROWS && c.head_dim <= 128 {
-        let by_blocks = (LARGE_BATCH_BLOCKS_PER_SM * num_sms).div_ceil(tokens * c.num_kv_heads);
+        let by_blocks = splits_for_blocks(LARGE_BATCH_BLOCKS_PER_SM, tokens, num_sms, c);
         let longest = max_ctx.div_ceil(LARGE_BATCH_MAX_SPLIT_KEYS);
         by_length = by_length.min(by_blocks).max(longest);
     }
@@ -636,6 +638,12 @@ fn decode_splits(tokens: usize, max_ctx: usize, num_sms: usize, c: &ModelConfig)
 /// longest context (empty splits exit at once).
 fn graph_splits(size: usize, num_sms: usize, c: &ModelConfig) -> usize {
     decode_splits(size, c.max_context, num_sms, c)
+}
+
+/// Splits of each of `tokens` rows' keys that give every SM `per_sm`
+/// attention blocks (a block per row, kv head and split).
+fn splits_for_blocks(per_sm: usize, tokens: usize, num_sms: usize, c: &ModelConfig) -> usize {
+    (per_sm * num_sms).div_ceil(tokens * c.num_kv_heads)
 }
 
 /// The split counts graphs of `size` rows are captured with, ascending.
@@ -661,8 +669,7 @@ fn graph_split_counts(
     if size > GEMV_MAX_TOKENS {
         return vec![most];
     }
-    // Two blocks a SM, as decode_splits' `fill`.
-    let fill = (2 * num_sms).div_ceil(size * c.num_kv_heads);
+    let fill = splits_for_blocks(FILL_BLOCKS_PER_SM, size, num_sms, c);
     let top = SMALL_GRAPH_SPLITS
         .into_iter()
         .find(|&s| s >= fill)
