@@ -7,9 +7,19 @@ Every server is stopped with SIGTERM at teardown and must exit 0.
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
-from ingot_e2e import Server, default_model_name, model_path
+from ingot_e2e import Server, default_model_name, model_path, require
+
+
+def pytest_runtest_setup(item):
+    """`@pytest.mark.needs("tool", ..., reason=...)`: the tools must be on
+    PATH, under the one rule of `require` (fail under CI=true, skip elsewhere)."""
+    for mark in item.iter_markers("needs"):
+        missing = [t for t in mark.args if shutil.which(t) is None]
+        require(not missing, f"{', '.join(missing)} not installed: {mark.kwargs.get('reason', '')}")
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,8 @@ manifests in deploy/k8s validated against the Kubernetes OpenAPI schemas by
 kubernetes-validate (strict: unknown fields fail; offline, the schemas ship
 in the package), the router config in their ConfigMap checked by `ingot
 route --check`, and the Dockerfile linted by hadolint. Each check skips
-only when its tool is not installed (scripts/python-env installs both)."""
+only when its tool is not installed (scripts/python-env installs both), and
+fails then under CI=true."""
 
 from __future__ import annotations
 
@@ -12,10 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
-from ingot_e2e import BIN
+from ingot_e2e import BIN, require
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = sorted((REPO / "deploy" / "k8s").glob("*.yaml"))
@@ -25,8 +25,7 @@ KUBE_VERSION = "1.37.0"
 def _tool(name: str) -> str:
     exe = Path(sys.executable).parent / name
     found = str(exe) if exe.exists() else shutil.which(name)
-    if not found:
-        pytest.skip(f"{name} is not installed (scripts/python-env installs it)")
+    require(found, f"{name} is not installed (scripts/python-env installs it)")
     return found
 
 

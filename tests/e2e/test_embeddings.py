@@ -7,7 +7,7 @@ package's; every input shape and encoding format; the OpenAI errors; and the
 400s for a chat request to the embedding model and the reverse.
 
 The model comes from scripts/fetch-minilm (PyPI), or INGOT_TEST_EMBEDDING_MODEL;
-the module skips when neither gives it."""
+the module skips when neither gives it (fails under CI=true)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import base64
 import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy: see bert_reference.py
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import numpy as np
 import openai
 import pytest
 
-from ingot_e2e import REPO, Server, assert_error, model_path
+from ingot_e2e import REPO, Server, assert_error, minilm, model_path, require
 
 sys.path.insert(0, str(REPO / "tests" / "reference"))
 from bert_reference import BertReference, varied_sentences  # noqa: E402
@@ -35,13 +34,9 @@ COSINE = 0.9999
 
 
 def minilm_dir() -> str:
-    env = os.environ.get("INGOT_TEST_EMBEDDING_MODEL")
-    if env:
-        return env
-    out = subprocess.run([str(REPO / "scripts" / "fetch-minilm")], capture_output=True, text=True)
-    if out.returncode != 0:
-        pytest.skip(f"all-MiniLM-L6-v2 is not available: {out.stderr.strip()[-300:]}")
-    return out.stdout.strip()
+    path, why = minilm()
+    require(path, f"all-MiniLM-L6-v2 is not available: {why}")
+    return path
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Shared state in Redis (docs/fleet.md), acceptance 1 of issue 17: two
 `ingot serve` workers and an `ingot route` router sharing a real
 `redis-server` (Debian's package, installed by scripts/test; the module
-skips when it is absent). The tests start their own Redis on a free
+skips when it is absent, and fails under CI=true). The tests start their own Redis on a free
 loopback port without persistence, and stop it.
 
 - a deterministic answer computed through one server is a hit on the other;
@@ -15,7 +15,6 @@ loopback port without persistence, and stop it.
 from __future__ import annotations
 
 import hashlib
-import shutil
 import signal
 import socket
 import subprocess
@@ -28,10 +27,7 @@ import pytest
 
 from ingot_e2e import Router, Server, default_model_name, model_path, wait_for
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("redis-server") is None,
-    reason="redis-server is not installed (scripts/test installs Debian's package)",
-)
+pytestmark = pytest.mark.needs("redis-server", "redis-cli", reason="scripts/test installs Debian's package")
 
 SERVE_ARGS = ("--kv-cache-tokens", "2048", "--max-num-seqs", "8")
 OPEN_KEY = "sk-fleet-open-1111"

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from ingot_e2e import BIN, REPO, model_path
+from ingot_e2e import BIN, REPO, model_path, require_module
 
-pytest.importorskip("lm_eval", reason="lm-eval is not installed")
+require_module("lm_eval", "lm-eval is not installed (scripts/python-env installs it)")
 
 FIXTURES = REPO / "tests" / "fixtures" / "lm_eval"
 TASK = "ingot_loglikelihood"

@@ -22,10 +22,7 @@ from ingot_e2e import wait_for
 
 PROMTOOL = shutil.which("promtool")
 PROMETHEUS = shutil.which("prometheus")
-NEEDS_PROMETHEUS = pytest.mark.skipif(
-    not (PROMTOOL and PROMETHEUS),
-    reason="Debian's prometheus package (prometheus, promtool) is not installed; scripts/test installs it",
-)
+NEEDS_PROMETHEUS = pytest.mark.needs("prometheus", "promtool", reason="Debian's prometheus package; scripts/test installs it")
 
 
 def _serve_a_few(srv, model_name: str, n: int = 3, headers: dict[str, str] | None = None) -> None:
