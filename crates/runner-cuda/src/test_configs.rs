@@ -1,6 +1,13 @@
-//! Model shapes shared by the unit tests.
+//! Model shapes and weight formats shared by the unit tests.
 
-use ingot_models::{Architecture, ModelConfig, RopeConfig, RopeScaling};
+use ingot_models::{
+    Architecture, BlockOptions, ModelConfig, RopeConfig, RopeScaling, SlidingWindow,
+};
+
+use crate::weights::WeightFormat;
+
+pub(crate) const FP8: WeightFormat = WeightFormat::Fp8 { lm_head: false };
+pub(crate) const FP8_HEAD: WeightFormat = WeightFormat::Fp8 { lm_head: true };
 
 /// Llama-3.1-8B's shape (the GPU benchmarks' dummy model).
 pub(crate) fn llama8b() -> ModelConfig {
@@ -23,5 +30,39 @@ pub(crate) fn llama8b() -> ModelConfig {
         qk_norm: false,
         tie_word_embeddings: false,
         block: Default::default(),
+    }
+}
+
+/// Gemma 3 270M's shape.
+pub(crate) fn gemma3() -> ModelConfig {
+    let rope = |theta| RopeConfig {
+        theta,
+        scaling: RopeScaling::None,
+    };
+    ModelConfig {
+        architecture: Architecture::Gemma3,
+        hidden_size: 640,
+        intermediate_size: 2048,
+        num_layers: 18,
+        num_heads: 4,
+        num_kv_heads: 1,
+        head_dim: 256,
+        vocab_size: 262_144,
+        max_context: 2048,
+        rms_norm_eps: 1e-6,
+        rope: rope(1e6),
+        qkv_bias: false,
+        qk_norm: true,
+        tie_word_embeddings: true,
+        block: BlockOptions {
+            sliding_window: Some(SlidingWindow {
+                size: 512,
+                global_every: 6,
+                local_rope: rope(1e4),
+            }),
+            post_norms: true,
+            attention_scale: None,
+            final_logit_softcap: None,
+        },
     }
 }

@@ -27,7 +27,7 @@ use ingot_models::{ModelConfig, ModelError, TensorSource};
 use rayon::prelude::*;
 
 use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel, Pinned};
-use crate::fp8_keep::Fp8Keep;
+use crate::Fp8Keep;
 use crate::CudaError;
 
 /// One decoder block's weights.

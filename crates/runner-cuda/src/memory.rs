@@ -1,0 +1,132 @@
+//! Device memory: what the weights will take (the start-up estimate), what
+//! the GPU has, and what the runner reserved ([`MemoryReport`]).
+
+use ingot_models::ModelConfig;
+
+use crate::support::availability;
+use crate::weights::{DeviceWeights, WeightFormat};
+use crate::{CudaError, Fp8Keep};
+
+/// Bytes the model's weights take on the device in `format` (the start-up
+/// memory estimate).
+/// `keep`: the matrices `model.fp8_ignore` keeps in bf16 under FP8.
+pub fn weight_bytes(config: &ModelConfig, format: WeightFormat, keep: &Fp8Keep) -> usize {
+    DeviceWeights::bytes(config, format, keep)
+}
+
+/// Free and total bytes of device `ordinal`'s memory (opens its primary
+/// context, which the runner later shares).
+pub fn device_memory(ordinal: usize) -> Result<(usize, usize), CudaError> {
+    availability()?;
+    let ctx = cudarc::driver::CudaContext::new(ordinal)?;
+    ctx.bind_to_thread()?;
+    Ok(cudarc::driver::result::mem_get_info()?)
+}
+
+/// Device memory reserved at start-up, by use.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MemoryReport {
+    /// Weights and rotary tables.
+    pub weights: usize,
+    /// Activations, step inputs and the cuBLASLt workspace.
+    pub workspace: usize,
+    /// The KV page pool.
+    pub kv_cache: usize,
+    /// The GPU's memory.
+    pub total: usize,
+}
+
+impl MemoryReport {
+    /// Sets the `ingot_gpu_memory_bytes{use=...}` gauges shown on /metrics.
+    pub fn publish(&self) {
+        metrics::describe_gauge!(
+            "ingot_gpu_memory_bytes",
+            metrics::Unit::Bytes,
+            "GPU memory by use: weights, workspace, kv_cache, and the GPU's total."
+        );
+        for (use_, bytes) in [
+            ("weights", self.weights),
+            ("workspace", self.workspace),
+            ("kv_cache", self.kv_cache),
+            ("total", self.total),
+        ] {
+            metrics::gauge!("ingot_gpu_memory_bytes", "use" => use_).set(bytes as f64);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_configs::{gemma3, FP8, FP8_HEAD};
+
+    #[test]
+    fn sliding_models_get_a_second_pair_of_rope_tables() {
+        let c = gemma3();
+        let mut global_only = c.clone();
+        global_only.block.sliding_window = None;
+        let table = c.max_context * (c.head_dim / 2) * 4;
+        let bytes = |c| DeviceWeights::bytes(c, WeightFormat::Bf16, &Fp8Keep::default());
+        let extra = bytes(&c) - bytes(&global_only);
+        assert!((2 * table..2 * table + 1024).contains(&extra), "{extra}");
+    }
+
+    #[test]
+    fn fp8_weights_take_one_byte_per_layer_weight_plus_row_scales() {
+        let c = gemma3();
+        let (d, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let layer_weights = (q + 2 * kv) * d + d * q + 2 * ff * d + d * ff;
+        let layer_rows = (q + 2 * kv) + d + 2 * ff + d;
+        let none = Fp8Keep::default();
+        let saved = weight_bytes(&c, WeightFormat::Bf16, &none) - weight_bytes(&c, FP8, &none);
+        // bf16 2 bytes -> e4m3 1 byte, plus a 4-byte scale per row (and
+        // the arena's 256-byte rounding of each piece).
+        let want = c.num_layers * (layer_weights - 4 * layer_rows);
+        let slack = c.num_layers * 16 * 256;
+        assert!(saved.abs_diff(want) < slack, "saved {saved}, want {want}");
+    }
+
+    #[test]
+    fn fp8_ignore_keeps_its_matrices_at_two_bytes_a_weight() {
+        let c = gemma3();
+        let (d, ff) = (c.hidden_size, c.intermediate_size);
+        let none = Fp8Keep::default();
+        let down = Fp8Keep::parse("down_proj", c.num_layers).unwrap();
+        let extra = weight_bytes(&c, FP8, &down) - weight_bytes(&c, FP8, &none);
+        // Each layer's down_proj: 2 bytes instead of 1, less its row scales.
+        let want = c.num_layers * (d * ff - 4 * d);
+        assert!(
+            extra.abs_diff(want) < c.num_layers * 2 * 256,
+            "extra {extra}, want {want}"
+        );
+        // Everything kept: the bf16 size.
+        let all = Fp8Keep::parse("layers", c.num_layers).unwrap();
+        assert_eq!(
+            weight_bytes(&c, FP8, &all),
+            weight_bytes(&c, WeightFormat::Bf16, &none)
+        );
+    }
+
+    /// A tied FP8 head is a second copy beside the bf16 embedding table
+    /// (1 byte a weight plus a 4-byte scale a row); an untied one replaces
+    /// the bf16 head (saving 1 byte a weight, less the scales).
+    #[test]
+    fn fp8_lm_head_bytes_are_counted_in_the_plan() {
+        let tied = gemma3();
+        let (v, d) = (tied.vocab_size, tied.hidden_size);
+        let none = Fp8Keep::default();
+        let head = v * d + 4 * v;
+        let extra = weight_bytes(&tied, FP8_HEAD, &none) - weight_bytes(&tied, FP8, &none);
+        assert!(extra.abs_diff(head) < 2 * 256, "extra {extra}, want {head}");
+        let mut untied = gemma3();
+        untied.tie_word_embeddings = false;
+        let saved = weight_bytes(&untied, FP8, &none) - weight_bytes(&untied, FP8_HEAD, &none);
+        let want = v * d - 4 * v;
+        assert!(saved.abs_diff(want) < 2 * 256, "saved {saved}, want {want}");
+        // Only the head changes: the bf16 plan is the same either way.
+        assert_eq!(
+            weight_bytes(&untied, WeightFormat::Bf16, &none) - weight_bytes(&untied, FP8, &none),
+            weight_bytes(&tied, WeightFormat::Bf16, &none) - weight_bytes(&tied, FP8, &none)
+        );
+    }
+}
