@@ -35,8 +35,8 @@
 #   cache     response cache hit and coalescing on CUDA (cache_smoke.sh), 8B dummy
 #   structured  constrained answers and CUDA-vs-CPU prompt logprobs (structured_smoke.py, 1B dummy),
 #             then scripts/bench-structured on the 8B dummy
-#   speculation greedy SmolLM2 answers that stop at different points, alone vs 32 at once,
-#             with graphs (speculation) and eager: equal answers, runner's hits / partial / misses
+#   launchahead greedy SmolLM2 answers that stop at different points, alone vs 32 at once,
+#             with graphs (launch-ahead steps) and eager: equal answers, runner's hits / partial / misses
 #   plogprobs   prompt logprobs (echo, max_tokens 0) on SmolLM2: CUDA vs CPU bf16 per prompt
 #             (prompt_logprobs_real.sh; needs the SmolLM2 bundle)
 #   models    two SmolLM2 GGUFs, then two 1B dummies, under a budget of one: warm switch times
@@ -303,9 +303,9 @@ for phase in "$@"; do
       python3 tests/gpu/structured_smoke.py "$ING_RAW" "$W/llama1b-dummy"
       INGOT_BIN="$ING_RAW" INGOT_TEST_MODEL="$M" python3 scripts/bench-structured --rounds 2 -- \
         --load-format dummy --device cuda --max-model-len 8192 --max-num-seqs 64 ;;
-    speculation)
+    launchahead)
       [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
-      timeout -k 5 "$T" python3 tests/gpu/speculation_smoke.py "$ING_RAW" "$SMOL" --device cuda ;;
+      timeout -k 5 "$T" python3 tests/gpu/launch_ahead_smoke.py "$ING_RAW" "$SMOL" --device cuda ;;
     plogprobs)
       [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
       bash tests/gpu/prompt_logprobs_real.sh "$ING_RAW" "$SMOL" ;;

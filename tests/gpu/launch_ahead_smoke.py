@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
-"""Speculative decode steps when rows finish at different times (CUDA).
+"""Launch-ahead decode steps when rows finish at different times (CUDA).
 
 The CUDA runner launches decode step N+1 before step N returns; when some
 rows finish (a stop string, end of sequence) the next batch is the
-speculated one less those rows, and the runner keeps the speculated step for
+launched one less those rows, and the runner keeps the launch-ahead step for
 the rest (a partial hit) instead of discarding it. This starts `ingot serve`
 on the given model, runs greedy requests that stop at different points one
 at a time, then all at once, counting the concurrent answers that equal
 their lone ones; then the same with `--enforce-eager` (no graphs, so no
-speculation), which shows what batching alone changes (the GPU path is not
-batch-invariant). It fails when speculation leaves more than 2 answers
+launch-ahead steps), which shows what batching alone changes (the GPU path is not
+batch-invariant). It fails when launching ahead leaves more than 2 answers
 fewer equal than eager; the runner's hit / partial hit / miss counts come
-from its log at shutdown. Usage: speculation_smoke.py INGOT MODEL [serve flags, e.g. --device cuda]
+from its log at shutdown. Usage: launch_ahead_smoke.py INGOT MODEL [serve flags, e.g. --device cuda]
 Only the standard library: it runs on the GPU machine.
 """
 
@@ -75,25 +75,26 @@ def equal_answers(flags, n=32):
     lengths = sorted(len(a) for a in alone)
     srv.terminate()
     srv.wait(60)
-    stats = re.findall(r".*speculative decode steps.*", open(log).read())
+    stats = re.findall(r".*launch-ahead steps.*", open(log).read())
     print(f"{' '.join(flags)}: answers {n}, lengths (chars) {lengths[0]}..{lengths[-1]}; "
           f"concurrent == alone: {same}/{n}")
     for a, t in zip(alone, together):
         if a != t:
             at = next(i for i, (x, y) in enumerate(zip(a + "\0", t + "\0")) if x != y)
             print(f"  differs at char {at}: ...{a[max(0, at - 40):at + 20]!r} vs ...{t[max(0, at - 40):at + 20]!r}")
-    print("  runner:", stats[-1] if stats else "no speculation line in the log")
+    print("  runner:", stats[-1] if stats else "no launch-ahead line in the log")
     return same
 
 
 def main():
     # The GPU path is not batch-invariant, so some answers differ from their
-    # lone runs anyway; the eager run (no graphs, so no speculation) shows
-    # how many. Speculation must not make it worse beyond run-to-run noise.
-    speculating = equal_answers(EXTRA)
+    # lone runs anyway; the eager run (no graphs, so no launch-ahead steps)
+    # shows how many. Launching ahead must not make it worse beyond
+    # run-to-run noise.
+    launching = equal_answers(EXTRA)
     eager = equal_answers([*EXTRA, "--enforce-eager"])
-    ok = speculating >= eager - 2
-    print(f"equal answers: {speculating} speculating vs {eager} eager:", "ok" if ok else "FAILED")
+    ok = launching >= eager - 2
+    print(f"equal answers: {launching} launching ahead vs {eager} eager:", "ok" if ok else "FAILED")
     sys.exit(0 if ok else 1)
 
 
