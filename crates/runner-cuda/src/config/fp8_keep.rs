@@ -14,7 +14,7 @@
 use crate::CudaError;
 
 /// The matched names of a layer's matrices, in the order of
-/// `weights::FP8_GROUPS` (qkv, o_proj, gate_up, down).
+/// `weights::fp8::FP8_GROUPS` (qkv, o_proj, gate_up, down).
 const MATRIX_NAMES: [&str; 4] = [
     "self_attn.qkv_proj",
     "self_attn.o_proj",

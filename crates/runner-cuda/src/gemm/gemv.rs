@@ -1,0 +1,212 @@
+//! ingot's GEMV kernels: up to [`GEMV_MAX_TOKENS`] rows stream each weight
+//! row once, with the activation, the residual add, the next RMSNorm or
+//! the q/k/v rotary write fused in by mode.
+
+use ingot_arch::Activation;
+
+use super::{Gemm, OutType, GEMV_MAX_TOKENS};
+use crate::device::{Arg, DevPtr, Gpu, Kernel};
+use crate::CudaError;
+
+/// Whether the GEMV kernels take `tokens` rows of `inputs`-wide
+/// activations (16-byte loads of weights: inputs a multiple of 8 for bf16,
+/// of 16 for e4m3).
+fn gemv_fits(tokens: usize, inputs: usize, fp8: bool) -> bool {
+    (1..=GEMV_MAX_TOKENS).contains(&tokens) && inputs.is_multiple_of(if fp8 { 16 } else { 8 })
+}
+
+/// The GEMV kernel variants, in the order of [`Gemm`]'s `gemv` table.
+const GEMV_MODES: [&str; 10] = [
+    "bf16",
+    "f32",
+    "add_f32",
+    "swiglu",
+    "qkv_rope",
+    "swiglu_norm",
+    "qkv_rope_norm",
+    "bf16_norm",
+    "geglu",
+    "geglu_norm",
+];
+
+/// The GEMV kernels for n = 1..=8 of one weight type (`prefix`: `gemv` or
+/// `gemv_fp8`).
+pub(super) fn gemv_table(gpu: &Gpu, prefix: &str) -> Result<Vec<[Kernel; 10]>, CudaError> {
+    (1..=GEMV_MAX_TOKENS)
+        .map(|n| gemv_modes(gpu, prefix, n))
+        .collect()
+}
+
+/// The GEMV kernels of every mode for `n` rows.
+pub(super) fn gemv_modes(gpu: &Gpu, prefix: &str, n: usize) -> Result<[Kernel; 10], CudaError> {
+    let kernels = GEMV_MODES
+        .iter()
+        .map(|mode| gpu.kernel(&format!("{prefix}_n{n}_{mode}")))
+        .collect::<Result<Vec<_>, CudaError>>()?;
+    kernels
+        .try_into()
+        .map_err(|_| CudaError::Unsupported("GEMV table size".into()))
+}
+
+/// The most inputs of a bf16 matrix whose batch-1 GEMV loads each lane's
+/// whole row before its PDL wait (`gemv_short_n1_*`: gemv.cu's
+/// `SHORT_ROW_LOADS` = 8 loads of 8 a lane, over 32 lanes).
+pub(super) const SHORT_ROW_INPUTS: usize = 8 * 8 * 32;
+
+impl Gemm {
+    /// Whether the GEMV kernels take this product (never in deterministic
+    /// mode: their per-row reduction order is not cuBLASLt's).
+    pub(super) fn gemv_fits(&self, tokens: usize, inputs: usize, w: DevPtr) -> bool {
+        !self.deterministic && gemv_fits(tokens, inputs, self.fp8_of(w).is_some())
+    }
+
+    /// The GEMV kernels for `w`'s type at `tokens` rows of `inputs`.
+    pub(super) fn gemv_kernels(&self, w: DevPtr, tokens: usize, inputs: usize) -> &[Kernel; 10] {
+        match self.fp8_of(w) {
+            Some(f) => &f.gemv[tokens - 1],
+            None if tokens == 1 && inputs <= SHORT_ROW_INPUTS => &self.gemv_short,
+            None => &self.gemv[tokens - 1],
+        }
+    }
+
+    /// Runs the GEMV kernel when `tokens` and `inputs` suit it; false
+    /// otherwise (the caller runs cuBLASLt).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gemv(
+        &self,
+        gpu: &Gpu,
+        (x, w, y): (DevPtr, DevPtr, DevPtr),
+        tokens: usize,
+        inputs: usize,
+        outputs: usize,
+        out: OutType,
+        next_norm: Option<(DevPtr, DevPtr)>,
+    ) -> Result<bool, CudaError> {
+        if !self.gemv_fits(tokens, inputs, w) {
+            return Ok(false);
+        }
+        let (mode, sumsq) = match out {
+            OutType::Bf16 => (0, 0),
+            OutType::F32 => (1, 0),
+            OutType::AddF32 => (2, self.sumsq),
+        };
+        let (norm, xg) = next_norm.unwrap_or((0, 0));
+        let grid = (outputs.div_ceil(8) as u32, 1, 1);
+        let args = [
+            Arg::Ptr(x),
+            Arg::Ptr(w),
+            Arg::Ptr(y),
+            Arg::I32(inputs as i32),
+            Arg::I32(outputs as i32),
+            Arg::Ptr(sumsq),
+            Arg::Ptr(norm),
+            Arg::Ptr(xg),
+        ];
+        gpu.launch(
+            &self.gemv_kernels(w, tokens, inputs)[mode],
+            grid,
+            256,
+            0,
+            &args,
+        )?;
+        Ok(true)
+    }
+
+    /// `act[t, i] = f(x·gateᵢ) · (x·upᵢ)` (f: SiLU or GELU-tanh) straight
+    /// from the fused `[2 * outputs, inputs]` gate/up matrix when the GEMV
+    /// path applies (the activation then costs no kernel); false otherwise
+    /// (the caller runs [`Gemm::linear`] and the activation kernel).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated(
+        &self,
+        gpu: &Gpu,
+        (x, w, act): (DevPtr, DevPtr, DevPtr),
+        activation: Activation,
+        tokens: usize,
+        inputs: usize,
+        outputs: usize,
+        norm_eps: Option<f32>,
+    ) -> Result<bool, CudaError> {
+        if !self.gemv_fits(tokens, inputs, w) {
+            return Ok(false);
+        }
+        let grid = (outputs.div_ceil(8) as u32, 1, 1);
+        let tail = [
+            Arg::Ptr(w),
+            Arg::Ptr(act),
+            Arg::I32(inputs as i32),
+            Arg::I32(outputs as i32),
+        ];
+        let (kernel, head) = match norm_eps {
+            // x is the pre-scaled residual (see `accumulate`); the kernel
+            // applies 1/rms from the sums of squares.
+            Some(eps) => (5, vec![Arg::Ptr(x), Arg::F32(eps), Arg::Ptr(self.sumsq)]),
+            None => (3, vec![Arg::Ptr(x)]),
+        };
+        let kernel = match (activation, kernel) {
+            (Activation::Silu, k) => k,
+            (Activation::GeluTanh, 5) => 9,
+            (Activation::GeluTanh, _) => 8,
+        };
+        let args: Vec<Arg> = head.into_iter().chain(tail).collect();
+        gpu.launch(
+            &self.gemv_kernels(w, tokens, inputs)[kernel],
+            grid,
+            256,
+            0,
+            &args,
+        )?;
+        Ok(true)
+    }
+
+    /// `y = rmsnorm(x)·wᵀ` in bf16 by the GEMV kernel, from the
+    /// pre-scaled input `xg` (see [`Gemm::accumulate`]) and the sums of
+    /// squares; false when the GEMV path does not apply.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_normed(
+        &self,
+        gpu: &Gpu,
+        (xg, w, y): (DevPtr, DevPtr, DevPtr),
+        tokens: usize,
+        inputs: usize,
+        outputs: usize,
+        eps: f32,
+    ) -> Result<bool, CudaError> {
+        if !self.gemv_fits(tokens, inputs, w) {
+            return Ok(false);
+        }
+        let args = [
+            Arg::Ptr(xg),
+            Arg::F32(eps),
+            Arg::Ptr(self.sumsq),
+            Arg::Ptr(w),
+            Arg::Ptr(y),
+            Arg::I32(inputs as i32),
+            Arg::I32(outputs as i32),
+        ];
+        let grid = (outputs.div_ceil(8) as u32, 1, 1);
+        gpu.launch(
+            &self.gemv_kernels(w, tokens, inputs)[7],
+            grid,
+            256,
+            0,
+            &args,
+        )?;
+        Ok(true)
+    }
+
+    /// The fused q/k/v projection + rotary + KV write kernel for `tokens`
+    /// rows of `inputs` wide activations and weights `w`, when the GEMV
+    /// path applies. With `norm`, the variant that applies the RMSNorm to a
+    /// pre-scaled input (arguments: xg, eps, sums of squares, then the rest).
+    pub fn qkv_rope_kernel(
+        &self,
+        w: DevPtr,
+        tokens: usize,
+        inputs: usize,
+        norm: bool,
+    ) -> Option<&Kernel> {
+        self.gemv_fits(tokens, inputs, w)
+            .then(|| &self.gemv_kernels(w, tokens, inputs)[if norm { 6 } else { 4 }])
+    }
+}

@@ -1,0 +1,398 @@
+//! FP8 weights: which layer matrices are e4m3, their layout (e4m3 rows,
+//! then f32 row scales), the one-layer bf16 staging they arrive in, and
+//! the quantizer that turns each complete layer into e4m3 (see the
+//! parent module's doc).
+
+use ingot_models::ModelConfig;
+
+use super::{WeightFormat, LM_HEAD};
+use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel};
+use crate::{CudaError, Fp8Keep};
+
+/// Bytes of an e4m3 matrix of `rows` x `cols` and its row scales.
+pub fn fp8_matrix_bytes(rows: usize, cols: usize) -> usize {
+    fp8_scales_offset(rows, cols) + rows * 4
+}
+
+/// Where the row scales of an e4m3 matrix start, from its base.
+pub fn fp8_scales_offset(rows: usize, cols: usize) -> usize {
+    (rows * cols).next_multiple_of(256)
+}
+
+/// A layer's quantized matrices, in the order their last tensors load.
+const FP8_GROUPS: [&str; 4] = ["qkv", "o_proj", "gate_up", "down"];
+
+/// The file tensors of each of [`FP8_GROUPS`] (q/k/v, o, gate/up, down).
+const FP8_GROUP_TENSORS: [usize; 4] = [3, 1, 2, 1];
+
+/// `(rows, cols)` of a layer's matrix `group` (see [`FP8_GROUPS`]).
+fn group_shape(config: &ModelConfig, group: &str) -> (usize, usize) {
+    let (d, q, kv, ff) = (
+        config.hidden_size,
+        config.q_dim(),
+        config.kv_dim(),
+        config.intermediate_size,
+    );
+    match group {
+        "qkv" => (q + 2 * kv, d),
+        "o_proj" => (d, q),
+        "gate_up" => (2 * ff, d),
+        _ => (d, ff),
+    }
+}
+
+/// `(layer, group, part)` of a layer weight matrix kept in e4m3.
+fn fp8_part(name: &str) -> Option<(usize, &'static str, usize)> {
+    let rest = name.strip_prefix("model.layers.")?;
+    let (layer, leaf) = rest.split_once('.')?;
+    let (group, part) = match leaf {
+        "self_attn.q_proj.weight" => ("qkv", 0),
+        "self_attn.k_proj.weight" => ("qkv", 1),
+        "self_attn.v_proj.weight" => ("qkv", 2),
+        "self_attn.o_proj.weight" => ("o_proj", 0),
+        "mlp.gate_proj.weight" => ("gate_up", 0),
+        "mlp.up_proj.weight" => ("gate_up", 1),
+        "mlp.down_proj.weight" => ("down", 0),
+        _ => return None,
+    };
+    Some((layer.parse().ok()?, group, part))
+}
+
+/// Whether tensor `name` is written to FP8 staging rather than the arena
+/// (a quantized layer matrix, or an untied e4m3 LM head).
+pub(super) fn staged_for_fp8(name: &str, format: WeightFormat, keep: &Fp8Keep) -> bool {
+    (format.is_fp8() && quantized_part(name, keep).is_some())
+        || (format.fp8_lm_head() && name == LM_HEAD)
+}
+
+/// [`fp8_part`] of a matrix that `keep` does not keep in bf16.
+pub(super) fn quantized_part(name: &str, keep: &Fp8Keep) -> Option<(usize, &'static str, usize)> {
+    fp8_part(name).filter(|(layer, group, _)| !keep.keeps(*layer, group_index(group)))
+}
+
+/// Index of `group` in [`FP8_GROUPS`].
+pub(super) fn group_index(group: &str) -> usize {
+    FP8_GROUPS.iter().position(|g| *g == group).unwrap_or(0)
+}
+
+/// Byte offset of `group` in the one-layer staging arena (bf16).
+fn staging_offset(config: &ModelConfig, group: &str) -> usize {
+    FP8_GROUPS
+        .iter()
+        .take_while(|g| **g != group)
+        .map(|g| {
+            let (rows, cols) = group_shape(config, g);
+            (rows * cols * 2).next_multiple_of(256)
+        })
+        .sum()
+}
+
+/// A layer matrix staged in bf16 at `staged`, quantized into `dst`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Fp8Matrix {
+    pub(super) staged: DevPtr,
+    pub(super) dst: DevPtr,
+    rows: usize,
+    cols: usize,
+}
+
+/// Which layer's matrices are in staging and when they are complete.
+/// Staging holds one layer, so a layer's tensors must load together.
+pub(super) struct Fp8Progress {
+    /// Per layer: its quantized matrices and the tensors still to come.
+    layers: Vec<([Option<Fp8Matrix>; 4], usize)>,
+    /// The layer whose tensors are in staging.
+    open: Option<usize>,
+}
+
+impl Fp8Progress {
+    /// Notes that a staged tensor of `layer` is in (its copy enqueued);
+    /// after the layer's last, returns its matrices to quantize.
+    pub(super) fn note_staged(
+        &mut self,
+        layer: usize,
+        name: &str,
+    ) -> Result<Option<[Option<Fp8Matrix>; 4]>, CudaError> {
+        if self.open.is_some_and(|open| open != layer) {
+            return Err(CudaError::Unsupported(format!(
+                "{name} loads before the previous layer's matrices are complete (FP8 staging holds one layer)"
+            )));
+        }
+        let (matrices, left) = self
+            .layers
+            .get_mut(layer)
+            .ok_or_else(|| CudaError::Unsupported(format!("{name}: no such layer")))?;
+        *left = left.saturating_sub(1);
+        if *left > 0 {
+            self.open = Some(layer);
+            return Ok(None);
+        }
+        self.open = None;
+        Ok(Some(*matrices))
+    }
+
+    /// Fails unless every layer was quantized.
+    pub(super) fn finish(&self) -> Result<(), CudaError> {
+        match self.layers.iter().position(|(_, left)| *left > 0) {
+            Some(slot) => Err(CudaError::Unsupported(format!(
+                "weight slot {slot}'s matrices are incomplete (a layer, or after the layers the FP8 LM head)"
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Enqueues `quantize_rows_e4m3` over staged matrices.
+pub(super) fn quantize(
+    gpu: &Gpu,
+    kernel: &Kernel,
+    matrices: &[Option<Fp8Matrix>],
+) -> Result<(), CudaError> {
+    for m in matrices.iter().flatten() {
+        let scales = m.dst + fp8_scales_offset(m.rows, m.cols) as u64;
+        let args = [
+            Arg::Ptr(m.staged),
+            Arg::Ptr(m.dst),
+            Arg::Ptr(scales),
+            Arg::I32(m.cols as i32),
+        ];
+        gpu.launch(kernel, (m.rows as u32, 1, 1), 256, 0, &args)?;
+    }
+    Ok(())
+}
+
+/// Every layer's e4m3 matrices (and the LM head's, when it is e4m3), and
+/// the address range they fill.
+pub(super) struct Fp8Layout {
+    /// `None`: kept in bf16.
+    pub(super) layers: Vec<[Option<Fp8Matrix>; 4]>,
+    /// The e4m3 LM head, quantized from its staged tensor or the tied
+    /// embedding table (`staged` set when the table is placed).
+    pub(super) head: Option<Fp8Matrix>,
+    pub(super) region: (DevPtr, DevPtr),
+}
+
+impl Fp8Layout {
+    /// The quantizer's slots: each layer's matrices and tensor count, then
+    /// the head's (one tensor: `lm_head.weight` or the embedding table).
+    pub(super) fn progress(&self) -> Fp8Progress {
+        let layers = self.layers.iter().map(|m| (*m, staged_tensors(m)));
+        let head = self.head.map(|h| ([Some(h), None, None, None], 1));
+        Fp8Progress {
+            layers: layers.chain(head).collect(),
+            open: None,
+        }
+    }
+}
+
+/// Bytes of every layer's e4m3 matrices (those `keep` leaves to FP8) in
+/// the weights arena.
+pub(super) fn layer_bytes(config: &ModelConfig, keep: &Fp8Keep) -> usize {
+    (0..config.num_layers)
+        .map(|layer| {
+            Arena::size_of(
+                FP8_GROUPS
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| !keep.keeps(layer, *i))
+                    .map(|(_, g)| {
+                        let (rows, cols) = group_shape(config, g);
+                        fp8_matrix_bytes(rows, cols)
+                    }),
+            )
+        })
+        .sum()
+}
+
+/// Bytes of the bf16 staging arena of an FP8 load: one layer, or an
+/// untied e4m3 LM head if larger (it loads alone, after the layers).
+pub(super) fn staging_bytes(config: &ModelConfig, format: WeightFormat) -> usize {
+    let head = if format.fp8_lm_head() && !config.tie_word_embeddings {
+        config.vocab_size * config.hidden_size * 2
+    } else {
+        0
+    };
+    staging_offset(config, "").max(head)
+}
+
+/// Takes every layer's e4m3 matrices from `arena` (one region), then
+/// an e4m3 LM head's, and pairs them with their places in the
+/// `staging` arena (the head's start there; a tied one's source is set
+/// when the embedding table is placed).
+pub(super) fn place(
+    config: &ModelConfig,
+    arena: &mut Arena,
+    staging: DevPtr,
+    format: WeightFormat,
+    keep: &Fp8Keep,
+) -> Result<Fp8Layout, CudaError> {
+    let mut layers = Vec::with_capacity(config.num_layers);
+    let (mut start, mut end) = (None, 0);
+    for layer in 0..config.num_layers {
+        let mut matrices = [None; 4];
+        for (i, (m, group)) in matrices.iter_mut().zip(FP8_GROUPS).enumerate() {
+            if keep.keeps(layer, i) {
+                continue;
+            }
+            let (rows, cols) = group_shape(config, group);
+            let bytes = fp8_matrix_bytes(rows, cols);
+            let dst = arena.take(bytes)?;
+            start.get_or_insert(dst);
+            end = dst + bytes as u64;
+            *m = Some(Fp8Matrix {
+                staged: staging + staging_offset(config, group) as u64,
+                dst,
+                rows,
+                cols,
+            });
+        }
+        layers.push(matrices);
+    }
+    let head = if format.fp8_lm_head() {
+        let (rows, cols) = (config.vocab_size, config.hidden_size);
+        let bytes = fp8_matrix_bytes(rows, cols);
+        let dst = arena.take(bytes)?;
+        start.get_or_insert(dst);
+        end = dst + bytes as u64;
+        Some(Fp8Matrix {
+            staged: staging,
+            dst,
+            rows,
+            cols,
+        })
+    } else {
+        None
+    };
+    Ok(Fp8Layout {
+        layers,
+        head,
+        region: (start.unwrap_or(end), end),
+    })
+}
+
+/// File tensors of a layer's quantized matrices (what staging receives).
+fn staged_tensors(matrices: &[Option<Fp8Matrix>; 4]) -> usize {
+    matrices
+        .iter()
+        .zip(FP8_GROUP_TENSORS)
+        .filter(|(m, _)| m.is_some())
+        .map(|(_, n)| n)
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_configs::{llama8b, FP8, FP8_HEAD};
+    use crate::weights::EMBED;
+
+    #[test]
+    fn fp8_takes_the_layer_matrices_only() {
+        assert_eq!(
+            fp8_part("model.layers.12.self_attn.v_proj.weight"),
+            Some((12, "qkv", 2))
+        );
+        assert_eq!(
+            fp8_part("model.layers.0.mlp.down_proj.weight"),
+            Some((0, "down", 0))
+        );
+        assert_eq!(fp8_part("model.layers.0.self_attn.q_proj.bias"), None);
+        assert_eq!(fp8_part("model.layers.0.input_layernorm.weight"), None);
+        assert_eq!(fp8_part("model.embed_tokens.weight"), None);
+        assert_eq!(fp8_part("lm_head.weight"), None);
+    }
+
+    #[test]
+    fn fp8_scales_follow_the_bytes_at_a_256_byte_boundary() {
+        assert_eq!(fp8_scales_offset(3, 100), 512);
+        assert_eq!(fp8_scales_offset(2, 128), 256);
+        assert_eq!(fp8_matrix_bytes(3, 100), 512 + 12);
+    }
+
+    /// An untied e4m3 head goes through staging (1 GiB in bf16 on the 8B,
+    /// more than a layer's 436 MiB), a tied one is quantized from the
+    /// embedding table in place.
+    #[test]
+    fn an_untied_fp8_head_is_staged_and_sizes_staging() {
+        let c = llama8b();
+        let none = Fp8Keep::default();
+        let layer = staging_bytes(&c, FP8);
+        assert_eq!(layer, staging_offset(&c, ""));
+        assert_eq!(staging_bytes(&c, FP8_HEAD), 128256 * 4096 * 2);
+        assert!(staged_for_fp8(LM_HEAD, FP8_HEAD, &none));
+        assert!(!staged_for_fp8(LM_HEAD, FP8, &none));
+        assert!(!staged_for_fp8(EMBED, FP8_HEAD, &none));
+        assert!(staged_for_fp8(
+            "model.layers.3.mlp.up_proj.weight",
+            FP8_HEAD,
+            &none
+        ));
+        assert!(!staged_for_fp8(
+            "model.layers.3.mlp.up_proj.weight",
+            WeightFormat::Bf16,
+            &none
+        ));
+        let mut tied = c.clone();
+        tied.tie_word_embeddings = true;
+        assert_eq!(staging_bytes(&tied, FP8_HEAD), layer);
+    }
+
+    /// The head is the quantizer's last slot, complete after one tensor,
+    /// and the progress refuses it while a layer is still open (its
+    /// staging would be overwritten).
+    #[test]
+    fn the_fp8_head_is_one_tensor_after_the_layers() {
+        let m = Fp8Matrix {
+            staged: 0,
+            dst: 0,
+            rows: 8,
+            cols: 16,
+        };
+        let layout = Fp8Layout {
+            layers: vec![[Some(m); 4]; 2],
+            head: Some(Fp8Matrix { rows: 32, ..m }),
+            region: (0, 0),
+        };
+        let mut q = layout.progress();
+        assert_eq!(q.layers.len(), 3);
+        assert_eq!(q.layers[2].1, 1);
+        assert!(matches!(q.note_staged(0, "q"), Ok(None)));
+        assert!(q.note_staged(2, LM_HEAD).is_err());
+        let mut q = layout.progress();
+        let head = q.note_staged(2, LM_HEAD).ok().flatten();
+        assert_eq!(head.and_then(|h| h[0]).map(|h| h.rows), Some(32));
+        assert!(q.finish().is_err());
+        let without = Fp8Layout {
+            head: None,
+            ..layout
+        };
+        assert_eq!(without.progress().layers.len(), 2);
+    }
+
+    /// The quantizer waits for a layer's seven matrices, refuses a
+    /// second layer while one is open, and reports an unfinished layer.
+    #[test]
+    fn fp8_staging_holds_one_layer_at_a_time() {
+        let m = Fp8Matrix {
+            staged: 0,
+            dst: 0,
+            rows: 1,
+            cols: 16,
+        };
+        // All seven tensors go through staging; a kept (bf16) o_proj and
+        // down_proj take theirs straight to the arena.
+        assert_eq!(staged_tensors(&[Some(m); 4]), 7);
+        assert_eq!(staged_tensors(&[Some(m), None, Some(m), None]), 5);
+        let mut q = Fp8Progress {
+            layers: vec![([Some(m); 4], staged_tensors(&[Some(m); 4])); 2],
+            open: None,
+        };
+        q.layers[0].1 = 2;
+        assert!(matches!(q.note_staged(0, "a"), Ok(None)));
+        assert_eq!(q.open, Some(0));
+        assert!(q.note_staged(1, "b").is_err());
+        assert!(matches!(q.note_staged(0, "a"), Ok(Some(_))));
+        assert_eq!(q.open, None);
+        assert!(q.finish().is_err());
+    }
+}
