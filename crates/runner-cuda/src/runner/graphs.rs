@@ -12,6 +12,7 @@ use crate::buffers::{self, StepPlan};
 use crate::ops;
 use crate::CudaError;
 
+/// The captured decode steps for batches of up to `size` sequences, one
 /// per attention split count (`splits`, ascending).
 pub(super) struct DecodeGraph {
     size: usize,
