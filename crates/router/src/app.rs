@@ -7,13 +7,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::error::RouteError;
 use crate::health::probe;
 use crate::proxy::forward;
 use crate::state::RouterState;
@@ -42,6 +43,11 @@ pub fn app(state: Arc<RouterState>) -> Router {
         .route("/admin/canaries", get(canaries))
         .route("/admin/canaries/{name}", get(canary))
         .route("/admin/canaries/{name}/{action}", post(canary_action))
+        // OpenAI-shaped like every other error (as `ingot serve` answers).
+        .fallback(|uri: Uri| async move { RouteError::RouteNotFound(uri.path().to_string()) })
+        .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
+            RouteError::MethodNotAllowed(format!("{method} {}", uri.path()))
+        })
         .with_state(state)
 }
 

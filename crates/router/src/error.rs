@@ -18,6 +18,12 @@ pub enum RouteError {
     /// No worker can take the request now (all down, open or draining).
     #[error("no worker available{0}")]
     NoWorker(String),
+    /// No such route.
+    #[error("no route for {0}")]
+    RouteNotFound(String),
+    /// The route exists with another method.
+    #[error("method not allowed: {0}")]
+    MethodNotAllowed(String),
 }
 
 impl RouteError {
@@ -25,8 +31,9 @@ impl RouteError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
-            Self::ModelNotFound(_) => StatusCode::NOT_FOUND,
+            Self::ModelNotFound(_) | Self::RouteNotFound(_) => StatusCode::NOT_FOUND,
             Self::NoWorker(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
         }
     }
 
@@ -36,6 +43,8 @@ impl RouteError {
             Self::BadRequest(_) => ("invalid_request_error", "invalid_request"),
             Self::ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
             Self::NoWorker(_) => ("server_error", "no_worker_available"),
+            Self::RouteNotFound(_) => ("invalid_request_error", "not_found"),
+            Self::MethodNotAllowed(_) => ("invalid_request_error", "method_not_allowed"),
         }
     }
 

@@ -67,13 +67,13 @@ pub async fn probe(state: &RouterState, worker: &Arc<Worker>) {
 
 /// The body of a 200 answer to `GET url` within the probe timeout.
 async fn get(state: &RouterState, url: &str) -> Option<Bytes> {
-    let req = hyper::Request::get(url)
+    let req = axum::http::Request::get(url)
         .body(Full::new(Bytes::new()))
         .ok()?;
     let timeout = state.config.health.timeout;
     let fetch = async {
-        let resp = state.client.request(req).await.ok()?;
-        if resp.status() != hyper::StatusCode::OK {
+        let resp = state.client.send(req).await.ok()?;
+        if resp.status() != axum::http::StatusCode::OK {
             return None;
         }
         resp.into_body().collect().await.ok().map(|c| c.to_bytes())

@@ -10,10 +10,13 @@
 mod app;
 pub mod breaker;
 pub mod canary_slo;
+pub mod client;
 pub mod config;
 mod discovery;
 mod error;
 mod health;
+#[cfg(test)]
+mod http_tests;
 pub mod metrics;
 pub mod policy;
 mod proxy;

@@ -16,7 +16,6 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use metrics::counter;
 use serde_json::Value;
 
@@ -278,9 +277,9 @@ async fn send(
     path: &str,
     headers: &HeaderMap,
     body: Bytes,
-) -> Result<hyper::Response<Incoming>, (AttemptError, Option<Response>)> {
+) -> Result<Response, (AttemptError, Option<Response>)> {
     let uri = format!("{}{path}", worker.url());
-    let mut builder = hyper::Request::post(uri);
+    let mut builder = axum::http::Request::post(uri);
     for (k, v) in headers {
         if !HOP_BY_HOP.contains(k) {
             builder = builder.header(k, v);
@@ -291,7 +290,7 @@ async fn send(
     };
     let resp = match tokio::time::timeout(
         state.config.retry.first_byte_timeout,
-        state.client.request(req),
+        state.client.send(req),
     )
     .await
     {
@@ -347,7 +346,7 @@ fn count_request(state: &RouterState, worker: &Worker, status: StatusCode) {
 /// averages (the latency-aware policy reads them); at the end of the body
 /// the observer records the request for its group and arm (a client that
 /// leaves early records nothing: its times would be the client's).
-fn pass_through(resp: hyper::Response<Incoming>, guard: InFlight, observer: Observer) -> Response {
+fn pass_through(resp: Response, guard: InFlight, observer: Observer) -> Response {
     let (mut parts, body) = resp.into_parts();
     let sse = parts
         .headers

@@ -59,27 +59,8 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let metrics = crate::metrics::install();
-    let mut workers = Vec::new();
-    let mut restarts = Vec::new();
-    for url in &config.urls {
-        let id = workers.len();
-        workers.push(Arc::new(Worker::new(
-            id,
-            url.clone(),
-            url.clone(),
-            false,
-            config.breaker,
-        )));
-        restarts.push(None);
-    }
-    for g in &config.groups {
-        for url in &g.urls {
-            let id = workers.len();
-            let w = Worker::new(id, url.clone(), url.clone(), false, config.breaker);
-            workers.push(Arc::new(w.with_group(&g.name)));
-            restarts.push(None);
-        }
-    }
+    let mut workers = static_workers(&config);
+    let mut restarts: Vec<_> = workers.iter().map(|_| None).collect();
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut supervisors = Vec::new();
     let locals = std::iter::once((DEFAULT_GROUP, "local".to_string(), &config.local)).chain(
@@ -145,6 +126,24 @@ pub async fn serve(
         let _ = s.await;
     }
     served.map_err(ServeError::Serve)
+}
+
+/// The workers at the static URLs of `workers.urls` (group "default") and
+/// of each `[[workers.groups]]`, in that order (ids are their indices).
+pub(crate) fn static_workers(config: &ValidRouterConfig) -> Vec<Arc<Worker>> {
+    let default = config.urls.iter().map(|url| (DEFAULT_GROUP, url));
+    let grouped = config
+        .groups
+        .iter()
+        .flat_map(|g| g.urls.iter().map(move |url| (g.name.as_str(), url)));
+    default
+        .chain(grouped)
+        .enumerate()
+        .map(|(id, (group, url))| {
+            let w = Worker::new(id, url.clone(), url.clone(), false, config.breaker);
+            Arc::new(w.with_group(group))
+        })
+        .collect()
 }
 
 /// Announces this router in the registry (for visibility: `ingot route`

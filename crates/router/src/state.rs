@@ -1,25 +1,18 @@
-//! What every handler shares: the workers, the policy, the HTTP client pool,
+//! What every handler shares: the workers, the policy, the worker client,
 //! the retry budget and the resolved config.
 
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Instant;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::mpsc;
 
+use crate::client::{HyperClient, WorkerClient};
 use crate::config::ValidRouterConfig;
 use crate::policy::{self, Policy, RequestInfo};
 use crate::retry::RetryBudget;
 use crate::split::Splits;
 use crate::worker::{Worker, WorkerId};
-
-/// The keep-alive pool of HTTP/1 connections to the workers.
-pub type WorkerClient = Client<HttpConnector, Full<Bytes>>;
 
 /// The router's shared state.
 pub struct RouterState {
@@ -31,8 +24,8 @@ pub struct RouterState {
     pub policy: Box<dyn Policy>,
     /// The resolved config.
     pub config: ValidRouterConfig,
-    /// The connection pool.
-    pub client: WorkerClient,
+    /// How requests reach the workers.
+    pub client: Box<dyn WorkerClient>,
     /// The Prometheus handle (absent when another recorder was installed).
     pub metrics: Option<PrometheusHandle>,
     /// Per worker: asks its supervisor to restart the child (local ones).
@@ -56,13 +49,18 @@ impl RouterState {
         restarts: Vec<Option<mpsc::UnboundedSender<()>>>,
         metrics: Option<PrometheusHandle>,
     ) -> Self {
-        let mut connector = HttpConnector::new();
-        // Token streams are many small writes: no Nagle delay.
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(config.retry.first_byte_timeout));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(std::time::Duration::from_secs(90))
-            .build(connector);
+        let client = HyperClient::new(config.retry.first_byte_timeout);
+        Self::with_client(config, workers, restarts, metrics, Box::new(client))
+    }
+
+    /// The same with requests sent through `client` (tests: fake workers).
+    pub fn with_client(
+        config: ValidRouterConfig,
+        workers: Vec<Arc<Worker>>,
+        restarts: Vec<Option<mpsc::UnboundedSender<()>>>,
+        metrics: Option<PrometheusHandle>,
+        client: Box<dyn WorkerClient>,
+    ) -> Self {
         Self {
             splits: Splits::new(config.experiments.clone(), config.canaries.clone()),
             route_away: crate::route_away::RouteAway::new(config.route_away.clone()),
