@@ -17,8 +17,8 @@ use std::time::Instant;
 
 use metrics::counter;
 
+use crate::config::{RouteAwayConfig, RouteAwayMode};
 use crate::metrics::CANARY_SLO_ACTIONS;
-use crate::route_away::{RouteAwayConfig, RouteAwayMode};
 use crate::split::canary::{Canary, CanaryController, Phase};
 use crate::worker::Latency;
 
@@ -98,7 +98,7 @@ fn act(mode: RouteAwayMode, c: &Canary, why: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::split::config::{CanaryConfig, Thresholds};
+    use crate::config::{CanaryConfig, Thresholds};
     use crate::split::window::Sample;
     use std::time::Duration;
 

@@ -17,150 +17,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ingot_config::Duration as ConfigDuration;
 use metrics::{counter, gauge};
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
 
+pub use crate::config::{RouteAwayConfig, RouteAwayMode, RouterSloSection};
 use crate::metrics::{ROUTED_AWAY, ROUTE_AWAY_ACTIONS};
+pub use crate::worker::RouteAwayState;
 use crate::worker::{Latency, Worker};
-
-/// What `[slo]` does with a breach.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum RouteAwayMode {
-    /// No evaluation (the default: routing is unchanged).
-    #[default]
-    Off,
-    /// Evaluate, log and count what would be done; route as if off.
-    DryRun,
-    /// Route away from breaching workers.
-    On,
-}
-
-/// `[slo]` of router.toml.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct RouterSloSection {
-    /// "off" (default), "dry_run" or "on".
-    pub mode: Option<RouteAwayMode>,
-    /// A worker whose time-to-first-byte average is over this breaches.
-    pub ttft_target: Option<ConfigDuration>,
-    /// A worker whose inter-token latency average is over this breaches.
-    pub itl_target: Option<ConfigDuration>,
-    /// Probation ends when every average is under this share of its
-    /// target. Default 0.8.
-    pub exit_ratio: Option<f64>,
-    /// Responses a worker must have answered (since it was last judged)
-    /// before its averages count: one slow first answer is not a breach.
-    /// Default 5.
-    pub min_samples: Option<u32>,
-    /// First time out of rotation. Default "10s".
-    pub hold: Option<ConfigDuration>,
-    /// Longest time out of rotation (the hold doubles per relapse).
-    /// Default "120s".
-    pub hold_max: Option<ConfigDuration>,
-    /// Roll back a canary whose group breaches the targets while its
-    /// stable group meets them (`crate::canary_slo`). Default false.
-    pub canary_rollback: Option<bool>,
-}
-
-/// The resolved `[slo]`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RouteAwayConfig {
-    /// The mode.
-    pub mode: RouteAwayMode,
-    /// TTFT target, seconds.
-    pub ttft: Option<f64>,
-    /// ITL target, seconds.
-    pub itl: Option<f64>,
-    /// Probation ends under `exit_ratio` × target.
-    pub exit_ratio: f64,
-    /// Samples before a worker is judged.
-    pub min_samples: u32,
-    /// First hold.
-    pub hold: Duration,
-    /// Longest hold.
-    pub hold_max: Duration,
-    /// Roll back canaries that breach while stable meets the targets.
-    pub canary_rollback: bool,
-}
-
-impl Default for RouteAwayConfig {
-    fn default() -> Self {
-        Self {
-            mode: RouteAwayMode::Off,
-            ttft: None,
-            itl: None,
-            exit_ratio: 0.8,
-            min_samples: 5,
-            hold: Duration::from_secs(10),
-            hold_max: Duration::from_secs(120),
-            canary_rollback: false,
-        }
-    }
-}
-
-impl RouterSloSection {
-    /// Checks the bounds; `Err((key, expected, value))` names the key.
-    pub fn validate(&self) -> Result<RouteAwayConfig, (&'static str, &'static str, String)> {
-        let base = RouteAwayConfig::default();
-        let secs = |d: Option<ConfigDuration>| d.map(|d| d.get().as_secs_f64());
-        let config = RouteAwayConfig {
-            mode: self.mode.unwrap_or(base.mode),
-            ttft: secs(self.ttft_target),
-            itl: secs(self.itl_target),
-            exit_ratio: self.exit_ratio.unwrap_or(base.exit_ratio),
-            min_samples: self.min_samples.unwrap_or(base.min_samples),
-            hold: self.hold.map_or(base.hold, ConfigDuration::get),
-            hold_max: self.hold_max.map_or(base.hold_max, ConfigDuration::get),
-            canary_rollback: self.canary_rollback.unwrap_or(base.canary_rollback),
-        };
-        for (key, target) in [
-            ("slo.ttft_target", config.ttft),
-            ("slo.itl_target", config.itl),
-        ] {
-            if target.is_some_and(|t| t <= 0.0) {
-                return Err((key, "a positive duration", "0s".into()));
-            }
-        }
-        if !(config.exit_ratio > 0.0 && config.exit_ratio <= 1.0) {
-            return Err(("slo.exit_ratio", "in (0, 1]", config.exit_ratio.to_string()));
-        }
-        if config.min_samples == 0 {
-            return Err(("slo.min_samples", "at least 1", "0".into()));
-        }
-        if config.hold.is_zero() {
-            return Err(("slo.hold", "a positive duration", "0s".into()));
-        }
-        if config.hold_max < config.hold {
-            return Err((
-                "slo.hold_max",
-                "at least slo.hold",
-                format!("{:?}", config.hold_max),
-            ));
-        }
-        if config.mode != RouteAwayMode::Off && config.ttft.is_none() && config.itl.is_none() {
-            return Err((
-                "slo.mode",
-                "slo.ttft_target or slo.itl_target to be set",
-                format!("{:?}", config.mode),
-            ));
-        }
-        Ok(config)
-    }
-}
-
-/// A worker's route-away state.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct RouteAwayState {
-    /// Out of rotation until then.
-    pub until: Option<Instant>,
-    /// Re-admitted after a hold, not yet measured healthy.
-    pub probation: bool,
-    /// The hold of the next exclusion (zero: the configured first hold).
-    pub next_hold: Duration,
-}
 
 /// What one evaluation of a worker decided.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -243,6 +105,16 @@ impl RouteAwayConfig {
     }
 }
 
+/// Advances `w`'s route-away state on its current latency; with `act`, a
+/// re-admitted worker's averages are cleared so fresh samples judge it.
+pub fn step_worker(config: &RouteAwayConfig, w: &Worker, now: Instant, act: bool) -> Decision {
+    let decision = w.update_route_away(|state| config.step(state, w.latency(), now));
+    if act && decision == Decision::Readmit {
+        w.reset_latency();
+    }
+    decision
+}
+
 /// The router's route-away remediation.
 #[derive(Debug, Default)]
 pub struct RouteAway {
@@ -261,7 +133,7 @@ impl RouteAway {
         if mode == RouteAwayMode::Off {
             return false;
         }
-        let decision = w.step_route_away(&self.config, now, mode == RouteAwayMode::On);
+        let decision = step_worker(&self.config, w, now, mode == RouteAwayMode::On);
         self.report(w, decision);
         mode == RouteAwayMode::On && w.route_away_state().until.is_some()
     }

@@ -3,16 +3,13 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use crate::breaker::{Breaker, BreakerState};
 use crate::config::BreakerConfig;
-use crate::route_away::{Decision, RouteAwayConfig, RouteAwayState};
-
-/// The group of workers not listed in `[[workers.groups]]`.
-pub const DEFAULT_GROUP: &str = "default";
+pub use crate::config::DEFAULT_GROUP;
 
 /// A worker's index in the router's worker list (stable for its life).
 pub type WorkerId = usize;
@@ -283,15 +280,14 @@ impl Worker {
         *self.route_away.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Advances its route-away state on its current latency; with `act`, a
-    /// re-admitted worker's averages are cleared so fresh samples judge it.
-    pub fn step_route_away(&self, config: &RouteAwayConfig, now: Instant, act: bool) -> Decision {
-        let mut state = self.route_away.lock().unwrap_or_else(|p| p.into_inner());
-        let decision = config.step(&mut state, self.latency(), now);
-        if act && decision == Decision::Readmit {
-            *self.latency.lock().unwrap_or_else(|p| p.into_inner()) = Latency::default();
-        }
-        decision
+    /// Applies `step` to its route-away state (`[slo]`), under its lock.
+    pub fn update_route_away<T>(&self, step: impl FnOnce(&mut RouteAwayState) -> T) -> T {
+        step(&mut self.route_away.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Clears its latency averages (fresh samples judge it again).
+    pub fn reset_latency(&self) {
+        *self.latency.lock().unwrap_or_else(|p| p.into_inner()) = Latency::default();
     }
 
     /// Adds a time-to-first-byte sample (seconds).
@@ -312,6 +308,17 @@ impl Worker {
         self.outstanding.fetch_add(1, Ordering::Relaxed);
         InFlight(Arc::clone(self))
     }
+}
+
+/// A worker's route-away state (`[slo]`, `crate::route_away`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RouteAwayState {
+    /// Out of rotation until then.
+    pub until: Option<Instant>,
+    /// Re-admitted after a hold, not yet measured healthy.
+    pub probation: bool,
+    /// The hold of the next exclusion (zero: the configured first hold).
+    pub next_hold: Duration,
 }
 
 /// One request in flight on a worker (RAII: dropping it, on completion or on

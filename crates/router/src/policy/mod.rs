@@ -9,14 +9,13 @@ mod round_robin;
 
 use std::sync::Arc;
 
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
-
 pub use latency_aware::LatencyAwarePolicy;
 pub use least_outstanding::LeastOutstandingPolicy;
 pub use power_of_two::PowerOfTwoPolicy;
 pub use prefix_cache::{chunk_hashes, PrefixCachePolicy};
 pub use round_robin::RoundRobinPolicy;
+
+pub use crate::config::PolicyKind;
 
 use crate::worker::{Worker, WorkerId};
 
@@ -43,36 +42,6 @@ pub trait Policy: Send + Sync {
     /// request: healthy, not draining, breaker closed, serving its model,
     /// not yet tried for it); `None` only when `workers` is empty.
     fn select(&self, request: &RequestInfo, workers: &[Arc<Worker>]) -> Option<WorkerId>;
-}
-
-/// The policies, as `policy = "..."` names them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum PolicyKind {
-    /// Each worker in turn.
-    RoundRobin,
-    /// The worker with the fewest requests in flight from this router.
-    LeastOutstanding,
-    /// Two workers at random, the less loaded of them.
-    PowerOfTwo,
-    /// The lowest expected wait: measured TTFT average × (requests in flight + 1).
-    LatencyAware,
-    /// The worker that most likely holds the prompt's prefix in its KV
-    /// cache, unless it is much busier than the least loaded.
-    PrefixCache,
-}
-
-impl PolicyKind {
-    /// The `policy` label of metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::RoundRobin => "round_robin",
-            Self::LeastOutstanding => "least_outstanding",
-            Self::PowerOfTwo => "power_of_two",
-            Self::LatencyAware => "latency_aware",
-            Self::PrefixCache => "prefix_cache",
-        }
-    }
 }
 
 /// The policy `kind` names.

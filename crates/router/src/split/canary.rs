@@ -16,8 +16,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use ingot_stats::{compare, quantile, Verdict};
 use serde::Serialize;
 
-use super::config::{CanaryConfig, Thresholds, WindowKind};
 use super::window::{ArmWindow, Outcomes, Sample};
+use crate::config::{CanaryConfig, Thresholds, WindowKind};
 use crate::metrics as m;
 use crate::worker::Latency;
 

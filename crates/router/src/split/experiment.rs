@@ -9,8 +9,8 @@ use std::time::Instant;
 use ingot_stats::{compare, Comparison};
 use serde::Serialize;
 
-use super::config::{ExperimentConfig, WindowKind};
 use super::window::{ArmWindow, Outcomes, Sample};
+use crate::config::{ExperimentConfig, WindowKind};
 
 /// One running experiment.
 #[derive(Debug)]
@@ -127,7 +127,7 @@ impl Experiment {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::split::config::Arm;
+    use crate::config::Arm;
 
     fn experiment(split_percent: f64) -> Experiment {
         let arm = |name: &str, group: &str| Arm {

@@ -5,7 +5,6 @@
 //! end-to-end latency, errors) and compare the arms with `ingot-stats`.
 
 pub mod canary;
-pub mod config;
 pub mod experiment;
 pub mod window;
 
@@ -14,8 +13,8 @@ use std::time::Instant;
 
 use axum::http::{header, HeaderMap};
 
+use crate::config::{CanaryConfig, ExperimentConfig};
 use canary::{Canary, CanaryController};
-use config::{CanaryConfig, ExperimentConfig};
 use experiment::Experiment;
 use window::Sample;
 

@@ -8,7 +8,7 @@ use std::time::Instant;
 use ingot_stats::Summary;
 use serde::Serialize;
 
-use super::config::WindowKind;
+use crate::config::WindowKind;
 
 /// Most samples kept per series: bounds a cumulative window's memory
 /// (about 1.6 MB per series); the oldest go first.

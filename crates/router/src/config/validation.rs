@@ -1,321 +1,24 @@
-//! The router's config: `router.toml` (raw, every key optional with a
-//! documented default) and [`RouterConfig::validate`], which yields the
-//! resolved [`ValidRouterConfig`] the router runs on.
-//!
-//! Same rules as the server's config: unknown keys are errors, times are
-//! written the way people say them ("250ms", "5s"), and the JSON schema is
-//! generated from these types.
+//! The checks of `router.toml`: each section's bounds, resolved into the
+//! `Valid*`/`*Config` types with the defaults filled in.
 
-use std::path::{Path, PathBuf};
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Duration as StdDuration;
 
 use ingot_config::Duration;
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
 
-use crate::policy::PolicyKind;
-use crate::split::config::{
-    check_unique, CanaryConfig, CanarySection, ExperimentConfig, ExperimentSection,
+use super::error::{invalid, RouterConfigError};
+use super::slo::{RouteAwayConfig, RouteAwayMode, RouterSloSection};
+use super::split::{
+    Arm, ArmSection, CanaryConfig, CanarySection, ExperimentConfig, ExperimentSection, Thresholds,
+    WindowKind,
 };
-use crate::worker::DEFAULT_GROUP;
-
-/// `router.toml`.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct RouterConfig {
-    /// Address to listen on. Default "127.0.0.1".
-    pub host: Option<String>,
-    /// Port to listen on (0: any free port). Default 8080.
-    pub port: Option<u16>,
-    /// How a worker is chosen for a request. Default "least_outstanding".
-    pub policy: Option<PolicyKind>,
-    /// The workers.
-    pub workers: WorkersSection,
-    /// Active health probes.
-    pub health: HealthSection,
-    /// Retries of requests that have not sent a byte to the client.
-    pub retry: RetrySection,
-    /// The per-worker circuit breaker.
-    pub breaker: BreakerSection,
-    /// Worker discovery (`workers.dns`, `workers.file`, `workers.redis`).
-    pub discovery: DiscoverySection,
-    /// A/B experiments between two worker groups (docs/router.md).
-    pub experiments: Vec<ExperimentSection>,
-    /// Canary releases of a worker group (docs/router.md).
-    pub canary: Vec<CanarySection>,
-    /// Shared state in Redis: the instance registry (docs/fleet.md).
-    pub redis: ingot_config::RedisSection,
-    /// Routing away from workers that breach latency targets (docs/slo.md).
-    pub slo: crate::route_away::RouterSloSection,
-}
-
-/// `[discovery]`.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct DiscoverySection {
-    /// Time between resolutions of `workers.dns` and checks of
-    /// `workers.file`. Default "5s".
-    pub interval: Option<Duration>,
-}
-
-/// `[workers]`: static URLs and/or locally supervised `ingot serve` children.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct WorkersSection {
-    /// Base URLs of running workers ("http://10.0.0.5:8000").
-    pub urls: Vec<String>,
-    /// Number of `ingot serve` children to start and supervise. Default 0.
-    pub local: Option<usize>,
-    /// Arguments of every local child after `serve` (e.g. `["--model", "/m"]`);
-    /// the router adds `--host 127.0.0.1 --port 0`.
-    pub args: Vec<String>,
-    /// The `ingot` binary for local children. Default: this executable.
-    pub binary: Option<PathBuf>,
-    /// First delay before restarting a child that died; doubles per
-    /// consecutive death. Default "500ms".
-    pub restart_backoff: Option<Duration>,
-    /// Longest delay between restarts. Default "30s".
-    pub restart_backoff_max: Option<Duration>,
-    /// "name:port" entries resolved every `discovery.interval`; each A/AAAA
-    /// address is a worker (a Kubernetes headless Service's name, say).
-    pub dns: Vec<String>,
-    /// A file of worker base URLs, one per line ('#' comments), re-read
-    /// when it changes.
-    pub file: Option<PathBuf>,
-    /// Named groups of workers (experiments and canaries route to groups);
-    /// the workers above form the group "default".
-    pub groups: Vec<GroupSection>,
-    /// Discover the workers registered in Redis (`[redis]` must be set).
-    /// Default false.
-    pub redis: Option<bool>,
-}
-
-/// `[[workers.groups]]`: a named set of workers.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct GroupSection {
-    /// Its name (`group` label): `[A-Za-z0-9_.-]+`.
-    pub name: String,
-    /// Base URLs of running workers.
-    pub urls: Vec<String>,
-    /// `ingot serve` children of this group to start and supervise. Default 0.
-    pub local: Option<usize>,
-    /// Their arguments after `serve`. Default: `workers.args`.
-    pub args: Option<Vec<String>>,
-    /// Their binary. Default: `workers.binary`.
-    pub binary: Option<PathBuf>,
-}
-
-/// A validated worker group.
-#[derive(Clone, Debug)]
-pub struct WorkerGroup {
-    /// Name.
-    pub name: String,
-    /// Static URLs, without a trailing slash.
-    pub urls: Vec<String>,
-    /// Local children (count 0: none).
-    pub local: LocalWorkers,
-}
-
-/// `[health]`.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct HealthSection {
-    /// Time between probes of each worker's `/ready`. Default "1s".
-    pub interval: Option<Duration>,
-    /// A probe slower than this fails. Default "1s".
-    pub timeout: Option<Duration>,
-    /// Whether the load-based policies add the queue depth scraped from a
-    /// worker's `/metrics` that is not this router's own (other routers'
-    /// requests) to its in-flight count. Default true.
-    pub scraped_load: Option<bool>,
-}
-
-/// `[retry]`.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct RetrySection {
-    /// Tries per request, the first included. Default 3.
-    pub max_attempts: Option<u32>,
-    /// Backoff before the first retry; doubles per retry, with full jitter.
-    /// Default "20ms".
-    pub backoff: Option<Duration>,
-    /// Longest backoff. Default "1s".
-    pub backoff_max: Option<Duration>,
-    /// A worker that has not answered with headers within this time is given
-    /// up on (a hung worker) and the request is retried elsewhere. Default "30s".
-    pub first_byte_timeout: Option<Duration>,
-    /// Retries may be at most this fraction of requests over `budget_window`
-    /// (plus `budget_min`), so retries cannot amplify an outage. Default 0.2.
-    pub budget_ratio: Option<f64>,
-    /// Retries always allowed per window. Default 10.
-    pub budget_min: Option<u32>,
-    /// The window of the retry budget. Default "10s".
-    pub budget_window: Option<Duration>,
-}
-
-/// `[breaker]`.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct BreakerSection {
-    /// Consecutive failures that open a worker's breaker. Default 3.
-    pub failure_threshold: Option<u32>,
-    /// How long an open breaker refuses requests before one trial
-    /// (half-open). Default "5s".
-    pub cooldown: Option<Duration>,
-}
-
-/// The resolved config: no `Option`s, every bound checked.
-#[derive(Clone, Debug)]
-pub struct ValidRouterConfig {
-    /// Listen address.
-    pub host: String,
-    /// Listen port.
-    pub port: u16,
-    /// The policy.
-    pub policy: PolicyKind,
-    /// Static worker URLs, without a trailing slash.
-    pub urls: Vec<String>,
-    /// Local children.
-    pub local: LocalWorkers,
-    /// Health probes.
-    pub health: HealthConfig,
-    /// Retries.
-    pub retry: RetryConfig,
-    /// Breaker.
-    pub breaker: BreakerConfig,
-    /// Discovered workers.
-    pub discovery: DiscoveryConfig,
-    /// Named worker groups (the unnamed workers are group "default").
-    pub groups: Vec<WorkerGroup>,
-    /// A/B experiments.
-    pub experiments: Vec<ExperimentConfig>,
-    /// Canaries.
-    pub canaries: Vec<CanaryConfig>,
-    /// `[redis]` (the router registers itself when `url` is set).
-    pub redis: ingot_config::RedisSection,
-    /// `[slo]`: route-away remediation.
-    pub route_away: crate::route_away::RouteAwayConfig,
-}
-
-/// Worker discovery.
-#[derive(Clone, Debug, Default)]
-pub struct DiscoveryConfig {
-    /// "name:port" entries to resolve.
-    pub dns: Vec<String>,
-    /// The file of worker URLs.
-    pub file: Option<PathBuf>,
-    /// Between resolutions / file checks.
-    pub interval: std::time::Duration,
-    /// The workers registered in Redis.
-    pub redis: bool,
-}
-
-impl DiscoveryConfig {
-    /// Whether any discovery source is configured.
-    pub fn is_enabled(&self) -> bool {
-        !self.dns.is_empty() || self.file.is_some() || self.redis
-    }
-}
-
-/// Local children.
-#[derive(Clone, Debug)]
-pub struct LocalWorkers {
-    /// How many.
-    pub count: usize,
-    /// Their arguments after `serve`.
-    pub args: Vec<String>,
-    /// The binary.
-    pub binary: PathBuf,
-    /// First restart delay.
-    pub backoff: std::time::Duration,
-    /// Longest restart delay.
-    pub backoff_max: std::time::Duration,
-}
-
-/// Health probes.
-#[derive(Clone, Copy, Debug)]
-pub struct HealthConfig {
-    /// Between probes.
-    pub interval: std::time::Duration,
-    /// Per probe.
-    pub timeout: std::time::Duration,
-    /// Policies count other routers' requests scraped from `/metrics`.
-    pub scraped_load: bool,
-}
-
-/// Retries.
-#[derive(Clone, Copy, Debug)]
-pub struct RetryConfig {
-    /// Tries per request (≥ 1).
-    pub max_attempts: u32,
-    /// First backoff.
-    pub backoff: std::time::Duration,
-    /// Longest backoff.
-    pub backoff_max: std::time::Duration,
-    /// Deadline for a worker's response headers.
-    pub first_byte_timeout: std::time::Duration,
-    /// Budget ratio in [0, 1].
-    pub budget_ratio: f64,
-    /// Retries always allowed per window.
-    pub budget_min: u32,
-    /// Budget window.
-    pub budget_window: std::time::Duration,
-}
-
-/// Breaker.
-#[derive(Clone, Copy, Debug)]
-pub struct BreakerConfig {
-    /// Consecutive failures that open it (≥ 1).
-    pub failure_threshold: u32,
-    /// Open → half-open after this.
-    pub cooldown: std::time::Duration,
-}
-
-/// A config that cannot run.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum RouterConfigError {
-    /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// The file is not valid TOML for these types.
-    #[error("{path}: {message}")]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// The parser's message (it names the key and line).
-        message: String,
-    },
-    /// A value is out of bounds.
-    #[error("{key}: {message} (got {value})")]
-    Invalid {
-        /// The dotted key.
-        key: &'static str,
-        /// What is expected.
-        message: &'static str,
-        /// What was given.
-        value: String,
-    },
-}
+use super::types::{
+    BreakerConfig, DiscoveryConfig, GroupSection, HealthConfig, LocalWorkers, PolicyKind,
+    RetryConfig, RouterConfig, ValidRouterConfig, WorkerGroup, DEFAULT_GROUP,
+};
 
 impl RouterConfig {
-    /// Reads and parses `path`.
-    pub fn from_file(path: &Path) -> Result<Self, RouterConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| RouterConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        toml::from_str(&text).map_err(|e| RouterConfigError::Parse {
-            path: path.to_path_buf(),
-            message: e.to_string().trim_end().replace('\n', " "),
-        })
-    }
-
     /// Checks every bound and fills the defaults. `current_exe` is the
     /// default binary of local children.
     pub fn validate(self, current_exe: PathBuf) -> Result<ValidRouterConfig, RouterConfigError> {
@@ -519,24 +222,298 @@ fn validate_groups(
     Ok(groups)
 }
 
-/// The JSON schema of `router.toml`.
-pub fn schema() -> serde_json::Value {
-    serde_json::to_value(schemars::schema_for!(RouterConfig)).unwrap_or_default()
-}
-
 fn ms(v: u64) -> std::time::Duration {
     std::time::Duration::from_millis(v)
 }
 
-pub(crate) fn invalid(
+/// `window = "cumulative"` or a duration ("60s").
+fn parse_window(
     key: &'static str,
-    message: &'static str,
-    value: impl std::fmt::Display,
-) -> RouterConfigError {
-    RouterConfigError::Invalid {
-        key,
-        message,
-        value: value.to_string(),
+    text: Option<&str>,
+    default: WindowKind,
+) -> Result<WindowKind, RouterConfigError> {
+    match text {
+        None => Ok(default),
+        Some("cumulative") => Ok(WindowKind::Cumulative),
+        Some(t) => match humantime_duration(t) {
+            Some(d) if !d.is_zero() => Ok(WindowKind::Sliding(d)),
+            _ => Err(invalid(
+                key,
+                "\"cumulative\" or a non-zero duration (\"60s\")",
+                t,
+            )),
+        },
+    }
+}
+
+fn humantime_duration(text: &str) -> Option<StdDuration> {
+    text.parse::<Duration>().ok().map(Duration::get)
+}
+
+fn check_name(key: &'static str, name: &str) -> Result<(), RouterConfigError> {
+    let ok = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(key, "a non-empty name of [A-Za-z0-9_.-]", name))
+    }
+}
+
+fn check_group(
+    key: &'static str,
+    group: &str,
+    groups: &BTreeSet<String>,
+) -> Result<(), RouterConfigError> {
+    if groups.contains(group) {
+        Ok(())
+    } else {
+        Err(invalid(
+            key,
+            "a group of workers.groups (or \"default\")",
+            group,
+        ))
+    }
+}
+
+fn fraction(key: &'static str, v: f64, lo_open: bool) -> Result<f64, RouterConfigError> {
+    let ok = if lo_open {
+        v > 0.0 && v < 1.0
+    } else {
+        (0.0..=1.0).contains(&v)
+    };
+    if ok {
+        Ok(v)
+    } else {
+        Err(invalid(key, "a fraction in (0, 1)", v))
+    }
+}
+
+impl ExperimentSection {
+    /// Checks it against the known `groups`.
+    pub fn validate(
+        self,
+        groups: &BTreeSet<String>,
+    ) -> Result<ExperimentConfig, RouterConfigError> {
+        check_name("experiments.id", &self.id)?;
+        let [a, b]: [ArmSection; 2] = self.arms.try_into().map_err(|v: Vec<ArmSection>| {
+            invalid("experiments.arms", "exactly two arms", v.len())
+        })?;
+        let arms = [a, b].map(|s| Arm {
+            name: s.name,
+            group: s.group,
+            model: s.model,
+        });
+        for arm in &arms {
+            check_name("experiments.arms.name", &arm.name)?;
+            check_group("experiments.arms.group", &arm.group, groups)?;
+        }
+        if arms[0].name == arms[1].name {
+            return Err(invalid(
+                "experiments.arms.name",
+                "two different names",
+                &arms[0].name,
+            ));
+        }
+        if arms[0].group == arms[1].group && arms[0].model == arms[1].model {
+            return Err(invalid(
+                "experiments.arms",
+                "arms that differ in group or model",
+                &arms[0].group,
+            ));
+        }
+        let split_percent = self.split_percent.unwrap_or(50.0);
+        if !(0.0..=100.0).contains(&split_percent) {
+            return Err(invalid(
+                "experiments.split_percent",
+                "a percent in [0, 100]",
+                split_percent,
+            ));
+        }
+        let min_samples = self.min_samples.unwrap_or(30);
+        if min_samples < 2 {
+            return Err(invalid(
+                "experiments.min_samples",
+                "at least 2",
+                min_samples,
+            ));
+        }
+        Ok(ExperimentConfig {
+            id: self.id,
+            model: self.model,
+            arms,
+            split_percent,
+            significance: fraction(
+                "experiments.significance",
+                self.significance.unwrap_or(0.05),
+                true,
+            )?,
+            min_samples,
+            window: parse_window(
+                "experiments.window",
+                self.window.as_deref(),
+                WindowKind::Cumulative,
+            )?,
+        })
+    }
+}
+
+impl CanarySection {
+    /// Checks it against the known `groups`.
+    pub fn validate(self, groups: &BTreeSet<String>) -> Result<CanaryConfig, RouterConfigError> {
+        check_name("canary.name", &self.name)?;
+        check_group("canary.stable_group", &self.stable_group, groups)?;
+        check_group("canary.canary_group", &self.canary_group, groups)?;
+        if self.stable_group == self.canary_group {
+            return Err(invalid(
+                "canary.canary_group",
+                "a group other than stable_group",
+                &self.canary_group,
+            ));
+        }
+        let steps = self.steps.unwrap_or_else(|| vec![5.0, 25.0, 50.0, 100.0]);
+        let increasing = steps.windows(2).all(|w| w[0] < w[1]);
+        if steps.is_empty() || !increasing || steps[0] <= 0.0 || steps.last() != Some(&100.0) {
+            return Err(invalid(
+                "canary.steps",
+                "increasing percents above 0, the last 100",
+                format!("{steps:?}"),
+            ));
+        }
+        let d = |v: Option<Duration>, default_s: u64| {
+            v.map_or(StdDuration::from_secs(default_s), Duration::get)
+        };
+        let (step_duration, window, eval_interval) = (
+            d(self.step_duration, 60),
+            d(self.window, 60),
+            d(self.eval_interval, 1),
+        );
+        if step_duration.is_zero() || window.is_zero() || eval_interval.is_zero() {
+            return Err(invalid(
+                "canary",
+                "non-zero step_duration, window and eval_interval",
+                "0s",
+            ));
+        }
+        let min_samples = self.min_samples.unwrap_or(20);
+        if min_samples < 2 {
+            return Err(invalid("canary.min_samples", "at least 2", min_samples));
+        }
+        let ratio = |key: &'static str, v: Option<f64>| match v.unwrap_or(1.5) {
+            r if r >= 1.0 && r.is_finite() => Ok(r),
+            r => Err(invalid(key, "a ratio of at least 1", r)),
+        };
+        let thresholds = Thresholds {
+            max_error_rate_delta: fraction(
+                "canary.max_error_rate_delta",
+                self.max_error_rate_delta.unwrap_or(0.05),
+                false,
+            )?,
+            quantile: fraction("canary.quantile", self.quantile.unwrap_or(0.95), false)?,
+            max_ttft_ratio: ratio("canary.max_ttft_ratio", self.max_ttft_ratio)?,
+            max_itl_ratio: ratio("canary.max_itl_ratio", self.max_itl_ratio)?,
+            significance: fraction(
+                "canary.significance",
+                self.significance.unwrap_or(0.01),
+                true,
+            )?,
+            min_samples,
+        };
+        Ok(CanaryConfig {
+            name: self.name,
+            model: self.model,
+            stable_group: self.stable_group,
+            canary_group: self.canary_group,
+            steps,
+            step_duration,
+            window,
+            eval_interval,
+            thresholds,
+        })
+    }
+}
+
+/// At most one split (experiment or canary) per model, and unique names.
+fn check_unique(
+    experiments: &[ExperimentConfig],
+    canaries: &[CanaryConfig],
+) -> Result<(), RouterConfigError> {
+    let mut models = BTreeSet::new();
+    let mut names = BTreeSet::new();
+    let all = experiments
+        .iter()
+        .map(|e| (&e.model, format!("experiment {}", e.id), e.id.clone()))
+        .chain(canaries.iter().map(|c| {
+            (
+                &c.model,
+                format!("canary {}", c.name),
+                format!("canary:{}", c.name),
+            )
+        }));
+    for (model, what, name) in all {
+        if !names.insert(name) {
+            return Err(invalid("experiments/canary", "unique ids and names", what));
+        }
+        if !models.insert(model.clone()) {
+            return Err(invalid(
+                "experiments/canary",
+                "at most one experiment or canary per model",
+                format!("{what} on {}", model.as_deref().unwrap_or("every model")),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl RouterSloSection {
+    /// Checks the bounds; `Err((key, expected, value))` names the key.
+    pub fn validate(&self) -> Result<RouteAwayConfig, (&'static str, &'static str, String)> {
+        let base = RouteAwayConfig::default();
+        let secs = |d: Option<Duration>| d.map(|d| d.get().as_secs_f64());
+        let config = RouteAwayConfig {
+            mode: self.mode.unwrap_or(base.mode),
+            ttft: secs(self.ttft_target),
+            itl: secs(self.itl_target),
+            exit_ratio: self.exit_ratio.unwrap_or(base.exit_ratio),
+            min_samples: self.min_samples.unwrap_or(base.min_samples),
+            hold: self.hold.map_or(base.hold, Duration::get),
+            hold_max: self.hold_max.map_or(base.hold_max, Duration::get),
+            canary_rollback: self.canary_rollback.unwrap_or(base.canary_rollback),
+        };
+        for (key, target) in [
+            ("slo.ttft_target", config.ttft),
+            ("slo.itl_target", config.itl),
+        ] {
+            if target.is_some_and(|t| t <= 0.0) {
+                return Err((key, "a positive duration", "0s".into()));
+            }
+        }
+        if !(config.exit_ratio > 0.0 && config.exit_ratio <= 1.0) {
+            return Err(("slo.exit_ratio", "in (0, 1]", config.exit_ratio.to_string()));
+        }
+        if config.min_samples == 0 {
+            return Err(("slo.min_samples", "at least 1", "0".into()));
+        }
+        if config.hold.is_zero() {
+            return Err(("slo.hold", "a positive duration", "0s".into()));
+        }
+        if config.hold_max < config.hold {
+            return Err((
+                "slo.hold_max",
+                "at least slo.hold",
+                format!("{:?}", config.hold_max),
+            ));
+        }
+        if config.mode != RouteAwayMode::Off && config.ttft.is_none() && config.itl.is_none() {
+            return Err((
+                "slo.mode",
+                "slo.ttft_target or slo.itl_target to be set",
+                format!("{:?}", config.mode),
+            ));
+        }
+        Ok(config)
     }
 }
 
@@ -651,5 +628,49 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("redis.url"), "{e}");
+    }
+
+    #[test]
+    fn validation_names_the_key() {
+        let bad = |s: RouterSloSection| s.validate().expect_err("invalid").0;
+        let on = || RouterSloSection {
+            mode: Some(RouteAwayMode::On),
+            ttft_target: Some("1s".parse().expect("duration")),
+            ..RouterSloSection::default()
+        };
+        assert_eq!(
+            bad(RouterSloSection {
+                mode: Some(RouteAwayMode::On),
+                ..RouterSloSection::default()
+            }),
+            "slo.mode"
+        );
+        assert_eq!(
+            bad(RouterSloSection {
+                exit_ratio: Some(1.5),
+                ..on()
+            }),
+            "slo.exit_ratio"
+        );
+        assert_eq!(
+            bad(RouterSloSection {
+                hold: Some("20s".parse().expect("duration")),
+                hold_max: Some("10s".parse().expect("duration")),
+                ..on()
+            }),
+            "slo.hold_max"
+        );
+        let ok = on().validate().expect("valid");
+        assert_eq!(ok.ttft, Some(1.0));
+        assert!(!ok.canary_rollback, "off unless asked for");
+        let rollback = RouterSloSection {
+            canary_rollback: Some(true),
+            ..on()
+        };
+        assert!(rollback.validate().expect("valid").canary_rollback);
+        assert_eq!(
+            RouterSloSection::default().validate(),
+            Ok(RouteAwayConfig::default())
+        );
     }
 }
