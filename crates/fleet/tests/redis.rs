@@ -1,7 +1,7 @@
 //! Against a real `redis-server` (Debian's package; scripts/test installs
 //! it): each test starts its own on a free loopback port, without
 //! persistence, and stops it. Skipped (with a line saying why) when the
-//! binary is absent.
+//! binary is absent; failed instead under `CI=true` (ingot_testkit::require).
 #![allow(clippy::unwrap_used)]
 
 use std::process::{Child, Command, Stdio};
@@ -32,12 +32,14 @@ impl RedisServer {
     }
 
     fn start() -> Option<Self> {
-        if Command::new("redis-server")
+        let installed = Command::new("redis-server")
             .arg("--version")
             .output()
-            .is_err()
-        {
-            eprintln!("skipped: redis-server is not installed (scripts/test installs it)");
+            .is_ok();
+        if !ingot_testkit::require(
+            installed,
+            "redis-server is not installed (scripts/test installs it)",
+        ) {
             return None;
         }
         Self::start_on(free_port())

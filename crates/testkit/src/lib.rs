@@ -38,6 +38,30 @@ pub fn fetched(script: &str) -> PathBuf {
     PathBuf::from(last)
 }
 
+/// Whether this is a CI run (`CI=true`): every real part is required there.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// The one rule for a real part a test needs (a `redis-server`, a tool):
+/// returns `found` when it is; otherwise panics with `reason` under
+/// `CI=true` (a CI run that silently skips proves nothing) and elsewhere
+/// prints `skipped: <reason>` and returns false, so the test returns early.
+///
+/// ```ignore
+/// if !ingot_testkit::require(has_redis(), "redis-server is not installed") {
+///     return;
+/// }
+/// ```
+pub fn require(found: bool, reason: &str) -> bool {
+    if found {
+        return true;
+    }
+    assert!(!in_ci(), "{reason} (CI=true: required, not skipped)");
+    eprintln!("skipped: {reason}");
+    false
+}
+
 /// The default test model, SmolLM2-135M-Instruct Q4_1 GGUF.
 pub fn smollm2_gguf() -> PathBuf {
     fetched("fetch-test-model")

@@ -46,7 +46,7 @@ fn script(name: &str) -> PathBuf {
 /// Runs `gguf_dequant.py` with the test venv's python.
 fn python(args: &[&str]) {
     let py = script("python-env");
-    let helper = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/gguf_dequant.py");
+    let helper = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/suite/gguf_dequant.py");
     let out = Command::new(&py)
         .arg(&helper)
         .args(args)

@@ -1,4 +1,4 @@
-"""Reference side of crates/models/tests/gguf_dequant.rs, using the `gguf`
+"""Reference side of crates/models/tests/suite/gguf_dequant.rs, using the `gguf`
 PyPI package (llama.cpp's gguf-py). Run with the python of scripts/python-env.
 
   gguf_dequant.py file MODEL OUT_DIR MAX_ELEMENTS [EXTRA_TENSOR ...]

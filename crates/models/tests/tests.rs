@@ -1,0 +1,11 @@
+//! Integration tests of ingot-models on real GGUF files, in one test binary
+//! (one link instead of two): Gemma 3's metadata and weights, and the GGUF
+//! reader and dequantizer against the `gguf` Python package.
+
+// Helpers outside #[test] fns unwrap too: this is a test binary.
+#![allow(clippy::unwrap_used)]
+
+#[path = "suite/gemma3_config.rs"]
+mod gemma3_config;
+#[path = "suite/gguf_dequant.rs"]
+mod gguf_dequant;
