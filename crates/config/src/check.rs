@@ -1,7 +1,14 @@
 //! Range and cross-field rules the types cannot express.
+//!
+//! The rule of this crate: each section's types live in their own file,
+//! [`Config`] is made of them, and no section imports `Config`; every check
+//! that reads more than one value lives here, importing the types (never
+//! the other way round).
 
-use crate::config::{Config, Quantization, BLOCK_SIZE};
+use crate::config::Config;
 use crate::flags::valid_flag_name;
+use crate::sections::{Quantization, BLOCK_SIZE};
+use crate::slo::{ShedSection, SloSpec, SloTarget};
 
 /// A broken rule: the key it is about and the rule, in words.
 #[derive(Debug, PartialEq)]
@@ -40,8 +47,8 @@ pub(crate) fn check(config: &Config) -> Check {
     auth(config)?;
     redis(config)?;
     flags(config)?;
-    crate::slo::check_slos(config)?;
-    crate::slo::check_remediation(config)
+    check_slos(config)?;
+    check_remediation(config)
 }
 
 fn model(c: &Config) -> Check {
@@ -221,6 +228,140 @@ fn auth(c: &Config) -> Check {
     }
     if let Some(p) = c.auth.open_paths.iter().find(|p| !p.starts_with('/')) {
         return fail("auth.open_paths", format!("{p:?} must start with /"));
+    }
+    Ok(())
+}
+
+/// A tier name or `*`.
+fn valid_tier(tier: &str) -> bool {
+    tier == "*" || tier.parse::<ingot_core::Priority>().is_ok()
+}
+
+/// Every `[[slo]]` entry: known tier, a target of the metric's kind, a
+/// quantile in (0, 1], a window, a unique label.
+fn check_slos(c: &Config) -> Check {
+    let mut labels = std::collections::BTreeSet::new();
+    for (i, s) in c.slo.iter().enumerate() {
+        let key = |field: &str| format!("slo[{i}].{field}");
+        if s.model.trim().is_empty() {
+            return fail(key("model"), "must be a model name or \"*\"");
+        }
+        if !valid_tier(&s.tier) {
+            return fail(
+                key("tier"),
+                "must be critical, high, normal, low, background or \"*\"",
+            );
+        }
+        check_target(s, &key("target"))?;
+        if s.metric.is_latency() && !(s.quantile > 0.0 && s.quantile <= 1.0) {
+            return fail(key("quantile"), "must be in (0, 1]");
+        }
+        if s.window.get().is_zero() {
+            return fail(key("window"), "must be more than 0");
+        }
+        if s.min_samples == 0 {
+            return fail(key("min_samples"), "must be at least 1");
+        }
+        if s.name.as_deref().is_some_and(|n| n.trim().is_empty()) {
+            return fail(key("name"), "must not be empty");
+        }
+        // Two SLOs of one name would share (and fight over) one series.
+        if !labels.insert((s.label(), s.model.clone(), s.tier.clone())) {
+            return fail(
+                format!("slo[{i}]"),
+                format!(
+                    "the SLO '{}' is defined twice for this model and tier",
+                    s.label()
+                ),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn check_target(s: &SloSpec, key: &str) -> Check {
+    match (s.metric.is_latency(), s.target) {
+        (true, SloTarget::Duration(d)) if !d.get().is_zero() => Ok(()),
+        (true, _) => fail(
+            key,
+            format!(
+                "a {} target is a duration such as \"500ms\"",
+                s.metric.as_str()
+            ),
+        ),
+        (false, SloTarget::Ratio(r)) if (0.0..=1.0).contains(&r) => Ok(()),
+        (false, _) => fail(
+            key,
+            "an error_rate target is a ratio in [0, 1] such as 0.01",
+        ),
+    }
+}
+
+fn check_remediation(c: &Config) -> Check {
+    let r = &c.remediation;
+    if r.interval.get().is_zero() {
+        return fail("remediation.interval", "must be more than 0");
+    }
+    check_shed(&r.shed)?;
+    check_batching(c)
+}
+
+fn check_shed(s: &ShedSection) -> Check {
+    let mut seen = std::collections::BTreeSet::new();
+    for t in &s.tiers {
+        let p = t.parse::<ingot_core::Priority>().map_err(|e| Violation {
+            key: "remediation.shed.tiers".into(),
+            message: e,
+        })?;
+        if !seen.insert(p) {
+            return fail("remediation.shed.tiers", format!("'{t}' is listed twice"));
+        }
+    }
+    if seen.contains(&ingot_core::Priority::Critical) {
+        return fail(
+            "remediation.shed.tiers",
+            "critical traffic is never shed or delayed",
+        );
+    }
+    if !(s.exit_ratio > 0.0 && s.exit_ratio <= 1.0) {
+        return fail("remediation.shed.exit_ratio", "must be in (0, 1]");
+    }
+    Ok(())
+}
+
+fn check_batching(c: &Config) -> Check {
+    let b = &c.remediation.batching;
+    let key = |f: &str| format!("remediation.batching.{f}");
+    if b.target_itl.get().is_zero() {
+        return fail(key("target_itl"), "must be more than 0");
+    }
+    if !(b.quantile > 0.0 && b.quantile <= 1.0) {
+        return fail(key("quantile"), "must be in (0, 1]");
+    }
+    if !(0.0..1.0).contains(&b.band) {
+        return fail(key("band"), "must be in [0, 1)");
+    }
+    if b.window.get().is_zero() {
+        return fail(key("window"), "must be more than 0");
+    }
+    if b.min_samples == 0 {
+        return fail(key("min_samples"), "must be at least 1");
+    }
+    if b.min_tokens < c.engine.block_size {
+        return fail(
+            key("min_tokens"),
+            format!(
+                "must be at least engine.block_size ({})",
+                c.engine.block_size
+            ),
+        );
+    }
+    let max = b.max_tokens.unwrap_or(c.scheduler.max_num_batched_tokens);
+    if max < b.min_tokens {
+        return fail(
+            key("max_tokens"),
+            format!("must be at least min_tokens ({})", b.min_tokens),
+        );
     }
     Ok(())
 }

@@ -8,8 +8,6 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::config::Config;
-
 /// Buckets per flag: rollout percentages resolve to 1/100 of a percent.
 pub const BUCKETS: u32 = 10_000;
 
@@ -72,13 +70,6 @@ impl FlagSpec {
         (self.rollout_percent * 100.0)
             .round()
             .clamp(0.0, f64::from(BUCKETS)) as u64
-    }
-}
-
-impl Config {
-    /// Flag `name` for `unit`; false for a flag this config does not define.
-    pub fn flag(&self, name: &str, unit: &str) -> bool {
-        self.flags.get(name).is_some_and(|f| f.decide(name, unit))
     }
 }
 
@@ -186,14 +177,6 @@ mod tests {
         assert!(!f.decide("x", "carol"));
         f.enabled = false;
         assert!(!f.decide("x", "alice"));
-    }
-
-    #[test]
-    fn config_flag_is_false_for_unknown_flags() {
-        let c = Config::default();
-        assert!(c.flag("coalescing", "anyone"));
-        assert!(!c.flag("response_cache", "anyone"));
-        assert!(!c.flag("no_such_flag", "anyone"));
     }
 
     #[test]

@@ -12,6 +12,12 @@
 //! generated from the types, so it cannot drift from what the loader takes.
 //! Feature flags ([`FlagSpec`], [`bucket`]) decide with a specified hash that
 //! other languages reproduce (docs/config.md).
+//!
+//! Layout: each section's types in their own file (`sections.rs`,
+//! `models.rs`, `slo.rs`, `auth.rs`, `redis.rs`, `flags.rs`), [`Config`]
+//! made of them in `config.rs`, the rules across values in `check.rs`;
+//! sections never import `Config`, and checks import types, never the
+//! other way round.
 
 mod auth;
 mod check;
@@ -25,17 +31,13 @@ mod models;
 mod redis;
 mod reload;
 mod schema;
+mod sections;
 mod slo;
 mod tree;
 mod units;
 
 pub use auth::{check_keys, ApiKeyEntry, AuthSection, Tier};
-pub use config::{
-    CacheSection, Config, CpuWeights, CudaSection, Device, Dtype, EngineSection, KvCacheDtype,
-    LimitsSection, LoadFormat, LogFormat, LogSection, MetricsSection, ModelSection,
-    PriorityDeadlines, Quantization, SchedulerSection, ServerSection, StructuredSection,
-    TierTimeouts, TracingSection, BLOCK_SIZE,
-};
+pub use config::Config;
 pub use env::{env_name, FLAG_PREFIX, LEGACY, NOT_CONFIG};
 pub use error::{ConfigError, Source};
 pub use flags::{bucket, FlagSpec, BUCKETS};
@@ -44,6 +46,12 @@ pub use models::{ModelEntry, RegistrySection};
 pub use redis::RedisSection;
 pub use reload::{diff, live, Reload};
 pub use schema::schema;
+pub use sections::{
+    CacheSection, CpuWeights, CudaSection, Device, Dtype, EngineSection, KvCacheDtype,
+    LimitsSection, LoadFormat, LogFormat, LogSection, MetricsSection, ModelSection,
+    PriorityDeadlines, Quantization, SchedulerSection, ServerSection, StructuredSection,
+    TierTimeouts, TracingSection, BLOCK_SIZE,
+};
 pub use slo::{
     BatchingSection, RemediationMode, RemediationSection, ShedHow, ShedSection, SloMetric, SloSpec,
     SloTarget,

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Dtype, LoadFormat};
+use crate::sections::{Dtype, LoadFormat};
 use crate::units::{ByteSize, Duration};
 
 /// One servable model. Unset fields take `[model]`'s value.

@@ -1,0 +1,602 @@
+//! The sections of the server's and engine's configuration (`[model]`,
+//! `[engine]`, `[scheduler]`, `[server]`, `[cache]`, `[cuda]`,
+//! `[structured]`, `[log]`, `[metrics]`, `[tracing]`, `[limits]`) and
+//! their built-in defaults.
+//!
+//! Every struct denies unknown fields (a typo is an error, never a silently
+//! ignored setting) and defaults every field (a file names only what it
+//! changes). The doc comments here become the JSON schema's descriptions.
+
+use std::path::PathBuf;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::units::{ByteSize, Duration};
+
+/// How model weights are obtained.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadFormat {
+    /// Read the weights from the model files.
+    #[default]
+    Auto,
+    /// Random weights of the configured shapes (benchmarks only).
+    Dummy,
+}
+
+/// Where the model runs.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    /// CUDA when a driver and this build's kernels are present, else the CPU.
+    #[default]
+    Auto,
+    /// The CPU backend.
+    Cpu,
+    /// The CUDA backend; an error when it is unavailable.
+    Cuda,
+}
+
+/// Weight storage on the CPU.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    /// Exact f32 weights.
+    #[default]
+    F32,
+    /// bf16 weights: faster decode, logits differ by bf16 rounding.
+    Bf16,
+}
+
+/// How the CPU backend keeps the weights of a quantized GGUF.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CpuWeights {
+    /// In their GGUF blocks, multiplied natively with int8 activations
+    /// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; other tensors
+    /// follow `model.dtype`).
+    #[default]
+    Native,
+    /// Dequantized at load, stored per `model.dtype`: the exact reference.
+    F32,
+}
+
+/// Quantization at load of float weights (CPU: native kernels; CUDA: `fp8`).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Quantization {
+    /// Float weights stay as they are (per `model.dtype`).
+    #[default]
+    None,
+    /// Float weight matrices quantized to Q8_0 blocks at load.
+    Q8_0,
+    /// Float weight matrices quantized to Q4_0 blocks at load.
+    Q4_0,
+    /// Float weight matrices quantized to Q4_K blocks at load (rows 256
+    /// does not divide take Q8_0).
+    #[serde(rename = "q4_k")]
+    Q4K,
+    /// CUDA only: the decoder's weight matrices quantized to FP8 (e4m3)
+    /// at load, with one f32 scale per output channel.
+    Fp8,
+}
+
+/// Element type of the KV cache (CUDA; the CPU backend keeps f32).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum KvCacheDtype {
+    /// The model's compute dtype (bf16 on CUDA, f32 on the CPU).
+    #[default]
+    Auto,
+    /// bf16 (CUDA).
+    Bf16,
+    /// FP8 e4m3 with a per-tensor scale of 1.0 (CUDA): half the bytes per
+    /// token, so twice the tokens in the same memory; logits differ by the
+    /// 3-bit-mantissa rounding of K and V.
+    Fp8,
+}
+
+impl KvCacheDtype {
+    /// The value as written in config files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Bf16 => "bf16",
+            Self::Fp8 => "fp8",
+        }
+    }
+}
+
+/// Which model to load and how.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSection {
+    /// A GGUF file or a Hugging Face model directory (required to serve).
+    pub path: Option<PathBuf>,
+    /// The name clients pass as `model` (default: the file's stem).
+    pub served_model_name: Option<String>,
+    /// `auto` reads weights from the files; `dummy` makes random ones.
+    pub load_format: LoadFormat,
+    /// `auto`, `cpu` or `cuda`.
+    pub device: Device,
+    /// CPU weight storage: `f32` or `bf16`.
+    pub dtype: Dtype,
+    /// CPU handling of quantized GGUF tensors: `native` or `f32`.
+    pub cpu_weights: CpuWeights,
+    /// CPU: quantize float weight matrices at load (`none`, `q8_0`, `q4_0`
+    /// or `q4_k`); CUDA: `fp8` (e4m3 layer matrices, per-channel scales).
+    pub quantization: Quantization,
+    /// With `quantization = "fp8"`: comma-separated patterns of decoder
+    /// matrices kept in bf16 (`down_proj`, `layers.0`, `layers.29.mlp`, ...;
+    /// empty: none).
+    pub fp8_ignore: String,
+    /// With `quantization = "fp8"`: the LM head in e4m3 too (per-row
+    /// scales; a separate copy when tied to the embeddings). Off by
+    /// default: it changes answers.
+    pub fp8_lm_head: bool,
+    /// CPU worker threads (default: all cores).
+    #[schemars(range(min = 1))]
+    pub threads: Option<usize>,
+    /// Cap on the context length (default: the model's).
+    #[schemars(range(min = 1))]
+    pub max_model_len: Option<usize>,
+    /// Tokens of KV cache (default: 1 GiB worth on the CPU, the memory
+    /// budget on the GPU).
+    #[schemars(range(min = 1))]
+    pub kv_cache_tokens: Option<usize>,
+    /// KV cache element type: `auto` (the model's dtype), `bf16` or `fp8`
+    /// (CUDA only).
+    pub kv_cache_dtype: KvCacheDtype,
+    /// Share of GPU memory for weights, workspace and KV cache, in (0, 1].
+    #[schemars(range(max = 1), extend("exclusiveMinimum" = 0))]
+    pub gpu_memory_utilization: f64,
+    /// Run every GPU step eagerly instead of replaying CUDA graphs.
+    pub enforce_eager: bool,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        Self {
+            path: None,
+            served_model_name: None,
+            load_format: LoadFormat::Auto,
+            device: Device::Auto,
+            dtype: Dtype::F32,
+            cpu_weights: CpuWeights::Native,
+            quantization: Quantization::None,
+            fp8_ignore: String::new(),
+            fp8_lm_head: false,
+            threads: None,
+            max_model_len: None,
+            kv_cache_tokens: None,
+            kv_cache_dtype: KvCacheDtype::Auto,
+            gpu_memory_utilization: 0.9,
+            enforce_eager: false,
+        }
+    }
+}
+
+/// The KV block size: the only one the kernels and the block manager support.
+pub const BLOCK_SIZE: usize = 16;
+
+/// What `/metrics` exports.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSection {
+    /// Also export vLLM's series (`vllm:num_requests_waiting`, ...) with
+    /// vLLM's names, units and labels, so dashboards and autoscalers built
+    /// for vLLM read ingot unchanged.
+    pub vllm_names: bool,
+}
+
+impl Default for MetricsSection {
+    fn default() -> Self {
+        Self { vllm_names: true }
+    }
+}
+
+/// OpenTelemetry trace export (OTLP over HTTP/protobuf).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct TracingSection {
+    /// The OTLP/HTTP collector, e.g. `http://127.0.0.1:4318` (spans are
+    /// POSTed to `<endpoint>/v1/traces`). Unset: no export.
+    pub otlp_endpoint: Option<String>,
+    /// The share of new traces sampled (0 to 1); a request with an incoming
+    /// `traceparent` follows its parent's decision.
+    pub sample_ratio: f64,
+    /// The `service.name` resource attribute.
+    pub service_name: String,
+}
+
+impl Default for TracingSection {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: None,
+            sample_ratio: 1.0,
+            service_name: "ingot".to_string(),
+        }
+    }
+}
+
+/// Engine behaviour.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineSection {
+    /// Reuse KV blocks across requests with a common prefix.
+    pub prefix_caching: bool,
+    /// A client that reads nothing for this long is cut off.
+    pub stall_timeout: Duration,
+    /// Token slots per KV block (only 16 is supported).
+    #[schemars(range(min = 16, max = 16))]
+    pub block_size: usize,
+    /// Batch-invariant kernels: a greedy (or seeded) answer does not depend
+    /// on what else runs beside it. The CPU backend always is; on the GPU
+    /// this picks slower kernels, so it is off by default.
+    pub deterministic: bool,
+}
+
+impl Default for EngineSection {
+    fn default() -> Self {
+        Self {
+            prefix_caching: true,
+            stall_timeout: Duration::from_secs(30),
+            block_size: BLOCK_SIZE,
+            deterministic: false,
+        }
+    }
+}
+
+/// Batching limits and the priority policy.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SchedulerSection {
+    /// Most sequences running at once.
+    #[schemars(range(min = 1))]
+    pub max_num_seqs: usize,
+    /// Most tokens per engine step (prefill chunks + decodes); at least
+    /// `engine.block_size`.
+    #[schemars(range(min = 16))]
+    pub max_num_batched_tokens: usize,
+    /// Most tokens of a step in which no sequence decodes (only prompts,
+    /// as when a request arrives at an idle server): such a step delays
+    /// no running request's next token, so a prompt up to this long is
+    /// computed in one step instead of chunks of `max_num_batched_tokens`.
+    /// At or below `max_num_batched_tokens` (0: off) it changes nothing.
+    pub max_prefill_only_tokens: usize,
+    /// Waiting-queue bound; beyond it requests get 429 (low tiers first).
+    pub max_waiting: usize,
+    /// Waiting this long promotes a request by one tier.
+    pub aging: Duration,
+    /// First-token deadline per tier; a request past its deadline is
+    /// scheduled before others of its tier.
+    pub priority_deadlines: PriorityDeadlines,
+}
+
+impl SchedulerSection {
+    /// The prefill-only step budget in effect: `max_prefill_only_tokens`,
+    /// except that a `max_num_batched_tokens` lowered below its default
+    /// stays the cap of every step while this key keeps its default (a
+    /// smaller budget is asked for memory or latency; set this key to a
+    /// value other than 2048 to have both).
+    pub fn prefill_only_tokens(&self) -> usize {
+        let d = Self::default();
+        if self.max_num_batched_tokens < d.max_num_batched_tokens
+            && self.max_prefill_only_tokens == d.max_prefill_only_tokens
+        {
+            self.max_num_batched_tokens
+        } else {
+            self.max_prefill_only_tokens
+        }
+    }
+}
+
+impl Default for SchedulerSection {
+    fn default() -> Self {
+        Self {
+            max_num_seqs: 64,
+            max_num_batched_tokens: 512,
+            max_prefill_only_tokens: 2048,
+            max_waiting: 256,
+            aging: Duration::from_secs(10),
+            priority_deadlines: PriorityDeadlines::default(),
+        }
+    }
+}
+
+/// First-token deadlines per priority tier.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct PriorityDeadlines {
+    /// Tier `critical`.
+    pub critical: Duration,
+    /// Tier `high`.
+    pub high: Duration,
+    /// Tier `normal` (the default tier).
+    pub normal: Duration,
+    /// Tier `low`.
+    pub low: Duration,
+    /// Tier `background`.
+    pub background: Duration,
+}
+
+impl PriorityDeadlines {
+    /// The five deadlines, most urgent tier first (the scheduler's order).
+    pub fn as_array(&self) -> [std::time::Duration; 5] {
+        [
+            self.critical.get(),
+            self.high.get(),
+            self.normal.get(),
+            self.low.get(),
+            self.background.get(),
+        ]
+    }
+}
+
+impl Default for PriorityDeadlines {
+    fn default() -> Self {
+        Self {
+            critical: Duration::from_millis(250),
+            high: Duration::from_secs(1),
+            normal: Duration::from_secs(5),
+            low: Duration::from_secs(30),
+            background: Duration::from_secs(120),
+        }
+    }
+}
+
+/// The HTTP server.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSection {
+    /// Address to listen on.
+    pub host: String,
+    /// Port (0: any free port; the bound address is printed).
+    pub port: u16,
+    /// Largest request body.
+    pub max_body_bytes: ByteSize,
+    /// How long in-flight requests may finish after SIGTERM.
+    pub shutdown_timeout: Duration,
+    /// Longest a connection may take to send a request's headers, counted
+    /// from when it is ready for the next request: a client trickling
+    /// headers, or a keep-alive connection idle this long, is closed.
+    pub header_timeout: Duration,
+    /// Most open connections; one more is answered 503 and closed (0: no
+    /// cap).
+    pub max_connections: usize,
+    /// While a streaming client lags (its socket holds unacknowledged
+    /// bytes), what is pending goes out as one write at most this often.
+    pub stream_flush_interval: Duration,
+    /// Most bytes a stream may hold for a client that does not read; beyond
+    /// it the stream is cut off at once (before the stall timeout).
+    pub max_stream_pending_bytes: ByteSize,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".to_string(),
+            port: 8000,
+            max_body_bytes: ByteSize::mib(4),
+            shutdown_timeout: Duration::from_secs(30),
+            header_timeout: Duration::from_secs(30),
+            max_connections: 4096,
+            stream_flush_interval: Duration::from_millis(20),
+            max_stream_pending_bytes: ByteSize::mib(4),
+        }
+    }
+}
+
+/// Per-request limits. Every timeout is off by default (`0s`): a request
+/// runs until it ends, as before these existed.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsSection {
+    /// Cap on `max_tokens` (a request asking more gets 400; one asking none
+    /// gets at most this). Unset: the context is the cap.
+    #[schemars(range(min = 1))]
+    pub max_tokens: Option<usize>,
+    /// Longest a request may run, from arrival to its last token, per
+    /// priority tier (`0s`: no limit). Past it: 504 `request_timeout`, or an
+    /// error event on a stream; the generation is cancelled.
+    pub request_timeout: TierTimeouts,
+    /// Longest a request may wait for its first token, per tier (`0s`: no
+    /// limit). Past it: 504 `first_token_timeout`; the generation is
+    /// cancelled.
+    pub first_token_timeout: TierTimeouts,
+}
+
+/// A timeout per priority tier; `0s` is none.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct TierTimeouts {
+    /// Tier `critical`.
+    pub critical: Duration,
+    /// Tier `high`.
+    pub high: Duration,
+    /// Tier `normal` (the default tier).
+    pub normal: Duration,
+    /// Tier `low`.
+    pub low: Duration,
+    /// Tier `background`.
+    pub background: Duration,
+}
+
+impl TierTimeouts {
+    /// The timeout of tier `rank` (0 = critical … 4 = background); `None`
+    /// when it is off.
+    pub fn get(&self, rank: usize) -> Option<std::time::Duration> {
+        let d = match rank {
+            0 => self.critical,
+            1 => self.high,
+            2 => self.normal,
+            3 => self.low,
+            _ => self.background,
+        }
+        .get();
+        (!d.is_zero()).then_some(d)
+    }
+}
+
+/// The response cache (used when the `response_cache` flag is on).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheSection {
+    /// Most cached responses.
+    #[schemars(range(min = 1))]
+    pub max_entries: u64,
+    /// Most bytes of cached responses.
+    pub max_bytes: ByteSize,
+    /// How long a cached response stays valid (more than zero).
+    pub ttl: Duration,
+}
+
+impl Default for CacheSection {
+    fn default() -> Self {
+        Self {
+            max_entries: 10_000,
+            max_bytes: ByteSize::mib(256),
+            ttl: Duration::from_secs(600),
+        }
+    }
+}
+
+/// CUDA backend switches (ignored on the CPU).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct CudaSection {
+    /// Log a per-step GPU time breakdown.
+    pub profile: bool,
+    /// Synchronize after every kernel launch and name the one that faulted
+    /// (debugging only: slow).
+    pub check: bool,
+    /// `<MiB>[:<mode>]`: how much of o_proj's weights small-batch decode
+    /// attention prefetches into L2 (unset: a sixth of L2; 0 turns it off).
+    pub l2_prefetch: Option<String>,
+    /// Programmatic dependent launch on sm_90+ (each kernel may start while
+    /// the previous one drains).
+    pub pdl: bool,
+    /// Small models (hidden size up to 1,024) at batch 1-8: run each
+    /// layer's attention combine, o_proj, MLP and the next layer's q/k/v as
+    /// one kernel with grid-wide barriers instead of five (same bits, fewer
+    /// launches). Off: measured slower on the H100 (docs/perf/small-models.md).
+    pub fused_block: bool,
+    /// Decode steps with at least this many decode rows run the tensor-core
+    /// decode attention kernel (0: never; head sizes 64 and 128). Default
+    /// 64: on an H100 it was faster than the SIMT kernel at 64 and 256
+    /// sequences once large batches took one split (docs/perf/large-batch.md).
+    pub tc_decode_min_rows: usize,
+    /// With an FP8 KV cache, decode steps with at least this many decode
+    /// rows run the tensor-core decode attention (0: never; the smaller
+    /// non-zero of this and `tc_decode_min_rows` applies). Default 64, as
+    /// above.
+    pub tc_decode_fp8_min_rows: usize,
+}
+
+impl Default for CudaSection {
+    fn default() -> Self {
+        Self {
+            profile: false,
+            check: false,
+            l2_prefetch: None,
+            pdl: true,
+            fused_block: false,
+            tc_decode_min_rows: 64,
+            tc_decode_fp8_min_rows: 64,
+        }
+    }
+}
+
+/// Structured output (JSON schemas, regexes, grammars, tool calls).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct StructuredSection {
+    /// Once a constrained output's tokens left fall to a quarter of its
+    /// budget (or 16), or to about twice what finishing the document would
+    /// take (estimated in its last 96 tokens), allow only tokens that head
+    /// for the end of the document, so a looping model still finishes
+    /// valid output within `max_tokens`.
+    pub close_near_limit: bool,
+}
+
+impl Default for StructuredSection {
+    fn default() -> Self {
+        Self {
+            close_near_limit: true,
+        }
+    }
+}
+
+/// Logging.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSection {
+    /// A tracing `EnvFilter` directive, e.g. `info` or
+    /// `warn,ingot_server=debug`.
+    pub level: String,
+    /// Line format on stderr: `text` (human-readable) or `json` (one JSON
+    /// object per line). Chosen at start-up.
+    pub format: LogFormat,
+}
+
+impl Default for LogSection {
+    fn default() -> Self {
+        Self {
+            level: "warn".to_string(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+/// How log lines are written.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// tracing's human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line (fields, the span list with the request id).
+    Json,
+}
+
+impl LoadFormat {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Dummy => "dummy",
+        }
+    }
+}
+
+impl Device {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Cpu => "cpu",
+            Self::Cuda => "cuda",
+        }
+    }
+}
+
+impl CpuWeights {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Native => "native",
+            Self::F32 => "f32",
+        }
+    }
+}
+
+impl Dtype {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+        }
+    }
+}
