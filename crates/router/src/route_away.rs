@@ -265,50 +265,6 @@ mod tests {
         );
     }
 
-    #[test]
-    fn validation_names_the_key() {
-        let bad = |s: RouterSloSection| s.validate().expect_err("invalid").0;
-        let on = || RouterSloSection {
-            mode: Some(RouteAwayMode::On),
-            ttft_target: Some("1s".parse().expect("duration")),
-            ..RouterSloSection::default()
-        };
-        assert_eq!(
-            bad(RouterSloSection {
-                mode: Some(RouteAwayMode::On),
-                ..RouterSloSection::default()
-            }),
-            "slo.mode"
-        );
-        assert_eq!(
-            bad(RouterSloSection {
-                exit_ratio: Some(1.5),
-                ..on()
-            }),
-            "slo.exit_ratio"
-        );
-        assert_eq!(
-            bad(RouterSloSection {
-                hold: Some("20s".parse().expect("duration")),
-                hold_max: Some("10s".parse().expect("duration")),
-                ..on()
-            }),
-            "slo.hold_max"
-        );
-        let ok = on().validate().expect("valid");
-        assert_eq!(ok.ttft, Some(1.0));
-        assert!(!ok.canary_rollback, "off unless asked for");
-        let rollback = RouterSloSection {
-            canary_rollback: Some(true),
-            ..on()
-        };
-        assert!(rollback.validate().expect("valid").canary_rollback);
-        assert_eq!(
-            RouterSloSection::default().validate(),
-            Ok(RouteAwayConfig::default())
-        );
-    }
-
     fn breaker() -> crate::config::BreakerConfig {
         crate::config::BreakerConfig {
             failure_threshold: 3,

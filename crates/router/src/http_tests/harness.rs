@@ -116,6 +116,16 @@ impl FakeWorker {
         (worker, tx)
     }
 
+    /// A worker whose streams send their head and then nothing, open
+    /// until the client leaves (requests in flight that stay in flight).
+    pub fn open_streams(name: &str) -> Self {
+        Self::new(name, |_| async {
+            let silent = futures_util::stream::pending::<Result<Bytes, std::io::Error>>();
+            let sse = [(header::CONTENT_TYPE, "text/event-stream")];
+            (sse, Body::from_stream(silent)).into_response()
+        })
+    }
+
     /// POSTs it received.
     pub fn posts(&self) -> usize {
         self.posts.load(Ordering::SeqCst)
@@ -129,6 +139,11 @@ impl FakeWorker {
     /// From now on it accepts requests and never answers.
     pub fn hang(&self) {
         self.mode.store(HUNG, Ordering::SeqCst);
+    }
+
+    /// From now on it answers again.
+    pub fn come_back(&self) {
+        self.mode.store(UP, Ordering::SeqCst);
     }
 }
 

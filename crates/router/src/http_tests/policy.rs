@@ -74,3 +74,21 @@ async fn prefix_cache_keeps_each_tenant_on_one_worker() {
         "new prefixes spread over the workers: {by_tenant:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn latency_aware_spreads_concurrent_streams() {
+    let (a, b) = (
+        FakeWorker::open_streams("la-a"),
+        FakeWorker::open_streams("la-b"),
+    );
+    let r = with_policy("latency_aware", &[&a, &b], "").await;
+    let mut open = Vec::new();
+    for _ in 0..8 {
+        open.push(r.chat(true).await);
+    }
+    let per_worker = |url: &str| open.iter().filter(|resp| worker_of(resp) == url).count();
+    // Unmeasured workers count as zero wait; ties go to the fewest in flight.
+    assert_eq!((per_worker(&a.url), per_worker(&b.url)), (4, 4));
+    let selections = |w: &FakeWorker| metric(m::SELECTIONS, &[("worker", w.url.as_str())]);
+    assert_eq!(selections(&a) + selections(&b), 8.0);
+}

@@ -83,6 +83,9 @@ async fn a_hung_worker_is_given_up_at_the_first_byte_timeout_and_probed_down() {
         .expect("listed");
     crate::health::probe(&r.state, &w).await;
     assert!(!w.is_healthy(), "the probe times out on a hung worker");
+    hung.come_back();
+    crate::health::probe(&r.state, &w).await;
+    assert!(w.is_healthy(), "the next probe admits it again");
 }
 
 #[tokio::test(start_paused = true)]
