@@ -189,28 +189,15 @@ def main() -> None:
     ap.add_argument("--st-python", help="a Python with sentence-transformers: time it on the same sentences")
     a = ap.parse_args()
     MAX_TOKENS = a.max_tokens
-    os.environ["INGOT_BIN"] = a.bin
-    import ingot_e2e  # after INGOT_BIN is set
+    import ingot_e2e
 
-    minilm = subprocess.run([str(REPO / "scripts" / "fetch-minilm")], check=True, capture_output=True, text=True).stdout.strip()
+    minilm, why = ingot_e2e.minilm_model()
+    if minilm is None:
+        raise SystemExit(why)
     with tempfile.TemporaryDirectory() as d:
-        cfg = Path(d) / "ingot.toml"
-        cfg.write_text(f"""
-[[models]]
-id = "smol"
-path = "{ingot_e2e.model_path()}"
-preload = true
-
-[[models]]
-id = "minilm"
-path = "{minilm}"
-preload = true
-""")
-        server = ingot_e2e.Server("--config", str(cfg))
-        try:
+        cfg = ingot_e2e.models_config(Path(d) / "ingot.toml", {"smol": ingot_e2e.model_path(), "minilm": minilm})
+        with ingot_e2e.running("--config", str(cfg), binary=a.bin) as server:
             asyncio.run(run(server, a.rounds, not a.throughput_only))
-        finally:
-            server.stop_and_check()
     if a.st_python:
         sentence_transformers_throughput(a.st_python, minilm, 1024)
 

@@ -32,8 +32,8 @@ sys.path.insert(0, str(REPO / "tests" / "e2e"))
 
 import httpx2 as httpx  # noqa: E402
 
-from fleet_load import (FAILING_ARGS, QUEUEING_ARGS, SERVE_ARGS, SLOW_ARGS, FleetLoad,  # noqa: E402
-                        canary_toml, groups_toml, ok)
+from fleet_load import (AB_EXPERIMENT, FAILING_ARGS, QUEUEING_ARGS, SERVE_ARGS, SLOW_ARGS,  # noqa: E402
+                        FleetLoad, canary_toml, groups_toml, ok)
 from ingot_e2e import Router, Server, model_path  # noqa: E402
 
 
@@ -112,14 +112,7 @@ def run_canary(tmp: Path, canary_args, canary: str, until: set[str], **load) -> 
 
 def run_ab(tmp: Path) -> str:
     stable, slow = Server(*SERVE_ARGS), Server(*QUEUEING_ARGS)
-    cfg = groups(stable, slow) + """
-[[experiments]]
-id = "batching"
-split_percent = 50
-significance = 0.01
-min_samples = 10
-arms = [{name = "default", group = "stable"}, {name = "small_budget", group = "canary"}]
-"""
+    cfg = groups(stable, slow) + AB_EXPERIMENT
     try:
         router = Router(tmp, cfg, wait_workers=2)
         try:

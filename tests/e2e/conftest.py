@@ -11,7 +11,11 @@ import shutil
 
 import pytest
 
-from ingot_e2e import Server, default_model_name, model_path, require
+from ingot_e2e import Server, default_model_name, model_path, require, running
+
+
+def pytest_terminal_summary(terminalreporter):
+    terminalreporter.write_line(f"ingot processes started (serve, route): {Server.starts}")
 
 
 def pytest_runtest_setup(item):
@@ -30,11 +34,8 @@ def model_name() -> str:
 @pytest.fixture(scope="session")
 def server():
     model_path()  # fetch outside the server's startup deadline
-    srv = Server()
-    try:
+    with running() as srv:
         yield srv
-    finally:
-        srv.stop_and_check()
 
 
 @pytest.fixture(scope="session")

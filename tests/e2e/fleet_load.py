@@ -48,6 +48,18 @@ quantile = {quantile}
 """
 
 
+# An A/B experiment over the two groups: the default arm on "stable", the
+# small-budget (queueing) arm on "canary".
+AB_EXPERIMENT = """
+[[experiments]]
+id = "batching"
+split_percent = 50
+significance = 0.01
+min_samples = 10
+arms = [{name = "default", group = "stable"}, {name = "small_budget", group = "canary"}]
+"""
+
+
 def canary_toml(steps: str, step: str, window: str = "40s", min_samples: int = 6,
                 max_ratio: float = 1.5, quantile: float = 0.95, significance: float = 0.01) -> str:
     """The `[[canary]]` "smol" from group "stable" to group "canary"."""

@@ -1,6 +1,10 @@
 """Helpers for the `ingot serve` end-to-end suite: the server process, a tiny
 Prometheus text parser, SSE parsing and OpenAI error-shape assertions.
 
+Shared with scripts/ and tests/gpu/ (put tests/e2e on sys.path): importing
+it needs only the standard library (httpx2, openai and pytest are imported
+where they are used).
+
 Environment:
   INGOT_BIN         the binary (default: target/debug/ingot)
   INGOT_TEST_MODEL  the model (default: the path printed by scripts/fetch-test-model)
@@ -11,18 +15,22 @@ Environment:
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import json
 import math
 import os
 import re
 import signal
+import struct
 import subprocess
+import sys
+import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
-
-import httpx2 as httpx
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("INGOT_BIN") or REPO / "target" / "debug" / "ingot")
@@ -85,7 +93,7 @@ def model_path() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def minilm() -> tuple[str | None, str]:
+def minilm_model() -> tuple[str | None, str]:
     """all-MiniLM-L6-v2 (INGOT_TEST_EMBEDDING_MODEL, else scripts/fetch-minilm):
     (its directory, "") or (None, why not)."""
     env = os.environ.get("INGOT_TEST_EMBEDDING_MODEL")
@@ -95,6 +103,16 @@ def minilm() -> tuple[str | None, str]:
     if out.returncode != 0:
         return None, f"scripts/fetch-minilm failed: {out.stderr.strip()[-300:]}"
     return out.stdout.strip(), ""
+
+
+def get(url: str, timeout: float = 10.0) -> tuple[int, str]:
+    """GET with the standard library: (status, body); raises OSError when
+    nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode("utf-8", "replace")
 
 
 def default_model_name() -> str:
@@ -107,15 +125,25 @@ class Server:
 
     # The line that gives the address; a subclass may anchor it.
     listening = _LISTENING
+    # Processes started (all classes), for conftest's summary line: each
+    # start-up costs the suite seconds on two cores.
+    starts = 0
 
-    def __init__(self, *extra_args: str, wait_ready: bool = True, env: dict[str, str] | None = None):
-        if not BIN.exists():
-            raise AssertionError(f"ingot binary not found at {BIN} (set INGOT_BIN or run cargo build -p ingot)")
+    def __init__(self, *extra_args: str, wait_ready: bool = True, env: dict[str, str] | None = None,
+                 binary: str | Path | None = None, ready_poll: float = 0.02):
+        """`binary` overrides INGOT_BIN; `ready_poll` is the /ready polling
+        interval (`ready_s` is the time from spawn to the first 200)."""
+        self.bin = Path(binary or BIN)
+        self.ready_poll = ready_poll
+        if not self.bin.exists():
+            raise AssertionError(f"ingot binary not found at {self.bin} (set INGOT_BIN or run cargo build -p ingot)")
+        self.started = time.monotonic()
         self.args = self.command(*extra_args)
         self.log: collections.deque[str] = collections.deque(maxlen=400)
         self._listening = threading.Event()
         self.url: str | None = None
         self.returncode: int | None = None
+        Server.starts += 1
         self.proc = subprocess.Popen(
             self.args,
             stdin=subprocess.DEVNULL,
@@ -140,7 +168,7 @@ class Server:
 
     def command(self, *extra_args: str) -> list[str]:
         return [
-            str(BIN),
+            str(self.bin),
             "serve",
             "--model",
             model_path(),
@@ -182,20 +210,20 @@ class Server:
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + READY_DEADLINE
-        with httpx.Client(base_url=self.url, timeout=5.0) as c:
-            while True:
-                if self.proc.poll() is not None:
-                    raise AssertionError(f"ingot serve exited with {self.proc.returncode} before ready\n{self.log_tail()}")
-                try:
-                    r = c.get("/ready")
-                    assert r.status_code in (200, 503), f"/ready returned {r.status_code}: {r.text!r}"
-                    if r.status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"/ready not 200 within {READY_DEADLINE}s\n{self.log_tail()}")
-                time.sleep(0.05)
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"ingot serve exited with {self.proc.returncode} before ready\n{self.log_tail()}")
+            try:
+                status, body = get(self.url + "/ready", timeout=5.0)
+                assert status in (200, 503), f"/ready returned {status}: {body!r}"
+                if status == 200:
+                    self.ready_s = time.monotonic() - self.started
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"/ready not 200 within {READY_DEADLINE}s\n{self.log_tail()}")
+            time.sleep(self.ready_poll)
 
     @property
     def port(self) -> int:
@@ -258,13 +286,49 @@ class Server:
             **kw,
         )
 
-    def http(self, **kw) -> httpx.Client:
+    def http(self, **kw):
+        """An httpx2 client on this server."""
+        import httpx2 as httpx
+
         return httpx.Client(base_url=self.url, timeout=kw.pop("timeout", HTTP_TIMEOUT), **kw)
 
     def metrics(self) -> "Metrics":
-        r = httpx.get(self.url + "/metrics", timeout=10.0)
-        assert r.status_code == 200, f"/metrics returned {r.status_code}: {r.text[:500]!r}"
-        return Metrics(r.text)
+        status, text = get(self.url + "/metrics")
+        assert status == 200, f"/metrics returned {status}: {text[:500]!r}"
+        return Metrics(text)
+
+
+class Ingot(Server):
+    """Any `ingot` subcommand that listens, given its whole argument list
+    (`Ingot("route", "--port", "0", "--worker", url)`)."""
+
+    listening = re.compile(r"^listening on (http://127\.0\.0\.1:(\d+))")
+
+    def __init__(self, *argv: str, **kw):
+        self._argv = list(argv)
+        super().__init__(**kw)
+
+    def command(self, *extra_args: str) -> list[str]:
+        return [str(self.bin), *self._argv]
+
+
+@contextlib.contextmanager
+def running(*extra_args: str, **kw):
+    """A `Server` for a `with` block (a module fixture's body): stopped with
+    SIGTERM at the end, and it must exit 0."""
+    srv = Server(*extra_args, **kw)
+    try:
+        yield srv
+    finally:
+        srv.stop_and_check()
+
+
+def models_config(path: Path, models: dict[str, str]) -> Path:
+    """Writes an ingot.toml at `path` serving `models` (id -> model path),
+    each preloaded; returns `path`."""
+    path = Path(path)
+    path.write_text("".join(f'\n[[models]]\nid = "{i}"\npath = "{p}"\npreload = true\n' for i, p in models.items()))
+    return path
 
 
 class Router(Server):
@@ -276,21 +340,19 @@ class Router(Server):
     listening = re.compile(r"^listening on (http://127\.0\.0\.1:(\d+))")
 
     def __init__(self, tmp_dir: Path, config: str = "", *extra_args: str, serve_args: tuple[str, ...] = (),
-                 wait_workers: int | None = None):
+                 wait_workers: int | None = None, binary: str | Path | None = None):
         cfg = Path(tmp_dir) / "router.toml"
         cfg.write_text(config)
         self._router_args = ["--config", str(cfg), *extra_args, "--", "--model", model_path(), *serve_args]
-        super().__init__(wait_ready=True)
+        super().__init__(wait_ready=True, binary=binary)
         if wait_workers:
             self.wait_workers(wait_workers)
 
     def command(self, *extra_args: str) -> list[str]:
-        return [str(BIN), "route", "--host", "127.0.0.1", "--port", "0", *self._router_args]
+        return [str(self.bin), "route", "--host", "127.0.0.1", "--port", "0", *self._router_args]
 
     def workers(self) -> list[dict]:
-        r = httpx.get(self.url + "/admin/workers", timeout=10.0)
-        assert r.status_code == 200, r.text
-        return r.json()["workers"]
+        return workers(self.url)
 
     def wait_workers(self, n: int, timeout: float = READY_DEADLINE) -> list[dict]:
         """Waits until `n` workers are healthy with closed breakers."""
@@ -302,6 +364,13 @@ class Router(Server):
             return wait_for(ok, timeout, interval=0.1, what=f"{n} healthy workers")
         except AssertionError as e:
             raise AssertionError(f"{e}\n{self.log_tail(120)}")
+
+
+def workers(router_url: str) -> list[dict]:
+    """A router's /admin/workers list."""
+    status, body = get(router_url + "/admin/workers")
+    assert status == 200, body
+    return json.loads(body)["workers"]
 
 
 # -- Prometheus text format ----------------------------------------------
@@ -364,7 +433,7 @@ class Metrics:
 # -- SSE -----------------------------------------------------------------
 
 
-def iter_sse_data(response: httpx.Response):
+def iter_sse_data(response):
     """Yields the payload of each `data: ...` line of a streaming response
     (SSE comments, i.e. lines starting with ':', are skipped). Fails on any
     other non-empty line."""
@@ -390,7 +459,7 @@ _MISSING = object()
 
 
 def assert_error(
-    resp: httpx.Response,
+    resp,
     status: int,
     type_: str | None = None,
     param=_MISSING,
@@ -466,3 +535,63 @@ class PeakGauge:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
+
+
+# -- the CLI on the CPU (scripts/compare-*) -------------------------------
+
+# The five prompts the CPU comparison scripts share.
+COMPARE_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Water boils at a temperature of",
+    "List three primary colors:",
+    "Once upon a time, in a small village,",
+]
+
+
+def read_f32(path: str | Path) -> tuple[float, ...]:
+    """A little-endian f32 file (what `ingot logits --out` writes)."""
+    b = Path(path).read_bytes()
+    return struct.unpack(f"<{len(b) // 4}f", b)
+
+
+def rel_l2(a, ref) -> float:
+    """||a - ref|| / ||ref||."""
+    return math.sqrt(sum((x - y) ** 2 for x, y in zip(a, ref))) / math.sqrt(sum(y * y for y in ref))
+
+
+def max_abs_diff(a, b) -> float:
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+def same_prefix(a, b) -> int:
+    """How many leading tokens two id lists share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+class Cli:
+    """`ingot` subcommands on one model on the CPU with 2 threads; a failed
+    command ends the script with its stderr."""
+
+    def __init__(self, binary: str | Path, model: str):
+        self.bin, self.model = str(binary), model
+        self.tmp = tempfile.mkdtemp()
+
+    def run(self, *args: str) -> subprocess.CompletedProcess:
+        r = subprocess.run([self.bin, *args, "--model", self.model, "--device", "cpu", "--threads", "2"],
+                           capture_output=True, text=True)
+        if r.returncode:
+            sys.exit(r.stderr)
+        return r
+
+    def greedy(self, prompt: str, *flags: str, max_tokens: int = 32) -> dict:
+        """`ingot generate --print-ids`: {"prompt_ids": [...], "output_ids": [...]}."""
+        r = self.run("generate", *flags, "--prompt", prompt, "--max-tokens", str(max_tokens),
+                     "--ignore-eos", "--print-ids")
+        return json.loads(r.stderr.strip().splitlines()[-1])
+
+    def logits(self, ids, *flags: str) -> tuple[float, ...]:
+        """First-step logits of the prompt `ids` (`ingot logits`)."""
+        out = os.path.join(self.tmp, "logits.f32")
+        self.run("logits", *flags, "--prompt-ids", ",".join(map(str, ids)), "--out", out)
+        return read_f32(out)

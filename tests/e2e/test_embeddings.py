@@ -16,13 +16,12 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy: see bert_reference.py
 import sys
-from pathlib import Path
 
 import numpy as np
 import openai
 import pytest
 
-from ingot_e2e import REPO, Server, assert_error, minilm, model_path, require
+from ingot_e2e import REPO, assert_error, minilm_model, model_path, models_config, require, running
 
 sys.path.insert(0, str(REPO / "tests" / "reference"))
 from bert_reference import BertReference, varied_sentences  # noqa: E402
@@ -34,7 +33,7 @@ COSINE = 0.9999
 
 
 def minilm_dir() -> str:
-    path, why = minilm()
+    path, why = minilm_model()
     require(path, f"all-MiniLM-L6-v2 is not available: {why}")
     return path
 
@@ -51,23 +50,9 @@ def reference(minilm) -> BertReference:
 
 @pytest.fixture(scope="module")
 def srv(minilm, tmp_path_factory):
-    cfg = tmp_path_factory.mktemp("embeddings") / "ingot.toml"
-    cfg.write_text(f"""
-[[models]]
-id = "{CHAT}"
-path = "{model_path()}"
-preload = true
-
-[[models]]
-id = "{EMBED}"
-path = "{minilm}"
-preload = true
-""")
-    s = Server("--config", str(cfg))
-    try:
+    cfg = models_config(tmp_path_factory.mktemp("embeddings") / "ingot.toml", {CHAT: model_path(), EMBED: minilm})
+    with running("--config", str(cfg)) as s:
         yield s
-    finally:
-        s.stop_and_check()
 
 
 @pytest.fixture(scope="module")
