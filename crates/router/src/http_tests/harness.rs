@@ -224,9 +224,13 @@ pub async fn start(config: &str, workers: &[&FakeWorker]) -> TestRouter {
 }
 
 impl TestRouter {
-    /// Sends `req` to the router.
+    /// Sends `req` to the router; fails the test when no response head
+    /// comes within a minute (of paused time: only a hang trips it).
     pub async fn call(&self, req: Request<Body>) -> Response {
-        let resp = self.app.clone().oneshot(req).await;
+        let resp = tokio::time::timeout(Duration::from_secs(60), self.app.clone().oneshot(req));
+        let resp = resp
+            .await
+            .expect("a response head (is the router buffering?)");
         resp.unwrap_or_else(|never| match never {})
     }
 
