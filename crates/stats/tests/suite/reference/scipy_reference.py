@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Writes welch_scipy.json: scipy's Welch t-test, means, variances and
-linear quantiles on fixed data, the reference `tests/scipy.rs` checks
+linear quantiles on fixed data, the reference `tests/suite/scipy.rs` checks
 ingot-stats against (to 1e-9).
 
 Run once when the cases change (the e2e Python env has scipy pinned in
 scripts/requirements-test.txt):
 
-    $(scripts/python-env) crates/stats/tests/reference/scipy_reference.py
+    $(scripts/python-env) crates/stats/tests/suite/reference/scipy_reference.py
 """
 
 import json

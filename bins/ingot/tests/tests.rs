@@ -1,0 +1,14 @@
+//! End-to-end tests of the `ingot` binary on the real test model, in one
+//! test binary (one link instead of three): the CLI, `ingot bench serve`
+//! against a real `ingot serve`, and `ingot bench compare | sweep | stress |
+//! soak`.
+
+// Helpers outside #[test] fns unwrap too: this is a test binary.
+#![allow(clippy::unwrap_used)]
+
+#[path = "suite/bench_serve.rs"]
+mod bench_serve;
+#[path = "suite/bench_tools.rs"]
+mod bench_tools;
+#[path = "suite/cli.rs"]
+mod cli;
