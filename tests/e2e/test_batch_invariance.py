@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from ingot_e2e import PeakGauge
+import pytest
+
+from ingot_e2e import PeakGauge, running
 
 PROMPTS = [
     "The capital of France is",
@@ -30,10 +32,17 @@ CHAT = [
 ]
 
 
-def test_batch_invariance(server_factory, model_name):
+@pytest.fixture(scope="module")
+def no_prefix_caching():
+    """`--no-prefix-caching`, shared by the tests that need only that."""
+    with running("--no-prefix-caching") as srv:
+        yield srv
+
+
+def test_batch_invariance(no_prefix_caching, model_name):
     # No prefix caching: the second pass recomputes every prompt, so the only
     # difference between the passes is the batch composition.
-    srv = server_factory("--no-prefix-caching")
+    srv = no_prefix_caching
     sync = srv.openai()
 
     def run_one(i):
@@ -113,7 +122,7 @@ def test_preemption_invariance(server_factory, model_name):
     )
 
 
-def test_chunked_prefill_invariance(server_factory, model_name):
+def test_chunked_prefill_invariance(no_prefix_caching, server_factory, model_name):
     """A 200-token prompt prefilled in one step (default budget 512) and in
     chunks of at most 32 tokens (--max-num-batched-tokens 32) gives the same
     greedy continuation."""
@@ -122,7 +131,7 @@ def test_chunked_prefill_invariance(server_factory, model_name):
     prompt += " Summary:"
     texts = []
     for args in ((), ("--max-num-batched-tokens", "32")):
-        srv = server_factory("--no-prefix-caching", *args)
+        srv = server_factory("--no-prefix-caching", *args) if args else no_prefix_caching
         with srv.http() as http:
             n = http.post("/tokenize", json={"prompt": prompt}).json()["count"]
             assert n > 160, n
@@ -139,5 +148,6 @@ def test_chunked_prefill_invariance(server_factory, model_name):
                          if name == "ingot_iteration_tokens_bucket" and float(lab["le"]) == le)
             assert within == count, f"{count - within:.0f} steps had more than {le:g} tokens with --max-num-batched-tokens 32"
             assert count >= n / 32, f"{count:.0f} steps for a {n}-token prompt with a 32-token budget"
-        srv.stop_and_check()
+        if args:
+            srv.stop_and_check()
     assert texts[0] == texts[1], texts

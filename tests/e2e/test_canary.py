@@ -24,22 +24,50 @@ import time
 import httpx2 as httpx
 import pytest
 
-from fleet_load import (FAILING_ARGS, QUEUEING_ARGS, SERVE_ARGS, SLOW_ARGS, FleetLoad, arms_by_user,
-                        canary_toml, groups_toml, ok)
-from ingot_e2e import Router, model_path, wait_for
+from fleet_load import (AB_EXPERIMENT, FAILING_ARGS, QUEUEING_ARGS, SERVE_ARGS, SLOW_ARGS, FleetLoad,
+                        arms_by_user, canary_toml, groups_toml, ok)
+from ingot_e2e import Router, Server, model_path, wait_for
+
+
+@pytest.fixture(scope="module")
+def workers():
+    """`workers(stable_args, canary_args)`: a stable and a canary worker,
+    shared by the module's tests by their flags (each test has its own
+    router, whose canary state and counters are what the tests read; the
+    loads' prompts are unique). Two workers with the same flags are two
+    processes."""
+    pool: dict[tuple[str, ...], list[Server]] = {}
+
+    def get(args: tuple[str, ...], index: int) -> Server:
+        started = pool.setdefault(tuple(args), [])
+        while len(started) <= index:
+            started.append(Server(*args))
+        return started[index]
+
+    def pair(stable_args, canary_args) -> tuple[Server, Server]:
+        model_path()
+        stable = get(stable_args, 0)
+        return stable, get(canary_args, 1 if tuple(canary_args) == tuple(stable_args) else 0)
+
+    yield pair
+    failures = []
+    for srv in (s for started in pool.values() for s in started):
+        try:
+            srv.stop_and_check()
+        except AssertionError as e:
+            failures.append(str(e))
+    assert not failures, "\n\n".join(failures)
 
 
 @pytest.fixture
-def fleet(tmp_path, server_factory):
+def fleet(tmp_path, workers):
     """`fleet(stable_args, canary_args, extra_config)`: a stable and a
     canary worker and a router grouping them (`extra_config` may be a
     function of the two workers' URLs)."""
     started: list[Router] = []
 
     def start(stable_args, canary_args, extra) -> Router:
-        model_path()
-        stable = server_factory(*stable_args)
-        canary = server_factory(*canary_args)
+        stable, canary = workers(stable_args, canary_args)
         if callable(extra):
             extra = extra(stable.url, canary.url)
         r = Router(tmp_path, groups_toml(stable.url, canary.url) + extra, wait_workers=2)
@@ -217,7 +245,7 @@ def calibrate_ttft_target(tmp_path, stable_url: str, canary_url: str, window_s: 
     return {"stable": stable, "canary": canary, "target": math.sqrt(stable * canary)}
 
 
-def test_an_slo_breach_of_the_canary_group_rolls_it_back(tmp_path, server_factory):
+def test_an_slo_breach_of_the_canary_group_rolls_it_back(tmp_path, workers):
     """Section 4's "roll back a canary": the controller's own comparison is
     switched off (ratios of 1000), so only `[slo] canary_rollback` can act.
     The TTFT target is calibrated first, through the router under the same
@@ -226,8 +254,7 @@ def test_an_slo_breach_of_the_canary_group_rolls_it_back(tmp_path, server_factor
     rolled back with reason `slo` within one window, no request fails, each
     unit keeps its arm until the rollback and goes to stable after."""
     window_s = 30
-    model_path()
-    stable, canary = server_factory(*SERVE_ARGS), server_factory(*SLOW_ARGS)
+    stable, canary = workers(SERVE_ARGS, SLOW_ARGS)
     targets = calibrate_ttft_target(tmp_path, stable.url, canary.url, window_s)
     print(f"calibrated TTFT means (s): {targets}")
 
@@ -245,7 +272,10 @@ def test_an_slo_breach_of_the_canary_group_rolls_it_back(tmp_path, server_factor
         try:
             wait_for(lambda: canary_status(r)["events"][-1]["kind"] == "slo_dry_run", window_s, interval=0.25,
                      what="a dry-run report")
-            time.sleep(1)
+            # The load goes on after the report (a dry run acts on nothing).
+            noted_at = time.monotonic()
+            wait_for(lambda: sum(x["start"] > noted_at for x in list(load.results)) >= 3, 60, interval=0.1,
+                     what="3 requests started after the dry-run report")
         finally:
             results = load.stop()
         final = canary_status(r)
@@ -286,7 +316,8 @@ def test_a_healthy_canary_is_promoted_through_every_step(fleet):
         s = wait_for(lambda: (st := canary_status(r))["phase"] in ("promoted", "rolled_back") and st,
                      90, interval=0.25, what="the canary finishing")
         promoted_at = time.monotonic()
-        time.sleep(2)
+        wait_for(lambda: sum(x["start"] > promoted_at + 0.5 for x in list(load.results)) >= 3, 60, interval=0.1,
+                 what="3 requests started after the promotion")
     finally:
         results = load.stop()
     assert s["phase"] == "promoted", s["events"]
@@ -310,15 +341,7 @@ def test_a_healthy_canary_is_promoted_through_every_step(fleet):
 
 
 def test_ab_experiment_reports_welch_and_keeps_units_on_their_arm(fleet):
-    cfg = """
-[[experiments]]
-id = "batching"
-split_percent = 50
-significance = 0.01
-min_samples = 10
-arms = [{name = "default", group = "stable"}, {name = "small_budget", group = "canary"}]
-"""
-    r = fleet(SERVE_ARGS, QUEUEING_ARGS, cfg)
+    r = fleet(SERVE_ARGS, QUEUEING_ARGS, AB_EXPERIMENT)
     load = FleetLoad(r.url, concurrency=4, users_per_loop=6, n_tokens=4)
     try:
         wait_for(lambda: len(load.results) >= 60, 120, interval=0.25, what="60 requests")

@@ -125,7 +125,7 @@ def test_a_slow_reader_still_gets_everything(srv):
             if not chunk:
                 break
             data += chunk
-            time.sleep(0.05)
+            time.sleep(0.05)  # kept: the slow reader's pause (the test)
     finally:
         s.close()
     assert b"data: [DONE]" in data, data[-300:]
@@ -275,6 +275,7 @@ def test_a_full_queue_says_when_to_retry(server_factory, model_name):
         assert r.json()["error"]["code"] == "server_overloaded"
         wait = int(r.headers["retry-after"])
         assert 1 <= wait <= 60, wait
+    # Kept: honouring Retry-After (1..60 s, checked above) is what is tested.
     time.sleep(int(refused[0].headers["retry-after"]))
     r = httpx.post(f"{srv.url}/v1/completions", json=body, timeout=60)
     assert r.status_code == 200, r.text

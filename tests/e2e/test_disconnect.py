@@ -9,8 +9,8 @@ import time
 from ingot_e2e import iter_sse_data
 
 
-def test_client_disconnect_frees_everything(server_factory, model_name):
-    srv = server_factory()
+def test_client_disconnect_frees_everything(server, model_name):
+    srv = server
     body_for = lambda i: {  # noqa: E731
         "model": model_name,
         "messages": [{"role": "user", "content": f"Tell me a long story about dragon number {i}."}],
@@ -71,12 +71,12 @@ def _wait_idle(srv, since: float, what: str, limit: float = 1.0) -> None:
         time.sleep(0.02)
 
 
-def test_non_streaming_client_timeout_aborts(server_factory, model_name):
+def test_non_streaming_client_timeout_aborts(server, model_name):
     """A client that gives up on a non-streaming request (timeout, closed
     socket) must not leave the generation running."""
     import httpx2 as httpx
 
-    srv = server_factory()
+    srv = server
     body = {"model": model_name, "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "ignore_eos": True}
     try:
         httpx.post(srv.url + "/v1/completions", json=body, timeout=0.7)

@@ -255,7 +255,8 @@ def test_redis_outage_loses_no_request_and_sharing_resumes(fleet):
     for t in threads:
         t.start()
     try:
-        time.sleep(1.5)
+        # The load is running (and sharing through Redis) before the outage.
+        wait_for(lambda: done >= 4, 60, interval=0.05, what="4 requests served before the outage")
         redis.stop()
         wait_for(
             lambda: metric(a, "ingot_redis_up") == 0 and metric(b, "ingot_redis_up") == 0,
@@ -268,8 +269,9 @@ def test_redis_outage_loses_no_request_and_sharing_resumes(fleet):
             line for line in httpx.get(a.url + "/metrics").text.splitlines() if "redis" in line
         ]
         during = done
-        time.sleep(2.0)
-        assert done > during, "requests kept being served while Redis was down"
+        # Bounded: requests that waited out Redis timeouts one by one would not make it.
+        wait_for(lambda: done >= during + 4, 15, interval=0.05,
+                 what="requests kept being served while Redis was down")
         redis.start()
         wait_for(
             lambda: metric(a, "ingot_redis_up") == 1 and metric(b, "ingot_redis_up") == 1,
@@ -277,7 +279,8 @@ def test_redis_outage_loses_no_request_and_sharing_resumes(fleet):
             interval=0.1,
             what="ingot_redis_up back to 1",
         )
-        time.sleep(1.0)
+        after = done
+        wait_for(lambda: done >= after + 4, 60, interval=0.05, what="requests served after Redis came back")
     finally:
         stop.set()
         for t in threads:

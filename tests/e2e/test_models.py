@@ -444,10 +444,41 @@ def test_a_model_in_demand_is_prefetched_into_the_page_cache_after_eviction(tmp_
             assert before < size // 2, before
             wait_for(lambda: resident_bytes(copy) > size * 0.9, 10,
                      what=f"p1's file ({size} B, {before} B cached after the drop) read into the page cache")
-        # once per window
+        # Once per window: nothing to poll for (the check is that no second
+        # prefetch comes), so a kept sleep over two of the registry's 1 s looks.
         time.sleep(2.5)
         assert prefetches() == 1
         assert s.metrics().get("ingot_model_prefetches_total", 0.0, model="p2") == 0
         assert complete(s, "p1", max_tokens=1).status_code == 200
     finally:
         s.stop_and_check()
+
+
+def test_a_cache_hit_for_a_sleeping_model_neither_loads_nor_wakes_it(server_factory, tmp_path):
+    """The response cache answers before the registry is visited: a cached
+    answer for a model asleep in host memory comes back without waking it."""
+    import os
+    size = os.path.getsize(model_path())
+    cfg = tmp_path / "ingot.toml"
+    cfg.write_text(WARM_CONFIG.format(device=int(size * 1.4) + (128 << 20), host=int(size * 1.2),
+                                      path=model_path()))
+    srv = server_factory("--config", str(cfg), env={"INGOT_FLAG_RESPONSE_CACHE": "on"})
+    loads = lambda src: srv.metrics().get("ingot_model_loads_total", 0.0, model="left", result="ok", source=src)
+    body = {"model": "left", "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
+    with srv.http(timeout=120) as http:
+        first = http.post("/v1/completions", json=body)
+        assert first.status_code == 200, first.text
+        assert first.headers["x-ingot-cache"] == "miss"
+        # Loading "right" evicts "left", which goes to sleep in host memory.
+        r = http.post("/v1/completions", json={**body, "model": "right"})
+        assert r.status_code == 200, r.text
+        left = {m["id"]: m for m in admin(srv)["data"]}["left"]
+        assert left["state"] == "unloaded" and left["host_bytes"] > 0, left
+        before = (loads("file"), loads("warm"))
+        again = http.post("/v1/completions", json=body)
+        assert again.status_code == 200, again.text
+        assert again.headers["x-ingot-cache"] == "hit"
+        assert again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
+    assert (loads("file"), loads("warm")) == before
+    left = {m["id"]: m for m in admin(srv)["data"]}["left"]
+    assert left["state"] == "unloaded" and left["host_bytes"] > 0, left

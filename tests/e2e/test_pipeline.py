@@ -11,11 +11,20 @@ import threading
 import time
 
 import httpx2 as httpx
+import pytest
 
-from ingot_e2e import iter_sse_data, wait_for
+from ingot_e2e import iter_sse_data, running, wait_for
 
 ENGINE = "ingot_engine_requests_total"
 CACHE_ON = {"INGOT_FLAG_RESPONSE_CACHE": "on"}
+
+
+@pytest.fixture(scope="module")
+def cached():
+    """One server with the response cache on for the cache tests (each
+    uses its own prompts; counts are compared before and after)."""
+    with running(env=CACHE_ON) as srv:
+        yield srv
 
 
 def engine_requests(srv) -> float:
@@ -48,8 +57,8 @@ def chat_body(model, content, max_tokens=96, stream=True, **extra):
     return body
 
 
-def test_twenty_identical_streams_share_one_generation(server_factory, model_name):
-    srv = server_factory()
+def test_twenty_identical_streams_share_one_generation(server, model_name):
+    srv = server
     body = chat_body(model_name, "Tell me a story about a lighthouse keeper.", max_tokens=128)
     before = engine_requests(srv)
     results: list = [None] * 20
@@ -96,8 +105,8 @@ def test_twenty_identical_streams_share_one_generation(server_factory, model_nam
     assert srv.metrics().get("ingot_coalesced_requests_total") >= 19
 
 
-def test_twenty_identical_non_streaming_requests(server_factory, model_name):
-    srv = server_factory()
+def test_twenty_identical_non_streaming_requests(server, model_name):
+    srv = server
     body = {"model": model_name, "prompt": "The history of the printing press", "max_tokens": 48,
             "temperature": 0, "ignore_eos": True}
     before = engine_requests(srv)
@@ -128,9 +137,10 @@ def _wait_idle(srv, within: float, what: str):
     return time.monotonic() - t0
 
 
-def test_cancelling_subscribers(server_factory, model_name):
-    srv = server_factory()
+def test_cancelling_subscribers(server, model_name):
+    srv = server
     body = chat_body(model_name, "Describe the ocean in great detail.", max_tokens=160)
+    before = srv.metrics()
     with httpx.Client(base_url=srv.url, timeout=120) as http:
         # 19 of 20 hang up: the last one still gets the whole answer.
         streams = []
@@ -156,7 +166,7 @@ def test_cancelling_subscribers(server_factory, model_name):
         cm.__exit__(None, None, None)
         assert finish == "length", "the remaining subscriber must finish"
         m = srv.metrics()
-        assert m.get(ENGINE) == 1
+        assert m.get(ENGINE) - before.get(ENGINE) == 1
 
         # All 20 hang up: the generation stops and its KV is freed at once.
         body2 = chat_body(model_name, "Describe the mountains in great detail.", max_tokens=400)
@@ -175,11 +185,12 @@ def test_cancelling_subscribers(server_factory, model_name):
         took = _wait_idle(srv, 1.0, "20 coalesced subscribers disconnected")
         print(f"\ncoalesced: KV freed {took:.3f}s after the last subscriber left")
         m = srv.metrics()
-        assert m.get("ingot_request_success_total", finish_reason="abort") == 1
+        aborted = ("ingot_request_success_total", 0.0)
+        assert m.get(*aborted, finish_reason="abort") - before.get(*aborted, finish_reason="abort") == 1
 
 
-def test_sampling_without_seed_is_never_shared(server_factory, model_name):
-    srv = server_factory(env=CACHE_ON)
+def test_sampling_without_seed_is_never_shared(cached, model_name):
+    srv = cached
     body = {"model": model_name, "prompt": "My favourite colour is", "max_tokens": 24, "temperature": 0.9}
     before = engine_requests(srv)
 
@@ -202,8 +213,8 @@ def test_sampling_without_seed_is_never_shared(server_factory, model_name):
     assert first.json()["choices"][0]["text"] == again.json()["choices"][0]["text"]
 
 
-def test_response_cache(server_factory, model_name):
-    srv = server_factory(env=CACHE_ON)
+def test_response_cache(cached, model_name):
+    srv = cached
     base = {"model": model_name, "prompt": "The three primary colours are", "max_tokens": 20, "temperature": 0}
     with srv.http() as http:
         first = http.post("/v1/completions", json=base)
@@ -267,8 +278,8 @@ def test_response_cache(server_factory, model_name):
         assert r.headers["x-ingot-cache"] == "miss"
 
 
-def test_chat_cache_hit_with_logprobs(server_factory, model_name):
-    srv = server_factory(env=CACHE_ON)
+def test_chat_cache_hit_with_logprobs(cached, model_name):
+    srv = cached
     body = {"model": model_name, "messages": [{"role": "user", "content": "Name a planet."}], "max_tokens": 12,
             "temperature": 0, "logprobs": True, "top_logprobs": 2}
     with srv.http() as http:

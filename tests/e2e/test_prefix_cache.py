@@ -83,8 +83,8 @@ def stream_ttft(http, model_name, prompt: str, max_tokens: int = 1):
     return ttft, text, usage
 
 
-def test_prefix_cache_hits_and_ttft(server_factory, model_name):
-    srv = server_factory()
+def test_prefix_cache_hits_and_ttft(server, model_name):
+    srv = server
     a_ttft, b_ttft, rows = [], [], []
     with srv.http() as http:
         for group in range(3):
@@ -116,8 +116,8 @@ def test_prefix_cache_hits_and_ttft(server_factory, model_name):
     assert mb < ma / 2, f"cached TTFT median {mb*1000:.0f} ms is not < half of uncached {ma*1000:.0f} ms\n{detail}"
 
 
-def test_cached_run_matches_uncached(server_factory, model_name):
-    srv = server_factory()
+def test_cached_run_matches_uncached(server, model_name):
+    srv = server
     with srv.http() as http:
         prompt = make_prefix(http, 42) + " The most important building in the town is"
         _, cold, u1 = stream_ttft(http, model_name, prompt, max_tokens=12)

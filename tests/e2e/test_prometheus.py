@@ -12,13 +12,12 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import httpx2 as httpx
 import pytest
 
-from ingot_e2e import wait_for
+from ingot_e2e import running, wait_for
 
 PROMTOOL = shutil.which("promtool")
 PROMETHEUS = shutil.which("prometheus")
@@ -42,26 +41,37 @@ def _serve_a_few(srv, model_name: str, n: int = 3, headers: dict[str, str] | Non
         assert http.get("/no/such/route").status_code == 404
 
 
-def test_http_answers_and_rejections_counted(server_factory, model_name):
-    srv = server_factory()
+@pytest.fixture(scope="module")
+def srv():
+    """One default server for the module: the tests count what they add
+    (deltas between two scrapes)."""
+    with running() as s:
+        yield s
+
+
+def _delta(before, after, name: str, **labels: str) -> float:
+    return after.get(name, 0.0, **labels) - before.get(name, 0.0, **labels)
+
+
+def test_http_answers_and_rejections_counted(srv, model_name):
+    before = srv.metrics()
     _serve_a_few(srv, model_name)
     m = srv.metrics()
     http = "ingot_http_requests_total"
-    assert m.get(http, route="/v1/completions", status="2xx") == 4
-    assert m.get(http, route="/v1/chat/completions", status="2xx") == 1
-    assert m.get(http, route="/v1/completions", status="4xx") == 2
+    assert _delta(before, m, http, route="/v1/completions", status="2xx") == 4
+    assert _delta(before, m, http, route="/v1/chat/completions", status="2xx") == 1
+    assert _delta(before, m, http, route="/v1/completions", status="4xx") == 2
     # Unmatched paths share one label value: clients cannot grow the series.
-    assert m.get(http, route="other", status="4xx") == 1
+    assert _delta(before, m, http, route="other", status="4xx") == 1
     assert not any(lab.get("route") == "/no/such/route" for _, lab, _ in m.samples)
-    assert m.get("ingot_rejections_total", reason="not_found") == 2
-    assert m.get("ingot_rejections_total", reason="validation") == 1
+    assert _delta(before, m, "ingot_rejections_total", reason="not_found") == 2
+    assert _delta(before, m, "ingot_rejections_total", reason="validation") == 1
     # Every series carries the served model's name.
     unlabelled = sorted({n for n, lab, _ in m.samples if lab.get("model") != model_name})
     assert not unlabelled, f"series without model={model_name!r}: {unlabelled}"
 
 
-def test_vllm_names(server_factory, model_name):
-    srv = server_factory()
+def test_vllm_names(srv, server_factory, model_name):
     _serve_a_few(srv, model_name, n=2)
     m = srv.metrics()
     vllm = {"model_name": model_name, "engine": "0"}
@@ -89,10 +99,9 @@ def test_vllm_names(server_factory, model_name):
 
 
 @NEEDS_PROMETHEUS
-def test_promtool_check_metrics(server_factory, model_name):
+def test_promtool_check_metrics(srv, model_name):
     """promtool lints a scrape of a server that has answered requests;
     the only complaint allowed is the colon of vLLM's own names."""
-    srv = server_factory()
     _serve_a_few(srv, model_name)
     text = srv.metrics().text
     assert "# HELP ingot_http_requests_total" in text
@@ -158,17 +167,18 @@ class _Prometheus:
 
 
 @NEEDS_PROMETHEUS
-def test_real_prometheus_scrapes(server_factory, model_name):
-    srv = server_factory()
+def test_real_prometheus_scrapes(srv, model_name):
     target = srv.url.removeprefix("http://")
     with tempfile.TemporaryDirectory(prefix="ingot-prom-") as tmp:
         prom = _Prometheus(target, Path(tmp))
         try:
             wait_for(lambda: prom.scalar('up{job="ingot"}') == 1, 60, 0.25,
                      what=f"Prometheus scraping {target}; its log: {prom.log_tail()}")
+            before = srv.metrics()
             _serve_a_few(srv, model_name, n=5)
-            served = srv.metrics().get("ingot_request_success_total")
-            assert served == 7  # 5 + the stream + the chat
+            after = srv.metrics()
+            served = after.get("ingot_request_success_total")
+            assert _delta(before, after, "ingot_request_success_total") == 7  # 5 + the stream + the chat
             # Wait for a scrape that saw them all (bounded: 1s interval).
             wait_for(lambda: prom.scalar("sum(ingot_request_success_total)") == served, 30, 0.25,
                      what="Prometheus seeing every request")
@@ -185,10 +195,14 @@ def test_real_prometheus_scrapes(server_factory, model_name):
                       f'vllm:kv_cache_usage_perc{{model_name="{model_name}"}}'):
                 v = prom.scalar(q)
                 assert v is not None and 0 <= v <= 1, f"{q} = {v}"
+            # What Prometheus holds is what the server counts (the module's
+            # earlier tests included), and this test's share is exact.
             ok = prom.scalar('sum(ingot_http_requests_total{route="/v1/completions",status="2xx"})')
-            assert ok == 6, ok
+            assert ok == after.get("ingot_http_requests_total", route="/v1/completions", status="2xx"), ok
+            assert _delta(before, after, "ingot_http_requests_total", route="/v1/completions", status="2xx") == 6
             rejected = prom.scalar('sum by (reason) (ingot_rejections_total{reason="validation"})')
-            assert rejected == 1, rejected
+            assert rejected == after.get("ingot_rejections_total", reason="validation"), rejected
+            assert _delta(before, after, "ingot_rejections_total", reason="validation") == 1
             meta = httpx.get(f"{prom.url}/api/v1/metadata", params={"metric": "ingot_request_success_total"},
                              timeout=5).json()
             assert meta["data"]["ingot_request_success_total"][0]["type"] == "counter", json.dumps(meta)

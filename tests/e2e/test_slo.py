@@ -84,6 +84,8 @@ def test_overload_is_shed_and_high_ttft_recovers(server_factory, model_name, tmp
     http = srv.http()
     base = quantile(probe(srv.url, 2.0), 0.9)
     with low_overload(srv.url, clients=6) as low, Prober(srv.url) as prober:
+        # Kept sleeps (they are the measurement): 2 s for the overload to
+        # fill every step, then a 3 s window of loaded probes.
         time.sleep(2.0)
         t_loaded = time.monotonic()
         time.sleep(3.0)
@@ -137,7 +139,7 @@ def test_overload_is_shed_and_high_ttft_recovers(server_factory, model_name, tmp
             assert_error(r, 503, "service_unavailable", code="slo_shed", message_contains=("low",))
             assert r.headers["retry-after"] == "1"
         t_after = time.monotonic()
-        time.sleep(3.0)
+        time.sleep(3.0)  # kept: the 3 s window whose probes must meet the target
         after = prober.since(t_after)
     assert quantile(after, 0.9) <= target / 1e3, f"high p90 {quantile(after, 0.9):.3f} s over {target:.0f} ms"
     # The held low requests finished once released: none failed.
@@ -214,6 +216,8 @@ min_samples = {3 * STREAMS}
 
 
 def gaps_for(streams, seconds: float) -> list[float]:
+    """The streams' inter-token gaps over a window of `seconds` (a kept
+    sleep: the window is the measurement)."""
     t0 = time.monotonic()
     time.sleep(seconds)
     return streams.gaps_since(t0)

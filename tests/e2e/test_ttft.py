@@ -80,8 +80,8 @@ def one_request(srv, client, model: str, text: str) -> dict:
     }
 
 
-def test_http_ttft_is_the_engine_prefill_plus_little(server_factory, model_name):
-    srv = server_factory()
+def test_http_ttft_is_the_engine_prefill_plus_little(server, model_name):
+    srv = server
     client = srv.openai(timeout=300)
     prompts = [exact_prompt(srv.url, i) for i in range(4)]
     one_request(srv, client, model_name, prompts[0])  # warm-up: thread pools, caches
