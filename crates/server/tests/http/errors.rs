@@ -1,0 +1,287 @@
+//! Bad input: every refusal is a status and the OpenAI error shape, decided
+//! before the engine stage (it never sees the request).
+
+use axum::body::Body;
+use axum::http::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use super::harness::*;
+
+const INVALID: &str = "invalid_request_error";
+
+/// Posts `body` to `path`; asserts a 400 naming `param`; the message.
+async fn refused(server: &Server, path: &str, body: Value, param: &str) -> String {
+    server.post(path, body).await.invalid(Some(param))
+}
+
+#[tokio::test]
+async fn malformed_json_and_non_objects_are_400() {
+    let server = Server::new();
+    for path in ["/v1/chat/completions", "/v1/completions", "/tokenize"] {
+        let reply = server
+            .send(raw_post(path, r#"{"model": "m", "messages": ["#))
+            .await;
+        let message = reply.invalid(None);
+        assert!(message.starts_with("malformed JSON body"), "{message}");
+    }
+    let reply = server
+        .send(raw_post("/v1/chat/completions", "not json at all"))
+        .await;
+    reply.invalid(None);
+    let reply = server
+        .send(raw_post("/v1/chat/completions", "[1, 2, 3]"))
+        .await;
+    assert_eq!(
+        reply.invalid(None),
+        "the request body must be a JSON object"
+    );
+    assert_eq!(server.engine.calls(), 0);
+}
+
+#[tokio::test]
+async fn a_wrong_type_names_the_field() {
+    let server = Server::new();
+    let cases = [
+        ("temperature", json!("hot")),
+        ("max_tokens", json!("many")),
+        ("n", json!(1.5)),
+        ("stream", json!("yes")),
+        ("messages", json!("hello")),
+        ("stop", json!(7)),
+    ];
+    for (field, value) in cases {
+        let body = chat(CHAT, json!({ field: value }));
+        let message = refused(&server, "/v1/chat/completions", body, field).await;
+        assert!(message.contains(field), "{field}: {message}");
+    }
+    assert_eq!(server.engine.calls(), 0);
+}
+
+#[tokio::test]
+async fn an_out_of_range_value_names_the_field_and_the_value() {
+    let server = Server::new();
+    let cases = [
+        ("temperature", json!(-1)),
+        ("temperature", json!(-0.5)),
+        ("temperature", json!(5)),
+        ("top_p", json!(2)),
+        ("top_p", json!(1.5)),
+        ("top_p", json!(0)),
+        ("n", json!(0)),
+        ("n", json!(17)),
+        ("max_tokens", json!(-1)),
+        ("max_tokens", json!(0)),
+        ("max_completion_tokens", json!(-1)),
+        ("presence_penalty", json!(3)),
+        ("frequency_penalty", json!(-3)),
+        ("top_k", json!(-5)),
+        ("min_p", json!(1.5)),
+        ("repetition_penalty", json!(0)),
+        ("priority", json!("urgent")),
+    ];
+    for (field, value) in cases {
+        let body = chat(CHAT, json!({ field: value }));
+        let message = refused(&server, "/v1/chat/completions", body, field).await;
+        let shown = value.as_str().map_or(value.to_string(), String::from);
+        assert!(message.contains(field), "{field}: {message}");
+        assert!(message.contains(&shown), "{field}: {message}");
+    }
+    let body = chat(CHAT, json!({"logprobs": true, "top_logprobs": 50}));
+    let message = refused(&server, "/v1/chat/completions", body, "top_logprobs").await;
+    assert!(message.contains("50"), "{message}");
+    assert_eq!(server.engine.calls(), 0);
+}
+
+#[tokio::test]
+async fn the_temperature_bound_is_in_the_message() {
+    let server = Server::new();
+    let body = chat(CHAT, json!({"temperature": 5}));
+    let message = refused(&server, "/v1/chat/completions", body, "temperature").await;
+    assert!(message.contains('5') && message.contains('2'), "{message}");
+}
+
+#[tokio::test]
+async fn completions_name_their_out_of_range_fields() {
+    let server = Server::new();
+    let cases = [
+        ("logprobs", json!(50)),
+        ("temperature", json!(5)),
+        ("max_tokens", json!(-1)),
+    ];
+    for (field, value) in cases {
+        let body = completion(CHAT, json!({ field: value }));
+        let message = refused(&server, "/v1/completions", body, field).await;
+        assert!(message.contains(&value.to_string()), "{field}: {message}");
+    }
+    assert_eq!(server.engine.calls(), 0);
+}
+
+#[tokio::test]
+async fn stop_strings_are_bounded_in_number() {
+    let server = Server::new();
+    let stops: Vec<String> = (0..100).map(|i| format!("stop{i}")).collect();
+    let body = chat(CHAT, json!({ "stop": stops }));
+    refused(&server, "/v1/chat/completions", body, "stop").await;
+    let body = chat(CHAT, json!({"stop": &stops[..4]}));
+    server.post("/v1/chat/completions", body).await.ok();
+    assert_eq!(server.engine.seen()[0].engine.stop.stop_strings, stops[..4]);
+}
+
+#[tokio::test]
+async fn unknown_fields_are_ignored_as_openai_does() {
+    let server = Server::new();
+    let body = chat(
+        CHAT,
+        json!({"frobnicate": {"deep": [1]}, "logit_bias_v2": 3}),
+    );
+    server.post("/v1/chat/completions", body).await.ok();
+    let body = completion(CHAT, json!({"frobnicate": true}));
+    server.post("/v1/completions", body).await.ok();
+}
+
+#[tokio::test]
+async fn missing_or_empty_prompts_name_their_field() {
+    let server = Server::new();
+    let chats = [json!({"model": CHAT}), chat(CHAT, json!({"messages": []}))];
+    for body in chats {
+        refused(&server, "/v1/chat/completions", body, "messages").await;
+    }
+    let no_role = chat(CHAT, json!({"messages": [{"content": "no role"}]}));
+    refused(&server, "/v1/chat/completions", no_role, "messages[0].role").await;
+    for body in [
+        json!({"model": CHAT}),
+        completion(CHAT, json!({"prompt": []})),
+    ] {
+        refused(&server, "/v1/completions", body, "prompt").await;
+    }
+    assert_eq!(server.engine.calls(), 0);
+}
+
+#[tokio::test]
+async fn an_unknown_model_is_404_listing_the_models() {
+    let server = Server::new();
+    let replies = [
+        server
+            .post("/v1/chat/completions", chat("nope", json!({})))
+            .await,
+        server
+            .post("/v1/completions", completion("nope", json!({})))
+            .await,
+        server
+            .post("/tokenize", json!({"model": "nope", "prompt": "hi"}))
+            .await,
+    ];
+    for reply in replies {
+        let message = reply.error(
+            StatusCode::NOT_FOUND,
+            INVALID,
+            Some("model"),
+            Some("model_not_found"),
+        );
+        assert_eq!(
+            message,
+            "the model 'nope' does not exist; available: m, plain, embed"
+        );
+    }
+    server.assert_never_built();
+}
+
+#[tokio::test]
+async fn an_embedding_model_serves_no_generation() {
+    let server = Server::new();
+    for reply in [
+        server
+            .post("/v1/chat/completions", chat(EMBED, json!({})))
+            .await,
+        server
+            .post("/v1/completions", completion(EMBED, json!({})))
+            .await,
+    ] {
+        let message = reply.error(
+            StatusCode::BAD_REQUEST,
+            INVALID,
+            Some("model"),
+            Some("model_not_supported"),
+        );
+        assert!(message.contains("it serves /v1/embeddings"), "{message}");
+    }
+    server.assert_never_built();
+}
+
+#[tokio::test]
+async fn a_model_without_chat_template_refuses_chat() {
+    let server = Server::new();
+    let body = chat(PLAIN, json!({}));
+    let message = refused(&server, "/v1/chat/completions", body, "messages").await;
+    assert_eq!(
+        message,
+        "this model has no chat template; use /v1/completions"
+    );
+    assert_eq!(server.engine.calls(), 0);
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_413_with_or_without_a_length() {
+    let server = Server::new();
+    let content = "x".repeat(MAX_BODY);
+    let big = chat(
+        CHAT,
+        json!({"messages": [{"role": "user", "content": content}]}),
+    );
+    let reply = server.post("/v1/chat/completions", big.clone()).await;
+    let message = reply.error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        INVALID,
+        None,
+        Some("request_too_large"),
+    );
+    assert!(message.contains(&MAX_BODY.to_string()), "{message}");
+    // Chunked: no Content-Length to refuse on, the limit counts the bytes.
+    let bytes = big.to_string().into_bytes();
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        bytes.chunks(256).map(|c| Ok(c.to_vec())).collect();
+    let body = Body::from_stream(futures_util::stream::iter(chunks));
+    let reply = server.send(raw_post("/v1/chat/completions", body)).await;
+    reply.error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        INVALID,
+        None,
+        Some("request_too_large"),
+    );
+    assert_eq!(server.engine.calls(), 0);
+    // Under the limit, the next request is served.
+    server
+        .post("/v1/chat/completions", chat(CHAT, json!({})))
+        .await
+        .ok();
+}
+
+#[tokio::test]
+async fn unknown_routes_are_404_and_wrong_methods_405() {
+    let server = Server::new();
+    let reply = server.get("/v1/nothing").await;
+    let message = reply.error(StatusCode::NOT_FOUND, INVALID, None, None);
+    assert_eq!(message, "no route for /v1/nothing");
+    let reply = server.get("/v1/chat/completions").await;
+    let message = reply.error(StatusCode::METHOD_NOT_ALLOWED, INVALID, None, None);
+    assert_eq!(message, "method not allowed: GET /v1/chat/completions");
+    let reply = server
+        .send(with_method(get("/v1/models"), Method::DELETE))
+        .await;
+    reply.error(StatusCode::METHOD_NOT_ALLOWED, INVALID, None, None);
+}
+
+#[tokio::test]
+async fn tokenizer_endpoints_refuse_bad_input() {
+    let server = Server::new();
+    refused(&server, "/tokenize", json!({}), "prompt").await;
+    let message = refused(
+        &server,
+        "/detokenize",
+        json!({"tokens": [100_000]}),
+        "tokens",
+    )
+    .await;
+    assert!(message.contains("100000"), "{message}");
+    refused(&server, "/detokenize", json!({"tokens": "abc"}), "tokens").await;
+}

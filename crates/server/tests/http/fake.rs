@@ -1,0 +1,217 @@
+//! The fakes behind the app: a model builder that serves fronts and never
+//! builds an engine, and a generator in place of the engine stage.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use futures_util::stream::{self, StreamExt};
+use ingot_core::FinishReason;
+use ingot_engine::{Completion, GeneratedToken, RequestLimits, TokenEvent};
+use ingot_server::pipeline::{
+    CacheStatus, EventStream, GenerateError, GenerateRequest, Generation, Generator,
+};
+use ingot_server::{LoadError, ModelBuilder, ModelFront, ServedModel};
+use tokio::sync::watch;
+
+use super::tokenizer;
+
+/// The generative model with a chat template (the default model).
+pub const CHAT: &str = "m";
+/// A generative model without a chat template.
+pub const PLAIN: &str = "plain";
+/// An embedding model.
+pub const EMBED: &str = "embed";
+
+/// Every generative model's bounds, as its front and the fake engine see them.
+pub const LIMITS: RequestLimits = RequestLimits {
+    max_context: 64,
+    vocab_size: tokenizer::VOCAB_SIZE,
+};
+
+/// What the fake engine answers: one token per byte.
+pub const REPLY: &str = "Paris.";
+
+/// Serves the fronts of [`CHAT`], [`PLAIN`] and [`EMBED`]; counts build
+/// calls, which fail: nothing here may need an engine.
+pub struct FakeBuilder {
+    builds: AtomicUsize,
+}
+
+impl FakeBuilder {
+    pub fn new() -> Self {
+        Self {
+            builds: AtomicUsize::new(0),
+        }
+    }
+
+    /// How many times an engine was asked for.
+    pub fn builds(&self) -> usize {
+        self.builds.load(Ordering::SeqCst)
+    }
+}
+
+impl ModelBuilder for FakeBuilder {
+    fn front(&self, id: &str) -> Result<ModelFront, LoadError> {
+        match id {
+            CHAT => Ok(ModelFront::generative(id, tokenizer::load(true), LIMITS)),
+            PLAIN => Ok(ModelFront::generative(id, tokenizer::load(false), LIMITS)),
+            EMBED => Ok(ModelFront::embedding(id)),
+            _ => Err(LoadError::new(format!("no model {id}"))),
+        }
+    }
+
+    fn footprint(&self, _: &str) -> Result<u64, LoadError> {
+        Ok(1 << 20)
+    }
+
+    fn build(&self, id: &str, _: &ModelFront) -> Result<ServedModel, LoadError> {
+        self.builds.fetch_add(1, Ordering::SeqCst);
+        Err(LoadError::new(format!(
+            "the fake builder cannot build {id}"
+        )))
+    }
+
+    fn prefetch(&self, _: &str) -> Result<u64, LoadError> {
+        Ok(0)
+    }
+}
+
+/// How the fake engine answers its next requests.
+#[derive(Clone)]
+pub enum Mode {
+    /// [`REPLY`], cut at the request's max_tokens.
+    Answer,
+    /// Refuses at submission.
+    Refuse(GenerateError),
+    /// Answers once the gate opens.
+    Held(watch::Receiver<bool>),
+    /// Never sends an event.
+    Hang,
+    /// Sends `n` tokens, then an engine error.
+    BreakAfter(usize),
+}
+
+/// Opens a [`Mode::Held`] engine's streams.
+pub struct Gate(watch::Sender<bool>);
+
+impl Gate {
+    pub fn open(&self) {
+        self.0.send_replace(true);
+    }
+}
+
+/// The engine stage's stand-in: checks requests as the engine does at
+/// submission, records them, and answers as its mode says.
+pub struct FakeEngine {
+    mode: Mutex<Mode>,
+    seen: Mutex<Vec<GenerateRequest>>,
+}
+
+impl FakeEngine {
+    pub fn new() -> Self {
+        Self {
+            mode: Mutex::new(Mode::Answer),
+            seen: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn set(&self, mode: Mode) {
+        *self.mode.lock().unwrap() = mode;
+    }
+
+    /// Holds every stream until the returned gate opens.
+    pub fn hold(&self) -> Gate {
+        let (tx, rx) = watch::channel(false);
+        self.set(Mode::Held(rx));
+        Gate(tx)
+    }
+
+    /// The requests that reached the engine stage.
+    pub fn seen(&self) -> Vec<GenerateRequest> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    pub fn calls(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+
+    fn start(&self, request: &GenerateRequest) -> Result<EventStream, GenerateError> {
+        self.seen.lock().unwrap().push(request.clone());
+        // The engine's own admission check (sampling, empty prompt, ids, length).
+        LIMITS.check(&request.engine)?;
+        let events = answer(request);
+        let mode = self.mode.lock().unwrap().clone();
+        Ok(match mode {
+            Mode::Answer => stream::iter(events).boxed(),
+            Mode::Refuse(e) => return Err(e),
+            Mode::Held(mut gate) => stream::once(async move {
+                let _ = gate.wait_for(|open| *open).await;
+                stream::iter(events)
+            })
+            .flatten()
+            .boxed(),
+            Mode::Hang => stream::pending().boxed(),
+            Mode::BreakAfter(n) => {
+                let tokens = events.into_iter().take(n);
+                let broken = TokenEvent::Error("the fake engine broke".into());
+                stream::iter(tokens.chain([broken])).boxed()
+            }
+        })
+    }
+}
+
+impl Generator for FakeEngine {
+    fn generate(
+        &self,
+        request: GenerateRequest,
+    ) -> BoxFuture<'_, Result<Generation, GenerateError>> {
+        Box::pin(async move {
+            let events = self.start(&request)?;
+            // As the engine stage: shareable requests (with a key) are misses.
+            let status = if request.key.is_some() {
+                CacheStatus::Miss
+            } else {
+                CacheStatus::Bypass
+            };
+            Ok(Generation {
+                status,
+                events,
+                priority: None,
+            })
+        })
+    }
+}
+
+/// [`REPLY`]'s tokens up to max_tokens, then how it finished.
+fn answer(request: &GenerateRequest) -> Vec<TokenEvent> {
+    let max = request.engine.stop.max_tokens;
+    let tokens: Vec<TokenEvent> = REPLY
+        .bytes()
+        .take(max)
+        .map(|b| {
+            TokenEvent::Token(GeneratedToken {
+                token: u32::from(b),
+                text: char::from(b).to_string(),
+                logprob: -0.5,
+                top_logprobs: Vec::new(),
+            })
+        })
+        .collect();
+    let finished = Completion {
+        reason: if max < REPLY.len() {
+            FinishReason::Length
+        } else {
+            FinishReason::Stop
+        },
+        prompt_tokens: request.engine.prompt.len(),
+        completion_tokens: tokens.len(),
+        cached_tokens: 0,
+        queue_time: Duration::ZERO,
+    };
+    tokens
+        .into_iter()
+        .chain([TokenEvent::Finished(finished)])
+        .collect()
+}
