@@ -486,6 +486,7 @@ impl StreamState {
             finish_reason: self.finish,
             turn: req.turn,
             cache: self.cache,
+            run: 0,
         };
         StreamOutcome {
             record,

@@ -70,6 +70,14 @@ pub struct RequestRecord {
     /// as from other servers.
     #[serde(default)]
     pub cache: Option<String>,
+    /// Which run of `ingot bench serve --repeat` it belongs to (0-based;
+    /// absent, meaning 0, in single-run files).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub run: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl RequestRecord {
@@ -303,6 +311,20 @@ pub struct ServerInfo {
     pub details: serde_json::Value,
 }
 
+/// One run of `ingot bench serve --repeat N`: what `ingot bench compare`
+/// tests between runs.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct RunSummary {
+    /// The seed of its prompts and arrivals.
+    pub seed: u64,
+    /// Unix seconds at its start.
+    pub started_unix: u64,
+    /// It ended early (Ctrl-C).
+    pub partial: bool,
+    /// Its aggregates.
+    pub summary: Summary,
+}
+
 /// The file `ingot bench serve --out` writes.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct BenchResult {
@@ -318,8 +340,28 @@ pub struct BenchResult {
     pub partial: bool,
     /// Aggregates.
     pub summary: Summary,
-    /// Per-request samples (warmup excluded).
+    /// Per-request samples (warmup excluded); with `runs`, every run's,
+    /// each tagged with its [`RequestRecord::run`].
     pub requests: Vec<RequestRecord>,
+    /// Each run's own summary when the file holds `--repeat N` > 1 runs
+    /// (`summary` then pools them all); absent in single-run files.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<RunSummary>,
+}
+
+impl BenchResult {
+    /// The runs the file holds: its `runs`, or the whole file as one run.
+    pub fn run_summaries(&self) -> Vec<RunSummary> {
+        if !self.runs.is_empty() {
+            return self.runs.clone();
+        }
+        vec![RunSummary {
+            seed: self.config["seed"].as_u64().unwrap_or(0),
+            started_unix: self.started_unix,
+            partial: self.partial,
+            summary: self.summary.clone(),
+        }]
+    }
 }
 
 #[cfg(test)]

@@ -16,7 +16,20 @@ pub(crate) fn check_serve_args(cmd: &str, serve: &ServeArgs) -> Result<(), Bench
             "ingot bench {cmd} writes its files under --out-dir; --out is for `ingot bench serve`"
         )));
     }
+    if serve.repeat > 1 {
+        return Err(BenchError::Options(format!(
+            "--repeat is for `ingot bench serve`; ingot bench {cmd} runs its own steps"
+        )));
+    }
     Ok(())
+}
+
+/// A flag set's defaults: what clap makes of no arguments.
+pub(crate) fn flag_defaults<T: clap::Args + clap::FromArgMatches>(name: &'static str) -> T {
+    let matches = T::augment_args(clap::Command::new(name))
+        .try_get_matches_from([name])
+        .expect("the flags' defaults parse. This is a bug.");
+    T::from_arg_matches(&matches).expect("the flags' defaults parse. This is a bug.")
 }
 
 /// Seconds as a `Duration`, or an error naming the flag.

@@ -26,7 +26,7 @@ use tokio::task::JoinSet;
 use crate::client::{GetError, HttpClient};
 use crate::dataset::{Conversation, Dataset, DatasetConfig, DatasetKind};
 use crate::load::{self, Arrival, RequestTemplate, Source};
-use crate::result::{BenchResult, ServerInfo, Slo, Summary};
+use crate::result::{BenchResult, RequestRecord, RunSummary, ServerInfo, Slo, Summary};
 use crate::BenchError;
 
 /// Flags of `ingot bench serve`.
@@ -135,19 +135,25 @@ pub struct ServeArgs {
     /// Client runtime threads (1 is plenty: see the crate's overhead test).
     #[arg(long, default_value_t = 1)]
     pub client_threads: usize,
+    /// Runs of the same workload, run i seeded --seed + i (fresh prompts,
+    /// so no run replays the server's prefix cache of the one before, and
+    /// the runs sample the workload, not one draw of it); each run's
+    /// summary is kept for `ingot bench compare`, which tests between
+    /// runs. Two files with the same --seed and --repeat send the same
+    /// prompts.
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[serde(skip_serializing_if = "is_one")]
+    pub repeat: usize,
+}
+
+fn is_one(n: &usize) -> bool {
+    *n == 1
 }
 
 impl Default for ServeArgs {
     /// The flags' defaults.
     fn default() -> ServeArgs {
-        #[derive(clap::Parser)]
-        struct Wrapper {
-            #[command(flatten)]
-            args: ServeArgs,
-        }
-        <Wrapper as clap::Parser>::try_parse_from(["serve"])
-            .expect("the defaults of ServeArgs parse. This is a bug.")
-            .args
+        crate::runs::flag_defaults("serve")
     }
 }
 
@@ -406,14 +412,89 @@ async fn discover(client: &HttpClient, model: Option<&str>) -> Result<(Value, St
 /// Runs the command: the run, its table on stdout, `--out`. `Ok(false)`
 /// when a request failed, none completed, or the run was interrupted.
 pub fn run(args: ServeArgs) -> Result<bool, BenchError> {
-    let result = run_once(&args, true)?;
+    let result = if args.repeat > 1 {
+        run_repeated(&args)?
+    } else {
+        run_once(&args, true)?
+    };
     print_summary(&result);
+    print_runs(&result.runs);
     if let Some(path) = &args.out {
         write_result(path, &result)?;
         eprintln!("wrote {}", path.display());
     }
     let s = &result.summary;
     Ok(!result.partial && s.failed == 0 && s.completed > 0)
+}
+
+/// `--repeat N`: N runs, run i seeded `--seed + i`, each with its warmup;
+/// the result pools their requests (tagged with the run) and keeps each
+/// run's summary. Stops after an interrupted run.
+fn run_repeated(args: &ServeArgs) -> Result<BenchResult, BenchError> {
+    let mut runs = Vec::with_capacity(args.repeat);
+    let mut requests = Vec::new();
+    let mut first: Option<BenchResult> = None;
+    for i in 0..args.repeat {
+        let one = ServeArgs {
+            seed: args.seed.wrapping_add(i as u64),
+            ..args.clone()
+        };
+        let mut r = run_once(&one, true)?;
+        let s = &r.summary;
+        eprintln!(
+            "run {}/{}: {:.2} req/s, TPOT mean {:.2} ms",
+            i + 1,
+            args.repeat,
+            s.request_throughput,
+            s.tpot.mean
+        );
+        requests.extend(r.requests.drain(..).map(|q| RequestRecord { run: i, ..q }));
+        runs.push(RunSummary {
+            seed: one.seed,
+            started_unix: r.started_unix,
+            partial: r.partial,
+            summary: r.summary.clone(),
+        });
+        let interrupted = r.partial;
+        first.get_or_insert(r);
+        if interrupted {
+            break;
+        }
+    }
+    let first = first.ok_or_else(|| BenchError::Options("--repeat must be positive".into()))?;
+    let duration: f64 = runs.iter().map(|r| r.summary.duration_s).sum();
+    Ok(BenchResult {
+        summary: Summary::of(&requests, duration, args.slo.as_ref()),
+        partial: runs.iter().any(|r| r.partial),
+        requests,
+        runs,
+        ..first
+    })
+}
+
+/// One line per run of `--repeat`: what the pooled table hides.
+fn print_runs(runs: &[RunSummary]) {
+    if runs.is_empty() {
+        return;
+    }
+    println!(
+        "\n{:<5}{:>8}{:>10}{:>12}{:>12}{:>12}{:>12}{:>12}",
+        "run", "seed", "req/s", "out tok/s", "TTFT p50", "TPOT mean", "ITL mean", "E2E p50"
+    );
+    for (i, r) in runs.iter().enumerate() {
+        let s = &r.summary;
+        println!(
+            "{:<5}{:>8}{:>10.2}{:>12.1}{:>12.2}{:>12.2}{:>12.2}{:>12.2}",
+            i + 1,
+            r.seed,
+            s.request_throughput,
+            s.output_tok_s,
+            s.ttft.median,
+            s.tpot.mean,
+            s.itl.mean,
+            s.e2e.median
+        );
+    }
 }
 
 /// Writes `result` as pretty JSON.
@@ -539,6 +620,7 @@ pub fn run_once(args: &ServeArgs, on_progress: bool) -> Result<BenchResult, Benc
         partial: outcome.interrupted,
         summary: Summary::of(&records, outcome.duration_s, args.slo.as_ref()),
         requests: records,
+        runs: Vec::new(),
     })
 }
 

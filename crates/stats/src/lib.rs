@@ -14,11 +14,12 @@
 //!   position `q·(n−1)` between the order statistics.
 //! - [`Summary`] and [`compare`]: per-arm sizes, means, variances, p50/p95/p99
 //!   and a [`Verdict`] at a significance level with a minimum sample size.
-//! - [`cohens_d`], [`bootstrap_quantile_test`] and [`least_squares`] for the
-//!   bench's comparison and soak.
+//! - [`cohens_d`], [`coefficient_of_variation`] and [`least_squares`] for
+//!   the bench's comparison and soak. `ingot bench compare` runs Welch's
+//!   test over per-run values (each run's mean or percentile), not over the
+//!   requests of one run: requests of a run share its luck on a busy
+//!   machine, so they are not the independent samples the test assumes.
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use statrs::distribution::{ContinuousCDF, StudentsT};
 
 /// Mean and sample variance (n - 1); `None` for fewer than two samples.
@@ -128,6 +129,14 @@ pub fn variance(x: &[f64]) -> Option<f64> {
     mean_var(x).map(|(_, v)| v)
 }
 
+/// The coefficient of variation, sample sd (n − 1) over |mean|, as
+/// `scipy.stats.variation(x, ddof=1)` for a positive mean; `None` for
+/// fewer than two samples or a zero mean.
+pub fn coefficient_of_variation(x: &[f64]) -> Option<f64> {
+    let (m, v) = mean_var(x)?;
+    (m != 0.0).then(|| v.sqrt() / m.abs())
+}
+
 /// What one arm's samples look like.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Summary {
@@ -229,49 +238,6 @@ pub fn compare(a: &[f64], b: &[f64], alpha: f64, min_samples: usize) -> Comparis
         alpha,
         verdict,
     }
-}
-
-/// Resamples drawn by [`bootstrap_quantile_test`].
-pub const BOOTSTRAP_RESAMPLES: usize = 1000;
-
-/// Two-sided p-value that the `q`-quantile of the pooled values of `b`
-/// differs from that of `a`, by a cluster bootstrap (Efron & Tibshirani,
-/// *An Introduction to the Bootstrap*, 1993, ch. 15–16): each side's
-/// clusters (one per request: one TTFT, or all of its inter-token gaps)
-/// are resampled with replacement, so correlated values within a request
-/// are not counted as independent; the p-value inverts the percentile
-/// interval of the difference, `2 * min(P*(d <= 0), P*(d >= 0))` with +1
-/// smoothing. Seeded, so a comparison is reproducible. `None` with fewer
-/// than two clusters on a side.
-pub fn bootstrap_quantile_test(a: &[Vec<f64>], b: &[Vec<f64>], q: f64, seed: u64) -> Option<f64> {
-    let nonempty = |c: &[Vec<f64>]| c.iter().filter(|v| !v.is_empty()).count();
-    if nonempty(a) < 2 || nonempty(b) < 2 {
-        return None;
-    }
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut pool = Vec::new();
-    let mut resampled_quantile = |clusters: &[Vec<f64>], rng: &mut ChaCha8Rng| -> Option<f64> {
-        pool.clear();
-        for _ in 0..clusters.len() {
-            pool.extend_from_slice(&clusters[rng.random_range(0..clusters.len())]);
-        }
-        (!pool.is_empty()).then(|| quantile_in_place(&mut pool, q))
-    };
-    let (mut below, mut above, mut drawn) = (0usize, 0usize, 0usize);
-    for _ in 0..BOOTSTRAP_RESAMPLES {
-        let (Some(qa), Some(qb)) = (
-            resampled_quantile(a, &mut rng),
-            resampled_quantile(b, &mut rng),
-        ) else {
-            continue; // only empty clusters drawn
-        };
-        let d = qb - qa;
-        below += usize::from(d <= 0.0);
-        above += usize::from(d >= 0.0);
-        drawn += 1;
-    }
-    let tail = (below.min(above) + 1) as f64 / (drawn + 1) as f64;
-    Some((2.0 * tail).min(1.0))
 }
 
 /// A least-squares line `y = intercept + slope * x`.
@@ -393,27 +359,17 @@ mod tests {
     }
 
     #[test]
-    fn bootstrap_separates_shifts_from_noise() {
-        let single = |xs: &[f64]| xs.iter().map(|x| vec![*x]).collect::<Vec<_>>();
-        let a = single(&A);
-        let b = single(&B);
-        // Clearly apart: every resampled median of B is above A's.
-        let p = bootstrap_quantile_test(&a, &b, 0.5, 1).unwrap();
-        assert!(p < 0.01, "{p}");
-        // The same sample against itself: no evidence.
-        assert!(bootstrap_quantile_test(&a, &a, 0.5, 1).unwrap() > 0.5);
-        // Reproducible with the seed.
-        assert_eq!(
-            bootstrap_quantile_test(&a, &b, 0.99, 7),
-            bootstrap_quantile_test(&a, &b, 0.99, 7)
+    fn coefficient_of_variation_is_sd_over_mean() {
+        // scipy.stats.variation([2, 4, 4, 4, 5, 5, 7, 9], ddof=1)
+        let x = [2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0];
+        close(
+            coefficient_of_variation(&x).unwrap(),
+            0.427617987059879,
+            1e-12,
         );
-        // One request's gaps are one cluster: two requests with many equal
-        // gaps each are still only two draws, so a tail made by one request
-        // is not significant.
-        let a = vec![vec![10.0; 50], vec![10.0; 50]];
-        let b = vec![vec![10.0; 50], vec![30.0; 50]];
-        assert!(bootstrap_quantile_test(&a, &b, 0.99, 1).unwrap() > 0.05);
-        assert!(bootstrap_quantile_test(&a, &b[..1], 0.5, 1).is_none());
+        assert!(coefficient_of_variation(&[1.0]).is_none());
+        assert!(coefficient_of_variation(&[-1.0, 1.0]).is_none());
+        assert_eq!(coefficient_of_variation(&[3.0, 3.0]), Some(0.0));
     }
 
     #[test]

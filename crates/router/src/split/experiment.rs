@@ -2,6 +2,12 @@
 //! (the treatment, arm b) else the control (arm a), so a unit keeps its arm;
 //! the report compares the arms' TTFT, ITL and end-to-end latency with
 //! Welch's test.
+//!
+//! The unit here is the request, unlike `ingot bench compare`, which tests
+//! between whole runs (issue 31): the two arms serve interleaved requests
+//! in the same window, so a slow minute of the machine slows both arms
+//! alike instead of one run, and what is left between requests is
+//! request-to-request noise, which Welch's test models.
 
 use std::sync::Mutex;
 use std::time::Instant;

@@ -47,6 +47,12 @@ fn welch_mean_variance_and_quantiles_match_scipy() {
             ingot_stats::variance(&a).unwrap(),
             c["var_a"].as_f64().unwrap(),
         );
+        // scipy.stats.variation(a, ddof=1) is sqrt(var) / mean.
+        rel_close(
+            &format!("{name} cv"),
+            ingot_stats::coefficient_of_variation(&a).unwrap(),
+            c["var_a"].as_f64().unwrap().sqrt() / c["mean_a"].as_f64().unwrap(),
+        );
         for (q, want) in qs.iter().zip(floats(&c["quantiles_a"])) {
             let got = ingot_stats::quantile(&a, *q).unwrap();
             rel_close(&format!("{name} q{q}"), got, want);
