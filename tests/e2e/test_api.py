@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
-from ingot_e2e import iter_sse_data, split_sse_events
 
 QUESTION = "What is the capital of France?"
 MESSAGES = [{"role": "user", "content": QUESTION}]
@@ -424,62 +422,7 @@ def test_extra_sampling_params(client, model_name):
 # -- tokenize / detokenize ------------------------------------------------------
 
 
-def test_tokenize_detokenize_round_trip(http, model_name):
-    text = "Hello world! The capital of France is Paris. 1234 ünïcödé 日本語"
-    t = tokenize(http, model=model_name, prompt=text)
-    assert t["count"] == len(t["tokens"]) > 5
-    assert isinstance(t["max_model_len"], int) and t["max_model_len"] > 0
-    r = http.post("/detokenize", json={"model": model_name, "tokens": t["tokens"]})
-    assert r.status_code == 200, r.text
-    assert r.json()["prompt"] == text
-    # chat messages are rendered through the template (system prompt included)
-    m = tokenize(http, messages=[{"role": "user", "content": text}])
-    assert m["count"] == len(m["tokens"]) > t["count"]
-    sub = t["tokens"]
-    assert any(m["tokens"][i : i + len(sub)] == sub for i in range(len(m["tokens"]))), "content tokens not in the templated prompt"
-    r = http.post("/detokenize", json={"tokens": m["tokens"]})
-    assert text in r.json()["prompt"]
-
-
 # -- raw SSE ------------------------------------------------------------------------
-
-
-def test_raw_sse_format_chat(http, model_name):
-    body = {"model": model_name, "messages": MESSAGES, "max_tokens": 8, "temperature": 0, "stream": True}
-    with http.stream("POST", "/v1/chat/completions", json=body) as r:
-        assert r.status_code == 200
-        assert r.headers["content-type"].startswith("text/event-stream"), r.headers
-        raw = r.read()
-    events = split_sse_events(raw)
-    assert len(events) >= 3, events
-    for ev in events:
-        assert ev.startswith("data: "), ev
-        assert "\n" not in ev, ev  # one data line per event
-    assert events[-1] == "data: [DONE]"
-    chunks = [json.loads(ev[len("data: ") :]) for ev in events[:-1]]
-    assert len({c["id"] for c in chunks}) == 1
-    for c in chunks:
-        assert c["object"] == "chat.completion.chunk"
-        assert c["model"] == model_name
-        assert isinstance(c["created"], int)
-    assert chunks[0]["choices"][0]["delta"].get("role") == "assistant"
-    finishes = [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch.get("finish_reason")]
-    assert finishes == ["length"] or finishes == ["stop"], finishes
-    assert chunks[-1]["choices"][0]["finish_reason"] in ("length", "stop")
-
-
-def test_raw_sse_format_completions(http, model_name):
-    body = {"model": model_name, "prompt": "Once upon a time", "max_tokens": 6, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
-    with http.stream("POST", "/v1/completions", json=body) as r:
-        assert r.status_code == 200
-        assert r.headers["content-type"].startswith("text/event-stream")
-        data = list(iter_sse_data(r))
-    assert data[-1] == "[DONE]"
-    chunks = [json.loads(d) for d in data[:-1]]
-    assert all(c["object"] == "text_completion" for c in chunks)
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
-    assert all(c.get("usage") is None for c in chunks[:-1])
 
 
 # -- metrics --------------------------------------------------------------------------

@@ -109,19 +109,6 @@ def completion(model=None, **extra):
     return body
 
 
-def test_missing_or_wrong_key_is_401(srv):
-    with srv.http() as c:
-        r = c.post("/v1/completions", json=completion())
-        assert_error(r, 401, "invalid_request_error", param=None, code="invalid_api_key")
-        r = c.post("/v1/completions", json=completion(), headers={"authorization": "Bearer sk-wrong"})
-        assert_error(r, 401, "invalid_request_error", param=None, code="invalid_api_key")
-        r = c.get("/v1/models", headers={"x-api-key": "sk-wrong"})
-        assert_error(r, 401, code="invalid_api_key")
-        # Open paths need no key.
-        for path in ("/health", "/ready", "/metrics"):
-            assert c.get(path).status_code == 200, path
-
-
 def test_the_openai_client_raises_authentication_error(srv):
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-wrong", max_retries=0, timeout=30)
     with pytest.raises(openai.AuthenticationError) as e:
@@ -145,19 +132,6 @@ def test_valid_keys_by_bearer_x_api_key_file_and_flag(srv):
         assert "x-ratelimit-limit-requests" not in r.headers
 
 
-def test_a_key_limited_to_another_model_gets_404(srv):
-    with srv.http() as c:
-        model = c.get("/v1/models", headers=bearer("team-a")).json()["data"][0]["id"]
-        for body in (completion(model), completion()):
-            r = c.post("/v1/completions", json=body, headers=bearer("narrow"))
-            assert_error(r, 404, "invalid_request_error", param="model", code="model_not_found")
-        r = c.post("/v1/chat/completions", headers=bearer("narrow"),
-                   json={"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
-        assert_error(r, 404, code="model_not_found")
-        # Nor is it listed for that key.
-        assert c.get("/v1/models", headers=bearer("narrow")).json()["data"] == []
-
-
 def test_admin_needs_an_admin_key(srv):
     with srv.http() as c:
         assert_error(c.get("/admin/flags"), 401, code="invalid_api_key")
@@ -166,31 +140,6 @@ def test_admin_needs_an_admin_key(srv):
         r = c.get("/admin/config", headers={"authorization": f"Bearer {FLAG_KEY}"})
         assert r.status_code == 200
         assert "SECRET" not in r.text, "the config holds hashes only"
-
-
-def test_rate_limit_headers_count_down(srv):
-    with srv.http() as c:
-        remaining = []
-        for _ in range(3):
-            r = c.get("/v1/models", headers=bearer("countdown"))
-            assert r.status_code == 200
-            assert r.headers["x-ratelimit-limit-requests"] == "60"
-            remaining.append(int(r.headers["x-ratelimit-remaining-requests"]))
-            assert r.headers["x-ratelimit-reset-requests"].endswith("s")
-        assert remaining == [59, 58, 57], remaining
-        assert r.headers["x-ratelimit-limit-tokens"] == "600"
-        before = int(r.headers["x-ratelimit-remaining-tokens"])
-        assert before == 600
-        r = c.post("/v1/completions", json=completion(max_tokens=4), headers=bearer("countdown"))
-        assert r.status_code == 200, r.text
-        reserved = r.json()["usage"]["prompt_tokens"] + 4
-        after = int(r.headers["x-ratelimit-remaining-tokens"])
-        # 600/min refills one token per 100 ms while the request runs.
-        assert before - reserved <= after <= before - reserved + 20, (before, reserved, after)
-        # A request that can never fit in the minute's tokens: 429, no Retry-After.
-        r = c.post("/v1/completions", json=completion(max_tokens=700), headers=bearer("countdown"))
-        assert_error(r, 429, "rate_limit_exceeded", code="rate_limit_exceeded")
-        assert "retry-after" not in r.headers
 
 
 def test_a_flood_gets_60_of_120_and_others_are_unaffected(srv):
@@ -322,28 +271,6 @@ def test_one_keys_flood_does_not_change_another_keys_latency(srv):
     print(f"\nvictim p50 quiet {[round(q * 1e3, 1) for q in quiet]} ms, "
           f"flooded {[round(f * 1e3, 1) for f in flooded]} ms, paired ratio {ratio:.3f}")
     assert ratio <= 1.10, (quiet, flooded)
-
-
-def test_concurrency_cap_holds_until_the_stream_ends(srv):
-    body = completion(max_tokens=1500, stream=True, ignore_eos=True)
-    with srv.http() as c, srv.http() as c2:
-        with c.stream("POST", "/v1/completions", json=body, headers=bearer("single")) as s:
-            assert s.status_code == 200
-            # Keep the iterator: dropping it closes the response.
-            lines = s.iter_lines()
-            next(lines)
-            r = c2.post("/v1/completions", json=completion(), headers=bearer("single"))
-            assert_error(r, 429, "rate_limit_exceeded", code="rate_limit_exceeded")
-            assert r.headers["retry-after"] == "1"
-            del lines
-        # The client hung up: the stream's body is dropped and frees the slot.
-        deadline = time.monotonic() + 10
-        while True:
-            r = c2.post("/v1/completions", json=completion(), headers=bearer("single"))
-            if r.status_code == 200 or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        assert r.status_code == 200, r.text
 
 
 def test_reload_reads_new_keys(setup):

@@ -118,23 +118,6 @@ def test_models_are_listed_with_states_and_preload_is_in_at_ready(srv):
     assert s["beta"] == "unloaded" and s["gamma"] == "unloaded"
 
 
-def test_unknown_model_is_404_listing_the_available(srv):
-    r = complete(srv, "no-such-model")
-    assert_error(r, 404, param="model", code="model_not_found")
-    msg = r.json()["error"]["message"]
-    for m in ("alpha", "beta", "gamma"):
-        assert m in msg, msg
-
-
-def test_alias_and_default_model(srv):
-    r = complete(srv, "a")
-    assert r.status_code == 200, r.text
-    assert r.json()["model"] == "alpha"
-    with srv.http() as http:
-        r = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
-        assert r.status_code == 200 and r.json()["model"] == "alpha", r.text
-
-
 def test_alternating_models_evict_the_least_recently_used(srv):
     evictions = lambda: srv.metrics().get("ingot_model_evictions_total", 0.0, model="alpha", reason="lru")  # noqa: E731
     before = evictions()

@@ -215,19 +215,33 @@ pub fn open(
     path: &Path,
     load_format: ingot_config::LoadFormat,
 ) -> anyhow::Result<(ModelFiles, Arc<Tokenizer>)> {
+    let files = open_files(path, load_format)?;
+    let tokenizer = tokenizer_of(&files, path)?;
+    Ok((files, tokenizer))
+}
+
+/// Opens the model files (metadata and mapped tensors; no tokenizer).
+pub fn open_files(
+    path: &Path,
+    load_format: ingot_config::LoadFormat,
+) -> anyhow::Result<ModelFiles> {
     let format = match load_format {
         ingot_config::LoadFormat::Dummy => LoadFormat::Dummy,
         ingot_config::LoadFormat::Auto => LoadFormat::Auto,
     };
-    let files = ingot_models::open(path, format)
-        .with_context(|| format!("cannot load model {}", path.display()))?;
+    ingot_models::open(path, format)
+        .with_context(|| format!("cannot load model {}", path.display()))
+}
+
+/// The tokenizer `files` carry (GGUF metadata or a directory's JSON files).
+pub fn tokenizer_of(files: &ModelFiles, path: &Path) -> anyhow::Result<Arc<Tokenizer>> {
     let tokenizer = match (&files.gguf, &files.hf_dir) {
         (Some(gguf), _) => Tokenizer::from_gguf(gguf),
         (None, Some(dir)) => Tokenizer::from_hf_dir(dir),
         (None, None) => anyhow::bail!("{} has no tokenizer", path.display()),
     }
     .with_context(|| format!("cannot load the tokenizer of {}", path.display()))?;
-    Ok((files, Arc::new(tokenizer)))
+    Ok(Arc::new(tokenizer))
 }
 
 /// Loads the model onto the configured device and starts an engine over it.
@@ -258,8 +272,10 @@ const EMBEDDING_DECODE_SHARE: f64 = 0.05;
 /// the CUDA encoder can run it) and starts its engine. On the CPU it takes
 /// turns with the CPU decode engines, so decode never waits for more than
 /// its bounded share.
-pub fn load_embedding(config: &Config) -> anyhow::Result<ingot_engine::EmbeddingHandle> {
-    let path = settings::model_path(config)?;
+pub fn load_embedding(
+    config: &Config,
+    path: &Path,
+) -> anyhow::Result<ingot_engine::EmbeddingHandle> {
     let files = ingot_models::bert::open_bert(path)
         .with_context(|| format!("cannot load model {}", path.display()))?;
     let tokenizer = ingot_tokenizer::EncoderTokenizer::from_dir(&files.dir)
@@ -316,10 +332,21 @@ pub fn load_runner(
     config: &Config,
     max_num_seqs: usize,
 ) -> anyhow::Result<(Box<dyn ModelRunner>, Arc<Tokenizer>)> {
-    let m = &config.model;
     let path = settings::model_path(config)?;
+    let (files, tokenizer) = open(path, config.model.load_format)?;
+    Ok((build_runner(config, path, files, max_num_seqs)?, tokenizer))
+}
+
+/// Builds the runner of the model at `path` (opened as `files`) for
+/// `model.device`.
+pub fn build_runner(
+    config: &Config,
+    path: &Path,
+    mut files: ModelFiles,
+    max_num_seqs: usize,
+) -> anyhow::Result<Box<dyn ModelRunner>> {
+    let m = &config.model;
     size_thread_pool(m.threads)?;
-    let (mut files, tokenizer) = open(path, m.load_format)?;
     if let Some(len) = m.max_model_len {
         files.config.max_context = files.config.max_context.min(len.max(1));
     }
@@ -335,8 +362,8 @@ pub fn load_runner(
         bar.set_position(done as u64);
     };
     let runner: Box<dyn ModelRunner> = match pick_device(m.device, &files.config)? {
-        Device::Cuda => Box::new(cuda_runner(config, &files, max_num_seqs, &progress)?),
-        Device::Cpu => Box::new(cpu_runner(config, &files, &progress)?),
+        Device::Cuda => Box::new(cuda_runner(config, path, &files, max_num_seqs, &progress)?),
+        Device::Cpu => Box::new(cpu_runner(config, path, &files, &progress)?),
     };
     bar.finish_and_clear();
     tracing::info!(
@@ -347,7 +374,7 @@ pub fn load_runner(
         elapsed = ?start.elapsed(),
         "model loaded"
     );
-    Ok((runner, tokenizer))
+    Ok(runner)
 }
 
 /// Sizes rayon's global pool once (`model.threads`); later calls, such as
@@ -397,6 +424,7 @@ fn choose(
 
 fn cuda_runner(
     config: &Config,
+    path: &Path,
     files: &ModelFiles,
     max_num_seqs: usize,
     progress: &dyn Fn(usize, usize),
@@ -431,7 +459,6 @@ fn cuda_runner(
         tc_decode_min_rows: cuda.tc_decode_min_rows,
         tc_decode_fp8_min_rows: cuda.tc_decode_fp8_min_rows,
     };
-    let path = settings::model_path(config)?;
     let runner = CudaRunner::new(files.config.clone(), files.tensors.as_ref(), opts, progress)
         .with_context(|| format!("cannot load {} on the GPU", path.display()))?;
     runner.memory().publish();
@@ -440,11 +467,11 @@ fn cuda_runner(
 
 fn cpu_runner(
     config: &Config,
+    path: &Path,
     files: &ModelFiles,
     progress: &dyn Fn(usize, usize),
 ) -> anyhow::Result<CpuRunner> {
     let model = files.config.clone();
-    let path = settings::model_path(config)?;
     let kv_dtype = config.model.kv_cache_dtype;
     if kv_dtype != ingot_config::KvCacheDtype::Auto {
         anyhow::bail!(

@@ -1,18 +1,20 @@
 //! The served models of `ingot serve`: `[[models]]`, or `[model]` alone,
-//! as a registry whose loader builds engines with the one backend picker
-//! (`model::load_engine`).
+//! as a registry whose loader opens, sizes and builds them. Each model's
+//! path and settings are derived once ([`ModelPlan`]); the one backend
+//! picker is `model::build_runner`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
 
 use ingot_config::{Config, CpuWeights, Device, Dtype, ModelEntry, Quantization};
+use ingot_engine::RequestLimits;
 use ingot_registry::{Budget, ModelSpec, Prefetch, Registry};
 use ingot_runner_cpu::CpuRunner;
-use ingot_server::{EngineLoader, Models, ServedModel};
+use ingot_server::{EngineLoader, LoadError, ModelBuilder, ModelFront, Models, ServedModel};
 
-use crate::model::load_engine;
+use crate::model;
 use crate::settings;
 
 /// The model entries to serve: `[[models]]`, or one made of `[model]`
@@ -36,34 +38,145 @@ pub fn entries(config: &Config, default_name: &str) -> anyhow::Result<Vec<ModelE
     }])
 }
 
-/// The config a model's engine is built with: `[model]` with the entry's
-/// fields.
-fn entry_config(base: &Config, e: &ModelEntry) -> Config {
-    let mut c = base.clone();
-    let m = &mut c.model;
-    m.path = Some(e.path.clone());
-    m.served_model_name = Some(e.id.clone());
-    if let Some(f) = e.load_format {
-        m.load_format = f;
+/// One served model, derived once from its entry: its id, the file it is
+/// read from, the config its engine is built with and whether it embeds.
+struct ModelPlan {
+    id: String,
+    path: PathBuf,
+    config: Config,
+    embedding: bool,
+}
+
+impl ModelPlan {
+    /// `base` with the entry's fields in `[model]`.
+    fn new(base: &Config, e: &ModelEntry) -> Self {
+        let mut config = base.clone();
+        let m = &mut config.model;
+        m.path = Some(e.path.clone());
+        m.served_model_name = Some(e.id.clone());
+        if let Some(f) = e.load_format {
+            m.load_format = f;
+        }
+        if let Some(d) = e.dtype {
+            m.dtype = d;
+        }
+        m.max_model_len = e.max_model_len.or(m.max_model_len);
+        m.kv_cache_tokens = e.kv_cache_tokens.or(m.kv_cache_tokens);
+        Self {
+            id: e.id.clone(),
+            path: e.path.clone(),
+            config,
+            embedding: ingot_models::bert::is_bert(&e.path),
+        }
     }
-    if let Some(d) = e.dtype {
-        m.dtype = d;
+
+    /// The longest context the model's files and settings allow, before an
+    /// engine knows its KV pool (which may bound it further on the GPU).
+    fn context_bound(&self, model: &ingot_models::ModelConfig) -> usize {
+        let m = &self.config.model;
+        let mut len = model.max_context;
+        if let Some(cap) = m.max_model_len {
+            len = len.min(cap.max(1));
+        }
+        if let Some(kv) = m.kv_cache_tokens {
+            len = len.min(kv.max(1));
+        }
+        len
     }
-    m.max_model_len = e.max_model_len.or(m.max_model_len);
-    m.kv_cache_tokens = e.kv_cache_tokens.or(m.kv_cache_tokens);
-    c
+}
+
+/// Opens, sizes and builds the models of `ingot serve`; the registry's
+/// loader calls it on blocking threads.
+struct ServedModels {
+    plans: Vec<ModelPlan>,
+}
+
+impl ServedModels {
+    fn plan(&self, id: &str) -> Result<&ModelPlan, LoadError> {
+        self.plans
+            .iter()
+            .find(|p| p.id == id)
+            .ok_or_else(|| LoadError::new(format!("no model '{id}' is configured")))
+    }
+}
+
+impl ModelBuilder for ServedModels {
+    fn front(&self, id: &str) -> Result<ModelFront, LoadError> {
+        let plan = self.plan(id)?;
+        if plan.embedding {
+            return Ok(ModelFront::embedding(id));
+        }
+        let (files, tokenizer) =
+            model::open(&plan.path, plan.config.model.load_format).map_err(LoadError::new)?;
+        let limits = RequestLimits {
+            max_context: plan.context_bound(&files.config),
+            vocab_size: files.config.vocab_size,
+        };
+        Ok(ModelFront::generative(id, tokenizer, limits))
+    }
+
+    fn footprint(&self, id: &str) -> Result<u64, LoadError> {
+        footprint(self.plan(id)?).map_err(LoadError::new)
+    }
+
+    fn build(&self, id: &str, front: &ModelFront) -> Result<ServedModel, LoadError> {
+        let plan = self.plan(id)?;
+        if plan.embedding {
+            let handle = model::load_embedding(&plan.config, &plan.path).map_err(LoadError::new)?;
+            eprintln!("ingot: {id} serving embeddings on {}", handle.device_name());
+            return Ok(ServedModel::Embedding(handle));
+        }
+        let tokenizer = front
+            .tokenizer()
+            .map_err(|e| LoadError::new(e.to_string()))?
+            .clone();
+        let handle = start_served_engine(plan, tokenizer).map_err(LoadError::new)?;
+        // Users see whether answers are batch-invariant by choice.
+        let mode = if plan.config.engine.deterministic {
+            " in deterministic mode"
+        } else {
+            ""
+        };
+        eprintln!("ingot: {id} serving on {}{mode}", handle.device_name());
+        Ok(ServedModel::Generative(handle))
+    }
+
+    fn prefetch(&self, id: &str) -> Result<u64, LoadError> {
+        let plan = self.plan(id)?;
+        if plan.config.model.load_format == ingot_config::LoadFormat::Dummy {
+            return Ok(0);
+        }
+        Ok(read_ahead(&plan.path))
+    }
+}
+
+/// Builds `plan`'s runner and starts its engine over `tokenizer` (the one
+/// its front built).
+fn start_served_engine(
+    plan: &ModelPlan,
+    tokenizer: Arc<ingot_tokenizer::Tokenizer>,
+) -> anyhow::Result<ingot_engine::EngineHandle> {
+    let mut engine = settings::engine_config(&plan.config);
+    engine.metrics.model_name = plan.id.clone();
+    let files = model::open_files(&plan.path, plan.config.model.load_format)?;
+    let runner = model::build_runner(
+        &plan.config,
+        &plan.path,
+        files,
+        engine.scheduler.max_num_seqs,
+    )?;
+    Ok(ingot_engine::start_engine(runner, tokenizer, engine)?)
 }
 
 /// The registry of `entries` under `[registry]`'s budget.
 pub fn registry(config: &Config, entries: Vec<ModelEntry>) -> anyhow::Result<Models> {
     // One pool for every CPU model, sized once.
-    crate::model::size_thread_pool(config.model.threads)?;
+    model::size_thread_pool(config.model.threads)?;
     let device_budget = device_budget(config)?;
-    let entries = if entries.len() > 1 && on_gpu(config) {
-        with_kv_shares(config, entries, device_budget)?
-    } else {
-        entries
-    };
+    let mut plans: Vec<ModelPlan> = entries.iter().map(|e| ModelPlan::new(config, e)).collect();
+    if plans.len() > 1 && on_gpu(config) {
+        with_kv_shares(&mut plans, device_budget)?;
+    }
     let specs = entries
         .iter()
         .map(|e| ModelSpec {
@@ -74,68 +187,12 @@ pub fn registry(config: &Config, entries: Vec<ModelEntry>) -> anyhow::Result<Mod
             idle_timeout: Some(e.idle_timeout.get()).filter(|d| !d.is_zero()),
         })
         .collect();
-    let configs: Arc<Vec<(String, Config)>> = Arc::new(
-        entries
-            .iter()
-            .map(|e| (e.id.clone(), entry_config(config, e)))
-            .collect(),
-    );
-    let find = {
-        let configs = configs.clone();
-        move |id: &str| -> Result<Config, String> {
-            configs
-                .iter()
-                .find(|(i, _)| i == id)
-                .map(|(_, c)| c.clone())
-                .ok_or_else(|| format!("no model '{id}'"))
-        }
-    };
-    let find = Arc::new(find);
-    let footprint = {
-        let find = find.clone();
-        Arc::new(move |id: &str| footprint(&find(id)?).map_err(|e| format!("{e:#}")))
-    };
-    let prefetch = {
-        let find = find.clone();
-        Arc::new(move |id: &str| {
-            let c = find(id)?;
-            if c.model.load_format == ingot_config::LoadFormat::Dummy {
-                return Ok(0);
-            }
-            let path = settings::model_path(&c).map_err(|e| format!("{e:#}"))?;
-            Ok(read_ahead(path))
-        })
-    };
-    let load = Arc::new(move |id: &str| {
-        let c = find(id)?;
-        let mut engine = settings::engine_config(&c);
-        engine.metrics.model_name = id.to_string();
-        if ingot_models::bert::is_bert(settings::model_path(&c).map_err(|e| format!("{e:#}"))?) {
-            let handle = crate::model::load_embedding(&c).map_err(|e| format!("{e:#}"))?;
-            eprintln!("ingot: {id} serving embeddings on {}", handle.device_name());
-            return Ok(ServedModel::embedding(id, handle));
-        }
-        let handle = load_engine(&c, engine).map_err(|e| format!("{e:#}"))?;
-        // Users see whether answers are batch-invariant by choice.
-        let mode = if c.engine.deterministic {
-            " in deterministic mode"
-        } else {
-            ""
-        };
-        eprintln!("ingot: {id} serving on {}{mode}", handle.device_name());
-        Ok(ServedModel::new(id, handle))
-    });
     let budget = Budget {
         device_bytes: device_budget,
         host_bytes: host_budget(config),
         load_wait: config.registry.load_wait.get(),
     };
-    let loader = EngineLoader {
-        footprint,
-        load,
-        prefetch,
-        keep_warm: budget.host_bytes > 0,
-    };
+    let loader = EngineLoader::new(Arc::new(ServedModels { plans }), budget.host_bytes > 0);
     let r = &config.registry;
     let prefetch = Prefetch {
         window: r.prefetch_window.get(),
@@ -152,7 +209,7 @@ fn read_ahead(path: &Path) -> u64 {
     use std::io::Read;
     let mut buf = vec![0u8; 4 << 20];
     let mut read = 0u64;
-    for f in crate::model::model_files(path) {
+    for f in model::model_files(path) {
         let Ok(mut file) = std::fs::File::open(&f) else {
             continue;
         };
@@ -203,38 +260,32 @@ const GPU_WORKSPACE_SLACK: u64 = 512 << 20;
 /// the KV cache of an equal share of the budget (less its weights and
 /// workspace), so every model fits at once, instead of one engine taking
 /// `model.gpu_memory_utilization` of all free memory.
-fn with_kv_shares(
-    config: &Config,
-    mut entries: Vec<ModelEntry>,
-    budget: u64,
-) -> anyhow::Result<Vec<ModelEntry>> {
-    let n = entries.len() as u64;
+fn with_kv_shares(plans: &mut [ModelPlan], budget: u64) -> anyhow::Result<()> {
+    let n = plans.len() as u64;
     let share = budget / n;
-    for (i, e) in entries.iter_mut().enumerate() {
-        if e.kv_cache_tokens.or(config.model.kv_cache_tokens).is_some()
-            || ingot_models::bert::is_bert(&e.path)
-        {
+    for (i, plan) in plans.iter_mut().enumerate() {
+        if plan.config.model.kv_cache_tokens.is_some() || plan.embedding {
             continue;
         }
-        let c = entry_config(config, e);
-        let (_, model) = metadata(&c)?;
+        let c = &plan.config;
+        let (_, model) = metadata(plan)?;
         let weights = model.num_params() as u64 * 2;
-        let per_token = gpu_kv_bytes_per_token(&c, &model).max(1);
+        let per_token = gpu_kv_bytes_per_token(c, &model).max(1);
         let tokens = share.saturating_sub(weights + GPU_WORKSPACE_SLACK) / per_token;
         let block = c.engine.block_size as u64;
         anyhow::ensure!(
             tokens >= block,
             "models[{i}] ({}): its share of registry.device_budget ({} MiB of {} MiB for {} models) \
              does not hold its weights ({} MiB) and a KV cache; set kv_cache_tokens or a larger budget",
-            e.id,
+            plan.id,
             share >> 20,
             budget >> 20,
             n,
             weights >> 20
         );
-        e.kv_cache_tokens = Some((tokens / block * block) as usize);
+        plan.config.model.kv_cache_tokens = Some((tokens / block * block) as usize);
     }
-    Ok(entries)
+    Ok(())
 }
 /// KV bytes per token on the GPU: the CPU's f32 bytes scaled to
 /// `model.kv_cache_dtype` (bf16: half, fp8: a quarter).
@@ -266,14 +317,11 @@ fn physical_memory() -> Option<u64> {
 /// A model's files opened for their metadata (no weights, no tokenizer: a
 /// 128k vocabulary takes ~0.4 s to build) and its config under
 /// `max_model_len`.
-fn metadata(c: &Config) -> anyhow::Result<(ingot_models::ModelFiles, ingot_models::ModelConfig)> {
-    let path: &Path = settings::model_path(c)?;
-    let format = match c.model.load_format {
-        ingot_config::LoadFormat::Dummy => ingot_models::LoadFormat::Dummy,
-        ingot_config::LoadFormat::Auto => ingot_models::LoadFormat::Auto,
-    };
-    let files = ingot_models::open(path, format)
-        .with_context(|| format!("cannot load model {}", path.display()))?;
+fn metadata(
+    plan: &ModelPlan,
+) -> anyhow::Result<(ingot_models::ModelFiles, ingot_models::ModelConfig)> {
+    let c = &plan.config;
+    let files = model::open_files(&plan.path, c.model.load_format)?;
     let mut model = files.config.clone();
     if let Some(len) = c.model.max_model_len {
         model.max_context = model.max_context.min(len.max(1));
@@ -285,16 +333,16 @@ fn metadata(c: &Config) -> anyhow::Result<(ingot_models::ModelFiles, ingot_model
 /// them (bf16 on the GPU, or e4m3 layer matrices with `fp8`; on the CPU the file's quantized blocks on the
 /// native path, else f32 or bf16) plus its KV cache, read from the model's
 /// metadata without loading weights.
-fn footprint(c: &Config) -> anyhow::Result<u64> {
-    let path: &Path = settings::model_path(c)?;
-    if ingot_models::bert::is_bert(path) {
+fn footprint(plan: &ModelPlan) -> anyhow::Result<u64> {
+    let (c, path) = (&plan.config, plan.path.as_path());
+    if plan.embedding {
         // f32 weights (on the GPU, matrices also in f16); activations are
         // per batch and small.
         let files = ingot_models::bert::open_bert(path)?;
         let bytes_per_param = if on_gpu(c) { 6 } else { 4 };
         return Ok(files.config.num_params() as u64 * bytes_per_param);
     }
-    let (files, model) = metadata(c)?;
+    let (files, model) = metadata(plan)?;
     let params = model.num_params() as u64;
     let cpu = !on_gpu(c);
     let weights = if !cpu {

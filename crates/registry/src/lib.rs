@@ -25,7 +25,7 @@ mod spec;
 
 pub use error::RegistryError;
 pub use lease::Lease;
-pub use loader::Loader;
+pub use loader::{describe, Loader};
 pub use registry::{ModelState, ModelStatus, Registry};
 pub use spec::{Budget, ModelSpec, Prefetch};
 

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use crate::error::RegistryError;
 use crate::lease::Lease;
-use crate::loader::Loader;
+use crate::loader::{describe, Loader};
 use crate::metrics;
 use crate::spec::{Budget, ModelSpec, Prefetch};
 
@@ -106,7 +106,13 @@ struct Entry<L: Loader> {
     demand: VecDeque<Instant>,
     /// When it was last prefetched.
     prefetched: Option<Instant>,
+    /// Its front, once built (kept across loads and unloads). The mutex is
+    /// held while building, so concurrent first requests build it once.
+    front: FrontSlot<L>,
 }
+
+/// A model's front, built on first use.
+type FrontSlot<L> = Arc<Mutex<Option<Arc<<L as Loader>::Front>>>>;
 
 /// The result of a load as waiters see it (`None` while it runs).
 type LoadDone = Option<Result<(), String>>;
@@ -153,6 +159,7 @@ impl<L: Loader> Registry<L> {
                 warm: None,
                 demand: VecDeque::new(),
                 prefetched: None,
+                front: Arc::default(),
             })
             .collect();
         Self {
@@ -237,6 +244,43 @@ impl<L: Loader> Registry<L> {
                 }
             }
         }
+    }
+
+    /// The front of the model `name` (an id or alias) and its id: built on
+    /// first use (on a blocking thread), then shared. Never loads, wakes or
+    /// touches the model's engine.
+    pub async fn front(&self, name: &str) -> Result<(Arc<str>, Arc<L::Front>), RegistryError> {
+        let (id, slot) = {
+            let st = lock(&self.inner.state);
+            let e = &st.entries[st.index(name)?];
+            (e.id.clone(), e.front.clone())
+        };
+        // Never wait on the slot here: a build holds it on a blocking thread.
+        if let Some(front) = slot.try_lock().ok().and_then(|f| f.clone()) {
+            return Ok((id, front));
+        }
+        let loader = self.inner.loader.clone();
+        let key = id.clone();
+        let built = tokio::task::spawn_blocking(move || build_front(&*loader, &key, &slot))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+        let front = built.map_err(|message| RegistryError::LoadFailed {
+            id: id.to_string(),
+            message,
+        })?;
+        Ok((id, front))
+    }
+
+    /// The front of `name` if one was built already (never builds one).
+    pub fn built_front(&self, name: &str) -> Option<Arc<L::Front>> {
+        let slot = {
+            let st = lock(&self.inner.state);
+            st.entries[st.index(name).ok()?].front.clone()
+        };
+        // Held only while a front is being built: then there is none yet.
+        let front = slot.try_lock().ok()?.clone();
+        front
     }
 
     /// Counts a client request for `name` (an unknown name is ignored):
@@ -419,7 +463,9 @@ impl<L: Loader> Registry<L> {
                     tracing::info!(model = %id, bytes, "model prefetched into host memory");
                     done.push(id.to_string());
                 }
-                Ok(Err(e)) => tracing::warn!(model = %id, error = %e, "prefetch failed"),
+                Ok(Err(e)) => {
+                    tracing::warn!(model = %id, error = %describe(&e), "prefetch failed")
+                }
                 Err(e) => tracing::warn!(model = %id, error = %e, "prefetch task failed"),
             }
         }
@@ -524,10 +570,11 @@ impl<L: Loader> Registry<L> {
     async fn measure(&self, id: &Arc<str>) -> Result<(), RegistryError> {
         let loader = self.inner.loader.clone();
         let key = id.clone();
-        let measured = tokio::task::spawn_blocking(move || loader.footprint(&key))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r);
+        let measured =
+            tokio::task::spawn_blocking(move || loader.footprint(&key).map_err(|e| describe(&e)))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r);
         let bytes = measured.map_err(|message| RegistryError::LoadFailed {
             id: id.to_string(),
             message,
@@ -561,7 +608,19 @@ impl<L: Loader> Registry<L> {
         }
         let from_warm = warm.is_some();
         let started = Instant::now();
-        let result = self.inner.loader.load(&id, warm.map(|w| w.0));
+        let slot = {
+            let st = lock(&self.inner.state);
+            st.index(&id).map(|i| st.entries[i].front.clone())
+        };
+        let loader = &*self.inner.loader;
+        let result = slot
+            .map_err(|e| e.to_string())
+            .and_then(|slot| build_front(loader, &id, &slot))
+            .and_then(|front| {
+                loader
+                    .load(&id, &front, warm.map(|w| w.0))
+                    .map_err(|e| describe(&e))
+            });
         let took = started.elapsed();
         metrics::loaded(&id, result.is_ok(), from_warm, took);
         let mut st = lock(&self.inner.state);
@@ -760,4 +819,20 @@ impl<L: Loader> Entry<L> {
     fn evictable(&self) -> bool {
         matches!(&self.slot, Slot::Loaded(m) if Arc::strong_count(m) == 1)
     }
+}
+
+/// `id`'s front from `slot`, built by `loader` if it is not yet (blocking;
+/// the slot's lock makes concurrent builders wait for one build).
+fn build_front<L: Loader>(
+    loader: &L,
+    id: &str,
+    slot: &Mutex<Option<Arc<L::Front>>>,
+) -> Result<Arc<L::Front>, String> {
+    let mut held = lock(slot);
+    if let Some(front) = held.as_ref() {
+        return Ok(front.clone());
+    }
+    let front = Arc::new(loader.front(id).map_err(|e| describe(&e))?);
+    *held = Some(front.clone());
+    Ok(front)
 }

@@ -16,6 +16,7 @@ struct Fake {
     warm_loads: AtomicUsize,
     unloads: AtomicUsize,
     prefetches: Mutex<Vec<String>>,
+    fronts: AtomicUsize,
     live: Arc<Mutex<Vec<String>>>,
 }
 
@@ -30,21 +31,44 @@ impl Drop for FakeModel {
     }
 }
 
+fn fail(message: String) -> std::io::Error {
+    std::io::Error::other(message)
+}
+
 impl Loader for Fake {
+    /// The front is the id, upper-cased (what a tokenizer would be).
+    type Front = String;
     type Model = FakeModel;
     type Warm = String;
+    type Error = std::io::Error;
 
-    fn footprint(&self, id: &str) -> Result<u64, String> {
+    fn front(&self, id: &str) -> Result<String, std::io::Error> {
+        std::thread::sleep(Duration::from_millis(5));
+        self.fronts.fetch_add(1, Ordering::SeqCst);
+        Ok(id.to_uppercase())
+    }
+
+    fn footprint(&self, id: &str) -> Result<u64, std::io::Error> {
         self.sizes
             .get(id)
             .copied()
-            .ok_or_else(|| format!("no size for {id}"))
+            .ok_or_else(|| fail(format!("no size for {id}")))
     }
 
-    fn load(&self, id: &str, warm: Option<String>) -> Result<FakeModel, String> {
+    fn load(
+        &self,
+        id: &str,
+        front: &String,
+        warm: Option<String>,
+    ) -> Result<FakeModel, std::io::Error> {
+        assert_eq!(
+            front,
+            &id.to_uppercase(),
+            "loaded with another model's front"
+        );
         std::thread::sleep(Duration::from_millis(20));
         if id.starts_with("broken") {
-            return Err("bad file".into());
+            return Err(fail("bad file".into()));
         }
         self.loads.fetch_add(1, Ordering::SeqCst);
         if let Some(w) = warm {
@@ -60,7 +84,7 @@ impl Loader for Fake {
         })
     }
 
-    fn prefetch(&self, id: &str) -> Result<u64, String> {
+    fn prefetch(&self, id: &str) -> Result<u64, std::io::Error> {
         self.prefetches.lock().unwrap().push(id.to_string());
         Ok(self.sizes[id])
     }
@@ -310,4 +334,42 @@ async fn prefetch_is_off_by_default() {
         drop(r.acquire(m).await.unwrap());
     }
     assert!(r.prefetch_demanded().await.is_empty());
+}
+
+#[tokio::test]
+async fn a_front_is_built_once_and_never_loads_the_model() {
+    let r = registry(&[("a", 10), ("b", 10)], 100, 0);
+    let fronts = concurrent_fronts(&r, "a", 4).await;
+    assert!(fronts
+        .iter()
+        .all(|(id, f)| &**id == "a" && f.as_str() == "A"));
+    assert_eq!(r.loader().fronts.load(Ordering::SeqCst), 1);
+    assert_eq!(r.loader().loads.load(Ordering::SeqCst), 0);
+    assert!(r.status().iter().all(|s| s.state == ModelState::Unloaded));
+    // Loading reuses the front built above.
+    r.load("a").await.unwrap();
+    assert_eq!(r.loader().fronts.load(Ordering::SeqCst), 1);
+    assert!(matches!(
+        r.front("nope").await,
+        Err(RegistryError::Unknown { .. })
+    ));
+}
+
+/// `n` concurrent `front` calls for `name`.
+async fn concurrent_fronts(
+    r: &Registry<Fake>,
+    name: &str,
+    n: usize,
+) -> Vec<(Arc<str>, Arc<String>)> {
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let (r, name) = (r.clone(), name.to_string());
+            tokio::spawn(async move { r.front(&name).await })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.unwrap().unwrap());
+    }
+    out
 }

@@ -161,9 +161,10 @@ pub struct Submission {
 }
 
 impl Submission {
-    /// The canonical engine requests: `n` per prompt, every one validated
-    /// before any is submitted. Choice `c` of a seeded request uses seed +
-    /// c, so choices differ yet the whole response is reproducible.
+    /// The canonical engine requests: `n` per prompt. Choice `c` of a
+    /// seeded request uses seed + c, so choices differ yet the whole
+    /// response is reproducible. The model's limits are checked once, by
+    /// the engine at submission (a refusal aborts the choices started).
     pub fn requests(
         &self,
         inputs: Prompts<'_>,
@@ -192,9 +193,6 @@ impl Submission {
                     priority: sampling.priority,
                     grammar: inputs.grammar.cloned(),
                 };
-                self.limits
-                    .check(&request)
-                    .map_err(|e| ApiError::from_submit(e, self.endpoint.prompt_param()))?;
                 out.push((p * sampling.n + c, p, request));
             }
         }
@@ -219,7 +217,7 @@ impl Submission {
         prompts.iter().map(per_prompt).sum::<u64>() * sampling.n as u64
     }
 
-    /// Validates every choice, then starts them through `generator`.
+    /// Starts every choice through `generator`.
     /// Returns the jobs and where their answers come from.
     pub async fn submit(
         &self,
@@ -259,6 +257,7 @@ impl Submission {
     fn error(&self, e: GenerateError) -> ApiError {
         match e {
             GenerateError::Rejected(e) => ApiError::from_submit(e, self.endpoint.prompt_param()),
+            GenerateError::Model(e) => e.into(),
             GenerateError::Unavailable(m) => ApiError::Unavailable(m),
         }
     }

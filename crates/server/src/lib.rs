@@ -11,6 +11,7 @@ mod logprobs;
 pub mod models;
 mod observe;
 pub mod pipeline;
+mod prepare;
 pub mod reload;
 mod routes;
 mod serve;
@@ -22,8 +23,10 @@ mod usage;
 
 pub use conn::ConnLimits;
 pub use error::ApiError;
-pub use models::{EngineLoader, Models, ServedModel};
+pub use models::{EngineLoader, LoadError, ModelBuilder, ModelFront, Models, ServedModel};
 pub use reload::{LogLevelFn, ReloadFn, ReloadReport};
 pub use routes::app;
 pub use serve::{serve, ServeConfig, ServeError};
-pub use state::{AppState, CacheControl, Pipeline, FLAG_COALESCING, FLAG_RESPONSE_CACHE};
+pub use state::{
+    AppState, AppStateBuilder, CacheControl, Pipeline, FLAG_COALESCING, FLAG_RESPONSE_CACHE,
+};

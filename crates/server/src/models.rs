@@ -1,16 +1,18 @@
-//! The served models: a registry of engines that handlers lease from.
+//! The served models: a registry of engines, and each model's front.
 //!
-//! The binary says how to size and build an engine for a model id
-//! ([`EngineLoader`]); the registry decides which are resident. A lease
-//! keeps its engine loaded while a request uses it: the pipeline's engine
-//! layer holds one inside every generation's event stream.
+//! The binary says how to open, size and build a model ([`ModelBuilder`]);
+//! the registry decides which are resident. What a request needs before
+//! the engine (tokenizer, chat template, limits, grammar compiler) is the
+//! model's [`ModelFront`], built once and kept while engines come and go,
+//! so a request answered without the engine never loads or wakes it. The
+//! pipeline's engine stage is the one place that leases an engine.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
-use ingot_engine::{EmbeddingHandle, EngineHandle};
+use ingot_engine::{EmbeddingHandle, EngineHandle, GrammarCompiler, GrammarError, RequestLimits};
 use ingot_registry::{Loader, Registry, RegistryError};
-use ingot_tokenizer::ChatTemplate;
+use ingot_tokenizer::{ChatTemplate, Tokenizer};
 
 use crate::ApiError;
 
@@ -19,167 +21,287 @@ pub const GENERATIVE_ENDPOINTS: &[&str] = &["/v1/chat/completions", "/v1/complet
 /// The endpoints an embedding model serves.
 pub const EMBEDDING_ENDPOINTS: &[&str] = &["/v1/embeddings"];
 
-/// A loaded model: a generative engine and its compiled chat template, or
-/// an embedding engine.
-pub struct ServedModel {
+/// What requests need of a model before its engine: built from the
+/// model's files without its weights.
+pub struct ModelFront {
     id: String,
-    kind: Kind,
+    kind: FrontKind,
 }
 
-enum Kind {
+enum FrontKind {
     Generative {
-        engine: EngineHandle,
+        tokenizer: Arc<Tokenizer>,
         /// The chat template, or why there is none.
         template: Result<Arc<ChatTemplate>, String>,
+        /// Indexed on first use (tens of milliseconds for a large vocabulary).
+        grammars: OnceLock<Result<Arc<GrammarCompiler>, GrammarError>>,
+        /// The model's bounds: estimated from its files until an engine
+        /// has loaded, then the engine's own (which also know its KV pool).
+        limits: RwLock<RequestLimits>,
     },
-    Embedding(EmbeddingHandle),
+    Embedding,
 }
 
-impl ServedModel {
-    /// Wraps the generative `engine` of model `id`, compiling its
-    /// tokenizer's chat template once.
-    pub fn new(id: &str, engine: EngineHandle) -> Self {
-        let template = match ChatTemplate::for_tokenizer(engine.tokenizer()) {
+impl ModelFront {
+    /// The front of generative model `id`: `tokenizer` (shared with its
+    /// engine), its chat template compiled once, and `limits` as read from
+    /// the model's files.
+    pub fn generative(id: &str, tokenizer: Arc<Tokenizer>, limits: RequestLimits) -> Self {
+        let template = match ChatTemplate::for_tokenizer(&tokenizer) {
             Ok(Some(t)) => Ok(Arc::new(t)),
             Ok(None) => Err("this model has no chat template; use /v1/completions".to_string()),
             Err(e) => Err(format!("the model's chat template is invalid: {e}")),
         };
         Self {
             id: id.to_string(),
-            kind: Kind::Generative { engine, template },
+            kind: FrontKind::Generative {
+                tokenizer,
+                template,
+                grammars: OnceLock::new(),
+                limits: RwLock::new(limits),
+            },
         }
     }
 
-    /// Wraps the embedding engine of model `id`.
-    pub fn embedding(id: &str, engine: EmbeddingHandle) -> Self {
+    /// The front of embedding model `id` (its engine tokenizes itself).
+    pub fn embedding(id: &str) -> Self {
         Self {
             id: id.to_string(),
-            kind: Kind::Embedding(engine),
+            kind: FrontKind::Embedding,
         }
     }
 
-    /// The generative engine; 400 for an embedding model.
-    pub fn engine(&self) -> Result<&EngineHandle, ApiError> {
-        match &self.kind {
-            Kind::Generative { engine, .. } => Ok(engine),
-            Kind::Embedding(_) => {
-                Err(self.wrong_endpoint("a text generation", EMBEDDING_ENDPOINTS))
-            }
-        }
-    }
-
-    /// The embedding engine; 400 for a generative model.
-    pub fn embedder(&self) -> Result<&EmbeddingHandle, ApiError> {
-        match &self.kind {
-            Kind::Embedding(engine) => Ok(engine),
-            Kind::Generative { .. } => {
-                Err(self.wrong_endpoint("an embeddings", GENERATIVE_ENDPOINTS))
-            }
-        }
+    /// The model's id.
+    pub fn id(&self) -> &str {
+        &self.id
     }
 
     /// The endpoints it serves.
     pub fn endpoints(&self) -> &'static [&'static str] {
         match self.kind {
-            Kind::Generative { .. } => GENERATIVE_ENDPOINTS,
-            Kind::Embedding(_) => EMBEDDING_ENDPOINTS,
+            FrontKind::Generative { .. } => GENERATIVE_ENDPOINTS,
+            FrontKind::Embedding => EMBEDDING_ENDPOINTS,
         }
     }
 
-    /// Longest input (generative: prompt + output).
-    pub fn max_context(&self) -> usize {
+    /// The tokenizer; 400 for an embedding model.
+    pub fn tokenizer(&self) -> Result<&Arc<Tokenizer>, ApiError> {
         match &self.kind {
-            Kind::Generative { engine, .. } => engine.max_context(),
-            Kind::Embedding(e) => e.max_tokens(),
+            FrontKind::Generative { tokenizer, .. } => Ok(tokenizer),
+            FrontKind::Embedding => {
+                Err(self.wrong_endpoint("a text generation", EMBEDDING_ENDPOINTS))
+            }
         }
-    }
-
-    fn wrong_endpoint(&self, request: &str, serves: &[&str]) -> ApiError {
-        ApiError::BadRequest(
-            ingot_protocol::ProtocolError::field(
-                "model",
-                format!(
-                    "model '{}' does not serve {request} request; it serves {}",
-                    self.id,
-                    serves.join(", ")
-                ),
-            )
-            .with_code("model_not_supported"),
-        )
     }
 
     /// The compiled chat template (400 when the model has none).
     pub fn chat_template(&self) -> Result<Arc<ChatTemplate>, ApiError> {
         match &self.kind {
-            Kind::Generative { template, .. } => template.clone().map_err(|e| {
+            FrontKind::Generative { template, .. } => template.clone().map_err(|e| {
                 ApiError::BadRequest(ingot_protocol::ProtocolError::field("messages", e))
             }),
-            Kind::Embedding(_) => Err(self.wrong_endpoint("a chat", EMBEDDING_ENDPOINTS)),
+            FrontKind::Embedding => Err(self.wrong_endpoint("a chat", EMBEDDING_ENDPOINTS)),
+        }
+    }
+
+    /// What a request must fit (generative models).
+    pub fn limits(&self) -> Result<RequestLimits, ApiError> {
+        match &self.kind {
+            FrontKind::Generative { limits, .. } => {
+                Ok(*limits.read().unwrap_or_else(PoisonError::into_inner))
+            }
+            FrontKind::Embedding => {
+                Err(self.wrong_endpoint("a text generation", EMBEDDING_ENDPOINTS))
+            }
+        }
+    }
+
+    /// The longest context, as known now (`None` for an embedding model).
+    pub fn max_context(&self) -> Option<usize> {
+        self.limits().ok().map(|l| l.max_context)
+    }
+
+    /// Takes the limits of a freshly loaded engine.
+    fn learn_limits(&self, engine: &EngineHandle) {
+        if let FrontKind::Generative { limits, .. } = &self.kind {
+            *limits.write().unwrap_or_else(PoisonError::into_inner) = engine.limits();
+        }
+    }
+
+    /// Compiles grammars for this model's vocabulary. Blocking on first use
+    /// (it indexes the vocabulary): call it off the async runtime.
+    pub fn grammar_compiler(&self) -> Result<Arc<GrammarCompiler>, ApiError> {
+        let FrontKind::Generative {
+            tokenizer,
+            grammars,
+            ..
+        } = &self.kind
+        else {
+            return Err(self.wrong_endpoint("a text generation", EMBEDDING_ENDPOINTS));
+        };
+        grammars
+            .get_or_init(|| GrammarCompiler::new(tokenizer.clone()).map(Arc::new))
+            .clone()
+            .map_err(|e| ApiError::Internal(e.to_string()))
+    }
+
+    fn wrong_endpoint(&self, request: &str, serves: &[&str]) -> ApiError {
+        wrong_endpoint(&self.id, request, serves)
+    }
+}
+
+/// 400: model `id` serves `serves`, not `request`.
+fn wrong_endpoint(id: &str, request: &str, serves: &[&str]) -> ApiError {
+    ApiError::BadRequest(
+        ingot_protocol::ProtocolError::field(
+            "model",
+            format!(
+                "model '{id}' does not serve {request} request; it serves {}",
+                serves.join(", ")
+            ),
+        )
+        .with_code("model_not_supported"),
+    )
+}
+
+/// A loaded model: a generative engine or an embedding engine.
+pub enum ServedModel {
+    /// Text generation.
+    Generative(EngineHandle),
+    /// Embeddings.
+    Embedding(EmbeddingHandle),
+}
+
+impl ServedModel {
+    /// The generative engine; 400 for an embedding model.
+    pub fn engine(&self, id: &str) -> Result<&EngineHandle, ApiError> {
+        match self {
+            ServedModel::Generative(engine) => Ok(engine),
+            ServedModel::Embedding(_) => {
+                Err(wrong_endpoint(id, "a text generation", EMBEDDING_ENDPOINTS))
+            }
+        }
+    }
+
+    /// The embedding engine; 400 for a generative model.
+    pub fn embedder(&self, id: &str) -> Result<&EmbeddingHandle, ApiError> {
+        match self {
+            ServedModel::Embedding(engine) => Ok(engine),
+            ServedModel::Generative(_) => {
+                Err(wrong_endpoint(id, "an embeddings", GENERATIVE_ENDPOINTS))
+            }
         }
     }
 
     /// Puts a generative engine to sleep (device memory back, weights kept
     /// on the host); an embedding engine cannot sleep.
     fn sleep(&self) -> Result<u64, String> {
-        match &self.kind {
-            Kind::Generative { engine, .. } => engine.sleep().map_err(|e| e.to_string()),
-            Kind::Embedding(_) => Err("embedding engines do not sleep".into()),
+        match self {
+            ServedModel::Generative(engine) => engine.sleep(),
+            ServedModel::Embedding(_) => Err("embedding engines do not sleep".into()),
         }
     }
 
     fn wake(&self) -> Result<(), String> {
-        match &self.kind {
-            Kind::Generative { engine, .. } => engine.wake().map_err(|e| e.to_string()),
-            Kind::Embedding(_) => Ok(()),
+        match self {
+            ServedModel::Generative(engine) => engine.wake(),
+            ServedModel::Embedding(_) => Ok(()),
         }
     }
 }
 
-/// Sizes a model before loading it (device bytes).
-pub type FootprintFn = Arc<dyn Fn(&str) -> Result<u64, String> + Send + Sync>;
-/// Builds a model's engine (slow, blocking).
-pub type LoadFn = Arc<dyn Fn(&str) -> Result<ServedModel, String> + Send + Sync>;
-/// Brings a model's files into the page cache; returns the bytes asked for.
-pub type PrefetchFn = Arc<dyn Fn(&str) -> Result<u64, String> + Send + Sync>;
+/// Why a model could not be opened, sized or built: the builder's own
+/// error with its causes (rendered once, by the registry, for the API).
+#[derive(Debug)]
+pub struct LoadError(Box<dyn std::error::Error + Send + Sync>);
 
-/// How the binary sizes and builds engines.
+impl LoadError {
+    /// Wraps `error` (an `anyhow::Error` converts, causes kept).
+    pub fn new(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self(error.into())
+    }
+}
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for LoadError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+/// How the binary opens, sizes and builds a model (blocking calls, run on
+/// the registry's blocking threads). Each configured model's path and
+/// settings are the builder's to know.
+pub trait ModelBuilder: Send + Sync + 'static {
+    /// The model's front: tokenizer, template and limits, no weights.
+    fn front(&self, id: &str) -> Result<ModelFront, LoadError>;
+    /// Device bytes the model takes once loaded.
+    fn footprint(&self, id: &str) -> Result<u64, LoadError>;
+    /// Builds its engine over `front`'s tokenizer.
+    fn build(&self, id: &str, front: &ModelFront) -> Result<ServedModel, LoadError>;
+    /// Reads its files into the page cache; returns the bytes read.
+    fn prefetch(&self, id: &str) -> Result<u64, LoadError>;
+}
+
+/// The registry's loader: a [`ModelBuilder`], plus putting evicted engines
+/// to sleep when the registry keeps warm copies.
 pub struct EngineLoader {
-    /// Device bytes of a model once loaded.
-    pub footprint: FootprintFn,
-    /// Builds its engine.
-    pub load: LoadFn,
-    /// Reads its files ahead.
-    pub prefetch: PrefetchFn,
-    /// Put evicted engines to sleep instead of dropping them (the registry
-    /// has a host budget for them).
-    pub keep_warm: bool,
+    builder: Arc<dyn ModelBuilder>,
+    keep_warm: bool,
+}
+
+impl EngineLoader {
+    /// Loads through `builder`; `keep_warm` puts evicted engines to sleep
+    /// instead of dropping them (the registry has a host budget for them).
+    pub fn new(builder: Arc<dyn ModelBuilder>, keep_warm: bool) -> Self {
+        Self { builder, keep_warm }
+    }
 }
 
 impl Loader for EngineLoader {
+    type Front = ModelFront;
     type Model = ServedModel;
     /// A sleeping engine: its device memory given back, its weights in host
     /// memory, its thread, tokenizer, kernels and graphs kept.
     type Warm = ServedModel;
+    type Error = LoadError;
 
-    fn footprint(&self, id: &str) -> Result<u64, String> {
-        (self.footprint)(id)
+    fn front(&self, id: &str) -> Result<ModelFront, LoadError> {
+        self.builder.front(id)
     }
 
-    fn load(&self, id: &str, warm: Option<ServedModel>) -> Result<ServedModel, String> {
-        if let Some(model) = warm {
-            match model.wake() {
-                Ok(()) => return Ok(model),
-                Err(e) => {
-                    tracing::warn!(model = id, error = %e, "waking failed; loading from the file");
-                    self.discard(model);
-                }
+    fn footprint(&self, id: &str) -> Result<u64, LoadError> {
+        self.builder.footprint(id)
+    }
+
+    fn load(
+        &self,
+        id: &str,
+        front: &ModelFront,
+        warm: Option<ServedModel>,
+    ) -> Result<ServedModel, LoadError> {
+        let model = match warm.map(|m| (m.wake(), m)) {
+            Some((Ok(()), model)) => model,
+            Some((Err(e), model)) => {
+                tracing::warn!(model = id, error = %e, "waking failed; loading from the file");
+                self.discard(model);
+                self.builder.build(id, front)?
             }
+            None => self.builder.build(id, front)?,
+        };
+        if let ServedModel::Generative(engine) = &model {
+            front.learn_limits(engine);
         }
-        (self.load)(id)
+        Ok(model)
     }
 
-    fn prefetch(&self, id: &str) -> Result<u64, String> {
-        (self.prefetch)(id)
+    fn prefetch(&self, id: &str) -> Result<u64, LoadError> {
+        self.builder.prefetch(id)
     }
 
     fn unload(&self, id: &str, model: ServedModel) -> Option<(ServedModel, u64)> {

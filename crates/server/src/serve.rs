@@ -104,23 +104,23 @@ pub async fn serve(
     models: Models,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    let state = AppState::new(
+    let redis = &config.runtime.config.redis;
+    let fleet = match ingot_fleet::FleetSettings::from_section(redis) {
+        Some(settings) => Some(
+            ingot_fleet::Fleet::connect(&settings).map_err(|e| ServeError::Redis(e.to_string()))?,
+        ),
+        None => None,
+    };
+    let state = AppState::builder(
         config.model_name.clone(),
         config.runtime.clone(),
-        install_metrics(&config.model_name),
-    );
-    state
-        .edge()
-        .reload(&config.runtime.config.auth)
-        .map_err(|e| ServeError::Auth(e.to_string()))?;
-    state.set_reload(config.reload.clone(), config.set_log_level.clone());
-    let redis = &config.runtime.config.redis;
-    if let Some(settings) = ingot_fleet::FleetSettings::from_section(redis) {
-        let fleet =
-            ingot_fleet::Fleet::connect(&settings).map_err(|e| ServeError::Redis(e.to_string()))?;
-        state.set_fleet(fleet);
-    }
-    state.set_embedding_models(config.embedding_models.clone());
+        models.clone(),
+    )
+    .metrics(install_metrics(&config.model_name))
+    .reload(config.reload.clone(), config.set_log_level.clone())
+    .fleet(fleet)
+    .embedding_models(config.embedding_models.clone())
+    .build()?;
     tokio::spawn(reload_on_hangup(state.clone()));
     tokio::spawn(crate::slo::run(state.clone()));
     let listener = tokio::net::TcpListener::bind(config.addr)
@@ -135,7 +135,6 @@ pub async fn serve(
     })?;
     eprintln!("listening on http://{local}");
     models.publish();
-    state.set_models(models.clone());
     let _sweeper = models.spawn_idle_sweeper(IDLE_SWEEP);
     let heartbeat = std::sync::Mutex::new(None);
     let loader = {

@@ -1,28 +1,30 @@
 //! Shared server state: the served models (a registry of engines), the
 //! generation pipeline, the live runtime config (flags, cache bounds), the
 //! default model's name, the drain flag and the in-flight counter used by
-//! graceful shutdown.
+//! graceful shutdown. Built once its parts exist ([`AppStateBuilder`]).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ingot_config::{Config, Loaded};
-use ingot_registry::Lease;
 use metrics::counter;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::Notify;
 
-use crate::models::{Models, ServedModel};
+use crate::models::Models;
 use crate::pipeline::{
-    CacheSettings, Coalescer, EngineGenerator, MemoryStore, ResponseCache, ResponseStore, Sharing,
-    TwoTierStore,
+    CacheSettings, Coalescer, EngineStage, Generator, MemoryStore, ResponseCache, ResponseStore,
+    Sharing, TwoTierStore,
 };
 use crate::reload::{LogLevelFn, ReloadFn};
-use crate::ApiError;
+use crate::slo::SloMonitor;
+use crate::{ApiError, ServeError};
 
-/// The generator stack every endpoint goes through.
-pub type Pipeline = ResponseCache<Coalescer<EngineGenerator>>;
+/// The generator stack every generating endpoint goes through, in its one
+/// order: the response cache, then coalescing, then the engine stage (the
+/// one place a model is leased).
+pub type Pipeline = ResponseCache<Coalescer<Arc<dyn Generator>>>;
 
 /// Feature flag: identical in-flight deterministic requests share one
 /// generation.
@@ -37,102 +39,160 @@ pub struct AppState {
 }
 
 struct Inner {
-    /// Set once the listener is up; models load on demand from then on.
-    models: Arc<OnceLock<Models>>,
+    models: Models,
     /// The preloaded models are in: `/ready` is 200.
     ready: AtomicBool,
     pipeline: Pipeline,
     runtime: RwLock<Arc<Loaded>>,
-    reload: OnceLock<ReloadFn>,
-    log_level: OnceLock<LogLevelFn>,
+    reload: Option<ReloadFn>,
+    log_level: Option<LogLevelFn>,
     /// The model a request without `model` gets (the first configured).
     model_name: String,
-    /// Context lengths of the models loaded so far (for `/v1/models`).
-    max_model_len: std::sync::Mutex<std::collections::HashMap<String, usize>>,
     created: u64,
     draining: AtomicBool,
     inflight: AtomicUsize,
     idle: Notify,
     metrics: Option<PrometheusHandle>,
-    /// API keys and their limits (auth off until loaded).
+    /// API keys and their limits (auth off when none are configured).
     edge: ingot_edge::Edge,
     /// Shared state in Redis, when `[redis]` is configured.
-    fleet: OnceLock<ingot_fleet::Fleet>,
+    fleet: Option<ingot_fleet::Fleet>,
     /// Ids of the embedding models (the rest are generative).
-    embedding_models: OnceLock<Vec<String>>,
-    /// SLO evaluation and remediation.
-    slo: crate::slo::SloMonitor,
+    embedding_models: Vec<String>,
+    /// SLO evaluation and remediation (the engine stage shows it engines).
+    slo: Arc<SloMonitor>,
 }
 
-impl AppState {
-    /// State for a server whose default model is `model_name`, under
-    /// `runtime`.
-    pub fn new(model_name: String, runtime: Loaded, metrics: Option<PrometheusHandle>) -> Self {
+/// The parts of an [`AppState`]; `build` assembles the pipeline.
+pub struct AppStateBuilder {
+    model_name: String,
+    runtime: Loaded,
+    models: Models,
+    metrics: Option<PrometheusHandle>,
+    reload: Option<ReloadFn>,
+    log_level: Option<LogLevelFn>,
+    fleet: Option<ingot_fleet::Fleet>,
+    embedding_models: Vec<String>,
+    engine_stage: Option<Arc<dyn Generator>>,
+}
+
+impl AppStateBuilder {
+    /// Exports metrics through `handle`.
+    pub fn metrics(mut self, handle: Option<PrometheusHandle>) -> Self {
+        self.metrics = handle;
+        self
+    }
+
+    /// Enables live reload: `reload` loads the config again, `log_level`
+    /// swaps the log filter.
+    pub fn reload(mut self, reload: Option<ReloadFn>, log_level: Option<LogLevelFn>) -> Self {
+        self.reload = reload;
+        self.log_level = log_level;
+        self
+    }
+
+    /// Shares state through `fleet`: the response cache gets its Redis tier
+    /// (`redis.share_cache`), the API keys' limits hold across instances
+    /// (`redis.share_rate_limits`).
+    pub fn fleet(mut self, fleet: Option<ingot_fleet::Fleet>) -> Self {
+        self.fleet = fleet;
+        self
+    }
+
+    /// Says which models are embedding models.
+    pub fn embedding_models(mut self, ids: Vec<String>) -> Self {
+        self.embedding_models = ids;
+        self
+    }
+
+    /// Replaces the engine stage under the cache and coalescer (tests drive
+    /// the HTTP layer over a fake generator this way).
+    pub fn engine_stage(mut self, stage: Arc<dyn Generator>) -> Self {
+        self.engine_stage = Some(stage);
+        self
+    }
+
+    /// The state, with its pipeline assembled: response cache, coalescer,
+    /// engine stage. Fails when the configured API keys cannot be loaded.
+    pub fn build(self) -> Result<AppState, ServeError> {
+        let config = &self.runtime.config;
+        let edge = ingot_edge::Edge::default();
+        edge.reload(&config.auth)
+            .map_err(|e| ServeError::Auth(e.to_string()))?;
+        if let Some(fleet) = self.fleet.as_ref() {
+            if config.redis.share_rate_limits {
+                edge.share_limits(fleet.clone());
+            }
+        }
+        let slo = Arc::new(SloMonitor::default());
+        let engine_stage = self
+            .engine_stage
+            .unwrap_or_else(|| Arc::new(EngineStage::new(self.models.clone(), slo.clone())));
+        let coalescer = Coalescer::new(engine_stage, config.engine.stall_timeout.get());
+        let store = store_for(config, self.fleet.as_ref());
         let created = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let models = Arc::new(OnceLock::new());
-        let config = &runtime.config;
-        let coalescer = Coalescer::new(
-            EngineGenerator::new(models.clone()),
-            config.engine.stall_timeout.get(),
-        );
-        let store = Arc::new(MemoryStore::new(cache_settings(config)));
-        Self {
+        Ok(AppState {
             inner: Arc::new(Inner {
-                models,
+                models: self.models,
                 ready: AtomicBool::new(false),
                 pipeline: ResponseCache::new(coalescer, store),
-                runtime: RwLock::new(Arc::new(runtime)),
-                reload: OnceLock::new(),
-                log_level: OnceLock::new(),
-                model_name,
-                max_model_len: Default::default(),
+                runtime: RwLock::new(Arc::new(self.runtime)),
+                reload: self.reload,
+                log_level: self.log_level,
+                model_name: self.model_name,
                 created,
                 draining: AtomicBool::new(false),
                 inflight: AtomicUsize::new(0),
                 idle: Notify::new(),
-                metrics,
-                edge: ingot_edge::Edge::default(),
-                fleet: OnceLock::new(),
-                embedding_models: OnceLock::new(),
-                slo: crate::slo::SloMonitor::default(),
+                metrics: self.metrics,
+                edge,
+                fleet: self.fleet,
+                embedding_models: self.embedding_models,
+                slo,
             }),
+        })
+    }
+}
+
+impl AppState {
+    /// The parts of a server whose default model is `model_name`, serving
+    /// `models` under `runtime`.
+    pub fn builder(model_name: String, runtime: Loaded, models: Models) -> AppStateBuilder {
+        AppStateBuilder {
+            model_name,
+            runtime,
+            models,
+            metrics: None,
+            reload: None,
+            log_level: None,
+            fleet: None,
+            embedding_models: Vec::new(),
+            engine_stage: None,
         }
-    }
-
-    /// Installs the registry: from now on models load on demand.
-    pub fn set_models(&self, models: Models) {
-        let _ = self.inner.models.set(models);
-    }
-
-    /// Says which configured models are embedding models (once, at start).
-    pub fn set_embedding_models(&self, ids: Vec<String>) {
-        let _ = self.inner.embedding_models.set(ids);
     }
 
     /// The endpoints model `id` serves, known before it loads.
     pub fn endpoints(&self, id: &str) -> &'static [&'static str] {
-        let embedding = self
-            .inner
-            .embedding_models
-            .get()
-            .is_some_and(|ids| ids.iter().any(|i| i == id));
-        if embedding {
+        if self.inner.embedding_models.iter().any(|i| i == id) {
             crate::models::EMBEDDING_ENDPOINTS
         } else {
             crate::models::GENERATIVE_ENDPOINTS
         }
     }
 
-    /// The registry, once installed.
-    pub fn models(&self) -> Option<&Models> {
-        self.inner.models.get()
+    /// The registry of served models.
+    pub fn models(&self) -> &Models {
+        &self.inner.models
     }
 
-    /// The context length of model `id`, once it has been loaded.
+    /// The context length of model `id`, once its front has been built.
     pub fn max_model_len(&self, id: &str) -> Option<usize> {
-        lock(&self.inner.max_model_len).get(id).copied()
+        self.inner
+            .models
+            .built_front(id)
+            .and_then(|f| f.max_context())
     }
 
     /// The preloaded models are in; `/ready` turns 200.
@@ -145,63 +205,21 @@ impl AppState {
         self.inner.ready.load(Ordering::SeqCst) && !self.is_draining()
     }
 
-    /// A lease on the model `requested` names (the default model when
-    /// absent), loading it if need be; 503 while starting or draining, 404
-    /// for a name no model has.
-    pub async fn model(&self, requested: Option<&str>) -> Result<Lease<ServedModel>, ApiError> {
+    /// Whether model requests are taken now: 503 while the preloaded
+    /// models load or the server drains. Checked once per request.
+    pub fn check_serving(&self) -> Result<(), ApiError> {
         if self.is_draining() {
             return Err(ApiError::Unavailable("the server is shutting down".into()));
         }
-        let models = self
-            .models()
-            .ok_or_else(|| ApiError::Unavailable("the server is starting".into()))?;
         if !self.inner.ready.load(Ordering::SeqCst) {
             return Err(ApiError::Unavailable("the model is still loading".into()));
         }
-        let name = requested.unwrap_or(&self.inner.model_name);
-        models.note_request(name);
-        let lease = models.acquire(name).await?;
-        let mut lens = lock(&self.inner.max_model_len);
-        // Known after a model's first request: no key allocated per request.
-        if !lens.contains_key(lease.id()) {
-            lens.insert(lease.id().to_string(), lease.max_context());
-        }
-        drop(lens);
-        if let Ok(engine) = lease.engine() {
-            self.inner.slo.observe(lease.id(), engine.controls());
-        }
-        Ok(lease)
-    }
-
-    /// Shares state through `fleet` from now on: the response cache gets
-    /// its Redis tier (`redis.share_cache`), the API keys' limits hold
-    /// across instances (`redis.share_rate_limits`).
-    pub fn set_fleet(&self, fleet: ingot_fleet::Fleet) {
-        let config = self.runtime().config.clone();
-        if config.redis.share_rate_limits {
-            self.inner.edge.share_limits(fleet.clone());
-        }
-        if self.inner.fleet.set(fleet).is_ok() && config.redis.share_cache {
-            self.inner.pipeline.replace_store(self.store_for(&config));
-        }
+        Ok(())
     }
 
     /// The shared-state client, when configured.
     pub fn fleet(&self) -> Option<&ingot_fleet::Fleet> {
-        self.inner.fleet.get()
-    }
-
-    /// The response store `config` asks for: local, or local then Redis.
-    fn store_for(&self, config: &Config) -> Arc<dyn ResponseStore> {
-        let local = MemoryStore::new(cache_settings(config));
-        match self.inner.fleet.get() {
-            Some(fleet) if config.redis.share_cache => Arc::new(TwoTierStore::new(
-                local,
-                fleet.clone(),
-                config.cache.ttl.get(),
-            )),
-            _ => Arc::new(local),
-        }
+        self.inner.fleet.as_ref()
     }
 
     /// The API keys and their limits (the router's auth layer reads them).
@@ -210,11 +228,11 @@ impl AppState {
     }
 
     /// The SLO policy engine.
-    pub fn slo(&self) -> &crate::slo::SloMonitor {
+    pub fn slo(&self) -> &SloMonitor {
         &self.inner.slo
     }
 
-    /// The generation pipeline (response cache, coalescing, engine).
+    /// The generation pipeline (response cache, coalescing, engine stage).
     pub fn pipeline(&self) -> &Pipeline {
         &self.inner.pipeline
     }
@@ -228,23 +246,12 @@ impl AppState {
             .clone()
     }
 
-    /// Enables live reload: `reload` loads the config again, `log_level`
-    /// swaps the log filter.
-    pub fn set_reload(&self, reload: Option<ReloadFn>, log_level: Option<LogLevelFn>) {
-        if let Some(r) = reload {
-            let _ = self.inner.reload.set(r);
-        }
-        if let Some(l) = log_level {
-            let _ = self.inner.log_level.set(l);
-        }
-    }
-
     pub(crate) fn reloader(&self) -> Option<&ReloadFn> {
-        self.inner.reload.get()
+        self.inner.reload.as_ref()
     }
 
     pub(crate) fn log_level_setter(&self) -> Option<&LogLevelFn> {
-        self.inner.log_level.get()
+        self.inner.log_level.as_ref()
     }
 
     /// Installs a reloaded config; rebuilds the response cache when its
@@ -254,7 +261,7 @@ impl AppState {
         if cache_settings(&old.config) != cache_settings(&runtime.config) {
             self.inner
                 .pipeline
-                .replace_store(self.store_for(&runtime.config));
+                .replace_store(store_for(&runtime.config, self.fleet()));
         }
         *self
             .inner
@@ -342,8 +349,17 @@ impl AppState {
     }
 }
 
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+/// The response store `config` asks for: local, or local then Redis.
+fn store_for(config: &Config, fleet: Option<&ingot_fleet::Fleet>) -> Arc<dyn ResponseStore> {
+    let local = MemoryStore::new(cache_settings(config));
+    match fleet {
+        Some(fleet) if config.redis.share_cache => Arc::new(TwoTierStore::new(
+            local,
+            fleet.clone(),
+            config.cache.ttl.get(),
+        )),
+        _ => Arc::new(local),
+    }
 }
 
 /// The bounds of the response cache in `config`.

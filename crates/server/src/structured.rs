@@ -2,7 +2,7 @@
 //! with the grammar engine's refusals phrased as 400s naming the field and
 //! the feature.
 
-use ingot_engine::{EngineHandle, Grammar, GrammarError};
+use ingot_engine::{Grammar, GrammarCompiler, GrammarError};
 use ingot_protocol::structured::OutputGrammar;
 use ingot_protocol::ProtocolError;
 
@@ -11,22 +11,12 @@ use crate::ApiError;
 /// The OpenAI `error.code` of a grammar using a feature we do not support.
 pub const UNSUPPORTED_CODE: &str = "unsupported_feature";
 
-/// Compiles `grammar` for `engine`'s vocabulary. Blocking (the first use
-/// of a model indexes its vocabulary): call it off the async runtime.
-pub fn compile(
-    engine: &EngineHandle,
-    grammar: Option<&OutputGrammar>,
-) -> Result<Option<Grammar>, ApiError> {
-    let Some(g) = grammar else {
-        return Ok(None);
-    };
-    let compiler = engine
-        .grammar_compiler()
-        .map_err(|e| ApiError::Internal(e.to_string()))?;
+/// Compiles `grammar` with `compiler` (a model's vocabulary). Blocking:
+/// call it off the async runtime.
+pub fn compile(compiler: &GrammarCompiler, grammar: &OutputGrammar) -> Result<Grammar, ApiError> {
     compiler
-        .compile(&g.spec)
-        .map(Some)
-        .map_err(|e| refusal(&g.param, e))
+        .compile(&grammar.spec)
+        .map_err(|e| refusal(&grammar.param, e))
 }
 
 fn refusal(param: &str, e: GrammarError) -> ApiError {

@@ -1,51 +1,50 @@
-//! The innermost layer: submits to the requested model's engine.
+//! The innermost stage: leases the requested model from the registry (the
+//! one lease of a request, taken only after the cache and the coalescer
+//! have had their say) and submits to its engine.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::{self, StreamExt};
 
 use super::{CacheStatus, GenerateError, GenerateRequest, Generation, Generator};
 use crate::models::Models;
+use crate::slo::SloMonitor;
 
 /// Submits requests to the engine of the model they name, leasing it for
 /// as long as the generation's events are read (so it is never evicted
 /// under a request).
 #[derive(Clone)]
-pub struct EngineGenerator {
-    models: Arc<OnceLock<Models>>,
+pub struct EngineStage {
+    models: Models,
+    /// Shown every engine a request reaches (its latency windows).
+    slo: Arc<SloMonitor>,
 }
 
-impl EngineGenerator {
-    /// A generator over the registry `models` will hold once installed.
-    pub fn new(models: Arc<OnceLock<Models>>) -> Self {
-        Self { models }
+impl EngineStage {
+    /// A stage over `models`, showing their engines to `slo`.
+    pub fn new(models: Models, slo: Arc<SloMonitor>) -> Self {
+        Self { models, slo }
     }
 }
 
-impl Generator for EngineGenerator {
+impl Generator for EngineStage {
     fn generate(
         &self,
         request: GenerateRequest,
     ) -> BoxFuture<'_, Result<Generation, GenerateError>> {
         Box::pin(async move {
-            let models = self
-                .models
-                .get()
-                .ok_or_else(|| GenerateError::Unavailable("the server is starting".into()))?;
-            let lease = models
-                .acquire(&request.model)
-                .await
+            let lease = self.models.acquire(&request.model).await?;
+            let engine = lease
+                .engine(lease.id())
                 .map_err(|e| GenerateError::Unavailable(e.to_string()))?;
+            self.slo.observe(lease.id(), engine.controls());
             let status = if request.key.is_some() {
                 CacheStatus::Miss
             } else {
                 CacheStatus::Bypass
             };
-            let stream = lease
-                .engine()
-                .map_err(|e| GenerateError::Unavailable(e.to_string()))?
-                .submit(request.engine)?;
+            let stream = engine.submit(request.engine)?;
             let priority = Some(stream.priority_handle());
             // The stream owns the engine request (dropping it aborts) and
             // the lease.

@@ -3,13 +3,13 @@
 //! engine events comes back.
 //!
 //! ```text
-//! endpoint ─► ResponseCache ─► Coalescer ─► EngineGenerator ─► engine
+//! endpoint ─► ResponseCache ─► Coalescer ─► EngineStage ─► engine
 //! ```
 //!
 //! Each layer wraps the next and knows nothing of HTTP: the response cache
 //! answers deterministic requests it has seen complete, the coalescer lets
-//! identical in-flight requests share one generation, the engine layer
-//! submits. What a layer may do with a request is decided above the stack
+//! identical in-flight requests share one generation, the engine stage
+//! leases the model (the request's one registry visit) and submits. What a layer may do with a request is decided above the stack
 //! (feature flags, `Cache-Control`) and carried in [`Sharing`].
 
 mod cache;
@@ -26,7 +26,7 @@ pub use cache::{
     CacheSettings, CachedChoice, MemoryStore, ResponseCache, ResponseStore, StoreStats,
 };
 pub use coalesce::Coalescer;
-pub use engine::EngineGenerator;
+pub use engine::EngineStage;
 pub use key::{is_deterministic, request_key, RequestKey};
 pub use shared::{TwoTierStore, SHARED_LOOKUPS};
 
@@ -155,6 +155,9 @@ pub enum GenerateError {
     /// The engine refused it (queue full, too long, invalid).
     #[error(transparent)]
     Rejected(#[from] SubmitError),
+    /// The model cannot be had (unknown, no room, failed to load).
+    #[error(transparent)]
+    Model(#[from] ingot_registry::RegistryError),
     /// No engine can take it now (loading, shutting down).
     #[error("{0}")]
     Unavailable(String),
@@ -168,6 +171,16 @@ pub trait Generator: Send + Sync + 'static {
         &self,
         request: GenerateRequest,
     ) -> BoxFuture<'_, Result<Generation, GenerateError>>;
+}
+
+/// A stage chosen at run time (the engine, or a fake in tests).
+impl Generator for std::sync::Arc<dyn Generator> {
+    fn generate(
+        &self,
+        request: GenerateRequest,
+    ) -> BoxFuture<'_, Result<Generation, GenerateError>> {
+        (**self).generate(request)
+    }
 }
 
 #[cfg(test)]

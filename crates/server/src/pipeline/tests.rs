@@ -436,7 +436,7 @@ async fn readers_waiting_for_slow_events_are_not_cut_off() {
 }
 
 #[tokio::test]
-async fn both_endpoints_validate_before_generating() {
+async fn greedy_choices_share_a_generation_and_lengths_default_by_endpoint() {
     let fake = Fake::new(0);
     let pipeline = stack(&fake);
     let submission = |endpoint| Submission {
@@ -458,30 +458,6 @@ async fn both_endpoints_validate_before_generating() {
             .validate()
             .expect("valid")
     };
-    for endpoint in [Endpoint::Chat, Endpoint::Completions] {
-        let s = submission(endpoint);
-        let too_long = s
-            .submit(
-                &pipeline,
-                crate::generate::Prompts::free(&[vec![1; 30]]),
-                &sampling(serde_json::json!({"max_tokens": 8})),
-            )
-            .await;
-        let Err(e) = too_long else {
-            panic!("accepted a request over the context");
-        };
-        assert_eq!(e.body()["error"]["code"], "context_length_exceeded");
-        // The second prompt is bad: nothing was generated for the first.
-        let bad_id = s
-            .submit(
-                &pipeline,
-                crate::generate::Prompts::free(&[vec![1, 2], vec![1, 500]]),
-                &sampling(serde_json::json!({"max_tokens": 2})),
-            )
-            .await;
-        assert!(bad_id.is_err());
-        assert_eq!(fake.generations(), 0);
-    }
     // n = 3 greedy choices of one prompt: one generation, three choices.
     let s = submission(Endpoint::Completions);
     let (jobs, status) = s

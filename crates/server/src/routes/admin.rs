@@ -102,9 +102,7 @@ pub async fn purge(
 /// `GET /admin/models`: every configured model, its state and memory, and
 /// the registry's budget.
 pub async fn models(State((state, _)): State<Shared>) -> Result<Json<Value>, ApiError> {
-    let models = state
-        .models()
-        .ok_or_else(|| ApiError::Unavailable("the server is starting".into()))?;
+    let models = state.models();
     let data: Vec<Value> = models
         .status()
         .into_iter()
@@ -139,9 +137,7 @@ pub async fn model_action(
     State((state, _)): State<Shared>,
     Path((id, action)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    let models = state
-        .models()
-        .ok_or_else(|| ApiError::Unavailable("the server is starting".into()))?;
+    let models = state.models();
     match action.as_str() {
         "load" => models.load(&id).await?,
         "unload" => models.unload(&id).await?,

@@ -1,29 +1,29 @@
 //! `POST /v1/chat/completions`.
 
-use std::sync::Arc;
-
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
-use ingot_edge::Caller;
+use axum::Json;
+use ingot_core::TokenId;
 use ingot_engine::{Completion, GeneratedToken};
 use ingot_protocol::chat::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta,
     ChatLogprobs, ChatTurn, ValidChatRequest,
 };
+use ingot_protocol::sampling::ValidSampling;
+use ingot_protocol::structured::OutputGrammar;
 use ingot_protocol::tools::{FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta, ToolChoice};
 use ingot_protocol::usage::Usage;
 use ingot_protocol::ProtocolError;
 use ingot_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
 use super::sse::Event;
-use super::{json_body, sse, start, unix_now, Shared, Started};
-use crate::conn::{ConnProbe, Received};
-use crate::generate;
+use super::{json_body, sse, Shared};
+use crate::generate::{self, ChoiceResult, Job};
 use crate::logprobs::resolve;
+use crate::models::ModelFront;
+use crate::prepare::{self, Head, Incoming, Shape, WireFormat};
 use crate::tools::{self, Piece, ToolFormat, ToolStream};
 use crate::ApiError;
 
@@ -73,125 +73,126 @@ fn to_message(turn: &ChatTurn) -> Result<ChatMessage, ApiError> {
     })
 }
 
-/// The handler.
+/// The handler: parse, then the shared path (`prepare::generate`).
 pub async fn chat_completions(
     State((state, limit)): State<Shared>,
-    Extension(caller): Extension<Caller>,
-    probe: Option<Extension<ConnProbe>>,
-    received: Option<Extension<Received>>,
-    headers: HeaderMap,
+    incoming: Incoming,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let received = Received::or_now(received);
-    let body = json_body(body, limit)?;
-    let req = ValidChatRequest::parse(&body)?;
-    let model = super::lease(&state, &caller, req.sampling.model.as_deref()).await?;
-    let engine = model.engine()?.clone();
-    let guard = state.track();
-    let template = model.chat_template()?;
+    let req = ValidChatRequest::parse(&json_body(body, limit)?)?;
+    prepare::generate(state, incoming, req).await
+}
+
+/// The format tool calls are parsed in, and the tool choice, when the
+/// answer may hold calls (unless tool_choice is none).
+fn parsed_tools(
+    req: &ValidChatRequest,
+    template: &ChatTemplate,
+) -> Option<(ToolFormat, ToolChoice)> {
     let format = ToolFormat::from_template(template.source());
-    // Tool calls are parsed out of the answer unless tool_choice is none.
-    let parse_tools = req
-        .tool_config
+    req.tool_config
         .as_ref()
         .filter(|t| t.choice != ToolChoice::None)
-        .map(|t| (format, t.choice.clone()));
-    let grammar = req.sampling.grammar.clone().or_else(|| {
-        req.tool_config
-            .as_ref()
-            .and_then(|t| tools::tool_grammar(format, t))
-    });
-    let tokenizer = engine.tokenizer().clone();
-    let span = tracing::info_span!("tokenize");
-    let compiling = engine.clone();
-    let (req, prepared) = tokio::task::spawn_blocking(move || {
-        let prepared = span.in_scope(|| {
-            let grammar = crate::structured::compile(&compiling, grammar.as_ref())?;
-            Ok::<_, ApiError>((prompt_ids(&req, &template, &tokenizer)?, grammar))
-        });
-        (req, prepared)
-    })
-    .await
-    .map_err(|e| ApiError::Internal(e.to_string()))?;
-    let (ids, grammar) = prepared?;
-    let Started {
-        id,
-        jobs,
-        answer,
-        usage: key_usage,
-    } = start(
-        &state,
-        &model,
-        &caller,
-        &headers,
-        generate::Prompts {
-            ids: &[ids],
-            grammar: grammar.as_ref(),
-        },
-        &req.sampling,
-        generate::Endpoint::Chat,
-    )
-    .await?;
-    super::note_prepared(received, &jobs);
-    let meta = Meta {
-        id,
-        created: unix_now(),
-        model: model.id().to_string(),
-        logprobs: req.sampling.params.logprobs.is_some(),
-        tokenizer: engine.tokenizer().clone(),
-        tools: parse_tools,
-    };
-    if req.sampling.stream {
-        let delivery = super::delivery(&state, probe, guard, key_usage, received);
-        let response = stream_response(jobs, meta, req.sampling.include_usage, delivery);
-        return Ok(answer.finish(response, None));
+        .map(|t| (format, t.choice.clone()))
+}
+
+impl WireFormat for ValidChatRequest {
+    const ENDPOINT: generate::Endpoint = generate::Endpoint::Chat;
+    type Extra = ();
+    type Answer = Meta;
+
+    fn sampling(&self) -> &ValidSampling {
+        &self.sampling
     }
-    let results =
-        tracing::Instrument::instrument(generate::collect(jobs), tracing::info_span!("generate"))
-            .await?;
-    let usage = generate::usage_of(results.iter().map(|r| (r.prompt_index, &r.completion)));
-    let choices = results
-        .iter()
-        .map(|r| {
-            let (message, finish_reason) = meta.message(&r.text, r.completion.reason.as_str());
-            ChatChoice {
-                index: r.index,
-                message,
-                logprobs: meta.logprobs.then(|| ChatLogprobs {
-                    content: r
-                        .tokens
-                        .iter()
-                        .map(|t| (&resolve(&meta.tokenizer, t)).into())
-                        .collect(),
-                    refusal: None,
-                }),
-                finish_reason: Some(finish_reason),
-            }
+
+    fn grammar(&self, front: &ModelFront) -> Result<Option<OutputGrammar>, ApiError> {
+        let format = ToolFormat::from_template(front.chat_template()?.source());
+        Ok(self.sampling.grammar.clone().or_else(|| {
+            self.tool_config
+                .as_ref()
+                .and_then(|t| tools::tool_grammar(format, t))
+        }))
+    }
+
+    fn encode(&self, front: &ModelFront) -> Result<(Vec<Vec<TokenId>>, ()), ApiError> {
+        let ids = prompt_ids(self, &*front.chat_template()?, front.tokenizer()?)?;
+        Ok((vec![ids], ()))
+    }
+
+    fn answer(self, head: Head, front: &ModelFront, (): ()) -> Meta {
+        let tools = front
+            .chat_template()
+            .ok()
+            .and_then(|t| parsed_tools(&self, &t));
+        Meta { head, tools }
+    }
+}
+
+impl Shape for Meta {
+    fn stream(self, jobs: Vec<Job>, include_usage: bool, delivery: sse::Delivery) -> Response {
+        let meta = self;
+        // Every choice opens with the assistant role, as OpenAI does.
+        let head: Vec<_> = jobs
+            .iter()
+            .map(|j| {
+                let delta = ChatDelta {
+                    role: Some("assistant"),
+                    content: Some(String::new()),
+                    tool_calls: None,
+                };
+                let choice = ChatChunkChoice {
+                    index: j.index,
+                    delta,
+                    logprobs: None,
+                    finish_reason: None,
+                };
+                sse::data(&meta.chunk(vec![choice], include_usage))
+            })
+            .collect();
+        let format = ChatChunks {
+            streams: Default::default(),
+            meta,
+            include_usage,
+        };
+        sse::stream_choices(head, jobs, format, include_usage, delivery)
+    }
+
+    fn whole(self, results: &[ChoiceResult], usage: Usage) -> Response {
+        let choices = results
+            .iter()
+            .map(|r| {
+                let (message, finish_reason) = self.message(&r.text, r.completion.reason.as_str());
+                ChatChoice {
+                    index: r.index,
+                    message,
+                    logprobs: self.head.logprobs.then(|| ChatLogprobs {
+                        content: r
+                            .tokens
+                            .iter()
+                            .map(|t| (&resolve(&self.head.tokenizer, t)).into())
+                            .collect(),
+                        refusal: None,
+                    }),
+                    finish_reason: Some(finish_reason),
+                }
+            })
+            .collect();
+        Json(ChatCompletion {
+            id: self.head.id,
+            object: "chat.completion",
+            created: self.head.created,
+            model: self.head.model,
+            choices,
+            usage,
+            system_fingerprint: None,
         })
-        .collect();
-    drop(guard);
-    let tokens = (usage.prompt_tokens, usage.completion_tokens);
-    let response = Json(ChatCompletion {
-        id: meta.id,
-        object: "chat.completion",
-        created: meta.created,
-        model: meta.model,
-        choices,
-        usage,
-        system_fingerprint: None,
-    })
-    .into_response();
-    key_usage.settle(tokens.0 as u64, tokens.1 as u64);
-    Ok(answer.finish(response, Some(tokens)))
+        .into_response()
+    }
 }
 
 /// What every chunk repeats.
-struct Meta {
-    id: String,
-    created: u64,
-    model: String,
-    logprobs: bool,
-    tokenizer: Arc<Tokenizer>,
+pub struct Meta {
+    head: Head,
     /// The format tool calls are parsed in, and the tool choice, when the
     /// answer may hold calls.
     tools: Option<(ToolFormat, ToolChoice)>,
@@ -259,47 +260,15 @@ impl Meta {
 
     fn chunk(&self, choices: Vec<ChatChunkChoice>, include_usage: bool) -> ChatCompletionChunk {
         ChatCompletionChunk {
-            id: self.id.clone(),
+            id: self.head.id.clone(),
             object: "chat.completion.chunk",
-            created: self.created,
-            model: self.model.clone(),
+            created: self.head.created,
+            model: self.head.model.clone(),
             choices,
             usage: include_usage.then_some(None),
             system_fingerprint: None,
         }
     }
-}
-
-fn stream_response(
-    jobs: Vec<generate::Job>,
-    meta: Meta,
-    include_usage: bool,
-    delivery: sse::Delivery,
-) -> Response {
-    // Every choice opens with the assistant role, as OpenAI does.
-    let head: Vec<_> = jobs
-        .iter()
-        .map(|j| {
-            let delta = ChatDelta {
-                role: Some("assistant"),
-                content: Some(String::new()),
-                tool_calls: None,
-            };
-            let choice = ChatChunkChoice {
-                index: j.index,
-                delta,
-                logprobs: None,
-                finish_reason: None,
-            };
-            sse::data(&meta.chunk(vec![choice], include_usage))
-        })
-        .collect();
-    let format = ChatChunks {
-        streams: Default::default(),
-        meta,
-        include_usage,
-    };
-    sse::stream_choices(head, jobs, format, include_usage, delivery)
 }
 
 struct ChatChunks {
@@ -384,8 +353,8 @@ impl ChatChunks {
 impl sse::ChunkFormat for ChatChunks {
     fn token(&mut self, index: usize, token: GeneratedToken) -> Option<Event> {
         let m = &self.meta;
-        let logprobs = m.logprobs.then(|| ChatLogprobs {
-            content: vec![(&resolve(&m.tokenizer, &token)).into()],
+        let logprobs = m.head.logprobs.then(|| ChatLogprobs {
+            content: vec![(&resolve(&m.head.tokenizer, &token)).into()],
             refusal: None,
         });
         if let Some((format, _)) = &m.tools {
@@ -397,7 +366,7 @@ impl sse::ChunkFormat for ChatChunks {
             let pieces = stream.0.push(&token.text);
             return sse::concat(self.pieces(index, pieces, logprobs));
         }
-        if token.text.is_empty() && !m.logprobs {
+        if token.text.is_empty() && !m.head.logprobs {
             return None;
         }
         let delta = ChatDelta {

@@ -24,8 +24,9 @@ pub async fn embeddings(
 ) -> Result<Json<Value>, ApiError> {
     let body = json_body(body, limit)?;
     let req = parse_embedding_request(&body)?;
-    let model = super::lease(&state, &caller, req.model.as_deref()).await?;
-    let engine = model.embedder()?.clone();
+    let name = crate::prepare::allowed_model(&state, &caller, req.model.as_deref())?;
+    let model = state.models().acquire(name).await?;
+    let engine = model.embedder(model.id())?.clone();
     check_dimensions(&req, engine.dimensions())?;
     let _guard = state.track();
     let sequences = tokenized(&engine, req.input).await?;

@@ -23,7 +23,7 @@ pub async fn models(
     State((state, _)): State<Shared>,
     Extension(caller): Extension<Caller>,
 ) -> Json<ModelList> {
-    let statuses = state.models().map(|m| m.status()).unwrap_or_default();
+    let statuses = state.models().status();
     let data = statuses
         .into_iter()
         .filter(|s| caller.key().is_none_or(|k| k.allows_model(&s.id)))
@@ -51,9 +51,8 @@ pub async fn tokenize(
 ) -> Result<Json<TokenizeResponse>, ApiError> {
     let body = json_body(body, limit)?;
     let req: TokenizeRequest = parse_json(&body)?;
-    let model = super::lease(&state, &caller, req.model.as_deref()).await?;
-    let engine = model.engine()?;
-    let tokenizer = engine.tokenizer().clone();
+    let front = crate::prepare::front(&state, &caller, req.model.as_deref()).await?;
+    let tokenizer = front.tokenizer()?;
     let tokens = match (req.prompt, req.messages) {
         (Some(text), None) => tokenizer
             .encode(&text, req.add_special_tokens.unwrap_or(true))
@@ -61,7 +60,7 @@ pub async fn tokenize(
         (None, Some(_)) => {
             // The same rendering and encoding as a chat request.
             let chat = ValidChatRequest::parse(&body)?;
-            super::chat::prompt_ids(&chat, &*model.chat_template()?, &tokenizer)?
+            super::chat::prompt_ids(&chat, &*front.chat_template()?, tokenizer)?
         }
         _ => {
             return Err(ApiError::BadRequest(ProtocolError::field(
@@ -73,7 +72,7 @@ pub async fn tokenize(
     Ok(Json(TokenizeResponse {
         count: tokens.len(),
         tokens,
-        max_model_len: engine.max_context(),
+        max_model_len: front.limits()?.max_context,
     }))
 }
 
@@ -85,9 +84,8 @@ pub async fn detokenize(
 ) -> Result<Json<DetokenizeResponse>, ApiError> {
     let body = json_body(body, limit)?;
     let req: DetokenizeRequest = parse_json(&body)?;
-    let model = super::lease(&state, &caller, req.model.as_deref()).await?;
-    let engine = model.engine()?;
-    let vocab = engine.model_config().vocab_size;
+    let front = crate::prepare::front(&state, &caller, req.model.as_deref()).await?;
+    let vocab = front.limits()?.vocab_size;
     if let Some(bad) = req.tokens.iter().find(|&&t| t as usize >= vocab) {
         return Err(ApiError::BadRequest(ProtocolError::bound(
             "tokens",
@@ -95,8 +93,8 @@ pub async fn detokenize(
             bad,
         )));
     }
-    let prompt = engine
-        .tokenizer()
+    let prompt = front
+        .tokenizer()?
         .decode(&req.tokens, false)
         .map_err(|e| ApiError::Internal(e.to_string()))?;
     Ok(Json(DetokenizeResponse { prompt }))
@@ -107,9 +105,8 @@ pub async fn tokenizer_info(
     State((state, _)): State<Shared>,
     Extension(caller): Extension<Caller>,
 ) -> Result<Json<TokenizerInfo>, ApiError> {
-    let model = super::lease(&state, &caller, None).await?;
-    let engine = model.engine()?;
-    let tokenizer = engine.tokenizer();
+    let front = crate::prepare::front(&state, &caller, None).await?;
+    let tokenizer = front.tokenizer()?;
     let special = tokenizer.special_tokens();
     let text = |t: &Option<ingot_tokenizer::TokenInfo>| {
         t.as_ref()
@@ -122,7 +119,7 @@ pub async fn tokenizer_info(
         unk_token: text(&special.unk),
         add_bos_token: special.add_bos,
         add_eos_token: special.add_eos,
-        model_max_length: engine.max_context(),
+        model_max_length: front.limits()?.max_context,
         tokenizer_class: tokenizer.kind().to_string(),
     }))
 }
