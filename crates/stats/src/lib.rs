@@ -7,7 +7,7 @@
 //!   degrees of freedom and the two-sided p-value. Welch rather than Student
 //!   because a regression usually changes the spread as well as the mean. It
 //!   matches `scipy.stats.ttest_ind(a, b, equal_var=False)` to 1e-9
-//!   (`tests/scipy.rs`, fixture from `tests/reference/scipy_reference.py`).
+//!   (`tests/suite/scipy.rs`, fixture from `tests/suite/reference/scipy_reference.py`).
 //!   The Student t CDF comes from `statrs` (regularized incomplete beta).
 //! - [`quantile`]: the linear definition (Hyndman & Fan type 7), the default
 //!   of numpy's `percentile` and scipy's `mstats`/`scoreatpercentile`:
