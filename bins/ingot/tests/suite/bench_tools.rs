@@ -168,9 +168,11 @@ fn compare_tests_between_runs_of_several_files() {
     let a = fabricated_files(dir.path(), "a", 10, 3, 1.0);
     let b = fabricated_files(dir.path(), "b", 20, 3, 1.0);
     let slow = fabricated_files(dir.path(), "slow", 30, 3, 1.3);
-    let side = |flag: &'static str, files: &[String]| {
-        std::iter::once(flag.to_string()).chain(files.iter().cloned())
-    };
+    fn side(flag: &str, files: &[String]) -> Vec<String> {
+        std::iter::once(flag.to_string())
+            .chain(files.iter().cloned())
+            .collect()
+    }
     let argv = |base: &[String], cand: &[String]| -> Vec<String> {
         ["bench", "compare"]
             .into_iter()
