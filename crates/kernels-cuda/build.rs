@@ -10,14 +10,17 @@ use std::env;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
+/// Largest first: they are compiled in parallel, and the long ones decide
+/// when the crate is ready (runner-cuda and the binary wait for it).
 const SOURCES: &[&str] = &[
-    "elementwise",
-    "rope",
-    "attention",
     "gemv",
     "fused_block",
+    "attention",
     "sampling",
+    "rope",
+    "elementwise",
     "encoder",
     "fp8",
 ];
@@ -38,19 +41,20 @@ fn main() {
     );
     match find_nvcc() {
         Some(nvcc) => {
+            let mut jobs = Vec::new();
             for name in SOURCES {
-                let src = format!("cuda/{name}.cu");
                 let cubin = out.join(format!("{name}.sm_90.cubin"));
                 let ptx = out.join(format!("{name}.compute_80.ptx"));
-                compile(&nvcc, &src, &["-cubin", "-arch=sm_90"], &cubin);
-                compile(&nvcc, &src, &["-ptx", "-arch=compute_80"], &ptx);
                 let _ = writeln!(
                     generated,
                     "    Module {{ name: {name:?}, cubin_sm90: include_bytes!({:?}), ptx_compute80: include_str!({:?}) }},",
                     cubin.display(),
                     ptx.display()
                 );
+                jobs.push((format!("cuda/{name}.cu"), ["-cubin", "-arch=sm_90"], cubin));
+                jobs.push((format!("cuda/{name}.cu"), ["-ptx", "-arch=compute_80"], ptx));
             }
+            compile_all(&nvcc, &jobs);
         }
         None => {
             if env::var("INGOT_REQUIRE_CUDA_KERNELS").is_ok_and(|v| v == "1") {
@@ -86,6 +90,26 @@ fn find_nvcc() -> Option<PathBuf> {
             .output()
             .is_ok_and(|o| o.status.success())
     })
+}
+
+/// Runs the nvcc jobs on as many threads as cargo gives this build script
+/// (`NUM_JOBS`), in order: each of the 16 runs is single-threaded.
+fn compile_all(nvcc: &Path, jobs: &[(String, [&str; 2], PathBuf)]) {
+    let threads = env::var("NUM_JOBS")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(1)
+        .clamp(1, jobs.len());
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                while let Some((src, flags, dst)) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    compile(nvcc, src, flags, dst);
+                }
+            });
+        }
+    });
 }
 
 fn compile(nvcc: &Path, src: &str, flags: &[&str], dst: &Path) {
