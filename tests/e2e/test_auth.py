@@ -242,6 +242,7 @@ def victim_p50(srv, seconds: float) -> float:
     return statistics.median(times)
 
 
+@pytest.mark.load
 def test_one_keys_flood_does_not_change_another_keys_latency(srv):
     """Acceptance 2: p50 of another key's requests while one key floods vs
     while it does not, alternated in one run, within 10%. The flooder is

@@ -182,6 +182,7 @@ def assert_sticky_and_served(s: dict, results: list[dict], rolled_at: float) -> 
     assert s["canary"]["errors"] == 0 and s["stable"]["errors"] == 0, s
 
 
+@pytest.mark.load
 def test_a_slowed_canary_is_rolled_back_within_one_window_and_units_stay_put(fleet):
     """Acceptance 2 with a *slower* canary (f32 weights, one sequence at a
     time: a TTFT/ITL regression, no errors) at 50%: rolled back by the
@@ -245,6 +246,7 @@ def calibrate_ttft_target(tmp_path, stable_url: str, canary_url: str, window_s: 
     return {"stable": stable, "canary": canary, "target": math.sqrt(stable * canary)}
 
 
+@pytest.mark.load
 def test_an_slo_breach_of_the_canary_group_rolls_it_back(tmp_path, workers):
     """Section 4's "roll back a canary": the controller's own comparison is
     switched off (ratios of 1000), so only `[slo] canary_rollback` can act.
@@ -308,6 +310,7 @@ def test_an_slo_breach_of_the_canary_group_rolls_it_back(tmp_path, workers):
         assert r.stop() == 0, r.log_tail()
 
 
+@pytest.mark.load
 def test_a_healthy_canary_is_promoted_through_every_step(fleet):
     r = fleet(SERVE_ARGS, SERVE_ARGS,
               canary_toml("[25, 50, 100]", "4s", "20s", min_samples=5))

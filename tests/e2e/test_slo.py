@@ -301,6 +301,7 @@ def adaptive_batching_run(srv, cfg: Path, model: str, seconds: float) -> Batchin
                        settled_after, skipped)
 
 
+@pytest.mark.load
 def test_adaptive_batching_holds_itl_while_load_doubles(server_factory, model_name, tmp_path):
     """Open-loop prompts at R, then 2R (2R is over what the fixed budget
     sustains, so its steps fill and the gaps grow to a full step); the

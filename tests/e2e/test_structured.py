@@ -59,8 +59,12 @@ def named_feature(message: str, schema_text: str) -> bool:
 
 
 def test_real_world_schemas_validate_or_are_refused_by_name(server, model_name):
-    files = schema_files()
-    assert len(files) >= 300, "the fixture collection is incomplete"
+    """Answers for every third schema of the collection (a fixed sample
+    across all its sources: generating all 327 took 160 s of CI's 2 cores);
+    that every one of them compiles or is refused by name is checked
+    without generating, in crates/structured/tests/grammar.rs."""
+    files = schema_files()[::3]
+    assert len(files) >= 100, "the fixture collection is incomplete"
     schemas = [json.loads(f.read_text()) for f in files]
     with server.http() as http, ThreadPoolExecutor(CONCURRENCY) as pool:
         responses = list(pool.map(lambda s: ask(http, model_name, s), schemas))

@@ -21,6 +21,7 @@ import statistics
 import time
 
 import httpx2 as httpx
+import pytest
 
 PROMPT_TOKENS = 1024
 GAP_BOUND_S = 0.025
@@ -80,6 +81,7 @@ def one_request(srv, client, model: str, text: str) -> dict:
     }
 
 
+@pytest.mark.load
 def test_http_ttft_is_the_engine_prefill_plus_little(server, model_name):
     srv = server
     client = srv.openai(timeout=300)
