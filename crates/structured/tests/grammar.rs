@@ -290,9 +290,9 @@ fn every_real_world_schema_compiles_or_is_refused_by_name() {
             Err(e) => failures.push(format!("{}: {e}", path.display())),
         }
     }
+    println!("{compiled} compiled, {refused} refused by name, of {}", files.len());
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    // 310 of 327 compile today; a grammar engine update that refuses more
-    // shows here first.
+    // A grammar engine update that refuses more shows here first.
     assert!(
         compiled * 100 >= files.len() * 88,
         "{compiled} compiled, {refused} refused"
