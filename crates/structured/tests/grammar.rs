@@ -290,7 +290,10 @@ fn every_real_world_schema_compiles_or_is_refused_by_name() {
             Err(e) => failures.push(format!("{}: {e}", path.display())),
         }
     }
-    println!("{compiled} compiled, {refused} refused by name, of {}", files.len());
+    println!(
+        "{compiled} compiled, {refused} refused by name, of {}",
+        files.len()
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     // A grammar engine update that refuses more shows here first.
     assert!(
