@@ -127,7 +127,47 @@ fn server(c: &Config) -> Check {
         "server.max_stream_pending_bytes",
         c.server.max_stream_pending_bytes.bytes(),
         4096,
-    )
+    )?;
+    cors_origins(&c.server.cors_allowed_origins)
+}
+
+/// `server.cors_allowed_origins`: see [`cors_origins_error`].
+fn cors_origins(origins: &[String]) -> Check {
+    match cors_origins_error(origins) {
+        Some((expected, got)) => fail(
+            "server.cors_allowed_origins",
+            format!("{expected}, got {got:?}"),
+        ),
+        None => Ok(()),
+    }
+}
+
+/// What is wrong with a list of CORS origins, if anything: what is
+/// expected, and the entry that is not. `"*"` alone, or origins
+/// (`scheme://host[:port]`, no path): a browser compares its origin
+/// exactly, so anything else would never match. Shared with the router.
+pub fn cors_origins_error(origins: &[String]) -> Option<(&'static str, String)> {
+    if origins.len() > 1 && origins.iter().any(|o| o == "*") {
+        let expected = "\"*\" alone (it allows every origin)";
+        return Some((expected, "*".into()));
+    }
+    let is_origin = |o: &str| {
+        let rest = o
+            .strip_prefix("http://")
+            .or_else(|| o.strip_prefix("https://"));
+        rest.is_some_and(|r| {
+            !r.is_empty() && !r.contains('/') && r.bytes().all(|b| b.is_ascii_graphic())
+        })
+    };
+    origins
+        .iter()
+        .find(|o| *o != "*" && !is_origin(o))
+        .map(|o| {
+            (
+                "\"*\" or origins scheme://host[:port] without a path",
+                o.clone(),
+            )
+        })
 }
 
 /// Ids and aliases name one model each.

@@ -37,6 +37,7 @@ mod tree;
 mod units;
 
 pub use auth::{check_keys, ApiKeyEntry, AuthSection, Tier};
+pub use check::cors_origins_error;
 pub use config::Config;
 pub use env::{env_name, FLAG_PREFIX, LEGACY, NOT_CONFIG};
 pub use error::{ConfigError, Source};

@@ -371,6 +371,11 @@ pub struct ServerSection {
     /// Most bytes a stream may hold for a client that does not read; beyond
     /// it the stream is cut off at once (before the stall timeout).
     pub max_stream_pending_bytes: ByteSize,
+    /// Origins a browser page may call the API from (CORS): `["*"]` for
+    /// any, or exact origins (`"https://app.example.com"`). Empty (the
+    /// default): no CORS headers, so browsers keep pages of other origins
+    /// out.
+    pub cors_allowed_origins: Vec<String>,
 }
 
 impl Default for ServerSection {
@@ -384,6 +389,7 @@ impl Default for ServerSection {
             max_connections: 4096,
             stream_flush_interval: Duration::from_millis(20),
             max_stream_pending_bytes: ByteSize::mib(4),
+            cors_allowed_origins: Vec::new(),
         }
     }
 }

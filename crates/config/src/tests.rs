@@ -136,7 +136,7 @@ fn unknown_file_key_names_line_and_alternatives() {
     assert_eq!(
         e,
         format!(
-            "server.bogus ({}:3): unknown key; expected one of header_timeout, host, max_body_bytes, max_connections, max_stream_pending_bytes, port, shutdown_timeout, stream_flush_interval",
+            "server.bogus ({}:3): unknown key; expected one of cors_allowed_origins, header_timeout, host, max_body_bytes, max_connections, max_stream_pending_bytes, port, shutdown_timeout, stream_flush_interval",
             path.display()
         )
     );
@@ -235,6 +235,33 @@ fn out_of_range_values_name_the_bound() {
         e,
         "engine.block_size = 32 (env INGOT_ENGINE_BLOCK_SIZE): only 16 is supported"
     );
+}
+
+#[test]
+fn cors_origins_are_a_star_alone_or_exact_origins() {
+    let path =
+        file("[server]\ncors_allowed_origins = [\"https://a.example\", \"http://b:3000\"]\n");
+    let l = load(&Layers {
+        file: Some(path),
+        ..Layers::default()
+    })
+    .unwrap();
+    assert_eq!(
+        l.config.server.cors_allowed_origins,
+        ["https://a.example", "http://b:3000"]
+    );
+    for bad in [
+        r#"["*", "https://a.example"]"#,
+        r#"["https://a.example/app"]"#,
+        r#"["a.example"]"#,
+    ] {
+        let path = file(&format!("[server]\ncors_allowed_origins = {bad}\n"));
+        let e = err(&Layers {
+            file: Some(path),
+            ..Layers::default()
+        });
+        assert!(e.starts_with("server.cors_allowed_origins"), "{e}");
+    }
 }
 
 #[test]

@@ -2,11 +2,13 @@
 //! responses and stream chunks serialised byte-compatible with the OpenAI
 //! API. No I/O; one module per endpoint.
 
+pub mod anthropic;
 pub mod chat;
 pub mod completions;
 pub mod embeddings;
 mod error;
 pub mod models;
+pub mod ollama;
 mod parse;
 pub mod sampling;
 pub mod structured;

@@ -25,8 +25,18 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);
 /// Longest wait for a restarted worker to be ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// The router's routes.
+/// The router's routes, answering browsers of `cors_allowed_origins`
+/// (CORS, outermost: a preflight carries no API key).
 pub fn app(state: Arc<RouterState>) -> Router {
+    let cors = crate::cors::layer(&state.config.cors_allowed_origins);
+    let app = routes(state);
+    match cors {
+        Some(cors) => app.layer(cors),
+        None => app,
+    }
+}
+
+fn routes(state: Arc<RouterState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(forward))
         .route("/v1/completions", post(forward))

@@ -12,6 +12,7 @@ pub mod breaker;
 pub mod canary_slo;
 pub mod client;
 pub mod config;
+mod cors;
 mod discovery;
 mod error;
 mod health;

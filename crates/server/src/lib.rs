@@ -4,6 +4,7 @@
 //! handlers never block on it.
 
 pub mod conn;
+mod cors;
 mod error;
 mod generate;
 mod http_metrics;

@@ -110,6 +110,8 @@ pub struct Head {
     pub tokenizer: Arc<Tokenizer>,
     /// Whether output logprobs were asked for.
     pub logprobs: bool,
+    /// When the request's head came (Ollama reports durations from it).
+    pub received: Instant,
 }
 
 /// Serves a generating request: prepare, start through the pipeline, then
@@ -138,6 +140,7 @@ pub async fn generate<W: WireFormat>(
         model: prepared.front.id().to_string(),
         tokenizer: prepared.front.tokenizer()?.clone(),
         logprobs: sampling.params.logprobs.is_some(),
+        received: incoming.received,
     };
     let shape = request.answer(head, &prepared.front, prepared.extra);
     if stream {

@@ -52,6 +52,10 @@ pub struct RouterConfig {
     pub host: Option<String>,
     /// Port to listen on (0: any free port). Default 8080.
     pub port: Option<u16>,
+    /// Origins a browser page may call the router from (CORS): `["*"]`
+    /// for any, or exact origins (`"https://app.example.com"`). Default
+    /// `[]`: off (no CORS headers).
+    pub cors_allowed_origins: Vec<String>,
     /// How a worker is chosen for a request. Default "least_outstanding".
     pub policy: Option<PolicyKind>,
     /// The workers.
@@ -197,6 +201,8 @@ pub struct ValidRouterConfig {
     pub host: String,
     /// Listen port.
     pub port: u16,
+    /// CORS origins (empty: off).
+    pub cors_allowed_origins: Vec<String>,
     /// The policy.
     pub policy: PolicyKind,
     /// Static worker URLs, without a trailing slash.

@@ -140,6 +140,10 @@ impl RouterConfig {
                 "0s",
             ));
         }
+        if let Some((expected, got)) = ingot_config::cors_origins_error(&self.cors_allowed_origins)
+        {
+            return Err(invalid("cors_allowed_origins", expected, got));
+        }
         let route_away = self
             .slo
             .validate()
@@ -147,6 +151,7 @@ impl RouterConfig {
         Ok(ValidRouterConfig {
             host: self.host.unwrap_or_else(|| "127.0.0.1".into()),
             port: self.port.unwrap_or(8080),
+            cors_allowed_origins: self.cors_allowed_origins,
             policy: self.policy.unwrap_or(PolicyKind::LeastOutstanding),
             urls,
             local: local_workers,

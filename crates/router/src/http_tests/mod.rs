@@ -5,6 +5,7 @@
 mod harness;
 
 mod admin;
+mod cors;
 mod errors;
 mod policy;
 mod retries;

@@ -85,7 +85,7 @@ pub async fn chat_completions(
 
 /// The format tool calls are parsed in, and the tool choice, when the
 /// answer may hold calls (unless tool_choice is none).
-fn parsed_tools(
+pub(super) fn parsed_tools(
     req: &ValidChatRequest,
     template: &ChatTemplate,
 ) -> Option<(ToolFormat, ToolChoice)> {
@@ -200,7 +200,7 @@ pub struct Meta {
 
 /// Whether the grammar made the whole answer calls: any text left over is
 /// a call cut short by `max_tokens`, not content.
-fn is_forced(choice: &ToolChoice) -> bool {
+pub(super) fn is_forced(choice: &ToolChoice) -> bool {
     matches!(choice, ToolChoice::Required | ToolChoice::Named(_))
 }
 

@@ -24,7 +24,34 @@ pub async fn embeddings(
 ) -> Result<Json<Value>, ApiError> {
     let body = json_body(body, limit)?;
     let req = parse_embedding_request(&body)?;
-    let name = crate::prepare::allowed_model(&state, &caller, req.model.as_deref())?;
+    let format = req.format;
+    let out = embed(&state, &caller, req).await?;
+    Ok(Json(embedding_response(
+        &out.model,
+        &out.vectors,
+        format,
+        out.prompt_tokens,
+    )))
+}
+
+/// What an embedding request got.
+pub(super) struct Embedded {
+    /// The model's id.
+    pub model: String,
+    /// One vector per input.
+    pub vectors: Vec<Vec<f32>>,
+    /// Input tokens over every input.
+    pub prompt_tokens: usize,
+}
+
+/// Embeds `req`'s inputs with its model (the one path of `/v1/embeddings`
+/// and Ollama's `/api/embed`).
+pub(super) async fn embed(
+    state: &crate::AppState,
+    caller: &Caller,
+    req: ValidEmbedding,
+) -> Result<Embedded, ApiError> {
+    let name = crate::prepare::allowed_model(state, caller, req.model.as_deref())?;
     let model = state.models().acquire(name).await?;
     let engine = model.embedder(model.id())?.clone();
     check_dimensions(&req, engine.dimensions())?;
@@ -32,12 +59,11 @@ pub async fn embeddings(
     let sequences = tokenized(&engine, req.input).await?;
     let prompt_tokens = sequences.iter().map(Vec::len).sum();
     let vectors = engine.embed(sequences).await.map_err(api_error)?;
-    Ok(Json(embedding_response(
-        model.id(),
-        &vectors,
-        req.format,
+    Ok(Embedded {
+        model: model.id().to_string(),
+        vectors,
         prompt_tokens,
-    )))
+    })
 }
 
 /// The model cannot truncate its vectors (it was not trained for it), so

@@ -2,7 +2,7 @@
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -23,8 +23,36 @@ pub async fn models(
     State((state, _)): State<Shared>,
     Extension(caller): Extension<Caller>,
 ) -> Json<ModelList> {
-    let statuses = state.models().status();
-    let data = statuses
+    Json(ModelList {
+        object: "list",
+        data: cards(&state, &caller),
+    })
+}
+
+/// `GET /v1/models/{id}`: one model's card (an alias answers with the
+/// model it names); 404 `model_not_found` for a model that is not served or
+/// that the caller's key may not use, as the list would not show it.
+pub async fn model(
+    State((state, _)): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<ModelCard>, ApiError> {
+    let resolved = state
+        .models()
+        .resolve(&id)
+        .map_err(|_| ApiError::ModelNotFound(id.clone()))?;
+    cards(&state, &caller)
+        .into_iter()
+        .find(|c| c.id == *resolved)
+        .map(Json)
+        .ok_or(ApiError::ModelNotFound(id))
+}
+
+/// The cards of the models `caller` may use.
+pub(super) fn cards(state: &crate::AppState, caller: &Caller) -> Vec<ModelCard> {
+    state
+        .models()
+        .status()
         .into_iter()
         .filter(|s| caller.key().is_none_or(|k| k.allows_model(&s.id)))
         .map(|s| ModelCard {
@@ -36,11 +64,7 @@ pub async fn models(
             owned_by: "ingot",
             state: s.state.as_str(),
         })
-        .collect();
-    Json(ModelList {
-        object: "list",
-        data,
-    })
+        .collect()
 }
 
 /// `POST /tokenize`: text, or messages through the chat template.

@@ -1,10 +1,13 @@
 //! The router: one module per endpoint family.
 
 mod admin;
+mod anthropic;
 mod chat;
 mod completions;
+mod dialect;
 mod embeddings;
 mod info;
+mod ollama;
 pub(crate) mod send_queue;
 pub(crate) mod sse;
 
@@ -26,13 +29,32 @@ use crate::{ApiError, AppState};
 /// The header naming where an answer came from.
 const CACHE_HEADER: &str = "x-ingot-cache";
 
-/// The application with every route, limited to `max_body_bytes` per body.
+/// The application with every route, limited to `max_body_bytes` per body,
+/// answering browsers of `server.cors_allowed_origins` (CORS, outermost).
 pub fn app(state: AppState, max_body_bytes: usize) -> Router {
+    let origins = state.runtime().config.server.cors_allowed_origins.clone();
+    let app = routes(state, max_body_bytes);
+    match crate::cors::layer(&origins) {
+        Some(cors) => app.layer(cors),
+        None => app,
+    }
+}
+
+/// Every route under the edge layers.
+fn routes(state: AppState, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(info::models))
+        .route("/v1/models/{id}", get(info::model))
         .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/embed", post(ollama::embed))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/show", post(ollama::show))
+        .route("/api/version", get(ollama::version))
         .route("/tokenize", post(info::tokenize))
         .route("/detokenize", post(info::detokenize))
         .route("/tokenizer_info", get(info::tokenizer_info))
@@ -63,6 +85,9 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
             max_body_bytes,
             crate::conn::limit_body,
         ))
+        // Outside every refusal (auth, body limit, handler): Anthropic's
+        // and Ollama's paths answer errors in their own shape.
+        .layer(axum::middleware::from_fn(dialect::shape_errors))
         .layer(axum::middleware::from_fn(crate::http_metrics::track))
         .layer(axum::middleware::from_fn(crate::observe::access_log))
         .layer(tower_http::request_id::PropagateRequestIdLayer::new(

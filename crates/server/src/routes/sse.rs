@@ -1,6 +1,8 @@
-//! Server-sent events in OpenAI's framing: `data: <json>\n\n` per chunk and
-//! a final `data: [DONE]`, written through the stream's own send queue
-//! (`send_queue`), which cuts off a client that stops reading.
+//! Streamed answers, written through the stream's own send queue
+//! (`send_queue`), which cuts off a client that stops reading: server-sent
+//! events in OpenAI's framing (`data: <json>\n\n` per chunk and a final
+//! `data: [DONE]`) by default; a [`ChunkFormat`] may frame its own
+//! (Anthropic's named events, Ollama's NDJSON lines).
 
 use axum::body::Bytes;
 use axum::http::{header, HeaderValue};
@@ -29,6 +31,22 @@ pub fn data<T: Serialize>(value: &T) -> Event {
     Event(Bytes::from(format!("data: {json}\n\n")))
 }
 
+/// One event named `name` (`event: <name>`), holding `value` as JSON: the
+/// framing of Anthropic's streams.
+pub fn named<T: Serialize>(name: &str, value: &T) -> Event {
+    let json = serde_json::to_string(value).unwrap_or_else(|e| {
+        format!(r#"{{"type":"error","error":{{"type":"api_error","message":"cannot serialise event: {e}"}}}}"#)
+    });
+    Event(Bytes::from(format!("event: {name}\ndata: {json}\n\n")))
+}
+
+/// One NDJSON line holding `value` (Ollama's streams).
+pub fn ndjson<T: Serialize>(value: &T) -> Event {
+    let json = serde_json::to_string(value)
+        .unwrap_or_else(|e| format!(r#"{{"error":"cannot serialise a line: {e}"}}"#));
+    Event(Bytes::from(format!("{json}\n")))
+}
+
 /// Several events sent as one (`None` when there are none).
 pub fn concat(events: Vec<Event>) -> Option<Event> {
     match events.len() {
@@ -49,11 +67,11 @@ pub fn done() -> Event {
     Event(Bytes::from_static(b"data: [DONE]\n\n"))
 }
 
-/// An error event (after the stream has started, status is already 200).
-pub fn error(message: &str) -> Event {
-    data(&serde_json::json!({
+/// The OpenAI error body of a failure inside a stream.
+fn internal_error(message: &str) -> serde_json::Value {
+    serde_json::json!({
         "error": {"message": message, "type": "internal_error", "param": null, "code": null}
-    }))
+    })
 }
 
 /// Where a stream goes: the connection's probe and the slow-client policy.
@@ -111,6 +129,15 @@ pub trait ChunkFormat: Send + 'static {
     fn finish(&mut self, index: usize, completion: &Completion) -> Event;
     /// The final usage chunk (sent when `include_usage` is set).
     fn usage(&self, usage: Usage) -> Event;
+    /// An error after the head (the status, 200, is out); `body` is the
+    /// OpenAI error body.
+    fn error(&self, body: &serde_json::Value) -> Event {
+        data(body)
+    }
+    /// The terminating event, if the format has one.
+    fn done(&self) -> Option<Event> {
+        Some(done())
+    }
 }
 
 /// Streams `head`, then every choice's chunks as they come, then the usage
@@ -201,14 +228,16 @@ impl<F: ChunkFormat> StreamState<F> {
             }
             Some(ChoiceEvent::Failed(message)) => {
                 self.finished = true;
-                vec![error(&message), done()]
+                let error = self.format.error(&internal_error(&message));
+                std::iter::once(error).chain(self.format.done()).collect()
             }
             Some(ChoiceEvent::TimedOut(timeout)) => {
                 // The head (200) is out: the timeout is an error event.
                 self.finished = true;
                 let e = crate::ApiError::Timeout(timeout);
                 crate::error::count_rejection("timeout");
-                vec![data(&e.body()), done()]
+                let error = self.format.error(&e.body());
+                std::iter::once(error).chain(self.format.done()).collect()
             }
             None => {
                 self.finished = true;
@@ -217,7 +246,7 @@ impl<F: ChunkFormat> StreamState<F> {
                     let usage = generate::usage_of(self.done.iter().map(|(p, c)| (*p, c)));
                     out.push(self.format.usage(usage));
                 }
-                out.push(done());
+                out.extend(self.format.done());
                 out
             }
         }

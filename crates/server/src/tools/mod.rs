@@ -12,7 +12,7 @@ mod stream;
 
 pub use format::ToolFormat;
 pub use grammar::tool_grammar;
-pub use parse::parse_answer;
+pub use parse::{parse_answer, ParsedCall};
 pub use prompt::prepare;
 pub use stream::{Piece, ToolStream};
 

@@ -91,6 +91,9 @@ pub enum Mode {
     Hang,
     /// Sends `n` tokens, then an engine error.
     BreakAfter(usize),
+    /// This text instead of [`REPLY`] (one token per byte), cut at
+    /// max_tokens, ended by a stop string as the engine ends it.
+    Say(String),
 }
 
 /// Opens a [`Mode::Held`] engine's streams.
@@ -141,10 +144,13 @@ impl FakeEngine {
         self.seen.lock().unwrap().push(request.clone());
         // The engine's own admission check (sampling, empty prompt, ids, length).
         LIMITS.check(&request.engine)?;
-        let events = answer(request);
         let mode = self.mode.lock().unwrap().clone();
+        let events = match &mode {
+            Mode::Say(text) => answer(request, text),
+            _ => answer(request, REPLY),
+        };
         Ok(match mode {
-            Mode::Answer => stream::iter(events).boxed(),
+            Mode::Answer | Mode::Say(_) => stream::iter(events).boxed(),
             Mode::Refuse(e) => return Err(e),
             Mode::Held(mut gate) => stream::once(async move {
                 let _ = gate.wait_for(|open| *open).await;
@@ -184,23 +190,36 @@ impl Generator for FakeEngine {
     }
 }
 
-/// [`REPLY`]'s tokens up to max_tokens, then how it finished.
-fn answer(request: &GenerateRequest) -> Vec<TokenEvent> {
+/// `text`'s tokens up to max_tokens (or up to a stop string, whose token
+/// carries no text, as the engine's), then how it finished.
+fn answer(request: &GenerateRequest, text: &str) -> Vec<TokenEvent> {
     let max = request.engine.stop.max_tokens;
-    let tokens: Vec<TokenEvent> = REPLY
+    let stops = &request.engine.stop.stop_strings;
+    let mut said = String::new();
+    let mut stopped = false;
+    let tokens: Vec<TokenEvent> = text
         .bytes()
         .take(max)
-        .map(|b| {
-            TokenEvent::Token(GeneratedToken {
+        .map_while(|b| {
+            if stopped {
+                return None;
+            }
+            said.push(char::from(b));
+            stopped = stops.iter().any(|s| said.ends_with(s.as_str()));
+            Some(TokenEvent::Token(GeneratedToken {
                 token: u32::from(b),
-                text: char::from(b).to_string(),
+                text: if stopped {
+                    String::new()
+                } else {
+                    char::from(b).to_string()
+                },
                 logprob: -0.5,
                 top_logprobs: Vec::new(),
-            })
+            }))
         })
         .collect();
     let finished = Completion {
-        reason: if max < REPLY.len() {
+        reason: if !stopped && max < text.len() {
             FinishReason::Length
         } else {
             FinishReason::Stop

@@ -167,3 +167,23 @@ async fn models_and_tokenize_wait_for_ready_too() {
     // The model list is served while loading: it reports the states.
     assert_eq!(server.get("/v1/models").await.status, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn one_model_by_id_or_alias_and_404_for_others() {
+    let server = Server::new();
+    let card = server.get(&format!("/v1/models/{CHAT}")).await.ok();
+    assert_eq!(card["id"], CHAT);
+    assert_eq!(card["object"], "model");
+    assert_eq!(card["owned_by"], "ingot");
+    let by_alias = server.get(&format!("/v1/models/{ALIAS}")).await.ok();
+    assert_eq!(by_alias["id"], CHAT, "an alias answers with its model");
+    let missing = server.get("/v1/models/nope").await;
+    let message = missing.error(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        Some("model"),
+        Some("model_not_found"),
+    );
+    assert!(message.contains("nope"), "{message}");
+    server.assert_never_built();
+}

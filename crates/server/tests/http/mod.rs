@@ -5,11 +5,14 @@ mod fake;
 mod harness;
 mod tokenizer;
 
+mod anthropic;
 mod auth;
 mod chat;
 mod completions;
+mod cors;
 mod errors;
 mod info;
 mod limits;
+mod ollama;
 mod request_ids;
 mod sharing;

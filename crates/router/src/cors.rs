@@ -1,0 +1,38 @@
+//! CORS at the edge (`cors_allowed_origins`, the policy of `ingot serve`'s
+//! `server.cors_allowed_origins`): a browser page of an allowed origin may
+//! call the router. Outside every other layer, so a preflight `OPTIONS`
+//! (which carries no API key) is answered at once.
+
+use axum::http::{header, HeaderName, HeaderValue, Method};
+use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
+
+/// How long a browser may cache a preflight answer.
+const MAX_AGE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// The CORS layer for `origins` (`["*"]`: any); `None` when the list is
+/// empty (CORS off: no headers, browsers keep other origins out).
+pub fn layer(origins: &[String]) -> Option<CorsLayer> {
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        // The config check has validated each origin as a header value.
+        AllowOrigin::list(origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS])
+            // SDKs send their own headers (x-stainless-*, anthropic-version):
+            // whatever the preflight asks for is allowed.
+            .allow_headers(AllowHeaders::mirror_request())
+            .expose_headers([
+                HeaderName::from_static("x-request-id"),
+                HeaderName::from_static("x-ingot-cache"),
+                header::RETRY_AFTER,
+            ])
+            .max_age(MAX_AGE),
+    )
+}
