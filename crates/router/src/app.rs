@@ -1,4 +1,5 @@
-//! The router's HTTP surface: the proxied OpenAI endpoints, the aggregated
+//! The router's HTTP surface: the proxied endpoints (OpenAI's, the
+//! tokenizer's, Anthropic's Messages and Ollama's), the aggregated
 //! `/v1/models`, its own `/health`, `/ready` and `/metrics`, and the admin
 //! API (workers, drain, rolling restart).
 
@@ -16,7 +17,7 @@ use serde_json::{json, Value};
 
 use crate::error::RouteError;
 use crate::health::probe;
-use crate::proxy::forward;
+use crate::proxy::{by_response, forward};
 use crate::state::RouterState;
 use crate::worker::Worker;
 
@@ -41,6 +42,18 @@ fn routes(state: Arc<RouterState>) -> Router {
         .route("/v1/chat/completions", post(forward))
         .route("/v1/completions", post(forward))
         .route("/v1/embeddings", post(forward))
+        .route("/v1/responses", post(forward))
+        .route("/v1/responses/{id}", get(by_response).delete(by_response))
+        .route("/v1/messages", post(forward))
+        .route("/tokenize", post(forward))
+        .route("/detokenize", post(forward))
+        .route("/tokenizer_info", get(forward))
+        .route("/api/chat", post(forward))
+        .route("/api/generate", post(forward))
+        .route("/api/embed", post(forward))
+        .route("/api/show", post(forward))
+        .route("/api/tags", get(forward))
+        .route("/api/version", get(forward))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/ready", get(ready))

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -66,7 +66,9 @@ impl AttemptError {
     }
 }
 
-/// `POST /v1/*`: the proxy.
+/// The proxy: every generating and tokenizer route (POST, or GET with no
+/// body). A `POST /v1/responses` that continues a stored response
+/// (`previous_response_id`) goes to the worker holding it.
 pub async fn forward(State(state): State<Arc<RouterState>>, req: Request) -> Response {
     let received = Instant::now();
     let (parts, body) = req.into_parts();
@@ -77,9 +79,22 @@ pub async fn forward(State(state): State<Arc<RouterState>>, req: Request) -> Res
                 .into_response()
         }
     };
-    let mut info = match request_info(&body) {
+    let info = if body.is_empty() && parts.method != Method::POST {
+        // `GET /tokenizer_info?model=…`, `GET /api/tags`.
+        Ok(RequestInfo {
+            model: query_model(parts.uri.query()),
+            ..RequestInfo::default()
+        })
+    } else {
+        request_info(&body)
+    };
+    let mut info = match info {
         Ok(i) => i,
         Err(e) => return e.into_response(),
+    };
+    let pinned = match previous_response(parts.uri.path(), &body) {
+        Some(id) => holder(&state, &id, &parts.headers).await,
+        None => None,
     };
     let unit = unit_of(&parts.headers, info.user.as_deref());
     let assignment = state.splits.assign(info.model.as_deref(), &unit);
@@ -102,7 +117,15 @@ pub async fn forward(State(state): State<Arc<RouterState>>, req: Request) -> Res
     let mut last: Option<(AttemptError, Option<Response>)> = None;
     for attempt in 1..=retry.max_attempts {
         let now = Instant::now();
-        let (candidates, arm) = choose_arm(&state, &info, assignment.as_ref(), &tried, now);
+        let (candidates, arm) = match pinned {
+            // Only the holder has the conversation.
+            Some(holder) => {
+                let mut c = state.candidates(&info, &tried, now);
+                c.retain(|w| w.id == holder);
+                (c, None)
+            }
+            None => choose_arm(&state, &info, assignment.as_ref(), &tried, now),
+        };
         let Some(id) = state.policy.select(&info, &candidates) else {
             break;
         };
@@ -122,7 +145,7 @@ pub async fn forward(State(state): State<Arc<RouterState>>, req: Request) -> Res
             sent,
         };
         let body = arm_body(&body, assignment.as_ref(), arm);
-        match send(&state, &worker, &path, &parts.headers, body).await {
+        match send(&state, &worker, &parts.method, &path, &parts.headers, body).await {
             Ok(resp) => {
                 metrics::histogram!(m::UPSTREAM_HEADERS).record(received.elapsed().as_secs_f64());
                 worker.breaker().on_success();
@@ -274,12 +297,15 @@ fn carries_text(data: &[u8]) -> bool {
 async fn send(
     state: &RouterState,
     worker: &Worker,
+    method: &Method,
     path: &str,
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Response, (AttemptError, Option<Response>)> {
     let uri = format!("{}{path}", worker.url());
-    let mut builder = axum::http::Request::post(uri);
+    let mut builder = axum::http::Request::builder()
+        .method(method.clone())
+        .uri(uri);
     for (k, v) in headers {
         if !HOP_BY_HOP.contains(k) {
             builder = builder.header(k, v);
@@ -413,6 +439,88 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// `GET` and `DELETE /v1/responses/{id}`. A stored response lives in the
+/// memory of the worker that answered it, so each healthy worker is asked
+/// in turn until one does not answer 404; the last 404 (OpenAI-shaped, from
+/// the worker) is the answer when none holds it. Any router finds it
+/// (nothing is kept here), at the cost of one request per worker asked.
+pub async fn by_response(State(state): State<Arc<RouterState>>, req: Request) -> Response {
+    let (parts, _) = req.into_parts();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or(parts.uri.path(), |p| p.as_str());
+    let mut last = None;
+    for worker in state
+        .workers()
+        .iter()
+        .filter(|w| w.is_healthy() && !w.is_removed())
+    {
+        match send(
+            &state,
+            worker,
+            &parts.method,
+            path,
+            &parts.headers,
+            Bytes::new(),
+        )
+        .await
+        {
+            Ok(resp) if resp.status() == StatusCode::NOT_FOUND => last = Some(resp),
+            Ok(mut resp) => {
+                strip_hop_by_hop(resp.headers_mut());
+                if let Ok(v) = HeaderValue::from_str(&worker.label) {
+                    resp.headers_mut().insert(WORKER_HEADER, v);
+                }
+                return resp;
+            }
+            Err((_, Some(resp))) => last = Some(resp),
+            Err((error, None)) => m::error(&worker.label, error.reason()),
+        }
+    }
+    last.unwrap_or_else(|| RouteError::NoWorker(String::new()).into_response())
+}
+
+/// The worker holding stored response `id` (asked as `GET
+/// /v1/responses/{id}` with the client's headers, so a key sees only its
+/// own), if a healthy one does.
+async fn holder(state: &RouterState, id: &str, headers: &HeaderMap) -> Option<WorkerId> {
+    let path = format!("/v1/responses/{id}");
+    for worker in state
+        .workers()
+        .iter()
+        .filter(|w| w.is_healthy() && !w.is_removed())
+    {
+        let found = send(state, worker, &Method::GET, &path, headers, Bytes::new()).await;
+        if found.is_ok_and(|r| r.status().is_success()) {
+            return Some(worker.id);
+        }
+    }
+    None
+}
+
+/// The `model` query parameter, if any.
+fn query_model(query: Option<&str>) -> Option<String> {
+    query?
+        .split('&')
+        .find_map(|p| p.strip_prefix("model="))
+        .filter(|m| !m.is_empty() && !m.contains('%') && !m.contains('+'))
+        .map(String::from)
+}
+
+/// The `previous_response_id` of a `POST /v1/responses` body, if any (an
+/// id that could not be put in a path is left to the worker to refuse).
+fn previous_response(path: &str, body: &[u8]) -> Option<String> {
+    if path != "/v1/responses" {
+        return None;
+    }
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let id = v.get("previous_response_id")?.as_str()?;
+    id.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        .then(|| id.to_string())
+}
+
 /// The parts of the body the router routes on. The body must be a JSON
 /// object; everything else about it is the worker's to validate.
 fn request_info(body: &[u8]) -> Result<RequestInfo, RouteError> {
@@ -462,12 +570,14 @@ fn record_prefix(state: &RouterState, chunks: Option<Vec<[u8; 16]>>, worker: Str
     });
 }
 
-/// The text a prompt starts with: chat messages' string contents in order
-/// (role-tagged, so a system prompt and a user turn with the same words
-/// differ), or a string `prompt`.
+/// The text a prompt starts with: chat messages' (or Responses input
+/// items') string contents in order (role-tagged, so a system prompt and a
+/// user turn with the same words differ), or a string `prompt` or `input`.
 fn prompt_text(obj: &serde_json::Map<String, Value>) -> String {
     let mut text = String::new();
-    if let Some(messages) = obj.get("messages").and_then(Value::as_array) {
+    // Chat's messages, or a Responses input given as items.
+    let messages = obj.get("messages").or_else(|| obj.get("input"));
+    if let Some(messages) = messages.and_then(Value::as_array) {
         for m in messages {
             let role = m.get("role").and_then(Value::as_str).unwrap_or("");
             text.push_str(role);
@@ -486,6 +596,9 @@ fn prompt_text(obj: &serde_json::Map<String, Value>) -> String {
             text.push('\n');
         }
     } else if let Some(p) = obj.get("prompt").and_then(Value::as_str) {
+        text.push_str(p);
+    } else if let Some(p) = obj.get("input").and_then(Value::as_str) {
+        // A Responses input given as text.
         text.push_str(p);
     }
     text

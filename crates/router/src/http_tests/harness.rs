@@ -126,6 +126,12 @@ impl FakeWorker {
         })
     }
 
+    /// The same worker answering `path` with `route` too.
+    pub fn route(mut self, path: &str, route: axum::routing::MethodRouter) -> Self {
+        self.app = self.app.route(path, route);
+        self
+    }
+
     /// POSTs it received.
     pub fn posts(&self) -> usize {
         self.posts.load(Ordering::SeqCst)

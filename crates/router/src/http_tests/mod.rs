@@ -5,6 +5,7 @@
 mod harness;
 
 mod admin;
+mod api_surface;
 mod cors;
 mod errors;
 mod policy;
