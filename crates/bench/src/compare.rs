@@ -21,7 +21,11 @@
 //! Decisions:
 //! - Two or more runs on each side (three or more recommended): a row
 //!   **regresses** when its delta is worse than the row's tolerance *and*
-//!   Welch's t-test over the per-run values has p < `--alpha`. The
+//!   Welch's t-test over the per-run values has p < `--alpha` after Holm's
+//!   correction over the rows tested: the verdict is "any row regressed",
+//!   so the rows are one family of tests, and uncorrected each of the ~14
+//!   added its own false alarms (5 of 20 A/A comparisons on a quiet
+//!   machine; 0 with the correction: docs/benchmarks.md). The
 //!   tolerance is the practical-significance threshold: a smaller delta is
 //!   never a regression, however consistent. Welch rather than
 //!   Mann–Whitney U: with three runs a side the smallest two-sided U
@@ -40,7 +44,7 @@ use serde::Serialize;
 
 use crate::result::{BenchResult, RunSummary, Stats, Summary};
 use crate::BenchError;
-use ingot_stats::{coefficient_of_variation, cohens_d, welch_t_test};
+use ingot_stats::{coefficient_of_variation, cohens_d, holm_adjust, welch_t_test};
 
 /// Default `--single-run-gate`, percent: about the 95th percentile of the
 /// relative difference between consecutive single runs of one server on
@@ -151,6 +155,9 @@ pub struct Row {
     /// Welch's two-sided p-value over the per-run values (`None` in
     /// single-run mode).
     pub p_value: Option<f64>,
+    /// `p_value` after Holm's correction over the comparison's tested rows;
+    /// the verdict compares this one with alpha.
+    pub p_holm: Option<f64>,
     /// Cohen's d of the candidate's runs against the baseline's.
     pub cohens_d: Option<f64>,
     /// The baseline's run-to-run coefficient of variation, percent.
@@ -423,13 +430,13 @@ fn worse_pct(row: &Row) -> f64 {
 }
 
 /// A row's verdict: beyond its tolerance and beyond noise, which is
-/// Welch's p < alpha with runs to test, or with one run (`single_run_gate`)
+/// Holm-corrected Welch p < alpha with runs to test, or with one run (`single_run_gate`)
 /// a change beyond that gate.
 fn verdict(row: &Row, alpha: f64, single_run_gate: Option<f64>) -> Verdict {
     let worse = worse_pct(row);
     let beyond_noise = |change: f64| match single_run_gate {
         Some(gate) => change > gate,
-        None => row.p_value.is_none_or(|p| p < alpha),
+        None => row.p_holm.is_none_or(|p| p < alpha),
     };
     if worse > row.tolerance_pct {
         if beyond_noise(worse) {
@@ -452,16 +459,17 @@ fn delta_pct(baseline: f64, candidate: f64) -> Option<f64> {
     }
 }
 
-/// One metric's row; `None` when a side has no run that measured it.
+/// One metric's row, its verdict still to decide (`decide`); `None` when
+/// a side has no run that measured it.
 fn row(metric: Metric, base: &Side, cand: &Side, gate: &Gate, mode: Mode) -> Option<Row> {
     let (a, b) = (
         base.values(|s| metric.value(s)),
         cand.values(|s| metric.value(s)),
     );
     let (ma, mb) = (ingot_stats::mean(&a)?, ingot_stats::mean(&b)?);
-    let (p_value, single_run_gate) = match mode {
-        Mode::Runs => (welch_t_test(&a, &b).map(|w| w.p), None),
-        Mode::SingleRun => (None, Some(gate.single_run)),
+    let p_value = match mode {
+        Mode::Runs => welch_t_test(&a, &b).map(|w| w.p),
+        Mode::SingleRun => None,
     };
     let mut row = Row {
         metric: metric.name(),
@@ -471,11 +479,11 @@ fn row(metric: Metric, base: &Side, cand: &Side, gate: &Gate, mode: Mode) -> Opt
         delta_pct: delta_pct(ma, mb),
         tolerance_pct: metric.tolerance(gate),
         p_value,
+        p_holm: None,
         cohens_d: cohens_d(&a, &b),
         baseline_cv_pct: coefficient_of_variation(&a).map(|cv| cv * 100.0),
         verdict: Verdict::Ok,
     };
-    row.verdict = verdict(&row, gate.alpha, single_run_gate);
     Some(row)
 }
 
@@ -488,6 +496,7 @@ fn no_data(metric: Metric) -> Row {
         delta_pct: None,
         tolerance_pct: 0.0,
         p_value: None,
+        p_holm: None,
         cohens_d: None,
         baseline_cv_pct: None,
         verdict: Verdict::NoData,
@@ -513,6 +522,19 @@ fn config_differences(a: &serde_json::Value, b: &serde_json::Value) -> Vec<Strin
         .collect()
 }
 
+/// Holm-corrects the rows' p-values as one family and sets each verdict.
+fn decide(rows: &mut [Row], gate: &Gate, mode: Mode) {
+    let tested: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].p_value.is_some()).collect();
+    let p: Vec<f64> = tested.iter().filter_map(|&i| rows[i].p_value).collect();
+    for (&i, adjusted) in tested.iter().zip(holm_adjust(&p)) {
+        rows[i].p_holm = Some(adjusted);
+    }
+    let single_run_gate = (mode == Mode::SingleRun).then_some(gate.single_run);
+    for row in rows {
+        row.verdict = verdict(row, gate.alpha, single_run_gate);
+    }
+}
+
 /// Compares two sides; pure, so tests call it on fabricated runs.
 pub fn compare(base: &Side, cand: &Side, args: &CompareArgs) -> Result<Comparison, BenchError> {
     let gate = Gate::from_args(args)?;
@@ -528,6 +550,7 @@ pub fn compare(base: &Side, cand: &Side, args: &CompareArgs) -> Result<Compariso
             None => missing.push(no_data(m)),
         }
     }
+    decide(&mut rows, &gate, mode);
     rows.extend(missing);
     Ok(Comparison {
         baseline: base.files.clone(),
@@ -618,7 +641,7 @@ fn print_table(c: &Comparison, base: &Side, cand: &Side) {
     print_notes(c, base, cand);
     println!(
         "{:<20} {:>11} {:>11} {:>9} {:>9} {:>8} {:>8} {:>9}  verdict",
-        "metric", "baseline", "candidate", "delta", "p-value", "run cv", "d", "tolerance"
+        "metric", "baseline", "candidate", "delta", "p (Holm)", "run cv", "d", "tolerance"
     );
     for r in &c.rows {
         let pct = |v: Option<f64>, sign: bool| match v {
@@ -626,7 +649,7 @@ fn print_table(c: &Comparison, base: &Side, cand: &Side) {
             Some(v) if sign => format!("{v:+.1}%"),
             Some(v) => format!("{v:.1}%"),
         };
-        let p = match r.p_value {
+        let p = match r.p_holm {
             None => "-".into(),
             Some(p) if p < 0.001 => "<0.001".into(),
             Some(p) => format!("{p:.3}"),

@@ -118,6 +118,22 @@ pub fn quantile(x: &[f64], q: f64) -> Option<f64> {
     (!x.is_empty()).then(|| quantile_in_place(&mut x.to_vec(), q))
 }
 
+/// Holm's step-down adjustment of `p` (the family-wise error of the whole
+/// set held at alpha when each adjusted value is compared with alpha), as
+/// `statsmodels.stats.multitest.multipletests(p, method="holm")[1]`, in the
+/// input's order.
+pub fn holm_adjust(p: &[f64]) -> Vec<f64> {
+    let mut order: Vec<usize> = (0..p.len()).collect();
+    order.sort_by(|&a, &b| p[a].total_cmp(&p[b]));
+    let mut adjusted = vec![0.0; p.len()];
+    let mut running = 0.0_f64;
+    for (rank, &i) in order.iter().enumerate() {
+        running = running.max(((p.len() - rank) as f64 * p[i]).min(1.0));
+        adjusted[i] = running;
+    }
+    adjusted
+}
+
 /// The arithmetic mean; `None` when empty.
 pub fn mean(x: &[f64]) -> Option<f64> {
     (!x.is_empty()).then(|| x.iter().sum::<f64>() / x.len() as f64)
@@ -284,6 +300,18 @@ pub fn least_squares(points: &[(f64, f64)]) -> Option<Line> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn holm_matches_statsmodels() {
+        // multipletests([0.01, 0.04, 0.03, 0.005], method="holm")[1]
+        let got = super::holm_adjust(&[0.01, 0.04, 0.03, 0.005]);
+        let want = [0.03, 0.06, 0.06, 0.02];
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < 1e-12, "{got:?}");
+        }
+        assert_eq!(super::holm_adjust(&[0.5, 0.9]), vec![1.0, 1.0]);
+        assert!(super::holm_adjust(&[]).is_empty());
+    }
+
     #![allow(clippy::unwrap_used)]
 
     use super::*;

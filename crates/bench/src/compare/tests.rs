@@ -76,6 +76,20 @@ fn a_thirty_percent_slowdown_regresses_every_row() {
 }
 
 #[test]
+fn rows_significant_one_by_one_are_one_family_for_the_verdict() {
+    // +23% TPOT: beyond every tolerance, each row's own p ~0.04, which
+    // fourteen rows at once give by chance far more often than alpha.
+    let a = side(&NOISE_A[..3]);
+    let b: Vec<f64> = NOISE_B[..3].iter().map(|t| t * 1.2).collect();
+    let c = compare(&a, &side(&b), &CompareArgs::default()).unwrap();
+    let r = row(&c, "tpot_mean_ms");
+    assert!(r.p_value.unwrap() < 0.05, "{r:?}");
+    assert!(r.p_holm.unwrap() >= 0.05, "{r:?}");
+    assert_eq!(r.verdict, Verdict::NotSignificant);
+    assert!(!c.regressed, "{c:#?}");
+}
+
+#[test]
 fn a_consistent_shift_below_the_tolerance_is_never_a_regression() {
     // +4% with almost no spread: significant, but not practically so.
     let a = side(&[17.0, 17.01, 16.99]);
