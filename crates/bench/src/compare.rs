@@ -42,8 +42,8 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use serde::Serialize;
 
-use crate::result::{BenchResult, RunSummary, Stats, Summary};
 use crate::BenchError;
+use crate::result::{BenchResult, RunSummary, Stats, Summary};
 use ingot_stats::{coefficient_of_variation, cohens_d, holm_adjust, welch_t_test};
 
 /// Default `--single-run-gate`, percent: about the 95th percentile of the
@@ -524,7 +524,9 @@ fn config_differences(a: &serde_json::Value, b: &serde_json::Value) -> Vec<Strin
 
 /// Holm-corrects the rows' p-values as one family and sets each verdict.
 fn decide(rows: &mut [Row], gate: &Gate, mode: Mode) {
-    let tested: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].p_value.is_some()).collect();
+    let tested: Vec<usize> = (0..rows.len())
+        .filter(|&i| rows[i].p_value.is_some())
+        .collect();
     let p: Vec<f64> = tested.iter().filter_map(|&i| rows[i].p_value).collect();
     for (&i, adjusted) in tested.iter().zip(holm_adjust(&p)) {
         rows[i].p_holm = Some(adjusted);
