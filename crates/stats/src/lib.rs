@@ -300,21 +300,21 @@ pub fn least_squares(points: &[(f64, f64)]) -> Option<Line> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
     #[test]
     fn holm_matches_statsmodels() {
         // multipletests([0.01, 0.04, 0.03, 0.005], method="holm")[1]
-        let got = super::holm_adjust(&[0.01, 0.04, 0.03, 0.005]);
+        let got = holm_adjust(&[0.01, 0.04, 0.03, 0.005]);
         let want = [0.03, 0.06, 0.06, 0.02];
         for (g, w) in got.iter().zip(want) {
             assert!((g - w).abs() < 1e-12, "{got:?}");
         }
-        assert_eq!(super::holm_adjust(&[0.5, 0.9]), vec![1.0, 1.0]);
-        assert!(super::holm_adjust(&[]).is_empty());
+        assert_eq!(holm_adjust(&[0.5, 0.9]), vec![1.0, 1.0]);
+        assert!(holm_adjust(&[]).is_empty());
     }
-
-    #![allow(clippy::unwrap_used)]
-
-    use super::*;
 
     fn close(a: f64, b: f64, rel: f64) {
         assert!(
