@@ -471,7 +471,7 @@ fn row(metric: Metric, base: &Side, cand: &Side, gate: &Gate, mode: Mode) -> Opt
         Mode::Runs => welch_t_test(&a, &b).map(|w| w.p),
         Mode::SingleRun => None,
     };
-    let mut row = Row {
+    Some(Row {
         metric: metric.name(),
         better: metric.better(),
         baseline: ma,
@@ -483,8 +483,7 @@ fn row(metric: Metric, base: &Side, cand: &Side, gate: &Gate, mode: Mode) -> Opt
         cohens_d: cohens_d(&a, &b),
         baseline_cv_pct: coefficient_of_variation(&a).map(|cv| cv * 100.0),
         verdict: Verdict::Ok,
-    };
-    Some(row)
+    })
 }
 
 fn no_data(metric: Metric) -> Row {
