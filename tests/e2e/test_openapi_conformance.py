@@ -7,18 +7,21 @@ skips where it is absent, even under CI=true: ../shared is not in CI by
 design). A narrowed copy is written to a temporary
 directory at test time:
 - only the endpoints ingot serves: POST /chat/completions, POST
-  /completions, GET /models and POST /embeddings (served by all-MiniLM-L6-v2
+  /completions, GET /models, POST /responses, GET and DELETE
+  /responses/{response_id}, and POST /embeddings (served by all-MiniLM-L6-v2
   beside the default model; that case skips and says why when
   scripts/fetch-minilm cannot fetch it, and fails under CI=true);
 - `model` is the served name, and output sizes (`max_tokens`,
-  `max_completion_tokens`, `n`, prompt and message counts) are capped so a
-  run stays short on two CPU cores;
+  `max_completion_tokens`, `max_output_tokens`, `n`, prompt, message and
+  input item counts) are capped so a run stays short on two CPU cores;
 - three places where the description disagrees with OpenAI's own answers are
   widened: `/completions` streams (`text/event-stream`, chunks shaped like
   the response, as OpenAI documents in prose); with `echo` and `logprobs`,
   the first prompt token's `token_logprobs` / `top_logprobs` entry, which
-  OpenAI (and vLLM) send as null; and an embedding asked for as `base64`,
-  which OpenAI sends as a string.
+  OpenAI (and vLLM) send as null; an embedding asked for as `base64`,
+  which OpenAI sends as a string; and the 404 of DELETE
+  /responses/{response_id}, which OpenAI sends wrapped as every error
+  (`{"error": {...}}`) while the description gives the bare `Error`.
 
 Every generated request must get no server error (5xx) and a response
 that matches the description (schema, content type, headers). Status codes
@@ -27,8 +30,9 @@ the description does not list (400 for a body ingot rejects) are fine.
 Streams: schemathesis reads an Open API 3.1 event-stream schema as the
 schema of each SSE event envelope ({"data": "...", "event": ...}), not of
 the JSON in `data`; the narrowed copy therefore declares the envelope, and
-this test validates every event's `data` (each chunk; `[DONE]` last)
-against the chunk schema itself with `jsonschema`. Explicit streaming
+this test validates every event's `data` (each chunk; `[DONE]` last, except
+in a Responses stream, which has none) against the chunk schema itself with
+`jsonschema`. Explicit streaming
 cases make sure streams are always exercised, whatever the generator draws.
 """
 
@@ -51,8 +55,14 @@ OPERATIONS = [
     ("POST", "/chat/completions"),
     ("POST", "/completions"),
     ("GET", "/models"),
+    ("POST", "/responses"),
+    ("GET", "/responses/{response_id}"),
+    ("DELETE", "/responses/{response_id}"),
     ("POST", "/embeddings"),
 ]
+# The Responses request schema is large (many input item and tool kinds,
+# nearly all refused): fewer examples, and the by-id paths mostly 404.
+EXAMPLES_FOR = {"/responses": 30, "/responses/{response_id}": 10}
 # Generated requests per operation (~30 s for all on 2 cores).
 EXAMPLES = int(os.environ.get("INGOT_CONFORMANCE_EXAMPLES", "100"))
 MAX_TOKENS = 4
@@ -69,6 +79,11 @@ STREAM_CASES = {
         {"prompt": ["a", "b"], "stream": True, "echo": True, "logprobs": 2,
          "stream_options": {"include_usage": True}},
         {"prompt": "Hello there", "echo": True, "logprobs": 1, "max_tokens": 1},
+    ],
+    "/responses": [
+        {"input": "Say hi", "stream": True},
+        {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Say hi"}]}], "stream": True,
+         "instructions": "Be brief.", "max_output_tokens": 2},
     ],
 }
 CHECKS = [
@@ -94,7 +109,7 @@ def narrowed(spec: dict, model: str) -> dict:
         for path in dict.fromkeys(p for _, p in OPERATIONS)
     }
     schemas = spec["components"]["schemas"]
-    for name in ("CreateChatCompletionRequest", "CreateCompletionRequest", "CreateEmbeddingRequest"):
+    for name in ("CreateChatCompletionRequest", "CreateCompletionRequest", "CreateEmbeddingRequest", "CreateResponse"):
         for props in properties_of(schemas[name]):
             if "model" in props:
                 served = EMBEDDING_MODEL if name == "CreateEmbeddingRequest" else model
@@ -102,6 +117,11 @@ def narrowed(spec: dict, model: str) -> dict:
             for field in ("max_tokens", "max_completion_tokens"):
                 if field in props:
                     props[field] = {**props[field], "minimum": 1, "maximum": MAX_TOKENS}
+            if "max_output_tokens" in props:
+                props["max_output_tokens"] = {"type": "integer", "minimum": 1, "maximum": MAX_TOKENS}
+            if "input" in props and name == "CreateResponse":
+                items = {"type": "array", "maxItems": 4, "items": {"$ref": "#/components/schemas/InputItem"}}
+                props["input"] = {"oneOf": [{"type": "string", "maxLength": 200}, items]}
             if "n" in props:
                 props["n"] = {**props["n"], "minimum": 1, "maximum": 2}
             if "messages" in props:
@@ -113,9 +133,12 @@ def narrowed(spec: dict, model: str) -> dict:
     # OpenAI streams completions as chunks shaped like the response; both
     # streams are declared as SSE envelopes (the chunks are checked here).
     envelope = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
-    for path in ("/chat/completions", "/completions"):
+    for path in ("/chat/completions", "/completions", "/responses"):
         ok = spec["paths"][path]["post"]["responses"]["200"]["content"]
         ok["text/event-stream"] = {"schema": envelope}
+    # OpenAI wraps every error, this 404 too.
+    gone = spec["paths"]["/responses/{response_id}"]["delete"]["responses"]["404"]["content"]["application/json"]
+    gone["schema"] = {"$ref": "#/components/schemas/ErrorResponse"}
     # The first echoed prompt token has no logprob: OpenAI sends null.
     logprobs = next(
         v
@@ -135,6 +158,7 @@ def narrowed(spec: dict, model: str) -> dict:
 CHUNK_SCHEMAS = {
     "/chat/completions": "CreateChatCompletionStreamResponse",
     "/completions": "CreateCompletionResponse",
+    "/responses": "ResponseStreamEvent",
 }
 
 
@@ -166,15 +190,19 @@ def chunk_validator(spec: dict, path: str):
     return jsonschema.Draft202012Validator(root)
 
 
-def check_stream(body: bytes, validator) -> int:
-    """Validates every `data:` event of an SSE body; returns the chunk count."""
+def check_stream(body: bytes, validator, done: bool = True) -> int:
+    """Validates every `data:` event of an SSE body (`[DONE]` last when
+    `done`); returns the chunk count."""
     datas = [line[len("data: "):] for line in body.decode().splitlines() if line.startswith("data: ")]
-    assert datas and datas[-1] == "[DONE]", datas[-3:]
-    for data in datas[:-1]:
+    if done:
+        assert datas and datas[-1] == "[DONE]", datas[-3:]
+        datas = datas[:-1]
+    assert datas and "[DONE]" not in datas, datas[-3:]
+    for data in datas:
         chunk = json.loads(data)
         errors = sorted(validator.iter_errors(chunk), key=lambda e: list(e.path))
         assert not errors, f"{data}\n" + "\n".join(f"{list(e.path)}: {e.message}" for e in errors[:5])
-    return len(datas) - 1
+    return len(datas)
 
 
 def properties_of(schema: dict):
@@ -220,6 +248,8 @@ def serves(http, method: str, path: str) -> bool:
     if path == "/embeddings":
         models = http.get("/v1/models").json()["data"]
         return any("/v1/embeddings" in m.get("endpoints", []) for m in models)
+    if "{" in path:
+        return True
     r = http.request(method, f"/v1{path}", json={})
     return r.status_code != 404
 
@@ -240,11 +270,16 @@ def test_conformance(api, capped_server, capped_http, method, path):
     def explicit(run):
         for body in STREAM_CASES.get(path, []):
             run = example(case=operation.Case(body={**body, "model": model}))(run)
+        if "{response_id}" in path:
+            # One id that exists, so the 200 is checked too.
+            made = capped_http.post("/v1/responses", json={"model": model, "input": "Hi", "max_output_tokens": 2})
+            stored = made.json()["id"]
+            run = example(case=operation.Case(path_parameters={"response_id": stored}))(run)
         return run
 
     @explicit
     @settings(
-        max_examples=EXAMPLES,
+        max_examples=min(EXAMPLES, EXAMPLES_FOR.get(path, EXAMPLES)),
         deadline=None,
         database=None,
         derandomize=True,
@@ -263,7 +298,7 @@ def test_conformance(api, capped_server, capped_http, method, path):
         # schemathesis keeps every header's values as a list.
         if any(v.startswith("text/event-stream") for v in response.headers.get("content-type", [])):
             assert validator is not None, path
-            check_stream(response.content, validator)
+            check_stream(response.content, validator, done=path != "/responses")
             seen["streams"] += 1
 
     run()

@@ -89,6 +89,15 @@ def test_proxies_and_streams_through_the_openai_client(routers):
     done = client.completions.create(model=default_model_name(), prompt="Hello", max_tokens=4)
     assert done.choices[0].text is not None
 
+    # The Responses API: a stored response lives on one worker; continuing
+    # it and retrieving it find that worker whatever round robin says.
+    first = client.responses.create(model=default_model_name(), input="Say hello.", max_output_tokens=4, temperature=0)
+    for _ in range(2):
+        more = client.responses.create(model=default_model_name(), previous_response_id=first.id, input="Again.",
+                                       max_output_tokens=2, temperature=0, store=False)
+        assert more.previous_response_id == first.id
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+
     # Round-robin spreads requests over both workers (the header names them).
     with r.http() as h:
         seen = {h.post("/v1/chat/completions", json=chat(2)).headers["x-ingot-worker"] for _ in range(4)}

@@ -42,8 +42,8 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use serde::Serialize;
 
-use crate::BenchError;
 use crate::result::{BenchResult, RunSummary, Stats, Summary};
+use crate::BenchError;
 use ingot_stats::{coefficient_of_variation, cohens_d, holm_adjust, welch_t_test};
 
 /// Default `--single-run-gate`, percent: about the 95th percentile of the

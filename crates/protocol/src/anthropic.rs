@@ -13,6 +13,7 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use crate::chat::ValidChatRequest;
+use crate::parse::{object, only_known};
 use crate::ProtocolError;
 
 /// The request fields read (see the module doc for `metadata`).
@@ -44,9 +45,7 @@ pub struct MessagesRequest {
 impl MessagesRequest {
     /// Parses and validates a request body (a JSON object).
     pub fn parse(body: &Value) -> Result<Self, ProtocolError> {
-        let obj = body
-            .as_object()
-            .ok_or_else(|| ProtocolError::field("body", "the body must be a JSON object"))?;
+        let obj = object(body)?;
         only_known(obj, &FIELDS, "")?;
         for field in ["model", "messages", "max_tokens"] {
             if obj.get(field).is_none_or(Value::is_null) {
@@ -89,25 +88,6 @@ impl MessagesRequest {
             chat,
             stop_sequences,
         })
-    }
-}
-
-/// Refuses any key of `obj` not in `known`, naming it (`at` prefixes it).
-/// A null is as good as absent (clients serialise unset optional fields as
-/// null), so it is never refused.
-fn only_known(obj: &Map<String, Value>, known: &[&str], at: &str) -> Result<(), ProtocolError> {
-    let unknown = obj
-        .iter()
-        .find(|(k, v)| !v.is_null() && !known.contains(&k.as_str()));
-    match unknown.map(|(k, _)| k) {
-        Some(k) => {
-            let name = format!("{at}{k}");
-            Err(ProtocolError::field(
-                &name,
-                format!("{name}: this field is not supported by this server"),
-            ))
-        }
-        None => Ok(()),
     }
 }
 

@@ -10,6 +10,7 @@ mod error;
 pub mod models;
 pub mod ollama;
 mod parse;
+pub mod responses;
 pub mod sampling;
 pub mod structured;
 pub mod tokenize;

@@ -16,6 +16,7 @@ use serde_json::{json, Map, Value};
 
 use crate::chat::ValidChatRequest;
 use crate::embeddings::{parse_embedding_request, ValidEmbedding};
+use crate::parse::{object, only_known};
 use crate::ProtocolError;
 
 /// `/api/chat` fields read.
@@ -182,30 +183,6 @@ pub fn parse_show(body: &Value) -> Result<String, ProtocolError> {
         .and_then(Value::as_str)
         .map(String::from)
         .ok_or_else(|| ProtocolError::field("model", "model is required"))
-}
-
-fn object(body: &Value) -> Result<&Map<String, Value>, ProtocolError> {
-    body.as_object()
-        .ok_or_else(|| ProtocolError::field("body", "the body must be a JSON object"))
-}
-
-/// Refuses any key of `obj` not in `known`, naming it (`at` prefixes it).
-/// A null is as good as absent (clients serialise unset optional fields as
-/// null), so it is never refused.
-fn only_known(obj: &Map<String, Value>, known: &[&str], at: &str) -> Result<(), ProtocolError> {
-    let unknown = obj
-        .iter()
-        .find(|(k, v)| !v.is_null() && !known.contains(&k.as_str()));
-    match unknown.map(|(k, _)| k) {
-        Some(k) => {
-            let name = format!("{at}{k}");
-            Err(ProtocolError::field(
-                &name,
-                format!("{name}: this field is not supported by this server"),
-            ))
-        }
-        None => Ok(()),
-    }
 }
 
 /// The chat fields both generating endpoints share: model, stream

@@ -21,6 +21,37 @@ pub fn parse_json<T: DeserializeOwned>(value: &serde_json::Value) -> Result<T, P
     })
 }
 
+/// The body as a JSON object.
+pub(crate) fn object(
+    body: &serde_json::Value,
+) -> Result<&serde_json::Map<String, serde_json::Value>, ProtocolError> {
+    body.as_object()
+        .ok_or_else(|| ProtocolError::field("body", "the body must be a JSON object"))
+}
+
+/// Refuses any key of `obj` not in `known`, naming it (`at` prefixes it).
+/// A null is as good as absent (clients serialise unset optional fields as
+/// null), so it is never refused.
+pub(crate) fn only_known(
+    obj: &serde_json::Map<String, serde_json::Value>,
+    known: &[&str],
+    at: &str,
+) -> Result<(), ProtocolError> {
+    let unknown = obj
+        .iter()
+        .find(|(k, v)| !v.is_null() && !known.contains(&k.as_str()));
+    match unknown.map(|(k, _)| k) {
+        Some(k) => {
+            let name = format!("{at}{k}");
+            Err(ProtocolError::field(
+                &name,
+                format!("{name}: this field is not supported by this server"),
+            ))
+        }
+        None => Ok(()),
+    }
+}
+
 /// Parses a request body: bytes → JSON object.
 pub fn body_json(bytes: &[u8]) -> Result<serde_json::Value, ProtocolError> {
     let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| ProtocolError {

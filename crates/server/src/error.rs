@@ -36,6 +36,17 @@ pub enum ApiError {
     /// The request conflicts with the current state (409).
     #[error("{0}")]
     Conflict(String),
+    /// No such object, e.g. a stored response (404); `param` and `code`
+    /// name what was looked up when a request field named it.
+    #[error("{message}")]
+    NotFound {
+        /// What was not found.
+        message: String,
+        /// The field that named it.
+        param: Option<&'static str>,
+        /// A machine-readable code.
+        code: Option<&'static str>,
+    },
     /// No such route (404).
     #[error("no route for {0}")]
     RouteNotFound(String),
@@ -119,6 +130,12 @@ impl ApiError {
             ApiError::RouteNotFound(_) => {
                 (StatusCode::NOT_FOUND, "invalid_request_error", None, None)
             }
+            ApiError::NotFound { param, code, .. } => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                param.map(String::from),
+                *code,
+            ),
             ApiError::MethodNotAllowed(_) => (
                 StatusCode::METHOD_NOT_ALLOWED,
                 "invalid_request_error",
@@ -260,6 +277,7 @@ impl ApiError {
             ApiError::ModelNotFound(_)
             | ApiError::UnknownModel { .. }
             | ApiError::RouteNotFound(_)
+            | ApiError::NotFound { .. }
             | ApiError::MethodNotAllowed(_) => Some("not_found"),
             ApiError::PayloadTooLarge(_) => Some("too_large"),
             ApiError::Overloaded { .. } => Some("admission"),

@@ -45,6 +45,13 @@ pub struct Incoming {
     control: CacheControl,
 }
 
+impl Incoming {
+    /// Who calls.
+    pub fn caller(&self) -> &Caller {
+        &self.caller
+    }
+}
+
 impl<S: Send + Sync> FromRequestParts<S> for Incoming {
     type Rejection = std::convert::Infallible;
 

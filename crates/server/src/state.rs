@@ -61,6 +61,8 @@ struct Inner {
     embedding_models: Vec<String>,
     /// SLO evaluation and remediation (the engine stage shows it engines).
     slo: Arc<SloMonitor>,
+    /// Stored responses of `/v1/responses`.
+    responses: crate::routes::responses::ResponseStore,
 }
 
 /// The parts of an [`AppState`]; `build` assembles the pipeline.
@@ -151,6 +153,7 @@ impl AppStateBuilder {
                 fleet: self.fleet,
                 embedding_models: self.embedding_models,
                 slo,
+                responses: Default::default(),
             }),
         })
     }
@@ -180,6 +183,11 @@ impl AppState {
         } else {
             crate::models::GENERATIVE_ENDPOINTS
         }
+    }
+
+    /// Stored responses of `/v1/responses` (`store: true`).
+    pub(crate) fn responses(&self) -> &crate::routes::responses::ResponseStore {
+        &self.inner.responses
     }
 
     /// The registry of served models.

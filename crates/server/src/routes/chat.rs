@@ -204,6 +204,24 @@ pub(super) fn is_forced(choice: &ToolChoice) -> bool {
     matches!(choice, ToolChoice::Required | ToolChoice::Named(_))
 }
 
+/// A whole answer's text and calls under `tools` (the format calls are
+/// parsed in and the tool choice, when the answer may hold calls): with a
+/// forced choice, text beside the calls is a call cut short and is
+/// dropped.
+pub(super) fn split_answer(tools: Option<&(ToolFormat, ToolChoice)>, text: &str) -> tools::Answer {
+    let Some((format, choice)) = tools else {
+        return tools::Answer {
+            content: Some(text.to_string()),
+            calls: Vec::new(),
+        };
+    };
+    let mut answer = tools::parse_answer(*format, text);
+    if !answer.calls.is_empty() && is_forced(choice) {
+        answer.content = None;
+    }
+    answer
+}
+
 /// OpenAI's finish reason of an answer that called tools (a forced,
 /// named call finishes with "stop", as OpenAI's do).
 fn finish_with_calls(choice: &ToolChoice, reason: &'static str) -> &'static str {

@@ -53,7 +53,7 @@ async fn reshape(dialect: Dialect, response: Response) -> Response {
     };
     let message = serde_json::from_slice::<Value>(&bytes)
         .ok()
-        .and_then(|v| v.pointer("/error/message")?.as_str().map(String::from))
+        .and_then(|v| error_field(&v, "message").map(String::from))
         .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
     let body = match dialect {
         Dialect::Anthropic => {
@@ -68,6 +68,11 @@ async fn reshape(dialect: Dialect, response: Response) -> Response {
         HeaderValue::from_static("application/json"),
     );
     Response::from_parts(parts, Body::from(body.to_string()))
+}
+
+/// A string field of an OpenAI error body (`{"error": {field: ...}}`).
+pub(super) fn error_field<'a>(body: &'a Value, field: &str) -> Option<&'a str> {
+    body.get("error")?.get(field)?.as_str()
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ mod dialect;
 mod embeddings;
 mod info;
 mod ollama;
+pub(crate) mod responses;
 pub(crate) mod send_queue;
 pub(crate) mod sse;
 
@@ -49,6 +50,11 @@ fn routes(state: AppState, max_body_bytes: usize) -> Router {
         .route("/v1/models/{id}", get(info::model))
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
         .route("/api/chat", post(ollama::chat))
         .route("/api/generate", post(ollama::generate))
         .route("/api/embed", post(ollama::embed))

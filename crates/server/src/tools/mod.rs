@@ -8,13 +8,13 @@ mod format;
 mod grammar;
 mod parse;
 mod prompt;
-mod stream;
+pub(crate) mod stream;
 
 pub use format::ToolFormat;
 pub use grammar::tool_grammar;
-pub use parse::{parse_answer, ParsedCall};
+pub use parse::{parse_answer, Answer, ParsedCall};
 pub use prompt::prepare;
-pub use stream::{Piece, ToolStream};
+pub use stream::{Piece, Pieces, ToolStream};
 
 /// A new call id (`call_` and 24 letters and digits, as OpenAI's).
 pub fn call_id() -> String {

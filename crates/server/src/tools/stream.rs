@@ -32,6 +32,48 @@ enum Mode {
     Rest,
 }
 
+/// A choice's streamed text as pieces: through the tool-call parser when
+/// the answer may hold calls (a format is given), else all content.
+#[derive(Debug)]
+pub struct Pieces(Option<ToolStream>);
+
+impl Pieces {
+    /// Pieces parsed as `format` writes calls, or plain content.
+    pub fn new(format: Option<ToolFormat>) -> Self {
+        Self(format.map(ToolStream::new))
+    }
+
+    /// Takes more of the answer.
+    pub fn push(&mut self, text: String) -> Vec<Piece> {
+        match &mut self.0 {
+            Some(parser) => parser.push(&text),
+            None => vec![Piece::Content(text)],
+        }
+    }
+
+    /// The answer ended: what was held back.
+    pub fn finish(&mut self) -> Vec<Piece> {
+        self.0.as_mut().map(ToolStream::finish).unwrap_or_default()
+    }
+}
+
+/// A Hermes answer with text, then a call (tests of the streams over it).
+#[cfg(test)]
+pub(crate) const TEXT_THEN_CALL: &str =
+    r#"Checking.<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>"#;
+
+/// The pieces of [`TEXT_THEN_CALL`] streamed a tag at a time, in order.
+#[cfg(test)]
+pub(crate) fn streamed_pieces() -> Vec<Piece> {
+    let mut parser = ToolStream::new(ToolFormat::Hermes);
+    let mut out: Vec<Piece> = TEXT_THEN_CALL
+        .split_inclusive('>')
+        .flat_map(|piece| parser.push(piece))
+        .collect();
+    out.extend(parser.finish());
+    out
+}
+
 /// One choice's stream parser.
 #[derive(Debug)]
 pub struct ToolStream {

@@ -16,25 +16,6 @@ fn message(extra: Value) -> Value {
     )
 }
 
-/// The `(event name, data)` pairs of an Anthropic SSE body (no `[DONE]`).
-fn named_events(reply: &Reply) -> Vec<(String, Value)> {
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    assert_eq!(reply.header("content-type"), "text/event-stream");
-    reply
-        .text()
-        .split_terminator("\n\n")
-        .map(|event| {
-            let (name, data) = event
-                .strip_prefix("event: ")
-                .and_then(|e| e.split_once("\ndata: "))
-                .unwrap_or_else(|| panic!("not a named event: {event:?}"));
-            let data: Value = serde_json::from_str(data).unwrap();
-            assert_eq!(data["type"], name, "the name is the type");
-            (name.to_string(), data)
-        })
-        .collect()
-}
-
 /// Asserts Anthropic's error shape with `status` and `kind`; the message.
 fn anthropic_error(reply: &Reply, status: StatusCode, kind: &str) -> String {
     assert_eq!(reply.status, status, "{}", reply.text());

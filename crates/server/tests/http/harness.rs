@@ -302,6 +302,27 @@ impl Reply {
     }
 }
 
+/// The `(event name, data)` pairs of an SSE body of named events
+/// (Anthropic's, the Responses API's; no `[DONE]`), checking that each
+/// event's name is its `type`.
+pub fn named_events(reply: &Reply) -> Vec<(String, Value)> {
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    assert_eq!(reply.header("content-type"), "text/event-stream");
+    reply
+        .text()
+        .split_terminator("\n\n")
+        .map(|event| {
+            let (name, data) = event
+                .strip_prefix("event: ")
+                .and_then(|e| e.split_once("\ndata: "))
+                .unwrap_or_else(|| panic!("not a named event: {event:?}"));
+            let data: Value = serde_json::from_str(data).unwrap();
+            assert_eq!(data["type"], name, "the name is the type");
+            (name.to_string(), data)
+        })
+        .collect()
+}
+
 /// Every finish reason sent, in order.
 pub fn finish_reasons(chunks: &[Value]) -> Vec<String> {
     chunks

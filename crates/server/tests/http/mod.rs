@@ -15,4 +15,5 @@ mod info;
 mod limits;
 mod ollama;
 mod request_ids;
+mod responses;
 mod sharing;

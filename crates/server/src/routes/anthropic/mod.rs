@@ -152,14 +152,10 @@ fn content_blocks(
     tools: Option<&(ToolFormat, ToolChoice)>,
     text: &str,
 ) -> (Vec<ContentBlock>, bool) {
-    let Some((format, _)) = tools else {
-        let text = text.to_string();
-        return (vec![ContentBlock::Text { text }], false);
-    };
-    let answer = tools::parse_answer(*format, text);
+    let answer = super::chat::split_answer(tools, text);
     let called = !answer.calls.is_empty();
     let mut blocks = Vec::new();
-    if let Some(content) = answer.content.filter(|_| !called || !forced(tools)) {
+    if let Some(content) = answer.content {
         blocks.push(ContentBlock::Text { text: content });
     }
     blocks.extend(

@@ -13,13 +13,13 @@ use ingot_protocol::usage::Usage;
 
 use super::super::sse::{self, Event};
 use super::{tool_id, Reply, Stop};
-use crate::tools::{Piece, ToolStream};
+use crate::tools::{Piece, Pieces};
 
 /// The stream's state (one choice: Anthropic has no `n`).
 pub struct Events {
     reply: Reply,
-    /// The tool-call parser, when the answer may hold calls.
-    parser: Option<ToolStream>,
+    /// The answer's text and calls.
+    parser: Pieces,
     blocks: Blocks,
     /// Every generated token (to name the stop sequence at the end).
     ids: Vec<TokenId>,
@@ -47,10 +47,7 @@ impl Events {
             event(&StreamEvent::MessageStart { message }),
             event(&StreamEvent::Ping),
         ];
-        let parser = reply
-            .tools
-            .as_ref()
-            .map(|(format, _)| ToolStream::new(*format));
+        let parser = Pieces::new(reply.tools.as_ref().map(|t| t.0));
         let state = Self {
             blocks: Blocks::new(reply.forced()),
             reply,
@@ -146,19 +143,12 @@ impl Blocks {
 impl sse::ChunkFormat for Events {
     fn token(&mut self, _: usize, token: GeneratedToken) -> Option<Event> {
         self.ids.push(token.token);
-        let pieces = match &mut self.parser {
-            Some(parser) => parser.push(&token.text),
-            None => vec![Piece::Content(token.text)],
-        };
+        let pieces = self.parser.push(token.text);
         events(&self.blocks.pieces(pieces))
     }
 
     fn finish(&mut self, _: usize, completion: &Completion) -> Event {
-        let rest = self
-            .parser
-            .as_mut()
-            .map(ToolStream::finish)
-            .unwrap_or_default();
+        let rest = self.parser.finish();
         let mut list = self.blocks.pieces(rest);
         list.extend(self.blocks.close());
         let called = self.blocks.called;
@@ -183,14 +173,9 @@ impl sse::ChunkFormat for Events {
     }
 
     fn error(&self, body: &serde_json::Value) -> Event {
-        let message = body
-            .pointer("/error/message")
-            .and_then(serde_json::Value::as_str)
-            .unwrap_or("internal error");
-        let kind = match body
-            .pointer("/error/type")
-            .and_then(serde_json::Value::as_str)
-        {
+        let message =
+            super::super::dialect::error_field(body, "message").unwrap_or("internal error");
+        let kind = match super::super::dialect::error_field(body, "type") {
             Some("timeout_error") => "timeout_error",
             _ => "api_error",
         };
@@ -205,7 +190,6 @@ impl sse::ChunkFormat for Events {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::{ToolFormat, ToolStream};
 
     fn names(events: &[StreamEvent]) -> Vec<&'static str> {
         events.iter().map(StreamEvent::name).collect()
@@ -213,14 +197,8 @@ mod tests {
 
     #[test]
     fn text_then_a_call_are_two_blocks() {
-        let mut parser = ToolStream::new(ToolFormat::Hermes);
         let mut blocks = Blocks::new(false);
-        let mut out = Vec::new();
-        let answer = r#"Checking.<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>"#;
-        for piece in answer.split_inclusive('>') {
-            out.extend(blocks.pieces(parser.push(piece)));
-        }
-        out.extend(blocks.pieces(parser.finish()));
+        let mut out = blocks.pieces(crate::tools::stream::streamed_pieces());
         out.extend(blocks.close());
         assert!(blocks.called);
         let starts: Vec<_> = out

@@ -10,13 +10,13 @@ use ingot_protocol::usage::Usage;
 
 use super::super::sse::{self, Event};
 use super::{to_call, Reply};
-use crate::tools::{Piece, ToolStream};
+use crate::tools::{Piece, Pieces};
 
 /// The stream's state (one choice: Ollama has no `n`).
 pub struct Lines {
     reply: Reply,
-    /// The tool-call parser, when the answer may hold calls.
-    parser: Option<ToolStream>,
+    /// The answer's text and calls.
+    parser: Pieces,
     /// When the first token came.
     first: Option<Instant>,
     /// How the answer ended, once it has.
@@ -26,7 +26,7 @@ pub struct Lines {
 impl Lines {
     pub fn new(reply: Reply) -> Self {
         Self {
-            parser: reply.tools.map(ToolStream::new),
+            parser: Pieces::new(reply.tools),
             reply,
             first: None,
             reason: FinishReason::Stop,
@@ -59,19 +59,12 @@ impl Lines {
 impl sse::ChunkFormat for Lines {
     fn token(&mut self, _: usize, token: GeneratedToken) -> Option<Event> {
         self.first.get_or_insert_with(Instant::now);
-        let pieces = match &mut self.parser {
-            Some(parser) => parser.push(&token.text),
-            None => vec![Piece::Content(token.text)],
-        };
+        let pieces = self.parser.push(token.text);
         sse::concat(self.pieces(pieces))
     }
 
     fn finish(&mut self, _: usize, completion: &Completion) -> Event {
-        let rest = self
-            .parser
-            .as_mut()
-            .map(ToolStream::finish)
-            .unwrap_or_default();
+        let rest = self.parser.finish();
         let mut lines = self.pieces(rest);
         self.reason = completion.reason;
         let usage = Usage::new(completion.prompt_tokens, completion.completion_tokens, 0);
