@@ -387,6 +387,45 @@ def check_sampling(m, rng):
         print(f"time sample_rows {R} x {V} {case}: {best * 1e3:.0f} us")
 
 
+def check_logit_bias(m, rng):
+    # apply_logit_bias: a sparse add of (row, token, bias) entries, exact.
+    S, V = 6, 151936
+    logits = rnd(rng, S, V, scale=4.0).astype(np.float32)
+    want = logits.copy()
+    entries = []
+    for r in range(S):
+        for t in rng.choice(V, size=int(rng.integers(0, 300)), replace=False):
+            b = np.float32(rng.uniform(-100, 100))
+            entries.append((r, int(t), b))
+            want[r, t] += b
+    words = np.array([(r, t, np.float32(b).view(np.uint32)) for r, t, b in entries], np.uint32)
+    ld = dev(logits, torch.float32)
+    ed = torch.from_numpy(words.view(np.int32).reshape(-1).copy()).cuda()
+    n = len(entries)
+    launch(m.fn("apply_logit_bias"), ((n + 255) // 256,), 256, [ptr(ld), i32(V), ptr(ed), i32(n)])
+    report("apply_logit_bias (exact)", float(np.max(np.abs(host(ld) - want))), 1e-9)
+
+    # Issue 36's acceptance on the device: 100 sampled rows of one logits
+    # row at temperature 1; -100 on its most likely token keeps it out of
+    # every draw, +100 on an unlikely one forces it in every draw.
+    R, V = 100, 49152
+    row = rnd(rng, V, scale=3.0).astype(np.float32)
+    top, rare = int(row.argmax()), int(row.argmin())
+    row[top] = row.max() + 8.0  # ~all of the mass without the bias
+    for token, bias, name in ((top, -100.0, "banned"), (rare, 100.0, "forced")):
+        ld = dev(np.tile(row, (R, 1)), torch.float32)
+        words = np.array([(r, token, np.float32(bias).view(np.uint32)) for r in range(R)], np.uint32)
+        ed = torch.from_numpy(words.view(np.int32).reshape(-1).copy()).cuda()
+        launch(m.fn("apply_logit_bias"), ((R + 255) // 256,), 256, [ptr(ld), i32(V), ptr(ed), i32(R)])
+        pd = sample_params(R, random=rng.integers(0, 2**63, size=R, dtype=np.uint64))
+        ids = torch.empty(R, dtype=torch.int32, device="cuda")
+        seen_d = torch.zeros(2, dtype=torch.int32, device="cuda")
+        launch(m.fn("sample_rows"), (R,), 512, [ptr(ld), i32(V), ptr(pd), ptr(seen_d), ptr(ids), ptr(None), ptr(None)])
+        got = ids.cpu().numpy()
+        wrong = np.mean(got == token) if bias < 0 else np.mean(got != token)
+        report(f"logit_bias {bias:+.0f} {name} token {token} in {R} sampled rows (share wrong)", float(wrong), 1e-9)
+
+
 # KV cache element types: (kernel name infix, torch dtype, tolerance of a
 # value written into the cache). FP8 e4m3 keeps 3 mantissa bits: a written
 # value is within 2^-4 of its own magnitude (kv_types.cuh).
@@ -883,6 +922,7 @@ def check_qkv_rope(m, rng):
 CHECKS = [
     ("elementwise", "elementwise", check_elementwise),
     ("sampling", "sampling", check_sampling),
+    ("logit_bias", "sampling", check_logit_bias),
     ("rope", "rope", check_rope),
     ("attention", "attention", check_attention),
     ("gemv", "gemv", check_gemv),

@@ -49,6 +49,34 @@ for e in entries:
 print(f"{'chat logprobs (GPU)':34} {'ok' if ok else 'FAILED'} {len(entries)} tokens, first {entries[0] if entries else None}"[:200])
 sys.exit(0 if ok else 1)
 PY
+# logit_bias on the device sampler (issue 36): -100 on the greedy first
+# token keeps it out of 112 sampled answers; +100 on token 1000 forces it,
+# greedy (graphs, launch-ahead) and sampled, batched.
+python3 - "$URL" <<'PY' || fail=1
+import json, sys, urllib.request
+url = sys.argv[1]
+def post(path, body):
+    req = urllib.request.Request(url + path, json.dumps(body).encode(), {"content-type": "application/json"})
+    return json.load(urllib.request.urlopen(req))
+P = "The capital of France is"
+first = post("/v1/completions", {"prompt": P, "max_tokens": 1, "temperature": 0, "logprobs": 0})
+t0 = first["choices"][0]["logprobs"]["tokens"][0]
+ids = post("/tokenize", {"prompt": t0, "add_special_tokens": False})["tokens"]
+tokens = lambda a: [t for c in a["choices"] for t in c["logprobs"]["tokens"]]
+banned = []
+for seed in range(7):
+    a = post("/v1/completions", {"prompt": P, "max_tokens": 4, "temperature": 1.0, "n": 16, "seed": seed,
+                                 "logprobs": 0, "logit_bias": {str(ids[0]): -100}})
+    banned += [c["logprobs"]["tokens"] for c in a["choices"]]
+ok_ban = len(ids) == 1 and len(banned) == 112 and all(t0 not in b for b in banned)
+forced = [post("/v1/completions", {"prompt": P, "max_tokens": 4, "temperature": t, "n": n, "logprobs": 0,
+                                   "logit_bias": {"1000": 100}}) for t, n in ((0, 1), (1.0, 16))]
+toks = [t for a in forced for t in tokens(a)]
+ok_force = len(toks) == 4 * 17 and len(set(toks)) == 1
+print(f"{'logit_bias -100 (GPU)':34} {'ok' if ok_ban else 'FAILED'} token {t0!r} {ids}, {len(banned)} answers")
+print(f"{'logit_bias +100 (GPU)':34} {'ok' if ok_force else 'FAILED'} {sorted(set(toks))[:3]}")
+sys.exit(0 if ok_ban and ok_force else 1)
+PY
 # 16 concurrent sampled requests, different seeds: all answer.
 seq 16 | xargs -P 16 -I{} curl -s "${J[@]}" "$URL/v1/completions" -d '{"prompt":"Tell me a story","max_tokens":16,"temperature":1.0,"top_p":0.9,"seed":{}}' \
   | grep -o '"finish_reason"' | wc -l | sed 's/^/concurrent sampled answered (of 16): /'

@@ -26,7 +26,8 @@ impl Reload {
 }
 
 /// Whether a running server can apply a change to `key`: feature flags, the
-/// cache, the API keys (`auth.*`) and request limits are read per request,
+/// cache, the API keys (`auth.*`), request limits and
+/// `server.ignore_unknown_fields` are read per request,
 /// SLOs and `remediation.*` at every evaluation, and the log filter is
 /// swapped in place;
 /// everything else sized or started something at start-up.
@@ -36,6 +37,7 @@ pub fn live(key: &str) -> bool {
         || key.starts_with("auth.")
         || key.starts_with("limits.")
         || key == "log.level"
+        || key == "server.ignore_unknown_fields"
         || is_slo_key(key)
 }
 

@@ -376,6 +376,10 @@ pub struct ServerSection {
     /// default): no CORS headers, so browsers keep pages of other origins
     /// out.
     pub cors_allowed_origins: Vec<String>,
+    /// Ignore request fields an OpenAI endpoint does not know, as vLLM
+    /// does, instead of refusing them with a 400 naming the field (the
+    /// default, as OpenAI does). Read per request.
+    pub ignore_unknown_fields: bool,
 }
 
 impl Default for ServerSection {
@@ -390,6 +394,7 @@ impl Default for ServerSection {
             stream_flush_interval: Duration::from_millis(20),
             max_stream_pending_bytes: ByteSize::mib(4),
             cors_allowed_origins: Vec::new(),
+            ignore_unknown_fields: false,
         }
     }
 }

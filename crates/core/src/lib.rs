@@ -8,7 +8,7 @@ pub mod window;
 
 pub use grammar::GrammarSpec;
 pub use priority::Priority;
-pub use sampling::{SamplingError, SamplingParams, StopCriteria, MAX_LOGPROBS};
+pub use sampling::{SamplingError, SamplingParams, StopCriteria, MAX_LOGIT_BIAS, MAX_LOGPROBS};
 pub use window::SampleWindow;
 
 /// A vocabulary index.

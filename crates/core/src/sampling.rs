@@ -29,6 +29,9 @@ pub struct SamplingParams {
     /// logprobs are then computed too (`None`: none; vLLM's
     /// `prompt_logprobs`, OpenAI's `echo` with `logprobs`).
     pub prompt_logprobs: Option<usize>,
+    /// Added to these tokens' logits before anything else (OpenAI's
+    /// `logit_bias`): sorted by id, each id once, biases in [-100, 100].
+    pub logit_bias: Vec<(TokenId, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -55,6 +58,9 @@ pub struct SamplingError {
 /// The most alternatives a request may ask for per token (OpenAI allows 20).
 pub const MAX_LOGPROBS: usize = 20;
 
+/// The most `logit_bias` entries per request.
+pub const MAX_LOGIT_BIAS: usize = 1024;
+
 impl SamplingParams {
     /// Greedy decoding, no penalties.
     pub const GREEDY: Self = Self {
@@ -68,6 +74,7 @@ impl SamplingParams {
         seed: None,
         logprobs: None,
         prompt_logprobs: None,
+        logit_bias: Vec::new(),
     };
 
     /// Greedy decoding.
@@ -124,6 +131,31 @@ impl SamplingParams {
                 return err("prompt_logprobs", "in [0, 20]", n.to_string());
             }
         }
+        if self.logit_bias.len() > MAX_LOGIT_BIAS {
+            return err(
+                "logit_bias",
+                "at most 1024 entries",
+                self.logit_bias.len().to_string(),
+            );
+        }
+        if let Some(&(id, b)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(b.is_finite() && (-100.0..=100.0).contains(b)))
+        {
+            return err(
+                "logit_bias",
+                "biases in [-100, 100]",
+                format!("{b} for token {id}"),
+            );
+        }
+        if self.logit_bias.windows(2).any(|w| w[0].0 >= w[1].0) {
+            return err(
+                "logit_bias",
+                "sorted by token id, each once",
+                format!("{:?}", self.logit_bias),
+            );
+        }
         Ok(())
     }
 
@@ -132,11 +164,12 @@ impl SamplingParams {
         self.temperature == 0.0 || self.top_k == 1
     }
 
-    /// True when any penalty changes the logits.
+    /// True when any penalty or bias changes the logits.
     pub fn has_penalties(&self) -> bool {
         self.repetition_penalty != 1.0
             || self.frequency_penalty != 0.0
             || self.presence_penalty != 0.0
+            || !self.logit_bias.is_empty()
     }
 }
 

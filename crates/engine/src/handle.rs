@@ -372,6 +372,14 @@ impl RequestLimits {
         if let Some(&id) = request.prompt.iter().find(|&&t| t as usize >= vocab_size) {
             return Err(SubmitError::TokenOutOfRange { id, vocab_size });
         }
+        let bias = &request.sampling.logit_bias;
+        if let Some(&(id, _)) = bias.iter().find(|&&(t, _)| t as usize >= vocab_size) {
+            return Err(SubmitError::Sampling(ingot_core::SamplingError {
+                field: "logit_bias",
+                bound: "token ids below the vocabulary size",
+                value: format!("{id} (the vocabulary has {vocab_size} tokens)"),
+            }));
+        }
         if request.prompt.len() + request.stop.max_tokens > self.max_context {
             return Err(SubmitError::TooLong {
                 prompt_tokens: request.prompt.len(),

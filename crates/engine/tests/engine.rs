@@ -479,6 +479,7 @@ fn logprobs_do_not_change_sampled_tokens() {
             seed: Some(11),
             logprobs,
             prompt_logprobs: None,
+            logit_bias: Vec::new(),
         };
         run(&handle, req).0
     };
@@ -677,4 +678,80 @@ fn prompt_logprobs_come_before_the_generated_tokens() {
         });
     }
     assert_eq!(kinds, ["prompt", "token", "token", "token", "finished"]);
+}
+
+/// The real SmolLM2 on the CPU backend.
+fn smollm2_engine() -> EngineHandle {
+    let files = ingot_models::open(
+        &ingot_testkit::smollm2_gguf(),
+        ingot_models::LoadFormat::Auto,
+    )
+    .unwrap();
+    let config = files.config.clone();
+    let weights = LlamaWeights::load(&config, files.tensors.as_ref(), &|_, _| {}).unwrap();
+    let runner = CpuRunner::new(
+        config,
+        weights,
+        CpuRunnerConfig {
+            num_blocks: 256,
+            block_size: 16,
+            weight_dtype: Default::default(),
+        },
+    )
+    .unwrap();
+    start_engine(Box::new(runner), tokenizer(), EngineConfig::default()).unwrap()
+}
+
+#[test]
+fn logit_bias_bans_and_forces_tokens_in_100_sampled_answers() {
+    let e = smollm2_engine();
+    let prompt = tokenizer()
+        .encode("The capital of France is", true)
+        .unwrap();
+    let answers = |count: u64, bias: Vec<(u32, f32)>| {
+        let reqs = (0..count)
+            .map(|seed| EngineRequest {
+                prompt: prompt.clone(),
+                sampling: SamplingParams {
+                    seed: Some(seed),
+                    logit_bias: bias.clone(),
+                    ..SamplingParams::default()
+                },
+                stop: StopCriteria {
+                    max_tokens: 2,
+                    ignore_eos: true,
+                    ..Default::default()
+                },
+                priority: Priority::Normal,
+                grammar: None,
+            })
+            .collect();
+        run_concurrently(&e, reqs)
+    };
+    // The most likely first token, and how often temperature 1 draws it.
+    let (greedy, _) = run(&e, {
+        let mut r = request(0, 1, 1);
+        r.prompt = prompt.clone();
+        r
+    });
+    let top = greedy[0];
+    let free = answers(20, Vec::new());
+    let drawn = free.iter().filter(|a| a.contains(&top)).count();
+    assert!(
+        drawn >= 2,
+        "the top token was drawn in {drawn} answers of 20"
+    );
+    let banned = answers(100, vec![(top, -100.0)]);
+    assert!(banned.iter().all(|a| !a.contains(&top)), "{banned:?}");
+    // An unlikely token, forced at every position.
+    let rare = 12_345;
+    let forced = answers(20, vec![(rare, 100.0)]);
+    assert!(forced.iter().all(|a| a == &[rare, rare]), "{forced:?}");
+    // Out of the vocabulary: refused at submission, naming the field.
+    let mut bad = request(0, 5, 5);
+    bad.sampling.logit_bias = vec![(10_000_000, 1.0)];
+    match e.submit(bad) {
+        Err(SubmitError::Sampling(s)) => assert_eq!(s.field, "logit_bias"),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
 }

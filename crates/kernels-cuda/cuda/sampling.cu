@@ -362,3 +362,18 @@ extern "C" __global__ void apply_token_masks(float* __restrict__ logits, int voc
     if (!allowed) row[t] = -INFINITY;
   }
 }
+
+// OpenAI's `logit_bias`: adds each entry's bias to one token's logit, a
+// sparse add before the sampler (and its logprobs). Entry `i` is three
+// 32-bit words: the logits row, the token id and the bias's f32 bits; a
+// request gives each token once, so no two entries hit one logit. Grid:
+// ceil(count / 256); block: 256 threads, one entry each.
+extern "C" __global__ void apply_logit_bias(float* __restrict__ logits, int vocab,
+                                            const unsigned* __restrict__ entries, int count) {
+  pdl_begin();
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  const unsigned row = entries[3 * i], token = entries[3 * i + 1];
+  if (token >= (unsigned)vocab) return;
+  logits[(size_t)row * vocab + token] += __uint_as_float(entries[3 * i + 2]);
+}

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::fields::UnknownFields;
 use crate::sampling::{check_top_logprobs, SamplingFields, ValidSampling};
 use crate::tools::{ToolCall, ToolCallDelta, ValidTools};
 use crate::usage::{TokenLogprobInfo, Usage};
@@ -51,8 +52,16 @@ pub struct ValidChatRequest {
 const ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
 
 impl ValidChatRequest {
-    /// Parses and validates a request body.
+    /// Parses and validates a request body; a field the endpoint does not
+    /// know is refused.
     pub fn parse(body: &Value) -> Result<Self, ProtocolError> {
+        Self::parse_with(body, UnknownFields::Refuse)
+    }
+
+    /// Parses and validates a request body under the field policy
+    /// ([`crate::fields::CHAT`]), unknown fields treated as `unknown` says.
+    pub fn parse_with(body: &Value, unknown: UnknownFields) -> Result<Self, ProtocolError> {
+        crate::fields::check(body, &crate::fields::CHAT, unknown)?;
         let fields: ChatFields = parse_json(body)?;
         let mut sampling = parse_json::<SamplingFields>(body)?.validate()?;
         sampling.grammar = crate::structured::parse_grammar(body)?;

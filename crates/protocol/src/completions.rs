@@ -6,6 +6,7 @@ use ingot_core::TokenId;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::fields::UnknownFields;
 use crate::sampling::{check_top_logprobs, SamplingFields, ValidSampling};
 use crate::usage::{TokenLogprobInfo, Usage};
 use crate::{parse_json, ProtocolError};
@@ -29,6 +30,8 @@ struct CompletionFields {
     logprobs: Option<u32>,
     /// Null is false (the description marks it nullable).
     echo: Option<bool>,
+    best_of: Option<u32>,
+    suffix: Option<String>,
 }
 
 /// One prompt, as text or already tokenized.
@@ -52,9 +55,24 @@ pub struct ValidCompletionRequest {
 }
 
 impl ValidCompletionRequest {
-    /// Parses and validates a request body.
+    /// Parses and validates a request body; a field the endpoint does not
+    /// know is refused.
     pub fn parse(body: &Value) -> Result<Self, ProtocolError> {
+        Self::parse_with(body, UnknownFields::Refuse)
+    }
+
+    /// Parses and validates a request body under the field policy
+    /// ([`crate::fields::COMPLETIONS`]), unknown fields treated as
+    /// `unknown` says.
+    pub fn parse_with(body: &Value, unknown: UnknownFields) -> Result<Self, ProtocolError> {
+        crate::fields::check(body, &crate::fields::COMPLETIONS, unknown)?;
         let fields: CompletionFields = parse_json(body)?;
+        if fields.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+            return Err(ProtocolError::field(
+                "suffix",
+                "suffix is not supported: the served models have no fill-in-the-middle template; send the text before the gap as the prompt",
+            ));
+        }
         let echo = fields.echo.unwrap_or(false);
         let mut raw_sampling = parse_json::<SamplingFields>(body)?;
         // `max_tokens: 0` with `echo` returns the prompt alone (with its
@@ -66,6 +84,7 @@ impl ValidCompletionRequest {
             raw_sampling.max_tokens = None;
         }
         let mut sampling = raw_sampling.validate()?;
+        check_best_of(fields.best_of, sampling.n)?;
         if prompt_only {
             sampling.max_tokens = Some(0);
             sampling.stop.max_tokens = 0;
@@ -114,6 +133,24 @@ impl ValidCompletionRequest {
             prompts,
             echo,
         })
+    }
+}
+
+/// `best_of`: at least `n`; more than `n` (generating candidates to
+/// return only the likeliest) is refused by name.
+fn check_best_of(best_of: Option<u32>, n: usize) -> Result<(), ProtocolError> {
+    match best_of.map(|b| b as usize) {
+        None => Ok(()),
+        Some(b) if b < n => Err(ProtocolError::bound(
+            "best_of",
+            &format!("at least n ({n})"),
+            b,
+        )),
+        Some(b) if b > n => Err(ProtocolError::field(
+            "best_of",
+            format!("best_of greater than n is not supported (got best_of {b}, n {n}): ask for n choices and pick among them with their logprobs"),
+        )),
+        Some(_) => Ok(()),
     }
 }
 
@@ -217,6 +254,26 @@ mod tests {
         }
         let e = ValidCompletionRequest::parse(&json!({"prompt": "x", "logprobs": 21})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("logprobs"));
+        for (body, param) in [
+            (json!({"prompt": "x", "suffix": "y"}), "suffix"),
+            (json!({"prompt": "x", "best_of": 2}), "best_of"),
+            (json!({"prompt": "x", "best_of": 1, "n": 2}), "best_of"),
+            (json!({"prompt": "x", "frobnicate": 1}), "frobnicate"),
+        ] {
+            let e = ValidCompletionRequest::parse(&body).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}");
+        }
+        for body in [
+            json!({"prompt": "x", "suffix": "", "best_of": 2, "n": 2}),
+            json!({"prompt": "x", "suffix": null, "best_of": null}),
+        ] {
+            assert!(ValidCompletionRequest::parse(&body).is_ok(), "{body}");
+        }
+        assert!(ValidCompletionRequest::parse_with(
+            &json!({"prompt": "x", "frobnicate": 1}),
+            UnknownFields::Ignore
+        )
+        .is_ok());
     }
 
     #[test]

@@ -4,6 +4,7 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::fields::UnknownFields;
 use crate::{parse_json, ProtocolError};
 
 /// OpenAI's limit on inputs per request.
@@ -65,8 +66,19 @@ pub struct ValidEmbedding {
     pub dimensions: Option<usize>,
 }
 
-/// Parses and validates a request body.
+/// Parses and validates a request body; a field the endpoint does not know
+/// is refused.
 pub fn parse_embedding_request(body: &Value) -> Result<ValidEmbedding, ProtocolError> {
+    parse_embedding_request_with(body, UnknownFields::Refuse)
+}
+
+/// Parses and validates a request body under the field policy
+/// ([`crate::fields::policy`]), unknown fields treated as `unknown` says.
+pub fn parse_embedding_request_with(
+    body: &Value,
+    unknown: UnknownFields,
+) -> Result<ValidEmbedding, ProtocolError> {
+    crate::fields::check(body, crate::fields::EMBEDDINGS, unknown)?;
     let raw: RawRequest = parse_json(body)?;
     let input = raw
         .input

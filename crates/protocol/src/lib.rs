@@ -7,6 +7,7 @@ pub mod chat;
 pub mod completions;
 pub mod embeddings;
 mod error;
+pub mod fields;
 pub mod models;
 pub mod ollama;
 mod parse;

@@ -1,8 +1,10 @@
 //! Fields shared by chat and text completions: sampling, stopping, `n`,
 //! priority, streaming. Parsed from the same JSON object as the
-//! endpoint-specific fields (unknown fields are ignored, as OpenAI does).
+//! endpoint-specific fields (which fields exist is [`crate::fields`]'s).
 
-use ingot_core::{Priority, SamplingParams, StopCriteria, TokenId, MAX_LOGPROBS};
+use std::collections::BTreeMap;
+
+use ingot_core::{Priority, SamplingParams, StopCriteria, TokenId, MAX_LOGIT_BIAS, MAX_LOGPROBS};
 use serde::Deserialize;
 
 use crate::ProtocolError;
@@ -39,7 +41,10 @@ pub enum PriorityField {
 pub struct StreamOptions {
     /// Send a final chunk with usage.
     #[serde(default)]
-    pub include_usage: bool,
+    pub include_usage: Option<bool>,
+    /// Every chunk carries the usage so far (vLLM's extension).
+    #[serde(default)]
+    pub continuous_usage_stats: Option<bool>,
 }
 
 /// The shared fields as sent.
@@ -83,6 +88,8 @@ pub struct SamplingFields {
     pub stream_options: Option<StreamOptions>,
     /// End-user id (the feature-flag unit when there is no API key).
     pub user: Option<String>,
+    /// Token id (as a string) → bias added to its logit.
+    pub logit_bias: Option<BTreeMap<String, f32>>,
 }
 
 /// Validated shared fields.
@@ -105,6 +112,8 @@ pub struct ValidSampling {
     pub stream: bool,
     /// Final usage chunk when streaming.
     pub include_usage: bool,
+    /// Usage so far in every stream chunk.
+    pub continuous_usage: bool,
     /// End-user id, if given.
     pub user: Option<String>,
     /// The grammar the output must follow (structured output; filled in by
@@ -182,6 +191,7 @@ impl SamplingFields {
             seed: self.seed.map(|s| s as u64),
             logprobs: None,
             prompt_logprobs: None,
+            logit_bias: logit_bias(self.logit_bias)?,
         };
         params
             .validate()
@@ -199,11 +209,52 @@ impl SamplingFields {
             n: n as usize,
             priority,
             stream: self.stream.unwrap_or(false),
-            include_usage: self.stream_options.is_some_and(|o| o.include_usage),
+            include_usage: self
+                .stream_options
+                .as_ref()
+                .is_some_and(|o| o.include_usage == Some(true)),
+            continuous_usage: self
+                .stream_options
+                .as_ref()
+                .is_some_and(|o| o.continuous_usage_stats == Some(true)),
             user: self.user,
             grammar: None,
         })
     }
+}
+
+/// `logit_bias` as sorted (token id, bias) pairs; its keys must be token
+/// ids (the bias range and the vocabulary are checked with the other
+/// sampling values, and by the engine).
+fn logit_bias(field: Option<BTreeMap<String, f32>>) -> Result<Vec<(TokenId, f32)>, ProtocolError> {
+    let Some(map) = field else {
+        return Ok(Vec::new());
+    };
+    if map.len() > MAX_LOGIT_BIAS {
+        return Err(ProtocolError::bound(
+            "logit_bias",
+            &format!("at most {MAX_LOGIT_BIAS} entries"),
+            map.len(),
+        ));
+    }
+    let mut pairs = map
+        .into_iter()
+        .map(|(k, bias)| match k.trim().parse::<TokenId>() {
+            Ok(id) => Ok((id, bias)),
+            Err(_) => Err(ProtocolError::field(
+                "logit_bias",
+                format!("logit_bias keys must be token ids, got {k:?}"),
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    pairs.sort_by_key(|p| p.0);
+    if let Some(w) = pairs.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(ProtocolError::field(
+            "logit_bias",
+            format!("logit_bias gives token {} twice", w[0].0),
+        ));
+    }
+    Ok(pairs)
 }
 
 /// Checks a requested number of top alternatives.
@@ -255,6 +306,22 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("stop"));
         let e = parse(serde_json::json!({"priority": "urgent"})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("priority"));
+    }
+
+    #[test]
+    fn logit_bias_is_sorted_and_checked() {
+        let s = parse(serde_json::json!({"logit_bias": {"50": -100, "7": 2.5}})).unwrap();
+        assert_eq!(s.params.logit_bias, vec![(7, 2.5), (50, -100.0)]);
+        for bad in [
+            serde_json::json!({"x": 1}),
+            serde_json::json!({"5": 101}),
+            serde_json::json!({"5": "a"}),
+            serde_json::json!({"-1": 1}),
+        ] {
+            let e = parse(serde_json::json!({ "logit_bias": bad })).unwrap_err();
+            let param = e.param.unwrap_or_default();
+            assert!(param.starts_with("logit_bias"), "{bad}: {param}");
+        }
     }
 
     #[test]

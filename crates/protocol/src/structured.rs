@@ -138,22 +138,30 @@ fn response_format(rf: &Value) -> Result<Option<GrammarSpec>, ProtocolError> {
                     ))
                 }
             }
-            if js
-                .get("strict")
-                .is_some_and(|s| !s.is_boolean() && !s.is_null())
-            {
-                return Err(ProtocolError::field(
-                    "response_format.json_schema.strict",
-                    "response_format.json_schema.strict must be a boolean",
-                ));
-            }
+            let strict = match js.get("strict") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => {
+                    return Err(ProtocolError::field(
+                        "response_format.json_schema.strict",
+                        "response_format.json_schema.strict must be a boolean",
+                    ))
+                }
+            };
             // strict or not, the output follows the schema: a grammar is
-            // exact or refused, never approximated.
-            let schema = js
-                .get("schema")
-                .cloned()
-                .unwrap_or(Value::Object(Map::new()));
-            schema_spec("response_format.json_schema.schema", schema).map(Some)
+            // exact or refused, never approximated. Strict mode also closes
+            // every object, as OpenAI's does.
+            let param = "response_format.json_schema.schema";
+            let mut schema = schema_value(
+                param,
+                js.get("schema")
+                    .cloned()
+                    .unwrap_or(Value::Object(Map::new())),
+            )?;
+            if strict {
+                close_objects(&mut schema);
+            }
+            schema_spec(param, schema).map(Some)
         }
         Some(other) => Err(ProtocolError::field(
             "response_format.type",
@@ -172,14 +180,79 @@ fn valid_name(n: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+/// OpenAI's strict mode: every object schema in `schema` (nested ones,
+/// definitions and alternatives included) gets `additionalProperties:
+/// false` unless it says otherwise, and all its properties required.
+pub fn close_objects(schema: &mut Value) {
+    match schema {
+        Value::Object(obj) => {
+            let is_object = obj.get("type").is_some_and(|t| {
+                t == "object"
+                    || t.as_array()
+                        .is_some_and(|a| a.iter().any(|t| t == "object"))
+            }) || obj.contains_key("properties");
+            if is_object {
+                let names: Vec<Value> = obj
+                    .get("properties")
+                    .and_then(Value::as_object)
+                    .map(|p| p.keys().cloned().map(Value::String).collect())
+                    .unwrap_or_default();
+                obj.entry("additionalProperties")
+                    .or_insert(Value::Bool(false));
+                let required = obj
+                    .entry("required")
+                    .or_insert_with(|| Value::Array(Vec::new()));
+                if let Value::Array(required) = required {
+                    for name in names {
+                        if !required.contains(&name) {
+                            required.push(name);
+                        }
+                    }
+                }
+            }
+            for (key, value) in obj.iter_mut() {
+                match key.as_str() {
+                    // Maps of names to schemas.
+                    "properties" | "$defs" | "definitions" | "patternProperties" => {
+                        if let Value::Object(map) = value {
+                            map.values_mut().for_each(close_objects);
+                        }
+                    }
+                    // A schema, or a list of them.
+                    "items"
+                    | "prefixItems"
+                    | "anyOf"
+                    | "allOf"
+                    | "oneOf"
+                    | "not"
+                    | "additionalProperties"
+                    | "additionalItems"
+                    | "contains"
+                    | "if"
+                    | "then"
+                    | "else" => close_objects(value),
+                    _ => {}
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(close_objects),
+        _ => {}
+    }
+}
+
 /// A schema given as an object (or boolean), or as JSON text.
-fn schema_spec(param: &str, schema: Value) -> Result<GrammarSpec, ProtocolError> {
-    let schema = match schema {
+fn schema_value(param: &str, schema: Value) -> Result<Value, ProtocolError> {
+    match schema {
         Value::String(text) => serde_json::from_str(&text).map_err(|e| {
             ProtocolError::field(param, format!("{param} is not a valid JSON schema: {e}"))
-        })?,
-        other => other,
-    };
+        }),
+        other => Ok(other),
+    }
+}
+
+/// A schema given as an object (or boolean), or as JSON text.
+fn schema_spec(param: &str, schema: Value) -> Result<GrammarSpec, ProtocolError> {
+    let schema = schema_value(param, schema)?;
     if !(schema.is_object() || schema.is_boolean()) {
         return Err(ProtocolError::field(
             param,
@@ -264,7 +337,7 @@ mod tests {
         let want = Some(GrammarSpec::JsonSchema(schema.to_string()));
         assert_eq!(
             spec(
-                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}}})
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": false}}})
             ),
             want
         );
@@ -283,6 +356,38 @@ mod tests {
             spec(json!({"guided_grammar": "start: \"x\""})),
             Some(GrammarSpec::Lark("start: \"x\"".into()))
         );
+    }
+
+    #[test]
+    fn strict_closes_every_object_and_requires_every_property() {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "tags": {"type": "array", "items": {"type": "object", "properties": {"k": {"type": "string"}}}},
+                "open": {"type": "object", "additionalProperties": true},
+                "ref": {"$ref": "#/$defs/d"}
+            },
+            "required": ["tags"],
+            "$defs": {"d": {"properties": {"x": {"type": "null"}}}}
+        });
+        let body = json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema.to_string(), "strict": true}}});
+        let Some(GrammarSpec::JsonSchema(text)) = spec(body) else {
+            panic!("no schema")
+        };
+        let got: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(got["additionalProperties"], false);
+        assert_eq!(got["required"], json!(["tags", "open", "ref"]));
+        let item = &got["properties"]["tags"]["items"];
+        assert_eq!(
+            (&item["additionalProperties"], &item["required"]),
+            (&json!(false), &json!(["k"]))
+        );
+        assert_eq!(
+            got["properties"]["open"]["additionalProperties"], true,
+            "said otherwise"
+        );
+        assert_eq!(got["$defs"]["d"]["additionalProperties"], false);
+        assert_eq!(got["$defs"]["d"]["required"], json!(["x"]));
     }
 
     #[test]

@@ -3,9 +3,12 @@
 //! ids where the greedy argmax writes them, so only ids come back (and,
 //! for rows that ask, 42 words of logprobs). Rows under a grammar first
 //! have their refused tokens set to -inf by `apply_token_masks`, from
-//! bitsets staged the same way.
+//! bitsets staged the same way, and rows with a `logit_bias` then have it
+//! added by `apply_logit_bias` (one sparse add over the batch). Both run
+//! on the stream after the forward pass (a replayed graph or a
+//! launch-ahead step included), before the sampler and its logprobs.
 
-use ingot_core::TokenId;
+use ingot_core::{TokenId, MAX_LOGIT_BIAS};
 use ingot_runner::{Logprobs, RowSampling, TokenLogprob};
 
 use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel, Pinned};
@@ -22,6 +25,10 @@ const LOGPROB_WORDS: usize = 2 + 2 * MAX_TOP_LOGPROBS;
 
 /// Threads of one `apply_token_masks` block.
 const MASK_THREADS: u32 = 256;
+/// Threads of one `apply_logit_bias` block.
+const BIAS_THREADS: u32 = 256;
+/// 32-bit words of one bias entry: row, token, bias bits.
+const BIAS_WORDS: usize = 3;
 
 /// The device side of sampling: parameters and seen tokens, staged, and
 /// the logprobs coming back.
@@ -33,6 +40,10 @@ pub struct DeviceSampler {
     masks_dev: DevPtr,
     masks_host: Pinned<u32>,
     mask_words: usize,
+    bias_kernel: Kernel,
+    /// Bias entries of every biased row, staged and on the device.
+    bias_dev: DevPtr,
+    bias_host: Pinned<u32>,
     /// Parameters and seen pairs (uploaded each step).
     dev: DevPtr,
     host: Pinned<u32>,
@@ -58,7 +69,14 @@ impl DeviceSampler {
         let lp_words = max_rows * LOGPROB_WORDS;
         let mask_words = vocab.div_ceil(32);
         let staged_masks = max_rows * (mask_words + 1);
-        let pieces = [words * 4, max_seen * 4, lp_words * 4, staged_masks * 4];
+        let bias_words = max_rows * MAX_LOGIT_BIAS * BIAS_WORDS;
+        let pieces = [
+            words * 4,
+            max_seen * 4,
+            lp_words * 4,
+            staged_masks * 4,
+            bias_words * 4,
+        ];
         let mut arena = Arena::new(gpu, "sampling", Arena::size_of(pieces))?;
         Ok(Self {
             kernel: gpu.kernel("sample_rows")?,
@@ -66,6 +84,9 @@ impl DeviceSampler {
             masks_dev: arena.take(pieces[3])?,
             masks_host: Pinned::new(gpu, staged_masks)?,
             mask_words,
+            bias_kernel: gpu.kernel("apply_logit_bias")?,
+            bias_dev: arena.take(pieces[4])?,
+            bias_host: Pinned::new(gpu, bias_words)?,
             dev: arena.take(pieces[0])?,
             host: Pinned::new(gpu, words)?,
             seen_raw: arena.take(pieces[1])?,
@@ -89,7 +110,8 @@ impl DeviceSampler {
     /// the penalties to `logits` in place, writes one id per row to `out`
     /// and, for rows that ask, their logprobs; those are then copied back
     /// (read them with [`Self::logprobs`] once the stream has passed here).
-    /// `masks` (one per row, or empty) are applied first.
+    /// `masks` (one per row, or empty) are applied first, then the rows'
+    /// logit biases.
     pub fn launch(
         &mut self,
         gpu: &Gpu,
@@ -100,6 +122,7 @@ impl DeviceSampler {
         out: DevPtr,
     ) -> Result<(), CudaError> {
         self.apply_masks(gpu, masks, logits, vocab)?;
+        self.apply_bias(gpu, rows, logits, vocab)?;
         let used = encode_rows(self.host.as_mut_slice(), self.max_rows, rows)?;
         gpu.upload(self.dev, &self.host.as_slice()[..used])?;
         let seen = self.dev + (rows.len() * PARAM_WORDS * 4) as u64;
@@ -167,6 +190,33 @@ impl DeviceSampler {
         )
     }
 
+    /// Stages the rows' logit biases and enqueues `apply_logit_bias` on
+    /// them (nothing when no row has one).
+    fn apply_bias(
+        &mut self,
+        gpu: &Gpu,
+        rows: &[RowSampling<'_>],
+        logits: DevPtr,
+        vocab: usize,
+    ) -> Result<(), CudaError> {
+        let count = encode_bias(self.bias_host.as_mut_slice(), rows)?;
+        if count == 0 {
+            return Ok(());
+        }
+        gpu.upload(
+            self.bias_dev,
+            &self.bias_host.as_slice()[..count * BIAS_WORDS],
+        )?;
+        let args = [
+            Arg::Ptr(logits),
+            Arg::I32(vocab as i32),
+            Arg::Ptr(self.bias_dev),
+            Arg::I32(count as i32),
+        ];
+        let blocks = count.div_ceil(BIAS_THREADS as usize) as u32;
+        gpu.launch(&self.bias_kernel, (blocks, 1, 1), BIAS_THREADS, 0, &args)
+    }
+
     /// Row `i`'s logprobs from the last launch (which must have asked).
     pub fn logprobs(&self, i: usize) -> Logprobs {
         decode_logprobs(&self.logprobs_host.as_slice()[i * LOGPROB_WORDS..(i + 1) * LOGPROB_WORDS])
@@ -198,6 +248,27 @@ fn encode_masks(
         dst[n..].fill(0);
         rows[count] = row as u32;
         count += 1;
+    }
+    Ok(count)
+}
+
+/// Writes every row's bias entries (row, token, bias bits) into `staging`;
+/// returns how many there are.
+fn encode_bias(staging: &mut [u32], rows: &[RowSampling<'_>]) -> Result<usize, CudaError> {
+    let count: usize = rows.iter().map(|r| r.params.logit_bias.len()).sum();
+    if count * BIAS_WORDS > staging.len() {
+        return Err(CudaError::Unsupported(format!(
+            "{count} logit_bias entries exceed the staging buffer"
+        )));
+    }
+    let entries = rows.iter().enumerate().flat_map(|(row, r)| {
+        r.params
+            .logit_bias
+            .iter()
+            .map(move |&(token, bias)| [row as u32, token, bias.to_bits()])
+    });
+    for (dst, entry) in staging.chunks_exact_mut(BIAS_WORDS).zip(entries) {
+        dst.copy_from_slice(&entry);
     }
     Ok(count)
 }
@@ -351,6 +422,28 @@ mod tests {
         assert_eq!(&staging[..4], &[0b101, 7, 1, 0]);
         assert_eq!(&staging[8..10], &[1, 3]);
         assert!(encode_masks(&mut staging, 2, 4, &vec![None; 5]).is_err());
+    }
+
+    #[test]
+    fn biases_are_staged_with_their_rows() {
+        let biased = SamplingParams {
+            logit_bias: vec![(3, -100.0), (9, 2.5)],
+            ..SamplingParams::GREEDY
+        };
+        let rows = [
+            RowSampling::GREEDY,
+            RowSampling {
+                params: &biased,
+                ..RowSampling::GREEDY
+            },
+        ];
+        let mut staging = vec![0u32; 3 * BIAS_WORDS];
+        assert_eq!(encode_bias(&mut staging, &rows).unwrap(), 2);
+        assert_eq!(
+            &staging[..6],
+            &[1, 3, (-100f32).to_bits(), 1, 9, 2.5f32.to_bits()]
+        );
+        assert!(encode_bias(&mut staging[..3], &rows).is_err());
     }
 
     #[test]

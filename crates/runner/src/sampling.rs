@@ -33,7 +33,7 @@ impl RowSampling<'_> {
         self.params.is_greedy()
     }
 
-    /// True when any penalty changes the logits.
+    /// True when any penalty or logit bias changes the logits.
     pub fn has_penalties(&self) -> bool {
         self.params.has_penalties()
     }
@@ -83,9 +83,11 @@ impl From<TokenId> for Pick {
     }
 }
 
-/// The row's pick from its raw logits (rewritten in place): the logprobs
-/// it asks for from the raw row, then [`sample_row`].
+/// The row's pick from its raw logits (rewritten in place): its logit
+/// bias added (as a grammar mask is applied, before the logprobs), the
+/// logprobs it asks for from that row, then [`sample_row`].
 pub fn pick_row(logits: &mut [f32], row: &RowSampling<'_>, order: &mut Vec<u32>) -> Pick {
+    apply_logit_bias(logits, &row.params.logit_bias);
     let Some(n) = row.params.logprobs else {
         return sample_row(logits, row, order).into();
     };
@@ -129,6 +131,16 @@ pub fn apply_mask(logits: &mut [f32], mask: &[u32]) {
             if word & (1 << b) == 0 {
                 *l = f32::NEG_INFINITY;
             }
+        }
+    }
+}
+
+/// Adds each (token, bias) to that token's logit (ids past the row are
+/// skipped; the engine refuses them at submission).
+pub fn apply_logit_bias(logits: &mut [f32], bias: &[(TokenId, f32)]) {
+    for &(token, b) in bias {
+        if let Some(l) = logits.get_mut(token as usize) {
+            *l += b;
         }
     }
 }
@@ -299,6 +311,33 @@ mod tests {
         let mut p = SamplingParams::default();
         f(&mut p);
         p
+    }
+
+    #[test]
+    fn logit_bias_bans_and_forces_before_the_logprobs() {
+        let logits = [2.0, 1.0, 0.5, 0.0];
+        let ban = params(|p| p.logit_bias = vec![(0, -100.0)]);
+        let force = params(|p| {
+            p.logit_bias = vec![(3, 100.0)];
+            p.logprobs = Some(1);
+        });
+        let mut order = Vec::new();
+        // From 1: a uniform draw of exactly 0 picks the first token of any
+        // weight, and e^-98 is still a (subnormal) f32 weight.
+        for i in 1..=100u64 {
+            let random = i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let row = |params| RowSampling {
+                params,
+                seen: &[],
+                random,
+            };
+            let banned = pick_row(&mut logits.to_vec(), &row(&ban), &mut order);
+            assert_ne!(banned.token, 0);
+            let forced = pick_row(&mut logits.to_vec(), &row(&force), &mut order);
+            assert_eq!(forced.token, 3);
+            let lp = forced.logprobs.unwrap();
+            assert!(lp.chosen > -1e-3 && lp.top[0].token == 3, "{lp:?}");
+        }
     }
 
     fn draws(p: &SamplingParams, logits: &[f32], n: u64) -> Vec<TokenId> {

@@ -90,6 +90,16 @@ pub enum ApiError {
     /// A server-side failure (500); details are logged, not returned.
     #[error("internal error")]
     Internal(String),
+    /// The model's finished answer breaks a constraint of its schema the
+    /// grammar could not enforce while generating (`uniqueItems`): 500
+    /// `invalid_output`, naming the field and the break.
+    #[error("{param}: the model's answer does not validate: {message}")]
+    InvalidOutput {
+        /// The field that gave the schema.
+        param: String,
+        /// What breaks it.
+        message: String,
+    },
 }
 
 impl ApiError {
@@ -183,6 +193,12 @@ impl ApiError {
                 "internal_error",
                 None,
                 None,
+            ),
+            ApiError::InvalidOutput { param, .. } => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                Some(param.clone()),
+                Some("invalid_output"),
             ),
         }
     }
@@ -286,7 +302,7 @@ impl ApiError {
             ApiError::Unavailable(_) | ApiError::ModelUnavailable { .. } => Some("unavailable"),
             ApiError::Conflict(_) => Some("validation"),
             ApiError::Shed { .. } => Some("slo_shed"),
-            ApiError::Internal(_) => None,
+            ApiError::Internal(_) | ApiError::InvalidOutput { .. } => None,
         }
     }
 }

@@ -25,6 +25,7 @@ use ingot_engine::Grammar;
 use ingot_protocol::sampling::ValidSampling;
 use ingot_protocol::structured::OutputGrammar;
 use ingot_protocol::usage::Usage;
+use ingot_structured::UniqueItems;
 use ingot_tokenizer::Tokenizer;
 
 use crate::conn::{ConnProbe, Received};
@@ -141,6 +142,9 @@ pub async fn generate<W: WireFormat>(
     note_prepared(incoming.received, &started.jobs);
     let sampling = request.sampling();
     let (stream, include_usage) = (sampling.stream, sampling.include_usage);
+    let continuous = sampling
+        .continuous_usage
+        .then_some(started.answer.prompt_tokens);
     let head = Head {
         id: started.id,
         created: crate::routes::unix_now(),
@@ -151,7 +155,8 @@ pub async fn generate<W: WireFormat>(
     };
     let shape = request.answer(head, &prepared.front, prepared.extra);
     if stream {
-        let delivery = delivery(&state, incoming, guard, started.usage);
+        let mut delivery = delivery(&state, incoming, guard, started.usage, continuous);
+        delivery.check = prepared.check.clone();
         let response = shape.stream(started.jobs, include_usage, delivery);
         return Ok(started.answer.finish(response, None));
     }
@@ -160,6 +165,9 @@ pub async fn generate<W: WireFormat>(
         tracing::info_span!("generate"),
     )
     .await?;
+    if let Some(check) = &prepared.check {
+        results.iter().try_for_each(|r| check.judge(&r.text))?;
+    }
     let usage = generate::usage_of(results.iter().map(|r| (r.prompt_index, &r.completion)));
     drop(guard);
     let tokens = (usage.prompt_tokens, usage.completion_tokens);
@@ -174,6 +182,8 @@ struct Prepared<X> {
     front: Arc<ModelFront>,
     ids: Vec<Vec<TokenId>>,
     grammar: Option<Grammar>,
+    /// What the finished answers are checked against.
+    check: Option<AnswerCheck>,
     extra: X,
 }
 
@@ -186,6 +196,12 @@ async fn prepare<W: WireFormat>(
 ) -> Result<(W, Prepared<W::Extra>), ApiError> {
     let front = front(state, &incoming.caller, request.sampling().model.as_deref()).await?;
     let spec = request.grammar(&front)?;
+    let check = spec.as_ref().and_then(|g| {
+        UniqueItems::of(&g.spec).map(|unique| AnswerCheck {
+            param: g.param.clone(),
+            unique,
+        })
+    });
     let span = tracing::info_span!("tokenize");
     let encoding = front.clone();
     let (request, encoded) = tokio::task::spawn_blocking(move || {
@@ -203,9 +219,32 @@ async fn prepare<W: WireFormat>(
         front,
         ids,
         grammar,
+        check,
         extra,
     };
     Ok((request, prepared))
+}
+
+/// A schema constraint the grammar could not enforce while generating
+/// (`uniqueItems`), checked on each finished answer; a break fails the
+/// request (an error event once a stream's head is out).
+#[derive(Debug, Clone)]
+pub struct AnswerCheck {
+    param: String,
+    unique: UniqueItems,
+}
+
+impl AnswerCheck {
+    /// The error a finished answer `text` earns, if any.
+    pub fn judge(&self, text: &str) -> Result<(), ApiError> {
+        match self.unique.violation(text) {
+            None => Ok(()),
+            Some(message) => Err(ApiError::InvalidOutput {
+                param: self.param.clone(),
+                message,
+            }),
+        }
+    }
 }
 
 /// Compiles `grammar` for `front`'s vocabulary (blocking).
@@ -423,6 +462,7 @@ fn delivery(
     incoming: Incoming,
     guard: InflightGuard,
     usage: KeyUsage,
+    continuous: Option<usize>,
 ) -> sse::Delivery {
     let runtime = state.runtime();
     let c = &runtime.config;
@@ -440,5 +480,7 @@ fn delivery(
         usage,
         out,
         received: incoming.received,
+        continuous,
+        check: None,
     }
 }

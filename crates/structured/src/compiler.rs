@@ -48,9 +48,11 @@ impl GrammarCompiler {
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Grammar, GrammarError> {
         let top = match spec {
             GrammarSpec::JsonSchema(text) => {
-                let schema: Value = serde_json::from_str(text).map_err(|e| {
+                let mut schema: Value = serde_json::from_str(text).map_err(|e| {
                     GrammarError::Invalid(format!("the JSON schema is not JSON: {e}"))
                 })?;
+                // Checked on the finished answer instead (`UniqueItems`).
+                crate::UniqueItems::split(&mut schema);
                 TopLevelGrammar::from_json_schema(with_layout(schema))
             }
             GrammarSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),

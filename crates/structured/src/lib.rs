@@ -7,8 +7,10 @@
 mod compiler;
 mod error;
 mod grammar;
+mod unique;
 mod vocab;
 
 pub use compiler::{with_layout, GrammarCompiler};
 pub use error::GrammarError;
 pub use grammar::{Grammar, Limit, TokenMask};
+pub use unique::UniqueItems;

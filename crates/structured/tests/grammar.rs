@@ -112,6 +112,16 @@ fn unsupported_schema_features_are_named() {
 }
 
 #[test]
+fn unique_items_compiles_and_the_grammar_keeps_the_array_shape() {
+    let schema = r#"{"type":"object","properties":{"tags":{"type":"array","items":{"type":"string"},"uniqueItems":true}},"required":["tags"],"additionalProperties":false}"#;
+    let mut g = compiler()
+        .compile(&GrammarSpec::JsonSchema(schema.into()))
+        .unwrap();
+    assert!(feed(&mut g, r#"{"tags": ["a", "#));
+    assert!(!feed(&mut g.clone(), "3"), "items stay strings");
+}
+
+#[test]
 fn lark_grammars_embed_json_schemas_between_literals() {
     // The shape of a Hermes tool-call grammar (crates/server/src/tools).
     let schema = ingot_structured::with_layout(serde_json::json!({

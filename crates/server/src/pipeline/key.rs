@@ -119,6 +119,12 @@ fn key_with_grammar(
     if let Some(n) = s.prompt_logprobs {
         e.u8(b'P').u64(n as u64);
     }
+    if !s.logit_bias.is_empty() {
+        e.u8(b'B').u64(s.logit_bias.len() as u64);
+        for &(id, bias) in &s.logit_bias {
+            e.u32(id).f32(bias);
+        }
+    }
     let digest = e.0.finalize();
     let mut key = [0u8; 16];
     key.copy_from_slice(&digest.as_bytes()[..16]);
@@ -166,6 +172,9 @@ mod tests {
         push(&|r| r.sampling.repetition_penalty = 1.1);
         push(&|r| r.sampling.frequency_penalty = 0.5);
         push(&|r| r.sampling.presence_penalty = 0.5);
+        push(&|r| r.sampling.logit_bias = vec![(5, -100.0)]);
+        push(&|r| r.sampling.logit_bias = vec![(5, 100.0)]);
+        push(&|r| r.sampling.logit_bias = vec![(6, -100.0)]);
         push(&|r| {
             r.sampling.temperature = 0.7;
             r.sampling.seed = Some(1);

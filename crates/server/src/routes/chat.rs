@@ -19,7 +19,7 @@ use ingot_protocol::ProtocolError;
 use ingot_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
 use super::sse::Event;
-use super::{json_body, sse, Shared};
+use super::{json_body, sse, unknown_fields, Shared};
 use crate::generate::{self, ChoiceResult, Job};
 use crate::logprobs::resolve;
 use crate::models::ModelFront;
@@ -79,7 +79,7 @@ pub async fn chat_completions(
     incoming: Incoming,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let req = ValidChatRequest::parse(&json_body(body, limit)?)?;
+    let req = ValidChatRequest::parse_with(&json_body(body, limit)?, unknown_fields(&state))?;
     prepare::generate(state, incoming, req).await
 }
 
@@ -131,6 +131,7 @@ impl WireFormat for ValidChatRequest {
 impl Shape for Meta {
     fn stream(self, jobs: Vec<Job>, include_usage: bool, delivery: sse::Delivery) -> Response {
         let meta = self;
+        let usage = sse::ChunkUsage::at_start(include_usage, &delivery);
         // Every choice opens with the assistant role, as OpenAI does.
         let head: Vec<_> = jobs
             .iter()
@@ -146,13 +147,13 @@ impl Shape for Meta {
                     logprobs: None,
                     finish_reason: None,
                 };
-                sse::data(&meta.chunk(vec![choice], include_usage))
+                sse::data(&meta.chunk(vec![choice], usage))
             })
             .collect();
         let format = ChatChunks {
             streams: Default::default(),
             meta,
-            include_usage,
+            usage,
         };
         sse::stream_choices(head, jobs, format, include_usage, delivery)
     }
@@ -276,14 +277,14 @@ impl Meta {
         (message, finish_with_calls(choice, reason))
     }
 
-    fn chunk(&self, choices: Vec<ChatChunkChoice>, include_usage: bool) -> ChatCompletionChunk {
+    fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: sse::ChunkUsage) -> ChatCompletionChunk {
         ChatCompletionChunk {
             id: self.head.id.clone(),
             object: "chat.completion.chunk",
             created: self.head.created,
             model: self.head.model.clone(),
             choices,
-            usage: include_usage.then_some(None),
+            usage: usage.field(),
             system_fingerprint: None,
         }
     }
@@ -291,7 +292,7 @@ impl Meta {
 
 struct ChatChunks {
     meta: Meta,
-    include_usage: bool,
+    usage: sse::ChunkUsage,
     /// Each choice's tool-call parser (when tools are parsed), and how
     /// many calls it has sent.
     streams: std::collections::HashMap<usize, (ToolStream, usize)>,
@@ -305,7 +306,7 @@ impl ChatChunks {
             logprobs,
             finish_reason: None,
         };
-        sse::data(&self.meta.chunk(vec![choice], self.include_usage))
+        sse::data(&self.meta.chunk(vec![choice], self.usage))
     }
 
     /// Chunks for parsed pieces: content as text deltas, each call as a
@@ -414,15 +415,17 @@ impl sse::ChunkFormat for ChatChunks {
             logprobs: None,
             finish_reason: Some(reason),
         };
-        events.push(sse::data(
-            &self.meta.chunk(vec![choice], self.include_usage),
-        ));
+        events.push(sse::data(&self.meta.chunk(vec![choice], self.usage)));
         sse::concat(events).unwrap_or_else(|| sse::data(&serde_json::json!({})))
     }
 
     fn usage(&self, usage: Usage) -> Event {
-        let mut chunk = self.meta.chunk(Vec::new(), true);
+        let mut chunk = self.meta.chunk(Vec::new(), self.usage);
         chunk.usage = Some(Some(usage));
         sse::data(&chunk)
+    }
+
+    fn running_usage(&mut self, usage: Usage) {
+        self.usage.running = Some(usage);
     }
 }

@@ -19,7 +19,7 @@ use ingot_protocol::usage::Usage;
 use ingot_tokenizer::Tokenizer;
 
 use super::sse::Event;
-use super::{json_body, sse, Shared};
+use super::{json_body, sse, unknown_fields, Shared};
 use crate::generate::{self, ChoiceResult, Job};
 use crate::logprobs::{push_prompt, resolve};
 use crate::models::ModelFront;
@@ -52,7 +52,7 @@ pub async fn completions(
     incoming: Incoming,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let req = ValidCompletionRequest::parse(&json_body(body, limit)?)?;
+    let req = ValidCompletionRequest::parse_with(&json_body(body, limit)?, unknown_fields(&state))?;
     prepare::generate(state, incoming, req).await
 }
 
@@ -88,6 +88,7 @@ impl WireFormat for ValidCompletionRequest {
 impl Shape for Meta {
     fn stream(self, jobs: Vec<Job>, include_usage: bool, delivery: sse::Delivery) -> Response {
         let meta = self;
+        let usage = sse::ChunkUsage::at_start(include_usage, &delivery);
         // With echo, each choice starts with its prompt (with its logprobs,
         // the prompt goes out when they arrive).
         let mut offsets = HashMap::new();
@@ -103,13 +104,13 @@ impl Shape for Meta {
                     logprobs: None,
                     finish_reason: None,
                 };
-                sse::data(&meta.chunk(vec![choice], include_usage))
+                sse::data(&meta.chunk(vec![choice], usage))
             })
             .collect();
         let prompt_index = jobs.iter().map(|j| (j.index, j.prompt_index)).collect();
         let format = CompletionChunks {
             meta,
-            include_usage,
+            usage,
             offsets,
             prompt_index,
         };
@@ -169,14 +170,14 @@ impl Meta {
             .map_or("", String::as_str)
     }
 
-    fn chunk(&self, choices: Vec<CompletionChoice>, include_usage: bool) -> Completion {
+    fn chunk(&self, choices: Vec<CompletionChoice>, usage: sse::ChunkUsage) -> Completion {
         Completion {
             id: self.head.id.clone(),
             object: "text_completion",
             created: self.head.created,
             model: self.head.model.clone(),
             choices,
-            usage: include_usage.then_some(None),
+            usage: usage.field(),
             system_fingerprint: None,
         }
     }
@@ -184,7 +185,7 @@ impl Meta {
 
 struct CompletionChunks {
     meta: Meta,
-    include_usage: bool,
+    usage: sse::ChunkUsage,
     /// Text sent so far per choice (for logprob text offsets).
     offsets: HashMap<usize, usize>,
     /// Choice index → prompt index.
@@ -206,7 +207,7 @@ impl sse::ChunkFormat for CompletionChunks {
             logprobs: Some(logprobs),
             finish_reason: None,
         };
-        Some(sse::data(&m.chunk(vec![choice], self.include_usage)))
+        Some(sse::data(&m.chunk(vec![choice], self.usage)))
     }
 
     fn token(&mut self, index: usize, token: GeneratedToken) -> Option<Event> {
@@ -227,7 +228,7 @@ impl sse::ChunkFormat for CompletionChunks {
             logprobs,
             finish_reason: None,
         };
-        Some(sse::data(&m.chunk(vec![choice], self.include_usage)))
+        Some(sse::data(&m.chunk(vec![choice], self.usage)))
     }
 
     fn finish(&mut self, index: usize, completion: &EngineCompletion) -> Event {
@@ -237,12 +238,16 @@ impl sse::ChunkFormat for CompletionChunks {
             logprobs: None,
             finish_reason: Some(completion.reason.as_str()),
         };
-        sse::data(&self.meta.chunk(vec![choice], self.include_usage))
+        sse::data(&self.meta.chunk(vec![choice], self.usage))
     }
 
     fn usage(&self, usage: Usage) -> Event {
-        let mut chunk = self.meta.chunk(Vec::new(), true);
+        let mut chunk = self.meta.chunk(Vec::new(), self.usage);
         chunk.usage = Some(Some(usage));
         sse::data(&chunk)
+    }
+
+    fn running_usage(&mut self, usage: Usage) {
+        self.usage.running = Some(usage);
     }
 }

@@ -8,7 +8,7 @@ use axum::{Extension, Json};
 use ingot_edge::Caller;
 use ingot_engine::{EmbeddingError, EmbeddingHandle};
 use ingot_protocol::embeddings::{
-    embedding_response, parse_embedding_request, EmbeddingInput, ValidEmbedding,
+    embedding_response, parse_embedding_request_with, EmbeddingInput, ValidEmbedding,
 };
 use ingot_protocol::ProtocolError;
 use serde_json::Value;
@@ -23,7 +23,7 @@ pub async fn embeddings(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let body = json_body(body, limit)?;
-    let req = parse_embedding_request(&body)?;
+    let req = parse_embedding_request_with(&body, super::unknown_fields(&state))?;
     let format = req.format;
     let out = embed(&state, &caller, req).await?;
     Ok(Json(embedding_response(

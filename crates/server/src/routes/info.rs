@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use ingot_edge::Caller;
 use ingot_protocol::chat::ValidChatRequest;
+use ingot_protocol::fields::UnknownFields;
 use ingot_protocol::models::{ModelCard, ModelList};
 use ingot_protocol::tokenize::{
     DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse, TokenizerInfo,
@@ -83,7 +84,8 @@ pub async fn tokenize(
             .map_err(|e| ApiError::Internal(e.to_string()))?,
         (None, Some(_)) => {
             // The same rendering and encoding as a chat request.
-            let chat = ValidChatRequest::parse(&body)?;
+            // The tokenize fields (prompt, add_special_tokens) are not chat's.
+            let chat = ValidChatRequest::parse_with(&body, UnknownFields::Ignore)?;
             super::chat::prompt_ids(&chat, &*front.chat_template()?, tokenizer)?
         }
         _ => {

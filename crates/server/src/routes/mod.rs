@@ -134,6 +134,16 @@ fn json_body(
     Ok(body_json(&bytes)?)
 }
 
+/// What the OpenAI endpoints do with a field they do not know
+/// (`server.ignore_unknown_fields`, read per request).
+fn unknown_fields(state: &AppState) -> ingot_protocol::fields::UnknownFields {
+    if state.runtime().config.server.ignore_unknown_fields {
+        ingot_protocol::fields::UnknownFields::Ignore
+    } else {
+        ingot_protocol::fields::UnknownFields::Refuse
+    }
+}
+
 /// `prefix-<24 hex digits>`.
 pub(crate) fn response_id(prefix: &str) -> String {
     let n: u128 = rand::rng().random();

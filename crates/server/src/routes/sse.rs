@@ -11,6 +11,7 @@ use futures_util::stream::{BoxStream, StreamExt};
 use ingot_engine::{Completion, GeneratedToken, PromptLogprob};
 use ingot_protocol::usage::Usage;
 use serde::Serialize;
+use std::collections::HashMap;
 use std::time::Instant;
 
 use super::send_queue::{self, Settings};
@@ -93,6 +94,40 @@ pub struct Delivery {
     pub out: Output,
     /// When the request's head came (the start of its HTTP TTFT).
     pub received: Instant,
+    /// The prompt tokens, when every chunk carries the usage so far
+    /// (`stream_options.continuous_usage_stats`).
+    pub continuous: Option<usize>,
+    /// What each finished choice's text is checked against.
+    pub check: Option<crate::prepare::AnswerCheck>,
+}
+
+/// The `usage` a stream chunk carries: absent, null until the closing
+/// usage chunk (`include_usage`), or the usage so far
+/// (`continuous_usage_stats`, vLLM's extension).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChunkUsage {
+    /// A closing usage chunk follows (other chunks carry null).
+    pub include: bool,
+    /// The usage so far, when every chunk carries it.
+    pub running: Option<Usage>,
+}
+
+impl ChunkUsage {
+    /// What the first chunks carry, before any token.
+    pub fn at_start(include: bool, delivery: &Delivery) -> Self {
+        Self {
+            include,
+            running: delivery.continuous.map(|prompt| Usage::new(prompt, 0, 0)),
+        }
+    }
+
+    /// The chunk's `usage` field.
+    pub fn field(&self) -> Option<Option<Usage>> {
+        match self.running {
+            Some(u) => Some(Some(u)),
+            None => self.include.then_some(None),
+        }
+    }
 }
 
 /// Wraps batches of events into an SSE response.
@@ -129,6 +164,9 @@ pub trait ChunkFormat: Send + 'static {
     fn finish(&mut self, index: usize, completion: &Completion) -> Event;
     /// The final usage chunk (sent when `include_usage` is set).
     fn usage(&self, usage: Usage) -> Event;
+    /// The usage so far, before each chunk of a stream whose chunks carry
+    /// it (`continuous_usage_stats`).
+    fn running_usage(&mut self, _usage: Usage) {}
     /// An error after the head (the status, 200, is out); `body` is the
     /// OpenAI error body.
     fn error(&self, body: &serde_json::Value) -> Event {
@@ -155,6 +193,8 @@ pub fn stream_choices<F: ChunkFormat>(
         usage,
         out,
         received,
+        continuous,
+        check,
     } = delivery;
     let state = StreamState {
         received: Some(received),
@@ -164,6 +204,8 @@ pub fn stream_choices<F: ChunkFormat>(
         finished: false,
         format,
         include_usage,
+        running: continuous.map(|prompt| (prompt, 0)),
+        check: check.map(|c| (c, Default::default())),
         _guard: guard,
         span: tracing::info_span!("stream"),
     };
@@ -194,6 +236,10 @@ struct StreamState<F> {
     span: tracing::Span,
     /// When the request's head came; taken by its first token's chunk.
     received: Option<Instant>,
+    /// Prompt and completion tokens so far, when every chunk carries them.
+    running: Option<(usize, usize)>,
+    /// The answer check and each choice's text so far, when there is one.
+    check: Option<(crate::prepare::AnswerCheck, HashMap<usize, String>)>,
 }
 
 impl<F: ChunkFormat> StreamState<F> {
@@ -212,6 +258,14 @@ impl<F: ChunkFormat> StreamState<F> {
             }
             Some(ChoiceEvent::Token { index, token }) => {
                 self.usage.add_completion(1);
+                if let Some((prompt, completion)) = &mut self.running {
+                    *completion += 1;
+                    let usage = Usage::new(*prompt, *completion, 0);
+                    self.format.running_usage(usage);
+                }
+                if let Some((_, texts)) = &mut self.check {
+                    texts.entry(index).or_default().push_str(&token.text);
+                }
                 let chunk = self.format.token(index, token);
                 if chunk.is_some() {
                     self.note_first_token();
@@ -223,6 +277,14 @@ impl<F: ChunkFormat> StreamState<F> {
                 prompt_index,
                 completion,
             }) => {
+                if let Some((check, texts)) = &self.check {
+                    let text = texts.get(&index).map_or("", String::as_str);
+                    if let Err(e) = check.judge(text) {
+                        self.finished = true;
+                        let error = self.format.error(&e.body());
+                        return std::iter::once(error).chain(self.format.done()).collect();
+                    }
+                }
                 self.done.push((prompt_index, completion));
                 vec![self.format.finish(index, &completion)]
             }

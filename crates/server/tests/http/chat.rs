@@ -136,6 +136,48 @@ async fn a_stream_opens_with_the_role_and_ends_with_finish_usage_and_done() {
 }
 
 #[tokio::test]
+async fn continuous_usage_stats_put_the_usage_so_far_in_every_chunk() {
+    let server = Server::new();
+    let options = json!({"include_usage": true, "continuous_usage_stats": true});
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            chat(CHAT, json!({"stream": true, "stream_options": options})),
+        ),
+        (
+            "/v1/completions",
+            completion(CHAT, json!({"stream": true, "stream_options": options})),
+        ),
+    ] {
+        let chunks = server.post(path, body).await.events();
+        let completions: Vec<u64> = chunks
+            .iter()
+            .map(|c| {
+                c["usage"]["completion_tokens"]
+                    .as_u64()
+                    .expect("usage in every chunk")
+            })
+            .collect();
+        assert!(
+            completions.windows(2).all(|w| w[0] <= w[1]),
+            "{path}: {completions:?}"
+        );
+        let prompt = &chunks[0]["usage"]["prompt_tokens"];
+        assert!(prompt.as_u64().is_some_and(|p| p > 0), "{path}");
+        assert!(chunks
+            .iter()
+            .all(|c| &c["usage"]["prompt_tokens"] == prompt));
+        let last = chunks.last().unwrap();
+        assert_eq!(
+            last["choices"],
+            json!([]),
+            "{path}: the closing usage chunk"
+        );
+        assert_eq!(last["usage"]["completion_tokens"], REPLY.len(), "{path}");
+    }
+}
+
+#[tokio::test]
 async fn a_stream_without_include_usage_has_no_usage_chunk() {
     let server = Server::new();
     let body = chat(CHAT, json!({"stream": true}));

@@ -128,15 +128,83 @@ async fn stop_strings_are_bounded_in_number() {
 }
 
 #[tokio::test]
-async fn unknown_fields_are_ignored_as_openai_does() {
+async fn unknown_fields_are_refused_by_name_unless_configured_away() {
     let server = Server::new();
+    let body = chat(CHAT, json!({"frobnicate": {"deep": [1]}}));
+    refused(&server, "/v1/chat/completions", body, "frobnicate").await;
+    let body = completion(
+        CHAT,
+        json!({"stream": true, "stream_options": {"bogus": true}}),
+    );
+    refused(&server, "/v1/completions", body, "stream_options.bogus").await;
+    let body = json!({"model": CHAT, "input": "x", "frobnicate": 1});
+    refused(&server, "/v1/embeddings", body, "frobnicate").await;
+    // Nulls are as good as absent; known fields pass.
+    let body = chat(
+        CHAT,
+        json!({"audio": null, "metadata": {"k": "v"}, "store": false}),
+    );
+    server.post("/v1/chat/completions", body).await.ok();
+    assert_eq!(server.engine.calls(), 1);
+
+    let lenient = Server::with(|c| c.server.ignore_unknown_fields = true);
     let body = chat(
         CHAT,
         json!({"frobnicate": {"deep": [1]}, "logit_bias_v2": 3}),
     );
-    server.post("/v1/chat/completions", body).await.ok();
+    lenient.post("/v1/chat/completions", body).await.ok();
     let body = completion(CHAT, json!({"frobnicate": true}));
-    server.post("/v1/completions", body).await.ok();
+    lenient.post("/v1/completions", body).await.ok();
+    // Known fields ingot cannot honour are refused either way.
+    let body = chat(CHAT, json!({"audio": {"voice": "alloy"}}));
+    refused(&lenient, "/v1/chat/completions", body, "audio").await;
+}
+
+#[tokio::test]
+async fn fields_ingot_cannot_honour_are_refused_by_name() {
+    let server = Server::new();
+    let chats = [
+        ("audio", json!({"voice": "alloy", "format": "wav"})),
+        ("modalities", json!(["text", "audio"])),
+        ("prediction", json!({"type": "content", "content": "x"})),
+        ("store", json!(true)),
+        ("service_tier", json!("flex")),
+        ("web_search_options", json!({})),
+        ("functions", json!([{"name": "f"}])),
+    ];
+    for (field, value) in chats {
+        let body = chat(CHAT, json!({ field: value }));
+        let message = refused(&server, "/v1/chat/completions", body, field).await;
+        assert!(
+            message.starts_with(&format!("{field} is not supported")),
+            "{message}"
+        );
+    }
+    for (field, value) in [("suffix", json!("the end")), ("best_of", json!(3))] {
+        let body = completion(CHAT, json!({ field: value }));
+        refused(&server, "/v1/completions", body, field).await;
+    }
+    assert_eq!(server.engine.calls(), 0);
+}
+
+#[tokio::test]
+async fn logit_bias_reaches_the_engine_sorted_and_bad_ones_are_named() {
+    let server = Server::new();
+    let body = chat(CHAT, json!({"logit_bias": {"20": 100, "3": -100}}));
+    server.post("/v1/chat/completions", body).await.ok();
+    let seen = server.engine.seen();
+    assert_eq!(
+        seen[0].engine.sampling.logit_bias,
+        [(3, -100.0), (20, 100.0)]
+    );
+    for bad in [json!({"3": 101}), json!({"x": 1}), json!({"3": -100.5})] {
+        let body = completion(CHAT, json!({ "logit_bias": bad }));
+        let reply = server.post("/v1/completions", body).await;
+        let (status, error) = (reply.status, reply.json());
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
+        let param = error["error"]["param"].as_str().unwrap_or_default();
+        assert!(param.starts_with("logit_bias"), "{bad}: {error}");
+    }
 }
 
 #[tokio::test]
