@@ -95,6 +95,7 @@ impl SamplingArgs {
             seed: self.seed,
             logprobs: self.logprobs,
             prompt_logprobs: None,
+            logit_bias: Vec::new(),
         };
         params.validate()?;
         let stop = StopCriteria {
