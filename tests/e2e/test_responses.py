@@ -41,13 +41,17 @@ def test_plain_and_streamed_responses_agree_and_are_stored(client, model_name):
     assert [o.type for o in r.output] == ["message"] and r.output_text
     assert r.usage.input_tokens > 0 and 0 < r.usage.output_tokens <= 16
     assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
-    with client.responses.stream(**args) as stream:
-        events = [e.type for e in stream]
-        final = stream.get_final_response()
+    # (The SDK's `responses.stream` helper only finishes on
+    # `response.completed`; a cut answer ends `response.incomplete`.)
+    streamed = list(client.responses.create(**args, stream=True))
+    events = [e.type for e in streamed]
+    final = streamed[-1].response
+    assert [e.sequence_number for e in streamed] == list(range(len(streamed)))
     assert events[:2] == ["response.created", "response.in_progress"]
     assert events[-1] == ("response.completed" if r.status == "completed" else "response.incomplete")
     assert "response.output_text.delta" in events
     assert final.output_text == r.output_text, "greedy: the stream says what the whole answer said"
+    assert "".join(e.delta for e in streamed if e.type == "response.output_text.delta") == r.output_text
     assert final.usage.output_tokens == r.usage.output_tokens
     got = client.responses.retrieve(r.id)
     assert (got.id, got.output_text) == (r.id, r.output_text)

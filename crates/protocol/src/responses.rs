@@ -758,7 +758,8 @@ pub struct Response {
     pub truncation: &'static str,
     /// Always "default".
     pub service_tier: &'static str,
-    /// Token counts (null until it ends).
+    /// Token counts (absent until it ends: the description has no null).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<ResponseUsage>,
     /// What it repeats of the request.
     #[serde(flatten)]
