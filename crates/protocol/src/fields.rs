@@ -221,6 +221,97 @@ pub static CHAT: std::sync::LazyLock<Vec<Field>> =
 pub static COMPLETIONS: std::sync::LazyLock<Vec<Field>> =
     std::sync::LazyLock::new(|| [&SHARED[..], &RESPONSE_FORMAT, &COMPLETIONS_OWN].concat());
 
+/// `POST /v1/responses` (its parser, `crate::responses`, refuses the
+/// values of honoured fields it cannot serve: reasoning options, input
+/// item and tool kinds).
+pub const RESPONSES: &[Field] = &[
+    honoured("model"),
+    honoured("input"),
+    honoured("instructions"),
+    honoured("max_output_tokens"),
+    honoured("temperature"),
+    honoured("top_p"),
+    honoured("stream"),
+    honoured("stream_options"),
+    refused_but(
+        "stream_options.include_obfuscation",
+        "ingot's streams carry no obfuscation padding",
+        &["false"],
+    ),
+    honoured("store"),
+    honoured("previous_response_id"),
+    honoured("text"),
+    honoured("text.format"),
+    refused_but(
+        "text.verbosity",
+        "the verbosity of this model cannot be set; use max_output_tokens or the prompt",
+        &["\"medium\""],
+    ),
+    honoured("tools"),
+    honoured("tool_choice"),
+    honoured("parallel_tool_calls"),
+    honoured("metadata"),
+    honoured("user"),
+    honoured("safety_identifier"),
+    honoured("reasoning"),
+    unused("prompt_cache_key", CACHE_HINT),
+    unused("prompt_cache_retention", CACHE_HINT),
+    unused("prompt_cache_options", CACHE_HINT),
+    unused(
+        "max_tool_calls",
+        "it bounds calls of built-in tools, and ingot serves none",
+    ),
+    refused_but(
+        "top_logprobs",
+        "log probabilities are not returned by /v1/responses here; use /v1/chat/completions",
+        &["0"],
+    ),
+    refused_but(
+        "background",
+        "background responses are not supported; the request is answered as it runs",
+        &["false"],
+    ),
+    refused_but(
+        "include",
+        "ingot produces none of the extra outputs include names",
+        &["[]"],
+    ),
+    refused_but(
+        "truncation",
+        "an input longer than the context is an error, not cut",
+        &["\"disabled\""],
+    ),
+    refused_but(
+        "service_tier",
+        "ingot has one service tier; use priority",
+        &["\"auto\"", "\"default\""],
+    ),
+    refused(
+        "conversation",
+        "ingot keeps no conversations; use previous_response_id",
+    ),
+    refused("prompt", "ingot keeps no prompt templates"),
+    refused(
+        "context_management",
+        "ingot does not compact a context; an input longer than it is an error",
+    ),
+    refused(
+        "moderation",
+        "this server runs no moderation model; moderate before or after",
+    ),
+    // Chat's extensions, as vLLM reads them here.
+    honoured("seed"),
+    honoured("top_k"),
+    honoured("min_p"),
+    honoured("repetition_penalty"),
+    honoured("presence_penalty"),
+    honoured("frequency_penalty"),
+    honoured("stop"),
+    honoured("stop_token_ids"),
+    honoured("ignore_eos"),
+    honoured("priority"),
+];
+
 /// The field list of an endpoint by its path in OpenAI's description
 /// (`/chat/completions`), or `None` for an endpoint without one.
 pub fn policy(path: &str) -> Option<&'static [Field]> {
@@ -228,6 +319,7 @@ pub fn policy(path: &str) -> Option<&'static [Field]> {
         "/chat/completions" => Some(CHAT.as_slice()),
         "/completions" => Some(COMPLETIONS.as_slice()),
         "/embeddings" => Some(EMBEDDINGS),
+        "/responses" => Some(RESPONSES),
         _ => None,
     }
 }
@@ -303,6 +395,7 @@ mod tests {
             ("/chat/completions", &CHAT[..]),
             ("/completions", &COMPLETIONS[..]),
             ("/embeddings", EMBEDDINGS),
+            ("/responses", RESPONSES),
         ] {
             for (i, f) in fields.iter().enumerate() {
                 assert!(

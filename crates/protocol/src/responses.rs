@@ -16,35 +16,9 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use crate::chat::ValidChatRequest;
+use crate::fields::UnknownFields;
 use crate::parse::{object, only_known};
 use crate::ProtocolError;
-
-/// The request fields read besides [`SAME_NAME`]; every other field of
-/// OpenAI's description (`prompt`, `conversation`, `context_management`,
-/// `moderation`, `prompt_cache_retention`, `prompt_cache_options`) is
-/// refused by name.
-const FIELDS: [&str; 20] = [
-    "input",
-    "instructions",
-    "max_output_tokens",
-    "stream_options",
-    "store",
-    "previous_response_id",
-    "text",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "metadata",
-    "user",
-    "safety_identifier",
-    "prompt_cache_key",
-    "max_tool_calls",
-    "truncation",
-    "service_tier",
-    "background",
-    "include",
-    "reasoning",
-];
 
 /// Sampling fields passed to chat under the same name (chat's extensions
 /// among them: vLLM reads them here too).
@@ -116,10 +90,18 @@ pub struct Echo {
 }
 
 impl ResponsesRequest {
-    /// Parses and validates a request body (a JSON object).
+    /// Parses and validates a request body (a JSON object); a field this
+    /// server does not know is refused.
     pub fn parse(body: &Value) -> Result<Self, ProtocolError> {
+        Self::parse_with(body, UnknownFields::Refuse)
+    }
+
+    /// Parses and validates a request body under the field policy
+    /// ([`crate::fields::RESPONSES`]), unknown fields treated as `unknown`
+    /// says.
+    pub fn parse_with(body: &Value, unknown: UnknownFields) -> Result<Self, ProtocolError> {
         let obj = object(body)?;
-        only_known(obj, &[&FIELDS[..], &SAME_NAME].concat(), "")?;
+        crate::fields::check(body, crate::fields::RESPONSES, unknown)?;
         refuse_unhonoured(obj)?;
         let mut chat = Map::new();
         for field in SAME_NAME {
@@ -270,26 +252,6 @@ fn renamed(mut e: ProtocolError) -> ProtocolError {
 fn refuse_unhonoured(obj: &Map<String, Value>) -> Result<(), ProtocolError> {
     let refuse =
         |param: &str, why: &str| Err(ProtocolError::field(param, format!("{param}: {why}")));
-    match obj.get("background") {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
-        Some(_) => {
-            return refuse(
-                "background",
-                "background responses are not supported by this server; leave it out or false",
-            )
-        }
-    }
-    match obj.get("include") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(items)) if items.is_empty() => {}
-        Some(Value::Array(items)) => {
-            return refuse(
-                "include",
-                &format!("{} cannot be included: this server produces none of the extra outputs include names", items[0]),
-            )
-        }
-        Some(_) => return refuse("include", "include must be a list"),
-    }
     match obj.get("reasoning") {
         None | Some(Value::Null) => {}
         Some(Value::Object(r)) => {
@@ -305,44 +267,14 @@ fn refuse_unhonoured(obj: &Map<String, Value>) -> Result<(), ProtocolError> {
         }
         Some(_) => return refuse("reasoning", "reasoning must be an object"),
     }
-    match obj.get("truncation").and_then(Value::as_str) {
-        None | Some("disabled") => {}
-        Some(_) => return refuse(
-            "truncation",
-            "only \"disabled\" is supported: an input longer than the context is an error, not cut",
-        ),
-    }
-    match obj.get("service_tier").and_then(Value::as_str) {
-        None | Some("auto") | Some("default") => {}
-        Some(_) => return refuse(
-            "service_tier",
-            "only \"auto\" and \"default\" are supported (use priority for this server's tiers)",
-        ),
-    }
-    match obj.get("top_logprobs") {
-        None | Some(Value::Null) => {}
-        Some(v) if v.as_u64() == Some(0) => {}
-        Some(_) => return refuse(
-            "top_logprobs",
-            "log probabilities are not returned by /v1/responses here; use /v1/chat/completions",
-        ),
-    }
     match obj.get("stream_options") {
         None | Some(Value::Null) => {}
-        Some(Value::Object(o)) => {
-            only_known(o, &["include_obfuscation"], "stream_options.")?;
-            if obj.get("stream").and_then(Value::as_bool) != Some(true) {
-                return refuse(
-                    "stream_options",
-                    "stream_options is only allowed when stream is true",
-                );
-            }
-            if o.get("include_obfuscation").and_then(Value::as_bool) == Some(true) {
-                return refuse(
-                    "stream_options.include_obfuscation",
-                    "stream obfuscation is not supported; leave it out or false",
-                );
-            }
+        Some(Value::Object(_)) if obj.get("stream").and_then(Value::as_bool) == Some(true) => {}
+        Some(Value::Object(_)) => {
+            return refuse(
+                "stream_options",
+                "stream_options is only allowed when stream is true",
+            )
         }
         Some(_) => return refuse("stream_options", "stream_options must be an object"),
     }
@@ -431,17 +363,6 @@ fn text_param(value: Option<&Value>) -> Result<Value, ProtocolError> {
         Some(Value::Object(o)) => o.clone(),
         Some(_) => return Err(ProtocolError::field("text", "text must be an object")),
     };
-    only_known(&text, &["format", "verbosity"], "text.")?;
-    match text.get("verbosity") {
-        None | Some(Value::Null) => {}
-        Some(v) if v == "medium" => {}
-        Some(_) => {
-            return Err(ProtocolError::field(
-                "text.verbosity",
-                "text.verbosity: only \"medium\" is supported (the model's verbosity is not adjustable)",
-            ))
-        }
-    }
     if text.get("format").is_none_or(Value::is_null) {
         text.insert("format".into(), json!({"type": "text"}));
     }

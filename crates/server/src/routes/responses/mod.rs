@@ -44,7 +44,8 @@ pub async fn create(
     incoming: Incoming,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let mut request = ResponsesRequest::parse(&json_body(body, limit)?)?;
+    let body = json_body(body, limit)?;
+    let mut request = ResponsesRequest::parse_with(&body, super::unknown_fields(&state))?;
     let scope = scope(incoming.caller());
     let mut history = Vec::new();
     if let Some(id) = &request.previous_response_id {
