@@ -338,26 +338,6 @@ def test_completions_token_ids(client, model_name, http):
     assert by_index[1] == complete(client, model_name, "1, 2, 3, 4,", max_tokens=6).choices[0].text
 
 
-def test_logit_bias_bans_and_forces(client, model_name, http):
-    # Issue 36: -100 keeps the greedy first token out of sampled answers,
-    # +100 forces a token; an id outside the vocabulary is a 400 naming it.
-    import openai
-
-    prompt = "The capital of France is"
-    ids = complete(client, model_name, prompt, max_tokens=1, logprobs=0)
-    first = ids.choices[0].logprobs.tokens[0]
-    banned_id = tokenize(http, prompt=first, add_special_tokens=False)["tokens"][0]
-    r = complete(client, model_name, prompt, max_tokens=2, temperature=1.0, n=16, seed=3, logprobs=0,
-                 logit_bias={str(banned_id): -100})
-    assert all(first not in c.logprobs.tokens for c in r.choices), [c.logprobs.tokens for c in r.choices]
-    forced = complete(client, model_name, prompt, max_tokens=3, temperature=1.0, n=4, seed=3,
-                      logit_bias={"1000": 100}, logprobs=0)
-    assert len({t for c in forced.choices for t in c.logprobs.tokens}) == 1
-    with pytest.raises(openai.BadRequestError) as e:
-        complete(client, model_name, prompt, logit_bias={"99999999": 1})
-    assert e.value.body["param"] == "logit_bias", e.value.body
-
-
 def test_completions_echo(client, model_name):
     prompt = "The capital of France is"
     plain = complete(client, model_name, prompt, max_tokens=5).choices[0].text
