@@ -5,6 +5,14 @@
 //! runner reports that at start-up. When nvcc is found, a kernel that does not
 //! compile fails the build. Set `INGOT_REQUIRE_CUDA_KERNELS=1` to make a
 //! missing nvcc an error too (CI does).
+//!
+//! `INGOT_CUDA_KERNELS_CHECK_ONLY=1` compiles every kernel for both targets
+//! with device optimisation off (NVVM and ptxas at -O0): the front end, both
+//! `__CUDA_ARCH__` paths and ptxas's resource checks still run, in about a
+//! quarter of the CPU time (74 s against 258 s on the 2-core CI machine,
+//! docs/benchmarks.md "CI wall time"). Such a build cannot run them: the CUDA
+//! runner refuses it. CI sets it, since it never runs a kernel; release
+//! builds and the GPU bundle do not.
 
 use std::env;
 use std::fmt::Write as _;
@@ -32,12 +40,16 @@ fn main() {
         "CUDA_HOME",
         "INGOT_CACHE",
         "INGOT_REQUIRE_CUDA_KERNELS",
+        "INGOT_CUDA_KERNELS_CHECK_ONLY",
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    let mut generated = String::from(
-        "/// Kernel modules compiled into this build.\npub static MODULES: &[Module] = &[\n",
+    let check_only = env::var("INGOT_CUDA_KERNELS_CHECK_ONLY").is_ok_and(|v| v == "1");
+    let mut generated = format!(
+        "/// Whether the kernels were compiled unoptimised, only to check them.\n\
+         pub const CHECK_ONLY: bool = {check_only};\n\
+         /// Kernel modules compiled into this build.\npub static MODULES: &[Module] = &[\n"
     );
     match find_nvcc() {
         Some(nvcc) => {
@@ -51,8 +63,16 @@ fn main() {
                     cubin.display(),
                     ptx.display()
                 );
-                jobs.push((format!("cuda/{name}.cu"), ["-cubin", "-arch=sm_90"], cubin));
-                jobs.push((format!("cuda/{name}.cu"), ["-ptx", "-arch=compute_80"], ptx));
+                let (cubin_flags, ptx_flags): (&[&str], &[&str]) = if check_only {
+                    (
+                        &["-cubin", "-arch=sm_90", "-Xcicc", "-O0", "-Xptxas", "-O0"],
+                        &["-ptx", "-arch=compute_80", "-Xcicc", "-O0"],
+                    )
+                } else {
+                    (&["-cubin", "-arch=sm_90"], &["-ptx", "-arch=compute_80"])
+                };
+                jobs.push((format!("cuda/{name}.cu"), cubin_flags, cubin));
+                jobs.push((format!("cuda/{name}.cu"), ptx_flags, ptx));
             }
             compile_all(&nvcc, &jobs);
         }
@@ -94,7 +114,7 @@ fn find_nvcc() -> Option<PathBuf> {
 
 /// Runs the nvcc jobs on as many threads as cargo gives this build script
 /// (`NUM_JOBS`), in order: each of the 16 runs is single-threaded.
-fn compile_all(nvcc: &Path, jobs: &[(String, [&str; 2], PathBuf)]) {
+fn compile_all(nvcc: &Path, jobs: &[(String, &[&str], PathBuf)]) {
     let threads = env::var("NUM_JOBS")
         .ok()
         .and_then(|n| n.parse::<usize>().ok())

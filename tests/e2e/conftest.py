@@ -14,6 +14,19 @@ import pytest
 from ingot_e2e import Server, default_model_name, model_path, require, running
 
 
+def pytest_sessionfinish(session):
+    # Under pytest-xdist each worker starts its own servers: it hands its
+    # count to the controller, which sums them in pytest_testnodedown.
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["ingot_starts"] = Server.starts
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    Server.starts += getattr(node, "workeroutput", {}).get("ingot_starts", 0)
+
+
 def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(f"ingot processes started (serve, route): {Server.starts}")
 

@@ -22,7 +22,8 @@ pub struct Module {
 
 include!(concat!(env!("OUT_DIR"), "/modules.rs"));
 
-/// Whether this build carries kernels (nvcc was found at build time).
+/// Whether this build carries kernels (nvcc was found at build time); they
+/// can run only where [`CHECK_ONLY`] is false.
 pub fn compiled() -> bool {
     !MODULES.is_empty()
 }

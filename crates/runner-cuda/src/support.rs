@@ -16,6 +16,13 @@ pub fn availability() -> Result<(), CudaError> {
             "this build has no CUDA kernels (nvcc was not found when it was compiled)".into(),
         ));
     }
+    if ingot_kernels_cuda::CHECK_ONLY {
+        return Err(CudaError::Unavailable(
+            "this build's CUDA kernels were compiled unoptimised, only to check that they compile \
+             (INGOT_CUDA_KERNELS_CHECK_ONLY=1, as CI builds); rebuild without it to run them"
+                .into(),
+        ));
+    }
     if !unsafe { sys::is_culib_present() } {
         return Err(CudaError::Unavailable(
             "no CUDA driver (libcuda) found".into(),

@@ -189,17 +189,11 @@ fn gemma3_frees_sliding_blocks_and_still_matches_the_reference_over_several_wind
         "{shared} pages would fit"
     );
     let mut failures = Vec::new();
-    // Chunks of a whole window (512): each chunk's attention spans the
-    // window edge at every position.
-    let mut pool = pool_of(&runner, false);
-    let (got, ..) = greedy(&mut runner, &mut pool, &prompt, want.len(), window);
-    if got != want {
-        failures.push(format!("chunks of {window}: got {got:?}, want {want:?}"));
-    }
-    assert_eq!(pool.num_in_use(), 0);
-    // Chunks of 200 (edges inside chunks), with the prefix cache on; then a
-    // second request resumes from the cached prefix: the global group from
-    // its blocks, the sliding group from the window before the hit.
+    // Chunks of 200 (window edges inside chunks), with the prefix cache on;
+    // then a second request resumes from the cached prefix: the global group
+    // from its blocks, the sliding group from the window before the hit. (The
+    // e2e test_gemma3 runs the same prompt through the server's scheduler in
+    // chunks of 256; one full run here keeps CI's CPU for the rest.)
     let mut pool = pool_of(&runner, true);
     let (first, ..) = greedy(&mut runner, &mut pool, &prompt, want.len(), 200);
     let (again, _, hit) = greedy(&mut runner, &mut pool, &prompt, want.len(), 200);
