@@ -42,6 +42,11 @@ pub struct ModelArgs {
     /// [model.kv_cache_dtype; auto].
     #[arg(long, value_parser = ["auto", "bf16", "fp8"])]
     pub kv_cache_dtype: Option<String>,
+    /// Reasoning models: `qwen3` or `deepseek_r1` return the model's
+    /// `<think>…</think>` as `reasoning_content`, not in the answer
+    /// [model.reasoning_parser; none].
+    #[arg(long, value_parser = ["none", "qwen3", "deepseek_r1"])]
+    pub reasoning_parser: Option<String>,
     /// Cap the context length below the model's [model.max_model_len].
     #[arg(long)]
     pub max_model_len: Option<usize>,
@@ -135,6 +140,11 @@ impl ModelArgs {
             &self.max_model_len,
         );
         flags.opt("--dtype", "model.dtype", &self.dtype);
+        flags.opt(
+            "--reasoning-parser",
+            "model.reasoning_parser",
+            &self.reasoning_parser,
+        );
         flags.opt("--cpu-weights", "model.cpu_weights", &self.cpu_weights);
         flags.opt("--quantization", "model.quantization", &self.quantization);
         flags.opt("--fp8-ignore", "model.fp8_ignore", &self.fp8_ignore);

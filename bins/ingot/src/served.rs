@@ -32,6 +32,7 @@ pub fn entries(config: &Config, default_name: &str) -> anyhow::Result<Vec<ModelE
         dtype: Some(config.model.dtype),
         max_model_len: config.model.max_model_len,
         kv_cache_tokens: config.model.kv_cache_tokens,
+        reasoning_parser: Some(config.model.reasoning_parser),
         pinned: true,
         preload: true,
         idle_timeout: ingot_config::Duration::from_secs(0),
@@ -62,6 +63,9 @@ impl ModelPlan {
         }
         m.max_model_len = e.max_model_len.or(m.max_model_len);
         m.kv_cache_tokens = e.kv_cache_tokens.or(m.kv_cache_tokens);
+        if let Some(r) = e.reasoning_parser {
+            m.reasoning_parser = r;
+        }
         Self {
             id: e.id.clone(),
             path: e.path.clone(),
@@ -112,7 +116,8 @@ impl ModelBuilder for ServedModels {
             max_context: plan.context_bound(&files.config),
             vocab_size: files.config.vocab_size,
         };
-        Ok(ModelFront::generative(id, tokenizer, limits))
+        Ok(ModelFront::generative(id, tokenizer, limits)
+            .with_reasoning_parser(plan.config.model.reasoning_parser))
     }
 
     fn footprint(&self, id: &str) -> Result<u64, LoadError> {

@@ -25,12 +25,14 @@ pub const LEGACY: [(&str, &str); 6] = [
 
 /// `INGOT_` variables that are not configuration (build, scripts, tests):
 /// never read here and never rejected.
-pub const NOT_CONFIG: [&str; 5] = [
-    "INGOT_CACHE",                // asset cache directory of the scripts and build.rs
-    "INGOT_REQUIRE_CUDA_KERNELS", // kernels-cuda build.rs: fail without nvcc
-    "INGOT_BIN",                  // tests/e2e: the binary under test
-    "INGOT_BINARY",               // tests/gpu: the binary under test
-    "INGOT_TEST_MODEL",           // tests/e2e: the model under test
+pub const NOT_CONFIG: [&str; 7] = [
+    "INGOT_CACHE",                   // asset cache directory of the scripts and build.rs
+    "INGOT_REQUIRE_CUDA_KERNELS",    // kernels-cuda build.rs: fail without nvcc
+    "INGOT_CUDA_KERNELS_CHECK_ONLY", // kernels-cuda build.rs: unoptimised, never run
+    "INGOT_GPU_PROFILE",             // scripts/gpu-bundle: the cargo profile
+    "INGOT_BIN",                     // tests/e2e: the binary under test
+    "INGOT_BINARY",                  // tests/gpu: the binary under test
+    "INGOT_TEST_MODEL",              // tests/e2e: the model under test
 ];
 
 /// Per-flag override: `INGOT_FLAG_<NAME>=on|off|<percent>`.

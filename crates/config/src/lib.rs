@@ -50,8 +50,8 @@ pub use schema::schema;
 pub use sections::{
     CacheSection, CpuWeights, CudaSection, Device, Dtype, EngineSection, KvCacheDtype,
     LimitsSection, LoadFormat, LogFormat, LogSection, MetricsSection, ModelSection,
-    PriorityDeadlines, Quantization, SchedulerSection, ServerSection, StructuredSection,
-    TierTimeouts, TracingSection, BLOCK_SIZE,
+    PriorityDeadlines, Quantization, ReasoningParser, SchedulerSection, ServerSection,
+    StructuredSection, TierTimeouts, TracingSection, BLOCK_SIZE,
 };
 pub use slo::{
     BatchingSection, RemediationMode, RemediationSection, ShedHow, ShedSection, SloMetric, SloSpec,

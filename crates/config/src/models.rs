@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::sections::{Dtype, LoadFormat};
+use crate::sections::{Dtype, LoadFormat, ReasoningParser};
 use crate::units::{ByteSize, Duration};
 
 /// One servable model. Unset fields take `[model]`'s value.
@@ -39,6 +39,9 @@ pub struct ModelEntry {
     #[serde(default)]
     #[schemars(range(min = 1))]
     pub kv_cache_tokens: Option<usize>,
+    /// Where its reasoning goes (default: `model.reasoning_parser`).
+    #[serde(default)]
+    pub reasoning_parser: Option<ReasoningParser>,
     /// Never evicted to make room, never unloaded for idleness.
     #[serde(default)]
     pub pinned: bool,

@@ -82,6 +82,21 @@ pub enum Quantization {
     Fp8,
 }
 
+/// Where a reasoning model's thinking goes (vLLM's `--reasoning-parser`).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasoningParser {
+    /// Left in the answer's text.
+    #[default]
+    None,
+    /// Qwen3's `<think>…</think>`, moved to `reasoning_content` (chat) and a
+    /// reasoning item (Responses).
+    Qwen3,
+    /// DeepSeek-R1's: the same tags, the template opening `<think>` in the
+    /// prompt (read from the rendered prompt either way).
+    DeepseekR1,
+}
+
 /// Element type of the KV cache (CUDA; the CPU backend keeps f32).
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -153,6 +168,9 @@ pub struct ModelSection {
     pub gpu_memory_utilization: f64,
     /// Run every GPU step eagerly instead of replaying CUDA graphs.
     pub enforce_eager: bool,
+    /// `qwen3` or `deepseek_r1`: the model's `<think>…</think>` comes back
+    /// as `reasoning_content`, not in the answer (`none`: in the answer).
+    pub reasoning_parser: ReasoningParser,
 }
 
 impl Default for ModelSection {
@@ -173,6 +191,7 @@ impl Default for ModelSection {
             kv_cache_dtype: KvCacheDtype::Auto,
             gpu_memory_utilization: 0.9,
             enforce_eager: false,
+            reasoning_parser: ReasoningParser::None,
         }
     }
 }

@@ -234,10 +234,15 @@ impl From<&TokenLogprobInfo> for ChatTokenLogprob {
 pub struct AssistantMessage {
     /// Always "assistant".
     pub role: &'static str,
-    /// The generated text (null when the answer is only tool calls).
+    /// The generated text (null when the answer is only tool calls, or
+    /// only reasoning).
     pub content: Option<String>,
     /// A refusal message; always null (OpenAI requires the field).
     pub refusal: Option<String>,
+    /// The model's reasoning, split from the answer by the model's
+    /// reasoning parser (vLLM's field).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// The calls parsed from the answer, when tools were offered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCall>>,
@@ -285,6 +290,9 @@ pub struct ChatDelta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// New reasoning text (with a reasoning parser).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// Pieces of tool calls.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallDelta>>,

@@ -479,7 +479,17 @@ fn messages(items: &[Value]) -> Result<Vec<Value>, ProtocolError> {
             .as_object()
             .ok_or_else(|| ProtocolError::field(&at, format!("{at} must be an object")))?;
         match obj.get("type").and_then(Value::as_str) {
-            None | Some("message") => out.push(message(&at, obj)?),
+            None | Some("message") => {
+                let turn = message(&at, obj)?;
+                match out.last_mut() {
+                    // The answer after its reasoning item: one assistant turn.
+                    Some(last) if is_reasoning_only(last) && turn["role"] == "assistant" => {
+                        last["content"] = turn["content"].clone();
+                    }
+                    _ => out.push(turn),
+                }
+            }
+            Some("reasoning") => out.push(reasoning(&at, obj)?),
             Some("function_call") => {
                 let call = function_call(&at, obj)?;
                 match out.last_mut() {
@@ -496,12 +506,65 @@ fn messages(items: &[Value]) -> Result<Vec<Value>, ProtocolError> {
             Some(other) => {
                 return Err(ProtocolError::field(
                     &format!("{at}.type"),
-                    format!("{at}.type {other:?} is not supported: this server reads message, function_call and function_call_output items"),
+                    format!("{at}.type {other:?} is not supported: this server reads message, reasoning, function_call and function_call_output items"),
                 ))
             }
         }
     }
     Ok(out)
+}
+
+/// An assistant turn that so far holds only a reasoning item's text.
+fn is_reasoning_only(turn: &Value) -> bool {
+    turn["role"] == "assistant"
+        && turn.get("reasoning_content").is_some()
+        && turn["content"] == ""
+        && turn.get("tool_calls").is_none()
+}
+
+/// A reasoning item (from an earlier answer): an assistant turn holding
+/// its text as `reasoning_content`, which chat templates such as Qwen3's
+/// render; the answer's message or calls that follow join it.
+fn reasoning(at: &str, obj: &Map<String, Value>) -> Result<Value, ProtocolError> {
+    only_known(
+        obj,
+        &[
+            "type",
+            "id",
+            "summary",
+            "content",
+            "encrypted_content",
+            "status",
+        ],
+        &format!("{at}."),
+    )?;
+    if obj.get("encrypted_content").is_some_and(|v| !v.is_null()) {
+        return Err(ProtocolError::field(
+            &format!("{at}.encrypted_content"),
+            format!("{at}.encrypted_content: this server writes no encrypted reasoning; send the reasoning's content"),
+        ));
+    }
+    let mut text = String::new();
+    for key in ["content", "summary"] {
+        let Some(parts) = obj.get(key) else { continue };
+        let parts = parts.as_array().ok_or_else(|| {
+            ProtocolError::field(
+                &format!("{at}.{key}"),
+                format!("{at}.{key} must be an array"),
+            )
+        })?;
+        for (j, part) in parts.iter().enumerate() {
+            let part_at = format!("{at}.{key}[{j}]");
+            let piece = part.get("text").and_then(Value::as_str).ok_or_else(|| {
+                ProtocolError::field(&part_at, format!("{part_at} must be an object with a text"))
+            })?;
+            text.push_str(piece);
+        }
+        if !text.is_empty() {
+            break; // the content when there is one, else the summary
+        }
+    }
+    Ok(json!({"role": "assistant", "content": "", "reasoning_content": text}))
 }
 
 /// A message item.
@@ -621,9 +684,15 @@ fn function_output(at: &str, obj: &Map<String, Value>) -> Result<Value, Protocol
 /// assistant turn with its text and calls.
 pub fn output_messages(output: &[OutputItem]) -> Vec<Value> {
     let mut text = String::new();
+    let mut reasoning = String::new();
     let mut calls = Vec::new();
     for item in output {
         match item {
+            OutputItem::Reasoning { content, .. } => {
+                for part in content {
+                    reasoning.push_str(&part.text);
+                }
+            }
             OutputItem::Message { content, .. } => {
                 for part in content {
                     text.push_str(&part.text);
@@ -642,6 +711,9 @@ pub fn output_messages(output: &[OutputItem]) -> Vec<Value> {
         }
     }
     let mut message = json!({"role": "assistant", "content": text});
+    if !reasoning.is_empty() {
+        message["reasoning_content"] = Value::String(reasoning);
+    }
     if !calls.is_empty() {
         message["tool_calls"] = Value::Array(calls);
     }
@@ -731,6 +803,37 @@ pub enum OutputItem {
         /// `in_progress`, `completed` or `incomplete`.
         status: &'static str,
     },
+    /// The model's reasoning (with a reasoning parser), before its answer.
+    Reasoning {
+        /// `rs_…`.
+        id: String,
+        /// Always empty (no summaries are written).
+        summary: Vec<Value>,
+        /// The reasoning text, as one part.
+        content: Vec<ReasoningText>,
+        /// `in_progress`, `completed` or `incomplete`.
+        status: &'static str,
+    },
+}
+
+/// A `reasoning_text` part.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ReasoningText {
+    /// "reasoning_text".
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The text.
+    pub text: String,
+}
+
+impl ReasoningText {
+    /// A part holding `text`.
+    pub fn new(text: String) -> Self {
+        Self {
+            kind: "reasoning_text",
+            text,
+        }
+    }
 }
 
 /// An `output_text` part.
@@ -803,7 +906,7 @@ pub struct InputTokensDetails {
 /// `usage.output_tokens_details`.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
 pub struct OutputTokensDetails {
-    /// Always 0 (reasoning is not separated).
+    /// Always 0 (reasoning tokens are not counted apart).
     pub reasoning_tokens: usize,
 }
 
@@ -884,6 +987,30 @@ pub enum StreamEvent {
         /// The whole part.
         part: OutputText,
     },
+    /// More reasoning text.
+    #[serde(rename = "response.reasoning_text.delta")]
+    ReasoningTextDelta {
+        /// The reasoning item.
+        item_id: String,
+        /// Its index in `output`.
+        output_index: usize,
+        /// The part's index.
+        content_index: usize,
+        /// The text.
+        delta: String,
+    },
+    /// The whole reasoning text.
+    #[serde(rename = "response.reasoning_text.done")]
+    ReasoningTextDone {
+        /// The reasoning item.
+        item_id: String,
+        /// Its index in `output`.
+        output_index: usize,
+        /// The part's index.
+        content_index: usize,
+        /// The whole text.
+        text: String,
+    },
     /// More of a call's arguments.
     #[serde(rename = "response.function_call_arguments.delta")]
     FunctionCallArgumentsDelta {
@@ -955,6 +1082,8 @@ impl StreamEvent {
             Self::OutputTextDelta { .. } => "response.output_text.delta",
             Self::OutputTextDone { .. } => "response.output_text.done",
             Self::ContentPartDone { .. } => "response.content_part.done",
+            Self::ReasoningTextDelta { .. } => "response.reasoning_text.delta",
+            Self::ReasoningTextDone { .. } => "response.reasoning_text.done",
             Self::FunctionCallArgumentsDelta { .. } => "response.function_call_arguments.delta",
             Self::FunctionCallArgumentsDone { .. } => "response.function_call_arguments.done",
             Self::OutputItemDone { .. } => "response.output_item.done",
@@ -1132,8 +1261,12 @@ mod tests {
                 "input[0].content[0].type",
             ),
             (
-                json!({"input": [{"type": "reasoning", "summary": []}]}),
+                json!({"input": [{"type": "item_reference", "id": "x"}]}),
                 "input[0].type",
+            ),
+            (
+                json!({"input": [{"type": "reasoning", "summary": [], "encrypted_content": "x"}]}),
+                "input[0].encrypted_content",
             ),
             (
                 json!({"input": [{"type": "function_call_output", "output": "x"}]}),

@@ -13,6 +13,7 @@ pub mod models;
 mod observe;
 pub mod pipeline;
 mod prepare;
+mod reasoning;
 pub mod reload;
 mod routes;
 mod serve;

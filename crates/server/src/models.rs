@@ -10,6 +10,7 @@
 use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
+use ingot_config::ReasoningParser;
 use ingot_engine::{EmbeddingHandle, EngineHandle, GrammarCompiler, GrammarError, RequestLimits};
 use ingot_registry::{Loader, Registry, RegistryError};
 use ingot_tokenizer::{ChatTemplate, Tokenizer};
@@ -38,6 +39,8 @@ enum FrontKind {
         /// The model's bounds: estimated from its files until an engine
         /// has loaded, then the engine's own (which also know its KV pool).
         limits: RwLock<RequestLimits>,
+        /// Where its reasoning goes.
+        reasoning_parser: ReasoningParser,
     },
     Embedding,
 }
@@ -59,8 +62,31 @@ impl ModelFront {
                 template,
                 grammars: OnceLock::new(),
                 limits: RwLock::new(limits),
+                reasoning_parser: ReasoningParser::None,
             },
         }
+    }
+
+    /// This front with its answers' reasoning split out by `parser`.
+    pub fn with_reasoning_parser(mut self, parser: ReasoningParser) -> Self {
+        if let FrontKind::Generative {
+            reasoning_parser, ..
+        } = &mut self.kind
+        {
+            *reasoning_parser = parser;
+        }
+        self
+    }
+
+    /// Whether its answers' `<think>…</think>` is split from the content.
+    pub fn splits_reasoning(&self) -> bool {
+        matches!(
+            self.kind,
+            FrontKind::Generative {
+                reasoning_parser: ReasoningParser::Qwen3 | ReasoningParser::DeepseekR1,
+                ..
+            }
+        )
     }
 
     /// The front of embedding model `id` (its engine tokenizes itself).

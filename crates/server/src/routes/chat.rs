@@ -24,6 +24,7 @@ use crate::generate::{self, ChoiceResult, Job};
 use crate::logprobs::resolve;
 use crate::models::ModelFront;
 use crate::prepare::{self, Head, Incoming, Shape, WireFormat};
+use crate::reasoning::{self, Part, ReasoningSplitter};
 use crate::tools::{self, Piece, ToolFormat, ToolStream};
 use crate::ApiError;
 
@@ -35,6 +36,14 @@ pub(super) fn prompt_ids(
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
 ) -> Result<Vec<u32>, ApiError> {
+    let text = render(req, template)?;
+    tokenizer
+        .encode(&text, false)
+        .map_err(|e| ApiError::Internal(e.to_string()))
+}
+
+/// The conversation rendered by the chat template, tools included.
+fn render(req: &ValidChatRequest, template: &ChatTemplate) -> Result<String, ApiError> {
     let mut messages: Vec<ChatMessage> = req
         .messages
         .iter()
@@ -48,17 +57,26 @@ pub(super) fn prompt_ids(
         template.source(),
         format,
     );
-    let text = template
+    template
         .render_with_kwargs(
             &messages,
             req.add_generation_prompt,
             tools.as_ref(),
             &req.template_kwargs,
         )
-        .map_err(|e| ApiError::BadRequest(ProtocolError::field("messages", e.to_string())))?;
-    tokenizer
-        .encode(&text, false)
-        .map_err(|e| ApiError::Internal(e.to_string()))
+        .map_err(|e| ApiError::BadRequest(ProtocolError::field("messages", e.to_string())))
+}
+
+/// Whether the answer's reasoning is split out, and if so whether the
+/// prompt left `<think>` open (`Some(opened)`): with the model's reasoning
+/// parser, unless a grammar shapes the answer from its first token.
+fn reasoning_split(req: &ValidChatRequest, front: &ModelFront, prompt: &str) -> Option<bool> {
+    let forced = req
+        .tool_config
+        .as_ref()
+        .is_some_and(|t| is_forced(&t.choice));
+    (front.splits_reasoning() && req.sampling.grammar.is_none() && !forced)
+        .then(|| reasoning::opened_in_prompt(prompt))
 }
 
 fn to_message(turn: &ChatTurn) -> Result<ChatMessage, ApiError> {
@@ -98,7 +116,8 @@ pub(super) fn parsed_tools(
 
 impl WireFormat for ValidChatRequest {
     const ENDPOINT: generate::Endpoint = generate::Endpoint::Chat;
-    type Extra = ();
+    /// Whether the reasoning is split out, and from inside `<think>`.
+    type Extra = Option<bool>;
     type Answer = Meta;
 
     fn sampling(&self) -> &ValidSampling {
@@ -114,17 +133,25 @@ impl WireFormat for ValidChatRequest {
         }))
     }
 
-    fn encode(&self, front: &ModelFront) -> Result<(Vec<Vec<TokenId>>, ()), ApiError> {
-        let ids = prompt_ids(self, &*front.chat_template()?, front.tokenizer()?)?;
-        Ok((vec![ids], ()))
+    fn encode(&self, front: &ModelFront) -> Result<(Vec<Vec<TokenId>>, Option<bool>), ApiError> {
+        let text = render(self, &*front.chat_template()?)?;
+        let ids = front
+            .tokenizer()?
+            .encode(&text, false)
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        Ok((vec![ids], reasoning_split(self, front, &text)))
     }
 
-    fn answer(self, head: Head, front: &ModelFront, (): ()) -> Meta {
+    fn answer(self, head: Head, front: &ModelFront, reasoning: Option<bool>) -> Meta {
         let tools = front
             .chat_template()
             .ok()
             .and_then(|t| parsed_tools(&self, &t));
-        Meta { head, tools }
+        Meta {
+            head,
+            tools,
+            reasoning,
+        }
     }
 }
 
@@ -139,7 +166,7 @@ impl Shape for Meta {
                 let delta = ChatDelta {
                     role: Some("assistant"),
                     content: Some(String::new()),
-                    tool_calls: None,
+                    ..ChatDelta::default()
                 };
                 let choice = ChatChunkChoice {
                     index: j.index,
@@ -152,6 +179,7 @@ impl Shape for Meta {
             .collect();
         let format = ChatChunks {
             streams: Default::default(),
+            splitters: Default::default(),
             meta,
             usage,
         };
@@ -197,6 +225,9 @@ pub struct Meta {
     /// The format tool calls are parsed in, and the tool choice, when the
     /// answer may hold calls.
     tools: Option<(ToolFormat, ToolChoice)>,
+    /// `Some(opened)`: the reasoning is split out, the answer starting
+    /// inside `<think>` when the prompt opened it.
+    reasoning: Option<bool>,
 }
 
 /// Whether the grammar made the whole answer calls: any text left over is
@@ -235,26 +266,25 @@ fn finish_with_calls(choice: &ToolChoice, reason: &'static str) -> &'static str 
 impl Meta {
     /// The assistant message of a whole answer, and its finish reason.
     fn message(&self, text: &str, reason: &'static str) -> (AssistantMessage, &'static str) {
-        let Some((format, choice)) = &self.tools else {
-            return (
-                AssistantMessage {
-                    role: "assistant",
-                    content: Some(text.to_string()),
-                    refusal: None,
-                    tool_calls: None,
-                },
-                reason,
-            );
+        let (reasoning_content, text) = match self.reasoning {
+            Some(opened) => reasoning::split(text, opened),
+            None => (None, text.to_string()),
         };
-        let answer = tools::parse_answer(*format, text);
+        // An answer that is only reasoning has no content, as vLLM's.
+        let content = (!text.is_empty() || reasoning_content.is_none()).then(|| text.clone());
+        let plain = |content| AssistantMessage {
+            role: "assistant",
+            content,
+            refusal: None,
+            reasoning_content: reasoning_content.clone(),
+            tool_calls: None,
+        };
+        let Some((format, choice)) = &self.tools else {
+            return (plain(content), reason);
+        };
+        let answer = tools::parse_answer(*format, &text);
         if answer.calls.is_empty() {
-            let message = AssistantMessage {
-                role: "assistant",
-                content: Some(text.to_string()),
-                refusal: None,
-                tool_calls: None,
-            };
-            return (message, reason);
+            return (plain(content), reason);
         }
         let calls = answer
             .calls
@@ -272,6 +302,7 @@ impl Meta {
             role: "assistant",
             content: answer.content.filter(|_| !is_forced(choice)),
             refusal: None,
+            reasoning_content,
             tool_calls: Some(calls),
         };
         (message, finish_with_calls(choice, reason))
@@ -296,6 +327,8 @@ struct ChatChunks {
     /// Each choice's tool-call parser (when tools are parsed), and how
     /// many calls it has sent.
     streams: std::collections::HashMap<usize, (ToolStream, usize)>,
+    /// Each choice's reasoning splitter (with a reasoning parser).
+    splitters: std::collections::HashMap<usize, ReasoningSplitter>,
 }
 
 impl ChatChunks {
@@ -369,6 +402,58 @@ impl ChatChunks {
     }
 }
 
+impl ChatChunks {
+    /// Chunks for answer text (after any reasoning): through the tool-call
+    /// parser when calls are parsed.
+    fn content(&mut self, index: usize, text: &str, logprobs: Option<ChatLogprobs>) -> Vec<Event> {
+        if let Some((format, _)) = &self.meta.tools {
+            let format = *format;
+            let stream = self
+                .streams
+                .entry(index)
+                .or_insert_with(|| (ToolStream::new(format), 0));
+            let pieces = stream.0.push(text);
+            return self.pieces(index, pieces, logprobs);
+        }
+        if text.is_empty() && logprobs.is_none() {
+            return Vec::new();
+        }
+        let delta = ChatDelta {
+            content: Some(text.to_string()),
+            ..ChatDelta::default()
+        };
+        vec![self.choice(index, delta, logprobs)]
+    }
+
+    /// Chunks for split parts: reasoning as `reasoning_content` deltas,
+    /// the rest as content. A token's logprobs go with its first chunk.
+    fn parts(
+        &mut self,
+        index: usize,
+        parts: Vec<Part>,
+        mut logprobs: Option<ChatLogprobs>,
+    ) -> Vec<Event> {
+        let mut out = Vec::new();
+        for part in parts {
+            match part {
+                Part::Reasoning(text) => {
+                    let delta = ChatDelta {
+                        reasoning_content: Some(text),
+                        ..ChatDelta::default()
+                    };
+                    out.push(self.choice(index, delta, logprobs.take()));
+                }
+                Part::Content(text) => out.extend(self.content(index, &text, logprobs.take())),
+            }
+        }
+        if let Some(lp) = logprobs {
+            // A token held back (it may start a tag) still reports its logprob.
+            out.push(self.choice(index, ChatDelta::default(), Some(lp)));
+        }
+        out
+    }
+}
+
 impl sse::ChunkFormat for ChatChunks {
     fn token(&mut self, index: usize, token: GeneratedToken) -> Option<Event> {
         let m = &self.meta;
@@ -376,35 +461,38 @@ impl sse::ChunkFormat for ChatChunks {
             content: vec![(&resolve(&m.head.tokenizer, &token)).into()],
             refusal: None,
         });
-        if let Some((format, _)) = &m.tools {
-            let format = *format;
-            let stream = self
-                .streams
-                .entry(index)
-                .or_insert_with(|| (ToolStream::new(format), 0));
-            let pieces = stream.0.push(&token.text);
-            return sse::concat(self.pieces(index, pieces, logprobs));
-        }
-        if token.text.is_empty() && !m.head.logprobs {
-            return None;
-        }
-        let delta = ChatDelta {
-            content: Some(token.text.clone()),
-            ..ChatDelta::default()
+        let events = match m.reasoning {
+            Some(opened) => {
+                let parts = self
+                    .splitters
+                    .entry(index)
+                    .or_insert_with(|| ReasoningSplitter::new(opened))
+                    .push(&token.text);
+                self.parts(index, parts, logprobs)
+            }
+            None => self.content(index, &token.text, logprobs),
         };
-        Some(self.choice(index, delta, logprobs))
+        sse::concat(events)
     }
 
     fn finish(&mut self, index: usize, completion: &Completion) -> Event {
         let mut events = Vec::new();
         let mut reason = completion.reason.as_str();
+        if let Some(opened) = self.meta.reasoning {
+            let parts = self
+                .splitters
+                .entry(index)
+                .or_insert_with(|| ReasoningSplitter::new(opened))
+                .finish();
+            events = self.parts(index, parts, None);
+        }
         if let Some((format, choice)) = self.meta.tools.clone() {
             let stream = self
                 .streams
                 .entry(index)
                 .or_insert_with(|| (ToolStream::new(format), 0));
             let pieces = stream.0.finish();
-            events = self.pieces(index, pieces, None);
+            events.extend(self.pieces(index, pieces, None));
             if self.streams.get(&index).is_some_and(|s| s.1 > 0) {
                 reason = finish_with_calls(&choice, reason);
             }

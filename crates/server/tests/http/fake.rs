@@ -23,12 +23,28 @@ pub const CHAT: &str = "m";
 pub const PLAIN: &str = "plain";
 /// An embedding model.
 pub const EMBED: &str = "embed";
+/// A reasoning model: Qwen3's real tokenizer and chat template, its
+/// `<think>` split out by the qwen3 reasoning parser (only in servers made
+/// by `Server::thinker`).
+pub const THINKER: &str = "qwen3-thinker";
 
 /// Every generative model's bounds, as its front and the fake engine see them.
 pub const LIMITS: RequestLimits = RequestLimits {
     max_context: 64,
     vocab_size: tokenizer::VOCAB_SIZE,
 };
+
+/// [`THINKER`]'s bounds: Qwen3's vocabulary.
+pub const THINKER_LIMITS: RequestLimits = RequestLimits {
+    max_context: 4096,
+    vocab_size: 151_936,
+};
+
+/// The Qwen3 tokenizer of `scripts/fetch-hf-tokenizers`.
+fn qwen3() -> std::sync::Arc<ingot_tokenizer::Tokenizer> {
+    let dir = ingot_testkit::fetched("fetch-hf-tokenizers").join("qwen3");
+    std::sync::Arc::new(ingot_tokenizer::Tokenizer::from_hf_dir(&dir).unwrap())
+}
 
 /// What the fake engine answers: one token per byte.
 pub const REPLY: &str = "Paris.";
@@ -57,6 +73,8 @@ impl ModelBuilder for FakeBuilder {
         match id {
             CHAT => Ok(ModelFront::generative(id, tokenizer::load(true), LIMITS)),
             PLAIN => Ok(ModelFront::generative(id, tokenizer::load(false), LIMITS)),
+            THINKER => Ok(ModelFront::generative(id, qwen3(), THINKER_LIMITS)
+                .with_reasoning_parser(ingot_config::ReasoningParser::Qwen3)),
             EMBED => Ok(ModelFront::embedding(id)),
             _ => Err(LoadError::new(format!("no model {id}"))),
         }
@@ -143,7 +161,12 @@ impl FakeEngine {
     fn start(&self, request: &GenerateRequest) -> Result<EventStream, GenerateError> {
         self.seen.lock().unwrap().push(request.clone());
         // The engine's own admission check (sampling, empty prompt, ids, length).
-        LIMITS.check(&request.engine)?;
+        let limits = if request.model == THINKER {
+            THINKER_LIMITS
+        } else {
+            LIMITS
+        };
+        limits.check(&request.engine)?;
         let mode = self.mode.lock().unwrap().clone();
         let events = match &mode {
             Mode::Say(text) => answer(request, text),

@@ -15,7 +15,7 @@ use ingot_server::{AppState, EngineLoader};
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-pub use super::fake::{FakeBuilder, FakeEngine, Mode, CHAT, EMBED, LIMITS, PLAIN, REPLY};
+pub use super::fake::{FakeBuilder, FakeEngine, Mode, CHAT, EMBED, LIMITS, PLAIN, REPLY, THINKER};
 
 /// Another name of [`CHAT`].
 pub const ALIAS: &str = "chat-alias";
@@ -51,17 +51,24 @@ impl Server {
             env: env.collect(),
             ..Layers::default()
         };
-        let server = Self::build(&layers, |_| {});
+        let server = Self::build(&layers, |_| {}, &[]);
         server.state.set_ready();
         server
     }
 
     /// A server still loading its models (`/ready` 503).
     pub fn starting(edit: impl FnOnce(&mut Config)) -> Self {
-        Self::build(&Layers::default(), edit)
+        Self::build(&Layers::default(), edit, &[])
     }
 
-    fn build(layers: &Layers, edit: impl FnOnce(&mut Config)) -> Self {
+    /// A ready server that also serves [`THINKER`].
+    pub fn thinker() -> Self {
+        let server = Self::build(&Layers::default(), |_| {}, &[THINKER]);
+        server.state.set_ready();
+        server
+    }
+
+    fn build(layers: &Layers, edit: impl FnOnce(&mut Config), extra: &[&str]) -> Self {
         let mut runtime = ingot_config::load(layers).unwrap();
         edit(&mut runtime.config);
         let builder = Arc::new(FakeBuilder::new());
@@ -69,7 +76,8 @@ impl Server {
             aliases: vec![ALIAS.into()],
             ..ModelSpec::new(CHAT)
         };
-        let specs = vec![chat, ModelSpec::new(PLAIN), ModelSpec::new(EMBED)];
+        let mut specs = vec![chat, ModelSpec::new(PLAIN), ModelSpec::new(EMBED)];
+        specs.extend(extra.iter().map(|id| ModelSpec::new(*id)));
         let budget = Budget {
             device_bytes: 1 << 30,
             host_bytes: 0,

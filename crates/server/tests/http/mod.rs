@@ -14,6 +14,7 @@ mod errors;
 mod info;
 mod limits;
 mod ollama;
+mod reasoning;
 mod request_ids;
 mod responses;
 mod sharing;

@@ -51,7 +51,9 @@ impl WireFormat for MessagesRequest {
     }
 
     fn encode(&self, front: &ModelFront) -> Result<(Vec<Vec<TokenId>>, usize), ApiError> {
-        let (ids, ()) = self.chat.encode(front)?;
+        // The answer's text as the model wrote it: Anthropic's thinking
+        // blocks (asked for with `thinking`) are not served.
+        let (ids, _) = self.chat.encode(front)?;
         let prompt_tokens = ids.iter().map(Vec::len).sum();
         Ok((ids, prompt_tokens))
     }

@@ -68,7 +68,8 @@ impl WireFormat for ChatRequest {
     }
 
     fn encode(&self, front: &ModelFront) -> Result<(Vec<Vec<TokenId>>, ()), ApiError> {
-        self.chat.encode(front)
+        // Ollama's `thinking` field is not served: the text as written.
+        Ok((self.chat.encode(front)?.0, ()))
     }
 
     fn answer(self, head: Head, front: &ModelFront, (): ()) -> Reply {
@@ -102,7 +103,7 @@ impl WireFormat for GenerateRequest {
     /// unless `raw` or the model has none: then the prompt as it is.
     fn encode(&self, front: &ModelFront) -> Result<(Vec<Vec<TokenId>>, ()), ApiError> {
         if !self.raw && front.chat_template().is_ok() {
-            return self.chat.encode(front);
+            return Ok((self.chat.encode(front)?.0, ()));
         }
         let ids = front
             .tokenizer()?

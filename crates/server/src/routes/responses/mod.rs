@@ -17,8 +17,8 @@ use axum::Json;
 use ingot_core::{FinishReason, TokenId};
 use ingot_edge::Caller;
 use ingot_protocol::responses::{
-    self as wire, Deleted, Echo, IncompleteDetails, OutputItem, OutputText, ResponseUsage,
-    ResponsesRequest,
+    self as wire, Deleted, Echo, IncompleteDetails, OutputItem, OutputText, ReasoningText,
+    ResponseUsage, ResponsesRequest,
 };
 use ingot_protocol::sampling::ValidSampling;
 use ingot_protocol::structured::OutputGrammar;
@@ -34,6 +34,7 @@ use super::{json_body, sse, Shared};
 use crate::generate::{self, ChoiceResult, Job};
 use crate::models::ModelFront;
 use crate::prepare::{self, Head, Incoming, Shape, WireFormat};
+use crate::reasoning;
 use crate::tools::{self, ToolFormat};
 use crate::{ApiError, AppState};
 
@@ -170,7 +171,8 @@ pub struct Create {
 
 impl WireFormat for Create {
     const ENDPOINT: generate::Endpoint = generate::Endpoint::Chat;
-    type Extra = ();
+    /// Whether the reasoning is split out, and from inside `<think>`.
+    type Extra = Option<bool>;
     type Answer = Reply;
 
     fn sampling(&self) -> &ValidSampling {
@@ -181,11 +183,11 @@ impl WireFormat for Create {
         self.request.chat.grammar(front)
     }
 
-    fn encode(&self, front: &ModelFront) -> Result<(Vec<Vec<TokenId>>, ()), ApiError> {
+    fn encode(&self, front: &ModelFront) -> Result<(Vec<Vec<TokenId>>, Option<bool>), ApiError> {
         self.request.chat.encode(front)
     }
 
-    fn answer(self, head: Head, front: &ModelFront, (): ()) -> Reply {
+    fn answer(self, head: Head, front: &ModelFront, reasoning: Option<bool>) -> Reply {
         let tools = front
             .chat_template()
             .ok()
@@ -196,6 +198,7 @@ impl WireFormat for Create {
             id: head.id.replacen("chatcmpl-", "resp_", 1),
             head,
             tools,
+            reasoning,
             echo: self.request.echo,
             previous_response_id: self.request.previous_response_id,
             store: self.store,
@@ -212,6 +215,9 @@ pub struct Reply {
     /// The format tool calls are parsed in, and the tool choice, when the
     /// answer may hold calls.
     tools: Option<(ToolFormat, ToolChoice)>,
+    /// `Some(opened)`: the reasoning becomes a reasoning item, the answer
+    /// starting inside `<think>` when the prompt opened it.
+    reasoning: Option<bool>,
     echo: Echo,
     previous_response_id: Option<String>,
     store: Option<Keep>,
@@ -298,6 +304,16 @@ fn message_item(id: String, status: &'static str, text: String) -> OutputItem {
     }
 }
 
+/// A reasoning item holding `text`.
+fn reasoning_item(id: String, status: &'static str, text: String) -> OutputItem {
+    OutputItem::Reasoning {
+        id,
+        summary: Vec::new(),
+        content: vec![ReasoningText::new(text)],
+        status,
+    }
+}
+
 /// A function call item.
 fn call_item(call: tools::ParsedCall, status: &'static str) -> OutputItem {
     OutputItem::FunctionCall {
@@ -321,10 +337,19 @@ impl Shape for Reply {
             return ApiError::Internal("a response without its choice".into()).into_response();
         };
         let status = status(r.completion.reason);
-        let answer = super::chat::split_answer(self.tools.as_ref(), &r.text);
         let mut output = Vec::new();
-        if answer.content.is_some() || answer.calls.is_empty() {
-            let text = answer.content.unwrap_or_default();
+        let (thought, text) = match self.reasoning {
+            Some(opened) => reasoning::split(&r.text, opened),
+            None => (None, r.text.clone()),
+        };
+        if let Some(thought) = thought {
+            output.push(reasoning_item(item_id("rs"), "completed", thought));
+        }
+        let answer = super::chat::split_answer(self.tools.as_ref(), &text);
+        // Text makes a message; an answer with nothing else is one empty
+        // message (as streamed).
+        let text = answer.content.unwrap_or_default();
+        if !text.is_empty() || (output.is_empty() && answer.calls.is_empty()) {
             output.push(message_item(item_id("msg"), status, text));
         }
         output.extend(answer.calls.into_iter().map(|c| call_item(c, "completed")));

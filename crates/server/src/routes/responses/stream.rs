@@ -2,8 +2,9 @@
 //! (`sequence_number`): `response.created` and `response.in_progress`,
 //! then per output item `response.output_item.added`, its content
 //! (`response.content_part.added`, `response.output_text.delta`…,
-//! `response.output_text.done`, `response.content_part.done`, or a call's
-//! `response.function_call_arguments.delta` and `.done`) and
+//! `response.output_text.done`, `response.content_part.done`, a call's
+//! `response.function_call_arguments.delta` and `.done`, or a reasoning
+//! item's `response.reasoning_text.delta`… and `.done`) and
 //! `response.output_item.done`, then `response.completed` (or
 //! `response.incomplete` when cut at `max_output_tokens`). A failure after
 //! the head is an `error` event and `response.failed`. No `[DONE]`.
@@ -17,12 +18,15 @@ use ingot_protocol::usage::Usage;
 
 use super::super::dialect::error_field;
 use super::super::sse::{self, Event};
-use super::{call_item, item_id, message_item, status, Reply};
+use super::{call_item, item_id, message_item, reasoning_item, status, Reply};
+use crate::reasoning::{Part, ReasoningSplitter};
 use crate::tools::{Piece, Pieces};
 
 /// The stream's state (one choice: the Responses API has no `n`).
 pub struct Events {
     reply: Reply,
+    /// The reasoning split from the answer (with a reasoning parser).
+    splitter: Option<ReasoningSplitter>,
     /// The answer's text and calls.
     parser: Pieces,
     items: Items,
@@ -38,6 +42,7 @@ impl Events {
         let parser = Pieces::new(reply.tools.as_ref().map(|t| t.0));
         let state = Self {
             items: Items::new(reply.forced()),
+            splitter: reply.reasoning.map(ReasoningSplitter::new),
             reply,
             parser,
             reason: None,
@@ -69,6 +74,22 @@ impl Events {
     fn events(&self, list: &[StreamEvent]) -> Option<Event> {
         sse::concat(list.iter().map(|e| self.event(e)).collect())
     }
+
+    /// The events for split parts: reasoning into the reasoning item, the
+    /// rest through the tool-call parser.
+    fn parts(&mut self, parts: Vec<Part>) -> Vec<StreamEvent> {
+        let mut out = Vec::new();
+        for part in parts {
+            match part {
+                Part::Reasoning(text) => out.extend(self.items.reasoning(text)),
+                Part::Content(text) => {
+                    let pieces = self.parser.push(text);
+                    out.extend(self.items.pieces(pieces));
+                }
+            }
+        }
+        out
+    }
 }
 
 /// Turns parsed pieces into output items: text into the open message
@@ -79,6 +100,8 @@ struct Items {
     done: Vec<OutputItem>,
     /// The open message: its id and text so far.
     open: Option<(String, String)>,
+    /// The open reasoning item: its id and text so far.
+    thinking: Option<(String, String)>,
     /// The grammar made the whole answer calls: text is a call cut short.
     forced: bool,
 }
@@ -96,9 +119,54 @@ impl Items {
         self.done.len()
     }
 
+    /// More reasoning: opens the reasoning item on the first.
+    fn reasoning(&mut self, delta: String) -> Vec<StreamEvent> {
+        let mut out = Vec::new();
+        let output_index = self.index();
+        let (id, text) = self.thinking.get_or_insert_with(|| {
+            let id = item_id("rs");
+            let mut item = reasoning_item(id.clone(), "in_progress", String::new());
+            if let OutputItem::Reasoning { content, .. } = &mut item {
+                content.clear();
+            }
+            out.push(StreamEvent::OutputItemAdded { output_index, item });
+            (id, String::new())
+        });
+        text.push_str(&delta);
+        out.push(StreamEvent::ReasoningTextDelta {
+            item_id: id.clone(),
+            output_index,
+            content_index: 0,
+            delta,
+        });
+        out
+    }
+
+    /// Closes the reasoning item, once the answer goes on past it.
+    fn close_reasoning(&mut self) -> Vec<StreamEvent> {
+        let Some((id, text)) = self.thinking.take() else {
+            return Vec::new();
+        };
+        let output_index = self.index();
+        let item = reasoning_item(id.clone(), "completed", text.clone());
+        self.done.push(item.clone());
+        vec![
+            StreamEvent::ReasoningTextDone {
+                item_id: id,
+                output_index,
+                content_index: 0,
+                text,
+            },
+            StreamEvent::OutputItemDone { output_index, item },
+        ]
+    }
+
     fn pieces(&mut self, pieces: Vec<Piece>) -> Vec<StreamEvent> {
         let mut out = Vec::new();
         for piece in pieces {
+            if !matches!(&piece, Piece::Content(t) if t.is_empty() || self.forced) {
+                out.extend(self.close_reasoning());
+            }
             match piece {
                 Piece::Content(text) if text.is_empty() || self.forced => {}
                 Piece::Content(delta) => {
@@ -221,14 +289,25 @@ impl Items {
 
 impl sse::ChunkFormat for Events {
     fn token(&mut self, _: usize, token: GeneratedToken) -> Option<Event> {
-        let pieces = self.parser.push(token.text);
-        let list = self.items.pieces(pieces);
+        let list = match &mut self.splitter {
+            Some(splitter) => {
+                let parts = splitter.push(&token.text);
+                self.parts(parts)
+            }
+            None => {
+                let pieces = self.parser.push(token.text);
+                self.items.pieces(pieces)
+            }
+        };
         self.events(&list)
     }
 
     fn finish(&mut self, _: usize, completion: &Completion) -> Event {
+        let parts = self.splitter.as_mut().map(ReasoningSplitter::finish);
+        let mut list = self.parts(parts.unwrap_or_default());
         let rest = self.parser.finish();
-        let mut list = self.items.pieces(rest);
+        list.extend(self.items.pieces(rest));
+        list.extend(self.items.close_reasoning());
         if self.items.done.is_empty() {
             // An empty answer is still one (empty) message, as whole.
             self.items.open_message(&mut list);
