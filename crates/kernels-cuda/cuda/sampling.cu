@@ -332,10 +332,13 @@ __device__ int pick(const float* row, int vocab, const SampleParams& p) {
     const float x = (l - mx) * scale;  // log2 of the relative weight
     if (ordered_key(l) < floor_key || exp2f(x) < p.min_p) return;
     // argmax of x_i + Gumbel_i; Gumbel = -log(E) with E = -log(v) ~ Exp(1)
-    // for v uniform in (0, 1). The inner log is the accurate one: v comes
-    // within 2^-25 of 1, where the fast log could return 0 (E = 0 would
-    // make any token win).
-    const float v = ((float)hash24(p.random, (uint64_t)i) + 0.5f) * (1.0f / 16777216.0f);
+    // for v uniform in (0, 1). E = 0 would make any token win, so v < 1:
+    // the largest draw, (2^24 - 0.5) / 2^24, is not a float and would round
+    // to 1.0 (once in 2^24 tokens: ~1 % of draws over a 152k vocabulary
+    // picked a random token), so it is held at the largest float below 1.
+    // The inner log is the accurate one: near 1 the fast log could return 0.
+    const float v = fminf(((float)hash24(p.random, (uint64_t)i) + 0.5f) * (1.0f / 16777216.0f),
+                          0.99999994f);
     const float g = x * (1.f / LOG2E) - __logf(-logf(v));
     if (g > best) { best = g; idx = i; }
   });
