@@ -28,7 +28,7 @@ from bert_reference import BertReference, varied_sentences  # noqa: E402
 
 EMBED = "minilm"
 CHAT = "smol"
-SENTENCES = 300
+SENTENCES = 200
 COSINE = 0.9999
 
 

@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use crate::chat::ValidChatRequest;
-use crate::parse::{object, only_known};
+use crate::parse::{each_object, object, only_known};
 use crate::ProtocolError;
 
 /// The request fields read (see the module doc for `metadata`).
@@ -330,32 +330,39 @@ fn tool_result(at: &str, block: &Value) -> Result<Value, ProtocolError> {
 /// `tools` as chat functions; only client tools (no `type`, or
 /// `"custom"`): Anthropic's server tools run on Anthropic's side.
 fn functions(tools: &Value) -> Result<Vec<Value>, ProtocolError> {
-    let items = tools
-        .as_array()
-        .ok_or_else(|| ProtocolError::field("tools", "tools must be a list"))?;
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let at = format!("tools[{i}]");
-            let obj = t.as_object().ok_or_else(|| ProtocolError::field(&at, format!("{at} must be an object")))?;
-            only_known(obj, &["type", "name", "description", "input_schema", "cache_control"], &format!("{at}."))?;
-            if let Some(kind) = obj.get("type").filter(|k| *k != "custom" && !k.is_null()) {
-                return Err(ProtocolError::field(
-                    &format!("{at}.type"),
-                    format!("{at}.type {kind} is not supported: only client tools (type \"custom\" or none) are"),
-                ));
-            }
-            let schema = obj.get("input_schema").filter(|s| s.is_object()).ok_or_else(|| {
-                ProtocolError::field(&format!("{at}.input_schema"), format!("{at}.input_schema must be a JSON schema object"))
+    each_object(tools, "tools", |at, obj| {
+        only_known(
+            obj,
+            &[
+                "type",
+                "name",
+                "description",
+                "input_schema",
+                "cache_control",
+            ],
+            &format!("{at}."),
+        )?;
+        if let Some(kind) = obj.get("type").filter(|k| *k != "custom" && !k.is_null()) {
+            return Err(ProtocolError::field(
+                &format!("{at}.type"),
+                format!("{at}.type {kind} is not supported: only client tools (type \"custom\" or none) are"),
+            ));
+        }
+        let schema = obj
+            .get("input_schema")
+            .filter(|s| s.is_object())
+            .ok_or_else(|| {
+                ProtocolError::field(
+                    &format!("{at}.input_schema"),
+                    format!("{at}.input_schema must be a JSON schema object"),
+                )
             })?;
-            let mut function = json!({"name": obj.get("name"), "parameters": schema});
-            if let Some(d) = obj.get("description") {
-                function["description"] = d.clone();
-            }
-            Ok(json!({"type": "function", "function": function}))
-        })
-        .collect()
+        let mut function = json!({"name": obj.get("name"), "parameters": schema});
+        if let Some(d) = obj.get("description") {
+            function["description"] = d.clone();
+        }
+        Ok(json!({"type": "function", "function": function}))
+    })
 }
 
 /// `tool_choice` as chat's, and whether several calls may come.

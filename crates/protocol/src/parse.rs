@@ -52,6 +52,29 @@ pub(crate) fn only_known(
     }
 }
 
+/// `value`, a list of objects (`field` names it, `field[i]` its items),
+/// each mapped by `item(at, object)`.
+pub(crate) fn each_object<T>(
+    value: &serde_json::Value,
+    field: &str,
+    mut item: impl FnMut(&str, &serde_json::Map<String, serde_json::Value>) -> Result<T, ProtocolError>,
+) -> Result<Vec<T>, ProtocolError> {
+    let items = value
+        .as_array()
+        .ok_or_else(|| ProtocolError::field(field, format!("{field} must be a list")))?;
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let at = format!("{field}[{i}]");
+            let obj = v
+                .as_object()
+                .ok_or_else(|| ProtocolError::field(&at, format!("{at} must be an object")))?;
+            item(&at, obj)
+        })
+        .collect()
+}
+
 /// Parses a request body: bytes → JSON object.
 pub fn body_json(bytes: &[u8]) -> Result<serde_json::Value, ProtocolError> {
     let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| ProtocolError {

@@ -17,7 +17,7 @@ use serde_json::{json, Map, Value};
 
 use crate::chat::ValidChatRequest;
 use crate::fields::UnknownFields;
-use crate::parse::{object, only_known};
+use crate::parse::{each_object, object, only_known};
 use crate::ProtocolError;
 
 /// Sampling fields passed to chat under the same name (chat's extensions
@@ -405,41 +405,30 @@ fn response_format(format: &Value) -> Result<Option<Value>, ProtocolError> {
 /// parameters, strict}`; OpenAI's built-in tools (web search, file search,
 /// code interpreter, ...) run on OpenAI's side and are refused.
 fn functions(tools: &Value) -> Result<Vec<Value>, ProtocolError> {
-    let items = tools
-        .as_array()
-        .ok_or_else(|| ProtocolError::field("tools", "tools must be a list"))?;
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let at = format!("tools[{i}]");
-            let obj = t
-                .as_object()
-                .ok_or_else(|| ProtocolError::field(&at, format!("{at} must be an object")))?;
-            match obj.get("type").and_then(Value::as_str) {
-                Some("function") => {}
-                kind => {
-                    let kind = kind.unwrap_or("(none)");
-                    return Err(ProtocolError::field(
-                        &format!("{at}.type"),
-                        format!("{at}.type {kind:?} is not supported: this server runs no built-in tools, only function tools"),
-                    ));
-                }
+    each_object(tools, "tools", |at, obj| {
+        match obj.get("type").and_then(Value::as_str) {
+            Some("function") => {}
+            kind => {
+                let kind = kind.unwrap_or("(none)");
+                return Err(ProtocolError::field(
+                    &format!("{at}.type"),
+                    format!("{at}.type {kind:?} is not supported: this server runs no built-in tools, only function tools"),
+                ));
             }
-            only_known(
-                obj,
-                &["type", "name", "description", "parameters", "strict"],
-                &format!("{at}."),
-            )?;
-            Ok(json!({
-                "type": "function",
-                "name": obj.get("name").cloned().unwrap_or(Value::Null),
-                "description": obj.get("description").cloned().unwrap_or(Value::Null),
-                "parameters": obj.get("parameters").cloned().unwrap_or(Value::Null),
-                "strict": obj.get("strict").cloned().unwrap_or(Value::Null),
-            }))
-        })
-        .collect()
+        }
+        only_known(
+            obj,
+            &["type", "name", "description", "parameters", "strict"],
+            &format!("{at}."),
+        )?;
+        Ok(json!({
+            "type": "function",
+            "name": obj.get("name").cloned().unwrap_or(Value::Null),
+            "description": obj.get("description").cloned().unwrap_or(Value::Null),
+            "parameters": obj.get("parameters").cloned().unwrap_or(Value::Null),
+            "strict": obj.get("strict").cloned().unwrap_or(Value::Null),
+        }))
+    })
 }
 
 /// `tool_choice` as chat's.

@@ -29,12 +29,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(300);
 /// The router's routes, answering browsers of `cors_allowed_origins`
 /// (CORS, outermost: a preflight carries no API key).
 pub fn app(state: Arc<RouterState>) -> Router {
-    let cors = crate::cors::layer(&state.config.cors_allowed_origins);
-    let app = routes(state);
-    match cors {
-        Some(cors) => app.layer(cors),
-        None => app,
-    }
+    let origins = state.config.cors_allowed_origins.clone();
+    ingot_edge::with_cors(routes(state), &origins)
 }
 
 fn routes(state: Arc<RouterState>) -> Router {

@@ -12,7 +12,6 @@ pub mod breaker;
 pub mod canary_slo;
 pub mod client;
 pub mod config;
-mod cors;
 mod discovery;
 mod error;
 mod health;

@@ -91,8 +91,9 @@ pub enum ApiError {
     #[error("internal error")]
     Internal(String),
     /// The model's finished answer breaks a constraint of its schema the
-    /// grammar could not enforce while generating (`uniqueItems`): 500
-    /// `invalid_output`, naming the field and the break.
+    /// grammar could not enforce while generating (`uniqueItems`): 422
+    /// `invalid_output`, naming the field and the break. Not a 5xx: a
+    /// client's retry of the same greedy request would get the same answer.
     #[error("{param}: the model's answer does not validate: {message}")]
     InvalidOutput {
         /// The field that gave the schema.
@@ -195,8 +196,8 @@ impl ApiError {
                 None,
             ),
             ApiError::InvalidOutput { param, .. } => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_request_error",
                 Some(param.clone()),
                 Some("invalid_output"),
             ),

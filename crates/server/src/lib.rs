@@ -4,7 +4,6 @@
 //! handlers never block on it.
 
 pub mod conn;
-mod cors;
 mod error;
 mod generate;
 mod http_metrics;

@@ -34,11 +34,7 @@ const CACHE_HEADER: &str = "x-ingot-cache";
 /// answering browsers of `server.cors_allowed_origins` (CORS, outermost).
 pub fn app(state: AppState, max_body_bytes: usize) -> Router {
     let origins = state.runtime().config.server.cors_allowed_origins.clone();
-    let app = routes(state, max_body_bytes);
-    match crate::cors::layer(&origins) {
-        Some(cors) => app.layer(cors),
-        None => app,
-    }
+    ingot_edge::with_cors(routes(state, max_body_bytes), &origins)
 }
 
 /// Every route under the edge layers.

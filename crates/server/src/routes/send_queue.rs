@@ -119,10 +119,10 @@ struct Progress {
 }
 
 impl Progress {
-    /// Updates from the queue and the socket; returns how long the client
-    /// has made no progress while something was outstanding.
-    fn observe(&mut self, q: &Queue, now: Instant) -> Duration {
-        let unacked = self.probe.unacked();
+    /// Updates from the queue and `unacked`, the socket's bytes not yet
+    /// acknowledged (read before the queue's lock: see `pump`); returns how
+    /// long the client has made no progress while something was outstanding.
+    fn observe(&mut self, q: &Queue, unacked: Option<usize>, now: Instant) -> Duration {
         // Without a probe, the kernel taking bytes is the only sign.
         let acked = q.handed.saturating_sub(unacked.unwrap_or(0) as u64);
         let outstanding = !q.pending.is_empty() || unacked.is_some_and(|n| n > 0);
@@ -163,11 +163,16 @@ async fn pump(
             () = tokio::time::sleep(period), if progress.outstanding => {}
             () = body_gone => {}
         }
+        // The socket is probed before the queue is locked, never under it:
+        // closing a connection holds the probe's write lock while it drops
+        // the body, whose drop takes the queue's lock (the other order
+        // deadlocked a server under load).
+        let unacked = progress.probe.unacked();
         let mut q = shared.lock();
         if q.body_gone {
             return;
         }
-        let idle = progress.observe(&q, Instant::now());
+        let idle = progress.observe(&q, unacked, Instant::now());
         q.lagging = idle >= s.flush_interval;
         let cut = if q.pending.len() > s.max_pending {
             Some("overflow")

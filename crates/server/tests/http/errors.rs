@@ -353,3 +353,28 @@ async fn tokenizer_endpoints_refuse_bad_input() {
     assert!(message.contains("100000"), "{message}");
     refused(&server, "/detokenize", json!({"tokens": "abc"}), "tokens").await;
 }
+
+#[tokio::test]
+async fn an_answer_breaking_unique_items_is_a_422_naming_the_field() {
+    let server = Server::new();
+    server.engine.set(Mode::Say(r#"{"tags":["a","a"]}"#.into()));
+    let schema = json!({"type": "object", "properties": {"tags": {"type": "array",
+        "items": {"type": "string"}, "uniqueItems": true}}, "required": ["tags"]});
+    let format = json!({"type": "json_schema", "json_schema": {"name": "t", "schema": schema}});
+    let body = chat(CHAT, json!({"max_tokens": 30, "response_format": format}));
+    let reply = server.post("/v1/chat/completions", body).await;
+    let message = reply.error(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_request_error",
+        Some("response_format.json_schema.schema"),
+        Some("invalid_output"),
+    );
+    assert!(
+        message.contains("/tags") && message.contains("uniqueItems"),
+        "{message}"
+    );
+    // An answer that keeps the items apart passes.
+    server.engine.set(Mode::Say(r#"{"tags":["a","b"]}"#.into()));
+    let body = chat(CHAT, json!({"max_tokens": 30, "response_format": format}));
+    server.post("/v1/chat/completions", body).await.ok();
+}

@@ -1,18 +1,21 @@
-//! CORS at the edge (`server.cors_allowed_origins`): a browser page of an
-//! allowed origin may call the API. Outside every other layer, so a
-//! preflight `OPTIONS` (which carries no API key) is answered before auth.
+//! CORS at the edge of `ingot serve` (`server.cors_allowed_origins`) and
+//! `ingot route` (`cors_allowed_origins`): a browser page of an allowed
+//! origin may call the API. Outside every other layer, so a preflight
+//! `OPTIONS` (which carries no API key) is answered before auth.
 
 use axum::http::{header, HeaderName, HeaderValue, Method};
+use axum::Router;
 use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 
 /// How long a browser may cache a preflight answer.
 const MAX_AGE: std::time::Duration = std::time::Duration::from_secs(3600);
 
-/// The CORS layer for `origins` (`["*"]`: any); `None` when the list is
-/// empty (CORS off: no headers, browsers keep other origins out).
-pub fn layer(origins: &[String]) -> Option<CorsLayer> {
+/// `app` answering browsers of `origins` (`["*"]`: any) as its outermost
+/// layer; unchanged when the list is empty (CORS off: no headers, browsers
+/// keep other origins out).
+pub fn with_cors(app: Router, origins: &[String]) -> Router {
     if origins.is_empty() {
-        return None;
+        return app;
     }
     let allow = if origins.iter().any(|o| o == "*") {
         AllowOrigin::any()
@@ -20,7 +23,7 @@ pub fn layer(origins: &[String]) -> Option<CorsLayer> {
         // The config check has validated each origin as a header value.
         AllowOrigin::list(origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
     };
-    Some(
+    app.layer(
         CorsLayer::new()
             .allow_origin(allow)
             .allow_methods([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS])
@@ -28,7 +31,7 @@ pub fn layer(origins: &[String]) -> Option<CorsLayer> {
             // whatever the preflight asks for is allowed.
             .allow_headers(AllowHeaders::mirror_request())
             .expose_headers([
-                crate::observe::REQUEST_ID,
+                HeaderName::from_static("x-request-id"),
                 HeaderName::from_static("x-ingot-cache"),
                 header::RETRY_AFTER,
             ])
