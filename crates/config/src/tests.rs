@@ -9,11 +9,15 @@ use serde_json::json;
 
 use crate::*;
 
-/// Writes `text` to a fresh file under the temp dir.
+/// Writes `text` to a fresh file under the workspace's `target/tmp` (not
+/// the system temp dir, where every run left its files: `cargo clean`
+/// removes these).
 fn file(text: &str) -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
-    let path = std::env::temp_dir().join(format!("ingot-config-{}-{n}.toml", std::process::id()));
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/tmp/config-tests");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{}-{n}.toml", std::process::id()));
     std::fs::write(&path, text).unwrap();
     path
 }
