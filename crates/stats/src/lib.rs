@@ -219,6 +219,10 @@ pub struct Comparison {
     pub welch: Option<Welch>,
     /// The significance level the verdict used.
     pub alpha: f64,
+    /// Welch's p after Holm's correction over the comparisons judged with
+    /// this one ([`holm_correct`]); the verdict then rests on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p_holm: Option<f64>,
     /// The decision.
     pub verdict: Verdict,
 }
@@ -252,7 +256,32 @@ pub fn compare(a: &[f64], b: &[f64], alpha: f64, min_samples: usize) -> Comparis
         b: sb,
         welch,
         alpha,
+        p_holm: None,
         verdict,
+    }
+}
+
+/// Holm's step-down correction over comparisons judged together (the
+/// metrics of one A/B report: "did anything change?" is one question, and
+/// each metric tested at alpha alone would add its own false alarms). Each
+/// decided comparison gets its adjusted p and a verdict on it; those
+/// without enough samples are left out of the family.
+pub fn holm_correct(family: &mut [&mut Comparison]) {
+    let decided: Vec<usize> = (0..family.len())
+        .filter(|&i| family[i].verdict != Verdict::InsufficientSamples)
+        .collect();
+    let p: Vec<f64> = decided
+        .iter()
+        .map(|&i| family[i].welch.map_or(1.0, |w| w.p))
+        .collect();
+    for (&i, q) in decided.iter().zip(holm_adjust(&p)) {
+        let c = &mut *family[i];
+        c.p_holm = Some(q);
+        c.verdict = match c.welch {
+            Some(w) if q < c.alpha && w.t < 0.0 => Verdict::BHigher,
+            Some(w) if q < c.alpha && w.t >= 0.0 => Verdict::BLower,
+            _ => Verdict::NotSignificant,
+        };
     }
 }
 
@@ -314,6 +343,37 @@ mod tests {
         }
         assert_eq!(holm_adjust(&[0.5, 0.9]), vec![1.0, 1.0]);
         assert!(holm_adjust(&[]).is_empty());
+    }
+
+    #[test]
+    fn holm_correct_decides_a_family_on_adjusted_p() {
+        let a: Vec<f64> = (0..40).map(|i| 10.0 + f64::from(i % 7)).collect();
+        let far: Vec<f64> = a.iter().map(|x| x + 5.0).collect();
+        // The smallest shift of b that Welch's test finds alone (p < 0.05).
+        let marginal = (1..300)
+            .map(|i| {
+                let b: Vec<f64> = a.iter().map(|x| x + f64::from(i) * 0.01).collect();
+                compare(&a, &b, 0.05, 5)
+            })
+            .find(|c| c.welch.unwrap().p < 0.05)
+            .unwrap();
+        assert_eq!(marginal.verdict, Verdict::BHigher, "significant alone");
+        // Two marginal metrics together: neither survives (p x 2 > alpha);
+        // one without samples stays out of the family.
+        let (mut m1, mut m2) = (marginal, marginal);
+        let mut none = compare(&a[..3], &far[..3], 0.05, 5);
+        holm_correct(&mut [&mut m1, &mut m2, &mut none]);
+        assert_eq!(m1.verdict, Verdict::NotSignificant, "{m1:?}");
+        assert_eq!(m2.verdict, Verdict::NotSignificant);
+        assert!((m1.p_holm.unwrap() - 2.0 * marginal.welch.unwrap().p).abs() < 1e-12);
+        assert_eq!(none.verdict, Verdict::InsufficientSamples);
+        assert_eq!(none.p_holm, None);
+        // Beside a clear difference, the marginal one is the last step of
+        // Holm's procedure (p x 1) and stands.
+        let (mut clear, mut m3) = (compare(&a, &far, 0.05, 5), marginal);
+        holm_correct(&mut [&mut clear, &mut m3]);
+        assert_eq!(clear.verdict, Verdict::BHigher);
+        assert_eq!(m3.verdict, Verdict::BHigher);
     }
 
     fn close(a: f64, b: f64, rel: f64) {

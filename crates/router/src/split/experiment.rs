@@ -1,7 +1,8 @@
 //! A/B experiments: a unit's arm is `bucket(id, unit) < split_percent × 100`
 //! (the treatment, arm b) else the control (arm a), so a unit keeps its arm;
 //! the report compares the arms' TTFT, ITL and end-to-end latency with
-//! Welch's test.
+//! Welch's test, the three verdicts corrected together (Holm): one
+//! report asks one question, whether arm b differs.
 //!
 //! The unit here is the request, unlike `ingot bench compare`, which tests
 //! between whole runs (issue 31): the two arms serve interleaved requests
@@ -12,7 +13,7 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-use ingot_stats::{compare, Comparison};
+use ingot_stats::{compare, holm_correct, Comparison};
 use serde::Serialize;
 
 use super::window::{ArmWindow, Outcomes, Sample};
@@ -115,6 +116,12 @@ impl Experiment {
             model: c.arms[i].model.clone(),
             outcomes: w[i].outcomes(),
         };
+        let (mut ttft_ms, mut itl_ms, mut e2e_ms) = (
+            cmp(ArmWindow::ttft),
+            cmp(ArmWindow::itl),
+            cmp(ArmWindow::e2e),
+        );
+        holm_correct(&mut [&mut ttft_ms, &mut itl_ms, &mut e2e_ms]);
         ExperimentReport {
             id: c.id.clone(),
             model: c.model.clone(),
@@ -123,9 +130,9 @@ impl Experiment {
             significance: c.significance,
             min_samples: c.min_samples,
             arms: [arm(0), arm(1)],
-            ttft_ms: cmp(ArmWindow::ttft),
-            itl_ms: cmp(ArmWindow::itl),
-            e2e_ms: cmp(ArmWindow::e2e),
+            ttft_ms,
+            itl_ms,
+            e2e_ms,
         }
     }
 }
