@@ -16,6 +16,8 @@
 //! edges of the reasoning and at the start of the answer is the tags'
 //! layout, not text: it is dropped.
 
+use crate::tools::held_prefix;
+
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
 
@@ -128,7 +130,7 @@ impl ReasoningSplitter {
                     return;
                 }
                 // Keep back trailing blanks and what may start `</think>`.
-                let keep = tag_prefix_len(&self.held, CLOSE);
+                let keep = held_prefix(&self.held, CLOSE);
                 let body_end = self.held.len() - keep;
                 let body = self.held[..body_end].trim_end();
                 let cut = body.len();
@@ -155,16 +157,6 @@ impl ReasoningSplitter {
     }
 }
 
-/// The length of the longest suffix of `text` that starts `tag`.
-fn tag_prefix_len(text: &str, tag: &str) -> usize {
-    (1..tag.len().min(text.len() + 1))
-        .rev()
-        .find(|&n| {
-            text.is_char_boundary(text.len() - n) && tag.starts_with(&text[text.len() - n..])
-        })
-        .unwrap_or(0)
-}
-
 fn nonempty(part: Part) -> Option<Part> {
     match &part {
         Part::Reasoning(t) | Part::Content(t) if t.is_empty() => None,
@@ -177,6 +169,11 @@ pub fn split(text: &str, opened: bool) -> (Option<String>, String) {
     let mut splitter = ReasoningSplitter::new(opened);
     let mut parts = splitter.push(text);
     parts.extend(splitter.finish());
+    joined(parts)
+}
+
+/// Parts put back together: the reasoning (when there is any) and the content.
+fn joined(parts: Vec<Part>) -> (Option<String>, String) {
     let (mut reasoning, mut content) = (None::<String>, String::new());
     for part in parts {
         match part {
@@ -199,15 +196,7 @@ mod tests {
             let mut parts = s.push(&text[..at]);
             parts.extend(s.push(&text[at..]));
             parts.extend(s.finish());
-            let mut r = None::<String>;
-            let mut c = String::new();
-            for p in parts {
-                match p {
-                    Part::Reasoning(t) => r.get_or_insert_with(String::new).push_str(&t),
-                    Part::Content(t) => c.push_str(&t),
-                }
-            }
-            assert_eq!((r, c), whole, "cut at {at} of {text:?}");
+            assert_eq!(joined(parts), whole, "cut at {at} of {text:?}");
         }
         whole
     }

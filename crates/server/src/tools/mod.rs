@@ -14,6 +14,7 @@ pub use format::ToolFormat;
 pub use grammar::tool_grammar;
 pub use parse::{parse_answer, Answer, ParsedCall};
 pub use prompt::prepare;
+pub(crate) use stream::held_prefix;
 pub use stream::{Piece, Pieces, ToolStream};
 
 /// A new call id (`call_` and 24 letters and digits, as OpenAI's).

@@ -228,8 +228,9 @@ impl ToolStream {
     }
 }
 
-/// The length of the longest end of `text` that `marker` starts with.
-fn held_prefix(text: &str, marker: &str) -> usize {
+/// The length of the longest end of `text` that `marker` starts with (what
+/// a stream holds back: it may open the marker).
+pub(crate) fn held_prefix(text: &str, marker: &str) -> usize {
     (1..marker.len().min(text.len() + 1))
         .rev()
         .find(|&n| {

@@ -125,10 +125,12 @@ impl Items {
         let output_index = self.index();
         let (id, text) = self.thinking.get_or_insert_with(|| {
             let id = item_id("rs");
-            let mut item = reasoning_item(id.clone(), "in_progress", String::new());
-            if let OutputItem::Reasoning { content, .. } = &mut item {
-                content.clear();
-            }
+            let item = OutputItem::Reasoning {
+                id: id.clone(),
+                summary: Vec::new(),
+                content: Vec::new(),
+                status: "in_progress",
+            };
             out.push(StreamEvent::OutputItemAdded { output_index, item });
             (id, String::new())
         });
