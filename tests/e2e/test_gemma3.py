@@ -1,20 +1,19 @@
 """Gemma 3 270M (the second architecture: sliding-window attention, SPM
-vocabulary, no chat template) served by the real binary on the CPU.
+vocabulary, no chat template) served by the real binary on the CPU. The
+runner's exactness on every fixture prompt (logits, greedy tokens, chunked
+prefill) is crates/runner-cpu's gemma3_reference test; here is what needs
+the server.
 
-- With `--cpu-weights f32` (the exact path), greedy /v1/completions through
-  the official `openai` client give the numpy reference's continuations
-  (tests/fixtures/gemma3/expected.json, from tests/reference/
-  gemma3_reference.py), token for token, for two short prompts and the one
-  longer than the 512-token window, and count the prompt's tokens (BOS
-  included) as the reference tokenizer does.
-- The long prompt sent twice reads its KV from the prefix cache the second
-  time and still gives the reference's tokens.
-- Sliding-window KV freeing: a prompt several windows long (1,670 tokens,
-  tests/fixtures/gemma3/long.json) prefilled in 256-token chunks and decoded
-  across further window edges gives the reference's tokens, sent twice (the
-  second time from the prefix cache); while it decodes, the KV usage gauge
-  shows the sliding layers holding about a window of blocks, well under what
-  one shared table would hold.
+- Sliding-window KV freeing through the scheduler, with `--cpu-weights f32`
+  (the exact path): a prompt several windows long (1,670 tokens,
+  tests/fixtures/gemma3/long.json, from tests/reference/gemma3_reference.py)
+  prefilled in 256-token chunks and decoded across further window edges
+  gives the reference's text through the official `openai` client, sent
+  twice (the second time from the prefix cache in both groups); while it
+  first decodes, the KV usage gauge shows the sliding layers holding about a
+  window of blocks, well under what one shared table would hold.
+- The server tokenizes every fixture prompt (BOS included) as the reference
+  tokenizer does (tests/fixtures/gemma3/expected.json).
 - The default (native quantized) server answers completions, streams, and
   refuses chat with a 400 that says the model has no chat template.
 """
@@ -50,16 +49,6 @@ def cases() -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def exact():
-    gemma_path()  # fetch outside the server's startup deadline
-    srv = GemmaServer("--cpu-weights", "f32")
-    try:
-        yield srv
-    finally:
-        srv.stop_and_check()
-
-
-@pytest.fixture(scope="module")
 def native():
     gemma_path()
     srv = GemmaServer()
@@ -67,42 +56,6 @@ def native():
         yield srv
     finally:
         srv.stop_and_check()
-
-
-# The long prompt (965 tokens, past the window) is test_long_prompt_...'s.
-@pytest.mark.parametrize("name", ["capitals_list", "multilingual"])
-def test_f32_completions_match_the_reference(exact, name):
-    case = next(c for c in cases() if c["name"] == name)
-    with exact.openai() as client:
-        r = client.completions.create(
-            model=NAME,
-            prompt=case["prompt"],
-            max_tokens=len(case["greedy_ids"]),
-            temperature=0,
-            extra_body={"ignore_eos": True},
-        )
-    assert r.usage.prompt_tokens == len(case["prompt_ids"]), "prompt tokens (BOS included) as the reference counts"
-    assert r.usage.completion_tokens == len(case["greedy_ids"])
-    assert r.choices[0].text == case["greedy_text"]
-
-
-def test_long_prompt_from_the_prefix_cache_gives_the_same_tokens(exact):
-    """The 965-token prompt, longer than the window, gives the reference's
-    continuation and counts its tokens as the reference does; sent again,
-    its blocks come from the prefix cache (K/V of all layers, sliding and
-    global), and the continuation is still the reference's."""
-    case = next(c for c in cases() if c["name"] == "long_bicycle")
-    body = {"model": NAME, "prompt": case["prompt"], "max_tokens": len(case["greedy_ids"]), "temperature": 0,
-            "ignore_eos": True}
-    with exact.http() as http:
-        first = http.post("/v1/completions", json=body, headers={"Cache-Control": "no-cache"})
-        again = http.post("/v1/completions", json=body, headers={"Cache-Control": "no-cache"})
-    for r in (first, again):
-        assert r.status_code == 200, r.text
-        assert r.json()["choices"][0]["text"] == case["greedy_text"]
-    assert first.json()["usage"]["prompt_tokens"] == len(case["prompt_ids"])
-    cached = again.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
-    assert cached >= 512, f"the second request reads most of the prompt from the cache ({cached} tokens)"
 
 
 # The windowed server's KV: 4,096 tokens of all 18 layers = 256 blocks, as
@@ -122,37 +75,26 @@ def windowed():
         srv.stop_and_check()
 
 
-def test_several_windows_long_prompt_matches_the_reference_with_freeing_and_the_prefix_cache(windowed):
+def test_several_windows_long_prompt_matches_the_reference_holding_a_window_of_sliding_blocks(windowed):
+    """The prompt several windows long, streamed, gives the reference's
+    tokens while the KV usage gauge shows the 3 global layers holding every
+    block and the 15 sliding ones about a window's; sent again, it resumes
+    from the prefix cache in both groups and still gives the reference's
+    tokens."""
     case = json.loads(LONG.read_text())[0]
     assert len(case["prompt_ids"]) > 3 * WINDOW
-    body = {"model": NAME, "prompt": case["prompt"], "max_tokens": len(case["greedy_ids"]), "temperature": 0,
-            "ignore_eos": True}
-    with windowed.http() as http:
-        first = http.post("/v1/completions", json=body)
-        again = http.post("/v1/completions", json=body)
-    for r in (first, again):
-        assert r.status_code == 200, r.text
-        assert r.json()["choices"][0]["text"] == case["greedy_text"]
-    cached = again.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
-    assert cached == (len(case["prompt_ids"]) - 1) // BLOCK * BLOCK, "resumed from the cache in both groups"
-
-
-def test_a_long_sequence_holds_about_a_window_of_sliding_blocks(windowed):
-    """Reads the KV usage gauge while a long prompt decodes: the 3 global
-    layers hold every block, the 15 sliding ones about a window's."""
-    case = json.loads(LONG.read_text())[0]
-    # A distinct prompt (no cache hit) of the same length.
-    prompt = "Notes. " + case["prompt"]
-    usages = []
+    steps = len(case["greedy_ids"])
+    text, usages = [], []
     with windowed.openai() as client:
-        # 101 tokens: the last gauge reading is after the 100th.
-        stream = client.completions.create(model=NAME, prompt=prompt, max_tokens=101, temperature=0, stream=True,
-                                           extra_body={"ignore_eos": True})
-        for i, _ in enumerate(stream):
-            if i in (5, 50, 100):
+        stream = client.completions.create(model=NAME, prompt=case["prompt"], max_tokens=steps, temperature=0,
+                                           stream=True, extra_body={"ignore_eos": True})
+        for i, chunk in enumerate(stream):
+            text.append(chunk.choices[0].text if chunk.choices else "")
+            if i in (2, steps // 2, steps - 2):
                 usages.append(windowed.metrics().get("ingot_kv_cache_usage_perc"))
+    assert "".join(text) == case["greedy_text"]
     assert len(usages) == 3
-    positions = len(case["prompt_ids"]) + 200  # an upper bound with the prefix and decode
+    positions = len(case["prompt_ids"]) + steps
     blocks = positions // BLOCK + 1
     windowed_pages = blocks + (WINDOW // BLOCK + 2) * 5
     shared_pages = (len(case["prompt_ids"]) // BLOCK) * 6
@@ -160,6 +102,13 @@ def test_a_long_sequence_holds_about_a_window_of_sliding_blocks(windowed):
         held = u * PAGES
         assert held <= windowed_pages, f"{held:.0f} pages held, at most {windowed_pages} expected"
         assert held < shared_pages * 0.6, f"{held:.0f} pages: one shared table would hold {shared_pages}"
+    body = {"model": NAME, "prompt": case["prompt"], "max_tokens": steps, "temperature": 0, "ignore_eos": True}
+    with windowed.http() as http:
+        again = http.post("/v1/completions", json=body)
+    assert again.status_code == 200, again.text
+    assert again.json()["choices"][0]["text"] == case["greedy_text"]
+    cached = again.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached == (len(case["prompt_ids"]) - 1) // BLOCK * BLOCK, "resumed from the cache in both groups"
 
 
 def test_native_server_completes_and_streams(native):
@@ -174,6 +123,15 @@ def test_native_server_completes_and_streams(native):
         again = client.completions.create(model=NAME, prompt="Once upon a time", max_tokens=8, temperature=0,
                                           extra_body={"ignore_eos": True})
         assert streamed and streamed == again.choices[0].text
+
+
+@pytest.mark.parametrize("case", cases(), ids=lambda c: c["name"])
+def test_prompts_are_tokenized_as_the_reference_tokenizer_does(native, case):
+    """/tokenize gives the prompt tokens a completion counts (BOS included)."""
+    with native.http() as http:
+        r = http.post("/tokenize", json={"model": NAME, "prompt": case["prompt"]})
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens"] == case["prompt_ids"]
 
 
 def test_chat_without_a_template_is_a_clear_400(native):
