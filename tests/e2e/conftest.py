@@ -31,6 +31,31 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(f"ingot processes started (serve, route): {Server.starts}")
 
 
+# The longest tests (30-80 s each on CI's 2 cores) start first, so that the
+# two pytest-xdist workers do not end with one of them alone on a long test
+# picked up last (collection order is alphabetical: test_structured and
+# test_slo would start near the end). Whole modules move where their tests
+# share a module-scoped server. A name that no longer matches only loses
+# its place in the queue.
+LONGEST_FIRST = (
+    "test_structured.py::test_real_world_schemas",
+    "test_deterministic.py::",
+    "test_embeddings.py::",
+    "test_slo.py::",
+    "test_lm_eval.py::",
+    "test_canary.py::",
+    "test_models.py::",
+    "test_router.py::",
+)
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        return next((i for i, p in enumerate(LONGEST_FIRST) if p in item.nodeid), len(LONGEST_FIRST))
+
+    items.sort(key=rank)  # stable: the rest keep their order
+
+
 def pytest_runtest_setup(item):
     """`@pytest.mark.needs("tool", ..., reason=...)`: the tools must be on
     PATH, under the one rule of `require` (fail under CI=true, skip elsewhere)."""
