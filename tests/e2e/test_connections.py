@@ -3,7 +3,8 @@
 Real sockets against the real server: a 50 MB body gets its 413 (not a
 reset); a client that stops reading mid-stream (raw socket, small receive
 buffer) has its sequence cancelled and KV freed within the stall timeout +
-1 s, read from /metrics; a client trickling its headers is closed after the
+1 s, read from /metrics, and reading again gets an error event and the
+stream's end; a client trickling its headers is closed after the
 header timeout while others are served; a connection over the cap gets 503;
 per-tier and per-key timeouts answer 504 and cancel; the max_tokens cap is
 a 400; a full queue's Retry-After, honoured, succeeds; a keyed request's
@@ -104,6 +105,16 @@ def test_a_client_that_stops_reading_is_cut_off_within_the_stall_timeout(srv):
             time.sleep(0.02)
         took = time.monotonic() - last_growth
         assert took <= STALL + 1.0, f"cancelled {took:.2f} s after the client's buffer filled"
+        # Reading again within a stall timeout, the client gets what its
+        # buffers held, then an error event, [DONE] and the chunked end.
+        s.settimeout(STALL + 5)
+        rest = b""
+        while not rest.endswith(b"\r\n0\r\n\r\n"):
+            chunk = s.recv(65536)
+            assert chunk, f"the connection closed without the stream's end: {rest[-300:]!r}"
+            rest += chunk
+        assert b'"code":"stream_stalled"' in rest, rest[-400:]
+        assert rest.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"), rest[-200:]
         wait_for(lambda: kv_usage(srv) == 0, 2, what="its KV freed")
         cut = srv.metrics().get("ingot_streams_cut_total", 0.0, reason="stall")
         assert cut == cut_before + 1

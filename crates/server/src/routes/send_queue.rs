@@ -8,9 +8,14 @@
 //! (`SIOCOUTQ`, through [`ConnProbe`]) is what the client's TCP stack took.
 //! When that has not grown for the stall timeout while something is
 //! outstanding (queued, or unacknowledged), the client is stalled: the pump
-//! stops, which drops the stream and so cancels its generations and frees
-//! their KV, and the body ends with an error. Kernel buffers (which held
-//! ~900 tokens for a reader that stopped) no longer hide a stall.
+//! is told ([`Cut`]): the stream ends its generations at once (freeing their
+//! KV), what waited for the client is dropped, and the stream's closing
+//! events (an error in the endpoint's own format, then its terminator) are
+//! the last bytes queued, so a client that reads again sees a well-formed
+//! end. Only if the client takes nothing for another stall timeout does the
+//! body end with an error (the connection is aborted). Kernel buffers
+//! (which held ~900 tokens for a reader that stopped) no longer hide a
+//! stall.
 //!
 //! While a client lags (nothing acknowledged for a flush interval), what is
 //! pending goes out as one frame per `stream_flush_interval` rather than a
@@ -48,9 +53,39 @@ pub struct Settings {
 /// Cut-off streams by reason.
 pub const STREAMS_CUT: &str = "ingot_streams_cut_total";
 
+/// Why a stream is cut off for its client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// Nothing taken for the stall timeout while bytes were outstanding.
+    Stall,
+    /// More than the pending-bytes bound waited.
+    Overflow,
+}
+
+impl Cut {
+    /// The metric label and log field.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Cut::Stall => "stall",
+            Cut::Overflow => "overflow",
+        }
+    }
+}
+
+/// Where the pump says that the stream is cut: the source of `frames`
+/// then yields its closing frames and ends.
+pub type CutSender = tokio::sync::watch::Sender<Option<Cut>>;
+
 /// The body of a stream whose frames `frames` yields (each item one write's
-/// worth of SSE bytes); `probe` reads the connection's socket.
-pub fn body(frames: BoxStream<'static, Bytes>, probe: Option<ConnProbe>, s: Settings) -> Body {
+/// worth of SSE bytes); `probe` reads the connection's socket. On a cut the
+/// pump sends it on `cut` and keeps taking frames: the source's closing
+/// frames, then its end.
+pub fn body(
+    frames: BoxStream<'static, Bytes>,
+    probe: Option<ConnProbe>,
+    s: Settings,
+    cut: CutSender,
+) -> Body {
     let shared = Arc::new(Shared {
         queue: Mutex::new(Queue::default()),
         body_gone: Notify::new(),
@@ -62,7 +97,7 @@ pub fn body(frames: BoxStream<'static, Bytes>, probe: Option<ConnProbe>, s: Sett
         last: now,
         outstanding: false,
     };
-    tokio::spawn(pump(frames, shared.clone(), progress, s));
+    tokio::spawn(pump(frames, shared.clone(), progress, s, cut));
     Body::new(QueueBody {
         shared,
         flush_interval: s.flush_interval,
@@ -90,8 +125,9 @@ struct Queue {
     handed: u64,
     /// No more frames will come.
     ended: bool,
-    /// Why the stream was cut off.
-    cut: Option<&'static str>,
+    /// The client took nothing of its closing frames either: the body
+    /// ends with an error.
+    aborted: Option<Cut>,
     /// The client is behind (no progress for a flush interval).
     lagging: bool,
     body_gone: bool,
@@ -141,13 +177,17 @@ async fn pump(
     shared: Arc<Shared>,
     mut progress: Progress,
     s: Settings,
+    cut_tx: CutSender,
 ) {
     // Looks only while something is outstanding: a client that keeps up
     // costs no timer wake-ups between tokens.
     let period = (s.flush_interval / 2).clamp(Duration::from_millis(5), Duration::from_millis(50));
     let mut more = true;
+    // After a cut: why, and until when the closing frames may wait.
+    let mut cut: Option<(Cut, Instant)> = None;
     loop {
         let body_gone = shared.body_gone.notified();
+        let give_up = cut.map_or_else(Instant::now, |(_, until)| until);
         tokio::select! {
             frame = frames.next(), if more => {
                 let mut q = shared.lock();
@@ -160,7 +200,8 @@ async fn pump(
                 }
                 q.wake();
             }
-            () = tokio::time::sleep(period), if progress.outstanding => {}
+            () = tokio::time::sleep(period), if progress.outstanding && cut.is_none() => {}
+            () = tokio::time::sleep_until(give_up), if cut.is_some() => {}
             () = body_gone => {}
         }
         // The socket is probed before the queue is locked, never under it:
@@ -172,31 +213,44 @@ async fn pump(
         if q.body_gone {
             return;
         }
-        let idle = progress.observe(&q, unacked, Instant::now());
-        q.lagging = idle >= s.flush_interval;
-        let cut = if q.pending.len() > s.max_pending {
-            Some("overflow")
-        } else if idle > s.stall_timeout {
-            Some("stall")
-        } else {
-            None
-        };
-        if let Some(reason) = cut {
-            tracing::warn!(
-                reason,
-                pending_bytes = q.pending.len(),
-                idle_ms = idle.as_millis() as u64,
-                "client not reading; stream cut off"
-            );
-            metrics::counter!(STREAMS_CUT, "reason" => reason).increment(1);
-            q.cut = Some(reason);
-            q.wake();
-            // Returning drops `frames`: every generation is cancelled.
-            return;
-        }
         if q.ended && q.pending.is_empty() {
             return;
         }
+        let now = Instant::now();
+        if let Some((why, until)) = cut {
+            if now >= until {
+                // Not even the closing frames were taken: abort.
+                q.aborted = Some(why);
+                q.wake();
+                return;
+            }
+            continue;
+        }
+        let idle = progress.observe(&q, unacked, now);
+        q.lagging = idle >= s.flush_interval;
+        let why = if q.pending.len() > s.max_pending {
+            Cut::Overflow
+        } else if idle > s.stall_timeout {
+            Cut::Stall
+        } else {
+            continue;
+        };
+        tracing::warn!(
+            reason = why.reason(),
+            pending_bytes = q.pending.len(),
+            idle_ms = idle.as_millis() as u64,
+            "client not reading; stream cut off"
+        );
+        metrics::counter!(STREAMS_CUT, "reason" => why.reason()).increment(1);
+        // What waited is dropped: the closing frames come next, and a
+        // client that reads again gets them at once.
+        q.pending.clear();
+        q.lagging = false;
+        cut = Some((why, now + s.stall_timeout));
+        drop(q);
+        // The source ends its generations (their KV is freed now) and
+        // yields its closing frames.
+        let _ = cut_tx.send(Some(why));
     }
 }
 
@@ -219,9 +273,10 @@ impl http_body::Body for QueueBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
         let mut q = this.shared.lock();
-        if let Some(reason) = q.cut {
+        if let Some(why) = q.aborted {
             return Poll::Ready(Some(Err(std::io::Error::other(format!(
-                "stream cut off: {reason}"
+                "stream cut off: {}",
+                why.reason()
             )))));
         }
         if q.pending.is_empty() {
@@ -288,10 +343,68 @@ mod tests {
         }
     }
 
+    /// A source like a stream's: `frames` until the pump cuts it, then its
+    /// closing frame `CLOSING` and its end, dropping `frames` (and so
+    /// setting `dropped`) at the cut, as a stream cancels its generations
+    /// (`listens`); or `frames` only, never closing (`!listens`).
+    fn source(
+        frames: BoxStream<'static, Bytes>,
+        listens: bool,
+        dropped: Arc<std::sync::atomic::AtomicBool>,
+    ) -> (BoxStream<'static, Bytes>, CutSender) {
+        struct Dropped(Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Dropped {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        async fn cut(rx: &mut tokio::sync::watch::Receiver<Option<Cut>>, listens: bool) {
+            if !listens || rx.wait_for(Option::is_some).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let live = Some((frames, Dropped(dropped)));
+        let frames =
+            futures_util::stream::unfold((live, rx), move |(mut live, mut rx)| async move {
+                let (frames, _) = live.as_mut()?;
+                tokio::select! {
+                    biased;
+                    () = cut(&mut rx, listens) => Some((Bytes::from_static(CLOSING), (None, rx))),
+                    b = frames.next() => Some((b?, (live, rx))),
+                }
+            });
+        (frames.boxed(), tx)
+    }
+
+    const CLOSING: &[u8] = b"data: closing\n\n";
+
+    fn flag() -> Arc<std::sync::atomic::AtomicBool> {
+        Arc::new(std::sync::atomic::AtomicBool::new(false))
+    }
+
+    /// Polls `done` until it holds, for at most 5 s.
+    async fn until(done: impl Fn() -> bool) {
+        let started = std::time::Instant::now();
+        while !done() {
+            assert!(started.elapsed() < Duration::from_secs(5), "never happened");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn ticking() -> BoxStream<'static, Bytes> {
+        futures_util::stream::unfold((), |()| async {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            Some((Bytes::from_static(b"data: x\n\n"), ()))
+        })
+        .boxed()
+    }
+
     #[tokio::test]
     async fn a_reading_client_gets_every_byte_in_order() {
         let frames = futures_util::stream::iter((0..50).map(|i| Bytes::from(format!("{i};"))));
-        let (got, err) = collect(body(frames.boxed(), None, settings(1000))).await;
+        let (frames, cut) = source(frames.boxed(), true, flag());
+        let (got, err) = collect(body(frames, None, settings(1000), cut)).await;
         assert!(err.is_none());
         let text: String = got.iter().map(|b| String::from_utf8_lossy(b)).collect();
         let want: String = (0..50).map(|i| format!("{i};")).collect();
@@ -299,41 +412,42 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_body_never_polled_is_cut_off_after_the_stall_timeout_and_the_source_dropped() {
-        struct Dropped(Arc<std::sync::atomic::AtomicBool>);
-        impl Drop for Dropped {
-            fn drop(&mut self) {
-                self.0.store(true, std::sync::atomic::Ordering::SeqCst);
-            }
-        }
-        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let guard = Dropped(dropped.clone());
-        let frames = futures_util::stream::unfold(guard, |g| async move {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            Some((Bytes::from_static(b"data: x\n\n"), g))
-        });
+    async fn a_stalled_client_is_cut_off_and_then_gets_the_closing_frame_and_a_clean_end() {
+        let dropped = flag();
+        let (frames, cut) = source(ticking(), true, dropped.clone());
         let started = std::time::Instant::now();
-        let b = body(frames.boxed(), None, settings(200));
-        while !dropped.load(std::sync::atomic::Ordering::SeqCst) {
-            assert!(started.elapsed() < Duration::from_secs(5), "never cut off");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let b = body(frames, None, settings(200), cut);
+        until(|| dropped.load(std::sync::atomic::Ordering::SeqCst)).await;
         let waited = started.elapsed();
         assert!(waited >= Duration::from_millis(200), "{waited:?}");
+        // What waited for the client is gone; the closing frame is all.
+        let (got, err) = collect(b).await;
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(got.concat(), CLOSING);
+    }
+
+    #[tokio::test]
+    async fn closing_frames_never_taken_end_in_an_error_after_another_stall_timeout() {
+        let (frames, cut) = source(ticking(), false, flag());
+        let b = body(frames, None, settings(100), cut);
+        tokio::time::sleep(Duration::from_millis(400)).await;
         let (_, err) = collect(b).await;
         assert!(err.unwrap().contains("stall"));
     }
 
     #[tokio::test]
-    async fn an_overflowing_queue_is_cut_off_at_once() {
+    async fn an_overflowing_queue_is_cut_off_at_once_and_closed() {
         let frames = futures_util::stream::repeat(Bytes::from(vec![b'x'; 4096])).take(1000);
         let s = Settings {
             max_pending: 64 * 1024,
             ..settings(60_000)
         };
-        let b = body(frames.boxed(), None, s);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let (_, err) = collect(b).await;
-        assert!(err.unwrap().contains("overflow"));
+        let dropped = flag();
+        let (frames, cut) = source(frames.boxed(), true, dropped.clone());
+        let b = body(frames, None, s, cut);
+        until(|| dropped.load(std::sync::atomic::Ordering::SeqCst)).await;
+        let (got, err) = collect(b).await;
+        assert!(err.is_none(), "{err:?}");
+        assert!(got.concat().ends_with(CLOSING));
     }
 }

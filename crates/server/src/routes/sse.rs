@@ -14,7 +14,7 @@ use serde::Serialize;
 use std::collections::HashMap;
 use std::time::Instant;
 
-use super::send_queue::{self, Settings};
+use super::send_queue::{self, Cut, CutSender, Settings};
 use crate::conn::ConnProbe;
 use crate::generate::{self, ChoiceEvent, Job};
 use crate::state::InflightGuard;
@@ -75,6 +75,37 @@ fn internal_error(message: &str) -> serde_json::Value {
     })
 }
 
+/// The OpenAI error body of a stream cut off for its client.
+fn cut_error(why: Cut) -> serde_json::Value {
+    let (message, code) = match why {
+        Cut::Stall => (
+            "stream cut off: the client read nothing for longer than engine.stall_timeout",
+            "stream_stalled",
+        ),
+        Cut::Overflow => (
+            "stream cut off: more than server.max_stream_pending_bytes waited for the client",
+            "stream_overflow",
+        ),
+    };
+    serde_json::json!({
+        "error": {"message": message, "type": "timeout_error", "param": null, "code": code}
+    })
+}
+
+/// Resolves with the cut once the send queue cuts the stream off; never
+/// when the queue ends without one.
+async fn cut_of(rx: &mut tokio::sync::watch::Receiver<Option<Cut>>) -> Cut {
+    loop {
+        let cut = *rx.borrow_and_update();
+        if let Some(why) = cut {
+            return why;
+        }
+        if rx.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
+}
+
 /// Where a stream goes: the connection's probe and the slow-client policy.
 #[derive(Clone)]
 pub struct Output {
@@ -130,8 +161,9 @@ impl ChunkUsage {
     }
 }
 
-/// Wraps batches of events into an SSE response.
-pub fn response(events: BoxStream<'static, Vec<Event>>, out: Output) -> Response {
+/// Wraps batches of events into an SSE response; `cut` tells their source
+/// when the send queue cuts the client off.
+fn response(events: BoxStream<'static, Vec<Event>>, out: Output, cut: CutSender) -> Response {
     let frames = events
         .map(|batch| {
             let mut bytes = Vec::with_capacity(batch.iter().map(|e| e.0.len()).sum());
@@ -141,7 +173,7 @@ pub fn response(events: BoxStream<'static, Vec<Event>>, out: Output) -> Response
             Bytes::from(bytes)
         })
         .boxed();
-    let mut response = Response::new(send_queue::body(frames, out.probe, out.settings));
+    let mut response = Response::new(send_queue::body(frames, out.probe, out.settings, cut));
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
@@ -180,7 +212,9 @@ pub trait ChunkFormat: Send + 'static {
 
 /// Streams `head`, then every choice's chunks as they come, then the usage
 /// chunk (when asked) and `[DONE]`. The guard lives as long as the stream;
-/// dropping the stream (client gone) aborts every unfinished choice.
+/// dropping the stream (client gone) aborts every unfinished choice. A
+/// stream the send queue cuts off (a client not reading) aborts them too and
+/// ends with an error event and the terminator.
 pub fn stream_choices<F: ChunkFormat>(
     head: Vec<Event>,
     jobs: Vec<Job>,
@@ -196,7 +230,9 @@ pub fn stream_choices<F: ChunkFormat>(
         continuous,
         check,
     } = delivery;
+    let (cut_tx, cut) = tokio::sync::watch::channel(None);
     let state = StreamState {
+        cut,
         received: Some(received),
         usage,
         events: generate::merge(jobs),
@@ -219,11 +255,13 @@ pub fn stream_choices<F: ChunkFormat>(
             Some((events, st))
         }))
         .boxed();
-    response(body, out)
+    response(body, out, cut_tx)
 }
 
 struct StreamState<F> {
     events: BoxStream<'static, ChoiceEvent>,
+    /// Set when the send queue cuts the client off.
+    cut: tokio::sync::watch::Receiver<Option<Cut>>,
     /// Finished choices (prompt index, completion), for the usage chunk.
     done: Vec<(usize, Completion)>,
     finished: bool,
@@ -251,8 +289,20 @@ impl<F: ChunkFormat> StreamState<F> {
         }
     }
 
+    /// Ends the stream with an error event and the terminator.
+    fn end_with_error(&mut self, body: &serde_json::Value) -> Vec<Event> {
+        self.finished = true;
+        let error = self.format.error(body);
+        std::iter::once(error).chain(self.format.done()).collect()
+    }
+
     async fn next_events(&mut self) -> Vec<Event> {
-        match self.events.next().await {
+        let next = tokio::select! {
+            biased;
+            why = cut_of(&mut self.cut) => return self.end_with_error(&cut_error(why)),
+            next = self.events.next() => next,
+        };
+        match next {
             Some(ChoiceEvent::Prompt { index, prompt }) => {
                 self.format.prompt(index, prompt).into_iter().collect()
             }
@@ -280,26 +330,17 @@ impl<F: ChunkFormat> StreamState<F> {
                 if let Some((check, texts)) = &self.check {
                     let text = texts.get(&index).map_or("", String::as_str);
                     if let Err(e) = check.judge(text) {
-                        self.finished = true;
-                        let error = self.format.error(&e.body());
-                        return std::iter::once(error).chain(self.format.done()).collect();
+                        return self.end_with_error(&e.body());
                     }
                 }
                 self.done.push((prompt_index, completion));
                 vec![self.format.finish(index, &completion)]
             }
-            Some(ChoiceEvent::Failed(message)) => {
-                self.finished = true;
-                let error = self.format.error(&internal_error(&message));
-                std::iter::once(error).chain(self.format.done()).collect()
-            }
+            Some(ChoiceEvent::Failed(message)) => self.end_with_error(&internal_error(&message)),
             Some(ChoiceEvent::TimedOut(timeout)) => {
                 // The head (200) is out: the timeout is an error event.
-                self.finished = true;
-                let e = crate::ApiError::Timeout(timeout);
                 crate::error::count_rejection("timeout");
-                let error = self.format.error(&e.body());
-                std::iter::once(error).chain(self.format.done()).collect()
+                self.end_with_error(&crate::ApiError::Timeout(timeout).body())
             }
             None => {
                 self.finished = true;
