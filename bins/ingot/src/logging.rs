@@ -5,6 +5,7 @@
 //! to the OpenTelemetry exporter whatever the log level.
 
 use std::any::TypeId;
+use std::io::IsTerminal;
 use std::sync::{Arc, OnceLock};
 
 use ingot_config::{LogFormat, TracingSection};
@@ -14,7 +15,7 @@ use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level};
 use tracing_log::AsLog;
-use tracing_subscriber::filter::{filter_fn, FilterFn, Filtered};
+use tracing_subscriber::filter::{filter_fn, FilterFn, Filtered, LevelFilter};
 use tracing_subscriber::layer::{Context, Layer, Layered, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, reload, EnvFilter, Registry};
@@ -167,11 +168,18 @@ pub fn shutdown() {
 /// A stderr writer in `format`; JSON lines carry the current span and the
 /// span list (so a request's lines carry its `request_id`).
 fn writer(format: LogFormat) -> Writer {
-    let layer = fmt::layer().with_writer(std::io::stderr);
+    let layer = fmt::layer().with_writer(std::io::stderr).with_ansi(ansi());
     match format {
         LogFormat::Text => Box::new(layer),
         LogFormat::Json => Box::new(layer.json().with_current_span(true).with_span_list(true)),
     }
+}
+
+/// Colour codes only for a person at a terminal: never into a file or a
+/// pipe (log collectors store them as text), and never with `NO_COLOR` set
+/// to anything but empty (no-color.org).
+fn ansi() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 /// Sets the line format (`log.format`); applied once the config is loaded,
@@ -191,6 +199,24 @@ pub fn set_format(format: LogFormat) -> Result<(), String> {
 /// Parses a `log.level` directive the way [`set`] will.
 pub fn parse(directive: &str) -> Result<EnvFilter, String> {
     EnvFilter::try_new(directive).map_err(|e| e.to_string())
+}
+
+/// Whether `directive` passes `debug` lines of some target (so asks for
+/// backtraces too).
+pub fn is_debug(directive: &str) -> bool {
+    parse(directive)
+        .ok()
+        .and_then(|f| f.max_level_hint())
+        .is_some_and(|level| level >= LevelFilter::DEBUG)
+}
+
+/// Whether the filter in force passes `debug` lines of some target.
+pub fn debug_enabled() -> bool {
+    FILTER
+        .get()
+        .and_then(|h| h.with_current(EnvFilter::max_level_hint).ok())
+        .flatten()
+        .is_some_and(|level| level >= LevelFilter::DEBUG)
 }
 
 /// Replaces the filter with `directive`.

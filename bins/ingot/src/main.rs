@@ -43,16 +43,39 @@ enum Command {
     Config(cmd::config::ConfigCommand),
 }
 
+impl Command {
+    /// `--log-level`, on the commands that take it.
+    fn log_level(&self) -> Option<&str> {
+        match self {
+            Command::Serve(a) => a.log.log_level.as_deref(),
+            Command::Route(a) => a.log.log_level.as_deref(),
+            Command::Generate(a) => a.log.log_level.as_deref(),
+            Command::Inspect(a) => a.log.log_level.as_deref(),
+            Command::Logits(_) | Command::Bench(_) | Command::Config(_) => None,
+        }
+    }
+}
+
 fn main() -> ExitCode {
     logging::init();
     let cli = Cli::parse();
+    let debug = asks_for_debug(cli.command.log_level());
+    if debug && std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        // anyhow captures an error's backtrace only when this (or
+        // RUST_BACKTRACE) is set. Set before any thread starts, so no
+        // other thread reads the environment while it changes.
+        std::env::set_var("RUST_LIB_BACKTRACE", "1");
+    }
     // Commands that load a model take `log.level` from their config; the
-    // others from the environment (INGOT_LOG, INGOT_LOG_LEVEL).
+    // others from `--log-level` or the environment (INGOT_LOG,
+    // INGOT_LOG_LEVEL).
     let result = match cli.command {
         Command::Serve(args) => cmd::serve::run(args),
-        Command::Route(args) => settings::log_from_env().and_then(|()| cmd::route::run(args)),
+        Command::Route(args) => settings::log_from(&args.log).and_then(|()| cmd::route::run(args)),
         Command::Generate(args) => cmd::generate::run(args),
-        Command::Inspect(args) => settings::log_from_env().and_then(|()| cmd::inspect::run(args)),
+        Command::Inspect(args) => {
+            settings::log_from(&args.log).and_then(|()| cmd::inspect::run(args))
+        }
         Command::Logits(args) => cmd::logits::run(args),
         Command::Bench(cmd) => cmd::bench::run(cmd),
         Command::Config(cmd) => cmd::config::run(cmd),
@@ -60,12 +83,28 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // One line for the user; the chain joined with ": ".
+            // One line for the user; the chain joined with ": ". A
+            // backtrace is for whoever debugs ingot: only at the debug log
+            // level, whatever RUST_BACKTRACE says (a configuration error
+            // with 40 lines of frames under it reads as a crash).
             eprintln!("error: {e:#}");
-            if std::env::var_os("RUST_BACKTRACE").is_some() {
+            let captured = e.backtrace().status() == std::backtrace::BacktraceStatus::Captured;
+            if captured && (debug || logging::debug_enabled()) {
                 eprintln!("{}", e.backtrace());
             }
             ExitCode::FAILURE
         }
     }
+}
+
+/// Whether the user asked for debug logs before any config was read:
+/// `--log-level`, else `INGOT_LOG_LEVEL` or `INGOT_LOG` (a config that
+/// fails to load never sets its own level; one that loads is asked through
+/// [`logging::debug_enabled`]).
+fn asks_for_debug(flag: Option<&str>) -> bool {
+    let env = |name: &str| std::env::var(name).ok();
+    flag.map(str::to_string)
+        .or_else(|| env("INGOT_LOG_LEVEL"))
+        .or_else(|| env("INGOT_LOG"))
+        .is_some_and(|d| logging::is_debug(&d))
 }

@@ -279,13 +279,13 @@ const GPU_EMBEDDING_BATCH_TOKENS: usize = 2048;
 const EMBEDDING_DECODE_SHARE: f64 = 0.05;
 
 /// Loads a BERT embedding model on `model.device` (`auto`: the GPU when
-/// the CUDA encoder can run it) and starts its engine. On the CPU it takes
-/// turns with the CPU decode engines, so decode never waits for more than
-/// its bounded share.
+/// the CUDA encoder can run it) and starts its engine; returns it with the
+/// model's parameter count. On the CPU it takes turns with the CPU decode
+/// engines, so decode never waits for more than its bounded share.
 pub fn load_embedding(
     config: &Config,
     path: &Path,
-) -> anyhow::Result<ingot_engine::EmbeddingHandle> {
+) -> anyhow::Result<(ingot_engine::EmbeddingHandle, usize)> {
     let files = ingot_models::bert::open_bert(path)
         .with_context(|| format!("cannot load model {}", path.display()))?;
     let tokenizer = ingot_tokenizer::EncoderTokenizer::from_dir(&files.dir)
@@ -322,7 +322,7 @@ pub fn load_embedding(
         }
     };
     tracing::info!(device = handle.device_name(), "embedding model loaded");
-    Ok(handle)
+    Ok((handle, files.config.num_params()))
 }
 
 /// [`pick_device`] for an encoder: `auto` takes CUDA when the GPU encoder
@@ -344,7 +344,27 @@ pub fn load_runner(
 ) -> anyhow::Result<(Box<dyn ModelRunner>, Arc<Tokenizer>)> {
     let path = settings::model_path(config)?;
     let (files, tokenizer) = open(path, config.model.load_format)?;
-    Ok((build_runner(config, path, files, max_num_seqs)?, tokenizer))
+    let built = build_runner(config, path, files, max_num_seqs)?;
+    Ok((built.runner, tokenizer))
+}
+
+/// A runner as built, with its storage.
+pub struct Built {
+    pub runner: Box<dyn ModelRunner>,
+    pub storage: Storage,
+}
+
+/// How a runner holds the model, for the start-up summary (known only to
+/// the concrete backend).
+#[derive(Debug, Clone, Copy)]
+pub struct Storage {
+    /// How the weight matrices are held: `f32`, `bf16`, `fp8`, a load-time
+    /// quantization (`q8_0` ...) or `gguf` (the file's own blocks).
+    pub weights: &'static str,
+    /// Bytes of weights the backend holds.
+    pub weight_bytes: usize,
+    /// Element type of the KV cache.
+    pub kv_dtype: &'static str,
 }
 
 /// Builds the runner of the model at `path` (opened as `files`) for
@@ -354,7 +374,7 @@ pub fn build_runner(
     path: &Path,
     mut files: ModelFiles,
     max_num_seqs: usize,
-) -> anyhow::Result<Box<dyn ModelRunner>> {
+) -> anyhow::Result<Built> {
     let m = &config.model;
     size_thread_pool(m.threads)?;
     if let Some(len) = m.max_model_len {
@@ -371,10 +391,44 @@ pub fn build_runner(
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     };
-    let runner: Box<dyn ModelRunner> = match pick_device(m.device, &files.config)? {
-        Device::Cuda => Box::new(cuda_runner(config, path, &files, max_num_seqs, &progress)?),
-        Device::Cpu => Box::new(cpu_runner(config, path, &files, &progress)?),
+    let built = match pick_device(m.device, &files.config)? {
+        Device::Cuda => {
+            let runner = cuda_runner(config, path, &files, max_num_seqs, &progress)?;
+            let fp8 = m.quantization == ingot_config::Quantization::Fp8;
+            let storage = Storage {
+                weights: if fp8 { "fp8" } else { "bf16" },
+                weight_bytes: runner.memory().weights,
+                kv_dtype: match m.kv_cache_dtype {
+                    ingot_config::KvCacheDtype::Fp8 => "fp8",
+                    ingot_config::KvCacheDtype::Auto | ingot_config::KvCacheDtype::Bf16 => "bf16",
+                },
+            };
+            Built {
+                runner: Box::new(runner),
+                storage,
+            }
+        }
+        Device::Cpu => {
+            let runner = cpu_runner(config, path, &files, &progress)?;
+            let weights = if m.quantization != ingot_config::Quantization::None {
+                m.quantization.as_str()
+            } else if runner.uses_quantized_weights() {
+                "gguf"
+            } else {
+                m.dtype.as_str()
+            };
+            let storage = Storage {
+                weights,
+                weight_bytes: runner.weight_bytes(),
+                kv_dtype: "f32",
+            };
+            Built {
+                runner: Box::new(runner),
+                storage,
+            }
+        }
     };
+    let runner = &built.runner;
     bar.finish_and_clear();
     tracing::info!(
         model = %path.display(),
@@ -384,7 +438,7 @@ pub fn build_runner(
         elapsed = ?start.elapsed(),
         "model loaded"
     );
-    Ok(runner)
+    Ok(built)
 }
 
 /// Sizes rayon's global pool once (`model.threads`); later calls, such as

@@ -127,22 +127,23 @@ impl ModelBuilder for ServedModels {
     fn build(&self, id: &str, front: &ModelFront) -> Result<ServedModel, LoadError> {
         let plan = self.plan(id)?;
         if plan.embedding {
-            let handle = model::load_embedding(&plan.config, &plan.path).map_err(LoadError::new)?;
-            eprintln!("ingot: {id} serving embeddings on {}", handle.device_name());
+            let (handle, params) =
+                model::load_embedding(&plan.config, &plan.path).map_err(LoadError::new)?;
+            tracing::info!(
+                target: STARTUP,
+                architecture = %"bert",
+                parameters = %count(params as u64),
+                "{id} serving embeddings on {}",
+                handle.device_name()
+            );
             return Ok(ServedModel::Embedding(handle));
         }
         let tokenizer = front
             .tokenizer()
             .map_err(|e| LoadError::new(e.to_string()))?
             .clone();
-        let handle = start_served_engine(plan, tokenizer).map_err(LoadError::new)?;
-        // Users see whether answers are batch-invariant by choice.
-        let mode = if plan.config.engine.deterministic {
-            " in deterministic mode"
-        } else {
-            ""
-        };
-        eprintln!("ingot: {id} serving on {}{mode}", handle.device_name());
+        let (handle, storage, kv) = start_served_engine(plan, tokenizer).map_err(LoadError::new)?;
+        summarize(plan, &handle, &storage, &kv);
         Ok(ServedModel::Generative(handle))
     }
 
@@ -155,22 +156,89 @@ impl ModelBuilder for ServedModels {
     }
 }
 
+/// The log target of the start-up summary, which the default `log.level`
+/// shows (`warn,ingot::startup=info`).
+pub const STARTUP: &str = "ingot::startup";
+
 /// Builds `plan`'s runner and starts its engine over `tokenizer` (the one
 /// its front built).
 fn start_served_engine(
     plan: &ModelPlan,
     tokenizer: Arc<ingot_tokenizer::Tokenizer>,
-) -> anyhow::Result<ingot_engine::EngineHandle> {
+) -> anyhow::Result<(ingot_engine::EngineHandle, model::Storage, KvCapacity)> {
     let mut engine = settings::engine_config(&plan.config);
     engine.metrics.model_name = plan.id.clone();
     let files = model::open_files(&plan.path, plan.config.model.load_format)?;
-    let runner = model::build_runner(
+    let built = model::build_runner(
         &plan.config,
         &plan.path,
         files,
         engine.scheduler.max_num_seqs,
     )?;
-    Ok(ingot_engine::start_engine(runner, tokenizer, engine)?)
+    // The KV figures as the engine derives them from the pool's layout
+    // (a sliding-window layer group holds only its window).
+    let (shape, layout) = (built.runner.kv_cache_shape(), built.runner.kv_layout());
+    let step = engine.scheduler.largest_step();
+    let handle = ingot_engine::start_engine(built.runner, tokenizer, engine)?;
+    let kv = KvCapacity {
+        tokens: layout.capacity_tokens(shape.num_blocks, shape.block_size, step),
+        sequences: shape.num_blocks
+            / layout
+                .max_pages(handle.max_context(), shape.block_size, step)
+                .max(1),
+    };
+    Ok((handle, built.storage, kv))
+}
+
+/// What a model's KV cache holds, for the start-up summary.
+struct KvCapacity {
+    /// The longest sequence it can always hold (with full attention, every
+    /// token slot it has).
+    tokens: usize,
+    /// Sequences of the model's full context it holds at once.
+    sequences: usize,
+}
+
+/// The start-up summary's line of a generative model: what runs where,
+/// and how many tokens and full-context sequences its KV cache holds.
+fn summarize(
+    plan: &ModelPlan,
+    handle: &ingot_engine::EngineHandle,
+    storage: &model::Storage,
+    kv: &KvCapacity,
+) {
+    let model = handle.model_config();
+    // Users see whether answers are batch-invariant by choice.
+    let mode = if plan.config.engine.deterministic {
+        " in deterministic mode"
+    } else {
+        ""
+    };
+    tracing::info!(
+        target: STARTUP,
+        architecture = %model.architecture.name(),
+        parameters = %count(model.num_parameters()),
+        weights = %storage.weights,
+        weights_mib = storage.weight_bytes >> 20,
+        kv_dtype = %storage.kv_dtype,
+        kv_tokens = kv.tokens,
+        kv_sequences = kv.sequences,
+        max_context = handle.max_context(),
+        reasoning_parser = %plan.config.model.reasoning_parser.as_str(),
+        "{} serving on {}{mode}",
+        plan.id,
+        handle.device_name()
+    );
+}
+
+/// `n` in millions or billions, as model sizes are quoted ("134.5M").
+fn count(n: u64) -> String {
+    let n = n as f64;
+    if n >= 1e9 {
+        format!("{:.2}B", n / 1e9)
+    } else {
+        format!("{:.1}M", n / 1e6)
+    }
 }
 
 /// The registry of `entries` under `[registry]`'s budget.

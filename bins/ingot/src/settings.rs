@@ -43,13 +43,40 @@ pub fn load_checked(layers: &Layers) -> Result<Loaded, ConfigError> {
 }
 
 /// Sets `log.level` from the environment alone, for commands that take no
-/// other configuration (`inspect`, `bench serve` ...).
+/// other configuration (`bench serve` ...).
 pub fn log_from_env() -> anyhow::Result<()> {
+    log_from(&LogArgs::default())
+}
+
+/// Sets `log.level` from `--log-level` over the environment, for commands
+/// that take no other configuration (`inspect`, `route`).
+pub fn log_from(args: &LogArgs) -> anyhow::Result<()> {
+    let mut flags = FlagSet::default();
+    args.add_to(&mut flags);
     load(&Layers {
         env: env(),
+        flags: flags.into_vec(),
         ..Layers::default()
     })
     .map(drop)
+}
+
+/// `--log-level`, on the commands that log while they run.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct LogArgs {
+    /// What to log: `error`, `warn`, `info`, `debug`, `trace`, or a tracing
+    /// filter directive such as `warn,ingot_server=debug`; at `debug` a
+    /// failure also prints its backtrace
+    /// [log.level; warn, with the start-up summary at info].
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+}
+
+impl LogArgs {
+    /// The flag, when given, as a config value.
+    pub fn add_to(&self, flags: &mut FlagSet) {
+        flags.opt("--log-level", "log.level", &self.log_level);
+    }
 }
 
 /// The model to load.

@@ -82,6 +82,19 @@ pub enum Quantization {
     Fp8,
 }
 
+impl Quantization {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Q8_0 => "q8_0",
+            Self::Q4_0 => "q4_0",
+            Self::Q4K => "q4_k",
+            Self::Fp8 => "fp8",
+        }
+    }
+}
+
 /// Where a reasoning model's thinking goes (vLLM's `--reasoning-parser`).
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -95,6 +108,17 @@ pub enum ReasoningParser {
     /// DeepSeek-R1's: the same tags, the template opening `<think>` in the
     /// prompt (read from the rendered prompt either way).
     DeepseekR1,
+}
+
+impl ReasoningParser {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Qwen3 => "qwen3",
+            Self::DeepseekR1 => "deepseek_r1",
+        }
+    }
 }
 
 /// Element type of the KV cache (CUDA; the CPU backend keeps f32).
@@ -573,7 +597,9 @@ pub struct LogSection {
 impl Default for LogSection {
     fn default() -> Self {
         Self {
-            level: "warn".to_string(),
+            // Quiet unless something needs attention, but for the few
+            // lines that say what `ingot serve` is serving and where.
+            level: "warn,ingot::startup=info".to_string(),
             format: LogFormat::Text,
         }
     }

@@ -147,7 +147,9 @@ pub async fn serve(
                 return Err(e.to_string());
             }
             state.set_ready();
-            tracing::info!("preloaded models in; ready");
+            // The last line of the start-up summary, which the default
+            // `log.level` shows (`warn,ingot::startup=info`).
+            tracing::info!(target: "ingot::startup", "preloaded models in; ready on http://{local}");
             // Registered once ready: routers discovering it can route at once.
             if let (Some(fleet), Some((me, every, ttl))) = (state.fleet(), registration) {
                 let beat = ingot_fleet::Heartbeat::start(fleet.clone(), me, every, ttl);

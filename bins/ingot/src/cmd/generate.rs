@@ -10,13 +10,15 @@ use ingot_tokenizer::{ChatMessage, ChatTemplate};
 
 use crate::cmd::score;
 use crate::model::{load_engine, load_runner, ModelArgs};
-use crate::settings::{self, FlagSet};
+use crate::settings::{self, FlagSet, LogArgs};
 
 /// Flags of `ingot generate`.
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
     /// The prompt (read from stdin when absent and --chat is not given).
     #[arg(long, short = 'p')]
     prompt: Option<String>,
@@ -115,7 +117,9 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         logprobs: args.sampling.logprobs.is_some(),
         ids: args.print_ids,
     };
-    let config = args.model.load(FlagSet::default())?.config;
+    let mut log = FlagSet::default();
+    args.log.add_to(&mut log);
+    let config = args.model.load(log)?.config;
     if let Some(continuation) = &args.score {
         let prompt = args.prompt.as_deref().context("--score needs --prompt")?;
         let (mut runner, tokenizer) = load_runner(&config, 1)?;

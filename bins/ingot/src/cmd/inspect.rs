@@ -5,12 +5,15 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::model;
+use crate::settings::LogArgs;
 
 /// Flags of `ingot inspect`.
 #[derive(Args, Debug)]
 pub struct InspectArgs {
     /// A GGUF file or a Hugging Face model directory.
     path: PathBuf,
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 /// Runs the command.

@@ -7,6 +7,8 @@ use anyhow::Context;
 use clap::Args;
 use ingot_router::RouterConfig;
 
+use crate::settings::LogArgs;
+
 /// Flags of `ingot route`. Each overrides its key in the config file; the
 /// key is in brackets, with its default.
 #[derive(Args, Debug, Clone)]
@@ -38,6 +40,8 @@ pub struct RouteArgs {
     /// Check the config (file and flags) and exit: prints "ok".
     #[arg(long)]
     check: bool,
+    #[command(flatten)]
+    pub log: LogArgs,
     /// Arguments of every local worker after `ingot serve`, given after
     /// `--` (e.g. `-- --model /m --kv-cache-tokens 4096`) [workers.args].
     #[arg(last = true, value_name = "SERVE_ARGS")]

@@ -12,7 +12,7 @@ use ingot_server::{LogLevelFn, ReloadFn, ServeConfig};
 use crate::logging;
 use crate::model::ModelArgs;
 use crate::served;
-use crate::settings::{self, FlagSet};
+use crate::settings::{self, FlagSet, LogArgs};
 
 /// Flags of `ingot serve` (and `ingot config show`). Every one is optional:
 /// a flag that is not given leaves its key to the config file, then
@@ -25,6 +25,8 @@ pub struct ServeArgs {
     config: Option<PathBuf>,
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
     /// Address to listen on [server.host; 127.0.0.1].
     #[arg(long)]
     host: Option<String>,
@@ -93,6 +95,7 @@ impl ServeArgs {
     fn flags(&self) -> anyhow::Result<FlagSet> {
         let mut f = FlagSet::default();
         self.model.add_to(&mut f)?;
+        self.log.add_to(&mut f);
         f.opt("--host", "server.host", &self.host);
         f.opt("--port", "server.port", &self.port);
         f.opt(
@@ -159,6 +162,28 @@ fn model_name(loaded: &Loaded, path: &Path) -> String {
     stem.map_or_else(|| "model".to_string(), |s| s.to_string_lossy().into_owned())
 }
 
+/// The feature flags on for someone: `name`, or `name@P%` while rolled
+/// out to P % of units; `none` when there are none.
+fn enabled_flags(config: &ingot_config::Config) -> String {
+    let on: Vec<String> = config
+        .flags
+        .iter()
+        .filter(|(_, f)| f.enabled && (f.rollout_percent > 0.0 || !f.allow.is_empty()))
+        .map(|(name, f)| {
+            if f.rollout_percent >= 100.0 {
+                name.clone()
+            } else {
+                format!("{name}@{}%", f.rollout_percent)
+            }
+        })
+        .collect();
+    if on.is_empty() {
+        "none".to_string()
+    } else {
+        on.join(",")
+    }
+}
+
 /// Re-runs the loader with the same file and flags and the environment as
 /// it is now (SIGHUP, `POST /admin/reload`).
 fn reload_fn(layers: Layers) -> ReloadFn {
@@ -214,6 +239,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     logging::start_tracing(&config.tracing)?;
+    tracing::info!(
+        target: served::STARTUP,
+        models = entries.len(),
+        prefix_caching = config.engine.prefix_caching,
+        flags = %enabled_flags(&config),
+        "features"
+    );
     let models = served::registry(&config, entries)?;
     let served = runtime.block_on(ingot_server::serve(
         serve,

@@ -29,7 +29,7 @@ impl Drop for Server {
 }
 
 /// The status of `GET path`, if the server answers.
-fn http_status(url: &str, path: &str) -> Option<u16> {
+pub(crate) fn http_status(url: &str, path: &str) -> Option<u16> {
     let addr = url.strip_prefix("http://")?;
     let mut s = TcpStream::connect(addr).ok()?;
     write!(

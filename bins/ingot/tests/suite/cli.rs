@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use crate::bench_serve::http_status;
+
 fn ingot(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ingot"))
         .args(args)
@@ -514,4 +516,141 @@ fn generate_takes_its_settings_from_the_same_loader() {
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("Paris"), "{}", stdout(&o));
+}
+
+/// The stderr of `ingot serve` of the test model on a free port with
+/// `args` added, read until `/ready` answers 200 and (if given) a line
+/// contains `until`; the server is killed then.
+fn serve_stderr(args: &[&str], until: Option<&str>) -> String {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ingot"))
+        .args(["serve", "--model", &model(), "--port", "0"])
+        .args(["--served-model-name", "tiny", "--max-num-seqs", "2"])
+        .args(args)
+        .env("INGOT_THREADS", "2")
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("NO_COLOR")
+        .env_remove("INGOT_LOG")
+        .env_remove("INGOT_LOG_LEVEL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ingot serve starts");
+    let pipe = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut lines: Vec<String> = Vec::new();
+    let mut url = None;
+    let mut ready = false;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {
+            if let Some(u) = line.strip_prefix("listening on ") {
+                url = Some(u.trim().to_string());
+            }
+            lines.push(line);
+        }
+        ready = ready || url.as_deref().and_then(|u| http_status(u, "/ready")) == Some(200);
+        let seen = until.is_none_or(|u| lines.iter().any(|l| l.contains(u)));
+        if ready && seen {
+            break;
+        }
+        if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+            let _ = child.kill();
+            panic!("ingot serve never got ready:\n{}", lines.join("\n"));
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    reader.join().unwrap();
+    lines.extend(rx.try_iter());
+    lines.join("\n")
+}
+
+#[test]
+fn serve_prints_a_startup_summary_without_colours_unless_warn() {
+    // The default level shows the summary: the model, where it runs, its
+    // size, KV capacity and context, then the address once ready.
+    let err = serve_stderr(
+        &["--kv-cache-tokens", "4096", "--max-model-len", "1024"],
+        Some("ready on http://"),
+    );
+    assert!(!err.contains("\x1b["), "ANSI codes in a pipe:\n{err}");
+    let line = err
+        .lines()
+        .find(|l| l.contains("tiny serving on cpu"))
+        .unwrap_or_else(|| panic!("no summary line for the model:\n{err}"));
+    for needle in [
+        "INFO ingot::startup:",
+        "architecture=llama",
+        "parameters=13",
+        "weights_mib=",
+        "kv_tokens=4096",
+        "kv_sequences=4",
+        "max_context=1024",
+        "reasoning_parser=none",
+    ] {
+        assert!(line.contains(needle), "missing {needle:?} in {line}");
+    }
+    assert!(
+        err.lines()
+            .any(|l| l.contains("features") && l.contains("prefix_caching=true")),
+        "{err}"
+    );
+    // `--log-level warn` hides it; the address line stays (tools read it).
+    let err = serve_stderr(&["--log-level", "warn"], None);
+    assert!(!err.contains("ingot::startup"), "{err}");
+    assert!(!err.contains("serving on"), "{err}");
+    assert!(err.contains("listening on http://"), "{err}");
+    assert!(!err.contains("\x1b["), "ANSI codes in a pipe:\n{err}");
+}
+
+#[test]
+fn a_config_error_is_one_line_whatever_rust_backtrace_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[scheduler]\nmax_num_seq = 9\n").unwrap();
+    let serve = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_ingot"))
+            .args(["serve", "--model", &model(), "--port", "0"])
+            .args(["--config", bad.to_str().unwrap()])
+            .args(extra)
+            .env("RUST_BACKTRACE", "1")
+            .env_remove("RUST_LIB_BACKTRACE")
+            .env_remove("INGOT_LOG")
+            .env_remove("INGOT_LOG_LEVEL")
+            .output()
+            .unwrap()
+    };
+    let o = serve(&[]);
+    assert_clean_error(&o, "scheduler.max_num_seq (");
+    assert!(!stderr(&o).contains("\x1b["), "{}", stderr(&o));
+    // A backtrace is for debugging: only at the debug level.
+    let o = serve(&["--log-level", "debug"]);
+    let err = stderr(&o);
+    assert!(err.starts_with("error: "), "{err}");
+    assert!(err.lines().count() > 1, "no backtrace at debug:\n{err}");
+}
+
+#[test]
+fn log_level_flag_sets_log_level_on_each_command() {
+    let m = model();
+    for mut args in [
+        vec!["serve", "--model", &m, "--port", "0"],
+        vec!["generate", "--model", &m, "--prompt", "hi"],
+        vec!["inspect", &m],
+        vec!["route", "--check"],
+    ] {
+        args.extend(["--log-level", "ingot=loud"]);
+        assert_clean_error(
+            &ingot(&args),
+            "log.level = \"ingot=loud\" (flag --log-level): not a tracing filter directive",
+        );
+    }
 }
