@@ -92,6 +92,11 @@ pub trait WireFormat: Send + 'static {
     /// The output grammar every choice follows (structured output, forced
     /// tool calls), if any.
     fn grammar(&self, front: &ModelFront) -> Result<Option<OutputGrammar>, ApiError>;
+    /// Schemas the request carries that must be sound whether or not the
+    /// answer is held to them (tools' parameters under any tool_choice).
+    fn schemas(&self) -> Vec<OutputGrammar> {
+        Vec::new()
+    }
     /// Renders and tokenizes every prompt (runs on a blocking thread).
     fn encode(&self, front: &ModelFront) -> Result<(Vec<Vec<TokenId>>, Self::Extra), ApiError>;
     /// The answer's shaper.
@@ -196,6 +201,7 @@ async fn prepare<W: WireFormat>(
 ) -> Result<(W, Prepared<W::Extra>), ApiError> {
     let front = front(state, &incoming.caller, request.sampling().model.as_deref()).await?;
     let spec = request.grammar(&front)?;
+    let schemas = request.schemas();
     let check = spec.as_ref().and_then(|g| {
         UniqueItems::of(&g.spec).map(|unique| AnswerCheck {
             param: g.param.clone(),
@@ -206,6 +212,14 @@ async fn prepare<W: WireFormat>(
     let encoding = front.clone();
     let (request, encoded) = tokio::task::spawn_blocking(move || {
         let encoded = span.in_scope(|| {
+            // Each schema on its own first, so an error names its field
+            // (`tools[i].function.parameters`), not the grammar built of all.
+            if !schemas.is_empty() {
+                let compiler = encoding.grammar_compiler()?;
+                for s in &schemas {
+                    crate::structured::check(&compiler, s)?;
+                }
+            }
             let grammar = compile(&encoding, spec.as_ref())?;
             let (ids, extra) = request.encode(&encoding)?;
             Ok::<_, ApiError>((ids, grammar, extra))

@@ -1,6 +1,8 @@
 //! Compiling a request's output grammar for its model (structured output),
 //! with the grammar engine's refusals phrased as 400s naming the field and
-//! the feature.
+//! the problem: whatever a client's schema or grammar does (refer to
+//! itself, outgrow the engine's budgets), it is the client's 400, never a
+//! 5xx.
 
 use ingot_engine::{Grammar, GrammarCompiler, GrammarError};
 use ingot_protocol::structured::OutputGrammar;
@@ -11,12 +13,27 @@ use crate::ApiError;
 /// The OpenAI `error.code` of a grammar using a feature we do not support.
 pub const UNSUPPORTED_CODE: &str = "unsupported_feature";
 
+/// The OpenAI `error.code` of a grammar beyond the grammar engine's budgets.
+pub const TOO_COMPLEX_CODE: &str = "grammar_too_complex";
+
 /// Compiles `grammar` with `compiler` (a model's vocabulary). Blocking:
 /// call it off the async runtime.
 pub fn compile(compiler: &GrammarCompiler, grammar: &OutputGrammar) -> Result<Grammar, ApiError> {
     compiler
         .compile(&grammar.spec)
         .map_err(|e| refusal(&grammar.param, e))
+}
+
+/// Checks a schema the answer is not held to (a tool's parameters while
+/// the model may answer freely): malformed, self-referential or beyond the
+/// engine's budgets is a 400, as when it is enforced; a feature the engine
+/// cannot enforce is fine, since nothing enforces it. Cached by the
+/// compiler; blocking, as [`compile`].
+pub fn check(compiler: &GrammarCompiler, grammar: &OutputGrammar) -> Result<(), ApiError> {
+    match compiler.check(&grammar.spec) {
+        Ok(()) | Err(GrammarError::Unsupported(_)) => Ok(()),
+        Err(e) => Err(refusal(&grammar.param, e)),
+    }
 }
 
 fn refusal(param: &str, e: GrammarError) -> ApiError {
@@ -32,6 +49,14 @@ fn refusal(param: &str, e: GrammarError) -> ApiError {
             param,
             format!("{param} is not a valid grammar: {m}"),
         )),
+        GrammarError::TooComplex(m) => ApiError::BadRequest(
+            ProtocolError::field(
+                param,
+                format!("{param} is too complex to follow while generating: {m}"),
+            )
+            .with_code(TOO_COMPLEX_CODE),
+        ),
+        // The vocabulary or the engine's own state: the server's fault.
         other => ApiError::Internal(other.to_string()),
     }
 }

@@ -2,7 +2,8 @@
 //! model's vocabulary (built once; it precomputes token classes), turning
 //! each request's [`GrammarSpec`] into a fresh [`Grammar`].
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 
 use ingot_core::GrammarSpec;
 use ingot_tokenizer::Tokenizer;
@@ -18,6 +19,32 @@ pub struct GrammarCompiler {
     factory: ParserFactory,
     vocab_size: usize,
     closers: Arc<Closers>,
+    /// Specs [`GrammarCompiler::check`] found good (bounded).
+    checked: Mutex<Checked>,
+}
+
+/// Specs known to compile, up to [`Checked::MAX_BYTES`] of source text;
+/// emptied when full (agents resend the same tools every turn, so the
+/// ones in use come back at once).
+#[derive(Default)]
+struct Checked {
+    specs: HashSet<GrammarSpec>,
+    bytes: usize,
+}
+
+impl Checked {
+    const MAX_BYTES: usize = 4 << 20;
+
+    fn insert(&mut self, spec: &GrammarSpec) {
+        let len = spec.source().len();
+        if self.bytes + len > Self::MAX_BYTES {
+            self.specs.clear();
+            self.bytes = 0;
+        }
+        if len <= Self::MAX_BYTES && self.specs.insert(spec.clone()) {
+            self.bytes += len;
+        }
+    }
 }
 
 impl std::fmt::Debug for GrammarCompiler {
@@ -41,16 +68,23 @@ impl GrammarCompiler {
             factory,
             vocab_size,
             closers: Arc::new(closers),
+            checked: Mutex::default(),
         })
     }
 
-    /// A grammar for one output, at its start.
+    /// A grammar for one output, at its start. Its first mask is computed
+    /// here: llguidance builds the parser lazily, so a grammar beyond its
+    /// budgets compiles and fails only then, and that must be the client's
+    /// 400 now rather than an engine error mid-request.
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Grammar, GrammarError> {
         let top = match spec {
             GrammarSpec::JsonSchema(text) => {
                 let mut schema: Value = serde_json::from_str(text).map_err(|e| {
                     GrammarError::Invalid(format!("the JSON schema is not JSON: {e}"))
                 })?;
+                if let Some(why) = crate::refs::self_reference(&schema) {
+                    return Err(GrammarError::Invalid(why));
+                }
                 // Checked on the finished answer instead (`UniqueItems`).
                 crate::UniqueItems::split(&mut schema);
                 TopLevelGrammar::from_json_schema(with_layout(schema))
@@ -66,7 +100,28 @@ impl GrammarCompiler {
         if let Some(e) = matcher.get_error() {
             return Err(GrammarError::from_compile(e));
         }
-        Ok(Grammar::new(matcher, spec.clone(), self.closers.clone()))
+        let mut grammar = Grammar::new(matcher, spec.clone(), self.closers.clone());
+        grammar.mask().map_err(GrammarError::at_start)?;
+        Ok(grammar)
+    }
+
+    /// Whether `spec` compiles, as [`Self::compile`] judges it, for a
+    /// grammar that is validated but not followed (the tools of a request
+    /// whose answer is free). Specs that compiled are remembered, so the
+    /// same tools sent every turn are compiled once.
+    pub fn check(&self, spec: &GrammarSpec) -> Result<(), GrammarError> {
+        let checked = || {
+            self.checked
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        if checked().specs.contains(spec) {
+            return Ok(());
+        }
+        // Compiled outside the lock: other requests' checks go on meanwhile.
+        self.compile(spec)?;
+        checked().insert(spec);
+        Ok(())
     }
 
     /// Tokens the grammar engine knows (masks cover this many ids).

@@ -7,6 +7,7 @@
 mod compiler;
 mod error;
 mod grammar;
+mod refs;
 mod unique;
 mod vocab;
 

@@ -311,3 +311,32 @@ fn every_real_world_schema_compiles_or_is_refused_by_name() {
         "{compiled} compiled, {refused} refused"
     );
 }
+
+#[test]
+fn schemas_no_document_can_match_are_refused_when_compiled() {
+    // Found before compiling: the cycle is named.
+    for (schema, cycle) in [
+        (r##"{"$ref":"#"}"##, "(# → #)"),
+        (
+            r##"{"properties":{"x":{"$ref":"#/$defs/a"}},"$defs":{"a":{"$ref":"#/$defs/a"}}}"##,
+            "(#/$defs/a → #/$defs/a)",
+        ),
+    ] {
+        match compiler().compile(&GrammarSpec::JsonSchema(schema.into())) {
+            Err(GrammarError::Invalid(m)) => assert!(m.contains(cycle), "{m}"),
+            other => panic!("{schema}: {other:?}"),
+        }
+    }
+    // Found by the first mask, computed when compiling: no engine error later.
+    let only_itself = GrammarSpec::JsonSchema(r##"{"anyOf":[{"$ref":"#"}]}"##.into());
+    match compiler().compile(&only_itself) {
+        Err(GrammarError::Invalid(m)) => assert!(m.starts_with("no output can match it"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    // Recursion that nests compiles.
+    let tree = r##"{"type":"object","properties":{"child":{"$ref":"#"}}}"##;
+    let mut g = compiler()
+        .compile(&GrammarSpec::JsonSchema(tree.into()))
+        .unwrap();
+    assert!(feed(&mut g, r#"{"child": {"child": {}}}"#));
+}

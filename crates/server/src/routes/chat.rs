@@ -133,6 +133,13 @@ impl WireFormat for ValidChatRequest {
         }))
     }
 
+    fn schemas(&self) -> Vec<OutputGrammar> {
+        self.tool_config
+            .as_ref()
+            .map(tools::tool_schemas)
+            .unwrap_or_default()
+    }
+
     fn encode(&self, front: &ModelFront) -> Result<(Vec<Vec<TokenId>>, Option<bool>), ApiError> {
         let text = render(self, &*front.chat_template()?)?;
         let ids = front

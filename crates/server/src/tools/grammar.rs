@@ -66,6 +66,20 @@ pub fn tool_grammar(format: ToolFormat, tools: &ValidTools) -> Option<OutputGram
     })
 }
 
+/// Every offered function's parameters schema, named by its field, to be
+/// checked whatever the tool_choice (see [`crate::structured::check`]).
+pub fn tool_schemas(tools: &ValidTools) -> Vec<OutputGrammar> {
+    tools
+        .tools
+        .iter()
+        .enumerate()
+        .map(|(i, t)| OutputGrammar {
+            param: format!("tools[{i}].function.parameters"),
+            spec: GrammarSpec::JsonSchema(t.parameters.to_string()),
+        })
+        .collect()
+}
+
 /// The schema text of one function (for prompts).
 pub(super) fn signature(name: &str, description: Option<&str>, parameters: &Value) -> Value {
     json!({

@@ -11,7 +11,7 @@ mod prompt;
 pub(crate) mod stream;
 
 pub use format::ToolFormat;
-pub use grammar::tool_grammar;
+pub use grammar::{tool_grammar, tool_schemas};
 pub use parse::{parse_answer, Answer, ParsedCall};
 pub use prompt::prepare;
 pub(crate) use stream::held_prefix;

@@ -378,3 +378,167 @@ async fn an_answer_breaking_unique_items_is_a_422_naming_the_field() {
     let body = chat(CHAT, json!({"max_tokens": 30, "response_format": format}));
     server.post("/v1/chat/completions", body).await.ok();
 }
+
+/// A chat request whose answer follows JSON schema `schema`.
+fn with_schema(schema: &Value) -> Value {
+    let format = json!({"type": "json_schema", "json_schema": {"name": "t", "schema": schema}});
+    chat(CHAT, json!({"max_tokens": 8, "response_format": format}))
+}
+
+/// A chat request offering one tool with `parameters` under `choice`.
+fn with_tool(parameters: &Value, choice: &str) -> Value {
+    let tool = json!({"type": "function", "function": {"name": "f", "parameters": parameters}});
+    chat(
+        CHAT,
+        json!({"max_tokens": 8, "tools": [tool], "tool_choice": choice}),
+    )
+}
+
+#[tokio::test]
+async fn a_self_referential_schema_is_a_400_naming_the_field() {
+    let server = Server::new();
+    let itself = json!({"$ref": "#"});
+    let def = json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}},
+        "$defs": {"a": {"$ref": "#/$defs/a"}}});
+    for schema in [&itself, &def] {
+        let body = with_schema(schema);
+        let message = refused(
+            &server,
+            "/v1/chat/completions",
+            body,
+            "response_format.json_schema.schema",
+        )
+        .await;
+        assert!(message.contains("refers to itself"), "{message}");
+    }
+    // A tool's parameters, whatever the tool_choice: the same refusal.
+    for choice in ["required", "auto", "none"] {
+        let message = refused(
+            &server,
+            "/v1/chat/completions",
+            with_tool(&itself, choice),
+            "tools[0].function.parameters",
+        )
+        .await;
+        assert!(message.contains("refers to itself"), "{choice}: {message}");
+    }
+    // Recursion that nests is fine.
+    let tree = json!({"type": "object", "properties": {"child": {"$ref": "#"}}});
+    server
+        .post("/v1/chat/completions", with_schema(&tree))
+        .await
+        .ok();
+    assert_eq!(server.engine.calls(), 1);
+}
+
+/// xorshift64*: a fixed sequence of schemas on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+
+    fn pick<T: Clone>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len() as u64) as usize].clone()
+    }
+}
+
+/// A random schema of at most `depth` levels: every keyword family the
+/// grammar engine knows, contradictory bounds, junk values and references
+/// (to the root, to `$defs`, to nowhere; nested or not).
+fn random_schema(rng: &mut Rng, depth: u32) -> Value {
+    let leaf = depth == 0;
+    match rng.below(if leaf { 9 } else { 17 }) {
+        0 => {
+            let t = rng.pick(&["string", "integer", "number", "boolean", "null"]);
+            json!({ "type": t })
+        }
+        1 => json!({"type": "string", "minLength": rng.below(6), "maxLength": rng.below(6)}),
+        2 => {
+            let (lo, hi) = (rng.below(9) as i64 - 4, rng.below(9) as i64 - 4);
+            json!({"type": "integer", "minimum": lo, "maximum": hi})
+        }
+        3 => {
+            let n = rng.below(5) as usize;
+            let values: Vec<Value> = [json!("a"), json!(1), json!(null), json!([]), json!({})]
+                .into_iter()
+                .take(n)
+                .collect();
+            json!({ "enum": values })
+        }
+        4 => json!({ "const": rng.pick(&["x", "1", "{}"]) }),
+        5 => {
+            let pattern = rng.pick(&["^a+$", "(", "[a-", "a{2,1}", "\\d{3}"]);
+            json!({"type": "string", "pattern": pattern})
+        }
+        6 => {
+            let target = rng.pick(&["#", "#/$defs/d0", "#/$defs/d1", "#/nowhere", "other.json"]);
+            json!({ "$ref": target })
+        }
+        7 => {
+            let kind = rng.pick(&[json!("str"), json!(5), json!([]), json!("object")]);
+            json!({"type": kind, "format": rng.pick(&["date", "email", "nope"])})
+        }
+        8 => rng.pick(&[json!(true), json!(false), json!({}), json!({"not": {}})]),
+        9 | 10 => {
+            let n = rng.below(4);
+            let props: serde_json::Map<String, Value> = (0..n)
+                .map(|i| (format!("p{i}"), random_schema(rng, depth - 1)))
+                .collect();
+            let required: Vec<String> = (0..rng.below(n + 1)).map(|i| format!("p{i}")).collect();
+            let extra = rng.below(2) == 0;
+            json!({"type": "object", "properties": props, "required": required,
+                "additionalProperties": extra})
+        }
+        11 | 12 => {
+            let items = random_schema(rng, depth - 1);
+            json!({"type": "array", "items": items, "minItems": rng.below(4), "maxItems": rng.below(4)})
+        }
+        13 => json!({"anyOf": [random_schema(rng, depth - 1), random_schema(rng, depth - 1)]}),
+        14 => json!({"oneOf": [random_schema(rng, depth - 1)]}),
+        15 => json!({"allOf": [random_schema(rng, depth - 1), {"$ref": "#"}]}),
+        _ => {
+            let required = rng.pick(&[json!(["next"]), json!([])]);
+            json!({"type": "object", "properties": {"next": {"$ref": "#"}}, "required": required})
+        }
+    }
+}
+
+#[tokio::test]
+async fn no_random_schema_gets_a_5xx() {
+    let server = Server::new();
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut refused = 0;
+    for i in 0..300 {
+        let mut schema = random_schema(&mut rng, 3);
+        if rng.below(2) == 0 {
+            if let Value::Object(map) = &mut schema {
+                let defs = json!({"d0": random_schema(&mut rng, 2), "d1": {"$ref": "#/$defs/d0"}});
+                map.insert("$defs".into(), defs);
+            }
+        }
+        let body = match i % 3 {
+            0 => with_tool(&schema, ["required", "auto"][rng.below(2) as usize]),
+            _ => with_schema(&schema),
+        };
+        let reply = server.post("/v1/chat/completions", body).await;
+        assert!(
+            !reply.status.is_server_error(),
+            "{schema}: {} {}",
+            reply.status,
+            reply.text()
+        );
+        if reply.status.is_client_error() {
+            let body = reply.json();
+            assert!(body["error"]["message"].is_string(), "{body}");
+            refused += 1;
+        }
+    }
+    // Both kinds occur: the generator is not degenerate.
+    assert!((1..300).contains(&refused), "{refused} of 300 refused");
+}
+

@@ -50,6 +50,10 @@ impl WireFormat for MessagesRequest {
         self.chat.grammar(front)
     }
 
+    fn schemas(&self) -> Vec<OutputGrammar> {
+        self.chat.schemas()
+    }
+
     fn encode(&self, front: &ModelFront) -> Result<(Vec<Vec<TokenId>>, usize), ApiError> {
         // The answer's text as the model wrote it: Anthropic's thinking
         // blocks (asked for with `thinking`) are not served.

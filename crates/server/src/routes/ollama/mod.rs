@@ -67,6 +67,10 @@ impl WireFormat for ChatRequest {
         self.chat.grammar(front)
     }
 
+    fn schemas(&self) -> Vec<OutputGrammar> {
+        self.chat.schemas()
+    }
+
     fn encode(&self, front: &ModelFront) -> Result<(Vec<Vec<TokenId>>, ()), ApiError> {
         // Ollama's `thinking` field is not served: the text as written.
         Ok((self.chat.encode(front)?.0, ()))

@@ -183,6 +183,10 @@ impl WireFormat for Create {
         self.request.chat.grammar(front)
     }
 
+    fn schemas(&self) -> Vec<OutputGrammar> {
+        self.request.chat.schemas()
+    }
+
     fn encode(&self, front: &ModelFront) -> Result<(Vec<Vec<TokenId>>, Option<bool>), ApiError> {
         self.request.chat.encode(front)
     }
