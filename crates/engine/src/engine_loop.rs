@@ -375,6 +375,11 @@ impl EngineLoop {
     }
 
     fn note_started(&mut self, out: &SchedulerOutput, now: Instant) {
+        if !out.started.is_empty() {
+            self.stats
+                .running
+                .store(self.scheduler.num_running(), Ordering::SeqCst);
+        }
         for &(id, cached) in &out.started {
             if let Some(a) = self.active.get_mut(&id) {
                 if a.queued {

@@ -160,9 +160,11 @@ pub(crate) enum Command {
 #[derive(Debug, Default)]
 pub struct EngineStats {
     /// Requests waiting for admission, including ones not yet seen by the
-    /// engine thread (admission control counts them).
+    /// engine thread (admission control counts those beyond the free
+    /// running slots).
     pub waiting: AtomicUsize,
-    /// Requests running.
+    /// Requests running (raised before `waiting` is lowered when requests
+    /// start, so admission never sees a started request in neither).
     pub running: AtomicUsize,
     /// KV blocks in use.
     pub kv_blocks_used: AtomicUsize,
@@ -321,10 +323,16 @@ impl EngineHandle {
         self.limits().check(&request)?;
         let stats = &self.shared.stats;
         let waiting = stats.waiting.fetch_add(1, Ordering::SeqCst);
+        // Requests the engine will start at its next step (there are free
+        // running slots for them) are not waiting for room: only the rest
+        // count against `max_waiting`, so a burst on an idle engine is
+        // admitted up to max_num_seqs + max_waiting.
+        let running = stats.running.load(Ordering::SeqCst);
+        let free = self.shared.controls.max_num_seqs().saturating_sub(running);
         let drain = f64::from_bits(stats.drain_per_sec.load(Ordering::Relaxed));
         if let Err(e) = admission(
             request.priority,
-            waiting,
+            waiting.saturating_sub(free),
             self.shared.limits.max_waiting,
             drain,
         ) {

@@ -231,6 +231,31 @@ fn a_full_queue_refuses_background_first() {
 }
 
 #[test]
+fn a_burst_on_an_idle_engine_is_admitted_up_to_max_num_seqs_plus_max_waiting() {
+    let e = engine(256, |c| {
+        c.scheduler.max_waiting = 8;
+        c.scheduler.max_num_seqs = 4;
+    });
+    // Long answers: the first four hold their slots for the whole test.
+    let burst: Vec<_> = (0..12)
+        .map(|i| {
+            e.submit(request(i, 10, 300))
+                .unwrap_or_else(|err| panic!("request {i} of the burst refused: {err}"))
+        })
+        .collect();
+    let stats = e.stats();
+    wait_until("four running and eight waiting", || {
+        stats.running.load(std::sync::atomic::Ordering::SeqCst) == 4
+            && stats.waiting.load(std::sync::atomic::Ordering::SeqCst) == 8
+    });
+    assert!(matches!(
+        e.submit(request(12, 10, 10)),
+        Err(SubmitError::Overloaded { .. })
+    ));
+    drop(burst);
+}
+
+#[test]
 fn too_long_and_bad_tokens_are_refused_up_front() {
     let e = engine(256, |_| {});
     assert!(matches!(
