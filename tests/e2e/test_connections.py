@@ -213,7 +213,8 @@ def test_connections_over_the_cap_get_503():
         r = httpx.get(f"{capped.url}/health", timeout=10)
         assert r.status_code == 503, r.text
         assert r.json()["error"]["code"] == "too_many_connections"
-        assert r.headers["retry-after"] == "1"
+        # Computed from how fast connections closed lately (1 to 60 s).
+        assert 1 <= int(r.headers["retry-after"]) <= 60, r.headers["retry-after"]
     finally:
         for h in held:
             h.close()

@@ -12,8 +12,8 @@
 //!   (its backpressure signal, see `routes::sse`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::extract::Request;
 use axum::Router;
@@ -45,6 +45,7 @@ pub async fn serve_connections(
     mut stop: watch::Receiver<bool>,
 ) {
     let open = Arc::new(AtomicUsize::new(0));
+    let turnover = Arc::new(Mutex::new(Turnover::default()));
     let (closed_tx, mut closed_rx) = tokio::sync::mpsc::channel::<()>(1);
     loop {
         let accepted = tokio::select! {
@@ -61,11 +62,12 @@ pub async fn serve_connections(
             }
         };
         if limits.max_connections > 0 && open.load(Ordering::SeqCst) >= limits.max_connections {
-            tokio::spawn(refuse(stream));
+            let retry_after = lock(&turnover).retry_after(Instant::now());
+            tokio::spawn(refuse(stream, retry_after));
             continue;
         }
         let _ = stream.set_nodelay(true);
-        let count = OpenGuard::new(open.clone(), closed_tx.clone());
+        let count = OpenGuard::new(open.clone(), turnover.clone(), closed_tx.clone());
         let conn = Connection {
             router: router.clone(),
             header_timeout: limits.header_timeout,
@@ -81,18 +83,54 @@ pub async fn serve_connections(
     while closed_rx.recv().await.is_some() {}
 }
 
+/// How fast connections close, so a connection refused at the cap is told
+/// when a slot is likely free (`Retry-After`) instead of a constant: the
+/// time one more close takes at the rate of the last 10 s (1 to 60 s; 10 s
+/// when none closed in that window), as the queue-full 429 does with the
+/// queue's drain rate.
+#[derive(Debug, Default)]
+struct Turnover {
+    closed: u64,
+    meter: ingot_engine::drain::DrainMeter,
+}
+
+impl Turnover {
+    fn closed(&mut self, now: Instant) {
+        self.closed += 1;
+        self.meter.record(now, self.closed);
+    }
+
+    fn retry_after(&mut self, now: Instant) -> Duration {
+        let rate = self.meter.record(now, self.closed);
+        ingot_engine::drain::retry_after(1, rate)
+    }
+}
+
+/// The lock, whether or not a holder panicked (the counts stay usable).
+fn lock(turnover: &Mutex<Turnover>) -> std::sync::MutexGuard<'_, Turnover> {
+    turnover
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Counts an open connection while it lives.
 struct OpenGuard {
     open: Arc<AtomicUsize>,
+    turnover: Arc<Mutex<Turnover>>,
     _closed: tokio::sync::mpsc::Sender<()>,
 }
 
 impl OpenGuard {
-    fn new(open: Arc<AtomicUsize>, closed: tokio::sync::mpsc::Sender<()>) -> Self {
+    fn new(
+        open: Arc<AtomicUsize>,
+        turnover: Arc<Mutex<Turnover>>,
+        closed: tokio::sync::mpsc::Sender<()>,
+    ) -> Self {
         let n = open.fetch_add(1, Ordering::SeqCst) + 1;
         metrics::gauge!(CONNECTIONS).set(n as f64);
         Self {
             open,
+            turnover,
             _closed: closed,
         }
     }
@@ -102,6 +140,7 @@ impl Drop for OpenGuard {
     fn drop(&mut self) {
         let n = self.open.fetch_sub(1, Ordering::SeqCst) - 1;
         metrics::gauge!(CONNECTIONS).set(n as f64);
+        lock(&self.turnover).closed(Instant::now());
     }
 }
 
@@ -168,12 +207,13 @@ impl Received {
 /// Answers 503 to a connection over the cap and closes it. The request is
 /// not read; the socket is shut for writing first and drained briefly so
 /// the client reads the answer instead of a reset.
-async fn refuse(mut stream: TcpStream) {
+async fn refuse(mut stream: TcpStream, retry_after: Duration) {
     crate::error::count_rejection("connections");
     let body = r#"{"error":{"message":"too many open connections; retry later","type":"server_error","param":null,"code":"too_many_connections"}}"#;
     let head = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n",
-        body.len()
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: {}\r\nconnection: close\r\n\r\n",
+        body.len(),
+        crate::error::ceil_secs(retry_after)
     );
     let answered = async {
         stream.write_all(head.as_bytes()).await?;
@@ -336,4 +376,56 @@ pub async fn limit_body(
     }
     let req = Request::from_parts(parts, axum::body::Body::from(kept.freeze()));
     next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wait_at_the_cap_follows_how_fast_connections_close() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // None closed within the window: the window.
+        assert_eq!(Turnover::default().retry_after(t0), Duration::from_secs(10));
+        // One every 2 s: the next in 2 s.
+        let mut slow = Turnover::default();
+        for i in 0..=5 {
+            slow.closed(at(2_000 * i));
+        }
+        assert_eq!(slow.retry_after(at(10_000)), Duration::from_secs(2));
+        // Two a second: within the second (never less than 1 s).
+        let mut fast = Turnover::default();
+        for i in 1..=20 {
+            fast.closed(at(500 * i));
+        }
+        assert_eq!(fast.retry_after(at(10_000)), Duration::from_secs(1));
+    }
+
+    #[tokio::test]
+    async fn a_connection_over_the_cap_is_told_when_to_retry() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let limits = ConnLimits {
+            header_timeout: Duration::from_secs(5),
+            max_connections: 1,
+        };
+        let (stop, stopped) = watch::channel(false);
+        let server = tokio::spawn(serve_connections(listener, router, limits, stopped));
+        let holder = TcpStream::connect(addr).await.unwrap();
+        let mut refused = TcpStream::connect(addr).await.unwrap();
+        let mut answer = String::new();
+        refused.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 503 "), "{answer}");
+        // No connection closed yet: the 10 s window, not a constant 1.
+        assert!(answer.contains("\r\nretry-after: 10\r\n"), "{answer}");
+        assert!(
+            answer.contains(r#""code":"too_many_connections""#),
+            "{answer}"
+        );
+        stop.send_replace(true);
+        drop(holder);
+        server.await.unwrap();
+    }
 }

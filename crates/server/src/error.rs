@@ -84,9 +84,16 @@ pub enum ApiError {
         /// When to retry.
         retry_after: Duration,
     },
-    /// Not ready or shutting down (503).
+    /// Not ready yet (503).
     #[error("{0}")]
     Unavailable(String),
+    /// Draining for shutdown (503 `shutting_down`); retry once the drain
+    /// can have ended.
+    #[error("the server is shutting down")]
+    ShuttingDown {
+        /// The longest the drain can still take.
+        retry_after: Duration,
+    },
     /// A server-side failure (500); details are logged, not returned.
     #[error("internal error")]
     Internal(String),
@@ -189,6 +196,12 @@ impl ApiError {
                 None,
                 None,
             ),
+            ApiError::ShuttingDown { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                None,
+                Some("shutting_down"),
+            ),
             ApiError::Internal(_) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal_error",
@@ -233,7 +246,7 @@ impl ApiError {
 }
 
 /// Whole seconds, rounded up, at least 1 (retrying sooner fails again).
-fn ceil_secs(d: Duration) -> u64 {
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
     (d.as_secs() + u64::from(d.subsec_nanos() > 0)).max(1)
 }
 
@@ -300,7 +313,9 @@ impl ApiError {
             ApiError::Overloaded { .. } => Some("admission"),
             ApiError::RateLimited { .. } => Some("rate_limit"),
             ApiError::Timeout(_) => Some("timeout"),
-            ApiError::Unavailable(_) | ApiError::ModelUnavailable { .. } => Some("unavailable"),
+            ApiError::Unavailable(_)
+            | ApiError::ShuttingDown { .. }
+            | ApiError::ModelUnavailable { .. } => Some("unavailable"),
             ApiError::Conflict(_) => Some("validation"),
             ApiError::Shed { .. } => Some("slo_shed"),
             ApiError::Internal(_) | ApiError::InvalidOutput { .. } => None,
@@ -322,6 +337,7 @@ impl IntoResponse for ApiError {
             ApiError::Overloaded { retry_after, .. } => Some(ceil_secs(*retry_after)),
             ApiError::RateLimited { retry_after, .. } => retry_after.map(ceil_secs),
             ApiError::Unavailable(_) => Some(1),
+            ApiError::ShuttingDown { retry_after } => Some(ceil_secs(*retry_after)),
             ApiError::Shed { retry_after, .. } => Some(ceil_secs(*retry_after)),
             ApiError::ModelUnavailable { retry_after, .. } => Some(ceil_secs(*retry_after)),
             _ => None,

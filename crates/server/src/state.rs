@@ -49,7 +49,8 @@ struct Inner {
     /// The model a request without `model` gets (the first configured).
     model_name: String,
     created: u64,
-    draining: AtomicBool,
+    /// Set when shutdown begins: when the drain ends at the latest.
+    drain_ends: std::sync::OnceLock<std::time::Instant>,
     inflight: AtomicUsize,
     idle: Notify,
     metrics: Option<PrometheusHandle>,
@@ -145,7 +146,7 @@ impl AppStateBuilder {
                 log_level: self.log_level,
                 model_name: self.model_name,
                 created,
-                draining: AtomicBool::new(false),
+                drain_ends: std::sync::OnceLock::new(),
                 inflight: AtomicUsize::new(0),
                 idle: Notify::new(),
                 metrics: self.metrics,
@@ -216,8 +217,8 @@ impl AppState {
     /// Whether model requests are taken now: 503 while the preloaded
     /// models load or the server drains. Checked once per request.
     pub fn check_serving(&self) -> Result<(), ApiError> {
-        if self.is_draining() {
-            return Err(ApiError::Unavailable("the server is shutting down".into()));
+        if let Some(e) = self.shutting_down() {
+            return Err(e);
         }
         if !self.inner.ready.load(Ordering::SeqCst) {
             return Err(ApiError::Unavailable("the model is still loading".into()));
@@ -312,14 +313,31 @@ impl AppState {
         self.inner.created
     }
 
-    /// Stops taking new generation requests.
+    /// Stops taking new generation requests; the drain lasts at most
+    /// `server.shutdown_timeout` from now.
     pub fn start_draining(&self) {
-        self.inner.draining.store(true, Ordering::SeqCst);
+        let timeout = self.runtime().config.server.shutdown_timeout.get();
+        let _ = self
+            .inner
+            .drain_ends
+            .set(std::time::Instant::now() + timeout);
     }
 
     /// Whether shutdown has begun.
     pub fn is_draining(&self) -> bool {
-        self.inner.draining.load(Ordering::SeqCst)
+        self.inner.drain_ends.get().is_some()
+    }
+
+    /// The refusal of a request while draining, `None` before: its
+    /// Retry-After is the longest the drain can still take plus the second
+    /// open connections get to close, for a client that retries against
+    /// the restarted server (or another one, behind a balancer).
+    pub fn shutting_down(&self) -> Option<ApiError> {
+        let ends = *self.inner.drain_ends.get()?;
+        let left = ends.saturating_duration_since(std::time::Instant::now());
+        Some(ApiError::ShuttingDown {
+            retry_after: left + std::time::Duration::from_secs(1),
+        })
     }
 
     /// Counts a generation request until the guard drops.

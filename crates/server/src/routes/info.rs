@@ -161,12 +161,10 @@ pub async fn ready(State((state, _)): State<Shared>) -> Response {
     if state.is_ready() {
         return (StatusCode::OK, "ready").into_response();
     }
-    let why = if state.is_draining() {
-        "the server is shutting down"
-    } else {
-        "the model is still loading"
-    };
-    ApiError::Unavailable(why.into()).into_response()
+    state
+        .shutting_down()
+        .unwrap_or_else(|| ApiError::Unavailable("the model is still loading".into()))
+        .into_response()
 }
 
 /// `GET /metrics`: Prometheus text.

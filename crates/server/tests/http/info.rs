@@ -148,7 +148,7 @@ async fn ready_turns_200_once_set_and_503_while_draining_health_stays_200() {
         StatusCode::SERVICE_UNAVAILABLE,
         "service_unavailable",
         None,
-        None,
+        Some("shutting_down"),
     );
     assert_eq!(message, "the server is shutting down");
     assert_eq!(server.get("/health").await.status, StatusCode::OK);

@@ -184,11 +184,37 @@ async fn before_ready_and_while_draining_generation_is_503() {
         StatusCode::SERVICE_UNAVAILABLE,
         "service_unavailable",
         None,
-        None,
+        Some("shutting_down"),
     );
     assert_eq!(message, "the server is shutting down");
-    assert_eq!(reply.header("retry-after"), "1");
+    // The default 30 s drain (less the moments this test took), then 1 s.
+    let secs: u64 = reply.header("retry-after").parse().unwrap();
+    assert!((30..=31).contains(&secs), "{secs}");
     assert_eq!(server.engine.calls(), 1);
+}
+
+#[tokio::test]
+async fn the_shutdown_503_says_how_long_the_drain_can_still_take() {
+    let server = Server::with(|c| {
+        c.server.shutdown_timeout = ingot_config::Duration::from_secs(20);
+    });
+    server.state.start_draining();
+    let generation = server
+        .post("/v1/completions", completion(CHAT, json!({})))
+        .await;
+    for (path, reply) in [
+        ("/v1/completions", generation),
+        ("/ready", server.get("/ready").await),
+    ] {
+        reply.error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            None,
+            Some("shutting_down"),
+        );
+        let secs: u64 = reply.header("retry-after").parse().unwrap();
+        assert!((20..=21).contains(&secs), "{path}: {secs}");
+    }
 }
 
 /// A server whose normal tier waits at most 50 ms for a first token.
