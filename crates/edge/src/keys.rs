@@ -136,6 +136,12 @@ impl KeyTable {
         self.open_paths.iter().any(|p| p == path)
     }
 
+    /// Every key's id, in table order (configured keys, the key file's,
+    /// then `--api-key`'s).
+    pub fn ids(&self) -> impl Iterator<Item = &str> {
+        self.keys.iter().map(|k| k.id.as_str())
+    }
+
     /// How many keys.
     pub fn len(&self) -> usize {
         self.keys.len()

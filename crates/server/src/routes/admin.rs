@@ -46,7 +46,9 @@ pub async fn slo(State((state, _)): State<Shared>) -> Json<Value> {
     Json(state.slo().report(&state.runtime().config))
 }
 
-/// `GET /admin/config`: the effective config, each value with its source.
+/// `GET /admin/config`: the effective config, each value with its source,
+/// and the API keys in force by id. Key hashes are left out: an unsalted
+/// SHA-256 of a weak key can be reversed offline by whoever reads it.
 pub async fn config(State((state, _)): State<Shared>) -> Json<Value> {
     let runtime = state.runtime();
     let sources: serde_json::Map<String, Value> = runtime
@@ -54,10 +56,36 @@ pub async fn config(State((state, _)): State<Shared>) -> Json<Value> {
         .iter()
         .map(|(k, s)| (k.clone(), Value::String(s.to_string())))
         .collect();
+    let mut config = serde_json::to_value(&runtime.config).unwrap_or(Value::Null);
+    without_key_hashes(&mut config);
+    let table = state.edge().table();
+    let ids: Vec<&str> = table.ids().collect();
     Json(json!({
-        "config": serde_json::to_value(&runtime.config).unwrap_or(Value::Null),
+        "config": config,
         "sources": sources,
+        "api_keys": {"count": ids.len(), "ids": ids},
     }))
+}
+
+/// What a key hash becomes in the shown config.
+const REDACTED: &str = "<redacted>";
+
+/// Replaces every key hash in a serialised config (`auth.api_keys[].sha256`,
+/// `auth.api_key_sha256`) with [`REDACTED`].
+fn without_key_hashes(config: &mut Value) {
+    let Some(auth) = config.get_mut("auth") else {
+        return;
+    };
+    if let Some(keys) = auth.get_mut("api_keys").and_then(Value::as_array_mut) {
+        for key in keys {
+            if let Some(hash) = key.get_mut("sha256") {
+                *hash = Value::from(REDACTED);
+            }
+        }
+    }
+    if let Some(hash) = auth.get_mut("api_key_sha256").filter(|h| !h.is_null()) {
+        *hash = Value::from(REDACTED);
+    }
 }
 
 /// `POST /admin/reload`: re-reads the config file and environment; applies

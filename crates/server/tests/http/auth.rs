@@ -162,10 +162,34 @@ async fn admin_endpoints_need_an_admin_key() {
         .send(bearer(get("/admin/config"), "sk-root-SECRET"))
         .await;
     config.ok();
-    assert!(
-        !config.text().contains("SECRET"),
-        "the config holds hashes only"
-    );
+    assert!(!config.text().contains("SECRET"), "no key text");
+}
+
+#[tokio::test]
+async fn the_admin_config_shows_no_key_hash() {
+    let keys = [KEY, "sk-root-SECRET", "sk-flag"];
+    let server = Server::with(|c| {
+        let mut root = api_key("root", keys[1]);
+        root.admin = true;
+        c.auth.api_keys = vec![api_key("k", KEY), root];
+        c.auth.api_key_sha256 = Some(ingot_edge::hash_key_hex(keys[2]));
+    });
+    let reply = server
+        .send(bearer(get("/admin/config"), "sk-root-SECRET"))
+        .await;
+    let body = reply.ok();
+    let text = reply.text().to_ascii_lowercase();
+    for key in keys {
+        let hash = ingot_edge::hash_key_hex(key);
+        assert!(!text.contains(&hash), "the hash of {key} is shown: {text}");
+        assert!(!text.contains(key.to_ascii_lowercase().as_str()), "{key}");
+    }
+    assert_eq!(body["api_keys"]["count"], 3);
+    assert_eq!(body["api_keys"]["ids"], json!(["k", "root", "api-key"]));
+    let auth = &body["config"]["auth"];
+    assert_eq!(auth["api_keys"][0]["id"], "k");
+    assert_eq!(auth["api_keys"][0]["sha256"], "<redacted>");
+    assert_eq!(auth["api_key_sha256"], "<redacted>");
 }
 
 #[tokio::test]
