@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use ingot_core::{Priority, SamplingParams, StopCriteria, TokenId, MAX_LOGIT_BIAS, MAX_LOGPROBS};
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 
 use crate::ProtocolError;
 
@@ -59,6 +59,7 @@ pub struct SamplingFields {
     /// Sampling temperature.
     pub temperature: Option<f32>,
     /// Nucleus mass.
+    #[serde(default, deserialize_with = "positive_f32")]
     pub top_p: Option<f32>,
     /// Top-k (extension). 0 or -1 disables.
     pub top_k: Option<i32>,
@@ -90,6 +91,22 @@ pub struct SamplingFields {
     pub user: Option<String>,
     /// Token id (as a string) → bias added to its logit.
     pub logit_bias: Option<BTreeMap<String, f32>>,
+}
+
+/// A number as `f32`, a positive one kept positive: JSON numbers are
+/// `f64`, and one below `f32`'s range (`1e-300`) would round to 0, which a
+/// bound such as `top_p > 0` then refuses as a value the client never sent.
+/// Such a value becomes the smallest normal `f32` (for `top_p`: keep only
+/// the likeliest token, as the client asked).
+fn positive_f32<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f32>, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.map(|x| {
+        let narrowed = x as f32;
+        if narrowed == 0.0 && x > 0.0 {
+            f32::MIN_POSITIVE
+        } else {
+            narrowed
+        }
+    }))
 }
 
 /// Validated shared fields.
@@ -152,6 +169,14 @@ impl SamplingFields {
                 "stop",
                 &format!("at most {MAX_STOP_STRINGS} strings"),
                 format!("{} strings", stop_strings.len()),
+            ));
+        }
+        // An empty stop string would match before any text: the answer
+        // could never say anything.
+        if stop_strings.iter().any(String::is_empty) {
+            return Err(ProtocolError::field(
+                "stop",
+                "stop strings must not be empty",
             ));
         }
         if let Some(s) = stop_strings.iter().find(|s| s.len() > MAX_STOP_LEN) {

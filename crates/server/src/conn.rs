@@ -167,7 +167,9 @@ impl Connection {
         builder
             .timer(TokioTimer::new())
             .header_read_timeout(self.header_timeout);
-        let mut conn = Box::pin(builder.serve_connection(TokioIo::new(stream), service));
+        let mut conn = Box::pin(
+            builder.serve_connection(TokioIo::new(ShapedParseErrors::new(stream)), service),
+        );
         let ended = tokio::select! {
             r = conn.as_mut() => Some(r),
             _ = self.stop.wait_for(|s| *s) => None,
@@ -187,6 +189,181 @@ impl Connection {
         // The socket closes with `conn`: no probe may read its descriptor
         // number after that (it could be another connection's by then).
         socket.close_with(conn);
+    }
+}
+
+/// A connection's socket, through which hyper's own answers to request
+/// heads it cannot parse go out in the API's error shape. hyper answers a
+/// malformed head (a Content-Length that is no byte count, a bad header
+/// line), a head over its size or an overlong URI itself, before any
+/// handler runs, with an empty body. Those answers are recognised as the
+/// one write of a whole head of status 400, 414 or 431 with
+/// `content-length: 0`, which the app never sends (every error of its has
+/// a JSON body), and written with a JSON error body instead.
+struct ShapedParseErrors<T> {
+    inner: T,
+    /// The answer being written in place of the head hyper handed over.
+    pending: Option<Reshaped>,
+}
+
+/// A rewritten answer: its bytes, how many are out, and the length of
+/// the write it replaces (what hyper is told was written).
+struct Reshaped {
+    bytes: Vec<u8>,
+    written: usize,
+    replaces: usize,
+}
+
+impl<T> ShapedParseErrors<T> {
+    fn new(inner: T) -> Self {
+        Self {
+            inner,
+            pending: None,
+        }
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> ShapedParseErrors<T> {
+    /// Writes the pending answer; done, it stands for the write it
+    /// replaced. hyper retries a write that was pending with the same
+    /// bytes, so what a retry hands over is not looked at.
+    fn poll_pending(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        use std::task::Poll;
+        let Some(p) = self.pending.as_mut() else {
+            return Poll::Ready(Ok(0));
+        };
+        while p.written < p.bytes.len() {
+            match std::pin::Pin::new(&mut self.inner).poll_write(cx, &p.bytes[p.written..]) {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()))
+                }
+                Poll::Ready(Ok(n)) => p.written += n,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        let replaces = p.replaces;
+        self.pending = None;
+        Poll::Ready(Ok(replaces))
+    }
+}
+
+/// hyper's answer to an unparsable head in `head`, with a JSON body;
+/// `None` for any other write.
+fn reshape(head: &[u8]) -> Option<Vec<u8>> {
+    // Every write passes here: refuse the rest cheaply.
+    if !head.starts_with(b"HTTP/1.1 4") || !head.ends_with(b"\r\n\r\n") || head.len() > 1024 {
+        return None;
+    }
+    let text = std::str::from_utf8(head).ok()?;
+    let rest = text.strip_prefix("HTTP/1.1 ")?.strip_suffix("\r\n\r\n")?;
+    let (message, code) = match rest.get(..4)? {
+        "400 " => (
+            "the request could not be read as HTTP: its head is malformed (e.g. a Content-Length that is not a byte count, or a bad header line)",
+            "malformed_request",
+        ),
+        "414 " => ("the request URI is too long", "uri_too_long"),
+        "431 " => ("the request's header fields are too large", "headers_too_large"),
+        _ => return None,
+    };
+    let mut lines = rest.split("\r\n");
+    let status = lines.next()?;
+    let (empty, headers): (Vec<&str>, Vec<&str>) =
+        lines.partition(|h| h.eq_ignore_ascii_case("content-length: 0"));
+    if empty.is_empty() {
+        return None;
+    }
+    let body = serde_json::json!({"error": {
+        "message": message, "type": "invalid_request_error", "param": null, "code": code,
+    }})
+    .to_string();
+    let mut out = format!("HTTP/1.1 {status}\r\n");
+    for h in headers {
+        out.push_str(h);
+        out.push_str("\r\n");
+    }
+    out.push_str(&format!(
+        "content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    ));
+    Some(out.into_bytes())
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for ShapedParseErrors<T> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for ShapedParseErrors<T> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        if this.pending.is_none() {
+            let Some(bytes) = reshape(buf) else {
+                return std::pin::Pin::new(&mut this.inner).poll_write(cx, buf);
+            };
+            this.pending = Some(Reshaped {
+                bytes,
+                written: 0,
+                replaces: buf.len(),
+            });
+        }
+        this.poll_pending(cx)
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        if this.pending.is_none() {
+            // hyper's answer to an unparsable head is a head alone: one
+            // non-empty slice.
+            let mut filled = bufs.iter().filter(|b| !b.is_empty());
+            let only = match (filled.next(), filled.next()) {
+                (Some(head), None) => Some(head),
+                _ => None,
+            };
+            let Some((bytes, replaces)) = only.and_then(|h| Some((reshape(h)?, h.len()))) else {
+                return std::pin::Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+            };
+            this.pending = Some(Reshaped {
+                bytes,
+                written: 0,
+                replaces,
+            });
+        }
+        this.poll_pending(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
 
@@ -332,7 +509,12 @@ pub async fn limit_body(
     let expects_continue = headers
         .get(axum::http::header::EXPECT)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-    if expects_continue && declared.is_some_and(|n| n > limit as u64) {
+    // Over the limit by its own account: answered at once when the client
+    // waits to be told (100-continue) or when the body could never be
+    // read to its end anyway (a length past what is drained, such as an
+    // absurd one); else read, discarding, as below.
+    let declared_over = declared.is_some_and(|n| n > limit as u64);
+    if declared_over && (expects_continue || declared.is_some_and(|n| n > DRAIN_BYTES)) {
         return too_large();
     }
     if declared == Some(0) {
@@ -341,9 +523,11 @@ pub async fn limit_body(
     let (parts, body) = req.into_parts();
     let mut chunks = body.into_data_stream();
     let mut kept = bytes::BytesMut::new();
-    let mut over = false;
+    // Declared over the limit: discarding from the start, within the drain
+    // time (a client that never sends the body still gets its 413).
+    let mut over = declared_over;
     let mut seen = 0u64;
-    let mut drain_until = None;
+    let mut drain_until = over.then(|| tokio::time::Instant::now() + DRAIN_TIME);
     loop {
         let next = match drain_until {
             None => chunks.next().await,
@@ -427,5 +611,72 @@ mod tests {
         stop.send_replace(true);
         drop(holder);
         server.await.unwrap();
+    }
+
+    /// Sends `request` raw to a server of one route; the whole answer.
+    async fn answer_to(request: &str) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = Router::new().route("/", axum::routing::post(|| async { "ok" }));
+        let limits = ConnLimits {
+            header_timeout: Duration::from_secs(5),
+            max_connections: 0,
+        };
+        let (stop, stopped) = watch::channel(false);
+        let server = tokio::spawn(serve_connections(listener, router, limits, stopped));
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        client.read_to_string(&mut answer).await.unwrap();
+        stop.send_replace(true);
+        server.await.unwrap();
+        answer
+    }
+
+    #[tokio::test]
+    async fn an_unparsable_head_is_answered_in_the_error_shape() {
+        let absurd =
+            "POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 99999999999999999999999\r\n\r\n";
+        let answer = answer_to(absurd).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 400 Bad Request\r\n"),
+            "{answer}"
+        );
+        assert!(
+            answer.contains("\r\ncontent-type: application/json\r\n"),
+            "{answer}"
+        );
+        let (_, body) = answer.split_once("\r\n\r\n").unwrap();
+        let body: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(body["error"]["code"], "malformed_request", "{body}");
+        assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+        let length = format!("\r\ncontent-length: {}\r\n", body.to_string().len());
+        assert!(answer.contains(&length), "{answer}");
+        // A parsable request is answered by the app, untouched.
+        let fine = "POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+        let answer = answer_to(fine).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200 OK\r\n") && answer.ends_with("ok"),
+            "{answer}"
+        );
+    }
+
+    #[test]
+    fn only_hypers_own_bodiless_error_heads_are_reshaped() {
+        let head = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\ndate: now\r\n\r\n";
+        let shaped = String::from_utf8(reshape(head).unwrap()).unwrap();
+        assert!(
+            shaped.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\ndate: now\r\n"),
+            "{shaped}"
+        );
+        assert!(shaped.contains("headers_too_large"), "{shaped}");
+        for other in [
+            &b"HTTP/1.1 400 Bad Request\r\ncontent-length: 12\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+            b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n{}",
+            b"data: {}\n\n",
+        ] {
+            assert_eq!(reshape(other), None, "{}", String::from_utf8_lossy(other));
+        }
     }
 }

@@ -56,6 +56,12 @@ pub enum ApiError {
     /// The body exceeds the size limit (413).
     #[error("the request body exceeds the limit of {0} bytes")]
     PayloadTooLarge(usize),
+    /// The body is declared as something other than JSON (415); holds
+    /// the Content-Type sent.
+    #[error(
+        "the request body must be JSON (Content-Type: application/json), got Content-Type: {0}"
+    )]
+    UnsupportedMediaType(String),
     /// The queue is full (429).
     #[error("{message}")]
     Overloaded {
@@ -165,6 +171,12 @@ impl ApiError {
                 "invalid_request_error",
                 None,
                 Some("request_too_large"),
+            ),
+            ApiError::UnsupportedMediaType(_) => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "invalid_request_error",
+                None,
+                Some("unsupported_media_type"),
             ),
             ApiError::Overloaded { .. } => (
                 StatusCode::TOO_MANY_REQUESTS,
@@ -302,7 +314,7 @@ impl ApiError {
     /// server-side failure, which is an error rather than a refusal.
     fn rejection_reason(&self) -> Option<&'static str> {
         match self {
-            ApiError::BadRequest(_) => Some("validation"),
+            ApiError::BadRequest(_) | ApiError::UnsupportedMediaType(_) => Some("validation"),
             // A wrong method is a request for an endpoint that does not exist.
             ApiError::ModelNotFound(_)
             | ApiError::UnknownModel { .. }

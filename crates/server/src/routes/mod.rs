@@ -75,6 +75,9 @@ fn routes(state: AppState, max_body_bytes: usize) -> Router {
             ApiError::MethodNotAllowed(format!("{method} {}", uri.path()))
         })
         .layer(DefaultBodyLimit::max(max_body_bytes))
+        // Inside the key check: a caller without a key learns nothing
+        // about how bodies are read.
+        .layer(axum::middleware::from_fn(json_only))
         .layer(axum::middleware::from_fn_with_state(
             state.edge().clone(),
             ingot_edge::authenticate,
@@ -110,6 +113,45 @@ fn routes(state: AppState, max_body_bytes: usize) -> Router {
 
 /// Shared state as the router carries it.
 type Shared = (AppState, usize);
+
+/// Middleware: a body declared as something other than JSON is refused
+/// with 415 rather than parsed as JSON anyway. A body without a
+/// Content-Type is read as JSON, and so is
+/// `application/x-www-form-urlencoded`: `curl -d` sends that by default,
+/// and Ollama's documented examples rely on it.
+async fn json_only(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use axum::body::HttpBody;
+    use axum::response::IntoResponse;
+
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .filter(|_| req.body().size_hint().exact() != Some(0));
+    if let Some(declared) = declared {
+        if !read_as_json(declared) {
+            let shown = String::from_utf8_lossy(declared.as_bytes()).into_owned();
+            return ApiError::UnsupportedMediaType(shown).into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Whether a body of this Content-Type is read as JSON: `application/json`,
+/// any `+json` type, or a form type (see [`json_only`]).
+fn read_as_json(content_type: &HeaderValue) -> bool {
+    let Ok(value) = content_type.to_str() else {
+        return false;
+    };
+    let essence = value
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+        || essence == "application/x-www-form-urlencoded"
+}
 
 /// The body as a JSON object; 413 over the limit, 400 when malformed.
 fn json_body(

@@ -542,3 +542,91 @@ async fn no_random_schema_gets_a_5xx() {
     assert!((1..300).contains(&refused), "{refused} of 300 refused");
 }
 
+#[tokio::test]
+async fn a_tiny_positive_top_p_is_accepted() {
+    let server = Server::new();
+    let body = chat(CHAT, json!({"top_p": 1e-300, "max_tokens": 2}));
+    server.post("/v1/chat/completions", body).await.ok();
+    let top_p = server.engine.seen()[0].engine.sampling.top_p;
+    assert!(top_p > 0.0 && top_p < 1e-30, "{top_p}");
+    let message = refused(
+        &server,
+        "/v1/chat/completions",
+        chat(CHAT, json!({"top_p": 0})),
+        "top_p",
+    )
+    .await;
+    assert!(message.ends_with("got 0"), "{message}");
+}
+
+#[tokio::test]
+async fn an_empty_stop_string_is_refused_by_name() {
+    let server = Server::new();
+    for stop in [json!([""]), json!(["x", ""]), json!("")] {
+        let body = completion(CHAT, json!({ "stop": stop }));
+        let message = refused(&server, "/v1/completions", body, "stop").await;
+        assert_eq!(message, "stop strings must not be empty");
+    }
+    assert_eq!(server.engine.calls(), 0);
+}
+
+#[tokio::test]
+async fn a_body_that_is_not_json_is_415() {
+    let server = Server::new();
+    let body = chat(CHAT, json!({})).to_string();
+    for kind in [
+        "text/plain",
+        "multipart/form-data; boundary=x",
+        "application/xml",
+    ] {
+        let request = with_header(
+            raw_post("/v1/chat/completions", body.clone()),
+            "content-type",
+            kind,
+        );
+        let reply = server.send(request).await;
+        let message = reply.error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            INVALID,
+            None,
+            Some("unsupported_media_type"),
+        );
+        assert!(message.contains(kind), "{message}");
+    }
+    assert_eq!(server.engine.calls(), 0);
+    // JSON by any of its names, no type, or curl -d's default: read as JSON.
+    for kind in [
+        Some("application/json; charset=utf-8"),
+        Some("application/vnd.api+json"),
+        Some("application/x-www-form-urlencoded"),
+        None,
+    ] {
+        let mut request = raw_post("/v1/chat/completions", body.clone());
+        match kind {
+            Some(kind) => request = with_header(request, "content-type", kind),
+            None => {
+                request.headers_mut().remove("content-type");
+            }
+        }
+        server.send(request).await.ok();
+    }
+}
+
+#[tokio::test]
+async fn an_absurd_content_length_is_413_in_the_error_shape() {
+    let server = Server::new();
+    let request = with_header(
+        raw_post("/v1/chat/completions", chat(CHAT, json!({})).to_string()),
+        "content-length",
+        "999999999999999",
+    );
+    let reply = server.send(request).await;
+    reply.error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        INVALID,
+        None,
+        Some("request_too_large"),
+    );
+    assert_eq!(reply.header("connection"), "close");
+    assert_eq!(server.engine.calls(), 0);
+}
