@@ -112,7 +112,9 @@ def test_graceful_shutdown_finishes_in_flight(server_factory, model_name):
 
 
 def test_shutdown_timeout_bounds_the_drain(model_name):
-    """With --shutdown-timeout 1 a long stream does not keep the process alive."""
+    """With --shutdown-timeout 1 a long stream does not keep the process
+    alive, and it still ends well-formed: an error event `shutting_down`,
+    then [DONE], then the end of the response."""
     srv = Server("--shutdown-timeout", "1")
     try:
         body = {"model": model_name, "prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0,
@@ -125,20 +127,25 @@ def test_shutdown_timeout_bounds_the_drain(model_name):
                 srv.send_signal(signal.SIGTERM)
                 # keep reading in the background so the server can write
                 drained = threading.Event()
+                payloads: list[str] = []
+                failure: list[BaseException] = []
 
                 def drain():
                     try:
-                        for _ in it:
-                            pass
-                    except Exception:
-                        pass
+                        payloads.extend(it)
+                    except Exception as e:  # noqa: BLE001 (asserted below)
+                        failure.append(e)
                     drained.set()
 
                 threading.Thread(target=drain, daemon=True).start()
                 rc = srv.wait(timeout=15)
                 elapsed = time.monotonic() - t0
+                assert drained.wait(5), "the stream never ended"
         assert rc == 0, f"exit code {rc}\n{srv.log_tail()}"
         assert elapsed < 8, f"exit took {elapsed:.1f}s with --shutdown-timeout 1"
+        assert not failure, f"the stream broke off: {failure[0]!r}; last events {payloads[-2:]}"
+        assert payloads[-1] == "[DONE]", payloads[-3:]
+        assert json.loads(payloads[-2])["error"]["code"] == "shutting_down", payloads[-2]
     finally:
         srv.kill()
 

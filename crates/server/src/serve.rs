@@ -192,6 +192,11 @@ pub async fn serve(
             inflight = state.inflight(),
             "shutdown timeout; closing in-flight requests"
         );
+        // Open streams end with an error event and their terminator; they
+        // do so at once, and the connections' graceful close below writes
+        // those last bytes.
+        state.close_streams();
+        let _ = tokio::time::timeout(Duration::from_millis(500), state.wait_idle()).await;
     }
     let _ = stop_tx.send(true);
     // Connections still open (idle keep-alive, cut streams) get a moment.

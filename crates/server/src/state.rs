@@ -53,6 +53,8 @@ struct Inner {
     drain_ends: std::sync::OnceLock<std::time::Instant>,
     inflight: AtomicUsize,
     idle: Notify,
+    /// Turns true when open streams must end now (the drain's deadline).
+    close_streams: tokio::sync::watch::Sender<bool>,
     metrics: Option<PrometheusHandle>,
     /// API keys and their limits (auth off when none are configured).
     edge: ingot_edge::Edge,
@@ -149,6 +151,7 @@ impl AppStateBuilder {
                 drain_ends: std::sync::OnceLock::new(),
                 inflight: AtomicUsize::new(0),
                 idle: Notify::new(),
+                close_streams: tokio::sync::watch::Sender::new(false),
                 metrics: self.metrics,
                 edge,
                 fleet: self.fleet,
@@ -353,6 +356,12 @@ impl AppState {
         self.inner.inflight.load(Ordering::SeqCst)
     }
 
+    /// Ends every open stream now: each sends an error event and its
+    /// terminator and cancels its generations (the shutdown timeout passed).
+    pub fn close_streams(&self) {
+        self.inner.close_streams.send_replace(true);
+    }
+
     /// Resolves when no generation request is in flight.
     pub async fn wait_idle(&self) {
         loop {
@@ -435,6 +444,14 @@ impl CacheControl {
 /// Held by a generation request (moved into its stream when streaming).
 pub struct InflightGuard {
     state: AppState,
+}
+
+impl InflightGuard {
+    /// Turns true when the request's stream must end now (see
+    /// [`AppState::close_streams`]).
+    pub fn closing(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.state.inner.close_streams.subscribe()
+    }
 }
 
 impl Drop for InflightGuard {

@@ -92,6 +92,25 @@ fn cut_error(why: Cut) -> serde_json::Value {
     })
 }
 
+/// The OpenAI error body of a stream the server ends at shutdown.
+fn shutdown_error() -> serde_json::Value {
+    serde_json::json!({
+        "error": {
+            "message": "the server is shutting down: its shutdown timeout passed with this stream open",
+            "type": "service_unavailable",
+            "param": null,
+            "code": "shutting_down"
+        }
+    })
+}
+
+/// Resolves when `closing` turns true; never if its sender is gone first.
+async fn closes(closing: &mut tokio::sync::watch::Receiver<bool>) {
+    if closing.wait_for(|c| *c).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// Resolves with the cut once the send queue cuts the stream off; never
 /// when the queue ends without one.
 async fn cut_of(rx: &mut tokio::sync::watch::Receiver<Option<Cut>>) -> Cut {
@@ -213,8 +232,9 @@ pub trait ChunkFormat: Send + 'static {
 /// Streams `head`, then every choice's chunks as they come, then the usage
 /// chunk (when asked) and `[DONE]`. The guard lives as long as the stream;
 /// dropping the stream (client gone) aborts every unfinished choice. A
-/// stream the send queue cuts off (a client not reading) aborts them too and
-/// ends with an error event and the terminator.
+/// stream the send queue cuts off (a client not reading), or that is still
+/// open when the shutdown timeout passes, aborts them too and ends with an
+/// error event and the terminator.
 pub fn stream_choices<F: ChunkFormat>(
     head: Vec<Event>,
     jobs: Vec<Job>,
@@ -233,6 +253,7 @@ pub fn stream_choices<F: ChunkFormat>(
     let (cut_tx, cut) = tokio::sync::watch::channel(None);
     let state = StreamState {
         cut,
+        closing: guard.closing(),
         received: Some(received),
         usage,
         events: generate::merge(jobs),
@@ -262,6 +283,8 @@ struct StreamState<F> {
     events: BoxStream<'static, ChoiceEvent>,
     /// Set when the send queue cuts the client off.
     cut: tokio::sync::watch::Receiver<Option<Cut>>,
+    /// Turns true when the server ends every open stream (shutdown).
+    closing: tokio::sync::watch::Receiver<bool>,
     /// Finished choices (prompt index, completion), for the usage chunk.
     done: Vec<(usize, Completion)>,
     finished: bool,
@@ -300,6 +323,10 @@ impl<F: ChunkFormat> StreamState<F> {
         let next = tokio::select! {
             biased;
             why = cut_of(&mut self.cut) => return self.end_with_error(&cut_error(why)),
+            () = closes(&mut self.closing) => {
+                metrics::counter!(send_queue::STREAMS_CUT, "reason" => "shutdown").increment(1);
+                return self.end_with_error(&shutdown_error());
+            }
             next = self.events.next() => next,
         };
         match next {
