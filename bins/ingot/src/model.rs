@@ -279,11 +279,13 @@ const GPU_EMBEDDING_BATCH_TOKENS: usize = 2048;
 const EMBEDDING_DECODE_SHARE: f64 = 0.05;
 
 /// Loads a BERT embedding model on `model.device` (`auto`: the GPU when
-/// the CUDA encoder can run it) and starts its engine; returns it with the
-/// model's parameter count. On the CPU it takes turns with the CPU decode
-/// engines, so decode never waits for more than its bounded share.
+/// the CUDA encoder can run it) and starts its engine, whose series are
+/// labelled `model = id`; returns it with the model's parameter count. On
+/// the CPU it takes turns with the CPU decode engines, so decode never
+/// waits for more than its bounded share.
 pub fn load_embedding(
     config: &Config,
+    id: &str,
     path: &Path,
 ) -> anyhow::Result<(ingot_engine::EmbeddingHandle, usize)> {
     let files = ingot_models::bert::open_bert(path)
@@ -294,6 +296,7 @@ pub fn load_embedding(
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     });
     let engine = ingot_engine::EmbeddingConfig {
+        model_name: id.to_string(),
         max_batch_tokens: EMBEDDING_BATCH_TOKENS,
         threads,
         // The turns keep it off decode's time; at idle priority its slices
@@ -308,6 +311,7 @@ pub fn load_embedding(
             // One thread that only enqueues GPU work: at idle priority it
             // could wait behind busy decode threads while the GPU idles.
             let engine = ingot_engine::EmbeddingConfig {
+                model_name: id.to_string(),
                 max_batch_tokens: GPU_EMBEDDING_BATCH_TOKENS,
                 threads: 1,
                 idle_priority: false,

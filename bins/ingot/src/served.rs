@@ -128,7 +128,7 @@ impl ModelBuilder for ServedModels {
         let plan = self.plan(id)?;
         if plan.embedding {
             let (handle, params) =
-                model::load_embedding(&plan.config, &plan.path).map_err(LoadError::new)?;
+                model::load_embedding(&plan.config, id, &plan.path).map_err(LoadError::new)?;
             tracing::info!(
                 target: STARTUP,
                 architecture = %"bert",

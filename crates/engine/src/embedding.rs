@@ -28,8 +28,10 @@ use tokio::sync::oneshot;
 use crate::cpu_share::{CpuArbiter, EmbeddingSide};
 
 /// How an embedding engine batches and where it runs.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct EmbeddingConfig {
+    /// The model's id: the `model` label of its series.
+    pub model_name: String,
     /// Most tokens in one forward pass.
     pub max_batch_tokens: usize,
     /// Threads of the engine's pool.
@@ -104,7 +106,8 @@ impl EmbeddingHandle {
         tokenizer: EncoderTokenizer,
         config: EmbeddingConfig,
     ) -> Result<Self, EmbeddingError> {
-        let pool = thread_pool(config)?;
+        let pool = thread_pool(&config)?;
+        describe();
         let (tx, rx) = mpsc::channel::<Job>();
         let (dimensions, max_tokens) = (model.dimensions(), model.max_tokens());
         let (vocab_size, device) = (model.vocab_size(), model.device_name().to_string());
@@ -115,7 +118,7 @@ impl EmbeddingHandle {
         let thread = std::thread::Builder::new()
             .name("ingot-embed".into())
             .spawn(move || {
-                let mut worker = Worker::new(&*model, budget, side);
+                let mut worker = Worker::new(&*model, budget, side, config.model_name);
                 while let Ok(first) = rx.recv() {
                     let mut jobs = vec![first];
                     jobs.extend(rx.try_iter());
@@ -198,7 +201,25 @@ impl EmbeddingHandle {
     }
 }
 
-fn thread_pool(config: EmbeddingConfig) -> Result<rayon::ThreadPool, EmbeddingError> {
+/// The embedding series.
+const BATCH_SECONDS: &str = "ingot_embedding_batch_seconds";
+const TOKENS: &str = "ingot_embedding_tokens_total";
+
+/// HELP text of the embedding series (the recorder keeps one per name).
+fn describe() {
+    metrics::describe_histogram!(
+        BATCH_SECONDS,
+        metrics::Unit::Seconds,
+        "Time an embedding model computed per forward pass (batch), pauses for decode's turns excluded."
+    );
+    metrics::describe_counter!(
+        TOKENS,
+        metrics::Unit::Count,
+        "Input tokens embedded (special tokens included)."
+    );
+}
+
+fn thread_pool(config: &EmbeddingConfig) -> Result<rayon::ThreadPool, EmbeddingError> {
     let idle = config.idle_priority;
     rayon::ThreadPoolBuilder::new()
         .num_threads(config.threads.max(1))
@@ -234,6 +255,8 @@ const COST_SMOOTHING: f64 = 0.3;
 /// Runs batches on the engine thread, taking turns with decode.
 struct Worker<'a> {
     model: &'a dyn Embedder,
+    /// The `model` label of the series.
+    model_name: String,
     /// Most tokens per batch when decode is idle.
     budget: usize,
     side: Option<EmbeddingSide>,
@@ -243,9 +266,15 @@ struct Worker<'a> {
 }
 
 impl<'a> Worker<'a> {
-    fn new(model: &'a dyn Embedder, budget: usize, side: Option<EmbeddingSide>) -> Self {
+    fn new(
+        model: &'a dyn Embedder,
+        budget: usize,
+        side: Option<EmbeddingSide>,
+        model_name: String,
+    ) -> Self {
         Self {
             model,
+            model_name,
             budget,
             side,
             piece_cost: 0.0,
@@ -332,8 +361,11 @@ impl<'a> Worker<'a> {
                 self.piece_cost * (1.0 - COST_SMOOTHING) + cost * COST_SMOOTHING
             };
         }
-        metrics::histogram!("ingot_embedding_batch_seconds").record(worked);
-        metrics::counter!("ingot_embedding_tokens_total").increment(tokens as u64);
+        // Labelled with this model: the recorder's global `model` label is
+        // the server's default model, which may be another one.
+        let model = self.model_name.clone();
+        metrics::histogram!(BATCH_SECONDS, "model" => model.clone()).record(worked);
+        metrics::counter!(TOKENS, "model" => model).increment(tokens as u64);
         result
     }
 }
@@ -391,7 +423,7 @@ mod tests {
         let model = Recorder(Mutex::new(Vec::new()));
         let (a, _ra) = job(vec![vec![1, 1, 1], vec![2]]);
         let (b, _rb) = job(vec![vec![3, 3], vec![4, 4, 4, 4]]);
-        let out = Worker::new(&model, 6, None).embed_jobs(&[a, b]);
+        let out = Worker::new(&model, 6, None, "m".into()).embed_jobs(&[a, b]);
         // a's two and b's first share one pass; b's second runs next.
         assert_eq!(*lock(&model.0), [vec![3, 1, 2], vec![4]]);
         let out: Vec<_> = out.into_iter().map(Result::unwrap).collect();
@@ -456,7 +488,7 @@ mod tests {
             batches: Mutex::new(Vec::new()),
             piece: Duration::from_micros(100),
         };
-        let mut worker = Worker::new(&model, 64, Some(arbiter.embedding_side(0.1)));
+        let mut worker = Worker::new(&model, 64, Some(arbiter.embedding_side(0.1)), "m".into());
         let jobs = |n| -> Vec<Job> { (0..n).map(|_| job(vec![vec![1; 4]; 4]).0).collect() };
         // Decode idle: one full batch learns the cost (0.1 ms per token-piece).
         worker.embed_jobs(&jobs(4));

@@ -22,6 +22,12 @@ pub const HTTP_TTFT_SECONDS: &str = "ingot_http_time_to_first_token_seconds";
 /// The route label of a request that matched no route.
 const OTHER_ROUTE: &str = "other";
 
+/// A response extension naming the model that served the request: its
+/// answer is counted under that model, not under the recorder's global
+/// `model` label (the server's default model).
+#[derive(Debug, Clone)]
+pub struct ServedBy(pub String);
+
 /// Describes the server's own series (HELP text and units); called once
 /// the recorder is installed.
 pub fn describe() {
@@ -126,8 +132,17 @@ pub async fn track(request: Request, next: Next) -> Response {
         .get::<MatchedPath>()
         .map_or_else(|| OTHER_ROUTE.to_string(), |p| p.as_str().to_string());
     let response = next.run(request).await;
-    counter!(HTTP_REQUESTS, "route" => route, "status" => status_class(response.status()))
-        .increment(1);
+    let status = status_class(response.status());
+    match response.extensions().get::<ServedBy>() {
+        Some(ServedBy(model)) => counter!(
+            HTTP_REQUESTS,
+            "route" => route,
+            "status" => status,
+            "model" => model.clone()
+        )
+        .increment(1),
+        None => counter!(HTTP_REQUESTS, "route" => route, "status" => status).increment(1),
+    }
     response
 }
 

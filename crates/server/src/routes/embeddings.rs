@@ -4,6 +4,7 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
+use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use ingot_edge::Caller;
 use ingot_engine::{EmbeddingError, EmbeddingHandle};
@@ -14,6 +15,7 @@ use ingot_protocol::ProtocolError;
 use serde_json::Value;
 
 use super::{json_body, Shared};
+use crate::http_metrics::ServedBy;
 use crate::ApiError;
 
 /// `POST /v1/embeddings`.
@@ -21,17 +23,20 @@ pub async fn embeddings(
     State((state, limit)): State<Shared>,
     Extension(caller): Extension<Caller>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let body = json_body(body, limit)?;
     let req = parse_embedding_request_with(&body, super::unknown_fields(&state))?;
     let format = req.format;
     let out = embed(&state, &caller, req).await?;
-    Ok(Json(embedding_response(
+    let mut response = Json::<Value>(embedding_response(
         &out.model,
         &out.vectors,
         format,
         out.prompt_tokens,
-    )))
+    ))
+    .into_response();
+    response.extensions_mut().insert(ServedBy(out.model));
+    Ok(response)
 }
 
 /// What an embedding request got.

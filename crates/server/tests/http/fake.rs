@@ -1,5 +1,6 @@
-//! The fakes behind the app: a model builder that serves fronts and never
-//! builds an engine, and a generator in place of the engine stage.
+//! The fakes behind the app: a model builder that serves fronts and builds
+//! only an embedding engine (over a fake encoder), and a generator in place
+//! of the engine stage.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -50,7 +51,8 @@ fn qwen3() -> std::sync::Arc<ingot_tokenizer::Tokenizer> {
 pub const REPLY: &str = "Paris.";
 
 /// Serves the fronts of [`CHAT`], [`PLAIN`] and [`EMBED`]; counts build
-/// calls, which fail: nothing here may need an engine.
+/// calls, which fail but for [`EMBED`]'s: generation runs on the fake
+/// engine stage, never on an engine.
 pub struct FakeBuilder {
     builds: AtomicUsize,
 }
@@ -86,6 +88,9 @@ impl ModelBuilder for FakeBuilder {
 
     fn build(&self, id: &str, _: &ModelFront) -> Result<ServedModel, LoadError> {
         self.builds.fetch_add(1, Ordering::SeqCst);
+        if id == EMBED {
+            return embedding_engine(id).map(ServedModel::Embedding);
+        }
         Err(LoadError::new(format!(
             "the fake builder cannot build {id}"
         )))
@@ -94,6 +99,63 @@ impl ModelBuilder for FakeBuilder {
     fn prefetch(&self, _: &str) -> Result<u64, LoadError> {
         Ok(0)
     }
+}
+
+/// [`EMBED`]'s model: one vector of [`EMBED_DIMENSIONS`] per sequence,
+/// every element the sequence's length.
+struct FakeEmbedder;
+
+/// Width of [`EMBED`]'s vectors.
+pub const EMBED_DIMENSIONS: usize = 4;
+
+impl ingot_arch::Embedder for FakeEmbedder {
+    fn embed(&self, sequences: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, ingot_arch::ArchError> {
+        Ok(sequences
+            .iter()
+            .map(|s| vec![s.len() as f32; EMBED_DIMENSIONS])
+            .collect())
+    }
+
+    fn dimensions(&self) -> usize {
+        EMBED_DIMENSIONS
+    }
+
+    fn max_tokens(&self) -> usize {
+        32
+    }
+
+    fn vocab_size(&self) -> usize {
+        16
+    }
+
+    fn device_name(&self) -> &str {
+        "fake"
+    }
+}
+
+/// A word-level tokenizer of three words, in the `tokenizer.json` shape
+/// an encoder model's directory holds.
+const ENCODER_TOKENIZER: &str = r#"{"version": "1.0", "truncation": null, "padding": null,
+"added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "Whitespace"},
+"post_processor": null, "decoder": null,
+"model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "a": 1, "b": 2}, "unk_token": "[UNK]"}}"#;
+
+/// The embedding engine of `id` over [`FakeEmbedder`].
+fn embedding_engine(id: &str) -> Result<ingot_engine::EmbeddingHandle, LoadError> {
+    let dir = tempfile::tempdir().map_err(|e| LoadError::new(e.to_string()))?;
+    std::fs::write(dir.path().join("tokenizer.json"), ENCODER_TOKENIZER)
+        .map_err(|e| LoadError::new(e.to_string()))?;
+    let tokenizer = ingot_tokenizer::EncoderTokenizer::from_dir(dir.path())
+        .map_err(|e| LoadError::new(e.to_string()))?;
+    let config = ingot_engine::EmbeddingConfig {
+        model_name: id.to_string(),
+        max_batch_tokens: 64,
+        threads: 1,
+        idle_priority: false,
+        decode_share: None,
+    };
+    ingot_engine::EmbeddingHandle::start(Box::new(FakeEmbedder), tokenizer, config)
+        .map_err(|e| LoadError::new(e.to_string()))
 }
 
 /// How the fake engine answers its next requests.

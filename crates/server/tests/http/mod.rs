@@ -13,6 +13,7 @@ mod cors;
 mod errors;
 mod info;
 mod limits;
+mod metrics;
 mod ollama;
 mod reasoning;
 mod request_ids;
