@@ -5,7 +5,9 @@ reset); a client that stops reading mid-stream (raw socket, small receive
 buffer) has its sequence cancelled and KV freed within the stall timeout +
 1 s, read from /metrics, and reading again gets an error event and the
 stream's end; a client trickling its headers is closed after the
-header timeout while others are served; a connection over the cap gets 503;
+header timeout while others are served; at the connection cap, sockets
+trickling their heads give their slots to other clients (slowloris), and a
+connection over the cap gets 503 only when every connection is busy;
 per-tier and per-key timeouts answer 504 and cancel; the max_tokens cap is
 a 400; a full queue's Retry-After, honoured, succeeds; a keyed request's
 unused token reservation comes back; per-key usage is counted."""
@@ -175,41 +177,45 @@ def test_a_client_trickling_headers_is_closed_while_others_are_served(srv, model
     assert served == 3
 
 
-def held_connection(port: int) -> socket.socket | None:
-    """A keep-alive connection the server has answered once (so it is
-    counted as open), or None if the server refused it."""
+CAP = 10
+
+
+@pytest.fixture(scope="module")
+def capped():
+    # A server of its own: a long header timeout, so that only the cap's
+    # own rules close connections.
+    s = Server(env={"INGOT_SERVER_MAX_CONNECTIONS": str(CAP), "INGOT_SERVER_HEADER_TIMEOUT": "60s"})
+    try:
+        yield s
+    finally:
+        s.stop_and_check()
+
+
+def busy_connection(port: int) -> socket.socket:
+    """A connection with a request in flight: its head is sent and its body
+    never comes, so its slot cannot be handed to another connection. The
+    server's `100 Continue` (it started reading the body) says the request
+    is in flight."""
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
-    s.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+              b"content-length: 100\r\nexpect: 100-continue\r\n\r\n")
     head = b""
     while b"\r\n\r\n" not in head:
-        chunk = s.recv(4096)
-        if not chunk:
-            break
+        chunk = s.recv(1024)
+        assert chunk, f"closed before 100 Continue: {head!r}"
         head += chunk
-    if head.startswith(b"HTTP/1.1 200"):
-        return s
-    s.close()
-    return None
+    assert head.startswith(b"HTTP/1.1 100"), head
+    return s
 
 
-def test_connections_over_the_cap_get_503():
-    # A server of its own: the module's 2 s header timeout would close the
-    # idle held connections under the cap if CI stalled this test that long.
-    cap = 4
-    capped = Server(env={"INGOT_SERVER_MAX_CONNECTIONS": str(cap), "INGOT_SERVER_HEADER_TIMEOUT": "60s"})
-    held: list[socket.socket] = []
+def open_connections(srv: Server) -> float:
+    return srv.metrics().get("ingot_http_connections", 0.0)
+
+
+def test_connections_over_the_cap_all_busy_get_503(capped):
+    held = []
     try:
-        # Each held connection is answered once, so the server counts it; a
-        # refusal means an earlier client's close is still on its way to the
-        # server (a loaded machine): try again shortly.
-        deadline = time.monotonic() + 10
-        while len(held) < cap and time.monotonic() < deadline:
-            s = held_connection(capped.port)
-            if s is None:
-                time.sleep(0.05)
-            else:
-                held.append(s)
-        assert len(held) == cap
+        held.extend(busy_connection(capped.port) for _ in range(CAP))
         r = httpx.get(f"{capped.url}/health", timeout=10)
         assert r.status_code == 503, r.text
         assert r.json()["error"]["code"] == "too_many_connections"
@@ -218,12 +224,53 @@ def test_connections_over_the_cap_get_503():
     finally:
         for h in held:
             h.close()
+    wait_for(lambda: httpx.get(f"{capped.url}/health", timeout=10).status_code == 200, 5,
+             what="served again once connections close")
+    assert capped.metrics().get("ingot_rejections_total", 0.0, reason="connections") >= 1
+
+
+def test_slow_sockets_trickling_heads_cannot_lock_others_out(capped, model_name):
+    """Slowloris: as many sockets as the cap trickle their request heads (a
+    byte every 0.2 s); another client is still served within 2 s, taking
+    the slot of the socket idle longest, and nothing is refused."""
+    wait_for(lambda: open_connections(capped) <= 1, 10, what="no connection left from earlier tests")
+    refused = capped.metrics().get("ingot_rejections_total", 0.0, reason="connections")
+    slow = []
+    for _ in range(CAP):
+        s = socket.create_connection(("127.0.0.1", capped.port), timeout=10)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nx-pad: ")
+        slow.append(s)
+    sent = [0] * CAP
+    stop = threading.Event()
+
+    def trickle():
+        while not stop.is_set():
+            for i, s in enumerate(slow):
+                try:
+                    s.send(b"a")
+                    sent[i] += 1
+                except OSError:
+                    pass  # closed by the server: its slot went to a client
+            stop.wait(0.2)  # the attack's pace, not a wait for the server
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
     try:
-        wait_for(lambda: httpx.get(f"{capped.url}/health", timeout=10).status_code == 200, 5,
-                 what="served again once connections close")
-        assert capped.metrics().get("ingot_rejections_total", 0.0, reason="connections") >= 1
+        wait_for(lambda: min(sent) >= 3, 10, what="every socket trickling for a while")
+        t0 = time.monotonic()
+        r = httpx.post(f"{capped.url}/v1/completions", timeout=10,
+                       json={"model": model_name, "prompt": "Hi", "max_tokens": 2})
+        took = time.monotonic() - t0
+        assert r.status_code == 200, r.text
+        assert took < 2.0, f"served after {took:.2f} s"
     finally:
-        capped.stop_and_check()
+        stop.set()
+        thread.join()
+        for s in slow:
+            s.close()
+    m = capped.metrics()
+    assert m.get("ingot_connections_taken_over_total", 0.0) >= 1
+    assert m.get("ingot_rejections_total", 0.0, reason="connections") == refused
 
 
 def test_tier_timeouts_answer_504_and_cancel(srv, model_name):

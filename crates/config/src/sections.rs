@@ -405,9 +405,15 @@ pub struct ServerSection {
     /// from when it is ready for the next request: a client trickling
     /// headers, or a keep-alive connection idle this long, is closed.
     pub header_timeout: Duration,
-    /// Most open connections; one more is answered 503 and closed (0: no
-    /// cap).
+    /// Most open connections (0: no cap). At the cap a new connection
+    /// takes the slot of the connection idle longest (no request in
+    /// flight, idle at least 250 ms); when all are busy it is answered 503
+    /// and closed.
     pub max_connections: usize,
+    /// Most open connections from one client address; one more is answered
+    /// 503 and closed (0, the default: no per-address cap, as behind a
+    /// proxy every client has the proxy's address).
+    pub max_connections_per_client: usize,
     /// While a streaming client lags (its socket holds unacknowledged
     /// bytes), what is pending goes out as one write at most this often.
     pub stream_flush_interval: Duration,
@@ -434,6 +440,7 @@ impl Default for ServerSection {
             shutdown_timeout: Duration::from_secs(30),
             header_timeout: Duration::from_secs(30),
             max_connections: 4096,
+            max_connections_per_client: 0,
             stream_flush_interval: Duration::from_millis(20),
             max_stream_pending_bytes: ByteSize::mib(4),
             cors_allowed_origins: Vec::new(),

@@ -140,7 +140,7 @@ fn unknown_file_key_names_line_and_alternatives() {
     assert_eq!(
         e,
         format!(
-            "server.bogus ({}:3): unknown key; expected one of cors_allowed_origins, header_timeout, host, ignore_unknown_fields, max_body_bytes, max_connections, max_stream_pending_bytes, port, shutdown_timeout, stream_flush_interval",
+            "server.bogus ({}:3): unknown key; expected one of cors_allowed_origins, header_timeout, host, ignore_unknown_fields, max_body_bytes, max_connections, max_connections_per_client, max_stream_pending_bytes, port, shutdown_timeout, stream_flush_interval",
             path.display()
         )
     );

@@ -66,6 +66,11 @@ pub fn describe() {
         "Open HTTP connections."
     );
     describe_counter!(
+        crate::conn::TAKEN_OVER,
+        Unit::Count,
+        "Connections closed at the connection cap to give their slot to a new one: the connection idle longest, with no request in flight."
+    );
+    describe_counter!(
         ingot_edge::KEY_REQUESTS,
         Unit::Count,
         "Answers to requests with an API key, by key id and status class."

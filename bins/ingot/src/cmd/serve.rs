@@ -223,6 +223,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         connections: ingot_server::ConnLimits {
             header_timeout: server.header_timeout.get(),
             max_connections: server.max_connections,
+            max_connections_per_client: server.max_connections_per_client,
         },
         runtime: loaded,
         reload: Some(reload_fn(layers)),

@@ -5,8 +5,12 @@
 //!   closed after `server.header_timeout`; hyper runs the same clock while a
 //!   keep-alive connection waits for its next request, so it is also the
 //!   idle-connection timeout;
-//! - a cap on open connections: one more is answered 503 in the OpenAI
-//!   error shape and closed, without reading its request;
+//! - a cap on open connections: at the cap a new connection takes the slot
+//!   of the connection idle longest (no request in flight: a client
+//!   trickling its head, or an idle keep-alive one; [`slots`]), and only
+//!   when every connection is busy is it answered 503 in the OpenAI error
+//!   shape and closed, without reading its request; optionally a cap per
+//!   client address;
 //! - a [`ConnProbe`] in every request's extensions, through which a stream
 //!   learns how much of what it wrote the client has not yet acknowledged
 //!   (its backpressure signal, see `routes::sse`).
@@ -24,6 +28,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tower::Service;
 
+mod slots;
+
+pub use slots::TAKEN_OVER;
+use slots::{Activity, Admission, Busy, Slots};
+
 /// Connection limits.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnLimits {
@@ -31,6 +40,8 @@ pub struct ConnLimits {
     pub header_timeout: Duration,
     /// Most open connections (0: no cap).
     pub max_connections: usize,
+    /// Most open connections from one client address (0: no cap).
+    pub max_connections_per_client: usize,
 }
 
 /// Open connections, as the `ingot_http_connections` gauge reports them.
@@ -45,6 +56,7 @@ pub async fn serve_connections(
     mut stop: watch::Receiver<bool>,
 ) {
     let open = Arc::new(AtomicUsize::new(0));
+    let slots = Arc::new(Slots::default());
     let turnover = Arc::new(Mutex::new(Turnover::default()));
     let (closed_tx, mut closed_rx) = tokio::sync::mpsc::channel::<()>(1);
     loop {
@@ -52,7 +64,7 @@ pub async fn serve_connections(
             a = listener.accept() => a,
             _ = stop.wait_for(|s| *s) => break,
         };
-        let (stream, _peer) = match accepted {
+        let (stream, peer) = match accepted {
             Ok(a) => a,
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.
@@ -61,20 +73,32 @@ pub async fn serve_connections(
                 continue;
             }
         };
-        if limits.max_connections > 0 && open.load(Ordering::SeqCst) >= limits.max_connections {
-            let retry_after = lock(&turnover).retry_after(Instant::now());
-            tokio::spawn(refuse(stream, retry_after));
-            continue;
-        }
+        let now = Instant::now();
+        let slot = match slots.admit(
+            peer.ip(),
+            limits.max_connections,
+            limits.max_connections_per_client,
+            now,
+        ) {
+            Admission::Admitted(slot) => slot,
+            refused => {
+                let retry_after = lock(&turnover).retry_after(now);
+                let per_client = matches!(refused, Admission::ClientFull);
+                tokio::spawn(refuse(stream, retry_after, per_client));
+                continue;
+            }
+        };
         let _ = stream.set_nodelay(true);
         let count = OpenGuard::new(open.clone(), turnover.clone(), closed_tx.clone());
         let conn = Connection {
             router: router.clone(),
             header_timeout: limits.header_timeout,
             stop: stop.clone(),
+            activity: slot.activity.clone(),
         };
         tokio::spawn(async move {
             conn.run(stream).await;
+            drop(slot);
             drop(count);
         });
     }
@@ -149,6 +173,8 @@ struct Connection {
     router: Router,
     header_timeout: Duration,
     stop: watch::Receiver<bool>,
+    /// Its requests in flight; told when its slot is handed over.
+    activity: Arc<Activity>,
 }
 
 impl Connection {
@@ -156,12 +182,22 @@ impl Connection {
         let probe = ConnProbe::of(&stream);
         let socket = probe.clone();
         let router = self.router.clone();
+        let activity = self.activity.clone();
         let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+            // In flight from its head until its response ends: the
+            // connection's slot cannot be handed over meanwhile.
+            let busy = activity.busy();
             req.extensions_mut()
                 .insert(Received(std::time::Instant::now()));
             req.extensions_mut().insert(probe.clone());
             let mut router = router.clone();
-            router.call(req.map(axum::body::Body::new))
+            let response = router.call(req.map(axum::body::Body::new));
+            async move {
+                let response = response.await?;
+                Ok::<_, std::convert::Infallible>(
+                    response.map(|inner| axum::body::Body::new(HeldBody { inner, _busy: busy })),
+                )
+            }
         });
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder
@@ -173,6 +209,9 @@ impl Connection {
         let ended = tokio::select! {
             r = conn.as_mut() => Some(r),
             _ = self.stop.wait_for(|s| *s) => None,
+            // Its slot went to a new connection: it had no request in
+            // flight, so closing loses nothing.
+            () = self.activity.evicted.notified() => Some(Ok(())),
         };
         let result = match ended {
             Some(r) => r,
@@ -381,12 +420,43 @@ impl Received {
     }
 }
 
-/// Answers 503 to a connection over the cap and closes it. The request is
-/// not read; the socket is shut for writing first and drained briefly so
-/// the client reads the answer instead of a reset.
-async fn refuse(mut stream: TcpStream, retry_after: Duration) {
+/// A response body that keeps its request counted in flight until it ends.
+struct HeldBody {
+    inner: axum::body::Body,
+    _busy: Busy,
+}
+
+impl http_body::Body for HeldBody {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Answers 503 to a connection over the cap (or over its address's share,
+/// `per_client`) and closes it. The request is not read; the socket is shut
+/// for writing first and drained briefly so the client reads the answer
+/// instead of a reset.
+async fn refuse(mut stream: TcpStream, retry_after: Duration, per_client: bool) {
     crate::error::count_rejection("connections");
-    let body = r#"{"error":{"message":"too many open connections; retry later","type":"server_error","param":null,"code":"too_many_connections"}}"#;
+    let body = if per_client {
+        r#"{"error":{"message":"too many open connections from this client address (server.max_connections_per_client); retry later","type":"server_error","param":null,"code":"too_many_connections"}}"#
+    } else {
+        r#"{"error":{"message":"too many open connections, all with a request in flight; retry later","type":"server_error","param":null,"code":"too_many_connections"}}"#
+    };
     let head = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: {}\r\nconnection: close\r\n\r\n",
         body.len(),
@@ -594,10 +664,17 @@ mod tests {
         let limits = ConnLimits {
             header_timeout: Duration::from_secs(5),
             max_connections: 1,
+            max_connections_per_client: 0,
         };
         let (stop, stopped) = watch::channel(false);
         let server = tokio::spawn(serve_connections(listener, router, limits, stopped));
-        let holder = TcpStream::connect(addr).await.unwrap();
+        // The holder's request is in flight (its body never comes), so
+        // its slot cannot be handed over.
+        let mut holder = TcpStream::connect(addr).await.unwrap();
+        holder
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\n")
+            .await
+            .unwrap();
         let mut refused = TcpStream::connect(addr).await.unwrap();
         let mut answer = String::new();
         refused.read_to_string(&mut answer).await.unwrap();
@@ -621,6 +698,7 @@ mod tests {
         let limits = ConnLimits {
             header_timeout: Duration::from_secs(5),
             max_connections: 0,
+            max_connections_per_client: 0,
         };
         let (stop, stopped) = watch::channel(false);
         let server = tokio::spawn(serve_connections(listener, router, limits, stopped));
