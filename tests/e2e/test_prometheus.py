@@ -64,7 +64,8 @@ def test_http_answers_and_rejections_counted(srv, model_name):
     # Unmatched paths share one label value: clients cannot grow the series.
     assert _delta(before, m, http, route="other", status="4xx") == 1
     assert not any(lab.get("route") == "/no/such/route" for _, lab, _ in m.samples)
-    assert _delta(before, m, "ingot_rejections_total", reason="not_found") == 2
+    # The unknown model only: a path no endpoint serves concerns no model.
+    assert _delta(before, m, "ingot_rejections_total", reason="not_found") == 1
     assert _delta(before, m, "ingot_rejections_total", reason="validation") == 1
     # Every series carries the served model's name.
     unlabelled = sorted({n for n, lab, _ in m.samples if lab.get("model") != model_name})

@@ -311,16 +311,17 @@ impl Timeout {
 
 impl ApiError {
     /// Why the request was refused, as the `reason` label; `None` for a
-    /// server-side failure, which is an error rather than a refusal.
+    /// server-side failure, which is an error rather than a refusal, and
+    /// for a path or method no endpoint serves: that concerns no model
+    /// (the series carry one), and `ingot_http_requests_total` counts it
+    /// (`route="other"` for a path).
     fn rejection_reason(&self) -> Option<&'static str> {
         match self {
             ApiError::BadRequest(_) | ApiError::UnsupportedMediaType(_) => Some("validation"),
-            // A wrong method is a request for an endpoint that does not exist.
             ApiError::ModelNotFound(_)
             | ApiError::UnknownModel { .. }
-            | ApiError::RouteNotFound(_)
-            | ApiError::NotFound { .. }
-            | ApiError::MethodNotAllowed(_) => Some("not_found"),
+            | ApiError::NotFound { .. } => Some("not_found"),
+            ApiError::RouteNotFound(_) | ApiError::MethodNotAllowed(_) => None,
             ApiError::PayloadTooLarge(_) => Some("too_large"),
             ApiError::Overloaded { .. } => Some("admission"),
             ApiError::RateLimited { .. } => Some("rate_limit"),

@@ -1,7 +1,9 @@
-//! The server's series, labelled with the model that served each request.
+//! The server's series: labelled with the model that served each request,
+//! and a request for no endpoint no model's refusal.
 
 use std::sync::OnceLock;
 
+use axum::http::StatusCode;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 
@@ -58,4 +60,37 @@ async fn embedding_traffic_is_booked_under_the_embedding_model() {
             "no HELP for {series}:\n{text}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_path_no_endpoint_serves_is_no_rejection_of_a_model() {
+    // This thread's own recorder: the single-threaded test runtime answers
+    // on it, and other tests' refusals cannot reach it.
+    let local = PrometheusBuilder::new()
+        .add_global_label("model", CHAT)
+        .build_recorder();
+    let handle = local.handle();
+    let server = Server::new();
+    {
+        let _on_this_thread = metrics::set_default_local_recorder(&local);
+        assert_eq!(
+            server.get("/no/such/route").await.status,
+            StatusCode::NOT_FOUND
+        );
+        let unknown = server.post("/v1/completions", completion("nope", json!({})));
+        assert_eq!(unknown.await.status, StatusCode::NOT_FOUND);
+    }
+    let text = handle.render();
+    let other = samples(&text, "ingot_http_requests_total");
+    assert!(
+        other
+            .iter()
+            .any(|l| l.contains("route=\"other\"") && l.contains("4xx")),
+        "{text}"
+    );
+    // The unknown model is a refusal; the unknown path is not.
+    let refused = samples(&text, "ingot_rejections_total");
+    assert_eq!(refused.len(), 1, "{text}");
+    assert!(refused[0].contains("reason=\"not_found\""), "{text}");
+    assert!(refused[0].ends_with(" 1"), "{text}");
 }
