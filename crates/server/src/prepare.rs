@@ -92,9 +92,9 @@ pub trait WireFormat: Send + 'static {
     /// The output grammar every choice follows (structured output, forced
     /// tool calls), if any.
     fn grammar(&self, front: &ModelFront) -> Result<Option<OutputGrammar>, ApiError>;
-    /// Schemas the request carries that must be sound whether or not the
-    /// answer is held to them (tools' parameters under any tool_choice).
-    fn schemas(&self) -> Vec<OutputGrammar> {
+    /// Schemas the request carries, checked each on its own whether or not
+    /// the answer is held to them (tools' parameters under any tool_choice).
+    fn schemas(&self) -> Vec<crate::structured::SchemaCheck> {
         Vec::new()
     }
     /// Renders and tokenizes every prompt (runs on a blocking thread).

@@ -24,15 +24,25 @@ pub fn compile(compiler: &GrammarCompiler, grammar: &OutputGrammar) -> Result<Gr
         .map_err(|e| refusal(&grammar.param, e))
 }
 
-/// Checks a schema the answer is not held to (a tool's parameters while
-/// the model may answer freely): malformed, self-referential or beyond the
-/// engine's budgets is a 400, as when it is enforced; a feature the engine
-/// cannot enforce is fine, since nothing enforces it. Cached by the
-/// compiler; blocking, as [`compile`].
-pub fn check(compiler: &GrammarCompiler, grammar: &OutputGrammar) -> Result<(), ApiError> {
-    match compiler.check(&grammar.spec) {
-        Ok(()) | Err(GrammarError::Unsupported(_)) => Ok(()),
-        Err(e) => Err(refusal(&grammar.param, e)),
+/// A schema a request carries that is checked on its own (a tool's
+/// parameters), so a refusal names its field.
+#[derive(Debug, Clone)]
+pub struct SchemaCheck {
+    /// The schema and the field that gave it.
+    pub grammar: OutputGrammar,
+    /// The answer is held to it (a required or named tool_choice).
+    pub enforced: bool,
+}
+
+/// Checks a schema: malformed, self-referential or beyond the engine's
+/// budgets is a 400 whether or not the answer is held to it; a feature the
+/// engine cannot enforce is a 400 only when it is enforced (else nothing
+/// enforces it). Cached by the compiler; blocking, as [`compile`].
+pub fn check(compiler: &GrammarCompiler, schema: &SchemaCheck) -> Result<(), ApiError> {
+    match compiler.check(&schema.grammar.spec) {
+        Ok(()) => Ok(()),
+        Err(GrammarError::Unsupported(_)) if !schema.enforced => Ok(()),
+        Err(e) => Err(refusal(&schema.grammar.param, e)),
     }
 }
 

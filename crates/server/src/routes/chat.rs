@@ -133,7 +133,7 @@ impl WireFormat for ValidChatRequest {
         }))
     }
 
-    fn schemas(&self) -> Vec<OutputGrammar> {
+    fn schemas(&self) -> Vec<crate::structured::SchemaCheck> {
         self.tool_config
             .as_ref()
             .map(tools::tool_schemas)

@@ -8,6 +8,7 @@ use ingot_protocol::tools::{ToolChoice, ValidTools};
 use serde_json::{json, Value};
 
 use super::ToolFormat;
+use crate::structured::SchemaCheck;
 
 /// The answer's grammar, or `None` when the model may answer freely
 /// (`auto`, `none`). Errors about it name `tools`.
@@ -19,17 +20,18 @@ pub fn tool_grammar(format: ToolFormat, tools: &ValidTools) -> Option<OutputGram
     let mut rules = Vec::with_capacity(callable.len());
     let mut names = Vec::with_capacity(callable.len());
     for (i, t) in callable.iter().enumerate() {
-        let schema = json!({
-            "type": "object",
-            "properties": {
-                "name": {"const": t.name},
-                format.arguments_key(): t.parameters,
-            },
-            "required": ["name", format.arguments_key()],
-            "additionalProperties": false,
-        });
-        let schema = ingot_structured::with_layout(schema);
-        rules.push(format!("fn{i}: %json {schema}"));
+        // `{"name": "f", "arguments": ` as a literal, then the parameters
+        // as a schema of their own: nested in a wrapper schema, their
+        // `$ref`s (pydantic's `#/$defs/...`) would resolve against the
+        // wrapper and miss. Lark string literals are JSON strings.
+        let head = format!(
+            "{{\"name\": {}, \"{}\": ",
+            Value::from(t.name.as_str()),
+            format.arguments_key()
+        );
+        let schema = ingot_structured::with_layout(t.parameters.clone());
+        rules.push(format!("fn{i}: {} args{i} \"}}\"", Value::from(head)));
+        rules.push(format!("args{i}: %json {schema}"));
         names.push(format!("fn{i}"));
     }
     // A named choice is exactly one call, as OpenAI answers it.
@@ -67,15 +69,23 @@ pub fn tool_grammar(format: ToolFormat, tools: &ValidTools) -> Option<OutputGram
 }
 
 /// Every offered function's parameters schema, named by its field, to be
-/// checked whatever the tool_choice (see [`crate::structured::check`]).
-pub fn tool_schemas(tools: &ValidTools) -> Vec<OutputGrammar> {
+/// checked whatever the tool_choice (see [`crate::structured::check`]);
+/// enforced for the functions a required or named choice may call.
+pub fn tool_schemas(tools: &ValidTools) -> Vec<SchemaCheck> {
     tools
         .tools
         .iter()
         .enumerate()
-        .map(|(i, t)| OutputGrammar {
-            param: format!("tools[{i}].function.parameters"),
-            spec: GrammarSpec::JsonSchema(t.parameters.to_string()),
+        .map(|(i, t)| SchemaCheck {
+            grammar: OutputGrammar {
+                param: format!("tools[{i}].function.parameters"),
+                spec: GrammarSpec::JsonSchema(t.parameters.to_string()),
+            },
+            enforced: match &tools.choice {
+                ToolChoice::Required => true,
+                ToolChoice::Named(name) => *name == t.name,
+                _ => false,
+            },
         })
         .collect()
 }
@@ -131,7 +141,7 @@ mod tests {
         .spec;
         let src = named.source();
         assert!(
-            src.contains(r#""const":"b""#) && !src.contains("fn1"),
+            src.contains(r#"\"name\": \"b\""#) && !src.contains("fn1"),
             "{src}"
         );
         assert!(!src.contains("block ("), "{src}");

@@ -226,3 +226,26 @@ async fn an_engine_error_without_streaming_is_a_500_that_hides_the_detail() {
     );
     assert_eq!(message, "internal error");
 }
+
+#[tokio::test]
+async fn a_required_tool_whose_parameters_refer_to_their_defs_is_called() {
+    // Qwen3's template (the fake's is too short for a tool preamble).
+    let server = Server::thinker();
+    let call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": \"x\"}}\n</tool_call>";
+    server.engine.set(Mode::Say(call.into()));
+    // pydantic's shape: `$ref`s into the parameters' own `$defs`.
+    let params = json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/x"}},
+        "$defs": {"x": {"type": "string"}}, "required": ["a"]});
+    let tool = json!({"type": "function", "function": {"name": "f", "parameters": params}});
+    let body = chat(
+        THINKER,
+        json!({"max_tokens": 64, "tools": [tool], "tool_choice": "required"}),
+    );
+    let reply = server.post("/v1/chat/completions", body).await.ok();
+    let function = &reply["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(function["name"], "f", "{reply}");
+    let arguments: serde_json::Value =
+        serde_json::from_str(function["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(arguments, json!({"a": "x"}));
+    assert!(server.engine.seen()[0].engine.grammar.is_some());
+}

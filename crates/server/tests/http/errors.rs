@@ -630,3 +630,31 @@ async fn an_absurd_content_length_is_413_in_the_error_shape() {
     assert_eq!(reply.header("connection"), "close");
     assert_eq!(server.engine.calls(), 0);
 }
+
+#[tokio::test]
+async fn a_tool_schema_feature_the_engine_cannot_enforce_is_refused_only_when_enforced() {
+    let server = Server::new();
+    let params =
+        json!({"type": "object", "properties": {"d": {"type": "string", "format": "credit-card"}}});
+    let reply = server
+        .post("/v1/chat/completions", with_tool(&params, "required"))
+        .await;
+    let message = reply.error(
+        StatusCode::BAD_REQUEST,
+        INVALID,
+        Some("tools[0].function.parameters"),
+        Some("unsupported_feature"),
+    );
+    assert!(message.contains("credit-card"), "{message}");
+    // Under auto nothing enforces it: the request goes on (to the fake
+    // model's short context, which the tool preamble overflows).
+    let reply = server
+        .post("/v1/chat/completions", with_tool(&params, "auto"))
+        .await;
+    reply.error(
+        StatusCode::BAD_REQUEST,
+        INVALID,
+        Some("messages"),
+        Some("context_length_exceeded"),
+    );
+}

@@ -50,7 +50,7 @@ impl WireFormat for MessagesRequest {
         self.chat.grammar(front)
     }
 
-    fn schemas(&self) -> Vec<OutputGrammar> {
+    fn schemas(&self) -> Vec<crate::structured::SchemaCheck> {
         self.chat.schemas()
     }
 

@@ -67,7 +67,7 @@ impl WireFormat for ChatRequest {
         self.chat.grammar(front)
     }
 
-    fn schemas(&self) -> Vec<OutputGrammar> {
+    fn schemas(&self) -> Vec<crate::structured::SchemaCheck> {
         self.chat.schemas()
     }
 

@@ -183,7 +183,7 @@ impl WireFormat for Create {
         self.request.chat.grammar(front)
     }
 
-    fn schemas(&self) -> Vec<OutputGrammar> {
+    fn schemas(&self) -> Vec<crate::structured::SchemaCheck> {
         self.request.chat.schemas()
     }
 
