@@ -1,6 +1,7 @@
 //! Integration tests of ingot-models on real GGUF files, in one test binary
 //! (one link instead of two): Gemma 3's metadata and weights, and the GGUF
-//! reader and dequantizer against the `gguf` Python package.
+//! reader and dequantizer against the `gguf` Python package, and the
+//! safetensors reader under hostile headers.
 
 // Helpers outside #[test] fns unwrap too: this is a test binary.
 #![allow(clippy::unwrap_used)]
@@ -9,3 +10,5 @@
 mod gemma3_config;
 #[path = "suite/gguf_dequant.rs"]
 mod gguf_dequant;
+#[path = "suite/safetensors_fuzz.rs"]
+mod safetensors_fuzz;

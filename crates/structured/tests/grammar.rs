@@ -9,6 +9,10 @@ use ingot_core::GrammarSpec;
 use ingot_structured::{Grammar, GrammarCompiler, GrammarError, Limit};
 use ingot_tokenizer::Tokenizer;
 
+// Property tests over random schemas, regexes and Lark (issue 37).
+#[path = "suite/schema_fuzz.rs"]
+mod schema_fuzz;
+
 fn tokenizer() -> Arc<Tokenizer> {
     static T: OnceLock<Arc<Tokenizer>> = OnceLock::new();
     T.get_or_init(|| {

@@ -28,6 +28,9 @@ pub mod types;
 // Its writer builds GGUF files for other modules' tests too.
 #[cfg(test)]
 pub(crate) mod tests;
+// Property tests over corrupted files (issue 37).
+#[cfg(test)]
+mod fuzz;
 
 pub use dequant::dequantize_into;
 pub use error::GgufError;

@@ -9,7 +9,8 @@
 //!
 //! Nothing here trusts the file: every length is checked against the bytes
 //! that remain before anything is allocated, arithmetic is overflow-checked,
-//! and every tensor's data must lie inside the file.
+//! and every tensor's data must lie inside the file, apart from every
+//! other tensor's.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
@@ -461,6 +462,25 @@ pub(super) fn parse(buf: &[u8]) -> Result<Parsed, GgufError> {
                     end.map_or_else(|| "(overflow)".to_string(), |e| e.to_string()),
                 )))
             }
+        }
+    }
+
+    // Each tensor owns its bytes: llama.cpp's reader requires them laid out
+    // one after another, so overlapping data is a corrupt or hostile file.
+    let mut ranges: Vec<(u64, u64, &str)> = tensors
+        .iter()
+        .filter(|t| t.n_bytes > 0)
+        .map(|t| (t.offset, t.offset + t.n_bytes as u64, t.name.as_str()))
+        .collect();
+    ranges.sort_unstable();
+    for pair in ranges.windows(2) {
+        let [(a_start, a_end, a), (b_start, b_end, b)] = pair else {
+            continue;
+        };
+        if b_start < a_end {
+            return Err(GgufError::malformed(format!(
+                "tensor '{b}' (bytes {b_start}..{b_end}) overlaps tensor '{a}' (bytes {a_start}..{a_end})"
+            )));
         }
     }
 

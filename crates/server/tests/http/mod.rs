@@ -11,6 +11,7 @@ mod chat;
 mod completions;
 mod cors;
 mod errors;
+mod fuzz;
 mod info;
 mod limits;
 mod metrics;
