@@ -91,6 +91,16 @@ def test_vllm_names(srv, server_factory, model_name):
         assert m.types.get(c) == "counter", c
         assert m.has(c)
     assert m.types.get("vllm:time_to_first_token_seconds") == "histogram"
+    # Per-request lengths and phases, as vLLM's dashboard reads them.
+    assert m.get("vllm:request_prompt_tokens_sum", **vllm) == m.get("vllm:prompt_tokens_total", **vllm)
+    assert m.get("vllm:request_generation_tokens_sum", **vllm) == m.get("vllm:generation_tokens_total", **vllm)
+    finished = m.get("vllm:e2e_request_latency_seconds_count", **vllm)
+    for h in ("vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:request_max_num_generation_tokens",
+              "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds"):
+        assert m.types.get(h) == "histogram", h
+        assert m.get(h + "_count", **vllm) == finished, h
+        ingot = h.replace("vllm:", "ingot_").replace("max_num_generation_tokens", "max_tokens")
+        assert m.get(ingot + "_count") == finished, ingot
 
     off = server_factory(env={"INGOT_METRICS_VLLM_NAMES": "false"})
     _serve_a_few(off, model_name, n=1)

@@ -116,6 +116,11 @@ impl Decoding {
         }
     }
 
+    /// The request's `max_tokens`.
+    pub(crate) fn max_tokens(&self) -> usize {
+        self.criteria.max_tokens
+    }
+
     /// True when the request asked for no output (`max_tokens` 0: only
     /// its prompt's logprobs).
     pub fn generates_nothing(&self) -> bool {

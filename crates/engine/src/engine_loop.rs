@@ -489,7 +489,16 @@ impl EngineLoop {
                     .map_or(Duration::ZERO, |t| t.saturating_duration_since(a.arrival)),
             };
             let e2e = now.saturating_duration_since(a.arrival);
-            self.metrics.request_done(&completion, e2e, a.priority);
+            let phases = crate::metrics::RequestPhases {
+                max_tokens: a.decoding.max_tokens(),
+                prefill: a
+                    .scheduled
+                    .zip(a.first_token)
+                    .map(|(s, f)| f.saturating_duration_since(s)),
+                decode: a.first_token.map(|f| now.saturating_duration_since(f)),
+            };
+            self.metrics
+                .request_done(&completion, phases, e2e, a.priority);
             self.controls
                 .record(a.priority, Measure::E2e, e2e.as_secs_f64(), now);
             self.controls.record(a.priority, Measure::Outcome, 0.0, now);

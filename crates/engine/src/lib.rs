@@ -35,5 +35,5 @@ pub use handle::{
     PromptLogprob, RequestId, RequestLimits, RequestStream, SubmitError, TokenEvent,
 };
 pub use ingot_structured::{Grammar, GrammarCompiler, GrammarError};
-pub use metrics::MetricsConfig;
+pub use metrics::{MetricsConfig, TOKEN_COUNT_BUCKETS, TOKEN_COUNT_HISTOGRAMS};
 pub use sampler::TokenLogprob;

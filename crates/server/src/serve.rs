@@ -88,6 +88,16 @@ fn install_metrics(model_name: &str) -> Option<PrometheusHandle> {
                 &masks,
             )
         })
+        .and_then(|b| {
+            ingot_engine::TOKEN_COUNT_HISTOGRAMS
+                .iter()
+                .try_fold(b, |b, name| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full((*name).into()),
+                        &ingot_engine::TOKEN_COUNT_BUCKETS,
+                    )
+                })
+        })
         .and_then(|b| b.install_recorder())
         .map_err(|e| tracing::warn!(error = %e, "metrics disabled"))
         .ok()?;
