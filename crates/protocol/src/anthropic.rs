@@ -549,7 +549,7 @@ pub fn error_body(kind: &str, message: &str) -> Value {
 /// Anthropic's error type for an HTTP status.
 pub fn error_type(status: u16) -> &'static str {
     match status {
-        400 | 405 | 422 => "invalid_request_error",
+        400 | 405 | 415 | 422 => "invalid_request_error",
         401 => "authentication_error",
         403 => "permission_error",
         404 => "not_found_error",

@@ -138,6 +138,18 @@ async fn refusals_are_anthropic_errors_naming_the_field() {
     anthropic_error(&reply, StatusCode::NOT_FOUND, "not_found_error");
     let reply = server.send(raw_post("/v1/messages", "{not json")).await;
     anthropic_error(&reply, StatusCode::BAD_REQUEST, "invalid_request_error");
+    let plain = with_header(
+        post("/v1/messages", &message(json!({}))),
+        "content-type",
+        "text/plain",
+    );
+    let reply = server.send(plain).await;
+    let text = anthropic_error(
+        &reply,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "invalid_request_error",
+    );
+    assert!(text.contains("text/plain"), "{text}");
     assert_eq!(server.engine.calls(), 0);
 }
 
