@@ -82,7 +82,9 @@ impl GrammarCompiler {
                 let mut schema: Value = serde_json::from_str(text).map_err(|e| {
                     GrammarError::Invalid(format!("the JSON schema is not JSON: {e}"))
                 })?;
-                if let Some(why) = crate::refs::self_reference(&schema) {
+                if let Some(why) = crate::refs::self_reference(&schema)
+                    .or_else(|| crate::refs::no_way_out(&schema))
+                {
                     return Err(GrammarError::Invalid(why));
                 }
                 // Checked on the finished answer instead (`UniqueItems`).

@@ -8,8 +8,13 @@
 //! so it is found here first and refused by name.
 //!
 //! Recursion that nests (`{"properties": {"child": {"$ref": "#"}}}`) is
-//! fine and left alone. A cycle through `anyOf`/`oneOf` is left to the
-//! engine as well: another branch may end it.
+//! fine and left alone, unless it has no way out: an object whose required
+//! property refers back to it (an array whose `minItems` does) matches no
+//! finite document either, and the engine runs out of items partway
+//! through the answer, which would be an engine error mid-request.
+//! [`no_way_out`] finds such a schema (a least fixpoint of "some finite
+//! document matches"). A cycle through `anyOf`/`oneOf` with another branch
+//! is fine.
 
 use std::collections::HashMap;
 
@@ -46,6 +51,218 @@ pub(crate) fn self_reference(schema: &Value) -> Option<String> {
             path.join(" → ")
         )
     })
+}
+
+/// Most schema nodes [`no_way_out`] looks at (it is quadratic at worst);
+/// a bigger schema is left to the grammar engine's own limits.
+const MAX_FIXPOINT_NODES: usize = 5_000;
+
+/// A schema position: a node (an object schema), or `true`/`false`.
+#[derive(Clone, Copy)]
+enum Child {
+    Node(usize),
+    Always,
+    Never,
+}
+
+/// What a node needs of others for some finite document to match it.
+#[derive(Default)]
+struct Needs {
+    /// All of these (its `$ref` target, its `allOf` members).
+    all: Vec<Child>,
+    /// One of each group (`anyOf`, `oneOf`).
+    groups: Vec<Vec<Child>>,
+    /// One of these alternatives, each needing all its children (a type
+    /// the value may have: an object needs its required properties, an
+    /// array its first `minItems` items); `None`: a primitive is allowed.
+    types: Option<Vec<Vec<Child>>>,
+    /// Every schema below it, for what a document may reach.
+    below: Vec<Child>,
+}
+
+/// Why `schema` has a part no finite document matches (a recursion with
+/// no way out), naming it by JSON pointer; `None` when every part it can
+/// reach has a finite document.
+pub(crate) fn no_way_out(schema: &Value) -> Option<String> {
+    let mut nodes = Vec::new();
+    collect(schema, String::new(), &mut nodes);
+    if nodes.is_empty() || nodes.len() > MAX_FIXPOINT_NODES {
+        return None;
+    }
+    let index: HashMap<&str, usize> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, (ptr, _))| (ptr.as_str(), i))
+        .collect();
+    let needs: Vec<Needs> = nodes
+        .iter()
+        .map(|(ptr, node)| needs_of(ptr, node, &index))
+        .collect();
+    // Least fixpoint: a node is productive once what it needs is.
+    let mut productive = vec![false; nodes.len()];
+    let ok = |c: &Child, p: &[bool]| match *c {
+        Child::Node(j) => p[j],
+        Child::Always => true,
+        Child::Never => false,
+    };
+    loop {
+        let mut changed = false;
+        for (i, n) in needs.iter().enumerate() {
+            if productive[i] {
+                continue;
+            }
+            let now = n.all.iter().all(|c| ok(c, &productive))
+                && n.groups
+                    .iter()
+                    .all(|g| g.iter().any(|c| ok(c, &productive)))
+                && n.types.as_ref().is_none_or(|alternatives| {
+                    alternatives
+                        .iter()
+                        .any(|a| a.iter().all(|c| ok(c, &productive)))
+                });
+            if now {
+                productive[i] = true;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    // The first part a document can reach (breadth first from the root)
+    // that no finite document matches.
+    let mut seen = vec![false; nodes.len()];
+    let mut queue = std::collections::VecDeque::from([0usize]);
+    seen[0] = true;
+    while let Some(i) = queue.pop_front() {
+        if !productive[i] {
+            return Some(format!(
+                "#{} can match no finite document: each match must hold another (a recursion with no way out, such as a required property whose schema refers back to it)",
+                nodes[i].0
+            ));
+        }
+        let n = &needs[i];
+        for c in n
+            .all
+            .iter()
+            .chain(n.groups.iter().flatten())
+            .chain(&n.below)
+        {
+            if let Child::Node(j) = *c {
+                if !seen[j] {
+                    seen[j] = true;
+                    queue.push_back(j);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// The schema at `value` (under `ptr`) as a [`Child`]; `None` for what is
+/// not a schema.
+fn child(value: &Value, ptr: &str, index: &HashMap<&str, usize>) -> Option<Child> {
+    match value {
+        Value::Bool(true) => Some(Child::Always),
+        Value::Bool(false) => Some(Child::Never),
+        Value::Object(_) => index.get(ptr).map(|&i| Child::Node(i)),
+        _ => None,
+    }
+}
+
+fn needs_of(ptr: &str, node: &Value, index: &HashMap<&str, usize>) -> Needs {
+    let mut n = Needs::default();
+    let key = |k: &str| k.replace('~', "~0").replace('/', "~1");
+    if let Some(target) = node
+        .get("$ref")
+        .and_then(Value::as_str)
+        .and_then(|r| r.strip_prefix('#'))
+    {
+        if let Some(&i) = index.get(target) {
+            n.all.push(Child::Node(i));
+        }
+    }
+    let members = |k: &str| -> Vec<Child> {
+        node.get(k)
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .enumerate()
+                    .filter_map(|(i, v)| child(v, &format!("{ptr}/{k}/{i}"), index))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    n.all.extend(members("allOf"));
+    for k in ["anyOf", "oneOf"] {
+        let group = members(k);
+        if !group.is_empty() {
+            n.groups.push(group);
+        }
+    }
+    // A fixed value always has a document.
+    if node.get("const").is_some() || node.get("enum").is_some() {
+        return n;
+    }
+    let props = node.get("properties").and_then(Value::as_object);
+    let prop = |k: &str| {
+        props
+            .and_then(|p| p.get(k))
+            .and_then(|v| child(v, &format!("{ptr}/properties/{}", key(k)), index))
+    };
+    let extra = node
+        .get("additionalProperties")
+        .and_then(|v| child(v, &format!("{ptr}/additionalProperties"), index));
+    n.below
+        .extend(props.into_iter().flatten().filter_map(|(k, _)| prop(k)));
+    n.below.extend(extra);
+    let prefix = node.get("prefixItems").and_then(Value::as_array);
+    let items = node
+        .get("items")
+        .and_then(|v| child(v, &format!("{ptr}/items"), index));
+    let item = |i: usize| {
+        prefix
+            .and_then(|p| p.get(i))
+            .and_then(|v| child(v, &format!("{ptr}/prefixItems/{i}"), index))
+            .or(items)
+    };
+    let prefix_len = prefix.map_or(0, Vec::len);
+    n.below.extend((0..prefix_len).filter_map(item));
+    n.below.extend(items);
+    let types: Vec<&str> = match node.get("type") {
+        Some(Value::String(t)) => vec![t.as_str()],
+        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
+        _ => return n,
+    };
+    let mut alternatives = Vec::new();
+    for t in types {
+        match t {
+            "object" => {
+                // A required key without a schema of its own takes
+                // additionalProperties (or anything).
+                let required = node.get("required").and_then(Value::as_array);
+                let needs = required
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .filter_map(|k| prop(k).or(extra))
+                    .collect();
+                alternatives.push(needs);
+            }
+            "array" => {
+                let min = node.get("minItems").and_then(Value::as_u64).unwrap_or(0);
+                // The first few needed items say enough (a longer prefix
+                // of the same schema adds nothing).
+                let needed = usize::try_from(min)
+                    .unwrap_or(usize::MAX)
+                    .min(prefix_len + 1);
+                alternatives.push((0..needed).filter_map(item).collect());
+            }
+            _ => alternatives.push(Vec::new()),
+        }
+    }
+    n.types = Some(alternatives);
+    n
 }
 
 /// Every object in `value` with its JSON pointer, `value` first.
@@ -172,6 +389,30 @@ mod tests {
             json!(true),
         ] {
             assert_eq!(self_reference(&ok), None, "{ok}");
+        }
+    }
+
+    #[test]
+    fn a_recursion_with_no_way_out_is_found_and_one_with_a_way_out_passes() {
+        let chain = json!({"type": "object", "properties": {"next": {"$ref": "#"}},
+            "required": ["next"]});
+        let m = no_way_out(&chain).unwrap();
+        assert!(m.starts_with("# can match no finite document"), "{m}");
+        let deep = json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/x"}},
+            "$defs": {"x": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/x"}}}});
+        let m = no_way_out(&deep).unwrap();
+        assert!(m.starts_with("#/properties/a can match"), "{m}");
+        for ok in [
+            json!({"type": "object", "properties": {"next": {"$ref": "#"}}}),
+            json!({"type": ["object", "null"], "properties": {"next": {"$ref": "#"}},
+                "required": ["next"]}),
+            json!({"type": "object", "properties": {"next": {"anyOf": [{"type": "null"},
+                {"$ref": "#"}]}}, "required": ["next"]}),
+            json!({"type": "array", "items": {"$ref": "#"}}),
+            json!({"properties": {"next": {"$ref": "#"}}, "required": ["next"]}),
+            json!({"type": "string"}),
+        ] {
+            assert_eq!(no_way_out(&ok), None, "{ok}");
         }
     }
 
