@@ -163,7 +163,10 @@ pub async fn generate<W: WireFormat>(
         let mut delivery = delivery(&state, incoming, guard, started.usage, continuous);
         delivery.check = prepared.check.clone();
         let response = shape.stream(started.jobs, include_usage, delivery);
-        return Ok(started.answer.finish(response, None));
+        return Ok(served_by(
+            started.answer.finish(response, None),
+            &prepared.front,
+        ));
     }
     let results = tracing::Instrument::instrument(
         generate::collect(started.jobs),
@@ -178,7 +181,18 @@ pub async fn generate<W: WireFormat>(
     let tokens = (usage.prompt_tokens, usage.completion_tokens);
     let response = shape.whole(&results, usage);
     started.usage.settle(tokens.0 as u64, tokens.1 as u64);
-    Ok(started.answer.finish(response, Some(tokens)))
+    Ok(served_by(
+        started.answer.finish(response, Some(tokens)),
+        &prepared.front,
+    ))
+}
+
+/// Marks `response` as `front`'s answer: its HTTP series carry that model.
+fn served_by(mut response: Response, front: &ModelFront) -> Response {
+    response
+        .extensions_mut()
+        .insert(crate::http_metrics::ServedBy(front.id().to_string()));
+    response
 }
 
 /// A request made ready for the pipeline: its model's front, token ids,

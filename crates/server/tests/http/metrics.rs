@@ -94,3 +94,26 @@ async fn a_path_no_endpoint_serves_is_no_rejection_of_a_model() {
     assert!(refused[0].contains("reason=\"not_found\""), "{text}");
     assert!(refused[0].ends_with(" 1"), "{text}");
 }
+
+#[tokio::test]
+async fn generation_traffic_is_booked_under_the_model_that_served_it() {
+    let metrics = recorder();
+    let server = Server::new();
+    let reply = server.post("/v1/completions", completion(PLAIN, json!({})));
+    assert_eq!(reply.await.status, StatusCode::OK);
+    let streamed = server.post(
+        "/v1/completions",
+        completion(PLAIN, json!({"stream": true})),
+    );
+    assert_eq!(streamed.await.status, StatusCode::OK);
+    let text = metrics.render();
+    let plain = format!("model=\"{PLAIN}\"");
+    let booked: Vec<f64> = samples(&text, "ingot_http_requests_total")
+        .into_iter()
+        .filter(|l| l.contains("route=\"/v1/completions\"") && l.contains("2xx"))
+        .filter(|l| l.contains(&plain))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    // Other tests of this binary may add to the series: at least these two.
+    assert!(matches!(booked[..], [n] if n >= 2.0), "{booked:?}\n{text}");
+}
