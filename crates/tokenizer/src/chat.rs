@@ -230,7 +230,24 @@ impl ChatTemplate {
             .map_err(|e| TokenizerError::TemplateRender {
                 message: error_message(&e),
             })?;
-        template.render(ctx).map_err(|e| {
+        // minijinja can panic on input it should refuse (2.24 indexes an
+        // empty list for `messages[::-1]` over no messages): a hostile
+        // conversation must be an error, never a dead tokenizer worker.
+        let rendered =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| template.render(ctx)))
+                .map_err(|panic| {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    TokenizerError::TemplateRender {
+                        message: format!(
+                            "the template engine failed on this conversation ({what})"
+                        ),
+                    }
+                })?;
+        rendered.map_err(|e| {
             let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
             while let Some(s) = source {
                 if let Some(Raised(message)) = s.downcast_ref::<Raised>() {

@@ -309,3 +309,44 @@ fn no_request_body_gets_a_5xx() {
         })
         .unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// An empty conversation through a template that walks the messages
+/// backwards (`messages[::-1]`, as Qwen3's does) can make minijinja 2.24
+/// index an empty list and panic (found by the chat-template property
+/// test; the renderer now turns that into an error): no route lets an
+/// empty conversation reach the template anyway.
+#[tokio::test]
+async fn an_empty_conversation_through_qwen3s_template_is_a_4xx() {
+    let server = Server::thinker();
+    let cases = [
+        (
+            "/v1/chat/completions",
+            json!({"model": THINKER, "messages": []}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": THINKER, "messages": [], "tools": []}),
+        ),
+        (
+            "/v1/messages",
+            json!({"model": THINKER, "max_tokens": 4, "messages": [], "system": "S"}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": THINKER, "input": [], "instructions": "S"}),
+        ),
+        (
+            "/api/chat",
+            json!({"model": THINKER, "messages": [], "stream": false}),
+        ),
+    ];
+    for (path, body) in cases {
+        let reply = server.post(path, body).await;
+        assert!(
+            reply.status.is_client_error(),
+            "{path}: {}: {}",
+            reply.status,
+            reply.text()
+        );
+    }
+}

@@ -253,3 +253,25 @@ fn arbitrary_ids_decode_or_are_refused() {
         })
         .unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// Found by `hostile_conversations_render_or_are_refused`: templates that
+/// reverse the messages (`messages[::-1]`; Reka Edge's before any other
+/// check) made minijinja 2.24 index an empty list and panic for an empty
+/// conversation. Now an error.
+#[test]
+fn an_empty_conversation_through_a_reversing_template_is_an_error() {
+    let reversing: Vec<_> = templates()
+        .iter()
+        .filter(|(_, t)| t.source().contains("[::-1]"))
+        .collect();
+    assert!(!reversing.is_empty());
+    for (name, template) in reversing {
+        match template.render(&[], true, None) {
+            Err(e) if name == "Reka-Edge.jinja" => {
+                assert!(e.to_string().contains("template engine failed"), "{e}")
+            }
+            Err(e) => assert!(!e.to_string().is_empty(), "{name}"),
+            Ok(_) => {}
+        }
+    }
+}
