@@ -47,6 +47,11 @@ pub struct ModelArgs {
     /// [model.reasoning_parser; none].
     #[arg(long, value_parser = ["none", "qwen3", "deepseek_r1"])]
     pub reasoning_parser: Option<String>,
+    /// A chat template replacing the model's own: a Jinja file, or the
+    /// template itself; checked at start-up [model.chat_template; the
+    /// model's].
+    #[arg(long)]
+    pub chat_template: Option<String>,
     /// Cap the context length below the model's [model.max_model_len].
     #[arg(long)]
     pub max_model_len: Option<usize>,
@@ -145,6 +150,11 @@ impl ModelArgs {
             "model.reasoning_parser",
             &self.reasoning_parser,
         );
+        flags.opt(
+            "--chat-template",
+            "model.chat_template",
+            &self.chat_template,
+        );
         flags.opt("--cpu-weights", "model.cpu_weights", &self.cpu_weights);
         flags.opt("--quantization", "model.quantization", &self.quantization);
         flags.opt("--fp8-ignore", "model.fp8_ignore", &self.fp8_ignore);
@@ -224,10 +234,35 @@ pub fn model_files(path: &Path) -> Vec<PathBuf> {
 pub fn open(
     path: &Path,
     load_format: ingot_config::LoadFormat,
+    chat_template: Option<&str>,
 ) -> anyhow::Result<(ModelFiles, Arc<Tokenizer>)> {
     let files = open_files(path, load_format)?;
-    let tokenizer = tokenizer_of(&files, path)?;
-    Ok((files, tokenizer))
+    let mut tokenizer = tokenizer_of(&files, path)?;
+    if let Some(source) = chat_template {
+        tokenizer = tokenizer.with_chat_template(source.to_string());
+    }
+    Ok((files, Arc::new(tokenizer)))
+}
+
+/// The chat template `model.chat_template` gives, compiled once to check it:
+/// the file it names, else the value itself when it is Jinja; `None` when
+/// unset (the model's own template applies).
+pub fn chat_template_of(model: &ingot_config::ModelSection) -> anyhow::Result<Option<String>> {
+    let Some(value) = &model.chat_template else {
+        return Ok(None);
+    };
+    let path = Path::new(value);
+    let source = if path.is_file() {
+        std::fs::read_to_string(path)
+            .with_context(|| format!("model.chat_template: cannot read {value}"))?
+    } else if value.contains("{{") || value.contains("{%") {
+        value.clone()
+    } else {
+        anyhow::bail!("model.chat_template: {value:?} is neither a file nor a Jinja template");
+    };
+    ingot_tokenizer::ChatTemplate::new(&source, None, None)
+        .map_err(|e| anyhow::anyhow!("model.chat_template: {e}"))?;
+    Ok(Some(source))
 }
 
 /// Opens the model files (metadata and mapped tensors; no tokenizer).
@@ -244,14 +279,14 @@ pub fn open_files(
 }
 
 /// The tokenizer `files` carry (GGUF metadata or a directory's JSON files).
-pub fn tokenizer_of(files: &ModelFiles, path: &Path) -> anyhow::Result<Arc<Tokenizer>> {
+fn tokenizer_of(files: &ModelFiles, path: &Path) -> anyhow::Result<Tokenizer> {
     let tokenizer = match (&files.gguf, &files.hf_dir) {
         (Some(gguf), _) => Tokenizer::from_gguf(gguf),
         (None, Some(dir)) => Tokenizer::from_hf_dir(dir),
         (None, None) => anyhow::bail!("{} has no tokenizer", path.display()),
     }
     .with_context(|| format!("cannot load the tokenizer of {}", path.display()))?;
-    Ok(Arc::new(tokenizer))
+    Ok(tokenizer)
 }
 
 /// Loads the model onto the configured device and starts an engine over it.
@@ -347,7 +382,8 @@ pub fn load_runner(
     max_num_seqs: usize,
 ) -> anyhow::Result<(Box<dyn ModelRunner>, Arc<Tokenizer>)> {
     let path = settings::model_path(config)?;
-    let (files, tokenizer) = open(path, config.model.load_format)?;
+    let template = chat_template_of(&config.model)?;
+    let (files, tokenizer) = open(path, config.model.load_format, template.as_deref())?;
     let built = build_runner(config, path, files, max_num_seqs)?;
     Ok((built.runner, tokenizer))
 }

@@ -33,6 +33,7 @@ pub fn entries(config: &Config, default_name: &str) -> anyhow::Result<Vec<ModelE
         max_model_len: config.model.max_model_len,
         kv_cache_tokens: config.model.kv_cache_tokens,
         reasoning_parser: Some(config.model.reasoning_parser),
+        chat_template: config.model.chat_template.clone(),
         pinned: true,
         preload: true,
         idle_timeout: ingot_config::Duration::from_secs(0),
@@ -46,11 +47,15 @@ struct ModelPlan {
     path: PathBuf,
     config: Config,
     embedding: bool,
+    /// The operator's chat template (`model.chat_template`), read and
+    /// checked when the plan is made.
+    chat_template: Option<String>,
 }
 
 impl ModelPlan {
-    /// `base` with the entry's fields in `[model]`.
-    fn new(base: &Config, e: &ModelEntry) -> Self {
+    /// `base` with the entry's fields in `[model]`; fails on a chat
+    /// template that does not compile (at start-up, not at a request).
+    fn new(base: &Config, e: &ModelEntry) -> anyhow::Result<Self> {
         let mut config = base.clone();
         let m = &mut config.model;
         m.path = Some(e.path.clone());
@@ -66,12 +71,18 @@ impl ModelPlan {
         if let Some(r) = e.reasoning_parser {
             m.reasoning_parser = r;
         }
-        Self {
+        if e.chat_template.is_some() {
+            m.chat_template = e.chat_template.clone();
+        }
+        let chat_template =
+            model::chat_template_of(&config.model).with_context(|| format!("model {}", e.id))?;
+        Ok(Self {
             id: e.id.clone(),
             path: e.path.clone(),
             config,
             embedding: ingot_models::bert::is_bert(&e.path),
-        }
+            chat_template,
+        })
     }
 
     /// The longest context the model's files and settings allow, before an
@@ -110,8 +121,12 @@ impl ModelBuilder for ServedModels {
         if plan.embedding {
             return Ok(ModelFront::embedding(id));
         }
-        let (files, tokenizer) =
-            model::open(&plan.path, plan.config.model.load_format).map_err(LoadError::new)?;
+        let (files, tokenizer) = model::open(
+            &plan.path,
+            plan.config.model.load_format,
+            plan.chat_template.as_deref(),
+        )
+        .map_err(LoadError::new)?;
         let limits = RequestLimits {
             max_context: plan.context_bound(&files.config),
             vocab_size: files.config.vocab_size,
@@ -246,7 +261,10 @@ pub fn registry(config: &Config, entries: Vec<ModelEntry>) -> anyhow::Result<Mod
     // One pool for every CPU model, sized once.
     model::size_thread_pool(config.model.threads)?;
     let device_budget = device_budget(config)?;
-    let mut plans: Vec<ModelPlan> = entries.iter().map(|e| ModelPlan::new(config, e)).collect();
+    let mut plans = entries
+        .iter()
+        .map(|e| ModelPlan::new(config, e))
+        .collect::<anyhow::Result<Vec<ModelPlan>>>()?;
     if plans.len() > 1 && on_gpu(config) {
         with_kv_shares(&mut plans, device_budget)?;
     }

@@ -42,6 +42,10 @@ pub struct ModelEntry {
     /// Where its reasoning goes (default: `model.reasoning_parser`).
     #[serde(default)]
     pub reasoning_parser: Option<ReasoningParser>,
+    /// A chat template replacing the model's own: a Jinja file's path or
+    /// the template itself (default: `model.chat_template`).
+    #[serde(default)]
+    pub chat_template: Option<String>,
     /// Never evicted to make room, never unloaded for idleness.
     #[serde(default)]
     pub pinned: bool,

@@ -195,6 +195,9 @@ pub struct ModelSection {
     /// `qwen3` or `deepseek_r1`: the model's `<think>…</think>` comes back
     /// as `reasoning_content`, not in the answer (`none`: in the answer).
     pub reasoning_parser: ReasoningParser,
+    /// A chat template replacing the model's own: a Jinja file's path, or
+    /// the template itself (unset: the model's). Checked at start-up.
+    pub chat_template: Option<String>,
 }
 
 impl Default for ModelSection {
@@ -216,6 +219,7 @@ impl Default for ModelSection {
             gpu_memory_utilization: 0.9,
             enforce_eager: false,
             reasoning_parser: ReasoningParser::None,
+            chat_template: None,
         }
     }
 }

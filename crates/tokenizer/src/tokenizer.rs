@@ -214,6 +214,15 @@ impl Tokenizer {
         self.chat_template.as_deref()
     }
 
+    /// This tokenizer with `source` as its only chat template (the
+    /// operator's `--chat-template`): the model's default and named ones
+    /// are dropped, so requests with tools use it too.
+    pub fn with_chat_template(mut self, source: String) -> Self {
+        self.chat_template = Some(source);
+        self.named_templates.clear();
+        self
+    }
+
     /// A named chat template (e.g. `tool_use`, `rag`), if the model ships one.
     pub fn named_chat_template(&self, name: &str) -> Option<&str> {
         self.named_templates.get(name).map(String::as_str)

@@ -18,7 +18,7 @@ pub struct InspectArgs {
 
 /// Runs the command.
 pub fn run(args: InspectArgs) -> anyhow::Result<()> {
-    let (files, tok) = model::open(&args.path, ingot_config::LoadFormat::Auto)?;
+    let (files, tok) = model::open(&args.path, ingot_config::LoadFormat::Auto, None)?;
     let c = &files.config;
     println!("path:            {}", args.path.display());
     println!("format:          {}", files.format);

@@ -240,14 +240,17 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     logging::start_tracing(&config.tracing)?;
+    let count = entries.len();
+    // First: a model's setting that fails (a chat template that does not
+    // compile) is the one line printed.
+    let models = served::registry(&config, entries)?;
     tracing::info!(
         target: served::STARTUP,
-        models = entries.len(),
+        models = count,
         prefix_caching = config.engine.prefix_caching,
         flags = %enabled_flags(&config),
         "features"
     );
-    let models = served::registry(&config, entries)?;
     let served = runtime.block_on(ingot_server::serve(
         serve,
         models,

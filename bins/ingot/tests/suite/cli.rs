@@ -654,3 +654,56 @@ fn log_level_flag_sets_log_level_on_each_command() {
         );
     }
 }
+
+#[test]
+fn chat_template_replaces_the_models_own_and_is_checked_at_start_up() {
+    let chat = |template: &str| {
+        ingot(&[
+            "generate",
+            "--model",
+            &model(),
+            "--chat",
+            "--prompt",
+            "hi",
+            "--max-tokens",
+            "1",
+            "--chat-template",
+            template,
+        ])
+    };
+    // Inline: the operator's template renders the prompt (its raise shows).
+    let o = chat("{{ raise_exception('the operator template ran') }}");
+    assert!(!o.status.success(), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("the operator template ran"),
+        "{}",
+        stderr(&o)
+    );
+    // From a file.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("chat.jinja");
+    std::fs::write(&file, "{{ raise_exception('the file template ran') }}").unwrap();
+    let o = chat(file.to_str().unwrap());
+    assert!(
+        stderr(&o).contains("the file template ran"),
+        "{}",
+        stderr(&o)
+    );
+    // Broken, or neither a file nor Jinja: one line naming the setting,
+    // before any model loads.
+    for (template, says) in [
+        ("{% if %}", "model.chat_template"),
+        ("/no/such/chat.jinja", "neither a file nor a Jinja template"),
+    ] {
+        let o = ingot(&[
+            "serve",
+            "--model",
+            &model(),
+            "--port",
+            "0",
+            "--chat-template",
+            template,
+        ]);
+        assert_clean_error(&o, says);
+    }
+}
