@@ -129,13 +129,36 @@ pub(crate) fn no_way_out(schema: &Value) -> Option<String> {
             break;
         }
     }
-    // The first part a document can reach (breadth first from the root)
-    // that no finite document matches.
+    // What each part that has no document needs and lacks: a part on a
+    // cycle of those is a recursion with no way out. (One that merely has
+    // no value, such as crossed bounds, is left to the engine, which
+    // copes with it as before.)
+    let lacking: Vec<Vec<usize>> = needs
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            if productive[i] {
+                return Vec::new();
+            }
+            let alternatives = n.types.iter().flatten().flatten();
+            n.all
+                .iter()
+                .chain(n.groups.iter().flatten())
+                .chain(alternatives)
+                .filter_map(|c| match *c {
+                    Child::Node(j) if !productive[j] => Some(j),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect();
+    // The first such part a document can reach (breadth first from the
+    // root).
     let mut seen = vec![false; nodes.len()];
     let mut queue = std::collections::VecDeque::from([0usize]);
     seen[0] = true;
     while let Some(i) = queue.pop_front() {
-        if !productive[i] {
+        if !productive[i] && on_cycle(i, &lacking) {
             return Some(format!(
                 "#{} can match no finite document: each match must hold another (a recursion with no way out, such as a required property whose schema refers back to it)",
                 nodes[i].0
@@ -157,6 +180,21 @@ pub(crate) fn no_way_out(schema: &Value) -> Option<String> {
         }
     }
     None
+}
+
+/// Whether `start` reaches itself along `edges` (iteratively).
+fn on_cycle(start: usize, edges: &[Vec<usize>]) -> bool {
+    let mut seen = vec![false; edges.len()];
+    let mut stack: Vec<usize> = edges[start].clone();
+    while let Some(i) = stack.pop() {
+        if i == start {
+            return true;
+        }
+        if !std::mem::replace(&mut seen[i], true) {
+            stack.extend(&edges[i]);
+        }
+    }
+    false
 }
 
 /// The schema at `value` (under `ptr`) as a [`Child`]; `None` for what is
@@ -200,7 +238,15 @@ fn needs_of(ptr: &str, node: &Value, index: &HashMap<&str, usize>) -> Needs {
             n.groups.push(group);
         }
     }
-    // A fixed value always has a document.
+    // A fixed value always has a document; an empty enum never does.
+    if node
+        .get("enum")
+        .and_then(Value::as_array)
+        .is_some_and(Vec::is_empty)
+    {
+        n.types = Some(Vec::new());
+        return n;
+    }
     if node.get("const").is_some() || node.get("enum").is_some() {
         return n;
     }
@@ -249,6 +295,17 @@ fn needs_of(ptr: &str, node: &Value, index: &HashMap<&str, usize>) -> Needs {
                     .collect();
                 alternatives.push(needs);
             }
+            // Contradictory bounds leave a type no value (a way out that
+            // is none).
+            "array" if bounds_cross(node, "minItems", "maxItems") => {
+                alternatives.push(vec![Child::Never]);
+            }
+            "string" if bounds_cross(node, "minLength", "maxLength") => {
+                alternatives.push(vec![Child::Never]);
+            }
+            "integer" | "number" if bounds_cross(node, "minimum", "maximum") => {
+                alternatives.push(vec![Child::Never]);
+            }
             "array" => {
                 let min = node.get("minItems").and_then(Value::as_u64).unwrap_or(0);
                 // The first few needed items say enough (a longer prefix
@@ -263,6 +320,17 @@ fn needs_of(ptr: &str, node: &Value, index: &HashMap<&str, usize>) -> Needs {
     }
     n.types = Some(alternatives);
     n
+}
+
+/// Whether `node`'s lower bound `low` is above its upper bound `high`.
+fn bounds_cross(node: &Value, low: &str, high: &str) -> bool {
+    match (
+        node.get(low).and_then(Value::as_f64),
+        node.get(high).and_then(Value::as_f64),
+    ) {
+        (Some(l), Some(h)) => l > h,
+        _ => false,
+    }
 }
 
 /// Every object in `value` with its JSON pointer, `value` first.
@@ -401,7 +469,7 @@ mod tests {
         let deep = json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/x"}},
             "$defs": {"x": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/x"}}}});
         let m = no_way_out(&deep).unwrap();
-        assert!(m.starts_with("#/properties/a can match"), "{m}");
+        assert!(m.starts_with("#/$defs/x can match"), "{m}");
         for ok in [
             json!({"type": "object", "properties": {"next": {"$ref": "#"}}}),
             json!({"type": ["object", "null"], "properties": {"next": {"$ref": "#"}},
@@ -411,9 +479,19 @@ mod tests {
             json!({"type": "array", "items": {"$ref": "#"}}),
             json!({"properties": {"next": {"$ref": "#"}}, "required": ["next"]}),
             json!({"type": "string"}),
+            // No value, but no recursion: left to the engine.
+            json!({"type": "object", "properties": {"a": {"type": "string",
+                "minLength": 3, "maxLength": 1}}}),
         ] {
             assert_eq!(no_way_out(&ok), None, "{ok}");
         }
+        // An empty enum, or bounds that cross, are no way out.
+        let empty = json!({"type": "array", "minItems": 1, "items": {"anyOf": [
+            {"$ref": "#"}, {"enum": []}]}});
+        assert!(no_way_out(&empty).is_some());
+        let crossed = json!({"anyOf": [{"type": "string", "minLength": 3, "maxLength": 1},
+            {"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}]});
+        assert!(no_way_out(&crossed).is_some());
     }
 
     #[test]
