@@ -26,11 +26,12 @@ def completion(**extra):
     return {"prompt": "Hello", "max_tokens": 3, "temperature": 0, **extra}
 
 
-def lines_with(srv: Server, needle: str, want: int = 1, timeout: float = 5.0) -> list[str]:
-    """Log lines containing `needle` (waits for at least `want` of them)."""
+def lines_with(srv: Server, needle: str, want: int = 1, timeout: float = 5.0, also: str = "") -> list[str]:
+    """Log lines containing `needle` and `also` (waits for at least `want`
+    of them)."""
     deadline = time.monotonic() + timeout
     while True:
-        found = [line for line in list(srv.log) if needle in line]
+        found = [line for line in list(srv.log) if needle in line and also in line]
         if len(found) >= want or time.monotonic() > deadline:
             return found
         time.sleep(0.05)
@@ -51,9 +52,11 @@ def test_client_id_is_echoed_and_logged(srv):
         r = c.post("/v1/completions", json=completion(), headers={"x-request-id": rid})
     assert r.status_code == 200, r.text
     assert r.headers["x-request-id"] == rid
-    access = lines_with(srv, "ingot::access", want=1)
-    mine = [line for line in access if f"request_id={rid}" in line]
-    assert len(mine) == 1, "\n".join(access)
+    # Its access line comes once the response is out: wait for that one
+    # (the server's /ready polls logged access lines before it).
+    access = lines_with(srv, f"request_id={rid}", want=1, also="ingot::access")
+    mine = [line for line in access if "ingot::access" in line]
+    assert len(mine) == 1, "\n".join(lines_with(srv, "ingot::access"))
     line = mine[0]
     for field in ("status=200", "method=POST", "route=/v1/completions", "model=",
                   "prompt_tokens=", "completion_tokens=3", "duration_ms=", "cache=", "stream=false"):

@@ -163,7 +163,8 @@ def test_tool_errors_name_the_field(http, model_name):
     assert_error(r, 400, "invalid_request_error", param="tool_choice")
     bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "string", "format": "credit-card"}}}}}
     r = http.post("/v1/chat/completions", json={**body, "tools": [bad], "tool_choice": "required"})
-    assert_error(r, 400, "invalid_request_error", param="tools", code="unsupported_feature", message_contains=("credit-card",))
+    assert_error(r, 400, "invalid_request_error", param="tools[0].function.parameters", code="unsupported_feature",
+                 message_contains=("credit-card",))
 
 
 # LangChain: the real ChatOpenAI against ingot.

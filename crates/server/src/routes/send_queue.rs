@@ -162,10 +162,13 @@ impl Progress {
         // Without a probe, the kernel taking bytes is the only sign.
         let acked = q.handed.saturating_sub(unacked.unwrap_or(0) as u64);
         let outstanding = !q.pending.is_empty() || unacked.is_some_and(|n| n > 0);
-        self.outstanding = outstanding;
-        if acked > self.acked || !outstanding {
+        // The clock runs only while something is outstanding: a stream
+        // that was all taken and then waited (a long prefill before the
+        // first token) starts it now, when its next frame comes.
+        if acked > self.acked || !outstanding || !self.outstanding {
             self.last = now;
         }
+        self.outstanding = outstanding;
         self.acked = self.acked.max(acked);
         now.saturating_duration_since(self.last)
     }
@@ -424,6 +427,22 @@ mod tests {
         let (got, err) = collect(b).await;
         assert!(err.is_none(), "{err:?}");
         assert_eq!(got.concat(), CLOSING);
+    }
+
+    #[tokio::test]
+    async fn a_wait_longer_than_the_stall_timeout_between_frames_is_no_stall() {
+        // The first frame is taken at once; the next comes after three
+        // stall timeouts (a long prefill): nothing was outstanding meanwhile.
+        let frames = futures_util::stream::unfold(0, |i| async move {
+            if i == 1 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            (i < 3).then(|| (Bytes::from(format!("{i};")), i + 1))
+        });
+        let (frames, cut) = source(frames.boxed(), true, flag());
+        let (got, err) = collect(body(frames, None, settings(100), cut)).await;
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(got.concat(), b"0;1;2;");
     }
 
     #[tokio::test]
