@@ -1,7 +1,7 @@
 //! End-to-end tests of the `ingot` binary on the real test model, in one
-//! test binary (one link instead of three): the CLI, `ingot bench serve`
-//! against a real `ingot serve`, and `ingot bench compare | sweep | stress |
-//! soak`.
+//! test binary (one link instead of four): the CLI, its chat at a terminal,
+//! `ingot bench serve` against a real `ingot serve`, and `ingot bench
+//! compare | sweep | stress | soak`.
 
 // Helpers outside #[test] fns unwrap too: this is a test binary.
 #![allow(clippy::unwrap_used)]
@@ -10,5 +10,7 @@
 mod bench_serve;
 #[path = "suite/bench_tools.rs"]
 mod bench_tools;
+#[path = "suite/chat_repl.rs"]
+mod chat_repl;
 #[path = "suite/cli.rs"]
 mod cli;

@@ -1,6 +1,6 @@
 //! `ingot generate`: stream a completion (or a chat) to stdout.
 
-use std::io::{BufRead, Write};
+use std::io::Write;
 
 use anyhow::Context;
 use clap::Args;
@@ -8,7 +8,7 @@ use ingot_core::{SamplingParams, StopCriteria, TokenId};
 use ingot_engine::{EngineHandle, EngineRequest, TokenEvent};
 use ingot_tokenizer::{ChatMessage, ChatTemplate};
 
-use crate::cmd::score;
+use crate::cmd::{chat, score};
 use crate::model::{load_engine, load_runner, ModelArgs};
 use crate::settings::{self, FlagSet, LogArgs};
 
@@ -23,7 +23,8 @@ pub struct GenerateArgs {
     #[arg(long, short = 'p')]
     prompt: Option<String>,
     /// Treat the prompt as a user message and apply the model's chat
-    /// template; without --prompt, chat interactively (one line per turn).
+    /// template; without --prompt, chat interactively, sampling with the
+    /// model's defaults where flags leave a value out (docs/chat.md).
     #[arg(long)]
     chat: bool,
     /// System message for --chat (default: whatever the template does).
@@ -43,33 +44,36 @@ pub struct GenerateArgs {
     score: Option<String>,
 }
 
-/// Sampling flags, named as in the OpenAI API.
+/// Sampling flags, named as in the OpenAI API. A flag left out takes the
+/// one-shot default shown here with `--prompt` (greedy, for comparisons
+/// with references), and the model's own default in the interactive chat
+/// (docs/chat.md).
 #[derive(Args, Debug, Clone)]
 pub struct SamplingArgs {
-    /// Most tokens to generate.
-    #[arg(long, default_value_t = 256)]
-    max_tokens: usize,
-    /// 0 is greedy (the default for this command).
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    /// Keep the k most likely tokens (0: all).
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
-    /// Nucleus mass.
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
-    /// Drop tokens below min_p × the top probability.
-    #[arg(long, default_value_t = 0.0)]
-    min_p: f32,
-    /// >1 discourages tokens already in prompt or output.
-    #[arg(long, default_value_t = 1.0)]
-    repetition_penalty: f32,
-    /// Penalty per occurrence in the output.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    frequency_penalty: f32,
-    /// Penalty for any occurrence in the output.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    presence_penalty: f32,
+    /// Most tokens to generate [default: 256].
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    /// 0 is greedy [default: 0].
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// Keep the k most likely tokens (0: all) [default: 0].
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Nucleus mass [default: 1].
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Drop tokens below min_p × the top probability [default: 0].
+    #[arg(long)]
+    min_p: Option<f32>,
+    /// >1 discourages tokens already in prompt or output [default: 1].
+    #[arg(long)]
+    repetition_penalty: Option<f32>,
+    /// Penalty per occurrence in the output [default: 0].
+    #[arg(long, allow_negative_numbers = true)]
+    frequency_penalty: Option<f32>,
+    /// Penalty for any occurrence in the output [default: 0].
+    #[arg(long, allow_negative_numbers = true)]
+    presence_penalty: Option<f32>,
     /// Seed for reproducible sampling.
     #[arg(long)]
     seed: Option<u64>,
@@ -84,16 +88,21 @@ pub struct SamplingArgs {
     logprobs: Option<usize>,
 }
 
+/// One-shot generation's `max_tokens` when the flag is left out.
+const ONE_SHOT_MAX_TOKENS: usize = 256;
+
 impl SamplingArgs {
+    /// The one-shot request: every flag left out is greedy and unpenalised.
     fn params(&self) -> anyhow::Result<(SamplingParams, StopCriteria)> {
+        let greedy = SamplingParams::GREEDY;
         let params = SamplingParams {
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
-            repetition_penalty: self.repetition_penalty,
-            frequency_penalty: self.frequency_penalty,
-            presence_penalty: self.presence_penalty,
+            temperature: self.temperature.unwrap_or(greedy.temperature),
+            top_k: self.top_k.unwrap_or(greedy.top_k),
+            top_p: self.top_p.unwrap_or(greedy.top_p),
+            min_p: self.min_p.unwrap_or(greedy.min_p),
+            repetition_penalty: self.repetition_penalty.unwrap_or(greedy.repetition_penalty),
+            frequency_penalty: self.frequency_penalty.unwrap_or(greedy.frequency_penalty),
+            presence_penalty: self.presence_penalty.unwrap_or(greedy.presence_penalty),
             seed: self.seed,
             logprobs: self.logprobs,
             prompt_logprobs: None,
@@ -101,12 +110,33 @@ impl SamplingArgs {
         };
         params.validate()?;
         let stop = StopCriteria {
-            max_tokens: self.max_tokens,
+            max_tokens: self.max_tokens.unwrap_or(ONE_SHOT_MAX_TOKENS),
             stop_strings: self.stop.clone(),
             stop_token_ids: Vec::new(),
             ignore_eos: self.ignore_eos,
         };
         Ok((params, stop))
+    }
+
+    /// The settings given on the command line, by their `/set` names, for
+    /// the interactive chat (which fills the rest from the model).
+    pub fn given(&self) -> Vec<(&'static str, String)> {
+        let f = |name, v: Option<f32>| v.map(|v| (name, v.to_string()));
+        let n = |name, v: Option<usize>| v.map(|v| (name, v.to_string()));
+        [
+            f("temperature", self.temperature),
+            f("top_p", self.top_p),
+            n("top_k", self.top_k),
+            f("min_p", self.min_p),
+            f("repetition_penalty", self.repetition_penalty),
+            f("frequency_penalty", self.frequency_penalty),
+            f("presence_penalty", self.presence_penalty),
+            n("max_tokens", self.max_tokens),
+            self.seed.map(|s| ("seed", s.to_string())),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
     }
 }
 
@@ -136,41 +166,39 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
                 .context("cannot read the prompt from stdin")?,
         };
         let ids = gen.tokenizer().encode(&prompt, true)?;
-        stream(&gen, ids, &params, &stop, show)?;
+        stream_once(&gen, ids, &params, &stop, show)?;
         return Ok(());
     }
     let template = chat_template(&gen)?;
+    let Some(p) = &args.prompt else {
+        let model = settings::model_path(&config)?;
+        let chat = chat::Chat {
+            gen: &gen,
+            template: &template,
+            model,
+            system: args.system.clone(),
+            flags: args.sampling.given(),
+            base: (params, stop),
+            show,
+        };
+        return chat::run(chat);
+    };
     let mut messages = Vec::new();
     if let Some(system) = &args.system {
         messages.push(ChatMessage::new("system", system));
     }
-    if let Some(p) = &args.prompt {
-        messages.push(ChatMessage::new("user", p));
-        let ids = render(&gen, &template, &messages)?;
-        stream(&gen, ids, &params, &stop, show)?;
-        return Ok(());
-    }
-    // Interactive: one line per user turn until EOF.
-    let stdin = std::io::stdin();
-    loop {
-        eprint!("> ");
-        let mut line = String::new();
-        if stdin.lock().read_line(&mut line)? == 0 {
-            return Ok(());
-        }
-        messages.push(ChatMessage::new("user", line.trim_end()));
-        let ids = render(&gen, &template, &messages)?;
-        let reply = stream(&gen, ids, &params, &stop, show)?;
-        messages.push(ChatMessage::new("assistant", &reply));
-    }
+    messages.push(ChatMessage::new("user", p));
+    let ids = render(&gen, &template, &messages)?;
+    stream_once(&gen, ids, &params, &stop, show)?;
+    Ok(())
 }
 
-fn chat_template(gen: &EngineHandle) -> anyhow::Result<ChatTemplate> {
+pub(crate) fn chat_template(gen: &EngineHandle) -> anyhow::Result<ChatTemplate> {
     ChatTemplate::for_tokenizer(gen.tokenizer())?
         .context("this model has no chat template; use --prompt without --chat")
 }
 
-fn render(
+pub(crate) fn render(
     gen: &EngineHandle,
     template: &ChatTemplate,
     messages: &[ChatMessage],
@@ -179,14 +207,50 @@ fn render(
     Ok(gen.tokenizer().encode(&text, false)?)
 }
 
-/// Generates and prints; returns the full text.
-fn stream(
+/// Generates one answer and prints it; Ctrl-C keeps its default (the
+/// process ends), as for any one-shot command.
+fn stream_once(
     gen: &EngineHandle,
     prompt: Vec<TokenId>,
     params: &SamplingParams,
     stop: &StopCriteria,
     show: Show,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?;
+    rt.block_on(stream(
+        gen,
+        prompt,
+        params,
+        stop,
+        show,
+        std::future::pending(),
+    ))?;
+    Ok(())
+}
+
+/// What one answer produced.
+pub(crate) struct Streamed {
+    /// The text printed.
+    pub text: String,
+    /// Tokens generated (a stop token included).
+    pub tokens: usize,
+    /// Whether `cancel` stopped it.
+    pub stopped: bool,
+}
+
+/// Generates and prints until the answer ends or `cancel` resolves; then
+/// the request's stream is dropped, which aborts it in the engine.
+pub(crate) async fn stream(
+    gen: &EngineHandle,
+    prompt: Vec<TokenId>,
+    params: &SamplingParams,
+    stop: &StopCriteria,
+    show: Show,
+    cancel: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<Streamed> {
     let tokenizer = gen.tokenizer().clone();
     let prompt_ids = show.ids.then(|| prompt.clone());
     let mut output_ids = Vec::new();
@@ -199,9 +263,15 @@ fn stream(
     })?;
     let mut out = std::io::stdout().lock();
     let mut text = String::new();
-    while let Some(event) = events.next_blocking() {
+    let mut tokens = None;
+    tokio::pin!(cancel);
+    let stopped = loop {
+        let event = tokio::select! {
+            event = events.next() => event,
+            () = &mut cancel => break true,
+        };
         match event {
-            TokenEvent::Token(t) => {
+            Some(TokenEvent::Token(t)) => {
                 output_ids.push(t.token);
                 text.push_str(&t.text);
                 out.write_all(t.text.as_bytes())?;
@@ -223,11 +293,16 @@ fn stream(
                     );
                 }
             }
-            TokenEvent::Finished(_) => break,
-            TokenEvent::Error(e) => anyhow::bail!("generation failed: {e}"),
-            TokenEvent::Prompt(_) => {}
+            Some(TokenEvent::Finished(done)) => {
+                tokens = Some(done.completion_tokens);
+                break false;
+            }
+            Some(TokenEvent::Error(e)) => anyhow::bail!("generation failed: {e}"),
+            Some(TokenEvent::Prompt(_)) => {}
+            None => break false,
         }
-    }
+    };
+    drop(events);
     writeln!(out)?;
     if let Some(prompt_ids) = prompt_ids {
         eprintln!(
@@ -235,12 +310,16 @@ fn stream(
             serde_json::json!({"prompt_ids": prompt_ids, "output_ids": output_ids})
         );
     }
-    Ok(text)
+    Ok(Streamed {
+        text,
+        tokens: tokens.unwrap_or(output_ids.len()),
+        stopped,
+    })
 }
 
 /// What to print besides the text.
 #[derive(Debug, Clone, Copy)]
-struct Show {
+pub(crate) struct Show {
     logprobs: bool,
     ids: bool,
 }

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_load;
+pub mod chat;
 pub mod config;
 pub mod generate;
 pub mod inspect;
