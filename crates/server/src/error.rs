@@ -93,6 +93,12 @@ pub enum ApiError {
     /// Not ready yet (503).
     #[error("{0}")]
     Unavailable(String),
+    /// The preloaded models are still loading (503 `model_loading`).
+    #[error("the model is still loading")]
+    Loading {
+        /// When the load is likely done.
+        retry_after: Duration,
+    },
     /// Draining for shutdown (503 `shutting_down`); retry once the drain
     /// can have ended.
     #[error("the server is shutting down")]
@@ -214,6 +220,12 @@ impl ApiError {
                 None,
                 Some("shutting_down"),
             ),
+            ApiError::Loading { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                None,
+                Some("model_loading"),
+            ),
             ApiError::Internal(_) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal_error",
@@ -328,6 +340,7 @@ impl ApiError {
             ApiError::Timeout(_) => Some("timeout"),
             ApiError::Unavailable(_)
             | ApiError::ShuttingDown { .. }
+            | ApiError::Loading { .. }
             | ApiError::ModelUnavailable { .. } => Some("unavailable"),
             ApiError::Conflict(_) => Some("validation"),
             ApiError::Shed { .. } => Some("slo_shed"),
@@ -350,7 +363,9 @@ impl IntoResponse for ApiError {
             ApiError::Overloaded { retry_after, .. } => Some(ceil_secs(*retry_after)),
             ApiError::RateLimited { retry_after, .. } => retry_after.map(ceil_secs),
             ApiError::Unavailable(_) => Some(1),
-            ApiError::ShuttingDown { retry_after } => Some(ceil_secs(*retry_after)),
+            ApiError::ShuttingDown { retry_after } | ApiError::Loading { retry_after } => {
+                Some(ceil_secs(*retry_after))
+            }
             ApiError::Shed { retry_after, .. } => Some(ceil_secs(*retry_after)),
             ApiError::ModelUnavailable { retry_after, .. } => Some(ceil_secs(*retry_after)),
             _ => None,

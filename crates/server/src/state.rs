@@ -49,6 +49,8 @@ struct Inner {
     /// The model a request without `model` gets (the first configured).
     model_name: String,
     created: u64,
+    /// When the state was built: the preloaded models' load starts then.
+    started: std::time::Instant,
     /// Set when shutdown begins: when the drain ends at the latest.
     drain_ends: std::sync::OnceLock<std::time::Instant>,
     inflight: AtomicUsize,
@@ -148,6 +150,7 @@ impl AppStateBuilder {
                 log_level: self.log_level,
                 model_name: self.model_name,
                 created,
+                started: std::time::Instant::now(),
                 drain_ends: std::sync::OnceLock::new(),
                 inflight: AtomicUsize::new(0),
                 idle: Notify::new(),
@@ -224,9 +227,23 @@ impl AppState {
             return Err(e);
         }
         if !self.inner.ready.load(Ordering::SeqCst) {
-            return Err(ApiError::Unavailable("the model is still loading".into()));
+            return Err(self.still_loading());
         }
         Ok(())
+    }
+
+    /// The refusal of a request while the preloaded models load: retry
+    /// after about as long as the load has taken so far (a load half done
+    /// needs as long again; 1 to 60 s), not a constant every client would
+    /// hammer on together.
+    pub fn still_loading(&self) -> ApiError {
+        let elapsed = self.inner.started.elapsed();
+        ApiError::Loading {
+            retry_after: elapsed.clamp(
+                std::time::Duration::from_secs(1),
+                std::time::Duration::from_secs(60),
+            ),
+        }
     }
 
     /// The shared-state client, when configured.

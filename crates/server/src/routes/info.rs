@@ -163,7 +163,7 @@ pub async fn ready(State((state, _)): State<Shared>) -> Response {
     }
     state
         .shutting_down()
-        .unwrap_or_else(|| ApiError::Unavailable("the model is still loading".into()))
+        .unwrap_or_else(|| state.still_loading())
         .into_response()
 }
 

@@ -135,9 +135,11 @@ async fn ready_turns_200_once_set_and_503_while_draining_health_stays_200() {
         StatusCode::SERVICE_UNAVAILABLE,
         "service_unavailable",
         None,
-        None,
+        Some("model_loading"),
     );
     assert_eq!(message, "the model is still loading");
+    // Computed from how long the load has taken: 1 s at first.
+    assert_eq!(reply.header("retry-after"), "1");
     assert_eq!(server.get("/health").await.status, StatusCode::OK);
     server.state.set_ready();
     let reply = server.get("/ready").await;
@@ -162,7 +164,7 @@ async fn models_and_tokenize_wait_for_ready_too() {
         StatusCode::SERVICE_UNAVAILABLE,
         "service_unavailable",
         None,
-        None,
+        Some("model_loading"),
     );
     // The model list is served while loading: it reports the states.
     assert_eq!(server.get("/v1/models").await.status, StatusCode::OK);

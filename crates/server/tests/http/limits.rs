@@ -168,9 +168,11 @@ async fn before_ready_and_while_draining_generation_is_503() {
         StatusCode::SERVICE_UNAVAILABLE,
         "service_unavailable",
         None,
-        None,
+        Some("model_loading"),
     );
     assert_eq!(message, "the model is still loading");
+    // Computed from how long the load has taken: 1 s at first.
+    assert_eq!(reply.header("retry-after"), "1");
     server.state.set_ready();
     server
         .post("/v1/chat/completions", chat(CHAT, json!({})))
