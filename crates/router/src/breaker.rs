@@ -62,6 +62,14 @@ impl Breaker {
         }
     }
 
+    /// How long until an open breaker lets a trial through (`None` unless
+    /// open at `now`).
+    pub fn reopens_in(&self, now: Instant) -> Option<Duration> {
+        let opened = self.opened_at?;
+        let left = self.cooldown.checked_sub(now.duration_since(opened))?;
+        (!left.is_zero()).then_some(left)
+    }
+
     /// Whether a request may go to this worker now (without taking the trial).
     pub fn allows(&self, now: Instant) -> bool {
         match self.state(now) {
@@ -145,5 +153,19 @@ mod tests {
         b.on_success();
         assert_eq!(b.state(again), BreakerState::Closed);
         assert!(b.allows(again));
+    }
+
+    #[test]
+    fn an_open_breaker_says_when_it_lets_a_trial_through() {
+        let mut b = breaker();
+        let t0 = Instant::now();
+        assert_eq!(b.reopens_in(t0), None, "closed");
+        while !b.on_failure(t0) {}
+        assert_eq!(b.reopens_in(t0), Some(Duration::from_secs(5)));
+        assert_eq!(
+            b.reopens_in(t0 + Duration::from_secs(2)),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(b.reopens_in(t0 + Duration::from_secs(5)), None, "half-open");
     }
 }

@@ -15,9 +15,15 @@ pub enum RouteError {
     /// No worker serves the requested model.
     #[error("the model `{0}` does not exist on any worker")]
     ModelNotFound(String),
-    /// No worker can take the request now (all down, open or draining).
-    #[error("no worker available{0}")]
-    NoWorker(String),
+    /// No worker can take the request now (all down, open or draining):
+    /// why, and when one may again (`Retry-After`).
+    #[error("no worker available{detail}")]
+    NoWorker {
+        /// The last attempt's failure, if any (` (last attempt: …)`).
+        detail: String,
+        /// When a worker is likely to take requests again.
+        retry_after: std::time::Duration,
+    },
     /// No such route.
     #[error("no route for {0}")]
     RouteNotFound(String),
@@ -32,7 +38,7 @@ impl RouteError {
         match self {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::ModelNotFound(_) | Self::RouteNotFound(_) => StatusCode::NOT_FOUND,
-            Self::NoWorker(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::NoWorker { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
         }
     }
@@ -42,7 +48,7 @@ impl RouteError {
         match self {
             Self::BadRequest(_) => ("invalid_request_error", "invalid_request"),
             Self::ModelNotFound(_) => ("invalid_request_error", "model_not_found"),
-            Self::NoWorker(_) => ("server_error", "no_worker_available"),
+            Self::NoWorker { .. } => ("server_error", "no_worker_available"),
             Self::RouteNotFound(_) => ("invalid_request_error", "not_found"),
             Self::MethodNotAllowed(_) => ("invalid_request_error", "method_not_allowed"),
         }
@@ -60,9 +66,11 @@ impl RouteError {
 impl IntoResponse for RouteError {
     fn into_response(self) -> Response {
         let mut r = (self.status(), axum::Json(self.body())).into_response();
-        if matches!(self, Self::NoWorker(_)) {
+        if let Self::NoWorker { retry_after, .. } = &self {
+            // Whole seconds, rounded up: a client never comes back early.
+            let secs = retry_after.as_millis().div_ceil(1000).max(1);
             r.headers_mut()
-                .insert("retry-after", axum::http::HeaderValue::from_static("1"));
+                .insert("retry-after", axum::http::HeaderValue::from(secs as u64));
         }
         r
     }

@@ -175,10 +175,12 @@ pub async fn forward(State(state): State<Arc<RouterState>>, req: Request) -> Res
     match last {
         // The worker's own refusal (503/429) is the most precise answer.
         Some((_, Some(resp))) => resp,
-        Some((e, None)) => {
-            RouteError::NoWorker(format!(" (last attempt: {})", e.reason())).into_response()
-        }
-        None => RouteError::NoWorker(String::new()).into_response(),
+        Some((e, None)) => state
+            .no_worker(format!(" (last attempt: {})", e.reason()), Instant::now())
+            .into_response(),
+        None => state
+            .no_worker(String::new(), Instant::now())
+            .into_response(),
     }
 }
 
@@ -478,7 +480,11 @@ pub async fn by_response(State(state): State<Arc<RouterState>>, req: Request) ->
             Err((error, None)) => m::error(&worker.label, error.reason()),
         }
     }
-    last.unwrap_or_else(|| RouteError::NoWorker(String::new()).into_response())
+    last.unwrap_or_else(|| {
+        state
+            .no_worker(String::new(), Instant::now())
+            .into_response()
+    })
 }
 
 /// The worker holding stored response `id` (asked as `GET

@@ -2,7 +2,7 @@
 //! the retry budget and the resolved config.
 
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::mpsc;
@@ -78,6 +78,30 @@ impl RouterState {
     /// A snapshot of every worker.
     pub fn workers(&self) -> Vec<Arc<Worker>> {
         self.workers.read().map(|w| w.clone()).unwrap_or_default()
+    }
+
+    /// The refusal when no worker can take a request at `now`: retry when
+    /// the first open breaker lets a trial through, or after the next
+    /// health probe when workers are down or draining (1 to 60 s).
+    pub fn no_worker(&self, detail: String, now: Instant) -> crate::error::RouteError {
+        let probe = self.config.health.interval;
+        let soonest = self
+            .workers()
+            .iter()
+            .filter(|w| !w.is_removed())
+            .map(|w| {
+                if w.is_healthy() && !w.is_draining() {
+                    w.breaker().reopens_in(now).unwrap_or(Duration::ZERO)
+                } else {
+                    probe
+                }
+            })
+            .min()
+            .unwrap_or(probe);
+        crate::error::RouteError::NoWorker {
+            detail,
+            retry_after: soonest.clamp(Duration::from_secs(1), Duration::from_secs(60)),
+        }
     }
 
     /// Whether any worker satisfies `f` (under the read lock, no snapshot).

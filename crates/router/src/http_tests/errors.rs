@@ -49,7 +49,10 @@ async fn no_healthy_worker_is_a_503_with_retry_after() {
     a.go_down();
     let r = round_robin(&[&a], "").await;
     let resp = r.chat(false).await;
-    assert_eq!(header_of(&resp, "retry-after"), Some("1"));
+    // The worker is down: after its next health probe (1 s at the least).
+    let probe = r.state.config.health.interval.as_millis().div_ceil(1000);
+    let interval = probe.clamp(1, 60).to_string();
+    assert_eq!(header_of(&resp, "retry-after"), Some(interval.as_str()));
     assert_error(
         resp,
         StatusCode::SERVICE_UNAVAILABLE,
