@@ -104,24 +104,18 @@ fn shutdown_error() -> serde_json::Value {
     })
 }
 
-/// Resolves when `closing` turns true; never if its sender is gone first.
-async fn closes(closing: &mut tokio::sync::watch::Receiver<bool>) {
-    if closing.wait_for(|c| *c).await.is_err() {
-        std::future::pending::<()>().await;
-    }
-}
-
-/// Resolves with the cut once the send queue cuts the stream off; never
-/// when the queue ends without one.
-async fn cut_of(rx: &mut tokio::sync::watch::Receiver<Option<Cut>>) -> Cut {
-    loop {
-        let cut = *rx.borrow_and_update();
-        if let Some(why) = cut {
-            return why;
-        }
-        if rx.changed().await.is_err() {
-            return std::future::pending().await;
-        }
+/// The value `rx` holds once `ready` accepts it; never resolves if the
+/// sender is gone first (a queue that ended without a cut, a server that
+/// never closed its streams).
+async fn once_ready<T: Clone>(
+    rx: &mut tokio::sync::watch::Receiver<T>,
+    ready: impl FnMut(&T) -> bool,
+) -> T {
+    // The value is cloned out first: the borrow it comes in is not Send.
+    let value = rx.wait_for(ready).await.ok().map(|v| v.clone());
+    match value {
+        Some(value) => value,
+        None => std::future::pending().await,
     }
 }
 
@@ -322,8 +316,10 @@ impl<F: ChunkFormat> StreamState<F> {
     async fn next_events(&mut self) -> Vec<Event> {
         let next = tokio::select! {
             biased;
-            why = cut_of(&mut self.cut) => return self.end_with_error(&cut_error(why)),
-            () = closes(&mut self.closing) => {
+            Some(why) = once_ready(&mut self.cut, Option::is_some) => {
+                return self.end_with_error(&cut_error(why));
+            }
+            true = once_ready(&mut self.closing, |closing| *closing) => {
                 metrics::counter!(send_queue::STREAMS_CUT, "reason" => "shutdown").increment(1);
                 return self.end_with_error(&shutdown_error());
             }
