@@ -91,3 +91,24 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| (x - y).abs())
         .fold(0f32, f32::max)
 }
+
+/// Cases per fuzz property: `INGOT_FUZZ_CASES`, else `default` (CI runs the
+/// small defaults; a long run sets a large count).
+pub fn fuzz_cases(default: u32) -> u32 {
+    std::env::var("INGOT_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A proptest runner of [`fuzz_cases`]`(default)` cases. Failures are
+/// reported with their minimal input; nothing is written into the source
+/// tree.
+pub fn fuzz_runner(default: u32) -> proptest::test_runner::TestRunner {
+    use proptest::test_runner::{Config, TestRunner};
+    TestRunner::new(Config {
+        cases: fuzz_cases(default),
+        failure_persistence: None,
+        ..Config::default()
+    })
+}

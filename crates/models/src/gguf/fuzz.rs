@@ -8,54 +8,12 @@
 //! `INGOT_FUZZ_CASES` sets the number of cases per property (CI runs the
 //! small default; docs/benchmarks.md records a long run).
 
+use ingot_testkit::fuzz_runner;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 
 use super::reader::parse;
-use super::tests::{f32_bytes, Builder};
+use super::tests::{f32_bytes, sample, Builder};
 use super::*;
-
-/// Cases per property: `INGOT_FUZZ_CASES`, else `default`.
-fn cases(default: u32) -> u32 {
-    std::env::var("INGOT_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn runner(default: u32) -> TestRunner {
-    TestRunner::new(Config {
-        cases: cases(default),
-        // Failures are reported with their minimal input; nothing is
-        // written into the source tree.
-        failure_persistence: None,
-        ..Config::default()
-    })
-}
-
-/// A small valid file: metadata of every kind, tensors of several types.
-fn valid() -> Vec<u8> {
-    let q8: Vec<u8> = (0..34u8).collect();
-    Builder::new()
-        .kv("general.architecture", MetaValue::String("llama".into()))
-        .kv("llama.block_count", MetaValue::U32(2))
-        .kv("llama.eps", MetaValue::F32(1e-5))
-        .kv(
-            "tokenizer.tokens",
-            MetaValue::Array(vec![
-                MetaValue::String("a".into()),
-                MetaValue::String("b".into()),
-            ]),
-        )
-        .kv(
-            "nested",
-            MetaValue::Array(vec![MetaValue::Array(vec![MetaValue::U8(1)])]),
-        )
-        .tensor("norm", &[3], GgmlType::F32, f32_bytes(&[1.0, -2.0, 0.5]))
-        .tensor("embd", &[32, 1], GgmlType::Q8_0, q8)
-        .tensor("half", &[2, 1], GgmlType::F16, vec![0x3c, 0x00, 0xbc, 0x00])
-        .build()
-}
 
 /// One corruption of a file's bytes.
 #[derive(Debug, Clone)]
@@ -169,10 +127,11 @@ fn check(bytes: &[u8]) -> Result<(), TestCaseError> {
 
 #[test]
 fn corrupted_files_never_panic() {
-    let base = valid();
+    // The parser tests' file: metadata of every kind, tensors of several types.
+    let base = sample().build();
     prop_assert_ok(parse(&base).map(|_| ()));
     let strategy = proptest::collection::vec(mutation(), 1..6);
-    runner(1000)
+    fuzz_runner(1000)
         .run(&strategy, |mutations| {
             let mut bytes = base.clone();
             for m in &mutations {
@@ -191,7 +150,7 @@ fn random_bytes_after_the_header_never_panic() {
         0..8u64,
         proptest::collection::vec(any::<u8>(), 0..512),
     );
-    runner(1000)
+    fuzz_runner(1000)
         .run(&strategy, |(version, n_tensors, n_kv, rest)| {
             let mut bytes = b"GGUF".to_vec();
             bytes.extend(version.to_le_bytes());
@@ -233,7 +192,7 @@ fn hostile_tensor_infos_never_panic() {
             Just(Some(0))
         ],
     );
-    runner(1000)
+    fuzz_runner(1000)
         .run(&strategy, |(infos, data, alignment)| {
             let mut b = b"GGUF".to_vec();
             b.extend(3u32.to_le_bytes());

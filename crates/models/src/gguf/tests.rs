@@ -153,7 +153,7 @@ fn q8_0_block(d: f32, qs: impl Fn(usize) -> i8) -> Vec<u8> {
     b
 }
 
-fn sample() -> Builder {
+pub(crate) fn sample() -> Builder {
     let mut q8 = q8_0_block(0.5, |j| j as i8 - 16);
     q8.extend(q8_0_block(-2.0, |j| (j % 3) as i8));
     Builder::new()

@@ -11,21 +11,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ingot_models::hf::SafetensorsSource;
 use ingot_models::TensorSource;
+use ingot_testkit::fuzz_runner;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 use serde_json::{json, Map, Value};
-
-fn runner(default: u32) -> TestRunner {
-    let cases = std::env::var("INGOT_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    })
-}
 
 /// A directory holding one `model.safetensors`, removed on drop.
 struct Dir(PathBuf);
@@ -168,7 +156,7 @@ fn valid_then_corrupted() -> impl Strategy<Value = Vec<u8>> {
 
 #[test]
 fn hostile_safetensors_headers_never_panic() {
-    runner(200)
+    fuzz_runner(200)
         .run(&prop_oneof![file(), valid_then_corrupted()], |bytes| {
             let dir = Dir::with(&bytes);
             match SafetensorsSource::open(&dir.0) {

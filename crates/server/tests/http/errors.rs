@@ -514,10 +514,7 @@ async fn no_random_schema_gets_a_5xx() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut refused = 0;
     // `INGOT_FUZZ_CASES` runs more (10,000 for issue 37's figure).
-    let cases: usize = std::env::var("INGOT_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300);
+    let cases = ingot_testkit::fuzz_cases(300) as usize;
     for i in 0..cases {
         let mut schema = random_schema(&mut rng, 3);
         if rng.below(2) == 0 {

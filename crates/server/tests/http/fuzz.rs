@@ -8,23 +8,11 @@
 //! small default; docs/benchmarks.md records a long run).
 
 use axum::http::StatusCode;
+use ingot_testkit::fuzz_runner;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 use serde_json::{json, Value};
 
 use super::harness::*;
-
-fn runner(default: u32) -> TestRunner {
-    let cases = std::env::var("INGOT_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    })
-}
 
 /// The endpoints, each with a valid body and the fields it reads.
 fn endpoints() -> Vec<(&'static str, Value, &'static [&'static str])> {
@@ -270,7 +258,7 @@ fn no_request_body_gets_a_5xx() {
         .unwrap();
     let server = rt.block_on(async { Server::new() });
     let endpoints = endpoints();
-    runner(512)
+    fuzz_runner(512)
         .run(&body(), |(endpoint, edits)| {
             let (path, valid, fields) = &endpoints[endpoint];
             let bytes = match &edits {

@@ -10,23 +10,11 @@
 
 use ingot_core::GrammarSpec;
 use ingot_structured::GrammarError;
+use ingot_testkit::fuzz_runner;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 use serde_json::{json, Map, Value};
 
 use super::compiler;
-
-fn runner(default: u32) -> TestRunner {
-    let cases = std::env::var("INGOT_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    })
-}
 
 /// Compiles `spec`: success, or a refusal that is the client's.
 fn compiles_or_is_refused(spec: GrammarSpec) -> Result<(), TestCaseError> {
@@ -184,7 +172,7 @@ fn schema() -> impl Strategy<Value = Value> {
 
 #[test]
 fn random_schemas_compile_or_are_refused_as_client_errors() {
-    runner(48)
+    fuzz_runner(48)
         .run(&schema(), |s| {
             compiles_or_is_refused(GrammarSpec::JsonSchema(s.to_string()))
         })
@@ -193,7 +181,7 @@ fn random_schemas_compile_or_are_refused_as_client_errors() {
 
 #[test]
 fn arbitrary_json_as_a_schema_is_refused_or_compiles() {
-    runner(32)
+    fuzz_runner(32)
         .run(&any_json(), |v| {
             compiles_or_is_refused(GrammarSpec::JsonSchema(v.to_string()))
         })
@@ -216,7 +204,7 @@ fn arbitrary_text_as_schema_regex_or_lark_never_panics() {
             1 => GrammarSpec::Regex(text),
             _ => GrammarSpec::Lark(text),
         });
-    runner(48)
+    fuzz_runner(48)
         .run(&spec, compiles_or_is_refused)
         .unwrap_or_else(|e| panic!("{e}"));
 }
@@ -233,7 +221,7 @@ fn deeply_nested_schemas_are_bounded() {
                 json!({"anyOf": [s, {"$ref": "#"}]})
             };
         }
-        runner(1)
+        fuzz_runner(1)
             .run(&Just(s), |s| {
                 compiles_or_is_refused(GrammarSpec::JsonSchema(s.to_string()))
             })

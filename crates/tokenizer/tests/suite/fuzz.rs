@@ -10,24 +10,12 @@
 use std::sync::{Arc, OnceLock};
 
 use ingot_models::gguf::GgufFile;
+use ingot_testkit::fuzz_runner;
 use ingot_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 use serde_json::{json, Map, Value};
 
 use crate::common;
-
-fn runner(default: u32) -> TestRunner {
-    let cases = std::env::var("INGOT_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default);
-    TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    })
-}
 
 fn smollm2() -> Arc<Tokenizer> {
     static T: OnceLock<Arc<Tokenizer>> = OnceLock::new();
@@ -163,7 +151,7 @@ fn hostile_conversations_render_or_are_refused() {
         proptest::option::weighted(0.3, json_value()),
         any::<bool>(),
     );
-    runner(64)
+    fuzz_runner(64)
         .run(&strategy, |(i, messages, generation, tools, thinking)| {
             let (name, template) = &templates[i];
             let mut kwargs = Map::new();
@@ -218,7 +206,7 @@ fn any_text_round_trips_through_smollm2() {
         proptest::collection::vec(any::<u8>(), 0..64)
             .prop_map(|b| String::from_utf8_lossy(&b).into_owned()),
     ];
-    runner(256)
+    fuzz_runner(256)
         .run(&strategy, |s| {
             let ids = tok
                 .encode(&s, false)
@@ -240,7 +228,7 @@ fn arbitrary_ids_decode_or_are_refused() {
     let vocab = tok.vocab_size() as u32;
     let id = prop_oneof![8 => 0..vocab, 1 => any::<u32>()];
     let strategy = (proptest::collection::vec(id, 0..32), any::<bool>());
-    runner(256)
+    fuzz_runner(256)
         .run(&strategy, |(ids, skip)| {
             if ids.iter().all(|&id| id < vocab) {
                 // In-vocabulary ids always decode, and streaming them gives
