@@ -32,11 +32,7 @@ pub(crate) fn self_reference(schema: &Value) -> Option<String> {
     if nodes.len() > MAX_NODES {
         return None;
     }
-    let index: HashMap<&str, usize> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, (ptr, _))| (ptr.as_str(), i))
-        .collect();
+    let index = by_pointer(&nodes);
     let edges: Vec<Vec<usize>> = nodes
         .iter()
         .map(|(ptr, node)| unit_edges(ptr, node, &index))
@@ -51,6 +47,15 @@ pub(crate) fn self_reference(schema: &Value) -> Option<String> {
             path.join(" → ")
         )
     })
+}
+
+/// Each node's position in `nodes`, by its JSON pointer.
+fn by_pointer<'a>(nodes: &'a [(String, &Value)]) -> HashMap<&'a str, usize> {
+    nodes
+        .iter()
+        .enumerate()
+        .map(|(i, (ptr, _))| (ptr.as_str(), i))
+        .collect()
 }
 
 /// Most schema nodes [`no_way_out`] looks at (it is quadratic at worst);
@@ -89,11 +94,7 @@ pub(crate) fn no_way_out(schema: &Value) -> Option<String> {
     if nodes.is_empty() || nodes.len() > MAX_FIXPOINT_NODES {
         return None;
     }
-    let index: HashMap<&str, usize> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, (ptr, _))| (ptr.as_str(), i))
-        .collect();
+    let index = by_pointer(&nodes);
     let needs: Vec<Needs> = nodes
         .iter()
         .map(|(ptr, node)| needs_of(ptr, node, &index))
