@@ -2,6 +2,7 @@
 //! `inspect`, `logits`, `bench`, `config`.
 
 mod cmd;
+mod hub;
 mod logging;
 mod model;
 mod served;

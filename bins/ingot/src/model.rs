@@ -1,20 +1,25 @@
 //! Opening a model and building a runner: the one place that picks a backend.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
 use ingot_config::{Config, Layers, Loaded};
 use ingot_engine::{start_engine, EngineConfig, EngineHandle};
-use ingot_models::{LoadFormat, ModelConfig, ModelFiles};
+use ingot_models::{
+    Bf16Tensor, HostTensor, LoadFormat, ModelConfig, ModelError, ModelFiles, QuantTensor,
+    TensorSource,
+};
 use ingot_runner::ModelRunner;
 use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig, CpuWeights, QuantKind, WeightDtype};
 use ingot_runner_cuda::{CudaRunner, CudaRunnerConfig, KvDtype};
 use ingot_tokenizer::Tokenizer;
 
+use crate::hub;
 use crate::settings::{self, FlagSet};
 
 /// Flags shared by every command that loads a model. Each is optional: a
@@ -22,8 +27,14 @@ use crate::settings::{self, FlagSet};
 /// `INGOT_*`, then the built-in default, docs/config.md).
 #[derive(Args, Debug, Clone, Default)]
 pub struct ModelArgs {
-    /// A GGUF file or a Hugging Face model directory [model.path].
-    #[arg(long, short = 'm')]
+    /// The model: a GGUF file, a Hugging Face model directory, or a Hub
+    /// model id `ORG/NAME[@REVISION][:FILE_OR_QUANT]`, found in the local
+    /// Hub cache (HF_HUB_CACHE, HF_HOME) or else downloaded (HF_ENDPOINT,
+    /// HF_TOKEN; HF_HUB_OFFLINE=1 never downloads) [model.path].
+    #[arg(value_name = "MODEL")]
+    pub model_arg: Option<PathBuf>,
+    /// The same as MODEL, as a flag [model.path].
+    #[arg(long, short = 'm', value_name = "MODEL")]
     pub model: Option<PathBuf>,
     /// `auto` reads weights from the files; `dummy` makes random weights
     /// of the configured shapes (benchmarks only) [model.load_format; auto].
@@ -118,13 +129,18 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// The flags that were given, as config values.
     pub fn add_to(&self, flags: &mut FlagSet) -> anyhow::Result<()> {
-        let model = match &self.model {
-            Some(p) => Some(
+        let model = match (&self.model_arg, &self.model) {
+            (Some(a), Some(b)) if a != b => anyhow::bail!(
+                "the model is given twice, as {} and as --model {}",
+                a.display(),
+                b.display()
+            ),
+            (Some(p), _) | (None, Some(p)) => Some(
                 p.to_str()
                     .with_context(|| format!("--model {}: not UTF-8", p.display()))?
                     .to_string(),
             ),
-            None => None,
+            (None, None) => None,
         };
         flags.opt("--model", "model.path", &model);
         flags.opt("--load-format", "model.load_format", &self.load_format);
@@ -197,12 +213,34 @@ impl ModelArgs {
         self.add_to(&mut flags)?;
         let mut flags = flags.into_vec();
         flags.extend(extra.into_vec());
-        settings::load(&Layers {
+        let mut loaded = settings::load(&Layers {
             file: None,
             env: settings::env(),
             flags,
-        })
+        })?;
+        // These commands never reload their config: the local path can
+        // stand in the loaded one.
+        resolve_hub(&mut loaded.config)?;
+        Ok(loaded)
     }
+}
+
+/// Replaces a Hub model id in `model.path` and `[[models]]` paths by the
+/// local files (cached, else downloaded now); returns the id of
+/// `model.path` when it was one (`org/name`, the default served name).
+pub fn resolve_hub(config: &mut Config) -> anyhow::Result<Option<String>> {
+    let vars = settings::env();
+    for entry in &mut config.models {
+        let (path, _) =
+            hub::resolve(&entry.path, &vars).with_context(|| format!("model {}", entry.id))?;
+        entry.path = path;
+    }
+    let Some(spec) = &config.model.path else {
+        return Ok(None);
+    };
+    let (path, id) = hub::resolve(spec, &vars)?;
+    config.model.path = Some(path);
+    Ok(id.map(|id| id.repo))
 }
 
 /// KV cache memory when `model.kv_cache_tokens` is not set.
@@ -421,15 +459,31 @@ pub fn build_runner(
         files.config.max_context = files.config.max_context.min(len.max(1));
     }
     let start = Instant::now();
+    // Drawn on a terminal only (indicatif hides it on a pipe or file); the
+    // bytes are those of the weights as the backend takes them.
     let bar = ProgressBar::new(0).with_style(
-        ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} tensors")
+        ProgressStyle::with_template("loading {prefix} [{bar:24}] {pos}/{len} tensors {msg}")
             .expect("static template. This is a bug.")
             .progress_chars("=> "),
     );
-    bar.set_message(files.format);
+    bar.set_prefix(files.format);
+    let bytes = Arc::new(AtomicU64::new(0));
+    files.tensors = Box::new(CountingSource {
+        inner: files.tensors,
+        bytes: bytes.clone(),
+    });
     let progress = |done: usize, total: usize| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
+        let read = bytes.load(Ordering::Relaxed);
+        if read > 0 && !bar.is_hidden() {
+            let rate = read as f64 / start.elapsed().as_secs_f64().max(1e-3);
+            bar.set_message(format!(
+                "{}, {}/s",
+                HumanBytes(read),
+                HumanBytes(rate as u64)
+            ));
+        }
     };
     let built = match pick_device(m.device, &files.config)? {
         Device::Cuda => {
@@ -479,6 +533,57 @@ pub fn build_runner(
         "model loaded"
     );
     Ok(built)
+}
+
+/// The weights' source, counting the bytes of weights the loaders take
+/// from it (the load bar's bytes and rate; the loaders report tensors).
+/// Every method delegates: one left to its default would change what the
+/// loaders get (`load_blocks` returning `None` turns native kernels off).
+struct CountingSource {
+    inner: Box<dyn TensorSource>,
+    bytes: Arc<AtomicU64>,
+}
+
+impl CountingSource {
+    fn add(&self, n: usize) {
+        self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+impl TensorSource for CountingSource {
+    fn load(&self, name: &str) -> Result<HostTensor, ModelError> {
+        let t = self.inner.load(name)?;
+        self.add(std::mem::size_of_val(t.data.as_slice()));
+        Ok(t)
+    }
+
+    fn load_blocks(&self, name: &str) -> Result<Option<QuantTensor>, ModelError> {
+        let t = self.inner.load_blocks(name)?;
+        if let Some(q) = &t {
+            self.add(q.data.bytes().len());
+        }
+        Ok(t)
+    }
+
+    fn load_bf16(&self, name: &str) -> Result<Option<Bf16Tensor<'_>>, ModelError> {
+        let t = self.inner.load_bf16(name)?;
+        if let Some(b) = &t {
+            self.add(b.bytes.len());
+        }
+        Ok(t)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.inner.contains(name)
+    }
+
+    fn dtype_summary(&self) -> Vec<(String, usize)> {
+        self.inner.dtype_summary()
+    }
+
+    fn random_seed(&self) -> Option<u64> {
+        self.inner.random_seed()
+    }
 }
 
 /// Sizes rayon's global pool once (`model.threads`); later calls, such as

@@ -151,9 +151,12 @@ impl KvCacheDtype {
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelSection {
-    /// A GGUF file or a Hugging Face model directory (required to serve).
+    /// A GGUF file, a Hugging Face model directory, or a Hub model id
+    /// `org/name[@revision][:file_or_quant]` (the local Hub cache, else a
+    /// download) (required to serve).
     pub path: Option<PathBuf>,
-    /// The name clients pass as `model` (default: the file's stem).
+    /// The name clients pass as `model` (default: the Hub id `org/name`,
+    /// else the file's stem).
     pub served_model_name: Option<String>,
     /// `auto` reads weights from the files; `dummy` makes random ones.
     pub load_format: LoadFormat,

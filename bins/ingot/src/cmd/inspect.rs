@@ -10,7 +10,9 @@ use crate::settings::LogArgs;
 /// Flags of `ingot inspect`.
 #[derive(Args, Debug)]
 pub struct InspectArgs {
-    /// A GGUF file or a Hugging Face model directory.
+    /// A GGUF file, a Hugging Face model directory, or a Hub model id
+    /// `ORG/NAME[@REVISION][:FILE_OR_QUANT]` (the local Hub cache, else a
+    /// download).
     path: PathBuf,
     #[command(flatten)]
     pub log: LogArgs,
@@ -18,9 +20,10 @@ pub struct InspectArgs {
 
 /// Runs the command.
 pub fn run(args: InspectArgs) -> anyhow::Result<()> {
-    let (files, tok) = model::open(&args.path, ingot_config::LoadFormat::Auto, None)?;
+    let (path, _) = crate::hub::resolve(&args.path, &crate::settings::env())?;
+    let (files, tok) = model::open(&path, ingot_config::LoadFormat::Auto, None)?;
     let c = &files.config;
-    println!("path:            {}", args.path.display());
+    println!("path:            {}", path.display());
     println!("format:          {}", files.format);
     println!("architecture:    {}", c.architecture.name());
     println!(

@@ -10,7 +10,7 @@ use ingot_config::{Layers, Loaded};
 use ingot_server::{LogLevelFn, ReloadFn, ServeConfig};
 
 use crate::logging;
-use crate::model::ModelArgs;
+use crate::model::{self, ModelArgs};
 use crate::served;
 use crate::settings::{self, FlagSet, LogArgs};
 
@@ -33,7 +33,8 @@ pub struct ServeArgs {
     /// Port; 0 picks a free one and prints it [server.port; 8000].
     #[arg(long)]
     port: Option<u16>,
-    /// Name clients pass as `model` [model.served_model_name; the file's stem].
+    /// Name clients pass as `model` [model.served_model_name; the Hub id
+    /// `org/name`, else the file's stem].
     #[arg(long)]
     served_model_name: Option<String>,
     /// Most sequences running at once [scheduler.max_num_seqs; 64].
@@ -148,11 +149,15 @@ impl ServeArgs {
     }
 }
 
-/// The name clients pass as `model`: the configured one, else the file's
-/// stem (a directory's name).
-fn model_name(loaded: &Loaded, path: &Path) -> String {
+/// The name clients pass as `model`: the configured one, else the Hub id
+/// `org/name` the model was given as (as vLLM), else the file's stem (a
+/// directory's name).
+fn model_name(loaded: &Loaded, path: &Path, hub_id: Option<String>) -> String {
     if let Some(name) = &loaded.config.model.served_model_name {
         return name.clone();
+    }
+    if let Some(id) = hub_id {
+        return id;
     }
     let stem = if path.is_dir() {
         path.file_name()
@@ -199,10 +204,13 @@ fn reload_fn(layers: Layers) -> ReloadFn {
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let layers = args.layers()?;
     let loaded = settings::load(&layers)?;
-    let config = loaded.config.clone();
+    // A Hub id becomes local files here; `loaded` keeps the id, so a
+    // reload compares like with like.
+    let mut config = loaded.config.clone();
+    let hub_id = model::resolve_hub(&mut config)?;
     let default_name = match config.models.first() {
         Some(m) => m.id.clone(),
-        None => model_name(&loaded, settings::model_path(&config)?),
+        None => model_name(&loaded, settings::model_path(&config)?, hub_id),
     };
     let entries = served::entries(&config, &default_name)?;
     let server = &config.server;
