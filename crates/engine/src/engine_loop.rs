@@ -452,6 +452,7 @@ impl EngineLoop {
         }
         a.first_token.get_or_insert(now);
         a.last_token = Some(now);
+        self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
         let token = TokenEvent::Token(GeneratedToken {
             token: out.sampled.token,
             text: out.text,
@@ -530,6 +531,22 @@ impl EngineLoop {
         self.drop_request(id, Some(FinishReason::Abort));
     }
 
+    /// Running and waiting requests by tier (a preempted request counts as
+    /// running: it keeps its place and its output so far).
+    fn publish_tiers(&self) {
+        let mut running = [0usize; Priority::ALL.len()];
+        let mut waiting = running;
+        for a in self.active.values() {
+            let tally = if a.queued { &mut waiting } else { &mut running };
+            tally[a.priority.rank()] += 1;
+        }
+        let s = &self.stats;
+        for (rank, (r, w)) in running.iter().zip(&waiting).enumerate() {
+            s.running_by_tier[rank].store(*r, Ordering::Relaxed);
+            s.waiting_by_tier[rank].store(*w, Ordering::Relaxed);
+        }
+    }
+
     fn publish_stats(&mut self) {
         let rate = self.drain.record(Instant::now(), self.admitted);
         let s = &self.stats;
@@ -545,6 +562,7 @@ impl EngineLoop {
         s.preemptions
             .store(self.scheduler.num_preemptions(), Ordering::Relaxed);
         s.steps.fetch_add(1, Ordering::Relaxed);
+        self.publish_tiers();
         self.metrics.gauges(
             self.scheduler.num_running(),
             self.scheduler.num_waiting(),

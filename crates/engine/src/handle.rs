@@ -180,6 +180,13 @@ pub struct EngineStats {
     pub steps: AtomicU64,
     /// Requests leaving the waiting queue per second, recently (f64 bits).
     pub drain_per_sec: AtomicU64,
+    /// Tokens generated since start, counted as they are sampled (the
+    /// dashboard's output rate; the metrics count finished requests').
+    pub generated_tokens: AtomicU64,
+    /// Requests running, by priority tier (`Priority::rank`).
+    pub running_by_tier: [AtomicUsize; Priority::ALL.len()],
+    /// Requests the engine thread holds waiting, by priority tier.
+    pub waiting_by_tier: [AtomicUsize; Priority::ALL.len()],
 }
 
 impl EngineStats {
@@ -190,6 +197,21 @@ impl EngineStats {
             return 0.0;
         }
         self.kv_blocks_used.load(Ordering::Relaxed) as f64 / total as f64
+    }
+}
+
+/// Weak references to an engine's counters and latency windows: an
+/// unloaded engine's read as gone.
+#[derive(Debug, Clone, Default)]
+pub struct EngineWatch {
+    stats: std::sync::Weak<EngineStats>,
+    controls: std::sync::Weak<crate::controls::EngineControls>,
+}
+
+impl EngineWatch {
+    /// The engine's counters and windows, while it exists.
+    pub fn get(&self) -> Option<(Arc<EngineStats>, Arc<crate::controls::EngineControls>)> {
+        Some((self.stats.upgrade()?, self.controls.upgrade()?))
     }
 }
 
@@ -266,6 +288,14 @@ impl EngineHandle {
     /// Live counters.
     pub fn stats(&self) -> &EngineStats {
         &self.shared.stats
+    }
+
+    /// What a dashboard reads of this engine without keeping it alive.
+    pub fn watch(&self) -> EngineWatch {
+        EngineWatch {
+            stats: Arc::downgrade(&self.shared.stats),
+            controls: Arc::downgrade(&self.shared.controls),
+        }
     }
 
     /// Latency windows per tier, and the step limits and held tiers the

@@ -31,8 +31,9 @@ pub use decoding::{DecodeError, Decoding, TokenOutput};
 pub use embedding::{EmbeddingConfig, EmbeddingError, EmbeddingHandle};
 pub use engine_loop::{start_engine, EngineConfig};
 pub use handle::{
-    Completion, EngineHandle, EngineRequest, EngineStats, GeneratedToken, PriorityHandle,
-    PromptLogprob, RequestId, RequestLimits, RequestStream, SubmitError, TokenEvent,
+    Completion, EngineHandle, EngineRequest, EngineStats, EngineWatch, GeneratedToken,
+    PriorityHandle, PromptLogprob, RequestId, RequestLimits, RequestStream, SubmitError,
+    TokenEvent,
 };
 pub use ingot_structured::{Grammar, GrammarCompiler, GrammarError};
 pub use metrics::{MetricsConfig, TOKEN_COUNT_BUCKETS, TOKEN_COUNT_HISTOGRAMS};

@@ -26,11 +26,16 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);
 /// Longest wait for a restarted worker to be ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// The router's routes, answering browsers of `cors_allowed_origins`
-/// (CORS, outermost: a preflight carries no API key).
+/// The router's routes and the web page, answering browsers of
+/// `cors_allowed_origins` (CORS, outermost: a preflight carries no API key).
 pub fn app(state: Arc<RouterState>) -> Router {
     let origins = state.config.cors_allowed_origins.clone();
-    ingot_edge::with_cors(routes(state), &origins)
+    let page = ingot_web::page_routes().method_not_allowed_fallback(method_not_allowed);
+    ingot_edge::with_cors(page.merge(routes(state)), &origins)
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> RouteError {
+    RouteError::MethodNotAllowed(format!("{method} {}", uri.path()))
 }
 
 fn routes(state: Arc<RouterState>) -> Router {
@@ -62,11 +67,10 @@ fn routes(state: Arc<RouterState>) -> Router {
         .route("/admin/canaries", get(canaries))
         .route("/admin/canaries/{name}", get(canary))
         .route("/admin/canaries/{name}/{action}", post(canary_action))
+        .route("/ui/live", get(crate::live::live))
         // OpenAI-shaped like every other error (as `ingot serve` answers).
         .fallback(|uri: Uri| async move { RouteError::RouteNotFound(uri.path().to_string()) })
-        .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
-            RouteError::MethodNotAllowed(format!("{method} {}", uri.path()))
-        })
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 
@@ -120,7 +124,7 @@ async fn metrics(State(state): State<Arc<RouterState>>) -> Response {
     }
 }
 
-fn describe(w: &Worker, now: Instant) -> Value {
+pub(crate) fn describe(w: &Worker, now: Instant) -> Value {
     json!({
         "id": w.id,
         "label": w.label,

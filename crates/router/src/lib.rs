@@ -17,6 +17,7 @@ mod error;
 mod health;
 #[cfg(test)]
 mod http_tests;
+mod live;
 pub mod metrics;
 pub mod policy;
 mod proxy;

@@ -69,9 +69,8 @@ pub fn install() -> Option<PrometheusHandle> {
         0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
         5.0, 10.0, 30.0,
     ];
-    let handle = PrometheusBuilder::new()
-        .set_buckets(&buckets)
-        .and_then(|b| b.install_recorder())
+    let builder = PrometheusBuilder::new().set_buckets(&buckets);
+    let handle = ingot_web::install_metrics(builder)
         .map_err(|e| tracing::warn!(error = %e, "metrics disabled"))
         .ok()?;
     describe_counter!(

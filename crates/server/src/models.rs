@@ -11,7 +11,9 @@ use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use ingot_config::ReasoningParser;
-use ingot_engine::{EmbeddingHandle, EngineHandle, GrammarCompiler, GrammarError, RequestLimits};
+use ingot_engine::{
+    EmbeddingHandle, EngineHandle, EngineWatch, GrammarCompiler, GrammarError, RequestLimits,
+};
 use ingot_registry::{Loader, Registry, RegistryError};
 use ingot_tokenizer::{ChatTemplate, Tokenizer};
 
@@ -41,6 +43,8 @@ enum FrontKind {
         limits: RwLock<RequestLimits>,
         /// Where its reasoning goes.
         reasoning_parser: ReasoningParser,
+        /// Its engine's counters and windows, once one has loaded.
+        watch: RwLock<EngineWatch>,
     },
     Embedding,
 }
@@ -63,6 +67,7 @@ impl ModelFront {
                 grammars: OnceLock::new(),
                 limits: RwLock::new(limits),
                 reasoning_parser: ReasoningParser::None,
+                watch: RwLock::default(),
             },
         }
     }
@@ -149,8 +154,20 @@ impl ModelFront {
 
     /// Takes the limits of a freshly loaded engine.
     fn learn_limits(&self, engine: &EngineHandle) {
-        if let FrontKind::Generative { limits, .. } = &self.kind {
+        if let FrontKind::Generative { limits, watch, .. } = &self.kind {
             *limits.write().unwrap_or_else(PoisonError::into_inner) = engine.limits();
+            *watch.write().unwrap_or_else(PoisonError::into_inner) = engine.watch();
+        }
+    }
+
+    /// The counters and windows of the engine last loaded for this model
+    /// (gone once it is unloaded; none for an embedding model).
+    pub fn engine_watch(&self) -> EngineWatch {
+        match &self.kind {
+            FrontKind::Generative { watch, .. } => {
+                watch.read().unwrap_or_else(PoisonError::into_inner).clone()
+            }
+            FrontKind::Embedding => EngineWatch::default(),
         }
     }
 

@@ -67,7 +67,7 @@ fn install_metrics(model_name: &str) -> Option<PrometheusHandle> {
         1e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 3e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0,
     ];
     let steps = [1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0, 32.0, 64.0];
-    let handle = PrometheusBuilder::new()
+    let builder = PrometheusBuilder::new()
         .add_global_label("model", model_name)
         .set_buckets(&latency)
         .and_then(|b| {
@@ -97,8 +97,8 @@ fn install_metrics(model_name: &str) -> Option<PrometheusHandle> {
                         &ingot_engine::TOKEN_COUNT_BUCKETS,
                     )
                 })
-        })
-        .and_then(|b| b.install_recorder())
+        });
+    let handle = ingot_web::install_metrics(builder)
         .map_err(|e| tracing::warn!(error = %e, "metrics disabled"))
         .ok()?;
     crate::http_metrics::describe();

@@ -49,3 +49,22 @@ async fn a_drained_worker_gets_no_new_requests_until_undrained() {
     let missing = r.post("/admin/workers/9/drain", "").await;
     assert_error(missing, StatusCode::NOT_FOUND, None).await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_page_and_its_live_figures_of_each_worker() {
+    let (a, b) = (FakeWorker::ok("live-a"), FakeWorker::ok("live-b"));
+    let r = round_robin(&[&a, &b], "").await;
+    let page = r.get("/").await;
+    assert_eq!(page.status(), StatusCode::OK);
+    let live = json_body(r.get("/ui/live").await).await;
+    assert_eq!(live["kind"], "router");
+    let workers = live["workers"].as_array().unwrap();
+    assert_eq!(workers.len(), 2, "{live}");
+    assert!(
+        workers
+            .iter()
+            .all(|w| w["healthy"] == true && w["breaker"] == "closed"),
+        "{live}"
+    );
+    assert_eq!(live["policy"], "round_robin");
+}

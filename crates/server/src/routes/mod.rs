@@ -7,6 +7,7 @@ mod completions;
 mod dialect;
 mod embeddings;
 mod info;
+mod live;
 mod ollama;
 pub(crate) mod responses;
 pub(crate) mod send_queue;
@@ -32,9 +33,16 @@ const CACHE_HEADER: &str = "x-ingot-cache";
 
 /// The application with every route, limited to `max_body_bytes` per body,
 /// answering browsers of `server.cors_allowed_origins` (CORS, outermost).
+/// The web page's files are served without a key (they are code; the
+/// page asks for one when the API wants it).
 pub fn app(state: AppState, max_body_bytes: usize) -> Router {
     let origins = state.runtime().config.server.cors_allowed_origins.clone();
-    ingot_edge::with_cors(routes(state, max_body_bytes), &origins)
+    let page = ingot_web::page_routes().method_not_allowed_fallback(method_not_allowed);
+    ingot_edge::with_cors(page.merge(routes(state, max_body_bytes)), &origins)
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::MethodNotAllowed(format!("{method} {}", uri.path()))
 }
 
 /// Every route under the edge layers.
@@ -70,10 +78,9 @@ fn routes(state: AppState, max_body_bytes: usize) -> Router {
         .route("/admin/models", get(admin::models))
         .route("/admin/slo", get(admin::slo))
         .route("/admin/models/{id}/{action}", post(admin::model_action))
+        .route("/ui/live", get(live::live))
         .fallback(|uri: Uri| async move { ApiError::RouteNotFound(uri.path().to_string()) })
-        .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
-            ApiError::MethodNotAllowed(format!("{method} {}", uri.path()))
-        })
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         // Inside the key check: a caller without a key learns nothing
         // about how bodies are read.

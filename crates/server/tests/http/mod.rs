@@ -20,3 +20,4 @@ mod reasoning;
 mod request_ids;
 mod responses;
 mod sharing;
+mod web;
