@@ -91,6 +91,7 @@ def setup(tmp_path_factory):
         log = "\n".join(srv.log)
         for key in [*KEYS.values(), FLAG_KEY]:
             assert key not in log and "SECRET" not in log, "a key reached the server log"
+            assert sha(key) not in log, "a key's hash reached the server log"
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +141,7 @@ def test_admin_needs_an_admin_key(srv):
         r = c.get("/admin/config", headers={"authorization": f"Bearer {FLAG_KEY}"})
         assert r.status_code == 200
         assert "SECRET" not in r.text, "the config holds hashes only"
+        assert not any(sha(k) in r.text for k in [*KEYS.values(), FLAG_KEY]), "a key's hash is shown"
 
 
 def test_a_flood_gets_60_of_120_and_others_are_unaffected(srv):
