@@ -46,6 +46,7 @@ LONGEST_FIRST = (
     "test_canary.py::",
     "test_models.py::",
     "test_router.py::",
+    "test_web_ui.py::",
 )
 
 
