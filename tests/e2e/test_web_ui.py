@@ -9,6 +9,7 @@ target/e2e-artifacts/ (CI keeps them; they are not committed)."""
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import re
 import threading
@@ -196,6 +197,43 @@ def test_chat_streams_stops_and_switches_models(browser, two_models):
     assert "Paris" in text, text
     assert "completion tokens" in text and "TTFT" in text and "tok/s" in text, text
     page.shot("chat")
+
+    # Logprobs: each token a span whose tooltip has its probability.
+    page.check("#logprobs")
+    page.send("What is the capital of France?")
+    page.finished_answer()
+    tokens = page.answer().locator(".tok")
+    assert tokens.count() >= 2 and "%" in (tokens.first.get_attribute("title") or "")
+    page.uncheck("#logprobs")
+
+    # A JSON schema: the answer is JSON of that shape.
+    page.select_option("#format", "json_schema")
+    page.settings(max_tokens=60)
+    page.send("Give the capital of France as JSON.")
+    page.finished_answer()
+    assert "answer" in json.loads(page.answer().locator(".content").inner_text())
+    page.select_option("#format", "text")
+
+    # Tools: the call is shown, the next message goes back as its result.
+    page.fill("#tools", json.dumps([{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]))
+    page.select_option("#tool_choice", "required")
+    page.send("What is the weather in Paris?")
+    assert "finish: tool_calls" in page.finished_answer()
+    assert page.answer().locator(".tool-call", has_text="get_weather(").count() == 1
+    assert "get_weather" in (page.get_attribute("#prompt", "placeholder") or "")
+    page.fill("#tools", "")
+    page.send('{"temperature_c": 21}')
+    page.finished_answer()
+    assert page.locator(".msg.tool").count() == 1
+    # Copy as Python: the next request, as the official client's call.
+    page.fill("#prompt", "Thanks!")
+    page.click("#copy-python")
+    code = page.input_value("#copy-text")
+    assert "OpenAI(base_url=" in code and '"role": "tool"' in code and "Thanks!" in code, code
+    compile(code, "copied.py", "exec")
+    page.click("#copy-dialog button")
+    page.fill("#prompt", "")
 
     # Another model: picked, answers, and shows as loaded.
     page.select_option("#model", "smol-b")

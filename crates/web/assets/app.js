@@ -116,6 +116,21 @@ $("model").addEventListener("focus", refreshModels);
 
 const conversation = []; // {role, content} as sent to the API
 let running = null;      // the AbortController of the answer being streamed
+let pendingCalls = [];   // tool calls of the last answer still without a result
+
+/** The message the composer's text becomes: a tool call's result while
+ *  the last answer's calls wait for theirs, else the user's turn. */
+function nextMessage(text) {
+  const call = pendingCalls[0];
+  return call ? { role: "tool", tool_call_id: call.id, content: text } : { role: "user", content: text };
+}
+
+function promptHint() {
+  const call = pendingCalls[0];
+  $("prompt").placeholder = call
+    ? `The result of ${call.function.name}(${call.function.arguments}) (sent as a tool message)`
+    : "Send a message (Enter sends, Shift+Enter: new line, Esc stops)";
+}
 
 $("format").addEventListener("change", () => { $("schema-label").hidden = $("format").value !== "json_schema"; });
 
@@ -213,7 +228,8 @@ class Answer {
     if (d.content) this.text += d.content;
     if (d.reasoning_content) this.reasoning += d.reasoning_content;
     for (const call of d.tool_calls || []) {
-      const slot = this.toolCalls[call.index ?? 0] ||= { name: "", arguments: "" };
+      const slot = this.toolCalls[call.index ?? 0] ||= { id: "", name: "", arguments: "" };
+      if (call.id) slot.id = call.id;
       if (call.function?.name) slot.name += call.function.name;
       if (call.function?.arguments) slot.arguments += call.function.arguments;
     }
@@ -247,7 +263,9 @@ class Answer {
     this.stats.textContent = bits.join(" · ");
     const message = { role: "assistant", content: this.text };
     if (this.toolCalls.length) {
-      message.tool_calls = this.toolCalls.map((c, i) => ({ id: "call_" + i, type: "function", function: c }));
+      message.tool_calls = this.toolCalls.map((c, i) => ({
+        id: c.id || "call_" + i, type: "function", function: { name: c.name, arguments: c.arguments },
+      }));
     }
     return message;
   }
@@ -272,15 +290,21 @@ async function send(e) {
   if (running) return;
   const text = $("prompt").value;
   if (!text.trim()) return;
+  const message = nextMessage(text);
   let body;
   try {
-    body = requestBody([...conversation, { role: "user", content: text }], true);
+    body = requestBody([...conversation, message], true);
   } catch (err) {
     return status("Settings: " + err.message, true);
   }
-  conversation.push({ role: "user", content: text });
-  addMessage("user", text);
+  conversation.push(message);
+  addMessage(message.role, text);
   $("prompt").value = "";
+  if (message.role === "tool") {
+    pendingCalls.shift();
+    // Every call needs its result before the model answers again.
+    if (pendingCalls.length) return promptHint();
+  }
   running = new AbortController();
   $("send").disabled = true;
   $("stop-button").disabled = false;
@@ -299,7 +323,10 @@ async function send(e) {
     if (err.name === "AbortError") { note = "stopped"; status("Stopped."); }
     else { note = "error"; status(err.message, true); addMessage("error", err.message); }
   } finally {
-    conversation.push(answer.done(note));
+    const reply = answer.done(note);
+    conversation.push(reply);
+    pendingCalls = note ? [] : [...(reply.tool_calls || [])];
+    promptHint();
     running = null;
     $("send").disabled = false;
     $("stop-button").disabled = true;
@@ -313,7 +340,13 @@ function stop() {
 
 $("composer").addEventListener("submit", send);
 $("stop-button").addEventListener("click", stop);
-$("clear").addEventListener("click", () => { conversation.length = 0; $("messages").replaceChildren(); status(""); });
+$("clear").addEventListener("click", () => {
+  conversation.length = 0;
+  pendingCalls = [];
+  promptHint();
+  $("messages").replaceChildren();
+  status("");
+});
 $("prompt").addEventListener("keydown", (e) => {
   if (e.key === "Enter" && !e.shiftKey && !e.isComposing) send(e);
   if (e.key === "Escape") stop();
@@ -321,8 +354,7 @@ $("prompt").addEventListener("keydown", (e) => {
 
 // Copy as curl / Python: the request the next Send would make.
 function nextRequest() {
-  const text = $("prompt").value || "Hello!";
-  return requestBody([...conversation, { role: "user", content: text }], false);
+  return requestBody([...conversation, nextMessage($("prompt").value || "Hello!")], false);
 }
 
 function curlOf(body) {
