@@ -262,13 +262,7 @@ async fn rolling_restart(State(state): State<Arc<RouterState>>) -> Response {
 
 /// `GET /admin/experiments`: every experiment's report.
 async fn experiments(State(state): State<Arc<RouterState>>) -> Json<Value> {
-    let now = Instant::now();
-    let reports: Vec<_> = state
-        .splits
-        .experiments
-        .iter()
-        .map(|e| e.report(now))
-        .collect();
+    let reports = state.splits.experiment_reports(Instant::now());
     Json(json!({"experiments": reports}))
 }
 
@@ -283,14 +277,7 @@ async fn experiment(State(state): State<Arc<RouterState>>, Path(id): Path<String
 
 /// `GET /admin/canaries`: every canary's phase, share, windows and events.
 async fn canaries(State(state): State<Arc<RouterState>>) -> Json<Value> {
-    let now = Instant::now();
-    let all: Vec<_> = state
-        .splits
-        .canaries
-        .all()
-        .iter()
-        .map(|c| c.status(now))
-        .collect();
+    let all = state.splits.canary_statuses(Instant::now());
     Json(json!({"canaries": all}))
 }
 

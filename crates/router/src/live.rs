@@ -29,19 +29,6 @@ pub async fn live(State(state): State<Arc<RouterState>>) -> Json<Value> {
             d
         })
         .collect();
-    let canaries: Vec<_> = state
-        .splits
-        .canaries
-        .all()
-        .iter()
-        .map(|c| c.status(now))
-        .collect();
-    let experiments: Vec<_> = state
-        .splits
-        .experiments
-        .iter()
-        .map(|e| e.report(now))
-        .collect();
     Json(json!({
         "kind": "router",
         "time_ms": unix_ms(),
@@ -51,8 +38,8 @@ pub async fn live(State(state): State<Arc<RouterState>>) -> Json<Value> {
         "requests": t.counter_by(m::REQUESTS, "status", &[]),
         "retries": t.counter_by(m::RETRIES, "reason", &[]),
         "errors": t.counter_by(m::ERRORS, "reason", &[]),
-        "canaries": canaries,
-        "experiments": experiments,
+        "canaries": state.splits.canary_statuses(now),
+        "experiments": state.splits.experiment_reports(now),
         "slo_actions": {
             "route_away": t.counter(m::ROUTE_AWAY_ACTIONS, &[]),
             "canary": t.counter(m::CANARY_SLO_ACTIONS, &[]),

@@ -522,18 +522,37 @@ fn generate_takes_its_settings_from_the_same_loader() {
 /// `args` added, read until `/ready` answers 200 and (if given) a line
 /// contains `until`; the server is killed then.
 fn serve_stderr(args: &[&str], until: Option<&str>) -> String {
-    use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
-    use std::time::{Duration, Instant};
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ingot"))
-        .args(["serve", "--model", &model(), "--port", "0"])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ingot"));
+    cmd.args(["serve", "--model", &model(), "--port", "0"])
         .args(["--served-model-name", "tiny", "--max-num-seqs", "2"])
         .args(args)
         .env("INGOT_THREADS", "2")
         .env_remove("RUST_BACKTRACE")
         .env_remove("NO_COLOR")
         .env_remove("INGOT_LOG")
-        .env_remove("INGOT_LOG_LEVEL")
+        .env_remove("INGOT_LOG_LEVEL");
+    let mut ready = false;
+    let ((), err) = serve_until(cmd, 120, |url, lines| {
+        ready = ready || http_status(url, "/ready") == Some(200);
+        let seen = until.is_none_or(|u| lines.iter().any(|l| l.contains(u)));
+        (ready && seen).then_some(())
+    });
+    err
+}
+
+/// Runs `ingot serve` (`cmd`, on `--port 0`), reading its stderr, until
+/// `done(url, lines so far)` gives a value (polled every 50 ms once the
+/// address is known) or `deadline_s` passes (a panic with the stderr);
+/// kills it then. Returns the value and the whole stderr.
+pub fn serve_until<T>(
+    mut cmd: Command,
+    deadline_s: u64,
+    mut done: impl FnMut(&str, &[String]) -> Option<T>,
+) -> (T, String) {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let mut child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -546,31 +565,30 @@ fn serve_stderr(args: &[&str], until: Option<&str>) -> String {
         }
     });
     let mut lines: Vec<String> = Vec::new();
-    let mut url = None;
-    let mut ready = false;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
+    let mut url: Option<String> = None;
+    let deadline = Instant::now() + Duration::from_secs(deadline_s);
+    let value = loop {
         if let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {
             if let Some(u) = line.strip_prefix("listening on ") {
                 url = Some(u.trim().to_string());
             }
             lines.push(line);
         }
-        ready = ready || url.as_deref().and_then(|u| http_status(u, "/ready")) == Some(200);
-        let seen = until.is_none_or(|u| lines.iter().any(|l| l.contains(u)));
-        if ready && seen {
-            break;
+        if let Some(value) = url.as_deref().and_then(|u| done(u, &lines)) {
+            break value;
         }
         if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
             let _ = child.kill();
+            let _ = child.wait();
+            lines.extend(rx.try_iter());
             panic!("ingot serve never got ready:\n{}", lines.join("\n"));
         }
-    }
+    };
     child.kill().unwrap();
     child.wait().unwrap();
     reader.join().unwrap();
     lines.extend(rx.try_iter());
-    lines.join("\n")
+    (value, lines.join("\n"))
 }
 
 #[test]

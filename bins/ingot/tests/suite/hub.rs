@@ -9,13 +9,13 @@
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
 use crate::bench_serve::http_status;
+use crate::cli::serve_until;
 
 const REPO: &str = "test-org/smollm2";
 const FILE: &str = "SmolLM2-135M-Instruct-Q8_0.gguf";
@@ -222,53 +222,18 @@ fn serve_cdn(
 /// `ingot serve MODEL` with the fake Hub and `home` as HF_HOME, until it
 /// answers `/v1/models`; returns that body and the stderr so far.
 fn serve_from_hub(model: &str, hub: &FakeHub, home: &Path) -> (String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ingot"))
-        .args(["serve", model, "--port", "0", "--max-num-seqs", "2"])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ingot"));
+    cmd.args(["serve", model, "--port", "0", "--max-num-seqs", "2"])
         .env("INGOT_THREADS", "2")
         .env("HF_ENDPOINT", &hub.endpoint)
         .env("HF_HOME", home)
         .env_remove("HF_HUB_CACHE")
         .env_remove("HF_TOKEN")
         .env_remove("HF_HUB_OFFLINE")
-        .env_remove("RUST_BACKTRACE")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("ingot serve starts");
-    let pipe = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut lines: Vec<String> = Vec::new();
-    let mut url: Option<String> = None;
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let models = loop {
-        if let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {
-            if let Some(u) = line.strip_prefix("listening on ") {
-                url = Some(u.trim().to_string());
-            }
-            lines.push(line);
-        }
-        if let Some(u) = &url {
-            if http_status(u, "/ready") == Some(200) {
-                break http_get(u, "/v1/models");
-            }
-        }
-        if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
-            let _ = child.kill();
-            let _ = child.wait();
-            lines.extend(rx.try_iter());
-            panic!("ingot serve never got ready:\n{}", lines.join("\n"));
-        }
-    };
-    child.kill().unwrap();
-    child.wait().unwrap();
-    reader.join().unwrap();
-    lines.extend(rx.try_iter());
-    (models, lines.join("\n"))
+        .env_remove("RUST_BACKTRACE");
+    serve_until(cmd, 180, |url, _| {
+        (http_status(url, "/ready") == Some(200)).then(|| http_get(url, "/v1/models"))
+    })
 }
 
 /// The body of `GET path` (the server closes the connection).

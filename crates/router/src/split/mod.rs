@@ -97,6 +97,16 @@ impl Split {
 }
 
 impl Splits {
+    /// Every canary's status (`/admin/canaries`, the dashboard).
+    pub fn canary_statuses(&self, now: Instant) -> Vec<canary::CanaryStatus> {
+        self.canaries.all().iter().map(|c| c.status(now)).collect()
+    }
+
+    /// Every experiment's report (`/admin/experiments`, the dashboard).
+    pub fn experiment_reports(&self, now: Instant) -> Vec<experiment::ExperimentReport> {
+        self.experiments.iter().map(|e| e.report(now)).collect()
+    }
+
     /// The splits of a validated config.
     pub fn new(experiments: Vec<ExperimentConfig>, canaries: Vec<CanaryConfig>) -> Self {
         Self {
