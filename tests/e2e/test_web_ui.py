@@ -294,6 +294,7 @@ def test_router_page_streams_and_shows_workers(browser, tmp_path):
     try:
         page = Page(browser, r.url + "/")
         assert page.inner_text("#kind") == "router"
+        assert page.locator("#model option").first.inner_text().endswith("(2 of 2 workers)")
         page.settings(temperature=0, max_tokens=16)
         page.send("What is the capital of France?")
         assert "Paris" in page.finished_answer()

@@ -97,6 +97,11 @@ async function refreshModels() {
     if (l.ok) {
       live = await l.json();
       for (const m of live.models || []) states[m.id] = m;
+      // On the router: how many of the healthy workers serve each model.
+      const up = (live.workers || []).filter((w) => w.healthy && !w.draining);
+      for (const id of ids) {
+        if (live.kind === "router") states[id] = { state: `${up.filter((w) => (w.models || []).includes(id)).length} of ${up.length} workers` };
+      }
     }
   } catch { /* the picker works without states */ }
   const chosen = select.value;
