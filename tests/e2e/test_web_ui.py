@@ -166,6 +166,8 @@ def test_the_page_is_small_and_served_without_a_key(two_models):
             assert "connect-src 'self'" in r.headers["content-security-policy"]
             total += len(gzip.compress(r.content))
     assert total <= PAGE_BUDGET, f"the page weighs {total} bytes compressed"
+    # The readiness polls while it loaded turned no request away.
+    assert "unavailable" not in live(two_models)["rejections"]
 
 
 def test_chat_streams_stops_and_switches_models(browser, two_models):

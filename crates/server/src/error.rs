@@ -351,10 +351,18 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, ..) = self.parts();
         if let Some(reason) = self.rejection_reason() {
             count_rejection(reason);
         }
+        self.uncounted()
+    }
+}
+
+impl ApiError {
+    /// The answer without counting a refusal: for a probe (`/ready`), whose
+    /// 503 while loading or draining turns no request away.
+    pub fn uncounted(self) -> Response {
+        let (status, ..) = self.parts();
         if let ApiError::Internal(detail) = &self {
             tracing::error!(detail, "internal error");
         }

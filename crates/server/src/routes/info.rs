@@ -164,7 +164,7 @@ pub async fn ready(State((state, _)): State<Shared>) -> Response {
     state
         .shutting_down()
         .unwrap_or_else(|| state.still_loading())
-        .into_response()
+        .uncounted()
 }
 
 /// `GET /metrics`: Prometheus text.
