@@ -22,11 +22,13 @@ impl TokenizerEnv for ModelVocab {
     }
 
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
-        // llguidance asks only for text it knows to be UTF-8 (grammar
-        // literals); a tokenizer failure leaves the literal to the trie.
-        self.tokenizer
-            .encode(&String::from_utf8_lossy(s), false)
-            .unwrap_or_default()
+        // Forced bytes can stop inside a character (a 4-byte literal of a
+        // regex): text goes through the tokenizer, other bytes through the
+        // trie, never as U+FFFD, which the grammar then refuses. A
+        // tokenizer failure leaves the text to llguidance's own walk.
+        self.trie.tokenize_with_greedy_fallback(s, |text| {
+            self.tokenizer.encode(text, false).unwrap_or_default()
+        })
     }
 }
 

@@ -78,6 +78,20 @@ fn regex_and_choice_grammars_end_when_complete() {
 }
 
 #[test]
+fn a_regex_forcing_a_character_without_a_token_is_followed() {
+    // A 4-byte character the vocabulary spells only in byte tokens:
+    // llguidance forces its bytes, some not yet UTF-8 on their own, and
+    // asks the vocabulary to tokenize them (a 500 from schemathesis once).
+    let mut g = compiler()
+        .compile(&GrammarSpec::Regex("\u{333C6}n".into()))
+        .unwrap();
+    let mask = g.mask().unwrap();
+    assert!(mask.iter().any(|w| *w != 0));
+    assert!(feed(&mut g, "\u{333C6}n"));
+    assert!(g.is_finished());
+}
+
+#[test]
 fn clones_are_independent() {
     let g = compiler()
         .compile(&GrammarSpec::Regex("a+b".into()))
