@@ -17,7 +17,7 @@ use crate::parse::{each_object, object, only_known};
 use crate::ProtocolError;
 
 /// The request fields read (see the module doc for `metadata`).
-const FIELDS: [&str; 12] = [
+pub const FIELDS: [&str; 12] = [
     "model",
     "messages",
     "max_tokens",
@@ -403,7 +403,8 @@ fn tool_choice(choice: &Value) -> Result<(Value, bool), ProtocolError> {
 }
 
 /// A whole answer.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
+#[schemars(rename = "AnthropicMessage")]
 pub struct Message {
     /// `msg_…`.
     pub id: String,
@@ -425,7 +426,8 @@ pub struct Message {
 }
 
 /// A block of an answer.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
+#[schemars(rename = "AnthropicContentBlock")]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentBlock {
     /// Text.
@@ -445,7 +447,8 @@ pub enum ContentBlock {
 }
 
 /// `usage`.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, schemars::JsonSchema)]
+#[schemars(rename = "AnthropicMessageUsage")]
 pub struct MessageUsage {
     /// Prompt tokens.
     pub input_tokens: usize,

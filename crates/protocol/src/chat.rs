@@ -178,7 +178,7 @@ fn parts_text(param: &str, parts: Vec<Value>) -> Result<String, ProtocolError> {
 }
 
 /// `logprobs` of a chat choice.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct ChatLogprobs {
     /// One entry per generated token.
     pub content: Vec<ChatTokenLogprob>,
@@ -187,7 +187,7 @@ pub struct ChatLogprobs {
 }
 
 /// One token's logprob entry.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct ChatTokenLogprob {
     /// Token text.
     pub token: String,
@@ -200,7 +200,7 @@ pub struct ChatTokenLogprob {
 }
 
 /// An alternative token.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct ChatTopLogprob {
     /// Token text.
     pub token: String,
@@ -230,7 +230,7 @@ impl From<&TokenLogprobInfo> for ChatTokenLogprob {
 }
 
 /// The assistant's message.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct AssistantMessage {
     /// Always "assistant".
     pub role: &'static str,
@@ -249,7 +249,7 @@ pub struct AssistantMessage {
 }
 
 /// One choice of a chat response.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct ChatChoice {
     /// Choice index.
     pub index: usize,
@@ -262,7 +262,7 @@ pub struct ChatChoice {
 }
 
 /// `chat.completion`.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct ChatCompletion {
     /// `chatcmpl-…`.
     pub id: String,
@@ -282,7 +282,7 @@ pub struct ChatCompletion {
 }
 
 /// The delta of a stream chunk.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct ChatDelta {
     /// Set on a choice's first chunk.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -299,7 +299,7 @@ pub struct ChatDelta {
 }
 
 /// One choice in a stream chunk.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct ChatChunkChoice {
     /// Choice index.
     pub index: usize,
@@ -312,7 +312,7 @@ pub struct ChatChunkChoice {
 }
 
 /// `chat.completion.chunk`.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct ChatCompletionChunk {
     /// Same id for every chunk of a response.
     pub id: String,

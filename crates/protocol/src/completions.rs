@@ -157,7 +157,7 @@ fn check_best_of(best_of: Option<u32>, n: usize) -> Result<(), ProtocolError> {
 /// Legacy completions logprobs: parallel arrays. With `echo` they start
 /// with the prompt's tokens, the first of which has no logprob (null, as
 /// in OpenAI's and vLLM's answers).
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct CompletionLogprobs {
     /// Token texts.
     pub tokens: Vec<String>,
@@ -190,7 +190,7 @@ impl CompletionLogprobs {
 }
 
 /// One choice.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct CompletionChoice {
     /// prompt index × n + choice number.
     pub index: usize,
@@ -203,7 +203,7 @@ pub struct CompletionChoice {
 }
 
 /// `text_completion` (the response and each stream chunk).
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct Completion {
     /// `cmpl-…`.
     pub id: String,

@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 /// One served model.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct ModelCard {
     /// The name clients pass as `model`.
     pub id: String,
@@ -25,7 +25,7 @@ pub struct ModelCard {
 }
 
 /// The model list.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct ModelList {
     /// "list".
     pub object: &'static str,

@@ -20,7 +20,7 @@ use crate::parse::{object, only_known};
 use crate::ProtocolError;
 
 /// `/api/chat` fields read.
-const CHAT_FIELDS: [&str; 8] = [
+pub const CHAT_FIELDS: [&str; 8] = [
     "model",
     "messages",
     "tools",
@@ -32,7 +32,7 @@ const CHAT_FIELDS: [&str; 8] = [
 ];
 
 /// `/api/generate` fields read.
-const GENERATE_FIELDS: [&str; 9] = [
+pub const GENERATE_FIELDS: [&str; 9] = [
     "model",
     "prompt",
     "system",
@@ -45,7 +45,7 @@ const GENERATE_FIELDS: [&str; 9] = [
 ];
 
 /// `/api/embed` fields read.
-const EMBED_FIELDS: [&str; 6] = [
+pub const EMBED_FIELDS: [&str; 6] = [
     "model",
     "input",
     "truncate",
@@ -56,7 +56,7 @@ const EMBED_FIELDS: [&str; 6] = [
 
 /// `options` and the chat fields they set; `num_ctx` is read and unused
 /// (module doc).
-const OPTIONS: [(&str, &str); 9] = [
+pub const OPTIONS: [(&str, &str); 9] = [
     ("temperature", "temperature"),
     ("top_p", "top_p"),
     ("top_k", "top_k"),
@@ -326,7 +326,8 @@ fn tool_calls(at: &str, calls: &Value) -> Result<Value, ProtocolError> {
 }
 
 /// The closing fields of an answer (`done: true`), durations in ns.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, schemars::JsonSchema)]
+#[schemars(rename = "OllamaStats")]
 pub struct Stats {
     /// `stop` or `length`.
     pub done_reason: &'static str,
@@ -346,7 +347,8 @@ pub struct Stats {
 }
 
 /// An answer's message.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
+#[schemars(rename = "OllamaMessage")]
 pub struct Message {
     /// "assistant".
     pub role: &'static str,
@@ -358,14 +360,16 @@ pub struct Message {
 }
 
 /// A call: `{"function": {"name", "arguments": {...}}}`.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
+#[schemars(rename = "OllamaToolCall")]
 pub struct ToolCall {
     /// The function and its arguments.
     pub function: FunctionCall,
 }
 
 /// A called function.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
+#[schemars(rename = "OllamaFunctionCall")]
 pub struct FunctionCall {
     /// Its name.
     pub name: String,
@@ -374,7 +378,8 @@ pub struct FunctionCall {
 }
 
 /// A `/api/chat` line (or whole answer).
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
+#[schemars(rename = "OllamaChatChunk")]
 pub struct ChatChunk {
     /// The model's id.
     pub model: String,
@@ -390,7 +395,8 @@ pub struct ChatChunk {
 }
 
 /// A `/api/generate` line (or whole answer).
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
+#[schemars(rename = "OllamaGenerateChunk")]
 pub struct GenerateChunk {
     /// The model's id.
     pub model: String,

@@ -1095,7 +1095,7 @@ pub struct Sequenced<'a> {
 }
 
 /// `DELETE /v1/responses/{id}`'s answer.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct Deleted {
     /// The response.
     pub id: String,

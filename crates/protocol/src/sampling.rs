@@ -17,27 +17,27 @@ pub const MAX_STOP_STRINGS: usize = 16;
 pub const MAX_STOP_LEN: usize = 256;
 
 /// `stop`: one string or a list.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum StopField {
     /// A single stop string.
     One(String),
     /// Several.
-    Many(Vec<String>),
+    Many(#[schemars(length(max = MAX_STOP_STRINGS))] Vec<String>),
 }
 
 /// `priority`: a tier name or its rank (0 = critical … 4 = background).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum PriorityField {
     /// "critical", "high", "normal", "low", "background".
-    Name(String),
+    Name(#[schemars(extend("enum" = ["critical", "high", "normal", "low", "background"]))] String),
     /// 0..=4.
-    Rank(i64),
+    Rank(#[schemars(range(min = 0, max = 4))] i64),
 }
 
 /// `stream_options`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 pub struct StreamOptions {
     /// Send a final chunk with usage.
     #[serde(default)]
@@ -48,24 +48,31 @@ pub struct StreamOptions {
 }
 
 /// The shared fields as sent.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 pub struct SamplingFields {
     /// Model name.
     pub model: Option<String>,
     /// Output token limit (completions; deprecated in chat).
+    #[schemars(range(min = 1))]
     pub max_tokens: Option<u32>,
     /// Output token limit (chat).
+    #[schemars(range(min = 1))]
     pub max_completion_tokens: Option<u32>,
     /// Sampling temperature.
+    #[schemars(range(min = 0.0, max = 2.0))]
     pub temperature: Option<f32>,
     /// Nucleus mass.
     #[serde(default, deserialize_with = "positive_f32")]
+    #[schemars(with = "Option<f32>", extend("exclusiveMinimum" = 0, "maximum" = 1))]
     pub top_p: Option<f32>,
     /// Top-k (extension). 0 or -1 disables.
+    #[schemars(range(min = -1))]
     pub top_k: Option<i32>,
     /// Min-p (extension).
+    #[schemars(range(min = 0.0, max = 1.0))]
     pub min_p: Option<f32>,
     /// Choices per prompt.
+    #[schemars(range(min = 1, max = MAX_N))]
     pub n: Option<u32>,
     /// Stop strings.
     pub stop: Option<StopField>,
@@ -74,10 +81,13 @@ pub struct SamplingFields {
     /// Seed.
     pub seed: Option<i64>,
     /// Presence penalty.
+    #[schemars(range(min = -2.0, max = 2.0))]
     pub presence_penalty: Option<f32>,
     /// Frequency penalty.
+    #[schemars(range(min = -2.0, max = 2.0))]
     pub frequency_penalty: Option<f32>,
     /// Repetition penalty (extension).
+    #[schemars(extend("exclusiveMinimum" = 0, "maximum" = 2))]
     pub repetition_penalty: Option<f32>,
     /// Keep going past EOS (extension).
     pub ignore_eos: Option<bool>,

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Tokenize text, or a conversation through the chat template.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 pub struct TokenizeRequest {
     /// Model name (optional).
     pub model: Option<String>,
@@ -20,7 +20,7 @@ pub struct TokenizeRequest {
 }
 
 /// Token ids of the input.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct TokenizeResponse {
     /// The ids.
     pub tokens: Vec<TokenId>,
@@ -31,7 +31,7 @@ pub struct TokenizeResponse {
 }
 
 /// Token ids to text.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 pub struct DetokenizeRequest {
     /// Model name (optional).
     pub model: Option<String>,
@@ -40,7 +40,7 @@ pub struct DetokenizeRequest {
 }
 
 /// The decoded text.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct DetokenizeResponse {
     /// Text of the ids.
     pub prompt: String,
@@ -49,7 +49,7 @@ pub struct DetokenizeResponse {
 /// `GET /tokenizer_info` (vLLM's): the special tokens, so a client that
 /// tokenizes through `/tokenize` (lm-evaluation-harness's remote
 /// tokenizer) knows them without downloading the tokenizer.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct TokenizerInfo {
     /// End-of-sequence token text.
     pub eos_token: Option<String>,

@@ -200,7 +200,7 @@ fn tool(i: usize, t: &Value) -> Result<ToolDef, ProtocolError> {
 }
 
 /// A function call in an answer.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct ToolCall {
     /// `call_…`, unique in the response.
     pub id: String,
@@ -212,7 +212,7 @@ pub struct ToolCall {
 }
 
 /// Name and arguments of a call.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct FunctionCall {
     /// The function.
     pub name: String,
@@ -222,7 +222,7 @@ pub struct FunctionCall {
 
 /// A piece of a call in a stream chunk: the first of a call carries its
 /// id, type and name; later ones more of its arguments.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct ToolCallDelta {
     /// Which call of the choice.
     pub index: usize,
@@ -237,7 +237,7 @@ pub struct ToolCallDelta {
 }
 
 /// Name and/or a piece of the arguments.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct FunctionCallDelta {
     /// Set on the call's first delta.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -3,14 +3,14 @@
 use serde::Serialize;
 
 /// Prompt-token details.
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct PromptTokensDetails {
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: usize,
 }
 
 /// `usage` of a response.
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq, schemars::JsonSchema)]
 pub struct Usage {
     /// Prompt tokens (summed over prompts; counted once per prompt).
     pub prompt_tokens: usize,

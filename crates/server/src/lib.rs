@@ -10,6 +10,7 @@ mod http_metrics;
 mod logprobs;
 pub mod models;
 mod observe;
+pub mod openapi;
 pub mod pipeline;
 mod prepare;
 mod reasoning;
@@ -26,7 +27,7 @@ pub use conn::ConnLimits;
 pub use error::ApiError;
 pub use models::{EngineLoader, LoadError, ModelBuilder, ModelFront, Models, ServedModel};
 pub use reload::{LogLevelFn, ReloadFn, ReloadReport};
-pub use routes::app;
+pub use routes::{app, ROUTES};
 pub use serve::{serve, ServeConfig, ServeError};
 pub use state::{
     AppState, AppStateBuilder, CacheControl, Pipeline, FLAG_COALESCING, FLAG_RESPONSE_CACHE,

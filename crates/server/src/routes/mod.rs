@@ -45,40 +45,57 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     ApiError::MethodNotAllowed(format!("{method} {}", uri.path()))
 }
 
+/// Declares every API route once: [`api_router`] serves them and
+/// [`ROUTES`] lists them, so the OpenAPI description's tests see a route
+/// as soon as it is added here.
+macro_rules! api_routes {
+    ($($path:literal => $first:ident($handler:path) $(.$more:ident($more_handler:path))*;)*) => {
+        /// (method, path) of every API route (the web page's files aside).
+        pub const ROUTES: &[(&str, &str)] = &[
+            $((stringify!($first), $path), $((stringify!($more), $path),)*)*
+        ];
+
+        fn api_router() -> Router<Shared> {
+            Router::new()$(.route($path, $first($handler)$(.$more($more_handler))*))*
+        }
+    };
+}
+
+api_routes! {
+    "/v1/chat/completions" => post(chat::chat_completions);
+    "/v1/completions" => post(completions::completions);
+    "/v1/models" => get(info::models);
+    "/v1/models/{id}" => get(info::model);
+    "/v1/embeddings" => post(embeddings::embeddings);
+    "/v1/messages" => post(anthropic::messages);
+    "/v1/responses" => post(responses::create);
+    "/v1/responses/{id}" => get(responses::retrieve).delete(responses::delete);
+    "/api/chat" => post(ollama::chat);
+    "/api/generate" => post(ollama::generate);
+    "/api/embed" => post(ollama::embed);
+    "/api/tags" => get(ollama::tags);
+    "/api/show" => post(ollama::show);
+    "/api/version" => get(ollama::version);
+    "/tokenize" => post(info::tokenize);
+    "/detokenize" => post(info::detokenize);
+    "/tokenizer_info" => get(info::tokenizer_info);
+    "/health" => get(info::health);
+    "/ready" => get(info::ready);
+    "/metrics" => get(info::metrics);
+    "/openapi.json" => get(crate::openapi::serve);
+    "/admin/flags" => get(admin::flags);
+    "/admin/config" => get(admin::config);
+    "/admin/reload" => post(admin::reload);
+    "/admin/cache/purge" => post(admin::purge);
+    "/admin/models" => get(admin::models);
+    "/admin/slo" => get(admin::slo);
+    "/admin/models/{id}/{action}" => post(admin::model_action);
+    "/ui/live" => get(live::live);
+}
+
 /// Every route under the edge layers.
 fn routes(state: AppState, max_body_bytes: usize) -> Router {
-    Router::new()
-        .route("/v1/chat/completions", post(chat::chat_completions))
-        .route("/v1/completions", post(completions::completions))
-        .route("/v1/models", get(info::models))
-        .route("/v1/models/{id}", get(info::model))
-        .route("/v1/embeddings", post(embeddings::embeddings))
-        .route("/v1/messages", post(anthropic::messages))
-        .route("/v1/responses", post(responses::create))
-        .route(
-            "/v1/responses/{id}",
-            get(responses::retrieve).delete(responses::delete),
-        )
-        .route("/api/chat", post(ollama::chat))
-        .route("/api/generate", post(ollama::generate))
-        .route("/api/embed", post(ollama::embed))
-        .route("/api/tags", get(ollama::tags))
-        .route("/api/show", post(ollama::show))
-        .route("/api/version", get(ollama::version))
-        .route("/tokenize", post(info::tokenize))
-        .route("/detokenize", post(info::detokenize))
-        .route("/tokenizer_info", get(info::tokenizer_info))
-        .route("/health", get(info::health))
-        .route("/ready", get(info::ready))
-        .route("/metrics", get(info::metrics))
-        .route("/admin/flags", get(admin::flags))
-        .route("/admin/config", get(admin::config))
-        .route("/admin/reload", post(admin::reload))
-        .route("/admin/cache/purge", post(admin::purge))
-        .route("/admin/models", get(admin::models))
-        .route("/admin/slo", get(admin::slo))
-        .route("/admin/models/{id}/{action}", post(admin::model_action))
-        .route("/ui/live", get(live::live))
+    api_router()
         .fallback(|uri: Uri| async move { ApiError::RouteNotFound(uri.path().to_string()) })
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body_bytes))

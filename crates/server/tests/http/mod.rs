@@ -16,6 +16,7 @@ mod info;
 mod limits;
 mod metrics;
 mod ollama;
+mod openapi;
 mod reasoning;
 mod request_ids;
 mod responses;
