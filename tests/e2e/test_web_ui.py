@@ -55,12 +55,16 @@ def _chromium() -> str:
 class Page:
     """A browser page that records console errors and uncaught exceptions."""
 
-    def __init__(self, browser, url: str, width: int = 1280, height: int = 900):
+    def __init__(self, browser, url: str, width: int = 1280, height: int = 900, wait_models: bool = True):
         self.page = browser.new_page(viewport={"width": width, "height": height})
         self.errors: list[str] = []
         self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         self.page.goto(url)
+        if wait_models:
+            self.wait_models()
+
+    def wait_models(self) -> None:
         self.page.locator("#model option").first.wait_for(state="attached", timeout=30_000)
 
     def __getattr__(self, name):
@@ -288,6 +292,18 @@ def test_keyboard_labels_and_a_narrow_window(browser, two_models):
         assert box["x"] >= 0 and box["x"] + box["width"] <= 390 + 1, (sel, box)
     page.shot("narrow")
     assert page.errors == [], page.errors
+
+
+def test_the_page_asks_for_a_key_when_the_server_has_keys(browser, server_factory):
+    srv = server_factory("--api-key", "sk-web-page")
+    page = Page(browser, srv.url + "/", wait_models=False)
+    page.locator("#key-dialog[open]").wait_for(timeout=30_000)
+    page.fill("#key-input", "sk-web-page")
+    page.click("#key-dialog button[value=ok]")
+    page.wait_models()
+    page.settings(temperature=0, max_tokens=16)
+    page.send("What is the capital of France?")
+    assert "Paris" in page.finished_answer()
 
 
 def test_router_page_streams_and_shows_workers(browser, tmp_path):

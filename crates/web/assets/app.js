@@ -36,18 +36,23 @@ async function errorText(r) {
   }
 }
 
+let keyAsked = null; // the open key dialog's answer: one dialog for every 401
+
 function askKey() {
+  if (keyAsked) return keyAsked;
   const dialog = $("key-dialog");
   $("key-input").value = apiKey;
   dialog.showModal();
-  return new Promise((resolve) => {
+  keyAsked = new Promise((resolve) => {
     dialog.addEventListener("close", () => {
+      keyAsked = null;
       if (dialog.returnValue !== "ok") return resolve(false);
       apiKey = $("key-input").value.trim();
       sessionStorage.setItem("ingot-key", apiKey);
       resolve(true);
     }, { once: true });
   });
+  return keyAsked;
 }
 
 function status(text, isError = false) {
