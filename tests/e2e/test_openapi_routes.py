@@ -168,8 +168,31 @@ def explicit_cases(method: str, path: str, model: str, stored: str, embedding: s
     return cases
 
 
+def ndjson_validator(schema, method: str, path: str):
+    """The schema of each line of an NDJSON answer (Ollama's streams), which
+    schemathesis does not read."""
+    import jsonschema
+
+    raw = schema.raw_schema
+    content = raw["paths"][path][method.lower()]["responses"].get("200", {}).get("content", {})
+    if "application/x-ndjson" not in content:
+        return None
+    root = {"components": raw["components"], **content["application/x-ndjson"]["schema"]}
+    return jsonschema.Draft202012Validator(root)
+
+
+def check_ndjson(body: bytes, validator) -> None:
+    lines = [line for line in body.decode().splitlines() if line.strip()]
+    assert lines, "an empty stream"
+    for line in lines:
+        errors = sorted(validator.iter_errors(json.loads(line)), key=lambda e: list(e.path))
+        assert not errors, f"{line}\n" + "\n".join(f"{list(e.path)}: {e.message}" for e in errors[:5])
+    assert json.loads(lines[-1]).get("done") is True, lines[-1]
+
+
 def run_operation(schema, server, method: str, path: str, examples: int, mode=None, explicit=()) -> dict:
     operation = schema[path][method]
+    lines = ndjson_validator(schema, method, path)
     negative = mode is not None and mode == schemathesis.GenerationMode.NEGATIVE
     # Negative cases are refused in any shape the server likes, but never with a 5xx.
     names = ["not_a_server_error", "response_schema_conformance"] if negative else CHECKS
@@ -197,6 +220,9 @@ def run_operation(schema, server, method: str, path: str, examples: int, mode=No
         if os.environ.get("INGOT_OPENAPI_DEBUG") and response.status_code >= 400:
             print(method, path, repr(case.body)[:300], "->", response.status_code, response.text[:200])
         case.validate_response(response, checks=checks)
+        if lines and response.status_code == 200 and "application/x-ndjson" in response.headers.get("content-type", [""])[0]:
+            check_ndjson(response.content, lines)
+            seen["ndjson"] = seen.get("ndjson", 0) + 1
 
     run()
     return seen
@@ -265,3 +291,42 @@ def test_every_route(served, full_server, model_name):
     print(f"{len(total)} operation runs, {cases} cases, {server_errors} 5xx, {time.monotonic() - started:.1f} s")
     assert not failures, "\n\n".join(f"{k}: {v}" for k, v in failures.items())
     assert server_errors == 0
+
+
+@pytest.mark.load
+def test_stateful_links(served, full_server, model_name):
+    """Schemathesis's stateful run over the description's links: a stored
+    response is retrieved and deleted through the id its creation returned
+    (then gone: `use_after_free`), a listed model is fetched by its id."""
+    server = full_server
+    schema = schemathesis.openapi.from_dict(narrowed(served, model_name)).include(
+        path_regex="^/v1/(responses|models)"
+    )
+    names = [*CHECKS, "use_after_free", "ensure_resource_availability"]
+    checks = [getattr(schemathesis.checks, name) for name in names]
+    steps = []
+
+    class Machine(schema.as_state_machine()):
+        def get_call_kwargs(self, case):
+            return {"base_url": server.url, "timeout": 120}
+
+        def validate_response(self, response, case, additional_checks=None, **kwargs):
+            steps.append((case.operation.label, response.status_code))
+            case.validate_response(response, checks=checks)
+
+    started = time.monotonic()
+    Machine.run(
+        settings=settings(
+            max_examples=int(os.environ.get("INGOT_OPENAPI_STATEFUL", "25")),
+            stateful_step_count=6,
+            deadline=None,
+            database=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+        )
+    )
+    linked = [s for s in steps if "{id}" in s[0] and s[1] == 200]
+    print(f"stateful: {len(steps)} calls, {len(linked)} by a linked id answered 200, "
+          f"{time.monotonic() - started:.1f} s")
+    assert linked, steps[:20]
+    assert not [s for s in steps if s[1] >= 500], steps

@@ -55,6 +55,10 @@ pub fn document() -> Value {
             op["parameters"] = Value::Array(params);
         }
         op["responses"]["default"] = error_response(path);
+        op["operationId"] = Value::String(operation_id(method, path));
+        if let Some(links) = links(method, path) {
+            op["responses"]["200"]["links"] = links;
+        }
         let entry = paths
             .entry(path.to_string())
             .or_insert_with(|| Value::Object(Map::new()));
@@ -134,6 +138,37 @@ impl Schemas {
         let mut all = self.writes.take_definitions(true);
         all.extend(self.reads.take_definitions(true));
         all
+    }
+}
+
+/// `post_v1_chat_completions`, `get_v1_models_id`, `get_root`.
+fn operation_id(method: &str, path: &str) -> String {
+    let words: Vec<String> = path
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_ascii_lowercase)
+        .collect();
+    let name = if words.is_empty() {
+        "root".to_string()
+    } else {
+        words.join("_")
+    };
+    format!("{method}_{name}")
+}
+
+/// Where an answer's ids lead (OpenAPI links: schemathesis's stateful
+/// runs follow them).
+fn links(method: &str, path: &str) -> Option<Value> {
+    let to = |method: &str, target: &str, id: &str| json!({"operationId": operation_id(method, target), "parameters": {"id": id}});
+    match (method, path) {
+        ("post", "/v1/responses") => Some(json!({
+            "Retrieve": to("get", "/v1/responses/{id}", "$response.body#/id"),
+            "Delete": to("delete", "/v1/responses/{id}", "$response.body#/id"),
+        })),
+        ("get", "/v1/models") => Some(json!({
+            "Model": to("get", "/v1/models/{id}", "$response.body#/data/0/id"),
+        })),
+        _ => None,
     }
 }
 

@@ -25,6 +25,21 @@ fn every_route_is_described_and_nothing_else() {
         }
     }
     assert_eq!(described.len(), served().len(), "{described:?}");
+    // Operation ids are unique and every link names one.
+    let ids: Vec<&str> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|item| item.as_object().unwrap().values())
+        .map(|op| op["operationId"].as_str().unwrap())
+        .collect();
+    let unique: std::collections::BTreeSet<&&str> = ids.iter().collect();
+    assert_eq!(unique.len(), ids.len(), "{ids:?}");
+    let text = doc.to_string();
+    for (i, _) in text.match_indices("\"operationId\":\"") {
+        let id: String = text[i + 15..].chars().take_while(|c| *c != '"').collect();
+        assert!(ids.contains(&id.as_str()), "a link to {id}");
+    }
     assert_eq!(doc["openapi"], "3.1.0");
 }
 
