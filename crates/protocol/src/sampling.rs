@@ -21,9 +21,12 @@ pub const MAX_STOP_LEN: usize = 256;
 #[serde(untagged)]
 pub enum StopField {
     /// A single stop string.
-    One(String),
+    One(#[schemars(length(min = 1, max = MAX_STOP_LEN))] String),
     /// Several.
-    Many(#[schemars(length(max = MAX_STOP_STRINGS))] Vec<String>),
+    Many(
+        #[schemars(length(max = MAX_STOP_STRINGS), inner(length(min = 1, max = MAX_STOP_LEN)))]
+        Vec<String>,
+    ),
 }
 
 /// `priority`: a tier name or its rank (0 = critical … 4 = background).
@@ -38,6 +41,7 @@ pub enum PriorityField {
 
 /// `stream_options`.
 #[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct StreamOptions {
     /// Send a final chunk with usage.
     #[serde(default)]
@@ -66,7 +70,7 @@ pub struct SamplingFields {
     #[schemars(with = "Option<f32>", extend("exclusiveMinimum" = 0, "maximum" = 1))]
     pub top_p: Option<f32>,
     /// Top-k (extension). 0 or -1 disables.
-    #[schemars(range(min = -1))]
+    #[schemars(range(min = -1, max = i32::MAX))]
     pub top_k: Option<i32>,
     /// Min-p (extension).
     #[schemars(range(min = 0.0, max = 1.0))]
@@ -87,7 +91,8 @@ pub struct SamplingFields {
     #[schemars(range(min = -2.0, max = 2.0))]
     pub frequency_penalty: Option<f32>,
     /// Repetition penalty (extension).
-    #[schemars(extend("exclusiveMinimum" = 0, "maximum" = 2))]
+    #[serde(default, deserialize_with = "positive_f32")]
+    #[schemars(with = "Option<f32>", extend("exclusiveMinimum" = 0, "maximum" = 2))]
     pub repetition_penalty: Option<f32>,
     /// Keep going past EOS (extension).
     pub ignore_eos: Option<bool>,
@@ -107,7 +112,7 @@ pub struct SamplingFields {
 /// `f64`, and one below `f32`'s range (`1e-300`) would round to 0, which a
 /// bound such as `top_p > 0` then refuses as a value the client never sent.
 /// Such a value becomes the smallest normal `f32` (for `top_p`: keep only
-/// the likeliest token, as the client asked).
+/// the likeliest token, as the client asked; `repetition_penalty` too).
 fn positive_f32<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f32>, D::Error> {
     Ok(Option::<f64>::deserialize(d)?.map(|x| {
         let narrowed = x as f32;

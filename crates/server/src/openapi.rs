@@ -342,8 +342,8 @@ fn policy_body(fields: &[Field], typed: &Map<String, Value>, required: &[&str]) 
 fn chat_message() -> Value {
     let part = json!({
         "type": "object",
-        "required": ["type"],
-        "properties": {"type": {"type": "string"}, "text": {"type": "string"}},
+        "required": ["type", "text"],
+        "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
     });
     json!({
         "type": "object",
@@ -368,7 +368,7 @@ fn tools() -> Value {
                 "type": "object",
                 "required": ["name"],
                 "properties": {
-                    "name": {"type": "string"},
+                    "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
                     "description": {"type": "string"},
                     "parameters": {"type": "object"},
                     "strict": {"type": ["boolean", "null"]},
@@ -413,12 +413,13 @@ fn structured(typed: &mut Map<String, Value>) {
     );
     typed.insert(
         "guided_json".into(),
-        json!({"type": ["object", "string", "null"]}),
+        // A schema as an object (a string holding one is read too).
+        json!({"type": ["object", "null"]}),
     );
     typed.insert("guided_regex".into(), json!({"type": ["string", "null"]}));
     typed.insert(
         "guided_choice".into(),
-        json!({"type": ["array", "null"], "items": {"type": "string"}}),
+        json!({"type": ["array", "null"], "minItems": 1, "items": {"type": "string", "minLength": 1}}),
     );
     typed.insert("guided_grammar".into(), json!({"type": ["string", "null"]}));
     typed.insert(
@@ -429,11 +430,14 @@ fn structured(typed: &mut Map<String, Value>) {
 
 /// Token ids or text: a prompt or an embedding input.
 fn text_or_tokens() -> Value {
+    let id = json!({"type": "integer", "minimum": 0, "maximum": u32::MAX});
+    let ids = json!({"type": "array", "minItems": 1, "items": id});
+    let many = ingot_protocol::completions::MAX_PROMPTS;
     json!({"anyOf": [
-        {"type": "string"},
-        {"type": "array", "items": {"type": "string"}},
-        {"type": "array", "items": {"type": "integer", "minimum": 0}},
-        {"type": "array", "items": {"type": "array", "items": {"type": "integer", "minimum": 0}}},
+        {"type": "string", "minLength": 1},
+        {"type": "array", "minItems": 1, "maxItems": many, "items": {"type": "string", "minLength": 1}},
+        ids,
+        {"type": "array", "minItems": 1, "maxItems": many, "items": ids},
     ]})
 }
 
@@ -450,7 +454,7 @@ fn chat_body(s: &mut Schemas) -> Value {
             "parallel_tool_calls": {"type": ["boolean", "null"]},
             "add_generation_prompt": {"type": ["boolean", "null"]},
             "chat_template_kwargs": {"type": ["object", "null"]},
-            "logit_bias": {"type": ["object", "null"], "maxProperties": MAX_LOGIT_BIAS,
+            "logit_bias": {"type": ["object", "null"], "maxProperties": MAX_LOGIT_BIAS, "propertyNames": {"pattern": "^(0|[1-9][0-9]{0,8})$"},
                 "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
             "safety_identifier": {"type": ["string", "null"]},
         })
@@ -471,7 +475,7 @@ fn completions_body(s: &mut Schemas) -> Value {
             "echo": {"type": ["boolean", "null"]},
             "best_of": {"type": ["integer", "null"], "minimum": 1},
             "suffix": {"type": ["string", "null"]},
-            "logit_bias": {"type": ["object", "null"], "maxProperties": MAX_LOGIT_BIAS,
+            "logit_bias": {"type": ["object", "null"], "maxProperties": MAX_LOGIT_BIAS, "propertyNames": {"pattern": "^(0|[1-9][0-9]{0,8})$"},
                 "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
             "safety_identifier": {"type": ["string", "null"]},
         })
@@ -499,10 +503,14 @@ fn embeddings_body() -> Value {
 
 fn responses_body(s: &mut Schemas) -> Value {
     let mut typed = s.read_properties::<ingot_protocol::sampling::SamplingFields>();
-    let item = json!({"type": "object", "properties": {
-        "type": {"type": "string"},
+    // Message items (function calls and their outputs are read too).
+    let part = json!({"type": "object", "required": ["type", "text"], "additionalProperties": false, "properties": {
+        "type": {"enum": ["input_text", "output_text"]}, "text": {"type": "string"},
+    }});
+    let item = json!({"type": "object", "required": ["role", "content"], "additionalProperties": false, "properties": {
+        "type": {"const": "message"},
         "role": {"enum": ["system", "user", "assistant", "developer"]},
-        "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]},
+        "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": part}]},
     }});
     typed.extend(
         json!({
@@ -511,14 +519,19 @@ fn responses_body(s: &mut Schemas) -> Value {
             "max_output_tokens": {"type": ["integer", "null"], "minimum": 1},
             "store": {"type": ["boolean", "null"]},
             "previous_response_id": {"type": ["string", "null"]},
-            "text": {"type": ["object", "null"], "properties": {"format": {"type": "object"}}},
+            "text": {"type": ["object", "null"], "additionalProperties": false, "properties": {
+                "format": {"type": "object"},
+                "verbosity": {"enum": ["medium", null]},
+            }},
             "tools": {"type": ["array", "null"], "items": {"type": "object"}},
             "tool_choice": {"anyOf": [{"enum": ["none", "auto", "required", null]}, {"type": "object"}]},
             "parallel_tool_calls": {"type": ["boolean", "null"]},
             "metadata": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
             "user": {"type": ["string", "null"]},
             "safety_identifier": {"type": ["string", "null"]},
-            "reasoning": {"type": ["object", "null"]},
+            // No reasoning option can be set (docs/apis.md).
+            "reasoning": {"type": ["object", "null"], "additionalProperties": false},
+            "max_tool_calls": {"type": ["integer", "null"], "minimum": 0},
         })
         .as_object()
         .cloned()
@@ -528,16 +541,16 @@ fn responses_body(s: &mut Schemas) -> Value {
 }
 
 fn anthropic_body() -> Value {
-    let text = json!({"type": "object", "required": ["type", "text"], "properties": {
+    let text = json!({"type": "object", "required": ["type", "text"], "additionalProperties": false, "properties": {
         "type": {"const": "text"}, "text": {"type": "string"},
     }});
     let block = json!({"anyOf": [
         text,
-        {"type": "object", "required": ["type", "id", "name", "input"], "properties": {
+        {"type": "object", "required": ["type", "id", "name", "input"], "additionalProperties": false, "properties": {
             "type": {"const": "tool_use"}, "id": {"type": "string"}, "name": {"type": "string"},
             "input": {"type": "object"},
         }},
-        {"type": "object", "required": ["type", "tool_use_id"], "properties": {
+        {"type": "object", "required": ["type", "tool_use_id"], "additionalProperties": false, "properties": {
             "type": {"const": "tool_result"}, "tool_use_id": {"type": "string"},
             "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": text}]},
         }},
@@ -547,16 +560,17 @@ fn anthropic_body() -> Value {
         "model": {"type": "string"},
         "messages": {"type": "array", "minItems": 1, "items": {
             "type": "object",
+            "additionalProperties": false,
             "required": ["role", "content"],
             "properties": {"role": {"enum": ["user", "assistant"]}, "content": content},
         }},
         "max_tokens": {"type": "integer", "minimum": 1},
         "system": {"anyOf": [{"type": "string"}, {"type": "array", "items": text}]},
-        "stop_sequences": {"type": "array", "items": {"type": "string"}},
+        "stop_sequences": {"type": "array", "items": {"type": "string", "minLength": 1}},
         "stream": {"type": "boolean"},
         "temperature": {"type": "number", "minimum": 0, "maximum": 1},
-        "top_p": {"type": "number"},
-        "top_k": {"type": "integer"},
+        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "top_k": {"type": "integer", "minimum": -1, "maximum": i32::MAX},
         "tools": {"type": "array", "items": {"type": "object", "required": ["name", "input_schema"], "properties": {
             "name": {"type": "string"},
             "description": {"type": "string"},
@@ -590,32 +604,50 @@ fn ollama_typed() -> Map<String, Value> {
         .iter()
         .map(|(name, _)| {
             let schema = match *name {
-                "top_k" | "seed" => json!({"type": "integer"}),
-                "stop" => json!({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}),
-                _ => json!({"type": "number"}),
+                // The bounds of the chat fields they set.
+                "seed" => json!({"type": "integer"}),
+                "top_k" => json!({"type": "integer", "minimum": -1, "maximum": i32::MAX}),
+                "stop" => json!({"anyOf": [
+                    {"type": "string", "minLength": 1},
+                    {"type": "array", "items": {"type": "string", "minLength": 1}},
+                ]}),
+                "temperature" => json!({"type": "number", "minimum": 0, "maximum": 2}),
+                "top_p" => json!({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
+                "min_p" => json!({"type": "number", "minimum": 0, "maximum": 1}),
+                "repeat_penalty" => json!({"type": "number", "exclusiveMinimum": 0, "maximum": 2}),
+                _ => json!({"type": "number", "minimum": -2, "maximum": 2}),
             };
             (name.to_string(), schema)
         })
         .collect();
     options.insert("num_ctx".into(), json!({"type": "integer"}));
-    options.insert("num_predict".into(), json!({"type": "integer"}));
-    let message = json!({"type": "object", "required": ["role"], "properties": {
+    options.insert(
+        "num_predict".into(),
+        json!({"anyOf": [{"enum": [-1, -2]}, {"type": "integer", "minimum": 1}]}),
+    );
+    let call = json!({"type": "object", "required": ["function"], "additionalProperties": false, "properties": {
+        "function": {"type": "object", "required": ["name", "arguments"], "properties": {
+            "name": {"type": "string"}, "arguments": {"type": "object"},
+        }},
+    }});
+    let message = json!({"type": "object", "required": ["role"], "additionalProperties": false, "properties": {
         "role": {"enum": ["system", "user", "assistant", "tool"]},
         "content": {"type": "string"},
-        "tool_calls": {"type": "array", "items": {"type": "object"}},
+        "tool_calls": {"type": "array", "items": call},
     }});
     json!({
         "model": {"type": "string"},
-        "messages": {"type": "array", "items": message},
-        "prompt": {"type": "string"},
+        "messages": {"type": "array", "minItems": 1, "items": message},
+        "prompt": {"type": "string", "minLength": 1},
         "system": {"type": "string"},
         "raw": {"type": "boolean"},
-        "tools": {"type": "array", "items": {"type": "object"}},
+        "tools": tools(),
         "format": {"anyOf": [{"const": "json"}, {"type": "object"}]},
         "options": {"type": "object", "properties": options, "additionalProperties": false},
         "stream": {"type": "boolean"},
         "keep_alive": {"type": ["string", "number"]},
-        "think": {"type": "boolean"},
+        // Thinking is not separated: only false (or absent).
+        "think": {"const": false},
         "input": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
         "truncate": {"type": "boolean"},
         "dimensions": {"type": "integer", "minimum": 1},

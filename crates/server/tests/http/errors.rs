@@ -565,6 +565,19 @@ async fn a_tiny_positive_top_p_is_accepted() {
 }
 
 #[tokio::test]
+async fn a_tiny_positive_repetition_penalty_is_accepted() {
+    // Found by schemathesis over /openapi.json (Ollama's repeat_penalty):
+    // refused as "got 0" like top_p once was.
+    let server = Server::new();
+    let body = chat(CHAT, json!({"repetition_penalty": 1e-300, "max_tokens": 2}));
+    server.post("/v1/chat/completions", body).await.ok();
+    let penalty = server.engine.seen()[0].engine.sampling.repetition_penalty;
+    assert!(penalty > 0.0 && penalty < 1e-30, "{penalty}");
+    let body = json!({"model": CHAT, "prompt": "hi", "stream": false, "options": {"repeat_penalty": 1e-300}});
+    server.post("/api/generate", body).await.ok();
+}
+
+#[tokio::test]
 async fn an_empty_stop_string_is_refused_by_name() {
     let server = Server::new();
     for stop in [json!([""]), json!(["x", ""]), json!("")] {

@@ -166,3 +166,18 @@ async fn the_served_document_is_the_description_and_every_path_is_a_route() {
         }
     }
 }
+
+#[tokio::test]
+async fn the_description_needs_a_key_unless_open_paths_lists_it() {
+    let entry = api_key("k", "sk-test-SECRET");
+    let keyed = Server::with(|c| c.auth.api_keys = vec![entry.clone()]);
+    let refused = keyed.get("/openapi.json").await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    let with_key = with_header(get("/openapi.json"), "x-api-key", "sk-test-SECRET");
+    assert_eq!(keyed.send(with_key).await.ok(), document());
+    let open = Server::with(|c| {
+        c.auth.api_keys = vec![entry];
+        c.auth.open_paths.push("/openapi.json".into());
+    });
+    assert_eq!(open.get("/openapi.json").await.ok(), document());
+}
