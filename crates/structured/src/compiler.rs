@@ -11,7 +11,7 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{json, Value};
 
-use crate::vocab::Closers;
+use crate::vocab::{Closers, Unwritable};
 use crate::{Grammar, GrammarError};
 
 /// Compiles grammars for one model's vocabulary. `Send + Sync`: share it.
@@ -19,6 +19,7 @@ pub struct GrammarCompiler {
     factory: ParserFactory,
     vocab_size: usize,
     closers: Arc<Closers>,
+    unwritable: Unwritable,
     /// Specs [`GrammarCompiler::check`] found good (bounded).
     checked: Mutex<Checked>,
 }
@@ -59,7 +60,7 @@ impl GrammarCompiler {
     /// Indexes `tokenizer`'s vocabulary (tens of milliseconds for 50k
     /// tokens: do it once per model, off the async runtime).
     pub fn new(tokenizer: Arc<Tokenizer>) -> Result<Self, GrammarError> {
-        let (env, closers) = crate::vocab::token_env(tokenizer)?;
+        let (env, closers, unwritable) = crate::vocab::token_env(tokenizer)?;
         let vocab_size = env.tok_trie().vocab_size();
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
@@ -68,6 +69,7 @@ impl GrammarCompiler {
             factory,
             vocab_size,
             closers: Arc::new(closers),
+            unwritable,
             checked: Mutex::default(),
         })
     }
@@ -87,12 +89,20 @@ impl GrammarCompiler {
                 {
                     return Err(GrammarError::Invalid(why));
                 }
+                // Its strings unescaped (`serde_json` writes them raw).
+                self.unwritable.check(&schema.to_string())?;
                 // Checked on the finished answer instead (`UniqueItems`).
                 crate::UniqueItems::split(&mut schema);
                 TopLevelGrammar::from_json_schema(with_layout(schema))
             }
-            GrammarSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
-            GrammarSpec::Lark(src) => TopLevelGrammar::from_lark(src.clone()),
+            GrammarSpec::Regex(rx) => {
+                self.unwritable.check(rx)?;
+                TopLevelGrammar::from_regex(rx)
+            }
+            GrammarSpec::Lark(src) => {
+                self.unwritable.check(src)?;
+                TopLevelGrammar::from_lark(src.clone())
+            }
         };
         let parser = self
             .factory

@@ -111,7 +111,9 @@ impl Closers {
 /// Indexes `tokenizer`'s vocabulary. Token bytes come from the tokenizer's
 /// own serialised form (byte-level BPE and SentencePiece byte fallback are
 /// both decoded by llguidance), so GGUF and Hugging Face tokenizers agree.
-pub(crate) fn token_env(tokenizer: Arc<Tokenizer>) -> Result<(TokEnv, Closers), GrammarError> {
+pub(crate) fn token_env(
+    tokenizer: Arc<Tokenizer>,
+) -> Result<(TokEnv, Closers, Unwritable), GrammarError> {
     let vocab_err = |e: &dyn std::fmt::Display| GrammarError::Vocabulary(e.to_string());
     let json = tokenizer.hf().to_string(false).map_err(|e| vocab_err(&e))?;
     let value: serde_json::Value = serde_json::from_str(&json).map_err(|e| vocab_err(&e))?;
@@ -126,5 +128,44 @@ pub(crate) fn token_env(tokenizer: Arc<Tokenizer>) -> Result<(TokEnv, Closers), 
     let info = TokRxInfo::new(size as u32, first);
     let trie = TokTrie::from(&info, &words).with_eos_tokens(&eos);
     let closers = Closers::new(&words, &eos);
-    Ok((Arc::new(ModelVocab { trie, tokenizer }), closers))
+    let unwritable = Unwritable::new(&words);
+    Ok((
+        Arc::new(ModelVocab { trie, tokenizer }),
+        closers,
+        unwritable,
+    ))
+}
+
+/// The bytes no token has: a grammar whose text needs one can never be
+/// followed (SmolLM2's vocabulary lacks some UTF-8 lead bytes, so it cannot
+/// write U+80000 and above). llguidance finds out only when it forces
+/// those bytes, mid-answer; [`Unwritable::check`] finds out at compile time.
+#[derive(Debug, Clone)]
+pub(crate) struct Unwritable([bool; 256]);
+
+impl Unwritable {
+    fn new(words: &[Vec<u8>]) -> Self {
+        let mut seen = [false; 256];
+        for w in words {
+            for &b in w {
+                seen[b as usize] = true;
+            }
+        }
+        Self(seen.map(|s| !s))
+    }
+
+    /// A character of `text` the vocabulary cannot write, named.
+    pub(crate) fn check(&self, text: &str) -> Result<(), GrammarError> {
+        for c in text.chars() {
+            let mut buf = [0u8; 4];
+            let bytes = c.encode_utf8(&mut buf).as_bytes();
+            if let Some(b) = bytes.iter().find(|&&b| self.0[b as usize]) {
+                return Err(GrammarError::Invalid(format!(
+                    "it needs the character {c:?} (U+{:04X}), which this model's vocabulary cannot write (no token has the byte 0x{b:02X})",
+                    c as u32
+                )));
+            }
+        }
+        Ok(())
+    }
 }
