@@ -190,14 +190,17 @@ def check_ndjson(body: bytes, validator) -> None:
     assert json.loads(lines[-1]).get("done") is True, lines[-1]
 
 
-def run_operation(schema, server, method: str, path: str, examples: int, mode=None, explicit=()) -> dict:
+def run_operation(schema, server, method: str, path: str, examples: int, mode=None, explicit=(), seen=None) -> dict:
+    """Runs one operation; `seen` (the answers' statuses) is filled as it
+    goes, so a failure's counts are kept."""
     operation = schema[path][method]
     lines = ndjson_validator(schema, method, path)
     negative = mode is not None and mode == schemathesis.GenerationMode.NEGATIVE
     # Negative cases are refused in any shape the server likes, but never with a 5xx.
     names = ["not_a_server_error", "response_schema_conformance"] if negative else CHECKS
     checks = [getattr(schemathesis.checks, name) for name in names]
-    seen: dict = {"statuses": {}}
+    seen = {"statuses": {}} if seen is None else seen
+    seen.setdefault("statuses", {})
 
     def with_explicit(run):
         for case in explicit:
@@ -281,7 +284,7 @@ def test_every_route(served, full_server, model_name):
             key = f"{method} {path}" + (" (negative)" if mode else "")
             seen = {"statuses": {}}
             try:
-                seen = run_operation(schema, server, method, path, examples, mode, explicit)
+                run_operation(schema, server, method, path, examples, mode, explicit, seen)
             except (Exception, BaseExceptionGroup) as e:  # every operation runs; failures are listed at the end
                 failures[key] = str(e)[:3000]
             total[key] = seen["statuses"]
