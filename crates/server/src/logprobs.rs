@@ -15,19 +15,33 @@ fn piece(tokenizer: &Tokenizer, id: u32) -> (String, Vec<u8>) {
     (text, bytes)
 }
 
+/// The lowest logprob sent (vLLM's): a token the grammar or a logit bias
+/// masks has -inf, which JSON cannot carry (`serde_json` writes null, which
+/// no client's schema allows).
+const MIN_LOGPROB: f32 = -9999.0;
+
+/// `logprob` as a JSON number.
+fn finite(logprob: f32) -> f32 {
+    if logprob.is_nan() {
+        MIN_LOGPROB
+    } else {
+        logprob.max(MIN_LOGPROB)
+    }
+}
+
 /// Resolves a generated token's logprob entry.
 pub fn resolve(tokenizer: &Tokenizer, t: &GeneratedToken) -> TokenLogprobInfo {
     let (token, bytes) = piece(tokenizer, t.token);
     TokenLogprobInfo {
         token,
         bytes,
-        logprob: t.logprob,
+        logprob: finite(t.logprob),
         top: t
             .top_logprobs
             .iter()
             .map(|a| {
                 let (s, b) = piece(tokenizer, a.token);
-                (s, b, a.logprob)
+                (s, b, finite(a.logprob))
             })
             .collect(),
     }
@@ -52,13 +66,13 @@ pub fn push_prompt(
                     .iter()
                     .map(|a| {
                         let (s, b) = piece(tokenizer, a.token);
-                        (s, b, a.logprob)
+                        (s, b, finite(a.logprob))
                     })
                     .collect();
                 let info = TokenLogprobInfo {
                     token,
                     bytes,
-                    logprob,
+                    logprob: finite(logprob),
                     top,
                 };
                 out.push(&info, offset);
@@ -66,5 +80,20 @@ pub fn push_prompt(
         }
         // A token inside a multi-byte character shows up with the next.
         offset += detok.step(p.token).ok().flatten().map_or(0, |t| t.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masked_tokens_get_a_finite_logprob() {
+        // Found by schemathesis over /openapi.json: a top alternative the
+        // grammar masked was sent as null.
+        assert_eq!(finite(f32::NEG_INFINITY), MIN_LOGPROB);
+        assert_eq!(finite(f32::NAN), MIN_LOGPROB);
+        assert_eq!(finite(-0.5), -0.5);
+        assert_eq!(finite(0.0), 0.0);
     }
 }
