@@ -3,7 +3,8 @@
 //! JSON Schemas of the protocol crate's serde types (`schemars`); bodies
 //! read by hand are described from the same field lists the parsers check
 //! (`ingot_protocol::fields`, Anthropic's and Ollama's field lists), so a
-//! field added to a parser without a description fails this module's tests.
+//! field added to a parser without a description fails the tests
+//! (`tests/http/openapi.rs`), as does a route added without one.
 //! Errors are described in the dialect of each path (OpenAI's
 //! `{"error": {...}}`, Anthropic's `{"type": "error", ...}`, Ollama's
 //! `{"error": "..."}`), as `routes::dialect` shapes them.
