@@ -208,11 +208,15 @@ def test_real_prometheus_scrapes(srv, model_name):
                 assert v is not None and 0 <= v <= 1, f"{q} = {v}"
             # What Prometheus holds is what the server counts (the module's
             # earlier tests included), and this test's share is exact.
-            ok = prom.scalar('sum(ingot_http_requests_total{route="/v1/completions",status="2xx"})')
-            assert ok == after.get("ingot_http_requests_total", route="/v1/completions", status="2xx"), ok
+            # The refusals came after the last answer: wait (bounded) for a
+            # scrape taken after them too.
+            ok = after.get("ingot_http_requests_total", route="/v1/completions", status="2xx")
+            wait_for(lambda: prom.scalar('sum(ingot_http_requests_total{route="/v1/completions",status="2xx"})')
+                     == ok, 10, 0.25, what="Prometheus seeing every 2xx completion")
             assert _delta(before, after, "ingot_http_requests_total", route="/v1/completions", status="2xx") == 6
-            rejected = prom.scalar('sum by (reason) (ingot_rejections_total{reason="validation"})')
-            assert rejected == after.get("ingot_rejections_total", reason="validation"), rejected
+            rejected = after.get("ingot_rejections_total", reason="validation")
+            wait_for(lambda: prom.scalar('sum by (reason) (ingot_rejections_total{reason="validation"})') == rejected,
+                     10, 0.25, what="Prometheus seeing every validation refusal")
             assert _delta(before, after, "ingot_rejections_total", reason="validation") == 1
             meta = httpx.get(f"{prom.url}/api/v1/metadata", params={"metric": "ingot_request_success_total"},
                              timeout=5).json()
