@@ -199,6 +199,7 @@ def test_admin_load_unload_and_pin(srv):
         assert http.post("/admin/models/nope/load").status_code == 404
 
 
+@pytest.mark.load  # sustained switching: scripts/test-load (~70 and ~30 s of CI's cores)
 def test_switching_back_and_forth_leaks_nothing(srv):
     everything = ("alpha", "beta", "gamma", "idle")
     with srv.http(timeout=120) as http:
@@ -354,6 +355,7 @@ def test_evicted_models_sleep_in_host_memory_and_wake_fast_with_the_same_answers
     assert p50 < 1.0, f"first token after a warm switch: p50 {p50:.3f} s"
 
 
+@pytest.mark.load  # sustained switching: scripts/test-load (~70 and ~30 s of CI's cores)
 def test_a_hundred_warm_switches_leak_nothing(warm):
     for i in range(10):
         first_token_seconds(warm, ["left", "right"][i % 2])
