@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from ingot_e2e import PeakGauge
 
 PROMPT = (
@@ -27,6 +29,7 @@ def other_prompt(i: int) -> str:
     return f"Request {i}: write about topic number {(i * 7919) % 1000}" + " and more" * (i % 13)
 
 
+@pytest.mark.load  # 128 concurrent deterministic requests: ~80 s of a CI core (scripts/test-load)
 def test_identical_requests_match_the_batch_1_answer(server_factory, model_name):
     srv = server_factory(
         "--deterministic",
