@@ -13,39 +13,10 @@ mod tally;
 pub use assets::{page_routes, ASSETS};
 pub use tally::{install_metrics, tally, InstallError, Tally};
 
-/// Quantiles `qs` (each in [0, 1]) of `samples`, nearest-rank on the
-/// sorted samples; `None` for none.
-pub fn quantiles(mut samples: Vec<f64>, qs: &[f64]) -> Option<Vec<f64>> {
-    if samples.is_empty() {
-        return None;
-    }
-    samples.sort_by(f64::total_cmp);
-    let last = samples.len() - 1;
-    Some(
-        qs.iter()
-            .map(|q| samples[((q.clamp(0.0, 1.0) * last as f64).round()) as usize])
-            .collect(),
-    )
-}
-
-/// Unix milliseconds now (the page plots against the server's clock).
+/// Unix milliseconds now: the page plots against the server's clock, and
+/// the SLO reports and canaries stamp their events with it.
 pub fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn quantiles_of_samples() {
-        let v: Vec<f64> = (1..=101).map(f64::from).rev().collect();
-        assert_eq!(
-            quantiles(v, &[0.0, 0.5, 0.99, 1.0]),
-            Some(vec![1.0, 51.0, 100.0, 101.0])
-        );
-        assert_eq!(quantiles(Vec::new(), &[0.5]), None);
-    }
 }

@@ -11,7 +11,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use ingot_stats::{compare, quantile, Verdict};
 use serde::Serialize;
@@ -138,12 +138,6 @@ pub struct CanaryStatus {
     pub events: Vec<Event>,
 }
 
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 fn describe(w: &[ArmWindow; 2]) -> String {
     let line = |name: &str, a: &ArmWindow| {
         let o = a.outcomes();
@@ -263,7 +257,7 @@ impl Canary {
             _ => tracing::info!(canary = %name, kind, share, %detail, "canary"),
         }
         run.events.push(Event {
-            at_unix_ms: unix_ms(),
+            at_unix_ms: ingot_web::unix_ms(),
             since_start_s: self.started.elapsed().as_secs_f64(),
             kind,
             share,

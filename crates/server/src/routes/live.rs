@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::Json;
+use ingot_core::window::quantile;
 use ingot_core::Priority;
 use ingot_engine::{EngineControls, EngineStats, Measure};
 use ingot_registry::{ModelState, ModelStatus};
-use ingot_web::{quantiles, tally, unix_ms};
+use ingot_web::{tally, unix_ms};
 use serde_json::{json, Map, Value};
 
 use super::Shared;
@@ -101,9 +102,11 @@ fn engine(stats: &EngineStats, controls: &EngineControls) -> Value {
             })
             .collect()
     };
+    // Nearest-rank, as the SLO evaluation judges the same windows.
     let percentiles = |measure| {
-        quantiles(controls.recent(&Priority::ALL, measure, WINDOW), &QUANTILES)
-            .map(|q| json!({"p50": q[0], "p90": q[1], "p99": q[2]}))
+        let mut samples = controls.recent(&Priority::ALL, measure, WINDOW);
+        let [p50, p90, p99] = QUANTILES.map(|q| quantile(&mut samples, q));
+        p50.map(|_| json!({"p50": p50, "p90": p90, "p99": p99}))
     };
     json!({
         "running": stats.running.load(Relaxed),

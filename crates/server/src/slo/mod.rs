@@ -11,7 +11,7 @@ mod shed;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use ingot_config::{Config, RemediationMode, ShedHow};
 use ingot_core::Priority;
@@ -164,7 +164,7 @@ impl SloMonitor {
         let statuses = evaluate_all(config, &engines);
         metrics::export_statuses(&statuses);
         m.statuses = statuses;
-        m.evaluated_at_ms = Some(unix_ms());
+        m.evaluated_at_ms = Some(ingot_web::unix_ms());
         let mode = config.remediation.mode;
         if mode != m.mode {
             // Leaving `on` (or entering it) starts from nothing applied.
@@ -411,7 +411,7 @@ fn event(
     applied: bool,
 ) -> RemediationEvent {
     RemediationEvent {
-        at_ms: unix_ms(),
+        at_ms: ingot_web::unix_ms(),
         model: model.to_string(),
         action,
         direction,
@@ -490,12 +490,6 @@ fn model_report(
             "target_itl": config.remediation.batching.target_itl.get().as_secs_f64(),
         },
     })
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Evaluates every `remediation.interval` (re-read each time, so a reload
