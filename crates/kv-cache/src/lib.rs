@@ -18,6 +18,11 @@
 //! gives its blocks back as they leave the window (to the prefix cache when
 //! named), so a long sequence holds about a window of them.
 //!
+//! Tiers (see [`LowerTiers`]): with storage below the pool, an evicted
+//! named page is listed to be copied down instead of dropped, and a prefix
+//! hit continues through the pages held below, which are copied back into
+//! fresh pages before the step runs.
+//!
 //! Invariants: every block is exactly one of free (no name), in use
 //! (ref count > 0) or evictable (ref count 0, named, in the LRU); a name maps
 //! to at most one block. Allocation, free and lookup are O(1) amortised
@@ -26,7 +31,9 @@
 mod hash;
 mod layout;
 mod pool;
+mod tiers;
 
 pub use hash::BlockHash;
 pub use layout::{KvGroup, KvLayout, LayerSite, NULL_BLOCK};
 pub use pool::{BlockId, BlockPool, BlockTable, OutOfBlocks, PrefixCacheStats};
+pub use tiers::{LowerTiers, PageData, PageKey, PageTransfer};

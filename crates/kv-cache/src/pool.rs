@@ -2,8 +2,10 @@
 //! per-sequence block tables.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use crate::layout::{KvLayout, NULL_BLOCK};
+use crate::tiers::{LowerTiers, PageData, PageKey, PageTransfer};
 use crate::BlockHash;
 
 /// Index of a KV block in the runner's pool.
@@ -26,16 +28,11 @@ pub struct PrefixCacheStats {
     pub queries: u64,
     /// Prompt tokens found cached.
     pub hits: u64,
+    /// Of the hits, tokens whose blocks came back from a lower tier.
+    pub restored: u64,
 }
 
-/// A page's name in the prefix cache: the prefix its logical block ends,
-/// and which group and part of that block it holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct PageName {
-    prefix: BlockHash,
-    group: u32,
-    part: u32,
-}
+type PageName = PageKey;
 
 #[derive(Debug, Clone, Default)]
 struct Block {
@@ -47,7 +44,7 @@ struct Block {
 
 /// A fixed set of KV pages shared by all sequences and all layer groups
 /// (see [`KvLayout`]; with one group, a page is a block of every layer).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct BlockPool {
     block_size: usize,
     layout: KvLayout,
@@ -61,6 +58,27 @@ pub struct BlockPool {
     tick: u64,
     prefix_caching: bool,
     stats: PrefixCacheStats,
+    /// Storage below the pool, when configured.
+    tiers: Option<Arc<dyn LowerTiers>>,
+    /// Copies pages as they are named, not only as they leave (a store
+    /// shared with other instances wants them while they are hot).
+    write_through: bool,
+    /// Copies to make before the next forward pass, in order.
+    transfers: Vec<PageTransfer>,
+    /// Pages named since last taken (write-through), copied after the pass.
+    named_since: Vec<(BlockId, PageKey)>,
+}
+
+impl std::fmt::Debug for BlockPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockPool")
+            .field("block_size", &self.block_size)
+            .field("blocks", &self.blocks.len())
+            .field("free", &self.free.len())
+            .field("evictable", &self.evictable.len())
+            .field("tiers", &self.tiers.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl BlockPool {
@@ -93,7 +111,30 @@ impl BlockPool {
             tick: 0,
             prefix_caching,
             stats: PrefixCacheStats::default(),
+            tiers: None,
+            write_through: false,
+            transfers: Vec::new(),
+            named_since: Vec::new(),
         }
+    }
+
+    /// Keeps evicted pages in `tiers` and resumes prefixes from them; with
+    /// `write_through`, pages are also listed for copying as they are named
+    /// ([`BlockPool::take_named`]).
+    pub fn set_lower_tiers(&mut self, tiers: Arc<dyn LowerTiers>, write_through: bool) {
+        self.tiers = Some(tiers);
+        self.write_through = write_through;
+    }
+
+    /// The copies to make before the next forward pass, in order.
+    pub fn take_transfers(&mut self) -> Vec<PageTransfer> {
+        std::mem::take(&mut self.transfers)
+    }
+
+    /// Pages named since the last call (write-through only): their
+    /// contents exist once the step that named them has run.
+    pub fn take_named(&mut self) -> Vec<(BlockId, PageKey)> {
+        std::mem::take(&mut self.named_since)
     }
 
     /// The layer groups.
@@ -183,8 +224,7 @@ impl BlockPool {
         }
         let bs = self.block_size;
         let usable = tokens.len().saturating_sub(1) / bs;
-        let groups = self.layout.groups().len();
-        let global: Vec<usize> = (0..groups)
+        let global: Vec<usize> = (0..self.layout.groups().len())
             .filter(|&g| self.layout.groups()[g].window.is_none())
             .collect();
         let mut names = Vec::new();
@@ -197,17 +237,34 @@ impl BlockPool {
             names.push(name);
             parent = Some(name);
         }
-        let hit_blocks = self.sliding_resume_point(&names);
+        let mut hit_blocks = self.sliding_resume_point(&names);
+        // Pages held only below are read now; a hit stops before the
+        // first that is gone, corrupt or has no free page to go to.
+        let mut below = HashMap::new();
+        while let Err(short) = self.fetch_below(&names[..hit_blocks], &mut below) {
+            hit_blocks = self.sliding_resume_point(&names[..short]);
+        }
+        let names = &names[..hit_blocks];
+        // Take the resident pages first, so fresh pages for the ones
+        // coming from below never evict them.
+        for (_, key) in self.live_pages(names) {
+            if let Some(&id) = self.named.get(&key) {
+                self.take_ref(id);
+            }
+        }
+        let mut restored_blocks = std::collections::BTreeSet::new();
         for (g, table) in tables.iter_mut().enumerate() {
             let first = self.layout.first_live_block(g, hit_blocks * bs, bs);
-            for (b, &name) in names.iter().enumerate().take(hit_blocks) {
+            for (b, &name) in names.iter().enumerate() {
                 for part in 0..table.pages_per_block() {
+                    let key = page_name(name, g, part);
                     let id = if b < first {
                         NULL_BLOCK
-                    } else {
-                        let id = self.named[&page_name(name, g, part)];
-                        self.take_ref(id);
+                    } else if let Some(&id) = self.named.get(&key) {
                         id
+                    } else {
+                        restored_blocks.insert(b);
+                        self.restore_page(key, below.remove(&key))
                     };
                     table.blocks.push(id);
                 }
@@ -218,12 +275,97 @@ impl BlockPool {
         let hit = hit_blocks * bs;
         self.stats.queries += tokens.len() as u64;
         self.stats.hits += hit as u64;
+        self.stats.restored += (restored_blocks.len() * bs) as u64;
         hit
     }
 
+    /// (block, key) of every page a hit over `names` holds.
+    fn live_pages(&self, names: &[BlockHash]) -> Vec<(usize, PageKey)> {
+        let (bs, end) = (self.block_size, names.len() * self.block_size);
+        let mut out = Vec::new();
+        for g in 0..self.layout.groups().len() {
+            let first = self.layout.first_live_block(g, end, bs);
+            for (b, &name) in names.iter().enumerate().skip(first) {
+                for part in 0..self.layout.pages_per_block(g) {
+                    out.push((b, page_name(name, g, part)));
+                }
+            }
+        }
+        out
+    }
+
+    /// Reads into `below` every page of a hit over `names` that is held
+    /// only below the pool. `Err(b)`: block `b` cannot be restored (a page
+    /// is gone or corrupt, or the pool has no page left for it).
+    fn fetch_below(
+        &self,
+        names: &[BlockHash],
+        below: &mut HashMap<PageKey, PageData>,
+    ) -> Result<(), usize> {
+        let Some(tiers) = &self.tiers else {
+            return Ok(());
+        };
+        let pages = self.live_pages(names);
+        // Resident pages nobody holds leave the evictable list when taken.
+        let resident_idle = pages
+            .iter()
+            .filter(|(_, k)| {
+                self.named
+                    .get(k)
+                    .is_some_and(|&id| self.blocks[id as usize].ref_count == 0)
+            })
+            .count();
+        let room = self.num_available().saturating_sub(resident_idle);
+        let mut short = usize::MAX;
+        let mut needed = 0;
+        for (b, key) in pages {
+            if self.named.contains_key(&key) {
+                continue;
+            }
+            needed += 1;
+            if needed > room {
+                short = short.min(b);
+                continue;
+            }
+            if !below.contains_key(&key) {
+                match tiers.fetch(&key) {
+                    Some(data) => {
+                        below.insert(key, data);
+                    }
+                    None => short = short.min(b),
+                }
+            }
+        }
+        if short == usize::MAX {
+            Ok(())
+        } else {
+            Err(short)
+        }
+    }
+
+    /// A fresh page named `key`, listed to take `data` before the step.
+    fn restore_page(&mut self, key: PageKey, data: Option<PageData>) -> BlockId {
+        let id = self
+            .pop_block()
+            .expect("room for restored pages checked in fetch_below. This is a bug.");
+        let data = data.expect("restored pages fetched in fetch_below. This is a bug.");
+        self.blocks[id as usize].name = Some(key);
+        self.named.insert(key, id);
+        self.transfers.push(PageTransfer::In {
+            page: id,
+            key,
+            data,
+        });
+        id
+    }
+
     /// Whether every page of group `g`'s block named `name` is cached.
+    /// Pages held below the pool count.
     fn is_cached(&self, name: BlockHash, g: usize) -> bool {
-        (0..self.layout.pages_per_block(g)).all(|p| self.named.contains_key(&page_name(name, g, p)))
+        (0..self.layout.pages_per_block(g)).all(|p| {
+            let key = page_name(name, g, p);
+            self.named.contains_key(&key) || self.tiers.as_ref().is_some_and(|t| t.contains(&key))
+        })
     }
 
     /// The largest `k <= names.len()` such that every sliding group holds
@@ -292,6 +434,12 @@ impl BlockPool {
                 let (_, id) = self.evictable.pop_first()?;
                 if let Some(name) = self.blocks[id as usize].name.take() {
                     self.named.remove(&name);
+                    if self.tiers.is_some() {
+                        self.transfers.push(PageTransfer::Out {
+                            page: id,
+                            key: name,
+                        });
+                    }
                 }
                 id
             }
@@ -415,12 +563,18 @@ impl BlockPool {
         if block.name.is_none() {
             block.name = Some(name);
             self.named.insert(name, id);
+            if self.write_through {
+                self.named_since.push((id, name));
+            }
         }
     }
 
     /// Forgets every cached prefix (their blocks become free): for a KV
     /// pool whose contents were lost. Blocks in use keep their names.
     pub fn forget_cached(&mut self) {
+        // Pages not yet copied are gone with the memory.
+        self.transfers.clear();
+        self.named_since.clear();
         for (_, id) in std::mem::take(&mut self.evictable) {
             let b = &mut self.blocks[id as usize];
             if let Some(name) = b.name.take() {
@@ -579,7 +733,8 @@ mod tests {
             pool.prefix_cache_stats(),
             PrefixCacheStats {
                 queries: 21,
-                hits: 8
+                hits: 8,
+                restored: 0
             }
         );
         pool.release(&mut t);
@@ -812,5 +967,154 @@ mod tests {
         pool.reserve_groups(&mut t, 30, 32).unwrap();
         assert_eq!(t[0].num_live_pages(), 8, "nothing is windowed");
         pool.release_groups(&mut t);
+    }
+
+    /// Storage below the pool: keeps what the engine would copy down.
+    #[derive(Default)]
+    struct Below {
+        pages: std::sync::Mutex<HashMap<PageKey, PageData>>,
+        corrupt: std::sync::Mutex<Vec<PageKey>>,
+    }
+
+    impl LowerTiers for Below {
+        fn contains(&self, key: &PageKey) -> bool {
+            self.pages.lock().unwrap().contains_key(key)
+        }
+
+        fn fetch(&self, key: &PageKey) -> Option<PageData> {
+            if self.corrupt.lock().unwrap().contains(key) {
+                self.pages.lock().unwrap().remove(key);
+                return None;
+            }
+            self.pages.lock().unwrap().get(key).cloned()
+        }
+    }
+
+    /// Plays the engine: pages are "copied" as their ids' bytes; an `In`
+    /// must bring back what the page held when it went `Out`.
+    fn apply(pool: &mut BlockPool, below: &Below, memory: &mut HashMap<BlockId, PageKey>) -> usize {
+        let mut restored = 0;
+        for t in pool.take_transfers() {
+            match t {
+                PageTransfer::Out { page, key } => {
+                    assert_eq!(memory.get(&page), Some(&key), "page {page} holds {key:?}");
+                    below
+                        .pages
+                        .lock()
+                        .unwrap()
+                        .entry(key)
+                        .or_insert_with(|| Arc::from(format!("{key:?}").into_bytes()));
+                }
+                PageTransfer::In { page, key, data } => {
+                    assert_eq!(&*data, format!("{key:?}").as_bytes());
+                    memory.insert(page, key);
+                    restored += 1;
+                }
+            }
+        }
+        restored
+    }
+
+    /// Runs a sequence to completion and records which page holds what.
+    fn run_tiered(
+        pool: &mut BlockPool,
+        below: &Below,
+        memory: &mut HashMap<BlockId, PageKey>,
+        tokens: &[u32],
+    ) -> (usize, usize) {
+        let mut t = BlockTable::new();
+        let hit = pool.reuse_prefix(&mut t, tokens);
+        pool.reserve(&mut t, tokens.len()).unwrap();
+        let restored = apply(pool, below, memory);
+        pool.publish_full_blocks(&mut t, tokens, tokens.len());
+        for (b, name) in BlockHash::chain_all(tokens, pool.block_size()).into_iter().enumerate() {
+            memory.insert(t.blocks()[b], page_name(name, 0, 0));
+        }
+        pool.release(&mut t);
+        (hit, restored)
+    }
+
+    fn tiered(pages: usize) -> (BlockPool, Arc<Below>) {
+        let below = Arc::new(Below::default());
+        let mut pool = BlockPool::new(pages, 4, true);
+        pool.set_lower_tiers(below.clone(), false);
+        (pool, below)
+    }
+
+    #[test]
+    fn evicted_pages_go_below_and_come_back_on_a_hit() {
+        let (mut pool, below) = tiered(4);
+        let mut memory = HashMap::new();
+        let a = toks(13, 0);
+        assert_eq!(run_tiered(&mut pool, &below, &mut memory, &a), (0, 0));
+        // Another prompt takes every page: a's three named pages go below.
+        assert_eq!(run_tiered(&mut pool, &below, &mut memory, &toks(16, 100)).0, 0);
+        assert_eq!(below.pages.lock().unwrap().len(), 3);
+        assert_eq!(pool.prefix_cache_stats().restored, 0);
+        // a again: its 12 cached positions come back from below.
+        assert_eq!(run_tiered(&mut pool, &below, &mut memory, &a), (12, 3));
+        assert_eq!(pool.prefix_cache_stats().restored, 12);
+        assert_eq!(pool.prefix_cache_stats().hits, 12);
+    }
+
+    #[test]
+    fn a_resident_prefix_continues_below() {
+        let (mut pool, below) = tiered(6);
+        let mut memory = HashMap::new();
+        let a = toks(17, 0);
+        run_tiered(&mut pool, &below, &mut memory, &a);
+        // Four pages more: a's two deepest blocks are evicted (tail first).
+        run_tiered(&mut pool, &below, &mut memory, &toks(16, 100));
+        assert_eq!(below.pages.lock().unwrap().len(), 2);
+        let (hit, restored) = run_tiered(&mut pool, &below, &mut memory, &a);
+        assert_eq!((hit, restored), (16, 2));
+    }
+
+    #[test]
+    fn a_corrupt_page_below_ends_the_hit_before_it() {
+        let (mut pool, below) = tiered(4);
+        let mut memory = HashMap::new();
+        let a = toks(13, 0);
+        run_tiered(&mut pool, &below, &mut memory, &a);
+        run_tiered(&mut pool, &below, &mut memory, &toks(16, 100));
+        let names = BlockHash::chain_all(&a, 4);
+        below.corrupt.lock().unwrap().push(page_name(names[1], 0, 0));
+        assert_eq!(run_tiered(&mut pool, &below, &mut memory, &a), (4, 1));
+        assert!(!below.contains(&page_name(names[1], 0, 0)));
+    }
+
+    #[test]
+    fn a_hit_from_below_stops_where_the_pool_has_no_page() {
+        let (mut pool, below) = tiered(4);
+        let mut memory = HashMap::new();
+        let a = toks(13, 0);
+        run_tiered(&mut pool, &below, &mut memory, &a);
+        run_tiered(&mut pool, &below, &mut memory, &toks(16, 100));
+        // Two pages held by a running sequence leave room for two.
+        let mut held = BlockTable::new();
+        pool.reserve(&mut held, 8).unwrap();
+        apply(&mut pool, &below, &mut memory);
+        let mut t = BlockTable::new();
+        assert_eq!(pool.reuse_prefix(&mut t, &a), 8);
+        assert_eq!(apply(&mut pool, &below, &mut memory), 2);
+    }
+
+    #[test]
+    fn write_through_lists_pages_as_they_are_named() {
+        let mut pool = BlockPool::new(4, 4, true);
+        pool.set_lower_tiers(Arc::new(Below::default()), true);
+        let mut t = BlockTable::new();
+        pool.reserve(&mut t, 10).unwrap();
+        pool.publish_full_blocks(&mut t, &toks(10, 0), 10);
+        let named = pool.take_named();
+        assert_eq!(named.len(), 2);
+        assert_eq!(named[0].0, t.blocks()[0]);
+        assert!(pool.take_named().is_empty());
+        // Without tiers nothing is listed.
+        let mut plain = BlockPool::new(4, 4, true);
+        let mut t = BlockTable::new();
+        plain.reserve(&mut t, 10).unwrap();
+        plain.publish_full_blocks(&mut t, &toks(10, 0), 10);
+        assert!(plain.take_named().is_empty() && plain.take_transfers().is_empty());
     }
 }
