@@ -3,6 +3,7 @@
 
 mod cmd;
 mod hub;
+mod kv_tiers;
 mod logging;
 mod model;
 mod served;

@@ -104,6 +104,8 @@ impl ModelPlan {
 /// loader calls it on blocking threads.
 struct ServedModels {
     plans: Vec<ModelPlan>,
+    /// Where the models' KV tiers share pages from.
+    tiers: crate::kv_tiers::TierContext,
 }
 
 impl ServedModels {
@@ -157,7 +159,8 @@ impl ModelBuilder for ServedModels {
             .tokenizer()
             .map_err(|e| LoadError::new(e.to_string()))?
             .clone();
-        let (handle, storage, kv) = start_served_engine(plan, tokenizer).map_err(LoadError::new)?;
+        let (handle, storage, kv) =
+            start_served_engine(plan, tokenizer, &self.tiers).map_err(LoadError::new)?;
         summarize(plan, &handle, &storage, &kv);
         Ok(ServedModel::Generative(handle))
     }
@@ -180,6 +183,7 @@ pub const STARTUP: &str = "ingot::startup";
 fn start_served_engine(
     plan: &ModelPlan,
     tokenizer: Arc<ingot_tokenizer::Tokenizer>,
+    tiers: &crate::kv_tiers::TierContext,
 ) -> anyhow::Result<(ingot_engine::EngineHandle, model::Storage, KvCapacity)> {
     let mut engine = settings::engine_config(&plan.config);
     engine.metrics.model_name = plan.id.clone();
@@ -190,11 +194,30 @@ fn start_served_engine(
         files,
         engine.scheduler.max_num_seqs,
     )?;
+    (engine.kv_tiers, engine.kv_share) = crate::kv_tiers::open(
+        tiers,
+        &plan.config,
+        &plan.id,
+        &plan.path,
+        built.runner.as_ref(),
+    )?;
     // The KV figures as the engine derives them from the pool's layout
     // (a sliding-window layer group holds only its window).
     let (shape, layout) = (built.runner.kv_cache_shape(), built.runner.kv_layout());
     let step = engine.scheduler.largest_step();
     let handle = ingot_engine::start_engine(built.runner, tokenizer, engine)?;
+    if let Some(t) = handle.kv_tiers() {
+        let k = &plan.config.kv_tiers;
+        tracing::info!(
+            target: STARTUP,
+            host_mib = k.host_bytes.bytes() >> 20,
+            disk_mib = k.disk_bytes.bytes() >> 20,
+            disk_pages = t.usage().disk_pages,
+            shared = t.writes_through(),
+            "{} keeps evicted KV pages below the pool",
+            plan.id
+        );
+    }
     let kv = KvCapacity {
         tokens: layout.capacity_tokens(shape.num_blocks, shape.block_size, step),
         sequences: shape.num_blocks
@@ -257,7 +280,11 @@ fn count(n: u64) -> String {
 }
 
 /// The registry of `entries` under `[registry]`'s budget.
-pub fn registry(config: &Config, entries: Vec<ModelEntry>) -> anyhow::Result<Models> {
+pub fn registry(
+    config: &Config,
+    entries: Vec<ModelEntry>,
+    runtime: tokio::runtime::Handle,
+) -> anyhow::Result<Models> {
     // One pool for every CPU model, sized once.
     model::size_thread_pool(config.model.threads)?;
     let device_budget = device_budget(config)?;
@@ -283,7 +310,11 @@ pub fn registry(config: &Config, entries: Vec<ModelEntry>) -> anyhow::Result<Mod
         host_bytes: host_budget(config),
         load_wait: config.registry.load_wait.get(),
     };
-    let loader = EngineLoader::new(Arc::new(ServedModels { plans }), budget.host_bytes > 0);
+    let served = ServedModels {
+        plans,
+        tiers: crate::kv_tiers::TierContext::new(runtime),
+    };
+    let loader = EngineLoader::new(Arc::new(served), budget.host_bytes > 0);
     let r = &config.registry;
     let prefetch = Prefetch {
         window: r.prefetch_window.get(),

@@ -40,6 +40,7 @@ pub(crate) fn check(config: &Config) -> Check {
     scheduler(config)?;
     server(config)?;
     cache(config)?;
+    kv_tiers(config)?;
     log(config)?;
     tracing(config)?;
     limits(config)?;
@@ -198,6 +199,32 @@ fn limits(c: &Config) -> Check {
 
 fn redis(c: &Config) -> Check {
     c.redis.check().or_else(|(key, message)| fail(key, message))
+}
+
+fn kv_tiers(c: &Config) -> Check {
+    let t = &c.kv_tiers;
+    if t.disk_path.is_some() && t.disk_bytes.bytes() == 0 {
+        return fail(
+            "kv_tiers.disk_bytes",
+            "must be more than 0 with a disk_path",
+        );
+    }
+    if t.disk_path.is_none() && t.disk_bytes.bytes() > 0 {
+        return fail("kv_tiers.disk_path", "is needed for disk_bytes");
+    }
+    if c.redis.share_kv && !c.redis.enabled() {
+        return fail("redis.share_kv", "needs redis.url");
+    }
+    if c.redis.share_kv && t.host_bytes.bytes() == 0 {
+        return fail(
+            "redis.share_kv",
+            "needs kv_tiers.host_bytes (pages fetched from Redis land in host memory)",
+        );
+    }
+    if c.redis.share_kv && c.redis.kv_max_bytes.bytes() == 0 {
+        return fail("redis.kv_max_bytes", "must be more than 0");
+    }
+    Ok(())
 }
 
 fn cache(c: &Config) -> Check {

@@ -12,8 +12,9 @@ use crate::flags::FlagSpec;
 use crate::models::{ModelEntry, RegistrySection};
 use crate::redis::RedisSection;
 use crate::sections::{
-    CacheSection, CudaSection, EngineSection, LimitsSection, LogSection, MetricsSection,
-    ModelSection, SchedulerSection, ServerSection, StructuredSection, TracingSection,
+    CacheSection, CudaSection, EngineSection, KvTiersSection, LimitsSection, LogSection,
+    MetricsSection, ModelSection, SchedulerSection, ServerSection, StructuredSection,
+    TracingSection,
 };
 use crate::slo::{RemediationSection, SloSpec};
 
@@ -31,6 +32,8 @@ pub struct Config {
     pub server: ServerSection,
     /// The response cache.
     pub cache: CacheSection,
+    /// KV cache tiers below the device pool (host memory, disk).
+    pub kv_tiers: KvTiersSection,
     /// CUDA backend switches (ignored on the CPU).
     pub cuda: CudaSection,
     /// Structured output (JSON schemas, regexes, grammars, tool calls).
@@ -68,6 +71,7 @@ impl Default for Config {
             scheduler: SchedulerSection::default(),
             server: ServerSection::default(),
             cache: CacheSection::default(),
+            kv_tiers: KvTiersSection::default(),
             cuda: CudaSection::default(),
             structured: StructuredSection::default(),
             log: LogSection::default(),

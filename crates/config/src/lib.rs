@@ -49,7 +49,7 @@ pub use reload::{diff, live, Reload};
 pub use schema::schema;
 pub use sections::{
     CacheSection, CpuWeights, CudaSection, Device, Dtype, EngineSection, KvCacheDtype,
-    LimitsSection, LoadFormat, LogFormat, LogSection, MetricsSection, ModelSection,
+    KvTiersSection, LimitsSection, LoadFormat, LogFormat, LogSection, MetricsSection, ModelSection,
     PriorityDeadlines, Quantization, ReasoningParser, SchedulerSection, ServerSection,
     StructuredSection, TierTimeouts, TracingSection, BLOCK_SIZE,
 };

@@ -5,7 +5,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::units::Duration;
+use crate::units::{ByteSize, Duration};
 
 /// `[redis]`.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
@@ -44,6 +44,14 @@ pub struct RedisSection {
     pub share_prefix_index: bool,
     /// How long a prefix-index entry outlives its last use (router).
     pub prefix_ttl: Duration,
+    /// Share KV cache pages through Redis (server, with `kv_tiers`): a
+    /// prefix one instance computed is fetched by another instead of
+    /// recomputed. Off by default.
+    pub share_kv: bool,
+    /// How long a shared KV page outlives its last write.
+    pub kv_ttl: Duration,
+    /// Most bytes of shared KV pages per namespace (oldest out first).
+    pub kv_max_bytes: ByteSize,
 }
 
 impl Default for RedisSection {
@@ -62,6 +70,9 @@ impl Default for RedisSection {
             share_rate_limits: true,
             share_prefix_index: true,
             prefix_ttl: Duration::from_secs(600),
+            share_kv: false,
+            kv_ttl: Duration::from_secs(3600),
+            kv_max_bytes: ByteSize::mib(1024),
         }
     }
 }
@@ -99,11 +110,12 @@ impl RedisSection {
             self.retry_after,
             self.heartbeat_interval,
             self.prefix_ttl,
+            self.kv_ttl,
         ];
         if zero.iter().any(|d| d.get().is_zero()) {
             return Err((
                 "redis.connect_timeout",
-                "timeouts, retry_after, heartbeat_interval and prefix_ttl must be more than 0",
+                "timeouts, retry_after, heartbeat_interval, prefix_ttl and kv_ttl must be more than 0",
             ));
         }
         if self.heartbeat_ttl.get() <= self.heartbeat_interval.get() {

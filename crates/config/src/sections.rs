@@ -530,6 +530,27 @@ impl Default for CacheSection {
     }
 }
 
+/// `[kv_tiers]`: prefix blocks evicted from the KV pool kept in host memory
+/// and on local disk (docs/kv-cache.md, "Tiers"). Off by default.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct KvTiersSection {
+    /// Host memory for evicted KV pages (0: no host tier).
+    pub host_bytes: ByteSize,
+    /// Directory of the disk tier (unset: none). Pages go in a
+    /// subdirectory named by the model's namespace and survive restarts.
+    pub disk_path: Option<std::path::PathBuf>,
+    /// Most bytes of the disk tier's files.
+    pub disk_bytes: ByteSize,
+}
+
+impl KvTiersSection {
+    /// Whether any tier is configured.
+    pub fn enabled(&self) -> bool {
+        self.host_bytes.bytes() > 0 || self.disk_path.is_some()
+    }
+}
+
 /// CUDA backend switches (ignored on the CPU).
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
 #[serde(default, deny_unknown_fields)]

@@ -8,6 +8,7 @@
 //! it; after `stall_timeout` it is cut off and its blocks freed.
 
 mod step;
+mod tiers;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -50,6 +51,12 @@ pub struct EngineConfig {
     /// Constrained outputs near their token limit head for the end of the
     /// document (`structured.close_near_limit`).
     pub close_structured_near_limit: bool,
+    /// Storage below the KV pool for evicted prefix blocks (`[kv_tiers]`);
+    /// used when prefix caching is on and the runner can copy pages.
+    pub kv_tiers: Option<Arc<ingot_kv_tiers::KvTiers>>,
+    /// The store shared with other instances (`[redis] share_kv`), over
+    /// `kv_tiers`.
+    pub kv_share: Option<Arc<ingot_kv_tiers::SharedKv>>,
 }
 
 impl Default for EngineConfig {
@@ -61,6 +68,8 @@ impl Default for EngineConfig {
             stall_timeout: Duration::from_secs(30),
             metrics: MetricsConfig::default(),
             close_structured_near_limit: true,
+            kv_tiers: None,
+            kv_share: None,
         }
     }
 }
@@ -82,12 +91,23 @@ pub fn start_engine(
         shape.block_size,
         config.scheduler.largest_step(),
     );
-    let pool = BlockPool::with_layout(
+    let mut pool = BlockPool::with_layout(
         shape.num_blocks,
         shape.block_size,
         layout,
         config.prefix_caching,
     );
+    let tiers = config
+        .kv_tiers
+        .clone()
+        .filter(|_| config.prefix_caching && runner.kv_page_bytes() > 0);
+    if let Some(t) = &tiers {
+        pool.set_lower_tiers(t.clone(), t.writes_through());
+    } else if config.kv_tiers.is_some() {
+        tracing::warn!(
+            "KV tiers are off: they need prefix caching and a backend that copies KV pages"
+        );
+    }
     let model = runner.config().clone();
     let device = runner.device_name();
     let stats = Arc::new(EngineStats::default());
@@ -108,6 +128,8 @@ pub fn start_engine(
         config.scheduler.max_num_seqs,
     ));
     let cpu = runner.computes_on_host().then(CpuArbiter::process);
+    let tiers_handle = tiers.clone();
+    let config_share = config.kv_share.clone();
     let state = EngineLoop {
         cpu,
         controls: controls.clone(),
@@ -125,6 +147,7 @@ pub fn start_engine(
         drain: Default::default(),
         metrics,
         masks,
+        tiers,
     };
     let (stopped_tx, stopped) = std_mpsc::channel::<()>();
     std::thread::Builder::new()
@@ -146,6 +169,8 @@ pub fn start_engine(
             stopped: std::sync::Mutex::new(Some(stopped)),
             grammars: Default::default(),
             controls,
+            kv_share: tiers_handle.as_ref().and(config_share),
+            kv_tiers: tiers_handle,
         }),
     })
 }
@@ -241,6 +266,8 @@ struct EngineLoop {
     controls: Arc<EngineControls>,
     /// Turns with embedding work on the same cores (CPU runners only).
     cpu: Option<Arc<CpuArbiter>>,
+    /// Storage below the KV pool, when on.
+    tiers: Option<Arc<ingot_kv_tiers::KvTiers>>,
 }
 
 impl EngineLoop {

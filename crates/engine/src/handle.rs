@@ -206,12 +206,18 @@ impl EngineStats {
 pub struct EngineWatch {
     stats: std::sync::Weak<EngineStats>,
     controls: std::sync::Weak<crate::controls::EngineControls>,
+    tiers: Option<std::sync::Weak<ingot_kv_tiers::KvTiers>>,
 }
 
 impl EngineWatch {
     /// The engine's counters and windows, while it exists.
     pub fn get(&self) -> Option<(Arc<EngineStats>, Arc<crate::controls::EngineControls>)> {
         Some((self.stats.upgrade()?, self.controls.upgrade()?))
+    }
+
+    /// What the engine's KV tiers hold and did, while it exists and has them.
+    pub fn kv_tiers(&self) -> Option<ingot_kv_tiers::TierUse> {
+        Some(self.tiers.as_ref()?.upgrade()?.usage())
     }
 }
 
@@ -231,6 +237,10 @@ pub(crate) struct Shared {
     pub grammars: std::sync::OnceLock<Result<Arc<GrammarCompiler>, GrammarError>>,
     /// Latency windows and runtime-adjustable limits (SLO remediation).
     pub controls: Arc<crate::controls::EngineControls>,
+    /// The KV tiers the engine uses, when on.
+    pub kv_tiers: Option<Arc<ingot_kv_tiers::KvTiers>>,
+    /// The shared KV store, when on.
+    pub kv_share: Option<Arc<ingot_kv_tiers::SharedKv>>,
 }
 
 impl Drop for Shared {
@@ -285,6 +295,24 @@ impl EngineHandle {
             .clone()
     }
 
+    /// The KV tiers below the pool, when on (their use, for `/admin`).
+    pub fn kv_tiers(&self) -> Option<&Arc<ingot_kv_tiers::KvTiers>> {
+        self.shared.kv_tiers.as_ref()
+    }
+
+    /// Brings the blocks of `prompt` that another instance published into
+    /// the host tier, when a shared KV store is on and fetching beats
+    /// recomputing; returns at once otherwise. Call before
+    /// [`EngineHandle::submit`].
+    pub async fn prefetch_kv(&self, prompt: &[TokenId]) {
+        if let Some(share) = &self.shared.kv_share {
+            let got = share.prefetch(prompt).await;
+            if got.fetched_blocks > 0 {
+                tracing::debug!(?got, "prefix fetched from the shared KV store");
+            }
+        }
+    }
+
     /// Live counters.
     pub fn stats(&self) -> &EngineStats {
         &self.shared.stats
@@ -295,6 +323,7 @@ impl EngineHandle {
         EngineWatch {
             stats: Arc::downgrade(&self.shared.stats),
             controls: Arc::downgrade(&self.shared.controls),
+            tiers: self.shared.kv_tiers.as_ref().map(Arc::downgrade),
         }
     }
 

@@ -35,6 +35,7 @@ pub use handle::{
     PriorityHandle, PromptLogprob, RequestId, RequestLimits, RequestStream, SubmitError,
     TokenEvent,
 };
+pub use ingot_kv_tiers::TierUse;
 pub use ingot_structured::{Grammar, GrammarCompiler, GrammarError};
 pub use metrics::{MetricsConfig, TOKEN_COUNT_BUCKETS, TOKEN_COUNT_HISTOGRAMS};
 pub use sampler::TokenLogprob;

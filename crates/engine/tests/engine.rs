@@ -780,3 +780,74 @@ fn logit_bias_bans_and_forces_tokens_in_100_sampled_answers() {
         other => panic!("{:?}", other.map(|_| ())),
     }
 }
+
+/// A request's tokens, their logprobs (bits) and its cached prompt tokens.
+fn run_scored(handle: &EngineHandle, mut req: EngineRequest) -> (Vec<(u32, u32)>, usize) {
+    req.sampling.logprobs = Some(2);
+    let mut s = handle.submit(req).unwrap();
+    let mut out = Vec::new();
+    while let Some(e) = s.next_blocking() {
+        match e {
+            TokenEvent::Token(t) => out.push((t.token, t.logprob.to_bits())),
+            TokenEvent::Finished(c) => return (out, c.cached_tokens),
+            TokenEvent::Error(e) => panic!("engine error: {e}"),
+            TokenEvent::Prompt(_) => {}
+        }
+    }
+    panic!("stream ended without Finished");
+}
+
+fn tiers(host_bytes: u64, disk: Option<&std::path::Path>) -> Arc<ingot_kv_tiers::KvTiers> {
+    let settings = ingot_kv_tiers::TierSettings {
+        host_bytes,
+        disk_path: disk.map(std::path::Path::to_path_buf),
+        disk_bytes: 64 << 20,
+    };
+    let ns = ingot_kv_tiers::Namespace::of(&[("model", b"tiny-1")]);
+    Arc::new(ingot_kv_tiers::KvTiers::open(&settings, ns, "tiny").unwrap())
+}
+
+/// A 97-token prompt (6 full blocks), then two others that take every
+/// page of a 12-block pool, then the first again.
+fn return_after_eviction(handle: &EngineHandle) -> [(Vec<(u32, u32)>, usize); 2] {
+    let first = run_scored(handle, request(40, 97, 6));
+    run(handle, request(41, 180, 2));
+    run(handle, request(42, 180, 2));
+    let again = run_scored(handle, request(40, 97, 6));
+    [first, again]
+}
+
+#[test]
+fn evicted_prefixes_come_back_from_host_memory_and_disk_bit_for_bit() {
+    // Without tiers the returning prompt is recomputed.
+    let plain = engine(12, |_| {});
+    let [first, again] = return_after_eviction(&plain);
+    assert_eq!((first.1, again.1), (0, 0));
+    assert_eq!(first.0, again.0);
+    // Host memory: the six blocks come back, same tokens and logprobs.
+    let host = tiers(64 << 20, None);
+    let handle = engine(12, |c| c.kv_tiers = Some(host.clone()));
+    let [first, again] = return_after_eviction(&handle);
+    assert_eq!((first.1, again.1), (0, 96));
+    assert_eq!(again.0, first.0, "restored KV changed the answer");
+    assert!(host.usage().hits[0] >= 6, "{:?}", host.usage());
+    // Disk only, and again after a restart: the first request of the new
+    // engine resumes its prefix from the files the old one wrote.
+    let dir = std::env::temp_dir().join(format!("ingot-engine-kv-disk-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    {
+        let disk = tiers(0, Some(&dir));
+        let handle = engine(12, |c| c.kv_tiers = Some(disk.clone()));
+        let [_, from_disk] = return_after_eviction(&handle);
+        assert_eq!((from_disk.0.clone(), from_disk.1), (first.0.clone(), 96));
+        assert!(disk.usage().hits[1] >= 6);
+        run(&handle, request(43, 180, 2));
+        run(&handle, request(44, 180, 2));
+        disk.disk().unwrap().flush();
+    }
+    let disk = tiers(0, Some(&dir));
+    let restarted = engine(12, |c| c.kv_tiers = Some(disk.clone()));
+    let after_restart = run_scored(&restarted, request(40, 97, 6));
+    assert_eq!(after_restart, (first.0, 96));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,7 +1,8 @@
 //! ingot's fleet state in Redis (docs/fleet.md): the instance registry
 //! ([`registry`]), a shared tier for the response cache ([`Fleet::get_bytes`],
 //! [`Fleet::set_bytes`]) and per-key rate limits that hold across instances
-//! ([`rate`]), and the router's prefix index ([`prefix`]).
+//! ([`rate`]), the router's prefix index ([`prefix`]) and shared KV cache
+//! pages ([`kv`]).
 //!
 //! Redis is an optimisation here, never a dependency of a request: every
 //! command has a short timeout, and after a failure [`Fleet`] answers
@@ -11,6 +12,7 @@
 //! the connections reconnect by themselves and sharing resumes.
 
 mod client;
+pub mod kv;
 pub mod prefix;
 pub mod rate;
 pub mod registry;

@@ -81,7 +81,12 @@ mod tests {
     fn names_follow_the_specification() {
         let a = BlockHash::chain(None, &[1, 2, 3]);
         let b = BlockHash::chain(Some(a), &[4, 5, 6]);
-        let hex = |h: BlockHash| h.to_bytes().iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let hex = |h: BlockHash| {
+            h.to_bytes()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        };
         assert_eq!(hex(a), SPEC_A);
         assert_eq!(hex(b), SPEC_B);
     }

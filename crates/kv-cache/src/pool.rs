@@ -327,10 +327,10 @@ impl BlockPool {
                 short = short.min(b);
                 continue;
             }
-            if !below.contains_key(&key) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = below.entry(key) {
                 match tiers.fetch(&key) {
                     Some(data) => {
-                        below.insert(key, data);
+                        slot.insert(data);
                     }
                     None => short = short.min(b),
                 }
@@ -1027,7 +1027,10 @@ mod tests {
         pool.reserve(&mut t, tokens.len()).unwrap();
         let restored = apply(pool, below, memory);
         pool.publish_full_blocks(&mut t, tokens, tokens.len());
-        for (b, name) in BlockHash::chain_all(tokens, pool.block_size()).into_iter().enumerate() {
+        for (b, name) in BlockHash::chain_all(tokens, pool.block_size())
+            .into_iter()
+            .enumerate()
+        {
             memory.insert(t.blocks()[b], page_name(name, 0, 0));
         }
         pool.release(&mut t);
@@ -1048,7 +1051,10 @@ mod tests {
         let a = toks(13, 0);
         assert_eq!(run_tiered(&mut pool, &below, &mut memory, &a), (0, 0));
         // Another prompt takes every page: a's three named pages go below.
-        assert_eq!(run_tiered(&mut pool, &below, &mut memory, &toks(16, 100)).0, 0);
+        assert_eq!(
+            run_tiered(&mut pool, &below, &mut memory, &toks(16, 100)).0,
+            0
+        );
         assert_eq!(below.pages.lock().unwrap().len(), 3);
         assert_eq!(pool.prefix_cache_stats().restored, 0);
         // a again: its 12 cached positions come back from below.
@@ -1078,7 +1084,11 @@ mod tests {
         run_tiered(&mut pool, &below, &mut memory, &a);
         run_tiered(&mut pool, &below, &mut memory, &toks(16, 100));
         let names = BlockHash::chain_all(&a, 4);
-        below.corrupt.lock().unwrap().push(page_name(names[1], 0, 0));
+        below
+            .corrupt
+            .lock()
+            .unwrap()
+            .push(page_name(names[1], 0, 0));
         assert_eq!(run_tiered(&mut pool, &below, &mut memory, &a), (4, 1));
         assert!(!below.contains(&page_name(names[1], 0, 0)));
     }

@@ -67,7 +67,10 @@ impl DiskTier {
             let path = entry.path();
             let name = entry.file_name();
             let name = name.to_string_lossy();
-            match (name.strip_suffix(".kv").and_then(parse_name), entry.metadata()) {
+            match (
+                name.strip_suffix(".kv").and_then(parse_name),
+                entry.metadata(),
+            ) {
                 (Some(key), Ok(meta)) if meta.is_file() => {
                     let modified = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
                     found.push((modified, key, meta.len()));
@@ -156,7 +159,9 @@ impl DiskTier {
         let path = self.dir.join(file_name(key));
         let checked = std::fs::read(&path)
             .map_err(|e| e.to_string())
-            .and_then(|b| entry::decode(&self.shared.namespace, key, &b).map_err(|e| e.to_string()));
+            .and_then(|b| {
+                entry::decode(&self.shared.namespace, key, &b).map_err(|e| e.to_string())
+            });
         match checked {
             Ok(data) => DiskRead::Found(data),
             Err(e) => {
@@ -289,7 +294,12 @@ fn remove_files(dir: &Path, keys: &[PageKey]) {
 
 /// `<prefix as 32 hex digits>-<group>-<part>.kv`.
 fn file_name(key: &PageKey) -> String {
-    format!("{}-{}-{}.kv", hex(&key.prefix.to_bytes()), key.group, key.part)
+    format!(
+        "{}-{}-{}.kv",
+        hex(&key.prefix.to_bytes()),
+        key.group,
+        key.part
+    )
 }
 
 fn parse_name(stem: &str) -> Option<PageKey> {
@@ -344,7 +354,10 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        assert_eq!(parse_name(file_name(&key(42)).strip_suffix(".kv").unwrap()), Some(key(42)));
+        assert_eq!(
+            parse_name(file_name(&key(42)).strip_suffix(".kv").unwrap()),
+            Some(key(42))
+        );
         assert_eq!(parse_name("abc-1-2"), None);
     }
 

@@ -94,7 +94,10 @@ mod tests {
             decode(&ns, &key(7), &bytes[..bytes.len() - 1]),
             Err(EntryError::Truncated)
         );
-        assert_eq!(decode(&ns, &key(7), &bytes[..10]), Err(EntryError::Truncated));
+        assert_eq!(
+            decode(&ns, &key(7), &bytes[..10]),
+            Err(EntryError::Truncated)
+        );
         let mut flipped = bytes.clone();
         *flipped.last_mut().unwrap() ^= 1;
         assert_eq!(decode(&ns, &key(7), &flipped), Err(EntryError::Corrupt));

@@ -166,6 +166,15 @@ pub struct TierUse {
     pub errors: u64,
 }
 
+impl std::fmt::Debug for KvTiers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvTiers")
+            .field("namespace", &self.namespace.hex())
+            .field("usage", &self.usage())
+            .finish_non_exhaustive()
+    }
+}
+
 impl KvTiers {
     /// The tiers of `settings` for pages of `namespace`; `model` labels
     /// the metrics.
@@ -282,7 +291,11 @@ impl KvTiers {
         }
         let now = took.as_secs_f64() / tokens as f64;
         let old = f64::from_bits(self.prefill_per_token.load(Ordering::Relaxed));
-        let next = if old == 0.0 { now } else { 0.8 * old + 0.2 * now };
+        let next = if old == 0.0 {
+            now
+        } else {
+            0.8 * old + 0.2 * now
+        };
         self.prefill_per_token
             .store(next.to_bits(), Ordering::Relaxed);
     }
@@ -295,7 +308,8 @@ impl KvTiers {
     fn publish_use(&self) {
         let u = self.usage();
         let m = self.model.clone();
-        metrics::gauge!(STORED_BYTES, "model" => m.clone(), "tier" => "host").set(u.host_bytes as f64);
+        metrics::gauge!(STORED_BYTES, "model" => m.clone(), "tier" => "host")
+            .set(u.host_bytes as f64);
         if let Some(d) = u.disk_bytes {
             metrics::gauge!(STORED_BYTES, "model" => m, "tier" => "disk").set(d as f64);
         }

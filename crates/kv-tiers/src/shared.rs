@@ -76,6 +76,15 @@ pub struct Prefetched {
     pub fetched_blocks: usize,
 }
 
+impl std::fmt::Debug for SharedKv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedKv")
+            .field("block_size", &self.block_size)
+            .field("page_bytes", &self.page_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
 impl SharedKv {
     /// Shares `tiers`' pages through `store`: a task (on the current Tokio
     /// runtime) publishes what the engine copies out. Pages are
@@ -170,7 +179,12 @@ impl SharedKv {
         let commands = pages.len().div_ceil(self.per_batch());
         let fetch = round_trip * commands as f64 + bytes as f64 / bandwidth;
         if recompute > 0.0 && fetch >= recompute {
-            tracing::debug!(blocks = offered, fetch, recompute, "recomputing: cheaper than fetching");
+            tracing::debug!(
+                blocks = offered,
+                fetch,
+                recompute,
+                "recomputing: cheaper than fetching"
+            );
             return done;
         }
         let budget = if recompute > 0.0 {

@@ -123,7 +123,10 @@ async fn an_instance_fetches_what_another_published() {
     }
     published(&store, 3).await;
     let got = share_b.prefetch(&prompt).await;
-    assert_eq!((got.local_blocks, got.offered_blocks, got.fetched_blocks), (0, 3, 3));
+    assert_eq!(
+        (got.local_blocks, got.offered_blocks, got.fetched_blocks),
+        (0, 3, 3)
+    );
     assert_eq!(&*b.fetch(&key(names[1])).unwrap(), &*page(1));
     assert_eq!(b.usage().hits[2], 3);
     // Held locally now: nothing more is asked of the store.
@@ -150,7 +153,11 @@ async fn another_namespace_a_corrupt_value_and_a_dead_store_cost_only_recomputat
     // A flipped byte in the second block: only the first is fetched.
     {
         let mut v = store.values.lock().unwrap();
-        let k = v.keys().find(|k| k.ends_with(&format!("{}-0-0", disk::hex(&names[1].to_bytes())))).cloned().unwrap();
+        let k = v
+            .keys()
+            .find(|k| k.ends_with(&format!("{}-0-0", disk::hex(&names[1].to_bytes()))))
+            .cloned()
+            .unwrap();
         v.get_mut(&k).unwrap().last_mut().map(|b| *b ^= 1);
     }
     let b = host_tiers(b"x");

@@ -29,7 +29,7 @@ mod simd;
 
 use attention::{LayerKv, MAX_BLOCK_SIZE, MAX_HEAD_DIM};
 use block_ops::CpuOps;
-use ingot_kv_cache::KvLayout;
+use ingot_kv_cache::{BlockId, KvLayout};
 use ingot_models::{BlockData, LlamaWeights, ModelConfig, ModelError, TensorSource};
 use ingot_runner::{ForwardBatch, KvCacheShape, ModelRunner, RunnerError};
 use kv_memory::KvSlots;
@@ -402,6 +402,35 @@ impl CpuRunner {
         self.kv_shape.num_blocks * self.kv_shape.block_size * self.config.kv_dim()
     }
 
+    /// Slots of one page of one layer's K (or V).
+    fn page_slots(&self) -> usize {
+        self.kv_shape.block_size * self.config.kv_dim()
+    }
+
+    /// `pages` exist in an awake pool and `len` is `want`.
+    fn check_pages(&self, pages: &[BlockId], len: usize, want: usize) -> Result<(), RunnerError> {
+        if len != want {
+            return Err(RunnerError::InvalidBatch(format!(
+                "{len} bytes or pages for {} KV pages",
+                pages.len()
+            )));
+        }
+        if self
+            .kv
+            .first()
+            .is_some_and(|kv| kv.k.len() != self.kv_slots())
+        {
+            return Err(RunnerError::Backend("the model is asleep".into()));
+        }
+        match pages
+            .iter()
+            .find(|&&p| p as usize >= self.kv_shape.num_blocks)
+        {
+            Some(p) => Err(RunnerError::InvalidBatch(format!("no KV page {p}"))),
+            None => Ok(()),
+        }
+    }
+
     /// Bytes of KV cache per token position (all layers, K and V).
     pub fn kv_bytes_per_token(config: &ModelConfig) -> usize {
         config.num_layers * 2 * config.kv_dim() * std::mem::size_of::<f32>()
@@ -459,6 +488,65 @@ impl ModelRunner for CpuRunner {
         for kv in &mut self.kv {
             if kv.k.len() != slots {
                 *kv = layer_kv(slots)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// K then V of each page layer, f32 in the host's byte order.
+    fn kv_page_bytes(&self) -> usize {
+        self.page_slots() * 2 * self.kv.len() * std::mem::size_of::<f32>()
+    }
+
+    fn kv_page_format(&self) -> String {
+        format!(
+            "cpu-f32-{}",
+            if cfg!(target_endian = "little") {
+                "le"
+            } else {
+                "be"
+            }
+        )
+    }
+
+    fn read_kv_pages(&mut self, pages: &[BlockId], out: &mut [u8]) -> Result<(), RunnerError> {
+        let page_bytes = self.kv_page_bytes();
+        self.check_pages(pages, out.len(), pages.len() * page_bytes)?;
+        let n = self.page_slots();
+        for (&p, out) in pages.iter().zip(out.chunks_exact_mut(page_bytes)) {
+            let at = p as usize * n;
+            let parts = self
+                .kv
+                .iter()
+                .flat_map(|kv| [&kv.k[at..at + n], &kv.v[at..at + n]]);
+            for (src, dst) in parts.zip(out.chunks_exact_mut(n * 4)) {
+                for (x, d) in src.iter().zip(dst.chunks_exact_mut(4)) {
+                    d.copy_from_slice(&x.to_ne_bytes());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn write_kv_pages(&mut self, pages: &[BlockId], data: &[&[u8]]) -> Result<(), RunnerError> {
+        let page_bytes = self.kv_page_bytes();
+        if data.iter().any(|d| d.len() != page_bytes) {
+            return Err(RunnerError::InvalidBatch(format!(
+                "KV pages are {page_bytes} bytes"
+            )));
+        }
+        self.check_pages(pages, data.len(), pages.len())?;
+        let n = self.page_slots();
+        for (&p, src) in pages.iter().zip(data) {
+            let at = p as usize * n;
+            let mut chunks = src.chunks_exact(n * 4);
+            for kv in &mut self.kv {
+                for dst in [&mut kv.k[at..at + n], &mut kv.v[at..at + n]] {
+                    let bytes = chunks.next().unwrap_or_default();
+                    for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
+                        *d = f32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+                    }
+                }
             }
         }
         Ok(())

@@ -206,6 +206,39 @@ pub trait ModelRunner: Send {
         )))
     }
 
+    /// Bytes of one KV page as [`ModelRunner::read_kv_pages`] copies it
+    /// out (every layer of the page, K and V). 0: this backend cannot copy
+    /// pages, so KV tiers stay off for it.
+    fn kv_page_bytes(&self) -> usize {
+        0
+    }
+
+    /// What a page's bytes depend on besides the model and its layout:
+    /// the backend, element type and byte layout ("cpu-f32"). Pages are
+    /// only restored into a runner of the same format.
+    fn kv_page_format(&self) -> String {
+        String::new()
+    }
+
+    /// Copies `pages` of the KV pool into `out`, one after another
+    /// (`pages.len() * kv_page_bytes()` bytes).
+    fn read_kv_pages(&mut self, pages: &[BlockId], out: &mut [u8]) -> Result<(), RunnerError> {
+        let _ = (pages, out);
+        Err(RunnerError::Backend(format!(
+            "{} cannot copy KV pages",
+            self.device_name()
+        )))
+    }
+
+    /// Writes `data[i]` (`kv_page_bytes()` each) into page `pages[i]`.
+    fn write_kv_pages(&mut self, pages: &[BlockId], data: &[&[u8]]) -> Result<(), RunnerError> {
+        let _ = (pages, data);
+        Err(RunnerError::Backend(format!(
+            "{} cannot copy KV pages",
+            self.device_name()
+        )))
+    }
+
     /// Runs the batch and returns the greedy choice (argmax, lowest id on
     /// ties) for the last token of each chunk. Backends that can pick on the
     /// device override this so that only ids, not logits, leave it.

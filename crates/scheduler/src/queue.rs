@@ -212,6 +212,18 @@ impl Scheduler {
         &self.pool
     }
 
+    /// The copies between the runner's pool and the tiers below it to make
+    /// before the step's forward pass, in order.
+    pub fn take_transfers(&mut self) -> Vec<ingot_kv_cache::PageTransfer> {
+        self.pool.take_transfers()
+    }
+
+    /// Pages named since the last call, to copy after the step (KV tiers
+    /// with write-through).
+    pub fn take_named(&mut self) -> Vec<(BlockId, ingot_kv_cache::PageKey)> {
+        self.pool.take_named()
+    }
+
     /// Forgets the prefix cache (the runner's KV contents were lost).
     pub fn forget_cached_kv(&mut self) {
         self.pool.forget_cached();

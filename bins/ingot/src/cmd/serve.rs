@@ -251,7 +251,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let count = entries.len();
     // First: a model's setting that fails (a chat template that does not
     // compile) is the one line printed.
-    let models = served::registry(&config, entries)?;
+    let models = served::registry(&config, entries, runtime.handle().clone())?;
     tracing::info!(
         target: served::STARTUP,
         models = count,

@@ -50,6 +50,9 @@ impl EngineLoop {
                 self.scheduler.reserve_next_position(c.id);
             }
         }
+        if !self.move_pages(chunks) {
+            return;
+        }
         let (mut batch, scored) = build_batch(&self.scheduler, &self.active, chunks);
         let num_tokens = batch.num_tokens();
         let mut masks = self.submit_masks(chunks);
@@ -71,6 +74,7 @@ impl EngineLoop {
             Ok(r) => r,
             Err(e) => return self.fail_step(chunks, &e),
         };
+        self.publish_pages();
         // A row whose grammar failed was sampled without its mask: its
         // pick is void and the request fails.
         let failed = masks.failed().to_vec();
@@ -91,7 +95,7 @@ impl EngineLoop {
     }
 
     /// A failed forward pass fails every request in the step.
-    fn fail_step(&mut self, chunks: &[ScheduledChunk], e: &RunnerError) {
+    pub(super) fn fail_step(&mut self, chunks: &[ScheduledChunk], e: &RunnerError) {
         tracing::error!(error = %e, "forward pass failed");
         for c in chunks {
             self.fail(c.id, &e.to_string());
@@ -247,6 +251,13 @@ impl EngineLoop {
     /// computed (chunks before the end of the prompt, or the prompt's last
     /// chunk, which also samples the first token).
     fn count_prefill(&mut self, chunks: &[ScheduledChunk], forward: Duration) {
+        if let Some(tiers) = &self.tiers {
+            // What a prompt token costs to compute: the tiers weigh it
+            // against fetching a shared prefix.
+            if chunks.iter().all(|c| c.len > 1) {
+                tiers.note_prefill(chunks.iter().map(|c| c.len).sum(), forward);
+            }
+        }
         for c in chunks {
             if let Some(a) = self.active.get_mut(&c.id) {
                 if a.first_token.is_none() && c.start < a.prompt_tokens {

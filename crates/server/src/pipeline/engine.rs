@@ -44,6 +44,9 @@ impl Generator for EngineStage {
             } else {
                 CacheStatus::Bypass
             };
+            // A prefix another instance computed comes in before the
+            // request is scheduled (bounded by what recomputing costs).
+            engine.prefetch_kv(&request.engine.prompt).await;
             let stream = engine.submit(request.engine)?;
             let priority = Some(stream.priority_handle());
             // The stream owns the engine request (dropping it aborts) and

@@ -135,6 +135,9 @@ pub async fn models(State((state, _)): State<Shared>) -> Result<Json<Value>, Api
         .status()
         .into_iter()
         .map(|s| {
+            let tiers = models
+                .built_front(&s.id)
+                .and_then(|f| f.engine_watch().kv_tiers());
             json!({
                 "id": s.id,
                 "aliases": s.aliases,
@@ -144,6 +147,7 @@ pub async fn models(State((state, _)): State<Shared>) -> Result<Json<Value>, Api
                 "device_bytes": s.device_bytes,
                 "host_bytes": s.host_bytes,
                 "idle_seconds": s.idle_for.as_secs_f64(),
+                "kv_tiers": tiers.map(|t| tier_use(&t)),
             })
         })
         .collect();
@@ -157,6 +161,17 @@ pub async fn models(State((state, _)): State<Shared>) -> Result<Json<Value>, Api
         "host_bytes_used": host_used,
         "host_budget_bytes": budget.host_bytes,
     })))
+}
+
+/// A model's KV tiers: bytes held and capacity, pages, restored pages by
+/// tier and errors.
+fn tier_use(t: &ingot_engine::TierUse) -> Value {
+    json!({
+        "host": { "bytes": t.host_bytes, "capacity_bytes": t.host_capacity, "pages": t.host_pages },
+        "disk": t.disk_bytes.map(|b| json!({ "bytes": b, "pages": t.disk_pages })),
+        "restored_pages": { "host": t.hits[0], "disk": t.hits[1], "shared": t.hits[2] },
+        "errors": t.errors,
+    })
 }
 
 /// `POST /admin/models/{id}/{action}`: `load` (returns once loaded),

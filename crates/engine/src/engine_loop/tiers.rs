@@ -1,0 +1,100 @@
+//! Copies between the runner's KV pool and the tiers below it
+//! (`crates/kv-tiers`): pages the pool evicted go down, pages of a prefix
+//! hit held below come back, both before the step's forward pass reads or
+//! overwrites them; with a shared store, pages are copied out as they are
+//! computed, after the pass that wrote them.
+
+use std::time::Instant;
+
+use ingot_kv_cache::{BlockId, LowerTiers, PageData, PageKey, PageTransfer};
+use ingot_runner::RunnerError;
+use ingot_scheduler::ScheduledChunk;
+
+use super::EngineLoop;
+
+impl EngineLoop {
+    /// Makes the pool's pending copies, in its order (a page may leave and
+    /// be refilled in one step). A page that cannot be restored fails the
+    /// step: its sequences would read garbage.
+    pub(super) fn move_pages(&mut self, chunks: &[ScheduledChunk]) -> bool {
+        let transfers = self.scheduler.take_transfers();
+        let mut rest = transfers.as_slice();
+        while let Some(first) = rest.first() {
+            let out = matches!(first, PageTransfer::Out { .. });
+            let run = rest
+                .iter()
+                .take_while(|t| matches!(t, PageTransfer::Out { .. }) == out)
+                .count();
+            let (now, later) = rest.split_at(run);
+            rest = later;
+            if out {
+                let pages = now.iter().filter_map(|t| match t {
+                    PageTransfer::Out { page, key } => Some((*page, *key)),
+                    PageTransfer::In { .. } => None,
+                });
+                self.copy_out(pages.collect(), false);
+            } else if let Err(e) = self.copy_in(now) {
+                self.fail_step(chunks, &e);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Write-through: the pages this step computed, to the tiers and the
+    /// shared store.
+    pub(super) fn publish_pages(&mut self) {
+        let named = self.scheduler.take_named();
+        if !named.is_empty() {
+            self.copy_out(named, true);
+        }
+    }
+
+    /// Reads `pages` (those not held below already) and keeps them below.
+    fn copy_out(&mut self, pages: Vec<(BlockId, PageKey)>, publish: bool) {
+        let Some(tiers) = self.tiers.clone() else {
+            return;
+        };
+        let pages: Vec<_> = pages
+            .into_iter()
+            .filter(|(_, k)| !tiers.contains(k))
+            .collect();
+        if pages.is_empty() {
+            return;
+        }
+        let started = Instant::now();
+        let size = self.runner.kv_page_bytes();
+        let ids: Vec<BlockId> = pages.iter().map(|p| p.0).collect();
+        let mut buf = vec![0u8; ids.len() * size];
+        if let Err(e) = self.runner.read_kv_pages(&ids, &mut buf) {
+            tracing::warn!(error = %e, "cannot copy KV pages out; they are recomputed when needed");
+            return;
+        }
+        for ((_, key), bytes) in pages.iter().zip(buf.chunks_exact(size)) {
+            let data = PageData::from(bytes);
+            if publish {
+                tiers.publish(*key, data);
+            } else {
+                tiers.keep(*key, data);
+            }
+        }
+        tiers.record_copy(true, buf.len(), started.elapsed());
+    }
+
+    fn copy_in(&mut self, transfers: &[PageTransfer]) -> Result<(), RunnerError> {
+        let started = Instant::now();
+        let (mut ids, mut data) = (Vec::new(), Vec::new());
+        for t in transfers {
+            if let PageTransfer::In { page, data: d, .. } = t {
+                ids.push(*page);
+                data.push(&d[..]);
+            }
+        }
+        self.runner.write_kv_pages(&ids, &data)?;
+        if let Some(tiers) = &self.tiers {
+            let bytes = data.iter().map(|d| d.len()).sum();
+            tiers.record_copy(false, bytes, started.elapsed());
+        }
+        Ok(())
+    }
+}
