@@ -213,7 +213,7 @@ fn start_served_engine(
             host_mib = k.host_bytes.bytes() >> 20,
             disk_mib = k.disk_bytes.bytes() >> 20,
             disk_pages = t.usage().disk_pages,
-            shared = t.writes_through(),
+            shared = t.shares(),
             "{} keeps evicted KV pages below the pool",
             plan.id
         );

@@ -209,6 +209,14 @@ impl DiskTier {
     }
 }
 
+impl Drop for DiskTier {
+    /// Pages queued for writing land before the tier goes (a server that
+    /// stops finds them at its next start).
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, DiskState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())

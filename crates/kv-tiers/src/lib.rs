@@ -226,8 +226,8 @@ impl KvTiers {
         self.publish_use();
     }
 
-    /// Keeps a page as it is computed (write-through) and queues it for the
-    /// shared store.
+    /// Keeps a page as it is computed (write-through): on disk at once, so
+    /// a restart (or a crash) finds it, and queued for the shared store.
     pub fn publish(&self, key: PageKey, data: PageData) {
         if let Some(tx) = self.publisher.get() {
             // A full queue (the store is slower than the engine) drops the
@@ -235,6 +235,9 @@ impl KvTiers {
             if tx.try_send((key, data.clone())).is_err() {
                 self.error(Tier::Shared);
             }
+        }
+        if let Some(disk) = &self.disk {
+            disk.put(key, data.clone());
         }
         self.keep(key, data);
     }
@@ -248,8 +251,15 @@ impl KvTiers {
         let _ = self.publisher.set(tx);
     }
 
-    /// Whether pages are published to a shared store.
+    /// Whether pages are copied out as they are computed (not only when
+    /// evicted): with a disk tier (pages outlive the process) or a shared
+    /// store (other instances want them while they are hot).
     pub fn writes_through(&self) -> bool {
+        self.disk.is_some() || self.publisher.get().is_some()
+    }
+
+    /// Whether pages are published to a shared store.
+    pub fn shares(&self) -> bool {
         self.publisher.get().is_some()
     }
 
