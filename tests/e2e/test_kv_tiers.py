@@ -180,7 +180,7 @@ retry_after = "300ms"
 
         def ttft(srv, messages) -> tuple[float, int, int]:
             t0 = time.perf_counter()
-            stream = srv.openai().chat.completions.create(
+            stream = srv.openai(timeout=900).chat.completions.create(
                 model=default_model_name(), messages=messages, max_tokens=4, temperature=0, stream=True,
                 stream_options={"include_usage": True})
             first, usage = None, None

@@ -33,6 +33,9 @@
 #   logprobs  the same two with 5 top logprobs per token (also on the GPU)
 #   serve     the HTTP server on CUDA with curl (serve_smoke.sh), 8B dummy
 #   cache     response cache hit and coalescing on CUDA (cache_smoke.sh), 8B dummy
+#   kvtiers   KV tiers (kv_tiers.py), 8B dummy: a 16k-token prefix evicted to host memory and back
+#             (TTFT cold / device / host), copy bandwidth against the pinned floor, and with
+#             --deterministic the same tokens from restored pages as from computed ones
 #   structured  constrained answers and CUDA-vs-CPU prompt logprobs (structured_smoke.py, 1B dummy),
 #             then scripts/bench-structured on the 8B dummy
 #   launchahead greedy SmolLM2 answers that stop at different points, alone vs 32 at once,
@@ -309,6 +312,7 @@ for phase in "$@"; do
     plogprobs)
       [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
       bash tests/gpu/prompt_logprobs_real.sh "$ING_RAW" "$SMOL" ;;
+    kvtiers) timeout -k 5 600 python3 tests/gpu/kv_tiers.py --ingot "$ING_RAW" --model "$(llama8b)" ;;
     cache) bash tests/gpu/cache_smoke.sh "$ING_RAW" "$(llama8b)" --load-format dummy --max-model-len 4096 --max-num-seqs 32 ;;
     embeddings)
       [ -f "$W/minilm/model.safetensors" ] || { echo "no MiniLM bundle"; continue; }

@@ -190,3 +190,29 @@ extern "C" __global__ void fill_uniform_f32(float* __restrict__ out, long long n
                                             float scale, float offset) {
   fill_uniform(out, n, seed, scale, offset);
 }
+
+// KV tiers: pages of the paged KV cache to and from a packed staging
+// buffer. `pieces` lists the K and V buffers of every page slice (K0, V0,
+// K1, V1, ...); page p of a buffer is the `piece_bytes` at p * piece_bytes
+// (layout [pages, kv_heads, block_size, head_dim]). Staging holds, per
+// listed page, its pieces in that order. Grid: (pages, pieces); 16-byte
+// moves (piece_bytes is a multiple of 16).
+extern "C" __global__ void kv_pages_gather(const unsigned int* __restrict__ pages,
+                                           const unsigned long long* __restrict__ pieces, int npieces,
+                                           long long piece_bytes, unsigned char* __restrict__ staging) {
+  pdl_begin();
+  const int i = blockIdx.x, piece = blockIdx.y;
+  const uint4* src = reinterpret_cast<const uint4*>(pieces[piece] + (unsigned long long)pages[i] * piece_bytes);
+  uint4* dst = reinterpret_cast<uint4*>(staging + ((long long)i * npieces + piece) * piece_bytes);
+  for (long long j = threadIdx.x; j < piece_bytes / 16; j += blockDim.x) dst[j] = src[j];
+}
+
+extern "C" __global__ void kv_pages_scatter(const unsigned int* __restrict__ pages,
+                                            const unsigned long long* __restrict__ pieces, int npieces,
+                                            long long piece_bytes, const unsigned char* __restrict__ staging) {
+  pdl_begin();
+  const int i = blockIdx.x, piece = blockIdx.y;
+  const uint4* src = reinterpret_cast<const uint4*>(staging + ((long long)i * npieces + piece) * piece_bytes);
+  uint4* dst = reinterpret_cast<uint4*>(pieces[piece] + (unsigned long long)pages[i] * piece_bytes);
+  for (long long j = threadIdx.x; j < piece_bytes / 16; j += blockDim.x) dst[j] = src[j];
+}

@@ -509,11 +509,20 @@ impl ModelRunner for CpuRunner {
         )
     }
 
-    fn read_kv_pages(&mut self, pages: &[BlockId], out: &mut [u8]) -> Result<(), RunnerError> {
+    fn read_kv_pages(
+        &mut self,
+        pages: &[BlockId],
+        out: &mut [&mut [u8]],
+    ) -> Result<(), RunnerError> {
         let page_bytes = self.kv_page_bytes();
-        self.check_pages(pages, out.len(), pages.len() * page_bytes)?;
+        if out.iter().any(|o| o.len() != page_bytes) {
+            return Err(RunnerError::InvalidBatch(format!(
+                "KV pages are {page_bytes} bytes"
+            )));
+        }
+        self.check_pages(pages, out.len(), pages.len())?;
         let n = self.page_slots();
-        for (&p, out) in pages.iter().zip(out.chunks_exact_mut(page_bytes)) {
+        for (&p, out) in pages.iter().zip(out.iter_mut()) {
             let at = p as usize * n;
             let parts = self
                 .kv

@@ -25,6 +25,7 @@ mod error;
 mod fused;
 mod gemm;
 mod kernels;
+mod kv_copy;
 mod kv_views;
 mod memory;
 mod ops;

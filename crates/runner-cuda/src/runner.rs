@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use cudarc::driver::{sys, CudaEvent};
 use ingot_core::TokenId;
-use ingot_kv_cache::KvLayout;
+use ingot_kv_cache::{BlockId, KvLayout};
 use ingot_models::{ModelConfig, TensorSource};
 use ingot_runner::{
     ForwardBatch, KvCacheShape, MaskSource, ModelRunner, Pick, RowSampling, RunnerError,
@@ -66,6 +66,8 @@ pub struct CudaRunner {
     host_weights: Option<Pinned<u8>>,
     /// Weights, workspace and KV pool are unmapped (see [`CudaRunner::sleep`]).
     asleep: bool,
+    /// Page copies for KV tiers, made at the first copy.
+    kv_copier: Option<crate::kv_copy::KvCopier>,
     // Drop order: graphs above reference the buffers below.
     gemm: Gemm,
     buffers: Buffers,
@@ -163,6 +165,7 @@ impl CudaRunner {
             sampler: None,
             host_weights: None,
             asleep: false,
+            kv_copier: None,
             memory: MemoryReport {
                 weights: weights.arena.size(),
                 workspace: 0,
@@ -239,6 +242,7 @@ impl CudaRunner {
             }
             self.weights.arena.unmap()?;
             self.buffers.unmap()?;
+            self.kv_copier = None;
             self.asleep = true;
         }
         Ok(self.host_weights.as_ref().map_or(0, |h| h.as_slice().len()))
@@ -422,6 +426,10 @@ impl Drop for CudaRunner {
     }
 }
 
+fn no_copier() -> RunnerError {
+    RunnerError::Backend("no KV page copier".into())
+}
+
 // The runner is built on one thread and then moved to the engine's thread,
 // which alone uses it (binding the context there at every step); cudarc's
 // raw handles are not marked Send only because they are pointers.
@@ -458,6 +466,45 @@ impl ModelRunner for CudaRunner {
 
     fn wake(&mut self) -> Result<(), RunnerError> {
         CudaRunner::wake(self).map_err(|e| RunnerError::Backend(e.to_string()))
+    }
+
+    /// Every page slice's K then V, in the pool's element type.
+    fn kv_page_bytes(&self) -> usize {
+        crate::buffers::kv_page_bytes(&self.config, self.kv_shape.block_size, self.buffers.kv_dtype)
+    }
+
+    fn kv_page_format(&self) -> String {
+        format!("cuda-{:?}", self.buffers.kv_dtype).to_lowercase()
+    }
+
+    fn read_kv_pages(
+        &mut self,
+        pages: &[BlockId],
+        out: &mut [&mut [u8]],
+    ) -> Result<(), RunnerError> {
+        let page_bytes = self.kv_page_bytes();
+        if out.iter().any(|o| o.len() != page_bytes) {
+            return Err(RunnerError::InvalidBatch(format!("KV pages are {page_bytes} bytes")));
+        }
+        self.check_pages(pages, out.len(), pages.len())?;
+        self.ensure_kv_copier()?;
+        let copier = self.kv_copier.as_mut().ok_or_else(no_copier)?;
+        copier
+            .read(&self.gpu, pages, out)
+            .map_err(|e| RunnerError::Backend(e.to_string()))
+    }
+
+    fn write_kv_pages(&mut self, pages: &[BlockId], data: &[&[u8]]) -> Result<(), RunnerError> {
+        let page_bytes = self.kv_page_bytes();
+        if data.iter().any(|d| d.len() != page_bytes) {
+            return Err(RunnerError::InvalidBatch(format!("KV pages are {page_bytes} bytes")));
+        }
+        self.check_pages(pages, data.len(), pages.len())?;
+        self.ensure_kv_copier()?;
+        let copier = self.kv_copier.as_mut().ok_or_else(no_copier)?;
+        copier
+            .write(&self.gpu, pages, data)
+            .map_err(|e| RunnerError::Backend(e.to_string()))
     }
 
     fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<&[f32], RunnerError> {
@@ -585,6 +632,40 @@ impl CudaRunner {
             .stream
             .record_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))?;
         Ok((buffer, done))
+    }
+
+    /// `pages` exist in an awake pool and `len` is `want`.
+    fn check_pages(&self, pages: &[BlockId], len: usize, want: usize) -> Result<(), RunnerError> {
+        if self.asleep {
+            return Err(RunnerError::Backend("the model is asleep".into()));
+        }
+        if len != want {
+            return Err(RunnerError::InvalidBatch(format!(
+                "{len} bytes or pages for {} KV pages",
+                pages.len()
+            )));
+        }
+        match pages.iter().find(|&&p| p as usize >= self.kv_shape.num_blocks) {
+            Some(p) => Err(RunnerError::InvalidBatch(format!("no KV page {p}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Makes the page copier at the first copy.
+    fn ensure_kv_copier(&mut self) -> Result<(), RunnerError> {
+        self.gpu
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| RunnerError::Backend(e.to_string()))?;
+        if self.kv_copier.is_none() {
+            let b = &self.buffers;
+            let pieces: Vec<_> = b.kv_slices.iter().flat_map(|&(k, v)| [k, v]).collect();
+            let piece = b.block_size * self.config.kv_dim() * b.kv_dtype.bytes();
+            let copier = crate::kv_copy::KvCopier::new(&self.gpu, &pieces, piece)
+                .map_err(|e| RunnerError::Backend(e.to_string()))?;
+            self.kv_copier = Some(copier);
+        }
+        Ok(())
     }
 
     /// The shared batch checks, then this runner's workspace limits.

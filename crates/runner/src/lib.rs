@@ -220,9 +220,13 @@ pub trait ModelRunner: Send {
         String::new()
     }
 
-    /// Copies `pages` of the KV pool into `out`, one after another
-    /// (`pages.len() * kv_page_bytes()` bytes).
-    fn read_kv_pages(&mut self, pages: &[BlockId], out: &mut [u8]) -> Result<(), RunnerError> {
+    /// Copies page `pages[i]` of the KV pool into `out[i]`
+    /// (`kv_page_bytes()` each).
+    fn read_kv_pages(
+        &mut self,
+        pages: &[BlockId],
+        out: &mut [&mut [u8]],
+    ) -> Result<(), RunnerError> {
         let _ = (pages, out);
         Err(RunnerError::Backend(format!(
             "{} cannot copy KV pages",

@@ -4,6 +4,7 @@
 //! overwrites them; with a shared store, pages are copied out as they are
 //! computed, after the pass that wrote them.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use ingot_kv_cache::{BlockId, LowerTiers, PageData, PageKey, PageTransfer};
@@ -65,20 +66,21 @@ impl EngineLoop {
         let started = Instant::now();
         let size = self.runner.kv_page_bytes();
         let ids: Vec<BlockId> = pages.iter().map(|p| p.0).collect();
-        let mut buf = vec![0u8; ids.len() * size];
-        if let Err(e) = self.runner.read_kv_pages(&ids, &mut buf) {
+        // Each page is read straight into the memory the tiers keep.
+        let mut datas: Vec<PageData> = ids.iter().map(|_| zeroed_page(size)).collect();
+        let mut outs: Vec<&mut [u8]> = datas.iter_mut().filter_map(Arc::get_mut).collect();
+        if let Err(e) = self.runner.read_kv_pages(&ids, &mut outs) {
             tracing::warn!(error = %e, "cannot copy KV pages out; they are recomputed when needed");
             return;
         }
-        for ((_, key), bytes) in pages.iter().zip(buf.chunks_exact(size)) {
-            let data = PageData::from(bytes);
+        for ((_, key), data) in pages.iter().zip(datas) {
             if publish {
                 tiers.publish(*key, data);
             } else {
                 tiers.keep(*key, data);
             }
         }
-        tiers.record_copy(true, buf.len(), started.elapsed());
+        tiers.record_copy(true, ids.len() * size, started.elapsed());
     }
 
     fn copy_in(&mut self, transfers: &[PageTransfer]) -> Result<(), RunnerError> {
@@ -97,4 +99,10 @@ impl EngineLoop {
         }
         Ok(())
     }
+}
+
+/// A page of `size` zero bytes, owned once (so it can be written).
+fn zeroed_page(size: usize) -> PageData {
+    // SAFETY: all-zero bytes are valid `u8`s.
+    unsafe { Arc::<[u8]>::new_zeroed_slice(size).assume_init() }
 }
