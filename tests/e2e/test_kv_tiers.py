@@ -47,32 +47,33 @@ def tier_hits(srv, tier: str) -> float:
     return srv.metrics().get("ingot_kv_tier_hits_total", 0.0, tier=tier)
 
 
-def conversation(i: int) -> list[dict]:
-    return [{"role": "system", "content": f"You answer questions about this text. {document(i, 280)}"},
+def conversation(i: int, words: int = 280) -> list[dict]:
+    return [{"role": "system", "content": f"You answer questions about this text. {document(i, words)}"},
             {"role": "user", "content": "What is the text about?"}]
 
 
 def test_returning_conversations_resume_from_host_memory(server_factory, client, tmp_path):
-    """A pool of ~3 conversations, 5 conversations in turn: the first ones'
-    blocks are evicted by the last ones, and their second turns restore
+    """A pool of ~2 conversations, 3 conversations in turn: the first one's
+    blocks are evicted by the last one, and their second turns restore
     them from host memory instead of recomputing; the answers equal the
     session server's (no tiers)."""
     srv = server_factory("--config", cfg(tmp_path, '[kv_tiers]\nhost_bytes = "1GiB"\n'),
-                         "--kv-cache-tokens", "1024")
+                         "--kv-cache-tokens", "512")
     c = srv.openai()
-    turns = [conversation(i) for i in range(5)]
+    turns = [conversation(i, 200) for i in range(3)]
     firsts = []
     for msgs in turns:
         text, prompt, cached = chat(c, msgs)
         assert cached == 0
         firsts.append(prompt)
         msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": "Name one place in it."}]
-    assert min(firsts) > 300, firsts
+    assert min(firsts) > 200, firsts
     text, prompt, cached = chat(c, turns[0])
     assert cached >= firsts[0] - 16, f"the returning turn resumed {cached} of {firsts[0]} tokens"
-    assert tier_hits(srv, "host") >= 16
+    # Most of it came from host memory (the pool kept at most its tail).
+    assert tier_hits(srv, "host") >= 8
     admin = srv.http().get("/admin/models").json()["data"][0]["kv_tiers"]
-    assert admin["host"]["pages"] > 0 and admin["restored_pages"]["host"] >= 16, admin
+    assert admin["host"]["pages"] > 0 and admin["restored_pages"]["host"] >= 8, admin
     assert text == chat(client, turns[0])[0], "restored KV changed the answer"
 
 
@@ -105,7 +106,7 @@ share_kv = true
 retry_after = "300ms"
 """)
         a, b = server_factory("--config", conf), server_factory("--config", conf)
-        doc = {"role": "system", "content": f"Answer from this text. {document(7, 600)}"}
+        doc = {"role": "system", "content": f"Answer from this text. {document(7, 300)}"}
         _, prompt_a, cached_a = chat(a.openai(), [doc, {"role": "user", "content": "Who is in it?"}])
         assert cached_a == 0
         ask_b = [doc, {"role": "user", "content": "Where does it happen?"}]
@@ -118,7 +119,7 @@ retry_after = "300ms"
         # Redis gone: new documents are computed locally, nothing fails.
         redis.stop()
         for srv, seed in ((a, 8), (b, 9)):
-            r = chat(srv.openai(), [{"role": "system", "content": document(seed, 300)},
+            r = chat(srv.openai(), [{"role": "system", "content": document(seed, 120)},
                                     {"role": "user", "content": "Summarise."}])
             assert r[0] and r[2] == 0
         assert b.metrics().get("ingot_kv_tier_errors_total", 0.0, tier="shared") >= 1

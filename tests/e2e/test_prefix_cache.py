@@ -9,6 +9,8 @@ import random
 import statistics
 import time
 
+from ingot_e2e import wait_for
+
 SENTENCES = [
     "The river flows quietly past the old mill at the edge of the village.",
     "Every morning the baker opens his shop before the sun rises.",
@@ -95,6 +97,12 @@ def test_prefix_cache_hits_and_ttft(server, model_name):
             ta, _, ua = stream_ttft(http, model_name, prefix + " Question: who keeps the bridge?")
             mid = srv.metrics()
             tb, _, ub = stream_ttft(http, model_name, prefix + " Summary: the town in one line is")
+            # The engine publishes its counters after the step that sent
+            # the last token: wait (bounded) for that step's.
+            cached_b = (ub or {}).get("prompt_tokens_details", {}).get("cached_tokens", 0)
+            base = mid.get("ingot_prefix_cache_hits_total", default=0.0)
+            wait_for(lambda: srv.metrics().get("ingot_prefix_cache_hits_total", default=0.0) - base >= cached_b,
+                     5, what="the step's prefix-cache counters")
             after = srv.metrics()
             hits_a = mid.get("ingot_prefix_cache_hits_total", default=0.0) - before.get("ingot_prefix_cache_hits_total", default=0.0)
             hits_b = after.get("ingot_prefix_cache_hits_total") - mid.get("ingot_prefix_cache_hits_total", default=0.0)

@@ -179,10 +179,26 @@ impl std::fmt::Debug for KvTiers {
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(HITS, "KV pages restored into the pool from a tier (host, disk) or fetched from the shared store.");
-    describe_counter!(HIT_BYTES, Unit::Bytes, "Bytes of the KV pages counted in ingot_kv_tier_hits_total.");
-    describe_gauge!(STORED_BYTES, Unit::Bytes, "Bytes of KV pages a tier holds now.");
-    describe_histogram!(COPY_SECONDS, Unit::Seconds, "Time per engine step copying KV pages between the pool and host memory.");
-    describe_counter!(COPY_BYTES, Unit::Bytes, "Bytes of KV pages copied between the pool and host memory.");
+    describe_counter!(
+        HIT_BYTES,
+        Unit::Bytes,
+        "Bytes of the KV pages counted in ingot_kv_tier_hits_total."
+    );
+    describe_gauge!(
+        STORED_BYTES,
+        Unit::Bytes,
+        "Bytes of KV pages a tier holds now."
+    );
+    describe_histogram!(
+        COPY_SECONDS,
+        Unit::Seconds,
+        "Time per engine step copying KV pages between the pool and host memory."
+    );
+    describe_counter!(
+        COPY_BYTES,
+        Unit::Bytes,
+        "Bytes of KV pages copied between the pool and host memory."
+    );
     describe_counter!(ERRORS, "KV tier failures: refused (corrupt, truncated) pages, failed writes, failed or timed-out store commands, dropped publications.");
 }
 

@@ -158,7 +158,9 @@ async fn another_namespace_a_corrupt_value_and_a_dead_store_cost_only_recomputat
             .find(|k| k.ends_with(&format!("{}-0-0", disk::hex(&names[1].to_bytes()))))
             .cloned()
             .unwrap();
-        v.get_mut(&k).unwrap().last_mut().map(|b| *b ^= 1);
+        if let Some(b) = v.get_mut(&k).unwrap().last_mut() {
+            *b ^= 1;
+        }
     }
     let b = host_tiers(b"x");
     let share_b = SharedKv::start(store.clone(), b.clone(), 2, vec![1], 100);

@@ -65,7 +65,10 @@ impl KvCopier {
             ids_dev,
             pieces_dev,
             host: [Pinned::new(gpu, half)?, Pinned::new(gpu, half)?],
-            ids_host: [Pinned::new(gpu, chunk_pages)?, Pinned::new(gpu, chunk_pages)?],
+            ids_host: [
+                Pinned::new(gpu, chunk_pages)?,
+                Pinned::new(gpu, chunk_pages)?,
+            ],
             chunk_pages,
             piece_bytes,
             npieces: pieces.len(),
@@ -77,9 +80,18 @@ impl KvCopier {
     }
 
     /// Uploads `ids` and launches `kernel` over them with staging `half`.
-    fn launch(&mut self, gpu: &Gpu, gather: bool, half: usize, ids: &[BlockId]) -> Result<(), CudaError> {
+    fn launch(
+        &mut self,
+        gpu: &Gpu,
+        gather: bool,
+        half: usize,
+        ids: &[BlockId],
+    ) -> Result<(), CudaError> {
         self.ids_host[half].as_mut_slice()[..ids.len()].copy_from_slice(ids);
-        gpu.upload(self.ids_dev[half], &self.ids_host[half].as_slice()[..ids.len()])?;
+        gpu.upload(
+            self.ids_dev[half],
+            &self.ids_host[half].as_slice()[..ids.len()],
+        )?;
         let args = [
             Arg::Ptr(self.ids_dev[half]),
             Arg::Ptr(self.pieces_dev),
@@ -88,20 +100,38 @@ impl KvCopier {
             Arg::Ptr(self.staging[half]),
         ];
         let kernel = if gather { &self.gather } else { &self.scatter };
-        gpu.launch(kernel, (ids.len() as u32, self.npieces as u32, 1), 256, 0, &args)
+        gpu.launch(
+            kernel,
+            (ids.len() as u32, self.npieces as u32, 1),
+            256,
+            0,
+            &args,
+        )
     }
 
     /// Enqueues gathering chunk `ids` into staging `half` and its download.
-    fn start_read(&mut self, gpu: &Gpu, half: usize, ids: &[BlockId]) -> Result<CudaEvent, CudaError> {
+    fn start_read(
+        &mut self,
+        gpu: &Gpu,
+        half: usize,
+        ids: &[BlockId],
+    ) -> Result<CudaEvent, CudaError> {
         self.launch(gpu, true, half, ids)?;
         let n = ids.len() * self.page_bytes();
         gpu.download(&mut self.host[half].as_mut_slice()[..n], self.staging[half])?;
-        Ok(gpu.stream.record_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))?)
+        Ok(gpu
+            .stream
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))?)
     }
 
     /// Copies page `pages[i]` into `out[i]`: the next chunk's gather and
     /// download run while the host copies this one out (on all cores).
-    pub fn read(&mut self, gpu: &Gpu, pages: &[BlockId], out: &mut [&mut [u8]]) -> Result<(), CudaError> {
+    pub fn read(
+        &mut self,
+        gpu: &Gpu,
+        pages: &[BlockId],
+        out: &mut [&mut [u8]],
+    ) -> Result<(), CudaError> {
         let pb = self.page_bytes();
         let chunks: Vec<&[BlockId]> = pages.chunks(self.chunk_pages).collect();
         let mut outs = out.chunks_mut(self.chunk_pages);
@@ -133,7 +163,11 @@ impl KvCopier {
     pub fn write(&mut self, gpu: &Gpu, pages: &[BlockId], data: &[&[u8]]) -> Result<(), CudaError> {
         let pb = self.page_bytes();
         let mut in_flight: [Option<CudaEvent>; 2] = [None, None];
-        for (i, (ids, data)) in pages.chunks(self.chunk_pages).zip(data.chunks(self.chunk_pages)).enumerate() {
+        for (i, (ids, data)) in pages
+            .chunks(self.chunk_pages)
+            .zip(data.chunks(self.chunk_pages))
+            .enumerate()
+        {
             let half = i % 2;
             // This half's pinned memory is free once its last upload ran.
             if let Some(done) = in_flight[half].take() {
@@ -147,7 +181,10 @@ impl KvCopier {
             let n = ids.len() * pb;
             gpu.upload(self.staging[half], &self.host[half].as_slice()[..n])?;
             self.launch(gpu, false, half, ids)?;
-            in_flight[half] = Some(gpu.stream.record_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))?);
+            in_flight[half] = Some(
+                gpu.stream
+                    .record_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))?,
+            );
         }
         // The callers' data may go once the uploads have read it.
         for done in in_flight.into_iter().flatten() {

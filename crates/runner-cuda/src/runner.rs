@@ -470,7 +470,11 @@ impl ModelRunner for CudaRunner {
 
     /// Every page slice's K then V, in the pool's element type.
     fn kv_page_bytes(&self) -> usize {
-        crate::buffers::kv_page_bytes(&self.config, self.kv_shape.block_size, self.buffers.kv_dtype)
+        crate::buffers::kv_page_bytes(
+            &self.config,
+            self.kv_shape.block_size,
+            self.buffers.kv_dtype,
+        )
     }
 
     fn kv_page_format(&self) -> String {
@@ -484,7 +488,9 @@ impl ModelRunner for CudaRunner {
     ) -> Result<(), RunnerError> {
         let page_bytes = self.kv_page_bytes();
         if out.iter().any(|o| o.len() != page_bytes) {
-            return Err(RunnerError::InvalidBatch(format!("KV pages are {page_bytes} bytes")));
+            return Err(RunnerError::InvalidBatch(format!(
+                "KV pages are {page_bytes} bytes"
+            )));
         }
         self.check_pages(pages, out.len(), pages.len())?;
         self.ensure_kv_copier()?;
@@ -497,7 +503,9 @@ impl ModelRunner for CudaRunner {
     fn write_kv_pages(&mut self, pages: &[BlockId], data: &[&[u8]]) -> Result<(), RunnerError> {
         let page_bytes = self.kv_page_bytes();
         if data.iter().any(|d| d.len() != page_bytes) {
-            return Err(RunnerError::InvalidBatch(format!("KV pages are {page_bytes} bytes")));
+            return Err(RunnerError::InvalidBatch(format!(
+                "KV pages are {page_bytes} bytes"
+            )));
         }
         self.check_pages(pages, data.len(), pages.len())?;
         self.ensure_kv_copier()?;
@@ -645,7 +653,10 @@ impl CudaRunner {
                 pages.len()
             )));
         }
-        match pages.iter().find(|&&p| p as usize >= self.kv_shape.num_blocks) {
+        match pages
+            .iter()
+            .find(|&&p| p as usize >= self.kv_shape.num_blocks)
+        {
             Some(p) => Err(RunnerError::InvalidBatch(format!("no KV page {p}"))),
             None => Ok(()),
         }
