@@ -1127,4 +1127,56 @@ mod tests {
         plain.publish_full_blocks(&mut t, &toks(10, 0), 10);
         assert!(plain.take_named().is_empty() && plain.take_transfers().is_empty());
     }
+
+    /// What the engine would copy down: every listed `Out` kept below.
+    fn keep_outs(pool: &mut BlockPool, below: &Below) {
+        for t in pool.take_transfers() {
+            if let PageTransfer::Out { key, .. } = t {
+                let data = Arc::from(format!("{key:?}").into_bytes());
+                below.pages.lock().unwrap().entry(key).or_insert(data);
+            }
+        }
+    }
+
+    #[test]
+    fn a_sliding_window_prefix_comes_back_from_below_in_both_groups() {
+        let below = Arc::new(Below::default());
+        let mut pool = two_groups(40);
+        pool.set_lower_tiers(below.clone(), false);
+        let first = toks(40, 0);
+        run_chunked(&mut pool, &first, 8);
+        keep_outs(&mut pool, &below);
+        // A second sequence takes the pages: the first's go below.
+        run_chunked(&mut pool, &toks(40, 500), 8);
+        keep_outs(&mut pool, &below);
+        let mut second = toks(36, 0);
+        second.extend([900, 901, 902]);
+        let mut t = pool.new_tables();
+        assert_eq!(pool.reuse_prefix_groups(&mut t, &second), 36);
+        let restored = pool
+            .take_transfers()
+            .into_iter()
+            .filter(|t| matches!(t, PageTransfer::In { .. }))
+            .count();
+        assert!(restored > 0);
+        // Every live page of both groups holds its block's name; the
+        // sliding group's blocks before its window are null.
+        let names = BlockHash::chain_all(&second[..36], 4);
+        for (g, table) in t.iter().enumerate() {
+            let ppb = table.pages_per_block();
+            for (i, &id) in table.blocks().iter().enumerate() {
+                if id != NULL_BLOCK {
+                    let want = page_name(names[i / ppb], g, i % ppb);
+                    assert_eq!(
+                        pool.blocks[id as usize].name,
+                        Some(want),
+                        "group {g} entry {i}"
+                    );
+                }
+            }
+        }
+        assert_eq!(t[1].num_live_pages(), 2 * 2);
+        pool.release_groups(&mut t);
+        assert_eq!(pool.num_in_use(), 0);
+    }
 }

@@ -270,11 +270,6 @@ impl KvTiers {
         self.keep(key, data);
     }
 
-    /// A page fetched from the shared store, already checked.
-    pub(crate) fn keep_fetched(&self, key: PageKey, data: PageData) {
-        self.keep(key, data);
-    }
-
     pub(crate) fn set_publisher(&self, tx: tokio::sync::mpsc::Sender<(PageKey, PageData)>) {
         let _ = self.publisher.set(tx);
     }

@@ -224,7 +224,7 @@ impl SharedKv {
                 match entry::decode(self.tiers.namespace(), key, &bytes) {
                     Ok(data) => {
                         self.tiers.hit(Tier::Shared, data.len());
-                        self.tiers.keep_fetched(*key, data);
+                        self.tiers.keep(*key, data);
                         *got += 1;
                     }
                     Err(e) => {

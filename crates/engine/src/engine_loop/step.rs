@@ -97,6 +97,8 @@ impl EngineLoop {
     /// A failed forward pass fails every request in the step.
     pub(super) fn fail_step(&mut self, chunks: &[ScheduledChunk], e: &RunnerError) {
         tracing::error!(error = %e, "forward pass failed");
+        // Pages this step was to compute hold nothing to copy out.
+        drop(self.scheduler.take_named());
         for c in chunks {
             self.fail(c.id, &e.to_string());
         }
