@@ -74,6 +74,8 @@ def test_returning_conversations_resume_from_host_memory(server_factory, client,
     assert tier_hits(srv, "host") >= 8
     admin = srv.http().get("/admin/models").json()["data"][0]["kv_tiers"]
     assert admin["host"]["pages"] > 0 and admin["restored_pages"]["host"] >= 8, admin
+    live = srv.http().get("/ui/live").json()["models"][0]["kv_tiers"]
+    assert live["restored_pages"]["host"] >= 8 and live["host"]["capacity_bytes"] == 1 << 30, live
     assert text == chat(client, turns[0])[0], "restored KV changed the answer"
 
 

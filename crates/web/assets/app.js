@@ -507,6 +507,12 @@ function renderServer() {
     ["Models", ["Model", "State", "Kind", "In flight", "Running by tier", "Waiting by tier", "KV", "Device", "Host"],
       (live.models || []).map((m) => [m.id, m.state, m.kind || "–", m.in_flight, tiers(m.engine?.running_by_tier),
         tiers(m.engine?.waiting_by_tier), m.engine ? fmt(100 * m.engine.kv_usage, " %") : "–", bytes(m.device_bytes), bytes(m.host_bytes)])],
+    ["KV tiers", ["Model", "Host memory", "Disk", "Restored pages (host / disk / shared)", "Errors"],
+      (live.models || []).filter((m) => m.kv_tiers).map((m) => {
+        const t = m.kv_tiers, r = t.restored_pages;
+        return [m.id, `${bytes(t.host.bytes)} of ${bytes(t.host.capacity_bytes)}`, t.disk ? bytes(t.disk.bytes) : "–",
+          `${r.host} / ${r.disk} / ${r.shared}`, t.errors];
+      })],
     ["Refusals by reason", ["Reason", "Count"], Object.entries(live.rejections || {})],
     ["Answers by status", ["Status", "Count"], Object.entries(live.http || {})],
     ["SLOs (" + (live.slo?.mode || "off") + ")", ["SLO", "Model", "Tier", "Measure", "Target", "Measured", "Samples", "Met"],

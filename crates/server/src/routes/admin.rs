@@ -165,7 +165,7 @@ pub async fn models(State((state, _)): State<Shared>) -> Result<Json<Value>, Api
 
 /// A model's KV tiers: bytes held and capacity, pages, restored pages by
 /// tier and errors.
-fn tier_use(t: &ingot_engine::TierUse) -> Value {
+pub(crate) fn tier_use(t: &ingot_engine::TierUse) -> Value {
     json!({
         "host": { "bytes": t.host_bytes, "capacity_bytes": t.host_capacity, "pages": t.host_pages },
         "disk": t.disk_bytes.map(|b| json!({ "bytes": b, "pages": t.disk_pages })),

@@ -63,10 +63,12 @@ fn snapshot(state: &AppState) -> Value {
 /// One model: its registry entry and, while an engine is up, the engine.
 fn model(state: &AppState, s: ModelStatus) -> Value {
     let front = state.models().built_front(&s.id);
-    let engine = front
+    let watch = front.as_ref().map(|f| f.engine_watch());
+    let engine = watch
         .as_ref()
-        .and_then(|f| f.engine_watch().get())
+        .and_then(|w| w.get())
         .map(|(stats, controls)| engine(&stats, &controls));
+    let kv_tiers = watch.and_then(|w| w.kv_tiers());
     json!({
         "id": s.id,
         "state": state_name(&s),
@@ -76,6 +78,7 @@ fn model(state: &AppState, s: ModelStatus) -> Value {
         "device_bytes": s.device_bytes,
         "host_bytes": s.host_bytes,
         "engine": engine,
+        "kv_tiers": kv_tiers.map(|t| super::admin::tier_use(&t)),
     })
 }
 
