@@ -37,6 +37,20 @@ def cfg(tmp_path, body: str) -> str:
     return str(path)
 
 
+def shared_config(tmp_path, redis: Redis, host_bytes: str, extra: str = "") -> str:
+    """Tiers sharing pages through `redis`, under a fresh namespace."""
+    return cfg(tmp_path, f"""
+[kv_tiers]
+host_bytes = "{host_bytes}"
+[redis]
+url = "{redis.url}"
+namespace = "kv-{uuid.uuid4().hex[:6]}"
+share_kv = true
+retry_after = "300ms"
+{extra}
+""")
+
+
 def chat(client, messages, max_tokens=8):
     r = client.chat.completions.create(model=default_model_name(), messages=messages,
                                        max_tokens=max_tokens, temperature=0)
@@ -98,15 +112,7 @@ def test_a_document_prefilled_on_one_instance_is_reused_by_another_through_redis
     model_path()
     redis = Redis()
     try:
-        conf = cfg(tmp_path, f"""
-[kv_tiers]
-host_bytes = "512MiB"
-[redis]
-url = "{redis.url}"
-namespace = "kv-{uuid.uuid4().hex[:6]}"
-share_kv = true
-retry_after = "300ms"
-""")
+        conf = shared_config(tmp_path, redis, "512MiB")
         a, b = server_factory("--config", conf), server_factory("--config", conf)
         doc = {"role": "system", "content": f"Answer from this text. {document(7, 300)}"}
         _, prompt_a, cached_a = chat(a.openai(), [doc, {"role": "user", "content": "Who is in it?"}])
@@ -169,16 +175,7 @@ def test_a_4k_document_from_another_instance_is_3x_faster_than_a_cold_prefill(se
     model_path()
     redis = Redis()
     try:
-        conf = cfg(tmp_path, f"""
-[kv_tiers]
-host_bytes = "2GiB"
-[redis]
-url = "{redis.url}"
-namespace = "kv-{uuid.uuid4().hex[:6]}"
-share_kv = true
-kv_max_bytes = "4GiB"
-retry_after = "300ms"
-""")
+        conf = shared_config(tmp_path, redis, "2GiB", 'kv_max_bytes = "4GiB"')
         a, b = server_factory("--config", conf), server_factory("--config", conf)
 
         def ttft(srv, messages) -> tuple[float, int, int]:

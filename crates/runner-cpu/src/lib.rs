@@ -407,14 +407,12 @@ impl CpuRunner {
         self.kv_shape.block_size * self.config.kv_dim()
     }
 
-    /// `pages` exist in an awake pool and `len` is `want`.
-    fn check_pages(&self, pages: &[BlockId], len: usize, want: usize) -> Result<(), RunnerError> {
-        if len != want {
-            return Err(RunnerError::InvalidBatch(format!(
-                "{len} bytes or pages for {} KV pages",
-                pages.len()
-            )));
-        }
+    /// A page copy of one buffer per page, in an awake pool.
+    fn check_pages(
+        &self,
+        pages: &[BlockId],
+        lens: impl ExactSizeIterator<Item = usize>,
+    ) -> Result<(), RunnerError> {
         if self
             .kv
             .first()
@@ -422,13 +420,8 @@ impl CpuRunner {
         {
             return Err(RunnerError::Backend("the model is asleep".into()));
         }
-        match pages
-            .iter()
-            .find(|&&p| p as usize >= self.kv_shape.num_blocks)
-        {
-            Some(p) => Err(RunnerError::InvalidBatch(format!("no KV page {p}"))),
-            None => Ok(()),
-        }
+        let (page_bytes, num_pages) = (self.kv_page_bytes(), self.kv_shape.num_blocks);
+        ingot_runner::check_kv_copy(pages, lens, page_bytes, num_pages)
     }
 
     /// Bytes of KV cache per token position (all layers, K and V).
@@ -514,13 +507,7 @@ impl ModelRunner for CpuRunner {
         pages: &[BlockId],
         out: &mut [&mut [u8]],
     ) -> Result<(), RunnerError> {
-        let page_bytes = self.kv_page_bytes();
-        if out.iter().any(|o| o.len() != page_bytes) {
-            return Err(RunnerError::InvalidBatch(format!(
-                "KV pages are {page_bytes} bytes"
-            )));
-        }
-        self.check_pages(pages, out.len(), pages.len())?;
+        self.check_pages(pages, out.iter().map(|o| o.len()))?;
         let n = self.page_slots();
         for (&p, out) in pages.iter().zip(out.iter_mut()) {
             let at = p as usize * n;
@@ -538,13 +525,7 @@ impl ModelRunner for CpuRunner {
     }
 
     fn write_kv_pages(&mut self, pages: &[BlockId], data: &[&[u8]]) -> Result<(), RunnerError> {
-        let page_bytes = self.kv_page_bytes();
-        if data.iter().any(|d| d.len() != page_bytes) {
-            return Err(RunnerError::InvalidBatch(format!(
-                "KV pages are {page_bytes} bytes"
-            )));
-        }
-        self.check_pages(pages, data.len(), pages.len())?;
+        self.check_pages(pages, data.iter().map(|d| d.len()))?;
         let n = self.page_slots();
         for (&p, src) in pages.iter().zip(data) {
             let at = p as usize * n;

@@ -486,13 +486,7 @@ impl ModelRunner for CudaRunner {
         pages: &[BlockId],
         out: &mut [&mut [u8]],
     ) -> Result<(), RunnerError> {
-        let page_bytes = self.kv_page_bytes();
-        if out.iter().any(|o| o.len() != page_bytes) {
-            return Err(RunnerError::InvalidBatch(format!(
-                "KV pages are {page_bytes} bytes"
-            )));
-        }
-        self.check_pages(pages, out.len(), pages.len())?;
+        self.check_pages(pages, out.iter().map(|o| o.len()))?;
         self.ensure_kv_copier()?;
         let copier = self.kv_copier.as_mut().ok_or_else(no_copier)?;
         copier
@@ -501,13 +495,7 @@ impl ModelRunner for CudaRunner {
     }
 
     fn write_kv_pages(&mut self, pages: &[BlockId], data: &[&[u8]]) -> Result<(), RunnerError> {
-        let page_bytes = self.kv_page_bytes();
-        if data.iter().any(|d| d.len() != page_bytes) {
-            return Err(RunnerError::InvalidBatch(format!(
-                "KV pages are {page_bytes} bytes"
-            )));
-        }
-        self.check_pages(pages, data.len(), pages.len())?;
+        self.check_pages(pages, data.iter().map(|d| d.len()))?;
         self.ensure_kv_copier()?;
         let copier = self.kv_copier.as_mut().ok_or_else(no_copier)?;
         copier
@@ -642,24 +630,17 @@ impl CudaRunner {
         Ok((buffer, done))
     }
 
-    /// `pages` exist in an awake pool and `len` is `want`.
-    fn check_pages(&self, pages: &[BlockId], len: usize, want: usize) -> Result<(), RunnerError> {
+    /// A page copy of one buffer per page, in an awake pool.
+    fn check_pages(
+        &self,
+        pages: &[BlockId],
+        lens: impl ExactSizeIterator<Item = usize>,
+    ) -> Result<(), RunnerError> {
         if self.asleep {
             return Err(RunnerError::Backend("the model is asleep".into()));
         }
-        if len != want {
-            return Err(RunnerError::InvalidBatch(format!(
-                "{len} bytes or pages for {} KV pages",
-                pages.len()
-            )));
-        }
-        match pages
-            .iter()
-            .find(|&&p| p as usize >= self.kv_shape.num_blocks)
-        {
-            Some(p) => Err(RunnerError::InvalidBatch(format!("no KV page {p}"))),
-            None => Ok(()),
-        }
+        let (page_bytes, num_pages) = (self.kv_page_bytes(), self.kv_shape.num_blocks);
+        ingot_runner::check_kv_copy(pages, lens, page_bytes, num_pages)
     }
 
     /// Makes the page copier at the first copy.

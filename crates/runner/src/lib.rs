@@ -335,6 +335,33 @@ fn pick_rows(
         .collect()
 }
 
+/// Checks a copy of KV `pages` (see [`ModelRunner::read_kv_pages`]): one
+/// buffer of `page_bytes` per page (`lens`), every page in a pool of
+/// `num_pages`.
+pub fn check_kv_copy(
+    pages: &[BlockId],
+    lens: impl ExactSizeIterator<Item = usize>,
+    page_bytes: usize,
+    num_pages: usize,
+) -> Result<(), RunnerError> {
+    let count = lens.len();
+    if count != pages.len() {
+        return Err(RunnerError::InvalidBatch(format!(
+            "{count} buffers for {} KV pages",
+            pages.len()
+        )));
+    }
+    if let Some(len) = lens.into_iter().find(|&l| l != page_bytes) {
+        return Err(RunnerError::InvalidBatch(format!(
+            "a {len}-byte buffer for a KV page of {page_bytes} bytes"
+        )));
+    }
+    match pages.iter().find(|&&p| p as usize >= num_pages) {
+        Some(p) => Err(RunnerError::InvalidBatch(format!("no KV page {p}"))),
+        None => Ok(()),
+    }
+}
+
 /// One sampling row per chunk.
 pub fn check_rows(batch: &ForwardBatch<'_>, rows: &[RowSampling<'_>]) -> Result<(), RunnerError> {
     if rows.len() != batch.chunks.len() {
@@ -467,4 +494,23 @@ pub fn validate_grouped(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kv_copy_needs_one_page_sized_buffer_per_page_of_the_pool() {
+        let ok = check_kv_copy(&[0, 3], [8, 8].into_iter(), 8, 4);
+        assert!(ok.is_ok());
+        let refused = [
+            check_kv_copy(&[0, 3], [8].into_iter(), 8, 4),
+            check_kv_copy(&[0, 3], [8, 7].into_iter(), 8, 4),
+            check_kv_copy(&[0, 4], [8, 8].into_iter(), 8, 4),
+        ];
+        for r in refused {
+            assert!(matches!(r, Err(RunnerError::InvalidBatch(_))), "{r:?}");
+        }
+    }
 }
