@@ -291,9 +291,24 @@ impl EngineLoop {
     /// is gone and no work remains.
     fn receive(&mut self, commands: &std_mpsc::Receiver<Command>) -> bool {
         if self.active.is_empty() {
-            match commands.recv() {
-                Ok(c) => self.apply(c),
-                Err(_) => return false,
+            // Idle: pages the pool will evict next go down to the tiers
+            // first, a batch at a time, while no command waits.
+            loop {
+                match commands.try_recv() {
+                    Ok(c) => {
+                        self.apply(c);
+                        break;
+                    }
+                    Err(std_mpsc::TryRecvError::Disconnected) => return false,
+                    Err(std_mpsc::TryRecvError::Empty) if self.copy_cold_pages() => {}
+                    Err(std_mpsc::TryRecvError::Empty) => match commands.recv() {
+                        Ok(c) => {
+                            self.apply(c);
+                            break;
+                        }
+                        Err(_) => return false,
+                    },
+                }
             }
         } else if self.idle_wait {
             if let Ok(c) = commands.recv_timeout(Duration::from_millis(2)) {

@@ -851,3 +851,20 @@ fn evicted_prefixes_come_back_from_host_memory_and_disk_bit_for_bit() {
     assert_eq!(after_restart, (first.0, 96));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn an_idle_engine_copies_the_next_evicted_pages_down_ahead_of_eviction() {
+    let host = tiers(64 << 20, None);
+    let handle = engine(12, |c| c.kv_tiers = Some(host.clone()));
+    let first = run_scored(&handle, request(50, 97, 6));
+    // Nothing else to do: the six finished blocks go to host memory
+    // before anything evicts them.
+    wait_until("idle copies", || host.usage().host_pages >= 6);
+    let copied = host.usage().host_pages;
+    run(&handle, request(51, 180, 2));
+    run(&handle, request(52, 180, 2));
+    let again = run_scored(&handle, request(50, 97, 6));
+    assert_eq!(again, (first.0, 96));
+    assert!(host.usage().hits[0] >= 6);
+    assert!(copied <= 12, "never more than the pool holds: {copied}");
+}

@@ -131,6 +131,22 @@ impl BlockPool {
         std::mem::take(&mut self.transfers)
     }
 
+    /// Up to `max` evictable pages, the next to be evicted first, that
+    /// `below` does not hold: what an idle engine copies down ahead of
+    /// their eviction.
+    pub fn cold_pages(
+        &self,
+        max: usize,
+        below: impl Fn(&PageKey) -> bool,
+    ) -> Vec<(BlockId, PageKey)> {
+        self.evictable
+            .values()
+            .filter_map(|&id| Some((id, self.blocks[id as usize].name?)))
+            .filter(|(_, key)| !below(key))
+            .take(max)
+            .collect()
+    }
+
     /// Pages named since the last call (write-through only): their
     /// contents exist once the step that named them has run.
     pub fn take_named(&mut self) -> Vec<(BlockId, PageKey)> {
@@ -1178,5 +1194,23 @@ mod tests {
         assert_eq!(t[1].num_live_pages(), 2 * 2);
         pool.release_groups(&mut t);
         assert_eq!(pool.num_in_use(), 0);
+    }
+
+    #[test]
+    fn cold_pages_are_the_next_evicted_not_yet_below() {
+        let (mut pool, below) = tiered(8);
+        let mut memory = HashMap::new();
+        run_tiered(&mut pool, &below, &mut memory, &toks(13, 0));
+        // Released tail first: the deepest block is the next evicted.
+        let names = BlockHash::chain_all(&toks(13, 0), 4);
+        let cold = pool.cold_pages(2, |k| below.contains(k));
+        let keys: Vec<_> = cold.iter().map(|c| c.1.prefix).collect();
+        assert_eq!(keys, [names[2], names[1]]);
+        below
+            .pages
+            .lock()
+            .unwrap()
+            .insert(cold[0].1, Arc::from(vec![0u8]));
+        assert_eq!(pool.cold_pages(8, |k| below.contains(k)).len(), 2);
     }
 }

@@ -281,6 +281,12 @@ impl KvTiers {
         self.disk.is_some() || self.publisher.get().is_some()
     }
 
+    /// Bytes the host tier can take without pushing a page out.
+    pub fn host_room(&self) -> u64 {
+        let h = self.host();
+        h.capacity().saturating_sub(h.bytes())
+    }
+
     /// Whether pages are published to a shared store.
     pub fn shares(&self) -> bool {
         self.publisher.get().is_some()

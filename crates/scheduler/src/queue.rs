@@ -224,6 +224,16 @@ impl Scheduler {
         self.pool.take_named()
     }
 
+    /// Up to `max` evictable pages not held below, the next evicted first
+    /// (an idle engine copies them down ahead of their eviction).
+    pub fn cold_pages(
+        &self,
+        max: usize,
+        below: impl Fn(&ingot_kv_cache::PageKey) -> bool,
+    ) -> Vec<(BlockId, ingot_kv_cache::PageKey)> {
+        self.pool.cold_pages(max, below)
+    }
+
     /// Forgets the prefix cache (the runner's KV contents were lost).
     pub fn forget_cached_kv(&mut self) {
         self.pool.forget_cached();

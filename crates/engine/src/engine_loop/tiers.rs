@@ -13,6 +13,9 @@ use ingot_scheduler::ScheduledChunk;
 
 use super::EngineLoop;
 
+/// Bytes an idle engine copies down between two looks at its commands.
+const COLD_BATCH_BYTES: usize = 64 << 20;
+
 impl EngineLoop {
     /// Makes the pool's pending copies, in its order (a page may leave and
     /// be refilled in one step). A page that cannot be restored fails the
@@ -42,6 +45,28 @@ impl EngineLoop {
         true
     }
 
+    /// While idle: copies the pool's next-evicted pages to host memory
+    /// ahead of their eviction, one batch per call, so a later burst that
+    /// evicts them copies nothing before its step. Never pushes a page out
+    /// of the host tier (no churn when it is smaller than the pool). True
+    /// when it copied something (call again after checking for commands).
+    pub(super) fn copy_cold_pages(&mut self) -> bool {
+        let Some(tiers) = self.tiers.clone() else {
+            return false;
+        };
+        let size = self.runner.kv_page_bytes().max(1);
+        let room = usize::try_from(tiers.host_room() / size as u64).unwrap_or(usize::MAX);
+        let max = room.min(COLD_BATCH_BYTES / size).max(usize::from(room > 0));
+        if max == 0 {
+            return false;
+        }
+        let pages = self.scheduler.cold_pages(max, |k| tiers.contains(k));
+        if pages.is_empty() {
+            return false;
+        }
+        self.copy_out(pages, false)
+    }
+
     /// Write-through: the pages this step computed, to the tiers and the
     /// shared store.
     pub(super) fn publish_pages(&mut self) {
@@ -52,16 +77,17 @@ impl EngineLoop {
     }
 
     /// Reads `pages` (those not held below already) and keeps them below.
-    fn copy_out(&mut self, pages: Vec<(BlockId, PageKey)>, publish: bool) {
+    /// False when the runner could not read them.
+    fn copy_out(&mut self, pages: Vec<(BlockId, PageKey)>, publish: bool) -> bool {
         let Some(tiers) = self.tiers.clone() else {
-            return;
+            return false;
         };
         let pages: Vec<_> = pages
             .into_iter()
             .filter(|(_, k)| !tiers.contains(k))
             .collect();
         if pages.is_empty() {
-            return;
+            return true;
         }
         let started = Instant::now();
         let size = self.runner.kv_page_bytes();
@@ -71,7 +97,7 @@ impl EngineLoop {
         let mut outs: Vec<&mut [u8]> = datas.iter_mut().filter_map(Arc::get_mut).collect();
         if let Err(e) = self.runner.read_kv_pages(&ids, &mut outs) {
             tracing::warn!(error = %e, "cannot copy KV pages out; they are recomputed when needed");
-            return;
+            return false;
         }
         for ((_, key), data) in pages.iter().zip(datas) {
             if publish {
@@ -81,6 +107,7 @@ impl EngineLoop {
             }
         }
         tiers.record_copy(true, ids.len() * size, started.elapsed());
+        true
     }
 
     fn copy_in(&mut self, transfers: &[PageTransfer]) -> Result<(), RunnerError> {
