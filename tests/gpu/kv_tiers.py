@@ -135,10 +135,18 @@ def main():
             post(srv.url, {"prompt": b, **one})  # evicts a to the host tier
             t, r = post(srv.url, {"prompt": a, **one})
             rows.append((f"host tier #{i + 1}", t, r["usage"]["prompt_tokens_details"]["cached_tokens"]))
+        # With think time between requests the idle engine copies the pages
+        # it will evict next ahead of time: the next burst copies nothing.
+        for i in range(2):
+            time.sleep(2)
+            post(srv.url, {"prompt": b, **one})
+            time.sleep(2)
+            t, r = post(srv.url, {"prompt": a, **one})
+            rows.append((f"host tier, 2 s idle #{i + 1}", t, r["usage"]["prompt_tokens_details"]["cached_tokens"]))
         t_cold_b, _ = post(srv.url, {"prompt": prompt(13, n), **one})
         rows.append(("cold again (prefill)", t_cold_b, 0))
         for name, t, cached in rows:
-            print(f"{n}-token prefix, {name:22} TTFT {t * 1000:8.1f} ms  cached {cached}")
+            print(f"{n}-token prefix, {name:26} TTFT {t * 1000:8.1f} ms  cached {cached}")
         for d in ("out", "in"):
             by = metric(srv.url, "ingot_kv_tier_copy_bytes_total", direction=d)
             s = metric(srv.url, "ingot_kv_tier_copy_seconds_sum", direction=d)
