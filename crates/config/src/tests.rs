@@ -814,3 +814,41 @@ fn a_lowered_step_budget_caps_prefill_only_steps_unless_they_are_set() {
     s.max_prefill_only_tokens = 2048;
     assert_eq!(s.prefill_only_tokens(), 2048);
 }
+
+#[test]
+fn kv_tiers_are_off_by_default_checked_and_need_a_restart() {
+    let c = Config::default();
+    assert!(!c.kv_tiers.enabled() && !c.redis.share_kv);
+    let ok = load(&Layers {
+        file: Some(file(
+            "[kv_tiers]\nhost_bytes = \"4GiB\"\ndisk_path = \"/tmp/kv\"\ndisk_bytes = \"1GiB\"\n\
+             [redis]\nurl = \"redis://127.0.0.1:6379\"\nshare_kv = true\n",
+        )),
+        ..Layers::default()
+    })
+    .unwrap();
+    assert_eq!(ok.config.kv_tiers.host_bytes.bytes(), 4 << 30);
+    for (toml, key) in [
+        (
+            "[kv_tiers]\ndisk_path = \"/tmp/kv\"\n",
+            "kv_tiers.disk_bytes",
+        ),
+        ("[kv_tiers]\ndisk_bytes = \"1GiB\"\n", "kv_tiers.disk_path"),
+        ("[redis]\nshare_kv = true\n", "redis.share_kv"),
+        (
+            "[redis]\nurl = \"redis://127.0.0.1:6379\"\nshare_kv = true\n",
+            "redis.share_kv",
+        ),
+    ] {
+        let e = load(&Layers {
+            file: Some(file(toml)),
+            ..Layers::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains(key), "{toml}: {e}");
+    }
+    let mut new = Config::default();
+    new.kv_tiers.host_bytes = crate::ByteSize::mib(512);
+    assert_eq!(diff(&c, &new).needs_restart, ["kv_tiers.host_bytes"]);
+}
