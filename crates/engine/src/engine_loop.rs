@@ -284,6 +284,9 @@ impl EngineLoop {
             }
             self.publish_stats();
         }
+        if let Some(tiers) = &self.tiers {
+            tiers.flush();
+        }
         tracing::debug!("engine thread exiting");
     }
 

@@ -238,6 +238,14 @@ impl KvTiers {
         self.disk.as_ref()
     }
 
+    /// Waits until the pages queued for disk are written (an engine that
+    /// stops, so the next start finds them).
+    pub fn flush(&self) {
+        if let Some(disk) = &self.disk {
+            disk.flush();
+        }
+    }
+
     fn host(&self) -> MutexGuard<'_, HostTier> {
         self.host.lock().unwrap_or_else(|p| p.into_inner())
     }
