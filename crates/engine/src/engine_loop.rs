@@ -128,8 +128,8 @@ pub fn start_engine(
         config.scheduler.max_num_seqs,
     ));
     let cpu = runner.computes_on_host().then(CpuArbiter::process);
-    let tiers_handle = tiers.clone();
-    let config_share = config.kv_share.clone();
+    // The shared store sits over the tiers: without them it is off too.
+    let (kv_tiers, kv_share) = (tiers.clone(), tiers.as_ref().and(config.kv_share.clone()));
     let state = EngineLoop {
         cpu,
         controls: controls.clone(),
@@ -169,8 +169,8 @@ pub fn start_engine(
             stopped: std::sync::Mutex::new(Some(stopped)),
             grammars: Default::default(),
             controls,
-            kv_share: tiers_handle.as_ref().and(config_share),
-            kv_tiers: tiers_handle,
+            kv_tiers,
+            kv_share,
         }),
     })
 }

@@ -28,16 +28,12 @@ pub struct PrefixCacheStats {
     pub queries: u64,
     /// Prompt tokens found cached.
     pub hits: u64,
-    /// Of the hits, tokens whose blocks came back from a lower tier.
-    pub restored: u64,
 }
-
-type PageName = PageKey;
 
 #[derive(Debug, Clone, Default)]
 struct Block {
     ref_count: u32,
-    name: Option<PageName>,
+    name: Option<PageKey>,
     /// LRU key while evictable.
     lru_tick: u64,
 }
@@ -54,7 +50,7 @@ pub struct BlockPool {
     /// Named, unreferenced blocks by last use.
     evictable: BTreeMap<u64, BlockId>,
     /// Page name → block holding it.
-    named: HashMap<PageName, BlockId>,
+    named: HashMap<PageKey, BlockId>,
     tick: u64,
     prefix_caching: bool,
     stats: PrefixCacheStats,
@@ -268,18 +264,16 @@ impl BlockPool {
                 self.take_ref(id);
             }
         }
-        let mut restored_blocks = std::collections::BTreeSet::new();
         for (g, table) in tables.iter_mut().enumerate() {
             let first = self.layout.first_live_block(g, hit_blocks * bs, bs);
             for (b, &name) in names.iter().enumerate() {
                 for part in 0..table.pages_per_block() {
-                    let key = page_name(name, g, part);
+                    let key = page_key(name, g, part);
                     let id = if b < first {
                         NULL_BLOCK
                     } else if let Some(&id) = self.named.get(&key) {
                         id
                     } else {
-                        restored_blocks.insert(b);
                         self.restore_page(key, below.remove(&key))
                     };
                     table.blocks.push(id);
@@ -291,7 +285,6 @@ impl BlockPool {
         let hit = hit_blocks * bs;
         self.stats.queries += tokens.len() as u64;
         self.stats.hits += hit as u64;
-        self.stats.restored += (restored_blocks.len() * bs) as u64;
         hit
     }
 
@@ -303,7 +296,7 @@ impl BlockPool {
             let first = self.layout.first_live_block(g, end, bs);
             for (b, &name) in names.iter().enumerate().skip(first) {
                 for part in 0..self.layout.pages_per_block(g) {
-                    out.push((b, page_name(name, g, part)));
+                    out.push((b, page_key(name, g, part)));
                 }
             }
         }
@@ -379,7 +372,7 @@ impl BlockPool {
     /// Pages held below the pool count.
     fn is_cached(&self, name: BlockHash, g: usize) -> bool {
         (0..self.layout.pages_per_block(g)).all(|p| {
-            let key = page_name(name, g, p);
+            let key = page_key(name, g, p);
             self.named.contains_key(&key) || self.tiers.as_ref().is_some_and(|t| t.contains(&key))
         })
     }
@@ -562,7 +555,7 @@ impl BlockPool {
                 table.names.push(name);
                 for part in 0..table.pages_per_block() {
                     let id = table.blocks[b * table.pages_per_block() + part];
-                    self.name_page(id, page_name(name, g, part));
+                    self.name_page(id, page_key(name, g, part));
                 }
             }
         }
@@ -571,7 +564,7 @@ impl BlockPool {
     /// Names page `id` unless it is a dropped entry, already named, or the
     /// same contents are cached already (a prefix computed twice at once:
     /// the first copy keeps the name, this one is freed normally).
-    fn name_page(&mut self, id: BlockId, name: PageName) {
+    fn name_page(&mut self, id: BlockId, name: PageKey) {
         if id == NULL_BLOCK || self.named.contains_key(&name) {
             return;
         }
@@ -622,8 +615,8 @@ impl BlockPool {
     }
 }
 
-fn page_name(prefix: BlockHash, group: usize, part: usize) -> PageName {
-    PageName {
+fn page_key(prefix: BlockHash, group: usize, part: usize) -> PageKey {
+    PageKey {
         prefix,
         group: group as u32,
         part: part as u32,
@@ -749,8 +742,7 @@ mod tests {
             pool.prefix_cache_stats(),
             PrefixCacheStats {
                 queries: 21,
-                hits: 8,
-                restored: 0
+                hits: 8
             }
         );
         pool.release(&mut t);
@@ -1047,7 +1039,7 @@ mod tests {
             .into_iter()
             .enumerate()
         {
-            memory.insert(t.blocks()[b], page_name(name, 0, 0));
+            memory.insert(t.blocks()[b], page_key(name, 0, 0));
         }
         pool.release(&mut t);
         (hit, restored)
@@ -1072,10 +1064,9 @@ mod tests {
             0
         );
         assert_eq!(below.pages.lock().unwrap().len(), 3);
-        assert_eq!(pool.prefix_cache_stats().restored, 0);
-        // a again: its 12 cached positions come back from below.
+        assert_eq!(pool.prefix_cache_stats().hits, 0);
+        // a again: its 12 cached positions come back from below (3 pages).
         assert_eq!(run_tiered(&mut pool, &below, &mut memory, &a), (12, 3));
-        assert_eq!(pool.prefix_cache_stats().restored, 12);
         assert_eq!(pool.prefix_cache_stats().hits, 12);
     }
 
@@ -1100,13 +1091,9 @@ mod tests {
         run_tiered(&mut pool, &below, &mut memory, &a);
         run_tiered(&mut pool, &below, &mut memory, &toks(16, 100));
         let names = BlockHash::chain_all(&a, 4);
-        below
-            .corrupt
-            .lock()
-            .unwrap()
-            .push(page_name(names[1], 0, 0));
+        below.corrupt.lock().unwrap().push(page_key(names[1], 0, 0));
         assert_eq!(run_tiered(&mut pool, &below, &mut memory, &a), (4, 1));
-        assert!(!below.contains(&page_name(names[1], 0, 0)));
+        assert!(!below.contains(&page_key(names[1], 0, 0)));
     }
 
     #[test]
@@ -1182,7 +1169,7 @@ mod tests {
             let ppb = table.pages_per_block();
             for (i, &id) in table.blocks().iter().enumerate() {
                 if id != NULL_BLOCK {
-                    let want = page_name(names[i / ppb], g, i % ppb);
+                    let want = page_key(names[i / ppb], g, i % ppb);
                     assert_eq!(
                         pool.blocks[id as usize].name,
                         Some(want),

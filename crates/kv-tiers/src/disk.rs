@@ -300,14 +300,15 @@ fn remove_files(dir: &Path, keys: &[PageKey]) {
     }
 }
 
-/// `<prefix as 32 hex digits>-<group>-<part>.kv`.
+/// `<prefix as 32 hex digits>-<group>-<part>`: a page's name in files
+/// and in the shared store's keys.
+pub(crate) fn page_stem(key: &PageKey) -> String {
+    format!("{}-{}-{}", hex(&key.prefix.to_bytes()), key.group, key.part)
+}
+
+/// `<page stem>.kv`.
 fn file_name(key: &PageKey) -> String {
-    format!(
-        "{}-{}-{}.kv",
-        hex(&key.prefix.to_bytes()),
-        key.group,
-        key.part
-    )
+    format!("{}.kv", page_stem(key))
 }
 
 fn parse_name(stem: &str) -> Option<PageKey> {

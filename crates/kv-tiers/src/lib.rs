@@ -251,7 +251,8 @@ impl KvTiers {
     }
 
     /// Keeps a page that left the device pool: host memory, and what that
-    /// pushes out goes to disk.
+    /// pushes out goes to disk. (The stored-bytes gauges follow once per
+    /// batch: [`KvTiers::record_copy`].)
     pub fn keep(&self, key: PageKey, data: PageData) {
         let pushed = self.host().put(key, data);
         if let Some(disk) = &self.disk {
@@ -259,7 +260,6 @@ impl KvTiers {
                 disk.put(k, d);
             }
         }
-        self.publish_use();
     }
 
     /// Keeps a page as it is computed (write-through): on disk at once, so
@@ -320,8 +320,12 @@ impl KvTiers {
             .increment(1);
     }
 
-    /// Records one step's copies between the device pool and host memory.
+    /// Records one step's copies between the device pool and host memory
+    /// (and, after copies out, what the tiers now hold).
     pub fn record_copy(&self, out: bool, bytes: usize, took: Duration) {
+        if out {
+            self.publish_use();
+        }
         let direction = if out { "out" } else { "in" };
         let m = self.model.clone();
         metrics::histogram!(COPY_SECONDS, "model" => m.clone(), "direction" => direction)
@@ -352,7 +356,8 @@ impl KvTiers {
         f64::from_bits(self.prefill_per_token.load(Ordering::Relaxed))
     }
 
-    fn publish_use(&self) {
+    /// Sets the stored-bytes gauges.
+    pub(crate) fn publish_use(&self) {
         let u = self.usage();
         let m = self.model.clone();
         metrics::gauge!(STORED_BYTES, "model" => m.clone(), "tier" => "host")

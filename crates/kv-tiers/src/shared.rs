@@ -60,6 +60,8 @@ pub struct SharedKv {
     block_size: usize,
     /// Pages per logical block of each layer group.
     pages_per_block: Vec<u32>,
+    /// `kv:<namespace hex>:`, the start of every key.
+    key_prefix: String,
     page_bytes: usize,
     /// Measured read bandwidth (bytes/s) and round trip (s).
     rates: Mutex<(f64, f64)>,
@@ -100,6 +102,7 @@ impl SharedKv {
         tiers.set_publisher(tx);
         let shared = Arc::new(Self {
             store,
+            key_prefix: format!("kv:{}:", tiers.namespace().hex()),
             tiers,
             block_size: block_size.max(1),
             pages_per_block,
@@ -110,14 +113,9 @@ impl SharedKv {
         shared
     }
 
+    /// `kv:<namespace>:<page stem>`.
     fn key(&self, k: &PageKey) -> String {
-        format!(
-            "kv:{}:{}-{}-{}",
-            self.tiers.namespace().hex(),
-            crate::disk::hex(&k.prefix.to_bytes()),
-            k.group,
-            k.part
-        )
+        format!("{}{}", self.key_prefix, crate::disk::page_stem(k))
     }
 
     fn pages_of(&self, name: BlockHash) -> impl Iterator<Item = PageKey> + '_ {
@@ -195,9 +193,10 @@ impl SharedKv {
         let started = Instant::now();
         let mut got_pages = 0;
         let _ = tokio::time::timeout(budget, self.fetch_pages(&pages, &mut got_pages)).await;
-        let per_block = self.pages_of(names[0]).count().max(1);
+        let per_block = self.pages_per_block.iter().sum::<u32>().max(1) as usize;
         done.fetched_blocks = got_pages / per_block;
         if got_pages > 0 {
+            self.tiers.publish_use();
             let commands = got_pages.div_ceil(self.per_batch());
             self.measured(got_pages * self.entry_bytes(), started.elapsed(), commands);
         }
