@@ -87,9 +87,21 @@ impl From<TokenId> for Pick {
 /// bias added (as a grammar mask is applied, before the logprobs), the
 /// logprobs it asks for from that row, then [`sample_row`].
 pub fn pick_row(logits: &mut [f32], row: &RowSampling<'_>, order: &mut Vec<u32>) -> Pick {
+    pick_row_given(logits, row, None, order)
+}
+
+/// [`pick_row`] for a row with a proposed token (speculative decoding),
+/// chosen by [`sample_row_given`]: the proposal is kept or replaced so that
+/// the pick follows the row's distribution exactly.
+pub fn pick_row_given(
+    logits: &mut [f32],
+    row: &RowSampling<'_>,
+    draft: Option<TokenId>,
+    order: &mut Vec<u32>,
+) -> Pick {
     apply_logit_bias(logits, &row.params.logit_bias);
     let Some(n) = row.params.logprobs else {
-        return sample_row(logits, row, order).into();
+        return sample_row_given(logits, row, draft, order).into();
     };
     let log_z = log_sum_exp(logits);
     let top = top_n(logits, n)
@@ -105,7 +117,7 @@ pub fn pick_row(logits: &mut [f32], row: &RowSampling<'_>, order: &mut Vec<u32>)
         .iter()
         .filter_map(|&(t, _)| Some((t, *logits.get(t as usize)?)))
         .collect();
-    let token = sample_row(logits, row, order);
+    let token = sample_row_given(logits, row, draft, order);
     let raw = raw_seen
         .iter()
         .find(|&&(t, _)| t == token)
@@ -194,6 +206,22 @@ pub fn apply_penalties(logits: &mut [f32], row: &RowSampling<'_>) {
 /// the draw walks the survivors most likely first; top-p without top-k
 /// ranks only as many of the best tokens as the nucleus needs.
 pub fn sample_row(logits: &mut [f32], row: &RowSampling<'_>, order: &mut Vec<u32>) -> TokenId {
+    sample_row_given(logits, row, None, order)
+}
+
+/// [`sample_row`] given a proposed token `draft` (speculative decoding's
+/// rejection rule for a proposal drawn from a point mass): a greedy row
+/// takes its argmax; a sampled row keeps `draft` with its probability
+/// under the row's distribution p (truncation included), else draws from
+/// p without it, renormalised. Either way the token is distributed as p,
+/// whatever was proposed. The first uniform draw decides the proposal, a
+/// second (the row's low random bits) draws the replacement.
+pub fn sample_row_given(
+    logits: &mut [f32],
+    row: &RowSampling<'_>,
+    draft: Option<TokenId>,
+    order: &mut Vec<u32>,
+) -> TokenId {
     if row.has_penalties() {
         apply_penalties(logits, row);
     }
@@ -210,8 +238,13 @@ pub fn sample_row(logits: &mut [f32], row: &RowSampling<'_>, order: &mut Vec<u32
         0 => v,
         k => k.min(v),
     };
+    let draw = Draw {
+        first: row.uniform(),
+        second: (row.random & 0xff_ffff) as f32 * (1.0 / (1u32 << 24) as f32),
+        draft,
+    };
     if top_k == v && p.top_p >= 1.0 {
-        return draw_unranked(v, weight, p.min_p, row.uniform());
+        return draw_unranked(v, weight, p.min_p, draw);
     }
     // top-p is a share of the top-k set's mass (all tokens without top-k).
     let total = (top_k == v).then(|| (0..v as u32).map(weight).sum::<f32>());
@@ -223,7 +256,7 @@ pub fn sample_row(logits: &mut [f32], row: &RowSampling<'_>, order: &mut Vec<u32
         let probs: Vec<f32> = order[..ranked].iter().map(|&t| weight(t)).collect();
         let z = total.unwrap_or_else(|| probs.iter().sum());
         if let Some(keep) = survivors(&probs, p.min_p, p.top_p, z, ranked == top_k) {
-            return draw_ranked(&order[..keep], &probs[..keep], row.uniform());
+            return draw_ranked(&order[..keep], &probs[..keep], draw);
         }
         ranked = (ranked * 8).min(v);
     }
@@ -263,22 +296,64 @@ fn survivors(probs: &[f32], min_p: f32, top_p: f32, z: f32, all: bool) -> Option
     decided.then_some(keep)
 }
 
-/// Inverse-CDF draw over tokens ranked most likely first.
-fn draw_ranked(tokens: &[u32], probs: &[f32], uniform: f32) -> TokenId {
-    let total: f32 = probs.iter().sum();
-    let mut u = uniform * total;
-    for (&t, &x) in tokens.iter().zip(probs) {
-        if u < x {
-            return t;
+/// One row's uniform draws in [0, 1) and the proposed token, if any.
+#[derive(Debug, Clone, Copy)]
+struct Draw {
+    /// Picks the token, or (with a proposal) decides whether it is kept.
+    first: f32,
+    /// Picks the replacement of a refused proposal.
+    second: f32,
+    draft: Option<TokenId>,
+}
+
+impl Draw {
+    /// Over candidates of weight `total` of which the proposal weighs
+    /// `w_draft`: `Ok` with the proposal when it is kept, else the point in
+    /// the other candidates' cumulative weight at which to draw (the
+    /// proposal skipped).
+    fn start(&self, total: f32, w_draft: f32) -> Result<TokenId, f32> {
+        match self.draft {
+            Some(d) if self.first * total < w_draft => Ok(d),
+            Some(_) => Err(self.second * (total - w_draft)),
+            None => Err(self.first * total),
         }
-        u -= x;
     }
-    tokens[tokens.len() - 1]
+
+    /// Inverse-CDF walk from `u` over `(token, weight)` candidates, the
+    /// proposal skipped; the last candidate walked (or the proposal, when
+    /// it is the only one) on rounding.
+    fn walk(&self, mut u: f32, candidates: impl Iterator<Item = (TokenId, f32)>) -> TokenId {
+        let mut last = self.draft.unwrap_or(0);
+        for (t, w) in candidates {
+            if w <= 0.0 || self.draft == Some(t) {
+                continue;
+            }
+            if u < w {
+                return t;
+            }
+            u -= w;
+            last = t;
+        }
+        last
+    }
+}
+
+/// Inverse-CDF draw over tokens ranked most likely first.
+fn draw_ranked(tokens: &[u32], probs: &[f32], draw: Draw) -> TokenId {
+    let total: f32 = probs.iter().sum();
+    let w_draft = draw
+        .draft
+        .and_then(|d| tokens.iter().position(|&t| t == d))
+        .map_or(0.0, |i| probs[i]);
+    match draw.start(total, w_draft) {
+        Ok(d) => d,
+        Err(u) => draw.walk(u, tokens.iter().copied().zip(probs.iter().copied())),
+    }
 }
 
 /// Inverse-CDF draw in vocabulary order over the tokens whose weight
 /// reaches `min_p` (the best token always does).
-fn draw_unranked(v: usize, weight: impl Fn(u32) -> f32, min_p: f32, uniform: f32) -> TokenId {
+fn draw_unranked(v: usize, weight: impl Fn(u32) -> f32, min_p: f32, draw: Draw) -> TokenId {
     let kept = |t: u32| {
         let w = weight(t);
         if w >= min_p {
@@ -288,19 +363,11 @@ fn draw_unranked(v: usize, weight: impl Fn(u32) -> f32, min_p: f32, uniform: f32
         }
     };
     let total: f32 = (0..v as u32).map(kept).sum();
-    let mut u = uniform * total;
-    let mut last = 0;
-    for t in 0..v as u32 {
-        let w = kept(t);
-        if w > 0.0 {
-            if u < w {
-                return t;
-            }
-            u -= w;
-            last = t;
-        }
+    let w_draft = draw.draft.filter(|&d| (d as usize) < v).map_or(0.0, kept);
+    match draw.start(total, w_draft) {
+        Ok(d) => d,
+        Err(u) => draw.walk(u, (0..v as u32).map(|t| (t, kept(t)))),
     }
-    last
 }
 
 #[cfg(test)]
@@ -474,5 +541,174 @@ mod tests {
             pick_row(&mut [0.0, 1.0], &plain, &mut Vec::new()).logprobs,
             None
         );
+    }
+    /// splitmix64: independent random bits per draw.
+    fn random_bits(i: u64) -> u64 {
+        let mut z = i.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// The row's distribution as the sampling order defines it (a plain
+    /// reference: softmax at the temperature, top-k, min-p, then top-p over
+    /// the top-k mass).
+    fn reference_probs(logits: &[f32], p: &SamplingParams) -> Vec<f64> {
+        let w: Vec<f64> = logits
+            .iter()
+            .map(|&l| ((l as f64 - 3.0) / p.temperature as f64).exp())
+            .collect();
+        let max = w.iter().copied().fold(0.0, f64::max);
+        let mut order: Vec<usize> = (0..w.len()).collect();
+        order.sort_by(|&a, &b| w[b].total_cmp(&w[a]));
+        let k = if p.top_k == 0 { w.len() } else { p.top_k };
+        order.truncate(k);
+        let z: f64 = order.iter().map(|&t| w[t]).sum();
+        let mut keep = Vec::new();
+        let mut cum = 0.0;
+        for &t in &order {
+            if w[t] / max < p.min_p as f64 && !keep.is_empty() {
+                break;
+            }
+            keep.push(t);
+            cum += w[t] / z;
+            if cum >= p.top_p as f64 {
+                break;
+            }
+        }
+        let kept: f64 = keep.iter().map(|&t| w[t]).sum();
+        (0..w.len())
+            .map(|t| if keep.contains(&t) { w[t] / kept } else { 0.0 })
+            .collect()
+    }
+
+    /// Pearson's chi-square of `counts` against `probs` (cells of
+    /// probability 0 must stay empty: any draw there is infinite).
+    fn chi_square(counts: &[u64], probs: &[f64]) -> f64 {
+        let n: u64 = counts.iter().sum();
+        counts
+            .iter()
+            .zip(probs)
+            .map(|(&c, &p)| {
+                let e = p * n as f64;
+                if e == 0.0 {
+                    if c == 0 {
+                        0.0
+                    } else {
+                        f64::INFINITY
+                    }
+                } else {
+                    (c as f64 - e).powi(2) / e
+                }
+            })
+            .sum()
+    }
+
+    /// Chi-square critical values at significance 1e-4 by degrees of freedom.
+    fn critical(df: usize) -> f64 {
+        [0.0, 15.14, 18.42, 21.11, 23.51, 25.74][df]
+    }
+
+    const DRAWS: u64 = 20_000;
+    const LOGITS: [f32; 6] = [2.0, 1.5, 1.2, 0.4, 0.0, -1.0];
+
+    fn draft_counts(
+        p: &SamplingParams,
+        draft: TokenId,
+        pick: impl Fn(&mut [f32], &RowSampling<'_>, &mut Vec<u32>) -> TokenId,
+    ) -> Vec<u64> {
+        let mut counts = vec![0u64; LOGITS.len()];
+        let mut order = Vec::new();
+        for i in 0..DRAWS {
+            let row = RowSampling {
+                params: p,
+                seen: &[],
+                random: random_bits(i + u64::from(draft) * DRAWS),
+            };
+            let t = pick(&mut LOGITS.to_vec(), &row, &mut order);
+            counts[t as usize] += 1;
+        }
+        counts
+    }
+
+    #[test]
+    fn kept_or_replaced_proposals_keep_the_distribution() {
+        let settings = [
+            params(|_| {}),
+            params(|p| p.temperature = 0.6),
+            params(|p| p.top_k = 3),
+            params(|p| p.top_p = 0.8),
+            params(|p| p.min_p = 0.3),
+        ];
+        for p in &settings {
+            let want = reference_probs(&LOGITS, p);
+            let df = want.iter().filter(|&&x| x > 0.0).count() - 1;
+            // Every token proposed in turn, those the row truncates too.
+            for draft in 0..LOGITS.len() as TokenId {
+                let got = draft_counts(p, draft, |l, r, o| sample_row_given(l, r, Some(draft), o));
+                let chi = chi_square(&got, &want);
+                assert!(
+                    chi < critical(df),
+                    "{p:?}, proposal {draft}: {got:?} vs {want:?}: chi-square {chi:.1}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_chi_square_test_refuses_naive_acceptance() {
+        // Keeping a proposal with its probability but drawing the
+        // replacement from the whole distribution (the proposal included)
+        // favours the proposal: the test must see it.
+        let p = params(|_| {});
+        let want = reference_probs(&LOGITS, &p);
+        for draft in [0, 2, 4] {
+            let naive = draft_counts(&p, draft, |l, r, o| {
+                let kept = sample_row_given(&mut l.to_vec(), r, Some(draft), o) == draft;
+                let fresh = RowSampling {
+                    random: r.random << 24,
+                    ..*r
+                };
+                if kept {
+                    draft
+                } else {
+                    sample_row(l, &fresh, o)
+                }
+            });
+            assert!(chi_square(&naive, &want) > critical(5), "{naive:?}");
+        }
+    }
+
+    #[test]
+    fn greedy_rows_take_the_argmax_whatever_is_proposed() {
+        let p = params(|p| p.temperature = 0.0);
+        for draft in 0..LOGITS.len() as TokenId {
+            let r = RowSampling {
+                params: &p,
+                seen: &[],
+                random: 0,
+            };
+            assert_eq!(
+                sample_row_given(&mut LOGITS.to_vec(), &r, Some(draft), &mut Vec::new()),
+                0
+            );
+        }
+    }
+
+    #[test]
+    fn without_a_proposal_draws_are_unchanged() {
+        // The second draw is only used to replace a refused proposal.
+        let p = params(|p| p.top_k = 4);
+        for i in 0..200 {
+            let r = |random| RowSampling {
+                params: &p,
+                seen: &[],
+                random,
+            };
+            let bits = random_bits(i);
+            let a = sample_row(&mut LOGITS.to_vec(), &r(bits), &mut Vec::new());
+            let b = sample_row(&mut LOGITS.to_vec(), &r(bits ^ 0xff_ffff), &mut Vec::new());
+            assert_eq!(a, b);
+        }
     }
 }
