@@ -86,6 +86,17 @@ impl Decoding {
         self.num_output
     }
 
+    /// Tokens the output may still take (max_tokens and the context).
+    pub fn tokens_left(&self) -> usize {
+        self.criteria
+            .max_tokens
+            .saturating_sub(self.num_output)
+            .min(
+                self.max_context
+                    .saturating_sub(self.prompt_len + self.num_output),
+            )
+    }
+
     /// True when the next accepted token will end the sequence by length
     /// (max_tokens or the context).
     pub fn next_hits_limit(&self) -> bool {
@@ -99,14 +110,7 @@ impl Decoding {
     /// estimates whether it must start earlier. See
     /// [`ingot_structured::Grammar::limit_mask`].
     pub fn limit(&self) -> Limit {
-        let left = self
-            .criteria
-            .max_tokens
-            .saturating_sub(self.num_output)
-            .min(
-                self.max_context
-                    .saturating_sub(self.prompt_len + self.num_output),
-            );
+        let left = self.tokens_left();
         if left <= (self.criteria.max_tokens / 4).max(16) {
             Limit::Closing
         } else if left <= NEAR_WINDOW {

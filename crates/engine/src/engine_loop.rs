@@ -9,6 +9,7 @@
 
 mod step;
 mod tiers;
+mod verify;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -57,6 +58,8 @@ pub struct EngineConfig {
     /// The store shared with other instances (`[redis] share_kv`), over
     /// `kv_tiers`.
     pub kv_share: Option<Arc<ingot_kv_tiers::SharedKv>>,
+    /// Speculative decoding (`[speculative]`; off by default).
+    pub speculative: crate::speculative::SpeculativeConfig,
 }
 
 impl Default for EngineConfig {
@@ -70,6 +73,7 @@ impl Default for EngineConfig {
             close_structured_near_limit: true,
             kv_tiers: None,
             kv_share: None,
+            speculative: Default::default(),
         }
     }
 }
@@ -130,7 +134,9 @@ pub fn start_engine(
     let cpu = runner.computes_on_host().then(CpuArbiter::process);
     // The shared store sits over the tiers: without them it is off too.
     let (kv_tiers, kv_share) = (tiers.clone(), tiers.as_ref().and(config.kv_share.clone()));
+    let speculation = crate::speculative::Speculation::new(&config.speculative);
     let state = EngineLoop {
+        speculation,
         cpu,
         controls: controls.clone(),
         scheduler: Scheduler::new(config.scheduler.clone(), pool),
@@ -201,6 +207,8 @@ struct Active {
     done: bool,
     /// Prompt logprobs being collected, when asked for.
     prompt_scores: Option<PromptScores>,
+    /// Its steps may carry proposals (speculative decoding).
+    speculative: bool,
 }
 
 enum Delivery {
@@ -268,6 +276,8 @@ struct EngineLoop {
     cpu: Option<Arc<CpuArbiter>>,
     /// Storage below the KV pool, when on.
     tiers: Option<Arc<ingot_kv_tiers::KvTiers>>,
+    /// Speculative decoding, when on.
+    speculation: Option<crate::speculative::Speculation>,
 }
 
 impl EngineLoop {
@@ -276,6 +286,7 @@ impl EngineLoop {
             let now = Instant::now();
             self.flush_backlogs(now);
             self.apply_controls();
+            self.propose_drafts();
             let out = self.scheduler.schedule(now);
             self.note_started(&out, now);
             self.idle_wait = out.chunks.is_empty();
@@ -335,6 +346,10 @@ impl EngineLoop {
             } => {
                 let request = *request;
                 let scored = request.sampling.prompt_logprobs;
+                // A seeded draw must not depend on the batch (which decides
+                // how much is proposed).
+                let speculative = request.speculative
+                    && (request.sampling.is_greedy() || request.sampling.seed.is_none());
                 let decoding = Decoding::new(
                     &request.prompt,
                     request.sampling,
@@ -363,6 +378,7 @@ impl EngineLoop {
                         done: false,
                         prompt_scores: scored
                             .map(|top| PromptScores::new(request.prompt.len(), top)),
+                        speculative,
                     },
                 );
                 self.scheduler.add(

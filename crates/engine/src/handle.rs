@@ -32,6 +32,10 @@ pub struct EngineRequest {
     /// The grammar the output must follow (structured output), at its
     /// start; compiled by the caller, off the engine thread.
     pub grammar: Option<Grammar>,
+    /// May be decoded speculatively when the engine speculates (it never
+    /// changes a greedy answer; a seeded sampled request is never
+    /// speculated, so its output does not depend on the batch).
+    pub speculative: bool,
 }
 
 /// One generated token.
@@ -183,6 +187,10 @@ pub struct EngineStats {
     /// Tokens generated since start, counted as they are sampled (the
     /// dashboard's output rate; the metrics count finished requests').
     pub generated_tokens: AtomicU64,
+    /// Tokens proposed by speculative decoding since start.
+    pub spec_proposed: AtomicU64,
+    /// Proposed tokens kept.
+    pub spec_kept: AtomicU64,
     /// Requests running, by priority tier (`Priority::rank`).
     pub running_by_tier: [AtomicUsize; Priority::ALL.len()],
     /// Requests the engine thread holds waiting, by priority tier.

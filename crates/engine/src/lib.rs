@@ -23,6 +23,7 @@ mod masks;
 mod metrics;
 pub mod prompt_scores;
 pub mod sampler;
+pub mod speculative;
 pub mod stop;
 
 pub use controls::{EngineControls, Measure};
@@ -39,3 +40,4 @@ pub use ingot_kv_tiers::TierUse;
 pub use ingot_structured::{Grammar, GrammarCompiler, GrammarError};
 pub use metrics::{MetricsConfig, TOKEN_COUNT_BUCKETS, TOKEN_COUNT_HISTOGRAMS};
 pub use sampler::TokenLogprob;
+pub use speculative::{SpeculativeConfig, SpeculativeMethod};

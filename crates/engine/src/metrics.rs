@@ -49,6 +49,12 @@ struct Series {
     max_tokens: Histogram,
     prefill_time: Histogram,
     decode_time: Histogram,
+    /// Speculative decoding: sequences' proposals verified, their tokens,
+    /// the tokens kept, and the per-position series' name.
+    spec_drafts: Counter,
+    spec_draft_tokens: Counter,
+    spec_accepted: Counter,
+    spec_per_pos: &'static str,
 }
 
 /// A finished request's lengths and phases, besides its [`Completion`].
@@ -120,6 +126,10 @@ impl Metrics {
             max_tokens: histogram!("ingot_request_max_tokens", label()),
             prefill_time: histogram!("ingot_request_prefill_time_seconds", label()),
             decode_time: histogram!("ingot_request_decode_time_seconds", label()),
+            spec_drafts: counter!("ingot_spec_decode_num_drafts_total", label()),
+            spec_draft_tokens: counter!("ingot_spec_decode_num_draft_tokens_total", label()),
+            spec_accepted: counter!("ingot_spec_decode_num_accepted_tokens_total", label()),
+            spec_per_pos: "ingot_spec_decode_num_accepted_tokens_per_pos_total",
         };
         let vllm = config.vllm_names.then(|| Vllm::new(&config.model_name));
         let m = Self {
@@ -178,6 +188,28 @@ impl Metrics {
     /// Preemptions since the last call.
     pub(crate) fn preemptions(&self, n: u64) {
         self.each(|s| s.preemptions.increment(n));
+    }
+
+    /// One sequence's proposal of `proposed` tokens, of which the first
+    /// `kept` held (per position: position `i` counts when it held).
+    pub(crate) fn speculation(&self, proposed: usize, kept: usize) {
+        if proposed == 0 {
+            return;
+        }
+        self.each(|s| {
+            s.spec_drafts.increment(1);
+            s.spec_draft_tokens.increment(proposed as u64);
+            s.spec_accepted.increment(kept as u64);
+        });
+        for position in 0..kept {
+            let position = position.to_string();
+            counter!(self.ingot.spec_per_pos, "model" => self.model.clone(), "position" => position.clone())
+                .increment(1);
+            if let Some(v) = &self.vllm {
+                counter!(v.series.spec_per_pos, "model" => v.model_name.clone(), "model_name" => v.model_name.clone(), "engine" => VLLM_ENGINE, "position" => position)
+                    .increment(1);
+            }
+        }
     }
 
     /// One engine step (ingot only: vLLM's iteration histogram is per step
@@ -298,6 +330,10 @@ impl Vllm {
                 max_tokens: histogram!("vllm:request_max_num_generation_tokens", labels()),
                 prefill_time: histogram!("vllm:request_prefill_time_seconds", labels()),
                 decode_time: histogram!("vllm:request_decode_time_seconds", labels()),
+                spec_drafts: counter!("vllm:spec_decode_num_drafts_total", labels()),
+                spec_draft_tokens: counter!("vllm:spec_decode_num_draft_tokens_total", labels()),
+                spec_accepted: counter!("vllm:spec_decode_num_accepted_tokens_total", labels()),
+                spec_per_pos: "vllm:spec_decode_num_accepted_tokens_per_pos_total",
             },
             model_name: model_name.to_string(),
         }
@@ -322,6 +358,22 @@ fn request_counter(model: &str) -> Counter {
 
 /// HELP text and units of ingot's own engine series.
 fn describe_ingot() {
+    describe_counter!(
+        "ingot_spec_decode_num_drafts_total",
+        "Speculative decoding: proposals verified (one per sequence and step)."
+    );
+    describe_counter!(
+        "ingot_spec_decode_num_draft_tokens_total",
+        "Speculative decoding: tokens proposed."
+    );
+    describe_counter!(
+        "ingot_spec_decode_num_accepted_tokens_total",
+        "Speculative decoding: proposed tokens kept."
+    );
+    describe_counter!(
+        "ingot_spec_decode_num_accepted_tokens_per_pos_total",
+        "Speculative decoding: proposed tokens kept, by position in the proposal."
+    );
     describe_histogram!(
         "ingot_structured_mask_seconds",
         Unit::Seconds,
@@ -446,6 +498,22 @@ fn describe_ingot() {
 
 /// HELP text of the vLLM-named series (vLLM's own wording).
 fn describe_vllm() {
+    describe_counter!(
+        "vllm:spec_decode_num_drafts_total",
+        "Number of spec decoding drafts."
+    );
+    describe_counter!(
+        "vllm:spec_decode_num_draft_tokens_total",
+        "Number of draft tokens."
+    );
+    describe_counter!(
+        "vllm:spec_decode_num_accepted_tokens_total",
+        "Number of accepted tokens."
+    );
+    describe_counter!(
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+        "Accepted tokens per draft position."
+    );
     describe_gauge!(
         "vllm:num_requests_running",
         "Number of requests in model execution batches."

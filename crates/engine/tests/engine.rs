@@ -12,103 +12,12 @@ use ingot_engine::{
     start_engine, EngineConfig, EngineHandle, EngineRequest, SubmitError, TokenEvent,
 };
 use ingot_models::dummy::DummySource;
-use ingot_models::{Architecture, LlamaWeights, ModelConfig, RopeConfig, RopeScaling};
+use ingot_models::{LlamaWeights, ModelConfig};
 use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig};
-use ingot_scheduler::SchedulerConfig;
-use ingot_tokenizer::Tokenizer;
 
-fn tokenizer() -> Arc<Tokenizer> {
-    let gguf = ingot_models::gguf::GgufFile::open(&ingot_testkit::smollm2_gguf()).unwrap();
-    Arc::new(Tokenizer::from_gguf(&gguf).unwrap())
-}
+mod common;
 
-fn tiny_config() -> ModelConfig {
-    ModelConfig {
-        architecture: Architecture::Llama,
-        hidden_size: 64,
-        intermediate_size: 128,
-        num_layers: 2,
-        num_heads: 4,
-        num_kv_heads: 2,
-        head_dim: 16,
-        vocab_size: 49152,
-        max_context: 512,
-        rms_norm_eps: 1e-5,
-        rope: RopeConfig {
-            theta: 10000.0,
-            scaling: RopeScaling::None,
-        },
-        qkv_bias: false,
-        qk_norm: false,
-        tie_word_embeddings: true,
-        block: Default::default(),
-    }
-}
-
-fn engine(num_blocks: usize, f: impl FnOnce(&mut EngineConfig)) -> EngineHandle {
-    let config = tiny_config();
-    let weights = LlamaWeights::load(&config, &DummySource::new(&config, 1), &|_, _| {}).unwrap();
-    let runner = CpuRunner::new(
-        config,
-        weights,
-        CpuRunnerConfig {
-            num_blocks,
-            block_size: 16,
-            weight_dtype: Default::default(),
-        },
-    )
-    .unwrap();
-    let mut c = EngineConfig {
-        scheduler: SchedulerConfig {
-            max_num_batched_tokens: 64,
-            ..SchedulerConfig::default()
-        },
-        ..EngineConfig::default()
-    };
-    f(&mut c);
-    start_engine(Box::new(runner), tokenizer(), c).unwrap()
-}
-
-fn request(seed: u32, len: usize, max_tokens: usize) -> EngineRequest {
-    EngineRequest {
-        prompt: (0..len as u32)
-            .map(|i| (i * 7919 + seed * 104_729) % 49_000 + 10)
-            .collect(),
-        sampling: SamplingParams::greedy(),
-        stop: StopCriteria {
-            max_tokens,
-            ignore_eos: true,
-            ..Default::default()
-        },
-        priority: Priority::Normal,
-        grammar: None,
-    }
-}
-
-/// Runs a request to its end; returns its tokens and finish reason.
-fn run(handle: &EngineHandle, req: EngineRequest) -> (Vec<u32>, FinishReason) {
-    let mut s = handle.submit(req).unwrap();
-    let mut tokens = Vec::new();
-    while let Some(e) = s.next_blocking() {
-        match e {
-            TokenEvent::Token(t) => tokens.push(t.token),
-            TokenEvent::Finished(c) => return (tokens, c.reason),
-            TokenEvent::Error(e) => panic!("engine error: {e}"),
-            TokenEvent::Prompt(_) => {}
-        }
-    }
-    panic!("stream ended without Finished");
-}
-
-fn run_concurrently(handle: &EngineHandle, reqs: Vec<EngineRequest>) -> Vec<Vec<u32>> {
-    std::thread::scope(|s| {
-        let hs: Vec<_> = reqs
-            .into_iter()
-            .map(|r| s.spawn(|| run(handle, r).0))
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
+use common::*;
 
 fn wait_until(what: &str, f: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -525,16 +434,6 @@ fn logprobs_do_not_change_greedy_tokens() {
     assert_eq!(plain, with_logprobs);
 }
 
-fn constrained(
-    e: &EngineHandle,
-    mut req: EngineRequest,
-    spec: ingot_core::GrammarSpec,
-) -> EngineRequest {
-    req.grammar = Some(e.grammar_compiler().unwrap().compile(&spec).unwrap());
-    req.stop.ignore_eos = false;
-    req
-}
-
 fn text(tokens: &[u32]) -> String {
     tokenizer().decode(tokens, true).unwrap()
 }
@@ -749,6 +648,7 @@ fn logit_bias_bans_and_forces_tokens_in_100_sampled_answers() {
                 },
                 priority: Priority::Normal,
                 grammar: None,
+                speculative: true,
             })
             .collect();
         run_concurrently(&e, reqs)

@@ -98,6 +98,10 @@ pub struct ScheduledChunk {
     pub len: usize,
     /// The chunk ends at the sequence's last token: sample from its logits.
     pub sample: bool,
+    /// Proposed tokens (speculative decoding) ending the chunk, after its
+    /// one real token: the step verifies them, then
+    /// [`Scheduler::accept_draft`] keeps those accepted.
+    pub draft: usize,
 }
 
 /// What one step runs.
@@ -145,11 +149,26 @@ struct Seq {
     /// Computes every position itself (it needs their logits, e.g. for
     /// prompt logprobs): never starts from cached prefix blocks.
     compute_all: bool,
+    /// The last `draft` tokens are proposals (speculative decoding), not
+    /// yet the sequence's: never counted computed or named as cache blocks.
+    draft: usize,
+    /// The next `ahead` tokens appended were computed already (kept
+    /// proposals: the step that verified them wrote their KV).
+    ahead: usize,
 }
 
 impl Seq {
+    /// Real tokens not yet in the cache.
     fn pending(&self) -> usize {
-        self.tokens.len() - self.num_computed
+        self.tokens.len() - self.draft - self.num_computed
+    }
+
+    /// Drops the proposals after the first `keep`.
+    fn cut_draft(&mut self, keep: usize) {
+        let keep = keep.min(self.draft);
+        self.tokens
+            .truncate(self.tokens.len() - (self.draft - keep));
+        self.draft = keep;
     }
 }
 
@@ -293,6 +312,8 @@ impl Scheduler {
                 state: State::Waiting,
                 paused: false,
                 compute_all: false,
+                draft: 0,
+                ahead: 0,
             },
         );
         self.waiting.push(id);
@@ -323,9 +344,47 @@ impl Scheduler {
 
     /// Appends a sampled token to a sequence.
     pub fn append_token(&mut self, id: SeqId, token: TokenId) {
-        if let Some(seq) = self.seqs.get_mut(&id) {
-            seq.tokens.push(token);
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        seq.cut_draft(0);
+        seq.tokens.push(token);
+        if seq.ahead > 0 {
+            seq.ahead -= 1;
+            seq.num_computed += 1;
+            self.pool
+                .publish_groups(&mut seq.tables, &seq.tokens, seq.num_computed);
         }
+    }
+
+    /// Proposes `draft` to follow a decoding sequence's last token
+    /// (speculative decoding): the next step runs them with it, as far as
+    /// its token budget allows, and its logits verify them. Replaces an
+    /// earlier proposal. False (nothing proposed) unless the sequence is
+    /// running with exactly its last token to compute.
+    pub fn set_draft(&mut self, id: SeqId, draft: &[TokenId]) -> bool {
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return false;
+        };
+        seq.cut_draft(0);
+        if seq.state != State::Running || seq.num_computed == 0 || seq.pending() != 1 {
+            return false;
+        }
+        seq.tokens.extend_from_slice(draft);
+        seq.draft = draft.len();
+        true
+    }
+
+    /// After a step that ran a proposal: the proposals are dropped, and the
+    /// next `kept` tokens appended (the engine appends every token it
+    /// takes, kept proposals first) count as computed: the step wrote their
+    /// KV. Slots of refused proposals are written again later.
+    pub fn accept_draft(&mut self, id: SeqId, kept: usize) {
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        seq.ahead = kept.min(seq.draft);
+        seq.cut_draft(0);
     }
 
     /// Changes a sequence's tier (a coalesced request joined by a more
@@ -404,6 +463,8 @@ impl Scheduler {
             return;
         };
         self.pool.release_groups(&mut seq.tables);
+        seq.cut_draft(0);
+        seq.ahead = 0;
         seq.num_computed = 0;
         seq.state = State::Waiting;
         self.running.retain(|&r| r != id);
@@ -433,7 +494,11 @@ impl Scheduler {
             {
                 continue;
             }
-            let n = seq.pending().min(budget);
+            // A proposal is cut to the budget left.
+            let n = (seq.pending() + seq.draft).min(budget);
+            if let Some(seq) = self.seqs.get_mut(&id) {
+                seq.cut_draft(n - 1);
+            }
             if self.reserve_or_preempt(id, n, &mut out) {
                 self.push_chunk(id, n, &mut out);
                 budget -= n;
@@ -445,6 +510,15 @@ impl Scheduler {
         }
         self.commit(&out);
         out
+    }
+
+    /// Drops the proposals of sequences this step does not run.
+    fn drop_unscheduled_drafts(&mut self, out: &SchedulerOutput) {
+        for (id, seq) in self.seqs.iter_mut() {
+            if seq.draft > 0 && !out.chunks.iter().any(|c| c.id == *id) {
+                seq.cut_draft(0);
+            }
+        }
     }
 
     /// This step's token budget: the larger prefill-only budget when no
@@ -532,6 +606,7 @@ impl Scheduler {
             start: seq.num_computed,
             len: n,
             sample: seq.num_computed + n == seq.tokens.len(),
+            draft: seq.draft,
         });
     }
 
@@ -617,12 +692,13 @@ impl Scheduler {
     /// Marks scheduled tokens computed and publishes newly full blocks to
     /// the prefix cache (their contents are written by this step's forward).
     fn commit(&mut self, out: &SchedulerOutput) {
+        self.drop_unscheduled_drafts(out);
         for c in &out.chunks {
             let seq = self
                 .seqs
                 .get_mut(&c.id)
                 .expect("scheduled ids exist. This is a bug.");
-            seq.num_computed = c.start + c.len;
+            seq.num_computed = c.start + c.len - c.draft;
             self.pool
                 .publish_groups(&mut seq.tables, &seq.tokens, seq.num_computed);
         }
@@ -664,6 +740,63 @@ mod tests {
 
     fn ids(out: &SchedulerOutput) -> Vec<SeqId> {
         out.chunks.iter().map(|c| c.id).collect()
+    }
+
+    #[test]
+    fn drafts_run_after_the_last_token_and_only_accepted_ones_stay() {
+        let t0 = Instant::now();
+        let mut s = sched(64, |_| {});
+        s.add(1, prompt(6, 0), Priority::Normal, 10, t0);
+        step(&mut s, t0);
+        assert!(s.set_draft(1, &[20, 21, 22]));
+        let out = s.schedule(t0);
+        let chunk = ScheduledChunk {
+            id: 1,
+            start: 6,
+            len: 4,
+            sample: true,
+            draft: 3,
+        };
+        assert_eq!(out.chunks, vec![chunk]);
+        assert_eq!(s.view(1).unwrap().tokens[6..], [7, 20, 21, 22]);
+        // The first proposal holds; the verifier's own token follows it.
+        s.accept_draft(1, 1);
+        s.append_token(1, 20);
+        s.append_token(1, 30);
+        assert_eq!(s.view(1).unwrap().tokens[6..], [7, 20, 30]);
+        let out = s.schedule(t0);
+        assert_eq!((out.chunks[0].start, out.chunks[0].len), (8, 1));
+        // Cached blocks hold accepted tokens only: [4, 5, 7, 20] is the
+        // second block, no block holds 21.
+        s.add(2, vec![0, 1, 2, 3, 4, 5, 7, 20, 9], Priority::Normal, 1, t0);
+        s.add(3, vec![0, 1, 2, 3, 4, 5, 7, 21, 9], Priority::Normal, 1, t0);
+        let mut started = s.schedule(t0).started;
+        started.sort();
+        assert_eq!(started, vec![(2, 8), (3, 4)]);
+    }
+
+    #[test]
+    fn drafts_are_cut_to_the_budget_and_dropped_when_not_run() {
+        let t0 = Instant::now();
+        let mut s = sched(64, |_| {});
+        s.add(1, prompt(6, 0), Priority::Normal, 10, t0);
+        step(&mut s, t0);
+        s.set_step_limits(3, 8);
+        assert!(s.set_draft(1, &[20, 21, 22, 23]));
+        let out = s.schedule(t0);
+        assert_eq!((out.chunks[0].len, out.chunks[0].draft), (3, 2));
+        s.accept_draft(1, 0);
+        s.append_token(1, 30);
+        assert_eq!(s.view(1).unwrap().tokens[6..], [7, 30]);
+        // A paused sequence is not run: its proposal goes.
+        assert!(s.set_draft(1, &[40]));
+        s.set_paused(1, true);
+        assert!(s.schedule(t0).chunks.is_empty());
+        assert_eq!(s.view(1).unwrap().tokens[6..], [7, 30]);
+        // Nothing is proposed for a sequence with more than its last token
+        // to compute.
+        s.add(2, prompt(8, 100), Priority::Normal, 10, t0);
+        assert!(!s.set_draft(2, &[1]));
     }
 
     #[test]
@@ -725,7 +858,8 @@ mod tests {
                 id: 1,
                 start: 0,
                 len: 3,
-                sample: true
+                sample: true,
+                draft: 0,
             }]
         );
         s.add(2, prompt(40, 100), Priority::Normal, 10, t0);
@@ -760,7 +894,8 @@ mod tests {
                 id: 1,
                 start: 0,
                 len: 40,
-                sample: true
+                sample: true,
+                draft: 0,
             }],
             "one step for the whole prompt"
         );
@@ -829,7 +964,8 @@ mod tests {
                 id: 2,
                 start: 16,
                 len: 3,
-                sample: true
+                sample: true,
+                draft: 0,
             }]
         );
         assert_eq!(s.pool().prefix_cache_stats().hits, 16);

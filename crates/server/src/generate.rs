@@ -192,6 +192,7 @@ impl Submission {
                     stop,
                     priority: sampling.priority,
                     grammar: inputs.grammar.cloned(),
+                    speculative: true,
                 };
                 out.push((p * sampling.n + c, p, request));
             }

@@ -197,6 +197,7 @@ fn run_from(
         },
         priority: Default::default(),
         grammar: None,
+        speculative: true,
     })?;
     let mut first_token = None;
     while let Some(event) = events.next_blocking() {

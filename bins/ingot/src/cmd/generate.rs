@@ -260,6 +260,7 @@ pub(crate) async fn stream(
         stop: stop.clone(),
         priority: Default::default(),
         grammar: None,
+        speculative: true,
     })?;
     let mut out = std::io::stdout().lock();
     let mut text = String::new();

@@ -20,7 +20,7 @@ use crate::handle::{PromptLogprob, RequestId, TokenEvent};
 use crate::masks::PendingMasks;
 
 /// A sampled row's token as its request accepted it, or why the row failed.
-type RowOutcome = Result<TokenOutput, String>;
+pub(super) type RowOutcome = Result<TokenOutput, String>;
 
 impl EngineLoop {
     /// Steady decode: nothing waiting, every row a decode that continues
@@ -40,6 +40,9 @@ impl EngineLoop {
 
     /// One forward pass over the scheduled chunks, then sampling.
     pub(super) fn step(&mut self, chunks: &[ScheduledChunk]) {
+        if chunks.iter().any(|c| c.draft > 0) {
+            return self.step_verify(chunks);
+        }
         let started = Instant::now();
         let expect_next = self.expects_next(chunks);
         if expect_next && self.runner.launches_ahead() {
@@ -107,7 +110,7 @@ impl EngineLoop {
     /// Sends a step's results: completed prompt logprobs, then the end of
     /// requests that generate nothing, then each sampled token (or the
     /// row's failure).
-    fn deliver_step(
+    pub(super) fn deliver_step(
         &mut self,
         prompts: Vec<(RequestId, Vec<PromptLogprob>)>,
         empty: Vec<RequestId>,
@@ -163,7 +166,7 @@ impl EngineLoop {
 
     /// Hands each scored prompt chunk's logprobs to its request; returns
     /// the requests whose prompt logprobs are now complete, with them.
-    fn record_prompt_scores(
+    pub(super) fn record_prompt_scores(
         &mut self,
         scored: Vec<(RequestId, usize)>,
         scores: Vec<Vec<Logprobs>>,
@@ -252,7 +255,7 @@ impl EngineLoop {
     /// Adds a step's forward time to every request whose prompt it
     /// computed (chunks before the end of the prompt, or the prompt's last
     /// chunk, which also samples the first token).
-    fn count_prefill(&mut self, chunks: &[ScheduledChunk], forward: Duration) {
+    pub(super) fn count_prefill(&mut self, chunks: &[ScheduledChunk], forward: Duration) {
         if let Some(tiers) = &self.tiers {
             // What a prompt token costs to compute: the tiers weigh it
             // against fetching a shared prefix.
@@ -272,9 +275,11 @@ impl EngineLoop {
 }
 
 /// The forward batch of `chunks` (their tokens and block tables), and
-/// which request and start position each of its `score` entries scores
-/// (chunks of requests that asked for prompt logprobs).
-fn build_batch<'a>(
+/// which request and start position each of its first `score` entries
+/// scores (chunks of requests that asked for prompt logprobs). A chunk
+/// that ends in proposals gets a `score` entry after those, for the rows
+/// that verify them.
+pub(super) fn build_batch<'a>(
     scheduler: &'a Scheduler,
     active: &HashMap<RequestId, Active>,
     chunks: &[ScheduledChunk],
@@ -302,6 +307,15 @@ fn build_batch<'a>(
             c.start,
             v.tables,
         ));
+    }
+    for (i, c) in chunks.iter().enumerate().filter(|(_, c)| c.draft > 0) {
+        let tokens = batch.chunks[i].tokens;
+        batch.score.push(ScoredChunk {
+            chunk: i,
+            next: &tokens[1..],
+            top: 0,
+        });
+        debug_assert_eq!(tokens.len(), c.draft + 1);
     }
     (batch, scored)
 }

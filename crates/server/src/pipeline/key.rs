@@ -146,6 +146,7 @@ mod tests {
             },
             priority: Priority::Normal,
             grammar: None,
+            speculative: true,
         }
     }
 

@@ -125,6 +125,7 @@ fn greedy(prompt: &[u32], max_tokens: usize) -> EngineRequest {
         },
         priority: Priority::Normal,
         grammar: None,
+        speculative: true,
     }
 }
 

@@ -1,0 +1,97 @@
+//! Prompt lookup (n-gram) proposals: where the sequence's last n tokens
+//! occurred before (in the prompt or the output), guess that what followed
+//! them then follows now. Costs no model; pays where the output copies its
+//! input (editing code, repeating a list, quoting a document).
+
+use ingot_core::TokenId;
+
+use super::Proposer;
+
+/// Proposes the tokens that followed the latest earlier occurrence of the
+/// longest suffix of `min..=max` tokens that occurred before (preferring
+/// occurrences with a whole proposal after them).
+#[derive(Debug, Clone)]
+pub struct NgramProposer {
+    min: usize,
+    max: usize,
+}
+
+impl NgramProposer {
+    /// Suffixes of `min..=max` tokens (each at least 1), longest tried first.
+    pub fn new(min: usize, max: usize) -> Self {
+        let min = min.max(1);
+        Self {
+            min,
+            max: max.max(min),
+        }
+    }
+}
+
+impl Proposer for NgramProposer {
+    fn propose(&mut self, tokens: &[TokenId], max: usize) -> Vec<TokenId> {
+        let len = tokens.len();
+        if max == 0 {
+            return Vec::new();
+        }
+        for n in (self.min..=self.max.min(len.saturating_sub(1))).rev() {
+            let suffix = &tokens[len - n..];
+            // The latest occurrence followed by `max` tokens, else the
+            // later one followed by most (each ending before the suffix
+            // does): in a loop the latest would propose only up to the end.
+            let full = (len - n).saturating_sub(max);
+            let found = (0..full)
+                .rev()
+                .chain(full..len - n)
+                .find(|&i| &tokens[i..i + n] == suffix);
+            if let Some(i) = found {
+                let from = i + n;
+                return tokens[from..(from + max).min(len)].to_vec();
+            }
+        }
+        Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proposes_what_followed_the_latest_occurrence() {
+        let mut p = NgramProposer::new(2, 3);
+        // "1 2 3 4 5 | 1 2 3 9 | 1 2 3" -> the latest "1 2 3" went on with 9.
+        let t = [1, 2, 3, 4, 5, 1, 2, 3, 9, 7, 1, 2, 3];
+        assert_eq!(p.propose(&t, 3), vec![9, 7, 1]);
+        assert_eq!(p.propose(&t, 1), vec![9]);
+    }
+
+    #[test]
+    fn longer_matches_win_and_short_ones_are_a_fallback() {
+        let mut p = NgramProposer::new(1, 3);
+        // The suffix "8 2" occurred once (then 5); "2" alone last went on with 6.
+        let t = [8, 2, 5, 5, 2, 6, 0, 8, 2];
+        assert_eq!(p.propose(&t, 2), vec![5, 5]);
+        let mut p = NgramProposer::new(1, 1);
+        assert_eq!(p.propose(&t, 2), vec![6, 0]);
+    }
+
+    #[test]
+    fn nothing_to_copy_proposes_nothing() {
+        let mut p = NgramProposer::new(2, 4);
+        assert!(p.propose(&[1, 2, 3, 4, 5, 6], 4).is_empty());
+        assert!(p.propose(&[1], 4).is_empty());
+        assert!(p.propose(&[], 4).is_empty());
+        assert!(p.propose(&[1, 2, 1, 2], 0).is_empty());
+    }
+
+    #[test]
+    fn a_proposal_may_run_into_the_suffix() {
+        // A loop: the latest match with a whole proposal after it; a short
+        // one where no match has.
+        let mut p = NgramProposer::new(2, 2);
+        assert_eq!(p.propose(&[7, 7, 7, 7], 4), vec![7, 7]);
+        assert_eq!(p.propose(&[7; 8], 4), vec![7; 4]);
+        assert_eq!(p.propose(&[1, 2, 1, 2, 1, 2], 4), vec![1, 2, 1, 2]);
+        assert_eq!(p.propose(&[1, 2, 1, 2, 1, 2], 3), vec![1, 2, 1]);
+    }
+}
