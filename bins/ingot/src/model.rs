@@ -124,6 +124,11 @@ pub struct ModelArgs {
     /// GPU) [engine.deterministic; false].
     #[arg(long)]
     pub deterministic: bool,
+    /// Speculative decoding, as vLLM's flag: a JSON object with `method`
+    /// (`ngram` or `none`), `num_speculative_tokens`, `prompt_lookup_min`,
+    /// `prompt_lookup_max`, `disable_by_batch_size` [speculative.*; off].
+    #[arg(long, value_name = "JSON")]
+    pub speculative_config: Option<String>,
 }
 
 impl ModelArgs {
@@ -161,6 +166,9 @@ impl ModelArgs {
             &self.max_model_len,
         );
         flags.opt("--dtype", "model.dtype", &self.dtype);
+        if let Some(json) = &self.speculative_config {
+            speculative_flags(json, flags)?;
+        }
         flags.opt(
             "--reasoning-parser",
             "model.reasoning_parser",
@@ -732,4 +740,26 @@ fn cpu_runner(
         "CPU weights"
     );
     Ok(runner)
+}
+
+/// `--speculative-config`'s keys as `speculative.*` config values.
+fn speculative_flags(json: &str, flags: &mut FlagSet) -> anyhow::Result<()> {
+    const FLAG: &str = "--speculative-config";
+    let object: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(json).with_context(|| format!("{FLAG}: not a JSON object: {json}"))?;
+    for (name, value) in object {
+        let key = match name.as_str() {
+            "method" => "speculative.method",
+            "num_speculative_tokens" => "speculative.num_speculative_tokens",
+            "prompt_lookup_min" => "speculative.prompt_lookup_min",
+            "prompt_lookup_max" => "speculative.prompt_lookup_max",
+            "disable_by_batch_size" => "speculative.disable_by_batch_size",
+            other => anyhow::bail!(
+                "{FLAG}: unknown key {other:?} (known: method, num_speculative_tokens, \
+                 prompt_lookup_min, prompt_lookup_max, disable_by_batch_size)"
+            ),
+        };
+        flags.opt(FLAG, key, &Some(value));
+    }
+    Ok(())
 }

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use ingot_config::{Config, ConfigError, FlagValue, Layers, Loaded};
-use ingot_engine::{EngineConfig, MetricsConfig};
+use ingot_engine::{EngineConfig, MetricsConfig, SpeculativeConfig, SpeculativeMethod};
 use ingot_scheduler::SchedulerConfig;
 use serde_json::Value;
 
@@ -103,6 +103,7 @@ pub fn engine_config(config: &Config) -> EngineConfig {
         prefix_caching: config.engine.prefix_caching,
         stall_timeout: config.engine.stall_timeout.get(),
         close_structured_near_limit: config.structured.close_near_limit,
+        speculative: speculative_config(&config.speculative),
         // The model name is the server's to give (`cmd::serve`).
         metrics: MetricsConfig {
             vllm_names: config.metrics.vllm_names,
@@ -110,6 +111,20 @@ pub fn engine_config(config: &Config) -> EngineConfig {
         },
         // Not a config key: per-request event buffering is an engine detail.
         ..EngineConfig::default()
+    }
+}
+
+/// The engine's speculation from `[speculative]`.
+fn speculative_config(s: &ingot_config::SpeculativeSection) -> SpeculativeConfig {
+    SpeculativeConfig {
+        method: match s.method {
+            ingot_config::SpeculativeMethod::None => None,
+            ingot_config::SpeculativeMethod::Ngram => Some(SpeculativeMethod::Ngram),
+        },
+        num_speculative_tokens: s.num_speculative_tokens,
+        ngram_min: s.prompt_lookup_min,
+        ngram_max: s.prompt_lookup_max,
+        disable_by_batch_size: s.disable_by_batch_size,
     }
 }
 

@@ -41,6 +41,7 @@ pub(crate) fn check(config: &Config) -> Check {
     server(config)?;
     cache(config)?;
     kv_tiers(config)?;
+    speculative(config)?;
     log(config)?;
     tracing(config)?;
     limits(config)?;
@@ -199,6 +200,25 @@ fn limits(c: &Config) -> Check {
 
 fn redis(c: &Config) -> Check {
     c.redis.check().or_else(|(key, message)| fail(key, message))
+}
+
+fn speculative(c: &Config) -> Check {
+    let s = &c.speculative;
+    if !(1..=16).contains(&s.num_speculative_tokens) {
+        return fail("speculative.num_speculative_tokens", "must be from 1 to 16");
+    }
+    at_least(
+        "speculative.prompt_lookup_min",
+        s.prompt_lookup_min as u64,
+        1,
+    )?;
+    if s.prompt_lookup_max < s.prompt_lookup_min {
+        return fail(
+            "speculative.prompt_lookup_max",
+            "must be at least speculative.prompt_lookup_min",
+        );
+    }
+    Ok(())
 }
 
 fn kv_tiers(c: &Config) -> Check {

@@ -13,8 +13,8 @@ use crate::models::{ModelEntry, RegistrySection};
 use crate::redis::RedisSection;
 use crate::sections::{
     CacheSection, CudaSection, EngineSection, KvTiersSection, LimitsSection, LogSection,
-    MetricsSection, ModelSection, SchedulerSection, ServerSection, StructuredSection,
-    TracingSection,
+    MetricsSection, ModelSection, SchedulerSection, ServerSection, SpeculativeSection,
+    StructuredSection, TracingSection,
 };
 use crate::slo::{RemediationSection, SloSpec};
 
@@ -38,6 +38,8 @@ pub struct Config {
     pub cuda: CudaSection,
     /// Structured output (JSON schemas, regexes, grammars, tool calls).
     pub structured: StructuredSection,
+    /// Speculative decoding (off by default).
+    pub speculative: SpeculativeSection,
     /// Logging.
     pub log: LogSection,
     /// API keys and per-key limits.
@@ -74,6 +76,7 @@ impl Default for Config {
             kv_tiers: KvTiersSection::default(),
             cuda: CudaSection::default(),
             structured: StructuredSection::default(),
+            speculative: SpeculativeSection::default(),
             log: LogSection::default(),
             auth: AuthSection::default(),
             metrics: MetricsSection::default(),

@@ -51,7 +51,8 @@ pub use sections::{
     CacheSection, CpuWeights, CudaSection, Device, Dtype, EngineSection, KvCacheDtype,
     KvTiersSection, LimitsSection, LoadFormat, LogFormat, LogSection, MetricsSection, ModelSection,
     PriorityDeadlines, Quantization, ReasoningParser, SchedulerSection, ServerSection,
-    StructuredSection, TierTimeouts, TracingSection, BLOCK_SIZE,
+    SpeculativeMethod, SpeculativeSection, StructuredSection, TierTimeouts, TracingSection,
+    BLOCK_SIZE,
 };
 pub use slo::{
     BatchingSection, RemediationMode, RemediationSection, ShedHow, ShedSection, SloMetric, SloSpec,

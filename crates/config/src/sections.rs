@@ -551,6 +551,51 @@ impl KvTiersSection {
     }
 }
 
+/// Speculative decoding (docs/speculative.md). Off by default
+/// (`method = "none"`): it never changes a greedy answer, but a step with
+/// proposals costs more than one without, which pays only when enough of
+/// them hold; turn it on per deployment once measured.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SpeculativeSection {
+    /// `none` or `ngram` (prompt lookup: what followed the latest earlier
+    /// occurrence of the last tokens, in the prompt or the output).
+    pub method: SpeculativeMethod,
+    /// Most tokens proposed per sequence and step.
+    #[schemars(range(min = 1, max = 16))]
+    pub num_speculative_tokens: usize,
+    /// Shortest suffix the n-gram proposer matches.
+    #[schemars(range(min = 1))]
+    pub prompt_lookup_min: usize,
+    /// Longest suffix the n-gram proposer matches (tried first).
+    #[schemars(range(min = 1))]
+    pub prompt_lookup_max: usize,
+    /// Steps running more sequences than this propose nothing.
+    pub disable_by_batch_size: usize,
+}
+
+impl Default for SpeculativeSection {
+    fn default() -> Self {
+        Self {
+            method: SpeculativeMethod::None,
+            num_speculative_tokens: 4,
+            prompt_lookup_min: 2,
+            prompt_lookup_max: 4,
+            disable_by_batch_size: 8,
+        }
+    }
+}
+
+/// Where speculative proposals come from.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum SpeculativeMethod {
+    /// No speculation.
+    None,
+    /// Prompt lookup (n-gram matching).
+    Ngram,
+}
+
 /// CUDA backend switches (ignored on the CPU).
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
 #[serde(default, deny_unknown_fields)]

@@ -209,6 +209,8 @@ struct Active {
     prompt_scores: Option<PromptScores>,
     /// Its steps may carry proposals (speculative decoding).
     speculative: bool,
+    /// How often its proposals were kept.
+    acceptance: crate::speculative::Acceptance,
 }
 
 enum Delivery {
@@ -379,6 +381,7 @@ impl EngineLoop {
                         prompt_scores: scored
                             .map(|top| PromptScores::new(request.prompt.len(), top)),
                         speculative,
+                        acceptance: Default::default(),
                     },
                 );
                 self.scheduler.add(

@@ -89,7 +89,7 @@ const CACHE_HINT: &str =
 
 /// The fields chat and completions share: sampling, stopping, streaming,
 /// structured output and ingot's (vLLM's) extensions.
-const SHARED: [Field; 30] = [
+const SHARED: [Field; 31] = [
     honoured("model"),
     honoured("max_tokens"),
     honoured("max_completion_tokens"),
@@ -116,6 +116,7 @@ const SHARED: [Field; 30] = [
     honoured("repetition_penalty"),
     honoured("ignore_eos"),
     honoured("priority"),
+    honoured("speculative"),
     honoured("stop_token_ids"),
     honoured("response_format"),
     honoured("guided_json"),
@@ -310,6 +311,7 @@ pub const RESPONSES: &[Field] = &[
     honoured("stop_token_ids"),
     honoured("ignore_eos"),
     honoured("priority"),
+    honoured("speculative"),
 ];
 
 /// The field list of an endpoint by its path in OpenAI's description

@@ -22,7 +22,7 @@ use crate::ProtocolError;
 
 /// Sampling fields passed to chat under the same name (chat's extensions
 /// among them: vLLM reads them here too).
-const SAME_NAME: [&str; 15] = [
+const SAME_NAME: [&str; 16] = [
     "model",
     "temperature",
     "top_p",
@@ -37,6 +37,7 @@ const SAME_NAME: [&str; 15] = [
     "stop_token_ids",
     "ignore_eos",
     "priority",
+    "speculative",
     "top_logprobs",
 ];
 

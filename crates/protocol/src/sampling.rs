@@ -98,6 +98,9 @@ pub struct SamplingFields {
     pub ignore_eos: Option<bool>,
     /// Scheduling tier (extension).
     pub priority: Option<PriorityField>,
+    /// `false`: never decode this request speculatively (extension; where
+    /// the server speculates, greedy answers are the same either way).
+    pub speculative: Option<bool>,
     /// Stream with SSE.
     pub stream: Option<bool>,
     /// Streaming options.
@@ -140,6 +143,8 @@ pub struct ValidSampling {
     pub n: usize,
     /// Scheduling tier.
     pub priority: Priority,
+    /// May be decoded speculatively.
+    pub speculative: bool,
     /// Stream with SSE.
     pub stream: bool,
     /// Final usage chunk when streaming.
@@ -248,6 +253,7 @@ impl SamplingFields {
             max_tokens: max_tokens.map(|(_, m)| m as usize),
             n: n as usize,
             priority,
+            speculative: self.speculative.unwrap_or(true),
             stream: self.stream.unwrap_or(false),
             include_usage: self
                 .stream_options

@@ -192,7 +192,7 @@ impl Submission {
                     stop,
                     priority: sampling.priority,
                     grammar: inputs.grammar.cloned(),
-                    speculative: true,
+                    speculative: sampling.speculative,
                 };
                 out.push((p * sampling.n + c, p, request));
             }

@@ -85,6 +85,7 @@ impl EngineLoop {
         let prompts = self.record_prompt_scores(scored, scores);
         let (outputs, empty) = self.accept_picks(chunks, picked, &failed, &advanced);
         self.count_prefill(chunks, forward);
+        self.note_step_cost(chunks, forward);
         tracing::debug!(
             tokens = num_tokens,
             seqs = chunks.len(),

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ingot_runner::{scoring, ForwardBatch, Logprobs, ScoredChunk};
 use ingot_scheduler::ScheduledChunk;
@@ -32,16 +32,15 @@ impl EngineLoop {
         let Some(spec) = self.speculation.as_mut() else {
             return;
         };
-        let k = spec.tokens_for_batch(self.scheduler.num_running());
-        if k == 0 {
-            return;
-        }
-        for (&id, a) in &self.active {
+        let running = self.scheduler.num_running();
+        for (&id, a) in self.active.iter_mut() {
             if !a.speculative || a.done || a.first_token.is_none() {
                 continue;
             }
             // The step yields up to one token more than it proposes.
-            let k = k.min(a.decoding.tokens_left().saturating_sub(1));
+            let k = spec
+                .tokens_for(&mut a.acceptance, running)
+                .min(a.decoding.tokens_left().saturating_sub(1));
             let Some(view) = self.scheduler.view(id).filter(|_| k > 0) else {
                 continue;
             };
@@ -49,6 +48,18 @@ impl EngineLoop {
             if !draft.is_empty() {
                 self.scheduler.set_draft(id, &draft);
             }
+        }
+    }
+
+    /// Feeds the step-cost fit with a decode step (every chunk a
+    /// sequence's last token, with or without proposals).
+    pub(super) fn note_step_cost(&mut self, chunks: &[ScheduledChunk], forward: Duration) {
+        let Some(spec) = self.speculation.as_mut() else {
+            return;
+        };
+        if chunks.iter().all(|c| c.sample && c.len == 1 + c.draft) {
+            let tokens = chunks.iter().map(|c| c.len).sum();
+            spec.cost.record(tokens, forward.as_secs_f64());
         }
     }
 
@@ -88,6 +99,9 @@ impl EngineLoop {
         let mut outputs: Vec<(RequestId, RowOutcome)> = Vec::new();
         for (id, verified, proposed) in step.rows {
             self.scheduler.accept_draft(id, verified.kept);
+            if let Some(a) = self.active.get_mut(&id) {
+                a.acceptance.record(proposed, verified.kept);
+            }
             self.metrics.speculation(proposed, verified.kept);
             let s = &self.stats;
             s.spec_proposed
@@ -97,9 +111,11 @@ impl EngineLoop {
             outputs.extend(verified.outputs.into_iter().map(|o| (id, o)));
         }
         self.count_prefill(chunks, forward);
+        self.note_step_cost(chunks, forward);
         tracing::debug!(
             tokens = num_tokens,
             seqs = chunks.len(),
+            forward_ms = forward.as_secs_f64() * 1e3,
             step_ms = started.elapsed().as_secs_f64() * 1e3,
             "speculative step"
         );

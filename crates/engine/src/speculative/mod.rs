@@ -7,14 +7,18 @@
 //! sampled: the same distribution) while a step may yield several tokens.
 //!
 //! Proposers: [`NgramProposer`] (prompt lookup: the tokens that followed
-//! the latest earlier occurrence of the sequence's last n tokens).
+//! the latest earlier occurrence of the sequence's last n tokens). How many
+//! tokens a sequence proposes follows a cost model ([`policy`]): its recent
+//! acceptance against what an extra token costs in the step.
 
 mod ngram;
+mod policy;
 mod verify;
 
 use ingot_core::TokenId;
 
 pub use ngram::NgramProposer;
+pub(crate) use policy::{Acceptance, StepCost};
 pub(crate) use verify::{verify_rows, Verified};
 
 /// How the engine speculates (`[speculative]`).
@@ -22,7 +26,8 @@ pub(crate) use verify::{verify_rows, Verified};
 pub struct SpeculativeConfig {
     /// The proposer (`None`: no speculation).
     pub method: Option<SpeculativeMethod>,
-    /// Most tokens proposed per sequence and step.
+    /// Most tokens proposed per sequence and step (fewer where they are
+    /// unlikely to be kept or the step is compute-bound).
     pub num_speculative_tokens: usize,
     /// Shortest suffix the n-gram proposer matches.
     pub ngram_min: usize,
@@ -61,10 +66,11 @@ pub trait Proposer: Send {
     fn propose(&mut self, tokens: &[TokenId], max: usize) -> Vec<TokenId>;
 }
 
-/// The engine's speculation: its settings and proposer.
+/// The engine's speculation: its settings, proposer and step-cost fit.
 pub(crate) struct Speculation {
     pub config: SpeculativeConfig,
     pub proposer: Box<dyn Proposer>,
+    pub cost: StepCost,
 }
 
 impl Speculation {
@@ -78,16 +84,19 @@ impl Speculation {
         (config.num_speculative_tokens > 0).then(|| Self {
             config: config.clone(),
             proposer,
+            cost: StepCost::default(),
         })
     }
 
-    /// Tokens to propose per sequence in a step running `running`
-    /// sequences (0: none).
-    pub(crate) fn tokens_for_batch(&self, running: usize) -> usize {
+    /// Tokens a sequence of `acceptance` proposes in a step running
+    /// `running` sequences (0: none).
+    pub(crate) fn tokens_for(&self, acceptance: &mut Acceptance, running: usize) -> usize {
         if running > self.config.disable_by_batch_size {
-            0
-        } else {
-            self.config.num_speculative_tokens
+            return 0;
         }
+        acceptance.tokens_worth(
+            self.cost.threshold(running),
+            self.config.num_speculative_tokens,
+        )
     }
 }
