@@ -24,10 +24,15 @@ pub(super) type RowOutcome = Result<TokenOutput, String>;
 
 impl EngineLoop {
     /// Steady decode: nothing waiting, every row a decode that continues
-    /// (none at a length limit). The backend may then launch the next step
-    /// before this one returns.
+    /// (none at a length limit), no proposals likely next step. The
+    /// backend may then launch the next step before this one returns.
     fn expects_next(&self, chunks: &[ScheduledChunk]) -> bool {
-        self.scheduler.num_waiting() == 0
+        let may_speculate = self
+            .speculation
+            .as_ref()
+            .is_some_and(|s| chunks.len() <= s.config.disable_by_batch_size);
+        !may_speculate
+            && self.scheduler.num_waiting() == 0
             && chunks.iter().all(|c| {
                 c.len == 1
                     && c.sample

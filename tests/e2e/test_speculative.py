@@ -1,0 +1,95 @@
+"""Speculative decoding (docs/speculative.md) through the real server on the
+real SmolLM2: with n-gram proposals on, greedy answers equal the same
+server's answers with speculation turned off per request
+(`"speculative": false`), for the committed prompt set (repeat, edit,
+summarise given text; and prompts with nothing to copy), several requests
+at a time; proposals were made and kept; sampled, logprob and constrained
+requests run with it; the request field is checked. The timed comparison is
+scripts/bench-speculative (docs/benchmarks.md, "Speculative decoding")."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+
+import pytest
+
+from ingot_e2e import Server
+
+PROMPTS = json.loads((pathlib.Path(__file__).resolve().parents[1] / "fixtures/speculative_prompts.json")
+                     .read_text())["prompts"]
+MAX_TOKENS = 40
+CONCURRENCY = 6
+SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 5, "disable_by_batch_size": 16})
+
+
+@pytest.fixture(scope="module")
+def spec_server():
+    # Coalescing off: a request and its copy without speculation must both
+    # generate.
+    srv = Server("--speculative-config", SPEC, env={"INGOT_FLAG_COALESCING": "off"})
+    try:
+        yield srv
+    finally:
+        srv.stop_and_check()
+
+
+def test_greedy_answers_equal_answers_without_speculation(spec_server, model_name):
+    assert len(PROMPTS) >= 20
+
+    async def run_all():
+        client = spec_server.async_openai()
+        gate = asyncio.Semaphore(CONCURRENCY)
+
+        async def one(prompt: str, speculative: bool) -> str:
+            async with gate:
+                r = await client.chat.completions.create(
+                    model=model_name, messages=[{"role": "user", "content": prompt}], temperature=0,
+                    max_tokens=MAX_TOKENS, extra_body={} if speculative else {"speculative": False})
+                return r.choices[0].message.content
+
+        try:
+            return await asyncio.gather(*(one(p["prompt"], s) for p in PROMPTS for s in (True, False)))
+        finally:
+            await client.close()
+
+    answers = asyncio.run(run_all())
+    pairs = list(zip(answers[::2], answers[1::2]))
+    differ = [p["name"] for p, (on, off) in zip(PROMPTS, pairs) if on != off]
+    assert not differ, f"answers differ with speculation: {differ}"
+    assert len({off for _, off in pairs}) > len(PROMPTS) // 2, "the answers depend on the prompts"
+    m = spec_server.metrics()
+    proposed = m.get("vllm:spec_decode_num_draft_tokens_total")
+    kept = m.get("vllm:spec_decode_num_accepted_tokens_total")
+    assert m.get("vllm:spec_decode_num_drafts_total") > 0
+    assert 0 < kept <= proposed, (kept, proposed)
+    assert m.get("vllm:spec_decode_num_accepted_tokens_per_pos_total", position="0") > 0
+
+
+def test_sampled_logprob_and_constrained_requests_run_with_proposals(spec_server, model_name):
+    client = spec_server.openai()
+    copy = next(p["prompt"] for p in PROMPTS if p["name"] == "list-repeat")
+    sampled = client.chat.completions.create(
+        model=model_name, messages=[{"role": "user", "content": copy}], temperature=0.7, max_tokens=24,
+        logprobs=True, top_logprobs=2)
+    tokens = sampled.choices[0].logprobs.content
+    assert len(tokens) == sampled.usage.completion_tokens > 0
+    assert all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in tokens)
+    schema = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string"}}},
+              "required": ["items"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "list", "schema": schema}}
+    prompt = "Give the items of this list as JSON: " + copy
+    on, off = (client.chat.completions.create(
+        model=model_name, messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=60,
+        response_format=fmt, extra_body=extra).choices[0].message.content
+        for extra in ({}, {"speculative": False}))
+    assert on == off
+    assert isinstance(json.loads(on)["items"], list)
+
+
+def test_the_speculative_field_is_checked(spec_server, model_name):
+    r = spec_server.http().post("/v1/chat/completions", json={
+        "model": model_name, "messages": [{"role": "user", "content": "hi"}], "speculative": "yes"})
+    assert r.status_code == 400, r.text
+    assert "speculative" in r.json()["error"]["message"]
