@@ -19,7 +19,7 @@ from ingot_e2e import Server
 
 PROMPTS = json.loads((pathlib.Path(__file__).resolve().parents[1] / "fixtures/speculative_prompts.json")
                      .read_text())["prompts"]
-MAX_TOKENS = 40
+MAX_TOKENS = 32
 CONCURRENCY = 6
 SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 5, "disable_by_batch_size": 16})
 

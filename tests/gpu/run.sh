@@ -36,6 +36,9 @@
 #   kvtiers   KV tiers (kv_tiers.py), 8B dummy: a 16k-token prefix evicted to host memory and back
 #             (TTFT cold / device / host), copy bandwidth against the pinned floor, and with
 #             --deterministic the same tokens from restored pages as from computed ones
+#   spec      speculative decoding (speculative.py) on SmolLM2 (needs its bundle): batch-1 decode of
+#             the prompt set with and without n-gram proposals, default and --deterministic (answers
+#             compared), and 64 concurrent requests with speculation allowed and not
 #   structured  constrained answers and CUDA-vs-CPU prompt logprobs (structured_smoke.py, 1B dummy),
 #             then scripts/bench-structured on the 8B dummy
 #   launchahead greedy SmolLM2 answers that stop at different points, alone vs 32 at once,
@@ -312,6 +315,10 @@ for phase in "$@"; do
     plogprobs)
       [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
       bash tests/gpu/prompt_logprobs_real.sh "$ING_RAW" "$SMOL" ;;
+    spec)
+      [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
+      timeout -k 5 540 python3 tests/gpu/speculative.py --ingot "$ING_RAW" --model "$SMOL" \
+        --prompts tests/fixtures/speculative_prompts.json ;;
     kvtiers) timeout -k 5 600 python3 tests/gpu/kv_tiers.py --ingot "$ING_RAW" --model "$(llama8b)" ;;
     cache) bash tests/gpu/cache_smoke.sh "$ING_RAW" "$(llama8b)" --load-format dummy --max-model-len 4096 --max-num-seqs 32 ;;
     embeddings)

@@ -1,0 +1,143 @@
+"""Speculative decoding on CUDA (docs/speculative.md) with the real SmolLM2:
+batch-1 decode rate of the committed prompt set with and without n-gram
+speculation (the request field `speculative: false`, alternated in one run on
+one server), answers compared; the same under --deterministic, where every
+answer must be equal; and 64 concurrent requests with speculation allowed
+and not (the policy must make it cost nothing there).
+
+Usage: speculative.py --ingot BIN --model GGUF --prompts JSON [--max-tokens 128]"""
+
+import argparse
+import concurrent.futures as cf
+import json
+import re
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+
+class Server:
+    def __init__(self, ingot, model, *extra):
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        spec = json.dumps({"method": "ngram", "num_speculative_tokens": 7})
+        self.proc = subprocess.Popen(
+            [ingot, "serve", "--model", model, "--device", "cuda", "--port", "0", "--max-num-seqs", "64",
+             "--speculative-config", spec, *extra],
+            stdout=self.log, stderr=subprocess.STDOUT, env={"INGOT_FLAG_COALESCING": "off", "PATH": "/usr/bin:/bin"})
+        deadline = time.time() + 300
+        self.url = None
+        while time.time() < deadline and self.url is None:
+            time.sleep(0.5)
+            m = re.search(r"listening on (http://\S+)", open(self.log.name).read())
+            if m:
+                self.url = m.group(1)
+        assert self.url, open(self.log.name).read()[-3000:]
+        while time.time() < deadline:
+            try:
+                if urllib.request.urlopen(self.url + "/health", timeout=5).status == 200:
+                    return
+            except Exception:
+                time.sleep(0.5)
+        raise SystemExit("server never ready:\n" + open(self.log.name).read()[-3000:])
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(60)
+
+    def metric(self, name):
+        text = urllib.request.urlopen(self.url + "/metrics", timeout=30).read().decode()
+        return sum(float(v) for v in re.findall(rf"^{name}{{[^}}]*}} (\S+)$", text, re.M))
+
+    def chat(self, prompt, speculative, max_tokens):
+        """(answer, tokens after the first, seconds after the first token)."""
+        body = {"messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": max_tokens,
+                "stream": True, "stream_options": {"include_usage": True}}
+        if not speculative:
+            body["speculative"] = False
+        req = urllib.request.Request(self.url + "/v1/chat/completions", json.dumps(body).encode(),
+                                     {"content-type": "application/json"})
+        text, first, tokens = "", None, 0
+        with urllib.request.urlopen(req, timeout=600) as r:
+            for raw in r:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                for c in chunk.get("choices", []):
+                    if c["delta"].get("content"):
+                        first = first or time.perf_counter()
+                        text += c["delta"]["content"]
+        return text, tokens - 1, time.perf_counter() - (first or time.perf_counter())
+
+
+def batch1(srv, prompts, max_tokens, rounds):
+    rates = {(k, s): [0, 0.0] for k in ("grounded", "free") for s in (False, True)}
+    differ = []
+    for rnd in range(rounds):
+        for i, p in enumerate(prompts):
+            answers = {}
+            for spec in ((False, True) if (i + rnd) % 2 == 0 else (True, False)):
+                text, tokens, secs = srv.chat(p["prompt"], spec, max_tokens)
+                answers[spec] = text
+                rates[(p["kind"], spec)][0] += tokens
+                rates[(p["kind"], spec)][1] += secs
+            if answers[True] != answers[False] and p["name"] not in differ:
+                differ.append(p["name"])
+    return rates, differ
+
+
+def concurrent(srv, prompts, max_tokens, speculative, n=64):
+    jobs = [prompts[i % len(prompts)]["prompt"] for i in range(n)]
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(n) as ex:
+        outs = list(ex.map(lambda p: srv.chat(p, speculative, max_tokens), jobs))
+    wall = time.perf_counter() - t0
+    return sum(o[1] + 1 for o in outs) / wall
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ingot", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--prompts", required=True)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2)
+    a = ap.parse_args()
+    prompts = json.load(open(a.prompts))["prompts"]
+    for label, extra in (("default", ()), ("deterministic", ("--deterministic",))):
+        srv = Server(a.ingot, a.model, *extra)
+        try:
+            for p in prompts[:4]:  # warm-up (graphs, allocator)
+                srv.chat(p["prompt"], True, 16)
+                srv.chat(p["prompt"], False, 16)
+            d0, k0 = srv.metric("ingot_spec_decode_num_draft_tokens_total"), srv.metric(
+                "ingot_spec_decode_num_accepted_tokens_total")
+            rates, differ = batch1(srv, prompts, a.max_tokens, a.rounds if label == "default" else 1)
+            d1, k1 = srv.metric("ingot_spec_decode_num_draft_tokens_total"), srv.metric(
+                "ingot_spec_decode_num_accepted_tokens_total")
+            print(f"## {label}: {len(prompts)} prompts, max_tokens {a.max_tokens}, greedy, batch 1; "
+                  f"kept {k1 - k0:.0f} of {d1 - d0:.0f} proposed")
+            print(f"{'kind':9s} {'tokens':>7s} {'off tok/s':>10s} {'on tok/s':>10s} {'speedup':>8s}")
+            for kind in ("grounded", "free"):
+                off, on = rates[(kind, False)], rates[(kind, True)]
+                print(f"{kind:9s} {on[0]:7d} {off[0] / off[1]:10.1f} {on[0] / on[1]:10.1f} "
+                      f"{(on[0] / on[1]) / (off[0] / off[1]):7.2f}x")
+            print(f"answers that differ ({len(differ)} of {len(prompts)}):", ", ".join(differ) or "none")
+            if label == "default":
+                rows = []
+                for rnd in range(2):
+                    for spec in ((True, False) if rnd % 2 == 0 else (False, True)):
+                        rows.append((spec, concurrent(srv, prompts, a.max_tokens, spec)))
+                on = [r for s, r in rows if s]
+                off = [r for s, r in rows if not s]
+                print(f"64 concurrent, output tok/s: speculation allowed {on}, off {off}, "
+                      f"ratio {sum(on) / sum(off):.3f}")
+        finally:
+            srv.stop()
+
+
+if __name__ == "__main__":
+    main()
