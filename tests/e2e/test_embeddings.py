@@ -28,7 +28,7 @@ from bert_reference import BertReference, varied_sentences  # noqa: E402
 
 EMBED = "minilm"
 CHAT = "smol"
-SENTENCES = 200
+SENTENCES = 100
 COSINE = 0.9999
 
 

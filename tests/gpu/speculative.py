@@ -35,10 +35,12 @@ class Server:
         assert self.url, open(self.log.name).read()[-3000:]
         while time.time() < deadline:
             try:
-                if urllib.request.urlopen(self.url + "/health", timeout=5).status == 200:
+                models = json.load(urllib.request.urlopen(self.url + "/v1/models", timeout=5))
+                if models["data"][0].get("state", "loaded") == "loaded":
                     return
             except Exception:
-                time.sleep(0.5)
+                pass
+            time.sleep(0.5)
         raise SystemExit("server never ready:\n" + open(self.log.name).read()[-3000:])
 
     def stop(self):
