@@ -17,10 +17,13 @@ import pytest
 
 from ingot_e2e import Server
 
-PROMPTS = json.loads((pathlib.Path(__file__).resolve().parents[1] / "fixtures/speculative_prompts.json")
-                     .read_text())["prompts"]
-MAX_TOKENS = 32
-CONCURRENCY = 6
+ALL = json.loads((pathlib.Path(__file__).resolve().parents[1] / "fixtures/speculative_prompts.json")
+                 .read_text())["prompts"]
+# CI's share: 14 prompts that copy or edit their input, 6 with nothing to
+# copy (the whole set runs in scripts/bench-speculative and on the GPU).
+PROMPTS = [p for p in ALL if p["kind"] == "grounded"][:14] + [p for p in ALL if p["kind"] == "free"][:6]
+MAX_TOKENS = 16
+CONCURRENCY = 8
 SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 5, "disable_by_batch_size": 16})
 
 
@@ -69,7 +72,7 @@ def test_greedy_answers_equal_answers_without_speculation(spec_server, model_nam
 
 def test_sampled_logprob_and_constrained_requests_run_with_proposals(spec_server, model_name):
     client = spec_server.openai()
-    copy = next(p["prompt"] for p in PROMPTS if p["name"] == "list-repeat")
+    copy = next(p["prompt"] for p in ALL if p["name"] == "list-repeat")
     sampled = client.chat.completions.create(
         model=model_name, messages=[{"role": "user", "content": copy}], temperature=0.7, max_tokens=24,
         logprobs=True, top_logprobs=2)

@@ -18,12 +18,12 @@ import urllib.request
 
 
 class Server:
-    def __init__(self, ingot, model, *extra):
+    def __init__(self, ingot, model, *extra, spec=json.dumps({"method": "ngram", "num_speculative_tokens": 7})):
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-        spec = json.dumps({"method": "ngram", "num_speculative_tokens": 7})
+        spec_args = ["--speculative-config", spec] if spec else []
         self.proc = subprocess.Popen(
             [ingot, "serve", "--model", model, "--device", "cuda", "--port", "0", "--max-num-seqs", "64",
-             "--speculative-config", spec, *extra],
+             *spec_args, *extra],
             stdout=self.log, stderr=subprocess.STDOUT, env={"INGOT_FLAG_COALESCING": "off", "PATH": "/usr/bin:/bin"})
         deadline = time.time() + 300
         self.url = None
@@ -109,6 +109,21 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
     prompts = json.load(open(a.prompts))["prompts"]
+    # The baseline the way users run it: a server without speculation.
+    plain = Server(a.ingot, a.model, spec=None)
+    try:
+        for p in prompts[:4]:
+            plain.chat(p["prompt"], False, 16)
+        rates, _ = batch1(plain, prompts, a.max_tokens, 1)
+        for kind in ("grounded", "free"):
+            # Both halves ran without speculation here.
+            n = rates[(kind, False)][0] + rates[(kind, True)][0]
+            t = rates[(kind, False)][1] + rates[(kind, True)][1]
+            print(f"## no speculation configured: {kind} {n / t:.1f} tok/s")
+        conc = [concurrent(plain, prompts, a.max_tokens, False) for _ in range(2)]
+        print(f"## no speculation configured: 64 concurrent, output tok/s {conc}")
+    finally:
+        plain.stop()
     for label, extra in (("default", ()), ("deterministic", ("--deterministic",))):
         srv = Server(a.ingot, a.model, *extra)
         try:

@@ -16,6 +16,8 @@ use ingot_models::{LlamaWeights, ModelConfig};
 use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig};
 
 mod common;
+#[path = "engine/speculative.rs"]
+mod speculative;
 
 use common::*;
 

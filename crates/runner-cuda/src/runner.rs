@@ -458,6 +458,12 @@ impl ModelRunner for CudaRunner {
         true
     }
 
+    /// Decode rows replay the captured graphs; a multi-token chunk runs
+    /// eagerly.
+    fn verifies_as_decode_rows(&self) -> bool {
+        true
+    }
+
     fn sleep(&mut self) -> Result<u64, RunnerError> {
         CudaRunner::sleep(self)
             .map(|b| b as u64)

@@ -186,6 +186,13 @@ pub trait ModelRunner: Send {
         false
     }
 
+    /// Whether a speculative step runs a sequence's last token and its
+    /// proposals as single-token decode rows (which this backend runs
+    /// fastest: replayed graphs) rather than as one chunk.
+    fn verifies_as_decode_rows(&self) -> bool {
+        false
+    }
+
     /// Gives back the memory of the KV pool (its contents are lost) and,
     /// where weights live on a device, moves them to host memory, keeping
     /// what it takes to [`ModelRunner::wake`] fast. Returns the host bytes

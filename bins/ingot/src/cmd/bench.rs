@@ -286,6 +286,7 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
                 "prefill_ms": prefill, "prefill_tok_s": prefill_tps,
                 "decode_ms_per_token": per_token, "decode_tok_s": decode_tps,
                 "e2e_s": total, "sampling": args.sampling.json(),
+                "speculation": speculation(&gen).json(),
             })
         );
     } else {
@@ -298,8 +299,46 @@ fn latency(args: LatencyArgs) -> anyhow::Result<()> {
         println!("prefill:           {prefill:.1} ms ({prefill_tps:.1} tok/s)");
         println!("decode:            {per_token:.2} ms/token ({decode_tps:.1} tok/s)");
         println!("end to end:        {total:.3} s");
+        speculation(&gen).print();
     }
     Ok(())
+}
+
+/// Speculative decoding's proposed and kept tokens over the run.
+struct Speculation {
+    proposed: u64,
+    kept: u64,
+}
+
+fn speculation(gen: &EngineHandle) -> Speculation {
+    let s = gen.stats();
+    Speculation {
+        proposed: s.spec_proposed.load(std::sync::atomic::Ordering::Relaxed),
+        kept: s.spec_kept.load(std::sync::atomic::Ordering::Relaxed),
+    }
+}
+
+impl Speculation {
+    /// The JSON result's `speculation` (null when nothing was proposed).
+    fn json(&self) -> serde_json::Value {
+        if self.proposed == 0 {
+            return serde_json::Value::Null;
+        }
+        serde_json::json!({"proposed_tokens": self.proposed, "kept_tokens": self.kept,
+            "acceptance": self.kept as f64 / self.proposed as f64})
+    }
+
+    /// The text result's line, when anything was proposed.
+    fn print(&self) {
+        if self.proposed > 0 {
+            println!(
+                "speculation:       {} of {} proposed tokens kept ({:.1} %)",
+                self.kept,
+                self.proposed,
+                100.0 * self.kept as f64 / self.proposed as f64
+            );
+        }
+    }
 }
 
 fn random_prompt(rng: &mut rand_chacha::ChaCha8Rng, len: usize, vocab: TokenId) -> Vec<TokenId> {
@@ -371,6 +410,7 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
                 "max_num_seqs": max_num_seqs, "elapsed_s": elapsed, "requests_per_s": req_s,
                 "output_tok_s": out_tps, "total_tok_s": total_tps,
                 "decode_tok_s_after_prefill": decode_tps, "sampling": args.sampling.json(),
+                "speculation": speculation(&gen).json(),
             })
         );
     } else {
@@ -384,6 +424,7 @@ fn throughput(args: ThroughputArgs) -> anyhow::Result<()> {
         println!("output:            {out_tps:.1} tok/s");
         println!("total (in + out):  {total_tps:.1} tok/s");
         println!("decode after all prefills: {decode_tps:.1} tok/s");
+        speculation(&gen).print();
     }
     Ok(())
 }

@@ -24,13 +24,16 @@ pub(super) type RowOutcome = Result<TokenOutput, String>;
 
 impl EngineLoop {
     /// Steady decode: nothing waiting, every row a decode that continues
-    /// (none at a length limit), no proposals likely next step. The
+    /// (none at a length limit), no row likely to propose next step. The
     /// backend may then launch the next step before this one returns.
     fn expects_next(&self, chunks: &[ScheduledChunk]) -> bool {
-        let may_speculate = self
-            .speculation
-            .as_ref()
-            .is_some_and(|s| chunks.len() <= s.config.disable_by_batch_size);
+        let may_speculate = self.speculation.as_ref().is_some_and(|s| {
+            chunks.iter().any(|c| {
+                self.active
+                    .get(&c.id)
+                    .is_some_and(|a| a.speculative && s.may_propose(&a.acceptance, chunks.len()))
+            })
+        });
         !may_speculate
             && self.scheduler.num_waiting() == 0
             && chunks.iter().all(|c| {
@@ -162,7 +165,7 @@ impl EngineLoop {
     /// the step's tokens are then a plain argmax. They are picked on the
     /// backend's device either way (only ids and asked-for logprobs come
     /// back).
-    fn all_plain_greedy(&self, chunks: &[ScheduledChunk]) -> bool {
+    pub(super) fn all_plain_greedy(&self, chunks: &[ScheduledChunk]) -> bool {
         chunks.iter().filter(|c| c.sample).all(|c| {
             self.active
                 .get(&c.id)
@@ -281,10 +284,8 @@ impl EngineLoop {
 }
 
 /// The forward batch of `chunks` (their tokens and block tables), and
-/// which request and start position each of its first `score` entries
-/// scores (chunks of requests that asked for prompt logprobs). A chunk
-/// that ends in proposals gets a `score` entry after those, for the rows
-/// that verify them.
+/// which request and start position each of its `score` entries scores
+/// (chunks of requests that asked for prompt logprobs).
 pub(super) fn build_batch<'a>(
     scheduler: &'a Scheduler,
     active: &HashMap<RequestId, Active>,
@@ -313,15 +314,6 @@ pub(super) fn build_batch<'a>(
             c.start,
             v.tables,
         ));
-    }
-    for (i, c) in chunks.iter().enumerate().filter(|(_, c)| c.draft > 0) {
-        let tokens = batch.chunks[i].tokens;
-        batch.score.push(ScoredChunk {
-            chunk: i,
-            next: &tokens[1..],
-            top: 0,
-        });
-        debug_assert_eq!(tokens.len(), c.draft + 1);
     }
     (batch, scored)
 }

@@ -5,14 +5,15 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use ingot_runner::{scoring, ForwardBatch, Logprobs, ScoredChunk};
+use ingot_core::TokenId;
+use ingot_runner::{scoring, ForwardBatch, Logprobs, ScoredChunk, SequenceChunk};
 use ingot_scheduler::ScheduledChunk;
 
 use super::step::{build_batch, RowOutcome};
 use super::{Active, EngineLoop};
 use crate::cpu_share::CpuArbiter;
 use crate::handle::RequestId;
-use crate::speculative::{verify_rows, Verified};
+use crate::speculative::{verify_ids, verify_rows, Verified};
 
 /// What a speculative step's rows gave, taken from the logits before they
 /// are released.
@@ -64,29 +65,42 @@ impl EngineLoop {
     }
 
     /// A step in which some decode chunks end in proposals: one forward
-    /// pass with rows for every proposal's position, then each sampled
-    /// chunk's tokens picked in order on the host (the proposal given),
-    /// kept proposals handed to the scheduler, and the tokens sent.
+    /// pass with a logits row for every position of those chunks (see
+    /// [`lay_out`]), then each sampled chunk's tokens taken in order (the
+    /// proposals given), kept proposals handed to the scheduler, and the
+    /// tokens sent. Where the rows are decode rows and every sampled row is
+    /// plain greedy the backend picks each row's argmax on its device;
+    /// otherwise rows are picked on the host from the downloaded logits.
     pub(super) fn step_verify(&mut self, chunks: &[ScheduledChunk]) {
         let started = Instant::now();
         if !self.move_pages(chunks) {
             return;
         }
         let (batch, scored) = build_batch(&self.scheduler, &self.active, chunks);
+        let as_rows = self.runner.verifies_as_decode_rows();
+        let (batch, layout) = lay_out(batch, chunks, as_rows);
         let num_tokens = batch.num_tokens();
+        let greedy = as_rows && batch.score.is_empty() && self.all_plain_greedy(chunks);
         let close = self.config.close_structured_near_limit;
         let vocab = self.runner.config().vocab_size;
         let turn = self.cpu.as_deref().map(CpuArbiter::decode_step);
         let forward_started = Instant::now();
-        let result = self.runner.forward(&batch).map(|logits| {
-            let rows = StepRows {
-                logits,
-                vocab,
-                batch: &batch,
-                prompt_scored: scored.len(),
-            };
-            rows.verify(&mut self.active, chunks, close)
-        });
+        let result = if greedy {
+            self.runner
+                .forward_greedy(&batch)
+                .map(|ids| verify_greedy(&mut self.active, chunks, &ids, &layout))
+        } else {
+            self.runner.forward(&batch).map(|logits| {
+                let step = StepRows {
+                    logits,
+                    vocab,
+                    batch: &batch,
+                    layout: &layout,
+                    prompt_scored: scored.len(),
+                };
+                step.verify(&mut self.active, chunks, close)
+            })
+        };
         let forward = forward_started.elapsed();
         drop(turn);
         drop(batch);
@@ -115,6 +129,7 @@ impl EngineLoop {
         tracing::debug!(
             tokens = num_tokens,
             seqs = chunks.len(),
+            greedy,
             forward_ms = forward.as_secs_f64() * 1e3,
             step_ms = started.elapsed().as_secs_f64() * 1e3,
             "speculative step"
@@ -124,13 +139,128 @@ impl EngineLoop {
     }
 }
 
-/// The logits of a speculative step: each chunk's last row, then one row
-/// per position of each `score` entry (prompt entries first, then one per
-/// chunk with proposals).
+/// Where a speculative step's logits rows are, per scheduled chunk.
+struct StepLayout {
+    /// The rows of chunk `i`'s positions, in order (one for a chunk
+    /// without proposals: its last token's).
+    rows: Vec<Vec<usize>>,
+    /// Chunk `i`'s proposals.
+    drafts: Vec<Vec<TokenId>>,
+}
+
+/// Lays out a speculative step. `as_rows`: each chunk that ends in
+/// proposals runs as one single-token row per position (its last token,
+/// then each proposal), every row reading the sequence's block tables: a
+/// decode batch, which a backend runs as any decode step (CUDA graphs
+/// included; each row's KV is written before any row attends, so a row
+/// sees the positions before it). Otherwise the chunk stays whole and a
+/// `score` entry after the prompt ones asks for its other positions' rows.
+fn lay_out<'a>(
+    batch: ForwardBatch<'a>,
+    chunks: &[ScheduledChunk],
+    as_rows: bool,
+) -> (ForwardBatch<'a>, StepLayout) {
+    let drafts: Vec<Vec<TokenId>> = batch
+        .chunks
+        .iter()
+        .zip(chunks)
+        .map(|(chunk, c)| chunk.tokens[chunk.tokens.len() - c.draft..].to_vec())
+        .collect();
+    if !as_rows {
+        return whole_chunks(batch, chunks, drafts);
+    }
+    let mut flat = ForwardBatch {
+        chunks: Vec::with_capacity(batch.num_tokens()),
+        ..ForwardBatch::default()
+    };
+    let mut rows = Vec::with_capacity(chunks.len());
+    for (chunk, c) in batch.chunks.iter().zip(chunks) {
+        let first = flat.chunks.len();
+        if c.draft == 0 {
+            flat.chunks.push(*chunk);
+        } else {
+            flat.chunks
+                .extend((0..chunk.tokens.len()).map(|j| SequenceChunk {
+                    tokens: &chunk.tokens[j..j + 1],
+                    start_pos: chunk.start_pos + j,
+                    ..*chunk
+                }));
+        }
+        rows.push((first..flat.chunks.len()).collect::<Vec<_>>());
+    }
+    flat.score = batch
+        .score
+        .into_iter()
+        .map(|s| ScoredChunk {
+            chunk: rows[s.chunk][0],
+            ..s
+        })
+        .collect();
+    (flat, StepLayout { rows, drafts })
+}
+
+/// [`lay_out`] with whole chunks: the rows of a chunk's proposal positions
+/// follow the chunks' last-token rows and the prompt entries' rows.
+fn whole_chunks<'a>(
+    mut batch: ForwardBatch<'a>,
+    chunks: &[ScheduledChunk],
+    drafts: Vec<Vec<TokenId>>,
+) -> (ForwardBatch<'a>, StepLayout) {
+    let mut at = batch.chunks.len() + batch.score.iter().map(|s| s.next.len()).sum::<usize>();
+    let mut rows = Vec::with_capacity(chunks.len());
+    for (i, c) in chunks.iter().enumerate() {
+        let mut r: Vec<usize> = (at..at + c.draft).collect();
+        r.push(i);
+        rows.push(r);
+        if c.draft > 0 {
+            let tokens = batch.chunks[i].tokens;
+            batch.score.push(ScoredChunk {
+                chunk: i,
+                next: &tokens[1..],
+                top: 0,
+            });
+            at += c.draft;
+        }
+    }
+    (batch, StepLayout { rows, drafts })
+}
+
+/// A speculative step whose decode rows the backend picked greedily
+/// (`ids`, one per row).
+fn verify_greedy(
+    active: &mut HashMap<RequestId, Active>,
+    chunks: &[ScheduledChunk],
+    ids: &[TokenId],
+    layout: &StepLayout,
+) -> VerifiedStep {
+    let mut step = VerifiedStep {
+        rows: Vec::new(),
+        scores: Vec::new(),
+        empty: Vec::new(),
+    };
+    for (i, c) in chunks.iter().enumerate() {
+        let Some(a) = active.get_mut(&c.id).filter(|_| c.sample) else {
+            continue;
+        };
+        if a.decoding.generates_nothing() {
+            step.empty.push(c.id);
+            continue;
+        }
+        let picked: Vec<TokenId> = layout.rows[i].iter().map(|&r| ids[r]).collect();
+        let verified = verify_ids(&mut a.decoding, &picked, &layout.drafts[i]);
+        step.rows.push((c.id, verified, c.draft));
+    }
+    step
+}
+
+/// The logits of a speculative step: each chunk's last-token row, then
+/// one row per position of each `score` entry (the prompt ones first).
 struct StepRows<'a, 'b> {
     logits: &'a [f32],
     vocab: usize,
     batch: &'a ForwardBatch<'b>,
+    layout: &'a StepLayout,
+    /// The first `score` entries, which are prompt logprobs.
     prompt_scored: usize,
 }
 
@@ -147,41 +277,29 @@ impl StepRows<'_, '_> {
         close: bool,
     ) -> VerifiedStep {
         let n = self.batch.chunks.len();
-        let (prompt, verify) = self.batch.score.split_at(self.prompt_scored);
-        let prompt_rows: usize = prompt.iter().map(|s| s.next.len()).sum();
+        let prompt = &self.batch.score[..self.prompt_scored];
+        let scored: usize = prompt.iter().map(|s| s.next.len()).sum();
         let scores = scoring::score_rows(
-            &self.logits[n * self.vocab..(n + prompt_rows) * self.vocab],
+            &self.logits[n * self.vocab..(n + scored) * self.vocab],
             self.vocab,
             prompt,
         );
-        // Where each chunk's proposal rows start.
-        let mut first_rows: HashMap<usize, usize> = HashMap::new();
-        let mut at = n + prompt_rows;
-        for ScoredChunk { chunk, next, .. } in verify {
-            first_rows.insert(*chunk, at);
-            at += next.len();
-        }
         let mut step = VerifiedStep {
             rows: Vec::new(),
             scores,
             empty: Vec::new(),
         };
         let mut order = Vec::new();
-        for (i, c) in chunks.iter().enumerate().filter(|(_, c)| c.sample) {
-            let Some(a) = active.get_mut(&c.id) else {
+        for (i, c) in chunks.iter().enumerate() {
+            let Some(a) = active.get_mut(&c.id).filter(|_| c.sample) else {
                 continue;
             };
             if a.decoding.generates_nothing() {
                 step.empty.push(c.id);
                 continue;
             }
-            let tokens = self.batch.chunks[i].tokens;
-            let draft = &tokens[tokens.len() - c.draft..];
-            let mut rows: Vec<&[f32]> = match first_rows.get(&i) {
-                Some(&first) => (first..first + c.draft).map(|r| self.row(r)).collect(),
-                None => Vec::new(),
-            };
-            rows.push(self.row(i));
+            let rows: Vec<&[f32]> = self.layout.rows[i].iter().map(|&r| self.row(r)).collect();
+            let draft = &self.layout.drafts[i];
             let verified = verify_rows(&mut a.decoding, &rows, draft, close, &mut order);
             step.rows.push((c.id, verified, c.draft));
         }

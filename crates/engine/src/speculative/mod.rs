@@ -19,7 +19,7 @@ use ingot_core::TokenId;
 
 pub use ngram::NgramProposer;
 pub(crate) use policy::{Acceptance, StepCost};
-pub(crate) use verify::{verify_rows, Verified};
+pub(crate) use verify::{verify_ids, verify_rows, Verified};
 
 /// How the engine speculates (`[speculative]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +86,13 @@ impl Speculation {
             proposer,
             cost: StepCost::default(),
         })
+    }
+
+    /// Whether a sequence of `acceptance` may propose in a step running
+    /// `running` sequences.
+    pub(crate) fn may_propose(&self, acceptance: &Acceptance, running: usize) -> bool {
+        running <= self.config.disable_by_batch_size
+            && acceptance.may_propose(self.cost.threshold(running))
     }
 
     /// Tokens a sequence of `acceptance` proposes in a step running

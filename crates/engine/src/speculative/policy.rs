@@ -111,21 +111,29 @@ impl Acceptance {
     /// `rate^j` exceeds `threshold`; one, as a probe, after
     /// [`PROBE_EVERY`] steps without.
     pub(crate) fn tokens_worth(&mut self, threshold: f64, max: usize) -> usize {
-        let rate = self.rate();
-        let mut p = 1.0;
-        let mut worth = max;
-        for j in 0..max {
-            p *= rate;
-            if p <= threshold {
-                worth = j;
-                break;
-            }
-        }
+        let worth = self.worth(threshold, max);
         if worth > 0 {
             return worth;
         }
         self.quiet += 1;
         usize::from(self.quiet >= PROBE_EVERY).min(max)
+    }
+
+    /// Whether the next [`Self::tokens_worth`] may propose anything.
+    pub(crate) fn may_propose(&self, threshold: f64) -> bool {
+        self.worth(threshold, 1) > 0 || self.quiet + 1 >= PROBE_EVERY
+    }
+
+    fn worth(&self, threshold: f64, max: usize) -> usize {
+        let rate = self.rate();
+        let mut p = 1.0;
+        for j in 0..max {
+            p *= rate;
+            if p <= threshold {
+                return j;
+            }
+        }
+        max
     }
 }
 

@@ -5,6 +5,7 @@
 
 use ingot_core::TokenId;
 use ingot_runner::sampling::{apply_mask, pick_row_given};
+use ingot_runner::Pick;
 use ingot_structured::Limit;
 
 use crate::decoding::{lock_grammar, Decoding, TokenOutput};
@@ -22,10 +23,9 @@ pub(crate) struct Verified {
 
 /// Picks a sequence's tokens from its step's rows: `rows[j]` follows
 /// position `start + j`; `draft[j]` was proposed to follow row `j` (one
-/// row more than proposals). A pick that keeps its proposal moves on to the
-/// next row; the first that replaces it, the last row, or an ended output
-/// stops. `close_near_limit`: masks head for the end of a constrained
-/// output near its limit, as the mask thread's do.
+/// row more than proposals). Each row is picked as plain decoding picks it
+/// (see [`verify_picks`]). `close_near_limit`: masks head for the end of a
+/// constrained output near its limit, as the mask thread's do.
 pub(crate) fn verify_rows(
     decoding: &mut Decoding,
     rows: &[&[f32]],
@@ -33,29 +33,46 @@ pub(crate) fn verify_rows(
     close_near_limit: bool,
     order: &mut Vec<u32>,
 ) -> Verified {
+    let mut logits = Vec::new();
+    verify_picks(decoding, rows.len(), draft, |j, decoding, proposal| {
+        logits.clear();
+        logits.extend_from_slice(rows[j]);
+        mask_row(decoding, &mut logits, close_near_limit)?;
+        let random = decoding.sampler_mut().draw_random();
+        let row = decoding.sampler().row(random);
+        Ok(pick_row_given(&mut logits, &row, proposal, order))
+    })
+}
+
+/// [`verify_rows`] for a plain greedy sequence whose rows' argmax the
+/// backend picked (`ids[j]`: row `j`'s).
+pub(crate) fn verify_ids(decoding: &mut Decoding, ids: &[TokenId], draft: &[TokenId]) -> Verified {
+    verify_picks(decoding, ids.len(), draft, |j, _, _| Ok(Pick::from(ids[j])))
+}
+
+/// Takes a sequence's picks in order: `pick(j, decoding, proposal)` picks
+/// row `j` given `draft[j]` (from the output's state after the picks
+/// before it). A pick that keeps its proposal moves on to the next row;
+/// the first that replaces it, the last row, an ended output or a failure
+/// stops.
+fn verify_picks(
+    decoding: &mut Decoding,
+    rows: usize,
+    draft: &[TokenId],
+    mut pick: impl FnMut(usize, &mut Decoding, Option<TokenId>) -> Result<Pick, String>,
+) -> Verified {
     let mut verified = Verified {
-        outputs: Vec::with_capacity(rows.len()),
+        outputs: Vec::with_capacity(rows),
         kept: 0,
     };
-    let mut logits = Vec::new();
-    for (j, row) in rows.iter().enumerate() {
-        logits.clear();
-        logits.extend_from_slice(row);
-        if let Err(e) = mask_row(decoding, &mut logits, close_near_limit) {
-            verified.outputs.push(Err(e));
-            break;
-        }
-        let random = decoding.sampler_mut().draw_random();
+    for j in 0..rows {
         let proposal = draft.get(j).copied();
-        let pick = pick_row_given(
-            &mut logits,
-            &decoding.sampler().row(random),
-            proposal,
-            order,
-        );
-        let kept = proposal == Some(pick.token);
-        match decoding.accept_picked(pick) {
-            Ok(out) => {
+        let taken = pick(j, decoding, proposal).and_then(|p| {
+            let kept = proposal == Some(p.token);
+            Ok((decoding.accept_picked(p).map_err(|e| e.to_string())?, kept))
+        });
+        match taken {
+            Ok((out, kept)) => {
                 let ended = out.finish.is_some();
                 verified.outputs.push(Ok(out));
                 verified.kept += usize::from(kept);
@@ -64,7 +81,7 @@ pub(crate) fn verify_rows(
                 }
             }
             Err(e) => {
-                verified.outputs.push(Err(e.to_string()));
+                verified.outputs.push(Err(e));
                 break;
             }
         }

@@ -8,6 +8,7 @@ use ingot_core::{FinishReason, Priority, SamplingParams, StopCriteria};
 use ingot_engine::{start_engine, EngineConfig, EngineHandle, EngineRequest, TokenEvent};
 use ingot_models::dummy::DummySource;
 use ingot_models::{Architecture, LlamaWeights, ModelConfig, RopeConfig, RopeScaling};
+use ingot_runner::ModelRunner;
 use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig};
 use ingot_scheduler::SchedulerConfig;
 use ingot_tokenizer::Tokenizer;
@@ -41,6 +42,15 @@ pub fn tiny_config() -> ModelConfig {
 }
 
 pub fn engine(num_blocks: usize, f: impl FnOnce(&mut EngineConfig)) -> EngineHandle {
+    engine_on(num_blocks, |r| Box::new(r), f)
+}
+
+/// [`engine`] over the runner `wrap` makes of the tiny CPU runner.
+pub fn engine_on(
+    num_blocks: usize,
+    wrap: impl FnOnce(CpuRunner) -> Box<dyn ModelRunner>,
+    f: impl FnOnce(&mut EngineConfig),
+) -> EngineHandle {
     let config = tiny_config();
     let weights = LlamaWeights::load(&config, &DummySource::new(&config, 1), &|_, _| {}).unwrap();
     let runner = CpuRunner::new(
@@ -61,7 +71,7 @@ pub fn engine(num_blocks: usize, f: impl FnOnce(&mut EngineConfig)) -> EngineHan
         ..EngineConfig::default()
     };
     f(&mut c);
-    start_engine(Box::new(runner), tokenizer(), c).unwrap()
+    start_engine(wrap(runner), tokenizer(), c).unwrap()
 }
 
 pub fn request(seed: u32, len: usize, max_tokens: usize) -> EngineRequest {

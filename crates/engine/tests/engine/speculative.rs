@@ -2,18 +2,21 @@
 //! small random-weight model, whose greedy outputs fall into loops the
 //! proposer can copy): answers equal plain decoding's token for token,
 //! alone and batched, with stop rules, logprobs, penalties and grammars.
-#![allow(clippy::unwrap_used)]
-
-mod common;
 
 use std::sync::atomic::Ordering;
 
-use common::*;
+use super::common::*;
 use ingot_core::GrammarSpec;
 use ingot_engine::{EngineHandle, EngineRequest, SpeculativeConfig, SpeculativeMethod, TokenEvent};
+use ingot_runner::{ModelRunner, RunnerError};
+use ingot_runner_cpu::CpuRunner;
 
 fn speculating(k: usize) -> EngineHandle {
-    engine(256, |c| {
+    speculating_on(k, |r| Box::new(r))
+}
+
+fn speculating_on(k: usize, wrap: impl FnOnce(CpuRunner) -> Box<dyn ModelRunner>) -> EngineHandle {
+    engine_on(256, wrap, |c| {
         c.speculative = SpeculativeConfig {
             method: Some(SpeculativeMethod::Ngram),
             num_speculative_tokens: k,
@@ -22,6 +25,32 @@ fn speculating(k: usize) -> EngineHandle {
             disable_by_batch_size: 8,
         }
     })
+}
+
+/// The CPU runner, asking for proposals as single-token decode rows (as
+/// the CUDA runner does, for its graphs).
+struct DecodeRows(CpuRunner);
+
+impl ModelRunner for DecodeRows {
+    fn config(&self) -> &ingot_models::ModelConfig {
+        self.0.config()
+    }
+
+    fn kv_cache_shape(&self) -> ingot_runner::KvCacheShape {
+        self.0.kv_cache_shape()
+    }
+
+    fn forward(&mut self, batch: &ingot_runner::ForwardBatch<'_>) -> Result<&[f32], RunnerError> {
+        self.0.forward(batch)
+    }
+
+    fn device_name(&self) -> String {
+        self.0.device_name()
+    }
+
+    fn verifies_as_decode_rows(&self) -> bool {
+        true
+    }
 }
 
 /// A prompt that repeats a phrase, so proposals come from the prompt too.
@@ -74,8 +103,17 @@ fn kept(e: &EngineHandle) -> (u64, u64) {
 
 #[test]
 fn greedy_answers_equal_plain_decoding() {
+    greedy_answers_equal_plain_decoding_on(|r| Box::new(r));
+}
+
+#[test]
+fn greedy_answers_equal_plain_decoding_verified_as_decode_rows() {
+    greedy_answers_equal_plain_decoding_on(|r| Box::new(DecodeRows(r)));
+}
+
+fn greedy_answers_equal_plain_decoding_on(wrap: impl FnOnce(CpuRunner) -> Box<dyn ModelRunner>) {
     let plain = engine(256, |_| {});
-    let spec = speculating(4);
+    let spec = speculating_on(4, wrap);
     let reqs: Vec<_> = (0..6)
         .map(|i| match i % 3 {
             0 => repeating(i, 40),
