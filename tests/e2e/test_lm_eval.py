@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ingot_e2e import BIN, REPO, model_path, require_module
@@ -63,8 +64,13 @@ def test_loglikelihoods_match_ingot_generate(server, model_name, tmp_path):
     # Four concurrent requests: the batched path, checked against the
     # unbatched reference (one lm-eval run is ~20 s of CI's CPU, most of it
     # lm-eval's imports, so the unbatched run is not repeated).
-    samples = run_lm_eval(server.url, model_name, tmp_path, concurrent=4)
     docs = [json.loads(line) for line in (FIXTURES / "loglikelihood.jsonl").read_text().splitlines()]
+    # The reference scores (a process each) run while lm-eval does.
+    with ThreadPoolExecutor(2) as pool:
+        refs = [pool.submit(reference_score, d["context"], d["continuation"]) for d in docs]
+        samples = run_lm_eval(server.url, model_name, tmp_path, concurrent=4)
+        for r in refs:
+            r.result()
     assert len(samples) == len(docs)
     by_text = {}
     for sample in samples:

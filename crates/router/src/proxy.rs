@@ -262,6 +262,8 @@ struct ChunkTimes {
     first: Option<Instant>,
     last: Option<Instant>,
     chunks: u32,
+    /// The observer has recorded the response (at its `[DONE]`).
+    recorded: bool,
 }
 
 impl ChunkTimes {
@@ -280,6 +282,11 @@ impl ChunkTimes {
         (self.chunks >= 2)
             .then(|| last.duration_since(first).as_secs_f64() / f64::from(self.chunks - 1))
     }
+}
+
+/// Whether an SSE chunk ends the stream (`data: [DONE]`).
+fn ends_stream(data: &[u8]) -> bool {
+    data.trim_ascii_end().ends_with(b"data: [DONE]")
 }
 
 /// Whether an SSE chunk carries generated text: a non-empty `"content"`
@@ -372,8 +379,10 @@ fn count_request(state: &RouterState, worker: &Worker, status: StatusCode) {
 /// the request counted on the worker until the body ends or the client goes.
 /// The time to the first chunk and between chunks feed the worker's latency
 /// averages (the latency-aware policy reads them); at the end of the body
-/// the observer records the request for its group and arm (a client that
-/// leaves early records nothing: its times would be the client's).
+/// (for a stream: its `data: [DONE]`, after which a client may close
+/// before the body's end is polled) the observer records the request for
+/// its group and arm (a client that leaves early records nothing: its
+/// times would be the client's).
 fn pass_through(resp: Response, guard: InFlight, observer: Observer) -> Response {
     let (mut parts, body) = resp.into_parts();
     let sse = parts
@@ -390,13 +399,15 @@ fn pass_through(resp: Response, guard: InFlight, observer: Observer) -> Response
     }
     let status = parts.status;
     let start = (body, guard, observer, ChunkTimes::default());
+    let ok = !status.is_server_error();
     let stream = futures_util::stream::unfold(Some(start), move |s| async move {
         let (mut body, guard, observer, mut times) = s?;
         loop {
             match body.frame().await {
                 None => {
-                    let ok = !status.is_server_error();
-                    observer.finish(Some(&times), ok, status.as_str());
+                    if !times.recorded {
+                        observer.finish(Some(&times), ok, status.as_str());
+                    }
                     return None;
                 }
                 Some(Ok(frame)) => match frame.into_data() {
@@ -411,6 +422,10 @@ fn pass_through(resp: Response, guard: InFlight, observer: Observer) -> Response
                                 .record_itl(now.duration_since(t).as_secs_f64()),
                         }
                         times.on_chunk(now, &data, sse);
+                        if sse && !times.recorded && ends_stream(&data) {
+                            times.recorded = true;
+                            observer.finish(Some(&times), ok, status.as_str());
+                        }
                         return Some((
                             Ok::<_, std::io::Error>(data),
                             Some((body, guard, observer, times)),

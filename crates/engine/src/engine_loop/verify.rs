@@ -34,20 +34,28 @@ impl EngineLoop {
             return;
         };
         let running = self.scheduler.num_running();
+        // Proposals that run as decode rows take the runner's rows, sized
+        // for `max_num_seqs` sequences.
+        let mut room = if self.runner.verifies_as_decode_rows() {
+            self.config.scheduler.max_num_seqs.saturating_sub(running)
+        } else {
+            usize::MAX
+        };
         for (&id, a) in self.active.iter_mut() {
-            if !a.speculative || a.done || a.first_token.is_none() {
+            if !a.speculative || a.done || a.first_token.is_none() || room == 0 {
                 continue;
             }
             // The step yields up to one token more than it proposes.
             let k = spec
                 .tokens_for(&mut a.acceptance, running)
-                .min(a.decoding.tokens_left().saturating_sub(1));
+                .min(a.decoding.tokens_left().saturating_sub(1))
+                .min(room);
             let Some(view) = self.scheduler.view(id).filter(|_| k > 0) else {
                 continue;
             };
             let draft = spec.proposer.propose(view.tokens, k);
-            if !draft.is_empty() {
-                self.scheduler.set_draft(id, &draft);
+            if !draft.is_empty() && self.scheduler.set_draft(id, &draft) {
+                room -= draft.len();
             }
         }
     }
@@ -233,9 +241,23 @@ fn verify_greedy(
     ids: &[TokenId],
     layout: &StepLayout,
 ) -> VerifiedStep {
+    verify_each(active, chunks, Vec::new(), |i, decoding| {
+        let picked: Vec<TokenId> = layout.rows[i].iter().map(|&r| ids[r]).collect();
+        verify_ids(decoding, &picked, &layout.drafts[i])
+    })
+}
+
+/// Verifies each sampled chunk `i` of a request with `verify(i, its
+/// output)`; requests that generate nothing are listed apart.
+fn verify_each(
+    active: &mut HashMap<RequestId, Active>,
+    chunks: &[ScheduledChunk],
+    scores: Vec<Vec<Logprobs>>,
+    mut verify: impl FnMut(usize, &mut crate::decoding::Decoding) -> Verified,
+) -> VerifiedStep {
     let mut step = VerifiedStep {
         rows: Vec::new(),
-        scores: Vec::new(),
+        scores,
         empty: Vec::new(),
     };
     for (i, c) in chunks.iter().enumerate() {
@@ -246,8 +268,7 @@ fn verify_greedy(
             step.empty.push(c.id);
             continue;
         }
-        let picked: Vec<TokenId> = layout.rows[i].iter().map(|&r| ids[r]).collect();
-        let verified = verify_ids(&mut a.decoding, &picked, &layout.drafts[i]);
+        let verified = verify(i, &mut a.decoding);
         step.rows.push((c.id, verified, c.draft));
     }
     step
@@ -284,25 +305,10 @@ impl StepRows<'_, '_> {
             self.vocab,
             prompt,
         );
-        let mut step = VerifiedStep {
-            rows: Vec::new(),
-            scores,
-            empty: Vec::new(),
-        };
         let mut order = Vec::new();
-        for (i, c) in chunks.iter().enumerate() {
-            let Some(a) = active.get_mut(&c.id).filter(|_| c.sample) else {
-                continue;
-            };
-            if a.decoding.generates_nothing() {
-                step.empty.push(c.id);
-                continue;
-            }
+        verify_each(active, chunks, scores, |i, decoding| {
             let rows: Vec<&[f32]> = self.layout.rows[i].iter().map(|&r| self.row(r)).collect();
-            let draft = &self.layout.drafts[i];
-            let verified = verify_rows(&mut a.decoding, &rows, draft, close, &mut order);
-            step.rows.push((c.id, verified, c.draft));
-        }
-        step
+            verify_rows(decoding, &rows, &self.layout.drafts[i], close, &mut order)
+        })
     }
 }

@@ -28,8 +28,9 @@ fn speculating_on(k: usize, wrap: impl FnOnce(CpuRunner) -> Box<dyn ModelRunner>
 }
 
 /// The CPU runner, asking for proposals as single-token decode rows (as
-/// the CUDA runner does, for its graphs).
-struct DecodeRows(CpuRunner);
+/// the CUDA runner does, for its graphs), and holding at most this many
+/// rows (as the CUDA runner's buffers hold `max_num_seqs`).
+struct DecodeRows(CpuRunner, usize);
 
 impl ModelRunner for DecodeRows {
     fn config(&self) -> &ingot_models::ModelConfig {
@@ -41,6 +42,13 @@ impl ModelRunner for DecodeRows {
     }
 
     fn forward(&mut self, batch: &ingot_runner::ForwardBatch<'_>) -> Result<&[f32], RunnerError> {
+        if batch.chunks.len() > self.1 {
+            return Err(RunnerError::InvalidBatch(format!(
+                "{} rows for {}",
+                batch.chunks.len(),
+                self.1
+            )));
+        }
         self.0.forward(batch)
     }
 
@@ -108,7 +116,35 @@ fn greedy_answers_equal_plain_decoding() {
 
 #[test]
 fn greedy_answers_equal_plain_decoding_verified_as_decode_rows() {
-    greedy_answers_equal_plain_decoding_on(|r| Box::new(DecodeRows(r)));
+    greedy_answers_equal_plain_decoding_on(|r| Box::new(DecodeRows(r, 64)));
+}
+
+#[test]
+fn proposals_as_decode_rows_stay_within_the_runners_rows() {
+    let plain = engine(256, |_| {});
+    let spec = engine_on(
+        256,
+        |r| Box::new(DecodeRows(r, 4)),
+        |c| {
+            c.scheduler.max_num_seqs = 4;
+            c.speculative = SpeculativeConfig {
+                method: Some(SpeculativeMethod::Ngram),
+                num_speculative_tokens: 6,
+                ngram_min: 1,
+                ngram_max: 3,
+                disable_by_batch_size: 8,
+            };
+        },
+    );
+    // Long enough for the cost model, which starts doubtful at three
+    // sequences, to probe and then propose up to the rows left.
+    let reqs: Vec<_> = (0..3).map(|i| repeating(i, 90)).collect();
+    let alone: Vec<Vec<u32>> = outputs(&plain, &reqs)
+        .into_iter()
+        .map(|o| o.into_iter().map(|t| t.0).collect())
+        .collect();
+    assert_eq!(alone, run_concurrently(&spec, reqs));
+    assert!(kept(&spec).1 > 0);
 }
 
 fn greedy_answers_equal_plain_decoding_on(wrap: impl FnOnce(CpuRunner) -> Box<dyn ModelRunner>) {
