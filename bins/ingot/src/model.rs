@@ -126,7 +126,8 @@ pub struct ModelArgs {
     pub deterministic: bool,
     /// Speculative decoding, as vLLM's flag: a JSON object with `method`
     /// (`ngram` or `none`), `num_speculative_tokens`, `prompt_lookup_min`,
-    /// `prompt_lookup_max`, `disable_by_batch_size` [speculative.*; off].
+    /// `prompt_lookup_max`, `disable_by_batch_size`, `adaptive`
+    /// [speculative.*; off].
     #[arg(long, value_name = "JSON")]
     pub speculative_config: Option<String>,
 }
@@ -754,9 +755,10 @@ fn speculative_flags(json: &str, flags: &mut FlagSet) -> anyhow::Result<()> {
             "prompt_lookup_min" => "speculative.prompt_lookup_min",
             "prompt_lookup_max" => "speculative.prompt_lookup_max",
             "disable_by_batch_size" => "speculative.disable_by_batch_size",
+            "adaptive" => "speculative.adaptive",
             other => anyhow::bail!(
                 "{FLAG}: unknown key {other:?} (known: method, num_speculative_tokens, \
-                 prompt_lookup_min, prompt_lookup_max, disable_by_batch_size)"
+                 prompt_lookup_min, prompt_lookup_max, disable_by_batch_size, adaptive)"
             ),
         };
         flags.opt(FLAG, key, &Some(value));

@@ -125,6 +125,7 @@ fn speculative_config(s: &ingot_config::SpeculativeSection) -> SpeculativeConfig
         ngram_min: s.prompt_lookup_min,
         ngram_max: s.prompt_lookup_max,
         disable_by_batch_size: s.disable_by_batch_size,
+        adaptive: s.adaptive,
     }
 }
 

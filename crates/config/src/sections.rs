@@ -572,6 +572,10 @@ pub struct SpeculativeSection {
     pub prompt_lookup_max: usize,
     /// Steps running more sequences than this propose nothing.
     pub disable_by_batch_size: usize,
+    /// Propose only the tokens the cost model says pay (each sequence's
+    /// acceptance against the step's measured cost per token); `false`:
+    /// always `num_speculative_tokens` where the proposer has them.
+    pub adaptive: bool,
 }
 
 impl Default for SpeculativeSection {
@@ -582,6 +586,7 @@ impl Default for SpeculativeSection {
             prompt_lookup_min: 2,
             prompt_lookup_max: 4,
             disable_by_batch_size: 8,
+            adaptive: true,
         }
     }
 }

@@ -37,6 +37,9 @@ pub struct SpeculativeConfig {
     /// batch already uses the weights it reads, and verifying guesses then
     /// costs compute the batch needs.
     pub disable_by_batch_size: usize,
+    /// Propose as many tokens as pay (the cost model); off: always
+    /// `num_speculative_tokens` where the proposer has them (vLLM's way).
+    pub adaptive: bool,
 }
 
 impl Default for SpeculativeConfig {
@@ -47,6 +50,7 @@ impl Default for SpeculativeConfig {
             ngram_min: 2,
             ngram_max: 4,
             disable_by_batch_size: 8,
+            adaptive: true,
         }
     }
 }
@@ -92,7 +96,7 @@ impl Speculation {
     /// `running` sequences.
     pub(crate) fn may_propose(&self, acceptance: &Acceptance, running: usize) -> bool {
         running <= self.config.disable_by_batch_size
-            && acceptance.may_propose(self.cost.threshold(running))
+            && (!self.config.adaptive || acceptance.may_propose(self.cost.threshold(running)))
     }
 
     /// Tokens a sequence of `acceptance` proposes in a step running
@@ -100,6 +104,9 @@ impl Speculation {
     pub(crate) fn tokens_for(&self, acceptance: &mut Acceptance, running: usize) -> usize {
         if running > self.config.disable_by_batch_size {
             return 0;
+        }
+        if !self.config.adaptive {
+            return self.config.num_speculative_tokens;
         }
         acceptance.tokens_worth(
             self.cost.threshold(running),

@@ -23,6 +23,7 @@ fn speculating_on(k: usize, wrap: impl FnOnce(CpuRunner) -> Box<dyn ModelRunner>
             ngram_min: 1,
             ngram_max: 3,
             disable_by_batch_size: 8,
+            adaptive: true,
         }
     })
 }
@@ -133,6 +134,7 @@ fn proposals_as_decode_rows_stay_within_the_runners_rows() {
                 ngram_min: 1,
                 ngram_max: 3,
                 disable_by_batch_size: 8,
+                adaptive: true,
             };
         },
     );
