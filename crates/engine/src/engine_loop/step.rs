@@ -92,8 +92,6 @@ impl EngineLoop {
         let advanced = self.advance_grammars(chunks, &picked, &failed);
         let prompts = self.record_prompt_scores(scored, scores);
         let (outputs, empty) = self.accept_picks(chunks, picked, &failed, &advanced);
-        self.count_prefill(chunks, forward);
-        self.note_step_cost(chunks, forward);
         tracing::debug!(
             tokens = num_tokens,
             seqs = chunks.len(),
@@ -102,8 +100,22 @@ impl EngineLoop {
             step_ms = started.elapsed().as_secs_f64() * 1e3,
             "step"
         );
-        self.metrics.iteration(num_tokens, started.elapsed());
+        self.account_step(chunks, num_tokens, forward, started);
         self.deliver_step(prompts, empty, outputs);
+    }
+
+    /// A step's accounting, for plain and speculative steps alike: prefill
+    /// time per request, the step-cost fit, the iteration metrics.
+    pub(super) fn account_step(
+        &mut self,
+        chunks: &[ScheduledChunk],
+        num_tokens: usize,
+        forward: Duration,
+        started: Instant,
+    ) {
+        self.count_prefill(chunks, forward);
+        self.note_step_cost(chunks, forward);
+        self.metrics.iteration(num_tokens, started.elapsed());
     }
 
     /// A failed forward pass fails every request in the step.
@@ -264,7 +276,7 @@ impl EngineLoop {
     /// Adds a step's forward time to every request whose prompt it
     /// computed (chunks before the end of the prompt, or the prompt's last
     /// chunk, which also samples the first token).
-    pub(super) fn count_prefill(&mut self, chunks: &[ScheduledChunk], forward: Duration) {
+    fn count_prefill(&mut self, chunks: &[ScheduledChunk], forward: Duration) {
         if let Some(tiers) = &self.tiers {
             // What a prompt token costs to compute: the tiers weigh it
             // against fetching a shared prefix.

@@ -132,8 +132,6 @@ impl EngineLoop {
                 .fetch_add(verified.kept as u64, Ordering::Relaxed);
             outputs.extend(verified.outputs.into_iter().map(|o| (id, o)));
         }
-        self.count_prefill(chunks, forward);
-        self.note_step_cost(chunks, forward);
         tracing::debug!(
             tokens = num_tokens,
             seqs = chunks.len(),
@@ -142,7 +140,7 @@ impl EngineLoop {
             step_ms = started.elapsed().as_secs_f64() * 1e3,
             "speculative step"
         );
-        self.metrics.iteration(num_tokens, started.elapsed());
+        self.account_step(chunks, num_tokens, forward, started);
         self.deliver_step(prompts, step.empty, outputs);
     }
 }
