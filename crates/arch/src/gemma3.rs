@@ -95,6 +95,7 @@ mod tests {
                 post_norms: true,
                 attention_scale: None,
                 final_logit_softcap: None,
+                moe: None,
             },
         }
     }

@@ -3,7 +3,8 @@
 //! file from the model's config; the CPU and CUDA runners call it with
 //! their own [`DecoderOps`].
 //!
-//! - [`llama`], [`gemma3`]: decoders over [`DecoderOps`];
+//! - [`llama`] (dense and mixture-of-experts), [`gemma3`]: decoders over
+//!   [`DecoderOps`];
 //! - [`bert`]: the BERT-family encoder (sentence embeddings) over
 //!   [`bert::EncoderOps`].
 
@@ -15,7 +16,8 @@ pub mod ops;
 pub use bert::{Bert, EncoderBatch, EncoderOps};
 use ingot_models::{Architecture, ModelConfig};
 pub use ops::{
-    Activation, AttentionSpec, DecoderOps, EmbedSpec, HeadSpec, MlpSpec, NextNorm, RopeTable,
+    Activation, AttentionSpec, DecoderOps, EmbedSpec, HeadSpec, MlpSpec, MoeSpec, NextNorm,
+    RopeTable, Routing,
 };
 
 /// One forward step of `config`'s architecture over `ops`: the embedding of
@@ -23,9 +25,12 @@ pub use ops::{
 /// returns.
 pub fn forward<O: DecoderOps>(config: &ModelConfig, ops: &mut O) -> Result<(), O::Error> {
     match config.architecture {
-        Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 | Architecture::Qwen3 => {
-            llama::forward(config, ops)
-        }
+        Architecture::Llama
+        | Architecture::Mistral
+        | Architecture::Qwen2
+        | Architecture::Qwen3
+        | Architecture::Qwen3Moe
+        | Architecture::Mixtral => llama::forward(config, ops),
         Architecture::Gemma3 => gemma3::forward(config, ops),
     }
 }
@@ -34,9 +39,12 @@ pub fn forward<O: DecoderOps>(config: &ModelConfig, ops: &mut O) -> Result<(), O
 /// rows after the step, such as scored prompt positions, uses it).
 pub fn head_spec(config: &ModelConfig) -> HeadSpec {
     match config.architecture {
-        Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 | Architecture::Qwen3 => {
-            llama::HEAD
-        }
+        Architecture::Llama
+        | Architecture::Mistral
+        | Architecture::Qwen2
+        | Architecture::Qwen3
+        | Architecture::Qwen3Moe
+        | Architecture::Mixtral => llama::HEAD,
         Architecture::Gemma3 => gemma3::head_spec(config),
     }
 }

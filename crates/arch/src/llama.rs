@@ -1,11 +1,14 @@
 //! The Llama family: Llama 2/3.x, SmolLM2, TinyLlama, Mistral, Qwen2
-//! (bias on q/k/v) and Qwen3 (q/k RMSNorm). Pre-norm blocks, SwiGLU MLP,
-//! one rope table, full attention.
+//! (bias on q/k/v) and Qwen3 (q/k RMSNorm), and their mixture-of-experts
+//! kin Mixtral and Qwen3-MoE (a routed set of SwiGLU experts in place of
+//! the MLP on sparse layers). Pre-norm blocks, SwiGLU MLP, one rope table,
+//! full attention.
 
 use ingot_models::ModelConfig;
 
 use crate::ops::{
-    Activation, AttentionSpec, DecoderOps, EmbedSpec, HeadSpec, MlpSpec, NextNorm, RopeTable,
+    Activation, AttentionSpec, DecoderOps, EmbedSpec, HeadSpec, MlpSpec, MoeSpec, NextNorm,
+    RopeTable, Routing,
 };
 
 /// The LM head: no soft-capping.
@@ -29,9 +32,20 @@ pub const MLP: MlpSpec = MlpSpec {
     post_norm: false,
 };
 
+/// The expert block of the sparse layers, `None` for a dense model.
+pub fn moe_spec(config: &ModelConfig) -> Option<MoeSpec> {
+    config.block.moe.as_ref().map(|m| MoeSpec {
+        act: Activation::Silu,
+        routing: Routing::SoftmaxTopK,
+        top_k: m.experts_per_token,
+        normalize: m.normalize_top_k,
+    })
+}
+
 /// One forward step.
 pub fn forward<O: DecoderOps>(config: &ModelConfig, ops: &mut O) -> Result<(), O::Error> {
     let attention = attention_spec(config);
+    let moe = moe_spec(config);
     ops.embed(&EmbedSpec { scale: None }, NextNorm::Attention(0))?;
     for layer in 0..config.num_layers {
         ops.attention(layer, &attention, NextNorm::Mlp(layer))?;
@@ -40,7 +54,12 @@ pub fn forward<O: DecoderOps>(config: &ModelConfig, ops: &mut O) -> Result<(), O
         } else {
             NextNorm::Final
         };
-        ops.mlp(layer, &MLP, next)?;
+        match &moe {
+            Some(spec) if ingot_models::llama::is_sparse(config, layer) => {
+                ops.moe(layer, spec, next)?
+            }
+            _ => ops.mlp(layer, &MLP, next)?,
+        }
     }
     ops.logits(&HEAD)
 }
@@ -65,6 +84,11 @@ mod tests {
         }
         fn mlp(&mut self, l: usize, _: &MlpSpec, next: NextNorm) -> Result<(), ()> {
             self.0.push(format!("mlp{l}>{next:?}"));
+            Ok(())
+        }
+        fn moe(&mut self, l: usize, s: &MoeSpec, next: NextNorm) -> Result<(), ()> {
+            self.0
+                .push(format!("moe{l}/{}/{}>{next:?}", s.top_k, s.normalize));
             Ok(())
         }
         fn logits(&mut self, _: &HeadSpec) -> Result<(), ()> {
@@ -100,5 +124,30 @@ mod tests {
             expected.push("logits".into());
             assert_eq!(ops.0, expected, "{name}");
         }
+    }
+
+    #[test]
+    fn sparse_layers_run_experts_and_dense_layers_the_mlp() {
+        let mut config = config("qwen3-30b-a3b");
+        config.num_layers = 3;
+        if let Some(moe) = config.block.moe.as_mut() {
+            moe.dense_layers = vec![1];
+        }
+        let mut ops = Recorder::default();
+        assert_eq!(crate::forward(&config, &mut ops), Ok(()));
+        let blocks: Vec<&str> = ops.0.iter().map(String::as_str).collect();
+        assert_eq!(
+            blocks,
+            [
+                "embed>Attention(0)",
+                "attn0/true>Mlp(0)",
+                "moe0/8/true>Attention(1)",
+                "attn1/true>Mlp(1)",
+                "mlp1>Attention(2)",
+                "attn2/true>Mlp(2)",
+                "moe2/8/true>Final",
+                "logits",
+            ]
+        );
     }
 }

@@ -95,6 +95,30 @@ pub struct MlpSpec {
     pub post_norm: bool,
 }
 
+/// How a router turns its logits into expert weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routing {
+    /// Softmax over every expert's logit, then the top-k probabilities
+    /// (Mixtral, Qwen3-MoE). Ties go to the lower expert index.
+    SoftmaxTopK,
+}
+
+/// One mixture-of-experts MLP block: pre-norm → router logits → top-k
+/// experts and their weights → each chosen expert's gated MLP → weighted
+/// sum → residual add. A token's expert outputs are summed in ascending
+/// expert order, so its result does not depend on the batch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeSpec {
+    /// The experts' gate activation.
+    pub act: Activation,
+    /// Router logits to weights.
+    pub routing: Routing,
+    /// Experts per token.
+    pub top_k: usize,
+    /// The top-k weights are divided by their sum.
+    pub normalize: bool,
+}
+
 /// Final norm and LM head (tied or not, the backend knows).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HeadSpec {
@@ -122,6 +146,10 @@ pub trait DecoderOps {
 
     /// Layer `layer`'s MLP block, added into the residual stream.
     fn mlp(&mut self, layer: usize, spec: &MlpSpec, next: NextNorm) -> Result<(), Self::Error>;
+
+    /// Layer `layer`'s mixture-of-experts MLP block, added into the
+    /// residual stream.
+    fn moe(&mut self, layer: usize, spec: &MoeSpec, next: NextNorm) -> Result<(), Self::Error>;
 
     /// The final norm and LM head of the rows the step returns logits for.
     fn logits(&mut self, spec: &HeadSpec) -> Result<(), Self::Error>;

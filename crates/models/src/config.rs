@@ -16,6 +16,12 @@ pub enum Architecture {
     Qwen2,
     /// Qwen3: RMSNorm on q and k per head, no bias.
     Qwen3,
+    /// Qwen3-MoE: Qwen3 attention, mixture-of-experts MLPs (softmax
+    /// routing, top-k, optionally renormalised; no shared expert).
+    Qwen3Moe,
+    /// Mixtral: Mistral attention, mixture-of-experts MLPs (top-k of a
+    /// softmax, renormalised). llama.cpp writes it as `llama` with experts.
+    Mixtral,
     /// Gemma 3 (text): sliding-window attention on most layers, q/k norms,
     /// norms after attention and MLP too, GELU-tanh MLP, scaled embeddings.
     Gemma3,
@@ -29,6 +35,8 @@ impl Architecture {
             "MistralForCausalLM" | "mistral" => Self::Mistral,
             "Qwen2ForCausalLM" | "qwen2" => Self::Qwen2,
             "Qwen3ForCausalLM" | "qwen3" => Self::Qwen3,
+            "Qwen3MoeForCausalLM" | "qwen3moe" | "qwen3_moe" => Self::Qwen3Moe,
+            "MixtralForCausalLM" | "mixtral" => Self::Mixtral,
             "Gemma3ForCausalLM" | "gemma3" | "gemma3_text" => Self::Gemma3,
             other => {
                 return Err(ModelError::UnsupportedArchitecture {
@@ -45,6 +53,8 @@ impl Architecture {
             Self::Mistral => "mistral",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
+            Self::Qwen3Moe => "qwen3moe",
+            Self::Mixtral => "mixtral",
             Self::Gemma3 => "gemma3",
         }
     }
@@ -177,6 +187,46 @@ pub struct BlockOptions {
     pub attention_scale: Option<f32>,
     /// Logits become `cap * tanh(logits / cap)`.
     pub final_logit_softcap: Option<f32>,
+    /// Mixture-of-experts MLPs; `None`: every MLP is dense.
+    pub moe: Option<MoeConfig>,
+}
+
+/// Mixture-of-experts MLP layers: a router picks `experts_per_token` of
+/// `num_experts` gated MLPs per token and sums their outputs, weighted by
+/// the router's softmax probabilities.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    /// Experts per sparse layer.
+    pub num_experts: usize,
+    /// Experts each token is routed to (top-k).
+    pub experts_per_token: usize,
+    /// Inner width of one expert's gated MLP.
+    pub expert_intermediate_size: usize,
+    /// The top-k probabilities are divided by their sum (Mixtral always;
+    /// Qwen3-MoE's `norm_topk_prob`).
+    pub normalize_top_k: bool,
+    /// Layers with a dense MLP of `intermediate_size` instead (Qwen3-MoE's
+    /// `mlp_only_layers` and `decoder_sparse_step`), ascending.
+    pub dense_layers: Vec<usize>,
+}
+
+impl MoeConfig {
+    /// True when layer `layer`'s MLP is experts.
+    pub fn is_sparse(&self, layer: usize) -> bool {
+        self.dense_layers.binary_search(&layer).is_err()
+    }
+
+    /// Parameters of one sparse layer's MLP: the router and every expert.
+    pub fn layer_params(&self, hidden: usize) -> usize {
+        self.num_experts * (hidden + 3 * hidden * self.expert_intermediate_size)
+    }
+
+    /// Parameters of one sparse layer's MLP that a token reads: the router
+    /// and its experts.
+    pub fn active_layer_params(&self, hidden: usize) -> usize {
+        self.num_experts * hidden
+            + self.experts_per_token * 3 * hidden * self.expert_intermediate_size
+    }
 }
 
 impl BlockOptions {
@@ -235,19 +285,33 @@ impl ModelConfig {
     }
 
     /// Parameters of the decoder (embedding, every layer's projections,
-    /// norms and biases, the final norm and an untied LM head): what sizes
-    /// its weights in memory.
+    /// norms and biases, every expert and router, the final norm and an
+    /// untied LM head): what sizes its weights in memory.
     pub fn num_params(&self) -> usize {
-        let (h, q, kv) = (
-            self.hidden_size,
-            self.num_heads * self.head_dim,
-            self.kv_dim(),
-        );
+        self.count_params(false)
+    }
+
+    /// Parameters one token reads: [`Self::num_params`] with only
+    /// `experts_per_token` experts of each sparse layer (equal to it for a
+    /// dense model).
+    pub fn num_active_params(&self) -> usize {
+        self.count_params(true)
+    }
+
+    fn count_params(&self, active_only: bool) -> usize {
+        let (h, q, kv) = (self.hidden_size, self.q_dim(), self.kv_dim());
         let attention = h * (q + 2 * kv) + q * h;
-        let mlp = 3 * h * self.intermediate_size;
         let norms = self.norms_per_layer() * h + if self.qk_norm { 2 * self.head_dim } else { 0 };
         let bias = if self.qkv_bias { q + 2 * kv } else { 0 };
-        let layers = self.num_layers * (attention + mlp + norms + bias);
+        let dense_mlp = 3 * h * self.intermediate_size;
+        let mlps: usize = (0..self.num_layers)
+            .map(|layer| match &self.block.moe {
+                Some(moe) if moe.is_sparse(layer) && active_only => moe.active_layer_params(h),
+                Some(moe) if moe.is_sparse(layer) => moe.layer_params(h),
+                _ => dense_mlp,
+            })
+            .sum();
+        let layers = self.num_layers * (attention + norms + bias) + mlps;
         let embedding = self.vocab_size * h;
         let head = if self.tie_word_embeddings {
             0
@@ -305,6 +369,18 @@ impl ModelConfig {
                 return bad("sliding window size and global layer period must be non-zero".into());
             }
         }
+        if let Some(moe) = &self.block.moe {
+            if moe.num_experts == 0
+                || moe.experts_per_token == 0
+                || moe.experts_per_token > moe.num_experts
+                || moe.expert_intermediate_size == 0
+            {
+                return bad(format!(
+                    "a mixture of experts needs 1 <= experts per token ({}) <= experts ({}) and a non-zero expert width",
+                    moe.experts_per_token, moe.num_experts
+                ));
+            }
+        }
         if self
             .block
             .final_logit_softcap
@@ -317,23 +393,7 @@ impl ModelConfig {
 
     /// Parameter count of the decoder as configured.
     pub fn num_parameters(&self) -> u64 {
-        let d = self.hidden_size as u64;
-        let attn = d * (self.q_dim() as u64) * 2 + d * (self.kv_dim() as u64) * 2;
-        let bias = if self.qkv_bias {
-            (self.q_dim() + 2 * self.kv_dim()) as u64
-        } else {
-            0
-        };
-        let qk_norm = if self.qk_norm {
-            2 * self.head_dim as u64
-        } else {
-            0
-        };
-        let mlp = 3 * d * self.intermediate_size as u64;
-        let layer = attn + bias + qk_norm + mlp + self.norms_per_layer() as u64 * d;
-        let embed = self.vocab_size as u64 * d;
-        let head = if self.tie_word_embeddings { 0 } else { embed };
-        layer * self.num_layers as u64 + embed + head + d
+        self.num_params() as u64
     }
 }
 

@@ -16,7 +16,7 @@ use rayon::prelude::*;
 use crate::gguf::{GgmlType, GgufFile, TensorInfo};
 use crate::{
     Architecture, Bf16Tensor, BlockData, BlockOptions, HostTensor, ModelConfig, ModelError,
-    QuantTensor, RopeConfig, RopeScaling, SlidingWindow, TensorSource,
+    MoeConfig, QuantTensor, RopeConfig, RopeScaling, SlidingWindow, TensorSource,
 };
 
 /// Resolves the decoder configuration from GGUF metadata.
@@ -24,8 +24,20 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
     let arch_name = file
         .architecture()
         .ok_or_else(|| ModelError::InvalidConfig("GGUF has no general.architecture".to_string()))?;
-    let architecture = Architecture::from_name(arch_name)?;
     let key = |k: &str| format!("{arch_name}.{k}");
+    let experts = file.get_u64(&key("expert_count")).unwrap_or(0) as usize;
+    // llama.cpp writes Mixtral as `llama` with experts.
+    let architecture = match Architecture::from_name(arch_name)? {
+        Architecture::Llama | Architecture::Mistral if experts > 0 => Architecture::Mixtral,
+        Architecture::Qwen3 | Architecture::Qwen3Moe if experts > 0 => Architecture::Qwen3Moe,
+        Architecture::Qwen3Moe => {
+            return Err(ModelError::InvalidConfig(format!(
+                "GGUF metadata lacks {}",
+                key("expert_count")
+            )))
+        }
+        other => other,
+    };
     let need = |k: &str| -> Result<usize, ModelError> {
         file.get_u64(&key(k))
             .map(|v| v as usize)
@@ -61,6 +73,10 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
             }
         }
     };
+    let moe = match experts {
+        0 => None,
+        num_experts => Some(moe_from_gguf(file, arch_name, num_experts)?),
+    };
     let config = ModelConfig {
         architecture,
         hidden_size,
@@ -81,7 +97,10 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
         qkv_bias: file.tensor("blk.0.attn_q.bias").is_some(),
         qk_norm: file.tensor("blk.0.attn_q_norm.weight").is_some(),
         tie_word_embeddings: file.tensor("output.weight").is_none(),
-        block: Default::default(),
+        block: BlockOptions {
+            moe,
+            ..Default::default()
+        },
     };
     let config = match architecture {
         Architecture::Gemma3 => with_gemma3_block(config, file)?,
@@ -89,6 +108,42 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
     };
     config.validate()?;
     Ok(config)
+}
+
+/// The experts of a GGUF's every layer (llama.cpp has no dense layers in
+/// its MoE architectures). The expert width is `expert_feed_forward_length`
+/// (qwen3moe) or, where absent, `feed_forward_length` (llama-as-Mixtral);
+/// the top-k weights are renormalised unless `expert_weights_norm` says
+/// otherwise (llama.cpp's qwen3moe and llama graphs always renormalise).
+fn moe_from_gguf(
+    file: &GgufFile,
+    arch_name: &str,
+    num_experts: usize,
+) -> Result<MoeConfig, ModelError> {
+    let key = |k: &str| format!("{arch_name}.{k}");
+    let width = file
+        .get_u64(&key("expert_feed_forward_length"))
+        .or_else(|| file.get_u64(&key("feed_forward_length")))
+        .unwrap_or(0) as usize;
+    let used = file.get_u64(&key("expert_used_count")).ok_or_else(|| {
+        ModelError::InvalidConfig(format!("GGUF metadata lacks {}", key("expert_used_count")))
+    })? as usize;
+    if file.tensor("blk.0.ffn_gate_exps.weight").is_none()
+        && file.tensor("blk.0.ffn_gate.0.weight").is_some()
+    {
+        return Err(ModelError::InvalidConfig(
+            "this GGUF stores one tensor per expert (llama.cpp's layout before 2024-04); \
+             convert it again with a current convert_hf_to_gguf.py, which stacks them"
+                .into(),
+        ));
+    }
+    Ok(MoeConfig {
+        num_experts,
+        experts_per_token: used,
+        expert_intermediate_size: width,
+        normalize_top_k: file.get_bool(&key("expert_weights_norm")).unwrap_or(true),
+        dense_layers: Vec::new(),
+    })
 }
 
 /// Gemma 3's rope base on its sliding layers (transformers'
@@ -127,6 +182,7 @@ fn with_gemma3_block(mut config: ModelConfig, file: &GgufFile) -> Result<ModelCo
         final_logit_softcap: file
             .get_f64(&key("final_logit_softcapping"))
             .map(|c| c as f32),
+        moe: None,
     };
     Ok(config)
 }
@@ -173,6 +229,10 @@ pub fn gguf_name(hf: &str) -> Option<String> {
         "mlp.gate_proj" => "ffn_gate",
         "mlp.up_proj" => "ffn_up",
         "mlp.down_proj" => "ffn_down",
+        "mlp.gate" => "ffn_gate_inp",
+        "mlp.experts.gate_proj" => "ffn_gate_exps",
+        "mlp.experts.up_proj" => "ffn_up_exps",
+        "mlp.experts.down_proj" => "ffn_down_exps",
         "input_layernorm" => "attn_norm",
         "post_attention_layernorm" => "ffn_norm",
         _ => return None,
@@ -194,7 +254,7 @@ impl GgufSource {
     pub fn new(file: Arc<GgufFile>, config: &ModelConfig) -> Self {
         let unpermute = matches!(
             config.architecture,
-            Architecture::Llama | Architecture::Mistral
+            Architecture::Llama | Architecture::Mistral | Architecture::Mixtral
         )
         .then_some((config.num_heads, config.num_kv_heads));
         Self {
@@ -394,6 +454,16 @@ mod tests {
             Some("blk.3.ffn_norm.weight")
         );
         assert_eq!(gguf_name("model.layers.3.mystery.weight"), None);
+        // Experts: the router and the stacks.
+        for (hf, gguf) in [
+            ("mlp.gate.weight", "ffn_gate_inp.weight"),
+            ("mlp.experts.gate_proj.weight", "ffn_gate_exps.weight"),
+            ("mlp.experts.up_proj.weight", "ffn_up_exps.weight"),
+            ("mlp.experts.down_proj.weight", "ffn_down_exps.weight"),
+        ] {
+            let name = gguf_name(&format!("model.layers.7.{hf}"));
+            assert_eq!(name, Some(format!("blk.7.{gguf}")));
+        }
         // Gemma 3's post-attention norm is not Llama's pre-MLP norm.
         let gemma = |hf: &str| gguf_name_for(Architecture::Gemma3, hf);
         assert_eq!(

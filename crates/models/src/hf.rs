@@ -9,7 +9,8 @@ use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 
 use crate::{
-    Architecture, HostTensor, ModelConfig, ModelError, RopeConfig, RopeScaling, TensorSource,
+    Architecture, BlockOptions, HostTensor, ModelConfig, ModelError, MoeConfig, RopeConfig,
+    RopeScaling, TensorSource,
 };
 
 /// The subset of `config.json` we read; optional fields get HF defaults.
@@ -38,6 +39,16 @@ struct RawConfig {
     hidden_act: Option<String>,
     sliding_window: Option<usize>,
     use_sliding_window: Option<bool>,
+    /// Qwen3-MoE's expert count (Mixtral: `num_local_experts`).
+    #[serde(alias = "num_local_experts")]
+    num_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    /// Qwen3-MoE's expert width (Mixtral's is `intermediate_size`).
+    moe_intermediate_size: Option<usize>,
+    norm_topk_prob: Option<bool>,
+    #[serde(default)]
+    mlp_only_layers: Vec<usize>,
+    decoder_sparse_step: Option<usize>,
 }
 
 /// Just enough of `config.json` to name the architecture before the rest
@@ -109,6 +120,7 @@ fn resolve(raw: RawConfig) -> Result<ModelConfig, ModelError> {
                 .into(),
         ));
     }
+    let moe = moe_of(&raw, architecture)?;
     let scaling = match raw.rope_scaling {
         None => RopeScaling::None,
         Some(s) => match s.rope_type.as_str() {
@@ -152,7 +164,9 @@ fn resolve(raw: RawConfig) -> Result<ModelConfig, ModelError> {
         .sliding_window
         .filter(|_| raw.use_sliding_window != Some(false))
     {
-        if architecture == Architecture::Mistral && window < max_context {
+        if matches!(architecture, Architecture::Mistral | Architecture::Mixtral)
+            && window < max_context
+        {
             tracing::warn!(
                 window,
                 "sliding window attention: capping the context at the window"
@@ -181,12 +195,47 @@ fn resolve(raw: RawConfig) -> Result<ModelConfig, ModelError> {
         qkv_bias: raw
             .attention_bias
             .unwrap_or(architecture == Architecture::Qwen2),
-        qk_norm: architecture == Architecture::Qwen3,
+        qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Qwen3Moe),
         tie_word_embeddings: raw.tie_word_embeddings,
-        block: Default::default(),
+        block: BlockOptions {
+            moe,
+            ..Default::default()
+        },
     };
     config.validate()?;
     Ok(config)
+}
+
+/// The experts of a Qwen3-MoE or Mixtral config (transformers'
+/// `Qwen3MoeConfig`, `MixtralConfig`); `None` for dense architectures.
+fn moe_of(raw: &RawConfig, architecture: Architecture) -> Result<Option<MoeConfig>, ModelError> {
+    let missing = |field: &str| {
+        ModelError::InvalidConfig(format!("{} config.json lacks {field}", architecture.name()))
+    };
+    let (expert_width, normalize, dense_layers) = match architecture {
+        Architecture::Mixtral => (raw.intermediate_size, true, Vec::new()),
+        Architecture::Qwen3Moe => {
+            let step = raw.decoder_sparse_step.unwrap_or(1).max(1);
+            let dense: Vec<usize> = (0..raw.num_hidden_layers)
+                .filter(|i| raw.mlp_only_layers.contains(i) || !(i + 1).is_multiple_of(step))
+                .collect();
+            let width = raw
+                .moe_intermediate_size
+                .ok_or_else(|| missing("moe_intermediate_size"))?;
+            (width, raw.norm_topk_prob.unwrap_or(false), dense)
+        }
+        _ => return Ok(None),
+    };
+    let num_experts = raw.num_experts.ok_or_else(|| missing("num_experts"))?;
+    Ok(Some(MoeConfig {
+        num_experts,
+        experts_per_token: raw
+            .num_experts_per_tok
+            .ok_or_else(|| missing("num_experts_per_tok"))?,
+        expert_intermediate_size: expert_width,
+        normalize_top_k: normalize,
+        dense_layers,
+    }))
 }
 
 /// Safetensors weights of one directory, memory-mapped.
@@ -272,8 +321,52 @@ impl SafetensorsSource {
     }
 }
 
-impl TensorSource for SafetensorsSource {
-    fn load(&self, name: &str) -> Result<HostTensor, ModelError> {
+impl SafetensorsSource {
+    /// The tensors of the files behind canonical name `name`: itself, or
+    /// Mixtral's name for a router, or one tensor per expert for a stack of
+    /// experts ([`crate::llama::EXPERTS_GATE`]). Empty when none exists.
+    fn parts_of(&self, name: &str) -> Vec<String> {
+        if self.index.contains_key(name) {
+            return vec![name.to_string()];
+        }
+        let Some((layer, module)) = name
+            .strip_prefix("model.layers.")
+            .and_then(|rest| rest.split_once('.'))
+        else {
+            return Vec::new();
+        };
+        let p = |s: &str| format!("model.layers.{layer}.{s}");
+        let (qwen, mixtral) = match module {
+            "mlp.gate.weight" => {
+                let alias = p("block_sparse_moe.gate.weight");
+                return if self.index.contains_key(&alias) {
+                    vec![alias]
+                } else {
+                    Vec::new()
+                };
+            }
+            "mlp.experts.gate_proj.weight" => ("gate_proj", "w1"),
+            "mlp.experts.up_proj.weight" => ("up_proj", "w3"),
+            "mlp.experts.down_proj.weight" => ("down_proj", "w2"),
+            _ => return Vec::new(),
+        };
+        for expert in [
+            |e: usize, q: &str, _: &str| format!("mlp.experts.{e}.{q}.weight"),
+            |e: usize, _: &str, m: &str| format!("block_sparse_moe.experts.{e}.{m}.weight"),
+        ] {
+            let names: Vec<String> = (0..)
+                .map(|e| p(&expert(e, qwen, mixtral)))
+                .take_while(|n| self.index.contains_key(n))
+                .collect();
+            if !names.is_empty() {
+                return names;
+            }
+        }
+        Vec::new()
+    }
+
+    /// One file tensor as f32.
+    fn load_one(&self, name: &str) -> Result<HostTensor, ModelError> {
         self.with_tensor(name, |view| {
             let bytes = view.data();
             let data: Vec<f32> = match view.dtype() {
@@ -299,9 +392,42 @@ impl TensorSource for SafetensorsSource {
             Ok(HostTensor::new(view.shape().to_vec(), data))
         })
     }
+}
+
+impl TensorSource for SafetensorsSource {
+    /// A tensor of the files, or a stack of per-expert tensors (each of the
+    /// first expert's shape) under its canonical name.
+    fn load(&self, name: &str) -> Result<HostTensor, ModelError> {
+        let parts = self.parts_of(name);
+        match parts.as_slice() {
+            [] => Err(ModelError::MissingTensor {
+                name: name.to_string(),
+            }),
+            [one] if one == name || !name.contains(".experts.") => self.load_one(one),
+            _ => {
+                let mut shape = Vec::new();
+                let mut data = Vec::new();
+                for part in &parts {
+                    let t = self.load_one(part)?;
+                    if shape.is_empty() {
+                        shape = t.shape.clone();
+                    } else if t.shape != shape {
+                        return Err(ModelError::ShapeMismatch {
+                            name: part.clone(),
+                            expected: shape,
+                            got: t.shape,
+                        });
+                    }
+                    data.extend_from_slice(&t.data);
+                }
+                shape.insert(0, parts.len());
+                Ok(HostTensor::new(shape, data))
+            }
+        }
+    }
 
     fn contains(&self, name: &str) -> bool {
-        self.index.contains_key(name)
+        !self.parts_of(name).is_empty()
     }
 
     fn dtype_summary(&self) -> Vec<(String, usize)> {
@@ -336,6 +462,71 @@ mod tests {
         assert!(matches!(c.rope.scaling, RopeScaling::Llama3 { .. }));
         // Llama-3.1-8B has 8.03 B parameters.
         assert_eq!(c.num_parameters() / 10_000_000, 803);
+    }
+
+    /// A config of tests/gpu/configs.
+    fn gpu_config(name: &str) -> ModelConfig {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/gpu/configs");
+        load_config(&dir.join(name).join("config.json")).unwrap()
+    }
+
+    #[test]
+    fn mixture_of_experts_configs_count_every_expert_and_the_active_ones() {
+        // Qwen3-30B-A3B: 30.5 B parameters, 3.3 B active (its model card).
+        let q = gpu_config("qwen3-30b-a3b");
+        assert_eq!(q.architecture, Architecture::Qwen3Moe);
+        assert!(q.qk_norm);
+        let moe = q.block.moe.clone().unwrap();
+        assert_eq!(
+            (
+                moe.num_experts,
+                moe.experts_per_token,
+                moe.expert_intermediate_size
+            ),
+            (128, 8, 768)
+        );
+        assert!(moe.normalize_top_k && moe.dense_layers.is_empty());
+        assert_eq!(q.num_params() / 100_000_000, 305);
+        assert_eq!(q.num_active_params() / 100_000_000, 33);
+        // Mixtral-8x7B: 46.7 B, 12.9 B active (12.88).
+        let m = gpu_config("mixtral-8x7b");
+        assert_eq!(m.architecture, Architecture::Mixtral);
+        assert_eq!(m.num_params() / 100_000_000, 467);
+        assert_eq!(m.num_active_params() / 10_000_000, 1287);
+        // A dense model reads every parameter.
+        let d = gpu_config("qwen3-8b");
+        assert_eq!(d.num_params(), d.num_active_params());
+    }
+
+    #[test]
+    fn qwen3_moe_dense_layers_come_from_mlp_only_layers_and_the_sparse_step() {
+        let config = |edit: &dyn Fn(&mut serde_json::Value)| {
+            let mut v = serde_json::json!({
+                "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64,
+                "intermediate_size": 128, "num_hidden_layers": 6, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "vocab_size": 10, "num_experts": 4,
+                "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                "mlp_only_layers": [0], "decoder_sparse_step": 2
+            });
+            edit(&mut v);
+            resolve(serde_json::from_value(v).unwrap())
+        };
+        let moe = config(&|_| {}).unwrap().block.moe.unwrap();
+        assert_eq!(moe.dense_layers, vec![0, 2, 4]);
+        assert!(
+            !moe.normalize_top_k,
+            "transformers' default norm_topk_prob is false"
+        );
+        assert!(!moe.is_sparse(0) && moe.is_sparse(1) && moe.is_sparse(5));
+        // More experts per token than experts, or no expert width, is
+        // refused by name.
+        let err = config(&|v| v["num_experts_per_tok"] = 5.into()).unwrap_err();
+        assert!(err.to_string().contains("experts per token (5)"), "{err}");
+        let err = config(&|v| {
+            v.as_object_mut().unwrap().remove("moe_intermediate_size");
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("moe_intermediate_size"), "{err}");
     }
 
     #[test]

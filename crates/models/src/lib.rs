@@ -4,7 +4,8 @@
 //! - [`gguf`]: the GGUF container (metadata, tensor infos, dequantization).
 //! - [`hf`]: Hugging Face `config.json` + safetensors (sharded or not).
 //! - [`gguf_model`]: GGUF metadata → config, GGUF tensor names → HF names.
-//! - [`llama`]: the weights of the Llama-family decoder.
+//! - [`llama`]: the weights of the Llama-family decoder (dense or with
+//!   experts).
 //! - [`bert`]: BERT encoder directories (config, pooling, weights).
 //! - [`dummy`]: random weights for benchmarking shapes without downloads.
 
@@ -19,8 +20,10 @@ pub mod llama;
 mod source;
 mod tensor;
 
-pub use config::{Architecture, BlockOptions, ModelConfig, RopeConfig, RopeScaling, SlidingWindow};
+pub use config::{
+    Architecture, BlockOptions, ModelConfig, MoeConfig, RopeConfig, RopeScaling, SlidingWindow,
+};
 pub use error::ModelError;
-pub use llama::{LayerWeights, LlamaWeights};
+pub use llama::{LayerWeights, LlamaWeights, MlpWeights};
 pub use source::{open, LoadFormat, ModelFiles, TensorSource};
 pub use tensor::{Bf16Tensor, BlockData, HostTensor, QuantTensor};

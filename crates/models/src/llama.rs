@@ -1,6 +1,7 @@
 //! Weights of the Llama-family decoder (Llama 2/3.x, Mistral, Qwen2/2.5,
 //! Qwen3, SmolLM2): pre-norm blocks of GQA attention with rotary embeddings
-//! and a SiLU-gated MLP. Paper: <https://arxiv.org/abs/2302.13971>.
+//! and a SiLU-gated MLP, dense or a mixture of experts (Mixtral,
+//! Qwen3-MoE). Paper: <https://arxiv.org/abs/2302.13971>.
 //!
 //! Shapes follow PyTorch: a linear weight is `[out_features, in_features]`.
 
@@ -28,12 +29,33 @@ pub struct LayerWeights {
     /// RMSNorms of the attention output and of the MLP output, `[hidden]`
     /// each (Gemma 3).
     pub post_norms: Option<[HostTensor; 2]>,
-    /// `[intermediate, hidden]`.
-    pub gate_proj: HostTensor,
-    /// `[intermediate, hidden]`.
-    pub up_proj: HostTensor,
-    /// `[hidden, intermediate]`.
-    pub down_proj: HostTensor,
+    /// The MLP: dense or experts.
+    pub mlp: MlpWeights,
+}
+
+/// A block's gated MLP.
+#[derive(Debug)]
+pub enum MlpWeights {
+    /// One MLP for every token.
+    Dense {
+        /// `[intermediate, hidden]`.
+        gate_proj: HostTensor,
+        /// `[intermediate, hidden]`.
+        up_proj: HostTensor,
+        /// `[hidden, intermediate]`.
+        down_proj: HostTensor,
+    },
+    /// A router over stacked experts.
+    Experts {
+        /// `[experts, hidden]`.
+        router: HostTensor,
+        /// `[experts, expert_intermediate, hidden]`.
+        gate_proj: HostTensor,
+        /// `[experts, expert_intermediate, hidden]`.
+        up_proj: HostTensor,
+        /// `[experts, hidden, expert_intermediate]`.
+        down_proj: HostTensor,
+    },
 }
 
 /// All decoder weights in f32.
@@ -109,6 +131,20 @@ impl LlamaWeights {
             } else {
                 None
             };
+            let mlp = if is_sparse(config, i) {
+                MlpWeights::Experts {
+                    router: get(p(ROUTER))?,
+                    gate_proj: get(p(EXPERTS_GATE))?,
+                    up_proj: get(p(EXPERTS_UP))?,
+                    down_proj: get(p(EXPERTS_DOWN))?,
+                }
+            } else {
+                MlpWeights::Dense {
+                    gate_proj: get(p("mlp.gate_proj.weight"))?,
+                    up_proj: get(p("mlp.up_proj.weight"))?,
+                    down_proj: get(p("mlp.down_proj.weight"))?,
+                }
+            };
             layers.push(LayerWeights {
                 attn_norm: get(p("input_layernorm.weight"))?,
                 q_proj: get(p("self_attn.q_proj.weight"))?,
@@ -119,9 +155,7 @@ impl LlamaWeights {
                 qk_norm,
                 mlp_norm: get(p(mlp_norm_name(config)))?,
                 post_norms,
-                gate_proj: get(p("mlp.gate_proj.weight"))?,
-                up_proj: get(p("mlp.up_proj.weight"))?,
-                down_proj: get(p("mlp.down_proj.weight"))?,
+                mlp,
             });
         }
         let norm = get("model.norm.weight".into())?;
@@ -137,6 +171,25 @@ impl LlamaWeights {
             lm_head,
         })
     }
+}
+
+/// Name (within a layer) of a sparse MLP's router, `[experts, hidden]`.
+pub const ROUTER: &str = "mlp.gate.weight";
+/// Name (within a layer) of the stacked experts' gate projections,
+/// `[experts, expert_intermediate, hidden]`. Hugging Face files hold one
+/// tensor per expert (`mlp.experts.{e}.gate_proj.weight`; Mixtral's
+/// `block_sparse_moe.experts.{e}.w1.weight`), stacked at load; GGUF files
+/// hold the stack (`ffn_gate_exps`).
+pub const EXPERTS_GATE: &str = "mlp.experts.gate_proj.weight";
+/// As [`EXPERTS_GATE`], the up projections.
+pub const EXPERTS_UP: &str = "mlp.experts.up_proj.weight";
+/// As [`EXPERTS_GATE`], the down projections, `[experts, hidden,
+/// expert_intermediate]`.
+pub const EXPERTS_DOWN: &str = "mlp.experts.down_proj.weight";
+
+/// True when layer `layer`'s MLP is experts.
+pub fn is_sparse(c: &ModelConfig, layer: usize) -> bool {
+    c.block.moe.as_ref().is_some_and(|m| m.is_sparse(layer))
 }
 
 /// Hugging Face name of the post-attention norm of post-norm blocks.
@@ -184,9 +237,20 @@ pub fn expected_shapes(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             add(POST_ATTN_NORM, vec![d]);
             add(POST_MLP_NORM, vec![d]);
         }
-        add("mlp.gate_proj.weight", vec![ff, d]);
-        add("mlp.up_proj.weight", vec![ff, d]);
-        add("mlp.down_proj.weight", vec![d, ff]);
+        match c.block.moe.as_ref().filter(|m| m.is_sparse(i)) {
+            Some(m) => {
+                let (e, eff) = (m.num_experts, m.expert_intermediate_size);
+                add(ROUTER, vec![e, d]);
+                add(EXPERTS_GATE, vec![e, eff, d]);
+                add(EXPERTS_UP, vec![e, eff, d]);
+                add(EXPERTS_DOWN, vec![e, d, eff]);
+            }
+            None => {
+                add("mlp.gate_proj.weight", vec![ff, d]);
+                add("mlp.up_proj.weight", vec![ff, d]);
+                add("mlp.down_proj.weight", vec![d, ff]);
+            }
+        }
     }
     out.push(("model.norm.weight".to_string(), vec![d]));
     if !c.tie_word_embeddings {

@@ -55,6 +55,14 @@ pub enum BlockData {
         /// Index into [`crate::gguf::GgufFile::tensors`].
         index: usize,
     },
+    /// A byte range of other blocks (one expert of a stack): the bytes are
+    /// shared, not copied.
+    Range {
+        /// The whole.
+        of: std::sync::Arc<BlockData>,
+        /// Bytes of `of` this holds.
+        range: std::ops::Range<usize>,
+    },
 }
 
 impl BlockData {
@@ -67,7 +75,27 @@ impl BlockData {
                 .get(*index)
                 .map(|t| file.tensor_bytes(t))
                 .unwrap_or_default(),
+            BlockData::Range { of, range } => of.bytes().get(range.clone()).unwrap_or_default(),
         }
+    }
+
+    /// `parts` equal consecutive byte ranges of these blocks (the experts
+    /// of a stacked tensor), sharing them; `None` when the bytes do not
+    /// divide evenly.
+    pub fn split(self, parts: usize) -> Option<Vec<BlockData>> {
+        let len = self.bytes().len();
+        if parts == 0 || !len.is_multiple_of(parts) {
+            return None;
+        }
+        let (of, each) = (std::sync::Arc::new(self), len / parts);
+        Some(
+            (0..parts)
+                .map(|i| BlockData::Range {
+                    of: of.clone(),
+                    range: i * each..(i + 1) * each,
+                })
+                .collect(),
+        )
     }
 }
 
@@ -76,6 +104,7 @@ impl std::fmt::Debug for BlockData {
         match self {
             BlockData::Owned(v) => write!(f, "Owned({} bytes)", v.len()),
             BlockData::Mapped { index, .. } => write!(f, "Mapped(tensor {index})"),
+            BlockData::Range { of, range } => write!(f, "Range({of:?}[{range:?}])"),
         }
     }
 }

@@ -3,7 +3,8 @@
 //! residual stream in the workspace.
 
 use ingot_arch::{
-    Activation, AttentionSpec, DecoderOps, EmbedSpec, HeadSpec, MlpSpec, NextNorm, RopeTable,
+    Activation, AttentionSpec, DecoderOps, EmbedSpec, HeadSpec, MlpSpec, MoeSpec, NextNorm,
+    RopeTable,
 };
 use ingot_kv_cache::KvLayout;
 use ingot_models::ModelConfig;
@@ -11,7 +12,7 @@ use ingot_runner::{ForwardBatch, RunnerError};
 
 use crate::attention::{paged_attention, AttentionShape, LayerKv, TokenSite};
 use crate::matrix::Matrix;
-use crate::{grow, ops, Layer, Workspace};
+use crate::{grow, ops, Layer, Mlp, Workspace};
 
 /// One step's view of the runner: weights read-only, KV and workspace
 /// written.
@@ -194,23 +195,49 @@ impl DecoderOps for CpuOps<'_, '_> {
         let c = self.config;
         let (t, d, ff) = (self.tokens(), c.hidden_size, c.intermediate_size);
         let (l, ws) = (&self.layers[layer], &mut *self.ws);
+        let Mlp::Dense { gate_up, down } = &l.mlp else {
+            return Err(unsupported("a dense MLP on a layer of experts"));
+        };
         ops::rms_norm(
             &ws.x[..t * d],
             &l.mlp_norm,
             c.rms_norm_eps,
             &mut ws.xn[..t * d],
         );
-        l.gate_up
-            .linear(&ws.xn, &mut ws.gate_up, (t, d, 2 * ff), &mut ws.acts);
+        gate_up.linear(&ws.xn, &mut ws.gate_up, (t, d, 2 * ff), &mut ws.acts);
         let gated = match spec.act {
             Activation::Silu => ops::silu_mul,
             Activation::GeluTanh => ops::gelu_tanh_mul,
         };
         gated(&ws.gate_up[..t * 2 * ff], &mut ws.act[..t * ff], ff);
-        l.down
-            .linear(&ws.act, &mut ws.proj, (t, ff, d), &mut ws.acts);
+        down.linear(&ws.act, &mut ws.proj, (t, ff, d), &mut ws.acts);
         let post = post_norm(spec.post_norm, l.post_norms.as_ref().map(|(_, m)| m))?;
         add_residual(ws, post, (t, d), c.rms_norm_eps);
+        Ok(())
+    }
+
+    fn moe(&mut self, layer: usize, spec: &MoeSpec, _next: NextNorm) -> Result<(), RunnerError> {
+        let c = self.config;
+        let (t, d) = (self.tokens(), c.hidden_size);
+        let (l, ws) = (&self.layers[layer], &mut *self.ws);
+        let Mlp::Experts(experts) = &l.mlp else {
+            return Err(unsupported("experts on a dense layer"));
+        };
+        ops::rms_norm(
+            &ws.x[..t * d],
+            &l.mlp_norm,
+            c.rms_norm_eps,
+            &mut ws.xn[..t * d],
+        );
+        experts.forward(
+            spec,
+            &ws.xn[..t * d],
+            &mut ws.proj[..t * d],
+            (t, d),
+            &mut ws.experts,
+            &mut ws.acts,
+        );
+        add_residual(ws, None, (t, d), c.rms_norm_eps);
         Ok(())
     }
 

@@ -19,6 +19,7 @@
 mod attention;
 mod block_ops;
 pub mod encoder;
+mod experts;
 mod kv_memory;
 pub mod matmul;
 mod matrix;
@@ -29,8 +30,12 @@ mod simd;
 
 use attention::{LayerKv, MAX_BLOCK_SIZE, MAX_HEAD_DIM};
 use block_ops::CpuOps;
+use experts::{ExpertScratch, Experts};
 use ingot_kv_cache::{BlockId, KvLayout};
-use ingot_models::{BlockData, LlamaWeights, ModelConfig, ModelError, TensorSource};
+use ingot_models::llama::{EXPERTS_DOWN, EXPERTS_GATE, EXPERTS_UP, ROUTER};
+use ingot_models::{
+    BlockData, HostTensor, LlamaWeights, MlpWeights, ModelConfig, ModelError, TensorSource,
+};
 use ingot_runner::{ForwardBatch, KvCacheShape, ModelRunner, RunnerError};
 use kv_memory::KvSlots;
 use matrix::Matrix;
@@ -80,9 +85,28 @@ struct Layer {
     mlp_norm: Vec<f32>,
     /// RMSNorms of the attention and MLP outputs (Gemma 3).
     post_norms: Option<(Vec<f32>, Vec<f32>)>,
-    /// `[2 * intermediate, hidden]`: gate rows then up rows.
-    gate_up: Matrix,
-    down: Matrix,
+    mlp: Mlp,
+}
+
+/// A block's MLP.
+enum Mlp {
+    Dense {
+        /// `[2 * intermediate, hidden]`: gate rows then up rows.
+        gate_up: Matrix,
+        down: Matrix,
+    },
+    Experts(Experts),
+}
+
+impl Layer {
+    /// Every weight matrix of the block.
+    fn matrices(&self) -> Box<dyn Iterator<Item = &Matrix> + '_> {
+        let attention = [&self.qkv, &self.o_proj].into_iter();
+        match &self.mlp {
+            Mlp::Dense { gate_up, down } => Box::new(attention.chain([gate_up, down])),
+            Mlp::Experts(e) => Box::new(attention.chain(e.matrices())),
+        }
+    }
 }
 
 /// Activation buffers, grown to the largest batch seen, never shrunk.
@@ -100,6 +124,8 @@ struct Workspace {
     logits: Vec<f32>,
     /// Quantized activations for the native kernels.
     acts: ActScratch,
+    /// The expert blocks' buffers.
+    experts: ExpertScratch,
     positions: Vec<usize>,
 }
 
@@ -154,8 +180,26 @@ impl CpuRunner {
                 o_proj: Matrix::new(l.o_proj.data, dt),
                 mlp_norm: l.mlp_norm.data,
                 post_norms: l.post_norms.map(|[a, m]| (a.data, m.data)),
-                gate_up: Matrix::new([l.gate_proj.data, l.up_proj.data].concat(), dt),
-                down: Matrix::new(l.down_proj.data, dt),
+                mlp: match l.mlp {
+                    MlpWeights::Dense {
+                        gate_proj,
+                        up_proj,
+                        down_proj,
+                    } => Mlp::Dense {
+                        gate_up: Matrix::new([gate_proj.data, up_proj.data].concat(), dt),
+                        down: Matrix::new(down_proj.data, dt),
+                    },
+                    MlpWeights::Experts {
+                        router,
+                        gate_proj,
+                        up_proj,
+                        down_proj,
+                    } => Mlp::Experts(experts_from_floats(
+                        router.data,
+                        [gate_proj, up_proj, down_proj],
+                        &mut |data, _| Matrix::new(data, dt),
+                    )),
+                },
             })
             .collect();
         Self::assemble(
@@ -215,11 +259,29 @@ impl CpuRunner {
             }
             Ok(())
         };
-        let vector = |name: String| -> Result<Vec<f32>, RunnerError> {
-            let t = source.load(&name).map_err(model_err)?;
-            check(&name, &t.shape)?;
+        // A tensor dequantized, shape-checked.
+        let floats = |name: &str| -> Result<HostTensor, RunnerError> {
+            let t = source.load(name).map_err(model_err)?;
+            check(name, &t.shape)?;
             tick();
-            Ok(t.data)
+            Ok(t)
+        };
+        let vector = |name: String| floats(&name).map(|t| t.data);
+        // Float rows of `cols` weights as a matrix: quantized at load when
+        // asked, else stored per `weight_dtype`. The embedding and the LM
+        // head (`edge`) keep 8 bits under the 4-bit kinds (as llama.cpp's Q4
+        // files keep them at Q8_0/Q6_K): the logits are read straight off
+        // them, and they cost the most accuracy per byte saved.
+        let from_floats = |data: Vec<f32>, cols: usize, edge: bool| -> Matrix {
+            let kind = quantize_floats.map(|k| if edge { QuantKind::Q8_0 } else { k });
+            if let Some((kind, blocks)) = kind.and_then(|k| quant::quantize(k, &data, cols)) {
+                let rows = data.len() / cols.max(1);
+                let parts = vec![(kind, BlockData::Owned(blocks), rows)];
+                if let Some(m) = QuantMatrix::new(parts, cols) {
+                    return Matrix::Quant(m);
+                }
+            }
+            Matrix::new(data, opts.weight_dtype)
         };
         // Rows of `names` stacked into one matrix: native when every part
         // has a kernel, else all dequantized.
@@ -246,26 +308,47 @@ impl CpuRunner {
             let mut data = Vec::new();
             let mut cols = 0;
             for name in names {
-                let t = source.load(name).map_err(model_err)?;
-                check(name, &t.shape)?;
+                let t = floats(name)?;
                 cols = t.shape.get(1).copied().unwrap_or(0);
                 data.extend_from_slice(&t.data);
-                tick();
             }
-            // The embedding and the LM head keep 8 bits under the 4-bit
-            // kinds (as llama.cpp's Q4 files keep them at Q8_0/Q6_K): the
-            // logits are read straight off them, and they cost the most
-            // accuracy per byte saved.
             let edge = names.iter().any(|n| n == EMBED || n == LM_HEAD);
-            let kind = quantize_floats.map(|k| if edge { QuantKind::Q8_0 } else { k });
-            if let Some((kind, blocks)) = kind.and_then(|k| quant::quantize(k, &data, cols)) {
-                let rows = data.len() / cols;
-                let parts = vec![(kind, BlockData::Owned(blocks), rows)];
-                if let Some(m) = QuantMatrix::new(parts, cols) {
-                    return Ok(Matrix::Quant(m));
+            Ok(from_floats(data, cols, edge))
+        };
+        // A stacked expert tensor in its blocks, one part per expert.
+        let expert_blocks =
+            |name: &str| -> Result<Option<(QuantKind, Vec<BlockData>)>, RunnerError> {
+                let Some(q) = source.load_blocks(name).map_err(model_err)? else {
+                    return Ok(None);
+                };
+                let Some(kind) = QuantKind::from_ggml(q.ggml_type) else {
+                    return Ok(None);
+                };
+                check(name, &q.shape)?;
+                Ok(q.data.split(q.shape[0]).map(|parts| (kind, parts)))
+            };
+        // Layer `i`'s experts: native when every stack has a kernel, else
+        // dequantized (and quantized again when asked).
+        let experts = |i: usize| -> Result<Experts, RunnerError> {
+            let p = |s: &str| format!("model.layers.{i}.{s}");
+            let router = vector(p(ROUTER))?;
+            let names = [p(EXPERTS_GATE), p(EXPERTS_UP), p(EXPERTS_DOWN)];
+            if let [Some(g), Some(u), Some(d)] = [
+                expert_blocks(&names[0])?,
+                expert_blocks(&names[1])?,
+                expert_blocks(&names[2])?,
+            ] {
+                if let Some(e) = native_experts(router.clone(), g, u, d, &config) {
+                    names.iter().for_each(|_| tick());
+                    return Ok(e);
                 }
             }
-            Ok(Matrix::new(data, opts.weight_dtype))
+            let [g, u, d] = [&names[0], &names[1], &names[2]].map(|n| floats(n));
+            Ok(experts_from_floats(
+                router,
+                [g?, u?, d?],
+                &mut |data, cols| from_floats(data, cols, false),
+            ))
         };
         let embed = matrix(&[EMBED.to_string()])?;
         let mut layers = Vec::with_capacity(config.num_layers);
@@ -311,8 +394,14 @@ impl CpuRunner {
                 o_proj: matrix(&[p("self_attn.o_proj.weight")])?,
                 mlp_norm: vector(p(ingot_models::llama::mlp_norm_name(&config)))?,
                 post_norms,
-                gate_up: matrix(&[p("mlp.gate_proj.weight"), p("mlp.up_proj.weight")])?,
-                down: matrix(&[p("mlp.down_proj.weight")])?,
+                mlp: if ingot_models::llama::is_sparse(&config, i) {
+                    Mlp::Experts(experts(i)?)
+                } else {
+                    Mlp::Dense {
+                        gate_up: matrix(&[p("mlp.gate_proj.weight"), p("mlp.up_proj.weight")])?,
+                        down: matrix(&[p("mlp.down_proj.weight")])?,
+                    }
+                },
             });
         }
         let norm = vector("model.norm.weight".to_string())?;
@@ -376,11 +465,7 @@ impl CpuRunner {
     /// True when any weight matrix uses the native quantized kernels.
     pub fn uses_quantized_weights(&self) -> bool {
         std::iter::once(&self.embed)
-            .chain(
-                self.layers
-                    .iter()
-                    .flat_map(|l| [&l.qkv, &l.o_proj, &l.gate_up, &l.down]),
-            )
+            .chain(self.layers.iter().flat_map(Layer::matrices))
             .any(|m| matches!(m, Matrix::Quant(_)))
     }
 
@@ -388,11 +473,7 @@ impl CpuRunner {
     pub fn weight_bytes(&self) -> usize {
         std::iter::once(&self.embed)
             .chain(self.lm_head.as_ref())
-            .chain(
-                self.layers
-                    .iter()
-                    .flat_map(|l| [&l.qkv, &l.o_proj, &l.gate_up, &l.down]),
-            )
+            .chain(self.layers.iter().flat_map(Layer::matrices))
             .map(Matrix::bytes)
             .sum()
     }
@@ -428,6 +509,61 @@ impl CpuRunner {
     pub fn kv_bytes_per_token(config: &ModelConfig) -> usize {
         config.num_layers * 2 * config.kv_dim() * std::mem::size_of::<f32>()
     }
+}
+
+/// Experts from their dequantized stacks (`[experts, width, hidden]` gate
+/// and up, `[experts, hidden, width]` down), each expert's matrices made by
+/// `make(rows, cols)`.
+fn experts_from_floats(
+    router: Vec<f32>,
+    [gate, up, down]: [HostTensor; 3],
+    make: &mut dyn FnMut(Vec<f32>, usize) -> Matrix,
+) -> Experts {
+    let (n, width, hidden) = (gate.shape[0], gate.shape[1], gate.shape[2]);
+    let each = width * hidden;
+    let mut experts = Experts {
+        router,
+        gate_up: Vec::with_capacity(n),
+        down: Vec::with_capacity(n),
+        width,
+    };
+    for e in 0..n {
+        let rows = e * each..(e + 1) * each;
+        let gate_up = [&gate.data[rows.clone()], &up.data[rows.clone()]].concat();
+        experts.gate_up.push(make(gate_up, hidden));
+        experts.down.push(make(down.data[rows].to_vec(), width));
+    }
+    experts
+}
+
+/// Experts on the native kernels, each a view of the stacks' blocks;
+/// `None` when a stack's blocks do not fit the shapes.
+fn native_experts(
+    router: Vec<f32>,
+    (gate_kind, gate): (QuantKind, Vec<BlockData>),
+    (up_kind, up): (QuantKind, Vec<BlockData>),
+    (down_kind, down): (QuantKind, Vec<BlockData>),
+    config: &ModelConfig,
+) -> Option<Experts> {
+    let width = config.block.moe.as_ref()?.expert_intermediate_size;
+    let hidden = config.hidden_size;
+    let mut experts = Experts {
+        router,
+        gate_up: Vec::with_capacity(gate.len()),
+        down: Vec::with_capacity(gate.len()),
+        width,
+    };
+    for ((g, u), d) in gate.into_iter().zip(up).zip(down) {
+        let gate_up = vec![(gate_kind, g, width), (up_kind, u, width)];
+        experts
+            .gate_up
+            .push(Matrix::Quant(QuantMatrix::new(gate_up, hidden)?));
+        let down = vec![(down_kind, d, hidden)];
+        experts
+            .down
+            .push(Matrix::Quant(QuantMatrix::new(down, width)?));
+    }
+    Some(experts)
 }
 
 /// One layer's K and V of `slots` values each (zero pages until touched).

@@ -1,7 +1,8 @@
 //! Integration tests of ingot-runner-cpu on real models, in one test binary
 //! (one link instead of three): SmolLM2 and Gemma 3 against the independent
 //! f32 numpy references (tests/reference/), and Hugging Face model
-//! directories against a float64 numpy forward pass.
+//! directories (dense and mixture-of-experts) and GGUF files of experts
+//! against a float64 numpy forward pass.
 
 // Helpers outside #[test] fns unwrap too: this is a test binary.
 #![allow(clippy::unwrap_used)]
@@ -10,5 +11,7 @@
 mod gemma3_reference;
 #[path = "suite/hf_models.rs"]
 mod hf_models;
+#[path = "suite/moe_models.rs"]
+mod moe_models;
 #[path = "suite/reference.rs"]
 mod reference;

@@ -10,7 +10,9 @@
 //! the model's architecture file over these ops (the same sequence is
 //! captured into the decode graphs).
 
-use ingot_arch::{AttentionSpec, DecoderOps, EmbedSpec, HeadSpec, MlpSpec, NextNorm, RopeTable};
+use ingot_arch::{
+    AttentionSpec, DecoderOps, EmbedSpec, HeadSpec, MlpSpec, MoeSpec, NextNorm, RopeTable,
+};
 use ingot_models::ModelConfig;
 
 use crate::buffers::{Buffers, StepPlan, SUMSQ_MAX_BLOCKS};
@@ -734,6 +736,11 @@ impl DecoderOps for CudaOps<'_, '_> {
         }
         let o_proj = (self.m.buffers.attn, layer.o_proj, self.m.config.q_dim());
         self.project_out(o_proj, post, next)
+    }
+
+    /// Refused at load ([`crate::support::supports`]); a step never gets here.
+    fn moe(&mut self, _: usize, _: &MoeSpec, _: NextNorm) -> Result<(), CudaError> {
+        Err(unsupported("mixture-of-experts MLPs"))
     }
 
     fn mlp(&mut self, i: usize, spec: &MlpSpec, next: NextNorm) -> Result<(), CudaError> {

@@ -36,6 +36,15 @@ pub fn availability() -> Result<(), CudaError> {
 /// embeddings, logit soft-capping). Head sizes and GQA groups are checked
 /// where the kernels load.
 pub fn supports(config: &ModelConfig) -> Result<(), CudaError> {
+    if let Some(moe) = &config.block.moe {
+        return Err(CudaError::Unsupported(format!(
+            "the {} architecture's mixture of experts ({} experts, top {}) on the CUDA \
+             backend; serve it on the CPU (--device cpu)",
+            config.architecture.name(),
+            moe.num_experts,
+            moe.experts_per_token
+        )));
+    }
     // Post-norm blocks stage their f32 output in the gate/up buffer.
     if config.block.post_norms && config.intermediate_size < config.hidden_size {
         return Err(CudaError::Unsupported(format!(

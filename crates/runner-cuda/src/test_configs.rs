@@ -63,6 +63,7 @@ pub(crate) fn gemma3() -> ModelConfig {
             post_norms: true,
             attention_scale: None,
             final_logit_softcap: None,
+            moe: None,
         },
     }
 }

@@ -43,6 +43,28 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         "shape:           {} layers, hidden {}, ffn {}, {} q heads / {} kv heads, head_dim {}",
         c.num_layers, c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim
     );
+    if let Some(moe) = &c.block.moe {
+        let dense = match moe.dense_layers.as_slice() {
+            [] => String::new(),
+            layers => format!(", dense MLP on layers {layers:?}"),
+        };
+        println!(
+            "experts:         {} per layer, top {} per token, width {}, weights {}{dense}",
+            moe.num_experts,
+            moe.experts_per_token,
+            moe.expert_intermediate_size,
+            if moe.normalize_top_k {
+                "renormalised over the top k"
+            } else {
+                "softmax probabilities"
+            },
+        );
+        println!(
+            "active params:   {} ({:.1} M) per token",
+            c.num_active_params(),
+            c.num_active_params() as f64 / 1e6
+        );
+    }
     println!("vocab size:      {}", c.vocab_size);
     println!(
         "rope:            theta {} scaling {:?}",

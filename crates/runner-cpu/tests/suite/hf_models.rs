@@ -28,23 +28,23 @@ use tempfile::TempDir;
 
 /// Token slots per KV block: small, so a 20-token prompt spans 5 blocks and
 /// the chunked prefill's split (position 10) falls inside a block.
-const BLOCK_SIZE: usize = 4;
-const NUM_BLOCKS: usize = 32;
+pub(crate) const BLOCK_SIZE: usize = 4;
+pub(crate) const NUM_BLOCKS: usize = 32;
 /// Allowed max abs logit error, relative to the largest reference logit.
-const REL_TOL: f32 = 1e-3;
+pub(crate) const REL_TOL: f32 = 1e-3;
 
 /// What hf_tiny_models.py computed for one model.
-struct Reference {
-    prompt: Vec<u32>,
-    greedy: Vec<u32>,
+pub(crate) struct Reference {
+    pub prompt: Vec<u32>,
+    pub greedy: Vec<u32>,
     /// Row k holds the logits that pick `greedy[k]`; row 0 follows the prompt.
-    logits: Vec<Vec<f32>>,
-    min_margin: f64,
-    logit_scale: f32,
+    pub logits: Vec<Vec<f32>>,
+    pub min_margin: f64,
+    pub logit_scale: f32,
 }
 
 impl Reference {
-    fn read(dir: &Path) -> Self {
+    pub(crate) fn read(dir: &Path) -> Self {
         let v: Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap())
                 .unwrap();
@@ -73,7 +73,7 @@ impl Reference {
 }
 
 /// Writes model `name` (and its expected.json) into a fresh temporary directory.
-fn generate(name: &str) -> (TempDir, PathBuf) {
+pub(crate) fn generate(name: &str) -> (TempDir, PathBuf) {
     let python = ingot_testkit::fetched("python-env");
     let script = ingot_testkit::workspace_root().join("tests/reference/hf_tiny_models.py");
     let tmp = tempfile::tempdir().unwrap();
@@ -92,7 +92,7 @@ fn generate(name: &str) -> (TempDir, PathBuf) {
 }
 
 /// Opens the directory, checks the storage dtype, and builds a CPU runner.
-fn open_model(dir: &Path, dtype: &str) -> (ModelConfig, CpuRunner) {
+pub(crate) fn open_model(dir: &Path, dtype: &str) -> (ModelConfig, CpuRunner) {
     let files = ingot_models::open(dir, LoadFormat::Auto).unwrap();
     assert_eq!(files.format, "safetensors");
     let dtypes = files.tensors.dtype_summary();
@@ -126,7 +126,7 @@ fn assert_common_shape(c: &ModelConfig, layers: usize, head_dim: usize) {
 }
 
 /// Runs one batch and returns a copy of its logits rows.
-fn forward(runner: &mut CpuRunner, chunks: Vec<SequenceChunk<'_>>) -> Vec<Vec<f32>> {
+pub(crate) fn forward(runner: &mut CpuRunner, chunks: Vec<SequenceChunk<'_>>) -> Vec<Vec<f32>> {
     let vocab = runner.config().vocab_size;
     let n = chunks.len();
     let logits = runner
@@ -140,7 +140,11 @@ fn forward(runner: &mut CpuRunner, chunks: Vec<SequenceChunk<'_>>) -> Vec<Vec<f3
     logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect()
 }
 
-fn chunk<'a>(tokens: &'a [u32], start_pos: usize, table: &'a BlockTable) -> SequenceChunk<'a> {
+pub(crate) fn chunk<'a>(
+    tokens: &'a [u32],
+    start_pos: usize,
+    table: &'a BlockTable,
+) -> SequenceChunk<'a> {
     SequenceChunk {
         tokens,
         start_pos,
@@ -170,7 +174,7 @@ impl Checker {
 }
 
 /// Every comparison of one model against its reference; panics with all failures.
-fn check_against_reference(name: &str, runner: &mut CpuRunner, r: &Reference) {
+pub(crate) fn check_against_reference(name: &str, runner: &mut CpuRunner, r: &Reference) {
     let mut pool = BlockPool::new(NUM_BLOCKS, BLOCK_SIZE, false);
     let mut check = Checker {
         tol: REL_TOL * r.logit_scale,
@@ -449,7 +453,7 @@ fn wrong_tensor_shape_is_a_shape_mismatch_naming_it() {
 }
 
 /// Relative L2 distance of `got` from `want`.
-fn rel_l2(got: &[f32], want: &[f32]) -> f32 {
+pub(crate) fn rel_l2(got: &[f32], want: &[f32]) -> f32 {
     let err: f32 = got.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum();
     let norm: f32 = want.iter().map(|b| b * b).sum();
     (err / norm).sqrt()
