@@ -31,6 +31,7 @@ const SOURCES: &[&str] = &[
     "elementwise",
     "encoder",
     "fp8",
+    "moe",
 ];
 
 fn main() {

@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """Check ingot's CUDA backend against Hugging Face transformers.
 
-Two small models with random weights are built with transformers and saved
+Small models with random weights are built with transformers and saved
 as bf16 safetensors HF directories:
 
-  llama3-2l  Llama-3.1-8B width (llama3 rope scaling), 2 layers, untied head
-  qwen3-2l   Qwen3-0.6B width (q_norm/k_norm), 2 layers, tied embeddings
+  llama3-2l    Llama-3.1-8B width (llama3 rope scaling), 2 layers, untied head
+  qwen3-2l     Qwen3-0.6B width (q_norm/k_norm), 2 layers, tied embeddings
+  qwen3moe-2l  Qwen3-30B-A3B width (128 experts of 768, top 8, renormalised),
+               2 layers; routers drawn wider than transformers' init so the
+               top-k choice is decisive, not a near-tie of bf16 roundings
+  mixtral-2l   Mixtral layout (8 experts, top 2) at hidden 1024, 2 layers
 
 For a few seeded random prompts, the last position's logits of
 `ingot logits` are compared with transformers' logits computed in float32
@@ -41,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+from transformers import AutoModelForCausalLM, LlamaConfig, MixtralConfig, Qwen3Config, Qwen3MoeConfig
 
 PROMPT_LENGTHS = (7, 64, 300)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -104,6 +108,59 @@ MODELS = {
             architectures=["Qwen3ForCausalLM"],
         ),
     ),
+    "qwen3moe-2l": (
+        "qwen3",
+        Qwen3MoeConfig,
+        dict(
+            hidden_size=2048,
+            intermediate_size=6144,
+            moe_intermediate_size=768,
+            num_experts=128,
+            num_experts_per_tok=8,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            num_hidden_layers=2,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            head_dim=128,
+            vocab_size=151936,
+            rms_norm_eps=1e-6,
+            rope_theta=1000000.0,
+            max_position_embeddings=40960,
+            tie_word_embeddings=False,
+            hidden_act="silu",
+            attention_bias=False,
+            use_sliding_window=False,
+            bos_token_id=151643,
+            eos_token_id=151645,
+            architectures=["Qwen3MoeForCausalLM"],
+        ),
+    ),
+    "mixtral-2l": (
+        "llama3",
+        MixtralConfig,
+        dict(
+            hidden_size=1024,
+            intermediate_size=3584,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            num_hidden_layers=2,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=128,
+            vocab_size=128256,
+            rms_norm_eps=1e-5,
+            rope_theta=1000000.0,
+            max_position_embeddings=32768,
+            sliding_window=None,
+            tie_word_embeddings=False,
+            hidden_act="silu",
+            bos_token_id=128000,
+            eos_token_id=128001,
+            architectures=["MixtralForCausalLM"],
+        ),
+    ),
 }
 
 
@@ -136,6 +193,20 @@ def randomize_norms(model: torch.nn.Module) -> int:
     return count
 
 
+def widen_routers(model: torch.nn.Module, hidden: int) -> int:
+    """transformers initialises routers like any linear layer (std 0.02): the
+    router logits of a random model are then all within a few hundredths,
+    and which experts win depends on bf16 rounding. Draw them at std
+    2/sqrt(hidden) instead (logits of std ~2), as trained routers are."""
+    count = 0
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):
+                param.normal_(0.0, 2.0 / hidden**0.5)
+                count += 1
+    return count
+
+
 def build_model(name: str, model_dir: Path, build_device: str) -> None:
     _, config_cls, kwargs = MODELS[name]
     config = config_cls(**kwargs)
@@ -144,6 +215,9 @@ def build_model(name: str, model_dir: Path, build_device: str) -> None:
     with torch.device(build_device):
         model = AutoModelForCausalLM.from_config(config, **dtype_kwarg(torch.float32))
     norms = randomize_norms(model)
+    routers = widen_routers(model, kwargs["hidden_size"])
+    if routers:
+        log(f"[{name}] {routers} routers drawn at std 2/sqrt(hidden)")
     model.to(torch.bfloat16)
     model_dir.mkdir(parents=True, exist_ok=True)
     save_kwargs = dict(max_shard_size="20GB")  # one model.safetensors file
@@ -279,15 +353,15 @@ def run_model(name: str, args: argparse.Namespace, ref_device: str) -> list[dict
 
 
 def print_header() -> None:
-    print(f"{'model':<10} {'len':>4} {'rel_l2':>10} {'rel_max':>10} {'top1':>5} {'top5':>4}  device", flush=True)
+    print(f"{'model':<12} {'len':>4} {'rel_l2':>10} {'rel_max':>10} {'top1':>5} {'top5':>4}  device", flush=True)
 
 
 def print_row(row: dict) -> None:
     if "error" in row:
-        print(f"{row['model']:<10} {row['prompt_len']:>4}  ERROR: {row['error']}", flush=True)
+        print(f"{row['model']:<12} {row['prompt_len']:>4}  ERROR: {row['error']}", flush=True)
         return
     print(
-        f"{row['model']:<10} {row['prompt_len']:>4} {row['rel_l2']:>10.3e} {row['rel_max']:>10.3e}"
+        f"{row['model']:<12} {row['prompt_len']:>4} {row['rel_l2']:>10.3e} {row['rel_max']:>10.3e}"
         f" {str(row['top1']):>5} {row['top5_overlap']:>4}  {row['device']}",
         flush=True,
     )

@@ -50,6 +50,9 @@
 #   embeddings  all-MiniLM-L6-v2 on `serve --device cuda`: cosine vs the numpy reference, the CPU
 #             backend and transformers / sentence-transformers on the GPU; sentences/s beside
 #             sentence-transformers (embeddings_check.py; needs the MiniLM bundle)
+#   moe       mixture of experts: CUDA and the CPU backend vs transformers (compare_hf.py on
+#             qwen3moe-2l and mixtral-2l), then the Qwen3-30B-A3B-shaped dummy: batch 1 (graphs and
+#             eager), its eager per-step profile (attention, routing, experts), 16 x (128 in, 64 out)
 #   torch     PyTorch eager baselines for the bench shapes
 #   fp8kernels  the FP8 quantize and GEMV kernels vs a float64 reference (check_fp8.py)
 #   fp8acc    --quantization fp8 vs bf16 on CUDA: SmolLM2 (20 prompts; needs its bundle) and the
@@ -232,6 +235,15 @@ for phase in "$@"; do
       for eager in "" "--enforce-eager"; do
         "$ING" bench latency --model "$G" --input-len 128 --output-len 256 --num-iters 3 $eager --json | tee -a "$O/bench.jsonl"
       done ;;
+    moe)
+      python3 tests/gpu/compare_hf.py --ingot "$ING" --tokenizers "$W/tokenizers" --work "$W/hf" --models qwen3moe-2l mixtral-2l
+      python3 tests/gpu/compare_hf.py --ingot "$ING" --tokenizers "$W/tokenizers" --work "$W/hf" --models qwen3moe-2l mixtral-2l --device cpu
+      M="$W/qwen3-30b-a3b"; mkdir -p "$M"; cp tests/gpu/configs/qwen3-30b-a3b/config.json "$W"/tokenizers/qwen3/* "$M/"
+      for eager in "" "--enforce-eager"; do
+        "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 $eager --json | tee -a "$O/bench.jsonl"
+      done
+      INGOT_CUDA_PROFILE=1 "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 64 --num-iters 1 --json
+      "$ING" bench throughput --model "$M" --load-format dummy --max-model-len 4096 --num-prompts 16 --max-num-seqs 16 --input-len 128 --output-len 64 --json | tee -a "$O/bench.jsonl" ;;
     qwen3b1)
       mkdir -p "$W/qwen3-8b"; cp tests/gpu/configs/qwen3-8b/config.json "$W"/tokenizers/qwen3/* "$W/qwen3-8b/"
       "$ING" bench latency --model "$W/qwen3-8b" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl" ;;

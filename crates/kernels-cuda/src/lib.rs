@@ -6,6 +6,7 @@
 //! RMSNorm, SiLU x mul, argmax, random fill), `rope.cu` (bias, q/k norm,
 //! rotary embedding and paged KV write), `attention.cu` (paged decode
 //! attention with GQA and split-K, tensor-core prefill attention) and
+//! `moe.cu` (mixture-of-experts routing and expert GEMVs) and
 //! `encoder.cu` (the BERT encoder's LayerNorm, GELU, bidirectional
 //! attention over packed sequences, pooling and L2 normalisation).
 

@@ -238,6 +238,18 @@ fn moe_of(raw: &RawConfig, architecture: Architecture) -> Result<Option<MoeConfi
     }))
 }
 
+/// Where a canonical tensor's values are in the files.
+enum Parts {
+    None,
+    /// One tensor.
+    One(String),
+    /// One tensor per expert, stacked in expert order.
+    Stack(Vec<String>),
+    /// Half `.1` (0: the gate rows, 1: the up rows) of every expert of a
+    /// fused `[experts, 2 width, hidden]` gate/up tensor.
+    Half(String, usize),
+}
+
 /// Safetensors weights of one directory, memory-mapped.
 pub struct SafetensorsSource {
     files: Vec<(PathBuf, Mmap)>,
@@ -323,46 +335,56 @@ impl SafetensorsSource {
 
 impl SafetensorsSource {
     /// The tensors of the files behind canonical name `name`: itself, or
-    /// Mixtral's name for a router, or one tensor per expert for a stack of
-    /// experts ([`crate::llama::EXPERTS_GATE`]). Empty when none exists.
-    fn parts_of(&self, name: &str) -> Vec<String> {
+    /// Mixtral's name for a router, or for a stack of experts
+    /// ([`crate::llama::EXPERTS_GATE`]) one tensor per expert (the published
+    /// checkpoints) or transformers 5's fused `experts.gate_up_proj` /
+    /// `experts.down_proj` parameters.
+    fn parts_of(&self, name: &str) -> Parts {
         if self.index.contains_key(name) {
-            return vec![name.to_string()];
+            return Parts::One(name.to_string());
         }
         let Some((layer, module)) = name
             .strip_prefix("model.layers.")
             .and_then(|rest| rest.split_once('.'))
         else {
-            return Vec::new();
+            return Parts::None;
         };
-        let p = |s: &str| format!("model.layers.{layer}.{s}");
-        let (qwen, mixtral) = match module {
+        let has = |s: &str| {
+            let n = format!("model.layers.{layer}.{s}");
+            self.index.contains_key(&n).then_some(n)
+        };
+        let (qwen, mixtral, half) = match module {
             "mlp.gate.weight" => {
-                let alias = p("block_sparse_moe.gate.weight");
-                return if self.index.contains_key(&alias) {
-                    vec![alias]
-                } else {
-                    Vec::new()
-                };
+                return has("block_sparse_moe.gate.weight").map_or(Parts::None, Parts::One)
             }
-            "mlp.experts.gate_proj.weight" => ("gate_proj", "w1"),
-            "mlp.experts.up_proj.weight" => ("up_proj", "w3"),
-            "mlp.experts.down_proj.weight" => ("down_proj", "w2"),
-            _ => return Vec::new(),
+            "mlp.experts.gate_proj.weight" => ("gate_proj", "w1", Some(0)),
+            "mlp.experts.up_proj.weight" => ("up_proj", "w3", Some(1)),
+            "mlp.experts.down_proj.weight" => ("down_proj", "w2", None),
+            _ => return Parts::None,
         };
+        for prefix in ["mlp", "block_sparse_moe"] {
+            let fused = match half {
+                Some(h) => {
+                    has(&format!("{prefix}.experts.gate_up_proj")).map(|n| Parts::Half(n, h))
+                }
+                None => has(&format!("{prefix}.experts.down_proj")).map(Parts::One),
+            };
+            if let Some(parts) = fused {
+                return parts;
+            }
+        }
         for expert in [
             |e: usize, q: &str, _: &str| format!("mlp.experts.{e}.{q}.weight"),
             |e: usize, _: &str, m: &str| format!("block_sparse_moe.experts.{e}.{m}.weight"),
         ] {
             let names: Vec<String> = (0..)
-                .map(|e| p(&expert(e, qwen, mixtral)))
-                .take_while(|n| self.index.contains_key(n))
+                .map_while(|e| has(&expert(e, qwen, mixtral)))
                 .collect();
             if !names.is_empty() {
-                return names;
+                return Parts::Stack(names);
             }
         }
-        Vec::new()
+        Parts::None
     }
 
     /// One file tensor as f32.
@@ -398,16 +420,33 @@ impl TensorSource for SafetensorsSource {
     /// A tensor of the files, or a stack of per-expert tensors (each of the
     /// first expert's shape) under its canonical name.
     fn load(&self, name: &str) -> Result<HostTensor, ModelError> {
-        let parts = self.parts_of(name);
-        match parts.as_slice() {
-            [] => Err(ModelError::MissingTensor {
+        match self.parts_of(name) {
+            Parts::None => Err(ModelError::MissingTensor {
                 name: name.to_string(),
             }),
-            [one] if one == name || !name.contains(".experts.") => self.load_one(one),
-            _ => {
+            Parts::One(file_name) => self.load_one(&file_name),
+            Parts::Half(file_name, half) => {
+                let t = self.load_one(&file_name)?;
+                let [experts, rows, cols] = t.shape[..] else {
+                    return Err(ModelError::ShapeMismatch {
+                        name: file_name,
+                        expected: vec![0, 0, 0],
+                        got: t.shape,
+                    });
+                };
+                let width = rows / 2;
+                let data = t
+                    .data
+                    .chunks_exact(rows * cols)
+                    .flat_map(|e| &e[half * width * cols..(half + 1) * width * cols])
+                    .copied()
+                    .collect();
+                Ok(HostTensor::new(vec![experts, width, cols], data))
+            }
+            Parts::Stack(names) => {
                 let mut shape = Vec::new();
                 let mut data = Vec::new();
-                for part in &parts {
+                for part in &names {
                     let t = self.load_one(part)?;
                     if shape.is_empty() {
                         shape = t.shape.clone();
@@ -420,14 +459,14 @@ impl TensorSource for SafetensorsSource {
                     }
                     data.extend_from_slice(&t.data);
                 }
-                shape.insert(0, parts.len());
+                shape.insert(0, names.len());
                 Ok(HostTensor::new(shape, data))
             }
         }
     }
 
     fn contains(&self, name: &str) -> bool {
-        !self.parts_of(name).is_empty()
+        !matches!(self.parts_of(name), Parts::None)
     }
 
     fn dtype_summary(&self) -> Vec<(String, usize)> {
@@ -527,6 +566,94 @@ mod tests {
         })
         .unwrap_err();
         assert!(err.to_string().contains("moe_intermediate_size"), "{err}");
+    }
+
+    /// Writes `tensors` (f32) as `dir/model.safetensors` and opens it.
+    fn safetensors_dir(tag: &str, tensors: &[(String, Vec<usize>, Vec<f32>)]) -> SafetensorsSource {
+        let dir = std::env::temp_dir().join(format!("ingot-hf-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bytes: Vec<Vec<u8>> = tensors
+            .iter()
+            .map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+            .collect();
+        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+            .iter()
+            .zip(&bytes)
+            .map(|((name, shape, _), b)| {
+                let view = safetensors::tensor::TensorView::new(Dtype::F32, shape.clone(), b);
+                (name.clone(), view.unwrap())
+            })
+            .collect();
+        let path = dir.join("model.safetensors");
+        safetensors::serialize_to_file(views, None, &path).unwrap();
+        let source = SafetensorsSource::open(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        source
+    }
+
+    #[test]
+    fn experts_stack_from_each_published_layout() {
+        // 3 experts of width 2 over hidden 4: expert e's gate row r is
+        // 100e + 10r + c, its up row 1000 + the same, its down row 2000 + ...
+        let (n, w, h) = (3, 2, 4);
+        let rows = |base: f32, e: usize, r: usize, cols: usize| -> Vec<f32> {
+            (0..cols)
+                .map(|c| base + (100 * e + 10 * r + c) as f32)
+                .collect()
+        };
+        let matrix = |base: f32, e: usize, out: usize, cols: usize| -> Vec<f32> {
+            (0..out).flat_map(|r| rows(base, e, r, cols)).collect()
+        };
+        let stack = |base: f32, out: usize, cols: usize| -> Vec<f32> {
+            (0..n).flat_map(|e| matrix(base, e, out, cols)).collect()
+        };
+        let p = |s: &str| format!("model.layers.0.{s}");
+        let mut qwen = Vec::new();
+        let mut mixtral = Vec::new();
+        for e in 0..n {
+            for (q, m, base, out, cols) in [
+                ("gate_proj", "w1", 0.0, w, h),
+                ("up_proj", "w3", 1000.0, w, h),
+                ("down_proj", "w2", 2000.0, h, w),
+            ] {
+                let data = matrix(base, e, out, cols);
+                qwen.push((
+                    p(&format!("mlp.experts.{e}.{q}.weight")),
+                    vec![out, cols],
+                    data.clone(),
+                ));
+                mixtral.push((
+                    p(&format!("block_sparse_moe.experts.{e}.{m}.weight")),
+                    vec![out, cols],
+                    data,
+                ));
+            }
+        }
+        let gate_up: Vec<f32> = (0..n)
+            .flat_map(|e| [matrix(0.0, e, w, h), matrix(1000.0, e, w, h)].concat())
+            .collect();
+        let fused = vec![
+            (p("mlp.experts.gate_up_proj"), vec![n, 2 * w, h], gate_up),
+            (
+                p("mlp.experts.down_proj"),
+                vec![n, h, w],
+                stack(2000.0, h, w),
+            ),
+        ];
+        for (tag, tensors) in [("qwen", qwen), ("mixtral", mixtral), ("fused", fused)] {
+            let source = safetensors_dir(tag, &tensors);
+            for (name, base, out, cols) in [
+                (crate::llama::EXPERTS_GATE, 0.0, w, h),
+                (crate::llama::EXPERTS_UP, 1000.0, w, h),
+                (crate::llama::EXPERTS_DOWN, 2000.0, h, w),
+            ] {
+                let t = source.load(&p(name)).unwrap();
+                assert_eq!(t.shape, vec![n, out, cols], "{tag} {name}");
+                assert_eq!(t.data, stack(base, out, cols), "{tag} {name}");
+                assert!(source.contains(&p(name)));
+            }
+            assert!(!source.contains(&p(crate::llama::ROUTER)));
+        }
     }
 
     #[test]

@@ -199,6 +199,8 @@ pub struct Buffers {
     pub(crate) part_ml: DevPtr,
     /// `SumSq` (common.cuh): row sums of squares for fused RMSNorms.
     pub sumsq: DevPtr,
+    /// The expert blocks' scratch (empty for a dense model).
+    pub(crate) moe: MoeScratch,
     arena: Arena,
     /// (k, v) per layer of a page (every layer without sliding windows),
     /// `[pages, kv_heads, block_size, head_dim]` of `kv_dtype` each.
@@ -208,6 +210,33 @@ pub struct Buffers {
     /// Batch-invariant attention: every token through the decode kernel
     /// in one split (see [`batch_invariant`]).
     pub deterministic: bool,
+}
+
+/// The expert blocks' buffers: router logits `[tokens, experts]` f32,
+/// each token's experts `[tokens, top_k]` i32 and weights f32, and the
+/// experts' activations `[tokens, top_k, width]` bf16.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MoeScratch {
+    pub logits: DevPtr,
+    pub ids: DevPtr,
+    pub weights: DevPtr,
+    pub act: DevPtr,
+}
+
+/// Bytes of the [`MoeScratch`] buffers for `t` tokens, in its order.
+fn moe_sizes(c: &ModelConfig, t: usize) -> [usize; 4] {
+    match &c.block.moe {
+        Some(m) => {
+            let slots = t * m.experts_per_token;
+            [
+                t * m.num_experts * 4,
+                slots * 4,
+                slots * 4,
+                slots * m.expert_intermediate_size * 2,
+            ]
+        }
+        None => [0; 4],
+    }
 }
 
 /// Bytes of one K (or V) buffer of `pages` pages.
@@ -221,7 +250,7 @@ pub(crate) fn kv_page_bytes(c: &ModelConfig, bs: usize, dtype: KvDtype) -> usize
 }
 
 /// Bytes of each workspace buffer, in the order [`Buffers::new`] takes them.
-fn piece_sizes(c: &ModelConfig, t: usize, s: usize, layout: &InputLayout) -> [usize; 14] {
+fn piece_sizes(c: &ModelConfig, t: usize, s: usize, layout: &InputLayout) -> [usize; 18] {
     let (d, qd, kvd, ff, v) = (
         c.hidden_size,
         c.q_dim(),
@@ -229,6 +258,7 @@ fn piece_sizes(c: &ModelConfig, t: usize, s: usize, layout: &InputLayout) -> [us
         c.intermediate_size,
         c.vocab_size,
     );
+    let moe = moe_sizes(c, t);
     [
         layout.len * 4,
         t * d * 4,              // x (f32 residual)
@@ -244,6 +274,10 @@ fn piece_sizes(c: &ModelConfig, t: usize, s: usize, layout: &InputLayout) -> [us
         PART_ROWS * c.num_heads * c.head_dim * 4,
         PART_ROWS * c.num_heads * 2 * 4,
         SUMSQ_BYTES,
+        moe[0],
+        moe[1],
+        moe[2],
+        moe[3],
     ]
 }
 
@@ -266,7 +300,7 @@ impl Buffers {
     ) -> Result<Self, CudaError> {
         let layout = Self::layout(c, t, s, bs);
         let sizes = piece_sizes(c, t, s, &layout);
-        let mut p = [0; 14];
+        let mut p = [0; 18];
         for (slot, &bytes) in p.iter_mut().zip(sizes.iter()) {
             *slot = arena.take(bytes.max(1))?;
         }
@@ -293,6 +327,12 @@ impl Buffers {
             part_acc: p[11],
             part_ml: p[12],
             sumsq: p[13],
+            moe: MoeScratch {
+                logits: p[14],
+                ids: p[15],
+                weights: p[16],
+                act: p[17],
+            },
             arena,
             kv_slices: Vec::new(),
             kv_dtype: KvDtype::Bf16,

@@ -64,6 +64,10 @@ pub struct Kernels {
     silu_mul_e4m3: Kernel,
     gelu_tanh_mul_e4m3: Kernel,
     argmax_rows: Kernel,
+    moe_route: Kernel,
+    moe_gate_up_silu: Kernel,
+    moe_gate_up_gelu_tanh: Kernel,
+    moe_down_sum: Kernel,
     decode_attention: Kernel,
     /// The tensor-core decode attention and its dynamic shared memory, for
     /// steps of at least `tc_decode_min_rows` decode rows (absent when off
@@ -229,6 +233,10 @@ impl Kernels {
             silu_mul_e4m3: gpu.kernel("silu_mul_e4m3")?,
             gelu_tanh_mul_e4m3: gpu.kernel("gelu_tanh_mul_e4m3")?,
             argmax_rows: gpu.kernel("argmax_rows")?,
+            moe_route: gpu.kernel("moe_route")?,
+            moe_gate_up_silu: gpu.kernel("moe_gate_up_silu")?,
+            moe_gate_up_gelu_tanh: gpu.kernel("moe_gate_up_gelu_tanh")?,
+            moe_down_sum: gpu.kernel("moe_down_sum")?,
             decode_attention,
             tc_decode_attention,
             tc_decode_min_rows,
@@ -605,6 +613,115 @@ impl GatedMul {
             Activation::GeluTanh => &k.gelu_tanh_mul,
         };
         gpu.launch(kernel, grid, 256, 0, &args)
+    }
+}
+
+/// Warps (rows) per block of the expert GEMVs (`MOE_WARPS` in moe.cu).
+const MOE_WARPS: usize = 8;
+/// Most experts per token `moe_route` takes (`MOE_MAX_TOP_K` in moe.cu).
+pub const MOE_MAX_TOP_K: usize = 16;
+
+/// `moe_route`: each token's top-k experts (ascending) and their weights
+/// from the router's f32 logits.
+pub struct MoeRoute {
+    pub tokens: usize,
+    pub logits: DevPtr,
+    pub experts: usize,
+    pub top_k: usize,
+    pub normalize: bool,
+    pub ids: DevPtr,
+    pub weights: DevPtr,
+}
+
+impl MoeRoute {
+    pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(self.logits),
+            Arg::I32(self.tokens as i32),
+            Arg::I32(self.experts as i32),
+            Arg::I32(self.top_k as i32),
+            Arg::I32(self.normalize as i32),
+            Arg::Ptr(self.ids),
+            Arg::Ptr(self.weights),
+        ];
+        let grid = (self.tokens.div_ceil(128) as u32, 1, 1);
+        gpu.launch(&k.moe_route, grid, 128, 0, &args)
+    }
+}
+
+/// `moe_gate_up_*`: the gated activation of every slot's expert, from the
+/// normed bf16 rows `x` into `act` (`[tokens * top_k, width]` bf16).
+pub struct MoeGateUp {
+    pub tokens: usize,
+    pub activation: Activation,
+    pub x: DevPtr,
+    /// `(gate, up)` stacks, `[experts, width, hidden]` bf16 each.
+    pub weights: (DevPtr, DevPtr),
+    pub ids: DevPtr,
+    pub top_k: usize,
+    pub hidden: usize,
+    pub width: usize,
+    pub act: DevPtr,
+}
+
+impl MoeGateUp {
+    pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(self.x),
+            Arg::Ptr(self.weights.0),
+            Arg::Ptr(self.weights.1),
+            Arg::Ptr(self.ids),
+            Arg::I32(self.top_k as i32),
+            Arg::I32(self.hidden as i32),
+            Arg::I32(self.width as i32),
+            Arg::Ptr(self.act),
+        ];
+        let grid = (
+            (self.tokens * self.top_k) as u32,
+            self.width.div_ceil(MOE_WARPS) as u32,
+            1,
+        );
+        let kernel = match self.activation {
+            Activation::Silu => &k.moe_gate_up_silu,
+            Activation::GeluTanh => &k.moe_gate_up_gelu_tanh,
+        };
+        gpu.launch(kernel, grid, (32 * MOE_WARPS) as u32, 0, &args)
+    }
+}
+
+/// `moe_down_sum`: every slot's down projection, weighted and summed per
+/// token in ascending expert order, added to the f32 residual.
+pub struct MoeDownSum {
+    pub tokens: usize,
+    pub act: DevPtr,
+    /// `[experts, hidden, width]` bf16.
+    pub down: DevPtr,
+    pub ids: DevPtr,
+    pub weights: DevPtr,
+    pub top_k: usize,
+    pub hidden: usize,
+    pub width: usize,
+    pub residual: DevPtr,
+}
+
+impl MoeDownSum {
+    pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(self.act),
+            Arg::Ptr(self.down),
+            Arg::Ptr(self.ids),
+            Arg::Ptr(self.weights),
+            Arg::I32(self.top_k as i32),
+            Arg::I32(self.hidden as i32),
+            Arg::I32(self.width as i32),
+            Arg::Ptr(self.residual),
+        ];
+        let grid = (
+            self.tokens as u32,
+            self.hidden.div_ceil(MOE_WARPS) as u32,
+            1,
+        );
+        gpu.launch(&k.moe_down_sum, grid, (32 * MOE_WARPS) as u32, 0, &args)
     }
 }
 

@@ -13,6 +13,7 @@
 use ingot_arch::{
     AttentionSpec, DecoderOps, EmbedSpec, HeadSpec, MlpSpec, MoeSpec, NextNorm, RopeTable,
 };
+use ingot_models::llama::is_sparse;
 use ingot_models::ModelConfig;
 
 use crate::buffers::{Buffers, StepPlan, SUMSQ_MAX_BLOCKS};
@@ -21,8 +22,9 @@ use crate::fused::{AttentionOut, FusedBlock, FusedBlocks, NextQkv};
 use crate::gemm::{Gemm, OutType, GEMV_MAX_TOKENS};
 use crate::kernels::{
     ArgmaxRows, AttentionCombine, DecodeAttention, EmbedRows, GatedMul, GatedMulE4m3, GemvInput,
-    Heads, Kernels, KvCache, KvDtype, NextNormOut, PagedInputs, PostNormAdd, PrefillAttention,
-    QkvRopeGemv, RmsNorm, RmsNormE4m3, RopeQkv, RopeTarget, SoftcapRows,
+    Heads, Kernels, KvCache, KvDtype, MoeDownSum, MoeGateUp, MoeRoute, NextNormOut, PagedInputs,
+    PostNormAdd, PrefillAttention, QkvRopeGemv, RmsNorm, RmsNormE4m3, RopeQkv, RopeTarget,
+    SoftcapRows,
 };
 use crate::profile::{Category, Marks};
 use crate::weights::{DeviceWeights, LayerWeights};
@@ -194,7 +196,11 @@ impl<'a, 'm> CudaOps<'a, 'm> {
     /// when norms are fused (the final norm gathers rows: never fused);
     /// records what the consumer will find.
     fn fuse_next(&mut self, next: NextNorm) -> Option<(DevPtr, DevPtr)> {
-        let fused = self.norm_weight(next).filter(|_| self.fuse_norms);
+        // The expert blocks read normed rows (their GEMVs fuse no norm).
+        let experts = matches!(next, NextNorm::Mlp(i) if is_sparse(self.m.config, i));
+        let fused = self
+            .norm_weight(next)
+            .filter(|_| self.fuse_norms && !experts);
         self.prescaled = fused.map(|_| (next, Ready::Prescaled));
         fused.map(|g| (g, self.m.buffers.xn))
     }
@@ -594,6 +600,7 @@ impl CudaOps<'_, '_> {
             && plan.tiles == 0
             && plan.decode_tokens == plan.tokens
             && next == NextNorm::Mlp(i)
+            && !is_sparse(c, i)
     }
 
     /// A deferred layer whose MLP cannot be fused after all: merges its
@@ -738,9 +745,76 @@ impl DecoderOps for CudaOps<'_, '_> {
         self.project_out(o_proj, post, next)
     }
 
-    /// Refused at load ([`crate::support::supports`]); a step never gets here.
-    fn moe(&mut self, _: usize, _: &MoeSpec, _: NextNorm) -> Result<(), CudaError> {
-        Err(unsupported("mixture-of-experts MLPs"))
+    /// The router's logits (a GEMM over the normed rows), each token's top
+    /// k on the device, then the chosen experts' gate/up and down GEMVs,
+    /// summed into the residual: the expert choice never reaches the host.
+    fn moe(&mut self, i: usize, spec: &MoeSpec, _next: NextNorm) -> Result<(), CudaError> {
+        let layer = self.layer(i)?;
+        let experts = layer
+            .experts
+            .ok_or_else(|| unsupported(&format!("experts on dense layer {i}")))?;
+        let moe = self
+            .m
+            .config
+            .block
+            .moe
+            .as_ref()
+            .ok_or_else(|| unsupported("experts in a dense model"))?;
+        if let Some(attended) = self.deferred.take() {
+            self.finish_attention(attended)?;
+        }
+        if self.take_norm(NextNorm::Mlp(i), layer.mlp_norm, experts.router)? {
+            return Err(unsupported("a pre-scaled norm before experts"));
+        }
+        let Model {
+            gpu,
+            gemm,
+            buffers: b,
+            config: c,
+            kernels,
+            ..
+        } = *self.m;
+        let (t, d, n) = (self.plan.tokens, c.hidden_size, moe.num_experts);
+        let (width, s) = (moe.expert_intermediate_size, b.moe);
+        gemm.linear(gpu, b.xn, experts.router, s.logits, t, d, n, OutType::F32)?;
+        MoeRoute {
+            tokens: t,
+            logits: s.logits,
+            experts: n,
+            top_k: spec.top_k,
+            normalize: spec.normalize,
+            ids: s.ids,
+            weights: s.weights,
+        }
+        .launch(gpu, kernels)?;
+        self.mark(Category::Routing)?;
+        MoeGateUp {
+            tokens: t,
+            activation: spec.act,
+            x: b.xn,
+            weights: (experts.gate, experts.up),
+            ids: s.ids,
+            top_k: spec.top_k,
+            hidden: d,
+            width,
+            act: s.act,
+        }
+        .launch(gpu, kernels)?;
+        MoeDownSum {
+            tokens: t,
+            act: s.act,
+            down: experts.down,
+            ids: s.ids,
+            weights: s.weights,
+            top_k: spec.top_k,
+            hidden: d,
+            width,
+            residual: b.x,
+        }
+        .launch(gpu, kernels)?;
+        // The next block runs its own norm over the residual.
+        self.prescaled = None;
+        self.mark(Category::Experts)
     }
 
     fn mlp(&mut self, i: usize, spec: &MlpSpec, next: NextNorm) -> Result<(), CudaError> {

@@ -15,6 +15,10 @@ use crate::CudaError;
 pub enum Category {
     Gemm,
     Attention,
+    /// A mixture of experts' router product and top-k.
+    Routing,
+    /// The experts' products.
+    Experts,
     Other,
 }
 
@@ -53,6 +57,8 @@ struct Totals {
     tokens: usize,
     gemm_ms: f64,
     attention_ms: f64,
+    routing_ms: f64,
+    experts_ms: f64,
     other_ms: f64,
     wall_ms: f64,
     gap_ms: f64,
@@ -88,6 +94,8 @@ impl Profiler {
             match cat {
                 Category::Gemm => t.gemm_ms += ms,
                 Category::Attention => t.attention_ms += ms,
+                Category::Routing => t.routing_ms += ms,
+                Category::Experts => t.experts_ms += ms,
                 Category::Other => t.other_ms += ms,
             }
             prev = ev;
@@ -108,8 +116,17 @@ impl Profiler {
                 continue;
             }
             let n = t.steps as f64;
+            let moe = if t.routing_ms + t.experts_ms > 0.0 {
+                format!(
+                    ", routing {:.3} ms, experts {:.3} ms",
+                    t.routing_ms / n,
+                    t.experts_ms / n
+                )
+            } else {
+                String::new()
+            };
             eprintln!(
-                "ingot cuda profile: {kind} steps {} (mean {:.1} tokens): gemm {:.3} ms, attention {:.3} ms, other {:.3} ms, runner wall {:.3} ms, CPU gap between steps {:.3} ms",
+                "ingot cuda profile: {kind} steps {} (mean {:.1} tokens): gemm {:.3} ms, attention {:.3} ms{moe}, other {:.3} ms, runner wall {:.3} ms, CPU gap between steps {:.3} ms",
                 t.steps,
                 t.tokens as f64 / n,
                 t.gemm_ms / n,

@@ -5,6 +5,7 @@
 use cudarc::driver::sys;
 use ingot_models::ModelConfig;
 
+use crate::kernels::MOE_MAX_TOP_K;
 use crate::weights::WeightFormat;
 use crate::CudaError;
 
@@ -37,13 +38,15 @@ pub fn availability() -> Result<(), CudaError> {
 /// where the kernels load.
 pub fn supports(config: &ModelConfig) -> Result<(), CudaError> {
     if let Some(moe) = &config.block.moe {
-        return Err(CudaError::Unsupported(format!(
-            "the {} architecture's mixture of experts ({} experts, top {}) on the CUDA \
-             backend; serve it on the CPU (--device cpu)",
-            config.architecture.name(),
-            moe.num_experts,
-            moe.experts_per_token
-        )));
+        let top_k = moe.experts_per_token;
+        if top_k > MOE_MAX_TOP_K || !moe.expert_intermediate_size.is_multiple_of(8) {
+            return Err(CudaError::Unsupported(format!(
+                "a mixture of experts with {top_k} experts per token and expert width {} \
+                 on the CUDA backend (up to {MOE_MAX_TOP_K} experts per token, widths that \
+                 are multiples of 8); serve it on the CPU (--device cpu)",
+                moe.expert_intermediate_size
+            )));
+        }
     }
     // Post-norm blocks stage their f32 output in the gate/up buffer.
     if config.block.post_norms && config.intermediate_size < config.hidden_size {
@@ -62,6 +65,13 @@ pub fn supports(config: &ModelConfig) -> Result<(), CudaError> {
 /// 16 weights per load, so every matrix's input width must be a multiple
 /// of 16.
 pub(crate) fn supports_format(config: &ModelConfig, format: WeightFormat) -> Result<(), CudaError> {
+    if format.is_fp8() && config.block.moe.is_some() {
+        return Err(CudaError::Unsupported(
+            "FP8 weights (model.quantization = \"fp8\") for a mixture of experts: its \
+             experts run in bf16 on the CUDA backend for now"
+                .into(),
+        ));
+    }
     let widths = [config.hidden_size, config.q_dim(), config.intermediate_size];
     if format.is_fp8() && widths.iter().any(|w| !w.is_multiple_of(16)) {
         return Err(CudaError::Unsupported(format!(

@@ -24,7 +24,10 @@
 mod fp8;
 mod stager;
 
-use ingot_models::llama::{expected_shapes, mlp_norm_name, POST_ATTN_NORM, POST_MLP_NORM};
+use ingot_models::llama::{
+    expected_shapes, is_sparse, mlp_norm_name, EXPERTS_DOWN, EXPERTS_GATE, EXPERTS_UP,
+    POST_ATTN_NORM, POST_MLP_NORM, ROUTER,
+};
 use ingot_models::{ModelConfig, TensorSource};
 
 use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel};
@@ -46,8 +49,25 @@ pub struct LayerWeights {
     pub mlp_norm: DevPtr,
     /// `(after attention, after the MLP)` `[hidden]` f32 each (Gemma).
     pub post_norms: Option<(DevPtr, DevPtr)>,
-    /// `[2 intermediate, hidden]` bf16: gate rows, then up rows.
+    /// `[2 intermediate, hidden]` bf16: gate rows, then up rows (null on
+    /// a layer of experts).
     pub gate_up: DevPtr,
+    /// `[hidden, intermediate]` bf16 (null on a layer of experts).
+    pub down: DevPtr,
+    /// The experts that take the MLP's place on a sparse layer.
+    pub experts: Option<ExpertWeights>,
+}
+
+/// A sparse layer's router and stacked experts, bf16.
+#[derive(Debug, Clone, Copy)]
+pub struct ExpertWeights {
+    /// `[experts, hidden]`.
+    pub router: DevPtr,
+    /// `[experts, width, hidden]`.
+    pub gate: DevPtr,
+    /// `[experts, width, hidden]`.
+    pub up: DevPtr,
+    /// `[experts, hidden, width]`.
     pub down: DevPtr,
 }
 
@@ -395,6 +415,22 @@ impl DeviceWeights {
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             let p = |s: &str| format!("model.layers.{i}.{s}");
+            let sparse = is_sparse(config, i);
+            let (gate_up, down, experts) = if sparse {
+                let experts = ExpertWeights {
+                    router: at(&p(ROUTER))?,
+                    gate: at(&p(EXPERTS_GATE))?,
+                    up: at(&p(EXPERTS_UP))?,
+                    down: at(&p(EXPERTS_DOWN))?,
+                };
+                (0, 0, Some(experts))
+            } else {
+                let dense = (
+                    at(&p("mlp.gate_proj.weight"))?,
+                    at(&p("mlp.down_proj.weight"))?,
+                );
+                (dense.0, dense.1, None)
+            };
             layers.push(LayerWeights {
                 attn_norm: at(&p("input_layernorm.weight"))?,
                 qkv: at(&p("self_attn.q_proj.weight"))?,
@@ -418,8 +454,9 @@ impl DeviceWeights {
                 } else {
                     None
                 },
-                gate_up: at(&p("mlp.gate_proj.weight"))?,
-                down: at(&p("mlp.down_proj.weight"))?,
+                gate_up,
+                down,
+                experts,
             });
         }
         let embed = at(EMBED)?;
