@@ -99,7 +99,7 @@ def qwen3_tokenizer(model_dir: str):
     return tokenizers.Tokenizer.from_file(f"{model_dir}/tokenizer.json")
 
 
-def qwen3_ids(model_dir: str, messages=None, prompt: str | None = None) -> list[int]:
+def qwen3_ids(model_dir: str, messages=None, prompt: str | None = None, **kwargs) -> list[int]:
     """Qwen3's tokenizer.json (the `tokenizers` library) on the prompt, or on the
     chat template rendered as transformers does (sandboxed Jinja2, trim_blocks,
     lstrip_blocks, add_generation_prompt)."""
@@ -108,7 +108,7 @@ def qwen3_ids(model_dir: str, messages=None, prompt: str | None = None) -> list[
     if messages is not None:
         template = json.loads(open(f"{model_dir}/tokenizer_config.json").read())["chat_template"]
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        prompt = env.from_string(template).render(messages=messages, add_generation_prompt=True)
+        prompt = env.from_string(template).render(messages=messages, add_generation_prompt=True, **kwargs)
     return qwen3_tokenizer(model_dir).encode(prompt, add_special_tokens=False).ids  # Qwen3 adds no BOS
 
 
@@ -180,6 +180,18 @@ def test_chat_and_completions_count_tokens_and_stop_at_max_tokens(client, models
     u = text.usage
     assert (u.prompt_tokens, u.completion_tokens, u.total_tokens) == (expected_prompt_tokens(models, model, "text"), 5,
                                                                       u.prompt_tokens + 5)
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_qwen3_moe_thinking_switch_reaches_its_chat_template(client, models, thinking):
+    """`chat_template_kwargs.enable_thinking` renders Qwen3's template with or without the empty
+    think block (prompt token counts as Jinja2 renders it with the same kwargs)."""
+    chat = client.chat.completions.create(model=QWEN, messages=CHAT["prompt"], max_tokens=2, temperature=0,
+                                          extra_body={"chat_template_kwargs": {"enable_thinking": thinking}})
+    want = qwen3_ids(models[QWEN], messages=CHAT["prompt"], enable_thinking=thinking)
+    assert chat.usage.prompt_tokens == len(want)
+    on = qwen3_ids(models[QWEN], messages=CHAT["prompt"], enable_thinking=True)
+    assert (len(want) == len(on)) == thinking, "the switch must change Qwen3's rendering"
 
 
 @pytest.mark.parametrize("model", MOE)

@@ -264,16 +264,18 @@ def inv_freq(cfg, dim):
 
 # ---- random weights ----
 
-def random_weights(spec, rng):
+def random_weights(spec, rng, dtype=np.float64):
     """Float64 weights in HF names and PyTorch shapes (`[out, in]`). Scales give O(1) activations, attention
     scores with std ~1.5 (so attention is neither uniform nor one-hot) and logits with std ~3.
     With tied embeddings a random model predicts its input token again (the token's own embedding is
-    most similar to the residual it starts); scaling o_proj/down_proj up by 4 lets the layers dominate."""
+    most similar to the residual it starts); scaling o_proj/down_proj up by 4 lets the layers dominate.
+    `dtype=np.float32` draws float32 instead (other values, half the memory and time: benchmark models
+    of hundreds of millions of weights, which have no reference pass)."""
     d, hd = spec.hidden, spec.head_dim
     res = 4.0 if spec.tie else 1.0
     q, kv = spec.heads * hd, spec.kv_heads * hd
-    nrm = lambda *s, std=1.0: rng.standard_normal(s) * std
-    gain = lambda n: 1.0 + 0.25 * rng.standard_normal(n)  # norm weights != 1, so a skipped norm shows
+    nrm = lambda *s, std=1.0: rng.standard_normal(s, dtype=dtype) * dtype(std)
+    gain = lambda n: dtype(1.0) + dtype(0.25) * rng.standard_normal(n, dtype=dtype)  # != 1: a skipped norm shows
     w = {"model.embed_tokens.weight": nrm(spec.vocab, d, std=3.0 / np.sqrt(d) if spec.tie else 1.0)}
     for i in range(spec.layers):
         p = f"model.layers.{i}."
@@ -389,19 +391,22 @@ def llama_unpermute(w, n_head):
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def save_gguf(path, name, arch, spec, cfg, weights, add_metadata=None, read_back=True):
+def save_gguf(path, name, arch, spec, cfg, weights, add_metadata=None, read_back=True, qtype="q8_0", keep=True):
     """Writes the weights as llama.cpp's converter (+ llama-quantize Q8_0) lays them out: matrices and the
     stacked expert tensors Q8_0 (gguf-py's quantizer), norms and routers F32; q/k rows permuted for the
     `llama` architecture. `add_metadata(writer)`, if given, adds more keys (a tokenizer) before the file is
     written. Returns what the file holds, dequantized to float64, in HF names and layout. `read_back`: check
-    the file with gguf-py's reader (which parses every key: seconds with a 49k-token vocabulary)."""
+    the file with gguf-py's reader (which parses every key: seconds with a 49k-token vocabulary).
+    `qtype` "q4_0": the matrices Q4_0 instead (file type MOSTLY_Q4_0; unlike llama-quantize, the output
+    matrix too). `keep=False`: nothing is dequantized or kept (large benchmark models); returns None."""
     import gguf
     from gguf.quants import dequantize, quantize
-    Q8 = gguf.GGMLQuantizationType.Q8_0
+    Q = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}[qtype]
+    assert keep or not read_back, "read_back compares with the kept values"
     hd, E = spec.head_dim, spec.experts
     wr = gguf.GGUFWriter(path, arch)
     wr.add_name(name)
-    wr.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    wr.add_file_type({"q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[qtype])
     wr.add_quantization_version(gguf.GGML_QUANT_VERSION)
     wr.add_block_count(spec.layers)
     wr.add_context_length(cfg["max_position_embeddings"])
@@ -425,14 +430,18 @@ def save_gguf(path, name, arch, spec, cfg, weights, add_metadata=None, read_back
         wr.add_rope_dimension_count(hd)
     written = {}
 
-    def put(gname, a, q8):
+    def put(gname, a, quant):
         a32 = np.ascontiguousarray(a, dtype=np.float32)
-        if q8:
-            data = quantize(a32, Q8)
-            wr.add_tensor(gname, data, raw_dtype=Q8)
-            back = dequantize(data, Q8)
+        if quant:
+            data = quantize(a32, Q)
+            wr.add_tensor(gname, data, raw_dtype=Q)
+            if not keep:
+                return None
+            back = dequantize(data, Q)
         else:
             wr.add_tensor(gname, a32)
+            if not keep:
+                return None
             back = a32.copy()
         assert back.shape == a.shape, (gname, back.shape, a.shape)
         written[gname] = back
@@ -447,7 +456,7 @@ def save_gguf(path, name, arch, spec, cfg, weights, add_metadata=None, read_back
             x, heads = weights[p + f"self_attn.{n}_proj.weight"], spec.heads if n == "q" else spec.kv_heads
             if arch == "llama" and n in "qk":
                 back = put(b + g + ".weight", llama_permute(x, heads), True)
-                st[p + f"self_attn.{n}_proj.weight"] = llama_unpermute(back, heads)
+                st[p + f"self_attn.{n}_proj.weight"] = llama_unpermute(back, heads) if keep else None
             else:
                 st[p + f"self_attn.{n}_proj.weight"] = put(b + g + ".weight", x, True)
         if spec.qk_norm:
@@ -459,7 +468,7 @@ def save_gguf(path, name, arch, spec, cfg, weights, add_metadata=None, read_back
         for proj, g in zip(spec.expert_proj, ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")):
             names = [m + f"experts.{e}.{proj}.weight" for e in range(E)]
             stacked = put(b + g + ".weight", np.stack([weights[n] for n in names]), True)  # [E, out, in]
-            st.update(zip(names, stacked))
+            st.update(zip(names, stacked if keep else [None] * E))
     st["model.norm.weight"] = put("output_norm.weight", weights["model.norm.weight"], False)
     st["lm_head.weight"] = put("output.weight", weights["lm_head.weight"], True)
     if add_metadata:
@@ -472,7 +481,7 @@ def save_gguf(path, name, arch, spec, cfg, weights, add_metadata=None, read_back
     for t in gguf.GGUFReader(path).tensors if read_back else []:
         got = dequantize(np.asarray(t.data), t.tensor_type).reshape(written[t.name].shape)
         assert np.array_equal(got, written[t.name]), t.name
-    return st
+    return st if keep else None
 
 
 # ---- the reference forward pass (float64) ----

@@ -64,6 +64,7 @@ pub struct Kernels {
     silu_mul_e4m3: Kernel,
     gelu_tanh_mul_e4m3: Kernel,
     argmax_rows: Kernel,
+    moe_router: Kernel,
     moe_route: Kernel,
     moe_gate_up_silu: Kernel,
     moe_gate_up_gelu_tanh: Kernel,
@@ -233,6 +234,7 @@ impl Kernels {
             silu_mul_e4m3: gpu.kernel("silu_mul_e4m3")?,
             gelu_tanh_mul_e4m3: gpu.kernel("gelu_tanh_mul_e4m3")?,
             argmax_rows: gpu.kernel("argmax_rows")?,
+            moe_router: gpu.kernel("moe_router")?,
             moe_route: gpu.kernel("moe_route")?,
             moe_gate_up_silu: gpu.kernel("moe_gate_up_silu")?,
             moe_gate_up_gelu_tanh: gpu.kernel("moe_gate_up_gelu_tanh")?,
@@ -620,6 +622,42 @@ impl GatedMul {
 const MOE_WARPS: usize = 8;
 /// Most experts per token `moe_route` takes (`MOE_MAX_TOP_K` in moe.cu).
 pub const MOE_MAX_TOP_K: usize = 16;
+/// Most experts `moe_route` takes (`MOE_MAX_EXPERTS` in moe.cu).
+pub const MOE_MAX_EXPERTS: usize = 256;
+
+/// `moe_router`: the router's f32 logits of every token, normed from the
+/// f32 residual.
+pub struct MoeRouter {
+    pub tokens: usize,
+    pub x: DevPtr,
+    pub norm: DevPtr,
+    /// `[experts, hidden]` bf16.
+    pub router: DevPtr,
+    pub hidden: usize,
+    pub eps: f32,
+    pub experts: usize,
+    pub logits: DevPtr,
+}
+
+impl MoeRouter {
+    pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(self.x),
+            Arg::Ptr(self.norm),
+            Arg::Ptr(self.router),
+            Arg::I32(self.hidden as i32),
+            Arg::F32(self.eps),
+            Arg::I32(self.experts as i32),
+            Arg::Ptr(self.logits),
+        ];
+        let grid = (
+            self.tokens as u32,
+            self.experts.div_ceil(MOE_WARPS) as u32,
+            1,
+        );
+        gpu.launch(&k.moe_router, grid, (32 * MOE_WARPS) as u32, 0, &args)
+    }
+}
 
 /// `moe_route`: each token's top-k experts (ascending) and their weights
 /// from the router's f32 logits.
@@ -644,8 +682,9 @@ impl MoeRoute {
             Arg::Ptr(self.ids),
             Arg::Ptr(self.weights),
         ];
-        let grid = (self.tokens.div_ceil(128) as u32, 1, 1);
-        gpu.launch(&k.moe_route, grid, 128, 0, &args)
+        // A warp per token.
+        let grid = (self.tokens.div_ceil(MOE_WARPS) as u32, 1, 1);
+        gpu.launch(&k.moe_route, grid, (32 * MOE_WARPS) as u32, 0, &args)
     }
 }
 

@@ -22,9 +22,9 @@ use crate::fused::{AttentionOut, FusedBlock, FusedBlocks, NextQkv};
 use crate::gemm::{Gemm, OutType, GEMV_MAX_TOKENS};
 use crate::kernels::{
     ArgmaxRows, AttentionCombine, DecodeAttention, EmbedRows, GatedMul, GatedMulE4m3, GemvInput,
-    Heads, Kernels, KvCache, KvDtype, MoeDownSum, MoeGateUp, MoeRoute, NextNormOut, PagedInputs,
-    PostNormAdd, PrefillAttention, QkvRopeGemv, RmsNorm, RmsNormE4m3, RopeQkv, RopeTarget,
-    SoftcapRows,
+    Heads, Kernels, KvCache, KvDtype, MoeDownSum, MoeGateUp, MoeRoute, MoeRouter, NextNormOut,
+    PagedInputs, PostNormAdd, PrefillAttention, QkvRopeGemv, RmsNorm, RmsNormE4m3, RopeQkv,
+    RopeTarget, SoftcapRows,
 };
 use crate::profile::{Category, Marks};
 use crate::weights::{DeviceWeights, LayerWeights};
@@ -745,8 +745,8 @@ impl DecoderOps for CudaOps<'_, '_> {
         self.project_out(o_proj, post, next)
     }
 
-    /// The router's logits (a GEMM over the normed rows), each token's top
-    /// k on the device, then the chosen experts' gate/up and down GEMVs,
+    /// The router's f32 logits (normed from the f32 residual), each token's
+    /// top k on the device, then the chosen experts' gate/up and down GEMVs,
     /// summed into the residual: the expert choice never reaches the host.
     fn moe(&mut self, i: usize, spec: &MoeSpec, _next: NextNorm) -> Result<(), CudaError> {
         let layer = self.layer(i)?;
@@ -768,7 +768,6 @@ impl DecoderOps for CudaOps<'_, '_> {
         }
         let Model {
             gpu,
-            gemm,
             buffers: b,
             config: c,
             kernels,
@@ -776,7 +775,17 @@ impl DecoderOps for CudaOps<'_, '_> {
         } = *self.m;
         let (t, d, n) = (self.plan.tokens, c.hidden_size, moe.num_experts);
         let (width, s) = (moe.expert_intermediate_size, b.moe);
-        gemm.linear(gpu, b.xn, experts.router, s.logits, t, d, n, OutType::F32)?;
+        MoeRouter {
+            tokens: t,
+            x: b.x,
+            norm: layer.mlp_norm,
+            router: experts.router,
+            hidden: d,
+            eps: c.rms_norm_eps,
+            experts: n,
+            logits: s.logits,
+        }
+        .launch(gpu, kernels)?;
         MoeRoute {
             tokens: t,
             logits: s.logits,

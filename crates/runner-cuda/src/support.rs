@@ -5,7 +5,7 @@
 use cudarc::driver::sys;
 use ingot_models::ModelConfig;
 
-use crate::kernels::MOE_MAX_TOP_K;
+use crate::kernels::{MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
 use crate::weights::WeightFormat;
 use crate::CudaError;
 
@@ -38,11 +38,14 @@ pub fn availability() -> Result<(), CudaError> {
 /// where the kernels load.
 pub fn supports(config: &ModelConfig) -> Result<(), CudaError> {
     if let Some(moe) = &config.block.moe {
-        let top_k = moe.experts_per_token;
-        if top_k > MOE_MAX_TOP_K || !moe.expert_intermediate_size.is_multiple_of(8) {
+        let (n, top_k) = (moe.num_experts, moe.experts_per_token);
+        if n > MOE_MAX_EXPERTS
+            || top_k > MOE_MAX_TOP_K
+            || !moe.expert_intermediate_size.is_multiple_of(8)
+        {
             return Err(CudaError::Unsupported(format!(
-                "a mixture of experts with {top_k} experts per token and expert width {} \
-                 on the CUDA backend (up to {MOE_MAX_TOP_K} experts per token, widths that \
+                "a mixture of {n} experts, {top_k} per token, of width {} on the CUDA backend \
+                 (up to {MOE_MAX_EXPERTS} experts and {MOE_MAX_TOP_K} per token, widths that \
                  are multiples of 8); serve it on the CPU (--device cpu)",
                 moe.expert_intermediate_size
             )));
