@@ -920,6 +920,72 @@ def check_qkv_rope(m, rng):
         report(f"gemv qkv_rope v -> cache {tag}", rel(vh, v), 8e-3)
 
 
+def moe_route_reference(logits, k, normalize):
+    """Top k by logit (ties to the lower expert), softmax weights (renormalised), ascending expert order."""
+    ids, weights = [], []
+    for row in logits:
+        p = np.exp(row - row.max())
+        p /= p.sum()
+        top = np.argsort(-row, kind="stable")[:k]
+        w = p[top] / (p[top].sum() if normalize else 1.0)
+        order = np.argsort(top)
+        ids.append(top[order])
+        weights.append(w[order])
+    return np.array(ids), np.array(weights)
+
+
+def check_moe(m, rng):
+    """moe_router (f32 norm + logits from the f32 residual), moe_route (top k with ties, weights),
+    moe_gate_up_silu and moe_down_sum (every slot's expert, the weighted sum into the residual)."""
+    T, d, E, k, ff, eps = 37, 256, 40, 6, 96, 1e-6
+    x = rnd(rng, T, d).astype(np.float32).astype(np.float64)
+    g = (1 + 0.2 * rnd(rng, d)).astype(np.float32).astype(np.float64)
+    router = bf(rnd(rng, E, d, scale=0.2))
+    router[7] = router[3]  # experts 3 and 7 tie on every token
+    logits = torch.empty(T, E, dtype=torch.float32, device="cuda")
+    launch(m.fn("moe_router"), (T, math.ceil(E / 8)), 256, [ptr(dev(x, torch.float32)), ptr(dev(g, torch.float32)),
+                                                            ptr(dev(router, torch.bfloat16)), i32(d), f32(eps), i32(E),
+                                                            ptr(logits)])
+    xn = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
+    report("moe_router f32 logits", rel(host(logits), xn @ router.T), 1e-5)
+    got_logits = host(logits)
+    report("moe_router: tied experts get equal logits", float(np.max(np.abs(got_logits[:, 3] - got_logits[:, 7]))), 1e-30)
+    # Route the kernel's own logits (so ties are exact), with expert 3/7 forced into contention on some rows.
+    lg = got_logits.copy()
+    lg[::3, 3] = lg[::3, 7] = np.sort(lg[::3], axis=1)[:, -k] + 1e-3  # both at the k-th place: one is in
+    for normalize in (0, 1):
+        ids = torch.empty(T, k, dtype=torch.int32, device="cuda")
+        w = torch.empty(T, k, dtype=torch.float32, device="cuda")
+        launch(m.fn("moe_route"), (math.ceil(T / 8),), 256, [ptr(dev(lg, torch.float32)), i32(T), i32(E), i32(k),
+                                                             i32(normalize), ptr(ids), ptr(w)])
+        want_ids, want_w = moe_route_reference(lg.astype(np.float32).astype(np.float64), k, normalize)
+        report(f"moe_route ids (normalize {normalize}), ties to the lower expert",
+               float(np.sum(ids.cpu().numpy() != want_ids)), 0.5)
+        report(f"moe_route weights (normalize {normalize})", rel(host(w), want_w), 1e-5)
+    # Experts on the routed slots.
+    gate, up = bf(rnd(rng, E, ff, d, scale=0.1)), bf(rnd(rng, E, ff, d, scale=0.1))
+    down = bf(rnd(rng, E, d, ff, scale=0.1))
+    xb = bf(xn)
+    act = torch.empty(T * k, ff, dtype=torch.bfloat16, device="cuda")
+    launch(m.fn("moe_gate_up_silu"), (T * k, math.ceil(ff / 8)), 256,
+           [ptr(dev(xb, torch.bfloat16)), ptr(dev(gate, torch.bfloat16)), ptr(dev(up, torch.bfloat16)), ptr(ids), i32(k),
+            i32(d), i32(ff), ptr(act)])
+    e = ids.cpu().numpy().reshape(-1)
+    tok = np.repeat(np.arange(T), k)
+    gv = np.einsum("sfd,sd->sf", gate[e], xb[tok])
+    uv = np.einsum("sfd,sd->sf", up[e], xb[tok])
+    want_act = gv / (1 + np.exp(-gv)) * uv
+    report("moe_gate_up_silu (bf16 out)", rel(host(act), want_act), 8e-3)
+    base = rnd(rng, T, d).astype(np.float32).astype(np.float64)
+    resid = dev(base, torch.float32)
+    launch(m.fn("moe_down_sum"), (T, math.ceil(d / 8)), 256,
+           [ptr(act), ptr(dev(down, torch.bfloat16)), ptr(ids), ptr(w), i32(k), i32(d), i32(ff), ptr(resid)])
+    a = host(act)
+    per_slot = np.einsum("sdf,sf->sd", down[e], a) * host(w).reshape(-1)[:, None]
+    want = base + per_slot.reshape(T, k, d).sum(1)
+    report("moe_down_sum into the residual", rel(host(resid), want), 1e-5)
+
+
 # (name, module, check), in the order they run.
 CHECKS = [
     ("elementwise", "elementwise", check_elementwise),
@@ -930,6 +996,7 @@ CHECKS = [
     ("gemv", "gemv", check_gemv),
     ("qkv_rope", "gemv", check_qkv_rope),
     ("fused_norm", "gemv", check_fused_norm),
+    ("moe", "moe", check_moe),
     ("fused_block", None, check_fused_block),  # takes every module
 ]
 
@@ -945,7 +1012,7 @@ def main():
     # needs just sampling's cubin).
     chosen = [c for c in CHECKS if args.only in (None, c[0])]
     names = {m for _, m, _ in chosen if m} if all(m for _, m, _ in chosen) else \
-        {"elementwise", "rope", "attention", "gemv", "sampling", "fused_block"}
+        {"elementwise", "rope", "attention", "gemv", "sampling", "fused_block", "moe"}
     mods = {n: Module(os.path.join(args.cubins, f"{n}.sm_90.cubin")) for n in names}
     for _, module, check in chosen:
         check(mods[module] if module else mods, rng)

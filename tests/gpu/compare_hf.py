@@ -13,7 +13,9 @@ as bf16 safetensors HF directories:
 
 For a few seeded random prompts, the last position's logits of
 `ingot logits` are compared with transformers' logits computed in float32
-from the same bf16-rounded weights.
+from the same bf16-rounded weights. transformers' own bf16 run is compared
+with that too ("hf bf16"): a case fails past the threshold or past 1.5x
+the bf16 run's own error, whichever is larger.
 
 Usage:
   python3 tests/gpu/compare_hf.py --ingot target/release/ingot \\
@@ -279,9 +281,12 @@ def free_gpu() -> None:
 
 
 @torch.no_grad()
-def reference_logits(model_dir: Path, prompts: list[list[int]], device: str) -> list[np.ndarray]:
-    """fp32 math on the bf16-rounded weights, so only ingot's own rounding shows."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir, **dtype_kwarg(torch.float32))
+def reference_logits(
+    model_dir: Path, prompts: list[list[int]], device: str, dtype: torch.dtype = torch.float32
+) -> list[np.ndarray]:
+    """fp32 math on the bf16-rounded weights, so only ingot's own rounding shows
+    (bf16: transformers' own bf16 run, the tolerance bf16 math has on this model)."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, **dtype_kwarg(dtype))
     model = model.to(device).eval()
     out = []
     for ids in prompts:
@@ -335,14 +340,16 @@ def run_model(name: str, args: argparse.Namespace, ref_device: str) -> list[dict
     prompts = make_prompts(vocab, seed=1234)
     t0 = time.time()
     refs = reference_logits(model_dir, prompts, ref_device)
-    log(f"[{name}] reference logits in {time.time() - t0:.1f}s")
+    bf16_refs = reference_logits(model_dir, prompts, ref_device, torch.bfloat16)
+    log(f"[{name}] reference logits (fp32 and bf16) in {time.time() - t0:.1f}s")
     logits_dir = Path(args.work) / "logits"
     logits_dir.mkdir(parents=True, exist_ok=True)
     rows = []
-    for ids, ref in zip(prompts, refs):
+    for ids, ref, bf16_ref in zip(prompts, refs, bf16_refs):
         out_file = logits_dir / f"{name}-{len(ids)}.f32"
         got, info = ingot_logits(args, model_dir, ids, out_file)
         row = {"model": name, "prompt_len": len(ids), "device": info.get("device")}
+        row["bf16_rel_l2"] = compare(bf16_ref, ref)["rel_l2"]
         if got.shape != ref.shape:
             row.update(error=f"ingot wrote {got.size} logits, expected {ref.size}")
         else:
@@ -353,7 +360,10 @@ def run_model(name: str, args: argparse.Namespace, ref_device: str) -> list[dict
 
 
 def print_header() -> None:
-    print(f"{'model':<12} {'len':>4} {'rel_l2':>10} {'rel_max':>10} {'top1':>5} {'top5':>4}  device", flush=True)
+    print(
+        f"{'model':<12} {'len':>4} {'rel_l2':>10} {'rel_max':>10} {'top1':>5} {'top5':>4} {'hf bf16':>10}  device",
+        flush=True,
+    )
 
 
 def print_row(row: dict) -> None:
@@ -362,22 +372,26 @@ def print_row(row: dict) -> None:
         return
     print(
         f"{row['model']:<12} {row['prompt_len']:>4} {row['rel_l2']:>10.3e} {row['rel_max']:>10.3e}"
-        f" {str(row['top1']):>5} {row['top5_overlap']:>4}  {row['device']}",
+        f" {str(row['top1']):>5} {row['top5_overlap']:>4} {row['bf16_rel_l2']:>10.3e}  {row['device']}",
         flush=True,
     )
 
 
 def failures(rows: list[dict], threshold: float) -> list[str]:
+    """A case fails past `threshold` or past 1.5x what transformers' own bf16 run
+    is off by on it, whichever is larger: bf16 math moves a mixture of experts'
+    near-tie routing choices, so its tolerance is the model's, not a constant."""
     out = []
     for r in rows:
         case = f"{r['model']}/len{r['prompt_len']}"
         if "error" in r:
             out.append(f"{case}: {r['error']}")
             continue
+        limit = max(threshold, 1.5 * r.get("bf16_rel_l2", 0.0))
         # `not <` also catches NaN/inf.
         for key in ("rel_l2", "rel_max"):
-            if not r[key] < threshold:
-                out.append(f"{case}: {key}={r[key]:.3e} >= {threshold:g}")
+            if not r[key] < limit:
+                out.append(f"{case}: {key}={r[key]:.3e} >= {limit:.3g}")
     return out
 
 

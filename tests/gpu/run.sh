@@ -50,7 +50,8 @@
 #   embeddings  all-MiniLM-L6-v2 on `serve --device cuda`: cosine vs the numpy reference, the CPU
 #             backend and transformers / sentence-transformers on the GPU; sentences/s beside
 #             sentence-transformers (embeddings_check.py; needs the MiniLM bundle)
-#   moe       mixture of experts: CUDA and the CPU backend vs transformers (compare_hf.py on
+#   moe       mixture of experts: its kernels vs float64 NumPy (routing ties included), CUDA and
+#             the CPU backend vs transformers (compare_hf.py on
 #             qwen3moe-2l and mixtral-2l), then the Qwen3-30B-A3B-shaped dummy: batch 1 (graphs and
 #             eager), its eager per-step profile (attention, routing, experts), 16 x (128 in, 64 out)
 #   torch     PyTorch eager baselines for the bench shapes
@@ -236,6 +237,7 @@ for phase in "$@"; do
         "$ING" bench latency --model "$G" --input-len 128 --output-len 256 --num-iters 3 $eager --json | tee -a "$O/bench.jsonl"
       done ;;
     moe)
+      timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only moe
       python3 tests/gpu/compare_hf.py --ingot "$ING" --tokenizers "$W/tokenizers" --work "$W/hf" --models qwen3moe-2l mixtral-2l
       python3 tests/gpu/compare_hf.py --ingot "$ING" --tokenizers "$W/tokenizers" --work "$W/hf" --models qwen3moe-2l mixtral-2l --device cpu
       M="$W/qwen3-30b-a3b"; mkdir -p "$M"; cp tests/gpu/configs/qwen3-30b-a3b/config.json "$W"/tokenizers/qwen3/* "$M/"

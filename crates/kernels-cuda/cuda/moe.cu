@@ -182,8 +182,11 @@ extern "C" __global__ void moe_gate_up_gelu_tanh(const bf16* x, const bf16* gate
 }
 
 // residual[t, r] += Σ_j weights[t * k + j] · (down_e[r] · act[t * k + j]),
-// j ascending (e = ids[t * k + j]): each expert's down projection and the
-// weighted sum, added to the f32 residual stream.
+// e = ids[t * k + j]: each expert's down projection and the weighted sum,
+// added to the f32 residual stream. A lane sums its chunks of every slot,
+// weighted, in ascending expert order, then the warp sums the lanes: the
+// loads of all k experts' rows are in flight together, and the order is
+// fixed whatever the batch.
 // Grid: (tokens, ceil(hidden / MOE_WARPS)); MOE_WARPS warps, a row each.
 // width must be a multiple of 8.
 extern "C" __global__ void moe_down_sum(const bf16* __restrict__ act, const bf16* __restrict__ down,
@@ -199,10 +202,10 @@ extern "C" __global__ void moe_down_sum(const bf16* __restrict__ act, const bf16
     const int s = t * k + j;
     const uint4* w = reinterpret_cast<const uint4*>(down + ((size_t)ids[s] * hidden + r) * width);
     const uint4* a = reinterpret_cast<const uint4*>(act + (size_t)s * width);
-    float acc = 0.f;
+    const float weight = weights[s];
 #pragma unroll 4
-    for (int i = lane; i < width / 8; i += 32) acc += moe_dot8(w[i], a[i]);
-    out += weights[s] * warp_sum(acc);
+    for (int i = lane; i < width / 8; i += 32) out = fmaf(weight, moe_dot8(w[i], a[i]), out);
   }
+  out = warp_sum(out);
   if (lane == 0) residual[(size_t)t * hidden + r] += out;
 }

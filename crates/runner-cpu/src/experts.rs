@@ -10,7 +10,7 @@
 use ingot_arch::{Activation, MoeSpec, Routing};
 
 use crate::matrix::Matrix;
-use crate::quant::ActScratch;
+use crate::quant::{ActScratch, Product, QuantMatrix};
 use crate::{grow, matmul, ops};
 
 /// One sparse layer's MLP.
@@ -35,11 +35,16 @@ pub(crate) struct ExpertScratch {
     routed: Vec<Vec<(usize, f32)>>,
     /// One token's top-k (expert, weight).
     top: Vec<(usize, f32)>,
-    /// Gathered input rows, and the expert's output rows.
+    /// Where each expert's rows start in the buffers below (and the end).
+    offsets: Vec<usize>,
+    /// The routed rows, expert by expert: gathered inputs, gate/up
+    /// products, activations and the experts' outputs.
     input: Vec<f32>,
     gate_up: Vec<f32>,
     act: Vec<f32>,
     output: Vec<f32>,
+    /// Quantized activations of each expert's products.
+    acts: Vec<ActScratch>,
 }
 
 impl Experts {
@@ -76,35 +81,93 @@ impl Experts {
                 s.routed[expert].push((row, w));
             }
         }
-        out[..t * d].fill(0.0);
-        for (expert, routed) in s.routed.iter().enumerate() {
-            if routed.is_empty() {
-                continue;
-            }
-            let n = routed.len();
-            let ff = self.width;
-            grow(&mut s.input, n * d);
-            grow(&mut s.gate_up, n * 2 * ff);
-            grow(&mut s.act, n * ff);
-            grow(&mut s.output, n * d);
+        // The routed rows, expert by expert.
+        s.offsets.clear();
+        s.offsets.push(0);
+        for routed in &s.routed {
+            s.offsets
+                .push(s.offsets[s.offsets.len() - 1] + routed.len());
+        }
+        let (rows, ff) = (t * spec.top_k.min(e), self.width);
+        grow(&mut s.input, rows * d);
+        grow(&mut s.gate_up, rows * 2 * ff);
+        grow(&mut s.act, rows * ff);
+        grow(&mut s.output, rows * d);
+        for (routed, &at) in s.routed.iter().zip(&s.offsets) {
             for (i, &(row, _)) in routed.iter().enumerate() {
-                s.input[i * d..(i + 1) * d].copy_from_slice(&xn[row * d..(row + 1) * d]);
+                let dst = &mut s.input[(at + i) * d..(at + i + 1) * d];
+                dst.copy_from_slice(&xn[row * d..(row + 1) * d]);
             }
-            self.gate_up[expert].linear(&s.input, &mut s.gate_up, (n, d, 2 * ff), acts);
-            let gated = match spec.act {
-                Activation::Silu => ops::silu_mul,
-                Activation::GeluTanh => ops::gelu_tanh_mul,
-            };
-            gated(&s.gate_up[..n * 2 * ff], &mut s.act[..n * ff], ff);
-            self.down[expert].linear(&s.act, &mut s.output, (n, ff, d), acts);
+        }
+        self.products(&self.gate_up, s, (d, 2 * ff), Buffers::InputToGateUp, acts);
+        let gated = match spec.act {
+            Activation::Silu => ops::silu_mul,
+            Activation::GeluTanh => ops::gelu_tanh_mul,
+        };
+        gated(&s.gate_up[..rows * 2 * ff], &mut s.act[..rows * ff], ff);
+        self.products(&self.down, s, (ff, d), Buffers::ActToOutput, acts);
+        out[..t * d].fill(0.0);
+        for (routed, &at) in s.routed.iter().zip(&s.offsets) {
             for (i, &(row, w)) in routed.iter().enumerate() {
-                let y = &s.output[i * d..(i + 1) * d];
+                let y = &s.output[(at + i) * d..(at + i + 1) * d];
                 for (o, &y) in out[row * d..(row + 1) * d].iter_mut().zip(y) {
                     *o += w * y;
                 }
             }
         }
     }
+
+    /// Each routed expert's product of its rows of one buffer with
+    /// `matrices[expert]` (`[n, k]`) into its rows of another: one
+    /// parallel pass over every expert on the native kernels, else one
+    /// matmul per expert.
+    fn products(
+        &self,
+        matrices: &[Matrix],
+        s: &mut ExpertScratch,
+        (k, n): (usize, usize),
+        buffers: Buffers,
+        acts: &mut ActScratch,
+    ) {
+        let (input, output) = match buffers {
+            Buffers::InputToGateUp => (&s.input, &mut s.gate_up),
+            Buffers::ActToOutput => (&s.act, &mut s.output),
+        };
+        let used = || (0..matrices.len()).filter(|&e| s.offsets[e + 1] > s.offsets[e]);
+        let quant: Option<Vec<&QuantMatrix>> = used()
+            .map(|e| match &matrices[e] {
+                Matrix::Quant(q) => Some(q),
+                _ => None,
+            })
+            .collect();
+        let mut outputs = output.as_mut_slice();
+        let mut products = Vec::new();
+        for (i, e) in used().enumerate() {
+            let (from, to) = (s.offsets[e], s.offsets[e + 1]);
+            let (mine, rest) = std::mem::take(&mut outputs).split_at_mut((to - from) * n);
+            outputs = rest;
+            let x = &input[from * k..to * k];
+            match &quant {
+                Some(q) => products.push(Product {
+                    matrix: q[i],
+                    x,
+                    m: to - from,
+                    out: mine,
+                }),
+                None => matrices[e].linear(x, mine, (to - from, k, n), acts),
+            }
+        }
+        if !products.is_empty() {
+            QuantMatrix::linear_many(&mut products, &mut s.acts);
+        }
+    }
+}
+
+/// Which buffers an expert product reads and writes.
+#[derive(Clone, Copy)]
+enum Buffers {
+    InputToGateUp,
+    ActToOutput,
 }
 
 /// The experts one token goes to and their weights, into `top` (in

@@ -384,6 +384,18 @@ unsafe fn rows_four(
     }
 }
 
+/// Each part's blocks and kernels, borrowed for one product.
+type PartViews<'a> = ([&'a [u8]; MAX_PARTS], [Kernels; MAX_PARTS]);
+
+/// One product of [`QuantMatrix::linear_many`]: `out[m, n] = x[m, k] ·
+/// matrixᵀ`.
+pub struct Product<'a> {
+    pub matrix: &'a QuantMatrix,
+    pub x: &'a [f32],
+    pub m: usize,
+    pub out: &'a mut [f32],
+}
+
 /// A `[rows, cols]` weight matrix in block formats: tensors stacked by rows.
 pub struct QuantMatrix {
     parts: Vec<Part>,
@@ -452,6 +464,42 @@ impl QuantMatrix {
     pub fn linear(&self, x: &[f32], out: &mut [f32], m: usize, scratch: &mut ActScratch) {
         let (k, n) = (self.cols, self.rows);
         assert!(x.len() >= m * k && out.len() >= m * n);
+        self.quantize_input(x, m, scratch);
+        let ptr = OutPtr(out.as_mut_ptr());
+        let scratch = &*scratch;
+        let parts = self.part_views();
+        self.tasks
+            .par_iter()
+            .for_each(|t| self.run_task(t, &parts, scratch, m, ptr));
+    }
+
+    /// Several products in one parallel pass (a step's experts): every
+    /// input is quantized into its own scratch, then the products' tasks
+    /// share one `par_iter`, so small products do not each pay a fork and
+    /// join, and the threads balance across all of them. Each product's
+    /// result is the bits [`QuantMatrix::linear`] gives.
+    pub fn linear_many(products: &mut [Product<'_>], scratch: &mut Vec<ActScratch>) {
+        scratch.resize_with(scratch.len().max(products.len()), ActScratch::default);
+        let mut work = Vec::new();
+        let mut views = Vec::with_capacity(products.len());
+        for (i, (p, s)) in products.iter_mut().zip(scratch.iter_mut()).enumerate() {
+            let (k, n) = (p.matrix.cols, p.matrix.rows);
+            assert!(p.x.len() >= p.m * k && p.out.len() >= p.m * n);
+            p.matrix.quantize_input(p.x, p.m, s);
+            let matrix: &QuantMatrix = p.matrix;
+            views.push((matrix, p.m, matrix.part_views(), OutPtr(p.out.as_mut_ptr())));
+            work.extend((0..matrix.tasks.len()).map(|t| (i, t)));
+        }
+        let scratch = &*scratch;
+        work.par_iter().for_each(|&(i, t)| {
+            let (matrix, m, parts, ptr) = &views[i];
+            matrix.run_task(&matrix.tasks[t], parts, &scratch[i], *m, *ptr);
+        });
+    }
+
+    /// Quantizes `m` rows of `x` in the activation formats the parts need.
+    fn quantize_input(&self, x: &[f32], m: usize, scratch: &mut ActScratch) {
+        let k = self.cols;
         let needs = |f: ActFormat| self.parts.iter().any(|p| p.kind.act() == f);
         if needs(ActFormat::Q8) {
             scratch.q8.quantize(x, m, k, ActFormat::Q8);
@@ -459,39 +507,52 @@ impl QuantMatrix {
         if needs(ActFormat::Q8K) {
             scratch.q8k.quantize(x, m, k, ActFormat::Q8K);
         }
+    }
+
+    /// Each part's blocks and kernels.
+    fn part_views(&self) -> PartViews<'_> {
         let mut bytes: [&[u8]; MAX_PARTS] = [&[]; MAX_PARTS];
         let mut kerns = [kernels(QuantKind::Q8_0); MAX_PARTS];
         for (i, p) in self.parts.iter().enumerate() {
             bytes[i] = p.data.bytes();
             kerns[i] = kernels(p.kind);
         }
-        let ptr = OutPtr(out.as_mut_ptr());
-        let scratch = &*scratch;
-        self.tasks.par_iter().for_each(|t| {
-            let p = &self.parts[t.part];
-            let acts = match p.kind.act() {
-                ActFormat::Q8 => &scratch.q8,
-                ActFormat::Q8K => &scratch.q8k,
-            };
-            let w = |r: usize| &bytes[t.part][r * p.row_bytes..(r + 1) * p.row_bytes];
-            let cols = (t.col0, t.row0);
-            // Weight rows outer: a row's blocks are read from memory once,
-            // decoded once per four activation rows, and stay in L1.
-            let mut r = t.row0;
-            if let (Some(tile), true) = (kerns[t.part].tile, m >= 4) {
-                while r + TILE_W <= t.row0 + t.rows {
-                    let ws = std::array::from_fn(|j| w(r + j));
-                    // SAFETY: `tile` is this CPU's kernel for the format;
-                    // the rows are whole rows of `k` weights.
-                    unsafe { rows_tile(tile, kerns[t.part], ws, acts, m, n, ptr, cols, r) };
-                    r += TILE_W;
-                }
+        (bytes, kerns)
+    }
+
+    /// One task's weight rows against all `m` activation rows.
+    fn run_task(
+        &self,
+        t: &Task,
+        (bytes, kerns): &PartViews<'_>,
+        scratch: &ActScratch,
+        m: usize,
+        ptr: OutPtr,
+    ) {
+        let n = self.rows;
+        let p = &self.parts[t.part];
+        let acts = match p.kind.act() {
+            ActFormat::Q8 => &scratch.q8,
+            ActFormat::Q8K => &scratch.q8k,
+        };
+        let w = |r: usize| &bytes[t.part][r * p.row_bytes..(r + 1) * p.row_bytes];
+        let cols = (t.col0, t.row0);
+        // Weight rows outer: a row's blocks are read from memory once,
+        // decoded once per four activation rows, and stay in L1.
+        let mut r = t.row0;
+        if let (Some(tile), true) = (kerns[t.part].tile, m >= 4) {
+            while r + TILE_W <= t.row0 + t.rows {
+                let ws = std::array::from_fn(|j| w(r + j));
+                // SAFETY: `tile` is this CPU's kernel for the format;
+                // the rows are whole rows of `k` weights.
+                unsafe { rows_tile(tile, kerns[t.part], ws, acts, m, n, ptr, cols, r) };
+                r += TILE_W;
             }
-            for r in r..t.row0 + t.rows {
-                // SAFETY: as above, for one weight row.
-                unsafe { rows_four(kerns[t.part], w(r), acts, m, n, ptr, cols, r) };
-            }
-        });
+        }
+        for r in r..t.row0 + t.rows {
+            // SAFETY: as above, for one weight row.
+            unsafe { rows_four(kerns[t.part], w(r), acts, m, n, ptr, cols, r) };
+        }
     }
 
     /// Dequantizes row `r` into `out` (`cols` values): embedding lookups.
