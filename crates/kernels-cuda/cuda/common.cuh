@@ -83,6 +83,20 @@ __device__ __forceinline__ uint4 gated_chunk(uint4 gv, uint4 uv) {
   return r;
 }
 
+// acc += the dot product of 8 bf16 pairs (16-byte chunks of a weight row
+// and an activation row), in f32, in a fixed order.
+__device__ __forceinline__ void dot8(const uint4& wv, const uint4& xv, float& acc) {
+  const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
+  const __nv_bfloat162* x2 = reinterpret_cast<const __nv_bfloat162*>(&xv);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 a = __bfloat1622float2(w2[i]);
+    const float2 b = __bfloat1622float2(x2[i]);
+    acc = fmaf(a.x, b.x, acc);
+    acc = fmaf(a.y, b.y, acc);
+  }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

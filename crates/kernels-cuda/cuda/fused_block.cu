@@ -35,19 +35,8 @@ constexpr int FB_UNROLL = 4;
 constexpr int FB_MAX_QDIM = 1024;
 constexpr int FB_MAX_PARTS = 512;  // heads x splits of one token row
 
-// The same products in the same order as gemv.cu's dot8 (bitwise equal
+// The products are common.cuh's dot8, as in gemv.cu (bitwise equal
 // results).
-__device__ __forceinline__ void fb_dot8(const uint4& wv, const uint4& xv, float& acc) {
-  const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
-  const __nv_bfloat162* x2 = reinterpret_cast<const __nv_bfloat162*>(&xv);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 a = __bfloat1622float2(w2[i]);
-    const float2 b = __bfloat1622float2(x2[i]);
-    acc = fmaf(a.x, b.x, acc);
-    acc = fmaf(a.y, b.y, acc);
-  }
-}
 
 // Loads 16 bytes of data written earlier in this kernel by other blocks:
 // through L2 (the non-coherent and L1 paths could serve stale lines).
@@ -107,7 +96,7 @@ __device__ __forceinline__ void fb_finish(Rows<ROWS>& w, float (&acc)[ROWS][N], 
       for (int n = 0; n < N; ++n) {
         const uint4 xv = load_x(n, i);
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r) fb_dot8(w.batch[r][u], xv, acc[r][n]);
+        for (int r = 0; r < ROWS; ++r) dot8(w.batch[r][u], xv, acc[r][n]);
       }
     }
 #pragma unroll

@@ -39,17 +39,6 @@
 constexpr int GEMV_WARPS = 8;
 constexpr int GEMV_UNROLL = 4;
 
-__device__ __forceinline__ void dot8(const uint4& wv, const uint4& xv, float& acc) {
-  const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
-  const __nv_bfloat162* x2 = reinterpret_cast<const __nv_bfloat162*>(&xv);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 a = __bfloat1622float2(w2[i]);
-    const float2 b = __bfloat1622float2(x2[i]);
-    acc = fmaf(a.x, b.x, acc);
-    acc = fmaf(a.y, b.y, acc);
-  }
-}
 
 // Two e4m3 weights as floats. sm_89+ converts in hardware. Below it (the
 // compute_80 PTX), cuda_fp8.h's generic conversion, unrolled through every

@@ -124,18 +124,10 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int token
   }
 }
 
-// Dot products of 8 bf16 pairs (16-byte chunks), accumulated in f32.
+// The dot product of 8 bf16 pairs (16-byte chunks), alone.
 __device__ __forceinline__ float moe_dot8(uint4 a, uint4 b) {
-  const __nv_bfloat162* a2 = reinterpret_cast<const __nv_bfloat162*>(&a);
-  const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&b);
   float acc = 0.f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 x = __bfloat1622float2(a2[i]);
-    const float2 y = __bfloat1622float2(b2[i]);
-    acc = fmaf(x.x, y.x, acc);
-    acc = fmaf(x.y, y.y, acc);
-  }
+  dot8(a, b, acc);
   return acc;
 }
 

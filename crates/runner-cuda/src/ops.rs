@@ -27,7 +27,7 @@ use crate::kernels::{
     RopeTarget, SoftcapRows,
 };
 use crate::profile::{Category, Marks};
-use crate::weights::{DeviceWeights, LayerWeights};
+use crate::weights::{DeviceWeights, ExpertWeights, LayerWeights};
 use crate::CudaError;
 
 /// What a step reads: the device, GEMM handle, kernels, weights, buffers
@@ -676,6 +676,71 @@ impl CudaOps<'_, '_> {
     /// is a layer's attention norm (fused: pre-scaled input), layers do
     /// not alternate (its spec is the last one's), its q/k/v takes the
     /// fused rope GEMV (no q/k norm) and its KV cache is bf16.
+    /// The router's logits and each token's top k (ids and weights in the
+    /// MoE scratch).
+    fn route(&mut self, norm: DevPtr, router: DevPtr, spec: &MoeSpec) -> Result<(), CudaError> {
+        let (gpu, kernels, b, c) = (self.m.gpu, self.m.kernels, self.m.buffers, self.m.config);
+        let n = c.block.moe.as_ref().map_or(0, |m| m.num_experts);
+        let (t, s) = (self.plan.tokens, b.moe);
+        MoeRouter {
+            tokens: t,
+            x: b.x,
+            norm,
+            router,
+            hidden: c.hidden_size,
+            eps: c.rms_norm_eps,
+            experts: n,
+            logits: s.logits,
+        }
+        .launch(gpu, kernels)?;
+        MoeRoute {
+            tokens: t,
+            logits: s.logits,
+            experts: n,
+            top_k: spec.top_k,
+            normalize: spec.normalize,
+            ids: s.ids,
+            weights: s.weights,
+        }
+        .launch(gpu, kernels)
+    }
+
+    /// Every routed slot's gate/up and down products, weighted and summed
+    /// per token into the residual.
+    fn run_experts(&mut self, experts: &ExpertWeights, spec: &MoeSpec) -> Result<(), CudaError> {
+        let (gpu, kernels, b, c) = (self.m.gpu, self.m.kernels, self.m.buffers, self.m.config);
+        let (t, d, s) = (self.plan.tokens, c.hidden_size, b.moe);
+        let width = c
+            .block
+            .moe
+            .as_ref()
+            .map_or(0, |m| m.expert_intermediate_size);
+        MoeGateUp {
+            tokens: t,
+            activation: spec.act,
+            x: b.xn,
+            weights: (experts.gate, experts.up),
+            ids: s.ids,
+            top_k: spec.top_k,
+            hidden: d,
+            width,
+            act: s.act,
+        }
+        .launch(gpu, kernels)?;
+        MoeDownSum {
+            tokens: t,
+            act: s.act,
+            down: experts.down,
+            ids: s.ids,
+            weights: s.weights,
+            top_k: spec.top_k,
+            hidden: d,
+            width,
+            residual: b.x,
+        }
+        .launch(gpu, kernels)
+    }
+
     fn next_qkv(&self, next: NextNorm) -> Result<Option<NextQkv>, CudaError> {
         let (NextNorm::Attention(j), Some(spec)) = (next, self.attention_spec) else {
             return Ok(None);
@@ -746,81 +811,23 @@ impl DecoderOps for CudaOps<'_, '_> {
     }
 
     /// The router's f32 logits (normed from the f32 residual), each token's
-    /// top k on the device, then the chosen experts' gate/up and down GEMVs,
-    /// summed into the residual: the expert choice never reaches the host.
+    /// top k on the device, then the chosen experts' gate/up and down
+    /// products, summed into the residual: the expert choice never reaches
+    /// the host.
     fn moe(&mut self, i: usize, spec: &MoeSpec, _next: NextNorm) -> Result<(), CudaError> {
         let layer = self.layer(i)?;
         let experts = layer
             .experts
             .ok_or_else(|| unsupported(&format!("experts on dense layer {i}")))?;
-        let moe = self
-            .m
-            .config
-            .block
-            .moe
-            .as_ref()
-            .ok_or_else(|| unsupported("experts in a dense model"))?;
         if let Some(attended) = self.deferred.take() {
             self.finish_attention(attended)?;
         }
         if self.take_norm(NextNorm::Mlp(i), layer.mlp_norm, experts.router)? {
             return Err(unsupported("a pre-scaled norm before experts"));
         }
-        let Model {
-            gpu,
-            buffers: b,
-            config: c,
-            kernels,
-            ..
-        } = *self.m;
-        let (t, d, n) = (self.plan.tokens, c.hidden_size, moe.num_experts);
-        let (width, s) = (moe.expert_intermediate_size, b.moe);
-        MoeRouter {
-            tokens: t,
-            x: b.x,
-            norm: layer.mlp_norm,
-            router: experts.router,
-            hidden: d,
-            eps: c.rms_norm_eps,
-            experts: n,
-            logits: s.logits,
-        }
-        .launch(gpu, kernels)?;
-        MoeRoute {
-            tokens: t,
-            logits: s.logits,
-            experts: n,
-            top_k: spec.top_k,
-            normalize: spec.normalize,
-            ids: s.ids,
-            weights: s.weights,
-        }
-        .launch(gpu, kernels)?;
+        self.route(layer.mlp_norm, experts.router, spec)?;
         self.mark(Category::Routing)?;
-        MoeGateUp {
-            tokens: t,
-            activation: spec.act,
-            x: b.xn,
-            weights: (experts.gate, experts.up),
-            ids: s.ids,
-            top_k: spec.top_k,
-            hidden: d,
-            width,
-            act: s.act,
-        }
-        .launch(gpu, kernels)?;
-        MoeDownSum {
-            tokens: t,
-            act: s.act,
-            down: experts.down,
-            ids: s.ids,
-            weights: s.weights,
-            top_k: spec.top_k,
-            hidden: d,
-            width,
-            residual: b.x,
-        }
-        .launch(gpu, kernels)?;
+        self.run_experts(&experts, spec)?;
         // The next block runs its own norm over the residual.
         self.prescaled = None;
         self.mark(Category::Experts)
