@@ -1,5 +1,7 @@
 //! `ingot inspect`: what a model file is, without loading its weights.
 
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::PathBuf;
 
 use clap::Args;
@@ -18,37 +20,51 @@ pub struct InspectArgs {
     pub log: LogArgs,
 }
 
-/// Runs the command.
+/// Runs the command. The report goes out in one write; a reader that has
+/// gone (`ingot inspect M | head`) ends it quietly, as other tools do.
 pub fn run(args: InspectArgs) -> anyhow::Result<()> {
+    let report = report(&args)?;
+    match std::io::stdout().lock().write_all(report.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        written => Ok(written?),
+    }
+}
+
+/// The lines `ingot inspect` prints.
+fn report(args: &InspectArgs) -> anyhow::Result<String> {
+    let mut out = String::new();
     let (path, _) = crate::hub::resolve(&args.path, &crate::settings::env())?;
     let (files, tok) = model::open(&path, ingot_config::LoadFormat::Auto, None)?;
     let c = &files.config;
-    println!("path:            {}", path.display());
-    println!("format:          {}", files.format);
-    println!("architecture:    {}", c.architecture.name());
-    println!(
+    writeln!(out, "path:            {}", path.display())?;
+    writeln!(out, "format:          {}", files.format)?;
+    writeln!(out, "architecture:    {}", c.architecture.name())?;
+    writeln!(
+        out,
         "parameters:      {} ({:.1} M)",
         c.num_parameters(),
         c.num_parameters() as f64 / 1e6
-    );
+    )?;
     let dtypes: Vec<String> = files
         .tensors
         .dtype_summary()
         .into_iter()
         .map(|(t, n)| format!("{t} x{n}"))
         .collect();
-    println!("tensor types:    {}", dtypes.join(", "));
-    println!("context length:  {}", c.max_context);
-    println!(
+    writeln!(out, "tensor types:    {}", dtypes.join(", "))?;
+    writeln!(out, "context length:  {}", c.max_context)?;
+    writeln!(
+        out,
         "shape:           {} layers, hidden {}, ffn {}, {} q heads / {} kv heads, head_dim {}",
         c.num_layers, c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim
-    );
+    )?;
     if let Some(moe) = &c.block.moe {
         let dense = match moe.dense_layers.as_slice() {
             [] => String::new(),
             layers => format!(", dense MLP on layers {layers:?}"),
         };
-        println!(
+        writeln!(
+            out,
             "experts:         {} per layer, top {} per token, width {}, weights {}{dense}",
             moe.num_experts,
             moe.experts_per_token,
@@ -58,24 +74,27 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
             } else {
                 "softmax probabilities"
             },
-        );
-        println!(
+        )?;
+        writeln!(
+            out,
             "active params:   {} ({:.1} M) per token",
             c.num_active_params(),
             c.num_active_params() as f64 / 1e6
-        );
+        )?;
     }
-    println!("vocab size:      {}", c.vocab_size);
-    println!(
+    writeln!(out, "vocab size:      {}", c.vocab_size)?;
+    writeln!(
+        out,
         "rope:            theta {} scaling {:?}",
         c.rope.theta,
         scaling_name(&c.rope.scaling)
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "tied embeddings: {}, qkv bias: {}, qk norm: {}",
         c.tie_word_embeddings, c.qkv_bias, c.qk_norm
-    );
-    println!("tokenizer:       {}", tok.kind());
+    )?;
+    writeln!(out, "tokenizer:       {}", tok.kind())?;
     let sp = tok.special_tokens();
     let named = [
         ("bos", &sp.bos),
@@ -96,16 +115,17 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         .map(|t| format!("{:?} ({})", t.text, t.id))
         .collect();
     specials.push(format!("stop=[{}]", stops.join(", ")));
-    println!("special tokens:  {}", specials.join(", "));
-    println!(
+    writeln!(out, "special tokens:  {}", specials.join(", "))?;
+    writeln!(
+        out,
         "add bos/eos:     {}/{} ({} special tokens)",
         sp.add_bos, sp.add_eos, sp.n_special
-    );
+    )?;
     match tok.chat_template() {
-        Some(t) => println!("chat template:\n{t}"),
-        None => println!("chat template:   none"),
+        Some(t) => writeln!(out, "chat template:\n{t}")?,
+        None => writeln!(out, "chat template:   none")?,
     }
-    Ok(())
+    Ok(out)
 }
 
 fn scaling_name(s: &ingot_models::RopeScaling) -> &'static str {

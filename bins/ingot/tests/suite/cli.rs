@@ -103,6 +103,23 @@ fn seeded_sampling_is_reproducible() {
 }
 
 #[test]
+fn inspect_into_a_closed_pipe_ends_quietly() {
+    // `ingot inspect M | head -1`: the reader is gone before the report is
+    // written (the model is opened first); no panic, success.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ingot"))
+        .args(["inspect", &model()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .env_remove("RUST_BACKTRACE")
+        .spawn()
+        .expect("the ingot binary runs");
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+}
+
+#[test]
 fn inspect_reports_the_model() {
     let o = ingot(&["inspect", &model()]);
     assert!(o.status.success(), "{}", stderr(&o));
