@@ -3,8 +3,7 @@
 //! residual stream in the workspace.
 
 use ingot_arch::{
-    Activation, AttentionSpec, DecoderOps, EmbedSpec, HeadSpec, MlpSpec, MoeSpec, NextNorm,
-    RopeTable,
+    AttentionSpec, DecoderOps, EmbedSpec, HeadSpec, MlpSpec, MoeSpec, NextNorm, RopeTable,
 };
 use ingot_kv_cache::KvLayout;
 use ingot_models::ModelConfig;
@@ -205,11 +204,12 @@ impl DecoderOps for CpuOps<'_, '_> {
             &mut ws.xn[..t * d],
         );
         gate_up.linear(&ws.xn, &mut ws.gate_up, (t, d, 2 * ff), &mut ws.acts);
-        let gated = match spec.act {
-            Activation::Silu => ops::silu_mul,
-            Activation::GeluTanh => ops::gelu_tanh_mul,
-        };
-        gated(&ws.gate_up[..t * 2 * ff], &mut ws.act[..t * ff], ff);
+        ops::gated_mul(
+            spec.act,
+            &ws.gate_up[..t * 2 * ff],
+            &mut ws.act[..t * ff],
+            ff,
+        );
         down.linear(&ws.act, &mut ws.proj, (t, ff, d), &mut ws.acts);
         let post = post_norm(spec.post_norm, l.post_norms.as_ref().map(|(_, m)| m))?;
         add_residual(ws, post, (t, d), c.rms_norm_eps);

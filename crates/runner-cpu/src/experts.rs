@@ -7,7 +7,7 @@
 //! so a token's result does not depend on which other tokens share the step
 //! or which experts they chose.
 
-use ingot_arch::{Activation, MoeSpec, Routing};
+use ingot_arch::{MoeSpec, Routing};
 
 use crate::matrix::Matrix;
 use crate::quant::{ActScratch, Product, QuantMatrix};
@@ -85,8 +85,8 @@ impl Experts {
         s.offsets.clear();
         s.offsets.push(0);
         for routed in &s.routed {
-            s.offsets
-                .push(s.offsets[s.offsets.len() - 1] + routed.len());
+            let at = s.offsets.last().copied().unwrap_or(0);
+            s.offsets.push(at + routed.len());
         }
         let (rows, ff) = (t * spec.top_k.min(e), self.width);
         grow(&mut s.input, rows * d);
@@ -99,13 +99,17 @@ impl Experts {
                 dst.copy_from_slice(&xn[row * d..(row + 1) * d]);
             }
         }
-        self.products(&self.gate_up, s, (d, 2 * ff), Buffers::InputToGateUp, acts);
-        let gated = match spec.act {
-            Activation::Silu => ops::silu_mul,
-            Activation::GeluTanh => ops::gelu_tanh_mul,
-        };
-        gated(&s.gate_up[..rows * 2 * ff], &mut s.act[..rows * ff], ff);
-        self.products(&self.down, s, (ff, d), Buffers::ActToOutput, acts);
+        let offsets = &s.offsets;
+        let io = (&s.input[..], &mut s.gate_up[..]);
+        products(&self.gate_up, offsets, io, (d, 2 * ff), acts, &mut s.acts);
+        ops::gated_mul(
+            spec.act,
+            &s.gate_up[..rows * 2 * ff],
+            &mut s.act[..rows * ff],
+            ff,
+        );
+        let io = (&s.act[..], &mut s.output[..]);
+        products(&self.down, offsets, io, (ff, d), acts, &mut s.acts);
         out[..t * d].fill(0.0);
         for (routed, &at) in s.routed.iter().zip(&s.offsets) {
             for (i, &(row, w)) in routed.iter().enumerate() {
@@ -116,58 +120,48 @@ impl Experts {
             }
         }
     }
-
-    /// Each routed expert's product of its rows of one buffer with
-    /// `matrices[expert]` (`[n, k]`) into its rows of another: one
-    /// parallel pass over every expert on the native kernels, else one
-    /// matmul per expert.
-    fn products(
-        &self,
-        matrices: &[Matrix],
-        s: &mut ExpertScratch,
-        (k, n): (usize, usize),
-        buffers: Buffers,
-        acts: &mut ActScratch,
-    ) {
-        let (input, output) = match buffers {
-            Buffers::InputToGateUp => (&s.input, &mut s.gate_up),
-            Buffers::ActToOutput => (&s.act, &mut s.output),
-        };
-        let used = || (0..matrices.len()).filter(|&e| s.offsets[e + 1] > s.offsets[e]);
-        let quant: Option<Vec<&QuantMatrix>> = used()
-            .map(|e| match &matrices[e] {
-                Matrix::Quant(q) => Some(q),
-                _ => None,
-            })
-            .collect();
-        let mut outputs = output.as_mut_slice();
-        let mut products = Vec::new();
-        for (i, e) in used().enumerate() {
-            let (from, to) = (s.offsets[e], s.offsets[e + 1]);
-            let (mine, rest) = std::mem::take(&mut outputs).split_at_mut((to - from) * n);
-            outputs = rest;
-            let x = &input[from * k..to * k];
-            match &quant {
-                Some(q) => products.push(Product {
-                    matrix: q[i],
-                    x,
-                    m: to - from,
-                    out: mine,
-                }),
-                None => matrices[e].linear(x, mine, (to - from, k, n), acts),
-            }
-        }
-        if !products.is_empty() {
-            QuantMatrix::linear_many(&mut products, &mut s.acts);
-        }
-    }
 }
 
-/// Which buffers an expert product reads and writes.
-#[derive(Clone, Copy)]
-enum Buffers {
-    InputToGateUp,
-    ActToOutput,
+/// Each routed expert's product of its rows of `input` (`offsets[e] ..
+/// offsets[e + 1]`) with `matrices[e]` (`[n, k]`) into the same rows of
+/// `output`: one parallel pass over every expert on the native kernels
+/// (`many`: each product's quantized activations), else one matmul per
+/// expert.
+fn products(
+    matrices: &[Matrix],
+    offsets: &[usize],
+    (input, output): (&[f32], &mut [f32]),
+    (k, n): (usize, usize),
+    acts: &mut ActScratch,
+    many: &mut Vec<ActScratch>,
+) {
+    let used = || (0..matrices.len()).filter(|&e| offsets[e + 1] > offsets[e]);
+    let quant: Option<Vec<&QuantMatrix>> = used()
+        .map(|e| match &matrices[e] {
+            Matrix::Quant(q) => Some(q),
+            _ => None,
+        })
+        .collect();
+    let mut outputs = output;
+    let mut products = Vec::new();
+    for (i, e) in used().enumerate() {
+        let (from, to) = (offsets[e], offsets[e + 1]);
+        let (mine, rest) = std::mem::take(&mut outputs).split_at_mut((to - from) * n);
+        outputs = rest;
+        let x = &input[from * k..to * k];
+        match &quant {
+            Some(q) => products.push(Product {
+                matrix: q[i],
+                x,
+                m: to - from,
+                out: mine,
+            }),
+            None => matrices[e].linear(x, mine, (to - from, k, n), acts),
+        }
+    }
+    if !products.is_empty() {
+        QuantMatrix::linear_many(&mut products, many);
+    }
 }
 
 /// The experts one token goes to and their weights, into `top` (in
@@ -197,6 +191,8 @@ pub(crate) fn route(spec: &MoeSpec, logits: &[f32], top: &mut Vec<(usize, f32)>)
 
 #[cfg(test)]
 mod tests {
+    use ingot_arch::Activation;
+
     use super::*;
 
     fn spec(top_k: usize, normalize: bool) -> MoeSpec {

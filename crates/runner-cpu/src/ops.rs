@@ -1,6 +1,7 @@
 //! f32 kernels of the CPU forward pass. Row-major throughout; parallel over
 //! rows with rayon; no allocation.
 
+use ingot_arch::Activation;
 use rayon::prelude::*;
 
 /// Adds `bias` to every row of `x`.
@@ -53,8 +54,16 @@ pub fn rope_in_place(x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
     }
 }
 
+/// `gate_up` rows hold `[gate | up]`; writes `act(gate) * up` into `out`.
+pub fn gated_mul(act: Activation, gate_up: &[f32], out: &mut [f32], ff: usize) {
+    match act {
+        Activation::Silu => silu_mul(gate_up, out, ff),
+        Activation::GeluTanh => gelu_tanh_mul(gate_up, out, ff),
+    }
+}
+
 /// `gate_up` rows hold `[gate | up]`; writes `silu(gate) * up` into `out`.
-pub fn silu_mul(gate_up: &[f32], out: &mut [f32], ff: usize) {
+fn silu_mul(gate_up: &[f32], out: &mut [f32], ff: usize) {
     out.par_chunks_mut(ff)
         .zip(gate_up.par_chunks(2 * ff))
         .for_each(|(o, gu)| {
@@ -67,7 +76,7 @@ pub fn silu_mul(gate_up: &[f32], out: &mut [f32], ff: usize) {
 
 /// `gate_up` rows hold `[gate | up]`; writes `gelu_tanh(gate) * up` into
 /// `out` (GELU with the tanh approximation, PyTorch's `gelu(approximate="tanh")`).
-pub fn gelu_tanh_mul(gate_up: &[f32], out: &mut [f32], ff: usize) {
+fn gelu_tanh_mul(gate_up: &[f32], out: &mut [f32], ff: usize) {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     out.par_chunks_mut(ff)
         .zip(gate_up.par_chunks(2 * ff))
