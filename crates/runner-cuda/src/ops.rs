@@ -676,11 +676,16 @@ impl CudaOps<'_, '_> {
     /// is a layer's attention norm (fused: pre-scaled input), layers do
     /// not alternate (its spec is the last one's), its q/k/v takes the
     /// fused rope GEMV (no q/k norm) and its KV cache is bf16.
-    /// The router's logits and each token's top k (ids and weights in the
-    /// MoE scratch).
-    fn route(&mut self, norm: DevPtr, router: DevPtr, spec: &MoeSpec) -> Result<(), CudaError> {
+    /// The router's logits over `n` experts and each token's top k (ids
+    /// and weights in the MoE scratch).
+    fn route(
+        &mut self,
+        norm: DevPtr,
+        router: DevPtr,
+        n: usize,
+        spec: &MoeSpec,
+    ) -> Result<(), CudaError> {
         let (gpu, kernels, b, c) = (self.m.gpu, self.m.kernels, self.m.buffers, self.m.config);
-        let n = c.block.moe.as_ref().map_or(0, |m| m.num_experts);
         let (t, s) = (self.plan.tokens, b.moe);
         MoeRouter {
             tokens: t,
@@ -705,16 +710,16 @@ impl CudaOps<'_, '_> {
         .launch(gpu, kernels)
     }
 
-    /// Every routed slot's gate/up and down products, weighted and summed
-    /// per token into the residual.
-    fn run_experts(&mut self, experts: &ExpertWeights, spec: &MoeSpec) -> Result<(), CudaError> {
+    /// Every routed slot's gate/up and down products (experts of `width`),
+    /// weighted and summed per token into the residual.
+    fn run_experts(
+        &mut self,
+        experts: &ExpertWeights,
+        width: usize,
+        spec: &MoeSpec,
+    ) -> Result<(), CudaError> {
         let (gpu, kernels, b, c) = (self.m.gpu, self.m.kernels, self.m.buffers, self.m.config);
         let (t, d, s) = (self.plan.tokens, c.hidden_size, b.moe);
-        let width = c
-            .block
-            .moe
-            .as_ref()
-            .map_or(0, |m| m.expert_intermediate_size);
         MoeGateUp {
             tokens: t,
             activation: spec.act,
@@ -822,12 +827,18 @@ impl DecoderOps for CudaOps<'_, '_> {
         if let Some(attended) = self.deferred.take() {
             self.finish_attention(attended)?;
         }
+        let config = self.m.config;
+        let moe = config
+            .block
+            .moe
+            .as_ref()
+            .ok_or_else(|| unsupported("experts in a dense model"))?;
         if self.take_norm(NextNorm::Mlp(i), layer.mlp_norm, experts.router)? {
             return Err(unsupported("a pre-scaled norm before experts"));
         }
-        self.route(layer.mlp_norm, experts.router, spec)?;
+        self.route(layer.mlp_norm, experts.router, moe.num_experts, spec)?;
         self.mark(Category::Routing)?;
-        self.run_experts(&experts, spec)?;
+        self.run_experts(&experts, moe.expert_intermediate_size, spec)?;
         // The next block runs its own norm over the residual.
         self.prescaled = None;
         self.mark(Category::Experts)
