@@ -513,6 +513,49 @@ mod tests {
     }
 
     #[test]
+    fn experts_in_gguf_metadata_resolve_or_are_refused_by_name() {
+        use crate::gguf::tests::{f32_bytes, Builder, TempFile};
+        use crate::gguf::MetaValue;
+        // A GGUF of `arch` with 4 experts (llama.cpp's Mixtral for llama),
+        // `used` experts per token, and `expert` as its expert tensor.
+        let config = |arch: &str, used: Option<u32>, expert: &str| {
+            let k = |key: &str| format!("{arch}.{key}");
+            let mut b = Builder::new()
+                .kv("general.architecture", MetaValue::String(arch.into()))
+                .kv(&k("embedding_length"), MetaValue::U32(8))
+                .kv(&k("attention.head_count"), MetaValue::U32(2))
+                .kv(&k("feed_forward_length"), MetaValue::U32(16))
+                .kv(&k("block_count"), MetaValue::U32(1))
+                .kv(&k("context_length"), MetaValue::U32(16))
+                .kv(&k("expert_count"), MetaValue::U32(4))
+                .tensor(
+                    "token_embd.weight",
+                    &[8, 4],
+                    GgmlType::F32,
+                    f32_bytes(&[0.0; 32]),
+                )
+                .tensor(expert, &[8], GgmlType::F32, f32_bytes(&[0.0; 8]));
+            if let Some(n) = used {
+                b = b.kv(&k("expert_used_count"), MetaValue::U32(n));
+            }
+            let tmp = TempFile::new(&b.build());
+            config_from_gguf(&GgufFile::open(&tmp.0).expect("open"))
+        };
+        let c = config("llama", Some(2), "blk.0.ffn_gate_exps.weight").expect("config");
+        assert_eq!(c.architecture, Architecture::Mixtral);
+        let moe = c.block.moe.expect("experts");
+        assert_eq!((moe.num_experts, moe.experts_per_token), (4, 2));
+        assert_eq!(moe.expert_intermediate_size, 16);
+        assert!(moe.normalize_top_k && moe.dense_layers.is_empty());
+        let err = config("llama", None, "blk.0.ffn_gate_exps.weight").unwrap_err();
+        assert!(err.to_string().contains("llama.expert_used_count"), "{err}");
+        let err = config("llama", Some(2), "blk.0.ffn_gate.0.weight").unwrap_err();
+        assert!(err.to_string().contains("one tensor per expert"), "{err}");
+        let err = config("llama", Some(5), "blk.0.ffn_gate_exps.weight").unwrap_err();
+        assert!(err.to_string().contains("experts per token (5)"), "{err}");
+    }
+
+    #[test]
     fn bf16_loads_match_f32_loads_converted() {
         use crate::gguf::tests::{f32_bytes, Builder, TempFile};
         use crate::gguf::MetaValue;
