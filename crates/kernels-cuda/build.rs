@@ -32,6 +32,7 @@ const SOURCES: &[&str] = &[
     "encoder",
     "fp8",
     "moe",
+    "collective",
 ];
 
 fn main() {

@@ -215,10 +215,90 @@ def check_elementwise(m, rng):
     # fill_uniform_bf16: range and moments of offset + scale * U(-0.5, 0.5)
     n = 1 << 20
     buf = torch.empty(n, dtype=torch.bfloat16, device="cuda")
-    launch(m.fn("fill_uniform_bf16"), (1024,), 256, [ptr(buf), ctypes.c_longlong(n), ctypes.c_ulonglong(7), f32(0.2), f32(1.0)])
+    whole = [ctypes.c_longlong(n), ctypes.c_longlong(1), ctypes.c_longlong(1), ctypes.c_longlong(0)]
+    launch(m.fn("fill_uniform_bf16"), (1024,), 256, [ptr(buf), ctypes.c_longlong(n), ctypes.c_ulonglong(7), f32(0.2), f32(1.0)] + whole)
     v = host(buf)
     err = max(abs(v.mean() - 1.0) / 0.2, abs(v.std() - 0.2 / math.sqrt(12)) / 0.2, float(v.min() < 0.89 or v.max() > 1.11))  # bf16 spacing near 1 is 2^-7
     report("fill_uniform_bf16 (mean, std, range)", err, 1e-2)
+
+    # A tensor-parallel rank's slice of a [3, 64, 40] tensor (dim 1, rows
+    # 16..48) holds the whole tensor's values there, whichever dim is split.
+    full = torch.empty(3 * 64 * 40, dtype=torch.float32, device="cuda")
+    args = lambda out, count, inner, length, whole_len, start: [ptr(out), ctypes.c_longlong(count), ctypes.c_ulonglong(11), f32(0.08), f32(0.0), ctypes.c_longlong(inner), ctypes.c_longlong(length), ctypes.c_longlong(whole_len), ctypes.c_longlong(start)]
+    launch(m.fn("fill_uniform_f32"), (64,), 256, args(full, full.numel(), full.numel(), 1, 1, 0))
+    want = host(full).reshape(3, 64, 40)
+    worst = 0.0
+    for dim, start, length in [(1, 16, 32), (2, 8, 16), (0, 1, 2)]:
+        shape = list(want.shape)
+        shape[dim] = length
+        part = torch.empty(int(np.prod(shape)), dtype=torch.float32, device="cuda")
+        inner = int(np.prod(want.shape[dim + 1:]))
+        launch(m.fn("fill_uniform_f32"), (64,), 256, args(part, part.numel(), inner, length, want.shape[dim], start))
+        expect = np.take(want, range(start, start + length), axis=dim)
+        worst = max(worst, float(np.abs(host(part).reshape(shape) - expect).max()))
+    report("fill_uniform_f32 (a rank's slice equals the whole tensor's)", worst, 1e-30)
+
+
+
+def launch_on(f, grid, block, args, stream):
+    """As launch, on `stream` and without waiting."""
+    holders = list(args)
+    params = (ctypes.c_void_p * len(holders))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in holders])
+    KEEP.append((holders, params))
+    g = tuple(grid) + (1,) * (3 - len(grid))
+    ok(cu.cuLaunchKernel(f, g[0], g[1], g[2], block, 1, 1, 0, ctypes.c_void_p(stream), params, None), "launch")
+
+
+def check_collective(m, rng):
+    # gather_vocab_shards: 3 ranks' [rows, vocab_rows] logits, rank-major, into [rows, vocab].
+    rows, vocab, ranks = 5, 1000, 3
+    vrows = math.ceil(vocab / ranks)
+    shards = rnd(rng, ranks, rows, vrows)
+    logits = torch.full((rows, vocab), float("nan"), dtype=torch.float32, device="cuda")
+    launch(m.fn("gather_vocab_shards"), (math.ceil(vocab / 256), rows), 256, [ptr(dev(shards, torch.float32)), ptr(logits), i32(rows), i32(vocab), i32(vrows)])
+    want = np.concatenate(list(shards.astype(np.float32)), axis=1)[:, :vocab]
+    report("gather_vocab_shards", float(np.abs(host(logits) - want).max()), 1e-30)
+
+    # all_reduce_oneshot_f32: ranks on one GPU, each on its own stream at once (their blocks wait
+    # for each other's flags), several calls in a row (epochs, both exchange halves), sizes that
+    # leave partial chunks: every rank holds the f32 sum taken in rank order, the same bits.
+    f = m.fn("all_reduce_oneshot_f32")
+    for ranks in (2, 4):
+        half = 1 << 19
+        exch = [torch.zeros(2 * half, dtype=torch.float32, device="cuda") for _ in range(ranks)]
+        flags = [torch.zeros(256 * ranks, dtype=torch.int32, device="cuda") for _ in range(ranks)]
+        epochs = [torch.zeros(256, dtype=torch.int32, device="cuda") for _ in range(ranks)]
+        table = lambda ts: torch.tensor([t.data_ptr() for t in ts], dtype=torch.int64, device="cuda")
+        ex_t, fl_t = table(exch), table(flags)
+        streams = [torch.cuda.Stream() for _ in range(ranks)]
+        worst, same = 0.0, True
+        for rows, d, per_row, fuse in [(1, 8192, 8, True), (3, 4096, 4, True), (8, 2000, 2, False), (1, 8192, 8, False), (16, 4096, 16, False), (2, 4, 1, True)]:
+            n = rows * d
+            xs = [torch.tensor(rnd(rng, n), dtype=torch.float32, device="cuda") for _ in range(ranks)]
+            want = xs[0].double().cpu().numpy().astype(np.float32)
+            for x in xs[1:]:
+                want = want + x.cpu().numpy()
+            g = torch.tensor(rnd(rng, d), dtype=torch.float32, device="cuda") if fuse else None
+            xgs = [torch.zeros(n, dtype=torch.bfloat16, device="cuda") for _ in range(ranks)]
+            sumsq = [torch.zeros(8 + 8 * 4096, dtype=torch.float32, device="cuda") for _ in range(ranks)]
+            torch.cuda.synchronize()
+            for r in range(ranks):
+                args = [ptr(xs[r]), i32(d), ptr(ex_t), ptr(fl_t), ptr(epochs[r]), i32(r), i32(ranks), ctypes.c_longlong(half), ptr(g), ptr(xgs[r]), ptr(sumsq[r] if fuse else None)]
+                launch_on(f, (per_row, rows), 256, args, streams[r].cuda_stream)
+            torch.cuda.synchronize()
+            got = [x.cpu().numpy() for x in xs]
+            worst = max(worst, float(np.abs(got[0] - want).max()))
+            same = same and all(np.array_equal(got[0], o) for o in got[1:])
+            if fuse:
+                # The next norm's input as the accumulating GEMVs leave it: x ⊙ g in bf16, and per
+                # row the block partials of the sum of squares (their count in the header word).
+                rows_x = want.astype(np.float64).reshape(rows, d)
+                xg_err = rel(host(xgs[0]).reshape(rows, d), rows_x * host(g))
+                head = sumsq[0][:8].cpu().numpy().view(np.uint32)
+                partials = sumsq[0][8:].cpu().numpy().reshape(8, 4096)[:rows, :per_row].astype(np.float64).sum(axis=1)
+                ss_err = rel(partials, (rows_x ** 2).sum(axis=1)) + float(head[0] != per_row)
+                report(f"all_reduce_oneshot_f32 next-norm input ({ranks} ranks, {rows}x{d})", max(xg_err, ss_err), 8e-3)
+        report(f"all_reduce_oneshot_f32 ({ranks} ranks, 6 calls)", worst if same else 1.0, 1e-30)
 
 
 SAMPLE_PARAMS = np.dtype(
@@ -997,6 +1077,7 @@ CHECKS = [
     ("qkv_rope", "gemv", check_qkv_rope),
     ("fused_norm", "gemv", check_fused_norm),
     ("moe", "moe", check_moe),
+    ("collective", "collective", check_collective),
     ("fused_block", None, check_fused_block),  # takes every module
 ]
 
@@ -1012,7 +1093,7 @@ def main():
     # needs just sampling's cubin).
     chosen = [c for c in CHECKS if args.only in (None, c[0])]
     names = {m for _, m, _ in chosen if m} if all(m for _, m, _ in chosen) else \
-        {"elementwise", "rope", "attention", "gemv", "sampling", "fused_block", "moe"}
+        {"elementwise", "rope", "attention", "gemv", "sampling", "fused_block", "moe", "collective"}
     mods = {n: Module(os.path.join(args.cubins, f"{n}.sm_90.cubin")) for n in names}
     for _, module, check in chosen:
         check(mods[module] if module else mods, rng)

@@ -19,7 +19,7 @@ the bf16 run's own error, whichever is larger.
 
 Usage:
   python3 tests/gpu/compare_hf.py --ingot target/release/ingot \\
-      --tokenizers DIR --work DIR [--device cuda] [--threshold 2e-2]
+      --tokenizers DIR --work DIR [--device cuda] [--threshold 2e-2] [--ingot-flags "..."]
 
   --tokenizers DIR  holds llama3/ and qwen3/, each with tokenizer.json and
                     tokenizer_config.json (copied into the model dirs,
@@ -39,6 +39,7 @@ import gc
 import json
 import re
 import shutil
+import shlex
 import subprocess
 import sys
 import time
@@ -306,6 +307,7 @@ def ingot_logits(args: argparse.Namespace, model_dir: Path, ids: list[int], out_
         "--max-model-len", "4096",
         "--prompt-ids", ",".join(str(i) for i in ids),
         "--out", str(out_file),
+        *shlex.split(args.ingot_flags),
     ]  # fmt: skip
     try:
         proc = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=900)
@@ -401,6 +403,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tokenizers", required=True, help="dir with llama3/ and qwen3/ tokenizers")
     p.add_argument("--work", required=True, help="work dir for models and logits files")
     p.add_argument("--device", default="cuda", help="ingot --device (default cuda)")
+    p.add_argument("--ingot-flags", default="", help="more ingot flags (e.g. \"--tensor-parallel-size 2\")")
     p.add_argument("--threshold", type=float, default=2e-2, help="max rel_l2 and rel_max")
     p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     return p.parse_args()

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """FP8 KV cache vs bf16 KV cache on CUDA: logits after each prompt (rel_l2;
 the prompt is prefilled, its last token decoded, so both attention kernels
-read the FP8 cache) and greedy agreement over --tokens steps.
+read the FP8 cache) and greedy agreement over --tokens steps. Any two flag
+sets compare the same way (--ref / --test; e.g. tensor parallel sizes).
 
     python3 tests/gpu/compare_kv_dtype.py --ingot BIN --model M [-- extra ingot flags]
+    python3 tests/gpu/compare_kv_dtype.py --ref "--tensor-parallel-size 1" --test "--tensor-parallel-size 2" ...
 
 Prints one line per prompt and a summary line (also as JSON with --json).
 Exit 1 when the mean rel_l2 reaches --threshold or fewer than --min-agree of
@@ -12,6 +14,7 @@ the continuations are identical.
 import argparse
 import json
 import os
+import shlex
 import sys
 import tempfile
 
@@ -34,14 +37,14 @@ LONG = " ".join(
 
 
 
-def logits(a, dtype, prompt, out):
-    ingot(a.ingot, "logits", "--model", a.model, "--device", "cuda", "--kv-cache-dtype", dtype,
+def logits(a, flags, prompt, out):
+    ingot(a.ingot, "logits", "--model", a.model, "--device", "cuda", *shlex.split(flags),
           "--max-num-batched-tokens", "1024", *a.extra, "--prompt", prompt, "--out", out)
     return np.fromfile(out, dtype="<f4").astype(np.float64)
 
 
-def greedy(a, dtype, prompt):
-    r = ingot(a.ingot, "generate", "--model", a.model, "--device", "cuda", "--kv-cache-dtype", dtype,
+def greedy(a, flags, prompt):
+    r = ingot(a.ingot, "generate", "--model", a.model, "--device", "cuda", *shlex.split(flags),
               "--max-num-batched-tokens", "1024", *a.extra, "--prompt", prompt, "--max-tokens", str(a.tokens), "--ignore-eos", "--print-ids")
     return json.loads(r.stderr.strip().splitlines()[-1])["output_ids"]
 
@@ -55,15 +58,17 @@ def main():
     ap.add_argument("--min-agree", type=float, default=0.9)
     ap.add_argument("--prompts", type=int, default=len(PROMPTS))
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--ref", default="--kv-cache-dtype bf16", help="the reference run's flags")
+    ap.add_argument("--test", default="--kv-cache-dtype fp8", help="the compared run's flags")
     ap.add_argument("extra", nargs="*", help="more ingot flags (after --)")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp()
     rows = []
     for i, prompt in enumerate(PROMPTS[: a.prompts] + [LONG]):
-        ref = logits(a, "bf16", prompt, os.path.join(tmp, "ref.f32"))
-        got = logits(a, "fp8", prompt, os.path.join(tmp, "fp8.f32"))
+        ref = logits(a, a.ref, prompt, os.path.join(tmp, "ref.f32"))
+        got = logits(a, a.test, prompt, os.path.join(tmp, "test.f32"))
         rel = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
-        ids_ref, ids_fp8 = greedy(a, "bf16", prompt), greedy(a, "fp8", prompt)
+        ids_ref, ids_fp8 = greedy(a, a.ref, prompt), greedy(a, a.test, prompt)
         same = next((k for k, (x, y) in enumerate(zip(ids_ref, ids_fp8)) if x != y), len(ids_ref))
         rows.append({"prompt": i, "long": prompt is LONG, "rel_l2": rel, "argmax_equal": int(ref.argmax() == got.argmax()),
                      "same_prefix": same, "tokens": len(ids_ref), "identical": same == len(ids_ref)})

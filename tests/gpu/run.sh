@@ -54,6 +54,10 @@
 #             the CPU backend vs transformers (compare_hf.py on
 #             qwen3moe-2l and mixtral-2l), then the Qwen3-30B-A3B-shaped dummy: batch 1 (graphs and
 #             eager), its eager per-step profile (attention, routing, experts), 16 x (128 in, 64 out)
+#   tp        tensor parallel over all the machine's GPUs: the TP kernels, TP=N vs TP=1 on the 8B and
+#             Qwen3-30B-A3B dummies (compare_kv_dtype.py --ref/--test), 8B batch 1 TP=1 / TP=N
+#             alternated, the Llama-3.1-70B shape at TP=N (batch 1 bf16 and FP8, 64 x (1024, 128))
+#   tpsmoke   one TP=N generate and a short batch-1 run on the 8B dummy
 #   torch     PyTorch eager baselines for the bench shapes
 #   fp8kernels  the FP8 quantize and GEMV kernels vs a float64 reference (check_fp8.py)
 #   fp8acc    --quantization fp8 vs bf16 on CUDA: SmolLM2 (20 prompts; needs its bundle) and the
@@ -246,6 +250,60 @@ for phase in "$@"; do
       done
       INGOT_CUDA_PROFILE=1 "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 64 --num-iters 1 --json
       "$ING" bench throughput --model "$M" --load-format dummy --max-model-len 4096 --num-prompts 16 --max-num-seqs 16 --input-len 128 --output-len 64 --json | tee -a "$O/bench.jsonl" ;;
+    tp)
+      # Tensor parallel over every GPU of the machine (nvidia-h200-x2 / -x4): the TP kernels, TP=N vs
+      # TP=1 logits and greedy ids on the 8B and Qwen3-30B-A3B dummies (the ranks fill their slices
+      # with the whole model's values), then batch 1 TP=1 / TP=N alternated on the 8B, and the
+      # Llama-3.1-70B shape at TP=N in bf16 and FP8, and 64 concurrent x (1024 in, 128 out).
+      N=$(nvidia-smi -L | wc -l); echo "GPUs: $N"; nvidia-smi topo -m | head -4
+      timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only elementwise | grep -E "fill|FAIL"
+      timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only collective
+      timeout -k 5 $((3 * T)) python3 tests/gpu/compare_hf.py --ingot "$ING_RAW" --tokenizers "$W/tokenizers" --work "$W/hf" \
+        --models llama3-2l qwen3-2l qwen3moe-2l mixtral-2l --ingot-flags "--tensor-parallel-size $N" | tee "$O/tp_hf.txt"
+      M=$(llama8b)
+      D="--load-format dummy --max-model-len 4096"
+      # The noise floor of a kernel change on this dummy: TP=1 against TP=1's batch-invariant kernels.
+      timeout -k 5 $((2 * T)) python3 tests/gpu/compare_kv_dtype.py --ingot "$ING_RAW" --model "$M" --prompts 2 --threshold 1 --min-agree 0 \
+        --ref "$D --tensor-parallel-size 1" --test "$D --tensor-parallel-size 1 --deterministic" | tee "$O/tp1_det_8b.txt"
+      timeout -k 5 $((2 * T)) python3 tests/gpu/compare_kv_dtype.py --ingot "$ING_RAW" --model "$M" --prompts 2 --threshold 1 --min-agree 0 \
+        --ref "$D --tensor-parallel-size 1" --test "$D --tensor-parallel-size $N" | tee "$O/tp_8b.txt"
+      # The one-shot all-reduce (with the next norm fused into it) against NCCL's (norms unfused).
+      timeout -k 5 $((2 * T)) python3 tests/gpu/compare_kv_dtype.py --ingot "$ING_RAW" --model "$M" --prompts 2 --threshold 1 --min-agree 0 \
+        --ref "$D --tensor-parallel-size $N --disable-custom-all-reduce" --test "$D --tensor-parallel-size $N" | tee "$O/tp_nccl_8b.txt"
+      MOE="$W/qwen3-30b-a3b"; mkdir -p "$MOE"; cp tests/gpu/configs/qwen3-30b-a3b/config.json "$W"/tokenizers/qwen3/* "$MOE/"
+      timeout -k 5 $((2 * T)) python3 tests/gpu/compare_kv_dtype.py --ingot "$ING_RAW" --model "$MOE" --prompts 1 --threshold 2e-2 \
+        --ref "--load-format dummy --max-model-len 4096 --tensor-parallel-size 1" \
+        --test "--load-format dummy --max-model-len 4096 --tensor-parallel-size $N" | tee "$O/tp_moe.txt"
+      B1="bench latency --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json"
+      for round in 1 2; do
+        for tp in 1 "$N"; do echo "8B batch 1, TP=$tp"; "$ING" $B1 --model "$M" --tensor-parallel-size $tp | tee -a "$O/bench.jsonl"; done
+        echo "8B batch 1, TP=$N, NCCL all-reduce"; "$ING" $B1 --model "$M" --tensor-parallel-size $N --disable-custom-all-reduce | tee -a "$O/bench.jsonl"
+      done
+      INGOT_CUDA_PROFILE=1 "$ING" bench latency $D --input-len 128 --output-len 64 --num-iters 1 --model "$M" --tensor-parallel-size $N 2>&1 | grep "profile: decode"
+      L70="$W/llama-3.1-70b"; mkdir -p "$L70"; cp tests/gpu/configs/llama-3.1-70b/config.json "$W"/tokenizers/llama3/* "$L70/"
+      for q in "" "--quantization fp8"; do
+        echo "70B batch 1, TP=$N $q"; "$ING" $B1 --model "$L70" --tensor-parallel-size $N $q | tee -a "$O/bench.jsonl"
+      done
+      echo "70B 64 x (1024, 128), TP=$N"
+      "$ING" bench throughput --model "$L70" --load-format dummy --max-model-len 4096 --num-prompts 64 --max-num-seqs 64 --input-len 1024 --output-len 128 \
+        --max-num-batched-tokens 8192 --tensor-parallel-size $N --json | tee -a "$O/bench.jsonl" ;;
+    tpquick)
+      # The TP kernels, the 8B's TP=N logits against TP=1 and NCCL's, batch 1 TP=1 / TP=N / NCCL.
+      N=$(nvidia-smi -L | wc -l); M=$(llama8b); D="--load-format dummy --max-model-len 4096"
+      timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only collective
+      timeout -k 5 $((2 * T)) python3 tests/gpu/compare_kv_dtype.py --ingot "$ING_RAW" --model "$M" --prompts 1 --threshold 1 --min-agree 0 \
+        --ref "$D --tensor-parallel-size 1" --test "$D --tensor-parallel-size $N"
+      timeout -k 5 "$T" "$ING_RAW" logits --model "$M" $D --tensor-parallel-size $N --disable-custom-all-reduce --prompt "The capital of France is" --out "$W/tp_nccl.f32"
+      timeout -k 5 "$T" "$ING_RAW" logits --model "$M" $D --tensor-parallel-size $N --prompt "The capital of France is" --out "$W/tp_oneshot.f32"
+      python3 -c "import numpy as n,sys; a,b=(n.fromfile(f,'<f4') for f in sys.argv[1:]); print('one-shot vs NCCL logits rel_l2', n.linalg.norm(a-b)/n.linalg.norm(a))" "$W/tp_nccl.f32" "$W/tp_oneshot.f32"
+      B1="bench latency $D --input-len 128 --output-len 256 --num-iters 3 --json"
+      for tp in 1 "$N"; do echo "8B batch 1, TP=$tp"; "$ING" $B1 --model "$M" --tensor-parallel-size $tp | tee -a "$O/bench.jsonl"; done
+      echo "8B batch 1, TP=$N, NCCL"; "$ING" $B1 --model "$M" --tensor-parallel-size $N --disable-custom-all-reduce | tee -a "$O/bench.jsonl"
+      INGOT_CUDA_PROFILE=1 "$ING" bench latency $D --input-len 128 --output-len 64 --num-iters 1 --model "$M" --tensor-parallel-size $N 2>&1 | grep "profile: decode" ;;
+    tpsmoke)
+      N=$(nvidia-smi -L | wc -l); M=$(llama8b)
+      INGOT_LOG_LEVEL=info "$ING" generate --model "$M" --load-format dummy --max-model-len 4096 --tensor-parallel-size $N --prompt "The capital of France is" --max-tokens 8 --ignore-eos --print-ids 2>&1 | tail -15
+      "$ING" bench latency --load-format dummy --max-model-len 4096 --input-len 128 --output-len 64 --num-iters 1 --json --model "$M" --tensor-parallel-size $N ;;
     qwen3b1)
       mkdir -p "$W/qwen3-8b"; cp tests/gpu/configs/qwen3-8b/config.json "$W"/tokenizers/qwen3/* "$W/qwen3-8b/"
       "$ING" bench latency --model "$W/qwen3-8b" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl" ;;

@@ -16,7 +16,7 @@ use ingot_models::{
 };
 use ingot_runner::ModelRunner;
 use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig, CpuWeights, QuantKind, WeightDtype};
-use ingot_runner_cuda::{CudaRunner, CudaRunnerConfig, KvDtype};
+use ingot_runner_cuda::{CudaRunner, CudaRunnerConfig, KvDtype, MemoryReport, TpRunner};
 use ingot_tokenizer::Tokenizer;
 
 use crate::hub;
@@ -115,6 +115,14 @@ pub struct ModelArgs {
     /// [model.gpu_memory_utilization; 0.9].
     #[arg(long)]
     pub gpu_memory_utilization: Option<f64>,
+    /// Split the model over this many GPUs (tensor parallel, CUDA)
+    /// [model.tensor_parallel_size; 1].
+    #[arg(long)]
+    pub tensor_parallel_size: Option<usize>,
+    /// Tensor parallel: every all-reduce through NCCL, none through
+    /// ingot's one-shot kernel [cuda.custom_all_reduce = false].
+    #[arg(long)]
+    pub disable_custom_all_reduce: bool,
     /// Run every step eagerly instead of replaying captured CUDA graphs
     /// [model.enforce_eager].
     #[arg(long)]
@@ -199,6 +207,17 @@ impl ModelArgs {
             "--gpu-memory-utilization",
             "model.gpu_memory_utilization",
             &self.gpu_memory_utilization,
+        );
+        flags.opt(
+            "--tensor-parallel-size",
+            "model.tensor_parallel_size",
+            &self.tensor_parallel_size,
+        );
+        flags.switch(
+            "--disable-custom-all-reduce",
+            "cuda.custom_all_reduce",
+            self.disable_custom_all_reduce,
+            false,
         );
         flags.switch(
             "--enforce-eager",
@@ -496,20 +515,17 @@ pub fn build_runner(
     };
     let built = match pick_device(m.device, &files.config)? {
         Device::Cuda => {
-            let runner = cuda_runner(config, path, &files, max_num_seqs, &progress)?;
+            let (runner, memory) = cuda_runner(config, path, &files, max_num_seqs, &progress)?;
             let fp8 = m.quantization == ingot_config::Quantization::Fp8;
             let storage = Storage {
                 weights: if fp8 { "fp8" } else { "bf16" },
-                weight_bytes: runner.memory().weights,
+                weight_bytes: memory.weights,
                 kv_dtype: match m.kv_cache_dtype {
                     ingot_config::KvCacheDtype::Fp8 => "fp8",
                     ingot_config::KvCacheDtype::Auto | ingot_config::KvCacheDtype::Bf16 => "bf16",
                 },
             };
-            Built {
-                runner: Box::new(runner),
-                storage,
-            }
+            Built { runner, storage }
         }
         Device::Cpu => {
             let runner = cpu_runner(config, path, &files, &progress)?;
@@ -646,7 +662,7 @@ fn cuda_runner(
     files: &ModelFiles,
     max_num_seqs: usize,
     progress: &dyn Fn(usize, usize),
-) -> anyhow::Result<CudaRunner> {
+) -> anyhow::Result<(Box<dyn ModelRunner>, MemoryReport)> {
     let (m, cuda) = (&config.model, &config.cuda);
     // Every field from the config: the runner's Default is not a source.
     let opts = CudaRunnerConfig {
@@ -673,14 +689,28 @@ fn cuda_runner(
         fp8_ignore: m.fp8_ignore.clone(),
         fp8_lm_head: m.fp8_lm_head,
         fused_block: cuda.fused_block,
+        custom_all_reduce: cuda.custom_all_reduce,
         deterministic: config.engine.deterministic,
         tc_decode_min_rows: cuda.tc_decode_min_rows,
         tc_decode_fp8_min_rows: cuda.tc_decode_fp8_min_rows,
     };
-    let runner = CudaRunner::new(files.config.clone(), files.tensors.as_ref(), opts, progress)
-        .with_context(|| format!("cannot load {} on the GPU", path.display()))?;
-    runner.memory().publish();
-    Ok(runner)
+    let (model, tensors) = (files.config.clone(), files.tensors.as_ref());
+    let cannot = || format!("cannot load {} on the GPU", path.display());
+    let (runner, memory): (Box<dyn ModelRunner>, _) = match m.tensor_parallel_size {
+        1 => {
+            let runner = CudaRunner::new(model, tensors, opts, progress).with_context(cannot)?;
+            let memory = runner.memory();
+            (Box::new(runner), memory)
+        }
+        n => {
+            let runner = TpRunner::new(model, tensors, opts, n, progress).with_context(cannot)?;
+            let memory = runner.memory();
+            (Box::new(runner), memory)
+        }
+    };
+    // Per GPU under tensor parallelism (every rank holds the same).
+    memory.publish();
+    Ok((runner, memory))
 }
 
 fn cpu_runner(
@@ -690,6 +720,13 @@ fn cpu_runner(
     progress: &dyn Fn(usize, usize),
 ) -> anyhow::Result<CpuRunner> {
     let model = files.config.clone();
+    let tp = config.model.tensor_parallel_size;
+    anyhow::ensure!(
+        tp == 1,
+        "model.tensor_parallel_size = {tp} splits the model over GPUs, and this model runs on the CPU \
+         (--device {}); use --device cuda on a host with {tp} GPUs, or a size of 1",
+        config.model.device.as_str()
+    );
     let kv_dtype = config.model.kv_cache_dtype;
     if kv_dtype != ingot_config::KvCacheDtype::Auto {
         anyhow::bail!(

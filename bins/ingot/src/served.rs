@@ -476,7 +476,13 @@ fn footprint(plan: &ModelPlan) -> anyhow::Result<u64> {
             ingot_runner_cuda::WeightFormat::Bf16
         };
         let keep = ingot_runner_cuda::Fp8Keep::parse(&c.model.fp8_ignore, model.num_layers)?;
-        ingot_runner_cuda::weight_bytes(&model, format, &keep) as u64
+        // Per GPU under tensor parallelism: one rank's share.
+        let tp = c.model.tensor_parallel_size;
+        let rank = match tp {
+            1 => model.clone(),
+            n => ingot_models::parallel::ShardPlan::new(&model, n)?.rank_config(0),
+        };
+        ingot_runner_cuda::weight_bytes(&rank, format, &keep) as u64
     } else if c.model.quantization == Quantization::Q4_0 {
         // 18-byte blocks of 32 weights.
         params * 18 / 32
@@ -499,7 +505,8 @@ fn footprint(plan: &ModelPlan) -> anyhow::Result<u64> {
     let kv_per_token = if cpu {
         CpuRunner::kv_bytes_per_token(&model) as u64
     } else {
-        gpu_kv_bytes_per_token(c, &model)
+        // A rank holds its heads' share of each token.
+        gpu_kv_bytes_per_token(c, &model) / c.model.tensor_parallel_size as u64
     };
     Ok(weights + kv_tokens * kv_per_token)
 }

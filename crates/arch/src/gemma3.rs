@@ -86,6 +86,7 @@ mod tests {
             qkv_bias: false,
             qk_norm: true,
             tie_word_embeddings: true,
+            shard: None,
             block: BlockOptions {
                 sliding_window: Some(SlidingWindow {
                     size: 8,

@@ -7,7 +7,7 @@
 
 use crate::config::Config;
 use crate::flags::valid_flag_name;
-use crate::sections::{Quantization, BLOCK_SIZE};
+use crate::sections::{Device, Quantization, BLOCK_SIZE};
 use crate::slo::{ShedSection, SloSpec, SloTarget};
 
 /// A broken rule: the key it is about and the rule, in words.
@@ -64,6 +64,17 @@ fn model(c: &Config) -> Check {
         if let Some(v) = v {
             at_least(key, v as u64, 1)?;
         }
+    }
+    at_least(
+        "model.tensor_parallel_size",
+        m.tensor_parallel_size as u64,
+        1,
+    )?;
+    if m.tensor_parallel_size > 1 && m.device == Device::Cpu {
+        return fail(
+            "model.tensor_parallel_size",
+            "splits the model over GPUs and needs the CUDA backend (model.device = \"cuda\" or \"auto\")",
+        );
     }
     let u = m.gpu_memory_utilization;
     if !(u > 0.0 && u <= 1.0) {

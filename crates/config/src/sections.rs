@@ -193,6 +193,10 @@ pub struct ModelSection {
     /// Share of GPU memory for weights, workspace and KV cache, in (0, 1].
     #[schemars(range(max = 1), extend("exclusiveMinimum" = 0))]
     pub gpu_memory_utilization: f64,
+    /// GPUs of this host to split the model over (tensor parallel, CUDA
+    /// only; GPUs `0..n`); 1: one GPU.
+    #[schemars(range(min = 1))]
+    pub tensor_parallel_size: usize,
     /// Run every GPU step eagerly instead of replaying CUDA graphs.
     pub enforce_eager: bool,
     /// `qwen3` or `deepseek_r1`: the model's `<think>…</think>` comes back
@@ -220,6 +224,7 @@ impl Default for ModelSection {
             kv_cache_tokens: None,
             kv_cache_dtype: KvCacheDtype::Auto,
             gpu_memory_utilization: 0.9,
+            tensor_parallel_size: 1,
             enforce_eager: false,
             reasoning_parser: ReasoningParser::None,
             chat_template: None,
@@ -631,6 +636,10 @@ pub struct CudaSection {
     /// non-zero of this and `tc_decode_min_rows` applies). Default 64, as
     /// above.
     pub tc_decode_fp8_min_rows: usize,
+    /// Tensor parallel: small all-reduces (decode steps, up to 2 MiB) run
+    /// ingot's one-shot kernel over peer memory instead of NCCL (false:
+    /// NCCL for all, as vLLM's `--disable-custom-all-reduce`).
+    pub custom_all_reduce: bool,
 }
 
 impl Default for CudaSection {
@@ -643,6 +652,7 @@ impl Default for CudaSection {
             fused_block: false,
             tc_decode_min_rows: 64,
             tc_decode_fp8_min_rows: 64,
+            custom_all_reduce: true,
         }
     }
 }

@@ -168,27 +168,35 @@ extern "C" __global__ void silu_mul(const bf16* gate_up, bf16* out, int ff) { ga
 
 extern "C" __global__ void gelu_tanh_mul(const bf16* gate_up, bf16* out, int ff) { gated_mul<true>(gate_up, out, ff); }
 
-// out[i] = offset + scale * u_i with u_i uniform in [-0.5, 0.5), a pure
-// function of (seed, i): dummy weights made on the device, no host traffic.
-// bf16 for weights, f32 for norm weights.
+// out[i] = offset + scale * u_j with u_j uniform in [-0.5, 0.5), a pure
+// function of (seed, j): dummy weights made on the device, no host traffic.
+// bf16 for weights, f32 for norm weights. j is i's index in the whole
+// tensor when `out` is one rank's slice of it (tensor parallel): the slice
+// holds `len` of the `full` indices of one dimension from `start`, each a
+// slab of `inner` elements (a whole tensor: inner = n, len = full = 1).
 template <typename T>
 __device__ __forceinline__ void fill_uniform(T* __restrict__ out, long long n, unsigned long long seed, float scale,
-                                             float offset) {
+                                             float offset, long long inner, long long len, long long full,
+                                             long long start) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x) {
-    const float u = (float)hash24(seed, (uint64_t)i) * (1.0f / 16777216.0f) - 0.5f;
+    const long long slab = i / inner;
+    const long long j = ((slab / len) * full + start + slab % len) * inner + i % inner;
+    const float u = (float)hash24(seed, (uint64_t)j) * (1.0f / 16777216.0f) - 0.5f;
     out[i] = static_cast<T>(offset + scale * u);
   }
 }
 
 extern "C" __global__ void fill_uniform_bf16(bf16* __restrict__ out, long long n, unsigned long long seed,
-                                             float scale, float offset) {
-  fill_uniform(out, n, seed, scale, offset);
+                                             float scale, float offset, long long inner, long long len,
+                                             long long full, long long start) {
+  fill_uniform(out, n, seed, scale, offset, inner, len, full, start);
 }
 
 extern "C" __global__ void fill_uniform_f32(float* __restrict__ out, long long n, unsigned long long seed,
-                                            float scale, float offset) {
-  fill_uniform(out, n, seed, scale, offset);
+                                            float scale, float offset, long long inner, long long len,
+                                            long long full, long long start) {
+  fill_uniform(out, n, seed, scale, offset, inner, len, full, start);
 }
 
 // KV tiers: pages of the paged KV cache to and from a packed staging

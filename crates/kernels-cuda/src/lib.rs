@@ -6,7 +6,9 @@
 //! RMSNorm, SiLU x mul, argmax, random fill), `rope.cu` (bias, q/k norm,
 //! rotary embedding and paged KV write), `attention.cu` (paged decode
 //! attention with GQA and split-K, tensor-core prefill attention) and
-//! `moe.cu` (mixture-of-experts routing and expert GEMVs) and
+//! `moe.cu` (mixture-of-experts routing and expert GEMVs),
+//! `collective.cu` (tensor parallel: the one-shot all-reduce over peer
+//! memory, the LM head's vocabulary gather) and
 //! `encoder.cu` (the BERT encoder's LayerNorm, GELU, bidirectional
 //! attention over packed sequences, pooling and L2 normalisation).
 

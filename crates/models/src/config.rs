@@ -271,12 +271,22 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// Departures from the Llama block (all default for the Llama family).
     pub block: BlockOptions,
+    /// One rank's part of a tensor-parallel model (its heads and widths
+    /// above are the rank's; see [`crate::parallel`]); `None`: the whole
+    /// model.
+    pub shard: Option<crate::parallel::Shard>,
 }
 
 impl ModelConfig {
     /// Width of the query projection output.
     pub fn q_dim(&self) -> usize {
         self.num_heads * self.head_dim
+    }
+
+    /// Rows of the LM head this config computes: the vocabulary, or a
+    /// tensor-parallel rank's share of it.
+    pub fn lm_head_rows(&self) -> usize {
+        self.shard.map_or(self.vocab_size, |s| s.vocab_rows)
     }
 
     /// Width of the key (and value) projection output.

@@ -97,6 +97,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
         qkv_bias: file.tensor("blk.0.attn_q.bias").is_some(),
         qk_norm: file.tensor("blk.0.attn_q_norm.weight").is_some(),
         tie_word_embeddings: file.tensor("output.weight").is_none(),
+        shard: None,
         block: BlockOptions {
             moe,
             ..Default::default()

@@ -197,6 +197,7 @@ fn resolve(raw: RawConfig) -> Result<ModelConfig, ModelError> {
             .unwrap_or(architecture == Architecture::Qwen2),
         qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Qwen3Moe),
         tie_word_embeddings: raw.tie_word_embeddings,
+        shard: None,
         block: BlockOptions {
             moe,
             ..Default::default()

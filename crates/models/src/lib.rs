@@ -8,6 +8,7 @@
 //!   experts).
 //! - [`bert`]: BERT encoder directories (config, pooling, weights).
 //! - [`dummy`]: random weights for benchmarking shapes without downloads.
+//! - [`parallel`]: tensor parallelism's sharding plan.
 
 pub mod bert;
 pub mod config;
@@ -17,6 +18,7 @@ pub mod gguf;
 pub mod gguf_model;
 pub mod hf;
 pub mod llama;
+pub mod parallel;
 mod source;
 mod tensor;
 

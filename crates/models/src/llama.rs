@@ -254,7 +254,7 @@ pub fn expected_shapes(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     }
     out.push(("model.norm.weight".to_string(), vec![d]));
     if !c.tie_word_embeddings {
-        out.push(("lm_head.weight".to_string(), vec![c.vocab_size, d]));
+        out.push(("lm_head.weight".to_string(), vec![c.lm_head_rows(), d]));
     }
     out
 }

@@ -245,7 +245,8 @@ impl DecoderOps for CpuOps<'_, '_> {
     /// scored position.
     fn logits(&mut self, spec: &HeadSpec) -> Result<(), RunnerError> {
         let c = self.config;
-        let (d, vocab) = (c.hidden_size, c.vocab_size);
+        // A tensor-parallel rank computes its rows of the head only.
+        let (d, vocab) = (c.hidden_size, c.lm_head_rows());
         let rows = output_rows(self.batch);
         let n = rows.len();
         let ws = &mut *self.ws;

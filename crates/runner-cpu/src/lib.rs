@@ -26,6 +26,7 @@ mod matrix;
 mod ops;
 pub mod panel_matmul;
 pub mod quant;
+mod sharded;
 mod simd;
 
 use attention::{LayerKv, MAX_BLOCK_SIZE, MAX_HEAD_DIM};
@@ -42,6 +43,7 @@ use matrix::Matrix;
 pub use matrix::WeightDtype;
 pub use quant::QuantKind;
 use quant::{ActScratch, QuantMatrix};
+pub use sharded::forward_sharded;
 
 /// The embedding tensor's name.
 const EMBED: &str = "model.embed_tokens.weight";
@@ -700,7 +702,15 @@ impl CpuRunner {
     /// The forward pass of the model's architecture file over the CPU ops;
     /// returns the number of logits written.
     fn forward_in_pool(&mut self, batch: &ForwardBatch<'_>) -> Result<usize, RunnerError> {
-        let mut ops = CpuOps {
+        let mut ops = self.ops(batch);
+        let config = ops.config;
+        ingot_arch::forward(config, &mut ops)?;
+        Ok(ops.logits_len)
+    }
+
+    /// One step's ops over this runner's weights, KV and workspace.
+    fn ops<'a, 'b>(&'a mut self, batch: &'a ForwardBatch<'b>) -> CpuOps<'a, 'b> {
+        CpuOps {
             config: &self.config,
             embed: &self.embed,
             lm_head: self.lm_head.as_ref(),
@@ -717,8 +727,6 @@ impl CpuRunner {
             batch,
             sites: Vec::new(),
             logits_len: 0,
-        };
-        ingot_arch::forward(&self.config, &mut ops)?;
-        Ok(ops.logits_len)
+        }
     }
 }

@@ -2,7 +2,8 @@
 //! (one link instead of three): SmolLM2 and Gemma 3 against the independent
 //! f32 numpy references (tests/reference/), and Hugging Face model
 //! directories (dense and mixture-of-experts) and GGUF files of experts
-//! against a float64 numpy forward pass.
+//! against a float64 numpy forward pass; tensor parallelism's sharded
+//! forward against the whole model.
 
 // Helpers outside #[test] fns unwrap too: this is a test binary.
 #![allow(clippy::unwrap_used)]
@@ -15,3 +16,5 @@ mod hf_models;
 mod moe_models;
 #[path = "suite/reference.rs"]
 mod reference;
+#[path = "suite/tensor_parallel.rs"]
+mod tensor_parallel;

@@ -201,6 +201,10 @@ pub struct Buffers {
     pub sumsq: DevPtr,
     /// The expert blocks' scratch (empty for a dense model).
     pub(crate) moe: MoeScratch,
+    /// Tensor parallel: this rank's LM-head logits `[seqs, vocab_rows]`
+    /// f32, and every rank's gathered `[ranks, seqs, vocab_rows]`.
+    pub(crate) head_shard: DevPtr,
+    pub(crate) head_gather: DevPtr,
     arena: Arena,
     /// (k, v) per layer of a page (every layer without sliding windows),
     /// `[pages, kv_heads, block_size, head_dim]` of `kv_dtype` each.
@@ -250,7 +254,7 @@ pub(crate) fn kv_page_bytes(c: &ModelConfig, bs: usize, dtype: KvDtype) -> usize
 }
 
 /// Bytes of each workspace buffer, in the order [`Buffers::new`] takes them.
-fn piece_sizes(c: &ModelConfig, t: usize, s: usize, layout: &InputLayout) -> [usize; 18] {
+fn piece_sizes(c: &ModelConfig, t: usize, s: usize, layout: &InputLayout) -> [usize; 20] {
     let (d, qd, kvd, ff, v) = (
         c.hidden_size,
         c.q_dim(),
@@ -259,6 +263,10 @@ fn piece_sizes(c: &ModelConfig, t: usize, s: usize, layout: &InputLayout) -> [us
         c.vocab_size,
     );
     let moe = moe_sizes(c, t);
+    // Tensor parallel: this rank's LM-head rows, and every rank's gathered.
+    let (head_rows, ranks) = c
+        .shard
+        .map_or((0, 0), |sh| (s * sh.vocab_rows * 4, sh.size));
     [
         layout.len * 4,
         t * d * 4,              // x (f32 residual)
@@ -278,6 +286,8 @@ fn piece_sizes(c: &ModelConfig, t: usize, s: usize, layout: &InputLayout) -> [us
         moe[1],
         moe[2],
         moe[3],
+        head_rows,
+        ranks * head_rows,
     ]
 }
 
@@ -288,7 +298,9 @@ impl Buffers {
 
     /// Workspace bytes for `t` tokens and `s` sequences per step.
     pub fn bytes(c: &ModelConfig, t: usize, s: usize, bs: usize) -> usize {
-        Arena::size_of(piece_sizes(c, t, s, &Self::layout(c, t, s, bs)))
+        // Empty pieces take one alignment unit too (see `new`).
+        let sizes = piece_sizes(c, t, s, &Self::layout(c, t, s, bs));
+        Arena::size_of(sizes.map(|b| b.max(1)))
     }
 
     /// Carves the workspace out of `arena` (which also holds cuBLASLt's).
@@ -300,7 +312,7 @@ impl Buffers {
     ) -> Result<Self, CudaError> {
         let layout = Self::layout(c, t, s, bs);
         let sizes = piece_sizes(c, t, s, &layout);
-        let mut p = [0; 18];
+        let mut p = [0; 20];
         for (slot, &bytes) in p.iter_mut().zip(sizes.iter()) {
             *slot = arena.take(bytes.max(1))?;
         }
@@ -333,6 +345,8 @@ impl Buffers {
                 weights: p[16],
                 act: p[17],
             },
+            head_shard: p[18],
+            head_gather: p[19],
             arena,
             kv_slices: Vec::new(),
             kv_dtype: KvDtype::Bf16,
@@ -907,6 +921,7 @@ mod tests {
             num_kv_heads: 1,
             head_dim: 256,
             max_context: 32768,
+            shard: None,
             block: ingot_models::BlockOptions {
                 sliding_window: Some(ingot_models::SlidingWindow {
                     size: 512,

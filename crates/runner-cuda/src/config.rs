@@ -62,6 +62,9 @@ pub struct CudaRunnerConfig {
     /// count (no GEMV kernels, no fused norms), attention runs every token
     /// through the decode kernel in one split. Costs speed.
     pub deterministic: bool,
+    /// Tensor parallel: small all-reduces take the one-shot kernel over
+    /// peer memory instead of NCCL (`cuda.custom_all_reduce`).
+    pub custom_all_reduce: bool,
     /// Decode steps with at least this many decode rows use the
     /// tensor-core decode attention (`cuda.tc_decode_min_rows`; 0: never).
     pub tc_decode_min_rows: usize,
@@ -92,6 +95,7 @@ impl Default for CudaRunnerConfig {
             deterministic: false,
             tc_decode_min_rows: 0,
             tc_decode_fp8_min_rows: 0,
+            custom_all_reduce: true,
         }
     }
 }
@@ -141,7 +145,7 @@ pub(crate) fn fp8_limits(
         .max(2 * config.intermediate_size)
         .max(config.hidden_size);
     let head_sums = if format.fp8_lm_head() {
-        max_seqs * config.vocab_size
+        max_seqs * config.lm_head_rows()
     } else {
         0
     };

@@ -183,6 +183,12 @@ impl Gpu {
         Ok(())
     }
 
+    /// Enqueues zeroing `bytes` at `dst` (capturable in a graph).
+    pub fn zero(&self, dst: DevPtr, bytes: usize) -> Result<(), CudaError> {
+        unsafe { result::memset_d8_async(dst, 0, bytes, self.stream.cu_stream())? };
+        Ok(())
+    }
+
     /// Enqueues a device-to-host copy.
     pub fn download<T>(&self, dst: &mut [T], src: DevPtr) -> Result<(), CudaError> {
         unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream())? };

@@ -25,6 +25,9 @@ pub enum CudaError {
     /// Reading weights failed.
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// NCCL is missing or a collective failed.
+    #[error("NCCL: {0}")]
+    Nccl(String),
     /// A caller's option is malformed.
     #[error("invalid CUDA option: {0}")]
     InvalidOption(String),

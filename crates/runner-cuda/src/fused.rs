@@ -265,6 +265,7 @@ mod tests {
             qkv_bias: false,
             qk_norm: false,
             tie_word_embeddings: true,
+            shard: None,
             block: ingot_models::BlockOptions::default(),
         }
     }

@@ -64,6 +64,7 @@ pub struct Kernels {
     silu_mul_e4m3: Kernel,
     gelu_tanh_mul_e4m3: Kernel,
     argmax_rows: Kernel,
+    gather_vocab_shards: Kernel,
     moe_router: Kernel,
     moe_route: Kernel,
     moe_gate_up_silu: Kernel,
@@ -234,6 +235,7 @@ impl Kernels {
             silu_mul_e4m3: gpu.kernel("silu_mul_e4m3")?,
             gelu_tanh_mul_e4m3: gpu.kernel("gelu_tanh_mul_e4m3")?,
             argmax_rows: gpu.kernel("argmax_rows")?,
+            gather_vocab_shards: gpu.kernel("gather_vocab_shards")?,
             moe_router: gpu.kernel("moe_router")?,
             moe_route: gpu.kernel("moe_route")?,
             moe_gate_up_silu: gpu.kernel("moe_gate_up_silu")?,
@@ -818,6 +820,30 @@ impl ArgmaxRows {
             Arg::Ptr(self.out),
         ];
         gpu.launch(&k.argmax_rows, (self.rows as u32, 1, 1), 1024, 0, &args)
+    }
+}
+
+/// `gather_vocab_shards`: tensor-parallel ranks' LM-head rows, gathered
+/// rank-major, into each row's full logits.
+pub struct GatherVocabShards {
+    pub rows: usize,
+    pub gathered: DevPtr,
+    pub logits: DevPtr,
+    pub vocab: usize,
+    pub vocab_rows: usize,
+}
+
+impl GatherVocabShards {
+    pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(self.gathered),
+            Arg::Ptr(self.logits),
+            Arg::I32(self.rows as i32),
+            Arg::I32(self.vocab as i32),
+            Arg::I32(self.vocab_rows as i32),
+        ];
+        let grid = (self.vocab.div_ceil(256) as u32, self.rows as u32, 1);
+        gpu.launch(&k.gather_vocab_shards, grid, 256, 0, &args)
     }
 }
 

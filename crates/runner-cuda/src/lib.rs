@@ -13,6 +13,8 @@
 //! - A step's inputs (ids, positions, slots, block tables) go up in one copy
 //!   from pinned memory; only picked ids (greedy or sampled on the device)
 //!   and the logprobs rows ask for come back.
+//! - [`TpRunner`] splits one model over several GPUs (tensor parallel over
+//!   NCCL, one thread per GPU).
 //! - Pure decode steps launch the next one before returning
 //!   ([`runner`]'s launch-ahead steps), so the device runs while the engine
 //!   schedules.
@@ -28,7 +30,9 @@ mod kernels;
 mod kv_copy;
 mod kv_views;
 mod memory;
+mod nccl;
 mod ops;
+mod peer;
 mod profile;
 mod runner;
 mod sampling;
@@ -41,6 +45,7 @@ pub use config::{check_l2_prefetch, CudaRunnerConfig, Fp8Keep};
 pub use error::CudaError;
 pub use kernels::KvDtype;
 pub use memory::{device_memory, weight_bytes, MemoryReport};
-pub use runner::CudaRunner;
-pub use support::{availability, supports};
+pub use nccl::version as nccl_version;
+pub use runner::{CudaRunner, TpRunner};
+pub use support::{availability, device_count, supports};
 pub use weights::WeightFormat;

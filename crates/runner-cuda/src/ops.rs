@@ -21,11 +21,13 @@ use crate::device::{DevPtr, Gpu};
 use crate::fused::{AttentionOut, FusedBlock, FusedBlocks, NextQkv};
 use crate::gemm::{Gemm, OutType, GEMV_MAX_TOKENS};
 use crate::kernels::{
-    ArgmaxRows, AttentionCombine, DecodeAttention, EmbedRows, GatedMul, GatedMulE4m3, GemvInput,
-    Heads, Kernels, KvCache, KvDtype, MoeDownSum, MoeGateUp, MoeRoute, MoeRouter, NextNormOut,
-    PagedInputs, PostNormAdd, PrefillAttention, QkvRopeGemv, RmsNorm, RmsNormE4m3, RopeQkv,
-    RopeTarget, SoftcapRows,
+    ArgmaxRows, AttentionCombine, DecodeAttention, EmbedRows, GatedMul, GatedMulE4m3,
+    GatherVocabShards, GemvInput, Heads, Kernels, KvCache, KvDtype, MoeDownSum, MoeGateUp,
+    MoeRoute, MoeRouter, NextNormOut, PagedInputs, PostNormAdd, PrefillAttention, QkvRopeGemv,
+    RmsNorm, RmsNormE4m3, RopeQkv, RopeTarget, SoftcapRows,
 };
+use crate::nccl::Communicator;
+use crate::peer::PeerReduce;
 use crate::profile::{Category, Marks};
 use crate::weights::{DeviceWeights, ExpertWeights, LayerWeights};
 use crate::CudaError;
@@ -42,6 +44,57 @@ pub struct Model<'a> {
     pub config: &'a ModelConfig,
     /// The fused o_proj + MLP kernels, for small models.
     pub fused: Option<&'a FusedBlocks>,
+    /// Tensor parallel: this rank's communicator (`config` is the rank's).
+    pub comm: Option<&'a Communicator>,
+    /// Tensor parallel: the one-shot all-reduce for small messages.
+    pub peer: Option<&'a PeerReduce>,
+}
+
+impl Model<'_> {
+    /// Tensor parallel: the in-place sum over ranks of `rows` rows of
+    /// `width` f32 at `buf`; `next` (`(norm weights, xg)`) asks for the
+    /// next RMSNorm's pre-scaled input and sums of squares, which only the
+    /// one-shot kernel leaves (see [`Model::fuses_after_reduce`]).
+    fn all_reduce(
+        &self,
+        buf: DevPtr,
+        (rows, width): (usize, usize),
+        next: Option<(DevPtr, DevPtr)>,
+    ) -> Result<(), CudaError> {
+        let Some(comm) = self.comm else {
+            return Ok(());
+        };
+        if let Some(peer) = self.peer {
+            let sumsq = self.buffers.sumsq;
+            if peer.all_reduce_f32(self.gpu, buf, (rows, width), next, sumsq)? {
+                return Ok(());
+            }
+        }
+        if next.is_some() {
+            return Err(unsupported("a fused norm after an NCCL all-reduce"));
+        }
+        comm.all_reduce_sum_f32(buf, rows * width, self.stream())
+    }
+
+    /// Whether the residual's all-reduce of `rows` rows can leave the next
+    /// norm's input (one GPU: no all-reduce, the writers do).
+    fn fuses_after_reduce(&self, rows: usize) -> bool {
+        match (self.comm, self.peer) {
+            (None, _) => true,
+            (Some(_), Some(peer)) => peer.takes(rows, self.config.hidden_size),
+            (Some(_), None) => false,
+        }
+    }
+
+    /// Whether this rank leaves the residual's sum to rank 0 (it writes
+    /// only its partial product, which the all-reduce adds).
+    fn partial_residual(&self) -> bool {
+        self.comm.is_some_and(|c| c.rank > 0)
+    }
+
+    fn stream(&self) -> *mut std::ffi::c_void {
+        self.gpu.stream.cu_stream() as *mut std::ffi::c_void
+    }
 }
 
 /// Enqueues the whole decoder for `plan` on the stream (the architecture
@@ -89,17 +142,37 @@ fn head(
     .launch(m.gpu, m.kernels)?;
     mark(Category::Other)?;
     let d = c.hidden_size;
+    // A tensor-parallel rank computes its vocabulary rows, then every
+    // rank's are gathered into the full logits.
+    let out = if m.comm.is_some() {
+        b.head_shard
+    } else {
+        b.logits
+    };
     m.gemm.linear(
         m.gpu,
         b.last,
         w.lm_head,
-        b.logits,
+        out,
         rows,
         d,
-        c.vocab_size,
+        c.lm_head_rows(),
         OutType::F32,
     )?;
     mark(Category::Gemm)?;
+    if let (Some(comm), Some(shard)) = (m.comm, c.shard) {
+        let count = rows * shard.vocab_rows;
+        comm.all_gather_f32(b.head_shard, b.head_gather, count, m.stream())?;
+        GatherVocabShards {
+            rows,
+            gathered: b.head_gather,
+            logits: b.logits,
+            vocab: c.vocab_size,
+            vocab_rows: shard.vocab_rows,
+        }
+        .launch(m.gpu, m.kernels)?;
+        mark(Category::Collective)?;
+    }
     if let Some(cap) = spec.softcap {
         SoftcapRows {
             rows,
@@ -152,8 +225,10 @@ enum Ready {
 impl<'a, 'm> CudaOps<'a, 'm> {
     pub fn new(m: &'a Model<'a>, plan: &'a StepPlan, marks: Option<&'m mut Marks>) -> Self {
         let (t, d) = (plan.tokens, m.config.hidden_size);
-        // Deterministic mode runs the norms the same way at every batch size.
-        let gemv_sizes = t <= GEMV_MAX_TOKENS && !m.gemm.deterministic;
+        // Deterministic mode runs the norms the same way at every batch
+        // size; under tensor parallelism the all-reduce, not the writer
+        // (which holds a partial residual), leaves the norm's input.
+        let gemv_sizes = t <= GEMV_MAX_TOKENS && !m.gemm.deterministic && m.fuses_after_reduce(t);
         Self {
             m,
             plan,
@@ -165,6 +240,21 @@ impl<'a, 'm> CudaOps<'a, 'm> {
             qkv_ready: None,
             quantized: None,
         }
+    }
+
+    /// Tensor parallel: sums `rows` rows of `width` f32 at `buf` over the
+    /// ranks, leaving `next`'s norm input when given (no-op on one GPU).
+    fn all_reduce(
+        &mut self,
+        buf: DevPtr,
+        shape: (usize, usize),
+        next: Option<(DevPtr, DevPtr)>,
+    ) -> Result<(), CudaError> {
+        if self.m.comm.is_none() {
+            return Ok(());
+        }
+        self.m.all_reduce(buf, shape, next)?;
+        self.mark(Category::Collective)
     }
 
     fn mark(&mut self, category: Category) -> Result<(), CudaError> {
@@ -255,11 +345,24 @@ impl<'a, 'm> CudaOps<'a, 'm> {
         let (t, d) = (self.plan.tokens, c.hidden_size);
         let Some(post) = post else {
             let next_norm = self.fuse_next(next);
-            gemm.accumulate(gpu, input, w, b.x, t, inputs, d, next_norm)?;
-            return self.mark(Category::Gemm);
+            if self.m.comm.is_none() {
+                gemm.accumulate(gpu, input, w, b.x, t, inputs, d, next_norm)?;
+                return self.mark(Category::Gemm);
+            }
+            // Rank 0 adds its product to the residual, the others write
+            // theirs alone; the all-reduce sums them and leaves the next
+            // norm's input.
+            if self.m.partial_residual() {
+                gemm.linear(gpu, input, w, b.x, t, inputs, d, OutType::F32)?;
+            } else {
+                gemm.accumulate(gpu, input, w, b.x, t, inputs, d, None)?;
+            }
+            self.mark(Category::Gemm)?;
+            return self.all_reduce(b.x, (t, d), next_norm);
         };
         gemm.linear(gpu, input, w, b.proj(), t, inputs, d, OutType::F32)?;
         self.mark(Category::Gemm)?;
+        self.all_reduce(b.proj(), (t, d), None)?;
         self.post_norm_add(post, next)
     }
 
@@ -601,6 +704,7 @@ impl CudaOps<'_, '_> {
             && plan.decode_tokens == plan.tokens
             && next == NextNorm::Mlp(i)
             && !is_sparse(c, i)
+            && self.m.comm.is_none()
     }
 
     /// A deferred layer whose MLP cannot be fused after all: merges its
@@ -838,10 +942,18 @@ impl DecoderOps for CudaOps<'_, '_> {
         }
         self.route(layer.mlp_norm, experts.router, moe.num_experts, spec)?;
         self.mark(Category::Routing)?;
+        let (b, t) = (self.m.buffers, self.plan.tokens);
+        let residual = b.x;
+        if self.m.partial_residual() {
+            // The experts add this rank's columns' products to zeros.
+            self.m.gpu.zero(residual, t * config.hidden_size * 4)?;
+        }
         self.run_experts(&experts, moe.expert_intermediate_size, spec)?;
+        self.mark(Category::Experts)?;
+        self.all_reduce(residual, (t, config.hidden_size), None)?;
         // The next block runs its own norm over the residual.
         self.prescaled = None;
-        self.mark(Category::Experts)
+        Ok(())
     }
 
     fn mlp(&mut self, i: usize, spec: &MlpSpec, next: NextNorm) -> Result<(), CudaError> {

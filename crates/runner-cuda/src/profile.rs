@@ -19,6 +19,8 @@ pub enum Category {
     Routing,
     /// The experts' products.
     Experts,
+    /// Tensor parallel: all-reduces and the LM head's gather.
+    Collective,
     Other,
 }
 
@@ -59,6 +61,7 @@ struct Totals {
     attention_ms: f64,
     routing_ms: f64,
     experts_ms: f64,
+    collective_ms: f64,
     other_ms: f64,
     wall_ms: f64,
     gap_ms: f64,
@@ -96,6 +99,7 @@ impl Profiler {
                 Category::Attention => t.attention_ms += ms,
                 Category::Routing => t.routing_ms += ms,
                 Category::Experts => t.experts_ms += ms,
+                Category::Collective => t.collective_ms += ms,
                 Category::Other => t.other_ms += ms,
             }
             prev = ev;
@@ -125,8 +129,13 @@ impl Profiler {
             } else {
                 String::new()
             };
+            let collective = if t.collective_ms > 0.0 {
+                format!(", collectives {:.3} ms", t.collective_ms / n)
+            } else {
+                String::new()
+            };
             eprintln!(
-                "ingot cuda profile: {kind} steps {} (mean {:.1} tokens): gemm {:.3} ms, attention {:.3} ms{moe}, other {:.3} ms, runner wall {:.3} ms, CPU gap between steps {:.3} ms",
+                "ingot cuda profile: {kind} steps {} (mean {:.1} tokens): gemm {:.3} ms, attention {:.3} ms{moe}{collective}, other {:.3} ms, runner wall {:.3} ms, CPU gap between steps {:.3} ms",
                 t.steps,
                 t.tokens as f64 / n,
                 t.gemm_ms / n,

@@ -5,6 +5,7 @@
 
 mod graphs;
 mod launch_ahead;
+mod parallel;
 
 use std::time::Instant;
 
@@ -24,6 +25,7 @@ use crate::gemm::Gemm;
 use crate::kernels::{self, Kernels, L2PrefetchSpec};
 use crate::kv_views::KvSizing;
 use crate::memory::MemoryReport;
+use crate::nccl::Communicator;
 use crate::ops;
 use crate::profile::{Marks, Profiler};
 use crate::sampling::DeviceSampler;
@@ -32,6 +34,7 @@ use crate::weights::DeviceWeights;
 use crate::CudaError;
 use graphs::DecodeGraph;
 use launch_ahead::{LaunchAhead, LaunchAheadCounts};
+pub use parallel::TpRunner;
 
 /// Milliseconds since `t`.
 fn ms_since(t: Instant) -> f64 {
@@ -68,12 +71,22 @@ pub struct CudaRunner {
     asleep: bool,
     /// Page copies for KV tiers, made at the first copy.
     kv_copier: Option<crate::kv_copy::KvCopier>,
+    /// Start-up timings (logged once the graphs are captured).
+    started: Option<Instant>,
+    context_ms: f64,
+    weights_ms: f64,
+    warmup_prefill_ms: f64,
     // Drop order: graphs above reference the buffers below.
     gemm: Gemm,
     buffers: Buffers,
     kernels: Kernels,
     fused: Option<FusedBlocks>,
     weights: DeviceWeights,
+    /// Tensor parallel: this rank's side of the one-shot all-reduce.
+    peer: Option<crate::peer::PeerReduce>,
+    /// Tensor parallel: this rank's communicator (`config` is then the
+    /// rank's share of the model, see [`TpRunner`]).
+    comm: Option<Communicator>,
     gpu: Gpu,
 }
 
@@ -85,6 +98,22 @@ impl CudaRunner {
         source: &dyn TensorSource,
         opts: CudaRunnerConfig,
         progress: &dyn Fn(usize, usize),
+    ) -> Result<Self, CudaError> {
+        let mut runner = Self::load(config, source, opts, progress, None)?;
+        let pages = runner.measure_kv_pages()?;
+        runner.finish(pages)?;
+        Ok(runner)
+    }
+
+    /// The first part of start-up, with no collective in it (a tensor-
+    /// parallel rank's failure here cannot leave the others waiting):
+    /// weights, workspace, GEMM handle.
+    fn load(
+        config: ModelConfig,
+        source: &dyn TensorSource,
+        opts: CudaRunnerConfig,
+        progress: &dyn Fn(usize, usize),
+        comm: Option<Communicator>,
     ) -> Result<Self, CudaError> {
         // A bad spec fails before any GPU work.
         supports(&config)?;
@@ -177,43 +206,65 @@ impl CudaRunner {
             kernels,
             fused,
             weights,
+            peer: None,
+            comm,
             gpu,
             config,
             opts,
+            started: None,
+            context_ms,
+            weights_ms,
+            warmup_prefill_ms: 0.0,
         };
         runner.memory.workspace = runner.buffers.workspace_size();
+        runner.started = Some(started);
+        Ok(runner)
+    }
+
+    /// The second part: the profiling pass, then the KV pages the memory
+    /// budget leaves (not yet allocated; tensor-parallel ranks take the
+    /// least of theirs).
+    fn measure_kv_pages(&mut self) -> Result<usize, CudaError> {
         let prefill_started = Instant::now();
-        runner.profile_and_allocate_kv()?;
-        let prefill_ms = ms_since(prefill_started);
+        let pages = self.profile_kv_pages()?;
+        self.warmup_prefill_ms = ms_since(prefill_started);
+        Ok(pages)
+    }
+
+    /// The last part: the KV pool of `pages` pages, the sampler and the
+    /// decode graphs.
+    fn finish(&mut self, pages: usize) -> Result<(), CudaError> {
+        self.allocate_kv(pages)?;
+        let max_seqs = self.opts.max_num_seqs;
         // A batch's seen tokens are at most its sequences' tokens, which
         // all sit in the KV pool.
         let sampler = DeviceSampler::new(
-            &runner.gpu,
+            &self.gpu,
             max_seqs,
-            runner.kv_shape.num_blocks * runner.kv_shape.block_size + max_seqs,
-            runner.config.vocab_size,
+            self.kv_shape.num_blocks * self.kv_shape.block_size + max_seqs,
+            self.config.vocab_size,
         )?;
-        runner.memory.workspace += sampler.bytes();
-        runner.sampler = Some(sampler);
+        self.memory.workspace += sampler.bytes();
+        self.sampler = Some(sampler);
         let graphs_started = Instant::now();
-        if runner.opts.cuda_graphs {
-            runner.capture_graphs()?;
+        if self.opts.cuda_graphs {
+            self.capture_graphs()?;
         }
-        runner.gemm.tune = false;
+        self.gemm.tune = false;
         // Where a cold start goes: the first request pays none of it (the
         // warm-up prefill ran at the largest step, and each graph's decode
         // ran once eagerly before its capture).
         tracing::info!(
-            context_ms,
-            weights_ms,
-            warmup_prefill_ms = prefill_ms,
+            context_ms = self.context_ms,
+            weights_ms = self.weights_ms,
+            warmup_prefill_ms = self.warmup_prefill_ms,
             graphs_and_warmup_decode_ms = ms_since(graphs_started),
-            total_ms = ms_since(started),
+            total_ms = self.started.map_or(0.0, ms_since),
             "GPU load breakdown"
         );
         // Set after start-up so the profiling pass and warm-up are not counted.
-        runner.profiler = runner.opts.profile.then(Profiler::default);
-        Ok(runner)
+        self.profiler = self.opts.profile.then(Profiler::default);
+        Ok(())
     }
 
     /// Gives back the device memory of the weights, the workspace and the
@@ -274,13 +325,12 @@ impl CudaRunner {
 
     /// Runs one forward pass at the largest token count with a temporary KV
     /// pool (so cuBLASLt and the driver allocate whatever they lazily need),
-    /// then gives the KV pool what is left of the memory budget, in pages
-    /// of the model's layout (blocks of every layer without sliding
-    /// windows).
-    fn profile_and_allocate_kv(&mut self) -> Result<(), CudaError> {
+    /// then returns the pages of the model's layout (blocks of every layer
+    /// without sliding windows) that the memory budget leaves for the KV
+    /// pool.
+    fn profile_kv_pages(&mut self) -> Result<usize, CudaError> {
         let bs = self.opts.block_size;
         let tokens = self.buffers.max_tokens.min(self.config.max_context);
-        let started = Instant::now();
         let need = self.kv_sizing().need();
         let dtype = self.opts.kv_cache_dtype;
         self.buffers
@@ -297,10 +347,11 @@ impl CudaRunner {
             score: Vec::new(),
         };
         self.run(&batch, false)?;
+        self.gpu.sync()?;
         self.buffers.drop_kv();
         let (free, total) = self.gpu.memory()?;
         let per_page = buffers::kv_page_bytes(&self.config, bs, dtype);
-        let num_pages = match self.opts.kv_cache_tokens {
+        Ok(match self.opts.kv_cache_tokens {
             Some(t) => self.kv_sizing().pages_for_tokens(t),
             None => {
                 // Keep room for graph executables and driver growth.
@@ -309,26 +360,33 @@ impl CudaRunner {
                 let used = total - free;
                 budget.saturating_sub(used + reserve) / per_page
             }
-        };
+        })
+    }
+
+    /// Allocates the KV pool of `num_pages` pages (plus the scratch page),
+    /// or says why too few fit.
+    fn allocate_kv(&mut self, num_pages: usize) -> Result<(), CudaError> {
+        let (bs, dtype) = (self.opts.block_size, self.opts.kv_cache_dtype);
         // An explicit size is the caller's choice; the engine checks requests against it.
         let need = match self.opts.kv_cache_tokens {
             Some(_) => 1,
-            None => need,
+            None => self.kv_sizing().need(),
         };
         if num_pages < need {
+            let (free, total) = self.gpu.memory()?;
             return Err(CudaError::OutOfMemory(format!(
                 "only {num_pages} KV pages fit ({} MiB free of {} MiB); raise --gpu-memory-utilization or lower --max-num-batched-tokens",
                 free >> 20,
                 total >> 20
             )));
         }
+        let per_page = buffers::kv_page_bytes(&self.config, bs, dtype);
         let kv_tokens = self.kv_sizing().capacity_tokens(num_pages);
         self.buffers
             .set_kv(&self.gpu, &self.config, (num_pages + 1, bs), dtype)?;
         self.kv_shape.num_blocks = num_pages;
         self.memory.kv_cache = (num_pages + 1) * per_page;
         tracing::info!(
-            profile_ms = started.elapsed().as_secs_f64() * 1e3,
             weights_mib = self.memory.weights >> 20,
             workspace_mib = self.memory.workspace >> 20,
             kv_cache_mib = self.memory.kv_cache >> 20,
@@ -361,6 +419,8 @@ impl CudaRunner {
             weights: &self.weights,
             buffers: &self.buffers,
             config: &self.config,
+            comm: self.comm.as_ref(),
+            peer: self.peer.as_ref(),
         }
     }
 
@@ -424,6 +484,22 @@ impl Drop for CudaRunner {
             p.report();
         }
     }
+}
+
+/// The step's token rows of the positions `batch.score` names, in order.
+fn scored_rows(batch: &ForwardBatch<'_>) -> Vec<i32> {
+    let mut first = Vec::with_capacity(batch.chunks.len());
+    let mut end = 0;
+    for c in &batch.chunks {
+        first.push(end);
+        end += c.tokens.len();
+    }
+    let first = &first;
+    batch
+        .score
+        .iter()
+        .flat_map(|s| (0..s.next.len()).map(move |i| (first[s.chunk] + i) as i32))
+        .collect()
 }
 
 fn no_copier() -> RunnerError {
@@ -567,18 +643,7 @@ impl CudaRunner {
     fn score_rows(&mut self, batch: &ForwardBatch<'_>) -> Result<(), RunnerError> {
         let vocab = self.config.vocab_size;
         let n = batch.chunks.len();
-        let mut first = Vec::with_capacity(n);
-        let mut end = 0;
-        for c in &batch.chunks {
-            first.push(end);
-            end += c.tokens.len();
-        }
-        let first = &first;
-        let rows: Vec<i32> = batch
-            .score
-            .iter()
-            .flat_map(|s| (0..s.next.len()).map(move |i| (first[s.chunk] + i) as i32))
-            .collect();
+        let rows = scored_rows(batch);
         self.scored_host.clear();
         self.scored_host
             .extend_from_slice(&self.logits_host.as_slice()[..n * vocab]);

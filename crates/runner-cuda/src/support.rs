@@ -32,6 +32,13 @@ pub fn availability() -> Result<(), CudaError> {
     Ok(())
 }
 
+/// GPUs the driver sees.
+pub fn device_count() -> Result<usize, CudaError> {
+    availability()?;
+    cudarc::driver::result::init()?;
+    Ok(cudarc::driver::result::device::get_count()? as usize)
+}
+
 /// Whether this backend runs `config`'s architecture: the Llama family and
 /// Gemma 3 (sliding windows, local rope, post-norms, GELU-tanh MLP, scaled
 /// embeddings, logit soft-capping). Head sizes and GQA groups are checked

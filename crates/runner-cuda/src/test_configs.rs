@@ -29,6 +29,7 @@ pub(crate) fn llama8b() -> ModelConfig {
         qkv_bias: false,
         qk_norm: false,
         tie_word_embeddings: false,
+        shard: None,
         block: Default::default(),
     }
 }
@@ -54,6 +55,7 @@ pub(crate) fn gemma3() -> ModelConfig {
         qkv_bias: false,
         qk_norm: true,
         tie_word_embeddings: true,
+        shard: None,
         block: BlockOptions {
             sliding_window: Some(SlidingWindow {
                 size: 512,

@@ -37,6 +37,7 @@ pub fn tiny_config() -> ModelConfig {
         qkv_bias: false,
         qk_norm: false,
         tie_word_embeddings: true,
+        shard: None,
         block: Default::default(),
     }
 }

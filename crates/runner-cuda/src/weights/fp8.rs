@@ -208,7 +208,7 @@ pub(super) fn layer_bytes(config: &ModelConfig, keep: &Fp8Keep) -> usize {
 /// untied e4m3 LM head if larger (it loads alone, after the layers).
 pub(super) fn staging_bytes(config: &ModelConfig, format: WeightFormat) -> usize {
     let head = if format.fp8_lm_head() && !config.tie_word_embeddings {
-        config.vocab_size * config.hidden_size * 2
+        config.lm_head_rows() * config.hidden_size * 2
     } else {
         0
     };
@@ -249,7 +249,7 @@ pub(super) fn place(
         layers.push(matrices);
     }
     let head = if format.fp8_lm_head() {
-        let (rows, cols) = (config.vocab_size, config.hidden_size);
+        let (rows, cols) = (config.lm_head_rows(), config.hidden_size);
         let bytes = fp8_matrix_bytes(rows, cols);
         let dst = arena.take(bytes)?;
         start.get_or_insert(dst);

@@ -188,7 +188,10 @@ impl DeviceWeights {
         let table = config.max_context * (config.head_dim / 2) * 4;
         let fp8 = format.is_fp8();
         let fp8_head = if format.fp8_lm_head() {
-            Arena::size_of([fp8::fp8_matrix_bytes(config.vocab_size, config.hidden_size)])
+            Arena::size_of([fp8::fp8_matrix_bytes(
+                config.lm_head_rows(),
+                config.hidden_size,
+            )])
         } else {
             0
         };
@@ -252,7 +255,7 @@ impl DeviceWeights {
                     gpu.kernel("fill_uniform_f32")?,
                 ];
                 for (i, p) in placements.iter().enumerate() {
-                    fill_random(gpu, &fills, p, seed)?;
+                    fill_random(gpu, &fills, p, (seed, config, source))?;
                     staged(p)?;
                     progress(i + 1, total);
                 }
@@ -542,7 +545,12 @@ fn fused_group_bytes(config: &ModelConfig, group: &str, dtype: Dtype) -> usize {
 /// (`--load-format dummy`; `fills`: the bf16 and f32 fill kernels). Same
 /// distributions as the CPU's DummySource: norms near 1, everything else
 /// small and centred.
-fn fill_random(gpu: &Gpu, fills: &[Kernel; 2], p: &Placement, seed: u64) -> Result<(), CudaError> {
+fn fill_random(
+    gpu: &Gpu,
+    fills: &[Kernel; 2],
+    p: &Placement,
+    (seed, config, source): (u64, &ModelConfig, &dyn TensorSource),
+) -> Result<(), CudaError> {
     let n: usize = p.shape.iter().product();
     let (scale, offset) = if p.name.contains("norm") {
         (0.2, 1.0)
@@ -553,12 +561,31 @@ fn fill_random(gpu: &Gpu, fills: &[Kernel; 2], p: &Placement, seed: u64) -> Resu
         Dtype::Bf16 => &fills[0],
         Dtype::F32 => &fills[1],
     };
+    // A tensor-parallel rank fills its slice with the whole tensor's values
+    // at the slice's indices (a tied model's head: the embedding's).
+    let split = config.shard.and_then(|s| s.split(&p.name, &p.shape));
+    let (inner, len, full, start) = match split {
+        Some(s) => {
+            let inner: usize = p.shape[s.dim + 1..].iter().product();
+            (inner, s.len, s.full, s.start)
+        }
+        None => (n.max(1), 1, 1, 0),
+    };
+    let name = if p.name == LM_HEAD && !source.contains(LM_HEAD) {
+        EMBED
+    } else {
+        &p.name
+    };
     let args = [
         Arg::Ptr(p.dst),
         Arg::I64(n as i64),
-        Arg::I64(name_hash(seed, &p.name) as i64),
+        Arg::I64(name_hash(seed, name) as i64),
         Arg::F32(scale),
         Arg::F32(offset),
+        Arg::I64(inner as i64),
+        Arg::I64(len as i64),
+        Arg::I64(full as i64),
+        Arg::I64(start as i64),
     ];
     gpu.launch(kernel, (1024, 1, 1), 256, 0, &args)
 }
