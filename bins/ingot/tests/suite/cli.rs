@@ -375,6 +375,37 @@ fn device_cuda_without_a_gpu_is_a_clear_error() {
 }
 
 #[test]
+fn tensor_parallel_off_the_gpu_is_a_clear_error() {
+    let run = |device: &str, size: &str| {
+        ingot(&[
+            "logits",
+            "--model",
+            &model(),
+            "--device",
+            device,
+            "--tensor-parallel-size",
+            size,
+            "--prompt-ids",
+            "1",
+            "--out",
+            "/dev/null",
+        ])
+    };
+    let o = run("cpu", "2");
+    assert_clean_error(&o, "model.tensor_parallel_size");
+    assert_clean_error(&o, "needs the CUDA backend");
+    if ingot_runner_cuda_unavailable() {
+        // `auto` falls back to the CPU, which cannot split the model.
+        let o = run("auto", "2");
+        assert_clean_error(
+            &o,
+            "model.tensor_parallel_size = 2 splits the model over GPUs",
+        );
+    }
+    assert_clean_error(&run("cpu", "0"), "model.tensor_parallel_size");
+}
+
+#[test]
 fn an_fp8_kv_cache_on_the_cpu_is_a_clear_error() {
     for device in ["cpu", "auto"] {
         if device == "auto" && !ingot_runner_cuda_unavailable() {
