@@ -57,6 +57,9 @@
 #   tp        tensor parallel over all the machine's GPUs: the TP kernels, TP=N vs TP=1 on the 8B and
 #             Qwen3-30B-A3B dummies (compare_kv_dtype.py --ref/--test), 8B batch 1 TP=1 / TP=N
 #             alternated, the Llama-3.1-70B shape at TP=N (batch 1 bf16 and FP8, 64 x (1024, 128))
+#   tpquick   the TP kernels, the 8B's TP=N logits vs TP=1 and NCCL's, batch 1 TP=1 / TP=N / NCCL
+#   tpla      launch-ahead under TP: Qwen3-30B-A3B TP=N vs TP=1 greedy ids over 64 tokens, batch 1
+#             of the 8B (TP=1 / TP=N / NCCL) and the 70B (bf16, FP8)
 #   tpsmoke   one TP=N generate and a short batch-1 run on the 8B dummy
 #   torch     PyTorch eager baselines for the bench shapes
 #   fp8kernels  the FP8 quantize and GEMV kernels vs a float64 reference (check_fp8.py)
@@ -300,6 +303,21 @@ for phase in "$@"; do
       for tp in 1 "$N"; do echo "8B batch 1, TP=$tp"; "$ING" $B1 --model "$M" --tensor-parallel-size $tp | tee -a "$O/bench.jsonl"; done
       echo "8B batch 1, TP=$N, NCCL"; "$ING" $B1 --model "$M" --tensor-parallel-size $N --disable-custom-all-reduce | tee -a "$O/bench.jsonl"
       INGOT_CUDA_PROFILE=1 "$ING" bench latency $D --input-len 128 --output-len 64 --num-iters 1 --model "$M" --tensor-parallel-size $N 2>&1 | grep "profile: decode" ;;
+    tpla)
+      # Launch-ahead under TP: Qwen3-30B-A3B TP=N vs TP=1 greedy ids (launched-ahead steps on every
+      # rank), then batch 1: the 8B at TP=1 / TP=N / TP=N over NCCL, the 70B at TP=N in bf16 and FP8.
+      N=$(nvidia-smi -L | wc -l); M=$(llama8b); D="--load-format dummy --max-model-len 4096"
+      timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only collective | tail -1
+      MOE="$W/qwen3-30b-a3b"; mkdir -p "$MOE"; cp tests/gpu/configs/qwen3-30b-a3b/config.json "$W"/tokenizers/qwen3/* "$MOE/"
+      timeout -k 5 $((2 * T)) python3 tests/gpu/compare_kv_dtype.py --ingot "$ING_RAW" --model "$MOE" --prompts 2 --threshold 1 --min-agree 0 --tokens 64 \
+        --ref "$D --tensor-parallel-size 1" --test "$D --tensor-parallel-size $N" | tee "$O/tp_moe_la.txt"
+      B1="bench latency $D --input-len 128 --output-len 256 --num-iters 3 --json"
+      for tp in 1 "$N"; do echo "8B batch 1, TP=$tp"; "$ING" $B1 --model "$M" --tensor-parallel-size $tp | tee -a "$O/bench.jsonl"; done
+      echo "8B batch 1, TP=$N, NCCL"; "$ING" $B1 --model "$M" --tensor-parallel-size $N --disable-custom-all-reduce | tee -a "$O/bench.jsonl"
+      L70="$W/llama-3.1-70b"; mkdir -p "$L70"; cp tests/gpu/configs/llama-3.1-70b/config.json "$W"/tokenizers/llama3/* "$L70/"
+      for q in "" "--quantization fp8"; do
+        echo "70B batch 1, TP=$N $q"; "$ING" $B1 --model "$L70" --tensor-parallel-size $N $q | tee -a "$O/bench.jsonl"
+      done ;;
     tpsmoke)
       N=$(nvidia-smi -L | wc -l); M=$(llama8b)
       INGOT_LOG_LEVEL=info "$ING" generate --model "$M" --load-format dummy --max-model-len 4096 --tensor-parallel-size $N --prompt "The capital of France is" --max-tokens 8 --ignore-eos --print-ids 2>&1 | tail -15

@@ -89,6 +89,22 @@ impl CudaRunner {
         Ok(self.last_ids.clone())
     }
 
+    /// A tensor-parallel follower's part of [`Self::forward_ids`]: the same
+    /// choice of launched step, graph and next launch, from the same batch
+    /// and (set by the caller) rank 0's last ids; nothing is read back.
+    pub(super) fn follow_ids(&mut self, batch: &ForwardBatch<'_>) -> Result<(), RunnerError> {
+        let (launched, partial) = self.take_launched(batch);
+        let graph = match (&launched, partial) {
+            (Some(_), Some(_)) => None,
+            (Some(step), None) => Some(step.graph),
+            (None, _) => self.run(batch, true)?.graph_size,
+        };
+        if let Some(size) = graph.filter(|_| batch.expect_next && self.profiler.is_none()) {
+            self.launch_next(batch, size)?;
+        }
+        Ok(())
+    }
+
     /// The launch-ahead step `batch` can use, and on a partial hit which
     /// launched row each of its rows is (a subsequence, in order); counts
     /// the hit or miss. A missed step is dropped: the stream runs it first

@@ -12,12 +12,14 @@
 //! IPC, and NCCL's communicators for all GPUs are made in one call.
 //!
 //! Every rank makes the same choices (graph or eager, padded size, split
-//! counts) from the same batch, so their collectives always match: rank 0
-//! checks a batch before any rank runs it, and start-up runs the parts
-//! that can fail alone (weights, workspace) before the first collective.
-//! Steps are not launched ahead of the engine under tensor parallelism,
-//! and KV pages cannot be copied to host tiers (each rank holds only its
-//! heads' part of a page).
+//! counts, whether a step launched ahead is the one asked for) from the
+//! same batch and rank 0's last ids, so their collectives always match:
+//! rank 0 checks a batch before any rank runs it, and start-up runs the
+//! parts that can fail alone (weights, workspace) before the first
+//! collective. Greedy decode steps are launched ahead of the engine on
+//! every rank (each takes the argmax of the same gathered logits); sampled
+//! ones are not (only rank 0 samples). KV pages cannot be copied to host
+//! tiers (each rank holds only its heads' part of a page).
 
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::thread::JoinHandle;
@@ -48,15 +50,27 @@ pub struct TpRunner {
 
 /// What a follower rank's thread is asked to do.
 enum Command {
-    /// Run a step as rank 0 does (`graph`: its graph choice is allowed;
-    /// `scored`: then the LM head of its scored positions).
+    /// Run a step as rank 0 does; `last_ids`: the ids rank 0 returned for
+    /// the step before (which decide, as on rank 0, whether a step launched
+    /// ahead is this one).
     Step {
         batch: OwnedBatch,
-        graph: bool,
-        scored: bool,
+        mode: Mode,
+        last_ids: Vec<TokenId>,
     },
     Sleep,
     Wake,
+}
+
+/// Which of rank 0's step paths a follower mirrors.
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    /// [`ModelRunner::forward`]: logits read back (`scored`: then the LM
+    /// head of the scored positions), nothing launched ahead.
+    Logits { scored: bool },
+    /// [`ModelRunner::forward_greedy`] / `forward_sample`: ids picked on
+    /// the device, a launched-ahead step used or launched as rank 0 does.
+    Ids,
 }
 
 /// A rank past 0: its thread and the channels to it.
@@ -118,29 +132,18 @@ impl TpRunner {
         self.lead.memory()
     }
 
-    /// Sends `command(batch)` to every follower and returns the batch rank
-    /// 0 runs: `batch` never launched ahead (the followers have no ids to
-    /// chain a step on). Checks it first, so no rank starts a step another
-    /// refuses.
-    fn broadcast<'b>(
-        &mut self,
-        batch: &ForwardBatch<'b>,
-        graph: bool,
-        scored: bool,
-    ) -> Result<ForwardBatch<'b>, RunnerError> {
+    /// Sends the step to every follower, after checking it (so no rank
+    /// starts a step another refuses).
+    fn broadcast(&mut self, batch: &ForwardBatch<'_>, mode: Mode) -> Result<(), RunnerError> {
         self.lead.check_batch(batch)?;
         for f in &self.followers {
             f.send(Command::Step {
                 batch: OwnedBatch::of(batch),
-                graph,
-                scored,
+                mode,
+                last_ids: self.lead.last_ids.clone(),
             })?;
         }
-        Ok(ForwardBatch {
-            chunks: batch.chunks.clone(),
-            expect_next: false,
-            score: batch.score.clone(),
-        })
+        Ok(())
     }
 
     /// Waits until every follower has enqueued its part.
@@ -213,11 +216,11 @@ impl Follower {
                     let done = match command {
                         Command::Step {
                             batch,
-                            graph,
-                            scored,
-                        } => rank.follow(&batch.view(), graph, scored),
-                        Command::Sleep => rank.sleep().map(|_| ()),
-                        Command::Wake => rank.wake(),
+                            mode,
+                            last_ids,
+                        } => rank.follow(&batch.view(), mode, last_ids),
+                        Command::Sleep => rank.sleep().map(|_| ()).map_err(backend),
+                        Command::Wake => rank.wake().map_err(backend),
                     };
                     if outbox.send(done.map_err(|e| e.to_string())).is_err() {
                         break;
@@ -262,14 +265,23 @@ impl Drop for Follower {
 
 impl CudaRunner {
     /// A follower rank's part of a step rank 0 checked: the same forward
-    /// pass (and LM head over the scored positions), nothing read back.
+    /// pass (graph or eager, launched ahead or not, as rank 0 decides from
+    /// the same inputs), and the LM head over scored positions, nothing
+    /// read back.
     fn follow(
         &mut self,
         batch: &ForwardBatch<'_>,
-        graph: bool,
-        scored: bool,
-    ) -> Result<(), CudaError> {
-        self.run(batch, graph)?;
+        mode: Mode,
+        last_ids: Vec<TokenId>,
+    ) -> Result<(), RunnerError> {
+        self.last_ids = last_ids;
+        let scored = match mode {
+            Mode::Ids => return self.follow_ids(batch),
+            Mode::Logits { scored } => scored,
+        };
+        // As `forward`: a step launched ahead runs first, unused.
+        self.pending = None;
+        self.run(batch, !scored)?;
         if !scored {
             return Ok(());
         }
@@ -287,6 +299,7 @@ impl CudaRunner {
 /// A batch the follower threads own (a [`ForwardBatch`] borrows).
 struct OwnedBatch {
     chunks: Vec<OwnedChunk>,
+    expect_next: bool,
     score: Vec<(usize, Vec<TokenId>, usize)>,
 }
 
@@ -311,6 +324,7 @@ impl OwnedBatch {
                     group_tables: c.group_tables.to_vec(),
                 })
                 .collect(),
+            expect_next: batch.expect_next,
             score: batch
                 .score
                 .iter()
@@ -331,7 +345,7 @@ impl OwnedBatch {
                     group_tables: &c.group_tables,
                 })
                 .collect(),
-            expect_next: false,
+            expect_next: self.expect_next,
             score: self
                 .score
                 .iter()
@@ -372,6 +386,10 @@ impl ModelRunner for TpRunner {
         )
     }
 
+    fn launches_ahead(&self) -> bool {
+        true
+    }
+
     fn verifies_as_decode_rows(&self) -> bool {
         true
     }
@@ -397,19 +415,23 @@ impl ModelRunner for TpRunner {
 
     fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<&[f32], RunnerError> {
         let scored = !batch.score.is_empty();
-        let batch = self.broadcast(batch, !scored, scored)?;
-        let out = self.lead.forward(&batch);
+        self.broadcast(batch, Mode::Logits { scored })?;
+        let out = self.lead.forward(batch);
         self.followers.iter().try_for_each(Follower::wait)?;
         out
     }
 
+    /// Every rank picks the same argmax from the same gathered logits, so
+    /// each can chain the next step on its own picks (launch-ahead).
     fn forward_greedy(&mut self, batch: &ForwardBatch<'_>) -> Result<Vec<TokenId>, RunnerError> {
-        let batch = self.broadcast(batch, true, false)?;
-        let ids = self.lead.forward_greedy(&batch);
+        self.broadcast(batch, Mode::Ids)?;
+        let ids = self.lead.forward_greedy(batch);
         self.gather()?;
         ids
     }
 
+    /// Only rank 0 samples: nothing is launched ahead after a sampled step
+    /// (the others have no picks to chain it on).
     fn forward_sample(
         &mut self,
         batch: &ForwardBatch<'_>,
@@ -417,9 +439,63 @@ impl ModelRunner for TpRunner {
         masks: &mut dyn MaskSource,
     ) -> Result<Vec<Pick>, RunnerError> {
         ingot_runner::check_rows(batch, rows)?;
-        let batch = self.broadcast(batch, true, false)?;
+        let batch = ForwardBatch {
+            chunks: batch.chunks.clone(),
+            expect_next: false,
+            score: batch.score.clone(),
+        };
+        self.broadcast(&batch, Mode::Ids)?;
         let picks = self.lead.forward_sample(&batch, rows, masks);
         self.gather()?;
         picks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ingot_kv_cache::BlockPool;
+
+    /// A follower sees the batch rank 0 was given: tokens, positions,
+    /// tables of every group, the launch-ahead hint and scored positions.
+    #[test]
+    fn an_owned_batch_views_as_the_batch_it_copied() {
+        let mut pool = BlockPool::new(16, 4, false);
+        let mut tables = [BlockTable::new(), BlockTable::new()];
+        for (t, n) in tables.iter_mut().zip([9, 3]) {
+            assert!(pool.reserve(t, n).is_ok());
+        }
+        let (a, b) = ([5u32, 6, 7], [8u32]);
+        let next = [6u32, 7];
+        let batch = ForwardBatch {
+            chunks: vec![
+                SequenceChunk::with_tables(&a, 0, &tables),
+                SequenceChunk::with_tables(&b, 2, &tables[1..]),
+            ],
+            expect_next: true,
+            score: vec![ScoredChunk {
+                chunk: 0,
+                next: &next,
+                top: 2,
+            }],
+        };
+        let owned = OwnedBatch::of(&batch);
+        let view = owned.view();
+        let parts = |b: &ForwardBatch<'_>| -> Vec<_> {
+            b.chunks
+                .iter()
+                .map(|c| {
+                    (
+                        c.tokens.to_vec(),
+                        c.start_pos,
+                        c.block_table.to_vec(),
+                        c.group_tables.to_vec(),
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(parts(&view), parts(&batch));
+        assert_eq!(view.score, batch.score);
+        assert!(view.expect_next);
     }
 }
