@@ -182,3 +182,23 @@ impl Drop for Communicator {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Where NCCL is installed its version loads; where it is not (CI),
+    /// the error names the package and the override.
+    #[test]
+    fn nccl_loads_or_says_how_to_get_it() {
+        match super::version() {
+            Ok(v) => assert!(v.starts_with("2."), "{v}"),
+            Err(e) => {
+                let m = e.to_string();
+                assert!(m.contains("cannot load NCCL") && m.contains("libnccl.so.2 ("), "{m}");
+                assert!(
+                    m.contains("libnccl2") && m.contains("INGOT_NCCL_LIBRARY"),
+                    "{m}"
+                );
+            }
+        }
+    }
+}
