@@ -60,6 +60,7 @@
 #   tpquick   the TP kernels, the 8B's TP=N logits vs TP=1 and NCCL's, batch 1 TP=1 / TP=N / NCCL
 #   tpla      launch-ahead under TP: Qwen3-30B-A3B TP=N vs TP=1 greedy ids over 64 tokens, batch 1
 #             of the 8B (TP=1 / TP=N / NCCL) and the 70B (bf16, FP8)
+#   tpb1      batch 1 of the 8B, TP=1 / TP=N alternated twice, after the TP kernel checks
 #   tpsmoke   one TP=N generate and a short batch-1 run on the 8B dummy
 #   torch     PyTorch eager baselines for the bench shapes
 #   fp8kernels  the FP8 quantize and GEMV kernels vs a float64 reference (check_fp8.py)
@@ -317,6 +318,14 @@ for phase in "$@"; do
       L70="$W/llama-3.1-70b"; mkdir -p "$L70"; cp tests/gpu/configs/llama-3.1-70b/config.json "$W"/tokenizers/llama3/* "$L70/"
       for q in "" "--quantization fp8"; do
         echo "70B batch 1, TP=$N $q"; "$ING" $B1 --model "$L70" --tensor-parallel-size $N $q | tee -a "$O/bench.jsonl"
+      done ;;
+    tpb1)
+      # Batch 1 of the 8B at TP=1 / TP=N alternated twice (for A/B runs of one TP knob), after the TP kernels.
+      N=$(nvidia-smi -L | wc -l); M=$(llama8b)
+      timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only collective | tail -1
+      B1="bench latency --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json"
+      for round in 1 2; do
+        for tp in 1 "$N"; do echo "8B batch 1, TP=$tp"; "$ING" $B1 --model "$M" --tensor-parallel-size $tp | tee -a "$O/bench.jsonl"; done
       done ;;
     tpsmoke)
       N=$(nvidia-smi -L | wc -l); M=$(llama8b)

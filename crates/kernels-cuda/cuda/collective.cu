@@ -38,6 +38,10 @@ extern "C" __global__ void __launch_bounds__(256) all_reduce_oneshot_f32(
     const unsigned long long* __restrict__ flags, unsigned* __restrict__ epochs, int rank, int ranks,
     long long half_floats, const float* __restrict__ norm_w, bf16* __restrict__ xg, SumSq* __restrict__ sumsq) {
   pdl_wait();
+  // The next kernel may start now: it reads weights before its own wait
+  // (which holds it until this grid is done), so its loads overlap the
+  // wait for the other ranks below.
+  pdl_launch_dependents();
   __shared__ unsigned epoch;
   const int row = blockIdx.y, b = row * gridDim.x + blockIdx.x;
   if (threadIdx.x == 0) epoch = epochs[b] + 1;
@@ -60,7 +64,6 @@ extern "C" __global__ void __launch_bounds__(256) all_reduce_oneshot_f32(
     }
   }
   __syncthreads();
-  pdl_launch_dependents();
   float ss = 0.f;
   for (long long i = start + threadIdx.x * 4; i < end; i += blockDim.x * 4) {
     float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
