@@ -193,7 +193,10 @@ mod tests {
             Ok(v) => assert!(v.starts_with("2."), "{v}"),
             Err(e) => {
                 let m = e.to_string();
-                assert!(m.contains("cannot load NCCL") && m.contains("libnccl.so.2 ("), "{m}");
+                assert!(
+                    m.contains("cannot load NCCL") && m.contains("libnccl.so.2 ("),
+                    "{m}"
+                );
                 assert!(
                     m.contains("libnccl2") && m.contains("INGOT_NCCL_LIBRARY"),
                     "{m}"

@@ -91,6 +91,13 @@ impl TpRunner {
         progress: &dyn Fn(usize, usize),
     ) -> Result<Self, CudaError> {
         let plan = ShardPlan::new(&config, size)?;
+        if opts.deterministic && size > 2 {
+            // Two partial sums add the same either way; more do not.
+            return Err(CudaError::Unsupported(format!(
+                "engine.deterministic with tensor_parallel_size {size}: NCCL's ring adds more than two \
+                 ranks' parts in an order that depends on the message size; use a size of 1 or 2"
+            )));
+        }
         let present = crate::device_count()?;
         if size > present {
             return Err(CudaError::InvalidOption(format!(
