@@ -121,11 +121,6 @@ impl ShardPlan {
         })
     }
 
-    /// Ranks in the group.
-    pub fn size(&self) -> usize {
-        self.size
-    }
-
     /// What rank `rank` computes with: its heads, KV heads, MLP and expert
     /// columns, the full vocabulary for the (replicated) embedding, its
     /// own LM-head tensor (untied) and its [`Shard`] (which sizes it).
@@ -141,14 +136,20 @@ impl ShardPlan {
         }
         // Every rank holds its own rows of the head, tied or not.
         c.tie_word_embeddings = false;
-        c.shard = Some(Shard {
-            rank,
-            size: n,
-            vocab: c.vocab_size,
-            vocab_rows: c.vocab_size.div_ceil(n),
-            kv_heads: self.config.num_kv_heads,
-        });
+        c.shard = Some(self.shard(rank));
         c
+    }
+
+    /// Rank `rank`'s place in the group.
+    fn shard(&self, rank: usize) -> Shard {
+        let vocab = self.config.vocab_size;
+        Shard {
+            rank,
+            size: self.size,
+            vocab,
+            vocab_rows: vocab.div_ceil(self.size),
+            kv_heads: self.config.num_kv_heads,
+        }
     }
 
     /// How rank `rank` holds the canonical tensor `name` of shape `shape`
@@ -166,7 +167,7 @@ impl ShardPlan {
         };
         let mut rank_shape = shape.to_vec();
         rank_shape[dim] = len;
-        self.rank_config(rank).shard?.split(name, &rank_shape)
+        self.shard(rank).split(name, &rank_shape)
     }
 }
 
@@ -254,13 +255,13 @@ impl<'a> ShardedSource<'a> {
     }
 }
 
-/// Elements of `shape` sliced by `split`, each `elem` bytes: for every
-/// index of the dims before `split.dim`, `split.len` slabs of the inner
-/// dims, zeros past the end.
-fn slice_bytes(data: &[u8], shape: &[usize], split: &Split, elem: usize) -> Vec<u8> {
+/// `data` of `shape` sliced by `split`, each element `per` items of `T`
+/// (an f32, or a bf16's two bytes): for every index of the dims before
+/// `split.dim`, `split.len` slabs of the inner dims, zeros past the end.
+fn slice<T: Copy + Default>(data: &[T], shape: &[usize], split: &Split, per: usize) -> Vec<T> {
     let outer: usize = shape[..split.dim].iter().product();
-    let inner: usize = shape[split.dim + 1..].iter().product::<usize>() * elem;
-    let mut out = vec![0u8; outer * split.len * inner];
+    let inner: usize = shape[split.dim + 1..].iter().product::<usize>() * per;
+    let mut out = vec![T::default(); outer * split.len * inner];
     let present = split.full.saturating_sub(split.start).min(split.len);
     for o in 0..outer {
         let from = (o * split.full + split.start) * inner;
@@ -283,12 +284,7 @@ impl TensorSource for ShardedSource<'_> {
         let Some(split) = self.plan.split(name, &t.shape, self.rank) else {
             return Ok(t);
         };
-        let bytes: Vec<u8> = t.data.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let sliced = slice_bytes(&bytes, &t.shape, &split, 4);
-        let data = sliced
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        let data = slice(&t.data, &t.shape, &split, 1);
         Ok(HostTensor::new(sliced_shape(&t.shape, &split), data))
     }
 
@@ -301,7 +297,7 @@ impl TensorSource for ShardedSource<'_> {
         };
         Ok(Some(Bf16Tensor {
             shape: sliced_shape(&t.shape, &split),
-            bytes: slice_bytes(&t.bytes, &t.shape, &split, 2).into(),
+            bytes: slice(&t.bytes, &t.shape, &split, 2).into(),
         }))
     }
 
@@ -546,10 +542,7 @@ mod tests {
             len: 2,
             full: 3,
         };
-        assert_eq!(
-            slice_bytes(&data, &[2, 3, 2], &s, 1),
-            [2, 3, 4, 5, 8, 9, 10, 11]
-        );
+        assert_eq!(slice(&data, &[2, 3, 2], &s, 1), [2, 3, 4, 5, 8, 9, 10, 11]);
         // Rows 2..4 of 3: the last is padding.
         let s = Split {
             dim: 0,
@@ -557,9 +550,6 @@ mod tests {
             len: 2,
             full: 3,
         };
-        assert_eq!(
-            slice_bytes(&data, &[3, 4], &s, 1),
-            [8, 9, 10, 11, 0, 0, 0, 0]
-        );
+        assert_eq!(slice(&data, &[3, 4], &s, 1), [8, 9, 10, 11, 0, 0, 0, 0]);
     }
 }

@@ -73,8 +73,10 @@ impl Shards<'_, '_> {
         };
         let (vocab, per) = (shard.vocab, shard.vocab_rows);
         let mut out = vec![0.0; rows * vocab];
-        for (rank, op) in self.0.iter().enumerate() {
-            let cols = (rank * per).min(vocab)..((rank + 1) * per).min(vocab);
+        for op in &self.0 {
+            let Some(cols) = op.config.shard.map(|s| s.vocab_range()) else {
+                continue;
+            };
             for r in 0..rows {
                 let src = &op.ws.logits[r * per..r * per + cols.len()];
                 out[r * vocab + cols.start..r * vocab + cols.end].copy_from_slice(src);

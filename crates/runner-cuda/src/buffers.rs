@@ -267,7 +267,7 @@ fn piece_sizes(c: &ModelConfig, t: usize, s: usize, layout: &InputLayout) -> [us
     let (head_rows, ranks) = c
         .shard
         .map_or((0, 0), |sh| (s * sh.vocab_rows * 4, sh.size));
-    [
+    let sizes = [
         layout.len * 4,
         t * d * 4,              // x (f32 residual)
         t * d * 2,              // xn
@@ -288,7 +288,9 @@ fn piece_sizes(c: &ModelConfig, t: usize, s: usize, layout: &InputLayout) -> [us
         moe[3],
         head_rows,
         ranks * head_rows,
-    ]
+    ];
+    // An empty piece still gets its own address (one alignment unit).
+    sizes.map(|b| b.max(1))
 }
 
 impl Buffers {
@@ -298,9 +300,7 @@ impl Buffers {
 
     /// Workspace bytes for `t` tokens and `s` sequences per step.
     pub fn bytes(c: &ModelConfig, t: usize, s: usize, bs: usize) -> usize {
-        // Empty pieces take one alignment unit too (see `new`).
-        let sizes = piece_sizes(c, t, s, &Self::layout(c, t, s, bs));
-        Arena::size_of(sizes.map(|b| b.max(1)))
+        Arena::size_of(piece_sizes(c, t, s, &Self::layout(c, t, s, bs)))
     }
 
     /// Carves the workspace out of `arena` (which also holds cuBLASLt's).
@@ -314,7 +314,7 @@ impl Buffers {
         let sizes = piece_sizes(c, t, s, &layout);
         let mut p = [0; 20];
         for (slot, &bytes) in p.iter_mut().zip(sizes.iter()) {
-            *slot = arena.take(bytes.max(1))?;
+            *slot = arena.take(bytes)?;
         }
         Ok(Self {
             max_tokens: t,

@@ -57,13 +57,7 @@ impl CudaRunner {
         let n = batch.chunks.len();
         let (launched, partial) = self.take_launched(batch);
         let partial = partial.as_deref();
-        let graph = match (&launched, partial) {
-            // The device's inputs are laid out for the launched rows, so
-            // nothing is chained after a partial hit.
-            (Some(_), Some(_)) => None,
-            (Some(step), None) => Some(step.graph),
-            (None, _) => self.run(batch, true)?.graph_size,
-        };
+        let graph = self.step_graph(batch, launched.as_ref(), partial)?;
         // Ids sampled here are in this batch's order; a greedy hit's were
         // picked by the launched step, in its rows' order.
         let id_rows = partial.filter(|_| rows.is_none());
@@ -77,9 +71,7 @@ impl CudaRunner {
             (None, Some(step)) => (step.buffer, step.done),
             (None, None) => self.download_ids(n)?,
         };
-        if let Some(size) = graph.filter(|_| batch.expect_next && self.profiler.is_none()) {
-            self.launch_next(batch, size)?;
-        }
+        self.chain_next(batch, graph)?;
         done.synchronize().map_err(CudaError::from)?;
         let ids = self.ids_host[buffer].as_slice();
         self.last_ids = match id_rows {
@@ -94,15 +86,37 @@ impl CudaRunner {
     /// and (set by the caller) rank 0's last ids; nothing is read back.
     pub(super) fn follow_ids(&mut self, batch: &ForwardBatch<'_>) -> Result<(), RunnerError> {
         let (launched, partial) = self.take_launched(batch);
-        let graph = match (&launched, partial) {
+        let graph = self.step_graph(batch, launched.as_ref(), partial.as_deref())?;
+        self.chain_next(batch, graph)
+    }
+
+    /// Runs `batch` unless the step launched ahead already did; the graph
+    /// size the next step can chain on (none after a partial hit: the
+    /// device's inputs are laid out for the launched rows).
+    fn step_graph(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+        launched: Option<&LaunchAhead>,
+        partial: Option<&[usize]>,
+    ) -> Result<Option<usize>, RunnerError> {
+        Ok(match (launched, partial) {
             (Some(_), Some(_)) => None,
             (Some(step), None) => Some(step.graph),
             (None, _) => self.run(batch, true)?.graph_size,
-        };
-        if let Some(size) = graph.filter(|_| batch.expect_next && self.profiler.is_none()) {
-            self.launch_next(batch, size)?;
+        })
+    }
+
+    /// Launches the step after `batch` on the graph of `graph` rows when
+    /// the engine expects it.
+    fn chain_next(
+        &mut self,
+        batch: &ForwardBatch<'_>,
+        graph: Option<usize>,
+    ) -> Result<(), RunnerError> {
+        match graph.filter(|_| batch.expect_next && self.profiler.is_none()) {
+            Some(size) => self.launch_next(batch, size),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// The launch-ahead step `batch` can use, and on a partial hit which

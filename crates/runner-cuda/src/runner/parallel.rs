@@ -44,8 +44,8 @@ pub struct TpRunner {
     /// The whole model's config (the ranks hold their shares).
     config: ModelConfig,
     lead: CudaRunner,
+    /// Ranks 1.. (rank r runs on GPU r).
     followers: Vec<Follower>,
-    devices: Vec<usize>,
 }
 
 /// What a follower rank's thread is asked to do.
@@ -130,8 +130,12 @@ impl TpRunner {
             config,
             lead,
             followers,
-            devices,
         })
+    }
+
+    /// Ranks (and GPUs) in the group.
+    fn size(&self) -> usize {
+        self.followers.len() + 1
     }
 
     /// Device memory of one GPU (every rank holds the same shares).
@@ -384,12 +388,12 @@ impl ModelRunner for TpRunner {
     }
 
     fn device_name(&self) -> String {
-        let ids: Vec<String> = self.devices.iter().map(|d| d.to_string()).collect();
+        let ids: Vec<String> = (0..self.size()).map(|d| d.to_string()).collect();
         format!(
             "cuda:{} {} (tensor parallel {})",
             ids.join(","),
             self.lead.gpu.name,
-            self.devices.len()
+            self.size()
         )
     }
 
@@ -408,7 +412,7 @@ impl ModelRunner for TpRunner {
         let bytes = self.lead.sleep().map_err(backend);
         self.gather()?;
         // Every rank holds the same bytes.
-        Ok(bytes? as u64 * self.devices.len() as u64)
+        Ok(bytes? as u64 * self.size() as u64)
     }
 
     fn wake(&mut self) -> Result<(), RunnerError> {
