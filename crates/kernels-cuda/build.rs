@@ -33,6 +33,7 @@ const SOURCES: &[&str] = &[
     "fp8",
     "moe",
     "collective",
+    "quant",
 ];
 
 fn main() {

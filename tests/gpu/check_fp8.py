@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Checks the FP8 (e4m3) weight kernels against a float64 NumPy reference:
+"""Checks the FP8 (e4m3) weight kernels against a float64 NumPy reference
+(and, with `--only q8_0`, the GEMVs and expansion of native GGUF Q8_0
+weights the same way, in quant.cu's layout):
 `quantize_rows_e4m3` (fp8.cu) and every `gemv_fp8_*` variant (gemv.cu) on
 random inputs, with the matrix in the loader's layout (e4m3 rows, then one
 f32 scale per row at the next 256-byte boundary). The reference multiplies
@@ -16,6 +18,7 @@ as the two kernels they replace (elementwise.cu's norm or activation, then
 Prints one line per check and exits 1 if any fails.
 """
 import argparse
+import ctypes
 import math
 import os
 import sys
@@ -40,6 +43,27 @@ def fp8_matrix(rng, rows, cols, scale=0.05):
     buf[: rows * cols] = q.view(torch.uint8).flatten()
     buf[at:] = torch.from_numpy(s.copy()).view(torch.uint8)
     return buf.cuda(), deq
+
+
+def q8_0_matrix(rng, rows, cols, scale=0.05):
+    """(device buffer in the native GGUF layout of quant.cu: int8 quants
+    row-major, then one f16 scale per block of 32 at the next 256-byte
+    boundary; dequantized float64 weights). Blocks are quantized as
+    llama.cpp's quantize_row_q8_0 does: d = absmax / 127, q = round(x / d)."""
+    w = rnd(rng, rows, cols, scale=scale) * rng.uniform(0.2, 5.0, size=(rows, 1))
+    blocks = w.reshape(rows, cols // 32, 32)
+    d = (np.abs(blocks).max(-1) / 127.0).astype(np.float16)
+    inv = np.where(d == 0, 0.0, 1.0 / d.astype(np.float64))
+    q = np.clip(np.rint(blocks * inv[..., None]), -127, 127).astype(np.int8)
+    deq = (q.astype(np.float64) * d.astype(np.float64)[..., None]).reshape(rows, cols)
+    at = (rows * cols + 255) // 256 * 256
+    buf = torch.zeros(at + rows * cols // 32 * 2, dtype=torch.uint8)
+    buf[: rows * cols] = torch.from_numpy(q.reshape(-1).view(np.uint8).copy())
+    buf[at:] = torch.from_numpy(d.reshape(-1).view(np.uint8).copy())
+    return buf.cuda(), deq
+
+
+KINDS = {"fp8": ("gemv_fp8", fp8_matrix), "q8_0": ("gemv_q8_0", q8_0_matrix)}
 
 
 def check_quantize(m, rng):
@@ -77,42 +101,43 @@ def check_scale_out(m, rng):
         report(f"fp8_scale_out mode {mode}", rel(host(y), want + (0 if start is None else start)), tol)
 
 
-def check_gemv_fp8(m, rng):
-    for n, inp, out in ((1, 576, 960), (3, 1536, 576), (8, 4096, 1000), (2, 14336, 512)):
+def check_gemv_fp8(m, rng, kind="fp8", sizes=((1, 576, 960), (3, 1536, 576), (8, 4096, 1000), (2, 14336, 512))):
+    prefix, matrix = KINDS[kind]
+    for n, inp, out in sizes:
         x = bf(rnd(rng, n, inp))
-        wd, w = fp8_matrix(rng, out, inp)
+        wd, w = matrix(rng, out, inp)
         want = x @ w.T
         xd = dev(x, torch.bfloat16)
         grid = (math.ceil(out / 8),)
-        tag = f"gemv_fp8 n={n} {inp}->{out}"
+        tag = f"{prefix} n={n} {inp}->{out}"
         y = torch.empty(n, out, dtype=torch.bfloat16, device="cuda")
-        launch(m.fn(f"gemv_fp8_n{n}_bf16"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(None), ptr(None), ptr(None)])
+        launch(m.fn(f"{prefix}_n{n}_bf16"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(None), ptr(None), ptr(None)])
         report(f"{tag} bf16 out", rel(host(y), want), 8e-3)
         y = torch.empty(n, out, dtype=torch.float32, device="cuda")
-        launch(m.fn(f"gemv_fp8_n{n}_f32"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(None), ptr(None), ptr(None)])
+        launch(m.fn(f"{prefix}_n{n}_f32"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(None), ptr(None), ptr(None)])
         report(f"{tag} f32 out", rel(host(y), want), 1e-5)
         base = rnd(rng, n, out).astype(np.float32).astype(np.float64)
         y = dev(base, torch.float32)
         ssb = ck.sumsq_buffer()
         g = (1 + 0.2 * rnd(rng, out)).astype(np.float32).astype(np.float64)
         xg = torch.empty(n, out, dtype=torch.bfloat16, device="cuda")
-        launch(m.fn(f"gemv_fp8_n{n}_add_f32"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(ssb),
+        launch(m.fn(f"{prefix}_n{n}_add_f32"), grid, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(ssb),
                                                          ptr(dev(g, torch.float32)), ptr(xg)])
         report(f"{tag} f32 accumulate", rel(host(y), base + want), 1e-5)
         got, _ = ck.sumsq_rows(ssb, n)
         report(f"{tag} f32 accumulate: sums of squares", rel(got, ((base + want) ** 2).sum(-1)), 1e-5)
-        w2d, w2 = fp8_matrix(rng, 2 * out, inp)
+        w2d, w2 = matrix(rng, 2 * out, inp)
         gate, up = x @ w2[:out].T, x @ w2[out:].T
         y = torch.empty(n, out, dtype=torch.bfloat16, device="cuda")
-        launch(m.fn(f"gemv_fp8_n{n}_swiglu"), grid, 256, [ptr(xd), ptr(w2d), ptr(y), i32(inp), i32(out)])
+        launch(m.fn(f"{prefix}_n{n}_swiglu"), grid, 256, [ptr(xd), ptr(w2d), ptr(y), i32(inp), i32(out)])
         report(f"{tag} swiglu (bf16 out)", rel(host(y), gate / (1 + np.exp(-gate)) * up), 8e-3)
-        launch(m.fn(f"gemv_fp8_n{n}_geglu"), grid, 256, [ptr(xd), ptr(w2d), ptr(y), i32(inp), i32(out)])
+        launch(m.fn(f"{prefix}_n{n}_geglu"), grid, 256, [ptr(xd), ptr(w2d), ptr(y), i32(inp), i32(out)])
         report(f"{tag} geglu (bf16 out)", rel(host(y), ck.gelu_tanh(gate) * up), 8e-3)
 
 
-def qkv_case(rng, n, H, KVH, hd, d):
+def qkv_case(rng, n, H, KVH, hd, d, matrix=fp8_matrix):
     w = (H + 2 * KVH) * hd
-    wqd, wq = fp8_matrix(rng, w, d)
+    wqd, wq = matrix(rng, w, d)
     pos, slots = rng.integers(0, 512, n), rng.permutation(64)[:n]
     cos, sin = (a.astype(np.float32).astype(np.float64) for a in ck.rope_tables(hd, 512, 10000.0))
     q_out = torch.zeros(n, H * hd, dtype=torch.bfloat16, device="cuda")
@@ -133,17 +158,19 @@ def qkv_case(rng, n, H, KVH, hd, d):
     return w, wqd, wq, tail, verify
 
 
-def check_qkv_rope_fp8(m, rng):
+def check_qkv_rope_fp8(m, rng, kind="fp8"):
+    prefix, matrix = KINDS[kind]
     for n, H, KVH, hd, d in ((1, 9, 3, 64, 576), (4, 32, 8, 128, 4096)):
-        w, wqd, wq, tail, verify = qkv_case(rng, n, H, KVH, hd, d)
+        w, wqd, wq, tail, verify = qkv_case(rng, n, H, KVH, hd, d, matrix)
         x = bf(rnd(rng, n, d))
-        launch(m.fn(f"gemv_fp8_n{n}_qkv_rope"), (math.ceil(w / 8),), 256,
+        launch(m.fn(f"{prefix}_n{n}_qkv_rope"), (math.ceil(w / 8),), 256,
                [ptr(dev(x, torch.bfloat16)), ptr(wqd), i32(d), ptr(None)] + tail)
-        verify(f"gemv_fp8 qkv_rope n={n} H={H} KVH={KVH} hd={hd}", x @ wq.T)
+        verify(f"{prefix} qkv_rope n={n} H={H} KVH={KVH} hd={hd}", x @ wq.T)
 
 
-def check_fused_norm_fp8(m, rng):
+def check_fused_norm_fp8(m, rng, kind="fp8"):
     """The normed variants: pre-scaled xg = bf16(x * g), 1/rms from SumSq."""
+    prefix, matrix = KINDS[kind]
     n, d, ff, eps = 2, 576, 1536, 1e-5
     x = rnd(rng, n, d, scale=3.0).astype(np.float32).astype(np.float64)
     nw = (1 + 0.2 * rnd(rng, d)).astype(np.float32).astype(np.float64)
@@ -151,21 +178,21 @@ def check_fused_norm_fp8(m, rng):
     xn = xg / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)
     ssb = ck.sumsq_buffer((x ** 2).sum(-1))
     xgd = dev(xg, torch.bfloat16)
-    w2d, w2 = fp8_matrix(rng, 2 * ff, d)
+    w2d, w2 = matrix(rng, 2 * ff, d)
     gate, up = xn @ w2[:ff].T, xn @ w2[ff:].T
     y = torch.empty(n, ff, dtype=torch.bfloat16, device="cuda")
     head = [ptr(xgd), f32(eps), ptr(ssb)]
-    launch(m.fn(f"gemv_fp8_n{n}_swiglu_norm"), (math.ceil(ff / 8),), 256, head + [ptr(w2d), ptr(y), i32(d), i32(ff)])
-    report(f"gemv_fp8 n={n} swiglu with fused RMSNorm", rel(host(y), gate / (1 + np.exp(-gate)) * up), 8e-3)
-    launch(m.fn(f"gemv_fp8_n{n}_geglu_norm"), (math.ceil(ff / 8),), 256, head + [ptr(w2d), ptr(y), i32(d), i32(ff)])
-    report(f"gemv_fp8 n={n} geglu with fused RMSNorm", rel(host(y), ck.gelu_tanh(gate) * up), 8e-3)
-    wpd, wp = fp8_matrix(rng, 704, d)
+    launch(m.fn(f"{prefix}_n{n}_swiglu_norm"), (math.ceil(ff / 8),), 256, head + [ptr(w2d), ptr(y), i32(d), i32(ff)])
+    report(f"{prefix} n={n} swiglu with fused RMSNorm", rel(host(y), gate / (1 + np.exp(-gate)) * up), 8e-3)
+    launch(m.fn(f"{prefix}_n{n}_geglu_norm"), (math.ceil(ff / 8),), 256, head + [ptr(w2d), ptr(y), i32(d), i32(ff)])
+    report(f"{prefix} n={n} geglu with fused RMSNorm", rel(host(y), ck.gelu_tanh(gate) * up), 8e-3)
+    wpd, wp = matrix(rng, 704, d)
     yp = torch.empty(n, 704, dtype=torch.bfloat16, device="cuda")
-    launch(m.fn(f"gemv_fp8_n{n}_bf16_norm"), (704 // 8,), 256, head + [ptr(wpd), ptr(yp), i32(d), i32(704)])
-    report(f"gemv_fp8 n={n} bf16 out with fused RMSNorm", rel(host(yp), xn @ wp.T), 8e-3)
-    w, wqd, wq, tail, verify = qkv_case(rng, n, 9, 3, 64, d)
-    launch(m.fn(f"gemv_fp8_n{n}_qkv_rope_norm"), (math.ceil(w / 8),), 256, head + [ptr(wqd), i32(d), ptr(None)] + tail)
-    verify(f"gemv_fp8 n={n} qkv_rope with fused RMSNorm", xn @ wq.T)
+    launch(m.fn(f"{prefix}_n{n}_bf16_norm"), (704 // 8,), 256, head + [ptr(wpd), ptr(yp), i32(d), i32(704)])
+    report(f"{prefix} n={n} bf16 out with fused RMSNorm", rel(host(yp), xn @ wp.T), 8e-3)
+    w, wqd, wq, tail, verify = qkv_case(rng, n, 9, 3, 64, d, matrix)
+    launch(m.fn(f"{prefix}_n{n}_qkv_rope_norm"), (math.ceil(w / 8),), 256, head + [ptr(wqd), i32(d), ptr(None)] + tail)
+    verify(f"{prefix} n={n} qkv_rope with fused RMSNorm", xn @ wq.T)
 
 
 def same_bytes(name, q, s, q_ref, s_ref):
@@ -209,12 +236,38 @@ def check_fused_producers(m, elementwise, rng):
             same_bytes(f"{act}_e4m3 {rows}x{ff}", q, s, q_ref, s_ref)
 
 
+def check_dequant_q8_0(m, rng):
+    """dequant_q8_0_bf16: the bf16 expansion larger products multiply."""
+    for rows, cols in ((7, 576), (300, 4096)):
+        wd, w = q8_0_matrix(rng, rows, cols)
+        y = torch.empty(rows, cols, dtype=torch.bfloat16, device="cuda")
+        launch(m.fn("dequant_q8_0_bf16"), (min(4096, math.ceil(rows * cols / 16 / 256)),), 256,
+               [ptr(wd), ptr(y), ctypes.c_longlong(rows), i32(cols)])
+        report(f"dequant_q8_0_bf16 {rows}x{cols}", rel(host(y), w), 4e-3)
+
+
+def check_q8_0(cubins, rng):
+    """The native GGUF Q8_0 kernels: every GEMV mode at n = 1..8, the expansion."""
+    gemv = ck.Module(os.path.join(cubins, "gemv.sm_90.cubin"))
+    sizes = [(n, inp, out) for n, (inp, out) in zip(range(1, 9), [(576, 960), (1536, 576), (4096, 1000),
+             (14336, 512), (2048, 768), (576, 64), (4096, 520), (8192, 100)])]
+    check_gemv_fp8(gemv, rng, "q8_0", sizes)
+    check_qkv_rope_fp8(gemv, rng, "q8_0")
+    check_fused_norm_fp8(gemv, rng, "q8_0")
+    check_dequant_q8_0(ck.Module(os.path.join(cubins, "quant.sm_90.cubin")), rng)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cubins", required=True, help="folder with fp8/gemv/elementwise .sm_90.cubin")
+    ap.add_argument("--cubins", required=True, help="folder with fp8/gemv/elementwise/quant .sm_90.cubin")
+    ap.add_argument("--only", choices=["fp8", "q8_0"], help="one weight type's checks (default: fp8)")
     args = ap.parse_args()
     torch.zeros(1, device="cuda")  # makes the primary context current for the driver calls
     rng = np.random.default_rng(0)
+    if args.only == "q8_0":
+        check_q8_0(args.cubins, rng)
+        print(f"q8_0 kernel checks: {'all passed' if not ck.FAILS else 'FAILED: ' + ', '.join(ck.FAILS)}")
+        sys.exit(1 if ck.FAILS else 0)
     fp8 = ck.Module(os.path.join(args.cubins, "fp8.sm_90.cubin"))
     gemv = ck.Module(os.path.join(args.cubins, "gemv.sm_90.cubin"))
     elementwise = ck.Module(os.path.join(args.cubins, "elementwise.sm_90.cubin"))

@@ -2,7 +2,12 @@
 """CUDA backend vs CPU backend (bf16 weights) on a real model: first-step
 logits error and 32 greedy tokens per prompt.
 
-    python3 tests/gpu/compare_backends.py --ingot BIN --model SmolLM2.gguf
+    python3 tests/gpu/compare_backends.py --ingot BIN --model SmolLM2.gguf \
+        [--cuda-flags "--cuda-weights native"] [--cpu-flags "--cpu-weights f32"]
+
+--cpu-flags replaces the CPU's default `--dtype bf16 --cpu-weights f32`
+(e.g. f32 weights for the exact reference); --cuda-flags are added to
+every CUDA run.
 
 A greedy divergence passes only at a near-tie: the CPU's top-1/top-2 margin
 at the diverging step is printed and must be below --tie-margin. Exit 1 on a
@@ -28,15 +33,18 @@ PROMPTS = [
 
 
 
+FLAGS = {"cpu": ["--dtype", "bf16", "--cpu-weights", "f32"], "cuda": []}
+
+
 def logits(binary, model, device, ids, out):
-    flags = ["--dtype", "bf16", "--cpu-weights", "f32"] if device == "cpu" else []
+    flags = FLAGS[device]
     ingot(binary, "logits", "--model", model, "--device", device, *flags,
           "--prompt-ids", ",".join(map(str, ids)), "--out", out)
     return np.fromfile(out, dtype="<f4").astype(np.float64)
 
 
 def greedy(binary, model, device, prompt, n):
-    flags = ["--dtype", "bf16", "--cpu-weights", "f32"] if device == "cpu" else []
+    flags = FLAGS[device]
     r = ingot(binary, "generate", "--model", model, "--device", device, *flags, "--prompt", prompt,
               "--max-tokens", str(n), "--ignore-eos", "--print-ids")
     return json.loads(r.stderr.strip().splitlines()[-1])
@@ -49,7 +57,12 @@ def main():
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--threshold", type=float, default=2e-2)
     ap.add_argument("--tie-margin", type=float, default=0.1)
+    ap.add_argument("--cuda-flags", default="")
+    ap.add_argument("--cpu-flags")
     args = ap.parse_args()
+    FLAGS["cuda"] = args.cuda_flags.split()
+    if args.cpu_flags is not None:
+        FLAGS["cpu"] = args.cpu_flags.split()
     tmp = tempfile.mkdtemp()
     failures = []
     print(f"{'prompt':40} {'rel_l2':>9} {'rel_max':>9} {'greedy':>12}")

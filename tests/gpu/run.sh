@@ -72,6 +72,11 @@
 #   fp8ignore model.fp8_ignore on the 8B dummy: everything kept bf16 equals BF16 exactly; batch 1
 #             with down_proj kept
 #   fp8bench  8B dummy with --quantization fp8: batch 1, prefill 1024, 256 x 1024 decode
+#   q8        native GGUF Q8_0 (--cuda-weights native): its GEMV modes (n = 1..8) and expansion vs
+#             float64 (check_fp8.py --only q8_0); a 2-layer Llama-3.2-1B-shaped Q8_0 GGUF (write_gguf.py):
+#             CUDA native and bf16-expanded vs the CPU's exact f32 path (compare_backends.py); the
+#             8B-shaped Q8_0 GGUF: batch 1 native / bf16-expanded / FP8 (dummy) alternated twice,
+#             prefill 1024 and 256 x (1024 in, 128 out) native
 #   fp8head   model.fp8_lm_head (--fp8-lm-head) against FP8 with the bf16 head: logits rel_l2 and
 #             32-token greedy agreement (compare_fp8.py --ref) on the 8B dummy (untied head); 8B
 #             batch 1, FP8 without / with the head alternated twice, BF16 once; the same comparison
@@ -199,6 +204,25 @@ for phase in "$@"; do
       "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 $Q --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl"
       "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 $Q --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 5 --json | tee -a "$O/bench.jsonl"
       "$ING" bench throughput --model "$M" --load-format dummy --max-model-len 4096 $Q --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl" ;;
+    q8)
+      timeout -k 5 "$T" python3 tests/gpu/check_fp8.py --cubins "$W" --only q8_0 | grep -v "^ok"
+      M=$(llama8b); S="$W/llama-3.2-1b"; mkdir -p "$S"
+      cp tests/gpu/configs/llama-3.2-1b/config.json "$W"/tokenizers/llama3/* "$S/"
+      python3 tests/gpu/write_gguf.py --config "$S/config.json" --tokenizer "$S" --out "$W/q8-1b-2l.gguf" --layers 2 --dtype q8_0
+      for flags in "--cuda-weights native" "--cuda-weights bf16"; do
+        echo "CUDA $flags vs the CPU's exact f32 path"
+        timeout -k 5 "$T" python3 tests/gpu/compare_backends.py --ingot "$ING_RAW" --model "$W/q8-1b-2l.gguf" --tokens 16 \
+          --cpu-flags "--cpu-weights f32" --cuda-flags "$flags" | tee -a "$O/q8_compare.txt"
+      done
+      python3 tests/gpu/write_gguf.py --config "$M/config.json" --tokenizer "$M" --out "$W/q8-8b.gguf" --dtype q8_0
+      B1="bench latency --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json"
+      for round in 1 2; do
+        echo "round $round: native"; "$ING" $B1 --model "$W/q8-8b.gguf" --cuda-weights native | tee -a "$O/bench.jsonl"
+        echo "round $round: bf16-expanded"; "$ING" $B1 --model "$W/q8-8b.gguf" | tee -a "$O/bench.jsonl"
+        echo "round $round: fp8 (dummy)"; "$ING" $B1 --model "$M" --load-format dummy --quantization fp8 | tee -a "$O/bench.jsonl"
+      done
+      "$ING" bench latency --model "$W/q8-8b.gguf" --cuda-weights native --max-model-len 4096 --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 5 --json | tee -a "$O/bench.jsonl"
+      "$ING" bench throughput --model "$W/q8-8b.gguf" --cuda-weights native --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl" ;;
     fp8head)
       # Order: the must-haves first (8B accuracy, batch 1), so a cut-off call still has them.
       M=$(llama8b)

@@ -3,9 +3,11 @@
 machine has no gguf package and no network), for load benchmarks:
 
     python3 tests/gpu/write_gguf.py --config CONFIG.json --tokenizer DIR \
-        --out model.gguf [--layers N] [--dtype bf16|f16]
+        --out model.gguf [--layers N] [--dtype bf16|f16|q8_0]
 
-Matrices are stored in --dtype, norms in f32, under llama.cpp's tensor
+Matrices are stored in --dtype (q8_0: llama.cpp's 34-byte blocks of 32,
+d = absmax / 127 in f16 and the rounded int8 quants, as quantize_row_q8_0
+writes them), norms in f32, under llama.cpp's tensor
 names; the tokenizer (DIR/tokenizer.json, a byte-level BPE such as
 Llama 3's) goes into the metadata the way llama.cpp's converter puts it.
 Values are small normals (std 0.02) drawn once into a pool and sliced at
@@ -19,7 +21,19 @@ import numpy as np
 
 ALIGN = 32
 T_U32, T_F32, T_BOOL, T_STR, T_ARR, T_I32 = 4, 6, 7, 8, 9, 5
-GGML_F32, GGML_F16, GGML_BF16 = 0, 1, 30
+GGML_F32, GGML_F16, GGML_Q8_0, GGML_BF16 = 0, 1, 8, 30
+
+
+def q8_0_blocks(x):
+    """Q8_0 blocks of the f32 values x (a multiple of 32), as bytes."""
+    b = x.reshape(-1, 32).astype(np.float32)
+    d = (np.abs(b).max(-1) / 127.0).astype(np.float16)
+    inv = np.where(d == 0, 0.0, 1.0 / d.astype(np.float32))
+    q = np.clip(np.rint(b * inv[:, None]), -127, 127).astype(np.int8)
+    out = np.empty((len(b), 34), dtype=np.uint8)
+    out[:, :2] = d.view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = q.view(np.uint8)
+    return out
 
 
 def s(x):
@@ -78,7 +92,7 @@ def main():
     ap.add_argument("--tokenizer", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--layers", type=int)
-    ap.add_argument("--dtype", choices=["bf16", "f16"], default="bf16")
+    ap.add_argument("--dtype", choices=["bf16", "f16", "q8_0"], default="bf16")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     c = json.load(open(a.config))
@@ -119,11 +133,12 @@ def main():
             (b + "ffn_down.weight", (d, ff)),
         ]
     shapes += [("output_norm.weight", (d,)), ("output.weight", (vocab, d))]
-    half = GGML_BF16 if a.dtype == "bf16" else GGML_F16
+    half = {"bf16": GGML_BF16, "f16": GGML_F16, "q8_0": GGML_Q8_0}[a.dtype]
     infos, offset, plan = b"", 0, []
     for name, shape in shapes:
         ty = GGML_F32 if len(shape) == 1 else half
-        nbytes = int(np.prod(shape)) * (4 if ty == GGML_F32 else 2)
+        numel = int(np.prod(shape))
+        nbytes = numel // 32 * 34 if ty == GGML_Q8_0 else numel * (4 if ty == GGML_F32 else 2)
         infos += s(name) + struct.pack("<I", len(shape))
         infos += b"".join(struct.pack("<Q", x) for x in reversed(shape))
         infos += struct.pack("<IQ", ty, offset)
@@ -131,10 +146,14 @@ def main():
         offset = (offset + nbytes + ALIGN - 1) // ALIGN * ALIGN
     rng = np.random.default_rng(a.seed)
     pool32 = (rng.standard_normal(1 << 26, dtype=np.float32) * 0.02)
+    # Each tensor is runs of whole units (elements, or Q8_0 blocks) sliced
+    # from one pool at random offsets.
     pool = {
-        GGML_BF16: (pool32.view(np.uint32) >> 16).astype(np.uint16),
-        GGML_F16: pool32.astype(np.float16).view(np.uint16),
-    }[half]
+        GGML_BF16: lambda: (pool32.view(np.uint32) >> 16).astype(np.uint16),
+        GGML_F16: lambda: pool32.astype(np.float16).view(np.uint16),
+        GGML_Q8_0: lambda: q8_0_blocks(pool32),
+    }[half]()
+    unit = 34 if half == GGML_Q8_0 else 2
     with open(a.out, "wb") as f:
         f.write(b"GGUF" + struct.pack("<IQQ", 3, len(plan), len(meta)))
         f.write(b"".join(meta) + infos)
@@ -143,7 +162,7 @@ def main():
             if ty == GGML_F32:
                 data = (1.0 + 0.1 * rng.standard_normal(shape[0])).astype("<f4").tobytes()
             else:
-                n = nbytes // 2
+                n = nbytes // unit
                 parts, left = [], n
                 while left:
                     take = min(left, len(pool) // 2)

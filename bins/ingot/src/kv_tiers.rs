@@ -126,8 +126,13 @@ fn namespace(config: &Config, path: &Path, runner: &dyn ModelRunner) -> anyhow::
     };
     let model: &ModelConfig = runner.config();
     let numerics = format!(
-        "{:?} {:?} {:?} {:?} deterministic={}",
-        m.dtype, m.cpu_weights, m.quantization, m.kv_cache_dtype, config.engine.deterministic
+        "{:?} {:?} {:?} {:?} {:?} deterministic={}",
+        m.dtype,
+        m.cpu_weights,
+        m.cuda_weights,
+        m.quantization,
+        m.kv_cache_dtype,
+        config.engine.deterministic
     );
     let shape = runner.kv_cache_shape();
     let page = format!(

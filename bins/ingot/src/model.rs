@@ -76,6 +76,12 @@ pub struct ModelArgs {
     /// [model.cpu_weights; native].
     #[arg(long, value_parser = ["native", "f32"])]
     pub cpu_weights: Option<String>,
+    /// Quantized GGUF weights on the GPU: `bf16` expands them at load;
+    /// `native` keeps Q8_0 decoder matrices in their blocks (about half
+    /// the memory, faster decode; other types still expand)
+    /// [model.cuda_weights; bf16].
+    #[arg(long, value_parser = ["bf16", "native"])]
+    pub cuda_weights: Option<String>,
     /// Quantize float weight matrices (f32/f16/bf16 files, Hugging Face
     /// directories) at load to run on the native CPU kernels: `q8_0`
     /// (a quarter of f32's bytes; logits differ by the 8-bit rounding of
@@ -189,6 +195,7 @@ impl ModelArgs {
             &self.chat_template,
         );
         flags.opt("--cpu-weights", "model.cpu_weights", &self.cpu_weights);
+        flags.opt("--cuda-weights", "model.cuda_weights", &self.cuda_weights);
         flags.opt("--quantization", "model.quantization", &self.quantization);
         flags.opt("--fp8-ignore", "model.fp8_ignore", &self.fp8_ignore);
         flags.switch("--fp8-lm-head", "model.fp8_lm_head", self.fp8_lm_head, true);
@@ -598,6 +605,10 @@ impl TensorSource for CountingSource {
         Ok(t)
     }
 
+    fn stored_type(&self, name: &str) -> Option<ingot_models::gguf::GgmlType> {
+        self.inner.stored_type(name)
+    }
+
     fn contains(&self, name: &str) -> bool {
         self.inner.contains(name)
     }
@@ -688,6 +699,7 @@ fn cuda_runner(
         fp8_weights: m.quantization == ingot_config::Quantization::Fp8,
         fp8_ignore: m.fp8_ignore.clone(),
         fp8_lm_head: m.fp8_lm_head,
+        native_weights: m.cuda_weights == ingot_config::CudaWeights::Native,
         fused_block: cuda.fused_block,
         custom_all_reduce: cuda.custom_all_reduce,
         deterministic: config.engine.deterministic,

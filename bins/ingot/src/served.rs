@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use ingot_config::{Config, CpuWeights, Device, Dtype, ModelEntry, Quantization};
+use ingot_config::{Config, CpuWeights, CudaWeights, Device, Dtype, ModelEntry, Quantization};
 use ingot_engine::RequestLimits;
 use ingot_registry::{Budget, ModelSpec, Prefetch, Registry};
 use ingot_runner_cpu::CpuRunner;
@@ -452,7 +452,8 @@ fn metadata(
 }
 
 /// Device bytes of a model once loaded: its weights as the backend holds
-/// them (bf16 on the GPU, or e4m3 layer matrices with `fp8`; on the CPU the file's quantized blocks on the
+/// them (bf16 on the GPU, or e4m3 layer matrices with `fp8`, or a GGUF's
+/// Q8_0 blocks with `cuda_weights = "native"`; on the CPU the file's quantized blocks on the
 /// native path, else f32 or bf16) plus its KV cache, read from the model's
 /// metadata without loading weights.
 fn footprint(plan: &ModelPlan) -> anyhow::Result<u64> {
@@ -482,7 +483,13 @@ fn footprint(plan: &ModelPlan) -> anyhow::Result<u64> {
             1 => model.clone(),
             n => ingot_models::parallel::ShardPlan::new(&model, n)?.rank_config(0),
         };
-        ingot_runner_cuda::weight_bytes(&rank, format, &keep) as u64
+        // Q8_0 matrices kept in their blocks (one GPU: a rank's shard expands).
+        let native = if tp == 1 && c.model.cuda_weights == CudaWeights::Native {
+            ingot_runner_cuda::NativeBlocks::plan(&model, files.tensors.as_ref())
+        } else {
+            ingot_runner_cuda::NativeBlocks::none()
+        };
+        ingot_runner_cuda::weight_bytes(&rank, format, &keep, &native) as u64
     } else if c.model.quantization == Quantization::Q4_0 {
         // 18-byte blocks of 32 weights.
         params * 18 / 32

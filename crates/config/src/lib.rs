@@ -48,7 +48,7 @@ pub use redis::RedisSection;
 pub use reload::{diff, live, Reload};
 pub use schema::schema;
 pub use sections::{
-    CacheSection, CpuWeights, CudaSection, Device, Dtype, EngineSection, KvCacheDtype,
+    CacheSection, CpuWeights, CudaSection, CudaWeights, Device, Dtype, EngineSection, KvCacheDtype,
     KvTiersSection, LimitsSection, LoadFormat, LogFormat, LogSection, MetricsSection, ModelSection,
     PriorityDeadlines, Quantization, ReasoningParser, SchedulerSection, ServerSection,
     SpeculativeMethod, SpeculativeSection, StructuredSection, TierTimeouts, TracingSection,

@@ -62,6 +62,19 @@ pub enum CpuWeights {
     F32,
 }
 
+/// How the CUDA backend keeps the weight matrices of a quantized GGUF.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CudaWeights {
+    /// Expanded to bf16 at load (every type the CPU reads).
+    #[default]
+    Bf16,
+    /// Decoder matrices stored in Q8_0 stay in their blocks and run on
+    /// kernels that read them as they are (other types, and the embeddings
+    /// and LM head, still expand to bf16).
+    Native,
+}
+
 /// Quantization at load of float weights (CPU: native kernels; CUDA: `fp8`).
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -166,6 +179,9 @@ pub struct ModelSection {
     pub dtype: Dtype,
     /// CPU handling of quantized GGUF tensors: `native` or `f32`.
     pub cpu_weights: CpuWeights,
+    /// CUDA handling of quantized GGUF tensors: `bf16` (expanded at load)
+    /// or `native` (Q8_0 decoder matrices kept in their blocks).
+    pub cuda_weights: CudaWeights,
     /// CPU: quantize float weight matrices at load (`none`, `q8_0`, `q4_0`
     /// or `q4_k`); CUDA: `fp8` (e4m3 layer matrices, per-channel scales).
     pub quantization: Quantization,
@@ -216,6 +232,7 @@ impl Default for ModelSection {
             device: Device::Auto,
             dtype: Dtype::F32,
             cpu_weights: CpuWeights::Native,
+            cuda_weights: CudaWeights::Bf16,
             quantization: Quantization::None,
             fp8_ignore: String::new(),
             fp8_lm_head: false,
@@ -738,6 +755,16 @@ impl CpuWeights {
         match self {
             Self::Native => "native",
             Self::F32 => "f32",
+        }
+    }
+}
+
+impl CudaWeights {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Bf16 => "bf16",
+            Self::Native => "native",
         }
     }
 }

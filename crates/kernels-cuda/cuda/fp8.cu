@@ -1,7 +1,7 @@
 // FP8 (e4m3) weights, `--quantization fp8`. A quantized matrix is stored as
 // its rows of e4m3 bytes, then, at the next 256-byte boundary, one f32
 // scale per row (absmax / 448, e4m3's largest finite value): the GEMV
-// kernels (gemv.cu, fp8_row_scales) and cuBLASLt's per-channel scaling
+// kernels (gemv.cu, scales_after) and cuBLASLt's per-channel scaling
 // read it in that layout.
 //
 //   quantize_rows_e4m3: q[r, :] = e4m3(x[r, :] / s[r]), s[r] = max|x[r, :]| / 448

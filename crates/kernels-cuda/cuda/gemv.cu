@@ -29,6 +29,10 @@
 // (`--quantization fp8`): 16 weights per 16-byte load, converted in pairs
 // by the hardware (cvt e4m3x2 -> f16x2 on sm_89+), with the f32 per-row
 // scale that follows the matrix (see fp8.cu) applied once to each sum.
+// gemv_q8_0_n{n}_... read GGUF Q8_0 matrices as they are stored
+// (`model.cuda_weights = "native"`, see quant.cu for the layout): 16 int8
+// weights per 16-byte load, turned into floats by integer ops (no I2F),
+// each half block's dot product scaled by its block's f16 scale.
 // gemv_short_n1_...: batch 1 over bf16 rows of at most 2,048 inputs, each
 // lane's whole part of its rows loaded before the PDL wait (small models).
 #include <cuda_fp16.h>
@@ -72,6 +76,36 @@ __device__ __forceinline__ void dot16_e4m3(const uint4& wv, const uint4& x0, con
   }
 }
 
+// 16 int8 weights as floats: each byte, its sign bit flipped (q + 128),
+// becomes the low mantissa byte of 2^23 and the subtraction leaves q exactly.
+__device__ __forceinline__ void s8x16_to_float(const uint4& v, float (&f)[16]) {
+  const unsigned* w = reinterpret_cast<const unsigned*>(&v);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const unsigned u = w[k] ^ 0x80808080u;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) f[4 * k + j] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540u | j)) - 8388736.f;
+  }
+}
+
+// 16 float weights against 16 bf16 activations (two 16-byte loads).
+__device__ __forceinline__ float dot16_f32(const float (&w)[16], const uint4& x0, const uint4& x1) {
+  const __nv_bfloat162* xa = reinterpret_cast<const __nv_bfloat162*>(&x0);
+  const __nv_bfloat162* xb = reinterpret_cast<const __nv_bfloat162*>(&x1);
+  float acc = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float2 b = __bfloat1622float2(i < 4 ? xa[i] : xb[i - 4]);
+    acc = fmaf(w[2 * i], b.x, acc);
+    acc = fmaf(w[2 * i + 1], b.y, acc);
+  }
+  return acc;
+}
+
+// How a weight type's values are scaled: not at all, per row (e4m3), or per
+// block of 32 (Q8_0).
+enum class WScale { None, Row, Block32 };
+
 // Weight element types. ELEMS: weights per 16-byte load. ROW_UNROLL: the
 // loads a lane keeps in flight per row and batch in the plain and q/k/v
 // GEMVs (the gated ones keep GEMV_UNROLL).
@@ -79,6 +113,7 @@ struct Bf16W {
   typedef bf16 T;
   static constexpr int ELEMS = 8;
   static constexpr int ROW_UNROLL = GEMV_UNROLL;
+  static constexpr WScale SCALE = WScale::None;
 };
 // An 8B-class e4m3 row (4 KiB) is 8 loads a lane: batches of 2 finish the
 // 8B's q/k/v, o_proj and down_proj 7-16% sooner than batches of 4 (fewer
@@ -87,14 +122,47 @@ struct Fp8W {
   typedef __nv_fp8_storage_t T;
   static constexpr int ELEMS = 16;
   static constexpr int ROW_UNROLL = 2;
+  static constexpr WScale SCALE = WScale::Row;
+};
+// Q8_0 rows are as many bytes as e4m3's.
+struct Q8W {
+  typedef int8_t T;
+  static constexpr int ELEMS = 16;
+  static constexpr int ROW_UNROLL = 2;
+  static constexpr WScale SCALE = WScale::Block32;
 };
 
-// The per-row f32 scales of an e4m3 matrix of `rows` x `in`: they follow
-// its bytes at the next 256-byte boundary (the loader's layout, fp8.cu).
-__device__ __forceinline__ const float* fp8_row_scales(const void* w, size_t rows, int in) {
+// The scales of a one-byte-per-weight matrix of `rows` x `in` (e4m3's f32
+// per row, Q8_0's f16 per block): they follow its bytes at the next
+// 256-byte boundary (the loader's layout, fp8.cu and quant.cu).
+template <typename S>
+__device__ __forceinline__ const S* scales_after(const void* w, size_t rows, int in) {
   const size_t bytes = (rows * (size_t)in + 255) & ~(size_t)255;
-  return reinterpret_cast<const float*>(reinterpret_cast<const char*>(w) + bytes);
+  return reinterpret_cast<const S*>(reinterpret_cast<const char*>(w) + bytes);
 }
+
+// The block scales of the vectors a lane has in flight: nothing for
+// unscaled and row-scaled types; for Q8_0 one f16 per 16-byte vector (its
+// half block's), loaded with the weights.
+template <typename W, int ROWS, int U>
+struct VecScales {
+  __device__ __forceinline__ void load(const __half* const (&)[ROWS], int, int) {}
+  __device__ __forceinline__ float at(int, int) const { return 1.f; }
+};
+template <int ROWS, int U>
+struct VecScales<Q8W, ROWS, U> {
+  float s[ROWS][U];
+  __device__ __forceinline__ void load(const __half* const (&sr)[ROWS], int base, int vecs) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int i = base + u * 32;
+        s[r][u] = i < vecs ? __half2float(__ldg(sr[r] + (i >> 1))) : 0.f;
+      }
+  }
+  __device__ __forceinline__ float at(int r, int u) const { return s[r][u]; }
+};
 
 template <int ROWS, int U>
 __device__ __forceinline__ void load_batch(const uint4* const (&wr)[ROWS], int base, int vecs, uint4 (&dst)[ROWS][U]) {
@@ -134,22 +202,37 @@ __device__ __forceinline__ void norm_scales(const NormIn& norm, int in, float (&
 // acc[r][n] += x[n] · w_r over the vectors base, base + 32, ... (U of them,
 // those below end) whose weights are in `cur`.
 template <int N, int ROWS, typename W, int U>
-__device__ __forceinline__ void dot_batch(const uint4 (&cur)[ROWS][U], const uint4* xr, int base, int end, int xvecs,
-                                          float (&acc)[ROWS][N]) {
+__device__ __forceinline__ void dot_batch(const uint4 (&cur)[ROWS][U], const VecScales<W, ROWS, U>& scales,
+                                          const uint4* xr, int base, int end, int xvecs, float (&acc)[ROWS][N]) {
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int i = base + u * 32;
     if (i >= end) break;
+    if constexpr (W::SCALE == WScale::Block32) {
+      // Each row's 16 weights converted once, for every batch row.
 #pragma unroll
-    for (int n = 0; n < N; ++n) {
-      if constexpr (W::ELEMS == 16) {
-        const uint4 x0 = __ldg(xr + (size_t)n * xvecs + 2 * i), x1 = __ldg(xr + (size_t)n * xvecs + 2 * i + 1);
+      for (int r = 0; r < ROWS; ++r) {
+        float wf[16];
+        s8x16_to_float(cur[r][u], wf);
+        const float s = scales.at(r, u);
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r) dot16_e4m3(cur[r][u], x0, x1, acc[r][n]);
-      } else {
-        const uint4 xv = __ldg(xr + (size_t)n * xvecs + i);
+        for (int n = 0; n < N; ++n) {
+          const uint4 x0 = __ldg(xr + (size_t)n * xvecs + 2 * i), x1 = __ldg(xr + (size_t)n * xvecs + 2 * i + 1);
+          acc[r][n] = fmaf(s, dot16_f32(wf, x0, x1), acc[r][n]);
+        }
+      }
+    } else {
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r) dot8(cur[r][u], xv, acc[r][n]);
+      for (int n = 0; n < N; ++n) {
+        if constexpr (W::SCALE == WScale::Row) {
+          const uint4 x0 = __ldg(xr + (size_t)n * xvecs + 2 * i), x1 = __ldg(xr + (size_t)n * xvecs + 2 * i + 1);
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) dot16_e4m3(cur[r][u], x0, x1, acc[r][n]);
+        } else {
+          const uint4 xv = __ldg(xr + (size_t)n * xvecs + i);
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) dot8(cur[r][u], xv, acc[r][n]);
+        }
       }
     }
   }
@@ -173,6 +256,11 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) wr[r] = reinterpret_cast<const uint4*>(w + rows[r] * in);
   const uint4* xr = reinterpret_cast<const uint4*>(x);
+  // Q8_0: each row's block scales (one f16 per 32 weights).
+  const __half* sr[ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+    sr[r] = W::SCALE == WScale::Block32 ? scales_after<__half>(w, total_rows, in) + rows[r] * (in / 32) : nullptr;
   __shared__ float s_inv[SUMSQ_ROWS];
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)
@@ -182,24 +270,31 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
   if constexpr (WHOLE > 0) {
     if (end - v0 <= 32 * WHOLE) {
       uint4 all[ROWS][WHOLE];
+      VecScales<W, ROWS, WHOLE> all_s;
       load_batch<ROWS, WHOLE>(wr, v0 + lane, end, all);
+      all_s.load(sr, v0 + lane, end);
       pdl_wait();
       pdl_launch_dependents();
       if (NORM) norm_scales<N>(norm, in, s_inv);
-      dot_batch<N, ROWS, W, WHOLE>(all, xr, v0 + lane, end, xvecs, acc);
+      dot_batch<N, ROWS, W, WHOLE>(all, all_s, xr, v0 + lane, end, xvecs, acc);
       done = true;
     }
   }
   if (!done) {
     uint4 cur[ROWS][U];
+    VecScales<W, ROWS, U> cur_s;
     load_batch<ROWS, U>(wr, v0 + lane, end, cur);
+    cur_s.load(sr, v0 + lane, end);
     pdl_wait();
     pdl_launch_dependents();
     if (NORM) norm_scales<N>(norm, in, s_inv);
     for (int base = v0 + lane; base < end; base += 32 * U) {
       uint4 next[ROWS][U];
+      VecScales<W, ROWS, U> next_s;
       load_batch<ROWS, U>(wr, base + 32 * U, end, next);
-      dot_batch<N, ROWS, W, U>(cur, xr, base, end, xvecs, acc);
+      next_s.load(sr, base + 32 * U, end);
+      dot_batch<N, ROWS, W, U>(cur, cur_s, xr, base, end, xvecs, acc);
+      cur_s = next_s;
 #pragma unroll
       for (int r = 0; r < ROWS; ++r)
 #pragma unroll
@@ -210,8 +305,8 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
   for (int r = 0; r < ROWS; ++r)
 #pragma unroll
     for (int n = 0; n < N; ++n) acc[r][n] = warp_sum(acc[r][n]);
-  if constexpr (W::ELEMS == 16) {
-    const float* scales = fp8_row_scales(w, total_rows, in);
+  if constexpr (W::SCALE == WScale::Row) {
+    const float* scales = scales_after<float>(w, total_rows, in);
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       const float s = __ldg(scales + rows[r]);
@@ -437,5 +532,13 @@ GEMV_KERNELS(5, Fp8W, _fp8, 0)
 GEMV_KERNELS(6, Fp8W, _fp8, 0)
 GEMV_KERNELS(7, Fp8W, _fp8, 0)
 GEMV_KERNELS(8, Fp8W, _fp8, 0)
+GEMV_KERNELS(1, Q8W, _q8_0, 0)
+GEMV_KERNELS(2, Q8W, _q8_0, 0)
+GEMV_KERNELS(3, Q8W, _q8_0, 0)
+GEMV_KERNELS(4, Q8W, _q8_0, 0)
+GEMV_KERNELS(5, Q8W, _q8_0, 0)
+GEMV_KERNELS(6, Q8W, _q8_0, 0)
+GEMV_KERNELS(7, Q8W, _q8_0, 0)
+GEMV_KERNELS(8, Q8W, _q8_0, 0)
 // Batch 1 over rows of at most 2,048 bf16 inputs (see SHORT_ROW_LOADS).
 GEMV_KERNELS(1, Bf16W, _short, SHORT_ROW_LOADS)

@@ -377,6 +377,15 @@ impl TensorSource for GgufSource {
         gguf_name_for(self.architecture, name).is_some_and(|g| self.file.tensor(&g).is_some())
     }
 
+    fn stored_type(&self, name: &str) -> Option<GgmlType> {
+        let (info, _) = self.info(name).ok()?;
+        (!matches!(
+            info.ggml_type,
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::F64
+        ))
+        .then_some(info.ggml_type)
+    }
+
     fn dtype_summary(&self) -> Vec<(String, usize)> {
         let mut counts = BTreeMap::new();
         for t in self.file.tensors() {

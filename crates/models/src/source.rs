@@ -35,6 +35,14 @@ pub trait TensorSource: Send + Sync {
         let _ = name;
         Ok(None)
     }
+    /// The ggml block type tensor `name` is stored in, when it is a
+    /// quantized one (what [`Self::load_blocks`] would give), read from the
+    /// metadata without loading it; `None` for float storage, a source that
+    /// only yields floats, or a missing tensor.
+    fn stored_type(&self, name: &str) -> Option<crate::gguf::GgmlType> {
+        let _ = name;
+        None
+    }
     /// True when the tensor exists.
     fn contains(&self, name: &str) -> bool;
     /// Storage types with their tensor counts, for `ingot inspect`.

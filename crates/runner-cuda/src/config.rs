@@ -1,16 +1,17 @@
 //! The runner's options ([`CudaRunnerConfig`]) and what start-up derives
 //! from them before touching the GPU: the weight format, the matrices kept
-//! in bf16 under FP8 ([`Fp8Keep`]) and the FP8 scratch limits.
+//! in bf16 under FP8 ([`Fp8Keep`]), the GGUF blocks kept as they are
+//! ([`NativeBlocks`]) and the FP8 scratch limits.
 
 mod fp8_keep;
 
-use ingot_models::ModelConfig;
+use ingot_models::{ModelConfig, TensorSource};
 
 pub use fp8_keep::Fp8Keep;
 
 use crate::gemm::Fp8Limits;
 use crate::kernels::{KvDtype, L2PrefetchSpec};
-use crate::weights::WeightFormat;
+use crate::weights::{NativeBlocks, WeightFormat};
 use crate::CudaError;
 
 /// Sizes and switches chosen by the caller.
@@ -52,6 +53,9 @@ pub struct CudaRunnerConfig {
     /// With `fp8_weights`: the LM head in e4m3 too (`model.fp8_lm_head`;
     /// off by default: it changes answers).
     pub fp8_lm_head: bool,
+    /// GGUF Q8_0 decoder matrices kept in their blocks
+    /// (`model.cuda_weights = "native"`, see [`crate::NativeBlocks`]).
+    pub native_weights: bool,
     /// One kernel for each layer's attention combine, o_proj, MLP and the
     /// next layer's q/k/v on small models at GEMV batch sizes
     /// (`cuda.fused_block`; off by default: measured slower).
@@ -91,6 +95,7 @@ impl Default for CudaRunnerConfig {
             fp8_weights: false,
             fp8_ignore: String::new(),
             fp8_lm_head: false,
+            native_weights: false,
             fused_block: false,
             deterministic: false,
             tc_decode_min_rows: 0,
@@ -98,6 +103,33 @@ impl Default for CudaRunnerConfig {
             custom_all_reduce: true,
         }
     }
+}
+
+/// The GGUF Q8_0 matrices kept in their blocks (`opts.native_weights`;
+/// none otherwise). Refused beside FP8 weights, which quantize from bf16.
+pub(crate) fn native_blocks(
+    opts: &CudaRunnerConfig,
+    config: &ModelConfig,
+    source: &dyn TensorSource,
+) -> Result<NativeBlocks, CudaError> {
+    if !opts.native_weights {
+        return Ok(NativeBlocks::none());
+    }
+    if opts.fp8_weights {
+        return Err(CudaError::Unsupported(
+            "model.cuda_weights = \"native\" with model.quantization = \"fp8\": \
+             choose one (native keeps a GGUF's Q8_0 blocks, fp8 quantizes bf16 weights)"
+                .into(),
+        ));
+    }
+    let native = NativeBlocks::plan(config, source);
+    let total = config.num_layers * 4;
+    tracing::info!(
+        kept = native.count(),
+        of = total,
+        "model.cuda_weights = native: Q8_0 decoder matrices stay in their blocks (the rest expand to bf16)"
+    );
+    Ok(native)
 }
 
 /// Checks a `cuda.l2_prefetch` spec (`<MiB>[:<mode>]`) without a GPU, so a

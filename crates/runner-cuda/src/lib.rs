@@ -48,4 +48,4 @@ pub use memory::{device_memory, weight_bytes, MemoryReport};
 pub use nccl::version as nccl_version;
 pub use runner::{CudaRunner, TpRunner};
 pub use support::{availability, device_count, supports};
-pub use weights::WeightFormat;
+pub use weights::{NativeBlocks, WeightFormat};

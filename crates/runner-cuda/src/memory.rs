@@ -4,14 +4,20 @@
 use ingot_models::ModelConfig;
 
 use crate::support::availability;
-use crate::weights::{DeviceWeights, WeightFormat};
+use crate::weights::{DeviceWeights, NativeBlocks, WeightFormat};
 use crate::{CudaError, Fp8Keep};
 
 /// Bytes the model's weights take on the device in `format` (the start-up
 /// memory estimate).
-/// `keep`: the matrices `model.fp8_ignore` keeps in bf16 under FP8.
-pub fn weight_bytes(config: &ModelConfig, format: WeightFormat, keep: &Fp8Keep) -> usize {
-    DeviceWeights::bytes(config, format, keep)
+/// `keep`: the matrices `model.fp8_ignore` keeps in bf16 under FP8;
+/// `native`: the GGUF Q8_0 matrices kept in their blocks.
+pub fn weight_bytes(
+    config: &ModelConfig,
+    format: WeightFormat,
+    keep: &Fp8Keep,
+    native: &NativeBlocks,
+) -> usize {
+    DeviceWeights::bytes(config, format, keep, native)
 }
 
 /// Free and total bytes of device `ordinal`'s memory (opens its primary
@@ -37,18 +43,25 @@ pub struct MemoryReport {
 }
 
 impl MemoryReport {
+    /// What the runner reserved: weights, workspace and KV pool (the
+    /// CUDA context and cuBLASLt's own allocations come on top).
+    pub fn reserved(&self) -> usize {
+        self.weights + self.workspace + self.kv_cache
+    }
+
     /// Sets the `ingot_gpu_memory_bytes{use=...}` gauges shown on /metrics.
     pub fn publish(&self) {
         metrics::describe_gauge!(
             "ingot_gpu_memory_bytes",
             metrics::Unit::Bytes,
-            "GPU memory by use: weights, workspace, kv_cache, and the GPU's total."
+            "GPU memory by use: weights, workspace, kv_cache, their total, and the GPU's capacity."
         );
         for (use_, bytes) in [
             ("weights", self.weights),
             ("workspace", self.workspace),
             ("kv_cache", self.kv_cache),
-            ("total", self.total),
+            ("total", self.reserved()),
+            ("capacity", self.total),
         ] {
             metrics::gauge!("ingot_gpu_memory_bytes", "use" => use_).set(bytes as f64);
         }
@@ -58,7 +71,55 @@ impl MemoryReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_configs::{gemma3, FP8, FP8_HEAD};
+    use crate::test_configs::{gemma3, llama8b, FP8, FP8_HEAD};
+    use ingot_models::gguf::GgmlType;
+    use ingot_models::{HostTensor, ModelError, TensorSource};
+
+    const NONE: NativeBlocks = NativeBlocks::none();
+
+    /// Metadata of a GGUF whose layer matrices are all Q8_0 but layer 0's
+    /// v_proj (Q6_K).
+    struct Q8File;
+
+    impl TensorSource for Q8File {
+        fn load(&self, name: &str) -> Result<HostTensor, ModelError> {
+            Err(ModelError::MissingTensor { name: name.into() })
+        }
+        fn stored_type(&self, name: &str) -> Option<GgmlType> {
+            Some(if name == "model.layers.0.self_attn.v_proj.weight" {
+                GgmlType::Q6_K
+            } else {
+                GgmlType::Q8_0
+            })
+        }
+        fn contains(&self, _: &str) -> bool {
+            true
+        }
+        fn dtype_summary(&self) -> Vec<(String, usize)> {
+            Vec::new()
+        }
+    }
+
+    /// Kept Q8_0 matrices take the file's 34 bytes per 32 weights instead
+    /// of bf16's 64; a group with one part in another type stays bf16.
+    #[test]
+    fn native_q8_0_matrices_take_the_files_bytes() {
+        let c = llama8b();
+        let native = NativeBlocks::plan(&c, &Q8File);
+        assert_eq!(native.count(), 4 * c.num_layers - 1);
+        let (d, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let layer = (q + 2 * kv) * d + d * q + 2 * ff * d + d * ff;
+        let kept = c.num_layers * layer - (q + 2 * kv) * d;
+        let none = Fp8Keep::default();
+        let saved = weight_bytes(&c, WeightFormat::Bf16, &none, &NONE)
+            - weight_bytes(&c, WeightFormat::Bf16, &none, &native);
+        let want = kept * 2 - kept / 32 * 34;
+        assert!(
+            saved.abs_diff(want) < 8 * 256 * c.num_layers,
+            "saved {saved}, want {want}"
+        );
+        assert_eq!(native.max_elements(&c), 2 * ff * d);
+    }
 
     #[test]
     fn sliding_models_get_a_second_pair_of_rope_tables() {
@@ -66,7 +127,7 @@ mod tests {
         let mut global_only = c.clone();
         global_only.block.sliding_window = None;
         let table = c.max_context * (c.head_dim / 2) * 4;
-        let bytes = |c| DeviceWeights::bytes(c, WeightFormat::Bf16, &Fp8Keep::default());
+        let bytes = |c| DeviceWeights::bytes(c, WeightFormat::Bf16, &Fp8Keep::default(), &NONE);
         let extra = bytes(&c) - bytes(&global_only);
         assert!((2 * table..2 * table + 1024).contains(&extra), "{extra}");
     }
@@ -78,7 +139,8 @@ mod tests {
         let layer_weights = (q + 2 * kv) * d + d * q + 2 * ff * d + d * ff;
         let layer_rows = (q + 2 * kv) + d + 2 * ff + d;
         let none = Fp8Keep::default();
-        let saved = weight_bytes(&c, WeightFormat::Bf16, &none) - weight_bytes(&c, FP8, &none);
+        let saved = weight_bytes(&c, WeightFormat::Bf16, &none, &NONE)
+            - weight_bytes(&c, FP8, &none, &NONE);
         // bf16 2 bytes -> e4m3 1 byte, plus a 4-byte scale per row (and
         // the arena's 256-byte rounding of each piece).
         let want = c.num_layers * (layer_weights - 4 * layer_rows);
@@ -92,7 +154,7 @@ mod tests {
         let (d, ff) = (c.hidden_size, c.intermediate_size);
         let none = Fp8Keep::default();
         let down = Fp8Keep::parse("down_proj", c.num_layers).unwrap();
-        let extra = weight_bytes(&c, FP8, &down) - weight_bytes(&c, FP8, &none);
+        let extra = weight_bytes(&c, FP8, &down, &NONE) - weight_bytes(&c, FP8, &none, &NONE);
         // Each layer's down_proj: 2 bytes instead of 1, less its row scales.
         let want = c.num_layers * (d * ff - 4 * d);
         assert!(
@@ -102,8 +164,8 @@ mod tests {
         // Everything kept: the bf16 size.
         let all = Fp8Keep::parse("layers", c.num_layers).unwrap();
         assert_eq!(
-            weight_bytes(&c, FP8, &all),
-            weight_bytes(&c, WeightFormat::Bf16, &none)
+            weight_bytes(&c, FP8, &all, &NONE),
+            weight_bytes(&c, WeightFormat::Bf16, &none, &NONE)
         );
     }
 
@@ -116,17 +178,21 @@ mod tests {
         let (v, d) = (tied.vocab_size, tied.hidden_size);
         let none = Fp8Keep::default();
         let head = v * d + 4 * v;
-        let extra = weight_bytes(&tied, FP8_HEAD, &none) - weight_bytes(&tied, FP8, &none);
+        let extra =
+            weight_bytes(&tied, FP8_HEAD, &none, &NONE) - weight_bytes(&tied, FP8, &none, &NONE);
         assert!(extra.abs_diff(head) < 2 * 256, "extra {extra}, want {head}");
         let mut untied = gemma3();
         untied.tie_word_embeddings = false;
-        let saved = weight_bytes(&untied, FP8, &none) - weight_bytes(&untied, FP8_HEAD, &none);
+        let saved = weight_bytes(&untied, FP8, &none, &NONE)
+            - weight_bytes(&untied, FP8_HEAD, &none, &NONE);
         let want = v * d - 4 * v;
         assert!(saved.abs_diff(want) < 2 * 256, "saved {saved}, want {want}");
         // Only the head changes: the bf16 plan is the same either way.
         assert_eq!(
-            weight_bytes(&untied, WeightFormat::Bf16, &none) - weight_bytes(&untied, FP8, &none),
-            weight_bytes(&tied, WeightFormat::Bf16, &none) - weight_bytes(&tied, FP8, &none)
+            weight_bytes(&untied, WeightFormat::Bf16, &none, &NONE)
+                - weight_bytes(&untied, FP8, &none, &NONE),
+            weight_bytes(&tied, WeightFormat::Bf16, &none, &NONE)
+                - weight_bytes(&tied, FP8, &none, &NONE)
         );
     }
 }

@@ -18,7 +18,7 @@ use ingot_runner::{
 };
 
 use crate::buffers::{self, Buffers, StepPlan};
-use crate::config::{fp8_keep, fp8_limits, weight_format, CudaRunnerConfig};
+use crate::config::{fp8_keep, fp8_limits, native_blocks, weight_format, CudaRunnerConfig};
 use crate::device::{Arena, Gpu, Pinned};
 use crate::fused::FusedBlocks;
 use crate::gemm::Gemm;
@@ -120,6 +120,7 @@ impl CudaRunner {
         let format = weight_format(&opts)?;
         supports_format(&config, format)?;
         let keep = fp8_keep(&opts, config.num_layers)?;
+        let native = native_blocks(&opts, &config, source)?;
         if opts.fp8_weights && opts.deterministic {
             return Err(CudaError::Unsupported(
                 "FP8 weights (model.quantization = \"fp8\") with engine.deterministic: \
@@ -139,11 +140,13 @@ impl CudaRunner {
             tc_decode_min_rows,
         )?;
         // The fused block reads its weights as bf16.
-        let fused = FusedBlocks::load(&gpu, &config, opts.fused_block && !opts.fp8_weights)?;
+        let bf16_only = !opts.fp8_weights && native.count() == 0;
+        let fused = FusedBlocks::load(&gpu, &config, opts.fused_block && bf16_only)?;
         let (_, total) = gpu.memory()?;
         let context_ms = ms_since(started);
         let weights_started = Instant::now();
-        let weights = DeviceWeights::load(&gpu, &config, source, format, &keep, progress)?;
+        let weights =
+            DeviceWeights::load(&gpu, &config, source, format, (&keep, &native), progress)?;
         let weights_ms = ms_since(weights_started);
         let max_tokens = opts.max_num_batched_tokens.max(opts.max_num_seqs);
         let max_seqs = opts.max_num_seqs;
@@ -152,17 +155,26 @@ impl CudaRunner {
             Some(_) => Gemm::fp8_scratch_bytes(fp8_limits),
             None => 0,
         };
+        let q8_elements = native.max_elements(&config);
+        let q8_scratch = match weights.q8_region {
+            Some(_) => Gemm::q8_0_scratch_bytes(q8_elements),
+            None => 0,
+        };
         let mut workspace = Arena::new(
             &gpu,
             "workspace",
             Buffers::bytes(&config, max_tokens, max_seqs, opts.block_size)
                 + Gemm::workspace_bytes()
-                + fp8_scratch,
+                + fp8_scratch
+                + q8_scratch,
         )?;
         let mut gemm = Gemm::new(&gpu, &mut workspace)?;
         gemm.deterministic = opts.deterministic;
         if let Some(region) = weights.fp8_region {
             gemm.enable_fp8(&gpu, &mut workspace, region, fp8_limits)?;
+        }
+        if let Some(region) = weights.q8_region {
+            gemm.enable_q8_0(&gpu, &mut workspace, region, q8_elements)?;
         }
         // Start-up passes run on scratch data: time GEMM candidates there.
         gemm.tune = true;

@@ -45,13 +45,7 @@ fn report(args: &InspectArgs) -> anyhow::Result<String> {
         c.num_parameters(),
         c.num_parameters() as f64 / 1e6
     )?;
-    let dtypes: Vec<String> = files
-        .tensors
-        .dtype_summary()
-        .into_iter()
-        .map(|(t, n)| format!("{t} x{n}"))
-        .collect();
-    writeln!(out, "tensor types:    {}", dtypes.join(", "))?;
+    writeln!(out, "tensor types:    {}", tensor_types(&files))?;
     writeln!(out, "context length:  {}", c.max_context)?;
     writeln!(
         out,
@@ -126,6 +120,30 @@ fn report(args: &InspectArgs) -> anyhow::Result<String> {
         None => writeln!(out, "chat template:   none")?,
     }
     Ok(out)
+}
+
+/// Each storage type with its tensor count and, for a GGUF, the bytes it
+/// stores (what a backend that keeps the blocks holds: the CPU's native
+/// path, CUDA's `cuda_weights = "native"` for Q8_0).
+fn tensor_types(files: &ingot_models::ModelFiles) -> String {
+    let Some(gguf) = &files.gguf else {
+        let types = files.tensors.dtype_summary().into_iter();
+        return types
+            .map(|(t, n)| format!("{t} x{n}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+    };
+    let mut by_type = std::collections::BTreeMap::<&str, (usize, usize)>::new();
+    for t in gguf.tensors() {
+        let entry = by_type.entry(t.ggml_type.name()).or_default();
+        entry.0 += 1;
+        entry.1 += gguf.tensor_bytes(t).len();
+    }
+    by_type
+        .into_iter()
+        .map(|(t, (n, bytes))| format!("{t} x{n} ({:.1} MB)", bytes as f64 / 1e6))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn scaling_name(s: &ingot_models::RopeScaling) -> &'static str {

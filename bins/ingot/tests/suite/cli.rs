@@ -126,8 +126,9 @@ fn inspect_reports_the_model() {
     let out = stdout(&o);
     for needle in [
         "architecture:    llama",
-        "Q4_1",
-        "Q8_0",
+        "Q4_1 x",
+        "Q8_0 x",
+        " MB)",
         "context length:  8192",
         "vocab size:      49152",
         "<|im_start|>",

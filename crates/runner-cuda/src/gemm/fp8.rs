@@ -93,9 +93,16 @@ impl Gemm {
     }
 
     /// The bytes a GEMV streams for `w`, a `rows x cols` matrix: 1 a
-    /// weight for e4m3 (its row scales are noise beside them), 2 for bf16.
+    /// weight for e4m3 (its row scales are noise beside them), 34 per 32
+    /// for Q8_0, 2 for bf16.
     pub fn weight_bytes(&self, w: DevPtr, rows: usize, cols: usize) -> usize {
-        rows * cols * if self.fp8_of(w).is_some() { 1 } else { 2 }
+        if self.fp8_of(w).is_some() {
+            rows * cols
+        } else if self.q8_of(w).is_some() {
+            rows * cols / 32 * 34
+        } else {
+            rows * cols * 2
+        }
     }
 
     /// Where [`Gemm::linear`] over `w` at `tokens` rows of `inputs` would

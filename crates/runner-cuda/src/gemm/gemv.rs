@@ -6,13 +6,14 @@ use ingot_arch::Activation;
 
 use super::{Gemm, OutType, GEMV_MAX_TOKENS};
 use crate::device::{Arg, DevPtr, Gpu, Kernel};
+use crate::weights::Q8_0_BLOCK;
 use crate::CudaError;
 
 /// Whether the GEMV kernels take `tokens` rows of `inputs`-wide
-/// activations (16-byte loads of weights: inputs a multiple of 8 for bf16,
-/// of 16 for e4m3).
-fn gemv_fits(tokens: usize, inputs: usize, fp8: bool) -> bool {
-    (1..=GEMV_MAX_TOKENS).contains(&tokens) && inputs.is_multiple_of(if fp8 { 16 } else { 8 })
+/// activations (16-byte loads of weights: inputs a multiple of `align`,
+/// the weights of a load, or of a block for Q8_0).
+fn gemv_fits(tokens: usize, inputs: usize, align: usize) -> bool {
+    (1..=GEMV_MAX_TOKENS).contains(&tokens) && inputs.is_multiple_of(align)
 }
 
 /// The GEMV kernel variants, in the order of [`Gemm`]'s `gemv` table.
@@ -57,11 +58,21 @@ impl Gemm {
     /// Whether the GEMV kernels take this product (never in deterministic
     /// mode: their per-row reduction order is not cuBLASLt's).
     pub(super) fn gemv_fits(&self, tokens: usize, inputs: usize, w: DevPtr) -> bool {
-        !self.deterministic && gemv_fits(tokens, inputs, self.fp8_of(w).is_some())
+        let align = if self.q8_of(w).is_some() {
+            Q8_0_BLOCK
+        } else if self.fp8_of(w).is_some() {
+            16
+        } else {
+            8
+        };
+        !self.deterministic && gemv_fits(tokens, inputs, align)
     }
 
     /// The GEMV kernels for `w`'s type at `tokens` rows of `inputs`.
     pub(super) fn gemv_kernels(&self, w: DevPtr, tokens: usize, inputs: usize) -> &[Kernel; 10] {
+        if let Some(q) = self.q8_of(w) {
+            return &q.gemv[tokens - 1];
+        }
         match self.fp8_of(w) {
             Some(f) => &f.gemv[tokens - 1],
             None if tokens == 1 && inputs <= SHORT_ROW_INPUTS => &self.gemv_short,

@@ -27,12 +27,20 @@
 //! `fp8_scale_out` applies both scales and writes (or adds) the output.
 //! FP8 and deterministic mode are not combined (refused at start-up).
 //!
+//! GGUF Q8_0 weights kept in their blocks ([`crate::NativeBlocks`]) live
+//! in a region of their own too: the `gemv_q8_0_*` kernels read them at
+//! small batch; larger products expand the matrix into bf16 scratch and run
+//! the bf16 GEMM (deterministic mode included: its algorithm choice does
+//! not depend on where the bf16 matrix came from).
+//!
 //! [`plan`] builds and caches the cuBLASLt plans, [`gemv`] launches the GEMV
-//! kernels, [`fp8`] holds the e4m3 scratch, quantizer and scales.
+//! kernels, [`fp8`] holds the e4m3 scratch, quantizer and scales, [`quant`]
+//! the Q8_0 GEMVs and expansion.
 
 mod fp8;
 mod gemv;
 mod plan;
+mod quant;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -46,6 +54,7 @@ pub use fp8::Fp8Limits;
 use fp8::{quantize_activations, Fp8};
 use gemv::{gemv_modes, gemv_table};
 use plan::{destroy_plan, Fixed, Plan};
+use quant::Q8;
 
 /// cuBLASLt's recommended workspace on Hopper.
 const WORKSPACE_BYTES: usize = 32 << 20;
@@ -139,6 +148,8 @@ pub struct Gemm {
     pub sumsq: DevPtr,
     /// Set by [`Gemm::enable_fp8`].
     fp8: Option<Fp8>,
+    /// Set by [`Gemm::enable_q8_0`].
+    q8: Option<Q8>,
 }
 
 // The handle is only used from the runner's thread.
@@ -159,6 +170,7 @@ impl Gemm {
             max_tokens: 0,
             sumsq: 0,
             fp8: None,
+            q8: None,
         })
     }
 
@@ -184,6 +196,7 @@ impl Gemm {
         if self.gemv(gpu, (x, w, y), tokens, inputs, outputs, out, None)? {
             return Ok(());
         }
+        let w = self.gemm_weight(gpu, w, outputs, inputs)?;
         let mut shape = Shape {
             tokens,
             inputs,

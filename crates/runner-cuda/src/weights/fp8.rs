@@ -5,6 +5,7 @@
 
 use ingot_models::ModelConfig;
 
+use super::groups::{group_index, group_shape, matrix_part, GROUP_TENSORS, MATRIX_GROUPS};
 use super::{WeightFormat, LM_HEAD};
 use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel};
 use crate::{CudaError, Fp8Keep};
@@ -19,45 +20,6 @@ pub fn fp8_scales_offset(rows: usize, cols: usize) -> usize {
     (rows * cols).next_multiple_of(256)
 }
 
-/// A layer's quantized matrices, in the order their last tensors load.
-const FP8_GROUPS: [&str; 4] = ["qkv", "o_proj", "gate_up", "down"];
-
-/// The file tensors of each of [`FP8_GROUPS`] (q/k/v, o, gate/up, down).
-const FP8_GROUP_TENSORS: [usize; 4] = [3, 1, 2, 1];
-
-/// `(rows, cols)` of a layer's matrix `group` (see [`FP8_GROUPS`]).
-fn group_shape(config: &ModelConfig, group: &str) -> (usize, usize) {
-    let (d, q, kv, ff) = (
-        config.hidden_size,
-        config.q_dim(),
-        config.kv_dim(),
-        config.intermediate_size,
-    );
-    match group {
-        "qkv" => (q + 2 * kv, d),
-        "o_proj" => (d, q),
-        "gate_up" => (2 * ff, d),
-        _ => (d, ff),
-    }
-}
-
-/// `(layer, group, part)` of a layer weight matrix kept in e4m3.
-fn fp8_part(name: &str) -> Option<(usize, &'static str, usize)> {
-    let rest = name.strip_prefix("model.layers.")?;
-    let (layer, leaf) = rest.split_once('.')?;
-    let (group, part) = match leaf {
-        "self_attn.q_proj.weight" => ("qkv", 0),
-        "self_attn.k_proj.weight" => ("qkv", 1),
-        "self_attn.v_proj.weight" => ("qkv", 2),
-        "self_attn.o_proj.weight" => ("o_proj", 0),
-        "mlp.gate_proj.weight" => ("gate_up", 0),
-        "mlp.up_proj.weight" => ("gate_up", 1),
-        "mlp.down_proj.weight" => ("down", 0),
-        _ => return None,
-    };
-    Some((layer.parse().ok()?, group, part))
-}
-
 /// Whether tensor `name` is written to FP8 staging rather than the arena
 /// (a quantized layer matrix, or an untied e4m3 LM head).
 pub(super) fn staged_for_fp8(name: &str, format: WeightFormat, keep: &Fp8Keep) -> bool {
@@ -65,19 +27,14 @@ pub(super) fn staged_for_fp8(name: &str, format: WeightFormat, keep: &Fp8Keep) -
         || (format.fp8_lm_head() && name == LM_HEAD)
 }
 
-/// [`fp8_part`] of a matrix that `keep` does not keep in bf16.
+/// [`matrix_part`] of a matrix that `keep` does not keep in bf16.
 pub(super) fn quantized_part(name: &str, keep: &Fp8Keep) -> Option<(usize, &'static str, usize)> {
-    fp8_part(name).filter(|(layer, group, _)| !keep.keeps(*layer, group_index(group)))
-}
-
-/// Index of `group` in [`FP8_GROUPS`].
-pub(super) fn group_index(group: &str) -> usize {
-    FP8_GROUPS.iter().position(|g| *g == group).unwrap_or(0)
+    matrix_part(name).filter(|(layer, group, _)| !keep.keeps(*layer, group_index(group)))
 }
 
 /// Byte offset of `group` in the one-layer staging arena (bf16).
 fn staging_offset(config: &ModelConfig, group: &str) -> usize {
-    FP8_GROUPS
+    MATRIX_GROUPS
         .iter()
         .take_while(|g| **g != group)
         .map(|g| {
@@ -191,7 +148,7 @@ pub(super) fn layer_bytes(config: &ModelConfig, keep: &Fp8Keep) -> usize {
     (0..config.num_layers)
         .map(|layer| {
             Arena::size_of(
-                FP8_GROUPS
+                MATRIX_GROUPS
                     .iter()
                     .enumerate()
                     .filter(|(i, _)| !keep.keeps(layer, *i))
@@ -230,7 +187,7 @@ pub(super) fn place(
     let (mut start, mut end) = (None, 0);
     for layer in 0..config.num_layers {
         let mut matrices = [None; 4];
-        for (i, (m, group)) in matrices.iter_mut().zip(FP8_GROUPS).enumerate() {
+        for (i, (m, group)) in matrices.iter_mut().zip(MATRIX_GROUPS).enumerate() {
             if keep.keeps(layer, i) {
                 continue;
             }
@@ -274,7 +231,7 @@ pub(super) fn place(
 fn staged_tensors(matrices: &[Option<Fp8Matrix>; 4]) -> usize {
     matrices
         .iter()
-        .zip(FP8_GROUP_TENSORS)
+        .zip(GROUP_TENSORS)
         .filter(|(m, _)| m.is_some())
         .map(|(_, n)| n)
         .sum()
@@ -289,17 +246,17 @@ mod tests {
     #[test]
     fn fp8_takes_the_layer_matrices_only() {
         assert_eq!(
-            fp8_part("model.layers.12.self_attn.v_proj.weight"),
+            matrix_part("model.layers.12.self_attn.v_proj.weight"),
             Some((12, "qkv", 2))
         );
         assert_eq!(
-            fp8_part("model.layers.0.mlp.down_proj.weight"),
+            matrix_part("model.layers.0.mlp.down_proj.weight"),
             Some((0, "down", 0))
         );
-        assert_eq!(fp8_part("model.layers.0.self_attn.q_proj.bias"), None);
-        assert_eq!(fp8_part("model.layers.0.input_layernorm.weight"), None);
-        assert_eq!(fp8_part("model.embed_tokens.weight"), None);
-        assert_eq!(fp8_part("lm_head.weight"), None);
+        assert_eq!(matrix_part("model.layers.0.self_attn.q_proj.bias"), None);
+        assert_eq!(matrix_part("model.layers.0.input_layernorm.weight"), None);
+        assert_eq!(matrix_part("model.embed_tokens.weight"), None);
+        assert_eq!(matrix_part("lm_head.weight"), None);
     }
 
     #[test]

@@ -18,10 +18,18 @@
 //! lookup (the FP8 head is a second copy). Matrices `model.fp8_ignore`
 //! names ([`Fp8Keep`]) stay bf16 too, placed outside the e4m3 region.
 //!
-//! [`fp8`] holds the e4m3 layout and the quantizer, [`stager`] the pinned
+//! With [`NativeBlocks`] (`model.cuda_weights = "native"`), the decoder
+//! matrices a GGUF stores in Q8_0 keep their blocks ([`blocks`]): placed
+//! first, in one region (a weight pointer in it is Q8_0, as for e4m3), each
+//! file tensor's blocks split into the quants and the scales on the way in.
+//!
+//! [`groups`] names the decoder's matrices, [`fp8`] holds the e4m3 layout
+//! and the quantizer, [`blocks`] the Q8_0 layout, [`stager`] the pinned
 //! streaming; this module places the tensors and names the result.
 
+mod blocks;
 mod fp8;
+mod groups;
 mod stager;
 
 use ingot_models::llama::{
@@ -32,8 +40,11 @@ use ingot_models::{ModelConfig, TensorSource};
 
 use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel};
 use crate::{CudaError, Fp8Keep};
+use blocks::Q8Layout;
+pub use blocks::{NativeBlocks, Q8_0_BLOCK};
 pub use fp8::fp8_scales_offset;
-use fp8::{group_index, quantize, quantized_part, staged_for_fp8, Fp8Layout};
+use fp8::{quantize, quantized_part, staged_for_fp8, Fp8Layout};
+use groups::group_index;
 use stager::Stager;
 
 /// One decoder block's weights.
@@ -117,6 +128,8 @@ pub struct DeviceWeights {
     pub local_rope: Option<(DevPtr, DevPtr)>,
     /// `[start, end)` of the e4m3 layer matrices ([`WeightFormat::Fp8`]).
     pub fp8_region: Option<(DevPtr, DevPtr)>,
+    /// `[start, end)` of the Q8_0 layer matrices ([`NativeBlocks`]).
+    pub q8_region: Option<(DevPtr, DevPtr)>,
     pub arena: Arena,
 }
 
@@ -165,6 +178,9 @@ struct Placement {
     /// FP8: the e4m3 base the model reads instead of `dst` (not for a tied
     /// embedding table, which the token lookup reads in bf16).
     quantized: Option<DevPtr>,
+    /// Q8_0 blocks kept: where the tensor's block scales go (`dst` takes
+    /// its quants).
+    q8_scales: Option<DevPtr>,
 }
 
 impl Placement {
@@ -180,11 +196,17 @@ struct Layout {
     placements: Vec<Placement>,
     tables: RopeTables,
     fp8: Option<Fp8Layout>,
+    q8: Option<Q8Layout>,
 }
 
 impl DeviceWeights {
     /// Bytes the weights occupy on the device.
-    pub fn bytes(config: &ModelConfig, format: WeightFormat, keep: &Fp8Keep) -> usize {
+    pub fn bytes(
+        config: &ModelConfig,
+        format: WeightFormat,
+        keep: &Fp8Keep,
+        native: &NativeBlocks,
+    ) -> usize {
         let table = config.max_context * (config.head_dim / 2) * 4;
         let fp8 = format.is_fp8();
         let fp8_head = if format.fp8_lm_head() {
@@ -198,7 +220,9 @@ impl DeviceWeights {
         Arena::size_of(
             expected_shapes(config)
                 .iter()
-                .filter(|(name, _)| !staged_for_fp8(name, format, keep))
+                .filter(|(name, _)| {
+                    !staged_for_fp8(name, format, keep) && !native.keeps_tensor(name)
+                })
                 .map(|(name, shape)| {
                     shape.iter().product::<usize>() * dtype_of(name, shape).size()
                 }),
@@ -209,6 +233,7 @@ impl DeviceWeights {
                 0
             }
             + fp8_head
+            + native.bytes(config)
     }
 
     /// Allocates the arena and fills it from `source`.
@@ -217,10 +242,11 @@ impl DeviceWeights {
         config: &ModelConfig,
         source: &dyn TensorSource,
         format: WeightFormat,
-        keep: &Fp8Keep,
+        (keep, native): (&Fp8Keep, &NativeBlocks),
         progress: &dyn Fn(usize, usize),
     ) -> Result<Self, CudaError> {
-        let mut arena = Arena::new(gpu, "weights", Self::bytes(config, format, keep))?;
+        let bytes = Self::bytes(config, format, keep, native);
+        let mut arena = Arena::new(gpu, "weights", bytes)?;
         let staging = match format {
             WeightFormat::Fp8 { .. } => {
                 let bytes = fp8::staging_bytes(config, format);
@@ -229,7 +255,7 @@ impl DeviceWeights {
             WeightFormat::Bf16 => None,
         };
         let staging_base = staging.as_ref().map(Arena::base);
-        let layout = Self::place(config, &mut arena, staging_base, format, keep)?;
+        let layout = Self::place(config, &mut arena, staging_base, format, (keep, native))?;
         let mut quantizer = match &layout.fp8 {
             Some(fp8) => Some((gpu.kernel("quantize_rows_e4m3")?, fp8.progress())),
             None => None,
@@ -261,7 +287,7 @@ impl DeviceWeights {
                 }
             }
             None => {
-                let mut stager = Stager::new(gpu, Self::bytes(config, format, keep))?;
+                let mut stager = Stager::new(gpu, bytes)?;
                 for (i, p) in placements.iter().enumerate() {
                     stager.tensor(source, p)?;
                     staged(p)?;
@@ -298,7 +324,7 @@ impl DeviceWeights {
         arena: &mut Arena,
         staging: Option<DevPtr>,
         format: WeightFormat,
-        keep: &Fp8Keep,
+        (keep, native): (&Fp8Keep, &NativeBlocks),
     ) -> Result<Layout, CudaError> {
         let shapes = expected_shapes(config);
         let mut placements = Vec::with_capacity(shapes.len());
@@ -307,9 +333,22 @@ impl DeviceWeights {
             Some(staging) => Some(fp8::place(config, arena, staging, format, keep)?),
             None => None,
         };
+        let q8 = Q8Layout::place(config, arena, native)?;
         let head_slot = config.num_layers;
         for (name, shape) in &shapes {
             let dtype = dtype_of(name, shape);
+            if let Some((quants, scales)) = q8.as_ref().and_then(|q| q.destinations(config, name)) {
+                placements.push(Placement {
+                    name: name.clone(),
+                    shape: shape.clone(),
+                    dtype,
+                    dst: quants,
+                    fp8_slot: None,
+                    quantized: None,
+                    q8_scales: Some(scales),
+                });
+                continue;
+            }
             if let Some(head) = fp8
                 .as_ref()
                 .and_then(|f| f.head)
@@ -322,6 +361,7 @@ impl DeviceWeights {
                     dst: head.staged,
                     fp8_slot: Some(head_slot),
                     quantized: Some(head.dst),
+                    q8_scales: None,
                 });
                 continue;
             }
@@ -343,6 +383,7 @@ impl DeviceWeights {
                     dst: matrix.staged + (rows * row_bytes(shape, dtype)) as u64,
                     fp8_slot: Some(layer),
                     quantized: Some(matrix.dst),
+                    q8_scales: None,
                 });
                 continue;
             }
@@ -384,6 +425,7 @@ impl DeviceWeights {
                 dst,
                 fp8_slot,
                 quantized: None,
+                q8_scales: None,
             });
         }
         let table_bytes = config.max_context * (config.head_dim / 2) * 4;
@@ -398,6 +440,7 @@ impl DeviceWeights {
             placements,
             tables: RopeTables { cos, sin, local },
             fp8,
+            q8,
         })
     }
 
@@ -407,6 +450,7 @@ impl DeviceWeights {
             placements,
             tables,
             fp8,
+            q8,
         } = layout;
         let at = |n: &str| -> Result<DevPtr, CudaError> {
             placements
@@ -477,6 +521,7 @@ impl DeviceWeights {
             sin: tables.sin,
             local_rope: tables.local,
             fp8_region: fp8.map(|f| f.region),
+            q8_region: q8.map(|q| q.region),
             arena,
         })
     }
