@@ -7,7 +7,8 @@ DRAM bandwidth, without the engine's PDL overlap.
     python3 tests/gpu/bench_gemv.py --cubin DIR/gemv.sm_90.cubin [--cubin OTHER.cubin ...]
         [--only REGEX] [--launches 64]
 
-Kernels are named as in gemv.cu (`gemv_fp8_n1_swiglu_norm`, ...); every
+Kernels are named as in gemv.cu (`gemv_fp8_n1_swiglu_norm`,
+`gemv_q8_0_n1_add_f32`, ...); every
 cubin's kernels that match a shape's name pattern are timed. Prints one
 line per kernel: shape, µs per launch, weight bytes, TB/s.
 """
@@ -29,24 +30,33 @@ def f32(v):
     return ctypes.c_float(float(v))
 
 
-def weights(rows, cols, fp8):
-    """Enough copies of a random `rows x cols` matrix (loader layout: e4m3
-    bytes then f32 row scales at the next 256-byte boundary; or bf16)."""
-    if fp8:
-        at = (rows * cols + 255) // 256 * 256
-        one = at + rows * 4
-    else:
-        one = rows * cols * 2
+def weights(rows, cols, kind):
+    """Enough copies of a random `rows x cols` matrix in the loader's layout
+    for `kind`: e4m3 bytes then f32 row scales at the next 256-byte
+    boundary ("fp8"), int8 quants then f16 block scales there ("q8_0"), or
+    bf16. Returns them and the bytes a kernel streams."""
+    at = (rows * cols + 255) // 256 * 256
+    one = {"fp8": at + rows * 4, "q8_0": at + rows * cols // 16}.get(kind, rows * cols * 2)
     copies = max(2, COPIES_BYTES // one + 1)
     bufs = []
     for _ in range(copies):
-        if fp8:
+        if kind == "fp8":
             b = torch.randint(0, 0x70, (one,), dtype=torch.uint8, device="cuda")
             b[at:] = torch.full((rows,), 1e-3, dtype=torch.float32, device="cuda").view(torch.uint8)
+        elif kind == "q8_0":
+            b = torch.randint(0, 256, (one,), dtype=torch.uint8, device="cuda")
+            b[at:] = torch.full((rows * cols // 32,), 1e-3, dtype=torch.float16, device="cuda").view(torch.uint8)
         else:
             b = (torch.rand(rows, cols, device="cuda") * 0.02 - 0.01).to(torch.bfloat16)
         bufs.append(b)
-    return bufs, rows * cols * (1 if fp8 else 2)
+    return bufs, {"fp8": rows * cols, "q8_0": rows * cols // 32 * 34}.get(kind, rows * cols * 2)
+
+
+def kind_of(name):
+    """The weight type a kernel reads (experimental `x{s,a,q}{f,b}_...`: f = fp8)."""
+    if name.startswith("x"):
+        return {"f": "fp8", "8": "q8_0"}.get(name[2:3], "bf16")
+    return "fp8" if "_fp8_" in name else "q8_0" if "_q8_0_" in name else "bf16"
 
 
 def shape_args(shape, w, bufs):
@@ -135,18 +145,15 @@ def main():
     mods = [(path, Module(path)) for path in a.cubin]
     print(f"{'shape':8} {'cubin':10} {'kernel':26} {'us':>8} {'MB':>7} {'TB/s':>6}")
     for shape, (pattern, rows, cols, _) in SHAPES.items():
-        for fp8 in (False, True):
+        for kind in ("bf16", "fp8", "q8_0"):
             wbufs, nbytes = None, 0
             for path, m in mods:
                 names = kernel_names(m)
                 for name in names:
-                    is_fp8 = "fp8" in name or name[:1] == "x" and name[2:3] == "f"
-                    if is_fp8 != fp8 or not re.search(pattern, name) or not re.search(a.only, name):
-                        continue
-                    if not name.startswith("x") and not name.startswith("gemv_fp8_n1_" if fp8 else "gemv_n1_"):
+                    if kind_of(name) != kind or not re.search(pattern, name) or not re.search(a.only, name):
                         continue
                     if wbufs is None:
-                        wbufs, nbytes = weights(rows, cols, fp8)
+                        wbufs, nbytes = weights(rows, cols, kind)
                         ref = None
                     f = m.fn(name)
                     grid = SHAPES[shape][3]
@@ -163,10 +170,10 @@ def main():
 
 def kernel_names(m):
     """The candidate kernels this module has: gemv.cu's batch-1 ones and any
-    experimental variants `x{s,a,q}{f,b}_u{U}_p{P}` (gated / accumulate /
-    q/k/v; FP8 or bf16 weights; U loads a row in flight; P: L2 prefetch)."""
-    cands = [f"{p}_n1_{k}" for p in ("gemv", "gemv_fp8") for k in ("qkv_rope_norm", "add_f32", "swiglu_norm")]
-    cands += [f"x{k}{d}_u{u}_p{p}" for k in "saq" for d in "fb" for u in (1, 2, 4, 8) for p in (0, 1)]
+    experimental variants `x{s,a,q}{f,b,8}_u{U}_p{P}` (gated / accumulate /
+    q/k/v; FP8, bf16 or Q8_0 weights; U loads a row in flight; P: L2 prefetch)."""
+    cands = [f"{p}_n1_{k}" for p in ("gemv", "gemv_fp8", "gemv_q8_0") for k in ("qkv_rope_norm", "add_f32", "swiglu_norm")]
+    cands += [f"x{k}{d}_u{u}_p{p}" for k in "saq" for d in "fb8" for u in (1, 2, 4, 8) for p in (0, 1)]
     out = []
     for name in cands:
         f = ctypes.c_void_p()

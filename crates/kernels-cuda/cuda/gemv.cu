@@ -108,11 +108,12 @@ enum class WScale { None, Row, Block32 };
 
 // Weight element types. ELEMS: weights per 16-byte load. ROW_UNROLL: the
 // loads a lane keeps in flight per row and batch in the plain and q/k/v
-// GEMVs (the gated ones keep GEMV_UNROLL).
+// GEMVs; GATED_UNROLL: the same for each of the gated GEMVs' two rows.
 struct Bf16W {
   typedef bf16 T;
   static constexpr int ELEMS = 8;
   static constexpr int ROW_UNROLL = GEMV_UNROLL;
+  static constexpr int GATED_UNROLL = GEMV_UNROLL;
   static constexpr WScale SCALE = WScale::None;
 };
 // An 8B-class e4m3 row (4 KiB) is 8 loads a lane: batches of 2 finish the
@@ -122,13 +123,19 @@ struct Fp8W {
   typedef __nv_fp8_storage_t T;
   static constexpr int ELEMS = 16;
   static constexpr int ROW_UNROLL = 2;
+  static constexpr int GATED_UNROLL = GEMV_UNROLL;
   static constexpr WScale SCALE = WScale::Row;
 };
-// Q8_0 rows are as many bytes as e4m3's.
+// Q8_0 rows are as many bytes as e4m3's, with more work a load (the
+// integer-to-float conversion, the block scales): at batch 1 on the 8B's
+// gate/up one load a row in flight streams at 3.86 TB/s, four at 2.42
+// (fewer registers, more resident warps); o_proj and down_proj are fastest
+// at two (tests/gpu/bench_gemv.py, docs/benchmarks.md).
 struct Q8W {
   typedef int8_t T;
   static constexpr int ELEMS = 16;
   static constexpr int ROW_UNROLL = 2;
+  static constexpr int GATED_UNROLL = 1;
   static constexpr WScale SCALE = WScale::Block32;
 };
 
@@ -386,7 +393,7 @@ __device__ __forceinline__ void gemv_plain(const bf16* x, const typename W::T* w
   if (MODE == 2 && sumsq) gemv_sumsq<N>(sumsq, sq);
 }
 
-template <int N, bool NORM = false, bool GELU = false, typename W = Bf16W, int U = GEMV_UNROLL>
+template <int N, bool NORM = false, bool GELU = false, typename W = Bf16W, int U = W::GATED_UNROLL>
 __device__ __forceinline__ void gemv_swiglu(const bf16* x, const typename W::T* w, bf16* y, int in, int ff,
                                             NormIn norm = {}) {
   const int col = warp_column();
@@ -516,6 +523,8 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const typename W::T
     gemv_qkv_rope<N, true, W, WH>(xg, w, in, bias, positions, slots, cos_t, sin_t, q_out, k_cache, v_cache, num_heads,  \
                            num_kv_heads, hd, block_size, NormIn{eps, sumsq});                                    \
   }
+// GEMV_NO_INSTANCES: the templates alone (experiments, tests/gpu/bench_gemv.py).
+#ifndef GEMV_NO_INSTANCES
 GEMV_KERNELS(1, Bf16W, , 0)
 GEMV_KERNELS(2, Bf16W, , 0)
 GEMV_KERNELS(3, Bf16W, , 0)
@@ -542,3 +551,4 @@ GEMV_KERNELS(7, Q8W, _q8_0, 0)
 GEMV_KERNELS(8, Q8W, _q8_0, 0)
 // Batch 1 over rows of at most 2,048 bf16 inputs (see SHORT_ROW_LOADS).
 GEMV_KERNELS(1, Bf16W, _short, SHORT_ROW_LOADS)
+#endif
