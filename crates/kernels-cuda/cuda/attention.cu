@@ -284,15 +284,8 @@ __device__ __forceinline__ void decode_attention(
                             token_ids, out, part_acc, part_ml, num_heads, num_kv_heads, block_size,        \
                             scale_log2, num_splits, prefetch, prefetch_bytes, prefetch_mode, window);      \
   }
-#define DECODE_KERNELS(HD) \
-  DECODE_KERNEL(HD, 1)     \
-  DECODE_KERNEL(HD, 2)     \
-  DECODE_KERNEL(HD, 3)     \
-  DECODE_KERNEL(HD, 4)     \
-  DECODE_KERNEL(HD, 5)     \
-  DECODE_KERNEL(HD, 6)     \
-  DECODE_KERNEL(HD, 7)     \
-  DECODE_KERNEL(HD, 8)
+#define DECODE_KERNEL_G(G, HD) DECODE_KERNEL(HD, G)
+#define DECODE_KERNELS(HD) EACH_N_1_TO_8(DECODE_KERNEL_G, HD)
 DECODE_KERNELS(64)
 DECODE_KERNELS(128)
 DECODE_KERNELS(256)
@@ -1004,14 +997,7 @@ static_assert(DecodeTcSmem<128, fp8>::BYTES >= DECODE_WARPS * 8 * 128 * 4, "ring
                                    token_ids, out, part_acc, part_ml, num_heads, num_kv_heads, block_size, \
                                    scale_log2, num_splits, prefetch, prefetch_bytes, prefetch_mode, window); \
   }
-#define DECODE_TC_KERNELS(HD) \
-  DECODE_TC_KERNEL(HD, 1)     \
-  DECODE_TC_KERNEL(HD, 2)     \
-  DECODE_TC_KERNEL(HD, 3)     \
-  DECODE_TC_KERNEL(HD, 4)     \
-  DECODE_TC_KERNEL(HD, 5)     \
-  DECODE_TC_KERNEL(HD, 6)     \
-  DECODE_TC_KERNEL(HD, 7)     \
-  DECODE_TC_KERNEL(HD, 8)
+#define DECODE_TC_KERNEL_G(G, HD) DECODE_TC_KERNEL(HD, G)
+#define DECODE_TC_KERNELS(HD) EACH_N_1_TO_8(DECODE_TC_KERNEL_G, HD)
 DECODE_TC_KERNELS(64)
 DECODE_TC_KERNELS(128)

@@ -482,11 +482,5 @@ __device__ __forceinline__ void fused_block(const Combine& c, const Mlp& m, cons
 #define FUSED_BLOCKS(N)           \
   FUSED_BLOCK(N, swiglu, false)   \
   FUSED_BLOCK(N, geglu, true)
-FUSED_BLOCKS(1)
-FUSED_BLOCKS(2)
-FUSED_BLOCKS(3)
-FUSED_BLOCKS(4)
-FUSED_BLOCKS(5)
-FUSED_BLOCKS(6)
-FUSED_BLOCKS(7)
-FUSED_BLOCKS(8)
+#define FUSED_BLOCKS_N(N, ...) FUSED_BLOCKS(N)
+EACH_N_1_TO_8(FUSED_BLOCKS_N, )

@@ -525,30 +525,9 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const typename W::T
   }
 // GEMV_NO_INSTANCES: the templates alone (experiments, tests/gpu/bench_gemv.py).
 #ifndef GEMV_NO_INSTANCES
-GEMV_KERNELS(1, Bf16W, , 0)
-GEMV_KERNELS(2, Bf16W, , 0)
-GEMV_KERNELS(3, Bf16W, , 0)
-GEMV_KERNELS(4, Bf16W, , 0)
-GEMV_KERNELS(5, Bf16W, , 0)
-GEMV_KERNELS(6, Bf16W, , 0)
-GEMV_KERNELS(7, Bf16W, , 0)
-GEMV_KERNELS(8, Bf16W, , 0)
-GEMV_KERNELS(1, Fp8W, _fp8, 0)
-GEMV_KERNELS(2, Fp8W, _fp8, 0)
-GEMV_KERNELS(3, Fp8W, _fp8, 0)
-GEMV_KERNELS(4, Fp8W, _fp8, 0)
-GEMV_KERNELS(5, Fp8W, _fp8, 0)
-GEMV_KERNELS(6, Fp8W, _fp8, 0)
-GEMV_KERNELS(7, Fp8W, _fp8, 0)
-GEMV_KERNELS(8, Fp8W, _fp8, 0)
-GEMV_KERNELS(1, Q8W, _q8_0, 0)
-GEMV_KERNELS(2, Q8W, _q8_0, 0)
-GEMV_KERNELS(3, Q8W, _q8_0, 0)
-GEMV_KERNELS(4, Q8W, _q8_0, 0)
-GEMV_KERNELS(5, Q8W, _q8_0, 0)
-GEMV_KERNELS(6, Q8W, _q8_0, 0)
-GEMV_KERNELS(7, Q8W, _q8_0, 0)
-GEMV_KERNELS(8, Q8W, _q8_0, 0)
+EACH_N_1_TO_8(GEMV_KERNELS, Bf16W, , 0)
+EACH_N_1_TO_8(GEMV_KERNELS, Fp8W, _fp8, 0)
+EACH_N_1_TO_8(GEMV_KERNELS, Q8W, _q8_0, 0)
 // Batch 1 over rows of at most 2,048 bf16 inputs (see SHORT_ROW_LOADS).
 GEMV_KERNELS(1, Bf16W, _short, SHORT_ROW_LOADS)
 #endif

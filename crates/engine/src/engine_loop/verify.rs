@@ -35,9 +35,11 @@ impl EngineLoop {
         };
         let running = self.scheduler.num_running();
         // Proposals that run as decode rows take the runner's rows, sized
-        // for `max_num_seqs` sequences.
+        // for `max_num_seqs` sequences; a waiting request the step admits
+        // takes one too (its prompt's last row), so the room leaves them theirs.
         let mut room = if self.runner.verifies_as_decode_rows() {
-            self.config.scheduler.max_num_seqs.saturating_sub(running)
+            let seqs = running + self.scheduler.num_waiting();
+            self.config.scheduler.max_num_seqs.saturating_sub(seqs)
         } else {
             usize::MAX
         };

@@ -338,3 +338,31 @@ fn random_blocks_match_gguf_py() {
         assert_identical(&format!("random {ty}"), &ours, &theirs);
     }
 }
+
+/// `stored_type` reads the GGUF's metadata under the canonical names and
+/// agrees with the blocks `load_blocks` gives (what the CUDA loader plans
+/// its native Q8_0 matrices from); float tensors and missing ones are `None`.
+#[test]
+fn stored_type_agrees_with_load_blocks() {
+    let model = script("fetch-test-model");
+    let files = ingot_models::open(&model, ingot_models::LoadFormat::Auto).expect("open SmolLM2");
+    let source = files.tensors.as_ref();
+    let mut quantized = BTreeSet::new();
+    for (name, _) in ingot_models::llama::expected_shapes(&files.config) {
+        let blocks = source.load_blocks(&name).expect("load_blocks");
+        assert_eq!(
+            source.stored_type(&name),
+            blocks.as_ref().map(|b| b.ggml_type),
+            "{name}"
+        );
+        if let Some(b) = blocks {
+            quantized.insert(b.ggml_type);
+        }
+    }
+    assert!(quantized.contains(&GgmlType::Q4_1), "{quantized:?}");
+    assert_eq!(source.stored_type("model.norm.weight"), None);
+    assert_eq!(
+        source.stored_type("model.layers.999.mlp.down_proj.weight"),
+        None
+    );
+}
