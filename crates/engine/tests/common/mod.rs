@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use ingot_core::{FinishReason, Priority, SamplingParams, StopCriteria};
-use ingot_engine::{start_engine, EngineConfig, EngineHandle, EngineRequest, TokenEvent};
+use ingot_engine::{
+    start_engine, EngineConfig, EngineHandle, EngineRequest, RequestStream, TokenEvent,
+};
 use ingot_models::dummy::DummySource;
 use ingot_models::{Architecture, LlamaWeights, ModelConfig, RopeConfig, RopeScaling};
 use ingot_runner::ModelRunner;
@@ -94,7 +96,11 @@ pub fn request(seed: u32, len: usize, max_tokens: usize) -> EngineRequest {
 
 /// Runs a request to its end; returns its tokens and finish reason.
 pub fn run(handle: &EngineHandle, req: EngineRequest) -> (Vec<u32>, FinishReason) {
-    let mut s = handle.submit(req).unwrap();
+    drain(handle.submit(req).unwrap())
+}
+
+/// Reads a request's stream to its end: its tokens and finish reason.
+fn drain(mut s: RequestStream) -> (Vec<u32>, FinishReason) {
     let mut tokens = Vec::new();
     while let Some(e) = s.next_blocking() {
         match e {
@@ -108,10 +114,17 @@ pub fn run(handle: &EngineHandle, req: EngineRequest) -> (Vec<u32>, FinishReason
 }
 
 pub fn run_concurrently(handle: &EngineHandle, reqs: Vec<EngineRequest>) -> Vec<Vec<u32>> {
+    // Every request is queued before any is read, so they run together
+    // however loaded the machine (a thread each would submit late at times,
+    // after the first ones had finished).
+    let streams: Vec<RequestStream> = reqs
+        .into_iter()
+        .map(|r| handle.submit(r).unwrap())
+        .collect();
     std::thread::scope(|s| {
-        let hs: Vec<_> = reqs
+        let hs: Vec<_> = streams
             .into_iter()
-            .map(|r| s.spawn(|| run(handle, r).0))
+            .map(|stream| s.spawn(move || drain(stream).0))
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     })
