@@ -70,6 +70,16 @@ __device__ __forceinline__ void l2_prefetch(const void* base, unsigned long long
   M(7, __VA_ARGS__) M(8, __VA_ARGS__)
 #endif
 
+// The scales of a one-byte-per-weight matrix of `rows` x `in` (e4m3's f32
+// per row, Q8_0's f16 per block): they follow its bytes at the next
+// 256-byte boundary (the loader's layout, fp8.cu and quant.cu;
+// `scales_offset` in runner-cuda's weights).
+template <typename S>
+__device__ __forceinline__ const S* scales_after(const void* w, size_t rows, int in) {
+  const size_t bytes = (rows * (size_t)in + 255) & ~(size_t)255;
+  return reinterpret_cast<const S*>(reinterpret_cast<const char*>(w) + bytes);
+}
+
 __device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ bf16 to_bf16(float v) { return __float2bfloat16(v); }
 

@@ -139,14 +139,6 @@ struct Q8W {
   static constexpr WScale SCALE = WScale::Block32;
 };
 
-// The scales of a one-byte-per-weight matrix of `rows` x `in` (e4m3's f32
-// per row, Q8_0's f16 per block): they follow its bytes at the next
-// 256-byte boundary (the loader's layout, fp8.cu and quant.cu).
-template <typename S>
-__device__ __forceinline__ const S* scales_after(const void* w, size_t rows, int in) {
-  const size_t bytes = (rows * (size_t)in + 255) & ~(size_t)255;
-  return reinterpret_cast<const S*>(reinterpret_cast<const char*>(w) + bytes);
-}
 
 // The block scales of the vectors a lane has in flight: nothing for
 // unscaled and row-scaled types; for Q8_0 one f16 per 16-byte vector (its

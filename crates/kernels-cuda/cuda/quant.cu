@@ -16,9 +16,8 @@
 extern "C" __global__ void dequant_q8_0_bf16(const int8_t* __restrict__ q, bf16* __restrict__ y, long long rows,
                                              int in) {
   pdl_begin();
-  const size_t n = (size_t)rows * in;
-  const __half* d = reinterpret_cast<const __half*>(reinterpret_cast<const char*>(q) + ((n + 255) & ~(size_t)255));
-  const size_t vecs = n / 16;
+  const __half* d = scales_after<__half>(q, rows, in);
+  const size_t vecs = (size_t)rows * in / 16;
   for (size_t v = blockIdx.x * (size_t)blockDim.x + threadIdx.x; v < vecs; v += (size_t)gridDim.x * blockDim.x) {
     // A row is whole blocks, so vector v lies in block v / 2 of the matrix.
     const float s = __half2float(d[v >> 1]);

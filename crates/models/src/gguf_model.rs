@@ -311,10 +311,7 @@ impl TensorSource for GgufSource {
         let gname = gguf_name_for(self.architecture, name).ok_or_else(missing)?;
         let index = self.file.tensor_index(&gname).ok_or_else(missing)?;
         let info = &self.file.tensors()[index];
-        if matches!(
-            info.ggml_type,
-            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::F64
-        ) {
+        if block_type(info.ggml_type).is_none() {
             return Ok(None);
         }
         let shape: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
@@ -378,12 +375,7 @@ impl TensorSource for GgufSource {
     }
 
     fn stored_type(&self, name: &str) -> Option<GgmlType> {
-        let (info, _) = self.info(name).ok()?;
-        (!matches!(
-            info.ggml_type,
-            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::F64
-        ))
-        .then_some(info.ggml_type)
+        block_type(self.info(name).ok()?.0.ggml_type)
     }
 
     fn dtype_summary(&self) -> Vec<(String, usize)> {
@@ -393,6 +385,16 @@ impl TensorSource for GgufSource {
         }
         counts.into_iter().collect()
     }
+}
+
+/// `ty` when it is a quantized block type (what `load_blocks` hands out
+/// as blocks), `None` for float storage.
+fn block_type(ty: GgmlType) -> Option<GgmlType> {
+    (!matches!(
+        ty,
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::F64
+    ))
+    .then_some(ty)
 }
 
 /// Undoes llama.cpp's q/k row permutation: GGUF row `h*hd + 2i + j` holds

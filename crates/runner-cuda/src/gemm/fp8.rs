@@ -7,6 +7,7 @@ use cudarc::cublaslt::sys;
 use super::plan::set_desc;
 use super::{gemv_table, Gemm, Operands};
 use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel};
+use crate::weights::{Q8_0_BLOCK, Q8_0_BLOCK_BYTES};
 use crate::CudaError;
 
 /// FP8 weights: where they live, and scratch for quantized activations.
@@ -99,7 +100,7 @@ impl Gemm {
         if self.fp8_of(w).is_some() {
             rows * cols
         } else if self.q8_of(w).is_some() {
-            rows * cols / 32 * 34
+            rows * cols / Q8_0_BLOCK * Q8_0_BLOCK_BYTES
         } else {
             rows * cols * 2
         }

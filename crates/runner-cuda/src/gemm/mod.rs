@@ -48,7 +48,7 @@ use std::collections::HashMap;
 use cudarc::cublaslt::{result, sys};
 
 use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel};
-use crate::weights::fp8_scales_offset;
+use crate::weights::scales_offset;
 use crate::CudaError;
 pub use fp8::Fp8Limits;
 use fp8::{quantize_activations, Fp8};
@@ -213,7 +213,7 @@ impl Gemm {
         if let Some(fp8) = self.fp8_of(w) {
             shape.input = InType::Fp8;
             ops.x = fp8.x8;
-            let w_scales = w + fp8_scales_offset(outputs, inputs) as u64;
+            let w_scales = w + scales_offset(outputs, inputs) as u64;
             ops.scales = Some((w_scales, fp8.x_scales));
             if x != fp8.x8 {
                 quantize_activations(gpu, fp8, x, tokens, inputs)?;

@@ -8,25 +8,20 @@
 use ingot_models::gguf::GgmlType;
 use ingot_models::{ModelConfig, TensorSource};
 
-use super::fused_offset_rows;
 use super::groups::{group_index, group_shape, group_tensors, matrix_part, MATRIX_GROUPS};
+use super::{fused_offset_rows, scales_offset};
 use crate::device::{Arena, DevPtr};
 use crate::CudaError;
 
 /// Weights per Q8_0 block.
 pub const Q8_0_BLOCK: usize = 32;
 /// Bytes of a Q8_0 block in the file: its f16 scale, then 32 int8 quants.
-const Q8_0_BLOCK_BYTES: usize = 34;
-
-/// Where the block scales of a Q8_0 matrix start, from its base.
-pub fn q8_0_scales_offset(rows: usize, cols: usize) -> usize {
-    (rows * cols).next_multiple_of(256)
-}
+pub const Q8_0_BLOCK_BYTES: usize = 34;
 
 /// Device bytes of a Q8_0 matrix: the file's bytes plus the padding before
 /// the scales.
 pub fn q8_0_matrix_bytes(rows: usize, cols: usize) -> usize {
-    q8_0_scales_offset(rows, cols) + rows * cols / Q8_0_BLOCK * 2
+    scales_offset(rows, cols) + rows * cols / Q8_0_BLOCK * 2
 }
 
 /// Which layer matrices keep their GGUF Q8_0 blocks on the device; the
@@ -165,7 +160,7 @@ impl Q8Layout {
             fused_offset_rows(config, group, part)
         };
         let quants = m.base + (row * m.cols) as u64;
-        let scales = q8_0_scales_offset(m.rows, m.cols) + row * (m.cols / Q8_0_BLOCK) * 2;
+        let scales = scales_offset(m.rows, m.cols) + row * (m.cols / Q8_0_BLOCK) * 2;
         Some((quants, m.base + scales as u64))
     }
 }
@@ -255,7 +250,7 @@ mod tests {
 
     #[test]
     fn scales_follow_the_quants_at_a_256_byte_boundary() {
-        assert_eq!(q8_0_scales_offset(3, 64), 256);
+        assert_eq!(scales_offset(3, 64), 256);
         assert_eq!(q8_0_matrix_bytes(3, 64), 256 + 3 * 2 * 2);
         // A 4096-wide row: 4096 quant bytes and 256 scale bytes (the
         // file's 4352 = 128 blocks of 34).

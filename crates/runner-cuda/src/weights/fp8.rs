@@ -6,18 +6,13 @@
 use ingot_models::ModelConfig;
 
 use super::groups::{group_index, group_shape, matrix_part, GROUP_TENSORS, MATRIX_GROUPS};
-use super::{WeightFormat, LM_HEAD};
+use super::{scales_offset, WeightFormat, LM_HEAD};
 use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel};
 use crate::{CudaError, Fp8Keep};
 
 /// Bytes of an e4m3 matrix of `rows` x `cols` and its row scales.
 pub fn fp8_matrix_bytes(rows: usize, cols: usize) -> usize {
-    fp8_scales_offset(rows, cols) + rows * 4
-}
-
-/// Where the row scales of an e4m3 matrix start, from its base.
-pub fn fp8_scales_offset(rows: usize, cols: usize) -> usize {
-    (rows * cols).next_multiple_of(256)
+    scales_offset(rows, cols) + rows * 4
 }
 
 /// Whether tensor `name` is written to FP8 staging rather than the arena
@@ -106,7 +101,7 @@ pub(super) fn quantize(
     matrices: &[Option<Fp8Matrix>],
 ) -> Result<(), CudaError> {
     for m in matrices.iter().flatten() {
-        let scales = m.dst + fp8_scales_offset(m.rows, m.cols) as u64;
+        let scales = m.dst + scales_offset(m.rows, m.cols) as u64;
         let args = [
             Arg::Ptr(m.staged),
             Arg::Ptr(m.dst),
@@ -261,8 +256,8 @@ mod tests {
 
     #[test]
     fn fp8_scales_follow_the_bytes_at_a_256_byte_boundary() {
-        assert_eq!(fp8_scales_offset(3, 100), 512);
-        assert_eq!(fp8_scales_offset(2, 128), 256);
+        assert_eq!(scales_offset(3, 100), 512);
+        assert_eq!(scales_offset(2, 128), 256);
         assert_eq!(fp8_matrix_bytes(3, 100), 512 + 12);
     }
 

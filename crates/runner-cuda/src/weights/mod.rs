@@ -41,8 +41,7 @@ use ingot_models::{ModelConfig, TensorSource};
 use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel};
 use crate::{CudaError, Fp8Keep};
 use blocks::Q8Layout;
-pub use blocks::{NativeBlocks, Q8_0_BLOCK};
-pub use fp8::fp8_scales_offset;
+pub use blocks::{NativeBlocks, Q8_0_BLOCK, Q8_0_BLOCK_BYTES};
 use fp8::{quantize, quantized_part, staged_for_fp8, Fp8Layout};
 use groups::group_index;
 use stager::Stager;
@@ -106,6 +105,13 @@ impl WeightFormat {
     pub fn fp8_lm_head(self) -> bool {
         matches!(self, Self::Fp8 { lm_head: true })
     }
+}
+
+/// Where the scales of a matrix stored one byte a weight (e4m3, or Q8_0's
+/// quants) start, from its base: the next 256-byte boundary after its
+/// `rows x cols` bytes (`scales_after` in the kernels' common.cuh).
+pub fn scales_offset(rows: usize, cols: usize) -> usize {
+    (rows * cols).next_multiple_of(256)
 }
 
 /// The untied LM head's tensor.
