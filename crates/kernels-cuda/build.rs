@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// when the crate is ready (runner-cuda and the binary wait for it).
 const SOURCES: &[&str] = &[
     "gemv",
+    "gemv_kq",
     "fused_block",
     "attention",
     "sampling",

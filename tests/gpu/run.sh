@@ -77,6 +77,17 @@
 #             CUDA native and bf16-expanded vs the CPU's exact f32 path (compare_backends.py); the
 #             8B-shaped Q8_0 GGUF: batch 1 native / bf16-expanded / FP8 (dummy) alternated twice,
 #             prefill 1024 and 256 x (1024 in, 128 out) native
+#   lcpp      builds llama.cpp for the machine (GGML_NATIVE=ON, CUDA sm_90) from the pruned source
+#             in .gpu-lcpp/llama.cpp.tgz into .gpu-lcpp/build (kept between calls while the machine
+#             is warm): llama-quantize, llama-bench, llama-batched-bench
+#   kq        native GGUF k-quants (--cuda-weights native, after lcpp): their kernels vs float64
+#             products of gguf-py's dequantization (check_kquant.py); 2-layer Llama-3.2-1B-shaped
+#             files quantized by llama-quantize (Q4_K_M, Q5_K_M, Q6_K, Q4_0, Q4_1) vs the CPU's exact
+#             f32 path (compare_backends.py), native (and bf16-expanded for Q4_K_M)
+#   kqsmol    SmolLM2 Q4_1 (its bundle), CUDA native vs the CPU's exact and native int8 paths
+#   kq8b      the 8B-shaped Q4_K_M, made by llama-quantize from a bf16 GGUF (write_gguf.py)
+#   kqbench   the 8B Q4_K_M (after kq8b): batch 1 ingot native / llama-bench alternated twice (the
+#             bf16 expansion once), prefill 1024, 256 x (1024 in, 128 out) beside llama-batched-bench
 #   fp8head   model.fp8_lm_head (--fp8-lm-head) against FP8 with the bf16 head: logits rel_l2 and
 #             32-token greedy agreement (compare_fp8.py --ref) on the 8B dummy (untied head); 8B
 #             batch 1, FP8 without / with the head alternated twice, BF16 once; the same comparison
@@ -223,6 +234,58 @@ for phase in "$@"; do
       done
       "$ING" bench latency --model "$W/q8-8b.gguf" --cuda-weights native --max-model-len 4096 --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 5 --json | tee -a "$O/bench.jsonl"
       "$ING" bench throughput --model "$W/q8-8b.gguf" --cuda-weights native --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl" ;;
+    lcpp)
+      L=.gpu-lcpp; mkdir -p "$L/src"
+      [ -d "$L/src/llama.cpp" ] || tar xzf "$L/llama.cpp.tgz" -C "$L/src"
+      (cd "$L/src/llama.cpp" && cmake -B ../../build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF > /dev/null &&
+        cmake --build ../../build -j16 --target llama-bench llama-quantize llama-batched-bench 2>&1 | tail -2) ;;
+    kq)
+      LB=.gpu-lcpp/build/bin; Q="$LB/llama-quantize"
+      [ -x "$Q" ] || { echo "no llama-quantize (run lcpp first)"; continue; }
+      PYTHONPATH=.gpu-lcpp/src/llama.cpp/gguf-py timeout -k 5 "$T" python3 tests/gpu/check_kquant.py --cubins "$W" | grep -v "^ok"
+      S="$W/llama-3.2-1b"; mkdir -p "$S"
+      cp tests/gpu/configs/llama-3.2-1b/config.json "$W"/tokenizers/llama3/* "$S/"
+      python3 tests/gpu/write_gguf.py --config "$S/config.json" --tokenizer "$S" --out "$W/1b-2l.gguf" --layers 2 --dtype bf16
+      for t in Q4_K_M Q5_K_M Q6_K Q4_0 Q4_1; do
+        "$Q" "$W/1b-2l.gguf" "$W/1b-2l-$t.gguf" "$t" 4 > "$W/quantize-$t.log" 2>&1 || { tail -3 "$W/quantize-$t.log"; continue; }
+        "$ING" inspect "$W/1b-2l-$t.gguf" | grep "tensor types"
+        flag_sets=("--cuda-weights native"); [ "$t" = Q4_K_M ] && flag_sets+=("--cuda-weights bf16")
+        for flags in "${flag_sets[@]}"; do
+          echo "$t: CUDA $flags vs the CPU's exact f32 path"
+          timeout -k 5 "$T" python3 tests/gpu/compare_backends.py --ingot "$ING_RAW" --model "$W/1b-2l-$t.gguf" --tokens 16 \
+            --cpu-flags "--cpu-weights f32" --cuda-flags "$flags" | tee -a "$O/kq_compare.txt"
+        done
+      done
+      ;;
+    kqsmol)
+      if [ -f "$SMOL" ]; then
+        for cpu in "--cpu-weights f32" "--cpu-weights native"; do
+          echo "SmolLM2 Q4_1: CUDA native vs CPU $cpu"
+          timeout -k 5 "$T" python3 tests/gpu/compare_backends.py --ingot "$ING_RAW" --model "$SMOL" \
+            --cpu-flags "$cpu" --cuda-flags "--cuda-weights native" | tee -a "$O/kq_smollm2.txt"
+        done
+      else echo "no SmolLM2 bundle"; fi ;;
+    kq8b)
+      Q=.gpu-lcpp/build/bin/llama-quantize; M=$(llama8b)
+      [ -f "$W/8b-Q4_K_M.gguf" ] || {
+        python3 tests/gpu/write_gguf.py --config "$M/config.json" --tokenizer "$M" --out "$W/8b-bf16.gguf" --dtype bf16 &&
+          "$Q" "$W/8b-bf16.gguf" "$W/8b-Q4_K_M.gguf" Q4_K_M 16 > "$W/quantize-8b.log" 2>&1; tail -2 "$W/quantize-8b.log"
+        rm -f "$W/8b-bf16.gguf"; } ;;
+    kqbench)
+      LB=.gpu-lcpp/build/bin; G="$W/8b-Q4_K_M.gguf"
+      [ -f "$G" ] || { echo "no 8B Q4_K_M (run kq first)"; continue; }
+      B1="bench latency --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json"
+      for round in 1 2; do
+        echo "round $round: ingot native"; "$ING" $B1 --model "$G" --cuda-weights native | tee -a "$O/bench.jsonl"
+        echo "round $round: llama.cpp"; timeout -k 5 "$T" "$LB/llama-bench" -m "$G" -ngl 99 -fa 1 -p 0 -n 256 -r 3 -o jsonl | tee -a "$O/llama_bench.jsonl"
+      done
+      echo "ingot bf16-expanded"; "$ING" $B1 --model "$G" | tee -a "$O/bench.jsonl"
+      "$ING" bench latency --model "$G" --cuda-weights native --max-model-len 4096 --input-len 1024 --output-len 2 --max-num-batched-tokens 1024 --num-iters 5 --json | tee -a "$O/bench.jsonl"
+      "$ING" bench throughput --model "$G" --cuda-weights native --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl"
+      timeout -k 5 $((2 * T)) "$LB/llama-batched-bench" -m "$G" -ngl 99 -fa on -c 300000 -b 8192 -ub 512 -npp 1024 -ntg 128 -npl 256 --output-format jsonl | tail -3 | tee -a "$O/llama_batched.jsonl"
+      INGOT_CUDA_PROFILE=1 "$ING" bench latency --model "$G" --cuda-weights native --max-model-len 4096 --input-len 128 --output-len 64 --num-iters 1 --json 2>&1 | grep -iE "profile|gemm|gemv|attention|step" | tail -12 ;;
     fp8head)
       # Order: the must-haves first (8B accuracy, batch 1), so a cut-off call still has them.
       M=$(llama8b)

@@ -2,12 +2,46 @@
 // add, gated activations (SiLU, GELU-tanh), logit soft-capping,
 // and the random fill behind `--load-format dummy`.
 #include "common.cuh"
+#include "kquant.cuh"
 
 // x[t] = table[ids[t]] (f32 residual stream); with sumsq, also the row's
 // sum of squares (as its single partial) for the first fused RMSNorm
 // (t < SUMSQ_ROWS), and with norm_w that norm's pre-scaled input
 // xg[t] = bf16(x[t] ⊙ norm_w) (see gemv.cu). Grid: tokens.
-// embed_rows_scaled multiplies the rows by `scale` (Gemma: sqrt(hidden)).
+// embed_rows_scaled multiplies the rows by `scale` (Gemma: sqrt(hidden));
+// embed_kq reads a table kept in GGUF blocks (kquant.cuh).
+
+// Elements i..i+8 of token t's row, `v` (already scaled): their writes,
+// and their squares into ss.
+__device__ __forceinline__ void embed_emit8(const float (&v)[8], int t, int i, float* __restrict__ x, int d,
+                                            const float* __restrict__ norm_w, bf16* __restrict__ xg, float& ss) {
+  float* out = x + (size_t)t * d;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) ss += v[e] * v[e];
+  reinterpret_cast<float4*>(out + i)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(out + i)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  if (norm_w) {
+    const float4 g0 = reinterpret_cast<const float4*>(norm_w + i)[0];
+    const float4 g1 = reinterpret_cast<const float4*>(norm_w + i)[1];
+    const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+    __nv_bfloat162 o[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[e] = __floats2bfloat162_rn(v[2 * e] * g[2 * e], v[2 * e + 1] * g[2 * e + 1]);
+    *reinterpret_cast<uint4*>(xg + (size_t)t * d + i) = *reinterpret_cast<const uint4*>(o);
+  }
+}
+
+// The row's sum of squares, after every thread's emit8 calls.
+__device__ __forceinline__ void embed_sumsq(int t, float ss, SumSq* __restrict__ sumsq) {
+  if (sumsq && t < SUMSQ_ROWS) {
+    ss = block_sum(ss);
+    if (threadIdx.x == 0) {
+      sumsq->partial[t][0] = ss;
+      if (t == 0) sumsq->blocks = 1;
+    }
+  }
+}
+
 template <bool SCALED>
 __device__ __forceinline__ void embed(const int* __restrict__ ids, const bf16* __restrict__ table,
                                       float* __restrict__ x, int d, SumSq* __restrict__ sumsq,
@@ -15,7 +49,6 @@ __device__ __forceinline__ void embed(const int* __restrict__ ids, const bf16* _
   pdl_begin();
   const int t = blockIdx.x;
   const bf16* row = table + (size_t)ids[t] * d;
-  float* out = x + (size_t)t * d;
   float ss = 0.f;
   // 8 elements per 16-byte load (d is a multiple of 8).
   for (int i = threadIdx.x * 8; i < d; i += blockDim.x * 8) {
@@ -28,27 +61,9 @@ __device__ __forceinline__ void embed(const int* __restrict__ ids, const bf16* _
       v[2 * e] = SCALED ? f.x * scale : f.x;
       v[2 * e + 1] = SCALED ? f.y * scale : f.y;
     }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) ss += v[e] * v[e];
-    reinterpret_cast<float4*>(out + i)[0] = make_float4(v[0], v[1], v[2], v[3]);
-    reinterpret_cast<float4*>(out + i)[1] = make_float4(v[4], v[5], v[6], v[7]);
-    if (norm_w) {
-      const float4 g0 = reinterpret_cast<const float4*>(norm_w + i)[0];
-      const float4 g1 = reinterpret_cast<const float4*>(norm_w + i)[1];
-      const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
-      __nv_bfloat162 o[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[e] = __floats2bfloat162_rn(v[2 * e] * g[2 * e], v[2 * e + 1] * g[2 * e + 1]);
-      *reinterpret_cast<uint4*>(xg + (size_t)t * d + i) = *reinterpret_cast<const uint4*>(o);
-    }
+    embed_emit8(v, t, i, x, d, norm_w, xg, ss);
   }
-  if (sumsq && t < SUMSQ_ROWS) {
-    ss = block_sum(ss);
-    if (threadIdx.x == 0) {
-      sumsq->partial[t][0] = ss;
-      if (t == 0) sumsq->blocks = 1;
-    }
-  }
+  embed_sumsq(t, ss, sumsq);
 }
 
 extern "C" __global__ void embed_rows(const int* ids, const bf16* table, float* x, int d, SumSq* sumsq,
@@ -59,6 +74,37 @@ extern "C" __global__ void embed_rows(const int* ids, const bf16* table, float* 
 extern "C" __global__ void embed_rows_scaled(const int* ids, const bf16* table, float* x, int d, SumSq* sumsq,
                                              const float* norm_w, bf16* xg, float scale) {
   embed<true>(ids, table, x, d, sumsq, norm_w, xg, scale);
+}
+
+// A thread a vector of 32 weights: two runs of 16, four emits of 8.
+extern "C" __global__ void embed_kq(const int* ids, const KqMatrix* table, float* x, int d, SumSq* sumsq,
+                                    const float* norm_w, bf16* xg, float scale) {
+  pdl_begin();
+  const int t = blockIdx.x;
+  const size_t row = (size_t)ids[t];
+  const KqSegment& s = kq_segment(table, row);
+  float ss = 0.f;
+  kq_dispatch(s.type, [&](auto type) {
+    using T = decltype(type);
+    const unsigned char* planes[T::PLANES];
+    const unsigned char* rp[T::PLANES];
+    kq_planes<T>(s.base, (size_t)s.rows, d, planes);
+    kq_row<T>(planes, row - (size_t)s.row_start, d, rp);
+    for (int v = threadIdx.x; v < d / 32; v += blockDim.x) {
+      KqRaw raw;
+      T::load(rp, v, raw);
+      float w[2][16];
+      kq_weights<T>(raw, v, w[0], w[1]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float part[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) part[k] = scale * w[e >> 1][8 * (e & 1) + k];
+        embed_emit8(part, t, (e < 2 ? T::lo_in(v) : T::hi_in(v)) + 8 * (e & 1), x, d, norm_w, xg, ss);
+      }
+    }
+  });
+  embed_sumsq(t, ss, sumsq);
 }
 
 // Post-norm blocks (Gemma): x[t] += RMSNorm(y[t]) · post_w, y the block's

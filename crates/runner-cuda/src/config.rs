@@ -53,7 +53,7 @@ pub struct CudaRunnerConfig {
     /// With `fp8_weights`: the LM head in e4m3 too (`model.fp8_lm_head`;
     /// off by default: it changes answers).
     pub fp8_lm_head: bool,
-    /// GGUF Q8_0 decoder matrices kept in their blocks
+    /// GGUF quantized decoder matrices kept in their blocks
     /// (`model.cuda_weights = "native"`, see [`crate::NativeBlocks`]).
     pub native_weights: bool,
     /// One kernel for each layer's attention combine, o_proj, MLP and the
@@ -105,7 +105,7 @@ impl Default for CudaRunnerConfig {
     }
 }
 
-/// The GGUF Q8_0 matrices kept in their blocks (`opts.native_weights`;
+/// The GGUF quantized matrices kept in their blocks (`opts.native_weights`;
 /// none otherwise). Refused beside FP8 weights, which quantize from bf16.
 pub(crate) fn native_blocks(
     opts: &CudaRunnerConfig,
@@ -118,7 +118,7 @@ pub(crate) fn native_blocks(
     if opts.fp8_weights {
         return Err(CudaError::Unsupported(
             "model.cuda_weights = \"native\" with model.quantization = \"fp8\": \
-             choose one (native keeps a GGUF's Q8_0 blocks, fp8 quantizes bf16 weights)"
+             choose one (native keeps a GGUF's quantized blocks, fp8 quantizes bf16 weights)"
                 .into(),
         ));
     }
@@ -127,7 +127,7 @@ pub(crate) fn native_blocks(
     tracing::info!(
         kept = native.count(),
         of = total,
-        "model.cuda_weights = native: Q8_0 decoder matrices stay in their blocks (the rest expand to bf16)"
+        "model.cuda_weights = native: Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K decoder matrices stay in their blocks (the rest expand to bf16)"
     );
     Ok(native)
 }

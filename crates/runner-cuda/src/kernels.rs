@@ -54,6 +54,7 @@ impl KvDtype {
 pub struct Kernels {
     embed_rows: Kernel,
     embed_rows_scaled: Kernel,
+    embed_kq: Kernel,
     add_rms_norm: Kernel,
     post_norm_add: Kernel,
     softcap_rows: Kernel,
@@ -225,6 +226,7 @@ impl Kernels {
         Ok(Self {
             embed_rows: gpu.kernel("embed_rows")?,
             embed_rows_scaled: gpu.kernel("embed_rows_scaled")?,
+            embed_kq: gpu.kernel("embed_kq")?,
             add_rms_norm: gpu.kernel("add_rms_norm")?,
             post_norm_add: gpu.kernel("post_norm_add")?,
             softcap_rows: gpu.kernel("softcap_rows")?,
@@ -313,6 +315,8 @@ pub struct EmbedRows {
     pub tokens: usize,
     pub ids: DevPtr,
     pub table: DevPtr,
+    /// `table` is a k-quant matrix's header (`embed_kq`), not bf16 rows.
+    pub blocks: bool,
     pub x: DevPtr,
     pub hidden: usize,
     pub scale: Option<f32>,
@@ -333,6 +337,10 @@ impl EmbedRows {
             Arg::Ptr(xg),
         ];
         let kernel = match self.scale {
+            _ if self.blocks => {
+                args.push(Arg::F32(self.scale.unwrap_or(1.0)));
+                &k.embed_kq
+            }
             Some(scale) => {
                 args.push(Arg::F32(scale));
                 &k.embed_rows_scaled

@@ -10,7 +10,7 @@ use crate::{CudaError, Fp8Keep};
 /// Bytes the model's weights take on the device in `format` (the start-up
 /// memory estimate).
 /// `keep`: the matrices `model.fp8_ignore` keeps in bf16 under FP8;
-/// `native`: the GGUF Q8_0 matrices kept in their blocks.
+/// `native`: the GGUF matrices kept in their blocks.
 pub fn weight_bytes(
     config: &ModelConfig,
     format: WeightFormat,
@@ -119,6 +119,62 @@ mod tests {
             "saved {saved}, want {want}"
         );
         assert_eq!(native.max_elements(&c), 2 * ff * d);
+    }
+
+    /// Metadata of a Q4_K_M-style GGUF: Q4_K everywhere but v_proj,
+    /// down_proj and the LM head (Q6_K), and layer 1's up_proj (Q5_K: its
+    /// gate/up group mixes types and so stays bf16).
+    struct MixedFile;
+
+    impl TensorSource for MixedFile {
+        fn load(&self, name: &str) -> Result<HostTensor, ModelError> {
+            Err(ModelError::MissingTensor { name: name.into() })
+        }
+        fn stored_type(&self, name: &str) -> Option<GgmlType> {
+            let six = ["v_proj.weight", "down_proj.weight", "lm_head.weight"];
+            Some(if six.iter().any(|s| name.ends_with(s)) {
+                GgmlType::Q6_K
+            } else if name == "model.layers.1.mlp.up_proj.weight" {
+                GgmlType::Q5_K
+            } else {
+                GgmlType::Q4_K
+            })
+        }
+        fn contains(&self, _: &str) -> bool {
+            true
+        }
+        fn dtype_summary(&self) -> Vec<(String, usize)> {
+            Vec::new()
+        }
+    }
+
+    /// A q/k/v of Q4_K and Q6_K parts stays one kept matrix; each type
+    /// takes its file's bytes (144 per 256 for Q4_K, 210 for Q6_K) plus a
+    /// header and plane padding; gate/up in two types expand to bf16. The
+    /// embedding table (Q4_K) and the LM head (Q6_K) are kept too.
+    #[test]
+    fn mixed_k_quant_matrices_take_the_files_bytes() {
+        let c = llama8b();
+        assert!(!c.tie_word_embeddings);
+        let native = NativeBlocks::plan(&c, &MixedFile);
+        assert_eq!(native.count(), 4 * c.num_layers - 1 + 2);
+        assert!(native.keeps_embedding());
+        let (d, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let vocab = c.vocab_size;
+        let q4 = (q + kv) * d + d * q + 2 * ff * d;
+        let q6 = kv * d + ff * d;
+        let layers = c.num_layers;
+        let (q4, q6) = (q4 + vocab * d / layers, q6 + vocab * d / layers);
+        let file = layers * (q4 / 256 * 144 + q6 / 256 * 210) - 2 * ff * d / 256 * 144;
+        let kept_bf16 = layers * (q4 + q6) - 2 * ff * d;
+        let none = Fp8Keep::default();
+        let saved = weight_bytes(&c, WeightFormat::Bf16, &none, &NONE)
+            - weight_bytes(&c, WeightFormat::Bf16, &none, &native);
+        let want = kept_bf16 * 2 - file;
+        assert!(
+            saved <= want && want - saved < 16 * 256 * layers,
+            "saved {saved}, want {want}"
+        );
     }
 
     #[test]

@@ -881,6 +881,7 @@ impl DecoderOps for CudaOps<'_, '_> {
             tokens: self.plan.tokens,
             ids: b.input(b.layout.ids),
             table: self.m.weights.embed,
+            blocks: self.m.weights.embed_blocks,
             x: b.x,
             hidden: c.hidden_size,
             scale: spec.scale,

@@ -21,7 +21,7 @@ use crate::buffers::{self, Buffers, StepPlan};
 use crate::config::{fp8_keep, fp8_limits, native_blocks, weight_format, CudaRunnerConfig};
 use crate::device::{Arena, Gpu, Pinned};
 use crate::fused::FusedBlocks;
-use crate::gemm::Gemm;
+use crate::gemm::{Gemm, NativeRegions};
 use crate::kernels::{self, Kernels, L2PrefetchSpec};
 use crate::kv_views::KvSizing;
 use crate::memory::MemoryReport;
@@ -155,10 +155,11 @@ impl CudaRunner {
             Some(_) => Gemm::fp8_scratch_bytes(fp8_limits),
             None => 0,
         };
-        let q8_elements = native.max_elements(&config);
-        let q8_scratch = match weights.q8_region {
-            Some(_) => Gemm::q8_0_scratch_bytes(q8_elements),
-            None => 0,
+        let native_elements = native.max_elements(&config);
+        let native_scratch = if native.count() > 0 {
+            Gemm::native_scratch_bytes(native_elements)
+        } else {
+            0
         };
         let mut workspace = Arena::new(
             &gpu,
@@ -166,15 +167,21 @@ impl CudaRunner {
             Buffers::bytes(&config, max_tokens, max_seqs, opts.block_size)
                 + Gemm::workspace_bytes()
                 + fp8_scratch
-                + q8_scratch,
+                + native_scratch,
         )?;
         let mut gemm = Gemm::new(&gpu, &mut workspace)?;
         gemm.deterministic = opts.deterministic;
         if let Some(region) = weights.fp8_region {
             gemm.enable_fp8(&gpu, &mut workspace, region, fp8_limits)?;
         }
-        if let Some(region) = weights.q8_region {
-            gemm.enable_q8_0(&gpu, &mut workspace, region, q8_elements)?;
+        if native.count() > 0 {
+            let regions = NativeRegions {
+                q8_0: weights.q8_region,
+                kq: weights.kq_region,
+                max_elements: native_elements,
+                kq_bytes: weights.kq_bytes.iter().copied().collect(),
+            };
+            gemm.enable_native(&gpu, &mut workspace, regions)?;
         }
         // Start-up passes run on scratch data: time GEMM candidates there.
         gemm.tune = true;

@@ -95,11 +95,13 @@ impl Gemm {
 
     /// The bytes a GEMV streams for `w`, a `rows x cols` matrix: 1 a
     /// weight for e4m3 (its row scales are noise beside them), 34 per 32
-    /// for Q8_0, 2 for bf16.
+    /// for Q8_0, a k-quant matrix's device bytes, 2 a weight for bf16.
     pub fn weight_bytes(&self, w: DevPtr, rows: usize, cols: usize) -> usize {
         if self.fp8_of(w).is_some() {
             rows * cols
-        } else if self.q8_of(w).is_some() {
+        } else if let Some(bytes) = self.kq_bytes(w) {
+            bytes
+        } else if self.blocks_of(w).is_some() {
             rows * cols / Q8_0_BLOCK * Q8_0_BLOCK_BYTES
         } else {
             rows * cols * 2

@@ -11,7 +11,7 @@ use crate::CudaError;
 
 /// Whether the GEMV kernels take `tokens` rows of `inputs`-wide
 /// activations (16-byte loads of weights: inputs a multiple of `align`,
-/// the weights of a load, or of a block for Q8_0).
+/// the weights of a load, or of the smallest GGUF block, 32).
 fn gemv_fits(tokens: usize, inputs: usize, align: usize) -> bool {
     (1..=GEMV_MAX_TOKENS).contains(&tokens) && inputs.is_multiple_of(align)
 }
@@ -58,7 +58,7 @@ impl Gemm {
     /// Whether the GEMV kernels take this product (never in deterministic
     /// mode: their per-row reduction order is not cuBLASLt's).
     pub(super) fn gemv_fits(&self, tokens: usize, inputs: usize, w: DevPtr) -> bool {
-        let align = if self.q8_of(w).is_some() {
+        let align = if self.blocks_of(w).is_some() {
             Q8_0_BLOCK
         } else if self.fp8_of(w).is_some() {
             16
@@ -70,8 +70,8 @@ impl Gemm {
 
     /// The GEMV kernels for `w`'s type at `tokens` rows of `inputs`.
     pub(super) fn gemv_kernels(&self, w: DevPtr, tokens: usize, inputs: usize) -> &[Kernel; 10] {
-        if let Some(q) = self.q8_of(w) {
-            return &q.gemv[tokens - 1];
+        if let Some(k) = self.blocks_of(w) {
+            return &k.gemv[tokens - 1];
         }
         match self.fp8_of(w) {
             Some(f) => &f.gemv[tokens - 1],

@@ -27,15 +27,15 @@
 //! `fp8_scale_out` applies both scales and writes (or adds) the output.
 //! FP8 and deterministic mode are not combined (refused at start-up).
 //!
-//! GGUF Q8_0 weights kept in their blocks ([`crate::NativeBlocks`]) live
-//! in a region of their own too: the `gemv_q8_0_*` kernels read them at
-//! small batch; larger products expand the matrix into bf16 scratch and run
+//! GGUF weights kept in their blocks ([`crate::NativeBlocks`]: Q8_0, and
+//! Q4_0/Q4_1/Q4_K/Q5_K/Q6_K) live in regions of their own too: the
+//! `gemv_q8_0_*` and `gemv_kq_*` kernels read them at small batch; larger products expand the matrix into bf16 scratch and run
 //! the bf16 GEMM (deterministic mode included: its algorithm choice does
 //! not depend on where the bf16 matrix came from).
 //!
 //! [`plan`] builds and caches the cuBLASLt plans, [`gemv`] launches the GEMV
 //! kernels, [`fp8`] holds the e4m3 scratch, quantizer and scales, [`quant`]
-//! the Q8_0 GEMVs and expansion.
+//! the GGUF blocks' GEMVs and expansion.
 
 mod fp8;
 mod gemv;
@@ -54,7 +54,8 @@ pub use fp8::Fp8Limits;
 use fp8::{quantize_activations, Fp8};
 use gemv::{gemv_modes, gemv_table};
 use plan::{destroy_plan, Fixed, Plan};
-use quant::Q8;
+use quant::Native;
+pub use quant::NativeRegions;
 
 /// cuBLASLt's recommended workspace on Hopper.
 const WORKSPACE_BYTES: usize = 32 << 20;
@@ -108,6 +109,10 @@ struct Shape {
     outputs: usize,
     out: OutType,
     input: InType,
+    /// Elements between the output's rows: `outputs`, or the whole
+    /// product's for a slice of its columns (a k-quant LM head expanded
+    /// in row chunks).
+    out_stride: usize,
 }
 
 impl Shape {
@@ -148,8 +153,8 @@ pub struct Gemm {
     pub sumsq: DevPtr,
     /// Set by [`Gemm::enable_fp8`].
     fp8: Option<Fp8>,
-    /// Set by [`Gemm::enable_q8_0`].
-    q8: Option<Q8>,
+    /// Set by [`Gemm::enable_native`].
+    native: Option<Native>,
 }
 
 // The handle is only used from the runner's thread.
@@ -170,7 +175,7 @@ impl Gemm {
             max_tokens: 0,
             sumsq: 0,
             fp8: None,
-            q8: None,
+            native: None,
         })
     }
 
@@ -196,6 +201,32 @@ impl Gemm {
         if self.gemv(gpu, (x, w, y), tokens, inputs, outputs, out, None)? {
             return Ok(());
         }
+        if let Some(rows) = self.expansion_chunk(w, outputs, inputs) {
+            // A matrix larger than the bf16 scratch (a k-quant LM head):
+            // its rows expanded and multiplied a chunk at a time, each into
+            // its columns of y.
+            let size = if out == OutType::Bf16 { 2 } else { 4 };
+            for first in (0..outputs).step_by(rows) {
+                let n = rows.min(outputs - first);
+                let scratch = self.expand_rows(gpu, w, (first, n), outputs, inputs)?;
+                let shape = Shape {
+                    tokens,
+                    inputs,
+                    outputs: n,
+                    out,
+                    input: InType::Bf16,
+                    out_stride: outputs,
+                };
+                let ops = Operands {
+                    x,
+                    w: scratch,
+                    y: y + (first * size) as u64,
+                    scales: None,
+                };
+                self.run_plan(gpu, shape, ops)?;
+            }
+            return Ok(());
+        }
         let w = self.gemm_weight(gpu, w, outputs, inputs)?;
         let mut shape = Shape {
             tokens,
@@ -203,6 +234,7 @@ impl Gemm {
             outputs,
             out,
             input: InType::Bf16,
+            out_stride: outputs,
         };
         let mut ops = Operands {
             x,
@@ -241,6 +273,7 @@ impl Gemm {
             outputs,
             out: OutType::F32,
             input: InType::F16,
+            out_stride: outputs,
         };
         let ops = Operands {
             x,

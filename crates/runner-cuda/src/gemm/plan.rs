@@ -392,7 +392,7 @@ fn describe(
     }
     let w = result::create_matrix_layout(in_type, k, m, k as i64)?;
     let x = result::create_matrix_layout(in_type, k, n, k as i64)?;
-    let y = result::create_matrix_layout(out_type, m, n, m as i64)?;
+    let y = result::create_matrix_layout(out_type, m, n, s.out_stride as i64)?;
     Ok((desc, w, x, y))
 }
 

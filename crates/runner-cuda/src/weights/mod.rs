@@ -19,12 +19,13 @@
 //! names ([`Fp8Keep`]) stay bf16 too, placed outside the e4m3 region.
 //!
 //! With [`NativeBlocks`] (`model.cuda_weights = "native"`), the decoder
-//! matrices a GGUF stores in Q8_0 keep their blocks ([`blocks`]): placed
-//! first, in one region (a weight pointer in it is Q8_0, as for e4m3), each
-//! file tensor's blocks split into the quants and the scales on the way in.
+//! matrices a GGUF stores in Q8_0, Q4_0, Q4_1, Q4_K, Q5_K or Q6_K keep
+//! their blocks ([`blocks`]): placed first, Q8_0 in one region and the
+//! others in another (a weight pointer in either names its kind, as for
+//! e4m3), each file tensor's blocks split into planes on the way in.
 //!
 //! [`groups`] names the decoder's matrices, [`fp8`] holds the e4m3 layout
-//! and the quantizer, [`blocks`] the Q8_0 layout, [`stager`] the pinned
+//! and the quantizer, [`blocks`] the GGUF block layouts, [`stager`] the pinned
 //! streaming; this module places the tensors and names the result.
 
 mod blocks;
@@ -40,7 +41,7 @@ use ingot_models::{ModelConfig, TensorSource};
 
 use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel};
 use crate::{CudaError, Fp8Keep};
-use blocks::Q8Layout;
+use blocks::{BlocksLayout, PlacedBlocks, EMBED, LM_HEAD};
 pub use blocks::{NativeBlocks, Q8_0_BLOCK, Q8_0_BLOCK_BYTES};
 use fp8::{quantize, quantized_part, staged_for_fp8, Fp8Layout};
 use groups::group_index;
@@ -114,14 +115,12 @@ pub fn scales_offset(rows: usize, cols: usize) -> usize {
     (rows * cols).next_multiple_of(256)
 }
 
-/// The untied LM head's tensor.
-const LM_HEAD: &str = "lm_head.weight";
-/// The embedding table (the LM head when tied).
-const EMBED: &str = "model.embed_tokens.weight";
-
 /// All weights; pointers into `arena`.
 pub struct DeviceWeights {
     pub embed: DevPtr,
+    /// The embedding table is kept in GGUF blocks (`embed` is a k-quant
+    /// header: the lookup runs `embed_kq`).
+    pub embed_blocks: bool,
     /// The embedding table when tied.
     pub lm_head: DevPtr,
     pub norm: DevPtr,
@@ -136,6 +135,11 @@ pub struct DeviceWeights {
     pub fp8_region: Option<(DevPtr, DevPtr)>,
     /// `[start, end)` of the Q8_0 layer matrices ([`NativeBlocks`]).
     pub q8_region: Option<(DevPtr, DevPtr)>,
+    /// `[start, end)` of the Q4_0/Q4_1/Q4_K/Q5_K/Q6_K layer matrices
+    /// (each pointer the model reads there is a `KqMatrix` header).
+    pub kq_region: Option<(DevPtr, DevPtr)>,
+    /// Each k-quant matrix's header and device bytes.
+    pub kq_bytes: Vec<(DevPtr, usize)>,
     pub arena: Arena,
 }
 
@@ -182,11 +186,11 @@ struct Placement {
     /// the slot is complete.
     fp8_slot: Option<usize>,
     /// FP8: the e4m3 base the model reads instead of `dst` (not for a tied
-    /// embedding table, which the token lookup reads in bf16).
+    /// embedding table, which the token lookup reads in bf16); GGUF blocks
+    /// kept: the matrix's base (a k-quant matrix's header).
     quantized: Option<DevPtr>,
-    /// Q8_0 blocks kept: where the tensor's block scales go (`dst` takes
-    /// its quants).
-    q8_scales: Option<DevPtr>,
+    /// GGUF blocks kept: each plane's destination (`dst` is the first).
+    blocks: Option<PlacedBlocks>,
 }
 
 impl Placement {
@@ -202,7 +206,7 @@ struct Layout {
     placements: Vec<Placement>,
     tables: RopeTables,
     fp8: Option<Fp8Layout>,
-    q8: Option<Q8Layout>,
+    blocks: Option<BlocksLayout>,
 }
 
 impl DeviceWeights {
@@ -305,6 +309,9 @@ impl DeviceWeights {
         if let Some((_, progress)) = &quantizer {
             progress.finish()?;
         }
+        for (at, header) in layout.blocks.iter().flat_map(|b| &b.headers) {
+            gpu.upload(*at, header)?;
+        }
         let tables = &layout.tables;
         let (cos_t, sin_t) = config.rope.tables(config.head_dim, config.max_context);
         gpu.upload(tables.cos, &cos_t)?;
@@ -339,19 +346,22 @@ impl DeviceWeights {
             Some(staging) => Some(fp8::place(config, arena, staging, format, keep)?),
             None => None,
         };
-        let q8 = Q8Layout::place(config, arena, native)?;
+        let kept = BlocksLayout::place(config, arena, native)?;
         let head_slot = config.num_layers;
         for (name, shape) in &shapes {
             let dtype = dtype_of(name, shape);
-            if let Some((quants, scales)) = q8.as_ref().and_then(|q| q.destinations(config, name)) {
+            if let Some((blocks, home)) = kept
+                .as_ref()
+                .and_then(|k| Some((k.destinations(config, name)?, k.home(name)?)))
+            {
                 placements.push(Placement {
                     name: name.clone(),
                     shape: shape.clone(),
                     dtype,
-                    dst: quants,
+                    dst: blocks.planes[0],
                     fp8_slot: None,
-                    quantized: None,
-                    q8_scales: Some(scales),
+                    quantized: Some(home),
+                    blocks: Some(blocks),
                 });
                 continue;
             }
@@ -367,7 +377,7 @@ impl DeviceWeights {
                     dst: head.staged,
                     fp8_slot: Some(head_slot),
                     quantized: Some(head.dst),
-                    q8_scales: None,
+                    blocks: None,
                 });
                 continue;
             }
@@ -389,7 +399,7 @@ impl DeviceWeights {
                     dst: matrix.staged + (rows * row_bytes(shape, dtype)) as u64,
                     fp8_slot: Some(layer),
                     quantized: Some(matrix.dst),
-                    q8_scales: None,
+                    blocks: None,
                 });
                 continue;
             }
@@ -431,7 +441,7 @@ impl DeviceWeights {
                 dst,
                 fp8_slot,
                 quantized: None,
-                q8_scales: None,
+                blocks: None,
             });
         }
         let table_bytes = config.max_context * (config.head_dim / 2) * 4;
@@ -446,7 +456,7 @@ impl DeviceWeights {
             placements,
             tables: RopeTables { cos, sin, local },
             fp8,
-            q8,
+            blocks: kept,
         })
     }
 
@@ -456,7 +466,7 @@ impl DeviceWeights {
             placements,
             tables,
             fp8,
-            q8,
+            blocks,
         } = layout;
         let at = |n: &str| -> Result<DevPtr, CudaError> {
             placements
@@ -513,6 +523,7 @@ impl DeviceWeights {
             });
         }
         let embed = at(EMBED)?;
+        let embed_blocks = blocks.as_ref().is_some_and(|b| b.home(EMBED).is_some());
         let lm_head = match fp8.as_ref().and_then(|f| f.head) {
             Some(head) => head.dst,
             None if config.tie_word_embeddings => embed,
@@ -520,6 +531,7 @@ impl DeviceWeights {
         };
         Ok(Self {
             embed,
+            embed_blocks,
             lm_head,
             norm: at("model.norm.weight")?,
             layers,
@@ -527,7 +539,9 @@ impl DeviceWeights {
             sin: tables.sin,
             local_rope: tables.local,
             fp8_region: fp8.map(|f| f.region),
-            q8_region: q8.map(|q| q.region),
+            q8_region: blocks.as_ref().and_then(|b| b.q8_region),
+            kq_region: blocks.as_ref().and_then(|b| b.kq_region),
+            kq_bytes: blocks.map(|b| b.kq_bytes).unwrap_or_default(),
             arena,
         })
     }

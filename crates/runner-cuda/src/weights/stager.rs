@@ -8,7 +8,7 @@ use half::bf16;
 use ingot_models::{ModelError, TensorSource};
 use rayon::prelude::*;
 
-use super::blocks::{check_q8_0, Q8Part};
+use super::blocks::BlockFormat;
 use super::{Dtype, Placement};
 use crate::device::{DevPtr, Gpu, Pinned};
 use crate::CudaError;
@@ -35,8 +35,8 @@ enum HostData<'a> {
     F32AsBf16(&'a [f32]),
     /// f32 values stored as f32 (norms, biases).
     F32(&'a [f32]),
-    /// One part of Q8_0 blocks (their quants, or their scales).
-    Q8(&'a [u8], Q8Part),
+    /// Plane `k` of GGUF blocks of a format.
+    Plane(&'a [u8], &'static BlockFormat, usize),
 }
 
 impl HostData<'_> {
@@ -46,7 +46,7 @@ impl HostData<'_> {
             Self::Bytes(b) => b.len(),
             Self::F32AsBf16(v) => 2 * v.len(),
             Self::F32(v) => 4 * v.len(),
-            Self::Q8(b, part) => part.bytes(b),
+            Self::Plane(b, format, k) => format.plane_bytes(k, b),
         }
     }
 
@@ -75,10 +75,10 @@ impl HostData<'_> {
                         d.copy_from_slice(&x.to_le_bytes());
                     }
                 }),
-            Self::Q8(b, part) => dst
+            Self::Plane(b, format, k) => dst
                 .par_chunks_mut(FILL_CHUNK)
                 .enumerate()
-                .for_each(|(i, d)| part.fill(b, offset + i * FILL_CHUNK, d)),
+                .for_each(|(i, d)| format.fill_plane(k, b, offset + i * FILL_CHUNK, d)),
         }
     }
 }
@@ -106,7 +106,7 @@ struct LoadStats {
     wait: Duration,
     bytes: usize,
     tensors: usize,
-    /// Tensors that came in bf16 or in their Q8_0 blocks from the source
+    /// Tensors that came in bf16 or in their GGUF blocks from the source
     /// (no f32 round trip).
     direct: usize,
 }
@@ -166,17 +166,24 @@ impl<'g> Stager<'g> {
         let t = Instant::now();
         self.stats.tensors += 1;
         let numel: usize = p.shape.iter().product();
-        if let Some(scales) = p.q8_scales {
+        if let Some(blocks) = &p.blocks {
+            let format = blocks.format;
             let q = source.load_blocks(&p.name)?.ok_or_else(|| {
-                CudaError::Unsupported(format!("{}: the source has no Q8_0 blocks for it", p.name))
+                CudaError::Unsupported(format!(
+                    "{}: the source has no {} blocks for it",
+                    p.name,
+                    format.ty.name()
+                ))
             })?;
             check_shape(p, &q.shape)?;
             let bytes = q.data.bytes();
-            check_q8_0(&p.name, q.ggml_type, bytes.len(), numel)?;
+            format.check(&p.name, q.ggml_type, bytes.len(), numel)?;
             self.stats.source += t.elapsed();
             self.stats.direct += 1;
-            self.put(p.dst, HostData::Q8(bytes, Q8Part::Quants))?;
-            return self.put(scales, HostData::Q8(bytes, Q8Part::Scales));
+            for (k, dst) in blocks.planes.iter().enumerate() {
+                self.put(*dst, HostData::Plane(bytes, format, k))?;
+            }
+            return Ok(());
         }
         if p.dtype == Dtype::Bf16 {
             if let Some(b) = source.load_bf16(&p.name)? {

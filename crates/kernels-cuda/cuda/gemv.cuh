@@ -1,0 +1,788 @@
+// Skinny GEMMs for decode at small batch: y[n, out] = x[n, in] · w[out, in]ᵀ
+// for n <= 8. One warp streams one weight row (two for the paired modes)
+// with 16-byte loads, software-pipelined so the next loads are in flight
+// while the current ones are used, and applies it to every x row. At this
+// shape the weights are read exactly once and the kernel runs at memory
+// speed. Kernels, each for n = 1..8:
+//   gemv_n{n}_bf16 / _f32:  y = x·wᵀ
+//   gemv_n{n}_add_f32:      y += x·wᵀ (the f32 residual stream)
+//   gemv_n{n}_swiglu:       w is the fused [2·ff, in] gate/up matrix; the
+//                           warp for column i reads gate row i and up row
+//                           ff + i and writes silu(gate)·up (bf16)
+//   gemv_n{n}_geglu:        the same with GELU (tanh) for SiLU (Gemma)
+//   gemv_n{n}_qkv_rope:     w is the fused q/k/v matrix; two warps for a
+//                           rotary pair read rows i and i + hd/2 of one
+//                           head (half of the input each), add the bias,
+//                           rotate q and k and write
+//                           q and the paged K/V cache (what rope_qkv does
+//                           after a plain GEMM, without the round trip)
+//   gemv_n{n}_bf16_norm:    y = rmsnorm(x)·wᵀ (bf16), for q/k/v of models
+//                           whose q/k norm keeps rope in its own kernel
+//   ..._swiglu_norm / _geglu_norm / _qkv_rope_norm: the same with the input RMSNorm
+//                           fused: x is the residual already multiplied by
+//                           the norm weight (bf16, left by the residual's
+//                           writer), and the dot products are scaled by
+//                           1/rms from the sums of squares it left (SumSq):
+//                           rmsnorm(x)·w = (1/rms)·((x ⊙ g)·w), so the
+//                           inner loop is the plain GEMV's
+// Each comes for bf16 weights and, as gemv_fp8_n{n}_..., for e4m3 weights
+// (`--quantization fp8`): 16 weights per 16-byte load, converted in pairs
+// by the hardware (cvt e4m3x2 -> f16x2 on sm_89+), with the f32 per-row
+// scale that follows the matrix (see fp8.cu) applied once to each sum.
+// gemv_q8_0_n{n}_... read GGUF Q8_0 matrices as they are stored
+// (`model.cuda_weights = "native"`, see quant.cu for the layout): 16 int8
+// weights per 16-byte load, turned into floats by integer ops (no I2F),
+// each half block's dot product scaled by its block's f16 scale.
+// gemv_kq_n{n}_... read GGUF Q4_0/Q4_1/Q4_K/Q5_K/Q6_K matrices as they are
+// stored (kquant.cuh): 32 weights per 16-byte load of quants, their
+// high bits and block scales from the type's other planes, each run of 16
+// weights' dot product scaled (and its min applied) once.
+// gemv_short_n1_...: batch 1 over bf16 rows of at most 2,048 inputs, each
+// lane's whole part of its rows loaded before the PDL wait (small models).
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#pragma once
+#include "common.cuh"
+#include "kquant.cuh"
+
+constexpr int GEMV_WARPS = 8;
+constexpr int GEMV_UNROLL = 4;
+
+
+// Two e4m3 weights as floats. sm_89+ converts in hardware. Below it (the
+// compute_80 PTX), cuda_fp8.h's generic conversion, unrolled through every
+// kernel of this file, took nvcc 400 s; instead each byte's sign and
+// exponent-mantissa bits move into an f16 (exponent bias 15 for 7, so the
+// value comes out 2^-8 too small, subnormals included) and the product
+// with 256 restores it exactly. Only NaN (0x7f) differs: it reads as 480,
+// which a quantised weight never is.
+__device__ __forceinline__ float2 e4m3x2_to_float2(__nv_fp8x2_storage_t w) {
+#if __CUDA_ARCH__ >= 890
+  return __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(w, __NV_E4M3)));
+#else
+  const unsigned x = w;
+  const unsigned bits = ((x & 0x80u) << 8) | ((x & 0x7fu) << 7) | ((x & 0x8000u) << 16) | ((x & 0x7f00u) << 15);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&bits));
+  return make_float2(f.x * 256.f, f.y * 256.f);
+#endif
+}
+
+// 16 e4m3 weights against 16 bf16 activations (two 16-byte loads).
+__device__ __forceinline__ void dot16_e4m3(const uint4& wv, const uint4& x0, const uint4& x1, float& acc) {
+  const __nv_fp8x2_storage_t* w2 = reinterpret_cast<const __nv_fp8x2_storage_t*>(&wv);
+  const __nv_bfloat162* xa = reinterpret_cast<const __nv_bfloat162*>(&x0);
+  const __nv_bfloat162* xb = reinterpret_cast<const __nv_bfloat162*>(&x1);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float2 a = e4m3x2_to_float2(w2[i]);
+    const float2 b = __bfloat1622float2(i < 4 ? xa[i] : xb[i - 4]);
+    acc = fmaf(a.x, b.x, acc);
+    acc = fmaf(a.y, b.y, acc);
+  }
+}
+
+// 16 int8 weights as floats: each byte, its sign bit flipped (q + 128),
+// becomes the low mantissa byte of 2^23 and the subtraction leaves q exactly.
+__device__ __forceinline__ void s8x16_to_float(const uint4& v, float (&f)[16]) {
+  const unsigned* w = reinterpret_cast<const unsigned*>(&v);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const unsigned u = w[k] ^ 0x80808080u;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) f[4 * k + j] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540u | j)) - 8388736.f;
+  }
+}
+
+// 16 float weights against 16 bf16 activations (two 16-byte loads).
+__device__ __forceinline__ float dot16_f32(const float (&w)[16], const uint4& x0, const uint4& x1) {
+  const __nv_bfloat162* xa = reinterpret_cast<const __nv_bfloat162*>(&x0);
+  const __nv_bfloat162* xb = reinterpret_cast<const __nv_bfloat162*>(&x1);
+  float acc = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float2 b = __bfloat1622float2(i < 4 ? xa[i] : xb[i - 4]);
+    acc = fmaf(w[2 * i], b.x, acc);
+    acc = fmaf(w[2 * i + 1], b.y, acc);
+  }
+  return acc;
+}
+
+// How a weight type's values are scaled: not at all, per row (e4m3), per
+// block of 32 (Q8_0), or by the 4- to 6-bit GGUF types' own blocks
+// (kquant.cuh: the weight pointer is a KqMatrix header).
+enum class WScale { None, Row, Block32, Kq };
+
+// Weight element types. ELEMS: weights per 16-byte load. ROW_UNROLL: the
+// loads a lane keeps in flight per row and batch in the plain and q/k/v
+// GEMVs; GATED_UNROLL: the same for each of the gated GEMVs' two rows.
+struct Bf16W {
+  typedef bf16 T;
+  static constexpr int ELEMS = 8;
+  static constexpr int ROW_UNROLL = GEMV_UNROLL;
+  static constexpr int GATED_UNROLL = GEMV_UNROLL;
+  static constexpr WScale SCALE = WScale::None;
+};
+// An 8B-class e4m3 row (4 KiB) is 8 loads a lane: batches of 2 finish the
+// 8B's q/k/v, o_proj and down_proj 7-16% sooner than batches of 4 (fewer
+// registers, more resident warps; tests/gpu/bench_gemv.py, docs/perf/fp8.md).
+struct Fp8W {
+  typedef __nv_fp8_storage_t T;
+  static constexpr int ELEMS = 16;
+  static constexpr int ROW_UNROLL = 2;
+  static constexpr int GATED_UNROLL = GEMV_UNROLL;
+  static constexpr WScale SCALE = WScale::Row;
+};
+// Q8_0 rows are as many bytes as e4m3's, with more work a load (the
+// integer-to-float conversion, the block scales): at batch 1 on the 8B's
+// gate/up one load a row in flight streams at 3.86 TB/s, four at 2.42
+// (fewer registers, more resident warps); o_proj and down_proj are fastest
+// at two (tests/gpu/bench_gemv.py, docs/benchmarks.md).
+struct Q8W {
+  typedef int8_t T;
+  static constexpr int ELEMS = 16;
+  static constexpr int ROW_UNROLL = 2;
+  static constexpr int GATED_UNROLL = 1;
+  static constexpr WScale SCALE = WScale::Block32;
+};
+
+// GGUF Q4_0/Q4_1/Q4_K/Q5_K/Q6_K (kquant.cuh): 32 weights per 16-byte load
+// of quants, the type chosen per row segment at run time (warp-uniform).
+struct KqW {
+  typedef KqMatrix T;
+  static constexpr int ELEMS = 32;
+  static constexpr int ROW_UNROLL = 2;
+  static constexpr int GATED_UNROLL = 1;
+  static constexpr WScale SCALE = WScale::Kq;
+};
+
+// The block scales of the vectors a lane has in flight: nothing for
+// unscaled and row-scaled types; for Q8_0 one f16 per 16-byte vector (its
+// half block's), loaded with the weights.
+template <typename W, int ROWS, int U>
+struct VecScales {
+  __device__ __forceinline__ void load(const __half* const (&)[ROWS], int, int) {}
+  __device__ __forceinline__ float at(int, int) const { return 1.f; }
+};
+template <int ROWS, int U>
+struct VecScales<Q8W, ROWS, U> {
+  float s[ROWS][U];
+  __device__ __forceinline__ void load(const __half* const (&sr)[ROWS], int base, int vecs) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int i = base + u * 32;
+        s[r][u] = i < vecs ? __half2float(__ldg(sr[r] + (i >> 1))) : 0.f;
+      }
+  }
+  __device__ __forceinline__ float at(int r, int u) const { return s[r][u]; }
+};
+
+template <int ROWS, int U>
+__device__ __forceinline__ void load_batch(const uint4* const (&wr)[ROWS], int base, int vecs, uint4 (&dst)[ROWS][U]) {
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int i = base + u * 32;
+      dst[r][u] = i < vecs ? __ldcs(wr[r] + i) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+// acc[r][n] = x[n] · w[rows[r]] for this warp's rows, reduced over the warp
+// (every lane holds the result). With NORM, x is x ⊙ g of the f32
+// residual and the results are scaled by its 1/rms (see the header).
+struct NormIn {
+  float eps;
+  const SumSq* sumsq;  // sums of squares of the residual rows
+};
+
+// With NORM, the first warp adds the residual writer's per-block partial
+// sums of squares (a fixed order) into s_inv[n] = 1/rms of row n; the block
+// reads them after a barrier at the end, so the loads overlap the weights.
+template <int N>
+__device__ __forceinline__ void norm_scales(const NormIn& norm, int in, float (&s_inv)[SUMSQ_ROWS]) {
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x, blocks = (int)norm.sumsq->blocks;
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    float t = 0.f;
+    for (int b = lane; b < blocks; b += 32) t += norm.sumsq->partial[n][b];
+    t = warp_sum(t);
+    if (lane == 0) s_inv[n] = rsqrtf(t / in + norm.eps);
+  }
+}
+
+// acc[r][n] += x[n] · w_r over the vectors base, base + 32, ... (U of them,
+// those below end) whose weights are in `cur`.
+template <int N, int ROWS, typename W, int U>
+__device__ __forceinline__ void dot_batch(const uint4 (&cur)[ROWS][U], const VecScales<W, ROWS, U>& scales,
+                                          const uint4* xr, int base, int end, int xvecs, float (&acc)[ROWS][N]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int i = base + u * 32;
+    if (i >= end) break;
+    if constexpr (W::SCALE == WScale::Block32) {
+      // Each row's 16 weights converted once, for every batch row.
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        float wf[16];
+        s8x16_to_float(cur[r][u], wf);
+        const float s = scales.at(r, u);
+#pragma unroll
+        for (int n = 0; n < N; ++n) {
+          const uint4 x0 = __ldg(xr + (size_t)n * xvecs + 2 * i), x1 = __ldg(xr + (size_t)n * xvecs + 2 * i + 1);
+          acc[r][n] = fmaf(s, dot16_f32(wf, x0, x1), acc[r][n]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < N; ++n) {
+        if constexpr (W::SCALE == WScale::Row) {
+          const uint4 x0 = __ldg(xr + (size_t)n * xvecs + 2 * i), x1 = __ldg(xr + (size_t)n * xvecs + 2 * i + 1);
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) dot16_e4m3(cur[r][u], x0, x1, acc[r][n]);
+        } else {
+          const uint4 xv = __ldg(xr + (size_t)n * xvecs + i);
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r) dot8(cur[r][u], xv, acc[r][n]);
+        }
+      }
+    }
+  }
+}
+
+// kq_rows for one type T: acc[r][n] += x[n] · row r over the quant vectors
+// [v0, end) (`rp`: each row's planes), pipelined as gemv_rows is (the
+// first U loads a row before the PDL wait, then the next U in flight while
+// the current ones are used).
+template <typename T, int N, int ROWS, bool NORM, int U>
+__device__ __forceinline__ void kq_rows_t(const bf16* __restrict__ x, const unsigned char* const (&rp)[ROWS][T::PLANES],
+                                          int in, int v0, int end, float (&acc)[ROWS][N], const NormIn& norm,
+                                          float (&s_inv)[SUMSQ_ROWS]) {
+  const int lane = threadIdx.x & 31;
+  const uint4* xr = reinterpret_cast<const uint4*>(x);
+  const int xvecs = in / 8;
+  auto load = [&](int base, KqRaw (&dst)[ROWS][U]) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int v = base + u * 32;
+        if (v < end) T::load(rp[r], v, dst[r][u]);
+      }
+  };
+  KqRaw cur[ROWS][U];
+  load(v0 + lane, cur);
+  pdl_wait();
+  pdl_launch_dependents();
+  if (NORM) norm_scales<N>(norm, in, s_inv);
+  constexpr float bias = kq_bias<T>();
+  for (int base = v0 + lane; base < end; base += 32 * U) {
+    KqRaw next[ROWS][U];
+    load(base + 32 * U, next);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = base + u * 32;
+      if (v >= end) break;
+      // Each row's 32 quants turned into floats once, for every batch row.
+      KqRuns runs[ROWS];
+      float wl[ROWS][16], wh[ROWS][16];
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        T::decode(cur[r][u], v, runs[r]);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          wl[r][i] = quant_float(runs[r].lo[i >> 2], i & 3, bias);
+          wh[r][i] = quant_float(runs[r].hi[i >> 2], i & 3, bias);
+        }
+      }
+      const int lo = T::lo_in(v) / 8, hi = T::hi_in(v) / 8;
+#pragma unroll
+      for (int n = 0; n < N; ++n) {
+        const uint4* xn = xr + (size_t)n * xvecs;
+        float xl[16], xh[16];
+        bf16x16_to_float(__ldg(xn + lo), __ldg(xn + lo + 1), xl);
+        bf16x16_to_float(__ldg(xn + hi), __ldg(xn + hi + 1), xh);
+        float sl = 0.f, sh = 0.f;
+        if (T::MIN) {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) {
+            sl += xl[i];
+            sh += xh[i];
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+          float dl = 0.f, dh = 0.f;
+#pragma unroll
+          for (int i = 0; i < 16; ++i) {
+            dl = fmaf(wl[r][i], xl[i], dl);
+            dh = fmaf(wh[r][i], xh[i], dh);
+          }
+          float t = fmaf(runs[r].s_lo, dl, runs[r].s_hi * dh);
+          if (T::MIN) t = fmaf(runs[r].m_lo, sl, fmaf(runs[r].m_hi, sh, t));
+          acc[r][n] += t;
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int u = 0; u < U; ++u) cur[r][u] = next[r][u];
+  }
+}
+
+// Batch 1 and 2: the activations as int8 in shared memory, one scale and
+// one sum per run of 16 inputs (the runs the quants' scales cover), so a
+// run's dot product is four dp4a on the quant bytes as they are: a quarter
+// of the instructions of turning each quant into a float, which is what
+// held the 4-bit GEMVs to ~1.2 TB/s. Quantized once per block of 8 rows
+// (16 for the paired modes), after the PDL wait. The rounding is
+// llama.cpp's MMVQ's (its q8_1 activations), over 16 inputs instead of 32.
+constexpr int KQ_XQ_INPUTS = 32768;  // N x in at most: 45 KB of static shared memory
+struct KqXq {
+  signed char q[KQ_XQ_INPUTS];
+  float d[KQ_XQ_INPUTS / 16];
+  short sum[KQ_XQ_INPUTS / 16];
+};
+
+// x[n] (n < N, `in` wide) into `sh`; every thread of the block takes part.
+template <int N>
+__device__ __forceinline__ void kq_quantize_x(const bf16* __restrict__ x, int in, KqXq& sh) {
+  const int runs = in / 16;
+  for (int i = threadIdx.x; i < N * runs; i += blockDim.x) {
+    const int n = i / runs, r = i - n * runs;
+    const uint4* src = reinterpret_cast<const uint4*>(x + (size_t)n * in + 16 * r);
+    float f[16];
+    bf16x16_to_float(src[0], src[1], f);
+    float amax = 0.f;
+#pragma unroll
+    for (int k = 0; k < 16; ++k) amax = fmaxf(amax, fabsf(f[k]));
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    int sum = 0;
+    unsigned w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w[k] = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int q = __float2int_rn(f[4 * k + j] * inv);
+        sum += q;
+        w[k] |= (unsigned)(q & 0xff) << (8 * j);
+      }
+    }
+    *reinterpret_cast<uint4*>(sh.q + (size_t)n * in + 16 * r) = make_uint4(w[0], w[1], w[2], w[3]);
+    sh.d[n * runs + r] = amax / 127.f;
+    sh.sum[n * runs + r] = (short)sum;
+  }
+}
+
+// dp4a of 16 quant bytes against 16 int8 activations.
+__device__ __forceinline__ int dot16_s8(const unsigned (&q)[4], const int4& x) {
+  int acc = __dp4a((int)q[0], x.x, 0);
+  acc = __dp4a((int)q[1], x.y, acc);
+  acc = __dp4a((int)q[2], x.z, acc);
+  return __dp4a((int)q[3], x.w, acc);
+}
+
+// kq_rows_t over int8 activations (after the block's quantize and barrier).
+template <typename T, int N, int ROWS, int U>
+__device__ __forceinline__ void kq_rows_xq_t(const unsigned char* const (&rp)[ROWS][T::PLANES], int in, int v0,
+                                             int end, float (&acc)[ROWS][N], const KqXq& sh) {
+  const int lane = threadIdx.x & 31, runs_per_row = in / 16;
+  auto load = [&](int base, KqRaw (&dst)[ROWS][U]) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int v = base + u * 32;
+        if (v < end) T::load(rp[r], v, dst[r][u]);
+      }
+  };
+  KqRaw cur[ROWS][U];
+  load(v0 + lane, cur);
+  for (int base = v0 + lane; base < end; base += 32 * U) {
+    KqRaw next[ROWS][U];
+    load(base + 32 * U, next);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = base + u * 32;
+      if (v >= end) break;
+      KqRuns runs[ROWS];
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) T::decode(cur[r][u], v, runs[r]);
+      const int lo = T::lo_in(v), hi = T::hi_in(v);
+#pragma unroll
+      for (int n = 0; n < N; ++n) {
+        const int4 xl = *reinterpret_cast<const int4*>(sh.q + (size_t)n * in + lo);
+        const int4 xh = *reinterpret_cast<const int4*>(sh.q + (size_t)n * in + hi);
+        const int rl = n * runs_per_row + lo / 16, rh = n * runs_per_row + hi / 16;
+        const float dl = sh.d[rl], dh = sh.d[rh];
+        const int sl = sh.sum[rl], sh_ = sh.sum[rh];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+          const int pl = dot16_s8(runs[r].lo, xl) - T::OFFSET * sl;
+          const int ph = dot16_s8(runs[r].hi, xh) - T::OFFSET * sh_;
+          float t = fmaf(runs[r].s_lo * dl, (float)pl, runs[r].s_hi * dh * (float)ph);
+          if (T::MIN) t = fmaf(runs[r].m_lo * dl, (float)sl, fmaf(runs[r].m_hi * dh, (float)sh_, t));
+          acc[r][n] += t;
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int u = 0; u < U; ++u) cur[r][u] = next[r][u];
+  }
+}
+
+// Row r's planes of a KqMatrix, for type T.
+template <typename T, int ROWS>
+__device__ __forceinline__ void kq_row_planes(const KqMatrix* m, int in, const size_t (&rows)[ROWS],
+                                              const unsigned char* (&rp)[ROWS][T::PLANES]) {
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    const KqSegment& s = kq_segment(m, rows[r]);
+    const unsigned char* planes[T::PLANES];
+    kq_planes<T>(s.base, (size_t)s.rows, in, planes);
+    kq_row<T>(planes, rows[r] - (size_t)s.row_start, in, rp[r]);
+  }
+}
+
+// gemv_rows for KqW: finds each row's segment (a warp's rows share a type:
+// the host keeps gate/up in one type and a rotary pair lies in one part),
+// then runs that type's loop. The sum over the warp and the norm's scale
+// follow in gemv_rows.
+template <int N, int ROWS, bool NORM, int U>
+__device__ __forceinline__ void kq_rows(const bf16* x, const KqMatrix* m, int in, const size_t (&rows)[ROWS],
+                                        float (&acc)[ROWS][N], const NormIn& norm, float (&s_inv)[SUMSQ_ROWS],
+                                        int v0, int v1) {
+  const int end = v1 < 0 ? in / 32 : v1;
+  const int type = kq_segment(m, rows[0]).type;
+  if constexpr (N <= 2) {
+    if (N * in <= KQ_XQ_INPUTS) {
+      __shared__ __align__(16) KqXq sh;
+      const int lane = threadIdx.x & 31;
+      // The first quants on their way to L2 while the previous kernel ends.
+      kq_dispatch(type, [&](auto t) {
+        using T = decltype(t);
+        const unsigned char* rp[ROWS][T::PLANES];
+        kq_row_planes<T, ROWS>(m, in, rows, rp);
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            const int v = v0 + lane + 32 * u;
+            if (v < end) asm volatile("prefetch.global.L2 [%0];" ::"l"(rp[r][0] + 16 * (size_t)v));
+          }
+      });
+      pdl_wait();
+      pdl_launch_dependents();
+      if (NORM) norm_scales<N>(norm, in, s_inv);
+      kq_quantize_x<N>(x, in, sh);
+      __syncthreads();
+      kq_dispatch(type, [&](auto t) {
+        using T = decltype(t);
+        const unsigned char* rp[ROWS][T::PLANES];
+        kq_row_planes<T, ROWS>(m, in, rows, rp);
+        kq_rows_xq_t<T, N, ROWS, U>(rp, in, v0, end, acc, sh);
+      });
+      return;
+    }
+  }
+  const bool known = kq_dispatch(type, [&](auto t) {
+    using T = decltype(t);
+    const unsigned char* rp[ROWS][T::PLANES];
+    kq_row_planes<T, ROWS>(m, in, rows, rp);
+    kq_rows_t<T, N, ROWS, NORM, U>(x, rp, in, v0, end, acc, norm, s_inv);
+  });
+  if (!known) {
+    pdl_wait();
+    pdl_launch_dependents();
+  }
+}
+
+// Over the 16-byte weight vectors [v0, v1) of the rows (v1 < 0: to the
+// end). `total_rows`: the matrix's rows (where e4m3 scales start).
+// Weights do not depend on the previous kernel, so loads go out before
+// waiting for it (with PDL this overlaps the previous kernel's tail): the
+// first batch of U a row, or with WHOLE > 0, where a lane's part of its
+// rows is at most WHOLE loads each, all of them (the rest of the kernel is
+// then only the dot products on the input). The sums are the same either
+// way: every lane adds its vectors in the same order.
+template <int N, int ROWS, bool NORM = false, typename W = Bf16W, int U = GEMV_UNROLL, int WHOLE = 0>
+__device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const typename W::T* __restrict__ w, int in,
+                                          size_t total_rows, const size_t (&rows)[ROWS], float (&acc)[ROWS][N],
+                                          NormIn norm = {}, int v0 = 0, int v1 = -1) {
+  __shared__ float s_inv[SUMSQ_ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+    for (int n = 0; n < N; ++n) acc[r][n] = 0.f;
+  if constexpr (W::SCALE == WScale::Kq) {
+    kq_rows<N, ROWS, NORM, U>(x, w, in, rows, acc, norm, s_inv, v0, v1);
+  } else {
+  const int lane = threadIdx.x & 31;
+  const int vecs = in / W::ELEMS, end = v1 < 0 ? vecs : v1, xvecs = in / 8;
+  const uint4* wr[ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) wr[r] = reinterpret_cast<const uint4*>(w + rows[r] * in);
+  const uint4* xr = reinterpret_cast<const uint4*>(x);
+  // Q8_0: each row's block scales (one f16 per 32 weights).
+  const __half* sr[ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+    sr[r] = W::SCALE == WScale::Block32 ? scales_after<__half>(w, total_rows, in) + rows[r] * (in / 32) : nullptr;
+  bool done = false;
+  if constexpr (WHOLE > 0) {
+    if (end - v0 <= 32 * WHOLE) {
+      uint4 all[ROWS][WHOLE];
+      VecScales<W, ROWS, WHOLE> all_s;
+      load_batch<ROWS, WHOLE>(wr, v0 + lane, end, all);
+      all_s.load(sr, v0 + lane, end);
+      pdl_wait();
+      pdl_launch_dependents();
+      if (NORM) norm_scales<N>(norm, in, s_inv);
+      dot_batch<N, ROWS, W, WHOLE>(all, all_s, xr, v0 + lane, end, xvecs, acc);
+      done = true;
+    }
+  }
+  if (!done) {
+    uint4 cur[ROWS][U];
+    VecScales<W, ROWS, U> cur_s;
+    load_batch<ROWS, U>(wr, v0 + lane, end, cur);
+    cur_s.load(sr, v0 + lane, end);
+    pdl_wait();
+    pdl_launch_dependents();
+    if (NORM) norm_scales<N>(norm, in, s_inv);
+    for (int base = v0 + lane; base < end; base += 32 * U) {
+      uint4 next[ROWS][U];
+      VecScales<W, ROWS, U> next_s;
+      load_batch<ROWS, U>(wr, base + 32 * U, end, next);
+      next_s.load(sr, base + 32 * U, end);
+      dot_batch<N, ROWS, W, U>(cur, cur_s, xr, base, end, xvecs, acc);
+      cur_s = next_s;
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int u = 0; u < U; ++u) cur[r][u] = next[r][u];
+    }
+  }
+  }
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+    for (int n = 0; n < N; ++n) acc[r][n] = warp_sum(acc[r][n]);
+  if constexpr (W::SCALE == WScale::Row) {
+    const float* scales = scales_after<float>(w, total_rows, in);
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const float s = __ldg(scales + rows[r]);
+#pragma unroll
+      for (int n = 0; n < N; ++n) acc[r][n] *= s;
+    }
+  }
+  if (NORM) {
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+      for (int n = 0; n < N; ++n) acc[r][n] *= s_inv[n];
+  }
+}
+
+// Loads a lane holds in the batch-1 `gemv_short_n1_*` kernels (WHOLE of
+// gemv_rows, over a kernel's rows): 8 x 16 bytes, 32 registers, so rows of
+// up to 2,048 bf16 inputs (q/k/v: two half rows of up to 1,024) are loaded
+// whole before the PDL wait. SmolLM2 batch 1 +6 % on an H100; the 8B's
+// e4m3 o_proj and q/k/v measured 4 % slower that way, and compiling the
+// path into the general kernels cost the 8B bf16 step 0.9 % (longer rows
+// never take it), hence kernels of their own (docs/perf/small-models.md).
+constexpr int SHORT_ROW_LOADS = 8;
+
+// The warp's output column; out-of-range warps compute a duplicate and skip
+// the write (they still take part in PDL).
+__device__ __forceinline__ int warp_column() { return blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5); }
+
+// After an accumulating GEMV: this block's part of sum(x[n]^2) over the
+// updated residual rows into sumsq (see SumSq). `sq[n]` is this lane's
+// column squared (lane 0 of each warp; 0 elsewhere). Every thread of the
+// block must call it.
+template <int N>
+__device__ __forceinline__ void gemv_sumsq(SumSq* sumsq, const float (&sq)[N]) {
+  __shared__ float s_sq[GEMV_WARPS][N];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0)
+#pragma unroll
+    for (int n = 0; n < N; ++n) s_sq[warp][n] = sq[n];
+  __syncthreads();
+  if (threadIdx.x < N) {
+    float t = 0.f;
+#pragma unroll
+    for (int w = 0; w < GEMV_WARPS; ++w) t += s_sq[w][threadIdx.x];
+    sumsq->partial[threadIdx.x][blockIdx.x] = t;
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) sumsq->blocks = gridDim.x;
+}
+
+// MODE 0: bf16 out, 1: f32 out, 2: f32 accumulate (and, with sumsq, the
+// updated rows' sums of squares for the next fused RMSNorm; with next_norm,
+// also xg = bf16(y ⊙ next_norm), that norm's pre-scaled input).
+template <int N, int MODE, bool NORM = false, typename W = Bf16W, int U = W::ROW_UNROLL, int WHOLE = 0>
+__device__ __forceinline__ void gemv_plain(const bf16* x, const typename W::T* w, void* y, int in, int out, SumSq* sumsq,
+                                           const float* next_norm, bf16* xg, NormIn norm = {}) {
+  const int col = warp_column();
+  const size_t rows[1] = {(size_t)min(col, out - 1)};
+  float acc[1][N];
+  gemv_rows<N, 1, NORM, W, U, WHOLE>(x, w, in, out, rows, acc, norm);
+  const bool writer = (threadIdx.x & 31) == 0 && col < out;
+  float sq[N];
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    const size_t o = (size_t)n * out + col;
+    sq[n] = 0.f;
+    if (!writer) continue;
+    if (MODE == 0) reinterpret_cast<bf16*>(y)[o] = to_bf16(acc[0][n]);
+    else if (MODE == 1) reinterpret_cast<float*>(y)[o] = acc[0][n];
+    else {
+      const float v = reinterpret_cast<float*>(y)[o] + acc[0][n];
+      reinterpret_cast<float*>(y)[o] = v;
+      sq[n] = v * v;
+      if (next_norm) xg[o] = to_bf16(v * next_norm[col]);
+    }
+  }
+  if (MODE == 2 && sumsq) gemv_sumsq<N>(sumsq, sq);
+}
+
+template <int N, bool NORM = false, bool GELU = false, typename W = Bf16W, int U = W::GATED_UNROLL>
+__device__ __forceinline__ void gemv_swiglu(const bf16* x, const typename W::T* w, bf16* y, int in, int ff,
+                                            NormIn norm = {}) {
+  const int col = warp_column();
+  const size_t c = min(col, ff - 1);
+  const size_t rows[2] = {c, c + ff};
+  float acc[2][N];
+  gemv_rows<N, 2, NORM, W, U>(x, w, in, 2 * (size_t)ff, rows, acc, norm);
+  if ((threadIdx.x & 31) != 0 || col >= ff) return;
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    const float g = acc[0][n];
+    y[(size_t)n * ff + col] = to_bf16((GELU ? gelu_tanh(g) : g / (1.f + __expf(-g))) * acc[1][n]);
+  }
+}
+
+// Columns are rotary pairs: (H + 2 KVH) heads x hd / 2. At batch 1 each
+// lane keeps one load a row in flight (its two rows are already two): the
+// 8B's q/k/v took 11.0 us (FP8) and 19.0 us (bf16) so against 12.8 and 21.1
+// with two (tests/gpu/bench_gemv.py, docs/perf/fp8.md). WHOLE: loads over
+// both rows for gemv_rows' whole-row path (0: none).
+template <int N, bool NORM = false, typename W = Bf16W, int WHOLE = 0, int U = (N == 1 ? 1 : W::ROW_UNROLL)>
+__device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const typename W::T* w, int in, const float* bias,
+                                              const int* positions, const long long* slots, const float* cos_t,
+                                              const float* sin_t, bf16* q_out, bf16* k_cache, bf16* v_cache,
+                                              int num_heads, int num_kv_heads, int hd, int block_size,
+                                              NormIn norm = {}) {
+  // Two warps per rotary pair, each over half of the input: twice the
+  // warps of one per pair, so the grid divides into the resident slots
+  // evenly (an 8B-class q/k/v, 3,072 pairs, filled 1.45 waves otherwise).
+  const int half = hd / 2, pairs = (num_heads + 2 * num_kv_heads) * half;
+  const int task = warp_column(), col = task >> 1, part = task & 1;
+  const int c = min(col, pairs - 1);
+  const int head = c / half, i = c % half;
+  const size_t rows[2] = {(size_t)head * hd + i, (size_t)head * hd + i + half};
+  float acc[2][N];
+  const int mid = in / W::ELEMS / 2;
+  gemv_rows<N, 2, NORM, W, U, WHOLE / 2>(x, w, in, 2 * (size_t)pairs, rows, acc, norm, part ? mid : 0,
+                                          part ? -1 : mid);
+  __shared__ float s_upper[GEMV_WARPS / 2][2][N];
+  const int lane = threadIdx.x & 31, pair_slot = (threadIdx.x >> 5) >> 1;
+  if (part && lane == 0)
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      s_upper[pair_slot][0][n] = acc[0][n];
+      s_upper[pair_slot][1][n] = acc[1][n];
+    }
+  __syncthreads();
+  if (part || lane != 0 || col >= pairs) return;
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    acc[0][n] += s_upper[pair_slot][0][n];
+    acc[1][n] += s_upper[pair_slot][1][n];
+  }
+  const float b0 = bias ? bias[rows[0]] : 0.f, b1 = bias ? bias[rows[1]] : 0.f;
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    const float a = acc[0][n] + b0, b = acc[1][n] + b1;
+    const long long slot = slots[n];
+    const long long block = slot / block_size;
+    const int offset = (int)(slot % block_size);
+    if (head >= num_heads + num_kv_heads) {
+      bf16* v = v_cache + kv_index(block, head - num_heads - num_kv_heads, offset, num_kv_heads, block_size, hd);
+      v[i] = to_bf16(a);
+      v[i + half] = to_bf16(b);
+      continue;
+    }
+    const size_t p = (size_t)positions[n] * half + i;
+    const float cs = cos_t[p], sn = sin_t[p];
+    bf16* dst = head < num_heads
+                    ? q_out + (size_t)n * num_heads * hd + (size_t)head * hd
+                    : k_cache + kv_index(block, head - num_heads, offset, num_kv_heads, block_size, hd);
+    dst[i] = to_bf16(a * cs - b * sn);
+    dst[i + half] = to_bf16(b * cs + a * sn);
+  }
+}
+
+#define GEMV_KERNELS(N, W, PRE, WH)                                                                                       \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
+      gemv##PRE##_n##N##_bf16(const bf16* x, const W::T* w, void* y, int in, int out, SumSq* sumsq,               \
+                          const float* next_norm, bf16* xg) {                   \
+    gemv_plain<N, 0, false, W, W::ROW_UNROLL, WH>(x, w, y, in, out, sumsq, next_norm, xg);                                                                   \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
+      gemv##PRE##_n##N##_f32(const bf16* x, const W::T* w, void* y, int in, int out, SumSq* sumsq,               \
+                          const float* next_norm, bf16* xg) {                    \
+    gemv_plain<N, 1, false, W, W::ROW_UNROLL, WH>(x, w, y, in, out, sumsq, next_norm, xg);                                                                   \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
+      gemv##PRE##_n##N##_add_f32(const bf16* x, const W::T* w, void* y, int in, int out, SumSq* sumsq,               \
+                          const float* next_norm, bf16* xg) {                \
+    gemv_plain<N, 2, false, W, W::ROW_UNROLL, WH>(x, w, y, in, out, sumsq, next_norm, xg);                                                                   \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
+      gemv##PRE##_n##N##_swiglu(const bf16* x, const W::T* w, void* y, int in, int out) {                               \
+    gemv_swiglu<N, false, false, W>(x, w, reinterpret_cast<bf16*>(y), in, out);                                                   \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
+      gemv##PRE##_n##N##_geglu(const bf16* x, const W::T* w, void* y, int in, int out) {                                \
+    gemv_swiglu<N, false, true, W>(x, w, reinterpret_cast<bf16*>(y), in, out);                                      \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
+      gemv##PRE##_n##N##_geglu_norm(const bf16* xg, float eps, const SumSq* sumsq, const W::T* w, void* y, int in,      \
+                             int out) {                                                                          \
+    gemv_swiglu<N, true, true, W>(xg, w, reinterpret_cast<bf16*>(y), in, out, NormIn{eps, sumsq});                 \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv##PRE##_n##N##_qkv_rope(                            \
+      const bf16* x, const W::T* w, int in, const float* bias, const int* positions, const long long* slots,    \
+      const float* cos_t, const float* sin_t, bf16* q_out, bf16* k_cache, bf16* v_cache, int num_heads,         \
+      int num_kv_heads, int hd, int block_size) {                                                                \
+    gemv_qkv_rope<N, false, W, WH>(x, w, in, bias, positions, slots, cos_t, sin_t, q_out, k_cache, v_cache, num_heads,        \
+                     num_kv_heads, hd, block_size);                                                              \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
+      gemv##PRE##_n##N##_bf16_norm(const bf16* xg, float eps, const SumSq* sumsq, const W::T* w, void* y, int in,       \
+                            int out) {                                                                           \
+    gemv_plain<N, 0, true, W, W::ROW_UNROLL, WH>(xg, w, y, in, out, nullptr, nullptr, nullptr, NormIn{eps, sumsq});                   \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
+      gemv##PRE##_n##N##_swiglu_norm(const bf16* xg, float eps, const SumSq* sumsq, const W::T* w, void* y, int in,     \
+                              int out) {                                                                         \
+    gemv_swiglu<N, true, false, W>(xg, w, reinterpret_cast<bf16*>(y), in, out, NormIn{eps, sumsq});                      \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv##PRE##_n##N##_qkv_rope_norm(                       \
+      const bf16* xg, float eps, const SumSq* sumsq, const W::T* w, int in, const float* bias,                   \
+      const int* positions, const long long* slots, const float* cos_t, const float* sin_t, bf16* q_out,        \
+      bf16* k_cache, bf16* v_cache, int num_heads, int num_kv_heads, int hd, int block_size) {                   \
+    gemv_qkv_rope<N, true, W, WH>(xg, w, in, bias, positions, slots, cos_t, sin_t, q_out, k_cache, v_cache, num_heads,  \
+                           num_kv_heads, hd, block_size, NormIn{eps, sumsq});                                    \
+  }

@@ -1,0 +1,303 @@
+// GGUF 4- to 6-bit block types kept as they are on the device
+// (`model.cuda_weights = "native"`): Q4_0, Q4_1, Q4_K, Q5_K and Q6_K.
+//
+// Layout. A matrix is a 256-byte header (KqMatrix: up to three row
+// segments, each with its own type and base, so a q/k/v group whose v is
+// Q6_K and q/k Q4_K stays one matrix), then the segments. A segment of
+// `rows` x `in` stores each field of its blocks as a plane: the field's
+// bytes of every block, row-major, each plane at a 256-byte boundary
+// (weights/blocks.rs writes them; the file's bytes plus padding). The first
+// plane is always the low 4 bits of the quants, 16 bytes = 32 weights, so
+// a lane's unit of work is one 16-byte "vector" of it: 16 weights in its
+// low nibbles and 16 in its high nibbles, each run with its own scale and
+// min, and for Q5_K/Q6_K the high bits from a 16-byte vector of the qh
+// plane. Every type reduces to: w = s * q + m over a run of 16, q the
+// unsigned quant, m = 0 where the type's offset is constant (Q4_0's 8,
+// Q6_K's 32: subtracted in the int-to-float conversion instead).
+#pragma once
+#include <cuda_fp16.h>
+
+#include "common.cuh"
+
+// GGML's type ids.
+constexpr int KQ_Q4_0 = 2;
+constexpr int KQ_Q4_1 = 3;
+constexpr int KQ_Q4_K = 12;
+constexpr int KQ_Q5_K = 13;
+constexpr int KQ_Q6_K = 14;
+
+constexpr int KQ_MAX_SEGMENTS = 3;
+struct KqSegment {
+  unsigned long long base;  // the segment's first plane
+  int row_start;            // its first row in the matrix
+  int rows;
+  int type;  // KQ_*
+  int reserved;
+};
+struct KqMatrix {
+  KqSegment seg[KQ_MAX_SEGMENTS];
+  int count;
+  int reserved;
+};
+
+// A vector's raw loads: the quants' low bits, the high bits (Q5_K, Q6_K)
+// and the scale fields.
+struct KqRaw {
+  uint4 q;
+  uint4 h;
+  unsigned s[4];
+};
+
+// A vector decoded: its two runs of 16 quants as bytes, and their scales.
+struct KqRuns {
+  unsigned lo[4], hi[4];
+  float s_lo, m_lo, s_hi, m_hi;
+};
+
+__device__ __forceinline__ unsigned byte_of(const unsigned (&w)[3], int k) { return (w[k >> 2] >> (8 * (k & 3))) & 0xffu; }
+
+// The 6-bit scale and min of sub-block `j` (0..7) of a Q4_K/Q5_K block
+// (llama.cpp's get_scale_min_k4 over the 12 packed bytes).
+__device__ __forceinline__ void k4_scale_min(const unsigned (&sc)[3], int j, float& s, float& m) {
+  if (j < 4) {
+    s = (float)(byte_of(sc, j) & 63);
+    m = (float)(byte_of(sc, j + 4) & 63);
+  } else {
+    s = (float)((byte_of(sc, j + 4) & 0xf) | ((byte_of(sc, j - 4) >> 6) << 4));
+    m = (float)((byte_of(sc, j + 4) >> 4) | ((byte_of(sc, j) >> 6) << 4));
+  }
+}
+
+__device__ __forceinline__ float half_bits(unsigned bits) { return __half2float(__ushort_as_half((unsigned short)bits)); }
+
+__device__ __forceinline__ void low_high_nibbles(const uint4& q, unsigned (&lo)[4], unsigned (&hi)[4]) {
+  const unsigned* w = reinterpret_cast<const unsigned*>(&q);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    lo[k] = w[k] & 0x0f0f0f0fu;
+    hi[k] = (w[k] >> 4) & 0x0f0f0f0fu;
+  }
+}
+
+// Per type: UNIT weights a block; plane(k) bytes a block of plane k;
+// OFFSET subtracted from every quant; MIN whether runs have a min;
+// lo_in(v)/hi_in(v) the first inputs of vector v's runs; load/decode.
+struct KqQ4_0 {
+  static constexpr int UNIT = 32, PLANES = 2, OFFSET = 8;
+  static constexpr bool MIN = false;
+  __device__ static constexpr int plane(int k) { return k == 0 ? 16 : 2; }
+  __device__ static int lo_in(int v) { return 32 * v; }
+  __device__ static int hi_in(int v) { return 32 * v + 16; }
+  __device__ static void load(const unsigned char* const (&p)[PLANES], int v, KqRaw& r) {
+    r.q = __ldcs(reinterpret_cast<const uint4*>(p[0]) + v);
+    r.s[0] = __ldg(reinterpret_cast<const unsigned short*>(p[1]) + v);
+  }
+  __device__ static void decode(const KqRaw& r, int, KqRuns& o) {
+    low_high_nibbles(r.q, o.lo, o.hi);
+    o.s_lo = o.s_hi = half_bits(r.s[0]);
+    o.m_lo = o.m_hi = 0.f;
+  }
+};
+
+struct KqQ4_1 {
+  static constexpr int UNIT = 32, PLANES = 2, OFFSET = 0;
+  static constexpr bool MIN = true;
+  __device__ static constexpr int plane(int k) { return k == 0 ? 16 : 4; }
+  __device__ static int lo_in(int v) { return 32 * v; }
+  __device__ static int hi_in(int v) { return 32 * v + 16; }
+  __device__ static void load(const unsigned char* const (&p)[PLANES], int v, KqRaw& r) {
+    r.q = __ldcs(reinterpret_cast<const uint4*>(p[0]) + v);
+    r.s[0] = __ldg(reinterpret_cast<const unsigned*>(p[1]) + v);
+  }
+  __device__ static void decode(const KqRaw& r, int, KqRuns& o) {
+    low_high_nibbles(r.q, o.lo, o.hi);
+    o.s_lo = o.s_hi = half_bits(r.s[0] & 0xffffu);
+    o.m_lo = o.m_hi = half_bits(r.s[0] >> 16);
+  }
+};
+
+// Q4_K: 256 a block, 8 sub-blocks of 32; qs[32j..32j+32] holds sub-block
+// 2j in its low nibbles and 2j + 1 in its high ones. Planes: qs (128),
+// packed scales (12), d and dmin (4).
+struct KqQ4_K {
+  static constexpr int UNIT = 256, PLANES = 3, OFFSET = 0;
+  static constexpr bool MIN = true;
+  __device__ static constexpr int plane(int k) { return k == 0 ? 128 : k == 1 ? 12 : 4; }
+  __device__ static int lo_in(int v) { return 256 * (v >> 3) + 64 * ((v >> 1) & 3) + 16 * (v & 1); }
+  __device__ static int hi_in(int v) { return lo_in(v) + 32; }
+  __device__ static void load_scales(const unsigned char* sc, const unsigned char* dm, int b, KqRaw& r) {
+    const unsigned* s = reinterpret_cast<const unsigned*>(sc + 12 * b);
+    r.s[0] = __ldg(s);
+    r.s[1] = __ldg(s + 1);
+    r.s[2] = __ldg(s + 2);
+    r.s[3] = __ldg(reinterpret_cast<const unsigned*>(dm) + b);
+  }
+  __device__ static void load(const unsigned char* const (&p)[PLANES], int v, KqRaw& r) {
+    r.q = __ldcs(reinterpret_cast<const uint4*>(p[0]) + v);
+    load_scales(p[1], p[2], v >> 3, r);
+  }
+  __device__ static void decode_scales(const KqRaw& r, int v, KqRuns& o) {
+    const unsigned sc[3] = {r.s[0], r.s[1], r.s[2]};
+    const float d = half_bits(r.s[3] & 0xffffu), dmin = half_bits(r.s[3] >> 16);
+    const int j = 2 * ((v >> 1) & 3);
+    float s, m;
+    k4_scale_min(sc, j, s, m);
+    o.s_lo = d * s;
+    o.m_lo = -dmin * m;
+    k4_scale_min(sc, j + 1, s, m);
+    o.s_hi = d * s;
+    o.m_hi = -dmin * m;
+  }
+  __device__ static void decode(const KqRaw& r, int v, KqRuns& o) {
+    low_high_nibbles(r.q, o.lo, o.hi);
+    decode_scales(r, v, o);
+  }
+};
+
+// Q5_K: Q4_K's layout plus qh[32] a block: bit 2j of qh[l] is the fifth
+// bit of sub-block 2j's weight l, bit 2j + 1 of sub-block 2j + 1's. Planes:
+// qs (128), qh (32), scales (12), d and dmin (4).
+struct KqQ5_K {
+  static constexpr int UNIT = 256, PLANES = 4, OFFSET = 0;
+  static constexpr bool MIN = true;
+  __device__ static constexpr int plane(int k) { return k == 0 ? 128 : k == 1 ? 32 : k == 2 ? 12 : 4; }
+  __device__ static int lo_in(int v) { return KqQ4_K::lo_in(v); }
+  __device__ static int hi_in(int v) { return KqQ4_K::hi_in(v); }
+  __device__ static void load(const unsigned char* const (&p)[PLANES], int v, KqRaw& r) {
+    r.q = __ldcs(reinterpret_cast<const uint4*>(p[0]) + v);
+    r.h = __ldg(reinterpret_cast<const uint4*>(p[1]) + 2 * (v >> 3) + (v & 1));
+    KqQ4_K::load_scales(p[2], p[3], v >> 3, r);
+  }
+  __device__ static void decode(const KqRaw& r, int v, KqRuns& o) {
+    low_high_nibbles(r.q, o.lo, o.hi);
+    const unsigned* h = reinterpret_cast<const unsigned*>(&r.h);
+    const int j = 2 * ((v >> 1) & 3);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      o.lo[k] |= ((h[k] >> j) & 0x01010101u) << 4;
+      o.hi[k] |= ((h[k] >> (j + 1)) & 0x01010101u) << 4;
+    }
+    KqQ4_K::decode_scales(r, v, o);
+  }
+};
+
+// Q6_K: 256 a block in two halves of 128; in half n, ql[64n + 32a + l]
+// holds weight 128n + 32a + l in its low nibble and weight + 64 in its
+// high one, their top two bits at shifts 2a and 2a + 4 of qh[32n + l], and
+// each run of 16 has an int8 scale (index 8n + l / 16 + 2a, + 4 for the
+// high run). Planes: ql (128), qh (64), scales (16), d (2).
+struct KqQ6_K {
+  static constexpr int UNIT = 256, PLANES = 4, OFFSET = 32;
+  static constexpr bool MIN = false;
+  __device__ static constexpr int plane(int k) { return k == 0 ? 128 : k == 1 ? 64 : k == 2 ? 16 : 2; }
+  // v = 8 * block + 4n + 2a + b: ql bytes 64n + 32a + 16b.
+  __device__ static int lo_in(int v) {
+    return 256 * (v >> 3) + 128 * ((v >> 2) & 1) + 32 * ((v >> 1) & 1) + 16 * (v & 1);
+  }
+  __device__ static int hi_in(int v) { return lo_in(v) + 64; }
+  __device__ static void load(const unsigned char* const (&p)[PLANES], int v, KqRaw& r) {
+    const int b = v >> 3, n = (v >> 2) & 1, a = (v >> 1) & 1, l = v & 1;
+    r.q = __ldcs(reinterpret_cast<const uint4*>(p[0]) + v);
+    r.h = __ldg(reinterpret_cast<const uint4*>(p[1]) + 4 * b + 2 * n + l);
+    const int s = 16 * b + 8 * n + l + 2 * a;
+    r.s[0] = __ldg(p[2] + s);
+    r.s[1] = __ldg(p[2] + s + 4);
+    r.s[2] = __ldg(reinterpret_cast<const unsigned short*>(p[3]) + b);
+  }
+  __device__ static void decode(const KqRaw& r, int v, KqRuns& o) {
+    low_high_nibbles(r.q, o.lo, o.hi);
+    const unsigned* h = reinterpret_cast<const unsigned*>(&r.h);
+    const int shift = 2 * ((v >> 1) & 1);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      o.lo[k] |= ((h[k] >> shift) & 0x03030303u) << 4;
+      o.hi[k] |= ((h[k] >> (shift + 4)) & 0x03030303u) << 4;
+    }
+    const float d = half_bits(r.s[2]);
+    o.s_lo = d * (float)(signed char)r.s[0];
+    o.s_hi = d * (float)(signed char)r.s[1];
+    o.m_lo = o.m_hi = 0.f;
+  }
+};
+
+// The planes of a segment of `rows` x `in` at `base`, each at a 256-byte
+// boundary after the previous one.
+template <typename T>
+__device__ __forceinline__ void kq_planes(unsigned long long base, size_t rows, int in,
+                                          const unsigned char* (&p)[T::PLANES]) {
+  const size_t blocks = rows * (size_t)(in / T::UNIT);
+  size_t at = 0;
+#pragma unroll
+  for (int k = 0; k < T::PLANES; ++k) {
+    p[k] = reinterpret_cast<const unsigned char*>(base) + at;
+    at = (at + blocks * T::plane(k) + 255) & ~(size_t)255;
+  }
+}
+
+// Row `row` (of the segment) of those planes.
+template <typename T>
+__device__ __forceinline__ void kq_row(const unsigned char* const (&p)[T::PLANES], size_t row, int in,
+                                       const unsigned char* (&r)[T::PLANES]) {
+  const size_t blocks = row * (size_t)(in / T::UNIT);
+#pragma unroll
+  for (int k = 0; k < T::PLANES; ++k) r[k] = p[k] + blocks * T::plane(k);
+}
+
+// The segment holding matrix row `row`.
+__device__ __forceinline__ const KqSegment& kq_segment(const KqMatrix* m, size_t row) {
+  int s = 0;
+  for (int i = 1; i < m->count; ++i)
+    if ((size_t)m->seg[i].row_start <= row) s = i;
+  return m->seg[s];
+}
+
+// Quant byte `j` (0..3) of `word` as a float minus `bias`: the byte becomes
+// the low mantissa byte of 2^23, so 2^23 + OFFSET as the bias leaves
+// q - OFFSET exactly (no int-to-float instruction).
+__device__ __forceinline__ float quant_float(unsigned word, int j, float bias) {
+  return __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7540u | j)) - bias;
+}
+
+// 16 bf16 activations (two 16-byte loads) as floats.
+__device__ __forceinline__ void bf16x16_to_float(const uint4& x0, const uint4& x1, float (&f)[16]) {
+  const __nv_bfloat162* xa = reinterpret_cast<const __nv_bfloat162*>(&x0);
+  const __nv_bfloat162* xb = reinterpret_cast<const __nv_bfloat162*>(&x1);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const float2 v = __bfloat1622float2(k < 4 ? xa[k] : xb[k - 4]);
+    f[2 * k] = v.x;
+    f[2 * k + 1] = v.y;
+  }
+}
+
+template <typename T>
+__host__ __device__ constexpr float kq_bias() {
+  return 8388608.f + (float)T::OFFSET;
+}
+
+// Vector v's 32 weights as floats: runs lo (inputs lo_in(v)..+16) and hi.
+template <typename T>
+__device__ __forceinline__ void kq_weights(const KqRaw& raw, int v, float (&lo)[16], float (&hi)[16]) {
+  KqRuns o;
+  T::decode(raw, v, o);
+  constexpr float bias = kq_bias<T>();
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    lo[i] = fmaf(o.s_lo, quant_float(o.lo[i >> 2], i & 3, bias), o.m_lo);
+    hi[i] = fmaf(o.s_hi, quant_float(o.hi[i >> 2], i & 3, bias), o.m_hi);
+  }
+}
+
+// Calls f(T{}) for the segment's type (a warp-uniform switch); false for
+// a type it does not know (the host writes only these).
+template <typename F>
+__device__ __forceinline__ bool kq_dispatch(int type, F&& f) {
+  switch (type) {
+    case KQ_Q4_0: f(KqQ4_0{}); return true;
+    case KQ_Q4_1: f(KqQ4_1{}); return true;
+    case KQ_Q4_K: f(KqQ4_K{}); return true;
+    case KQ_Q5_K: f(KqQ5_K{}); return true;
+    case KQ_Q6_K: f(KqQ6_K{}); return true;
+    default: return false;
+  }
+}
