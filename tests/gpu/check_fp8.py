@@ -31,15 +31,6 @@ from check_kernels import bf, dev, f32, host, i32, launch, ptr, rel, report, rnd
 
 E4M3_MAX = 448.0
 
-# What the kernels under test make of their bf16 activations before the
-# products (check_kquant.py sets it: the k-quant GEMVs round them to int8 at
-# batch 1 and 2); identity here.
-ACTIVATIONS = None
-
-
-def activations(x):
-    return x if ACTIVATIONS is None else ACTIVATIONS(x)
-
 
 def fp8_matrix(rng, rows, cols, scale=0.05):
     """(device buffer in the loader's layout, dequantized float64 weights)."""
@@ -115,7 +106,7 @@ def check_gemv_fp8(m, rng, kind="fp8", sizes=((1, 576, 960), (3, 1536, 576), (8,
     for n, inp, out in sizes:
         x = bf(rnd(rng, n, inp))
         wd, w = matrix(rng, out, inp)
-        want = activations(x) @ w.T
+        want = x @ w.T
         xd = dev(x, torch.bfloat16)
         grid = (math.ceil(out / 8),)
         tag = f"{prefix} n={n} {inp}->{out}"
@@ -136,7 +127,7 @@ def check_gemv_fp8(m, rng, kind="fp8", sizes=((1, 576, 960), (3, 1536, 576), (8,
         got, _ = ck.sumsq_rows(ssb, n)
         report(f"{tag} f32 accumulate: sums of squares", rel(got, ((base + want) ** 2).sum(-1)), 1e-5)
         w2d, w2 = matrix(rng, 2 * out, inp)
-        gate, up = activations(x) @ w2[:out].T, activations(x) @ w2[out:].T
+        gate, up = x @ w2[:out].T, x @ w2[out:].T
         y = torch.empty(n, out, dtype=torch.bfloat16, device="cuda")
         launch(m.fn(f"{prefix}_n{n}_swiglu"), grid, 256, [ptr(xd), ptr(w2d), ptr(y), i32(inp), i32(out)])
         report(f"{tag} swiglu (bf16 out)", rel(host(y), gate / (1 + np.exp(-gate)) * up), 8e-3)
@@ -174,7 +165,7 @@ def check_qkv_rope_fp8(m, rng, kind="fp8", cases=((1, 9, 3, 64, 576), (4, 32, 8,
         x = bf(rnd(rng, n, d))
         launch(m.fn(f"{prefix}_n{n}_qkv_rope"), (math.ceil(w / 8),), 256,
                [ptr(dev(x, torch.bfloat16)), ptr(wqd), i32(d), ptr(None)] + tail)
-        verify(f"{prefix} qkv_rope n={n} H={H} KVH={KVH} hd={hd}", activations(x) @ wq.T)
+        verify(f"{prefix} qkv_rope n={n} H={H} KVH={KVH} hd={hd}", x @ wq.T)
 
 
 def check_fused_norm_fp8(m, rng, kind="fp8", d=576, ff=1536):
@@ -184,7 +175,7 @@ def check_fused_norm_fp8(m, rng, kind="fp8", d=576, ff=1536):
     x = rnd(rng, n, d, scale=3.0).astype(np.float32).astype(np.float64)
     nw = (1 + 0.2 * rnd(rng, d)).astype(np.float32).astype(np.float64)
     xg = bf(x * nw)
-    xn = activations(xg) / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)
+    xn = xg / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)
     ssb = ck.sumsq_buffer((x ** 2).sum(-1))
     xgd = dev(xg, torch.bfloat16)
     w2d, w2 = matrix(rng, 2 * ff, d)

@@ -4,8 +4,7 @@ as they are (`--cuda-weights native`: gemv_kq_* in gemv_kq.cu, the
 expansion dequant_kq_bf16 in quant.cu, the lookup embed_kq in
 elementwise.cu) against float64 products of the same blocks dequantized by
 llama.cpp's own gguf-py (`gguf.quants.dequantize`, from the llama.cpp
-source the `lcpp` phase unpacks; at batch 1 and 2 the activations rounded to
-int8 per run of 16 as the kernels do): every GEMV mode at n = 1..8, the q/k/v
+source the `lcpp` phase unpacks): every GEMV mode at n = 1..8, the q/k/v
 rope mode on a matrix whose v rows are Q6_K and q/k rows Q4_K (two row
 segments, as a Q4_K_M file's), the expansion of a whole matrix and of a row
 chunk, and the embedding lookup. Blocks are random bytes with f16 scales
@@ -28,9 +27,8 @@ import sys
 import numpy as np
 import torch
 
-import check_fp8
 import check_kernels as ck
-from check_fp8 import KINDS, activations, check_fused_norm_fp8, check_gemv_fp8, qkv_case
+from check_fp8 import KINDS, check_fused_norm_fp8, check_gemv_fp8, qkv_case
 from check_kernels import bf, dev, f32, host, i32, launch, ptr, rel, report, rnd
 
 try:
@@ -109,21 +107,6 @@ def mixed(split):
     return make
 
 
-def int8_runs(x):
-    """At batch 1 and 2 (up to 32,768 activations) the GEMVs round the bf16
-    activations to int8 per run of 16 inputs, d = amax / 127 (f32 math, as
-    the kernel's kq_quantize_x); the reference multiplies those values."""
-    n, inp = x.shape
-    if n > 2 or n * inp > 32768:
-        return x
-    f = x.astype(np.float32).reshape(n, inp // 16, 16)
-    amax = np.abs(f).max(-1, keepdims=True)
-    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), np.float32(0)).astype(np.float32)
-    q = np.rint((f * inv).astype(np.float32))
-    d = (amax / np.float32(127)).astype(np.float32)
-    return (q.astype(np.float64) * d.astype(np.float64)).reshape(n, inp)
-
-
 def check_dequant(m, rng, ty):
     ll = ctypes.c_longlong
     for rows, cols, row0, n in ((7, 1024, 0, 7), (300, 4096, 0, 300), (300, 4096, 37, 100)):
@@ -157,7 +140,6 @@ def main():
     args = ap.parse_args()
     torch.zeros(1, device="cuda")
     rng = np.random.default_rng(0)
-    check_fp8.ACTIVATIONS = int8_runs
     gemv = ck.Module(os.path.join(args.cubins, "gemv_kq.sm_90.cubin"))
     quant = ck.Module(os.path.join(args.cubins, "quant.sm_90.cubin"))
     elementwise = ck.Module(os.path.join(args.cubins, "elementwise.sm_90.cubin"))
@@ -165,8 +147,7 @@ def main():
              (14336, 512), (2048, 768), (512, 64), (4096, 520), (8192, 100)])]
     for ty in TYPES:
         KINDS[ty] = ("gemv_kq", matrix_of(ty))
-        # The last: batch 1 past the int8 activations' 32,768 (float path).
-        check_gemv_fp8(gemv, rng, ty, sizes + [(1, 33024, 64)])
+        check_gemv_fp8(gemv, rng, ty, sizes)
         check_fused_norm_fp8(gemv, rng, ty, d=1024, ff=1536)
         check_dequant(quant, rng, ty)
         check_embed(elementwise, rng, ty)
@@ -176,7 +157,7 @@ def main():
         x = bf(rnd(rng, n, d))
         launch(gemv.fn(f"gemv_kq_n{n}_qkv_rope"), (math.ceil(w / 8),), 256,
                [ptr(dev(x, torch.bfloat16)), ptr(wqd), i32(d), ptr(None)] + tail)
-        verify(f"gemv_kq qkv_rope n={n} H={H} KVH={KVH} hd={hd} (q/k Q4_K, v Q6_K)", activations(x) @ wq.T)
+        verify(f"gemv_kq qkv_rope n={n} H={H} KVH={KVH} hd={hd} (q/k Q4_K, v Q6_K)", x @ wq.T)
     print(f"k-quant kernel checks: {'all passed' if not ck.FAILS else 'FAILED: ' + ', '.join(ck.FAILS)}")
     sys.exit(1 if ck.FAILS else 0)
 

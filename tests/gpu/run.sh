@@ -86,6 +86,8 @@
 #             f32 path (compare_backends.py), native (and bf16-expanded for Q4_K_M)
 #   kqsmol    SmolLM2 Q4_1 (its bundle), CUDA native vs the CPU's exact and native int8 paths
 #   kq8b      the 8B-shaped Q4_K_M, made by llama-quantize from a bf16 GGUF (write_gguf.py)
+#   kq70b     the Llama-3.1-70B shape as a random-block Q4_K_M (write_gguf.py --dtype q4_k_m) on one GPU:
+#             batch 1 beside llama-bench (after lcpp), 64 x (1024 in, 128 out)
 #   kqbench   the 8B Q4_K_M (after kq8b): batch 1 ingot native / llama-bench alternated twice (the
 #             bf16 expansion once), prefill 1024, 256 x (1024 in, 128 out) beside llama-batched-bench
 #   fp8head   model.fp8_lm_head (--fp8-lm-head) against FP8 with the bf16 head: logits rel_l2 and
@@ -273,12 +275,24 @@ for phase in "$@"; do
         python3 tests/gpu/write_gguf.py --config "$M/config.json" --tokenizer "$M" --out "$W/8b-bf16.gguf" --dtype bf16 &&
           "$Q" "$W/8b-bf16.gguf" "$W/8b-Q4_K_M.gguf" Q4_K_M 16 > "$W/quantize-8b.log" 2>&1; tail -2 "$W/quantize-8b.log"
         rm -f "$W/8b-bf16.gguf"; } ;;
+    kq70b)
+      # Llama-3.1-70B shape, random Q4_K/Q6_K blocks laid out as Q4_K_M (write_gguf.py --dtype q4_k_m:
+      # no bf16 copy to quantize fits the disk), on one GPU: batch 1 and 64 x (1024 in, 128 out).
+      LB=.gpu-lcpp/build/bin; L70="$W/llama-3.1-70b"; G="$W/70b-Q4_K_M.gguf"
+      mkdir -p "$L70"; cp tests/gpu/configs/llama-3.1-70b/config.json "$W"/tokenizers/llama3/* "$L70/"
+      [ -f "$G" ] || python3 tests/gpu/write_gguf.py --config "$L70/config.json" --tokenizer "$L70" --out "$G" --dtype q4_k_m
+      "$ING" inspect "$G" | grep "tensor types"
+      B1="bench latency --model $G --cuda-weights native --max-model-len 4096 --input-len 128 --output-len 128 --num-iters 2 --json"
+      echo "ingot native"; INGOT_LOG=info "$ING" $B1 2>&1 | grep -E "^\{|weights streamed" | tee -a "$O/bench.jsonl"
+      [ -x "$LB/llama-bench" ] && { echo "llama.cpp"; timeout -k 5 "$T" "$LB/llama-bench" -m "$G" -ngl 99 -fa 1 -p 0 -n 128 -r 2 -o jsonl | tee -a "$O/llama_bench.jsonl"; }
+      "$ING" bench throughput --model "$G" --cuda-weights native --max-model-len 4096 --num-prompts 64 --max-num-seqs 64 \
+        --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl" ;;
     kqbench)
       LB=.gpu-lcpp/build/bin; G="$W/8b-Q4_K_M.gguf"
       [ -f "$G" ] || { echo "no 8B Q4_K_M (run kq first)"; continue; }
       B1="bench latency --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json"
       for round in 1 2; do
-        echo "round $round: ingot native"; "$ING" $B1 --model "$G" --cuda-weights native | tee -a "$O/bench.jsonl"
+        echo "round $round: ingot native"; INGOT_LOG=info "$ING" $B1 --model "$G" --cuda-weights native 2>&1 | grep -E "^\{|weights streamed|memory" | tee -a "$O/bench.jsonl"
         echo "round $round: llama.cpp"; timeout -k 5 "$T" "$LB/llama-bench" -m "$G" -ngl 99 -fa 1 -p 0 -n 256 -r 3 -o jsonl | tee -a "$O/llama_bench.jsonl"
       done
       echo "ingot bf16-expanded"; "$ING" $B1 --model "$G" | tee -a "$O/bench.jsonl"

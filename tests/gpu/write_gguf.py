@@ -3,11 +3,13 @@
 machine has no gguf package and no network), for load benchmarks:
 
     python3 tests/gpu/write_gguf.py --config CONFIG.json --tokenizer DIR \
-        --out model.gguf [--layers N] [--dtype bf16|f16|q8_0]
+        --out model.gguf [--layers N] [--dtype bf16|f16|q8_0|q4_k_m]
 
 Matrices are stored in --dtype (q8_0: llama.cpp's 34-byte blocks of 32,
 d = absmax / 127 in f16 and the rounded int8 quants, as quantize_row_q8_0
-writes them), norms in f32, under llama.cpp's tensor
+writes them; q4_k_m: random Q4_K and Q6_K blocks, Q6_K where llama-quantize's
+Q4_K_M puts it: attn_v and ffn_down of its "more bits" layers, and the output
+matrix; for shapes too large to write in bf16 first), norms in f32, under llama.cpp's tensor
 names; the tokenizer (DIR/tokenizer.json, a byte-level BPE such as
 Llama 3's) goes into the metadata the way llama.cpp's converter puts it.
 Values are small normals (std 0.02) drawn once into a pool and sliced at
@@ -22,6 +24,25 @@ import numpy as np
 ALIGN = 32
 T_U32, T_F32, T_BOOL, T_STR, T_ARR, T_I32 = 4, 6, 7, 8, 9, 5
 GGML_F32, GGML_F16, GGML_Q8_0, GGML_BF16 = 0, 1, 8, 30
+GGML_Q4_K, GGML_Q6_K = 12, 14
+# Random k-quant blocks: (bytes a block of 256, f16 scale fields as (offset, size)).
+K_BLOCKS = {GGML_Q4_K: (144, [(0, 2e-4), (2, 5e-4)]), GGML_Q6_K: (210, [(208, 2.5e-5)])}
+UNIT_BYTES = {GGML_Q8_0: (32, 34), GGML_Q4_K: (256, 144), GGML_Q6_K: (256, 210)}
+
+
+def k_blocks(rng, ty, count):
+    """`count` random blocks of k-quant type `ty` (every byte pattern is a
+    valid block once its f16 scales are set to sane sizes)."""
+    size, scales = K_BLOCKS[ty]
+    b = rng.integers(0, 256, size=(count, size), dtype=np.uint8)
+    for at, v in scales:
+        b[:, at:at + 2] = (v * rng.uniform(0.5, 1.5, count)).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return b
+
+
+def more_bits(i, n):
+    """llama.cpp's use_more_bits: the layers whose attn_v and ffn_down Q4_K_M keeps in Q6_K."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
 def q8_0_blocks(x):
@@ -92,7 +113,7 @@ def main():
     ap.add_argument("--tokenizer", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--layers", type=int)
-    ap.add_argument("--dtype", choices=["bf16", "f16", "q8_0"], default="bf16")
+    ap.add_argument("--dtype", choices=["bf16", "f16", "q8_0", "q4_k_m"], default="bf16")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     c = json.load(open(a.config))
@@ -133,12 +154,27 @@ def main():
             (b + "ffn_down.weight", (d, ff)),
         ]
     shapes += [("output_norm.weight", (d,)), ("output.weight", (vocab, d))]
-    half = {"bf16": GGML_BF16, "f16": GGML_F16, "q8_0": GGML_Q8_0}[a.dtype]
+    half = {"bf16": GGML_BF16, "f16": GGML_F16, "q8_0": GGML_Q8_0, "q4_k_m": GGML_Q4_K}[a.dtype]
+
+    def type_of(name, shape):
+        if len(shape) == 1:
+            return GGML_F32
+        if half != GGML_Q4_K:
+            return half
+        layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
+        six = name == "output.weight" or (
+            layer >= 0 and name.endswith(("attn_v.weight", "ffn_down.weight")) and more_bits(layer, layers))
+        return GGML_Q6_K if six else GGML_Q4_K
+
     infos, offset, plan = b"", 0, []
     for name, shape in shapes:
-        ty = GGML_F32 if len(shape) == 1 else half
+        ty = type_of(name, shape)
         numel = int(np.prod(shape))
-        nbytes = numel // 32 * 34 if ty == GGML_Q8_0 else numel * (4 if ty == GGML_F32 else 2)
+        if ty in UNIT_BYTES:
+            per, size = UNIT_BYTES[ty]
+            nbytes = numel // per * size
+        else:
+            nbytes = numel * (4 if ty == GGML_F32 else 2)
         infos += s(name) + struct.pack("<I", len(shape))
         infos += b"".join(struct.pack("<Q", x) for x in reversed(shape))
         infos += struct.pack("<IQ", ty, offset)
@@ -148,12 +184,16 @@ def main():
     pool32 = (rng.standard_normal(1 << 26, dtype=np.float32) * 0.02)
     # Each tensor is runs of whole units (elements, or Q8_0 blocks) sliced
     # from one pool at random offsets.
-    pool = {
+    pools = {
         GGML_BF16: lambda: (pool32.view(np.uint32) >> 16).astype(np.uint16),
         GGML_F16: lambda: pool32.astype(np.float16).view(np.uint16),
         GGML_Q8_0: lambda: q8_0_blocks(pool32),
-    }[half]()
-    unit = 34 if half == GGML_Q8_0 else 2
+        GGML_Q4_K: lambda: k_blocks(rng, GGML_Q4_K, 1 << 20),
+    }
+    pool = {half: pools[half]()}
+    if half == GGML_Q4_K:
+        pool[GGML_Q6_K] = k_blocks(rng, GGML_Q6_K, 1 << 20)
+    unit = {ty: UNIT_BYTES.get(ty, (1, 2))[1] for ty in pool}
     with open(a.out, "wb") as f:
         f.write(b"GGUF" + struct.pack("<IQQ", 3, len(plan), len(meta)))
         f.write(b"".join(meta) + infos)
@@ -162,12 +202,13 @@ def main():
             if ty == GGML_F32:
                 data = (1.0 + 0.1 * rng.standard_normal(shape[0])).astype("<f4").tobytes()
             else:
-                n = nbytes // unit
+                src = pool[ty]
+                n = nbytes // unit[ty]
                 parts, left = [], n
                 while left:
-                    take = min(left, len(pool) // 2)
-                    start = int(rng.integers(0, len(pool) - take))
-                    parts.append(pool[start:start + take])
+                    take = min(left, len(src) // 2)
+                    start = int(rng.integers(0, len(src) - take))
+                    parts.append(src[start:start + take])
                     left -= take
                 data = np.concatenate(parts).tobytes() if len(parts) > 1 else parts[0].tobytes()
             f.write(data)

@@ -86,15 +86,9 @@ extern "C" __global__ void embed_kq(const int* ids, const KqMatrix* table, float
   float ss = 0.f;
   kq_dispatch(s.type, [&](auto type) {
     using T = decltype(type);
-    const unsigned char* planes[T::PLANES];
-    const unsigned char* rp[T::PLANES];
-    kq_planes<T>(s.base, (size_t)s.rows, d, planes);
-    kq_row<T>(planes, row - (size_t)s.row_start, d, rp);
     for (int v = threadIdx.x; v < d / 32; v += blockDim.x) {
-      KqRaw raw;
-      T::load(rp, v, raw);
       float w[2][16];
-      kq_weights<T>(raw, v, w[0], w[1]);
+      kq_vector_weights<T>(s, row, d, v, w[0], w[1]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float part[8];

@@ -6,8 +6,7 @@
 
 #ifndef GEMV_NO_INSTANCES
 #ifdef INGOT_CHECK_ONLY
-// One kernel per path: one row and two, with and without the fused norm,
-// int8 activations (n <= 2) and float ones (n > 2).
+// One kernel per path: one row and two, with and without the fused norm.
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kq_n1_add_f32(const bf16* x, const KqMatrix* w, void* y, int in, int out, SumSq* sumsq,
                        const float* next_norm, bf16* xg) {

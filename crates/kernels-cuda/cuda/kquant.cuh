@@ -288,6 +288,19 @@ __device__ __forceinline__ void kq_weights(const KqRaw& raw, int v, float (&lo)[
   }
 }
 
+// Vector v of row `row` of segment `s` (a `in`-wide matrix) as floats.
+template <typename T>
+__device__ __forceinline__ void kq_vector_weights(const KqSegment& s, size_t row, int in, int v, float (&lo)[16],
+                                                  float (&hi)[16]) {
+  const unsigned char* planes[T::PLANES];
+  const unsigned char* rp[T::PLANES];
+  kq_planes<T>(s.base, (size_t)s.rows, in, planes);
+  kq_row<T>(planes, row - (size_t)s.row_start, in, rp);
+  KqRaw raw;
+  T::load(rp, v, raw);
+  kq_weights<T>(raw, v, lo, hi);
+}
+
 // Calls f(T{}) for the segment's type (a warp-uniform switch); false for
 // a type it does not know (the host writes only these).
 template <typename F>

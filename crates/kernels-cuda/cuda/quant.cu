@@ -50,14 +50,8 @@ extern "C" __global__ void dequant_kq_bf16(const KqMatrix* __restrict__ m, bf16*
     const KqSegment& s = kq_segment(m, row);
     kq_dispatch(s.type, [&](auto t) {
       using T = decltype(t);
-      const unsigned char* planes[T::PLANES];
-      const unsigned char* rp[T::PLANES];
-      kq_planes<T>(s.base, (size_t)s.rows, in, planes);
-      kq_row<T>(planes, row - (size_t)s.row_start, in, rp);
-      KqRaw raw;
-      T::load(rp, v, raw);
       float lo[16], hi[16];
-      kq_weights<T>(raw, v, lo, hi);
+      kq_vector_weights<T>(s, row, in, v, lo, hi);
       bf16* out = y + out_row * in;
       uint4 o[4];
       __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(o);

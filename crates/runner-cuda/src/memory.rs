@@ -71,41 +71,26 @@ impl MemoryReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_configs::{gemma3, llama8b, FP8, FP8_HEAD};
+    use crate::test_configs::{gemma3, llama8b, TypedFile, FP8, FP8_HEAD};
     use ingot_models::gguf::GgmlType;
-    use ingot_models::{HostTensor, ModelError, TensorSource};
 
     const NONE: NativeBlocks = NativeBlocks::none();
 
-    /// Metadata of a GGUF whose layer matrices are all Q8_0 but layer 0's
-    /// v_proj (Q6_K).
-    struct Q8File;
-
-    impl TensorSource for Q8File {
-        fn load(&self, name: &str) -> Result<HostTensor, ModelError> {
-            Err(ModelError::MissingTensor { name: name.into() })
+    /// A GGUF whose layer matrices are all Q8_0 but layer 0's v_proj (Q6_K).
+    const Q8_FILE: TypedFile = TypedFile(|name| {
+        if name == "model.layers.0.self_attn.v_proj.weight" {
+            GgmlType::Q6_K
+        } else {
+            GgmlType::Q8_0
         }
-        fn stored_type(&self, name: &str) -> Option<GgmlType> {
-            Some(if name == "model.layers.0.self_attn.v_proj.weight" {
-                GgmlType::Q6_K
-            } else {
-                GgmlType::Q8_0
-            })
-        }
-        fn contains(&self, _: &str) -> bool {
-            true
-        }
-        fn dtype_summary(&self) -> Vec<(String, usize)> {
-            Vec::new()
-        }
-    }
+    });
 
     /// Kept Q8_0 matrices take the file's 34 bytes per 32 weights instead
     /// of bf16's 64; a group with one part in another type stays bf16.
     #[test]
     fn native_q8_0_matrices_take_the_files_bytes() {
         let c = llama8b();
-        let native = NativeBlocks::plan(&c, &Q8File);
+        let native = NativeBlocks::plan(&c, &Q8_FILE);
         assert_eq!(native.count(), 4 * c.num_layers - 1);
         let (d, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         let layer = (q + 2 * kv) * d + d * q + 2 * ff * d + d * ff;
@@ -121,32 +106,19 @@ mod tests {
         assert_eq!(native.max_elements(&c), 2 * ff * d);
     }
 
-    /// Metadata of a Q4_K_M-style GGUF: Q4_K everywhere but v_proj,
-    /// down_proj and the LM head (Q6_K), and layer 1's up_proj (Q5_K: its
-    /// gate/up group mixes types and so stays bf16).
-    struct MixedFile;
-
-    impl TensorSource for MixedFile {
-        fn load(&self, name: &str) -> Result<HostTensor, ModelError> {
-            Err(ModelError::MissingTensor { name: name.into() })
+    /// A Q4_K_M-style GGUF: Q4_K everywhere but v_proj, down_proj and the
+    /// LM head (Q6_K), and layer 1's up_proj (Q5_K: its gate/up group mixes
+    /// types and so stays bf16).
+    const MIXED_FILE: TypedFile = TypedFile(|name| {
+        let six = ["v_proj.weight", "down_proj.weight", "lm_head.weight"];
+        if six.iter().any(|s| name.ends_with(s)) {
+            GgmlType::Q6_K
+        } else if name == "model.layers.1.mlp.up_proj.weight" {
+            GgmlType::Q5_K
+        } else {
+            GgmlType::Q4_K
         }
-        fn stored_type(&self, name: &str) -> Option<GgmlType> {
-            let six = ["v_proj.weight", "down_proj.weight", "lm_head.weight"];
-            Some(if six.iter().any(|s| name.ends_with(s)) {
-                GgmlType::Q6_K
-            } else if name == "model.layers.1.mlp.up_proj.weight" {
-                GgmlType::Q5_K
-            } else {
-                GgmlType::Q4_K
-            })
-        }
-        fn contains(&self, _: &str) -> bool {
-            true
-        }
-        fn dtype_summary(&self) -> Vec<(String, usize)> {
-            Vec::new()
-        }
-    }
+    });
 
     /// A q/k/v of Q4_K and Q6_K parts stays one kept matrix; each type
     /// takes its file's bytes (144 per 256 for Q4_K, 210 for Q6_K) plus a
@@ -156,7 +128,7 @@ mod tests {
     fn mixed_k_quant_matrices_take_the_files_bytes() {
         let c = llama8b();
         assert!(!c.tie_word_embeddings);
-        let native = NativeBlocks::plan(&c, &MixedFile);
+        let native = NativeBlocks::plan(&c, &MIXED_FILE);
         assert_eq!(native.count(), 4 * c.num_layers - 1 + 2);
         assert!(native.keeps_embedding());
         let (d, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);

@@ -69,3 +69,22 @@ pub(crate) fn gemma3() -> ModelConfig {
         },
     }
 }
+
+/// A GGUF's metadata only: each tensor's storage type by name (what
+/// [`crate::NativeBlocks::plan`] reads); it has no data.
+pub(crate) struct TypedFile(pub fn(&str) -> ingot_models::gguf::GgmlType);
+
+impl ingot_models::TensorSource for TypedFile {
+    fn load(&self, name: &str) -> Result<ingot_models::HostTensor, ingot_models::ModelError> {
+        Err(ingot_models::ModelError::MissingTensor { name: name.into() })
+    }
+    fn stored_type(&self, name: &str) -> Option<ingot_models::gguf::GgmlType> {
+        Some((self.0)(name))
+    }
+    fn contains(&self, _: &str) -> bool {
+        true
+    }
+    fn dtype_summary(&self) -> Vec<(String, usize)> {
+        Vec::new()
+    }
+}

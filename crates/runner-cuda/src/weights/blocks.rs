@@ -457,6 +457,15 @@ impl BlocksLayout {
         arena: &mut Arena,
         native: &NativeBlocks,
     ) -> Result<Option<Self>, CudaError> {
+        Self::place_with(config, native, &mut |bytes| arena.take(bytes))
+    }
+
+    /// [`BlocksLayout::place`] with `take` handing out the addresses.
+    fn place_with(
+        config: &ModelConfig,
+        native: &NativeBlocks,
+        take: &mut dyn FnMut(usize) -> Result<DevPtr, CudaError>,
+    ) -> Result<Option<Self>, CudaError> {
         if native.count() == 0 {
             return Ok(None);
         }
@@ -478,7 +487,7 @@ impl BlocksLayout {
                     continue;
                 }
                 let bytes = kept_bytes(config, g, kept, rows, cols);
-                let base = arena.take(bytes)?;
+                let base = take(bytes)?;
                 let r = range.get_or_insert((base, base));
                 r.1 = base + bytes as u64;
                 let segments = match kept {
@@ -512,7 +521,7 @@ impl BlocksLayout {
                         continue;
                     };
                     let bytes = table_bytes(*ty, rows, cols);
-                    let base = arena.take(bytes)?;
+                    let base = take(bytes)?;
                     let r = range.get_or_insert((base, base));
                     r.1 = base + bytes as u64;
                     let segments = vec![(format, 0, rows, base + KQ_HEADER_BYTES as u64)];
@@ -663,6 +672,76 @@ mod tests {
             .to_string();
         assert!(e.contains("w:") && e.contains("Q4_0"), "{e}");
         assert!(q8.check("w", GgmlType::Q8_0, 34, 64).is_err());
+    }
+
+    /// A Q4_K_M-style file: Q4_K, with v_proj and down_proj in Q6_K.
+    const Q4KM: crate::test_configs::TypedFile = crate::test_configs::TypedFile(|name| {
+        if name.ends_with("v_proj.weight") || name.ends_with("down_proj.weight") {
+            GgmlType::Q6_K
+        } else {
+            GgmlType::Q4_K
+        }
+    });
+
+    /// Each file tensor's planes land in its segment at its rows, after the
+    /// header, and the model reads the header.
+    #[test]
+    fn q_k_and_v_land_in_their_segments() {
+        let c = crate::test_configs::llama8b();
+        let native = NativeBlocks::plan(&c, &Q4KM);
+        let mut next = 1u64 << 32;
+        let layout = BlocksLayout::place_with(&c, &native, &mut |bytes| {
+            let at = next;
+            next += bytes.next_multiple_of(256) as u64;
+            Ok(at)
+        });
+        let Ok(Some(layout)) = layout else {
+            panic!("nothing placed");
+        };
+        let (d, q, kv) = (c.hidden_size, c.q_dim(), c.kv_dim());
+        let name = |leaf: &str| format!("model.layers.1.self_attn.{leaf}.weight");
+        let base = layout.home(&name("q_proj")).unwrap_or_default();
+        assert_eq!(layout.home(&name("v_proj")), Some(base));
+        let part = |leaf: &str| {
+            layout
+                .destinations(&c, &name(leaf))
+                .map(|b| (b.format.ty, b.planes))
+        };
+        let q4 = format(GgmlType::Q4_K);
+        let Some((GgmlType::Q4_K, qp)) = part("q_proj") else {
+            panic!("q_proj");
+        };
+        assert_eq!(qp[0], base + KQ_HEADER_BYTES as u64);
+        let Some((GgmlType::Q4_K, kp)) = part("k_proj") else {
+            panic!("k_proj");
+        };
+        // k's rows follow q's in the first segment's planes.
+        let seg_rows = q + kv;
+        let row_blocks = (q * d / 256) as u64;
+        assert_eq!(kp[0], qp[0] + row_blocks * 128);
+        assert_eq!(kp[1], qp[1] + row_blocks * 12);
+        assert_eq!(
+            qp[1],
+            qp[0] + (seg_rows * d / 2).next_multiple_of(256) as u64
+        );
+        // v starts the second segment, in Q6_K, after the first's planes.
+        let Some((GgmlType::Q6_K, vp)) = part("v_proj") else {
+            panic!("v_proj");
+        };
+        let first_end = KQ_HEADER_BYTES + q4.matrix_bytes(seg_rows, d);
+        assert_eq!(vp[0], base + first_end.next_multiple_of(256) as u64);
+        assert_eq!(vp.len(), 4);
+        let header = layout
+            .headers
+            .iter()
+            .find(|(at, _)| *at == base)
+            .map(|(_, h)| h.clone())
+            .unwrap_or_default();
+        assert_eq!(header[72..76], 2i32.to_le_bytes());
+        assert_eq!(header[24..32], vp[0].to_le_bytes());
+        // The tables: Q4_K embeddings and LM head, kept beside the layers.
+        assert!(layout.home(EMBED).is_some() && layout.home(LM_HEAD).is_some());
+        assert!(layout.kq_region.is_some() && layout.q8_region.is_none());
     }
 
     #[test]
