@@ -77,8 +77,9 @@ pub struct ModelArgs {
     #[arg(long, value_parser = ["native", "f32"])]
     pub cpu_weights: Option<String>,
     /// Quantized GGUF weights on the GPU: `bf16` expands them at load;
-    /// `native` keeps Q8_0 decoder matrices in their blocks (about half
-    /// the memory, faster decode; other types still expand)
+    /// `native` keeps Q8_0, Q4_0/Q4_1 and Q4_K/Q5_K/Q6_K tensors in their
+    /// blocks (the file's size on the GPU, faster decode; other types
+    /// still expand)
     /// [model.cuda_weights; bf16].
     #[arg(long, value_parser = ["bf16", "native"])]
     pub cuda_weights: Option<String>,

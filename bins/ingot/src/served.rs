@@ -453,7 +453,7 @@ fn metadata(
 
 /// Device bytes of a model once loaded: its weights as the backend holds
 /// them (bf16 on the GPU, or e4m3 layer matrices with `fp8`, or a GGUF's
-/// Q8_0 blocks with `cuda_weights = "native"`; on the CPU the file's quantized blocks on the
+/// quantized blocks with `cuda_weights = "native"`; on the CPU the file's quantized blocks on the
 /// native path, else f32 or bf16) plus its KV cache, read from the model's
 /// metadata without loading weights.
 fn footprint(plan: &ModelPlan) -> anyhow::Result<u64> {
@@ -483,7 +483,7 @@ fn footprint(plan: &ModelPlan) -> anyhow::Result<u64> {
             1 => model.clone(),
             n => ingot_models::parallel::ShardPlan::new(&model, n)?.rank_config(0),
         };
-        // Q8_0 matrices kept in their blocks (one GPU: a rank's shard expands).
+        // GGUF quantized matrices kept in their blocks (one GPU: a rank's shard expands).
         let native = if tp == 1 && c.model.cuda_weights == CudaWeights::Native {
             ingot_runner_cuda::NativeBlocks::plan(&model, files.tensors.as_ref())
         } else {

@@ -180,7 +180,8 @@ pub struct ModelSection {
     /// CPU handling of quantized GGUF tensors: `native` or `f32`.
     pub cpu_weights: CpuWeights,
     /// CUDA handling of quantized GGUF tensors: `bf16` (expanded at load)
-    /// or `native` (Q8_0 decoder matrices kept in their blocks).
+    /// or `native` (Q8_0, Q4_0/Q4_1 and Q4_K/Q5_K/Q6_K tensors kept in
+    /// their blocks).
     pub cuda_weights: CudaWeights,
     /// CPU: quantize float weight matrices at load (`none`, `q8_0`, `q4_0`
     /// or `q4_k`); CUDA: `fp8` (e4m3 layer matrices, per-channel scales).
