@@ -405,6 +405,10 @@ impl SafetensorsSource {
                     .chunks_exact(2)
                     .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
                     .collect(),
+                Dtype::F8_E4M3 => {
+                    let values: Vec<f32> = bytes.iter().map(|&b| e4m3_to_f32(b)).collect();
+                    return self.scale_fp8(name, view.shape(), values);
+                }
                 other => {
                     return Err(ModelError::UnsupportedDtype {
                         name: name.to_string(),
@@ -414,6 +418,86 @@ impl SafetensorsSource {
             };
             Ok(HostTensor::new(view.shape().to_vec(), data))
         })
+    }
+}
+
+/// An OCP FP8 e4m3 byte as f32 (4 exponent bits, bias 7, 3 mantissa bits,
+/// no infinities; 0x7f and 0xff are NaN).
+fn e4m3_to_f32(b: u8) -> f32 {
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let (exp, man) = (i32::from((b >> 3) & 0xf), f32::from(b & 7));
+    if exp == 15 && man == 7.0 {
+        return f32::NAN;
+    }
+    let magnitude = if exp == 0 {
+        man / 8.0 * 2f32.powi(-6)
+    } else {
+        (1.0 + man / 8.0) * 2f32.powi(exp - 7)
+    };
+    sign * magnitude
+}
+
+impl SafetensorsSource {
+    /// An FP8 checkpoint's weight (`values`: its e4m3 bytes decoded) times
+    /// its scale, the way the published layouts store it: compressed-tensors
+    /// and FBGEMM's `<name>_scale` (one per tensor, or per output row), or
+    /// the block-wise `<name>_scale_inv` of DeepSeek-V3 and Qwen3 FP8
+    /// (one per block of rows x columns, 128 x 128 in practice; the block
+    /// is read from the two shapes). Activation scales (`input_scale`)
+    /// are not needed: activations stay in bf16/f32.
+    fn scale_fp8(
+        &self,
+        name: &str,
+        shape: &[usize],
+        mut values: Vec<f32>,
+    ) -> Result<HostTensor, ModelError> {
+        let scale_of = |suffix: &str| {
+            let n = format!("{name}{suffix}");
+            self.index.contains_key(&n).then_some(n)
+        };
+        let refuse = |why: String| ModelError::UnsupportedDtype {
+            name: name.to_string(),
+            dtype: format!("F8_E4M3 ({why})"),
+        };
+        let Some(scale_name) = scale_of("_scale").or_else(|| scale_of("_scale_inv")) else {
+            return Err(refuse(format!(
+                "no {name}_scale or {name}_scale_inv beside it"
+            )));
+        };
+        let scale = self.load_one(&scale_name)?;
+        let (rows, cols) = match shape {
+            [rows, cols] => (*rows, *cols),
+            _ => (1, values.len()),
+        };
+        let per_row = rows > 1 && scale.data.len() == rows && scale.shape.first() == Some(&rows);
+        if scale.data.len() == 1 {
+            values.iter_mut().for_each(|v| *v *= scale.data[0]);
+        } else if per_row {
+            for (row, s) in values.chunks_exact_mut(cols).zip(&scale.data) {
+                row.iter_mut().for_each(|v| *v *= s);
+            }
+        } else if let [s_rows, s_cols] = scale.shape[..] {
+            let block = |n: usize, s: usize| n.div_ceil(s.max(1)).next_power_of_two();
+            let (b0, b1) = (block(rows, s_rows), block(cols, s_cols));
+            if rows.div_ceil(b0) != s_rows || cols.div_ceil(b1) != s_cols {
+                return Err(refuse(format!(
+                    "scales {:?} fit no block size of a {rows} x {cols} weight",
+                    scale.shape
+                )));
+            }
+            for (r, row) in values.chunks_exact_mut(cols).enumerate() {
+                let scales = &scale.data[r / b0 * s_cols..(r / b0 + 1) * s_cols];
+                for (c, v) in row.iter_mut().enumerate() {
+                    *v *= scales[c / b1];
+                }
+            }
+        } else {
+            return Err(refuse(format!(
+                "scales {:?} for a {rows} x {cols} weight",
+                scale.shape
+            )));
+        }
+        Ok(HostTensor::new(shape.to_vec(), values))
     }
 }
 
@@ -571,17 +655,27 @@ mod tests {
 
     /// Writes `tensors` (f32) as `dir/model.safetensors` and opens it.
     fn safetensors_dir(tag: &str, tensors: &[(String, Vec<usize>, Vec<f32>)]) -> SafetensorsSource {
+        let raw: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = tensors
+            .iter()
+            .map(|(name, shape, v)| {
+                let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                (name.clone(), Dtype::F32, shape.clone(), bytes)
+            })
+            .collect();
+        safetensors_raw(tag, &raw)
+    }
+
+    /// Writes tensors given as `(name, dtype, shape, bytes)` and opens them.
+    fn safetensors_raw(
+        tag: &str,
+        tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)],
+    ) -> SafetensorsSource {
         let dir = std::env::temp_dir().join(format!("ingot-hf-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let bytes: Vec<Vec<u8>> = tensors
-            .iter()
-            .map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect())
-            .collect();
         let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
             .iter()
-            .zip(&bytes)
-            .map(|((name, shape, _), b)| {
-                let view = safetensors::tensor::TensorView::new(Dtype::F32, shape.clone(), b);
+            .map(|(name, dtype, shape, b)| {
+                let view = safetensors::tensor::TensorView::new(*dtype, shape.clone(), b);
                 (name.clone(), view.unwrap())
             })
             .collect();
@@ -590,6 +684,66 @@ mod tests {
         let source = SafetensorsSource::open(&dir).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         source
+    }
+
+    #[test]
+    fn e4m3_bytes_decode_to_their_values() {
+        for (b, v) in [
+            (0x38, 1.0),
+            (0x40, 2.0),
+            (0xb8, -1.0),
+            (0x7e, 448.0),
+            (0x01, 2f32.powi(-9)),
+            (0x00, 0.0),
+        ] {
+            assert_eq!(e4m3_to_f32(b), v, "{b:#x}");
+        }
+        assert!(e4m3_to_f32(0x7f).is_nan() && e4m3_to_f32(0xff).is_nan());
+        // Every finite byte round-trips through its value's neighbours' order.
+        let finite: Vec<f32> = (0u8..0x7f).map(e4m3_to_f32).collect();
+        assert!(finite.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    /// FP8 checkpoints load as their e4m3 values times their scales, for
+    /// each published scale layout; a weight without scales is refused.
+    #[test]
+    fn fp8_weights_load_scaled_by_tensor_row_or_block() {
+        // A 4 x 4 weight of e4m3 1.0, 2.0, ... (bytes 0x38, 0x40, 0x44, 0x48 repeated).
+        let w: Vec<u8> = (0..16).map(|i| [0x38u8, 0x40, 0x44, 0x48][i % 4]).collect();
+        let base = [1.0f32, 2.0, 3.0, 4.0];
+        let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let fp8 = |name: &str| (name.to_string(), Dtype::F8_E4M3, vec![4, 4], w.clone());
+        let tensors = vec![
+            fp8("t.weight"),
+            ("t.weight_scale".into(), Dtype::F32, vec![1], f32s(&[0.5])),
+            fp8("r.weight"),
+            (
+                "r.weight_scale".into(),
+                Dtype::F32,
+                vec![4, 1],
+                f32s(&[1.0, 2.0, 3.0, 4.0]),
+            ),
+            fp8("b.weight"),
+            (
+                "b.weight_scale_inv".into(),
+                Dtype::F32,
+                vec![2, 2],
+                f32s(&[1.0, 10.0, 100.0, 1000.0]),
+            ),
+            fp8("none.weight"),
+        ];
+        let source = safetensors_raw("fp8", &tensors);
+        let t = source.load("t.weight").unwrap();
+        assert_eq!(t.shape, vec![4, 4]);
+        assert_eq!(t.data[..4], base.map(|x| x * 0.5));
+        let r = source.load("r.weight").unwrap();
+        assert_eq!(r.data[12..], base.map(|x| x * 4.0));
+        // Blocks of 2 x 2: row 3, columns 2-3 take the last block's scale.
+        let b = source.load("b.weight").unwrap();
+        assert_eq!(b.data[..4], [1.0, 2.0, 30.0, 40.0]);
+        assert_eq!(b.data[12..], [100.0, 200.0, 3000.0, 4000.0]);
+        let err = source.load("none.weight").unwrap_err().to_string();
+        assert!(err.contains("none.weight_scale"), "{err}");
     }
 
     #[test]
