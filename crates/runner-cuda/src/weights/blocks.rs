@@ -101,18 +101,6 @@ pub(super) fn block_format(ty: GgmlType) -> Option<&'static BlockFormat> {
 }
 
 impl BlockFormat {
-    /// GGML's id of the type (kquant.cuh's `KQ_*`).
-    fn type_id(&self) -> i32 {
-        match self.ty {
-            GgmlType::Q4_0 => 2,
-            GgmlType::Q4_1 => 3,
-            GgmlType::Q8_0 => 8,
-            GgmlType::Q4_K => 12,
-            GgmlType::Q5_K => 13,
-            _ => 14,
-        }
-    }
-
     /// Where each plane of a `rows x cols` matrix starts, and its end.
     fn plane_offsets(&self, rows: usize, cols: usize) -> ([usize; 4], usize) {
         let blocks = rows * (cols / self.unit);
@@ -186,8 +174,8 @@ enum Kept {
     /// Every part Q8_0: one planar matrix.
     Q8,
     /// Every part in a 4- to 6-bit type: a header and row segments, the
-    /// file tensors' types in part order.
-    Kq(Vec<GgmlType>),
+    /// file tensors' formats in part order.
+    Kq(Vec<&'static BlockFormat>),
 }
 
 /// Which layer matrices keep their GGUF blocks on the device; the rest
@@ -197,9 +185,9 @@ pub struct NativeBlocks {
     /// Per layer, per matrix group (q/k/v, o, gate/up, down).
     layers: Vec<[Option<Kept>; 4]>,
     /// The embedding table and the untied LM head, when kept: their
-    /// tensor name and type (4- to 6-bit types; the token lookup reads
+    /// tensor name and format (4- to 6-bit types; the token lookup reads
     /// them with `embed_kq`, the head is a GEMV or a chunked expansion).
-    tables: Vec<(&'static str, GgmlType)>,
+    tables: Vec<(&'static str, &'static BlockFormat)>,
 }
 
 /// The embedding table's tensor (the LM head when tied).
@@ -215,23 +203,21 @@ fn plan_group(
     g: usize,
 ) -> Option<Kept> {
     let (_, cols) = group_shape(config, MATRIX_GROUPS[g]);
-    let types = group_tensors(layer, g)
+    let formats = group_tensors(layer, g)
         .map(|name| {
-            let ty = source.stored_type(&name)?;
-            block_format(ty)
-                .filter(|f| cols.is_multiple_of(f.unit))
-                .map(|f| f.ty)
+            block_format(source.stored_type(&name)?).filter(|f| cols.is_multiple_of(f.unit))
         })
         .collect::<Option<Vec<_>>>()?;
-    if types.iter().all(|t| *t == GgmlType::Q8_0) {
+    let q8 = |f: &&BlockFormat| f.ty == GgmlType::Q8_0;
+    if formats.iter().all(q8) {
         return Some(Kept::Q8);
     }
-    if types.contains(&GgmlType::Q8_0) {
+    if formats.iter().any(q8) {
         return None;
     }
     // The gated GEMV reads a gate row and an up row together, in one type.
     let gate_up = MATRIX_GROUPS[g] == "gate_up";
-    (!gate_up || types.windows(2).all(|w| w[0] == w[1])).then_some(Kept::Kq(types))
+    (!gate_up || formats.windows(2).all(|w| w[0] == w[1])).then_some(Kept::Kq(formats))
 }
 
 impl NativeBlocks {
@@ -259,10 +245,9 @@ impl NativeBlocks {
         let tables = names
             .iter()
             .filter_map(|name| {
-                let ty = source.stored_type(name)?;
-                let f = block_format(ty)?;
-                (ty != GgmlType::Q8_0 && config.hidden_size.is_multiple_of(f.unit))
-                    .then_some((*name, ty))
+                let f = block_format(source.stored_type(name)?)?;
+                (f.ty != GgmlType::Q8_0 && config.hidden_size.is_multiple_of(f.unit))
+                    .then_some((*name, f))
             })
             .collect();
         Self { layers, tables }
@@ -320,8 +305,9 @@ impl NativeBlocks {
         Arena::size_of(
             self.matrices(config)
                 .map(|(_, g, kept, (rows, cols))| kept_bytes(config, g, kept, rows, cols))
-                .chain(self.tables.iter().map(|(name, ty)| {
-                    table_bytes(*ty, Self::table_rows(config, name), config.hidden_size)
+                .chain(self.tables.iter().map(|(name, f)| {
+                    let rows = Self::table_rows(config, name);
+                    kq_offsets(&[(f, 0, rows)], config.hidden_size).1
                 })),
         )
     }
@@ -334,70 +320,57 @@ impl NativeBlocks {
             .max()
             .unwrap_or(0)
     }
-
-    /// Whether any matrix of this kind is kept.
-    fn any(&self, q8: bool) -> bool {
-        let layers = self
-            .layers
-            .iter()
-            .flatten()
-            .flatten()
-            .any(|k| matches!(k, Kept::Q8) == q8);
-        layers || (!q8 && !self.tables.is_empty())
-    }
 }
 
-/// A k-quant matrix's row segments: maximal runs of parts of one type, as
-/// `(format, first row, rows)`.
-fn segments(
-    config: &ModelConfig,
-    g: usize,
-    types: &[GgmlType],
-) -> Vec<(&'static BlockFormat, usize, usize)> {
+/// A k-quant matrix's row segment: `(format, first row, rows)`.
+type Segment = (&'static BlockFormat, usize, usize);
+
+/// A layer k-quant matrix's row segments: maximal runs of parts of one
+/// type.
+fn segments(config: &ModelConfig, g: usize, formats: &[&'static BlockFormat]) -> Vec<Segment> {
     let group = MATRIX_GROUPS[g];
     let (rows, _) = group_shape(config, group);
     let start = |part: usize| {
         if part == 0 {
             0
-        } else if part == types.len() {
+        } else if part == formats.len() {
             rows
         } else {
             fused_offset_rows(config, group, part)
         }
     };
-    let mut out: Vec<(&'static BlockFormat, usize, usize)> = Vec::new();
-    for (part, ty) in types.iter().enumerate() {
-        let Some(format) = block_format(*ty) else {
-            continue;
-        };
+    let mut out: Vec<Segment> = Vec::new();
+    for (part, &format) in formats.iter().enumerate() {
         let (r0, r1) = (start(part), start(part + 1));
         match out.last_mut() {
-            Some(last) if last.0.ty == *ty => last.2 += r1 - r0,
+            Some(last) if last.0 == format => last.2 += r1 - r0,
             _ => out.push((format, r0, r1 - r0)),
         }
     }
     out
 }
 
+/// Where each segment of a k-quant matrix of `cols` columns starts (after
+/// the header, at a plane boundary), and the matrix's device bytes.
+fn kq_offsets(segments: &[Segment], cols: usize) -> (Vec<usize>, usize) {
+    let mut at = KQ_HEADER_BYTES;
+    let starts = segments
+        .iter()
+        .map(|(f, _, rows)| {
+            let start = at.next_multiple_of(PLANE_ALIGN);
+            at = start + f.matrix_bytes(*rows, cols);
+            start
+        })
+        .collect();
+    (starts, at)
+}
+
 /// Device bytes of a kept matrix.
 fn kept_bytes(config: &ModelConfig, g: usize, kept: &Kept, rows: usize, cols: usize) -> usize {
     match kept {
         Kept::Q8 => FORMATS[0].matrix_bytes(rows, cols),
-        Kept::Kq(types) => {
-            segments(config, g, types)
-                .iter()
-                .fold(KQ_HEADER_BYTES, |at, (f, _, seg_rows)| {
-                    at.next_multiple_of(PLANE_ALIGN) + f.matrix_bytes(*seg_rows, cols)
-                })
-        }
+        Kept::Kq(formats) => kq_offsets(&segments(config, g, formats), cols).1,
     }
-}
-
-/// Device bytes of a kept table: a header and one segment.
-fn table_bytes(ty: GgmlType, rows: usize, cols: usize) -> usize {
-    block_format(ty).map_or(0, |f| {
-        KQ_HEADER_BYTES.next_multiple_of(PLANE_ALIGN) + f.matrix_bytes(rows, cols)
-    })
 }
 
 /// A kept matrix in the weights arena.
@@ -437,7 +410,7 @@ fn kq_header(segments: &[(&'static BlockFormat, usize, usize, DevPtr)]) -> Vec<u
     for k in 0..KQ_MAX_SEGMENTS {
         let (ty, row, rows, base) = segments
             .get(k)
-            .map(|(f, r, n, b)| (f.type_id(), *r as i32, *n as i32, *b))
+            .map(|(f, r, n, b)| (f.ty.id() as i32, *r as i32, *n as i32, *b))
             .unwrap_or((0, 0, 0, 0));
         h.extend(base.to_le_bytes());
         for v in [row, rows, ty, 0] {
@@ -447,6 +420,18 @@ fn kq_header(segments: &[(&'static BlockFormat, usize, usize, DevPtr)]) -> Vec<u
     h.extend((segments.len() as i32).to_le_bytes());
     h.extend(0i32.to_le_bytes());
     h
+}
+
+/// `bytes` from `take`, extending `range` (one kind's address range) to
+/// cover them.
+fn claim(
+    take: &mut dyn FnMut(usize) -> Result<DevPtr, CudaError>,
+    range: &mut Option<(DevPtr, DevPtr)>,
+    bytes: usize,
+) -> Result<DevPtr, CudaError> {
+    let base = take(bytes)?;
+    range.get_or_insert((base, base)).1 = base + bytes as u64;
+    Ok(base)
 }
 
 impl BlocksLayout {
@@ -477,71 +462,61 @@ impl BlocksLayout {
             headers: Vec::new(),
             kq_bytes: Vec::new(),
         };
-        for q8 in [true, false] {
-            if !native.any(q8) {
-                continue;
-            }
-            let mut range: Option<(DevPtr, DevPtr)> = None;
-            for (layer, g, kept, (rows, cols)) in native.matrices(config) {
-                if matches!(kept, Kept::Q8) != q8 {
-                    continue;
-                }
-                let bytes = kept_bytes(config, g, kept, rows, cols);
-                let base = take(bytes)?;
-                let r = range.get_or_insert((base, base));
-                r.1 = base + bytes as u64;
-                let segments = match kept {
-                    Kept::Q8 => vec![(&FORMATS[0], 0, rows, base)],
-                    Kept::Kq(types) => {
-                        let mut at = KQ_HEADER_BYTES;
-                        let placed: Vec<_> = segments(config, g, types)
-                            .into_iter()
-                            .map(|(f, r0, n)| {
-                                at = at.next_multiple_of(PLANE_ALIGN);
-                                let seg = (f, r0, n, base + at as u64);
-                                at += f.matrix_bytes(n, cols);
-                                seg
-                            })
-                            .collect();
-                        layout.headers.push((base, kq_header(&placed)));
-                        layout.kq_bytes.push((base, bytes));
-                        placed
-                    }
-                };
+        // The Q8_0 matrices in one range.
+        let mut range = None;
+        for (layer, g, kept, (rows, cols)) in native.matrices(config) {
+            if *kept == Kept::Q8 {
+                let q8 = &FORMATS[0];
+                let base = claim(take, &mut range, q8.matrix_bytes(rows, cols))?;
+                let segments = vec![(q8, 0, rows, base)];
                 layout.layers[layer][g] = Some(PlacedMatrix {
                     base,
                     cols,
                     segments,
                 });
             }
-            if !q8 {
-                for (name, ty) in &native.tables {
-                    let (rows, cols) = (NativeBlocks::table_rows(config, name), config.hidden_size);
-                    let Some(format) = block_format(*ty) else {
-                        continue;
-                    };
-                    let bytes = table_bytes(*ty, rows, cols);
-                    let base = take(bytes)?;
-                    let r = range.get_or_insert((base, base));
-                    r.1 = base + bytes as u64;
-                    let segments = vec![(format, 0, rows, base + KQ_HEADER_BYTES as u64)];
-                    layout.headers.push((base, kq_header(&segments)));
-                    layout.kq_bytes.push((base, bytes));
-                    let placed = PlacedMatrix {
-                        base,
-                        cols,
-                        segments,
-                    };
-                    layout.tables.push((name, placed));
-                }
-            }
-            if q8 {
-                layout.q8_region = range;
-            } else {
-                layout.kq_region = range;
+        }
+        layout.q8_region = range.take();
+        // The k-quant matrices, then the tables, in another.
+        for (layer, g, kept, (_, cols)) in native.matrices(config) {
+            if let Kept::Kq(formats) = kept {
+                let m = layout.place_kq(segments(config, g, formats), cols, take, &mut range)?;
+                layout.layers[layer][g] = Some(m);
             }
         }
+        for &(name, format) in &native.tables {
+            let rows = NativeBlocks::table_rows(config, name);
+            let segment = vec![(format, 0, rows)];
+            let m = layout.place_kq(segment, config.hidden_size, take, &mut range)?;
+            layout.tables.push((name, m));
+        }
+        layout.kq_region = range;
         Ok(Some(layout))
+    }
+
+    /// Takes a k-quant matrix of `segments` x `cols` (its header and
+    /// their planes), and records its header's bytes and its size.
+    fn place_kq(
+        &mut self,
+        segments: Vec<Segment>,
+        cols: usize,
+        take: &mut dyn FnMut(usize) -> Result<DevPtr, CudaError>,
+        range: &mut Option<(DevPtr, DevPtr)>,
+    ) -> Result<PlacedMatrix, CudaError> {
+        let (starts, bytes) = kq_offsets(&segments, cols);
+        let base = claim(take, range, bytes)?;
+        let segments: Vec<_> = segments
+            .into_iter()
+            .zip(starts)
+            .map(|((f, first, rows), at)| (f, first, rows, base + at as u64))
+            .collect();
+        self.headers.push((base, kq_header(&segments)));
+        self.kq_bytes.push((base, bytes));
+        Ok(PlacedMatrix {
+            base,
+            cols,
+            segments,
+        })
     }
 
     /// Where file tensor `name`'s blocks go, when its matrix is kept.
