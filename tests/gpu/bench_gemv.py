@@ -8,21 +8,25 @@ DRAM bandwidth, without the engine's PDL overlap.
         [--only REGEX] [--launches 64]
 
 Kernels are named as in gemv.cu (`gemv_fp8_n1_swiglu_norm`,
-`gemv_q8_0_n1_add_f32`, ...); every
-cubin's kernels that match a shape's name pattern are timed. Prints one
-line per kernel: shape, µs per launch, weight bytes, TB/s.
+`gemv_q8_0_n1_add_f32`, ...) and gemv_kq.cu (`gemv_kq_n1_...`, timed on
+Q4_K and, for down_proj and the LM head, Q6_K matrices: the shapes a
+Q4_K_M file has); every cubin's kernels that match a shape's name pattern
+are timed, and the candidates of tests/gpu/gemv_kq_variants.cu
+(`x{a,f,s,q}k_...`, each launched for the tasks a block it runs). Prints one line per kernel: shape, µs per launch, weight bytes,
+TB/s.
 """
 import argparse
 import ctypes
 import os
 import re
+import struct
 
 import torch
 
 import check_kernels as ck
 from check_kernels import Module, i32, ptr
 
-H, KVH, HD, D, FF = 32, 8, 128, 4096, 14336
+H, KVH, HD, D, FF, VOCAB = 32, 8, 128, 4096, 14336, 128256
 COPIES_BYTES = 400 << 20  # weight copies cycled per graph: 8x the L2
 
 
@@ -52,8 +56,61 @@ def weights(rows, cols, kind):
     return bufs, {"fp8": rows * cols, "q8_0": rows * cols // 32 * 34}.get(kind, rows * cols * 2)
 
 
+# GGUF k-quant types as the device keeps them (kquant.cuh, weights/blocks.rs):
+# GGML id, weights and bytes a block, bytes each plane takes of a block, and
+# the f16 scale fields (offset in the plane, value) set to keep sums finite.
+KQ_TYPES = {
+    "q4_k": (12, 256, 144, [128, 16], (1, [(0, 2e-4), (2, 2e-4)])),
+    "q6_k": (14, 256, 210, [128, 64, 16, 2], (3, [(0, 5e-5)])),
+}
+
+
+def kq_matrix(rows, cols, ty):
+    """One random `rows x cols` matrix of `ty` in the device layout: a
+    KqMatrix header (one segment), then the planes at 256-byte boundaries."""
+    gid, unit, _, planes, (scale_plane, fields) = KQ_TYPES[ty]
+    blocks = rows * cols // unit
+    offs, at = [], 256
+    for per in planes:
+        offs.append(at)
+        at = (at + blocks * per + 255) // 256 * 256
+    b = torch.randint(0, 256, (at,), dtype=torch.uint8, device="cuda")
+    per = planes[scale_plane]
+    view = b[offs[scale_plane]:offs[scale_plane] + blocks * per].view(blocks, per)
+    for off, v in fields:
+        view[:, off:off + 2] = torch.full((blocks, 1), v, dtype=torch.float16, device="cuda").view(torch.uint8)
+    header = struct.pack("<Qiiii", b.data_ptr() + 256, 0, rows, gid, 0) + b"\0" * 48 + struct.pack("<ii", 1, 0)
+    b[:len(header)] = torch.frombuffer(bytearray(header), dtype=torch.uint8).cuda()
+    return b
+
+
+def kq_weights(rows, cols, ty):
+    one = rows * cols // KQ_TYPES[ty][1] * KQ_TYPES[ty][2]
+    copies = max(2, COPIES_BYTES // one + 1)
+    return [kq_matrix(rows, cols, ty) for _ in range(copies)], one
+
+
+def tasks_per_block(name):
+    """Tasks (rows, or q/k/v half pairs) a block of 8 warps runs: 8 for
+    32 lanes a task, or what a candidate's `_l{L}k{K}` (L lanes a task, K
+    warps splitting its inputs) says."""
+    m = re.search(r"_l(\d+)k(\d+)", name)
+    if m:
+        return 8 // int(m.group(2)) * (32 // int(m.group(1)))
+    return 8
+
+
+def splits_inputs(name):
+    """Whether a kernel's warps split a task's inputs (K > 1), which makes
+    its q/k/v mode take one task a rotary pair instead of two halves."""
+    m = re.search(r"_l\d+k(\d+)", name)
+    return int(m.group(1)) > 1 if m else False
+
+
 def kind_of(name):
     """The weight type a kernel reads (experimental `x{s,a,q}{f,b}_...`: f = fp8)."""
+    if re.match(r"x[afsq]k_", name) or "_kq_" in name:
+        return "kq"
     if name.startswith("x"):
         return {"f": "fp8", "8": "q8_0"}.get(name[2:3], "bf16")
     return "fp8" if "_fp8_" in name else "q8_0" if "_q8_0_" in name else "bf16"
@@ -64,6 +121,8 @@ def shape_args(shape, w, bufs):
     x = bufs["x14336"] if shape == "down" else bufs["x4096"]
     if shape == "gate_up":
         return [ptr(x), f32(1e-5), ptr(bufs["sumsq"]), ptr(w), ptr(bufs["act"]), i32(D), i32(FF)]
+    if shape == "lm_head":
+        return [ptr(x), ptr(w), ptr(bufs["logits"]), i32(D), i32(VOCAB), ptr(None), ptr(None), ptr(None)]
     if shape in ("o_proj", "down"):
         return [ptr(x), ptr(w), ptr(bufs["resid"]), i32(FF if shape == "down" else D), i32(D),
                 ptr(bufs["sumsq"]), ptr(bufs["g"]), ptr(bufs["xg"])]
@@ -78,7 +137,10 @@ SHAPES = {
     "o_proj": (r"n1_add_f32$|^xa", D, D, D // 8),
     "gate_up": (r"n1_swiglu_norm$|^xs", 2 * FF, D, FF // 8),
     "down": (r"n1_add_f32$|^xa", D, FF, D // 8),
+    "lm_head": (r"_kq_n1_f32$|^xfk", VOCAB, D, VOCAB // 8),
 }
+# The k-quant types each shape is timed in (a Q4_K_M file's).
+KQ_OF_SHAPE = {"down": ["q4_k", "q6_k"], "lm_head": ["q6_k"]}
 
 
 def launch_raw(f, grid, args, stream):
@@ -93,7 +155,7 @@ def output_of(f, shape, grid, wbuf, bufs):
     bufs["q"].zero_()
     launch_raw(f, grid, shape_args(shape, wbuf, bufs), torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
-    key = {"o_proj": "resid", "down": "resid", "gate_up": "act"}.get(shape, "q")
+    key = {"o_proj": "resid", "down": "resid", "gate_up": "act", "lm_head": "logits"}.get(shape, "q")
     return bufs[key].float().clone()
 
 
@@ -125,6 +187,7 @@ def main():
     p.add_argument("--cubin", action="append", required=True)
     p.add_argument("--only", default="")
     p.add_argument("--launches", type=int, default=64)
+    p.add_argument("--shape", default="", help="only shapes matching this regex (qkv, o_proj, gate_up, down, lm_head)")
     a = p.parse_args()
     bufs = {
         "x4096": (torch.randn(D, device="cuda") * 0.5).to(torch.bfloat16),
@@ -141,29 +204,37 @@ def main():
         "q": torch.empty(H * HD, dtype=torch.bfloat16, device="cuda"),
         "kc": torch.zeros(64 * KVH * HD, dtype=torch.bfloat16, device="cuda"),
         "vc": torch.zeros(64 * KVH * HD, dtype=torch.bfloat16, device="cuda"),
+        "logits": torch.empty(VOCAB, dtype=torch.float32, device="cuda"),
     }
     mods = [(path, Module(path)) for path in a.cubin]
-    print(f"{'shape':8} {'cubin':10} {'kernel':26} {'us':>8} {'MB':>7} {'TB/s':>6}")
+    print(f"{'shape':8} {'type':5} {'cubin':10} {'kernel':26} {'us':>8} {'MB':>7} {'TB/s':>6}")
     for shape, (pattern, rows, cols, _) in SHAPES.items():
-        for kind in ("bf16", "fp8", "q8_0"):
+        if not re.search(a.shape, shape):
+            continue
+        kinds = ["bf16", "fp8", "q8_0"] if shape != "lm_head" else []
+        for kind in kinds + KQ_OF_SHAPE.get(shape, ["q4_k"]):
             wbufs, nbytes = None, 0
             for path, m in mods:
                 names = kernel_names(m)
                 for name in names:
-                    if kind_of(name) != kind or not re.search(pattern, name) or not re.search(a.only, name):
+                    if kind_of(name) != (kind if kind in ("bf16", "fp8", "q8_0") else "kq"):
+                        continue
+                    if not re.search(pattern, name) or not re.search(a.only, name):
                         continue
                     if wbufs is None:
-                        wbufs, nbytes = weights(rows, cols, kind)
+                        wbufs, nbytes = kq_weights(rows, cols, kind) if kind in KQ_TYPES else weights(rows, cols, kind)
                         ref = None
                     f = m.fn(name)
-                    grid = SHAPES[shape][3]
+                    grid = SHAPES[shape][3] * 8 // tasks_per_block(name)
+                    if shape == "qkv" and splits_inputs(name):
+                        grid //= 2  # one task a rotary pair, not two halves
                     y = output_of(f, shape, grid, wbufs[0], bufs)
                     ref = y if ref is None else ref
                     err = float((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
                     us = time_kernel(f, shape, grid, wbufs, bufs, a.launches)
                     tag = os.path.basename(os.path.dirname(os.path.abspath(path)))[-10:]
-                    print(f"{shape:8} {tag:10} {name:26} {us:8.2f} {nbytes / 1e6:7.1f} {nbytes / us / 1e6:6.2f}  "
-                          f"vs first: {err:.1e}", flush=True)
+                    print(f"{shape:8} {kind:5} {tag:10} {name:26} {us:8.2f} {nbytes / 1e6:7.1f} "
+                          f"{nbytes / us / 1e6:6.2f}  vs first: {err:.1e}", flush=True)
             del wbufs
             torch.cuda.empty_cache()
 
@@ -172,8 +243,10 @@ def kernel_names(m):
     """The candidate kernels this module has: gemv.cu's batch-1 ones and any
     experimental variants `x{s,a,q}{f,b,8}_u{U}_p{P}` (gated / accumulate /
     q/k/v; FP8, bf16 or Q8_0 weights; U loads a row in flight; P: L2 prefetch)."""
-    cands = [f"{p}_n1_{k}" for p in ("gemv", "gemv_fp8", "gemv_q8_0") for k in ("qkv_rope_norm", "add_f32", "swiglu_norm")]
+    cands = [f"{p}_n1_{k}" for p in ("gemv", "gemv_fp8", "gemv_q8_0", "gemv_kq")
+             for k in ("qkv_rope_norm", "add_f32", "swiglu_norm", "f32")]
     cands += [f"x{k}{d}_u{u}_p{p}" for k in "saq" for d in "fb8" for u in (1, 2, 4, 8) for p in (0, 1)]
+    cands += [f"x{k}k_{v}" for k in "afsq" for v in ("r0u1", "l8k1", "l16k1")]
     out = []
     for name in cands:
         f = ctypes.c_void_p()

@@ -116,9 +116,12 @@ enum class WScale { None, Row, Block32, Kq };
 // Weight element types. ELEMS: weights per 16-byte load. ROW_UNROLL: the
 // loads a lane keeps in flight per row and batch in the plain and q/k/v
 // GEMVs; GATED_UNROLL: the same for each of the gated GEMVs' two rows.
+// LANES: the lanes that share one task (a row, or a row pair); a warp
+// runs 32 / LANES tasks.
 struct Bf16W {
   typedef bf16 T;
   static constexpr int ELEMS = 8;
+  static constexpr int LANES = 32;
   static constexpr int ROW_UNROLL = GEMV_UNROLL;
   static constexpr int GATED_UNROLL = GEMV_UNROLL;
   static constexpr WScale SCALE = WScale::None;
@@ -129,6 +132,7 @@ struct Bf16W {
 struct Fp8W {
   typedef __nv_fp8_storage_t T;
   static constexpr int ELEMS = 16;
+  static constexpr int LANES = 32;
   static constexpr int ROW_UNROLL = 2;
   static constexpr int GATED_UNROLL = GEMV_UNROLL;
   static constexpr WScale SCALE = WScale::Row;
@@ -141,17 +145,24 @@ struct Fp8W {
 struct Q8W {
   typedef int8_t T;
   static constexpr int ELEMS = 16;
+  static constexpr int LANES = 32;
   static constexpr int ROW_UNROLL = 2;
   static constexpr int GATED_UNROLL = 1;
   static constexpr WScale SCALE = WScale::Block32;
 };
 
 // GGUF Q4_0/Q4_1/Q4_K/Q5_K/Q6_K (kquant.cuh): 32 weights per 16-byte load
-// of quants, the type chosen per row segment at run time (warp-uniform).
+// of quants, the type chosen per row segment at run time. One load a row
+// in flight (58 registers, 32 resident warps); two, or more through shared
+// memory (cp.async), measured slower. Eight lanes a row (four rows a warp
+// sharing each activation load) was 4-10 % faster on the 8B's q/k/v,
+// gate/up and LM head and 40-60 % slower on its 4,096-row o_proj and
+// down_proj (128 blocks); tests/gpu/bench_gemv.py, docs/perf/native-gguf.md.
 struct KqW {
   typedef KqMatrix T;
   static constexpr int ELEMS = 32;
-  static constexpr int ROW_UNROLL = 2;
+  static constexpr int LANES = 32;
+  static constexpr int ROW_UNROLL = 1;
   static constexpr int GATED_UNROLL = 1;
   static constexpr WScale SCALE = WScale::Kq;
 };
@@ -188,6 +199,26 @@ __device__ __forceinline__ void load_batch(const uint4* const (&wr)[ROWS], int b
       const int i = base + u * 32;
       dst[r][u] = i < vecs ? __ldcs(wr[r] + i) : make_uint4(0, 0, 0, 0);
     }
+}
+
+// Tasks a block runs (the host launches outputs / this many blocks), and
+// this thread's task among them.
+template <typename W>
+__host__ __device__ constexpr int gemv_tasks() {
+  return GEMV_WARPS * 32 / W::LANES;
+}
+template <typename W>
+__device__ __forceinline__ int task_in_block() {
+  return threadIdx.x / W::LANES;
+}
+
+// The sum over a task's L lanes (the whole warp when L is 32), left in
+// each of them.
+template <int L>
+__device__ __forceinline__ float task_sum(float v) {
+#pragma unroll
+  for (int o = L / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
 }
 
 // acc[r][n] = x[n] · w[rows[r]] for this warp's rows, reduced over the warp
@@ -253,79 +284,144 @@ __device__ __forceinline__ void dot_batch(const uint4 (&cur)[ROWS][U], const Vec
   }
 }
 
-// kq_rows for one type T: acc[r][n] += x[n] · row r over the quant vectors
-// [v0, end) (`rp`: each row's planes), pipelined as gemv_rows is (the
-// first U loads a row before the PDL wait, then the next U in flight while
-// the current ones are used).
-template <typename T, int N, int ROWS, bool NORM, int U>
-__device__ __forceinline__ void kq_rows_t(const bf16* __restrict__ x, const unsigned char* const (&rp)[ROWS][T::PLANES],
-                                          int in, int v0, int end, float (&acc)[ROWS][N], const NormIn& norm,
-                                          float (&s_inv)[SUMSQ_ROWS]) {
-  const int lane = threadIdx.x & 31;
+// Quant byte `j` (0..3) of `word` as 0.5 + q / 256, by one byte permute:
+// q becomes the top of the mantissa of 0.5 (exact for q < 128). So
+// sum(q x) = 256 sum(f x) - 128 sum(x), and with the run's activation sum
+// at hand (needed anyway for the types' mins) each weight costs one
+// permute and one FMA: no subtraction, no int-to-float (f x is exact in
+// f32; the cancellation costs ~4 of its 24 bits, far below bf16's 8).
+__device__ __forceinline__ float quant_half(unsigned word, int j) {
+  return __uint_as_float(__byte_perm(word, 0x3F000000u, 0x7054u | (j << 8)));
+}
+
+// Sums of each run of 16 activations of the N rows of x, computed once a
+// block into shared memory at batch 1 and 2 (N x in / 16 of them, at most
+// KQ_RUNSUM_CAP: the host sends wider inputs to the GEMM path); from 3
+// rows up each lane sums its own runs (registers: a separate path in the
+// same kernel cost the batch-1 ones 8 more).
+constexpr int KQ_RUNSUM_CAP = 4096;
+constexpr int KQ_BLOCK_SUMS_MAX_N = 2;
+
+template <int N>
+__device__ __forceinline__ void block_run_sums(const bf16* x, int in, float* sums) {
+  const int runs = in / 16;
   const uint4* xr = reinterpret_cast<const uint4*>(x);
-  const int xvecs = in / 8;
-  auto load = [&](int base, KqRaw (&dst)[ROWS][U]) {
+  for (int i = threadIdx.x; i < N * runs; i += blockDim.x) {
+    const uint4 a = __ldg(xr + 2 * (size_t)i), b = __ldg(xr + 2 * (size_t)i + 1);
+    float f[16];
+    bf16x16_to_float(a, b, f);
+    float t = 0.f;
+#pragma unroll
+    for (int k = 0; k < 16; ++k) t += f[k];
+    sums[i] = t;
+  }
+  __syncthreads();
+}
+
+// acc[r][n] += x[n] · (vector v of row r), the raw loads in cur[r][u]. In
+// two halves of 8 weights a run, so that only 16 converted weights a row
+// and one 16-byte load of each run's activations are live at a time (the
+// whole vector at once held ~2x the registers and halved resident warps);
+// each row's weights are converted once for every batch row. `sums`: the
+// block's run sums (see block_run_sums) for N <= KQ_BLOCK_SUMS_MAX_N.
+template <typename T, int N, int ROWS, int U>
+__device__ __forceinline__ void kq_vector_dot(const KqRaw (&cur)[ROWS][U], int u, int v, const uint4* xr, int xvecs,
+                                              const float* sums, float (&acc)[ROWS][N]) {
+  KqRuns runs[ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) T::decode(cur[r][u], v, runs[r]);
+  const int lo = T::lo_in(v) / 8, hi = T::hi_in(v) / 8;
+  float dl[ROWS][N], dh[ROWS][N], sl[N], sh[N];
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    sl[n] = sh[n] = 0.f;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) dl[r][n] = dh[r][n] = 0.f;
+  }
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    float wl[ROWS][8], wh[ROWS][8];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int v = base + u * 32;
-        if (v < end) T::load(rp[r], v, dst[r][u]);
+      for (int i = 0; i < 8; ++i) {
+        wl[r][i] = quant_half(runs[r].lo[2 * c + (i >> 2)], i & 3);
+        wh[r][i] = quant_half(runs[r].hi[2 * c + (i >> 2)], i & 3);
       }
-  };
-  KqRaw cur[ROWS][U];
-  load(v0 + lane, cur);
-  pdl_wait();
-  pdl_launch_dependents();
-  if (NORM) norm_scales<N>(norm, in, s_inv);
-  constexpr float bias = kq_bias<T>();
-  for (int base = v0 + lane; base < end; base += 32 * U) {
-    KqRaw next[ROWS][U];
-    load(base + 32 * U, next);
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int v = base + u * 32;
-      if (v >= end) break;
-      // Each row's 32 quants turned into floats once, for every batch row.
-      KqRuns runs[ROWS];
-      float wl[ROWS][16], wh[ROWS][16];
+    for (int n = 0; n < N; ++n) {
+      const uint4* xn = xr + (size_t)n * xvecs;
+      const uint4 xlv = __ldg(xn + lo + c), xhv = __ldg(xn + hi + c);
+      const __nv_bfloat162* xl = reinterpret_cast<const __nv_bfloat162*>(&xlv);
+      const __nv_bfloat162* xh = reinterpret_cast<const __nv_bfloat162*>(&xhv);
 #pragma unroll
-      for (int r = 0; r < ROWS; ++r) {
-        T::decode(cur[r][u], v, runs[r]);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          wl[r][i] = quant_float(runs[r].lo[i >> 2], i & 3, bias);
-          wh[r][i] = quant_float(runs[r].hi[i >> 2], i & 3, bias);
-        }
-      }
-      const int lo = T::lo_in(v) / 8, hi = T::hi_in(v) / 8;
-#pragma unroll
-      for (int n = 0; n < N; ++n) {
-        const uint4* xn = xr + (size_t)n * xvecs;
-        float xl[16], xh[16];
-        bf16x16_to_float(__ldg(xn + lo), __ldg(xn + lo + 1), xl);
-        bf16x16_to_float(__ldg(xn + hi), __ldg(xn + hi + 1), xh);
-        float sl = 0.f, sh = 0.f;
-        if (T::MIN) {
-#pragma unroll
-          for (int i = 0; i < 16; ++i) {
-            sl += xl[i];
-            sh += xh[i];
-          }
+      for (int k = 0; k < 4; ++k) {
+        const float2 a = __bfloat1622float2(xl[k]), b = __bfloat1622float2(xh[k]);
+        if constexpr (N > KQ_BLOCK_SUMS_MAX_N) {
+          sl[n] += a.x + a.y;
+          sh[n] += b.x + b.y;
         }
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
-          float dl = 0.f, dh = 0.f;
-#pragma unroll
-          for (int i = 0; i < 16; ++i) {
-            dl = fmaf(wl[r][i], xl[i], dl);
-            dh = fmaf(wh[r][i], xh[i], dh);
-          }
-          float t = fmaf(runs[r].s_lo, dl, runs[r].s_hi * dh);
-          if (T::MIN) t = fmaf(runs[r].m_lo, sl, fmaf(runs[r].m_hi, sh, t));
-          acc[r][n] += t;
+          dl[r][n] = fmaf(wl[r][2 * k], a.x, fmaf(wl[r][2 * k + 1], a.y, dl[r][n]));
+          dh[r][n] = fmaf(wh[r][2 * k], b.x, fmaf(wh[r][2 * k + 1], b.y, dh[r][n]));
         }
       }
+    }
+  }
+  if constexpr (N <= KQ_BLOCK_SUMS_MAX_N)
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      sl[n] = sums[n * (xvecs / 2) + lo / 2];
+      sh[n] = sums[n * (xvecs / 2) + hi / 2];
+    }
+  // s (q - OFFSET) + m summed: 256 s sum(f x) + (m - (128 + OFFSET) s) sum(x).
+  constexpr float off = 128.f + T::OFFSET;
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    const float ml = runs[r].m_lo - off * runs[r].s_lo, mh = runs[r].m_hi - off * runs[r].s_hi;
+    const float sl256 = 256.f * runs[r].s_lo, sh256 = 256.f * runs[r].s_hi;
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+      acc[r][n] += fmaf(sl256, dl[r][n], fmaf(sh256, dh[r][n], fmaf(ml, sl[n], mh * sh[n])));
+  }
+}
+
+// The planes of each row and its first U vectors in flight, for type T
+// (before the PDL wait: weights do not depend on the previous kernel).
+template <typename T, int ROWS, int U, int L>
+__device__ __forceinline__ void kq_load(const unsigned char* const (&rp)[ROWS][KQ_MAX_PLANES], int base, int end,
+                                        KqRaw (&dst)[ROWS][U]) {
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    const unsigned char* p[T::PLANES];
+#pragma unroll
+    for (int k = 0; k < T::PLANES; ++k) p[k] = rp[r][k];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = base + u * L;
+      if (v < end) T::fetch(p, v, KqLoadNow{dst[r][u]});
+    }
+  }
+}
+
+// kq_rows for one type T after the PDL wait: acc[r][n] += x[n] · row r over
+// the quant vectors [base, end) of this lane, the first U of them in
+// `cur`, the next U in flight while those are used.
+template <typename T, int N, int ROWS, int U, int L>
+__device__ __forceinline__ void kq_rows_t(const bf16* __restrict__ x, const unsigned char* const (&rp)[ROWS][KQ_MAX_PLANES],
+                                          int in, int base, int end, KqRaw (&cur)[ROWS][U], const float* sums,
+                                          float (&acc)[ROWS][N]) {
+  const uint4* xr = reinterpret_cast<const uint4*>(x);
+  const int xvecs = in / 8;
+  for (; base < end; base += L * U) {
+    KqRaw next[ROWS][U];
+    kq_load<T, ROWS, U, L>(rp, base + L * U, end, next);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = base + u * L;
+      if (v >= end) break;
+      kq_vector_dot<T, N, ROWS>(cur, u, v, xr, xvecs, sums, acc);
     }
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
@@ -337,36 +433,49 @@ __device__ __forceinline__ void kq_rows_t(const bf16* __restrict__ x, const unsi
 // Row r's planes of a KqMatrix, for type T.
 template <typename T, int ROWS>
 __device__ __forceinline__ void kq_row_planes(const KqMatrix* m, int in, const size_t (&rows)[ROWS],
-                                              const unsigned char* (&rp)[ROWS][T::PLANES]) {
+                                              const unsigned char* (&rp)[ROWS][KQ_MAX_PLANES]) {
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) {
     const KqSegment& s = kq_segment(m, rows[r]);
     const unsigned char* planes[T::PLANES];
+    const unsigned char* row[T::PLANES];
     kq_planes<T>(s.base, (size_t)s.rows, in, planes);
-    kq_row<T>(planes, rows[r] - (size_t)s.row_start, in, rp[r]);
+    kq_row<T>(planes, rows[r] - (size_t)s.row_start, in, row);
+#pragma unroll
+    for (int k = 0; k < T::PLANES; ++k) rp[r][k] = row[k];
   }
 }
 
-// gemv_rows for KqW: finds each row's segment (a warp's rows share a type:
-// the host keeps gate/up in one type and a rotary pair lies in one part),
-// then runs that type's loop. The sum over the warp and the norm's scale
+// gemv_rows for KqW: finds each row's segment (a task's rows share a type:
+// the host keeps gate/up in one type and a rotary pair lies in one part;
+// a warp's tasks differ only across a segment boundary, which costs that
+// warp a divergent pass), then runs that type's loop over the task's
+// lanes (L). The sum over the warp and the norm's scale
 // follow in gemv_rows.
-template <int N, int ROWS, bool NORM, int U>
+template <int N, int ROWS, bool NORM, int U, int L>
 __device__ __forceinline__ void kq_rows(const bf16* x, const KqMatrix* m, int in, const size_t (&rows)[ROWS],
                                         float (&acc)[ROWS][N], const NormIn& norm, float (&s_inv)[SUMSQ_ROWS],
                                         int v0, int v1) {
-  const int end = v1 < 0 ? in / 32 : v1;
+  const int end = v1 < 0 ? in / 32 : v1, base = v0 + (int)(threadIdx.x % L);
   const int type = kq_segment(m, rows[0]).type;
+  const unsigned char* rp[ROWS][KQ_MAX_PLANES];
+  KqRaw cur[ROWS][U];
+  // Two passes through the type switch: the first loads before the PDL
+  // wait; the block-wide work on the input (its run sums, the norm's
+  // scale) sits between them, where every thread reaches its barrier.
   const bool known = kq_dispatch(type, [&](auto t) {
     using T = decltype(t);
-    const unsigned char* rp[ROWS][T::PLANES];
     kq_row_planes<T, ROWS>(m, in, rows, rp);
-    kq_rows_t<T, N, ROWS, NORM, U>(x, rp, in, v0, end, acc, norm, s_inv);
+    kq_load<T, ROWS, U, L>(rp, base, end, cur);
   });
-  if (!known) {
-    pdl_wait();
-    pdl_launch_dependents();
-  }
+  pdl_wait();
+  pdl_launch_dependents();
+  __shared__ float s_sums[N <= KQ_BLOCK_SUMS_MAX_N ? KQ_RUNSUM_CAP : 1];
+  if constexpr (N <= KQ_BLOCK_SUMS_MAX_N) block_run_sums<N>(x, in, s_sums);
+  const float* sums = s_sums;
+  if (NORM) norm_scales<N>(norm, in, s_inv);
+  if (!known) return;
+  kq_dispatch(type, [&](auto t) { kq_rows_t<decltype(t), N, ROWS, U, L>(x, rp, in, base, end, cur, sums, acc); });
 }
 
 // Over the 16-byte weight vectors [v0, v1) of the rows (v1 < 0: to the
@@ -387,7 +496,7 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
 #pragma unroll
     for (int n = 0; n < N; ++n) acc[r][n] = 0.f;
   if constexpr (W::SCALE == WScale::Kq) {
-    kq_rows<N, ROWS, NORM, U>(x, w, in, rows, acc, norm, s_inv, v0, v1);
+    kq_rows<N, ROWS, NORM, U, W::LANES>(x, w, in, rows, acc, norm, s_inv, v0, v1);
   } else {
   const int lane = threadIdx.x & 31;
   const int vecs = in / W::ELEMS, end = v1 < 0 ? vecs : v1, xvecs = in / 8;
@@ -439,7 +548,7 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)
 #pragma unroll
-    for (int n = 0; n < N; ++n) acc[r][n] = warp_sum(acc[r][n]);
+    for (int n = 0; n < N; ++n) acc[r][n] = task_sum<W::LANES>(acc[r][n]);
   if constexpr (W::SCALE == WScale::Row) {
     const float* scales = scales_after<float>(w, total_rows, in);
 #pragma unroll
@@ -467,18 +576,31 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
 // never take it), hence kernels of their own (docs/perf/small-models.md).
 constexpr int SHORT_ROW_LOADS = 8;
 
-// The warp's output column; out-of-range warps compute a duplicate and skip
-// the write (they still take part in PDL).
-__device__ __forceinline__ int warp_column() { return blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5); }
+// The task's output column; out-of-range tasks compute a duplicate and
+// skip the write (they still take part in PDL and the block's barriers).
+template <typename W>
+__device__ __forceinline__ int task_column() {
+  return blockIdx.x * gemv_tasks<W>() + task_in_block<W>();
+}
+// The task's first lane in its first warp, which writes its results.
+template <typename W>
+__device__ __forceinline__ bool task_writer() {
+  return threadIdx.x % W::LANES == 0;
+}
 
 // After an accumulating GEMV: this block's part of sum(x[n]^2) over the
 // updated residual rows into sumsq (see SumSq). `sq[n]` is this lane's
 // column squared (lane 0 of each warp; 0 elsewhere). Every thread of the
 // block must call it.
-template <int N>
-__device__ __forceinline__ void gemv_sumsq(SumSq* sumsq, const float (&sq)[N]) {
+template <int N, int L>
+__device__ __forceinline__ void gemv_sumsq(SumSq* sumsq, float (&sq)[N]) {
   __shared__ float s_sq[GEMV_WARPS][N];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // Several tasks a warp: their writers' squares summed first (the other
+  // lanes hold zeros).
+  if constexpr (L < 32)
+#pragma unroll
+    for (int n = 0; n < N; ++n) sq[n] = warp_sum(sq[n]);
   if (lane == 0)
 #pragma unroll
     for (int n = 0; n < N; ++n) s_sq[warp][n] = sq[n];
@@ -498,11 +620,11 @@ __device__ __forceinline__ void gemv_sumsq(SumSq* sumsq, const float (&sq)[N]) {
 template <int N, int MODE, bool NORM = false, typename W = Bf16W, int U = W::ROW_UNROLL, int WHOLE = 0>
 __device__ __forceinline__ void gemv_plain(const bf16* x, const typename W::T* w, void* y, int in, int out, SumSq* sumsq,
                                            const float* next_norm, bf16* xg, NormIn norm = {}) {
-  const int col = warp_column();
+  const int col = task_column<W>();
   const size_t rows[1] = {(size_t)min(col, out - 1)};
   float acc[1][N];
   gemv_rows<N, 1, NORM, W, U, WHOLE>(x, w, in, out, rows, acc, norm);
-  const bool writer = (threadIdx.x & 31) == 0 && col < out;
+  const bool writer = task_writer<W>() && col < out;
   float sq[N];
 #pragma unroll
   for (int n = 0; n < N; ++n) {
@@ -518,18 +640,18 @@ __device__ __forceinline__ void gemv_plain(const bf16* x, const typename W::T* w
       if (next_norm) xg[o] = to_bf16(v * next_norm[col]);
     }
   }
-  if (MODE == 2 && sumsq) gemv_sumsq<N>(sumsq, sq);
+  if (MODE == 2 && sumsq) gemv_sumsq<N, W::LANES>(sumsq, sq);
 }
 
 template <int N, bool NORM = false, bool GELU = false, typename W = Bf16W, int U = W::GATED_UNROLL>
 __device__ __forceinline__ void gemv_swiglu(const bf16* x, const typename W::T* w, bf16* y, int in, int ff,
                                             NormIn norm = {}) {
-  const int col = warp_column();
+  const int col = task_column<W>();
   const size_t c = min(col, ff - 1);
   const size_t rows[2] = {c, c + ff};
   float acc[2][N];
   gemv_rows<N, 2, NORM, W, U>(x, w, in, 2 * (size_t)ff, rows, acc, norm);
-  if ((threadIdx.x & 31) != 0 || col >= ff) return;
+  if (!task_writer<W>() || col >= ff) return;
 #pragma unroll
   for (int n = 0; n < N; ++n) {
     const float g = acc[0][n];
@@ -548,11 +670,11 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const typename W::T
                                               const float* sin_t, bf16* q_out, bf16* k_cache, bf16* v_cache,
                                               int num_heads, int num_kv_heads, int hd, int block_size,
                                               NormIn norm = {}) {
-  // Two warps per rotary pair, each over half of the input: twice the
-  // warps of one per pair, so the grid divides into the resident slots
+  // Two tasks per rotary pair, each over half of the input: twice the
+  // tasks of one per pair, so the grid divides into the resident slots
   // evenly (an 8B-class q/k/v, 3,072 pairs, filled 1.45 waves otherwise).
   const int half = hd / 2, pairs = (num_heads + 2 * num_kv_heads) * half;
-  const int task = warp_column(), col = task >> 1, part = task & 1;
+  const int task = task_column<W>(), col = task >> 1, part = task & 1;
   const int c = min(col, pairs - 1);
   const int head = c / half, i = c % half;
   const size_t rows[2] = {(size_t)head * hd + i, (size_t)head * hd + i + half};
@@ -560,16 +682,17 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const typename W::T
   const int mid = in / W::ELEMS / 2;
   gemv_rows<N, 2, NORM, W, U, WHOLE / 2>(x, w, in, 2 * (size_t)pairs, rows, acc, norm, part ? mid : 0,
                                           part ? -1 : mid);
-  __shared__ float s_upper[GEMV_WARPS / 2][2][N];
-  const int lane = threadIdx.x & 31, pair_slot = (threadIdx.x >> 5) >> 1;
-  if (part && lane == 0)
+  __shared__ float s_upper[gemv_tasks<W>() / 2][2][N];
+  const bool writer = task_writer<W>();
+  const int pair_slot = task_in_block<W>() >> 1;
+  if (part && writer)
 #pragma unroll
     for (int n = 0; n < N; ++n) {
       s_upper[pair_slot][0][n] = acc[0][n];
       s_upper[pair_slot][1][n] = acc[1][n];
     }
   __syncthreads();
-  if (part || lane != 0 || col >= pairs) return;
+  if (part || !writer || col >= pairs) return;
 #pragma unroll
   for (int n = 0; n < N; ++n) {
     acc[0][n] += s_upper[pair_slot][0][n];

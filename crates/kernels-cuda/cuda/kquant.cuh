@@ -27,6 +27,7 @@ constexpr int KQ_Q5_K = 13;
 constexpr int KQ_Q6_K = 14;
 
 constexpr int KQ_MAX_SEGMENTS = 3;
+constexpr int KQ_MAX_PLANES = 4;  // the most planes a type has (Q6_K)
 struct KqSegment {
   unsigned long long base;  // the segment's first plane
   int row_start;            // its first row in the matrix
@@ -40,13 +41,38 @@ struct KqMatrix {
   int reserved;
 };
 
-// A vector's raw loads: the quants' low bits, the high bits (Q5_K, Q6_K)
-// and the scale fields.
+// A vector's raw loads: the quants' low bits, the scale fields and the
+// high bits (Q5_K, Q6_K); a type's fetch names each load by its offset here.
 struct KqRaw {
   uint4 q;
-  uint4 h;
   unsigned s[4];
+  uint4 h;
 };
+constexpr int KQ_AT_Q = 0, KQ_AT_S = 16, KQ_AT_H = 32;
+
+// Loads a type's fields straight into a KqRaw's registers.
+struct KqLoadNow {
+  KqRaw& r;
+  template <int AT, int BYTES>
+  __device__ __forceinline__ void get(const void* src) const {
+    if constexpr (AT == KQ_AT_Q) r.q = __ldcs(reinterpret_cast<const uint4*>(src));
+    else if constexpr (AT == KQ_AT_H) r.h = __ldg(reinterpret_cast<const uint4*>(src));
+    else if constexpr (BYTES == 16) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(src));
+      r.s[0] = v.x;
+      r.s[1] = v.y;
+      r.s[2] = v.z;
+      r.s[3] = v.w;
+    } else if constexpr (BYTES == 8) {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(src));
+      r.s[(AT - KQ_AT_S) / 4] = v.x;
+      r.s[(AT - KQ_AT_S) / 4 + 1] = v.y;
+    } else {
+      r.s[(AT - KQ_AT_S) / 4] = __ldg(reinterpret_cast<const unsigned*>(src));
+    }
+  }
+};
+
 
 // A vector decoded: its two runs of 16 quants as bytes, and their scales.
 struct KqRuns {
@@ -54,17 +80,19 @@ struct KqRuns {
   float s_lo, m_lo, s_hi, m_hi;
 };
 
-__device__ __forceinline__ unsigned byte_of(const unsigned (&w)[3], int k) { return (w[k >> 2] >> (8 * (k & 3))) & 0xffu; }
-
 // The 6-bit scale and min of sub-block `j` (0..7) of a Q4_K/Q5_K block
-// (llama.cpp's get_scale_min_k4 over the 12 packed bytes).
-__device__ __forceinline__ void k4_scale_min(const unsigned (&sc)[3], int j, float& s, float& m) {
+// (llama.cpp's get_scale_min_k4) from the 12 packed bytes as three words:
+// byte j & 3 of each, no indexing (a run-time index into an array put it
+// in local memory).
+__device__ __forceinline__ void k4_scale_min(unsigned w0, unsigned w1, unsigned w2, int j, float& s, float& m) {
+  const int sh = 8 * (j & 3);
+  const unsigned a0 = (w0 >> sh) & 0xffu, a1 = (w1 >> sh) & 0xffu, a2 = (w2 >> sh) & 0xffu;
   if (j < 4) {
-    s = (float)(byte_of(sc, j) & 63);
-    m = (float)(byte_of(sc, j + 4) & 63);
+    s = (float)(a0 & 63);
+    m = (float)(a1 & 63);
   } else {
-    s = (float)((byte_of(sc, j + 4) & 0xf) | ((byte_of(sc, j - 4) >> 6) << 4));
-    m = (float)((byte_of(sc, j + 4) >> 4) | ((byte_of(sc, j) >> 6) << 4));
+    s = (float)((a2 & 0xf) | ((a0 >> 6) << 4));
+    m = (float)((a2 >> 4) | ((a1 >> 6) << 4));
   }
 }
 
@@ -88,13 +116,16 @@ struct KqQ4_0 {
   __device__ static constexpr int plane(int k) { return k == 0 ? 16 : 2; }
   __device__ static int lo_in(int v) { return 32 * v; }
   __device__ static int hi_in(int v) { return 32 * v + 16; }
-  __device__ static void load(const unsigned char* const (&p)[PLANES], int v, KqRaw& r) {
-    r.q = __ldcs(reinterpret_cast<const uint4*>(p[0]) + v);
-    r.s[0] = __ldg(reinterpret_cast<const unsigned short*>(p[1]) + v);
+  // The f16 scale through the aligned word holding it (cp.async takes 4,
+  // 8 or 16 bytes; planes are padded to 256, so the word is in bounds).
+  template <typename L>
+  __device__ static void fetch(const unsigned char* const (&p)[PLANES], int v, const L& l) {
+    l.template get<KQ_AT_Q, 16>(reinterpret_cast<const uint4*>(p[0]) + v);
+    l.template get<KQ_AT_S, 4>(reinterpret_cast<const unsigned*>(p[1]) + (v >> 1));
   }
-  __device__ static void decode(const KqRaw& r, int, KqRuns& o) {
+  __device__ static void decode(const KqRaw& r, int v, KqRuns& o) {
     low_high_nibbles(r.q, o.lo, o.hi);
-    o.s_lo = o.s_hi = half_bits(r.s[0]);
+    o.s_lo = o.s_hi = half_bits(r.s[0] >> (16 * (v & 1)));
     o.m_lo = o.m_hi = 0.f;
   }
 };
@@ -105,9 +136,10 @@ struct KqQ4_1 {
   __device__ static constexpr int plane(int k) { return k == 0 ? 16 : 4; }
   __device__ static int lo_in(int v) { return 32 * v; }
   __device__ static int hi_in(int v) { return 32 * v + 16; }
-  __device__ static void load(const unsigned char* const (&p)[PLANES], int v, KqRaw& r) {
-    r.q = __ldcs(reinterpret_cast<const uint4*>(p[0]) + v);
-    r.s[0] = __ldg(reinterpret_cast<const unsigned*>(p[1]) + v);
+  template <typename L>
+  __device__ static void fetch(const unsigned char* const (&p)[PLANES], int v, const L& l) {
+    l.template get<KQ_AT_Q, 16>(reinterpret_cast<const uint4*>(p[0]) + v);
+    l.template get<KQ_AT_S, 4>(reinterpret_cast<const unsigned*>(p[1]) + v);
   }
   __device__ static void decode(const KqRaw& r, int, KqRuns& o) {
     low_high_nibbles(r.q, o.lo, o.hi);
@@ -117,34 +149,28 @@ struct KqQ4_1 {
 };
 
 // Q4_K: 256 a block, 8 sub-blocks of 32; qs[32j..32j+32] holds sub-block
-// 2j in its low nibbles and 2j + 1 in its high ones. Planes: qs (128),
-// packed scales (12), d and dmin (4).
+// 2j in its low nibbles and 2j + 1 in its high ones. Planes: qs (128), and
+// the block's first 16 bytes as they are in the file: d and dmin (f16), then
+// the 12 bytes of packed 6-bit scales and mins (one 16-byte load a vector).
 struct KqQ4_K {
-  static constexpr int UNIT = 256, PLANES = 3, OFFSET = 0;
+  static constexpr int UNIT = 256, PLANES = 2, OFFSET = 0;
   static constexpr bool MIN = true;
-  __device__ static constexpr int plane(int k) { return k == 0 ? 128 : k == 1 ? 12 : 4; }
+  __device__ static constexpr int plane(int k) { return k == 0 ? 128 : 16; }
   __device__ static int lo_in(int v) { return 256 * (v >> 3) + 64 * ((v >> 1) & 3) + 16 * (v & 1); }
   __device__ static int hi_in(int v) { return lo_in(v) + 32; }
-  __device__ static void load_scales(const unsigned char* sc, const unsigned char* dm, int b, KqRaw& r) {
-    const unsigned* s = reinterpret_cast<const unsigned*>(sc + 12 * b);
-    r.s[0] = __ldg(s);
-    r.s[1] = __ldg(s + 1);
-    r.s[2] = __ldg(s + 2);
-    r.s[3] = __ldg(reinterpret_cast<const unsigned*>(dm) + b);
-  }
-  __device__ static void load(const unsigned char* const (&p)[PLANES], int v, KqRaw& r) {
-    r.q = __ldcs(reinterpret_cast<const uint4*>(p[0]) + v);
-    load_scales(p[1], p[2], v >> 3, r);
+  template <typename L>
+  __device__ static void fetch(const unsigned char* const (&p)[PLANES], int v, const L& l) {
+    l.template get<KQ_AT_Q, 16>(reinterpret_cast<const uint4*>(p[0]) + v);
+    l.template get<KQ_AT_S, 16>(reinterpret_cast<const uint4*>(p[1]) + (v >> 3));
   }
   __device__ static void decode_scales(const KqRaw& r, int v, KqRuns& o) {
-    const unsigned sc[3] = {r.s[0], r.s[1], r.s[2]};
-    const float d = half_bits(r.s[3] & 0xffffu), dmin = half_bits(r.s[3] >> 16);
+    const float d = half_bits(r.s[0] & 0xffffu), dmin = half_bits(r.s[0] >> 16);
     const int j = 2 * ((v >> 1) & 3);
     float s, m;
-    k4_scale_min(sc, j, s, m);
+    k4_scale_min(r.s[1], r.s[2], r.s[3], j, s, m);
     o.s_lo = d * s;
     o.m_lo = -dmin * m;
-    k4_scale_min(sc, j + 1, s, m);
+    k4_scale_min(r.s[1], r.s[2], r.s[3], j + 1, s, m);
     o.s_hi = d * s;
     o.m_hi = -dmin * m;
   }
@@ -156,17 +182,18 @@ struct KqQ4_K {
 
 // Q5_K: Q4_K's layout plus qh[32] a block: bit 2j of qh[l] is the fifth
 // bit of sub-block 2j's weight l, bit 2j + 1 of sub-block 2j + 1's. Planes:
-// qs (128), qh (32), scales (12), d and dmin (4).
+// qs (128), qh (32), d, dmin and the scales (16, Q4_K's).
 struct KqQ5_K {
-  static constexpr int UNIT = 256, PLANES = 4, OFFSET = 0;
+  static constexpr int UNIT = 256, PLANES = 3, OFFSET = 0;
   static constexpr bool MIN = true;
-  __device__ static constexpr int plane(int k) { return k == 0 ? 128 : k == 1 ? 32 : k == 2 ? 12 : 4; }
+  __device__ static constexpr int plane(int k) { return k == 0 ? 128 : k == 1 ? 32 : 16; }
   __device__ static int lo_in(int v) { return KqQ4_K::lo_in(v); }
   __device__ static int hi_in(int v) { return KqQ4_K::hi_in(v); }
-  __device__ static void load(const unsigned char* const (&p)[PLANES], int v, KqRaw& r) {
-    r.q = __ldcs(reinterpret_cast<const uint4*>(p[0]) + v);
-    r.h = __ldg(reinterpret_cast<const uint4*>(p[1]) + 2 * (v >> 3) + (v & 1));
-    KqQ4_K::load_scales(p[2], p[3], v >> 3, r);
+  template <typename L>
+  __device__ static void fetch(const unsigned char* const (&p)[PLANES], int v, const L& l) {
+    l.template get<KQ_AT_Q, 16>(reinterpret_cast<const uint4*>(p[0]) + v);
+    l.template get<KQ_AT_H, 16>(reinterpret_cast<const uint4*>(p[1]) + 2 * (v >> 3) + (v & 1));
+    l.template get<KQ_AT_S, 16>(reinterpret_cast<const uint4*>(p[2]) + (v >> 3));
   }
   __device__ static void decode(const KqRaw& r, int v, KqRuns& o) {
     low_high_nibbles(r.q, o.lo, o.hi);
@@ -195,14 +222,15 @@ struct KqQ6_K {
     return 256 * (v >> 3) + 128 * ((v >> 2) & 1) + 32 * ((v >> 1) & 1) + 16 * (v & 1);
   }
   __device__ static int hi_in(int v) { return lo_in(v) + 64; }
-  __device__ static void load(const unsigned char* const (&p)[PLANES], int v, KqRaw& r) {
-    const int b = v >> 3, n = (v >> 2) & 1, a = (v >> 1) & 1, l = v & 1;
-    r.q = __ldcs(reinterpret_cast<const uint4*>(p[0]) + v);
-    r.h = __ldg(reinterpret_cast<const uint4*>(p[1]) + 4 * b + 2 * n + l);
-    const int s = 16 * b + 8 * n + l + 2 * a;
-    r.s[0] = __ldg(p[2] + s);
-    r.s[1] = __ldg(p[2] + s + 4);
-    r.s[2] = __ldg(reinterpret_cast<const unsigned short*>(p[3]) + b);
+  // Scales 8n + l + 2a and that + 4 are bytes l + 2a and l + 2a + 4 of
+  // one 8-byte load; d comes through its aligned word (see Q4_0).
+  template <typename L>
+  __device__ static void fetch(const unsigned char* const (&p)[PLANES], int v, const L& ld) {
+    const int b = v >> 3, n = (v >> 2) & 1, l = v & 1;
+    ld.template get<KQ_AT_Q, 16>(reinterpret_cast<const uint4*>(p[0]) + v);
+    ld.template get<KQ_AT_H, 16>(reinterpret_cast<const uint4*>(p[1]) + 4 * b + 2 * n + l);
+    ld.template get<KQ_AT_S, 8>(reinterpret_cast<const uint2*>(p[2]) + 2 * b + n);
+    ld.template get<KQ_AT_S + 8, 4>(reinterpret_cast<const unsigned*>(p[3]) + (b >> 1));
   }
   __device__ static void decode(const KqRaw& r, int v, KqRuns& o) {
     low_high_nibbles(r.q, o.lo, o.hi);
@@ -213,9 +241,10 @@ struct KqQ6_K {
       o.lo[k] |= ((h[k] >> shift) & 0x03030303u) << 4;
       o.hi[k] |= ((h[k] >> (shift + 4)) & 0x03030303u) << 4;
     }
-    const float d = half_bits(r.s[2]);
-    o.s_lo = d * (float)(signed char)r.s[0];
-    o.s_hi = d * (float)(signed char)r.s[1];
+    const float d = half_bits(r.s[2] >> (16 * ((v >> 3) & 1)));
+    const int k = ((v >> 1) & 1) * 2 + (v & 1);
+    o.s_lo = d * (float)(signed char)(r.s[0] >> (8 * k));
+    o.s_hi = d * (float)(signed char)(r.s[1] >> (8 * k));
     o.m_lo = o.m_hi = 0.f;
   }
 };
@@ -297,20 +326,28 @@ __device__ __forceinline__ void kq_vector_weights(const KqSegment& s, size_t row
   kq_planes<T>(s.base, (size_t)s.rows, in, planes);
   kq_row<T>(planes, row - (size_t)s.row_start, in, rp);
   KqRaw raw;
-  T::load(rp, v, raw);
+  T::fetch(rp, v, KqLoadNow{raw});
   kq_weights<T>(raw, v, lo, hi);
 }
 
-// Calls f(T{}) for the segment's type (a warp-uniform switch); false for
-// a type it does not know (the host writes only these).
+// Calls f(T{}) for the segment's type (warp-uniform); false for a type it
+// does not know (the host writes only these). An if-chain, not a switch:
+// ptxas gave the five inlined loops behind a switch 20-30 more registers
+// than the largest of them alone (fewer resident warps).
 template <typename F>
 __device__ __forceinline__ bool kq_dispatch(int type, F&& f) {
-  switch (type) {
-    case KQ_Q4_0: f(KqQ4_0{}); return true;
-    case KQ_Q4_1: f(KqQ4_1{}); return true;
-    case KQ_Q4_K: f(KqQ4_K{}); return true;
-    case KQ_Q5_K: f(KqQ5_K{}); return true;
-    case KQ_Q6_K: f(KqQ6_K{}); return true;
-    default: return false;
+  if (type == KQ_Q4_K) {
+    f(KqQ4_K{});
+  } else if (type == KQ_Q6_K) {
+    f(KqQ6_K{});
+  } else if (type == KQ_Q5_K) {
+    f(KqQ5_K{});
+  } else if (type == KQ_Q4_0) {
+    f(KqQ4_0{});
+  } else if (type == KQ_Q4_1) {
+    f(KqQ4_1{});
+  } else {
+    return false;
   }
+  return true;
 }

@@ -16,6 +16,15 @@ fn gemv_fits(tokens: usize, inputs: usize, align: usize) -> bool {
     (1..=GEMV_MAX_TOKENS).contains(&tokens) && inputs.is_multiple_of(align)
 }
 
+/// Whether the k-quant GEMV's per-block sums of the activations' runs of
+/// 16 fit its shared memory (gemv.cuh: `KQ_RUNSUM_CAP` floats at up to
+/// `KQ_BLOCK_SUMS_MAX_N` rows; from 3 rows each lane sums its own).
+fn kq_run_sums_fit(tokens: usize, inputs: usize) -> bool {
+    const RUNSUM_CAP: usize = 4096;
+    const BLOCK_SUMS_MAX_N: usize = 2;
+    tokens > BLOCK_SUMS_MAX_N || tokens * inputs / 16 <= RUNSUM_CAP
+}
+
 /// The GEMV kernel variants, in the order of [`Gemm`]'s `gemv` table.
 const GEMV_MODES: [&str; 10] = [
     "bf16",
@@ -65,7 +74,8 @@ impl Gemm {
         } else {
             8
         };
-        !self.deterministic && gemv_fits(tokens, inputs, align)
+        let kq_sums_fit = self.kq_bytes(w).is_none() || kq_run_sums_fit(tokens, inputs);
+        !self.deterministic && gemv_fits(tokens, inputs, align) && kq_sums_fit
     }
 
     /// The GEMV kernels for `w`'s type at `tokens` rows of `inputs`.
@@ -219,5 +229,17 @@ impl Gemm {
     ) -> Option<&Kernel> {
         self.gemv_fits(tokens, inputs, w)
             .then(|| &self.gemv_kernels(w, tokens, inputs)[if norm { 6 } else { 4 }])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn k_quant_run_sums_fit_up_to_the_kernels_capacity() {
+        // 65,536 inputs at batch 1 (4,096 runs), half that at batch 2.
+        assert!(super::kq_run_sums_fit(1, 65536) && !super::kq_run_sums_fit(1, 65536 + 32));
+        assert!(super::kq_run_sums_fit(2, 32768) && !super::kq_run_sums_fit(2, 32768 + 32));
+        // Three rows and up sum in the lanes: any width.
+        assert!(super::kq_run_sums_fit(3, 1 << 20));
     }
 }

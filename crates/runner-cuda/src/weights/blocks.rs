@@ -79,13 +79,13 @@ const FORMATS: [BlockFormat; 6] = [
         ty: GgmlType::Q4_K,
         unit: 256,
         block_bytes: 144,
-        planes: &[plane(128, 16), plane(12, 4), plane(4, 0)],
+        planes: &[plane(128, 16), plane(16, 0)],
     },
     BlockFormat {
         ty: GgmlType::Q5_K,
         unit: 256,
         block_bytes: 176,
-        planes: &[plane(128, 48), plane(32, 16), plane(12, 4), plane(4, 0)],
+        planes: &[plane(128, 48), plane(32, 16), plane(16, 0)],
     },
     BlockFormat {
         ty: GgmlType::Q6_K,
@@ -694,7 +694,7 @@ mod tests {
         let seg_rows = q + kv;
         let row_blocks = (q * d / 256) as u64;
         assert_eq!(kp[0], qp[0] + row_blocks * 128);
-        assert_eq!(kp[1], qp[1] + row_blocks * 12);
+        assert_eq!(kp[1], qp[1] + row_blocks * 16);
         assert_eq!(
             qp[1],
             qp[0] + (seg_rows * d / 2).next_multiple_of(256) as u64
