@@ -90,6 +90,8 @@
 #             batch 1 beside llama-bench (after lcpp), 64 x (1024 in, 128 out)
 #   kqbench   the 8B Q4_K_M (after kq8b): batch 1 ingot native / llama-bench alternated twice (the
 #             bf16 expansion once), prefill 1024, 256 x (1024 in, 128 out) beside llama-batched-bench
+#   int4      an 8B-shaped AWQ checkpoint (write_int4.py: random 4-bit weights, group 128) read as Q4_1:
+#             its tensor types, batch 1 --cuda-weights native beside the bf16 dummy of the same config
 #   fp8head   model.fp8_lm_head (--fp8-lm-head) against FP8 with the bf16 head: logits rel_l2 and
 #             32-token greedy agreement (compare_fp8.py --ref) on the 8B dummy (untied head); 8B
 #             batch 1, FP8 without / with the head alternated twice, BF16 once; the same comparison
@@ -247,6 +249,7 @@ for phase in "$@"; do
       LB=.gpu-lcpp/build/bin; Q="$LB/llama-quantize"
       [ -x "$Q" ] || { echo "no llama-quantize (run lcpp first)"; continue; }
       PYTHONPATH=.gpu-lcpp/src/llama.cpp/gguf-py timeout -k 5 "$T" python3 tests/gpu/check_kquant.py --cubins "$W" | grep -v "^ok"
+      (cd tests/gpu && timeout -k 5 "$T" python3 bench_gemv.py --cubin "$W/gemv_kq.sm_90.cubin" --only kq) | tee "$O/kq_gemv.txt"
       S="$W/llama-3.2-1b"; mkdir -p "$S"
       cp tests/gpu/configs/llama-3.2-1b/config.json "$W"/tokenizers/llama3/* "$S/"
       python3 tests/gpu/write_gguf.py --config "$S/config.json" --tokenizer "$S" --out "$W/1b-2l.gguf" --layers 2 --dtype bf16
@@ -300,6 +303,13 @@ for phase in "$@"; do
       "$ING" bench throughput --model "$G" --cuda-weights native --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl"
       timeout -k 5 $((2 * T)) "$LB/llama-batched-bench" -m "$G" -ngl 99 -fa on -c 300000 -b 8192 -ub 512 -npp 1024 -ntg 128 -npl 256 --output-format jsonl | tail -3 | tee -a "$O/llama_batched.jsonl"
       INGOT_CUDA_PROFILE=1 "$ING" bench latency --model "$G" --cuda-weights native --max-model-len 4096 --input-len 128 --output-len 64 --num-iters 1 --json 2>&1 | grep -iE "profile|gemm|gemv|attention|step" | tail -12 ;;
+    int4)
+      M=$(llama8b); A="$W/8b-awq"
+      [ -f "$A/config.json" ] || python3 tests/gpu/write_int4.py --config "$M/config.json" --tokenizer "$M" --out "$A" --method awq --group 128
+      "$ING" inspect "$A" | grep "tensor types"
+      B1="bench latency --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json"
+      echo "AWQ g128, native"; "$ING" $B1 --model "$A" --cuda-weights native | tee -a "$O/bench.jsonl"
+      echo "bf16 (dummy)"; "$ING" $B1 --model "$M" --load-format dummy | tee -a "$O/bench.jsonl" ;;
     fp8head)
       # Order: the must-haves first (8B accuracy, batch 1), so a cut-off call still has them.
       M=$(llama8b)

@@ -69,9 +69,11 @@ pub enum CudaWeights {
     /// Expanded to bf16 at load (every type the CPU reads).
     #[default]
     Bf16,
-    /// Decoder matrices stored in Q8_0 stay in their blocks and run on
-    /// kernels that read them as they are (other types, and the embeddings
-    /// and LM head, still expand to bf16).
+    /// Decoder matrices stored in Q8_0, Q4_0, Q4_1, Q4_K, Q5_K or Q6_K
+    /// (and AWQ/GPTQ checkpoints, read as Q4_1) stay in their blocks and
+    /// run on kernels that read them as they are, as do the embeddings and
+    /// an untied LM head in the 4- to 6-bit types; other tensors expand to
+    /// bf16.
     Native,
 }
 

@@ -68,6 +68,11 @@ pub enum ModelError {
         /// The dtype in the file.
         dtype: String,
     },
+    /// A quantized checkpoint (AWQ, GPTQ, ...) in a setting or layout we do
+    /// not read: the message names the setting and, where there is one, the
+    /// fix.
+    #[error("unsupported quantization: {0}")]
+    UnsupportedQuantization(String),
     /// The path is neither a GGUF file nor a model directory.
     #[error("{path} is not a GGUF file or a Hugging Face model directory (no config.json)")]
     UnknownFormat {

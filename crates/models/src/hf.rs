@@ -5,12 +5,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
+use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 
+use crate::gguf::GgmlType;
+use crate::int4::{Int4Config, Int4Tensors, Packed};
 use crate::{
-    Architecture, BlockOptions, HostTensor, ModelConfig, ModelError, MoeConfig, RopeConfig,
-    RopeScaling, TensorSource,
+    Architecture, BlockData, BlockOptions, HostTensor, ModelConfig, ModelError, MoeConfig,
+    QuantTensor, RopeConfig, RopeScaling, TensorSource,
 };
 
 /// The subset of `config.json` we read; optional fields get HF defaults.
@@ -252,10 +255,17 @@ enum Parts {
 }
 
 /// Safetensors weights of one directory, memory-mapped.
+///
+/// AWQ and GPTQ checkpoints (module `int4`) keep each quantized linear
+/// weight as `<p>.qweight`, `<p>.qzeros`, `<p>.scales` (and GPTQ's
+/// `<p>.g_idx`); they appear under `<p>.weight`: dequantized exactly by
+/// [`TensorSource::load`], as Q4_1 blocks by [`TensorSource::load_blocks`].
 pub struct SafetensorsSource {
     files: Vec<(PathBuf, Mmap)>,
     /// Tensor name → index into `files`.
     index: HashMap<String, usize>,
+    /// The AWQ/GPTQ scheme of the directory's quantization config, if any.
+    int4: Option<Int4Config>,
 }
 
 #[derive(Deserialize)]
@@ -307,14 +317,20 @@ impl SafetensorsSource {
             }
             files.push((path, mmap));
         }
-        Ok(Self { files, index })
+        let int4 = crate::int4::read_config(dir)?;
+        Ok(Self { files, index, int4 })
     }
 
     fn with_tensor<T>(
         &self,
         name: &str,
-        f: impl FnOnce(safetensors::tensor::TensorView<'_>) -> Result<T, ModelError>,
+        f: impl FnOnce(TensorView<'_>) -> Result<T, ModelError>,
     ) -> Result<T, ModelError> {
+        f(self.view(name)?)
+    }
+
+    /// File tensor `name`, borrowed from its map.
+    fn view(&self, name: &str) -> Result<TensorView<'_>, ModelError> {
         let &i = self
             .index
             .get(name)
@@ -326,11 +342,10 @@ impl SafetensorsSource {
             path: path.clone(),
             message: e.to_string(),
         })?;
-        let view = st.tensor(name).map_err(|e| ModelError::Safetensors {
+        st.tensor(name).map_err(|e| ModelError::Safetensors {
             path: path.clone(),
             message: e.to_string(),
-        })?;
-        f(view)
+        })
     }
 }
 
@@ -341,7 +356,7 @@ impl SafetensorsSource {
     /// checkpoints) or transformers 5's fused `experts.gate_up_proj` /
     /// `experts.down_proj` parameters.
     fn parts_of(&self, name: &str) -> Parts {
-        if self.index.contains_key(name) {
+        if self.index.contains_key(name) || self.int4_prefix(name).is_some() {
             return Parts::One(name.to_string());
         }
         let Some((layer, module)) = name
@@ -352,7 +367,7 @@ impl SafetensorsSource {
         };
         let has = |s: &str| {
             let n = format!("model.layers.{layer}.{s}");
-            self.index.contains_key(&n).then_some(n)
+            (self.index.contains_key(&n) || self.int4_prefix(&n).is_some()).then_some(n)
         };
         let (qwen, mixtral, half) = match module {
             "mlp.gate.weight" => {
@@ -388,8 +403,16 @@ impl SafetensorsSource {
         Parts::None
     }
 
-    /// One file tensor as f32.
+    /// One file tensor as f32 (an AWQ/GPTQ weight dequantized).
     fn load_one(&self, name: &str) -> Result<HostTensor, ModelError> {
+        if let Some(prefix) = self
+            .int4_prefix(name)
+            .filter(|_| !self.index.contains_key(name))
+        {
+            return self.with_packed(prefix, |p| {
+                Ok(HostTensor::new(vec![p.rows, p.cols], p.dequantize()?))
+            });
+        }
         self.with_tensor(name, |view| {
             let bytes = view.data();
             let data: Vec<f32> = match view.dtype() {
@@ -504,6 +527,125 @@ impl SafetensorsSource {
     }
 }
 
+impl SafetensorsSource {
+    /// `<p>` of canonical name `<p>.weight` when the files hold it packed
+    /// by AWQ/GPTQ (as `<p>.qweight` and its companions).
+    fn int4_prefix<'n>(&self, name: &'n str) -> Option<&'n str> {
+        let prefix = name.strip_suffix(".weight")?;
+        self.index
+            .contains_key(&format!("{prefix}.qweight"))
+            .then_some(prefix)
+    }
+
+    /// Runs `f` on the checked tensors of AWQ/GPTQ weight `<prefix>.weight`.
+    fn with_packed<T>(
+        &self,
+        prefix: &str,
+        f: impl FnOnce(&Packed<'_>) -> Result<T, ModelError>,
+    ) -> Result<T, ModelError> {
+        let config = self.int4.as_ref().ok_or_else(|| {
+            ModelError::UnsupportedQuantization(format!(
+                "{prefix}.qweight is an AWQ/GPTQ-packed weight but the directory has no \
+                 quantization_config (config.json) or quantize_config.json saying how"
+            ))
+        })?;
+        let part = |s: &str| self.view(&format!("{prefix}.{s}"));
+        let g_idx = format!("{prefix}.g_idx");
+        let tensors = Int4Tensors {
+            qweight: part("qweight")?,
+            qzeros: part("qzeros")?,
+            scales: part("scales")?,
+            g_idx: (self.index.contains_key(&g_idx))
+                .then(|| self.view(&g_idx))
+                .transpose()?,
+        };
+        f(&Packed::new(config, prefix, tensors)?)
+    }
+
+    /// File tensor `name` as Q4_1 blocks, when it is an AWQ/GPTQ weight
+    /// whose rows are whole blocks.
+    fn int4_blocks(&self, name: &str) -> Result<Option<QuantTensor>, ModelError> {
+        match self
+            .int4_prefix(name)
+            .filter(|_| !self.index.contains_key(name))
+        {
+            None => Ok(None),
+            Some(prefix) => self.with_packed(prefix, |p| {
+                Ok(p.q4_1()?
+                    .map(|blocks| q4_1_tensor(vec![p.rows, p.cols], blocks)))
+            }),
+        }
+    }
+
+    /// Whether file tensor `name` is an AWQ/GPTQ weight [`Self::int4_blocks`]
+    /// gives blocks of, from the metadata (its `qweight`'s shape) alone.
+    fn int4_stored(&self, name: &str) -> bool {
+        let (Some(config), Some(prefix)) = (&self.int4, self.int4_prefix(name)) else {
+            return false;
+        };
+        if self.index.contains_key(name) {
+            return false;
+        }
+        let qweight = format!("{prefix}.qweight");
+        let cols = self.with_tensor(&qweight, |v| Ok(config.cols_of(v.shape())));
+        matches!(cols, Ok(Some(c)) if c.is_multiple_of(32))
+    }
+
+    /// The Q4_1 blocks of `names` stacked (one expert each), when all are
+    /// AWQ/GPTQ weights of one shape.
+    fn int4_stack(&self, names: &[String]) -> Result<Option<QuantTensor>, ModelError> {
+        let mut shape = Vec::new();
+        let mut data = Vec::new();
+        for name in names {
+            let Some(q) = self.int4_blocks(name)? else {
+                return Ok(None);
+            };
+            if shape.is_empty() {
+                shape = q.shape.clone();
+            } else if q.shape != shape {
+                return Err(ModelError::ShapeMismatch {
+                    name: name.clone(),
+                    expected: shape,
+                    got: q.shape,
+                });
+            }
+            data.extend_from_slice(q.data.bytes());
+        }
+        shape.insert(0, names.len());
+        Ok(Some(q4_1_tensor(shape, data)))
+    }
+
+    /// The `dtype_summary` name of file tensor `name`: AWQ/GPTQ weights
+    /// under their scheme, their companions not at all.
+    fn summary_name(&self, name: &str) -> Option<String> {
+        let packed_part = |suffix: &str| {
+            name.strip_suffix(suffix)
+                .is_some_and(|p| self.index.contains_key(&format!("{p}.qweight")))
+        };
+        match &self.int4 {
+            Some(config) if packed_part(".qweight") => return Some(config.label()),
+            Some(_)
+                if [".qzeros", ".scales", ".g_idx"]
+                    .into_iter()
+                    .any(packed_part) =>
+            {
+                return None
+            }
+            _ => {}
+        }
+        self.with_tensor(name, |v| Ok(format!("{:?}", v.dtype())))
+            .ok()
+    }
+}
+
+fn q4_1_tensor(shape: Vec<usize>, blocks: Vec<u8>) -> QuantTensor {
+    QuantTensor {
+        ggml_type: GgmlType::Q4_1,
+        shape,
+        data: BlockData::Owned(blocks),
+    }
+}
+
 impl TensorSource for SafetensorsSource {
     /// A tensor of the files, or a stack of per-expert tensors (each of the
     /// first expert's shape) under its canonical name.
@@ -553,6 +695,26 @@ impl TensorSource for SafetensorsSource {
         }
     }
 
+    /// An AWQ/GPTQ weight (or a stack of them, one per expert) as Q4_1
+    /// blocks, `[rows, cols]` (`[experts, rows, cols]`) row-major; `None`
+    /// for float tensors.
+    fn load_blocks(&self, name: &str) -> Result<Option<QuantTensor>, ModelError> {
+        match self.parts_of(name) {
+            Parts::One(file_name) => self.int4_blocks(&file_name),
+            Parts::Stack(names) => self.int4_stack(&names),
+            Parts::None | Parts::Half(..) => Ok(None),
+        }
+    }
+
+    fn stored_type(&self, name: &str) -> Option<GgmlType> {
+        let int4 = match self.parts_of(name) {
+            Parts::One(file_name) => self.int4_stored(&file_name),
+            Parts::Stack(names) => names.iter().all(|n| self.int4_stored(n)),
+            Parts::None | Parts::Half(..) => false,
+        };
+        int4.then_some(GgmlType::Q4_1)
+    }
+
     fn contains(&self, name: &str) -> bool {
         !matches!(self.parts_of(name), Parts::None)
     }
@@ -560,7 +722,7 @@ impl TensorSource for SafetensorsSource {
     fn dtype_summary(&self) -> Vec<(String, usize)> {
         let mut counts = BTreeMap::new();
         for name in self.index.keys() {
-            if let Ok(dtype) = self.with_tensor(name, |v| Ok(format!("{:?}", v.dtype()))) {
+            if let Some(dtype) = self.summary_name(name) {
                 *counts.entry(dtype).or_insert(0) += 1;
             }
         }
@@ -668,23 +830,39 @@ mod tests {
         safetensors_raw(tag, &raw)
     }
 
+    /// Tensors as `(name, dtype, shape, bytes)`.
+    type RawTensors = Vec<(String, Dtype, Vec<usize>, Vec<u8>)>;
+
     /// Writes tensors given as `(name, dtype, shape, bytes)` and opens them.
     fn safetensors_raw(
         tag: &str,
         tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)],
     ) -> SafetensorsSource {
+        open_raw(tag, tensors, None).unwrap()
+    }
+
+    /// Writes tensors, and `config` as `config.json` when given, then opens
+    /// the directory.
+    fn open_raw(
+        tag: &str,
+        tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)],
+        config: Option<&str>,
+    ) -> Result<SafetensorsSource, ModelError> {
         let dir = std::env::temp_dir().join(format!("ingot-hf-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        if let Some(config) = config {
+            std::fs::write(dir.join("config.json"), config).unwrap();
+        }
+        let views: Vec<(String, TensorView<'_>)> = tensors
             .iter()
             .map(|(name, dtype, shape, b)| {
-                let view = safetensors::tensor::TensorView::new(*dtype, shape.clone(), b);
+                let view = TensorView::new(*dtype, shape.clone(), b);
                 (name.clone(), view.unwrap())
             })
             .collect();
         let path = dir.join("model.safetensors");
         safetensors::serialize_to_file(views, None, &path).unwrap();
-        let source = SafetensorsSource::open(&dir).unwrap();
+        let source = SafetensorsSource::open(&dir);
         std::fs::remove_dir_all(&dir).unwrap();
         source
     }
@@ -747,6 +925,501 @@ mod tests {
         assert_eq!(b.data[12..], [100.0, 200.0, 3000.0, 4000.0]);
         let err = source.load("none.weight").unwrap_err().to_string();
         assert!(err.contains("none.weight_scale"), "{err}");
+    }
+
+    /// Known 4-bit weights of a `rows` x `cols` linear layer (outputs x
+    /// inputs): quants `q[i][o]`, zero points and scales `[group][o]`.
+    struct Int4Weights {
+        rows: usize,
+        cols: usize,
+        group: usize,
+        q: Vec<Vec<u8>>,
+        z: Vec<Vec<u8>>,
+        s: Vec<Vec<half::f16>>,
+    }
+
+    impl Int4Weights {
+        /// Pseudo-random weights (`group` `None`: one group over all
+        /// inputs); zero points 8 when `sym`, else random with a 0 and a 15
+        /// among them. Scales use every mantissa bit, so `-z s` rounds in
+        /// f16.
+        fn new(rows: usize, cols: usize, group: Option<usize>, sym: bool, seed: u64) -> Self {
+            let mut state = seed;
+            let mut next = move || {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (state >> 33) as u32
+            };
+            let group = group.unwrap_or(cols);
+            let groups = cols.div_ceil(group);
+            let q = (0..cols)
+                .map(|_| (0..rows).map(|_| (next() % 16) as u8).collect())
+                .collect();
+            let z = (0..groups)
+                .map(|g| {
+                    (0..rows)
+                        .map(|o| match (sym, g, o) {
+                            (true, ..) => 8,
+                            (false, 0, 0) => 0,
+                            (false, 0, 1) => 15,
+                            _ => (next() % 16) as u8,
+                        })
+                        .collect()
+                })
+                .collect();
+            // 2^-8 <= s < 2^-4, any mantissa.
+            let s = (0..groups)
+                .map(|_| {
+                    (0..rows)
+                        .map(|_| half::f16::from_bits(0x1c00 + (next() % 0x1000) as u16))
+                        .collect()
+                })
+                .collect();
+            Self {
+                rows,
+                cols,
+                group,
+                q,
+                z,
+                s,
+            }
+        }
+
+        /// Zero point and scale of output `o` at input `i`.
+        fn zs(&self, i: usize, o: usize) -> (f32, f32) {
+            let g = i / self.group;
+            (f32::from(self.z[g][o]), self.s[g][o].to_f32())
+        }
+
+        /// The linear weight `[rows, cols]`: `(q - z) * s`.
+        fn weight(&self) -> Vec<f32> {
+            let w = |o: usize, i: usize| {
+                let (z, s) = self.zs(i, o);
+                (f32::from(self.q[i][o]) - z) * s
+            };
+            (0..self.rows)
+                .flat_map(|o| (0..self.cols).map(move |i| w(o, i)))
+                .collect()
+        }
+
+        fn scales(&self, prefix: &str) -> (String, Dtype, Vec<usize>, Vec<u8>) {
+            let bytes = self.s.iter().flatten().flat_map(|s| s.to_le_bytes());
+            let shape = vec![self.s.len(), self.rows];
+            (
+                format!("{prefix}.scales"),
+                Dtype::F16,
+                shape,
+                bytes.collect(),
+            )
+        }
+
+        /// AutoAWQ's `WQLinear_GEMM.from_linear`: word `c` of input row
+        /// `i` holds output `8c + order_map[n]` in bits `4n`; the zeros
+        /// likewise.
+        fn awq(&self, prefix: &str) -> RawTensors {
+            const ORDER_MAP: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
+            let pack = |row: &Vec<u8>| -> Vec<u8> {
+                (0..row.len() / 8)
+                    .map(|c| {
+                        (0..8).fold(0u32, |w, n| {
+                            w | u32::from(row[8 * c + ORDER_MAP[n]]) << (4 * n)
+                        })
+                    })
+                    .flat_map(u32::to_le_bytes)
+                    .collect()
+            };
+            let words = self.rows / 8;
+            vec![
+                int32(
+                    prefix,
+                    "qweight",
+                    vec![self.cols, words],
+                    self.q.iter().flat_map(pack),
+                ),
+                int32(
+                    prefix,
+                    "qzeros",
+                    vec![self.z.len(), words],
+                    self.z.iter().flat_map(pack),
+                ),
+                self.scales(prefix),
+            ]
+        }
+
+        /// AutoGPTQ's `QuantLinear.pack`: word `(r, o)` holds input `8r + j`
+        /// of output `o` in bits `4j`; zero word `(g, c)` output `8c + j`,
+        /// stored as `z - 1` (4 bits) in v1. `g_idx` `i / group` if asked.
+        fn gptq(&self, prefix: &str, v1: bool, g_idx: bool) -> RawTensors {
+            let word = |f: &dyn Fn(usize) -> u32| (0..8).fold(0u32, |w, j| w | f(j) << (4 * j));
+            let qweight = (0..self.cols / 8).flat_map(|r| {
+                (0..self.rows)
+                    .flat_map(move |o| word(&|j| u32::from(self.q[8 * r + j][o])).to_le_bytes())
+            });
+            let stored = |z: u8| u32::from(if v1 { (z + 15) & 15 } else { z });
+            let qzeros = self.z.iter().flat_map(|zs| {
+                (0..self.rows / 8).flat_map(move |c| word(&|j| stored(zs[8 * c + j])).to_le_bytes())
+            });
+            let groups = self.z.len();
+            let mut t = vec![
+                int32(prefix, "qweight", vec![self.cols / 8, self.rows], qweight),
+                int32(prefix, "qzeros", vec![groups, self.rows / 8], qzeros),
+                self.scales(prefix),
+            ];
+            if g_idx {
+                let g = (0..self.cols).flat_map(|i| ((i / self.group) as i32).to_le_bytes());
+                t.push(int32(prefix, "g_idx", vec![self.cols], g));
+            }
+            t
+        }
+
+        /// Checks `name` of `source` against these weights: `load` exactly
+        /// `(q - z) * s`; Q4_1 blocks whose `d` is `s` and which the crate's
+        /// Q4_1 dequantization reads back within half an f16 ulp of `z s`
+        /// (and f32 rounding); the metadata. Returns the largest error of
+        /// the blocks in quantization steps.
+        fn check(&self, source: &SafetensorsSource, name: &str) -> f32 {
+            let want = self.weight();
+            let t = source.load(name).unwrap();
+            assert_eq!(t.shape, vec![self.rows, self.cols], "{name}");
+            assert!(t.data == want, "{name}: load is not (q - z) * s");
+            assert!(source.contains(name));
+            assert_eq!(source.stored_type(name), Some(GgmlType::Q4_1), "{name}");
+            let q = source.load_blocks(name).unwrap().unwrap();
+            assert_eq!(
+                (q.ggml_type, &q.shape),
+                (GgmlType::Q4_1, &vec![self.rows, self.cols])
+            );
+            let bytes = q.data.bytes();
+            let per_row = self.cols / 32;
+            for (k, block) in bytes.chunks_exact(20).enumerate() {
+                let (o, i) = (k / per_row, k % per_row * 32);
+                let (_, s) = self.zs(i, o);
+                assert_eq!(half::f16::from_le_bytes([block[0], block[1]]).to_f32(), s);
+            }
+            let mut got = vec![0f32; want.len()];
+            crate::gguf::dequantize_into(GgmlType::Q4_1, bytes, &mut got).unwrap();
+            let mut worst = 0f32;
+            for (k, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                let (o, i) = (k / self.cols, k % self.cols);
+                let (z, s) = self.zs(i, o);
+                let bound = (z * s).abs() / 2048.0 + w.abs() / (1 << 22) as f32;
+                assert!((g - w).abs() <= bound, "{name} [{o}, {i}]: {g} vs {w}");
+                worst = worst.max((g - w).abs() / s);
+            }
+            worst
+        }
+    }
+
+    /// An int32 tensor `<prefix>.<suffix>` of little-endian bytes.
+    fn int32(
+        prefix: &str,
+        suffix: &str,
+        shape: Vec<usize>,
+        bytes: impl Iterator<Item = u8>,
+    ) -> (String, Dtype, Vec<usize>, Vec<u8>) {
+        (
+            format!("{prefix}.{suffix}"),
+            Dtype::I32,
+            shape,
+            bytes.collect(),
+        )
+    }
+
+    /// A `config.json` with `quantization_config` `quant` (JSON text).
+    fn quant_config(quant: &str) -> String {
+        format!(r#"{{"architectures": ["LlamaForCausalLM"], "quantization_config": {quant}}}"#)
+    }
+
+    fn awq_config(group: i64) -> String {
+        quant_config(&format!(
+            r#"{{"quant_method": "awq", "bits": 4, "group_size": {group}, "zero_point": true,
+            "version": "gemm"}}"#
+        ))
+    }
+
+    /// A GPTQ config; `format` `None` leaves `checkpoint_format` out (v1).
+    fn gptq_config(group: i64, sym: bool, format: Option<&str>, desc_act: bool) -> String {
+        let format = format.map_or(String::new(), |f| {
+            format!(r#", "checkpoint_format": "{f}""#)
+        });
+        quant_config(&format!(
+            r#"{{"quant_method": "gptq", "bits": 4, "group_size": {group}, "sym": {sym},
+            "desc_act": {desc_act}{format}}}"#
+        ))
+    }
+
+    const Q_PROJ: &str = "model.layers.0.self_attn.q_proj";
+
+    /// An f16 embedding beside the quantized weights, which must load as
+    /// before.
+    fn f16_embedding() -> (String, Dtype, Vec<usize>, Vec<u8>) {
+        let values = [1.0f32, -2.0, 0.5, 3.0, 0.25, -1.5];
+        let bytes = values
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes());
+        let name = "model.embed_tokens.weight".to_string();
+        (name, Dtype::F16, vec![2, 3], bytes.collect())
+    }
+
+    fn check_f16_embedding(source: &SafetensorsSource) {
+        let name = "model.embed_tokens.weight";
+        let t = source.load(name).unwrap();
+        assert_eq!(t.data, vec![1.0, -2.0, 0.5, 3.0, 0.25, -1.5]);
+        assert_eq!(source.stored_type(name), None);
+        assert!(source.load_blocks(name).unwrap().is_none());
+    }
+
+    /// AWQ GEMM checkpoints (groups of 32, 64 and all inputs) load as
+    /// `(q - z) * s` exactly and as Q4_1 blocks within the f16 error of
+    /// `m`; the float tensors beside them load as before.
+    #[test]
+    fn awq_weights_load_exactly_and_as_q4_1_blocks() {
+        let mut worst = 0f32;
+        // 72 rows: one task of 64 rows and a shorter one.
+        for (seed, rows, group) in [(1, 24, Some(32)), (2, 72, Some(64)), (3, 8, None)] {
+            let w = Int4Weights::new(rows, 128, group, false, seed);
+            let mut tensors = w.awq(Q_PROJ);
+            tensors.push(f16_embedding());
+            let g = group.map_or(-1, |g| g as i64);
+            let config = awq_config(g);
+            let source = open_raw(&format!("awq{g}"), &tensors, Some(&config)).unwrap();
+            worst = worst.max(w.check(&source, &format!("{Q_PROJ}.weight")));
+            check_f16_embedding(&source);
+            let summary = source.dtype_summary();
+            assert_eq!(
+                summary,
+                vec![(format!("AWQ int4 g{g}"), 1), ("F16".to_string(), 1)]
+            );
+        }
+        // The scales' mantissas make m round: the bound is not vacuous.
+        assert!(
+            worst > 0.0 && worst <= crate::int4::M_ERROR_PER_STEP,
+            "{worst}"
+        );
+    }
+
+    /// GPTQ checkpoints, v1 (zero points stored minus one, `checkpoint_format`
+    /// "gptq" or absent) and v2, symmetric and not, groups of 32, 64 and all
+    /// inputs, with and without `g_idx`, load like AWQ's.
+    #[test]
+    fn gptq_weights_load_exactly_and_as_q4_1_blocks_v1_and_v2() {
+        let formats = [(Some("gptq"), true), (None, true), (Some("gptq_v2"), false)];
+        let mut seed = 10;
+        for (format, v1) in formats {
+            for sym in [true, false] {
+                for group in [Some(32), Some(64), None] {
+                    seed += 1;
+                    let rows = if group == Some(64) { 72 } else { 16 };
+                    let w = Int4Weights::new(rows, 128, group, sym, seed);
+                    let mut tensors = w.gptq(Q_PROJ, v1, seed % 2 == 0);
+                    tensors.push(f16_embedding());
+                    let g = group.map_or(-1, |g| g as i64);
+                    let config = gptq_config(g, sym, format, false);
+                    let source = open_raw(&format!("gptq{seed}"), &tensors, Some(&config));
+                    let source = source.unwrap();
+                    let worst = w.check(&source, &format!("{Q_PROJ}.weight"));
+                    assert!(worst <= crate::int4::M_ERROR_PER_STEP, "{worst}");
+                    check_f16_embedding(&source);
+                    let summary = source.dtype_summary();
+                    assert!(
+                        summary.contains(&(format!("GPTQ int4 g{g}"), 1)),
+                        "{summary:?}"
+                    );
+                    assert_eq!(summary.len(), 2, "{summary:?}");
+                }
+            }
+        }
+    }
+
+    /// One packed word, written out by hand from the published layouts:
+    /// nibble n of 0x76543210 is n. In AWQ it holds outputs in the order
+    /// [0, 2, 4, 6, 1, 3, 5, 7] (output j gets nibble [0, 4, 1, 5, 2, 6, 3,
+    /// 7][j]); in GPTQ inputs 8r..8r+8 in order.
+    #[test]
+    fn int4_words_unpack_in_the_published_nibble_order() {
+        let word = 0x7654_3210u32.to_le_bytes();
+        let words = |n: usize| int32("p", "qweight", vec![], word.repeat(n).into_iter());
+        let ones = ("p.scales".to_string(), Dtype::F16, vec![1, 8], {
+            half::f16::ONE.to_le_bytes().repeat(8)
+        });
+        let zero = int32("p", "qzeros", vec![1, 1], [0u8; 4].into_iter());
+        // AWQ: 32 inputs x 8 outputs, every row the same word.
+        let mut qweight = words(32);
+        qweight.2 = vec![32, 1];
+        let awq = [qweight, zero.clone(), ones.clone()];
+        let source = open_raw("awq-word", &awq, Some(&awq_config(32))).unwrap();
+        let t = source.load("p.weight").unwrap();
+        let rows: Vec<f32> = t.data.chunks(32).map(|r| r[0]).collect();
+        assert_eq!(rows, vec![0.0, 4.0, 1.0, 5.0, 2.0, 6.0, 3.0, 7.0]);
+        assert!(t.data.chunks(32).all(|r| r.iter().all(|&v| v == r[0])));
+        // GPTQ v2: 32 inputs (4 word rows) x 8 outputs.
+        let mut qweight = words(32);
+        qweight.2 = vec![4, 8];
+        let gptq = [qweight, zero, ones];
+        let config = gptq_config(32, false, Some("gptq_v2"), false);
+        let source = open_raw("gptq-word", &gptq, Some(&config)).unwrap();
+        let t = source.load("p.weight").unwrap();
+        let row: Vec<f32> = (0..32).map(|i| (i % 8) as f32).collect();
+        assert!(t.data.chunks(32).all(|r| r == row), "{:?}", &t.data[..32]);
+    }
+
+    /// Per-expert AWQ/GPTQ weights stack under the canonical expert names,
+    /// as floats and as Q4_1 blocks (each expert's blocks in turn).
+    #[test]
+    fn quantized_experts_stack_as_q4_1_blocks() {
+        let experts: Vec<Int4Weights> = (0..3)
+            .map(|e| Int4Weights::new(16, 64, Some(32), false, 100 + e))
+            .collect();
+        let part = |e: usize| format!("model.layers.0.mlp.experts.{e}.gate_proj");
+        let tensors: Vec<_> = experts
+            .iter()
+            .enumerate()
+            .flat_map(|(e, w)| w.gptq(&part(e), false, false))
+            .collect();
+        let config = gptq_config(32, false, Some("gptq_v2"), false);
+        let source = open_raw("int4-experts", &tensors, Some(&config)).unwrap();
+        let name = format!("model.layers.0.{}", crate::llama::EXPERTS_GATE);
+        assert!(source.contains(&name));
+        assert_eq!(source.stored_type(&name), Some(GgmlType::Q4_1));
+        let t = source.load(&name).unwrap();
+        assert_eq!(t.shape, vec![3, 16, 64]);
+        let want: Vec<f32> = experts.iter().flat_map(Int4Weights::weight).collect();
+        assert!(t.data == want);
+        let q = source.load_blocks(&name).unwrap().unwrap();
+        assert_eq!((q.ggml_type, &q.shape), (GgmlType::Q4_1, &vec![3, 16, 64]));
+        let mut each = Vec::new();
+        for (e, expert) in experts.iter().enumerate() {
+            let name = format!("{}.weight", part(e));
+            expert.check(&source, &name);
+            let b = source.load_blocks(&name).unwrap().unwrap();
+            each.extend_from_slice(b.data.bytes());
+        }
+        assert!(q.data.bytes() == each);
+    }
+
+    /// What does not load is refused by name: the setting, in one line.
+    #[test]
+    fn int4_settings_we_cannot_read_are_refused_by_name() {
+        let w = Int4Weights::new(8, 64, Some(32), false, 7);
+        let tensors = w.gptq(Q_PROJ, true, false);
+        let gptq = |extra: &str| {
+            quant_config(&format!(
+                r#"{{"quant_method": "gptq", "bits": 4, "group_size": 128 {extra}}}"#
+            ))
+        };
+        let awq = |extra: &str| {
+            quant_config(&format!(
+                r#"{{"quant_method": "awq", "bits": 4, "group_size": 128 {extra}}}"#
+            ))
+        };
+        let cases = [
+            (
+                gptq(r#", "bits": 8"#).replace(r#""bits": 4, "#, ""),
+                "GPTQ bits=8",
+            ),
+            (awq("").replace("\"bits\": 4", "\"bits\": 3"), "AWQ bits=3"),
+            (awq("").replace("128", "48"), "AWQ group_size=48"),
+            (gptq("").replace("128", "16"), "GPTQ group_size=16"),
+            (gptq("").replace("128", "0"), "GPTQ group_size=0"),
+            (awq(r#", "version": "gemv""#), "AWQ version 'gemv'"),
+            (
+                awq(r#", "version": "GEMV_FAST""#),
+                "AWQ version 'gemv_fast'",
+            ),
+            (awq(r#", "version": "marlin""#), "AWQ version 'marlin'"),
+            (awq(r#", "zero_point": false"#), "AWQ zero_point=false"),
+            (
+                gptq(r#", "checkpoint_format": "marlin""#),
+                "checkpoint_format 'marlin'",
+            ),
+            (
+                gptq(r#", "is_marlin_format": true"#),
+                "is_marlin_format=true",
+            ),
+            (gptq(r#", "pack_dtype": "int16""#), "pack_dtype 'int16'"),
+            (
+                quant_config(r#"{"quant_method": "bitsandbytes"}"#),
+                "quant_method 'bitsandbytes'",
+            ),
+            (quant_config(r#"{"bits": 4}"#), "no quant_method"),
+        ];
+        for (i, (config, setting)) in cases.iter().enumerate() {
+            let Err(err) = open_raw(&format!("refuse{i}"), &tensors, Some(config)) else {
+                panic!("{setting} was accepted");
+            };
+            assert!(
+                matches!(err, ModelError::UnsupportedQuantization(_)),
+                "{err:?}"
+            );
+            let message = err.to_string();
+            assert!(
+                message.contains(setting) && !message.contains('\n'),
+                "{message}"
+            );
+        }
+    }
+
+    /// GPTQ act-order: a `g_idx` other than `i / group` is refused by name
+    /// when the weight loads (either way); `desc_act` with the plain
+    /// `g_idx` loads. Packed weights without a quantization config are
+    /// refused, an FP8 config is not.
+    #[test]
+    fn act_order_and_unexplained_packing_are_refused_when_loaded() {
+        let w = Int4Weights::new(8, 64, Some(32), false, 9);
+        let name = format!("{Q_PROJ}.weight");
+        let mut tensors = w.gptq(Q_PROJ, true, true);
+        let config = gptq_config(32, false, None, true);
+        let source = open_raw("desc-act-plain", &tensors, Some(&config)).unwrap();
+        w.check(&source, &name);
+        // Inputs 0 and 32 swap groups.
+        let g_idx = &mut tensors.last_mut().unwrap().3;
+        g_idx[..4].copy_from_slice(&1i32.to_le_bytes());
+        g_idx[128..132].copy_from_slice(&0i32.to_le_bytes());
+        let source = open_raw("desc-act", &tensors, Some(&config)).unwrap();
+        for err in [
+            source.load(&name).unwrap_err(),
+            source.load_blocks(&name).unwrap_err(),
+        ] {
+            let message = err.to_string();
+            assert!(message.contains("act-order (desc_act=true)"), "{message}");
+            assert!(
+                message.contains(&format!("{Q_PROJ}.g_idx[0] is 1")),
+                "{message}"
+            );
+        }
+        let tensors = w.gptq(Q_PROJ, true, false);
+        let source = open_raw("no-quant-config", &tensors, None).unwrap();
+        let message = source.load(&name).unwrap_err().to_string();
+        assert!(message.contains("no quantization_config"), "{message}");
+        assert_eq!(source.stored_type(&name), None);
+        let fp8 = quant_config(r#"{"quant_method": "fp8", "weight_block_size": [128, 128]}"#);
+        let source = open_raw("fp8-config", &[f16_embedding()], Some(&fp8)).unwrap();
+        check_f16_embedding(&source);
+    }
+
+    /// The error bound stated for Q4_1's `m`: over every positive finite
+    /// f16 scale and zero point 0..=15, `f16(-z s)` is within half an f16
+    /// ulp of `z s`, at most `15 * 2^-11` (0.73 %) of `s`, and that much is
+    /// reached.
+    #[test]
+    fn q4_1_m_rounding_stays_within_the_stated_bound() {
+        let mut worst = 0f64;
+        for bits in 1..0x7c00u16 {
+            let s = half::f16::from_bits(bits).to_f32();
+            for z in 0..16u8 {
+                let zs = f32::from(z) * s;
+                let m = half::f16::from_f32(-zs);
+                if !m.is_finite() {
+                    continue;
+                }
+                let err = f64::from(m.to_f32()) + f64::from(zs);
+                assert!(err.abs() <= f64::from(zs) / 2048.0, "s {s} z {z}");
+                worst = worst.max(err.abs() / f64::from(s));
+            }
+        }
+        let bound = f64::from(crate::int4::M_ERROR_PER_STEP);
+        assert!(worst <= bound && worst > 0.0072, "{worst}");
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! a resolved [`ModelConfig`] and host weights out.
 //!
 //! - [`gguf`]: the GGUF container (metadata, tensor infos, dequantization).
-//! - [`hf`]: Hugging Face `config.json` + safetensors (sharded or not).
+//! - [`hf`]: Hugging Face `config.json` + safetensors (sharded or not),
+//!   FP8, AWQ and GPTQ checkpoints among them (`int4`: AWQ/GPTQ 4-bit
+//!   weights as GGUF Q4_1 blocks).
 //! - [`gguf_model`]: GGUF metadata → config, GGUF tensor names → HF names.
 //! - [`llama`]: the weights of the Llama-family decoder (dense or with
 //!   experts).
@@ -17,6 +19,7 @@ mod error;
 pub mod gguf;
 pub mod gguf_model;
 pub mod hf;
+mod int4;
 pub mod llama;
 pub mod parallel;
 mod source;
