@@ -79,7 +79,8 @@
 #             prefill 1024 and 256 x (1024 in, 128 out) native
 #   lcpp      builds llama.cpp for the machine (GGML_NATIVE=ON, CUDA sm_90) from the pruned source
 #             in .gpu-lcpp/llama.cpp.tgz into .gpu-lcpp/build (kept between calls while the machine
-#             is warm): llama-quantize, llama-bench, llama-batched-bench
+#             is warm): llama-quantize, llama-bench, llama-batched-bench, llama-server (its web UI's
+#             sources are in the archive; the UI itself is not built, as ../shared/peers says)
 #   kq        native GGUF k-quants (--cuda-weights native, after lcpp): their kernels vs float64
 #             products of gguf-py's dequantization (check_kquant.py); 2-layer Llama-3.2-1B-shaped
 #             files quantized by llama-quantize (Q4_K_M, Q5_K_M, Q6_K, Q4_0, Q4_1) vs the CPU's exact
@@ -90,6 +91,9 @@
 #             batch 1 beside llama-bench (after lcpp), 64 x (1024 in, 128 out)
 #   kqbench   the 8B Q4_K_M (after kq8b): batch 1 ingot native / llama-bench alternated twice (the
 #             bf16 expansion once), prefill 1024, 256 x (1024 in, 128 out) beside llama-batched-bench
+#   kqserve   the 8B Q4_K_M (after kq8b, lcpp): `ingot serve --cuda-weights native` and llama-server
+#             (-ngl 99 -fa on -np 64 --cache-ram 0) in turn, twice, each under the same client
+#             (`ingot bench serve`, 64 concurrent, 1024 in / 128 out, 128 prompts)
 #   int4      an 8B-shaped AWQ checkpoint (write_int4.py: random 4-bit weights, group 128) read as Q4_1:
 #             its tensor types, batch 1 --cuda-weights native beside the bf16 dummy of the same config
 #   fp8head   model.fp8_lm_head (--fp8-lm-head) against FP8 with the bf16 head: logits rel_l2 and
@@ -243,8 +247,9 @@ for phase in "$@"; do
       [ -d "$L/src/llama.cpp" ] || tar xzf "$L/llama.cpp.tgz" -C "$L/src"
       (cd "$L/src/llama.cpp" && cmake -B ../../build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF > /dev/null &&
-        cmake --build ../../build -j16 --target llama-bench llama-quantize llama-batched-bench 2>&1 | tail -2) ;;
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF \
+        -DLLAMA_OPENSSL=OFF > /dev/null &&
+        cmake --build ../../build -j16 --target llama-bench llama-quantize llama-batched-bench llama-server 2>&1 | tail -2) ;;
     kq)
       LB=.gpu-lcpp/build/bin; Q="$LB/llama-quantize"
       [ -x "$Q" ] || { echo "no llama-quantize (run lcpp first)"; continue; }
@@ -290,6 +295,27 @@ for phase in "$@"; do
       [ -x "$LB/llama-bench" ] && { echo "llama.cpp"; timeout -k 5 "$T" "$LB/llama-bench" -m "$G" -ngl 99 -fa 1 -p 0 -n 128 -r 2 -o jsonl | tee -a "$O/llama_bench.jsonl"; }
       "$ING" bench throughput --model "$G" --cuda-weights native --max-model-len 4096 --num-prompts 64 --max-num-seqs 64 \
         --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl" ;;
+    kqserve)
+      LS=.gpu-lcpp/build/bin/llama-server; G="$W/8b-Q4_K_M.gguf"; PORT=8765
+      [ -f "$G" ] && [ -x "$LS" ] || { echo "no 8B Q4_K_M or llama-server (run lcpp kq8b first)"; continue; }
+      for round in 1 2; do
+        for s in ingot llama; do
+          case $s in
+            ingot) "$ING_RAW" serve --model "$G" --cuda-weights native --port $PORT --max-model-len 4096 \
+                     --max-num-seqs 64 > "$W/serve-$s.log" 2>&1 & ;;
+            llama) "$LS" -m "$G" --port $PORT -ngl 99 -fa on -np 64 -c 81920 --cache-ram 0 > "$W/serve-$s.log" 2>&1 & ;;
+          esac
+          pid=$!
+          up=0; for _ in $(seq 1200); do curl -sf "http://127.0.0.1:$PORT/v1/models" > /dev/null 2>&1 && { up=1; break; }; sleep 0.1; done
+          if [ $up = 1 ]; then
+            echo "round $round: $s"
+            "$ING" bench serve --base-url "http://127.0.0.1:$PORT" --tokenizer "$W/llama-3.1-8b" --dataset random \
+              --input-len 1024 --output-len 128 --num-prompts 128 --max-concurrency 64 --num-warmup 2 --ignore-eos \
+              --seed "$round" --label "$s" --out "$O/serve-$s-$round.json" 2>&1 | grep -vE "^\s*$"
+          else echo "$s did not come up"; tail -5 "$W/serve-$s.log"; fi
+          kill $pid; wait $pid 2>/dev/null
+        done
+      done ;;
     kqbench)
       LB=.gpu-lcpp/build/bin; G="$W/8b-Q4_K_M.gguf"
       [ -f "$G" ] || { echo "no 8B Q4_K_M (run kq first)"; continue; }
