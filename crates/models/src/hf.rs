@@ -588,7 +588,22 @@ impl SafetensorsSource {
         }
         let qweight = format!("{prefix}.qweight");
         let cols = self.with_tensor(&qweight, |v| Ok(config.cols_of(v.shape())));
-        matches!(cols, Ok(Some(c)) if c.is_multiple_of(32))
+        let Ok(Some(cols)) = cols else {
+            return false;
+        };
+        // An act-order g_idx (a few KB) leaves the weight no Q4_1 form.
+        let g_idx = format!("{prefix}.g_idx");
+        let in_order = !self.index.contains_key(&g_idx)
+            || matches!(
+                self.with_tensor(&g_idx, |v| crate::int4::act_order(
+                    prefix,
+                    &v,
+                    cols,
+                    config.group_size(cols)
+                )),
+                Ok(None)
+            );
+        cols.is_multiple_of(32) && in_order
     }
 
     /// The Q4_1 blocks of `names` stacked (one expert each), when all are
@@ -1360,12 +1375,13 @@ mod tests {
         }
     }
 
-    /// GPTQ act-order: a `g_idx` other than `i / group` is refused by name
-    /// when the weight loads (either way); `desc_act` with the plain
-    /// `g_idx` loads. Packed weights without a quantization config are
-    /// refused, an FP8 config is not.
+    /// GPTQ act order: a `g_idx` other than `i / group` loads as exact
+    /// floats (each input scaled by its own group), with no Q4_1 form; one
+    /// naming a group past the scales is refused by name; `desc_act` with
+    /// the plain `g_idx` loads as blocks. Packed weights without a
+    /// quantization config are refused, an FP8 config is not.
     #[test]
-    fn act_order_and_unexplained_packing_are_refused_when_loaded() {
+    fn act_order_loads_exactly_and_unexplained_packing_is_refused() {
         let w = Int4Weights::new(8, 64, Some(32), false, 9);
         let name = format!("{Q_PROJ}.weight");
         let mut tensors = w.gptq(Q_PROJ, true, true);
@@ -1377,17 +1393,38 @@ mod tests {
         g_idx[..4].copy_from_slice(&1i32.to_le_bytes());
         g_idx[128..132].copy_from_slice(&0i32.to_le_bytes());
         let source = open_raw("desc-act", &tensors, Some(&config)).unwrap();
-        for err in [
-            source.load(&name).unwrap_err(),
-            source.load_blocks(&name).unwrap_err(),
-        ] {
-            let message = err.to_string();
-            assert!(message.contains("act-order (desc_act=true)"), "{message}");
-            assert!(
-                message.contains(&format!("{Q_PROJ}.g_idx[0] is 1")),
-                "{message}"
-            );
-        }
+        // Act order: exact floats, each input by its own group; no blocks.
+        let t = source.load(&name).unwrap();
+        let want: Vec<f32> = (0..w.rows)
+            .flat_map(|o| (0..w.cols).map(move |i| (o, i)))
+            .map(|(o, i)| {
+                let g = match i {
+                    0 => 1,
+                    32 => 0,
+                    i => i / 32,
+                };
+                let (z, s) = (f32::from(w.z[g][o]), w.s[g][o].to_f32());
+                (f32::from(w.q[i][o]) - z) * s
+            })
+            .collect();
+        assert!(
+            t.data == want,
+            "act order: load is not (q - z[g_idx]) * s[g_idx]"
+        );
+        assert_ne!(t.data, w.weight(), "the swap must change the weight");
+        assert_eq!(source.stored_type(&name), None);
+        assert!(source.load_blocks(&name).unwrap().is_none());
+        // A group past the scales is refused by name.
+        let g_idx = &mut tensors.last_mut().unwrap().3;
+        g_idx[4..8].copy_from_slice(&2i32.to_le_bytes());
+        let source = open_raw("desc-act-past", &tensors, Some(&config)).unwrap();
+        let message = source.load(&name).unwrap_err().to_string();
+        assert!(
+            message.contains(&format!(
+                "{Q_PROJ}.g_idx[1] is 2, but the weight has 2 groups"
+            )),
+            "{message}"
+        );
         let tensors = w.gptq(Q_PROJ, true, false);
         let source = open_raw("no-quant-config", &tensors, None).unwrap();
         let message = source.load(&name).unwrap_err().to_string();

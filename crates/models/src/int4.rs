@@ -99,8 +99,6 @@ pub(crate) struct Int4Config {
     group: Option<usize>,
     /// Added (mod 16) to a stored zero nibble: 1 for GPTQ v1, else 0.
     zero_offset: u32,
-    /// GPTQ's `desc_act`, named when a `g_idx` is refused.
-    desc_act: bool,
 }
 
 fn refuse(message: String) -> ModelError {
@@ -175,8 +173,12 @@ impl Int4Config {
             method,
             group,
             zero_offset,
-            desc_act: flag(v, "desc_act").unwrap_or(false),
         }))
+    }
+
+    /// Inputs per group of a weight with `cols` inputs.
+    pub(crate) fn group_size(&self, cols: usize) -> usize {
+        self.group.unwrap_or(cols)
     }
 
     /// How `ingot inspect` names the weights: "AWQ int4 g128", "GPTQ int4 g-1".
@@ -262,6 +264,8 @@ pub(crate) struct Packed<'a> {
     /// Input features: its columns.
     pub cols: usize,
     group: usize,
+    /// GPTQ act order: each input's group, when `g_idx` is not `i / group`.
+    act_order: Option<Vec<u32>>,
     qweight: &'a [u8],
     qzeros: &'a [u8],
     scales: &'a [u8],
@@ -296,7 +300,8 @@ fn check_shape(name: &str, view: &TensorView<'_>, want: &[usize]) -> Result<(), 
 
 impl<'a> Packed<'a> {
     /// Checks the tensors of `<prefix>.weight` against each other and
-    /// `config`: dtypes, shapes, and a `g_idx` (if any) of `i / group`.
+    /// `config`: dtypes, shapes, and a `g_idx` (if any) naming groups that
+    /// exist.
     pub(crate) fn new(
         config: &Int4Config,
         prefix: &'a str,
@@ -322,13 +327,14 @@ impl<'a> Packed<'a> {
                 "{prefix}: a {rows} x {cols} weight (AWQ/GPTQ pack whole words of 8 outputs)"
             )));
         }
-        let group = config.group.unwrap_or(cols);
+        let group = config.group_size(cols);
         let groups = cols.div_ceil(group);
         check_shape(&name("scales"), &t.scales, &[groups, rows])?;
         check_shape(&name("qzeros"), &t.qzeros, &[groups, rows / 8])?;
-        if let Some(g_idx) = &t.g_idx {
-            check_g_idx(config, prefix, g_idx, cols, group)?;
-        }
+        let act_order = match &t.g_idx {
+            Some(g_idx) => act_order(prefix, g_idx, cols, group)?,
+            None => None,
+        };
         let packed = Self {
             method: config.method,
             zero_offset: config.zero_offset,
@@ -336,6 +342,7 @@ impl<'a> Packed<'a> {
             rows,
             cols,
             group,
+            act_order,
             qweight: t.qweight.data(),
             qzeros: t.qzeros.data(),
             scales: t.scales.data(),
@@ -440,6 +447,16 @@ impl<'a> Packed<'a> {
     pub(crate) fn dequantize(&self) -> Result<Vec<f32>, ModelError> {
         let mut out = vec![0f32; self.rows * self.cols];
         let group = self.group;
+        if let Some(groups) = &self.act_order {
+            self.per_row(&mut out, self.cols, |o, quants, row| {
+                for ((w, &q), &g) in row.iter_mut().zip(quants).zip(groups) {
+                    let (z, s) = (self.zero(g as usize, o), self.scale(g as usize, o));
+                    *w = (f32::from(q) - z as f32) * s.to_f32();
+                }
+                Ok(())
+            })?;
+            return Ok(out);
+        }
         self.per_row(&mut out, self.cols, |o, quants, row| {
             let groups = quants.chunks(group).zip(row.chunks_mut(group));
             for (g, (qs, ws)) in groups.enumerate() {
@@ -454,9 +471,10 @@ impl<'a> Packed<'a> {
     }
 
     /// The weight as Q4_1 blocks, row-major (`[rows, cols]`, `cols / 32`
-    /// blocks a row); `None` when a row is not whole blocks.
+    /// blocks a row); `None` when a row is not whole blocks, or in act order
+    /// (32 adjacent inputs then need not share a scale).
     pub(crate) fn q4_1(&self) -> Result<Option<Vec<u8>>, ModelError> {
-        if !self.cols.is_multiple_of(BLOCK) {
+        if !self.cols.is_multiple_of(BLOCK) || self.act_order.is_some() {
             return Ok(None);
         }
         let row_len = self.cols / BLOCK * BLOCK_BYTES;
@@ -496,31 +514,39 @@ impl<'a> Packed<'a> {
     }
 }
 
-/// A `g_idx` must put input `i` in group `i / group`: act-order checkpoints
-/// (`desc_act`, inputs quantized in another order) have no Q4_1 form.
-fn check_g_idx(
-    config: &Int4Config,
+/// The groups a `g_idx` gives each input, when that is not `i / group`
+/// (GPTQ act order, `desc_act`: inputs quantized in another order; such a
+/// weight loads through its exact floats, having no Q4_1 form); `None`
+/// when it is. A group past the scales' is refused by name.
+pub(crate) fn act_order(
     prefix: &str,
     g_idx: &TensorView<'_>,
     cols: usize,
     group: usize,
-) -> Result<(), ModelError> {
+) -> Result<Option<Vec<u32>>, ModelError> {
     let name = format!("{prefix}.g_idx");
     check_dtype(&name, g_idx, Dtype::I32)?;
     check_shape(&name, g_idx, &[cols])?;
-    let values = g_idx.data().chunks_exact(4);
-    let first_off = values
+    let groups = cols.div_ceil(group);
+    let values: Vec<i32> = g_idx
+        .data()
+        .chunks_exact(4)
         .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    if let Some((i, g)) = values
+        .iter()
         .enumerate()
-        .find(|&(i, g)| usize::try_from(g).ok() != Some(i / group));
-    let Some((i, g)) = first_off else {
-        return Ok(());
-    };
-    Err(refuse(format!(
-        "GPTQ act-order (desc_act={}): {name}[{i}] is {g}, not {i} / {group}; inputs quantized \
-         out of order do not load, use a checkpoint quantized with desc_act=false",
-        config.desc_act
-    )))
+        .find(|&(_, &g)| usize::try_from(g).map_or(true, |g| g >= groups))
+    {
+        return Err(refuse(format!(
+            "{name}[{i}] is {g}, but the weight has {groups} groups of scales"
+        )));
+    }
+    let in_order = values
+        .iter()
+        .enumerate()
+        .all(|(i, &g)| g as usize == i / group);
+    Ok((!in_order).then(|| values.into_iter().map(|g| g as u32).collect()))
 }
 
 /// The scheme of the checkpoint in `dir`: `config.json`'s
