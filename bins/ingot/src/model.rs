@@ -618,6 +618,10 @@ impl TensorSource for CountingSource {
         self.inner.dtype_summary()
     }
 
+    fn dtype_bytes(&self) -> Vec<(String, usize)> {
+        self.inner.dtype_bytes()
+    }
+
     fn random_seed(&self) -> Option<u64> {
         self.inner.random_seed()
     }

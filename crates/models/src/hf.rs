@@ -630,26 +630,29 @@ impl SafetensorsSource {
         Ok(Some(q4_1_tensor(shape, data)))
     }
 
-    /// The `dtype_summary` name of file tensor `name`: AWQ/GPTQ weights
-    /// under their scheme, their companions not at all.
-    fn summary_name(&self, name: &str) -> Option<String> {
+    /// The storage type file tensor `name` is summarised under, and
+    /// whether it counts as a tensor: AWQ/GPTQ weights under their scheme,
+    /// their companions (`qzeros`, `scales`, `g_idx`) too but not counted
+    /// (their bytes are the weight's).
+    fn type_label(&self, name: &str) -> Option<(String, bool)> {
         let packed_part = |suffix: &str| {
             name.strip_suffix(suffix)
                 .is_some_and(|p| self.index.contains_key(&format!("{p}.qweight")))
         };
-        match &self.int4 {
-            Some(config) if packed_part(".qweight") => return Some(config.label()),
-            Some(_)
-                if [".qzeros", ".scales", ".g_idx"]
-                    .into_iter()
-                    .any(packed_part) =>
-            {
-                return None
+        if let Some(config) = &self.int4 {
+            if packed_part(".qweight") {
+                return Some((config.label(), true));
             }
-            _ => {}
+            if [".qzeros", ".scales", ".g_idx"]
+                .into_iter()
+                .any(packed_part)
+            {
+                return Some((config.label(), false));
+            }
         }
         self.with_tensor(name, |v| Ok(format!("{:?}", v.dtype())))
             .ok()
+            .map(|t| (t, true))
     }
 }
 
@@ -737,11 +740,22 @@ impl TensorSource for SafetensorsSource {
     fn dtype_summary(&self) -> Vec<(String, usize)> {
         let mut counts = BTreeMap::new();
         for name in self.index.keys() {
-            if let Some(dtype) = self.summary_name(name) {
+            if let Some((dtype, true)) = self.type_label(name) {
                 *counts.entry(dtype).or_insert(0) += 1;
             }
         }
         counts.into_iter().collect()
+    }
+
+    fn dtype_bytes(&self) -> Vec<(String, usize)> {
+        let mut bytes = BTreeMap::new();
+        for name in self.index.keys() {
+            let size = self.with_tensor(name, |v| Ok(v.data().len()));
+            if let (Some((dtype, _)), Ok(size)) = (self.type_label(name), size) {
+                *bytes.entry(dtype).or_insert(0) += size;
+            }
+        }
+        bytes.into_iter().collect()
     }
 }
 
@@ -1205,6 +1219,16 @@ mod tests {
             assert_eq!(
                 summary,
                 vec![(format!("AWQ int4 g{g}"), 1), ("F16".to_string(), 1)]
+            );
+            // Bytes: the weight's three tensors under its label.
+            let packed: usize = tensors[..3].iter().map(|t| t.3.len()).sum();
+            let embedding = tensors[3].3.len();
+            assert_eq!(
+                source.dtype_bytes(),
+                vec![
+                    (format!("AWQ int4 g{g}"), packed),
+                    ("F16".to_string(), embedding)
+                ]
             );
         }
         // The scales' mantissas make m round: the bound is not vacuous.

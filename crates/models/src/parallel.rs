@@ -315,6 +315,10 @@ impl TensorSource for ShardedSource<'_> {
         self.inner.dtype_summary()
     }
 
+    fn dtype_bytes(&self) -> Vec<(String, usize)> {
+        self.inner.dtype_bytes()
+    }
+
     /// The same seed: a backend that makes random weights in place makes
     /// the whole model's values at the slice's indices (see [`Split`]).
     fn random_seed(&self) -> Option<u64> {

@@ -47,6 +47,11 @@ pub trait TensorSource: Send + Sync {
     fn contains(&self, name: &str) -> bool;
     /// Storage types with their tensor counts, for `ingot inspect`.
     fn dtype_summary(&self) -> Vec<(String, usize)>;
+    /// The bytes stored under each of [`Self::dtype_summary`]'s types, for
+    /// `ingot inspect`; empty where the source does not read files.
+    fn dtype_bytes(&self) -> Vec<(String, usize)> {
+        Vec::new()
+    }
     /// `Some(seed)` when the weights are random (`--load-format dummy`): a
     /// backend may then generate them in place instead of copying them in.
     fn random_seed(&self) -> Option<u64> {

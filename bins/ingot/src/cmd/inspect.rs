@@ -127,9 +127,14 @@ fn report(args: &InspectArgs) -> anyhow::Result<String> {
 /// path, CUDA's `cuda_weights = "native"` for Q8_0).
 fn tensor_types(files: &ingot_models::ModelFiles) -> String {
     let Some(gguf) = &files.gguf else {
+        let bytes: std::collections::BTreeMap<_, _> =
+            files.tensors.dtype_bytes().into_iter().collect();
         let types = files.tensors.dtype_summary().into_iter();
         return types
-            .map(|(t, n)| format!("{t} x{n}"))
+            .map(|(t, n)| match bytes.get(&t) {
+                Some(b) => format!("{t} x{n} ({:.1} MB)", *b as f64 / 1e6),
+                None => format!("{t} x{n}"),
+            })
             .collect::<Vec<_>>()
             .join(", ");
     };
