@@ -17,7 +17,8 @@ use std::process::Command;
 
 use ingot_kv_cache::{BlockPool, BlockTable};
 use ingot_models::{
-    Architecture, LlamaWeights, LoadFormat, ModelConfig, ModelError, RopeConfig, RopeScaling,
+    Architecture, LlamaWeights, LoadFormat, ModelConfig, ModelError, ModelFiles, RopeConfig,
+    RopeScaling,
 };
 use ingot_runner::{ForwardBatch, ModelRunner, SequenceChunk};
 use ingot_runner_cpu::quant::QuantKind;
@@ -91,6 +92,41 @@ pub(crate) fn generate(name: &str) -> (TempDir, PathBuf) {
     (tmp, dir)
 }
 
+/// The suite's KV pool for a CPU runner.
+pub(crate) fn runner_config() -> CpuRunnerConfig {
+    CpuRunnerConfig {
+        num_blocks: NUM_BLOCKS,
+        block_size: BLOCK_SIZE,
+        weight_dtype: Default::default(),
+    }
+}
+
+/// A CPU runner over `files` on the given weight path (`quantize`: the
+/// matrices quantized at load); checks whether it took the native
+/// quantized kernels.
+pub(crate) fn load_runner(
+    files: &ModelFiles,
+    weights: CpuWeights,
+    quantize: Option<QuantKind>,
+    native: bool,
+) -> CpuRunner {
+    let runner = CpuRunner::load(
+        files.config.clone(),
+        files.tensors.as_ref(),
+        runner_config(),
+        weights,
+        quantize,
+        &|_, _| {},
+    )
+    .unwrap();
+    assert_eq!(
+        runner.uses_quantized_weights(),
+        native,
+        "{weights:?} {quantize:?}"
+    );
+    runner
+}
+
 /// Opens the directory, checks the storage dtype, and builds a CPU runner.
 pub(crate) fn open_model(dir: &Path, dtype: &str) -> (ModelConfig, CpuRunner) {
     let files = ingot_models::open(dir, LoadFormat::Auto).unwrap();
@@ -102,16 +138,7 @@ pub(crate) fn open_model(dir: &Path, dtype: &str) -> (ModelConfig, CpuRunner) {
     );
     let config = files.config.clone();
     let weights = LlamaWeights::load(&config, files.tensors.as_ref(), &|_, _| {}).unwrap();
-    let runner = CpuRunner::new(
-        config.clone(),
-        weights,
-        CpuRunnerConfig {
-            num_blocks: NUM_BLOCKS,
-            block_size: BLOCK_SIZE,
-            weight_dtype: Default::default(),
-        },
-    )
-    .unwrap();
+    let runner = CpuRunner::new(config.clone(), weights, runner_config()).unwrap();
     (config, runner)
 }
 
@@ -469,20 +496,7 @@ fn hf_directory_quantized_at_load_runs_native_and_stays_near_the_reference() {
     let files = ingot_models::open(&dir, LoadFormat::Auto).unwrap();
     let mut errs = Vec::new();
     for kind in [QuantKind::Q8_0, QuantKind::Q4_0, QuantKind::Q4K] {
-        let mut runner = CpuRunner::load(
-            files.config.clone(),
-            files.tensors.as_ref(),
-            CpuRunnerConfig {
-                num_blocks: NUM_BLOCKS,
-                block_size: BLOCK_SIZE,
-                weight_dtype: Default::default(),
-            },
-            CpuWeights::Native,
-            Some(kind),
-            &|_, _| {},
-        )
-        .unwrap();
-        assert!(runner.uses_quantized_weights(), "{kind:?}");
+        let mut runner = load_runner(&files, CpuWeights::Native, Some(kind), true);
         let mut pool = BlockPool::new(NUM_BLOCKS, BLOCK_SIZE, false);
         let mut table = BlockTable::new();
         pool.reserve(&mut table, r.prompt.len()).unwrap();

@@ -23,11 +23,13 @@ use half::f16;
 use ingot_kv_cache::{BlockPool, BlockTable};
 use ingot_models::gguf::GgmlType;
 use ingot_models::{LoadFormat, ModelConfig};
-use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig, CpuWeights};
+use ingot_runner_cpu::{CpuRunner, CpuWeights};
 use ingot_testkit::{argmax, max_abs_diff};
 use serde_json::{json, Value};
 
-use crate::hf_models::{chunk, forward, generate, rel_l2, Reference, BLOCK_SIZE, NUM_BLOCKS};
+use crate::hf_models::{
+    chunk, forward, generate, load_runner, rel_l2, Reference, BLOCK_SIZE, NUM_BLOCKS,
+};
 
 const GROUP: usize = 32;
 /// Greedy steps compared (the prompt's, then one token a step).
@@ -232,26 +234,8 @@ fn open(dir: &Path, weights: CpuWeights, types: &[(&str, usize)]) -> (ModelConfi
         .stored_type("model.layers.0.self_attn.q_proj.weight");
     let int4 = types.len() == 3;
     assert_eq!(q_proj, int4.then_some(GgmlType::Q4_1), "{}", dir.display());
-    let opts = CpuRunnerConfig {
-        num_blocks: NUM_BLOCKS,
-        block_size: BLOCK_SIZE,
-        weight_dtype: Default::default(),
-    };
-    let config = files.config.clone();
-    let runner = CpuRunner::load(
-        config.clone(),
-        files.tensors.as_ref(),
-        opts,
-        weights,
-        None,
-        &|_, _| {},
-    )
-    .unwrap();
-    assert_eq!(
-        runner.uses_quantized_weights(),
-        int4 && weights == CpuWeights::Native
-    );
-    (config, runner)
+    let runner = load_runner(&files, weights, None, int4 && weights == CpuWeights::Native);
+    (files.config.clone(), runner)
 }
 
 /// The logits after `prompt`, then after each next token fed one at a time:

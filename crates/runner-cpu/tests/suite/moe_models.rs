@@ -16,12 +16,12 @@ use std::path::Path;
 
 use ingot_kv_cache::{BlockPool, BlockTable};
 use ingot_models::{Architecture, LoadFormat, ModelConfig, MoeConfig};
-use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig, CpuWeights};
+use ingot_runner_cpu::{CpuRunner, CpuWeights};
 use ingot_testkit::argmax;
 
 use crate::hf_models::{
-    check_against_reference, chunk, forward, generate, open_model, rel_l2, Reference, BLOCK_SIZE,
-    NUM_BLOCKS,
+    check_against_reference, chunk, forward, generate, load_runner, open_model, rel_l2, Reference,
+    BLOCK_SIZE, NUM_BLOCKS,
 };
 
 fn experts(
@@ -71,25 +71,8 @@ fn mixtral_directory_matches_reference() {
 fn open_gguf(dir: &Path, weights: CpuWeights) -> (ModelConfig, CpuRunner) {
     let files = ingot_models::open(&dir.join("model.gguf"), LoadFormat::Auto).unwrap();
     assert_eq!(files.format, "gguf");
-    let config = files.config.clone();
-    let runner = CpuRunner::load(
-        config.clone(),
-        files.tensors.as_ref(),
-        CpuRunnerConfig {
-            num_blocks: NUM_BLOCKS,
-            block_size: BLOCK_SIZE,
-            weight_dtype: Default::default(),
-        },
-        weights,
-        None,
-        &|_, _| {},
-    )
-    .unwrap();
-    assert_eq!(
-        runner.uses_quantized_weights(),
-        weights == CpuWeights::Native
-    );
-    (config, runner)
+    let runner = load_runner(&files, weights, None, weights == CpuWeights::Native);
+    (files.config.clone(), runner)
 }
 
 /// The GGUF on the exact path against the reference, and on the native
