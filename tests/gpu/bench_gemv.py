@@ -12,7 +12,7 @@ Kernels are named as in gemv.cu (`gemv_fp8_n1_swiglu_norm`,
 Q4_K and, for down_proj and the LM head, Q6_K matrices: the shapes a
 Q4_K_M file has); every cubin's kernels that match a shape's name pattern
 are timed, and the candidates of tests/gpu/gemv_kq_variants.cu
-(`x{a,f,s,q}k_...`, each launched for the tasks a block it runs). Prints one line per kernel: shape, µs per launch, weight bytes,
+(`x{a,f,s,q}k_...`). Prints one line per kernel: shape, µs per launch, weight bytes,
 TB/s.
 """
 import argparse
@@ -88,23 +88,6 @@ def kq_weights(rows, cols, ty):
     one = rows * cols // KQ_TYPES[ty][1] * KQ_TYPES[ty][2]
     copies = max(2, COPIES_BYTES // one + 1)
     return [kq_matrix(rows, cols, ty) for _ in range(copies)], one
-
-
-def tasks_per_block(name):
-    """Tasks (rows, or q/k/v half pairs) a block of 8 warps runs: 8 for
-    32 lanes a task, or what a candidate's `_l{L}k{K}` (L lanes a task, K
-    warps splitting its inputs) says."""
-    m = re.search(r"_l(\d+)k(\d+)", name)
-    if m:
-        return 8 // int(m.group(2)) * (32 // int(m.group(1)))
-    return 8
-
-
-def splits_inputs(name):
-    """Whether a kernel's warps split a task's inputs (K > 1), which makes
-    its q/k/v mode take one task a rotary pair instead of two halves."""
-    m = re.search(r"_l\d+k(\d+)", name)
-    return int(m.group(1)) > 1 if m else False
 
 
 def kind_of(name):
@@ -225,9 +208,7 @@ def main():
                         wbufs, nbytes = kq_weights(rows, cols, kind) if kind in KQ_TYPES else weights(rows, cols, kind)
                         ref = None
                     f = m.fn(name)
-                    grid = SHAPES[shape][3] * 8 // tasks_per_block(name)
-                    if shape == "qkv" and splits_inputs(name):
-                        grid //= 2  # one task a rotary pair, not two halves
+                    grid = SHAPES[shape][3]
                     y = output_of(f, shape, grid, wbufs[0], bufs)
                     ref = y if ref is None else ref
                     err = float((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
@@ -246,7 +227,7 @@ def kernel_names(m):
     cands = [f"{p}_n1_{k}" for p in ("gemv", "gemv_fp8", "gemv_q8_0", "gemv_kq")
              for k in ("qkv_rope_norm", "add_f32", "swiglu_norm", "f32")]
     cands += [f"x{k}{d}_u{u}_p{p}" for k in "saq" for d in "fb8" for u in (1, 2, 4, 8) for p in (0, 1)]
-    cands += [f"x{k}k_{v}" for k in "afsq" for v in ("r0u1", "l8k1", "l16k1")]
+    cands += [f"x{k}k_r0u{u}" for k in "afsq" for u in (1, 2)]
     out = []
     for name in cands:
         f = ctypes.c_void_p()

@@ -2,58 +2,45 @@
 // templates as gemv_kq.cu's kernels with the knobs that decide their speed
 // set per kernel. Named x{mode}k_{variant}: mode a (add_f32: o_proj, down),
 // f (f32: the LM head), s (swiglu_norm: gate/up), q (qkv_rope_norm);
-// variant r0u1: the production kernel (KqW); l{L}k1: L lanes a task
-// instead. bench_gemv.py launches each for
-// the tasks a block it runs.
+// variant r0u1: the production kernel (KqW); r0u2: two loads a row in
+// flight.
 //
 //   nvcc -O3 -std=c++17 --use_fast_math -cubin -arch=sm_90 \
 //     -I crates/kernels-cuda/cuda -o DIR/kqx.cubin tests/gpu/gemv_kq_variants.cu
 #define GEMV_NO_INSTANCES
 #include "gemv_kq.cu"
 
-#define LB_0 __launch_bounds__(GEMV_WARPS * 32)
-
-template <int L>
-struct KqLanesW : KqW {
-  static constexpr int LANES = L;
-};
-using KqL8K1 = KqLanesW<8>;
-using KqL16K1 = KqLanesW<16>;
-
-#define XA(NAME, B, W, U)                                                                                         \
-  extern "C" __global__ void LB_##B                                               \
+#define XA(NAME, W, U)                                                                                         \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                               \
       NAME(const bf16* x, const KqMatrix* w, void* y, int in, int out, SumSq* sumsq, const float* next_norm,    \
            bf16* xg) {                                                                                           \
     gemv_plain<1, 2, false, W, U>(x, w, y, in, out, sumsq, next_norm, xg);                                       \
   }
-#define XF(NAME, B, W, U)                                                                                         \
-  extern "C" __global__ void LB_##B                                               \
+#define XF(NAME, W, U)                                                                                         \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                               \
       NAME(const bf16* x, const KqMatrix* w, void* y, int in, int out, SumSq* sumsq, const float* next_norm,    \
            bf16* xg) {                                                                                           \
     gemv_plain<1, 1, false, W, U>(x, w, y, in, out, sumsq, next_norm, xg);                                       \
   }
-#define XS(NAME, B, W, U)                                                                                         \
-  extern "C" __global__ void LB_##B                                               \
+#define XS(NAME, W, U)                                                                                         \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                               \
       NAME(const bf16* xg, float eps, const SumSq* sumsq, const KqMatrix* w, void* y, int in, int out) {        \
     gemv_swiglu<1, true, false, W, U>(xg, w, reinterpret_cast<bf16*>(y), in, out, NormIn{eps, sumsq});          \
   }
-#define XQ(NAME, B, W, U)                                                                                         \
-  extern "C" __global__ void LB_##B NAME(                                         \
+#define XQ(NAME, W, U)                                                                                         \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) NAME(                                         \
       const bf16* xg, float eps, const SumSq* sumsq, const KqMatrix* w, int in, const float* bias,              \
       const int* positions, const long long* slots, const float* cos_t, const float* sin_t, bf16* q_out,        \
       bf16* k_cache, bf16* v_cache, int num_heads, int num_kv_heads, int hd, int block_size) {                   \
     gemv_qkv_rope<1, true, W, 0, U>(xg, w, in, bias, positions, slots, cos_t, sin_t, q_out, k_cache, v_cache,    \
                                     num_heads, num_kv_heads, hd, block_size, NormIn{eps, sumsq});                \
   }
-XA(xak_r0u1, 0, KqW, 1)
-XA(xak_l8k1, 0, KqL8K1, 1)
-XA(xak_l16k1, 0, KqL16K1, 1)
-XF(xfk_r0u1, 0, KqW, 1)
-XF(xfk_l8k1, 0, KqL8K1, 1)
-XF(xfk_l16k1, 0, KqL16K1, 1)
-XS(xsk_r0u1, 0, KqW, 1)
-XS(xsk_l8k1, 0, KqL8K1, 1)
-XS(xsk_l16k1, 0, KqL16K1, 1)
-XQ(xqk_r0u1, 0, KqW, 1)
-XQ(xqk_l8k1, 0, KqL8K1, 1)
-XQ(xqk_l16k1, 0, KqL16K1, 1)
+
+XA(xak_r0u1, KqW, 1)
+XA(xak_r0u2, KqW, 2)
+XF(xfk_r0u1, KqW, 1)
+XF(xfk_r0u2, KqW, 2)
+XS(xsk_r0u1, KqW, 1)
+XS(xsk_r0u2, KqW, 2)
+XQ(xqk_r0u1, KqW, 1)
+XQ(xqk_r0u2, KqW, 2)

@@ -116,12 +116,9 @@ enum class WScale { None, Row, Block32, Kq };
 // Weight element types. ELEMS: weights per 16-byte load. ROW_UNROLL: the
 // loads a lane keeps in flight per row and batch in the plain and q/k/v
 // GEMVs; GATED_UNROLL: the same for each of the gated GEMVs' two rows.
-// LANES: the lanes that share one task (a row, or a row pair); a warp
-// runs 32 / LANES tasks.
 struct Bf16W {
   typedef bf16 T;
   static constexpr int ELEMS = 8;
-  static constexpr int LANES = 32;
   static constexpr int ROW_UNROLL = GEMV_UNROLL;
   static constexpr int GATED_UNROLL = GEMV_UNROLL;
   static constexpr WScale SCALE = WScale::None;
@@ -132,7 +129,6 @@ struct Bf16W {
 struct Fp8W {
   typedef __nv_fp8_storage_t T;
   static constexpr int ELEMS = 16;
-  static constexpr int LANES = 32;
   static constexpr int ROW_UNROLL = 2;
   static constexpr int GATED_UNROLL = GEMV_UNROLL;
   static constexpr WScale SCALE = WScale::Row;
@@ -145,7 +141,6 @@ struct Fp8W {
 struct Q8W {
   typedef int8_t T;
   static constexpr int ELEMS = 16;
-  static constexpr int LANES = 32;
   static constexpr int ROW_UNROLL = 2;
   static constexpr int GATED_UNROLL = 1;
   static constexpr WScale SCALE = WScale::Block32;
@@ -154,14 +149,12 @@ struct Q8W {
 // GGUF Q4_0/Q4_1/Q4_K/Q5_K/Q6_K (kquant.cuh): 32 weights per 16-byte load
 // of quants, the type chosen per row segment at run time. One load a row
 // in flight (58 registers, 32 resident warps); two, or more through shared
-// memory (cp.async), measured slower. Eight lanes a row (four rows a warp
-// sharing each activation load) was 4-10 % faster on the 8B's q/k/v,
-// gate/up and LM head and 40-60 % slower on its 4,096-row o_proj and
-// down_proj (128 blocks); tests/gpu/bench_gemv.py, docs/perf/native-gguf.md.
+// memory (cp.async), measured slower, as did 8 or 16 lanes a row on the
+// 8B's 4,096-row o_proj and down_proj (tests/gpu/bench_gemv.py,
+// docs/perf/native-gguf.md).
 struct KqW {
   typedef KqMatrix T;
   static constexpr int ELEMS = 32;
-  static constexpr int LANES = 32;
   static constexpr int ROW_UNROLL = 1;
   static constexpr int GATED_UNROLL = 1;
   static constexpr WScale SCALE = WScale::Kq;
@@ -199,26 +192,6 @@ __device__ __forceinline__ void load_batch(const uint4* const (&wr)[ROWS], int b
       const int i = base + u * 32;
       dst[r][u] = i < vecs ? __ldcs(wr[r] + i) : make_uint4(0, 0, 0, 0);
     }
-}
-
-// Tasks a block runs (the host launches outputs / this many blocks), and
-// this thread's task among them.
-template <typename W>
-__host__ __device__ constexpr int gemv_tasks() {
-  return GEMV_WARPS * 32 / W::LANES;
-}
-template <typename W>
-__device__ __forceinline__ int task_in_block() {
-  return threadIdx.x / W::LANES;
-}
-
-// The sum over a task's L lanes (the whole warp when L is 32), left in
-// each of them.
-template <int L>
-__device__ __forceinline__ float task_sum(float v) {
-#pragma unroll
-  for (int o = L / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
 }
 
 // acc[r][n] = x[n] · w[rows[r]] for this warp's rows, reduced over the warp
@@ -389,7 +362,7 @@ __device__ __forceinline__ void kq_vector_dot(const KqRaw (&cur)[ROWS][U], int u
 
 // The planes of each row and its first U vectors in flight, for type T
 // (before the PDL wait: weights do not depend on the previous kernel).
-template <typename T, int ROWS, int U, int L>
+template <typename T, int ROWS, int U>
 __device__ __forceinline__ void kq_load(const unsigned char* const (&rp)[ROWS][KQ_MAX_PLANES], int base, int end,
                                         KqRaw (&dst)[ROWS][U]) {
 #pragma unroll
@@ -399,8 +372,8 @@ __device__ __forceinline__ void kq_load(const unsigned char* const (&rp)[ROWS][K
     for (int k = 0; k < T::PLANES; ++k) p[k] = rp[r][k];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int v = base + u * L;
-      if (v < end) T::fetch(p, v, KqLoadNow{dst[r][u]});
+      const int v = base + u * 32;
+      if (v < end) T::load(p, v, dst[r][u]);
     }
   }
 }
@@ -408,18 +381,18 @@ __device__ __forceinline__ void kq_load(const unsigned char* const (&rp)[ROWS][K
 // kq_rows for one type T after the PDL wait: acc[r][n] += x[n] · row r over
 // the quant vectors [base, end) of this lane, the first U of them in
 // `cur`, the next U in flight while those are used.
-template <typename T, int N, int ROWS, int U, int L>
+template <typename T, int N, int ROWS, int U>
 __device__ __forceinline__ void kq_rows_t(const bf16* __restrict__ x, const unsigned char* const (&rp)[ROWS][KQ_MAX_PLANES],
                                           int in, int base, int end, KqRaw (&cur)[ROWS][U], const float* sums,
                                           float (&acc)[ROWS][N]) {
   const uint4* xr = reinterpret_cast<const uint4*>(x);
   const int xvecs = in / 8;
-  for (; base < end; base += L * U) {
+  for (; base < end; base += 32 * U) {
     KqRaw next[ROWS][U];
-    kq_load<T, ROWS, U, L>(rp, base + L * U, end, next);
+    kq_load<T, ROWS, U>(rp, base + 32 * U, end, next);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int v = base + u * L;
+      const int v = base + u * 32;
       if (v >= end) break;
       kq_vector_dot<T, N, ROWS>(cur, u, v, xr, xvecs, sums, acc);
     }
@@ -446,17 +419,15 @@ __device__ __forceinline__ void kq_row_planes(const KqMatrix* m, int in, const s
   }
 }
 
-// gemv_rows for KqW: finds each row's segment (a task's rows share a type:
-// the host keeps gate/up in one type and a rotary pair lies in one part;
-// a warp's tasks differ only across a segment boundary, which costs that
-// warp a divergent pass), then runs that type's loop over the task's
-// lanes (L). The sum over the warp and the norm's scale
+// gemv_rows for KqW: finds each row's segment (a warp's rows share a type:
+// the host keeps gate/up in one type and a rotary pair lies in one part),
+// then runs that type's loop. The sum over the warp and the norm's scale
 // follow in gemv_rows.
-template <int N, int ROWS, bool NORM, int U, int L>
+template <int N, int ROWS, bool NORM, int U>
 __device__ __forceinline__ void kq_rows(const bf16* x, const KqMatrix* m, int in, const size_t (&rows)[ROWS],
                                         float (&acc)[ROWS][N], const NormIn& norm, float (&s_inv)[SUMSQ_ROWS],
                                         int v0, int v1) {
-  const int end = v1 < 0 ? in / 32 : v1, base = v0 + (int)(threadIdx.x % L);
+  const int end = v1 < 0 ? in / 32 : v1, base = v0 + (int)(threadIdx.x & 31);
   const int type = kq_segment(m, rows[0]).type;
   const unsigned char* rp[ROWS][KQ_MAX_PLANES];
   KqRaw cur[ROWS][U];
@@ -466,7 +437,7 @@ __device__ __forceinline__ void kq_rows(const bf16* x, const KqMatrix* m, int in
   const bool known = kq_dispatch(type, [&](auto t) {
     using T = decltype(t);
     kq_row_planes<T, ROWS>(m, in, rows, rp);
-    kq_load<T, ROWS, U, L>(rp, base, end, cur);
+    kq_load<T, ROWS, U>(rp, base, end, cur);
   });
   pdl_wait();
   pdl_launch_dependents();
@@ -475,7 +446,7 @@ __device__ __forceinline__ void kq_rows(const bf16* x, const KqMatrix* m, int in
   const float* sums = s_sums;
   if (NORM) norm_scales<N>(norm, in, s_inv);
   if (!known) return;
-  kq_dispatch(type, [&](auto t) { kq_rows_t<decltype(t), N, ROWS, U, L>(x, rp, in, base, end, cur, sums, acc); });
+  kq_dispatch(type, [&](auto t) { kq_rows_t<decltype(t), N, ROWS, U>(x, rp, in, base, end, cur, sums, acc); });
 }
 
 // Over the 16-byte weight vectors [v0, v1) of the rows (v1 < 0: to the
@@ -496,7 +467,7 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
 #pragma unroll
     for (int n = 0; n < N; ++n) acc[r][n] = 0.f;
   if constexpr (W::SCALE == WScale::Kq) {
-    kq_rows<N, ROWS, NORM, U, W::LANES>(x, w, in, rows, acc, norm, s_inv, v0, v1);
+    kq_rows<N, ROWS, NORM, U>(x, w, in, rows, acc, norm, s_inv, v0, v1);
   } else {
   const int lane = threadIdx.x & 31;
   const int vecs = in / W::ELEMS, end = v1 < 0 ? vecs : v1, xvecs = in / 8;
@@ -548,7 +519,7 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)
 #pragma unroll
-    for (int n = 0; n < N; ++n) acc[r][n] = task_sum<W::LANES>(acc[r][n]);
+    for (int n = 0; n < N; ++n) acc[r][n] = warp_sum(acc[r][n]);
   if constexpr (W::SCALE == WScale::Row) {
     const float* scales = scales_after<float>(w, total_rows, in);
 #pragma unroll
@@ -576,31 +547,18 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
 // never take it), hence kernels of their own (docs/perf/small-models.md).
 constexpr int SHORT_ROW_LOADS = 8;
 
-// The task's output column; out-of-range tasks compute a duplicate and
-// skip the write (they still take part in PDL and the block's barriers).
-template <typename W>
-__device__ __forceinline__ int task_column() {
-  return blockIdx.x * gemv_tasks<W>() + task_in_block<W>();
-}
-// The task's first lane in its first warp, which writes its results.
-template <typename W>
-__device__ __forceinline__ bool task_writer() {
-  return threadIdx.x % W::LANES == 0;
-}
+// The warp's output column; out-of-range warps compute a duplicate and skip
+// the write (they still take part in PDL and the block's barriers).
+__device__ __forceinline__ int warp_column() { return blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5); }
 
 // After an accumulating GEMV: this block's part of sum(x[n]^2) over the
 // updated residual rows into sumsq (see SumSq). `sq[n]` is this lane's
 // column squared (lane 0 of each warp; 0 elsewhere). Every thread of the
 // block must call it.
-template <int N, int L>
-__device__ __forceinline__ void gemv_sumsq(SumSq* sumsq, float (&sq)[N]) {
+template <int N>
+__device__ __forceinline__ void gemv_sumsq(SumSq* sumsq, const float (&sq)[N]) {
   __shared__ float s_sq[GEMV_WARPS][N];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // Several tasks a warp: their writers' squares summed first (the other
-  // lanes hold zeros).
-  if constexpr (L < 32)
-#pragma unroll
-    for (int n = 0; n < N; ++n) sq[n] = warp_sum(sq[n]);
   if (lane == 0)
 #pragma unroll
     for (int n = 0; n < N; ++n) s_sq[warp][n] = sq[n];
@@ -620,11 +578,11 @@ __device__ __forceinline__ void gemv_sumsq(SumSq* sumsq, float (&sq)[N]) {
 template <int N, int MODE, bool NORM = false, typename W = Bf16W, int U = W::ROW_UNROLL, int WHOLE = 0>
 __device__ __forceinline__ void gemv_plain(const bf16* x, const typename W::T* w, void* y, int in, int out, SumSq* sumsq,
                                            const float* next_norm, bf16* xg, NormIn norm = {}) {
-  const int col = task_column<W>();
+  const int col = warp_column();
   const size_t rows[1] = {(size_t)min(col, out - 1)};
   float acc[1][N];
   gemv_rows<N, 1, NORM, W, U, WHOLE>(x, w, in, out, rows, acc, norm);
-  const bool writer = task_writer<W>() && col < out;
+  const bool writer = (threadIdx.x & 31) == 0 && col < out;
   float sq[N];
 #pragma unroll
   for (int n = 0; n < N; ++n) {
@@ -640,18 +598,18 @@ __device__ __forceinline__ void gemv_plain(const bf16* x, const typename W::T* w
       if (next_norm) xg[o] = to_bf16(v * next_norm[col]);
     }
   }
-  if (MODE == 2 && sumsq) gemv_sumsq<N, W::LANES>(sumsq, sq);
+  if (MODE == 2 && sumsq) gemv_sumsq<N>(sumsq, sq);
 }
 
 template <int N, bool NORM = false, bool GELU = false, typename W = Bf16W, int U = W::GATED_UNROLL>
 __device__ __forceinline__ void gemv_swiglu(const bf16* x, const typename W::T* w, bf16* y, int in, int ff,
                                             NormIn norm = {}) {
-  const int col = task_column<W>();
+  const int col = warp_column();
   const size_t c = min(col, ff - 1);
   const size_t rows[2] = {c, c + ff};
   float acc[2][N];
   gemv_rows<N, 2, NORM, W, U>(x, w, in, 2 * (size_t)ff, rows, acc, norm);
-  if (!task_writer<W>() || col >= ff) return;
+  if ((threadIdx.x & 31) != 0 || col >= ff) return;
 #pragma unroll
   for (int n = 0; n < N; ++n) {
     const float g = acc[0][n];
@@ -670,11 +628,11 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const typename W::T
                                               const float* sin_t, bf16* q_out, bf16* k_cache, bf16* v_cache,
                                               int num_heads, int num_kv_heads, int hd, int block_size,
                                               NormIn norm = {}) {
-  // Two tasks per rotary pair, each over half of the input: twice the
-  // tasks of one per pair, so the grid divides into the resident slots
+  // Two warps per rotary pair, each over half of the input: twice the
+  // warps of one per pair, so the grid divides into the resident slots
   // evenly (an 8B-class q/k/v, 3,072 pairs, filled 1.45 waves otherwise).
   const int half = hd / 2, pairs = (num_heads + 2 * num_kv_heads) * half;
-  const int task = task_column<W>(), col = task >> 1, part = task & 1;
+  const int task = warp_column(), col = task >> 1, part = task & 1;
   const int c = min(col, pairs - 1);
   const int head = c / half, i = c % half;
   const size_t rows[2] = {(size_t)head * hd + i, (size_t)head * hd + i + half};
@@ -682,17 +640,16 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const typename W::T
   const int mid = in / W::ELEMS / 2;
   gemv_rows<N, 2, NORM, W, U, WHOLE / 2>(x, w, in, 2 * (size_t)pairs, rows, acc, norm, part ? mid : 0,
                                           part ? -1 : mid);
-  __shared__ float s_upper[gemv_tasks<W>() / 2][2][N];
-  const bool writer = task_writer<W>();
-  const int pair_slot = task_in_block<W>() >> 1;
-  if (part && writer)
+  __shared__ float s_upper[GEMV_WARPS / 2][2][N];
+  const int lane = threadIdx.x & 31, pair_slot = (threadIdx.x >> 5) >> 1;
+  if (part && lane == 0)
 #pragma unroll
     for (int n = 0; n < N; ++n) {
       s_upper[pair_slot][0][n] = acc[0][n];
       s_upper[pair_slot][1][n] = acc[1][n];
     }
   __syncthreads();
-  if (part || !writer || col >= pairs) return;
+  if (part || lane != 0 || col >= pairs) return;
 #pragma unroll
   for (int n = 0; n < N; ++n) {
     acc[0][n] += s_upper[pair_slot][0][n];

@@ -42,37 +42,12 @@ struct KqMatrix {
 };
 
 // A vector's raw loads: the quants' low bits, the scale fields and the
-// high bits (Q5_K, Q6_K); a type's fetch names each load by its offset here.
+// high bits (Q5_K, Q6_K).
 struct KqRaw {
   uint4 q;
   unsigned s[4];
   uint4 h;
 };
-constexpr int KQ_AT_Q = 0, KQ_AT_S = 16, KQ_AT_H = 32;
-
-// Loads a type's fields straight into a KqRaw's registers.
-struct KqLoadNow {
-  KqRaw& r;
-  template <int AT, int BYTES>
-  __device__ __forceinline__ void get(const void* src) const {
-    if constexpr (AT == KQ_AT_Q) r.q = __ldcs(reinterpret_cast<const uint4*>(src));
-    else if constexpr (AT == KQ_AT_H) r.h = __ldg(reinterpret_cast<const uint4*>(src));
-    else if constexpr (BYTES == 16) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(src));
-      r.s[0] = v.x;
-      r.s[1] = v.y;
-      r.s[2] = v.z;
-      r.s[3] = v.w;
-    } else if constexpr (BYTES == 8) {
-      const uint2 v = __ldg(reinterpret_cast<const uint2*>(src));
-      r.s[(AT - KQ_AT_S) / 4] = v.x;
-      r.s[(AT - KQ_AT_S) / 4 + 1] = v.y;
-    } else {
-      r.s[(AT - KQ_AT_S) / 4] = __ldg(reinterpret_cast<const unsigned*>(src));
-    }
-  }
-};
-
 
 // A vector decoded: its two runs of 16 quants as bytes, and their scales.
 struct KqRuns {
@@ -116,16 +91,13 @@ struct KqQ4_0 {
   __device__ static constexpr int plane(int k) { return k == 0 ? 16 : 2; }
   __device__ static int lo_in(int v) { return 32 * v; }
   __device__ static int hi_in(int v) { return 32 * v + 16; }
-  // The f16 scale through the aligned word holding it (cp.async takes 4,
-  // 8 or 16 bytes; planes are padded to 256, so the word is in bounds).
-  template <typename L>
-  __device__ static void fetch(const unsigned char* const (&p)[PLANES], int v, const L& l) {
-    l.template get<KQ_AT_Q, 16>(reinterpret_cast<const uint4*>(p[0]) + v);
-    l.template get<KQ_AT_S, 4>(reinterpret_cast<const unsigned*>(p[1]) + (v >> 1));
+  __device__ static void load(const unsigned char* const (&p)[PLANES], int v, KqRaw& r) {
+    r.q = __ldcs(reinterpret_cast<const uint4*>(p[0]) + v);
+    r.s[0] = __ldg(reinterpret_cast<const unsigned short*>(p[1]) + v);
   }
-  __device__ static void decode(const KqRaw& r, int v, KqRuns& o) {
+  __device__ static void decode(const KqRaw& r, int, KqRuns& o) {
     low_high_nibbles(r.q, o.lo, o.hi);
-    o.s_lo = o.s_hi = half_bits(r.s[0] >> (16 * (v & 1)));
+    o.s_lo = o.s_hi = half_bits(r.s[0]);
     o.m_lo = o.m_hi = 0.f;
   }
 };
@@ -136,10 +108,9 @@ struct KqQ4_1 {
   __device__ static constexpr int plane(int k) { return k == 0 ? 16 : 4; }
   __device__ static int lo_in(int v) { return 32 * v; }
   __device__ static int hi_in(int v) { return 32 * v + 16; }
-  template <typename L>
-  __device__ static void fetch(const unsigned char* const (&p)[PLANES], int v, const L& l) {
-    l.template get<KQ_AT_Q, 16>(reinterpret_cast<const uint4*>(p[0]) + v);
-    l.template get<KQ_AT_S, 4>(reinterpret_cast<const unsigned*>(p[1]) + v);
+  __device__ static void load(const unsigned char* const (&p)[PLANES], int v, KqRaw& r) {
+    r.q = __ldcs(reinterpret_cast<const uint4*>(p[0]) + v);
+    r.s[0] = __ldg(reinterpret_cast<const unsigned*>(p[1]) + v);
   }
   __device__ static void decode(const KqRaw& r, int, KqRuns& o) {
     low_high_nibbles(r.q, o.lo, o.hi);
@@ -158,10 +129,17 @@ struct KqQ4_K {
   __device__ static constexpr int plane(int k) { return k == 0 ? 128 : 16; }
   __device__ static int lo_in(int v) { return 256 * (v >> 3) + 64 * ((v >> 1) & 3) + 16 * (v & 1); }
   __device__ static int hi_in(int v) { return lo_in(v) + 32; }
-  template <typename L>
-  __device__ static void fetch(const unsigned char* const (&p)[PLANES], int v, const L& l) {
-    l.template get<KQ_AT_Q, 16>(reinterpret_cast<const uint4*>(p[0]) + v);
-    l.template get<KQ_AT_S, 16>(reinterpret_cast<const uint4*>(p[1]) + (v >> 3));
+  // Block b's 16 bytes of d, dmin and scales (Q5_K's too).
+  __device__ static void load_scales(const unsigned char* head, int b, KqRaw& r) {
+    const uint4 h = __ldg(reinterpret_cast<const uint4*>(head) + b);
+    r.s[0] = h.x;
+    r.s[1] = h.y;
+    r.s[2] = h.z;
+    r.s[3] = h.w;
+  }
+  __device__ static void load(const unsigned char* const (&p)[PLANES], int v, KqRaw& r) {
+    r.q = __ldcs(reinterpret_cast<const uint4*>(p[0]) + v);
+    load_scales(p[1], v >> 3, r);
   }
   __device__ static void decode_scales(const KqRaw& r, int v, KqRuns& o) {
     const float d = half_bits(r.s[0] & 0xffffu), dmin = half_bits(r.s[0] >> 16);
@@ -189,11 +167,10 @@ struct KqQ5_K {
   __device__ static constexpr int plane(int k) { return k == 0 ? 128 : k == 1 ? 32 : 16; }
   __device__ static int lo_in(int v) { return KqQ4_K::lo_in(v); }
   __device__ static int hi_in(int v) { return KqQ4_K::hi_in(v); }
-  template <typename L>
-  __device__ static void fetch(const unsigned char* const (&p)[PLANES], int v, const L& l) {
-    l.template get<KQ_AT_Q, 16>(reinterpret_cast<const uint4*>(p[0]) + v);
-    l.template get<KQ_AT_H, 16>(reinterpret_cast<const uint4*>(p[1]) + 2 * (v >> 3) + (v & 1));
-    l.template get<KQ_AT_S, 16>(reinterpret_cast<const uint4*>(p[2]) + (v >> 3));
+  __device__ static void load(const unsigned char* const (&p)[PLANES], int v, KqRaw& r) {
+    r.q = __ldcs(reinterpret_cast<const uint4*>(p[0]) + v);
+    r.h = __ldg(reinterpret_cast<const uint4*>(p[1]) + 2 * (v >> 3) + (v & 1));
+    KqQ4_K::load_scales(p[2], v >> 3, r);
   }
   __device__ static void decode(const KqRaw& r, int v, KqRuns& o) {
     low_high_nibbles(r.q, o.lo, o.hi);
@@ -223,14 +200,15 @@ struct KqQ6_K {
   }
   __device__ static int hi_in(int v) { return lo_in(v) + 64; }
   // Scales 8n + l + 2a and that + 4 are bytes l + 2a and l + 2a + 4 of
-  // one 8-byte load; d comes through its aligned word (see Q4_0).
-  template <typename L>
-  __device__ static void fetch(const unsigned char* const (&p)[PLANES], int v, const L& ld) {
+  // one 8-byte load.
+  __device__ static void load(const unsigned char* const (&p)[PLANES], int v, KqRaw& r) {
     const int b = v >> 3, n = (v >> 2) & 1, l = v & 1;
-    ld.template get<KQ_AT_Q, 16>(reinterpret_cast<const uint4*>(p[0]) + v);
-    ld.template get<KQ_AT_H, 16>(reinterpret_cast<const uint4*>(p[1]) + 4 * b + 2 * n + l);
-    ld.template get<KQ_AT_S, 8>(reinterpret_cast<const uint2*>(p[2]) + 2 * b + n);
-    ld.template get<KQ_AT_S + 8, 4>(reinterpret_cast<const unsigned*>(p[3]) + (b >> 1));
+    r.q = __ldcs(reinterpret_cast<const uint4*>(p[0]) + v);
+    r.h = __ldg(reinterpret_cast<const uint4*>(p[1]) + 4 * b + 2 * n + l);
+    const uint2 sc = __ldg(reinterpret_cast<const uint2*>(p[2]) + 2 * b + n);
+    r.s[0] = sc.x;
+    r.s[1] = sc.y;
+    r.s[2] = __ldg(reinterpret_cast<const unsigned short*>(p[3]) + b);
   }
   __device__ static void decode(const KqRaw& r, int v, KqRuns& o) {
     low_high_nibbles(r.q, o.lo, o.hi);
@@ -241,7 +219,7 @@ struct KqQ6_K {
       o.lo[k] |= ((h[k] >> shift) & 0x03030303u) << 4;
       o.hi[k] |= ((h[k] >> (shift + 4)) & 0x03030303u) << 4;
     }
-    const float d = half_bits(r.s[2] >> (16 * ((v >> 3) & 1)));
+    const float d = half_bits(r.s[2]);
     const int k = ((v >> 1) & 1) * 2 + (v & 1);
     o.s_lo = d * (float)(signed char)(r.s[0] >> (8 * k));
     o.s_hi = d * (float)(signed char)(r.s[1] >> (8 * k));
@@ -326,7 +304,7 @@ __device__ __forceinline__ void kq_vector_weights(const KqSegment& s, size_t row
   kq_planes<T>(s.base, (size_t)s.rows, in, planes);
   kq_row<T>(planes, row - (size_t)s.row_start, in, rp);
   KqRaw raw;
-  T::fetch(rp, v, KqLoadNow{raw});
+  T::load(rp, v, raw);
   kq_weights<T>(raw, v, lo, hi);
 }
 
