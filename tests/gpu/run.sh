@@ -306,7 +306,9 @@ for phase in "$@"; do
             llama) "$LS" -m "$G" --port $PORT -ngl 99 -fa on -np 64 -c 81920 --cache-ram 0 > "$W/serve-$s.log" 2>&1 & ;;
           esac
           pid=$!
-          up=0; for _ in $(seq 1200); do curl -sf "http://127.0.0.1:$PORT/v1/models" > /dev/null 2>&1 && { up=1; break; }; sleep 0.1; done
+          # Readiness: ingot's /ready (200 once the model is in), llama-server's /health.
+          ready=health; [ $s = ingot ] && ready=ready
+          up=0; for _ in $(seq 1200); do curl -sf "http://127.0.0.1:$PORT/$ready" > /dev/null 2>&1 && { up=1; break; }; sleep 0.1; done
           if [ $up = 1 ]; then
             echo "round $round: $s"
             "$ING" bench serve --base-url "http://127.0.0.1:$PORT" --tokenizer "$W/llama-3.1-8b" --dataset random \
