@@ -96,6 +96,10 @@
 #             (`ingot bench serve`, 64 concurrent, 1024 in / 128 out, 128 prompts)
 #   int4      an 8B-shaped AWQ checkpoint (write_int4.py: random 4-bit weights, group 128) read as Q4_1:
 #             its tensor types, batch 1 --cuda-weights native beside the bf16 dummy of the same config
+#   fp8ckpt   (fp8ckpt1b: only the 1B part, native) an FP8 checkpoint (write_int4.py --method fp8: compressed-tensors, e4m3 with a scale per
+#             output channel) kept as it is under --cuda-weights native: a 2-layer 1B-shaped one vs the
+#             CPU's exact f32 path, native and bf16-expanded (compare_backends.py); the 8B: batch 1
+#             native / --quantization fp8 (dummy) alternated twice, bf16-expanded once
 #   fp8head   model.fp8_lm_head (--fp8-lm-head) against FP8 with the bf16 head: logits rel_l2 and
 #             32-token greedy agreement (compare_fp8.py --ref) on the 8B dummy (untied head); 8B
 #             batch 1, FP8 without / with the head alternated twice, BF16 once; the same comparison
@@ -338,6 +342,30 @@ for phase in "$@"; do
       B1="bench latency --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json"
       echo "AWQ g128, native"; "$ING" $B1 --model "$A" --cuda-weights native | tee -a "$O/bench.jsonl"
       echo "bf16 (dummy)"; "$ING" $B1 --model "$M" --load-format dummy | tee -a "$O/bench.jsonl" ;;
+    fp8ckpt|fp8ckpt1b)
+      M=$(llama8b); S="$W/llama-3.2-1b"; mkdir -p "$S"
+      cp tests/gpu/configs/llama-3.2-1b/config.json "$W"/tokenizers/llama3/* "$S/"
+      F1="$W/fp8-1b-2l"
+      [ -f "$F1/config.json" ] || python3 tests/gpu/write_int4.py --config "$S/config.json" --tokenizer "$S" --out "$F1" --method fp8 --layers 2
+      RUST_LOG=info "$ING" generate "$F1" --cuda-weights native --prompt "Hi" --max-tokens 2 2>&1 | grep -iE "e4m3|native" | head -3
+      FLAGS=("--cuda-weights native" "--cuda-weights bf16"); [ "$phase" = fp8ckpt1b ] && FLAGS=("--cuda-weights native")
+      for flags in "${FLAGS[@]}"; do
+        echo "CUDA $flags vs the CPU's exact f32 path"
+        timeout -k 5 "$T" python3 tests/gpu/compare_backends.py --ingot "$ING_RAW" --model "$F1" --tokens 16 \
+          --cpu-flags "--cpu-weights f32" --cuda-flags "$flags" | tee -a "$O/fp8ckpt_compare.txt"
+      done
+      [ "$phase" = fp8ckpt1b ] && continue
+      F8="$W/8b-fp8"
+      [ -f "$F8/config.json" ] || python3 tests/gpu/write_int4.py --config "$M/config.json" --tokenizer "$M" --out "$F8" --method fp8
+      "$ING" inspect "$F8" | grep "tensor types"
+      B1="bench latency --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json"
+      for round in 1 2; do
+        echo "round $round: FP8 checkpoint, native"
+        "$ING" $B1 --model "$F8" --cuda-weights native 2> "$O/fp8ckpt-$round.log" | tee -a "$O/bench.jsonl"
+        grep -iE "e4m3|weights" "$O/fp8ckpt-$round.log" | head -4
+        echo "round $round: --quantization fp8 (dummy)"; "$ING" $B1 --model "$M" --load-format dummy --quantization fp8 | tee -a "$O/bench.jsonl"
+      done
+      echo "FP8 checkpoint, bf16-expanded"; "$ING" $B1 --model "$F8" | tee -a "$O/bench.jsonl" ;;
     fp8head)
       # Order: the must-haves first (8B accuracy, batch 1), so a cut-off call still has them.
       M=$(llama8b)

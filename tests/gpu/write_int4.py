@@ -1,10 +1,16 @@
 #!/usr/bin/env python3
-"""Writes a Llama-shaped AWQ or GPTQ checkpoint (a Hugging Face directory)
-with random 4-bit weights, for load and speed benchmarks (numpy and
-safetensors only: no AutoAWQ or AutoGPTQ, no network):
+"""Writes a Llama-shaped AWQ, GPTQ or FP8 checkpoint (a Hugging Face
+directory) with random quantized weights, for load and speed benchmarks
+(numpy and safetensors only: no AutoAWQ, AutoGPTQ or llm-compressor, no
+network):
 
     python3 tests/gpu/write_int4.py --config CONFIG.json --tokenizer DIR \
-        --out OUT_DIR --method awq|gptq [--group 128] [--layers N]
+        --out OUT_DIR --method awq|gptq|fp8 [--group 128] [--layers N]
+
+fp8: each decoder matrix is compressed-tensors' FP8 layout, `weight` e4m3
+[out, in] and `weight_scale` f32 [out, 1] (a scale per output channel),
+quantization_config `compressed-tensors`; the e4m3 values are normals of
+rms ~112 rounded to e4m3 and the scales ~0.02 / 112, so weights are ~0.02.
 
 Each decoder matrix [out, in] is stored in its method's published layout
 (crates/models/src/int4.rs has both): AWQ GEMM (AutoAWQ's WQLinear_GEMM)
@@ -28,7 +34,6 @@ import os
 import shutil
 
 import numpy as np
-from safetensors.numpy import save_file
 
 SHARD_BYTES = 2 << 30
 # (q - z) has an rms of ~4.8 for random q and z 6..10 (8 for GPTQ), s is
@@ -57,6 +62,49 @@ def packed(prefix, rows, cols, method, group):
     return out + ([(prefix + ".g_idx", np.int32, (cols,))] if method == "gptq" else [])
 
 
+def fp8_linear(prefix, rows, cols):
+    """(name, dtype, shape) of one matrix's tensors in compressed-tensors' FP8 layout
+    (np.uint8 stands for the e4m3 bytes)."""
+    return [(prefix + ".weight", np.uint8, (rows, cols)), (prefix + ".weight_scale", np.float32, (rows, 1))]
+
+
+def e4m3_values():
+    """The value of each e4m3 byte 0..0x7e (0x7f is NaN; the sign is bit 7)."""
+    codes = np.arange(0x7f)
+    exp, man = codes >> 3, (codes & 7).astype(np.float64)
+    return np.where(exp == 0, man / 8 * 2.0 ** -6, (1 + man / 8) * 2.0 ** (exp - 7))
+
+
+def e4m3_pool(rng, n):
+    """n e4m3 bytes: normals of rms 112 rounded to the nearest e4m3 value."""
+    v = np.clip(rng.standard_normal(n, dtype=np.float32) * 112, -448, 448)
+    table = e4m3_values()
+    mid = (table[1:] + table[:-1]) / 2
+    code = np.searchsorted(mid, np.abs(v)).astype(np.uint8)
+    return code | np.where(v < 0, 0x80, 0).astype(np.uint8)
+
+
+SAFETENSORS_DTYPES = {np.dtype(np.uint8): "F8_E4M3", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
+                      np.dtype(np.int32): "I32"}
+
+
+def save_fp8(data, path):
+    """Writes a safetensors shard whose uint8 tensors are e4m3 (F8_E4M3, which
+    safetensors' numpy API cannot name): the format by hand, header then data."""
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for k, v in data.items():
+        header[k] = {"dtype": SAFETENSORS_DTYPES[v.dtype], "shape": list(v.shape),
+                     "data_offsets": [offset, offset + v.nbytes]}
+        offset += v.nbytes
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for v in data.values():
+            f.write(np.ascontiguousarray(v).tobytes())
+
+
 def sliced(rng, pool, n):
     """n values as runs of `pool` from random offsets."""
     parts, left = [], n
@@ -73,7 +121,7 @@ def main():
     ap.add_argument("--config", required=True)
     ap.add_argument("--tokenizer", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--method", choices=["awq", "gptq"], required=True)
+    ap.add_argument("--method", choices=["awq", "gptq", "fp8"], required=True)
     ap.add_argument("--group", type=int, default=128, help="inputs per group (a multiple of 32), or -1")
     ap.add_argument("--layers", type=int)
     ap.add_argument("--seed", type=int, default=0)
@@ -87,7 +135,8 @@ def main():
         tensors.append((p + "input_layernorm.weight", np.float16, (d,)))
         tensors.append((p + "post_attention_layernorm.weight", np.float16, (d,)))
         for module, rows, cols in linears(c):
-            tensors += packed(p + module, rows, cols, a.method, a.group)
+            tensors += (fp8_linear(p + module, rows, cols) if a.method == "fp8"
+                        else packed(p + module, rows, cols, a.method, a.group))
     tensors.append(("model.norm.weight", np.float16, (d,)))
     if not c.get("tie_word_embeddings", False):
         tensors.append(("lm_head.weight", np.float16, (vocab, d)))
@@ -104,11 +153,16 @@ def main():
     rng = np.random.default_rng(a.seed)
     normals = (rng.standard_normal(1 << 26, dtype=np.float32) * 0.02).astype(np.float16)
     words = rng.integers(0, 1 << 32, size=1 << 26, dtype=np.uint32).view(np.int32)
+    e4m3 = e4m3_pool(rng, 1 << 26) if a.method == "fp8" else None
 
     def make(name, dtype, shape):
         n = int(np.prod(shape))
         if name.endswith("norm.weight"):
             return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float16)
+        if dtype == np.uint8:
+            return sliced(rng, e4m3, n).reshape(shape)
+        if name.endswith(".weight_scale"):
+            return (0.02 / 112 * rng.uniform(0.5, 1.5, shape)).astype(np.float32)
         if dtype == np.float16 and not name.endswith(".scales"):
             return sliced(rng, normals, n).reshape(shape)
         if name.endswith(".qweight"):
@@ -127,7 +181,11 @@ def main():
     for k, shard in enumerate(shards):
         fname = "model.safetensors" if len(shards) == 1 else f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
         data = {name: make(name, dtype, shape) for name, dtype, shape in shard}
-        save_file(data, os.path.join(a.out, fname), metadata={"format": "pt"})
+        if a.method == "fp8":
+            save_fp8(data, os.path.join(a.out, fname))
+        else:
+            from safetensors.numpy import save_file
+            save_file(data, os.path.join(a.out, fname), metadata={"format": "pt"})
         total += sum(v.nbytes for v in data.values())
         weight_map.update({name: fname for name in data})
         del data
@@ -135,7 +193,15 @@ def main():
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         json.dump(index, open(os.path.join(a.out, "model.safetensors.index.json"), "w"), indent=2)
 
-    if a.method == "awq":
+    if a.method == "fp8":
+        scheme = {"weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True,
+                              "dynamic": False},
+                  "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "symmetric": True,
+                                        "dynamic": True},
+                  "targets": ["Linear"]}
+        quant = {"quant_method": "compressed-tensors", "format": "float-quantized",
+                 "config_groups": {"group_0": scheme}, "ignore": ["lm_head"]}
+    elif a.method == "awq":
         quant = {"quant_method": "awq", "bits": 4, "group_size": a.group, "zero_point": True,
                  "version": "gemm", "modules_to_not_convert": None}
     else:
@@ -148,7 +214,8 @@ def main():
     # Last: a directory with a config.json is complete.
     c.update(num_hidden_layers=layers, torch_dtype="float16", quantization_config=quant)
     json.dump(c, open(os.path.join(a.out, "config.json"), "w"), indent=2)
-    print(f"wrote {a.out}: {layers} layers, {a.method} g{a.group}, {total / 1e9:.2f} GB in {len(shards)} shard(s)")
+    what = "fp8 (per channel)" if a.method == "fp8" else f"{a.method} g{a.group}"
+    print(f"wrote {a.out}: {layers} layers, {what}, {total / 1e9:.2f} GB in {len(shards)} shard(s)")
 
 
 if __name__ == "__main__":

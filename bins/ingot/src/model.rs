@@ -11,8 +11,8 @@ use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
 use ingot_config::{Config, Layers, Loaded};
 use ingot_engine::{start_engine, EngineConfig, EngineHandle};
 use ingot_models::{
-    Bf16Tensor, HostTensor, LoadFormat, ModelConfig, ModelError, ModelFiles, QuantTensor,
-    TensorSource,
+    Bf16Tensor, E4m3Tensor, HostTensor, LoadFormat, ModelConfig, ModelError, ModelFiles,
+    QuantTensor, TensorSource,
 };
 use ingot_runner::ModelRunner;
 use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig, CpuWeights, QuantKind, WeightDtype};
@@ -610,6 +610,18 @@ impl TensorSource for CountingSource {
         self.inner.stored_type(name)
     }
 
+    fn stored_e4m3(&self, name: &str) -> bool {
+        self.inner.stored_e4m3(name)
+    }
+
+    fn load_e4m3(&self, name: &str) -> Result<Option<E4m3Tensor>, ModelError> {
+        let t = self.inner.load_e4m3(name)?;
+        if let Some(e) = &t {
+            self.add(e.bytes.len() + std::mem::size_of_val(e.row_scales.as_slice()));
+        }
+        Ok(t)
+    }
+
     fn contains(&self, name: &str) -> bool {
         self.inner.contains(name)
     }
@@ -818,4 +830,82 @@ fn speculative_flags(json: &str, flags: &mut FlagSet) -> anyhow::Result<()> {
         flags.opt(FLAG, key, &Some(value));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A source whose every answer is distinct from the trait's defaults.
+    struct Everything;
+
+    impl TensorSource for Everything {
+        fn load(&self, _: &str) -> Result<HostTensor, ModelError> {
+            Ok(HostTensor::new(vec![2], vec![1.0, 2.0]))
+        }
+        fn load_blocks(&self, _: &str) -> Result<Option<QuantTensor>, ModelError> {
+            Ok(Some(QuantTensor {
+                ggml_type: ingot_models::gguf::GgmlType::Q8_0,
+                shape: vec![32],
+                data: ingot_models::BlockData::Owned(vec![0; 34]),
+            }))
+        }
+        fn load_bf16(&self, _: &str) -> Result<Option<Bf16Tensor<'_>>, ModelError> {
+            Ok(Some(Bf16Tensor {
+                shape: vec![1],
+                bytes: std::borrow::Cow::Owned(vec![0, 0]),
+            }))
+        }
+        fn stored_type(&self, _: &str) -> Option<ingot_models::gguf::GgmlType> {
+            Some(ingot_models::gguf::GgmlType::Q4_K)
+        }
+        fn stored_e4m3(&self, _: &str) -> bool {
+            true
+        }
+        fn load_e4m3(&self, _: &str) -> Result<Option<E4m3Tensor>, ModelError> {
+            Ok(Some(E4m3Tensor {
+                shape: vec![1, 4],
+                bytes: vec![0x38; 4],
+                row_scales: vec![0.5],
+            }))
+        }
+        fn contains(&self, _: &str) -> bool {
+            true
+        }
+        fn dtype_summary(&self) -> Vec<(String, usize)> {
+            vec![("F8_E4M3".into(), 1)]
+        }
+        fn dtype_bytes(&self) -> Vec<(String, usize)> {
+            vec![("F8_E4M3".into(), 4)]
+        }
+        fn random_seed(&self) -> Option<u64> {
+            Some(7)
+        }
+    }
+
+    /// The counting wrapper answers as its source does for every method (a
+    /// method left to the trait's default once turned the FP8 checkpoint
+    /// path off) and counts the bytes of each load.
+    #[test]
+    fn the_counting_source_delegates_every_method() {
+        let bytes = Arc::new(AtomicU64::new(0));
+        let s = CountingSource {
+            inner: Box::new(Everything),
+            bytes: bytes.clone(),
+        };
+        let n = "w";
+        assert_eq!(s.load(n).unwrap().data, vec![1.0, 2.0]);
+        assert!(s.load_blocks(n).unwrap().is_some() && s.load_bf16(n).unwrap().is_some());
+        assert_eq!(s.stored_type(n), Some(ingot_models::gguf::GgmlType::Q4_K));
+        assert!(s.stored_e4m3(n) && s.contains(n));
+        assert_eq!(
+            s.load_e4m3(n).unwrap().map(|e| e.row_scales),
+            Some(vec![0.5])
+        );
+        assert_eq!(s.dtype_summary(), Everything.dtype_summary());
+        assert_eq!(s.dtype_bytes(), Everything.dtype_bytes());
+        assert_eq!(s.random_seed(), Some(7));
+        // f32 8 + Q8_0 34 + bf16 2 + e4m3 4 + its scale 4.
+        assert_eq!(bytes.load(Ordering::Relaxed), 8 + 34 + 2 + 4 + 4);
+    }
 }

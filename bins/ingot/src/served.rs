@@ -469,22 +469,28 @@ fn footprint(plan: &ModelPlan) -> anyhow::Result<u64> {
     let params = model.num_params() as u64;
     let cpu = !on_gpu(c);
     let weights = if !cpu {
-        let format = if c.model.quantization == Quantization::Fp8 {
+        let tp = c.model.tensor_parallel_size;
+        let native = tp == 1 && c.model.cuda_weights == CudaWeights::Native;
+        // An FP8 checkpoint kept as it is (e4m3 and scales) under `native`.
+        let from_file = native
+            && c.model.quantization != Quantization::Fp8
+            && ingot_runner_cuda::e4m3_decoder(&model, files.tensors.as_ref());
+        let format = if c.model.quantization == Quantization::Fp8 || from_file {
             ingot_runner_cuda::WeightFormat::Fp8 {
                 lm_head: c.model.fp8_lm_head,
+                from_file,
             }
         } else {
             ingot_runner_cuda::WeightFormat::Bf16
         };
         let keep = ingot_runner_cuda::Fp8Keep::parse(&c.model.fp8_ignore, model.num_layers)?;
         // Per GPU under tensor parallelism: one rank's share.
-        let tp = c.model.tensor_parallel_size;
         let rank = match tp {
             1 => model.clone(),
             n => ingot_models::parallel::ShardPlan::new(&model, n)?.rank_config(0),
         };
         // GGUF quantized matrices kept in their blocks (one GPU: a rank's shard expands).
-        let native = if tp == 1 && c.model.cuda_weights == CudaWeights::Native {
+        let native = if native && !from_file {
             ingot_runner_cuda::NativeBlocks::plan(&model, files.tensors.as_ref())
         } else {
             ingot_runner_cuda::NativeBlocks::none()

@@ -12,8 +12,8 @@ use serde::Deserialize;
 use crate::gguf::GgmlType;
 use crate::int4::{Int4Config, Int4Tensors, Packed};
 use crate::{
-    Architecture, BlockData, BlockOptions, HostTensor, ModelConfig, ModelError, MoeConfig,
-    QuantTensor, RopeConfig, RopeScaling, TensorSource,
+    Architecture, BlockData, BlockOptions, E4m3Tensor, HostTensor, ModelConfig, ModelError,
+    MoeConfig, QuantTensor, RopeConfig, RopeScaling, TensorSource,
 };
 
 /// The subset of `config.json` we read; optional fields get HF defaults.
@@ -528,6 +528,40 @@ impl SafetensorsSource {
 }
 
 impl SafetensorsSource {
+    /// The scale tensor of file tensor `name` when it is a 2-D e4m3 weight
+    /// scaled per tensor or per output row (not block-wise), from the
+    /// metadata.
+    fn e4m3_scale(&self, name: &str) -> Option<String> {
+        let (dtype, shape) = self
+            .with_tensor(name, |v| Ok((v.dtype(), v.shape().to_vec())))
+            .ok()?;
+        let (&[rows, _], Dtype::F8_E4M3) = (&shape[..], dtype) else {
+            return None;
+        };
+        let scale = [format!("{name}_scale"), format!("{name}_scale_inv")]
+            .into_iter()
+            .find(|n| self.index.contains_key(n))?;
+        let scale_shape = self.with_tensor(&scale, |v| Ok(v.shape().to_vec())).ok()?;
+        let n: usize = scale_shape.iter().product();
+        (n == 1 || (n == rows && scale_shape.first() == Some(&rows))).then_some(scale)
+    }
+
+    /// File tensor `name` as its e4m3 bytes and row scales.
+    fn e4m3_tensor(&self, name: &str, scale: &str) -> Result<E4m3Tensor, ModelError> {
+        let (shape, bytes) =
+            self.with_tensor(name, |v| Ok((v.shape().to_vec(), v.data().to_vec())))?;
+        let scales = self.load_one(scale)?.data;
+        let row_scales = match scales[..] {
+            [s] => vec![s; shape[0]],
+            _ => scales,
+        };
+        Ok(E4m3Tensor {
+            shape,
+            bytes,
+            row_scales,
+        })
+    }
+
     /// `<p>` of canonical name `<p>.weight` when the files hold it packed
     /// by AWQ/GPTQ (as `<p>.qweight` and its companions).
     fn int4_prefix<'n>(&self, name: &'n str) -> Option<&'n str> {
@@ -731,6 +765,19 @@ impl TensorSource for SafetensorsSource {
             Parts::None | Parts::Half(..) => false,
         };
         int4.then_some(GgmlType::Q4_1)
+    }
+
+    fn stored_e4m3(&self, name: &str) -> bool {
+        matches!(self.parts_of(name), Parts::One(f) if self.e4m3_scale(&f).is_some())
+    }
+
+    fn load_e4m3(&self, name: &str) -> Result<Option<E4m3Tensor>, ModelError> {
+        let Parts::One(file_name) = self.parts_of(name) else {
+            return Ok(None);
+        };
+        self.e4m3_scale(&file_name)
+            .map(|scale| self.e4m3_tensor(&file_name, &scale))
+            .transpose()
     }
 
     fn contains(&self, name: &str) -> bool {
@@ -954,6 +1001,26 @@ mod tests {
         assert_eq!(b.data[12..], [100.0, 200.0, 3000.0, 4000.0]);
         let err = source.load("none.weight").unwrap_err().to_string();
         assert!(err.contains("none.weight_scale"), "{err}");
+        // Kept as they are where the scale is per tensor or per row: the
+        // file's bytes, and a scale a row; block scales and a missing scale
+        // are not (those weights load as floats above, or fail).
+        let t = source.load_e4m3("t.weight").unwrap().unwrap();
+        assert_eq!(
+            (t.shape, &t.bytes, t.row_scales),
+            (vec![4, 4], &w, vec![0.5; 4])
+        );
+        let r = source.load_e4m3("r.weight").unwrap().unwrap();
+        assert_eq!((&r.bytes, r.row_scales), (&w, vec![1.0, 2.0, 3.0, 4.0]));
+        assert!(source.stored_e4m3("t.weight") && source.stored_e4m3("r.weight"));
+        for name in [
+            "b.weight",
+            "none.weight",
+            "t.weight_scale",
+            "missing.weight",
+        ] {
+            assert!(!source.stored_e4m3(name), "{name}");
+            assert!(source.load_e4m3(name).unwrap().is_none(), "{name}");
+        }
     }
 
     /// Known 4-bit weights of a `rows` x `cols` linear layer (outputs x

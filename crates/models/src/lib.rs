@@ -31,4 +31,4 @@ pub use config::{
 pub use error::ModelError;
 pub use llama::{LayerWeights, LlamaWeights, MlpWeights};
 pub use source::{open, LoadFormat, ModelFiles, TensorSource};
-pub use tensor::{Bf16Tensor, BlockData, HostTensor, QuantTensor};
+pub use tensor::{Bf16Tensor, BlockData, E4m3Tensor, HostTensor, QuantTensor};

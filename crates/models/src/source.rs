@@ -4,7 +4,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::gguf::GgufFile;
-use crate::{dummy, gguf_model, hf, Bf16Tensor, HostTensor, ModelConfig, ModelError, QuantTensor};
+use crate::{
+    dummy, gguf_model, hf, Bf16Tensor, E4m3Tensor, HostTensor, ModelConfig, ModelError, QuantTensor,
+};
 
 /// Where weights come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -42,6 +44,20 @@ pub trait TensorSource: Send + Sync {
     fn stored_type(&self, name: &str) -> Option<crate::gguf::GgmlType> {
         let _ = name;
         None
+    }
+    /// Whether tensor `name` is an FP8 checkpoint's e4m3 weight whose
+    /// scale is per tensor or per output row (what [`Self::load_e4m3`]
+    /// gives), read from the metadata; false for block-wise scales, other
+    /// storage, or a source that only yields floats.
+    fn stored_e4m3(&self, name: &str) -> bool {
+        let _ = name;
+        false
+    }
+    /// The tensor as its e4m3 bytes and row scales when
+    /// [`Self::stored_e4m3`] says so; `None` otherwise.
+    fn load_e4m3(&self, name: &str) -> Result<Option<E4m3Tensor>, ModelError> {
+        let _ = name;
+        Ok(None)
     }
     /// True when the tensor exists.
     fn contains(&self, name: &str) -> bool;

@@ -29,6 +29,19 @@ impl HostTensor {
     }
 }
 
+/// An FP8 checkpoint's weight kept as it is stored: e4m3 bytes and one
+/// f32 scale per row (a per-tensor scale repeated), so that `w[r][c] =
+/// e4m3(bytes[r * cols + c]) * row_scales[r]` exactly, for backends with
+/// e4m3 kernels: no float copy is made.
+#[derive(Debug, Clone)]
+pub struct E4m3Tensor {
+    /// `[rows, cols]`.
+    pub shape: Vec<usize>,
+    /// The e4m3 bytes, row-major.
+    pub bytes: Vec<u8>,
+    pub row_scales: Vec<f32>,
+}
+
 /// A tensor kept in its file's ggml block format (Q4_0, Q4_K, ...), for
 /// backends with native quantized kernels: no f32 copy is ever made.
 #[derive(Debug, Clone)]

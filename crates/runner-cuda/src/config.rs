@@ -5,13 +5,14 @@
 
 mod fp8_keep;
 
+use ingot_models::llama::expected_shapes;
 use ingot_models::{ModelConfig, TensorSource};
 
 pub use fp8_keep::Fp8Keep;
 
 use crate::gemm::Fp8Limits;
 use crate::kernels::{KvDtype, L2PrefetchSpec};
-use crate::weights::{NativeBlocks, WeightFormat};
+use crate::weights::{is_decoder_matrix, NativeBlocks, WeightFormat};
 use crate::CudaError;
 
 /// Sizes and switches chosen by the caller.
@@ -138,15 +139,53 @@ pub fn check_l2_prefetch(spec: &str) -> Result<(), CudaError> {
     L2PrefetchSpec::parse(Some(spec)).map(|_| ())
 }
 
-/// How the weights are stored: `opts.fp8_weights` and `opts.fp8_lm_head`;
+/// Whether the decoder matrices come from an FP8 checkpoint as they are:
+/// `opts.native_weights`, no tensor parallelism (a rank's shard is sliced
+/// as floats), a dense model, and every decoder matrix's file tensors
+/// e4m3 with per-tensor or per-channel scales (block-wise scales, or any
+/// matrix in floats, and the checkpoint expands to bf16 as before).
+pub(crate) fn fp8_checkpoint(
+    opts: &CudaRunnerConfig,
+    config: &ModelConfig,
+    source: &dyn TensorSource,
+) -> bool {
+    let all = opts.native_weights && !opts.fp8_weights && e4m3_decoder(config, source);
+    if all {
+        tracing::info!(
+            "model.cuda_weights = native: the FP8 checkpoint's e4m3 decoder matrices and their scales load as they are"
+        );
+    }
+    all
+}
+
+/// Whether every decoder matrix of `source` is e4m3 with per-tensor or
+/// per-channel scales (an FP8 checkpoint the GPU can keep as it is), for a
+/// dense model on one GPU (a tensor-parallel rank's shard is sliced as
+/// floats).
+pub fn e4m3_decoder(config: &ModelConfig, source: &dyn TensorSource) -> bool {
+    if config.shard.is_some() || config.block.moe.is_some() {
+        return false;
+    }
+    let mut matrices = expected_shapes(config)
+        .into_iter()
+        .filter(|(name, _)| is_decoder_matrix(name))
+        .peekable();
+    matrices.peek().is_some() && matrices.all(|(name, _)| source.stored_e4m3(&name))
+}
+
+/// How the weights are stored: `opts.fp8_weights` and `opts.fp8_lm_head`,
+/// or an FP8 checkpoint's e4m3 kept (`from_file`, [`fp8_checkpoint`]);
 /// an FP8 head without FP8 weights is refused rather than ignored.
-pub(crate) fn weight_format(opts: &CudaRunnerConfig) -> Result<WeightFormat, CudaError> {
-    match (opts.fp8_weights, opts.fp8_lm_head) {
+pub(crate) fn weight_format(
+    opts: &CudaRunnerConfig,
+    from_file: bool,
+) -> Result<WeightFormat, CudaError> {
+    match (opts.fp8_weights || from_file, opts.fp8_lm_head) {
         (true, lm_head) => {
             if lm_head {
                 tracing::info!("FP8: model.fp8_lm_head puts the LM head in e4m3");
             }
-            Ok(WeightFormat::Fp8 { lm_head })
+            Ok(WeightFormat::Fp8 { lm_head, from_file })
         }
         (false, false) => Ok(WeightFormat::Bf16),
         (false, true) => Err(CudaError::Unsupported(
@@ -244,13 +283,54 @@ mod tests {
         assert_eq!(long.max_sums, 65536 * widest);
     }
 
+    /// An FP8 checkpoint keeps its e4m3 under `cuda_weights = native` when
+    /// every decoder matrix is e4m3 per tensor or channel; otherwise (a
+    /// matrix in floats, no native, `--quantization fp8`, a tensor-parallel
+    /// rank) it expands as before.
+    #[test]
+    fn fp8_checkpoints_keep_their_e4m3_only_when_every_matrix_is() {
+        use crate::test_configs::{llama8b, E4m3File};
+        let c = llama8b();
+        let native = CudaRunnerConfig {
+            native_weights: true,
+            ..CudaRunnerConfig::default()
+        };
+        let all = E4m3File(|name| name.ends_with("proj.weight"));
+        assert!(fp8_checkpoint(&native, &c, &all));
+        assert_eq!(
+            weight_format(&native, true).unwrap(),
+            WeightFormat::Fp8 {
+                lm_head: false,
+                from_file: true
+            }
+        );
+        let one_float =
+            E4m3File(|name| name.ends_with("proj.weight") && !name.contains("layers.7.mlp.down"));
+        assert!(!fp8_checkpoint(&native, &c, &one_float));
+        assert!(!fp8_checkpoint(&CudaRunnerConfig::default(), &c, &all));
+        let quantize = CudaRunnerConfig {
+            fp8_weights: true,
+            ..native.clone()
+        };
+        assert!(!fp8_checkpoint(&quantize, &c, &all));
+        let mut rank = c.clone();
+        rank.shard = Some(ingot_models::parallel::Shard {
+            rank: 0,
+            size: 2,
+            vocab: c.vocab_size,
+            vocab_rows: c.vocab_size.div_ceil(2),
+            kv_heads: c.num_kv_heads,
+        });
+        assert!(!fp8_checkpoint(&native, &rank, &all));
+    }
+
     #[test]
     fn fp8_lm_head_without_fp8_is_refused() {
         let opts = CudaRunnerConfig {
             fp8_lm_head: true,
             ..CudaRunnerConfig::default()
         };
-        let err = weight_format(&opts).unwrap_err().to_string();
+        let err = weight_format(&opts, false).unwrap_err().to_string();
         assert!(
             err.contains("model.fp8_lm_head") && err.contains("model.quantization"),
             "{err}"
@@ -259,14 +339,14 @@ mod tests {
             fp8_weights: true,
             ..opts.clone()
         };
-        assert_eq!(weight_format(&fp8).unwrap(), FP8_HEAD);
+        assert_eq!(weight_format(&fp8, false).unwrap(), FP8_HEAD);
         let plain = CudaRunnerConfig {
             fp8_lm_head: false,
             ..fp8
         };
-        assert_eq!(weight_format(&plain).unwrap(), FP8);
+        assert_eq!(weight_format(&plain, false).unwrap(), FP8);
         assert_eq!(
-            weight_format(&CudaRunnerConfig::default()).unwrap(),
+            weight_format(&CudaRunnerConfig::default(), false).unwrap(),
             WeightFormat::Bf16
         );
     }

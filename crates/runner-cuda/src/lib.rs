@@ -41,7 +41,7 @@ mod support;
 mod test_configs;
 mod weights;
 
-pub use config::{check_l2_prefetch, CudaRunnerConfig, Fp8Keep};
+pub use config::{check_l2_prefetch, e4m3_decoder, CudaRunnerConfig, Fp8Keep};
 pub use error::CudaError;
 pub use kernels::KvDtype;
 pub use memory::{device_memory, weight_bytes, MemoryReport};

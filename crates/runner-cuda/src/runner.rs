@@ -18,7 +18,9 @@ use ingot_runner::{
 };
 
 use crate::buffers::{self, Buffers, StepPlan};
-use crate::config::{fp8_keep, fp8_limits, native_blocks, weight_format, CudaRunnerConfig};
+use crate::config::{
+    fp8_checkpoint, fp8_keep, fp8_limits, native_blocks, weight_format, CudaRunnerConfig,
+};
 use crate::device::{Arena, Gpu, Pinned};
 use crate::fused::FusedBlocks;
 use crate::gemm::{Gemm, NativeRegions};
@@ -30,7 +32,7 @@ use crate::ops;
 use crate::profile::{Marks, Profiler};
 use crate::sampling::DeviceSampler;
 use crate::support::{supports, supports_format};
-use crate::weights::DeviceWeights;
+use crate::weights::{DeviceWeights, NativeBlocks};
 use crate::CudaError;
 use graphs::DecodeGraph;
 use launch_ahead::{LaunchAhead, LaunchAheadCounts};
@@ -117,11 +119,14 @@ impl CudaRunner {
     ) -> Result<Self, CudaError> {
         // A bad spec fails before any GPU work.
         supports(&config)?;
-        let format = weight_format(&opts)?;
+        let format = weight_format(&opts, fp8_checkpoint(&opts, &config, source))?;
         supports_format(&config, format)?;
         let keep = fp8_keep(&opts, config.num_layers)?;
-        let native = native_blocks(&opts, &config, source)?;
-        if opts.fp8_weights && opts.deterministic {
+        let native = match format.fp8_from_file() {
+            true => NativeBlocks::none(),
+            false => native_blocks(&opts, &config, source)?,
+        };
+        if format.is_fp8() && opts.deterministic {
             return Err(CudaError::Unsupported(
                 "FP8 weights (model.quantization = \"fp8\") with engine.deterministic: \
                  the FP8 GEMMs have no batch-invariant algorithm choice"
@@ -140,7 +145,7 @@ impl CudaRunner {
             tc_decode_min_rows,
         )?;
         // The fused block reads its weights as bf16.
-        let bf16_only = !opts.fp8_weights && native.count() == 0;
+        let bf16_only = !format.is_fp8() && native.count() == 0;
         let fused = FusedBlocks::load(&gpu, &config, opts.fused_block && bf16_only)?;
         let (_, total) = gpu.memory()?;
         let context_ms = ms_since(started);

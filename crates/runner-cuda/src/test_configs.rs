@@ -6,8 +6,14 @@ use ingot_models::{
 
 use crate::weights::WeightFormat;
 
-pub(crate) const FP8: WeightFormat = WeightFormat::Fp8 { lm_head: false };
-pub(crate) const FP8_HEAD: WeightFormat = WeightFormat::Fp8 { lm_head: true };
+pub(crate) const FP8: WeightFormat = WeightFormat::Fp8 {
+    lm_head: false,
+    from_file: false,
+};
+pub(crate) const FP8_HEAD: WeightFormat = WeightFormat::Fp8 {
+    lm_head: true,
+    from_file: false,
+};
 
 /// Llama-3.1-8B's shape (the GPU benchmarks' dummy model).
 pub(crate) fn llama8b() -> ModelConfig {
@@ -80,6 +86,26 @@ impl ingot_models::TensorSource for TypedFile {
     }
     fn stored_type(&self, name: &str) -> Option<ingot_models::gguf::GgmlType> {
         Some((self.0)(name))
+    }
+    fn contains(&self, _: &str) -> bool {
+        true
+    }
+    fn dtype_summary(&self) -> Vec<(String, usize)> {
+        Vec::new()
+    }
+}
+
+/// An FP8 checkpoint's metadata only: whether each tensor is e4m3 with
+/// per-tensor or per-channel scales (what [`crate::config::fp8_checkpoint`]
+/// reads); it has no data.
+pub(crate) struct E4m3File(pub fn(&str) -> bool);
+
+impl ingot_models::TensorSource for E4m3File {
+    fn load(&self, name: &str) -> Result<ingot_models::HostTensor, ingot_models::ModelError> {
+        Err(ingot_models::ModelError::MissingTensor { name: name.into() })
+    }
+    fn stored_e4m3(&self, name: &str) -> bool {
+        (self.0)(name)
     }
     fn contains(&self, _: &str) -> bool {
         true

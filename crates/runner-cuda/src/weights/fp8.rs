@@ -48,6 +48,18 @@ pub(super) struct Fp8Matrix {
     cols: usize,
 }
 
+impl Fp8Matrix {
+    /// Where rows `row..` of the matrix go: their e4m3 bytes and their row
+    /// scales (an FP8 checkpoint's tensor copied as it is).
+    pub(super) fn rows_at(&self, row: usize) -> (DevPtr, DevPtr) {
+        let scales = self.dst + scales_offset(self.rows, self.cols) as u64;
+        (
+            self.dst + (row * self.cols) as u64,
+            scales + (row * 4) as u64,
+        )
+    }
+}
+
 /// Which layer's matrices are in staging and when they are complete.
 /// Staging holds one layer, so a layer's tensors must load together.
 pub(super) struct Fp8Progress {
@@ -127,8 +139,13 @@ pub(super) struct Fp8Layout {
 impl Fp8Layout {
     /// The quantizer's slots: each layer's matrices and tensor count, then
     /// the head's (one tensor: `lm_head.weight` or the embedding table).
-    pub(super) fn progress(&self) -> Fp8Progress {
-        let layers = self.layers.iter().map(|m| (*m, staged_tensors(m)));
+    /// With `from_file` the layers' matrices are copied in as they are:
+    /// nothing of theirs to quantize.
+    pub(super) fn progress(&self, from_file: bool) -> Fp8Progress {
+        let layers = self.layers.iter().map(|m| match from_file {
+            true => ([None; 4], 0),
+            false => (*m, staged_tensors(m)),
+        });
         let head = self.head.map(|h| ([Some(h), None, None, None], 1));
         Fp8Progress {
             layers: layers.chain(head).collect(),
@@ -305,12 +322,12 @@ mod tests {
             head: Some(Fp8Matrix { rows: 32, ..m }),
             region: (0, 0),
         };
-        let mut q = layout.progress();
+        let mut q = layout.progress(false);
         assert_eq!(q.layers.len(), 3);
         assert_eq!(q.layers[2].1, 1);
         assert!(matches!(q.note_staged(0, "q"), Ok(None)));
         assert!(q.note_staged(2, LM_HEAD).is_err());
-        let mut q = layout.progress();
+        let mut q = layout.progress(false);
         let head = q.note_staged(2, LM_HEAD).ok().flatten();
         assert_eq!(head.and_then(|h| h[0]).map(|h| h.rows), Some(32));
         assert!(q.finish().is_err());
@@ -318,7 +335,42 @@ mod tests {
             head: None,
             ..layout
         };
-        assert_eq!(without.progress().layers.len(), 2);
+        assert_eq!(without.progress(false).layers.len(), 2);
+    }
+
+    /// An FP8 checkpoint's tensor lands at its rows of the fused matrix:
+    /// bytes at row x cols, scales at the scale area's row; its layers
+    /// leave the quantizer nothing (only an e4m3 head of bf16 weights).
+    #[test]
+    fn fp8_checkpoint_rows_land_in_place_and_skip_the_quantizer() {
+        let m = Fp8Matrix {
+            staged: 0,
+            dst: 1 << 20,
+            rows: 6144,
+            cols: 4096,
+        };
+        let scales = (1 << 20) + scales_offset(6144, 4096) as u64;
+        assert_eq!(m.rows_at(0), (1 << 20, scales));
+        assert_eq!(
+            m.rows_at(4096),
+            ((1 << 20) + 4096 * 4096, scales + 4096 * 4)
+        );
+        let layout = Fp8Layout {
+            layers: vec![[Some(m); 4]; 2],
+            head: None,
+            region: (0, 0),
+        };
+        let q = layout.progress(true);
+        assert!(q
+            .layers
+            .iter()
+            .all(|(ms, left)| *left == 0 && ms.iter().all(Option::is_none)));
+        assert!(q.finish().is_ok());
+        let with_head = Fp8Layout {
+            head: Some(m),
+            ..layout
+        };
+        assert_eq!(with_head.progress(true).layers[2].1, 1);
     }
 
     /// The quantizer waits for a layer's seven matrices, refuses a

@@ -18,6 +18,12 @@
 //! lookup (the FP8 head is a second copy). Matrices `model.fp8_ignore`
 //! names ([`Fp8Keep`]) stay bf16 too, placed outside the e4m3 region.
 //!
+//! An FP8 checkpoint whose decoder matrices are all e4m3 with per-tensor
+//! or per-channel scales, loaded with `model.cuda_weights = "native"`,
+//! takes the same layout with `from_file`: each file tensor's e4m3 bytes
+//! and row scales (a per-tensor scale repeated) are copied to their rows
+//! of the fused matrix as they are, with no staging and no quantizer.
+//!
 //! With [`NativeBlocks`] (`model.cuda_weights = "native"`), the decoder
 //! matrices a GGUF stores in Q8_0, Q4_0, Q4_1, Q4_K, Q5_K or Q6_K keep
 //! their blocks ([`blocks`]): placed first, Q8_0 in one region and the
@@ -46,6 +52,12 @@ pub use blocks::{NativeBlocks, Q8_0_BLOCK, Q8_0_BLOCK_BYTES};
 use fp8::{quantize, quantized_part, staged_for_fp8, Fp8Layout};
 use groups::group_index;
 use stager::Stager;
+
+/// Whether file tensor `name` is part of a decoder matrix (q/k/v, o,
+/// gate/up, down of a layer).
+pub(crate) fn is_decoder_matrix(name: &str) -> bool {
+    groups::matrix_part(name).is_some()
+}
 
 /// One decoder block's weights.
 pub struct LayerWeights {
@@ -93,6 +105,9 @@ pub enum WeightFormat {
     Fp8 {
         /// The LM head in e4m3 too (`model.fp8_lm_head`).
         lm_head: bool,
+        /// The e4m3 bytes and scales come from an FP8 checkpoint as they
+        /// are (`model.cuda_weights = "native"`), not quantized from bf16.
+        from_file: bool,
     },
 }
 
@@ -104,7 +119,18 @@ impl WeightFormat {
 
     /// Whether the LM head is e4m3.
     pub fn fp8_lm_head(self) -> bool {
-        matches!(self, Self::Fp8 { lm_head: true })
+        matches!(self, Self::Fp8 { lm_head: true, .. })
+    }
+
+    /// Whether the e4m3 matrices come from the file as they are.
+    pub fn fp8_from_file(self) -> bool {
+        matches!(
+            self,
+            Self::Fp8 {
+                from_file: true,
+                ..
+            }
+        )
     }
 }
 
@@ -163,11 +189,15 @@ fn rope_table_count(config: &ModelConfig) -> usize {
 enum Dtype {
     Bf16,
     F32,
+    /// An FP8 checkpoint's bytes as they are (its row scales go to
+    /// [`Placement::scales`]).
+    E4m3,
 }
 
 impl Dtype {
     fn size(self) -> usize {
         match self {
+            Self::E4m3 => 1,
             Self::Bf16 => 2,
             Self::F32 => 4,
         }
@@ -191,6 +221,8 @@ struct Placement {
     quantized: Option<DevPtr>,
     /// GGUF blocks kept: each plane's destination (`dst` is the first).
     blocks: Option<PlacedBlocks>,
+    /// [`Dtype::E4m3`]: where its row scales go.
+    scales: Option<DevPtr>,
 }
 
 impl Placement {
@@ -258,16 +290,24 @@ impl DeviceWeights {
         let bytes = Self::bytes(config, format, keep, native);
         let mut arena = Arena::new(gpu, "weights", bytes)?;
         let staging = match format {
-            WeightFormat::Fp8 { .. } => {
+            WeightFormat::Fp8 { from_file, .. } if !from_file || format.fp8_lm_head() => {
                 let bytes = fp8::staging_bytes(config, format);
                 Some(Arena::new(gpu, "fp8 staging", bytes)?)
             }
-            WeightFormat::Bf16 => None,
+            WeightFormat::Fp8 { .. } | WeightFormat::Bf16 => None,
         };
-        let staging_base = staging.as_ref().map(Arena::base);
+        // An FP8 checkpoint's matrices need no staging (the layout still
+        // places them; their staged addresses go unused).
+        let staging_base = staging
+            .as_ref()
+            .map(Arena::base)
+            .or(format.is_fp8().then_some(0));
         let layout = Self::place(config, &mut arena, staging_base, format, (keep, native))?;
         let mut quantizer = match &layout.fp8 {
-            Some(fp8) => Some((gpu.kernel("quantize_rows_e4m3")?, fp8.progress())),
+            Some(fp8) => Some((
+                gpu.kernel("quantize_rows_e4m3")?,
+                fp8.progress(format.fp8_from_file()),
+            )),
             None => None,
         };
         // After a tensor's copy (or fill) is enqueued: quantize its layer
@@ -362,6 +402,7 @@ impl DeviceWeights {
                     fp8_slot: None,
                     quantized: Some(home),
                     blocks: Some(blocks),
+                    scales: None,
                 });
                 continue;
             }
@@ -378,6 +419,7 @@ impl DeviceWeights {
                     fp8_slot: Some(head_slot),
                     quantized: Some(head.dst),
                     blocks: None,
+                    scales: None,
                 });
                 continue;
             }
@@ -392,15 +434,31 @@ impl DeviceWeights {
                 } else {
                     fused_offset_rows(config, group, part)
                 };
-                placements.push(Placement {
-                    name: name.clone(),
-                    shape: shape.clone(),
-                    dtype,
-                    dst: matrix.staged + (rows * row_bytes(shape, dtype)) as u64,
-                    fp8_slot: Some(layer),
-                    quantized: Some(matrix.dst),
-                    blocks: None,
-                });
+                let placement = if format.fp8_from_file() {
+                    let (dst, scales) = matrix.rows_at(rows);
+                    Placement {
+                        name: name.clone(),
+                        shape: shape.clone(),
+                        dtype: Dtype::E4m3,
+                        dst,
+                        fp8_slot: None,
+                        quantized: Some(matrix.dst),
+                        blocks: None,
+                        scales: Some(scales),
+                    }
+                } else {
+                    Placement {
+                        name: name.clone(),
+                        shape: shape.clone(),
+                        dtype,
+                        dst: matrix.staged + (rows * row_bytes(shape, dtype)) as u64,
+                        fp8_slot: Some(layer),
+                        quantized: Some(matrix.dst),
+                        blocks: None,
+                        scales: None,
+                    }
+                };
+                placements.push(placement);
                 continue;
             }
             let bytes = shape.iter().product::<usize>() * dtype.size();
@@ -442,6 +500,7 @@ impl DeviceWeights {
                 fp8_slot,
                 quantized: None,
                 blocks: None,
+                scales: None,
             });
         }
         let table_bytes = config.max_context * (config.head_dim / 2) * 4;
@@ -625,6 +684,12 @@ fn fill_random(
     let kernel = match p.dtype {
         Dtype::Bf16 => &fills[0],
         Dtype::F32 => &fills[1],
+        Dtype::E4m3 => {
+            return Err(CudaError::Unsupported(format!(
+                "{}: random weights are never an FP8 checkpoint's",
+                p.name
+            )))
+        }
     };
     // A tensor-parallel rank fills its slice with the whole tensor's values
     // at the slice's indices (a tied model's head: the embedding's).

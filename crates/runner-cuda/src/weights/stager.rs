@@ -185,6 +185,25 @@ impl<'g> Stager<'g> {
             }
             return Ok(());
         }
+        if let (Dtype::E4m3, Some(scales)) = (p.dtype, p.scales) {
+            let e = source.load_e4m3(&p.name)?.ok_or_else(|| {
+                CudaError::Unsupported(format!("{}: the source has no e4m3 bytes for it", p.name))
+            })?;
+            check_shape(p, &e.shape)?;
+            if e.bytes.len() != numel || e.row_scales.len() != p.shape[0] {
+                return Err(CudaError::Unsupported(format!(
+                    "tensor {} has {} e4m3 bytes and {} row scales, expected {numel} and {}",
+                    p.name,
+                    e.bytes.len(),
+                    e.row_scales.len(),
+                    p.shape[0]
+                )));
+            }
+            self.stats.source += t.elapsed();
+            self.stats.direct += 1;
+            self.put(p.dst, HostData::Bytes(&e.bytes))?;
+            return self.put(scales, HostData::F32(&e.row_scales));
+        }
         if p.dtype == Dtype::Bf16 {
             if let Some(b) = source.load_bf16(&p.name)? {
                 check_shape(p, &b.shape)?;
@@ -207,6 +226,12 @@ impl<'g> Stager<'g> {
         let data = match p.dtype {
             Dtype::Bf16 => HostData::F32AsBf16(&h.data),
             Dtype::F32 => HostData::F32(&h.data),
+            Dtype::E4m3 => {
+                return Err(CudaError::Unsupported(format!(
+                    "{}: e4m3 placement without its scales' place",
+                    p.name
+                )))
+            }
         };
         self.put(p.dst, data)
     }
