@@ -122,10 +122,17 @@ impl QuantActs {
         }
     }
 
-    /// Rows `i..i + 4`, for the four-row kernels.
+    /// Rows `i..i + 2`, for the two-row kernels.
     #[inline]
-    pub fn four_rows(&self, i: usize) -> [ActRow<'_>; 4] {
+    pub fn two_rows(&self, i: usize) -> [ActRow<'_>; 2] {
         std::array::from_fn(|a| self.row(i + a))
+    }
+
+    /// Rows `i..i + 4` of `m`, for the four-row kernels; the last row
+    /// repeated past `m` (three rows through a four-row kernel).
+    #[inline]
+    pub fn four_rows(&self, i: usize, m: usize) -> [ActRow<'_>; 4] {
+        std::array::from_fn(|a| self.row((i + a).min(m - 1)))
     }
 
     /// Row `i` of the last [`QuantActs::quantize`].

@@ -186,7 +186,7 @@ unsafe fn dot32<
     }
 }
 
-/// Defines, for a 32-block format, the one-row, four-row and 2 × 4 tile
+/// Defines, for a 32-block format, the one-row, two-row, four-row and 4 × 4 tile
 /// kernels in a module `$m`, with `$feat` enabled and `$vnni` picking the
 /// integer product.
 macro_rules! dot32_mod {
@@ -206,6 +206,14 @@ macro_rules! dot32_mod {
             /// # Safety
             /// As [`one`], for each row.
             #[target_feature(enable = $feat)]
+            pub unsafe fn two(w: &[u8], x: &[ActRow<'_>; 2]) -> [f32; 2] {
+                // SAFETY: forwarded contract; the block layout matches `$q`.
+                unsafe { dot32::<$bytes, $signed, $min, $vnni, 1, 2>([w], x, $q)[0] }
+            }
+
+            /// # Safety
+            /// As [`one`], for each row.
+            #[target_feature(enable = $feat)]
             pub unsafe fn four(w: &[u8], x: &[ActRow<'_>; 4]) -> [f32; 4] {
                 // SAFETY: forwarded contract; the block layout matches `$q`.
                 unsafe { dot32::<$bytes, $signed, $min, $vnni, 1, 4>([w], x, $q)[0] }
@@ -217,6 +225,14 @@ macro_rules! dot32_mod {
             pub unsafe fn tile(w: [&[u8]; TILE_W], x: &[ActRow<'_>; 4]) -> [[f32; 4]; TILE_W] {
                 // SAFETY: forwarded contract; the block layout matches `$q`.
                 unsafe { dot32::<$bytes, $signed, $min, $vnni, TILE_W, 4>(w, x, $q) }
+            }
+
+            /// # Safety
+            /// As [`tile`], for two activation rows.
+            #[target_feature(enable = $feat)]
+            pub unsafe fn tile2(w: [&[u8]; TILE_W], x: &[ActRow<'_>; 2]) -> [[f32; 2]; TILE_W] {
+                // SAFETY: forwarded contract; the block layout matches `$q`.
+                unsafe { dot32::<$bytes, $signed, $min, $vnni, TILE_W, 2>(w, x, $q) }
             }
         }
     };
@@ -418,7 +434,7 @@ unsafe fn dot_k6<const R: usize>(w: &[u8], x: &[ActRow<'_>; R]) -> [f32; R] {
 
 /// Defines the one-row and four-row entry points of a k-quant kernel.
 macro_rules! dotk_fns {
-    ($name:ident, $name4:ident, $call:ident $(, $arg:tt)*) => {
+    ($name:ident, $name2:ident, $name4:ident, $call:ident $(, $arg:tt)*) => {
         /// # Safety
         /// AVX2, FMA and F16C available; `x` is Q8K with as many
         /// super-blocks as `w`.
@@ -431,6 +447,14 @@ macro_rules! dotk_fns {
         /// # Safety
         /// As the one-row kernel, for each row.
         #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn $name2(w: &[u8], x: &[ActRow<'_>; 2]) -> [f32; 2] {
+            // SAFETY: forwarded contract.
+            unsafe { $call::<$($arg,)* 2>(w, x) }
+        }
+
+        /// # Safety
+        /// As the one-row kernel, for each row.
+        #[target_feature(enable = "avx2,fma,f16c")]
         pub unsafe fn $name4(w: &[u8], x: &[ActRow<'_>; 4]) -> [f32; 4] {
             // SAFETY: forwarded contract.
             unsafe { $call::<$($arg,)* 4>(w, x) }
@@ -438,6 +462,6 @@ macro_rules! dotk_fns {
     };
 }
 
-dotk_fns!(dot_q4_k, dot_q4_k_x4, dot_k4, 144, false);
-dotk_fns!(dot_q5_k, dot_q5_k_x4, dot_k4, 176, true);
-dotk_fns!(dot_q6_k, dot_q6_k_x4, dot_k6);
+dotk_fns!(dot_q4_k, dot_q4_k_x2, dot_q4_k_x4, dot_k4, 144, false);
+dotk_fns!(dot_q5_k, dot_q5_k_x2, dot_q5_k_x4, dot_k4, 176, true);
+dotk_fns!(dot_q6_k, dot_q6_k_x2, dot_q6_k_x4, dot_k6);

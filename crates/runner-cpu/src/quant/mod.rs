@@ -14,7 +14,9 @@
 //! by four activation rows: each weight block is decoded once for four
 //! activation rows and each activation block loaded once for four weight
 //! rows, which makes them as fast as the f32 FMA tiles of [`crate::matmul`]
-//! (issue 20; docs/benchmarks.md). Where the CPU has AVX512-VNNI, one
+//! (issue 20; docs/benchmarks.md); a batch's last two rows take a tile of
+//! four weight rows by two, its last three the four-row tile with the last
+//! row repeated (docs/speculative.md). Where the CPU has AVX512-VNNI, one
 //! `vpdpbusd` replaces `maddubs` + `madd` (the same exact integers).
 //!
 //! A [`QuantMatrix`] may stack several tensors (fused q/k/v, gate/up) of
@@ -118,6 +120,11 @@ impl QuantKind {
 /// function [`dot_fn`] returns is safe to call on this CPU.
 pub type DotFn = unsafe fn(&[u8], ActRow<'_>) -> f32;
 
+/// Two activation rows against one weight row, each weight block decoded
+/// once for both (a batch's last two or three rows; a speculative verify
+/// step of a few tokens).
+pub type Dot2Fn = unsafe fn(&[u8], &[ActRow<'_>; 2]) -> [f32; 2];
+
 /// Four activation rows against one weight row: each weight block is
 /// decoded once for all four (prefill and batched decode).
 pub type Dot4Fn = unsafe fn(&[u8], &[ActRow<'_>; 4]) -> [f32; 4];
@@ -130,6 +137,10 @@ pub const TILE_W: usize = 4;
 /// weight rows. Results equal [`Dot4Fn`]'s on each weight row, bit for bit.
 pub type TileFn = unsafe fn([&[u8]; TILE_W], &[ActRow<'_>; 4]) -> [[f32; 4]; TILE_W];
 
+/// [`TILE_W`] weight rows against two activation rows (a batch's last
+/// two). Results equal [`Dot2Fn`]'s on each weight row, bit for bit.
+pub type Tile2Fn = unsafe fn([&[u8]; TILE_W], &[ActRow<'_>; 2]) -> [[f32; 2]; TILE_W];
+
 /// The kernels of one format for this CPU; every entry computes each
 /// (weight row, activation row) pair with the same operations in the same
 /// order, so a row's result does not depend on which one ran it.
@@ -137,10 +148,14 @@ pub type TileFn = unsafe fn([&[u8]; TILE_W], &[ActRow<'_>; 4]) -> [[f32; 4]; TIL
 pub struct Kernels {
     /// One activation row.
     pub one: DotFn,
+    /// Two activation rows.
+    pub two: Dot2Fn,
     /// Four activation rows.
     pub four: Dot4Fn,
     /// [`TILE_W`] weight rows × four activation rows, where the format has one.
     pub tile: Option<TileFn>,
+    /// [`TILE_W`] weight rows × two activation rows, where the format has one.
+    pub tile2: Option<Tile2Fn>,
 }
 
 /// The fastest kernels this CPU runs for `kind`: AVX512-VNNI (its
@@ -155,8 +170,10 @@ pub fn kernels(kind: QuantKind) -> Kernels {
     }
     Kernels {
         one: portable_dot_fn(kind),
-        four: portable_four(kind),
+        two: portable_rows::<2>(kind),
+        four: portable_rows::<4>(kind),
         tile: None,
+        tile2: None,
     }
 }
 
@@ -168,22 +185,28 @@ fn avx2_kernels(kind: QuantKind, vnni: bool) -> Kernels {
             if vnni {
                 Kernels {
                     one: avx2::$vnni::one,
+                    two: avx2::$vnni::two,
                     four: avx2::$vnni::four,
                     tile: Some(avx2::$vnni::tile),
+                    tile2: Some(avx2::$vnni::tile2),
                 }
             } else {
                 Kernels {
                     one: avx2::$plain::one,
+                    two: avx2::$plain::two,
                     four: avx2::$plain::four,
                     tile: Some(avx2::$plain::tile),
+                    tile2: Some(avx2::$plain::tile2),
                 }
             }
         };
     }
-    let k = |one: DotFn, four: Dot4Fn| Kernels {
+    let k = |one: DotFn, two: Dot2Fn, four: Dot4Fn| Kernels {
         one,
+        two,
         four,
         tile: None,
+        tile2: None,
     };
     match kind {
         QuantKind::Q4_0 => k32!(q4_0, q4_0_vnni),
@@ -191,31 +214,33 @@ fn avx2_kernels(kind: QuantKind, vnni: bool) -> Kernels {
         QuantKind::Q5_0 => k32!(q5_0, q5_0_vnni),
         QuantKind::Q5_1 => k32!(q5_1, q5_1_vnni),
         QuantKind::Q8_0 => k32!(q8_0, q8_0_vnni),
-        QuantKind::Q4K => k(avx2::dot_q4_k, avx2::dot_q4_k_x4),
-        QuantKind::Q5K => k(avx2::dot_q5_k, avx2::dot_q5_k_x4),
-        QuantKind::Q6K => k(avx2::dot_q6_k, avx2::dot_q6_k_x4),
+        QuantKind::Q4K => k(avx2::dot_q4_k, avx2::dot_q4_k_x2, avx2::dot_q4_k_x4),
+        QuantKind::Q5K => k(avx2::dot_q5_k, avx2::dot_q5_k_x2, avx2::dot_q5_k_x4),
+        QuantKind::Q6K => k(avx2::dot_q6_k, avx2::dot_q6_k_x2, avx2::dot_q6_k_x4),
     }
 }
 
-/// The portable four-row kernel for `kind`.
-fn portable_four(kind: QuantKind) -> Dot4Fn {
+/// The portable `R`-row kernel for `kind`.
+fn portable_rows<const R: usize>(
+    kind: QuantKind,
+) -> unsafe fn(&[u8], &[ActRow<'_>; R]) -> [f32; R] {
     match kind {
-        QuantKind::Q4_0 => four::<{ QuantKind::Q4_0 as u8 }>,
-        QuantKind::Q4_1 => four::<{ QuantKind::Q4_1 as u8 }>,
-        QuantKind::Q5_0 => four::<{ QuantKind::Q5_0 as u8 }>,
-        QuantKind::Q5_1 => four::<{ QuantKind::Q5_1 as u8 }>,
-        QuantKind::Q8_0 => four::<{ QuantKind::Q8_0 as u8 }>,
-        QuantKind::Q4K => four::<{ QuantKind::Q4K as u8 }>,
-        QuantKind::Q5K => four::<{ QuantKind::Q5K as u8 }>,
-        QuantKind::Q6K => four::<{ QuantKind::Q6K as u8 }>,
+        QuantKind::Q4_0 => rows::<{ QuantKind::Q4_0 as u8 }, R>,
+        QuantKind::Q4_1 => rows::<{ QuantKind::Q4_1 as u8 }, R>,
+        QuantKind::Q5_0 => rows::<{ QuantKind::Q5_0 as u8 }, R>,
+        QuantKind::Q5_1 => rows::<{ QuantKind::Q5_1 as u8 }, R>,
+        QuantKind::Q8_0 => rows::<{ QuantKind::Q8_0 as u8 }, R>,
+        QuantKind::Q4K => rows::<{ QuantKind::Q4K as u8 }, R>,
+        QuantKind::Q5K => rows::<{ QuantKind::Q5K as u8 }, R>,
+        QuantKind::Q6K => rows::<{ QuantKind::Q6K as u8 }, R>,
     }
 }
 
-/// The portable four-row kernel: the one-row kernel four times.
+/// The portable `R`-row kernel: the one-row kernel `R` times.
 ///
 /// # Safety
 /// As [`DotFn`], for each row.
-unsafe fn four<const KIND: u8>(w: &[u8], x: &[ActRow<'_>; 4]) -> [f32; 4] {
+unsafe fn rows<const KIND: u8, const R: usize>(w: &[u8], x: &[ActRow<'_>; R]) -> [f32; R] {
     let dot = portable_dot_fn(QuantKind::ALL[KIND as usize]);
     // SAFETY: the portable kernels need no CPU features; forwarded contract.
     x.map(|x| unsafe { dot(w, x) })
@@ -309,7 +334,7 @@ fn col_of(cols: (usize, usize), r: usize) -> usize {
 }
 
 /// Weight rows `w` ([`TILE_W`]) against all `m` activation rows: tiles,
-/// then the one-row kernel for the last `m % 4` rows.
+/// three rows left as a tile too, then the two-row or one-row kernel.
 ///
 /// # Safety
 /// `tile` and `k` are this CPU's kernels for the rows' format; `acts` holds
@@ -332,15 +357,31 @@ unsafe fn rows_tile(
     let mut i = 0;
     // SAFETY: caller contract; i + 3 < m.
     unsafe {
-        while i + 4 <= m {
-            let rows = acts.four_rows(i);
+        // Three rows left take the tile too, the last one twice (its
+        // second result dropped): a tile of four costs less than two rows
+        // and one (quant_speed).
+        while i + 3 <= m {
+            let rows = acts.four_rows(i, m);
             let v = tile(w, &rows);
+            for (j, v) in v.into_iter().enumerate() {
+                for (a, v) in v.into_iter().enumerate().take(m - i) {
+                    out.write((i + a) * n + c[j], v);
+                }
+            }
+            i += 4;
+        }
+        if i + 2 <= m {
+            let rows = acts.two_rows(i);
+            let v: [[f32; 2]; TILE_W] = match k.tile2 {
+                Some(tile2) => tile2(w, &rows),
+                None => std::array::from_fn(|j| (k.two)(w[j], &rows)),
+            };
             for (j, v) in v.into_iter().enumerate() {
                 for (a, v) in v.into_iter().enumerate() {
                     out.write((i + a) * n + c[j], v);
                 }
             }
-            i += 4;
+            i += 2;
         }
         for i in i..m {
             for j in 0..TILE_W {
@@ -351,7 +392,7 @@ unsafe fn rows_tile(
 }
 
 /// Weight row `w` against all `m` activation rows: the four-row kernel,
-/// then the one-row kernel for the last `m % 4`.
+/// three rows left through it too, then the two-row or one-row kernel.
 ///
 /// # Safety
 /// As [`rows_tile`], for one weight row.
@@ -371,12 +412,18 @@ unsafe fn rows_four(
     let mut i = 0;
     // SAFETY: caller contract.
     unsafe {
-        while i + 4 <= m {
-            let rows = acts.four_rows(i);
-            for (a, v) in (k.four)(w, &rows).into_iter().enumerate() {
+        while i + 3 <= m {
+            let rows = acts.four_rows(i, m);
+            for (a, v) in (k.four)(w, &rows).into_iter().enumerate().take(m - i) {
                 out.write((i + a) * n + col, v);
             }
             i += 4;
+        }
+        if i + 2 <= m {
+            for (a, v) in (k.two)(w, &acts.two_rows(i)).into_iter().enumerate() {
+                out.write((i + a) * n + col, v);
+            }
+            i += 2;
         }
         for i in i..m {
             out.write(i * n + col, (k.one)(w, acts.row(i)));
@@ -540,7 +587,7 @@ impl QuantMatrix {
         // Weight rows outer: a row's blocks are read from memory once,
         // decoded once per four activation rows, and stay in L1.
         let mut r = t.row0;
-        if let (Some(tile), true) = (kerns[t.part].tile, m >= 4) {
+        if let (Some(tile), true) = (kerns[t.part].tile, m >= 2) {
             while r + TILE_W <= t.row0 + t.rows {
                 let ws = std::array::from_fn(|j| w(r + j));
                 // SAFETY: `tile` is this CPU's kernel for the format;

@@ -134,9 +134,9 @@ fn simd_and_portable_agree() {
 
 #[test]
 fn stacked_matrix_matches_per_row_dots_and_is_batch_invariant() {
-    // The four-row and 2 x 4 tile kernels (batches of 4+) must equal the
-    // one-row kernels bit for bit, for every format (odd row counts leave a
-    // weight row to the four-row kernel after the tiles).
+    // The two-row, four-row and 4 x 4 tile kernels must equal the one-row
+    // kernels bit for bit, for every format (odd row counts leave a weight
+    // row to the four-row kernel after the tiles).
     stacked(
         &[
             (QuantKind::Q4_1, 37),
@@ -169,7 +169,20 @@ fn stacked(kinds: &[(QuantKind, usize)], seed: u64) {
     let mat = QuantMatrix::new(parts, k).expect("valid parts");
     let n = mat.rows();
     assert_eq!(n, kinds.iter().map(|k| k.1).sum::<usize>());
-    let m = 9;
+    // Tiles and four-row kernels, three rows through them padded, the
+    // two-row kernel and the one-row one: 2, 3, 6 = 4 + 2, 9 = 8 + 1.
+    for m in [2, 3, 6, 9] {
+        rows_match_one_at_a_time(&mat, &deq, k, m, &mut rng);
+    }
+    let mut row = vec![0.0; k];
+    mat.row_into(n - 3, &mut row);
+    assert_eq!(row, deq[(n - 3) * k..(n - 2) * k]);
+}
+
+/// `m` rows at once equal each row alone, bit for bit, and the float
+/// product of the dequantized weights within the activations' rounding.
+fn rows_match_one_at_a_time(mat: &QuantMatrix, deq: &[f32], k: usize, m: usize, rng: &mut Rng) {
+    let n = mat.rows();
     let x: Vec<f32> = (0..m * k).map(|_| rng.unit()).collect();
     let mut scratch = ActScratch::default();
     let mut full = vec![0.0; m * n];
@@ -184,9 +197,6 @@ fn stacked(kinds: &[(QuantKind, usize)], seed: u64) {
             assert!((one[j] - want).abs() <= 0.02 * mag + 1e-4, "{i},{j}");
         }
     }
-    let mut row = vec![0.0; k];
-    mat.row_into(n - 3, &mut row);
-    assert_eq!(row, deq[(n - 3) * k..(n - 2) * k]);
 }
 
 #[test]
@@ -236,6 +246,8 @@ fn vnni_and_avx2_kernels_are_bit_identical() {
                 (vnni.one)(&w1, rows[2]),
                 "{kind:?}"
             );
+            let two = [rows[1], rows[3]];
+            assert_eq!((plain.two)(&w1, &two), (vnni.two)(&w1, &two), "{kind:?}");
             if let (Some(a), Some(b)) = (plain.tile, vnni.tile) {
                 let ws: [Vec<u8>; TILE_W] =
                     std::array::from_fn(|_| random_blocks(kind, blocks, &mut rng));
@@ -244,6 +256,13 @@ fn vnni_and_avx2_kernels_are_bit_identical() {
                     std::array::from_fn(|j| (plain.four)(tile_w[j], &rows));
                 assert_eq!(a(tile_w, &rows), want, "{kind:?} tile");
                 assert_eq!(b(tile_w, &rows), want, "{kind:?} vnni tile");
+                let two = [rows[0], rows[3]];
+                let want2: [[f32; 2]; TILE_W] =
+                    std::array::from_fn(|j| (plain.two)(tile_w[j], &two));
+                if let (Some(a2), Some(b2)) = (plain.tile2, vnni.tile2) {
+                    assert_eq!(a2(tile_w, &two), want2, "{kind:?} tile2");
+                    assert_eq!(b2(tile_w, &two), want2, "{kind:?} vnni tile2");
+                }
             }
         }
     }
