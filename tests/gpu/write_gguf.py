@@ -30,6 +30,17 @@ K_BLOCKS = {GGML_Q4_K: (144, [(0, 2e-4), (2, 5e-4)]), GGML_Q6_K: (210, [(208, 2.
 UNIT_BYTES = {GGML_Q8_0: (32, 34), GGML_Q4_K: (256, 144), GGML_Q6_K: (256, 210)}
 
 
+def sliced(rng, pool, n):
+    """n values as runs of `pool` from random offsets."""
+    parts, left = [], n
+    while left:
+        take = min(left, len(pool) // 2)
+        start = int(rng.integers(0, len(pool) - take))
+        parts.append(pool[start:start + take])
+        left -= take
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+
 def k_blocks(rng, ty, count):
     """`count` random blocks of k-quant type `ty` (every byte pattern is a
     valid block once its f16 scales are set to sane sizes)."""
@@ -202,15 +213,7 @@ def main():
             if ty == GGML_F32:
                 data = (1.0 + 0.1 * rng.standard_normal(shape[0])).astype("<f4").tobytes()
             else:
-                src = pool[ty]
-                n = nbytes // unit[ty]
-                parts, left = [], n
-                while left:
-                    take = min(left, len(src) // 2)
-                    start = int(rng.integers(0, len(src) - take))
-                    parts.append(src[start:start + take])
-                    left -= take
-                data = np.concatenate(parts).tobytes() if len(parts) > 1 else parts[0].tobytes()
+                data = sliced(rng, pool[ty], nbytes // unit[ty]).tobytes()
             f.write(data)
             f.write(b"\0" * (-f.tell() % ALIGN))
     print(f"wrote {a.out}: {layers} layers, {a.dtype}, {offset / 1e9:.2f} GB of tensors")

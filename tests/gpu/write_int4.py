@@ -35,6 +35,8 @@ import shutil
 
 import numpy as np
 
+from write_gguf import sliced
+
 SHARD_BYTES = 2 << 30
 # (q - z) has an rms of ~4.8 for random q and z 6..10 (8 for GPTQ), s is
 # SCALE * U(0.5, 1.5): weights of rms ~0.02.
@@ -103,17 +105,6 @@ def save_fp8(data, path):
         f.write(raw)
         for v in data.values():
             f.write(np.ascontiguousarray(v).tobytes())
-
-
-def sliced(rng, pool, n):
-    """n values as runs of `pool` from random offsets."""
-    parts, left = [], n
-    while left:
-        take = min(left, len(pool) // 2)
-        start = int(rng.integers(0, len(pool) - take))
-        parts.append(pool[start:start + take])
-        left -= take
-    return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
 
 def main():

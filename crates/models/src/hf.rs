@@ -444,6 +444,40 @@ impl SafetensorsSource {
     }
 }
 
+/// A stacked tensor's shape and values.
+type Stacked<T> = (Vec<usize>, Vec<T>);
+
+/// Tensors `names` (one per expert) stacked along a new first dimension:
+/// `part` appends one's values and gives its shape, or `None` when it has
+/// no such form (then neither has the stack); every part must have the
+/// first one's shape.
+fn stack<T>(
+    names: &[String],
+    mut part: impl FnMut(&str, &mut Vec<T>) -> Result<Option<Vec<usize>>, ModelError>,
+) -> Result<Option<Stacked<T>>, ModelError> {
+    let mut shape: Option<Vec<usize>> = None;
+    let mut data = Vec::new();
+    for name in names {
+        let Some(got) = part(name, &mut data)? else {
+            return Ok(None);
+        };
+        match &shape {
+            Some(expected) if *expected != got => {
+                return Err(ModelError::ShapeMismatch {
+                    name: name.clone(),
+                    expected: expected.clone(),
+                    got,
+                })
+            }
+            Some(_) => {}
+            None => shape = Some(got),
+        }
+    }
+    let mut shape = shape.unwrap_or_default();
+    shape.insert(0, names.len());
+    Ok(Some((shape, data)))
+}
+
 /// An OCP FP8 e4m3 byte as f32 (4 exponent bits, bias 7, 3 mantissa bits,
 /// no infinities; 0x7f and 0xff are NaN).
 fn e4m3_to_f32(b: u8) -> f32 {
@@ -643,25 +677,13 @@ impl SafetensorsSource {
     /// The Q4_1 blocks of `names` stacked (one expert each), when all are
     /// AWQ/GPTQ weights of one shape.
     fn int4_stack(&self, names: &[String]) -> Result<Option<QuantTensor>, ModelError> {
-        let mut shape = Vec::new();
-        let mut data = Vec::new();
-        for name in names {
-            let Some(q) = self.int4_blocks(name)? else {
-                return Ok(None);
-            };
-            if shape.is_empty() {
-                shape = q.shape.clone();
-            } else if q.shape != shape {
-                return Err(ModelError::ShapeMismatch {
-                    name: name.clone(),
-                    expected: shape,
-                    got: q.shape,
-                });
-            }
-            data.extend_from_slice(q.data.bytes());
-        }
-        shape.insert(0, names.len());
-        Ok(Some(q4_1_tensor(shape, data)))
+        let stacked = stack(names, |name, data| {
+            Ok(self.int4_blocks(name)?.map(|q| {
+                data.extend_from_slice(q.data.bytes());
+                q.shape
+            }))
+        })?;
+        Ok(stacked.map(|(shape, data)| q4_1_tensor(shape, data)))
     }
 
     /// The storage type file tensor `name` is summarised under, and
@@ -726,22 +748,14 @@ impl TensorSource for SafetensorsSource {
                 Ok(HostTensor::new(vec![experts, width, cols], data))
             }
             Parts::Stack(names) => {
-                let mut shape = Vec::new();
-                let mut data = Vec::new();
-                for part in &names {
+                let stacked = stack(&names, |part, data| {
                     let t = self.load_one(part)?;
-                    if shape.is_empty() {
-                        shape = t.shape.clone();
-                    } else if t.shape != shape {
-                        return Err(ModelError::ShapeMismatch {
-                            name: part.clone(),
-                            expected: shape,
-                            got: t.shape,
-                        });
-                    }
                     data.extend_from_slice(&t.data);
-                }
-                shape.insert(0, names.len());
+                    Ok(Some(t.shape))
+                })?;
+                let (shape, data) = stacked.ok_or_else(|| ModelError::MissingTensor {
+                    name: name.to_string(),
+                })?;
                 Ok(HostTensor::new(shape, data))
             }
         }

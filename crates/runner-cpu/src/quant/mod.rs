@@ -152,10 +152,16 @@ pub struct Kernels {
     pub two: Dot2Fn,
     /// Four activation rows.
     pub four: Dot4Fn,
-    /// [`TILE_W`] weight rows × four activation rows, where the format has one.
-    pub tile: Option<TileFn>,
-    /// [`TILE_W`] weight rows × two activation rows, where the format has one.
-    pub tile2: Option<Tile2Fn>,
+    /// [`TILE_W`] weight rows × four and × two activation rows, where the
+    /// format has them.
+    pub tile: Option<Tiles>,
+}
+
+/// A format's tile kernels.
+#[derive(Clone, Copy)]
+pub struct Tiles {
+    pub four: TileFn,
+    pub two: Tile2Fn,
 }
 
 /// The fastest kernels this CPU runs for `kind`: AVX512-VNNI (its
@@ -173,7 +179,6 @@ pub fn kernels(kind: QuantKind) -> Kernels {
         two: portable_rows::<2>(kind),
         four: portable_rows::<4>(kind),
         tile: None,
-        tile2: None,
     }
 }
 
@@ -187,16 +192,20 @@ fn avx2_kernels(kind: QuantKind, vnni: bool) -> Kernels {
                     one: avx2::$vnni::one,
                     two: avx2::$vnni::two,
                     four: avx2::$vnni::four,
-                    tile: Some(avx2::$vnni::tile),
-                    tile2: Some(avx2::$vnni::tile2),
+                    tile: Some(Tiles {
+                        four: avx2::$vnni::tile,
+                        two: avx2::$vnni::tile2,
+                    }),
                 }
             } else {
                 Kernels {
                     one: avx2::$plain::one,
                     two: avx2::$plain::two,
                     four: avx2::$plain::four,
-                    tile: Some(avx2::$plain::tile),
-                    tile2: Some(avx2::$plain::tile2),
+                    tile: Some(Tiles {
+                        four: avx2::$plain::tile,
+                        two: avx2::$plain::tile2,
+                    }),
                 }
             }
         };
@@ -206,7 +215,6 @@ fn avx2_kernels(kind: QuantKind, vnni: bool) -> Kernels {
         two,
         four,
         tile: None,
-        tile2: None,
     };
     match kind {
         QuantKind::Q4_0 => k32!(q4_0, q4_0_vnni),
@@ -343,7 +351,7 @@ fn col_of(cols: (usize, usize), r: usize) -> usize {
 #[allow(clippy::too_many_arguments)]
 #[inline]
 unsafe fn rows_tile(
-    tile: TileFn,
+    tiles: Tiles,
     k: Kernels,
     w: [&[u8]; TILE_W],
     acts: &QuantActs,
@@ -362,7 +370,7 @@ unsafe fn rows_tile(
         // and one (quant_speed).
         while i + 3 <= m {
             let rows = acts.four_rows(i, m);
-            let v = tile(w, &rows);
+            let v = (tiles.four)(w, &rows);
             for (j, v) in v.into_iter().enumerate() {
                 for (a, v) in v.into_iter().enumerate().take(m - i) {
                     out.write((i + a) * n + c[j], v);
@@ -372,11 +380,7 @@ unsafe fn rows_tile(
         }
         if i + 2 <= m {
             let rows = acts.two_rows(i);
-            let v: [[f32; 2]; TILE_W] = match k.tile2 {
-                Some(tile2) => tile2(w, &rows),
-                None => std::array::from_fn(|j| (k.two)(w[j], &rows)),
-            };
-            for (j, v) in v.into_iter().enumerate() {
+            for (j, v) in (tiles.two)(w, &rows).into_iter().enumerate() {
                 for (a, v) in v.into_iter().enumerate() {
                     out.write((i + a) * n + c[j], v);
                 }
@@ -587,12 +591,12 @@ impl QuantMatrix {
         // Weight rows outer: a row's blocks are read from memory once,
         // decoded once per four activation rows, and stay in L1.
         let mut r = t.row0;
-        if let (Some(tile), true) = (kerns[t.part].tile, m >= 2) {
+        if let (Some(tiles), true) = (kerns[t.part].tile, m >= 2) {
             while r + TILE_W <= t.row0 + t.rows {
                 let ws = std::array::from_fn(|j| w(r + j));
                 // SAFETY: `tile` is this CPU's kernel for the format;
                 // the rows are whole rows of `k` weights.
-                unsafe { rows_tile(tile, kerns[t.part], ws, acts, m, n, ptr, cols, r) };
+                unsafe { rows_tile(tiles, kerns[t.part], ws, acts, m, n, ptr, cols, r) };
                 r += TILE_W;
             }
         }

@@ -189,15 +189,17 @@ fn rope_table_count(config: &ModelConfig) -> usize {
 enum Dtype {
     Bf16,
     F32,
-    /// An FP8 checkpoint's bytes as they are (its row scales go to
-    /// [`Placement::scales`]).
-    E4m3,
+    /// An FP8 checkpoint's bytes as they are; its row scales go to
+    /// `scales`.
+    E4m3 {
+        scales: DevPtr,
+    },
 }
 
 impl Dtype {
     fn size(self) -> usize {
         match self {
-            Self::E4m3 => 1,
+            Self::E4m3 { .. } => 1,
             Self::Bf16 => 2,
             Self::F32 => 4,
         }
@@ -221,8 +223,6 @@ struct Placement {
     quantized: Option<DevPtr>,
     /// GGUF blocks kept: each plane's destination (`dst` is the first).
     blocks: Option<PlacedBlocks>,
-    /// [`Dtype::E4m3`]: where its row scales go.
-    scales: Option<DevPtr>,
 }
 
 impl Placement {
@@ -402,7 +402,6 @@ impl DeviceWeights {
                     fp8_slot: None,
                     quantized: Some(home),
                     blocks: Some(blocks),
-                    scales: None,
                 });
                 continue;
             }
@@ -419,7 +418,6 @@ impl DeviceWeights {
                     fp8_slot: Some(head_slot),
                     quantized: Some(head.dst),
                     blocks: None,
-                    scales: None,
                 });
                 continue;
             }
@@ -439,12 +437,11 @@ impl DeviceWeights {
                     Placement {
                         name: name.clone(),
                         shape: shape.clone(),
-                        dtype: Dtype::E4m3,
+                        dtype: Dtype::E4m3 { scales },
                         dst,
                         fp8_slot: None,
                         quantized: Some(matrix.dst),
                         blocks: None,
-                        scales: Some(scales),
                     }
                 } else {
                     Placement {
@@ -455,7 +452,6 @@ impl DeviceWeights {
                         fp8_slot: Some(layer),
                         quantized: Some(matrix.dst),
                         blocks: None,
-                        scales: None,
                     }
                 };
                 placements.push(placement);
@@ -500,7 +496,6 @@ impl DeviceWeights {
                 fp8_slot,
                 quantized: None,
                 blocks: None,
-                scales: None,
             });
         }
         let table_bytes = config.max_context * (config.head_dim / 2) * 4;
@@ -684,7 +679,7 @@ fn fill_random(
     let kernel = match p.dtype {
         Dtype::Bf16 => &fills[0],
         Dtype::F32 => &fills[1],
-        Dtype::E4m3 => {
+        Dtype::E4m3 { .. } => {
             return Err(CudaError::Unsupported(format!(
                 "{}: random weights are never an FP8 checkpoint's",
                 p.name

@@ -185,55 +185,63 @@ impl<'g> Stager<'g> {
             }
             return Ok(());
         }
-        if let (Dtype::E4m3, Some(scales)) = (p.dtype, p.scales) {
-            let e = source.load_e4m3(&p.name)?.ok_or_else(|| {
-                CudaError::Unsupported(format!("{}: the source has no e4m3 bytes for it", p.name))
-            })?;
-            check_shape(p, &e.shape)?;
-            if e.bytes.len() != numel || e.row_scales.len() != p.shape[0] {
-                return Err(CudaError::Unsupported(format!(
-                    "tensor {} has {} e4m3 bytes and {} row scales, expected {numel} and {}",
-                    p.name,
-                    e.bytes.len(),
-                    e.row_scales.len(),
-                    p.shape[0]
-                )));
-            }
-            self.stats.source += t.elapsed();
-            self.stats.direct += 1;
-            self.put(p.dst, HostData::Bytes(&e.bytes))?;
-            return self.put(scales, HostData::F32(&e.row_scales));
-        }
-        if p.dtype == Dtype::Bf16 {
-            if let Some(b) = source.load_bf16(&p.name)? {
-                check_shape(p, &b.shape)?;
-                if b.bytes.len() != 2 * numel {
-                    return Err(CudaError::Unsupported(format!(
-                        "tensor {} has {} bf16 bytes, expected {}",
-                        p.name,
-                        b.bytes.len(),
-                        2 * numel
-                    )));
+        match p.dtype {
+            Dtype::E4m3 { scales } => return self.e4m3(source, p, scales, t),
+            Dtype::Bf16 => {
+                if let Some(b) = source.load_bf16(&p.name)? {
+                    check_shape(p, &b.shape)?;
+                    if b.bytes.len() != 2 * numel {
+                        return Err(CudaError::Unsupported(format!(
+                            "tensor {} has {} bf16 bytes, expected {}",
+                            p.name,
+                            b.bytes.len(),
+                            2 * numel
+                        )));
+                    }
+                    self.stats.source += t.elapsed();
+                    self.stats.direct += 1;
+                    return self.put(p.dst, HostData::Bytes(&b.bytes));
                 }
-                self.stats.source += t.elapsed();
-                self.stats.direct += 1;
-                return self.put(p.dst, HostData::Bytes(&b.bytes));
             }
+            Dtype::F32 => {}
         }
         let h = source.load(&p.name)?;
         check_shape(p, &h.shape)?;
         self.stats.source += t.elapsed();
         let data = match p.dtype {
             Dtype::Bf16 => HostData::F32AsBf16(&h.data),
-            Dtype::F32 => HostData::F32(&h.data),
-            Dtype::E4m3 => {
-                return Err(CudaError::Unsupported(format!(
-                    "{}: e4m3 placement without its scales' place",
-                    p.name
-                )))
-            }
+            _ => HostData::F32(&h.data),
         };
         self.put(p.dst, data)
+    }
+
+    /// An FP8 checkpoint's tensor as it is: its e4m3 bytes to `p.dst`, its
+    /// row scales to `scales` (`t`: when the tensor's load began).
+    fn e4m3(
+        &mut self,
+        source: &dyn TensorSource,
+        p: &Placement,
+        scales: DevPtr,
+        t: Instant,
+    ) -> Result<(), CudaError> {
+        let e = source.load_e4m3(&p.name)?.ok_or_else(|| {
+            CudaError::Unsupported(format!("{}: the source has no e4m3 bytes for it", p.name))
+        })?;
+        check_shape(p, &e.shape)?;
+        let numel: usize = p.shape.iter().product();
+        if e.bytes.len() != numel || e.row_scales.len() != p.shape[0] {
+            return Err(CudaError::Unsupported(format!(
+                "tensor {} has {} e4m3 bytes and {} row scales, expected {numel} and {}",
+                p.name,
+                e.bytes.len(),
+                e.row_scales.len(),
+                p.shape[0]
+            )));
+        }
+        self.stats.source += t.elapsed();
+        self.stats.direct += 1;
+        self.put(p.dst, HostData::Bytes(&e.bytes))?;
+        self.put(scales, HostData::F32(&e.row_scales))
     }
 
     /// Copies `data` to `dst` in pieces that fit the staging buffers.
