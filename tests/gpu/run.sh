@@ -96,7 +96,7 @@
 #             (`ingot bench serve`, 64 concurrent, 1024 in / 128 out, 128 prompts)
 #   int4      an 8B-shaped AWQ checkpoint (write_int4.py: random 4-bit weights, group 128) read as Q4_1:
 #             its tensor types, batch 1 --cuda-weights native beside the bf16 dummy of the same config
-#   fp8ckpt   (fp8ckpt1b: only the 1B part, native) an FP8 checkpoint (write_int4.py --method fp8: compressed-tensors, e4m3 with a scale per
+#   fp8ckpt   (fp8ckpt1b: only the 1B part, native; fp8ckpt8b: only the 8B part) an FP8 checkpoint (write_int4.py --method fp8: compressed-tensors, e4m3 with a scale per
 #             output channel) kept as it is under --cuda-weights native: a 2-layer 1B-shaped one vs the
 #             CPU's exact f32 path, native and bf16-expanded (compare_backends.py); the 8B: batch 1
 #             native / --quantization fp8 (dummy) alternated twice, bf16-expanded once
@@ -342,18 +342,20 @@ for phase in "$@"; do
       B1="bench latency --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json"
       echo "AWQ g128, native"; "$ING" $B1 --model "$A" --cuda-weights native | tee -a "$O/bench.jsonl"
       echo "bf16 (dummy)"; "$ING" $B1 --model "$M" --load-format dummy | tee -a "$O/bench.jsonl" ;;
-    fp8ckpt|fp8ckpt1b)
+    fp8ckpt|fp8ckpt1b|fp8ckpt8b)
       M=$(llama8b); S="$W/llama-3.2-1b"; mkdir -p "$S"
-      cp tests/gpu/configs/llama-3.2-1b/config.json "$W"/tokenizers/llama3/* "$S/"
-      F1="$W/fp8-1b-2l"
-      [ -f "$F1/config.json" ] || python3 tests/gpu/write_int4.py --config "$S/config.json" --tokenizer "$S" --out "$F1" --method fp8 --layers 2
-      RUST_LOG=info "$ING" generate "$F1" --cuda-weights native --prompt "Hi" --max-tokens 2 2>&1 | grep -iE "e4m3|native" | head -3
-      FLAGS=("--cuda-weights native" "--cuda-weights bf16"); [ "$phase" = fp8ckpt1b ] && FLAGS=("--cuda-weights native")
-      for flags in "${FLAGS[@]}"; do
-        echo "CUDA $flags vs the CPU's exact f32 path"
-        timeout -k 5 "$T" python3 tests/gpu/compare_backends.py --ingot "$ING_RAW" --model "$F1" --tokens 16 \
-          --cpu-flags "--cpu-weights f32" --cuda-flags "$flags" | tee -a "$O/fp8ckpt_compare.txt"
-      done
+      if [ "$phase" != fp8ckpt8b ]; then
+        cp tests/gpu/configs/llama-3.2-1b/config.json "$W"/tokenizers/llama3/* "$S/"
+        F1="$W/fp8-1b-2l"
+        [ -f "$F1/config.json" ] || python3 tests/gpu/write_int4.py --config "$S/config.json" --tokenizer "$S" --out "$F1" --method fp8 --layers 2
+        RUST_LOG=info "$ING" generate "$F1" --cuda-weights native --prompt "Hi" --max-tokens 2 2>&1 | grep -iE "e4m3|native" | head -3
+        FLAGS=("--cuda-weights native" "--cuda-weights bf16"); [ "$phase" = fp8ckpt1b ] && FLAGS=("--cuda-weights native")
+        for flags in "${FLAGS[@]}"; do
+          echo "CUDA $flags vs the CPU's exact f32 path"
+          timeout -k 5 "$T" python3 tests/gpu/compare_backends.py --ingot "$ING_RAW" --model "$F1" --tokens 16 \
+            --cpu-flags "--cpu-weights f32" --cuda-flags "$flags" | tee -a "$O/fp8ckpt_compare.txt"
+        done
+      fi
       [ "$phase" = fp8ckpt1b ] && continue
       F8="$W/8b-fp8"
       [ -f "$F8/config.json" ] || python3 tests/gpu/write_int4.py --config "$M/config.json" --tokenizer "$M" --out "$F8" --method fp8
