@@ -134,6 +134,13 @@ unsafe fn dot32<
     // qs[32b..32b + 32] and d[b] (s[b] with MIN), all in bounds (caller
     // contract).
     unsafe {
+        // One row streams alone: a fixed distance ahead. A tile's rows
+        // stream side by side: the same block of the next tile's rows.
+        let ahead = if W == 1 {
+            PREFETCH_BYTES
+        } else {
+            W * w[0].len()
+        };
         let mut acc = [[_mm256_setzero_ps(); R]; W];
         let mut mins = [[0f32; R]; W];
         for b in 0..nb {
@@ -145,7 +152,7 @@ unsafe fn dot32<
                 let p = w[j].as_ptr().add(b * BYTES);
                 // The rows stream from memory: ask for the bytes a few
                 // blocks on (+55 % on a 49,152-row Q8_0 product, quant_speed).
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
                 dm[j] = f16_pair(p);
                 dv[j] = _mm256_set1_ps(dm[j].0);
                 qv[j] = q(p);
@@ -186,11 +193,12 @@ unsafe fn dot32<
     }
 }
 
-/// Defines, for a 32-block format, the one-row, two-row, four-row and 4 × 4 tile
-/// kernels in a module `$m`, with `$feat` enabled and `$vnni` picking the
-/// integer product.
+/// Defines, for a 32-block format, the one-row, two-row, four-row and 4 × 4,
+/// 4 × 2 and 4 × 1 tile kernels in a module `$m`, with `$feat` enabled,
+/// `$vnni` picking the integer product and `$wide1` whether the 4 × 1 tile
+/// runs its rows together.
 macro_rules! dot32_mod {
-    ($m:ident, $feat:literal, $vnni:literal, $bytes:literal, $signed:literal, $min:literal, $q:expr) => {
+    ($m:ident, $feat:literal, $vnni:literal, $bytes:literal, $signed:literal, $min:literal, $wide1:literal, $q:expr) => {
         pub mod $m {
             use super::*;
 
@@ -227,6 +235,26 @@ macro_rules! dot32_mod {
                 unsafe { dot32::<$bytes, $signed, $min, $vnni, TILE_W, 4>(w, x, $q) }
             }
 
+            /// Batch-1 decode: with `$wide1` the four weight rows stream
+            /// side by side (one activation load for four rows; signed
+            /// formats +20-70 % on DRAM-streamed rows, `stream_speed`),
+            /// otherwise one row at a time (Q4_1, Q5_1 and Q8_0 measured
+            /// slower as four: SmolLM2 Q4_1 decode -6 to -10 %).
+            ///
+            /// # Safety
+            /// As [`tile`], for one activation row.
+            #[target_feature(enable = $feat)]
+            pub unsafe fn tile1(w: [&[u8]; TILE_W], x: &[ActRow<'_>; 1]) -> [[f32; 1]; TILE_W] {
+                // SAFETY: forwarded contract; the block layout matches `$q`.
+                unsafe {
+                    if !$wide1 {
+                        w.map(|w| dot32::<$bytes, $signed, $min, $vnni, 1, 1>([w], x, $q)[0])
+                    } else {
+                        dot32::<$bytes, $signed, $min, $vnni, TILE_W, 1>(w, x, $q)
+                    }
+                }
+            }
+
             /// # Safety
             /// As [`tile`], for two activation rows.
             #[target_feature(enable = $feat)]
@@ -241,8 +269,17 @@ macro_rules! dot32_mod {
 /// Defines a 32-block format's kernels for AVX2 (`$avx2`) and for
 /// AVX512-VNNI (`$vnni`, same results).
 macro_rules! dot32_fns {
-    ($avx2:ident, $vnni:ident, $bytes:literal, $signed:literal, $min:literal, $q:expr) => {
-        dot32_mod!($avx2, "avx2,fma,f16c", false, $bytes, $signed, $min, $q);
+    ($avx2:ident, $vnni:ident, $bytes:literal, $signed:literal, $min:literal, $wide1:literal, $q:expr) => {
+        dot32_mod!(
+            $avx2,
+            "avx2,fma,f16c",
+            false,
+            $bytes,
+            $signed,
+            $min,
+            $wide1,
+            $q
+        );
         dot32_mod!(
             $vnni,
             "avx2,fma,f16c,avx512vnni,avx512vl",
@@ -250,30 +287,33 @@ macro_rules! dot32_fns {
             $bytes,
             $signed,
             $min,
+            $wide1,
             $q
         );
     };
 }
 
 // Q4_0: 18-byte blocks, nibbles at 2..18, q - 8.
-dot32_fns!(q4_0, q4_0_vnni, 18, true, false, |p| {
+dot32_fns!(q4_0, q4_0_vnni, 18, true, false, true, |p| {
     _mm256_sub_epi8(nibbles(p.add(2)), _mm256_set1_epi8(8))
 });
 // Q4_1: 20-byte blocks, nibbles at 4..20.
-dot32_fns!(q4_1, q4_1_vnni, 20, false, true, |p| { nibbles(p.add(4)) });
+dot32_fns!(q4_1, q4_1_vnni, 20, false, true, false, |p| {
+    nibbles(p.add(4))
+});
 // Q5_0: 22-byte blocks, qh at 2..6, nibbles at 6..22, q - 16.
-dot32_fns!(q5_0, q5_0_vnni, 22, true, false, |p| {
+dot32_fns!(q5_0, q5_0_vnni, 22, true, false, true, |p| {
     let qh = std::ptr::read_unaligned(p.add(2) as *const u32);
     let q = _mm256_or_si256(nibbles(p.add(6)), fifth_bits(qh));
     _mm256_sub_epi8(q, _mm256_set1_epi8(16))
 });
 // Q5_1: 24-byte blocks, qh at 4..8, nibbles at 8..24.
-dot32_fns!(q5_1, q5_1_vnni, 24, false, true, |p| {
+dot32_fns!(q5_1, q5_1_vnni, 24, false, true, false, |p| {
     let qh = std::ptr::read_unaligned(p.add(4) as *const u32);
     _mm256_or_si256(nibbles(p.add(8)), fifth_bits(qh))
 });
 // Q8_0: 34-byte blocks, int8 values at 2..34.
-dot32_fns!(q8_0, q8_0_vnni, 34, true, false, |p| {
+dot32_fns!(q8_0, q8_0_vnni, 34, true, false, false, |p| {
     _mm256_loadu_si256(p.add(2) as *const __m256i)
 });
 

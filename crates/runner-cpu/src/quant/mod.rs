@@ -152,16 +152,21 @@ pub struct Kernels {
     pub two: Dot2Fn,
     /// Four activation rows.
     pub four: Dot4Fn,
-    /// [`TILE_W`] weight rows × four and × two activation rows, where the
+    /// [`TILE_W`] weight rows × four, two and one activation rows, where the
     /// format has them.
     pub tile: Option<Tiles>,
 }
+
+/// [`TILE_W`] weight rows against one activation row (batch-1 decode):
+/// four rows stream at once. Results equal [`DotFn`]'s, bit for bit.
+pub type Tile1Fn = unsafe fn([&[u8]; TILE_W], &[ActRow<'_>; 1]) -> [[f32; 1]; TILE_W];
 
 /// A format's tile kernels.
 #[derive(Clone, Copy)]
 pub struct Tiles {
     pub four: TileFn,
     pub two: Tile2Fn,
+    pub one: Tile1Fn,
 }
 
 /// The fastest kernels this CPU runs for `kind`: AVX512-VNNI (its
@@ -195,6 +200,7 @@ fn avx2_kernels(kind: QuantKind, vnni: bool) -> Kernels {
                     tile: Some(Tiles {
                         four: avx2::$vnni::tile,
                         two: avx2::$vnni::tile2,
+                        one: avx2::$vnni::tile1,
                     }),
                 }
             } else {
@@ -205,6 +211,7 @@ fn avx2_kernels(kind: QuantKind, vnni: bool) -> Kernels {
                     tile: Some(Tiles {
                         four: avx2::$plain::tile,
                         two: avx2::$plain::tile2,
+                        one: avx2::$plain::tile1,
                     }),
                 }
             }
@@ -342,7 +349,7 @@ fn col_of(cols: (usize, usize), r: usize) -> usize {
 }
 
 /// Weight rows `w` ([`TILE_W`]) against all `m` activation rows: tiles,
-/// three rows left as a tile too, then the two-row or one-row kernel.
+/// three rows left as a tile too, then the two-row or one-row tile.
 ///
 /// # Safety
 /// `tile` and `k` are this CPU's kernels for the rows' format; `acts` holds
@@ -352,7 +359,6 @@ fn col_of(cols: (usize, usize), r: usize) -> usize {
 #[inline]
 unsafe fn rows_tile(
     tiles: Tiles,
-    k: Kernels,
     w: [&[u8]; TILE_W],
     acts: &QuantActs,
     m: usize,
@@ -387,9 +393,9 @@ unsafe fn rows_tile(
             }
             i += 2;
         }
-        for i in i..m {
-            for j in 0..TILE_W {
-                out.write(i * n + c[j], (k.one)(w[j], acts.row(i)));
+        if i < m {
+            for (j, v) in (tiles.one)(w, &[acts.row(i)]).into_iter().enumerate() {
+                out.write(i * n + c[j], v[0]);
             }
         }
     }
@@ -591,12 +597,12 @@ impl QuantMatrix {
         // Weight rows outer: a row's blocks are read from memory once,
         // decoded once per four activation rows, and stay in L1.
         let mut r = t.row0;
-        if let (Some(tiles), true) = (kerns[t.part].tile, m >= 2) {
+        if let Some(tiles) = kerns[t.part].tile {
             while r + TILE_W <= t.row0 + t.rows {
                 let ws = std::array::from_fn(|j| w(r + j));
                 // SAFETY: `tile` is this CPU's kernel for the format;
                 // the rows are whole rows of `k` weights.
-                unsafe { rows_tile(tiles, kerns[t.part], ws, acts, m, n, ptr, cols, r) };
+                unsafe { rows_tile(tiles, ws, acts, m, n, ptr, cols, r) };
                 r += TILE_W;
             }
         }

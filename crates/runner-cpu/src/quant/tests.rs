@@ -249,7 +249,7 @@ fn vnni_and_avx2_kernels_are_bit_identical() {
             let two = [rows[1], rows[3]];
             assert_eq!((plain.two)(&w1, &two), (vnni.two)(&w1, &two), "{kind:?}");
             if let (Some(a), Some(b)) = (plain.tile, vnni.tile) {
-                let (a2, b2) = (a.two, b.two);
+                let (a2, b2, b1) = (a.two, b.two, b.one);
                 let (a, b) = (a.four, b.four);
                 let ws: [Vec<u8>; TILE_W] =
                     std::array::from_fn(|_| random_blocks(kind, blocks, &mut rng));
@@ -263,7 +263,40 @@ fn vnni_and_avx2_kernels_are_bit_identical() {
                     std::array::from_fn(|j| (plain.two)(tile_w[j], &two));
                 assert_eq!(a2(tile_w, &two), want2, "{kind:?} tile2");
                 assert_eq!(b2(tile_w, &two), want2, "{kind:?} vnni tile2");
+                let one = [rows[2]];
+                let want1: [[f32; 1]; TILE_W] =
+                    std::array::from_fn(|j| [(plain.one)(tile_w[j], rows[2])]);
+                assert_eq!((b1)(tile_w, &one), want1, "{kind:?} vnni tile1");
             }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn one_row_tile_equals_the_one_row_kernel() {
+    // Batch-1 decode runs four weight rows at once (`Tiles::one`): each
+    // result must be the one-row kernel's, bit for bit.
+    if !has_avx2() {
+        eprintln!("no AVX2 here: no tile kernels to compare");
+        return;
+    }
+    let mut rng = Rng(8);
+    for kind in QuantKind::ALL {
+        let ks = avx2_kernels(kind, false);
+        let Some(tiles) = ks.tile else { continue };
+        let k = 768;
+        let x: Vec<f32> = (0..k).map(|_| rng.unit() * 3.0).collect();
+        let mut acts = QuantActs::default();
+        acts.quantize(&x, 1, k, kind.act());
+        let blocks = k / kind.ggml().block_size();
+        let ws: [Vec<u8>; TILE_W] = std::array::from_fn(|_| random_blocks(kind, blocks, &mut rng));
+        let tile_w: [&[u8]; TILE_W] = std::array::from_fn(|j| ws[j].as_slice());
+        // SAFETY: AVX2 checked above; whole blocks, k values a row.
+        unsafe {
+            let want: [[f32; 1]; TILE_W] =
+                std::array::from_fn(|j| [(ks.one)(tile_w[j], acts.row(0))]);
+            assert_eq!((tiles.one)(tile_w, &[acts.row(0)]), want, "{kind:?}");
         }
     }
 }
