@@ -10,7 +10,7 @@ use ingot_models::BlockData;
 use ingot_runner_cpu::quant::{ActScratch, QuantKind, QuantMatrix};
 use rayon::prelude::*;
 
-/// Random-looking blocks with small finite f16 scales (the 32-block formats).
+/// Random-looking blocks with small finite f16 scales.
 fn blocks(kind: QuantKind, rows: usize, k: usize, seed: usize) -> Vec<u8> {
     let t = kind.ggml();
     let size = t.type_size();
@@ -18,11 +18,14 @@ fn blocks(kind: QuantKind, rows: usize, k: usize, seed: usize) -> Vec<u8> {
         .map(|i| ((i + seed).wrapping_mul(2_654_435_761) >> 7) as u8)
         .collect();
     let scale = half::f16::from_f32(0.01).to_le_bytes();
-    let with_min = matches!(kind, QuantKind::Q4_1 | QuantKind::Q5_1);
+    let at: &[usize] = match kind {
+        QuantKind::Q6K => &[208],
+        QuantKind::Q4_1 | QuantKind::Q5_1 | QuantKind::Q4K | QuantKind::Q5K => &[0, 2],
+        _ => &[0],
+    };
     for blk in out.chunks_exact_mut(size) {
-        blk[0..2].copy_from_slice(&scale);
-        if with_min {
-            blk[2..4].copy_from_slice(&scale);
+        for &a in at {
+            blk[a..a + 2].copy_from_slice(&scale);
         }
     }
     out
@@ -44,6 +47,8 @@ fn main() {
         QuantKind::Q5_0,
         QuantKind::Q5_1,
         QuantKind::Q8_0,
+        QuantKind::Q4K,
+        QuantKind::Q6K,
     ] {
         let mats: Vec<QuantMatrix> = (0..count)
             .map(|s| {

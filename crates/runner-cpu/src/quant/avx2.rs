@@ -102,6 +102,17 @@ unsafe fn dot_u8i8<const VNNI: bool>(w: __m256i, x: __m256i) -> __m256i {
 /// How far ahead of the block being read the weight rows are prefetched.
 const PREFETCH_BYTES: usize = 2048;
 
+/// Asks for the cache lines of the `BYTES`-byte block [`PREFETCH_BYTES`]
+/// past `p` (the k-quants' super-blocks span three or four lines).
+#[inline(always)]
+fn prefetch_ahead<const BYTES: usize>(p: *const u8) {
+    let at = p.wrapping_add(PREFETCH_BYTES);
+    for line in 0..BYTES.div_ceil(64) {
+        // SAFETY: a prefetch never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * line) as *const i8) };
+    }
+}
+
 /// Block `b` of [`dot32`]'s loop: every (weight, activation) pair's
 /// product added to its accumulator. Always inlined into the kernels, which
 /// carry the target features.
@@ -395,6 +406,7 @@ unsafe fn dot_k4<const BYTES: usize, const FIFTH: bool, const R: usize>(
         let mut mins = [0f32; R];
         for b in 0..nb {
             let p = wp.add(b * BYTES);
+            prefetch_ahead::<BYTES>(p);
             let (d, dmin) = f16_pair(p);
             let (sc, mn) = scales_mins_k4(std::slice::from_raw_parts(p.add(4), 12));
             let qs = p.add(if FIFTH { 48 } else { 16 });
@@ -468,6 +480,7 @@ unsafe fn dot_k6<const R: usize>(w: &[u8], x: &[ActRow<'_>; R]) -> [f32; R] {
         let mut offs = [0f32; R];
         for b in 0..nb {
             let p = wp.add(b * 210);
+            prefetch_ahead::<210>(p);
             let d = f16_one(p.add(208));
             let sc = std::slice::from_raw_parts(p.add(192) as *const i8, 16);
             let mut isum = [_mm256_setzero_si256(); R];
