@@ -62,6 +62,7 @@ def weights(rows, cols, kind):
 KQ_TYPES = {
     "q4_k": (12, 256, 144, [128, 16], (1, [(0, 2e-4), (2, 2e-4)])),
     "q6_k": (14, 256, 210, [128, 64, 16, 2], (3, [(0, 5e-5)])),
+    "q4_1": (3, 32, 20, [16, 4], (1, [(0, 6e-3), (2, -0.045)])),
 }
 
 
@@ -171,6 +172,8 @@ def main():
     p.add_argument("--only", default="")
     p.add_argument("--launches", type=int, default=64)
     p.add_argument("--shape", default="", help="only shapes matching this regex (qkv, o_proj, gate_up, down, lm_head)")
+    p.add_argument("--kq", default="", help="block types to time on every shape, comma-separated "
+                   "(q4_k, q6_k, q4_1; default: a Q4_K_M file's per shape)")
     a = p.parse_args()
     bufs = {
         "x4096": (torch.randn(D, device="cuda") * 0.5).to(torch.bfloat16),
@@ -195,7 +198,8 @@ def main():
         if not re.search(a.shape, shape):
             continue
         kinds = ["bf16", "fp8", "q8_0"] if shape != "lm_head" else []
-        for kind in kinds + KQ_OF_SHAPE.get(shape, ["q4_k"]):
+        kq = a.kq.split(",") if a.kq else KQ_OF_SHAPE.get(shape, ["q4_k"])
+        for kind in kinds + kq:
             wbufs, nbytes = None, 0
             for path, m in mods:
                 names = kernel_names(m)

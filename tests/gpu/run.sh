@@ -95,7 +95,8 @@
 #             (-ngl 99 -fa on -np 64 --cache-ram 0) in turn, twice, each under the same client
 #             (`ingot bench serve`, 64 concurrent, 1024 in / 128 out, 128 prompts)
 #   int4      an 8B-shaped AWQ checkpoint (write_int4.py: random 4-bit weights, group 128) read as Q4_1:
-#             its tensor types, batch 1 --cuda-weights native beside the bf16 dummy of the same config
+#             its tensor types, batch 1 --cuda-weights native beside the bf16 dummy of the same config,
+#             the native run's eager decode step profile
 #   fp8ckpt   (fp8ckpt1b: only the 1B part, native; fp8ckpt8b: only the 8B part) an FP8 checkpoint (write_int4.py --method fp8: compressed-tensors, e4m3 with a scale per
 #             output channel) kept as it is under --cuda-weights native: a 2-layer 1B-shaped one vs the
 #             CPU's exact f32 path, native and bf16-expanded (compare_backends.py); the 8B: batch 1
@@ -341,7 +342,10 @@ for phase in "$@"; do
       "$ING" inspect "$A" | grep "tensor types"
       B1="bench latency --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json"
       echo "AWQ g128, native"; "$ING" $B1 --model "$A" --cuda-weights native | tee -a "$O/bench.jsonl"
-      echo "bf16 (dummy)"; "$ING" $B1 --model "$M" --load-format dummy | tee -a "$O/bench.jsonl" ;;
+      echo "bf16 (dummy)"; "$ING" $B1 --model "$M" --load-format dummy | tee -a "$O/bench.jsonl"
+      echo "AWQ g128, native: decode step profile"
+      INGOT_CUDA_PROFILE=1 "$ING" bench latency --model "$A" --cuda-weights native --max-model-len 4096 --input-len 128 \
+        --output-len 64 --num-iters 1 --json 2>&1 | grep -iE "profile|gemm|gemv|attention|step" | tail -12 ;;
     fp8ckpt|fp8ckpt1b|fp8ckpt8b)
       M=$(llama8b); S="$W/llama-3.2-1b"; mkdir -p "$S"
       if [ "$phase" != fp8ckpt8b ]; then
