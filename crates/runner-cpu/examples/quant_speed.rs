@@ -2,32 +2,12 @@
 //! SmolLM2 prefill and decode shapes, next to the f32 matmul:
 //! `cargo run --release -p ingot-runner-cpu --example quant_speed`.
 
+mod common;
+
 use std::time::Instant;
 
-use ingot_models::gguf::GgmlType;
 use ingot_models::BlockData;
 use ingot_runner_cpu::quant::{ActScratch, QuantKind, QuantMatrix};
-
-/// Random-looking blocks with small finite f16 scales.
-fn blocks(kind: QuantKind, rows: usize, k: usize) -> Vec<u8> {
-    let t: GgmlType = kind.ggml();
-    let size = t.type_size();
-    let mut out: Vec<u8> = (0..rows * k / t.block_size() * size)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8)
-        .collect();
-    let scale = half::f16::from_f32(0.01).to_le_bytes();
-    let at: &[usize] = match kind {
-        QuantKind::Q6K => &[208],
-        QuantKind::Q4_1 | QuantKind::Q5_1 | QuantKind::Q4K | QuantKind::Q5K => &[0, 2],
-        _ => &[0],
-    };
-    for blk in out.chunks_exact_mut(size) {
-        for &a in at {
-            blk[a..a + 2].copy_from_slice(&scale);
-        }
-    }
-    out
-}
 
 fn time(reps: usize, mut f: impl FnMut()) -> f64 {
     f();
@@ -70,7 +50,7 @@ fn main() {
             if k % kind.ggml().block_size() != 0 {
                 continue;
             }
-            let data = BlockData::Owned(blocks(kind, n, k));
+            let data = BlockData::Owned(common::blocks(kind, n, k, 0));
             let mat = QuantMatrix::new(vec![(kind, data, n)], k).expect("valid blocks");
             let mut scratch = ActScratch::default();
             let s = time(reps, || mat.linear(&x, &mut out, m, &mut scratch));

@@ -4,32 +4,13 @@
 //! read bandwidth (AVX2 loads, one and two threads):
 //! `K=1024 N=3072 cargo run --release -p ingot-runner-cpu --example stream_speed`.
 
+mod common;
+
 use std::time::Instant;
 
 use ingot_models::BlockData;
 use ingot_runner_cpu::quant::{ActScratch, QuantKind, QuantMatrix};
 use rayon::prelude::*;
-
-/// Random-looking blocks with small finite f16 scales.
-fn blocks(kind: QuantKind, rows: usize, k: usize, seed: usize) -> Vec<u8> {
-    let t = kind.ggml();
-    let size = t.type_size();
-    let mut out: Vec<u8> = (0..rows * k / t.block_size() * size)
-        .map(|i| ((i + seed).wrapping_mul(2_654_435_761) >> 7) as u8)
-        .collect();
-    let scale = half::f16::from_f32(0.01).to_le_bytes();
-    let at: &[usize] = match kind {
-        QuantKind::Q6K => &[208],
-        QuantKind::Q4_1 | QuantKind::Q5_1 | QuantKind::Q4K | QuantKind::Q5K => &[0, 2],
-        _ => &[0],
-    };
-    for blk in out.chunks_exact_mut(size) {
-        for &a in at {
-            blk[a..a + 2].copy_from_slice(&scale);
-        }
-    }
-    out
-}
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -41,18 +22,10 @@ fn env(name: &str, default: usize) -> usize {
 fn main() {
     let (k, n) = (env("K", 1024), env("N", 3072));
     let count = (300_000_000 / (n * k)).max(1);
-    for kind in [
-        QuantKind::Q4_0,
-        QuantKind::Q4_1,
-        QuantKind::Q5_0,
-        QuantKind::Q5_1,
-        QuantKind::Q8_0,
-        QuantKind::Q4K,
-        QuantKind::Q6K,
-    ] {
+    for kind in QuantKind::ALL {
         let mats: Vec<QuantMatrix> = (0..count)
             .map(|s| {
-                let data = BlockData::Owned(blocks(kind, n, k, s));
+                let data = BlockData::Owned(common::blocks(kind, n, k, s));
                 QuantMatrix::new(vec![(kind, data, n)], k).expect("valid blocks")
             })
             .collect();
