@@ -3,8 +3,10 @@
 //! Integer products use `maddubs` (u8 × i8 → pairs summed into i16) then
 //! `madd` (i16 × i16 → pairs summed into i32). `maddubs` needs one unsigned
 //! operand: unsigned formats (Q4_1, Q5_1, the k-quants) feed their raw
-//! `q` and correct the offset through the activation block sums; signed
-//! ones (Q4_0, Q5_0, Q8_0) move the weight's sign onto the activation
+//! `q` and correct the offset through the activation block sums; Q4_0 and
+//! Q5_0 (weights `q - 8`, `q - 16`) feed their raw `q` too and subtract
+//! `8 * sum(x)` (`16 * ...`) from each integer lane, the same integers;
+//! Q8_0, truly signed, moves the weight's sign onto the activation
 //! (`|w| * sign(x, w)`). Every i16 pair sum stays below 2 * 63 * 127, so
 //! nothing saturates. f16 scales are widened with F16C.
 
@@ -124,6 +126,7 @@ fn prefetch_ahead<const BYTES: usize>(p: *const u8) {
 unsafe fn dot32_block<
     const BYTES: usize,
     const SIGNED: bool,
+    const OFFSET: u8,
     const MIN: bool,
     const VNNI: bool,
     const W: usize,
@@ -163,13 +166,24 @@ unsafe fn dot32_block<
             // Broadcast from memory (a load, no shuffle); the vector
             // product is the same IEEE product as the scalar one.
             let xd = _mm256_broadcast_ss(xr.d.get_unchecked(b));
+            // Unsigned quants q of weights q - OFFSET: the exact integer
+            // sum of (q - OFFSET) x is sum(q x) - OFFSET sum(x), lane by
+            // lane, the second term once per activation block.
+            let xo = if OFFSET > 0 {
+                dot_u8i8::<VNNI>(_mm256_set1_epi8(OFFSET as i8), xv)
+            } else {
+                _mm256_setzero_si256()
+            };
             for j in 0..W {
                 let xs = if SIGNED {
                     _mm256_sign_epi8(xv, qv[j])
                 } else {
                     xv
                 };
-                let s = dot_u8i8::<VNNI>(wu[j], xs);
+                let mut s = dot_u8i8::<VNNI>(wu[j], xs);
+                if OFFSET > 0 {
+                    s = _mm256_sub_epi32(s, xo);
+                }
                 let dd = _mm256_mul_ps(dv[j], xd);
                 acc[j][r] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), acc[j][r]);
                 if MIN {
@@ -183,7 +197,8 @@ unsafe fn dot32_block<
 /// The shared loop of the 32-block formats over `W` weight rows and `R`
 /// activation rows (each weight block is decoded once for all `R` rows,
 /// each activation block loaded once for all `W`): `q(p)` gives the 32
-/// weights of the block at `p`, signed or unsigned per `SIGNED`; `MIN` adds
+/// weights of the block at `p`, signed or unsigned per `SIGNED` (unsigned
+/// with `OFFSET` subtracted from each when that is not 0); `MIN` adds
 /// `m * s`. Every (weight, activation) pair runs the same operations in the
 /// same order whatever `W`, `R` and `VNNI` are, so all tiles give
 /// bit-identical results (batch invariance).
@@ -196,6 +211,7 @@ unsafe fn dot32_block<
 unsafe fn dot32<
     const BYTES: usize,
     const SIGNED: bool,
+    const OFFSET: u8,
     const MIN: bool,
     const VNNI: bool,
     const W: usize,
@@ -231,7 +247,7 @@ unsafe fn dot32<
         if W * R == 1 {
             while b + 4 <= nb {
                 for u in 0..4 {
-                    dot32_block::<BYTES, SIGNED, MIN, VNNI, W, R>(
+                    dot32_block::<BYTES, SIGNED, OFFSET, MIN, VNNI, W, R>(
                         &w,
                         x,
                         &q,
@@ -245,7 +261,9 @@ unsafe fn dot32<
             }
         }
         for b in b..nb {
-            dot32_block::<BYTES, SIGNED, MIN, VNNI, W, R>(&w, x, &q, b, ahead, &mut acc, &mut mins);
+            dot32_block::<BYTES, SIGNED, OFFSET, MIN, VNNI, W, R>(
+                &w, x, &q, b, ahead, &mut acc, &mut mins,
+            );
         }
         let mut out = [[0f32; R]; W];
         for j in 0..W {
@@ -262,7 +280,7 @@ unsafe fn dot32<
 /// `$vnni` picking the integer product and `$wide1` whether the 4 × 1 tile
 /// runs its rows together.
 macro_rules! dot32_mod {
-    ($m:ident, $feat:literal, $vnni:literal, $bytes:literal, $signed:literal, $min:literal, $wide1:literal, $q:expr) => {
+    ($m:ident, $feat:literal, $vnni:literal, $bytes:literal, $signed:literal, $off:literal, $min:literal, $wide1:literal, $q:expr) => {
         pub mod $m {
             use super::*;
 
@@ -272,7 +290,7 @@ macro_rules! dot32_mod {
             #[target_feature(enable = $feat)]
             pub unsafe fn one(w: &[u8], x: ActRow<'_>) -> f32 {
                 // SAFETY: forwarded contract; the block layout matches `$q`.
-                unsafe { dot32::<$bytes, $signed, $min, $vnni, 1, 1>([w], &[x], $q)[0][0] }
+                unsafe { dot32::<$bytes, $signed, $off, $min, $vnni, 1, 1>([w], &[x], $q)[0][0] }
             }
 
             /// # Safety
@@ -280,7 +298,7 @@ macro_rules! dot32_mod {
             #[target_feature(enable = $feat)]
             pub unsafe fn two(w: &[u8], x: &[ActRow<'_>; 2]) -> [f32; 2] {
                 // SAFETY: forwarded contract; the block layout matches `$q`.
-                unsafe { dot32::<$bytes, $signed, $min, $vnni, 1, 2>([w], x, $q)[0] }
+                unsafe { dot32::<$bytes, $signed, $off, $min, $vnni, 1, 2>([w], x, $q)[0] }
             }
 
             /// # Safety
@@ -288,7 +306,7 @@ macro_rules! dot32_mod {
             #[target_feature(enable = $feat)]
             pub unsafe fn four(w: &[u8], x: &[ActRow<'_>; 4]) -> [f32; 4] {
                 // SAFETY: forwarded contract; the block layout matches `$q`.
-                unsafe { dot32::<$bytes, $signed, $min, $vnni, 1, 4>([w], x, $q)[0] }
+                unsafe { dot32::<$bytes, $signed, $off, $min, $vnni, 1, 4>([w], x, $q)[0] }
             }
 
             /// # Safety
@@ -296,7 +314,7 @@ macro_rules! dot32_mod {
             #[target_feature(enable = $feat)]
             pub unsafe fn tile(w: [&[u8]; TILE_W], x: &[ActRow<'_>; 4]) -> [[f32; 4]; TILE_W] {
                 // SAFETY: forwarded contract; the block layout matches `$q`.
-                unsafe { dot32::<$bytes, $signed, $min, $vnni, TILE_W, 4>(w, x, $q) }
+                unsafe { dot32::<$bytes, $signed, $off, $min, $vnni, TILE_W, 4>(w, x, $q) }
             }
 
             /// Batch-1 decode: with `$wide1` the four weight rows stream
@@ -312,9 +330,9 @@ macro_rules! dot32_mod {
                 // SAFETY: forwarded contract; the block layout matches `$q`.
                 unsafe {
                     if !$wide1 {
-                        w.map(|w| dot32::<$bytes, $signed, $min, $vnni, 1, 1>([w], x, $q)[0])
+                        w.map(|w| dot32::<$bytes, $signed, $off, $min, $vnni, 1, 1>([w], x, $q)[0])
                     } else {
-                        dot32::<$bytes, $signed, $min, $vnni, TILE_W, 1>(w, x, $q)
+                        dot32::<$bytes, $signed, $off, $min, $vnni, TILE_W, 1>(w, x, $q)
                     }
                 }
             }
@@ -324,7 +342,7 @@ macro_rules! dot32_mod {
             #[target_feature(enable = $feat)]
             pub unsafe fn tile2(w: [&[u8]; TILE_W], x: &[ActRow<'_>; 2]) -> [[f32; 2]; TILE_W] {
                 // SAFETY: forwarded contract; the block layout matches `$q`.
-                unsafe { dot32::<$bytes, $signed, $min, $vnni, TILE_W, 2>(w, x, $q) }
+                unsafe { dot32::<$bytes, $signed, $off, $min, $vnni, TILE_W, 2>(w, x, $q) }
             }
         }
     };
@@ -333,13 +351,14 @@ macro_rules! dot32_mod {
 /// Defines a 32-block format's kernels for AVX2 (`$avx2`) and for
 /// AVX512-VNNI (`$vnni`, same results).
 macro_rules! dot32_fns {
-    ($avx2:ident, $vnni:ident, $bytes:literal, $signed:literal, $min:literal, $wide1:literal, $q:expr) => {
+    ($avx2:ident, $vnni:ident, $bytes:literal, $signed:literal, $off:literal, $min:literal, $wide1:literal, $q:expr) => {
         dot32_mod!(
             $avx2,
             "avx2,fma,f16c",
             false,
             $bytes,
             $signed,
+            $off,
             $min,
             $wide1,
             $q
@@ -350,6 +369,7 @@ macro_rules! dot32_fns {
             true,
             $bytes,
             $signed,
+            $off,
             $min,
             $wide1,
             $q
@@ -358,26 +378,25 @@ macro_rules! dot32_fns {
 }
 
 // Q4_0: 18-byte blocks, nibbles at 2..18, q - 8.
-dot32_fns!(q4_0, q4_0_vnni, 18, true, false, true, |p| {
-    _mm256_sub_epi8(nibbles(p.add(2)), _mm256_set1_epi8(8))
+dot32_fns!(q4_0, q4_0_vnni, 18, false, 8, false, true, |p| {
+    nibbles(p.add(2))
 });
 // Q4_1: 20-byte blocks, nibbles at 4..20.
-dot32_fns!(q4_1, q4_1_vnni, 20, false, true, false, |p| {
+dot32_fns!(q4_1, q4_1_vnni, 20, false, 0, true, false, |p| {
     nibbles(p.add(4))
 });
 // Q5_0: 22-byte blocks, qh at 2..6, nibbles at 6..22, q - 16.
-dot32_fns!(q5_0, q5_0_vnni, 22, true, false, true, |p| {
+dot32_fns!(q5_0, q5_0_vnni, 22, false, 16, false, true, |p| {
     let qh = std::ptr::read_unaligned(p.add(2) as *const u32);
-    let q = _mm256_or_si256(nibbles(p.add(6)), fifth_bits(qh));
-    _mm256_sub_epi8(q, _mm256_set1_epi8(16))
+    _mm256_or_si256(nibbles(p.add(6)), fifth_bits(qh))
 });
 // Q5_1: 24-byte blocks, qh at 4..8, nibbles at 8..24.
-dot32_fns!(q5_1, q5_1_vnni, 24, false, true, false, |p| {
+dot32_fns!(q5_1, q5_1_vnni, 24, false, 0, true, false, |p| {
     let qh = std::ptr::read_unaligned(p.add(4) as *const u32);
     _mm256_or_si256(nibbles(p.add(8)), fifth_bits(qh))
 });
 // Q8_0: 34-byte blocks, int8 values at 2..34.
-dot32_fns!(q8_0, q8_0_vnni, 34, true, false, false, |p| {
+dot32_fns!(q8_0, q8_0_vnni, 34, true, 0, false, false, |p| {
     _mm256_loadu_si256(p.add(2) as *const __m256i)
 });
 
