@@ -91,6 +91,8 @@
 #             batch 1 beside llama-bench (after lcpp), 64 x (1024 in, 128 out)
 #   kqbench   the 8B Q4_K_M (after kq8b): batch 1 ingot native / llama-bench alternated twice (the
 #             bf16 expansion once), prefill 1024, 256 x (1024 in, 128 out) beside llama-batched-bench
+#   kq70bserve  `ingot serve` on the 70B Q4_K_M (as kq70b writes it) under the same client as kqserve,
+#             one round; llama-server beside it when lcpp ran in the same call
 #   kqserve   the 8B Q4_K_M (after kq8b, lcpp): `ingot serve --cuda-weights native` and llama-server
 #             (-ngl 99 -fa on -np 64 --cache-ram 0) in turn, twice, each under the same client
 #             (`ingot bench serve`, 64 concurrent, 1024 in / 128 out, 128 prompts)
@@ -167,6 +169,14 @@ llama8b() {
   cp tests/gpu/configs/llama-3.1-8b/config.json "$W/llama-3.1-8b/"
   cp "$W"/tokenizers/llama3/* "$W/llama-3.1-8b/"
   echo "$W/llama-3.1-8b"
+}
+# The Llama-3.1-70B shape as a Q4_K_M of random Q4_K/Q6_K blocks (write_gguf.py --dtype
+# q4_k_m: no bf16 copy to quantize fits the disk), written once; prints its path.
+llama70b_q4km() {
+  local L70="$W/llama-3.1-70b" G="$W/70b-Q4_K_M.gguf"
+  mkdir -p "$L70"; cp tests/gpu/configs/llama-3.1-70b/config.json "$W"/tokenizers/llama3/* "$L70/"
+  [ -f "$G" ] || python3 tests/gpu/write_gguf.py --config "$L70/config.json" --tokenizer "$L70" --out "$G" --dtype q4_k_m >&2
+  echo "$G"
 }
 [ -d "$W/tokenizers/llama3" ] && llama8b >/dev/null
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -291,20 +301,24 @@ for phase in "$@"; do
     kq70b)
       # Llama-3.1-70B shape, random Q4_K/Q6_K blocks laid out as Q4_K_M (write_gguf.py --dtype q4_k_m:
       # no bf16 copy to quantize fits the disk), on one GPU: batch 1 and 64 x (1024 in, 128 out).
-      LB=.gpu-lcpp/build/bin; L70="$W/llama-3.1-70b"; G="$W/70b-Q4_K_M.gguf"
-      mkdir -p "$L70"; cp tests/gpu/configs/llama-3.1-70b/config.json "$W"/tokenizers/llama3/* "$L70/"
-      [ -f "$G" ] || python3 tests/gpu/write_gguf.py --config "$L70/config.json" --tokenizer "$L70" --out "$G" --dtype q4_k_m
+      LB=.gpu-lcpp/build/bin; G=$(llama70b_q4km)
       "$ING" inspect "$G" | grep "tensor types"
       B1="bench latency --model $G --cuda-weights native --max-model-len 4096 --input-len 128 --output-len 128 --num-iters 2 --json"
       echo "ingot native"; INGOT_LOG=info "$ING" $B1 2>&1 | grep -E "^\{|weights streamed" | tee -a "$O/bench.jsonl"
       [ -x "$LB/llama-bench" ] && { echo "llama.cpp"; timeout -k 5 "$T" "$LB/llama-bench" -m "$G" -ngl 99 -fa 1 -p 0 -n 128 -r 2 -o jsonl | tee -a "$O/llama_bench.jsonl"; }
       "$ING" bench throughput --model "$G" --cuda-weights native --max-model-len 4096 --num-prompts 64 --max-num-seqs 64 \
         --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl" ;;
-    kqserve)
-      LS=.gpu-lcpp/build/bin/llama-server; G="$W/8b-Q4_K_M.gguf"; PORT=8765
-      [ -f "$G" ] && [ -x "$LS" ] || { echo "no 8B Q4_K_M or llama-server (run lcpp kq8b first)"; continue; }
-      for round in 1 2; do
-        for s in ingot llama; do
+    kqserve|kq70bserve)
+      LS=.gpu-lcpp/build/bin/llama-server; PORT=8765
+      if [ $phase = kqserve ]; then
+        G="$W/8b-Q4_K_M.gguf"; TOK="$W/llama-3.1-8b"; ROUNDS="1 2"; ENGINES="ingot llama"
+        [ -f "$G" ] && [ -x "$LS" ] || { echo "no 8B Q4_K_M or llama-server (run lcpp kq8b first)"; continue; }
+      else
+        # The 70B: llama-server beside it only when lcpp ran in this call.
+        G=$(llama70b_q4km); TOK="$W/llama-3.1-70b"; ROUNDS=1; ENGINES=ingot; [ -x "$LS" ] && ENGINES="ingot llama"
+      fi
+      for round in $ROUNDS; do
+        for s in $ENGINES; do
           case $s in
             ingot) "$ING_RAW" serve --model "$G" --cuda-weights native --port $PORT --max-model-len 4096 \
                      --max-num-seqs 64 > "$W/serve-$s.log" 2>&1 & ;;
@@ -313,10 +327,10 @@ for phase in "$@"; do
           pid=$!
           # Readiness: ingot's /ready (200 once the model is in), llama-server's /health.
           ready=health; [ $s = ingot ] && ready=ready
-          up=0; for _ in $(seq 1200); do curl -sf "http://127.0.0.1:$PORT/$ready" > /dev/null 2>&1 && { up=1; break; }; sleep 0.1; done
+          up=0; for _ in $(seq 3000); do curl -sf "http://127.0.0.1:$PORT/$ready" > /dev/null 2>&1 && { up=1; break; }; sleep 0.1; done
           if [ $up = 1 ]; then
             echo "round $round: $s"
-            "$ING" bench serve --base-url "http://127.0.0.1:$PORT" --tokenizer "$W/llama-3.1-8b" --dataset random \
+            "$ING" bench serve --base-url "http://127.0.0.1:$PORT" --tokenizer "$TOK" --dataset random \
               --input-len 1024 --output-len 128 --num-prompts 128 --max-concurrency 64 --num-warmup 2 --ignore-eos \
               --seed "$round" --label "$s" --out "$O/serve-$s-$round.json" 2>&1 | grep -vE "^\s*$"
           else echo "$s did not come up"; tail -5 "$W/serve-$s.log"; fi
