@@ -92,7 +92,7 @@
 #   kqbench   the 8B Q4_K_M (after kq8b): batch 1 ingot native / llama-bench alternated twice (the
 #             bf16 expansion once), prefill 1024, 256 x (1024 in, 128 out) beside llama-batched-bench
 #   kq70bserve  `ingot serve` on the 70B Q4_K_M (as kq70b writes it) under the same client as kqserve,
-#             one round; llama-server beside it when lcpp ran in the same call
+#             one round (PROMPTS_70B prompts, default 128); llama-server beside it when lcpp ran in the call
 #   kqserve   the 8B Q4_K_M (after kq8b, lcpp): `ingot serve --cuda-weights native` and llama-server
 #             (-ngl 99 -fa on -np 64 --cache-ram 0) in turn, twice, each under the same client
 #             (`ingot bench serve`, 64 concurrent, 1024 in / 128 out, 128 prompts)
@@ -311,11 +311,12 @@ for phase in "$@"; do
     kqserve|kq70bserve)
       LS=.gpu-lcpp/build/bin/llama-server; PORT=8765
       if [ $phase = kqserve ]; then
-        G="$W/8b-Q4_K_M.gguf"; TOK="$W/llama-3.1-8b"; ROUNDS="1 2"; ENGINES="ingot llama"
+        G="$W/8b-Q4_K_M.gguf"; TOK="$W/llama-3.1-8b"; ROUNDS="1 2"; ENGINES="ingot llama"; PROMPTS=128
         [ -f "$G" ] && [ -x "$LS" ] || { echo "no 8B Q4_K_M or llama-server (run lcpp kq8b first)"; continue; }
       else
         # The 70B: llama-server beside it only when lcpp ran in this call.
-        G=$(llama70b_q4km); TOK="$W/llama-3.1-70b"; ROUNDS=1; ENGINES=ingot; [ -x "$LS" ] && ENGINES="ingot llama"
+        G=$(llama70b_q4km); TOK="$W/llama-3.1-70b"; ROUNDS=1; ENGINES=ingot; PROMPTS=${PROMPTS_70B:-128}
+        [ -x "$LS" ] && ENGINES="ingot llama"
       fi
       for round in $ROUNDS; do
         for s in $ENGINES; do
@@ -331,7 +332,7 @@ for phase in "$@"; do
           if [ $up = 1 ]; then
             echo "round $round: $s"
             "$ING" bench serve --base-url "http://127.0.0.1:$PORT" --tokenizer "$TOK" --dataset random \
-              --input-len 1024 --output-len 128 --num-prompts 128 --max-concurrency 64 --num-warmup 2 --ignore-eos \
+              --input-len 1024 --output-len 128 --num-prompts "$PROMPTS" --max-concurrency 64 --num-warmup 2 --ignore-eos \
               --seed "$round" --label "$s" --out "$O/serve-$s-$round.json" 2>&1 | grep -vE "^\s*$"
           else echo "$s did not come up"; tail -5 "$W/serve-$s.log"; fi
           kill $pid; wait $pid 2>/dev/null
