@@ -104,11 +104,13 @@ unsafe fn dot_u8i8<const VNNI: bool>(w: __m256i, x: __m256i) -> __m256i {
 /// How far ahead of the block being read the weight rows are prefetched.
 const PREFETCH_BYTES: usize = 2048;
 
-/// Asks for the cache lines of the `BYTES`-byte block [`PREFETCH_BYTES`]
-/// past `p` (the k-quants' super-blocks span three or four lines).
+/// Asks for the cache lines of the `BYTES`-byte block `ahead` bytes past
+/// `p`: one line for the 32-blocks, three or four for the k-quants'
+/// super-blocks. The rows stream from memory (+55 % on a 49,152-row Q8_0
+/// product when added, quant_speed).
 #[inline(always)]
-fn prefetch_ahead<const BYTES: usize>(p: *const u8) {
-    let at = p.wrapping_add(PREFETCH_BYTES);
+fn prefetch_ahead<const BYTES: usize>(p: *const u8, ahead: usize) {
+    let at = p.wrapping_add(ahead);
     for line in 0..BYTES.div_ceil(64) {
         // SAFETY: a prefetch never faults, whatever the address.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * line) as *const i8) };
@@ -148,9 +150,7 @@ unsafe fn dot32_block<
         let mut wu = [_mm256_setzero_si256(); W];
         for j in 0..W {
             let p = w[j].as_ptr().add(b * BYTES);
-            // The rows stream from memory: ask for the bytes a few
-            // blocks on (+55 % on a 49,152-row Q8_0 product, quant_speed).
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
+            prefetch_ahead::<BYTES>(p, ahead);
             dm[j] = f16_pair(p);
             dv[j] = _mm256_set1_ps(dm[j].0);
             qv[j] = q(p);
@@ -425,7 +425,7 @@ unsafe fn dot_k4<const BYTES: usize, const FIFTH: bool, const R: usize>(
         let mut mins = [0f32; R];
         for b in 0..nb {
             let p = wp.add(b * BYTES);
-            prefetch_ahead::<BYTES>(p);
+            prefetch_ahead::<BYTES>(p, PREFETCH_BYTES);
             let (d, dmin) = f16_pair(p);
             let (sc, mn) = scales_mins_k4(std::slice::from_raw_parts(p.add(4), 12));
             let qs = p.add(if FIFTH { 48 } else { 16 });
@@ -499,7 +499,7 @@ unsafe fn dot_k6<const R: usize>(w: &[u8], x: &[ActRow<'_>; R]) -> [f32; R] {
         let mut offs = [0f32; R];
         for b in 0..nb {
             let p = wp.add(b * 210);
-            prefetch_ahead::<210>(p);
+            prefetch_ahead::<210>(p, PREFETCH_BYTES);
             let d = f16_one(p.add(208));
             let sc = std::slice::from_raw_parts(p.add(192) as *const i8, 16);
             let mut isum = [_mm256_setzero_si256(); R];
