@@ -62,6 +62,18 @@
 #             of the 8B (TP=1 / TP=N / NCCL) and the 70B (bf16, FP8)
 #   tpb1      batch 1 of the 8B, TP=1 / TP=N alternated twice, after the TP kernel checks
 #   tpsmoke   one TP=N generate and a short batch-1 run on the 8B dummy
+#   w70b      starts writing the 70B Q4_K_M in the background (kq70b, tpsm and tpsmserve wait for it):
+#             `w70b lcpp tpsm` writes it while llama.cpp builds
+#   tpsm      (after lcpp, on a multi-GPU kind) the 70B Q4_K_M (as kq70b writes it) over all the GPUs:
+#             llama-bench -sm layer / -sm row, ingot at TP=N on the same file (each rank's slices expanded
+#             to bf16) and on one GPU (--cuda-weights native), batch 1; with the load times
+#   tpsmserve (after tpsm, the machine still warm) the same file served: ingot TP=N, llama-server
+#             -sm layer, -sm row, each under the same client (64 concurrent, 1024 in / 128 out,
+#             PROMPTS_70B prompts, default 64)
+#   tp4       the acceptance rows on nvidia-h200-x4: TP kernels; the 8B's TP=N logits vs TP=1; 8B
+#             batch 1 at TP=1 / 2 / N alternated twice; the 70B bf16 at TP=N and FP8 at TP=2 and N,
+#             batch 1; a 4,096-token prefill profile at TP=N; `ingot serve` on the 70B at TP=N (seconds
+#             to ready, then 64 concurrent x (1024 in, 128 out) under `ingot bench serve`)
 #   torch     PyTorch eager baselines for the bench shapes
 #   fp8kernels  the FP8 quantize and GEMV kernels vs a float64 reference (check_fp8.py)
 #   fp8acc    --quantization fp8 vs bf16 on CUDA: SmolLM2 (20 prompts; needs its bundle) and the
@@ -173,10 +185,34 @@ llama8b() {
 # The Llama-3.1-70B shape as a Q4_K_M of random Q4_K/Q6_K blocks (write_gguf.py --dtype
 # q4_k_m: no bf16 copy to quantize fits the disk), written once; prints its path.
 llama70b_q4km() {
+  [ -n "${W70B_PID:-}" ] && wait "$W70B_PID"
   local L70="$W/llama-3.1-70b" G="$W/70b-Q4_K_M.gguf"
   mkdir -p "$L70"; cp tests/gpu/configs/llama-3.1-70b/config.json "$W"/tokenizers/llama3/* "$L70/"
   [ -f "$G" ] || python3 tests/gpu/write_gguf.py --config "$L70/config.json" --tokenizer "$L70" --out "$G" --dtype q4_k_m >&2
   echo "$G"
+}
+# serve_bench LABEL TOKENIZER PROMPTS SEED SERVER-COMMAND...: starts the server (ingot or
+# llama-server, on $PORT), prints the seconds until it is ready (ingot's /ready: 200 once the model
+# is in; llama-server's /health), runs the one client (`ingot bench serve`, 64 concurrent, 1024 in
+# / 128 out) and stops it.
+serve_bench() {
+  local label=$1 tok=$2 prompts=$3 seed=$4; shift 4
+  local ready=health; [ "$label" = llama ] || ready=ready
+  local t0; t0=$(date +%s.%N)
+  "$@" --port "$PORT" > "$W/serve-$label.log" 2>&1 &
+  local pid=$! up=0
+  for _ in $(seq 6000); do
+    curl -sf "http://127.0.0.1:$PORT/$ready" > /dev/null 2>&1 && { up=1; break; }
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.1
+  done
+  if [ $up = 1 ]; then
+    echo "round $seed: $label ready in $(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$t0" "$(date +%s.%N)") s"
+    "$ING" bench serve --base-url "http://127.0.0.1:$PORT" --tokenizer "$tok" --dataset random \
+      --input-len 1024 --output-len 128 --num-prompts "$prompts" --max-concurrency 64 --num-warmup 2 --ignore-eos \
+      --seed "$seed" --label "$label" --out "$O/serve-$label-$seed.json" 2>&1 | grep -vE "^\s*$"
+  else echo "$label did not come up"; tail -5 "$W/serve-$label.log"; fi
+  kill $pid; wait $pid 2>/dev/null
 }
 [ -d "$W/tokenizers/llama3" ] && llama8b >/dev/null
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -264,7 +300,7 @@ for phase in "$@"; do
         -DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
         -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF \
         -DLLAMA_OPENSSL=OFF > /dev/null &&
-        cmake --build ../../build -j16 --target llama-bench llama-quantize llama-batched-bench llama-server 2>&1 | tail -2) ;;
+        cmake --build ../../build -j"$(nproc)" --target llama-bench llama-quantize llama-batched-bench llama-server 2>&1 | tail -2) ;;
     kq)
       LB=.gpu-lcpp/build/bin; Q="$LB/llama-quantize"
       [ -x "$Q" ] || { echo "no llama-quantize (run lcpp first)"; continue; }
@@ -321,21 +357,10 @@ for phase in "$@"; do
       for round in $ROUNDS; do
         for s in $ENGINES; do
           case $s in
-            ingot) "$ING_RAW" serve --model "$G" --cuda-weights native --port $PORT --max-model-len 4096 \
-                     --max-num-seqs 64 > "$W/serve-$s.log" 2>&1 & ;;
-            llama) "$LS" -m "$G" --port $PORT -ngl 99 -fa on -np 64 -c 81920 --cache-ram 0 > "$W/serve-$s.log" 2>&1 & ;;
+            ingot) serve_bench ingot "$TOK" "$PROMPTS" "$round" "$ING_RAW" serve --model "$G" --cuda-weights native \
+                     --max-model-len 4096 --max-num-seqs 64 ;;
+            llama) serve_bench llama "$TOK" "$PROMPTS" "$round" "$LS" -m "$G" -ngl 99 -fa on -np 64 -c 81920 --cache-ram 0 ;;
           esac
-          pid=$!
-          # Readiness: ingot's /ready (200 once the model is in), llama-server's /health.
-          ready=health; [ $s = ingot ] && ready=ready
-          up=0; for _ in $(seq 3000); do curl -sf "http://127.0.0.1:$PORT/$ready" > /dev/null 2>&1 && { up=1; break; }; sleep 0.1; done
-          if [ $up = 1 ]; then
-            echo "round $round: $s"
-            "$ING" bench serve --base-url "http://127.0.0.1:$PORT" --tokenizer "$TOK" --dataset random \
-              --input-len 1024 --output-len 128 --num-prompts "$PROMPTS" --max-concurrency 64 --num-warmup 2 --ignore-eos \
-              --seed "$round" --label "$s" --out "$O/serve-$s-$round.json" 2>&1 | grep -vE "^\s*$"
-          else echo "$s did not come up"; tail -5 "$W/serve-$s.log"; fi
-          kill $pid; wait $pid 2>/dev/null
         done
       done ;;
     kqbench)
@@ -515,6 +540,45 @@ for phase in "$@"; do
       for round in 1 2; do
         for tp in 1 "$N"; do echo "8B batch 1, TP=$tp"; "$ING" $B1 --model "$M" --tensor-parallel-size $tp | tee -a "$O/bench.jsonl"; done
       done ;;
+    w70b) llama70b_q4km > /dev/null & W70B_PID=$! ;;
+    tpsm)
+      LB=.gpu-lcpp/build/bin; G=$(llama70b_q4km); N=$(nvidia-smi -L | wc -l)
+      [ -x "$LB/llama-bench" ] || { echo "no llama-bench (run lcpp first)"; continue; }
+      for sm in layer row; do
+        echo "llama.cpp -sm $sm over $N GPUs"
+        timeout -k 5 "$T" "$LB/llama-bench" -m "$G" -ngl 99 -fa 1 -sm $sm -p 512 -n 128 -r 2 -o jsonl | tee -a "$O/llama_bench.jsonl"
+      done
+      B1="bench latency --model $G --max-model-len 4096 --input-len 128 --output-len 128 --num-iters 2 --json"
+      for run in "--tensor-parallel-size $N" "--cuda-weights native"; do
+        t0=$(date +%s); echo "ingot $run"; "$ING" $B1 $run | tee -a "$O/bench.jsonl"; echo "(load and run: $(( $(date +%s) - t0 )) s)"
+      done ;;
+    tpsmserve)
+      LS=.gpu-lcpp/build/bin/llama-server; G=$(llama70b_q4km); N=$(nvidia-smi -L | wc -l); PORT=8765
+      TOK="$W/llama-3.1-70b"; PROMPTS=${PROMPTS_70B:-64}
+      # $SERVE_FLAGS: extra flags for ingot (e.g. a --config for a bundle built before start-up waited out any load).
+      serve_bench ingot-tp$N "$TOK" "$PROMPTS" 1 "$ING_RAW" serve --model "$G" --tensor-parallel-size $N --max-model-len 4096 \
+        --max-num-seqs 64 ${SERVE_FLAGS:-}
+      for sm in layer row; do
+        serve_bench llama "$TOK" "$PROMPTS" 1 "$LS" -m "$G" -ngl 99 -fa on -sm $sm -np 64 -c 81920 --cache-ram 0
+        mv "$O/serve-llama-1.json" "$O/serve-llama-sm$sm.json"
+      done ;;
+    tp4)
+      N=$(nvidia-smi -L | wc -l); M=$(llama8b); D="--load-format dummy --max-model-len 4096"; PORT=8765
+      echo "GPUs: $N"
+      timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only collective | tail -2
+      timeout -k 5 $((2 * T)) python3 tests/gpu/compare_kv_dtype.py --ingot "$ING_RAW" --model "$M" --prompts 2 --threshold 1 --min-agree 0 \
+        --ref "$D --tensor-parallel-size 1" --test "$D --tensor-parallel-size $N" | tee "$O/tp4_8b.txt"
+      B1="bench latency $D --input-len 128 --output-len 256 --num-iters 3 --json"
+      for round in 1 2; do
+        for tp in 1 2 "$N"; do echo "8B batch 1, TP=$tp"; "$ING" $B1 --model "$M" --tensor-parallel-size $tp | tee -a "$O/bench.jsonl"; done
+      done
+      L70="$W/llama-3.1-70b"; mkdir -p "$L70"; cp tests/gpu/configs/llama-3.1-70b/config.json "$W"/tokenizers/llama3/* "$L70/"
+      for run in "$N" "$N --quantization fp8" "2 --quantization fp8"; do
+        echo "70B batch 1, TP=$run"; "$ING" $B1 --model "$L70" --tensor-parallel-size $run | tee -a "$O/bench.jsonl"
+      done
+      INGOT_CUDA_PROFILE=1 "$ING" bench latency --load-format dummy --max-model-len 8192 --model "$L70" --tensor-parallel-size $N \
+        --input-len 4096 --output-len 2 --max-num-batched-tokens 4096 --num-iters 1 --json 2>&1 | grep -E "profile|^\{" | tail -4
+      serve_bench ingot "$L70" 128 1 "$ING_RAW" serve --model "$L70" $D --tensor-parallel-size $N --max-num-seqs 64 ;;
     tpsmoke)
       N=$(nvidia-smi -L | wc -l); M=$(llama8b)
       INGOT_LOG_LEVEL=info "$ING" generate --model "$M" --load-format dummy --max-model-len 4096 --tensor-parallel-size $N --prompt "The capital of France is" --max-tokens 8 --ignore-eos --print-ids 2>&1 | tail -15

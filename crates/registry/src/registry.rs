@@ -201,6 +201,17 @@ impl<L: Loader> Registry<L> {
     /// The model `name` (an id or alias), loaded if need be while the
     /// caller waits (at most the budget's `load_wait`).
     pub async fn acquire(&self, name: &str) -> Result<Lease<L::Model>, RegistryError> {
+        self.acquire_within(name, Some(self.inner.budget.load_wait))
+            .await
+    }
+
+    /// [`Self::acquire`], waiting for a load at most `wait` (`None`: until
+    /// it ends, as start-up does: a large model may take minutes).
+    async fn acquire_within(
+        &self,
+        name: &str,
+        wait: Option<Duration>,
+    ) -> Result<Lease<L::Model>, RegistryError> {
         let started = Instant::now();
         let mut waited = false;
         loop {
@@ -215,13 +226,15 @@ impl<L: Loader> Registry<L> {
                 Step::Measure(id) => self.measure(&id).await?,
                 Step::Wait(mut done) => {
                     waited = true;
-                    let left = self
-                        .inner
-                        .budget
-                        .load_wait
-                        .saturating_sub(started.elapsed());
                     let id = self.resolve(name)?;
-                    let finished = tokio::time::timeout(left, done.wait_for(Option::is_some)).await;
+                    let loaded = done.wait_for(Option::is_some);
+                    let finished = match wait {
+                        Some(wait) => {
+                            tokio::time::timeout(wait.saturating_sub(started.elapsed()), loaded)
+                                .await
+                        }
+                        None => Ok(loaded.await),
+                    };
                     match finished {
                         Err(_) => {
                             return Err(RegistryError::LoadTimeout {
@@ -301,7 +314,8 @@ impl<L: Loader> Registry<L> {
         self.acquire(name).await.map(drop)
     }
 
-    /// Loads every model marked `preload`; returns the failures.
+    /// Loads every model marked `preload`, each for as long as its load
+    /// takes (never the requests' `load_wait`); returns the failures.
     pub async fn preload(&self) -> Vec<RegistryError> {
         let ids: Vec<String> = lock(&self.inner.state)
             .entries
@@ -311,7 +325,7 @@ impl<L: Loader> Registry<L> {
             .collect();
         let mut failed = Vec::new();
         for id in ids {
-            if let Err(e) = self.load(&id).await {
+            if let Err(e) = self.acquire_within(&id, None).await.map(drop) {
                 tracing::error!(model = %id, error = %e, "preload failed");
                 failed.push(e);
             }

@@ -373,3 +373,34 @@ async fn concurrent_fronts(
     }
     out
 }
+
+/// Start-up waits for a preloaded model however long it loads; a request
+/// still waits at most `load_wait`.
+#[tokio::test]
+async fn preload_outlasts_the_request_wait() {
+    let fake = Fake {
+        sizes: [("big", 10), ("other", 10)]
+            .map(|(m, s)| (m.to_string(), s))
+            .into(),
+        ..Fake::default()
+    };
+    let mut big = ModelSpec::new("big");
+    big.preload = true;
+    let r = Registry::new(
+        fake,
+        vec![big, ModelSpec::new("other")],
+        Budget {
+            device_bytes: 100,
+            host_bytes: 0,
+            // Shorter than the fake's 20 ms load.
+            load_wait: Duration::from_millis(2),
+        },
+    );
+    let failed = r.preload().await;
+    assert!(failed.is_empty(), "{failed:?}");
+    assert_eq!(state(&r, "big"), ModelState::Loaded);
+    assert!(matches!(
+        r.acquire("other").await,
+        Err(RegistryError::LoadTimeout { .. })
+    ));
+}
