@@ -294,6 +294,24 @@ impl GgufSource {
 const CONVERT_CHUNK: usize = 1 << 16;
 
 impl TensorSource for GgufSource {
+    /// A quantized tensor's slice from its own blocks: a rank dequantizes
+    /// a quarter of a 70B at four ranks, not all of it (2 min 11 s to
+    /// serve a 70B Q4_K_M at TP=4 when each rank dequantized every tensor
+    /// whole on the host).
+    fn load_slice(
+        &self,
+        name: &str,
+        split: &dyn Fn(&[usize]) -> Option<crate::parallel::Split>,
+    ) -> Result<Option<HostTensor>, ModelError> {
+        let Some(blocks) = self.load_blocks(name)? else {
+            return Ok(None);
+        };
+        match split(&blocks.shape) {
+            Some(split) => crate::parallel::dequantize_slice(&blocks, &split),
+            None => Ok(None),
+        }
+    }
+
     fn load(&self, name: &str) -> Result<HostTensor, ModelError> {
         let (info, shape) = self.info(name)?;
         let mut data = self.file.dequantize(&info.name)?;

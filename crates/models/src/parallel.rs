@@ -17,6 +17,8 @@
 
 use std::ops::Range;
 
+use rayon::prelude::*;
+
 use crate::{Bf16Tensor, HostTensor, ModelConfig, ModelError, QuantTensor, TensorSource};
 
 /// One rank's place in a tensor-parallel group, carried by its
@@ -278,8 +280,52 @@ fn sliced_shape(shape: &[usize], split: &Split) -> Vec<usize> {
     s
 }
 
+/// Split `split` of the block-quantized `t` in f32, dequantizing only the
+/// blocks it covers (zeros past the tensor's end, as [`slice`] pads);
+/// `None` when a split of the innermost dimension falls inside blocks or
+/// the bytes do not cover the shape.
+pub(crate) fn dequantize_slice(
+    t: &QuantTensor,
+    split: &Split,
+) -> Result<Option<HostTensor>, ModelError> {
+    let ty = t.ggml_type;
+    let (bs, ts) = (ty.block_size(), ty.type_size());
+    let Some(&cols) = t.shape.last() else {
+        return Ok(None);
+    };
+    // Elements one index along the split dimension covers: whole rows
+    // (whole blocks) unless the split is the innermost dimension itself.
+    let inner: usize = t.shape[split.dim + 1..].iter().product();
+    let outer: usize = t.shape[..split.dim].iter().product();
+    let present = split.full.saturating_sub(split.start).min(split.len);
+    let aligned = |n: usize| bs > 0 && n.is_multiple_of(bs);
+    let elems = present * inner;
+    let total: usize = t.shape.iter().product();
+    let bytes = t.data.bytes();
+    if !aligned(cols)
+        || !aligned(split.start * inner)
+        || !aligned(elems)
+        || bytes.len() != total / bs * ts
+    {
+        return Ok(None);
+    }
+    let mut out = vec![0f32; outer * split.len * inner];
+    out.par_chunks_mut((split.len * inner).max(1))
+        .enumerate()
+        .try_for_each(|(o, dst)| {
+            let first = (o * split.full + split.start) * inner;
+            let src = &bytes[first / bs * ts..(first + elems) / bs * ts];
+            crate::gguf::dequantize_into(ty, src, &mut dst[..elems])
+        })?;
+    Ok(Some(HostTensor::new(sliced_shape(&t.shape, split), out)))
+}
+
 impl TensorSource for ShardedSource<'_> {
     fn load(&self, name: &str) -> Result<HostTensor, ModelError> {
+        let rank_split = |shape: &[usize]| self.plan.split(name, shape, self.rank);
+        if let Some(t) = self.inner.load_slice(self.stored(name), &rank_split)? {
+            return Ok(t);
+        }
         let t = self.inner.load(self.stored(name))?;
         let Some(split) = self.plan.split(name, &t.shape, self.rank) else {
             return Ok(t);
@@ -329,7 +375,76 @@ impl TensorSource for ShardedSource<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gguf::GgmlType;
     use crate::llama::expected_shapes;
+    use crate::BlockData;
+
+    /// Q8_0 blocks of `rows × cols` (d = 1/64, quants cycling): and their
+    /// f32 values.
+    fn q8_0(rows: usize, cols: usize) -> (QuantTensor, Vec<f32>) {
+        let mut bytes = Vec::new();
+        let mut values = Vec::new();
+        for b in 0..rows * cols / 32 {
+            bytes.extend_from_slice(&half::f16::from_f32(1.0 / 64.0).to_le_bytes());
+            for i in 0..32 {
+                let q = ((b * 7 + i * 3) % 255) as i32 - 127;
+                bytes.push(q as i8 as u8);
+                values.push(q as f32 / 64.0);
+            }
+        }
+        let t = QuantTensor {
+            ggml_type: GgmlType::Q8_0,
+            shape: vec![rows, cols],
+            data: BlockData::Owned(bytes),
+        };
+        (t, values)
+    }
+
+    /// Slices of blocks equal the slices of the dequantized whole, rows
+    /// (with the padded tail) and block-aligned columns; columns inside
+    /// blocks are refused.
+    #[test]
+    fn dequantized_slices_equal_slices_of_the_whole() {
+        let (t, whole) = q8_0(6, 128);
+        let splits = [
+            Split {
+                dim: 0,
+                start: 2,
+                len: 2,
+                full: 6,
+            },
+            Split {
+                dim: 0,
+                start: 4,
+                len: 4,
+                full: 6,
+            },
+            Split {
+                dim: 1,
+                start: 32,
+                len: 64,
+                full: 128,
+            },
+            Split {
+                dim: 1,
+                start: 96,
+                len: 64,
+                full: 128,
+            },
+        ];
+        for split in splits {
+            let got = dequantize_slice(&t, &split).unwrap().unwrap();
+            assert_eq!(got.shape, sliced_shape(&t.shape, &split), "{split:?}");
+            assert_eq!(got.data, slice(&whole, &t.shape, &split, 1), "{split:?}");
+        }
+        let inside = Split {
+            dim: 1,
+            start: 16,
+            len: 32,
+            full: 128,
+        };
+        assert!(dequantize_slice(&t, &inside).unwrap().is_none());
+    }
 
     fn config(name: &str) -> ModelConfig {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/gpu/configs");

@@ -59,6 +59,19 @@ pub trait TensorSource: Send + Sync {
         let _ = name;
         Ok(None)
     }
+    /// Only the slice `split` picks of tensor `name` in f32 (a
+    /// tensor-parallel rank's part; `split` gets the stored shape and
+    /// returns `None` for a tensor every rank holds whole), where the
+    /// source can read less than the whole tensor for it; `None`: the
+    /// caller loads it whole and slices it.
+    fn load_slice(
+        &self,
+        name: &str,
+        split: &dyn Fn(&[usize]) -> Option<crate::parallel::Split>,
+    ) -> Result<Option<HostTensor>, ModelError> {
+        let _ = (name, split);
+        Ok(None)
+    }
     /// True when the tensor exists.
     fn contains(&self, name: &str) -> bool;
     /// Storage types with their tensor counts, for `ingot inspect`.

@@ -1,6 +1,6 @@
 //! Times the native quantized matmul (Q4_1, Q8_0, Q4_K, Q6_K weights) at the
-//! SmolLM2 prefill and decode shapes, next to the f32 matmul:
-//! `cargo run --release -p ingot-runner-cpu --example quant_speed`.
+//! SmolLM2 prefill, verify and decode shapes, next to the f32 matmul:
+//! `cargo run --release -p ingot-runner-cpu --example quant_speed` (`ONLY=8x576x3072`: one shape).
 
 mod common;
 
@@ -23,10 +23,18 @@ fn main() {
         (1, 576, 3072),
         (1, 1536, 576),
         (1, 576, 49152),
+        // Speculative verify steps: a few rows.
+        (2, 576, 3072),
+        (4, 576, 3072),
+        (8, 576, 3072),
         (16, 576, 3072),
         (128, 576, 3072),
         (128, 1536, 576),
     ] {
+        // ONLY=MxKxN times that shape alone (for perf).
+        if std::env::var("ONLY").is_ok_and(|o| o != format!("{m}x{k}x{n}")) {
+            continue;
+        }
         let x: Vec<f32> = (0..m * k).map(|i| (i % 17) as f32 * 0.01 - 0.08).collect();
         let mut out = vec![0.0; m * n];
         let reps = (2_000_000_000 / (m * k * n)).clamp(3, 2000);
