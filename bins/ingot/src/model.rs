@@ -606,6 +606,18 @@ impl TensorSource for CountingSource {
         Ok(t)
     }
 
+    fn load_slice(
+        &self,
+        name: &str,
+        split: &dyn Fn(&[usize]) -> Option<ingot_models::parallel::Split>,
+    ) -> Result<Option<HostTensor>, ModelError> {
+        let t = self.inner.load_slice(name, split)?;
+        if let Some(t) = &t {
+            self.add(std::mem::size_of_val(t.data.as_slice()));
+        }
+        Ok(t)
+    }
+
     fn stored_type(&self, name: &str) -> Option<ingot_models::gguf::GgmlType> {
         self.inner.stored_type(name)
     }
@@ -856,6 +868,13 @@ mod tests {
                 bytes: std::borrow::Cow::Owned(vec![0, 0]),
             }))
         }
+        fn load_slice(
+            &self,
+            _: &str,
+            _: &dyn Fn(&[usize]) -> Option<ingot_models::parallel::Split>,
+        ) -> Result<Option<HostTensor>, ModelError> {
+            Ok(Some(HostTensor::new(vec![1], vec![3.0])))
+        }
         fn stored_type(&self, _: &str) -> Option<ingot_models::gguf::GgmlType> {
             Some(ingot_models::gguf::GgmlType::Q4_K)
         }
@@ -896,6 +915,8 @@ mod tests {
         let n = "w";
         assert_eq!(s.load(n).unwrap().data, vec![1.0, 2.0]);
         assert!(s.load_blocks(n).unwrap().is_some() && s.load_bf16(n).unwrap().is_some());
+        let slice = s.load_slice(n, &|_| None).unwrap();
+        assert_eq!(slice.map(|t| t.data), Some(vec![3.0]));
         assert_eq!(s.stored_type(n), Some(ingot_models::gguf::GgmlType::Q4_K));
         assert!(s.stored_e4m3(n) && s.contains(n));
         assert_eq!(
@@ -905,7 +926,7 @@ mod tests {
         assert_eq!(s.dtype_summary(), Everything.dtype_summary());
         assert_eq!(s.dtype_bytes(), Everything.dtype_bytes());
         assert_eq!(s.random_seed(), Some(7));
-        // f32 8 + Q8_0 34 + bf16 2 + e4m3 4 + its scale 4.
-        assert_eq!(bytes.load(Ordering::Relaxed), 8 + 34 + 2 + 4 + 4);
+        // f32 8 + Q8_0 34 + bf16 2 + a slice's f32 4 + e4m3 4 + its scale 4.
+        assert_eq!(bytes.load(Ordering::Relaxed), 8 + 34 + 2 + 4 + 4 + 4);
     }
 }
