@@ -85,6 +85,19 @@ pub fn start_engine(
     tokenizer: Arc<Tokenizer>,
     config: EngineConfig,
 ) -> std::io::Result<EngineHandle> {
+    start_engine_with_draft(runner, None, tokenizer, config)
+}
+
+/// [`start_engine`] with `draft`, the runner of the draft model that
+/// `speculative.method = draft` proposes with (its own KV pool; it must
+/// share `runner`'s tokenizer, and take forwards of the scheduler's
+/// `max_num_seqs` rows and `max_num_batched_tokens` tokens).
+pub fn start_engine_with_draft(
+    runner: Box<dyn ModelRunner>,
+    draft: Option<Box<dyn ModelRunner>>,
+    tokenizer: Arc<Tokenizer>,
+    config: EngineConfig,
+) -> std::io::Result<EngineHandle> {
     let (commands, rx) = std_mpsc::channel();
     let shape = runner.kv_cache_shape();
     // One block table per layer group the runner reads (a sliding-window
@@ -134,7 +147,17 @@ pub fn start_engine(
     let cpu = runner.computes_on_host().then(CpuArbiter::process);
     // The shared store sits over the tiers: without them it is off too.
     let (kv_tiers, kv_share) = (tiers.clone(), tiers.as_ref().and(config.kv_share.clone()));
-    let speculation = crate::speculative::Speculation::new(&config.speculative);
+    let draft_limits = crate::speculative::DraftLimits {
+        max_rows: config.scheduler.max_num_seqs,
+        max_tokens: config.scheduler.max_num_batched_tokens,
+    };
+    let speculation = crate::speculative::Speculation::new(
+        &config.speculative,
+        draft,
+        model.vocab_size,
+        draft_limits,
+    )
+    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let state = EngineLoop {
         speculation,
         cpu,

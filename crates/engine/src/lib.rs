@@ -30,7 +30,7 @@ pub use controls::{EngineControls, Measure};
 pub use cpu_share::CpuArbiter;
 pub use decoding::{DecodeError, Decoding, TokenOutput};
 pub use embedding::{EmbeddingConfig, EmbeddingError, EmbeddingHandle};
-pub use engine_loop::{start_engine, EngineConfig};
+pub use engine_loop::{start_engine, start_engine_with_draft, EngineConfig};
 pub use handle::{
     Completion, EngineHandle, EngineRequest, EngineStats, EngineWatch, GeneratedToken,
     PriorityHandle, PromptLogprob, RequestId, RequestLimits, RequestStream, SubmitError,

@@ -13,7 +13,7 @@ use super::step::{build_batch, RowOutcome};
 use super::{Active, EngineLoop};
 use crate::cpu_share::CpuArbiter;
 use crate::handle::RequestId;
-use crate::speculative::{verify_ids, verify_rows, Verified};
+use crate::speculative::{verify_ids, verify_rows, ProposeRequest, Verified};
 
 /// What a speculative step's rows gave, taken from the logits before they
 /// are released.
@@ -43,6 +43,11 @@ impl EngineLoop {
         } else {
             usize::MAX
         };
+        let active = &self.active;
+        spec.proposer.retain(&|id| active.contains_key(&id));
+        // How many each sequence may propose (the room taken as if every
+        // proposal were whole), then one call for all of them.
+        let mut wanted = Vec::new();
         for (&id, a) in self.active.iter_mut() {
             if !a.speculative || a.done || a.first_token.is_none() || room == 0 {
                 continue;
@@ -52,12 +57,31 @@ impl EngineLoop {
                 .tokens_for(&mut a.acceptance, running)
                 .min(a.decoding.tokens_left().saturating_sub(1))
                 .min(room);
-            let Some(view) = self.scheduler.view(id).filter(|_| k > 0) else {
-                continue;
-            };
-            let draft = spec.proposer.propose(view.tokens, k);
-            if !draft.is_empty() && self.scheduler.set_draft(id, &draft) {
-                room -= draft.len();
+            if k > 0 {
+                wanted.push((id, k));
+                room -= k;
+            }
+        }
+        let requests: Vec<ProposeRequest<'_>> = wanted
+            .iter()
+            .filter_map(|&(seq, max)| {
+                let view = self.scheduler.view(seq)?;
+                Some(ProposeRequest {
+                    seq,
+                    tokens: view.tokens,
+                    max,
+                })
+            })
+            .collect();
+        if requests.is_empty() {
+            return;
+        }
+        let drafts = spec.proposer.propose(&requests);
+        let seqs: Vec<RequestId> = requests.iter().map(|r| r.seq).collect();
+        drop(requests);
+        for (id, draft) in seqs.into_iter().zip(drafts) {
+            if !draft.is_empty() {
+                self.scheduler.set_draft(id, &draft);
             }
         }
     }

@@ -5,7 +5,7 @@
 
 use ingot_core::TokenId;
 
-use super::Proposer;
+use super::{ProposeRequest, Proposer};
 
 /// Proposes the tokens that followed the latest earlier occurrence of the
 /// longest suffix of `min..=max` tokens that occurred before (preferring
@@ -28,7 +28,17 @@ impl NgramProposer {
 }
 
 impl Proposer for NgramProposer {
-    fn propose(&mut self, tokens: &[TokenId], max: usize) -> Vec<TokenId> {
+    fn propose(&mut self, requests: &[ProposeRequest<'_>]) -> Vec<Vec<TokenId>> {
+        requests
+            .iter()
+            .map(|r| self.lookup(r.tokens, r.max))
+            .collect()
+    }
+}
+
+impl NgramProposer {
+    /// Up to `max` tokens after `tokens`' latest matching suffix.
+    fn lookup(&self, tokens: &[TokenId], max: usize) -> Vec<TokenId> {
         let len = tokens.len();
         if max == 0 {
             return Vec::new();
@@ -58,40 +68,60 @@ mod tests {
 
     #[test]
     fn proposes_what_followed_the_latest_occurrence() {
-        let mut p = NgramProposer::new(2, 3);
+        let p = NgramProposer::new(2, 3);
         // "1 2 3 4 5 | 1 2 3 9 | 1 2 3" -> the latest "1 2 3" went on with 9.
         let t = [1, 2, 3, 4, 5, 1, 2, 3, 9, 7, 1, 2, 3];
-        assert_eq!(p.propose(&t, 3), vec![9, 7, 1]);
-        assert_eq!(p.propose(&t, 1), vec![9]);
+        assert_eq!(p.lookup(&t, 3), vec![9, 7, 1]);
+        assert_eq!(p.lookup(&t, 1), vec![9]);
     }
 
     #[test]
     fn longer_matches_win_and_short_ones_are_a_fallback() {
-        let mut p = NgramProposer::new(1, 3);
+        let p = NgramProposer::new(1, 3);
         // The suffix "8 2" occurred once (then 5); "2" alone last went on with 6.
         let t = [8, 2, 5, 5, 2, 6, 0, 8, 2];
-        assert_eq!(p.propose(&t, 2), vec![5, 5]);
-        let mut p = NgramProposer::new(1, 1);
-        assert_eq!(p.propose(&t, 2), vec![6, 0]);
+        assert_eq!(p.lookup(&t, 2), vec![5, 5]);
+        let p = NgramProposer::new(1, 1);
+        assert_eq!(p.lookup(&t, 2), vec![6, 0]);
+    }
+
+    /// One call answers every sequence, each from its own tokens.
+    #[test]
+    fn a_call_proposes_for_every_sequence() {
+        let mut p = NgramProposer::new(1, 2);
+        let (a, b) = ([4, 5, 6, 4], [1, 2, 3]);
+        let requests = [
+            ProposeRequest {
+                seq: 1,
+                tokens: &a,
+                max: 2,
+            },
+            ProposeRequest {
+                seq: 2,
+                tokens: &b,
+                max: 2,
+            },
+        ];
+        assert_eq!(p.propose(&requests), vec![vec![5, 6], vec![]]);
     }
 
     #[test]
     fn nothing_to_copy_proposes_nothing() {
-        let mut p = NgramProposer::new(2, 4);
-        assert!(p.propose(&[1, 2, 3, 4, 5, 6], 4).is_empty());
-        assert!(p.propose(&[1], 4).is_empty());
-        assert!(p.propose(&[], 4).is_empty());
-        assert!(p.propose(&[1, 2, 1, 2], 0).is_empty());
+        let p = NgramProposer::new(2, 4);
+        assert!(p.lookup(&[1, 2, 3, 4, 5, 6], 4).is_empty());
+        assert!(p.lookup(&[1], 4).is_empty());
+        assert!(p.lookup(&[], 4).is_empty());
+        assert!(p.lookup(&[1, 2, 1, 2], 0).is_empty());
     }
 
     #[test]
     fn a_proposal_may_run_into_the_suffix() {
         // A loop: the latest match with a whole proposal after it; a short
         // one where no match has.
-        let mut p = NgramProposer::new(2, 2);
-        assert_eq!(p.propose(&[7, 7, 7, 7], 4), vec![7, 7]);
-        assert_eq!(p.propose(&[7; 8], 4), vec![7; 4]);
-        assert_eq!(p.propose(&[1, 2, 1, 2, 1, 2], 4), vec![1, 2, 1, 2]);
-        assert_eq!(p.propose(&[1, 2, 1, 2, 1, 2], 3), vec![1, 2, 1]);
+        let p = NgramProposer::new(2, 2);
+        assert_eq!(p.lookup(&[7, 7, 7, 7], 4), vec![7, 7]);
+        assert_eq!(p.lookup(&[7; 8], 4), vec![7; 4]);
+        assert_eq!(p.lookup(&[1, 2, 1, 2, 1, 2], 4), vec![1, 2, 1, 2]);
+        assert_eq!(p.lookup(&[1, 2, 1, 2, 1, 2], 3), vec![1, 2, 1]);
     }
 }

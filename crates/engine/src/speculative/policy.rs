@@ -6,7 +6,9 @@
 //! tokens costs `b` and yields `α^j` tokens, where the step yields about
 //! `n` tokens for `a + b·n`: it pays when `α^j > n / (a/b + n)`. So a
 //! memory-bound step (a GPU at batch 1: `a ≫ b`) speculates deeply, a
-//! compute-bound one (a large batch, the CPU) barely or not at all.
+//! compute-bound one (a large batch, the CPU) barely or not at all. A
+//! proposer that runs a model adds its seconds per proposed token `c`:
+//! the token then pays when `α^j > n (b + c) / (a + b n)`.
 
 /// Forgetting factor of the step-time fit (per step recorded).
 const FORGET: f64 = 0.995;
@@ -46,27 +48,41 @@ impl StepCost {
         }
     }
 
+    /// `(a, b)` in seconds once the steps measured differ enough in size
+    /// to fit them.
+    fn fit(&self) -> Option<(f64, f64)> {
+        let var = self.w * self.xx - self.x * self.x;
+        if self.w < 4.0 || var <= 1e-9 * self.w * self.w {
+            return None;
+        }
+        let b = (self.w * self.xy - self.x * self.y) / var;
+        Some(((self.y - b * self.x) / self.w, b))
+    }
+
     /// `a/b`: the step's fixed cost in tokens' worth (the prior until the
     /// steps measured differ enough in size to fit it).
     pub(crate) fn fixed_per_token(&self) -> f64 {
-        let var = self.w * self.xx - self.x * self.x;
-        if self.w < 4.0 || var <= 1e-9 * self.w * self.w {
-            return PRIOR_FIXED_PER_TOKEN;
-        }
-        let b = (self.w * self.xy - self.x * self.y) / var;
-        let a = (self.y - b * self.x) / self.w;
-        if b <= 0.0 {
+        match self.fit() {
+            None => PRIOR_FIXED_PER_TOKEN,
             // Time does not grow with tokens: bound by the weights' reads.
-            return f64::INFINITY;
+            Some((_, b)) if b <= 0.0 => f64::INFINITY,
+            Some((a, b)) => (a / b).max(0.0),
         }
-        (a / b).max(0.0)
     }
 
     /// The rate a proposed token must be kept at to pay in a step of
-    /// `tokens` without proposals.
-    pub(crate) fn threshold(&self, tokens: usize) -> f64 {
+    /// `tokens` without proposals, when proposing one costs
+    /// `proposal_seconds` besides its place in the step (a draft model's
+    /// forward; 0 for prompt lookup, and until the step is fitted).
+    pub(crate) fn threshold(&self, tokens: usize, proposal_seconds: f64) -> f64 {
         let n = tokens.max(1) as f64;
-        n / (self.fixed_per_token() + n)
+        let plain = n / (self.fixed_per_token() + n);
+        match self.fit() {
+            Some((a, b)) if proposal_seconds > 0.0 && a + b * n > 0.0 => {
+                (n * (b.max(0.0) + proposal_seconds) / (a + b * n)).max(plain)
+            }
+            _ => plain,
+        }
     }
 }
 
@@ -155,7 +171,9 @@ mod tests {
             "{}",
             c.fixed_per_token()
         );
-        assert!((c.threshold(1) - 1.0 / 6.0).abs() < 1e-6);
+        assert!((c.threshold(1, 0.0) - 1.0 / 6.0).abs() < 1e-6);
+        // A proposal that costs a draft forward of 4 ms: (2 + 4) / 12.
+        assert!((c.threshold(1, 0.004) - 0.5).abs() < 1e-6);
         // Steps of one size only: the prior.
         let mut c = StepCost::default();
         for _ in 0..50 {
@@ -167,7 +185,9 @@ mod tests {
         for i in 0..50 {
             c.record(1 + i % 3, 0.01);
         }
-        assert_eq!(c.threshold(1), 0.0);
+        assert_eq!(c.threshold(1, 0.0), 0.0);
+        // There a drafted token costs only the draft: 5 ms of a 10 ms step.
+        assert!((c.threshold(1, 0.005) - 0.5).abs() < 1e-6);
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Speculative decoding through the engine loop (n-gram proposals on a
 //! small random-weight model, whose greedy outputs fall into loops the
 //! proposer can copy): answers equal plain decoding's token for token,
-//! alone and batched, with stop rules, logprobs, penalties and grammars.
+//! alone and batched, with stop rules, logprobs, penalties and grammars;
+//! and draft-model proposals (the target as its own draft, another random
+//! model, a draft cache too small for every sequence).
 
 use std::sync::atomic::Ordering;
 
@@ -238,4 +240,189 @@ fn a_request_may_opt_out_and_seeded_samples_never_speculate() {
     assert_eq!(kept(&spec), (0, 0));
     outputs(&spec, &[repeating(1, 30)]);
     assert!(kept(&spec).0 > 0);
+}
+
+/// The tiny model on the CPU with the weights of `seed` (1: the target's,
+/// see `engine_on`) and a pool of `num_blocks` blocks.
+fn tiny_runner(seed: u64, num_blocks: usize) -> CpuRunner {
+    tiny_runner_of(tiny_config(), seed, num_blocks)
+}
+
+/// A model the target disagrees with: its own LM head (the tied random
+/// models mostly repeat their last token, whatever the seed).
+fn wrong_draft() -> CpuRunner {
+    let mut config = tiny_config();
+    config.tie_word_embeddings = false;
+    tiny_runner_of(config, 2, 256)
+}
+
+fn tiny_runner_of(config: ingot_models::ModelConfig, seed: u64, num_blocks: usize) -> CpuRunner {
+    let source = ingot_models::dummy::DummySource::new(&config, seed);
+    let weights = ingot_models::LlamaWeights::load(&config, &source, &|_, _| {}).unwrap();
+    let opts = ingot_runner_cpu::CpuRunnerConfig {
+        num_blocks,
+        block_size: 16,
+        weight_dtype: Default::default(),
+    };
+    CpuRunner::new(config, weights, opts).unwrap()
+}
+
+/// An engine over the tiny target proposing with `draft`, `k` tokens a
+/// step (always, as `speculating_on` explains).
+fn drafting(
+    draft: CpuRunner,
+    k: usize,
+    target: impl FnOnce(CpuRunner) -> Box<dyn ModelRunner>,
+) -> EngineHandle {
+    let config = ingot_engine::EngineConfig {
+        scheduler: ingot_scheduler::SchedulerConfig {
+            max_num_batched_tokens: 64,
+            ..Default::default()
+        },
+        speculative: SpeculativeConfig {
+            method: Some(SpeculativeMethod::Draft),
+            num_speculative_tokens: k,
+            adaptive: false,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    ingot_engine::start_engine_with_draft(
+        target(tiny_runner(1, 256)),
+        Some(Box::new(draft)),
+        tokenizer(),
+        config,
+    )
+    .unwrap()
+}
+
+fn ids(outputs: Vec<Vec<(u32, u32)>>) -> Vec<Vec<u32>> {
+    outputs
+        .into_iter()
+        .map(|o| o.into_iter().map(|t| t.0).collect())
+        .collect()
+}
+
+/// The target as its own draft proposes exactly its greedy answer: every
+/// proposal is kept, and the answers (logprobs too) are plain decoding's.
+#[test]
+fn the_target_as_its_own_draft_is_always_right() {
+    let plain = engine(256, |_| {});
+    let spec = drafting(tiny_runner(1, 256), 4, |r| Box::new(r));
+    let reqs: Vec<_> = (0..4)
+        .map(|i| request(i, 10 + 9 * i as usize, 30))
+        .collect();
+    assert_eq!(outputs(&plain, &reqs), outputs(&spec, &reqs));
+    let (proposed, kept) = kept(&spec);
+    assert!(
+        proposed > 0 && kept == proposed,
+        "{kept} of {proposed} kept"
+    );
+}
+
+/// Another model's proposals are mostly refused; the answers stay plain
+/// decoding's, alone and batched, as chunks and as decode rows.
+#[test]
+fn a_wrong_draft_keeps_the_answers() {
+    let plain = engine(256, |_| {});
+    let reqs: Vec<_> = (0..5)
+        .map(|i| {
+            if i % 2 == 0 {
+                repeating(i, 30)
+            } else {
+                request(i, 20, 30)
+            }
+        })
+        .collect();
+    let alone = outputs(&plain, &reqs);
+    for rows in [false, true] {
+        let target = move |r: CpuRunner| -> Box<dyn ModelRunner> {
+            if rows {
+                Box::new(DecodeRows(r, 64))
+            } else {
+                Box::new(r)
+            }
+        };
+        let spec = drafting(wrong_draft(), 3, target);
+        assert_eq!(alone, outputs(&spec, &reqs), "decode rows: {rows}");
+        assert_eq!(
+            ids(alone.clone()),
+            run_concurrently(&spec, reqs.clone()),
+            "decode rows: {rows}"
+        );
+        let (proposed, kept) = kept(&spec);
+        assert!(proposed > 0 && kept < proposed, "{kept} of {proposed} kept");
+    }
+}
+
+/// A draft cache too small for every sequence drafts for those it holds,
+/// the least recently drafted giving way, and the answers stay exact.
+#[test]
+fn a_small_draft_cache_gives_way_and_keeps_the_answers() {
+    let plain = engine(256, |_| {});
+    // Six blocks of 16: room for two 40-token sequences' drafts at most.
+    let spec = drafting(tiny_runner(1, 6), 4, |r| Box::new(r));
+    let reqs: Vec<_> = (0..4).map(|i| request(i, 30, 20)).collect();
+    assert_eq!(
+        ids(outputs(&plain, &reqs)),
+        run_concurrently(&spec, reqs.clone())
+    );
+    let (proposed, before) = kept(&spec);
+    assert!(
+        proposed > 0 && before == proposed,
+        "{before} of {proposed} kept"
+    );
+    // A prompt longer than the whole draft cache is never drafted.
+    let long = request(9, 120, 10);
+    assert_eq!(
+        outputs(&plain, std::slice::from_ref(&long)),
+        outputs(&spec, &[long])
+    );
+    assert_eq!(kept(&spec).1, before);
+}
+
+/// A draft of another vocabulary, a draft without the method and the
+/// method without a draft are refused at start, by name.
+#[test]
+fn mismatched_drafts_are_refused() {
+    let mut small = tiny_config();
+    small.vocab_size = 1000;
+    let weights = ingot_models::LlamaWeights::load(
+        &small,
+        &ingot_models::dummy::DummySource::new(&small, 1),
+        &|_, _| {},
+    )
+    .unwrap();
+    let opts = ingot_runner_cpu::CpuRunnerConfig {
+        num_blocks: 16,
+        block_size: 16,
+        weight_dtype: Default::default(),
+    };
+    let other = CpuRunner::new(small, weights, opts).unwrap();
+    let start = |method, draft: Option<CpuRunner>| {
+        let config = ingot_engine::EngineConfig {
+            speculative: SpeculativeConfig {
+                method,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let draft = draft.map(|d| Box::new(d) as Box<dyn ModelRunner>);
+        match ingot_engine::start_engine_with_draft(
+            Box::new(tiny_runner(1, 32)),
+            draft,
+            tokenizer(),
+            config,
+        ) {
+            Ok(_) => String::new(),
+            Err(e) => e.to_string(),
+        }
+    };
+    assert!(start(Some(SpeculativeMethod::Draft), Some(other)).contains("vocabulary (1000 tokens)"));
+    assert!(start(Some(SpeculativeMethod::Draft), None).contains("needs a draft model"));
+    assert!(
+        start(Some(SpeculativeMethod::Ngram), Some(tiny_runner(1, 16)))
+            .contains("draft model was given")
+    );
+    assert!(start(None, Some(tiny_runner(1, 16))).contains("draft model was given"));
 }
