@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::Args;
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
 use ingot_config::{Config, Layers, Loaded};
-use ingot_engine::{start_engine, EngineConfig, EngineHandle};
+use ingot_engine::{start_engine_with_draft, EngineConfig, EngineHandle};
 use ingot_models::{
     Bf16Tensor, E4m3Tensor, HostTensor, LoadFormat, ModelConfig, ModelError, ModelFiles,
     QuantTensor, TensorSource,
@@ -140,7 +140,8 @@ pub struct ModelArgs {
     #[arg(long)]
     pub deterministic: bool,
     /// Speculative decoding, as vLLM's flag: a JSON object with `method`
-    /// (`ngram` or `none`), `num_speculative_tokens`, `prompt_lookup_min`,
+    /// (`ngram`, `draft` / `draft_model` or `none`), `model` (the draft
+    /// model's path), `num_speculative_tokens`, `prompt_lookup_min`,
     /// `prompt_lookup_max`, `disable_by_batch_size`, `adaptive`
     /// [speculative.*; off].
     #[arg(long, value_name = "JSON")]
@@ -363,10 +364,106 @@ fn tokenizer_of(files: &ModelFiles, path: &Path) -> anyhow::Result<Tokenizer> {
     Ok(tokenizer)
 }
 
-/// Loads the model onto the configured device and starts an engine over it.
+/// Loads the model onto the configured device (after its draft model,
+/// if speculation uses one) and starts an engine over it.
 pub fn load_engine(config: &Config, engine: EngineConfig) -> anyhow::Result<EngineHandle> {
-    let (runner, tokenizer) = load_runner(config, engine.scheduler.max_num_seqs)?;
-    Ok(start_engine(runner, tokenizer, engine)?)
+    let max_num_seqs = engine.scheduler.max_num_seqs;
+    let (path, files, tokenizer) = open_target(config)?;
+    let draft = load_draft(config, &tokenizer, max_num_seqs)?;
+    let built = build_runner(config, path, files, max_num_seqs)?;
+    Ok(start_engine_with_draft(
+        built.runner,
+        draft,
+        tokenizer,
+        engine,
+    )?)
+}
+
+/// The configured model's path, files and tokenizer (with
+/// `model.chat_template` applied).
+fn open_target(config: &Config) -> anyhow::Result<(&Path, ModelFiles, Arc<Tokenizer>)> {
+    let path = settings::model_path(config)?;
+    let template = chat_template_of(&config.model)?;
+    let (files, tokenizer) = open(path, config.model.load_format, template.as_deref())?;
+    Ok((path, files, tokenizer))
+}
+
+/// The draft model's runner for `speculative.method = "draft"` (`None`
+/// for other methods), built before the target's: on a GPU it takes its
+/// memory first and the target's KV cache the rest. Its tokenizer must be
+/// the target's, token for token; it loads with the target's `model.*`
+/// settings, on one device, with a KV cache of
+/// `speculative.draft_kv_cache_tokens` (default: every sequence that may
+/// propose at the target's context length, within the CPU's default pool).
+pub fn load_draft(
+    config: &Config,
+    target: &Tokenizer,
+    max_num_seqs: usize,
+) -> anyhow::Result<Option<Box<dyn ModelRunner>>> {
+    let s = &config.speculative;
+    if s.method != ingot_config::SpeculativeMethod::Draft {
+        return Ok(None);
+    }
+    let path = s
+        .model
+        .as_deref()
+        .context("speculative.method = \"draft\" needs speculative.model")?;
+    let (files, tokenizer) = open(path, config.model.load_format, None)?;
+    same_vocabulary(target, &tokenizer).with_context(|| {
+        format!(
+            "speculative.model {} cannot draft for this model",
+            path.display()
+        )
+    })?;
+    let draft = draft_config(config, &files.config, max_num_seqs);
+    let built = build_runner(&draft, path, files, max_num_seqs)?;
+    tracing::info!(
+        target: crate::served::STARTUP,
+        draft = %path.display(),
+        kv_tokens = draft.model.kv_cache_tokens,
+        "speculative decoding with a draft model on {}",
+        built.runner.device_name()
+    );
+    Ok(Some(built.runner))
+}
+
+/// The config the draft model (`model`, from `speculative.model`) of
+/// `config` loads with: the target's `model.*` on one device, its own path
+/// and KV cache size.
+pub fn draft_config(
+    config: &Config,
+    model: &ingot_models::ModelConfig,
+    max_num_seqs: usize,
+) -> Config {
+    let s = &config.speculative;
+    let mut draft = config.clone();
+    draft.model.path = s.model.clone();
+    draft.model.tensor_parallel_size = 1;
+    let context = config
+        .model
+        .max_model_len
+        .map_or(model.max_context, |l| l.min(model.max_context));
+    let seqs = s.disable_by_batch_size.min(max_num_seqs).max(1);
+    let pool = default_kv_tokens(model, config.engine.block_size) as usize;
+    draft.model.kv_cache_tokens = Some(
+        s.draft_kv_cache_tokens
+            .unwrap_or_else(|| (seqs * context).min(pool)),
+    );
+    draft
+}
+
+/// Whether `draft` gives every id the target's token (the ids both have).
+fn same_vocabulary(target: &Tokenizer, draft: &Tokenizer) -> anyhow::Result<()> {
+    let shared = target.vocab_size().min(draft.vocab_size()) as u32;
+    if let Some(id) = (0..shared).find(|&id| target.id_to_token(id) != draft.id_to_token(id)) {
+        anyhow::bail!(
+            "token {id} is {:?} in the model's tokenizer and {:?} in the draft's: a draft model \
+             must share the model's tokenizer",
+            target.id_to_token(id).unwrap_or_default(),
+            draft.id_to_token(id).unwrap_or_default()
+        );
+    }
+    Ok(())
 }
 
 /// Most tokens in one forward pass of an embedding model on the CPU.
@@ -455,9 +552,7 @@ pub fn load_runner(
     config: &Config,
     max_num_seqs: usize,
 ) -> anyhow::Result<(Box<dyn ModelRunner>, Arc<Tokenizer>)> {
-    let path = settings::model_path(config)?;
-    let template = chat_template_of(&config.model)?;
-    let (files, tokenizer) = open(path, config.model.load_format, template.as_deref())?;
+    let (path, files, tokenizer) = open_target(config)?;
     let built = build_runner(config, path, files, max_num_seqs)?;
     Ok((built.runner, tokenizer))
 }
@@ -829,13 +924,14 @@ fn speculative_flags(json: &str, flags: &mut FlagSet) -> anyhow::Result<()> {
     for (name, value) in object {
         let key = match name.as_str() {
             "method" => "speculative.method",
+            "model" => "speculative.model",
             "num_speculative_tokens" => "speculative.num_speculative_tokens",
             "prompt_lookup_min" => "speculative.prompt_lookup_min",
             "prompt_lookup_max" => "speculative.prompt_lookup_max",
             "disable_by_batch_size" => "speculative.disable_by_batch_size",
             "adaptive" => "speculative.adaptive",
             other => anyhow::bail!(
-                "{FLAG}: unknown key {other:?} (known: method, num_speculative_tokens, \
+                "{FLAG}: unknown key {other:?} (known: method, model, num_speculative_tokens, \
                  prompt_lookup_min, prompt_lookup_max, disable_by_batch_size, adaptive)"
             ),
         };

@@ -187,6 +187,7 @@ fn start_served_engine(
 ) -> anyhow::Result<(ingot_engine::EngineHandle, model::Storage, KvCapacity)> {
     let mut engine = settings::engine_config(&plan.config);
     engine.metrics.model_name = plan.id.clone();
+    let draft = model::load_draft(&plan.config, &tokenizer, engine.scheduler.max_num_seqs)?;
     let files = model::open_files(&plan.path, plan.config.model.load_format)?;
     let built = model::build_runner(
         &plan.config,
@@ -205,7 +206,7 @@ fn start_served_engine(
     // (a sliding-window layer group holds only its window).
     let (shape, layout) = (built.runner.kv_cache_shape(), built.runner.kv_layout());
     let step = engine.scheduler.largest_step();
-    let handle = ingot_engine::start_engine(built.runner, tokenizer, engine)?;
+    let handle = ingot_engine::start_engine_with_draft(built.runner, draft, tokenizer, engine)?;
     if let Some(t) = handle.kv_tiers() {
         let k = &plan.config.kv_tiers;
         tracing::info!(
@@ -457,6 +458,30 @@ fn metadata(
 /// native path, else f32 or bf16) plus its KV cache, read from the model's
 /// metadata without loading weights.
 fn footprint(plan: &ModelPlan) -> anyhow::Result<u64> {
+    let own = footprint_of(plan)?;
+    let c = &plan.config;
+    let Some(path) = c
+        .speculative
+        .model
+        .as_ref()
+        .filter(|_| c.speculative.method == ingot_config::SpeculativeMethod::Draft)
+    else {
+        return Ok(own);
+    };
+    // The draft model's weights and KV cache count too.
+    let files = model::open_files(path, c.model.load_format)?;
+    let draft = ModelPlan {
+        id: format!("{} (draft)", plan.id),
+        path: path.clone(),
+        config: model::draft_config(c, &files.config, c.scheduler.max_num_seqs),
+        embedding: false,
+        chat_template: None,
+    };
+    Ok(own + footprint_of(&draft)?)
+}
+
+/// [`footprint`] of the model alone.
+fn footprint_of(plan: &ModelPlan) -> anyhow::Result<u64> {
     let (c, path) = (&plan.config, plan.path.as_path());
     if plan.embedding {
         // f32 weights (on the GPU, matrices also in f16); activations are
@@ -522,4 +547,38 @@ fn footprint(plan: &ModelPlan) -> anyhow::Result<u64> {
         gpu_kv_bytes_per_token(c, &model) / c.model.tensor_parallel_size as u64
     };
     Ok(weights + kv_tokens * kv_per_token)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// The registry's estimate of a model with a draft model counts the
+    /// draft's weights and KV cache too.
+    #[test]
+    fn the_footprint_counts_a_draft_model() {
+        let m = ingot_testkit::smollm2_gguf();
+        let plan = |config: Config| ModelPlan {
+            id: "m".into(),
+            path: m.clone(),
+            config,
+            embedding: false,
+            chat_template: None,
+        };
+        let mut config = Config::default();
+        config.model.device = ingot_config::Device::Cpu;
+        let alone = footprint(&plan(config.clone())).unwrap();
+        config.speculative.method = ingot_config::SpeculativeMethod::Draft;
+        config.speculative.model = Some(m.clone());
+        config.speculative.draft_kv_cache_tokens = Some(1024);
+        let with_draft = footprint(&plan(config)).unwrap();
+        let weights = std::fs::metadata(&m).unwrap().len();
+        let kv = 1024 * CpuRunner::kv_bytes_per_token(&metadata_of(&m).config) as u64;
+        assert_eq!(with_draft, alone + weights + kv);
+    }
+
+    fn metadata_of(path: &Path) -> ingot_models::ModelFiles {
+        model::open_files(path, ingot_config::LoadFormat::Auto).unwrap()
+    }
 }

@@ -120,6 +120,7 @@ fn speculative_config(s: &ingot_config::SpeculativeSection) -> SpeculativeConfig
         method: match s.method {
             ingot_config::SpeculativeMethod::None => None,
             ingot_config::SpeculativeMethod::Ngram => Some(SpeculativeMethod::Ngram),
+            ingot_config::SpeculativeMethod::Draft => Some(SpeculativeMethod::Draft),
         },
         num_speculative_tokens: s.num_speculative_tokens,
         ngram_min: s.prompt_lookup_min,

@@ -7,7 +7,7 @@
 
 use crate::config::Config;
 use crate::flags::valid_flag_name;
-use crate::sections::{Device, Quantization, BLOCK_SIZE};
+use crate::sections::{Device, Quantization, SpeculativeMethod, BLOCK_SIZE};
 use crate::slo::{ShedSection, SloSpec, SloTarget};
 
 /// A broken rule: the key it is about and the rule, in words.
@@ -229,7 +229,16 @@ fn speculative(c: &Config) -> Check {
             "must be at least speculative.prompt_lookup_min",
         );
     }
-    Ok(())
+    match (s.method, &s.model) {
+        (SpeculativeMethod::Draft, None) => fail(
+            "speculative.model",
+            "method \"draft\" needs the draft model's path",
+        ),
+        (SpeculativeMethod::None | SpeculativeMethod::Ngram, Some(_)) => {
+            fail("speculative.model", "is read only with method \"draft\"")
+        }
+        _ => Ok(()),
+    }
 }
 
 fn kv_tiers(c: &Config) -> Check {

@@ -583,9 +583,19 @@ impl KvTiersSection {
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct SpeculativeSection {
-    /// `none` or `ngram` (prompt lookup: what followed the latest earlier
-    /// occurrence of the last tokens, in the prompt or the output).
+    /// `none`, `ngram` (prompt lookup: what followed the latest earlier
+    /// occurrence of the last tokens, in the prompt or the output) or
+    /// `draft` (`draft_model` too: a smaller model of the same tokenizer,
+    /// `model`, run ahead greedily).
     pub method: SpeculativeMethod,
+    /// The draft model for `method = "draft"`: a GGUF file or a Hugging
+    /// Face directory whose tokenizer is the target's (loaded on the
+    /// target's device, before it, with the target's model settings).
+    pub model: Option<std::path::PathBuf>,
+    /// Tokens of KV cache the draft model keeps. Unset: room for every
+    /// sequence that may propose (`disable_by_batch_size`, at most
+    /// `scheduler.max_num_seqs`) at the target's context length.
+    pub draft_kv_cache_tokens: Option<usize>,
     /// Most tokens proposed per sequence and step.
     #[schemars(range(min = 1, max = 16))]
     pub num_speculative_tokens: usize,
@@ -607,6 +617,8 @@ impl Default for SpeculativeSection {
     fn default() -> Self {
         Self {
             method: SpeculativeMethod::None,
+            model: None,
+            draft_kv_cache_tokens: None,
             num_speculative_tokens: 4,
             prompt_lookup_min: 2,
             prompt_lookup_max: 4,
@@ -624,6 +636,9 @@ pub enum SpeculativeMethod {
     None,
     /// Prompt lookup (n-gram matching).
     Ngram,
+    /// A draft model (`speculative.model`).
+    #[serde(alias = "draft_model")]
+    Draft,
 }
 
 /// CUDA backend switches (ignored on the CPU).

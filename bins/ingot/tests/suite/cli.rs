@@ -774,3 +774,67 @@ fn chat_template_replaces_the_models_own_and_is_checked_at_start_up() {
         assert_clean_error(&o, says);
     }
 }
+
+/// A draft model (here the model itself) leaves the answer as it was, and
+/// as its own draft every proposal holds (`bench latency` reports it).
+#[test]
+fn a_draft_model_keeps_the_answer() {
+    let m = model();
+    let draft = format!(r#"{{"method": "draft", "model": {m:?}, "adaptive": false}}"#);
+    let args = [
+        "generate",
+        "--model",
+        &m,
+        "--prompt",
+        "Name three colours.",
+        "--max-tokens",
+        "16",
+    ];
+    let plain = ingot(&args);
+    let drafted = ingot(&[&args[..], &["--speculative-config", &draft]].concat());
+    assert!(drafted.status.success(), "{}", stderr(&drafted));
+    assert_eq!(stdout(&plain), stdout(&drafted));
+    let o = ingot(&[
+        "bench",
+        "latency",
+        "--model",
+        &m,
+        "--input-len",
+        "16",
+        "--output-len",
+        "12",
+        "--num-iters",
+        "1",
+        "--num-iters-warmup",
+        "0",
+        "--json",
+        "--speculative-config",
+        &draft,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).expect("json");
+    let spec = &v["speculation"];
+    assert!(spec["proposed_tokens"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(spec["acceptance"].as_f64(), Some(1.0), "{v}");
+}
+
+/// A draft of another tokenizer is refused at start, naming the first
+/// token the two disagree on.
+#[test]
+fn a_draft_of_another_tokenizer_is_one_clear_line() {
+    let gemma = ingot_testkit::fetched("fetch-gemma3-gguf");
+    let draft = format!(
+        r#"{{"method": "draft_model", "model": {:?}}}"#,
+        gemma.display().to_string()
+    );
+    let o = ingot(&[
+        "generate",
+        "--model",
+        &model(),
+        "--prompt",
+        "hi",
+        "--speculative-config",
+        &draft,
+    ]);
+    assert_clean_error(&o, "must share the model's tokenizer");
+}
