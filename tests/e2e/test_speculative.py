@@ -4,7 +4,8 @@ server's answers with speculation turned off per request
 (`"speculative": false`), for the committed prompt set (repeat, edit,
 summarise given text; and prompts with nothing to copy), several requests
 at a time; proposals were made and kept; sampled, logprob and constrained
-requests run with it; the request field is checked. The timed comparison is
+requests run with it; the request field is checked; a draft model keeps the
+answers too. The timed comparison is
 scripts/bench-speculative (docs/benchmarks.md, "Speculative decoding")."""
 
 from __future__ import annotations
@@ -102,3 +103,41 @@ def test_the_speculative_field_is_checked(spec_server, model_name):
         "model": model_name, "messages": [{"role": "user", "content": "hi"}], "speculative": "yes"})
     assert r.status_code == 400, r.text
     assert "speculative" in r.json()["error"]["message"]
+
+
+def test_a_draft_model_keeps_the_answers(model_name):
+    """A draft model (the model itself: every proposal it makes holds),
+    through `ingot serve`: greedy answers equal the same server's without
+    speculation, several at once, and the metrics count its proposals."""
+    from ingot_e2e import model_path
+
+    draft = json.dumps({"method": "draft", "model": model_path(), "num_speculative_tokens": 4,
+                        "adaptive": False})
+    srv = Server("--speculative-config", draft, env={"INGOT_FLAG_COALESCING": "off"})
+    try:
+        prompts = [p["prompt"] for p in PROMPTS[:3] + PROMPTS[-3:]]
+
+        async def run_all():
+            client = srv.async_openai()
+
+            async def one(prompt: str, speculative: bool) -> str:
+                r = await client.chat.completions.create(
+                    model=model_name, messages=[{"role": "user", "content": prompt}], temperature=0,
+                    max_tokens=MAX_TOKENS, extra_body={} if speculative else {"speculative": False})
+                return r.choices[0].message.content
+
+            try:
+                off = await asyncio.gather(*(one(p, False) for p in prompts))
+                on = await asyncio.gather(*(one(p, True) for p in prompts))
+                return on, off
+            finally:
+                await client.close()
+
+        on, off = asyncio.run(run_all())
+        assert on == off
+        m = srv.metrics()
+        proposed = m.get("vllm:spec_decode_num_draft_tokens_total")
+        kept = m.get("vllm:spec_decode_num_accepted_tokens_total")
+        assert proposed > 0 and kept == proposed, (kept, proposed)
+    finally:
+        srv.stop_and_check()

@@ -70,6 +70,9 @@
 #   tpsmserve (after tpsm, the machine still warm) the same file served: ingot TP=N, llama-server
 #             -sm layer, -sm row, each under the same client (64 concurrent, 1024 in / 128 out,
 #             PROMPTS_70B prompts, default 64)
+#   draft     draft-model speculation on CUDA (dummy weights, Llama-3 tokenizer): the 8B as its own draft
+#             (every proposal right) and the Llama-3.2-1B shape drafting for it (random: mostly
+#             refused); greedy ids under --deterministic with each against none; batch 1 of each
 #   tp4       the acceptance rows on nvidia-h200-x4: TP kernels; the 8B's TP=N logits vs TP=1; 8B
 #             batch 1 at TP=1 / 2 / N alternated twice; the 70B bf16 at TP=N and FP8 at TP=2 and N,
 #             batch 1; a 4,096-token prefill profile at TP=N; `ingot serve` on the 70B at TP=N (seconds
@@ -561,6 +564,20 @@ for phase in "$@"; do
       for sm in layer row; do
         serve_bench llama "$TOK" "$PROMPTS" 1 "$LS" -m "$G" -ngl 99 -fa on -sm $sm -np 64 -c 81920 --cache-ram 0
         mv "$O/serve-llama-1.json" "$O/serve-llama-sm$sm.json"
+      done ;;
+    draft)
+      M=$(llama8b); S="$W/llama-3.2-1b"; mkdir -p "$S"; cp tests/gpu/configs/llama-3.2-1b/config.json "$W"/tokenizers/llama3/* "$S/"
+      D="--load-format dummy --max-model-len 4096"
+      spec() { printf '{"method": "draft", "model": "%s", "adaptive": false, "num_speculative_tokens": 4}' "$1"; }
+      for d in none "$M" "$S"; do
+        sc=(); [ "$d" = none ] || sc=(--speculative-config "$(spec "$d")")
+        echo "draft: $d"
+        "$ING" generate --model "$M" $D --deterministic --prompt "The capital of France is" --max-tokens 32 --ignore-eos \
+          --print-ids "${sc[@]}" 2>&1 >/dev/null | grep output_ids | tee "$W/draft-ids-$(basename "$d")"
+        "$ING" bench latency --model "$M" $D --input-len 128 --output-len 128 --num-iters 2 --json "${sc[@]}" | tee -a "$O/bench.jsonl"
+      done
+      for d in "$M" "$S"; do
+        cmp -s "$W/draft-ids-none" "$W/draft-ids-$(basename "$d")" && echo "ids equal: $d" || echo "IDS DIFFER: $d"
       done ;;
     tp4)
       N=$(nvidia-smi -L | wc -l); M=$(llama8b); D="--load-format dummy --max-model-len 4096"; PORT=8765
