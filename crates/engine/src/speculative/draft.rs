@@ -178,13 +178,7 @@ impl DraftModelProposer {
             if chunks.is_empty() {
                 return Ok(());
             }
-            let batch = ForwardBatch {
-                chunks,
-                expect_next: false,
-                score: Vec::new(),
-            };
-            let ids = self.runner.forward_greedy(&batch)?;
-            drop(batch);
+            let ids = greedy(self.runner.as_mut(), chunks)?;
             for ((i, upto), id) in ran.into_iter().zip(ids) {
                 let r = &requests[i];
                 if let Some(seq) = self.seqs.get_mut(&r.seq) {
@@ -231,13 +225,7 @@ impl DraftModelProposer {
                     SequenceChunk::with_tables(std::slice::from_ref(pick), pos, &seq.tables)
                 })
                 .collect();
-            let batch = ForwardBatch {
-                chunks,
-                expect_next: false,
-                score: Vec::new(),
-            };
-            let ids = self.runner.forward_greedy(&batch)?;
-            drop(batch);
+            let ids = greedy(self.runner.as_mut(), chunks)?;
             forwards += 1;
             for ((i, pick, _), id) in rows.into_iter().zip(ids) {
                 if let Some(seq) = self.seqs.get_mut(&requests[i].seq) {
@@ -255,6 +243,18 @@ impl DraftModelProposer {
             self.pool.release_groups(&mut seq.tables);
         }
     }
+}
+
+/// The draft's greedy pick after each chunk.
+fn greedy(
+    runner: &mut dyn ModelRunner,
+    chunks: Vec<SequenceChunk<'_>>,
+) -> Result<Vec<TokenId>, RunnerError> {
+    runner.forward_greedy(&ForwardBatch {
+        chunks,
+        expect_next: false,
+        score: Vec::new(),
+    })
 }
 
 impl Proposer for DraftModelProposer {
