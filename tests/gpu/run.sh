@@ -574,7 +574,7 @@ for phase in "$@"; do
         echo "draft: $d"
         "$ING" generate --model "$M" $D --deterministic --prompt "The capital of France is" --max-tokens 32 --ignore-eos \
           --print-ids "${sc[@]}" 2>&1 >/dev/null | grep output_ids | tee "$W/draft-ids-$(basename "$d")"
-        "$ING" bench latency --model "$M" $D --input-len 128 --output-len 128 --num-iters 2 --json "${sc[@]}" | tee -a "$O/bench.jsonl"
+        "$ING" bench latency --model "$M" $D --input-len 128 --output-len 128 --num-iters 1 --json "${sc[@]}" | tee -a "$O/bench.jsonl"
       done
       for d in "$M" "$S"; do
         cmp -s "$W/draft-ids-none" "$W/draft-ids-$(basename "$d")" && echo "ids equal: $d" || echo "IDS DIFFER: $d"
