@@ -1064,6 +1064,70 @@ def check_moe(m, rng):
     per_slot = np.einsum("sdf,sf->sd", down[e], a) * host(w).reshape(-1)[:, None]
     want = base + per_slot.reshape(T, k, d).sum(1)
     report("moe_down_sum into the residual", rel(host(resid), want), 1e-5)
+    check_moe_grouped(m, rng)
+
+
+def moe_tiles(T, k, E):
+    """Tiles `moe_align` may fill (runner-cuda's MoeAlign::tiles)."""
+    return -(-(T * k) // 64) + min(E, T * k)
+
+
+def moe_grouped_run(m, xb, ids, w, gate, up, down, resid, T, k, E, ff, d, gelu=False):
+    """The grouped path (moe_align, moe_grouped_gate_up_*, moe_grouped_down, moe_weighted_sum) as
+    the runner launches it; returns (sorted, tile_expert, act)."""
+    tiles = moe_tiles(T, k, E)
+    sorted_ = torch.empty(tiles * 64, dtype=torch.int32, device="cuda")
+    tile_expert = torch.empty(tiles, dtype=torch.int32, device="cuda")
+    launch(m.fn("moe_align"), (1,), 1024, [ptr(ids), i32(T * k), i32(E), i32(tiles), ptr(sorted_), ptr(tile_expert)])
+    act = torch.full((T * k, ff), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out = torch.full((T * k, d), float("nan"), dtype=torch.float32, device="cuda")
+    name = "moe_grouped_gate_up_gelu_tanh" if gelu else "moe_grouped_gate_up_silu"
+    launch(m.fn(name), (ff // 64, tiles), 128,
+           [ptr(xb), i32(k), ptr(gate), ptr(up), i32(ff), i32(d), ptr(sorted_), ptr(tile_expert), ptr(act)])
+    launch(m.fn("moe_grouped_down"), (d // 128, tiles), 128,
+           [ptr(act), ptr(down), i32(d), i32(ff), ptr(sorted_), ptr(tile_expert), ptr(out)])
+    launch(m.fn("moe_weighted_sum"), (T,), 256, [ptr(out), ptr(w), i32(k), i32(d), ptr(resid)])
+    return sorted_, tile_expert, act
+
+
+def check_moe_grouped(m, rng):
+    """The grouped expert GEMMs on the tensor cores: the slots sorted by expert (each once, tiles
+    padded with -1), every slot's gated activation and the weighted down sums, against float64, at
+    one token (most experts empty), a few tiles and experts spanning several tiles; GELU once."""
+    d, E, k, ff = 256, 40, 6, 128
+    gate, up = bf(rnd(rng, E, ff, d, scale=0.1)), bf(rnd(rng, E, ff, d, scale=0.1))
+    down = bf(rnd(rng, E, d, ff, scale=0.1))
+    gate_d, up_d, down_d = dev(gate, torch.bfloat16), dev(up, torch.bfloat16), dev(down, torch.bfloat16)
+    for T, gelu in ((1, False), (37, False), (300, False), (300, True)):
+        rest = np.array([x for x in range(E) if x != 5])
+        # Half the tokens choose expert 5: at T = 300 it takes three tiles.
+        e = np.sort(np.stack([np.append(rng.choice(rest, k - 1, replace=False), 5) if t < T // 2
+                              else rng.choice(E, k, replace=False) for t in range(T)]), 1)
+        ids = dev(e, torch.int32)
+        wts = rng.uniform(0.05, 0.5, size=(T, k))
+        w = dev(wts, torch.float32)
+        xb = bf(rnd(rng, T, d))
+        base = rnd(rng, T, d).astype(np.float32).astype(np.float64)
+        resid = dev(base, torch.float32)
+        sorted_, tile_expert, act = moe_grouped_run(m, dev(xb, torch.bfloat16), ids, w, gate_d, up_d, down_d, resid,
+                                                    T, k, E, ff, d, gelu)
+        srt, te = sorted_.cpu().numpy().reshape(-1, 64), tile_expert.cpu().numpy()
+        flat = e.reshape(-1)
+        placed = srt[srt >= 0]
+        good = sorted(placed.tolist()) == list(range(T * k)) and all(
+            te[i] >= 0 and np.all(flat[r[r >= 0]] == te[i]) for i, r in enumerate(srt) if (r >= 0).any())
+        used = te[te >= 0]
+        good = good and np.all(np.diff(used) >= 0) and np.all(te[len(used):] == -1)
+        report(f"moe_align T={T}: every slot once, tiles of one expert", 0.0 if good else 1.0, 0.5)
+        tok = np.repeat(np.arange(T), k)
+        gv = np.einsum("sfd,sd->sf", gate[flat], xb[tok])
+        uv = np.einsum("sfd,sd->sf", up[flat], xb[tok])
+        want_act = (gelu_tanh(gv) if gelu else gv / (1 + np.exp(-gv))) * uv
+        tag = f"T={T}{' gelu' if gelu else ''}"
+        report(f"moe_grouped_gate_up {tag} (bf16 out)", rel(host(act), want_act), 8e-3)
+        per_slot = np.einsum("sdf,sf->sd", down[flat], host(act)) * host(w).reshape(-1)[:, None]
+        report(f"moe_grouped_down + weighted_sum {tag}", rel(host(resid), base + per_slot.reshape(T, k, d).sum(1)),
+               1e-5)
 
 
 # (name, module, check), in the order they run.

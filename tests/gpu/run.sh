@@ -54,6 +54,10 @@
 #             the CPU backend vs transformers (compare_hf.py on
 #             qwen3moe-2l and mixtral-2l), then the Qwen3-30B-A3B-shaped dummy: batch 1 (graphs and
 #             eager), its eager per-step profile (attention, routing, experts), 16 x (128 in, 64 out)
+#   moegrp    the grouped expert GEMMs (cuda.moe_grouped_min_tokens): their kernel checks, the GEMV /
+#             grouped crossover (bench_moe.py), CUDA vs transformers with every step grouped, then
+#             the Qwen3-30B-A3B dummy: batch 1, prefill profile and 64 x (1024, 128) off / on,
+#             256 x (1024, 128) on
 #   tp        tensor parallel over all the machine's GPUs: the TP kernels, TP=N vs TP=1 on the 8B and
 #             Qwen3-30B-A3B dummies (compare_kv_dtype.py --ref/--test), 8B batch 1 TP=1 / TP=N
 #             alternated, the Llama-3.1-70B shape at TP=N (batch 1 bf16 and FP8, 64 x (1024, 128))
@@ -470,6 +474,23 @@ for phase in "$@"; do
       done
       INGOT_CUDA_PROFILE=1 "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 64 --num-iters 1 --json
       "$ING" bench throughput --model "$M" --load-format dummy --max-model-len 4096 --num-prompts 16 --max-num-seqs 16 --input-len 128 --output-len 64 --json | tee -a "$O/bench.jsonl" ;;
+    moegrp)
+      timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only moe
+      timeout -k 5 "$T" python3 tests/gpu/bench_moe.py --cubins "$W" | tee "$O/bench_moe.txt"
+      INGOT_CUDA_MOE_GROUPED_MIN_TOKENS=1 python3 tests/gpu/compare_hf.py --ingot "$ING" --tokenizers "$W/tokenizers" \
+        --work "$W/hf" --models qwen3moe-2l mixtral-2l
+      M="$W/qwen3-30b-a3b"; mkdir -p "$M"; cp tests/gpu/configs/qwen3-30b-a3b/config.json "$W"/tokenizers/qwen3/* "$M/"
+      D="--model $M --load-format dummy --max-model-len 4096"
+      for g in 0 32; do
+        echo "moe_grouped_min_tokens=$g"
+        INGOT_CUDA_MOE_GROUPED_MIN_TOKENS=$g "$ING" bench latency $D --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl"
+        INGOT_CUDA_MOE_GROUPED_MIN_TOKENS=$g INGOT_CUDA_PROFILE=1 "$ING" bench latency $D --input-len 1024 --output-len 16 \
+          --num-iters 1 --enforce-eager 2>&1 | grep "profile: prefill"
+        INGOT_CUDA_MOE_GROUPED_MIN_TOKENS=$g timeout -k 5 "$T" "$ING" bench throughput $D --num-prompts 64 --max-num-seqs 64 \
+          --input-len 1024 --output-len 128 --json | tee -a "$O/bench.jsonl"
+      done
+      INGOT_CUDA_MOE_GROUPED_MIN_TOKENS=32 timeout -k 5 "$T" "$ING" bench throughput $D --num-prompts 256 --max-num-seqs 256 \
+        --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl" ;;
     tp)
       # Tensor parallel over every GPU of the machine (nvidia-h200-x2 / -x4): the TP kernels, TP=N vs
       # TP=1 logits and greedy ids on the 8B and Qwen3-30B-A3B dummies (the ranks fill their slices

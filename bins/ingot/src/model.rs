@@ -72,9 +72,10 @@ pub struct ModelArgs {
     pub dtype: Option<String>,
     /// Quantized GGUF weights on the CPU: `native` keeps them in their
     /// blocks (int8 activations; ~3x faster decode, logits differ by the
-    /// activation rounding) or `f32` dequantizes them at load (exact)
-    /// [model.cpu_weights; native].
-    #[arg(long, value_parser = ["native", "f32"])]
+    /// activation rounding), `amx` as native with the 32-block formats on
+    /// AMX tiles (Intel Xeon from Sapphire Rapids on), or `f32` dequantizes
+    /// them at load (exact) [model.cpu_weights; native].
+    #[arg(long, value_parser = ["native", "amx", "f32"])]
     pub cpu_weights: Option<String>,
     /// Quantized GGUF weights on the GPU: `bf16` expands them at load;
     /// `native` keeps Q8_0, Q4_0/Q4_1 and Q4_K/Q5_K/Q6_K tensors in their
@@ -829,6 +830,7 @@ fn cuda_runner(
         deterministic: config.engine.deterministic,
         tc_decode_min_rows: cuda.tc_decode_min_rows,
         tc_decode_fp8_min_rows: cuda.tc_decode_fp8_min_rows,
+        moe_grouped_min_tokens: cuda.moe_grouped_min_tokens,
     };
     let (model, tensors) = (files.config.clone(), files.tensors.as_ref());
     let cannot = || format!("cannot load {} on the GPU", path.display());
@@ -884,6 +886,7 @@ fn cpu_runner(
     }
     let weights = match config.model.cpu_weights {
         ingot_config::CpuWeights::Native => CpuWeights::Native,
+        ingot_config::CpuWeights::Amx => CpuWeights::Amx,
         ingot_config::CpuWeights::F32 => CpuWeights::F32,
     };
     let runner = CpuRunner::load(

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use ingot_config::{Config, CpuWeights, CudaWeights, Device, Dtype, ModelEntry, Quantization};
+use ingot_config::{Config, CudaWeights, Device, Dtype, ModelEntry, Quantization};
 use ingot_engine::RequestLimits;
 use ingot_registry::{Budget, ModelSpec, Prefetch, Registry};
 use ingot_runner_cpu::CpuRunner;
@@ -528,7 +528,7 @@ fn footprint_of(plan: &ModelPlan) -> anyhow::Result<u64> {
         // Q8_0: 34-byte blocks of 32 weights; also the bound for Q4_K,
         // whose rows 256 does not divide take Q8_0.
         params * 34 / 32
-    } else if c.model.cpu_weights == CpuWeights::Native && files.gguf.is_some() {
+    } else if c.model.cpu_weights.keeps_blocks() && files.gguf.is_some() {
         // Quantized blocks stay as the file holds them (mmap'd).
         std::fs::metadata(path).map_or(params * 4, |m| m.len())
     } else if c.model.dtype == Dtype::F32 {

@@ -58,6 +58,10 @@ pub enum CpuWeights {
     /// follow `model.dtype`).
     #[default]
     Native,
+    /// As `native`, with the 32-block formats (Q4_0, Q4_1, Q5_0, Q5_1,
+    /// Q8_0) on AMX tiles (Intel Xeon from Sapphire Rapids on); refused
+    /// where the CPU has no AMX-INT8.
+    Amx,
     /// Dequantized at load, stored per `model.dtype`: the exact reference.
     F32,
 }
@@ -675,6 +679,12 @@ pub struct CudaSection {
     /// ingot's one-shot kernel over peer memory instead of NCCL (false:
     /// NCCL for all, as vLLM's `--disable-custom-all-reduce`).
     pub custom_all_reduce: bool,
+    /// Mixture of experts: steps of at least this many tokens (prefill
+    /// chunks, large batches) run the experts as grouped tensor-core GEMMs
+    /// over the step's slots sorted by expert, reading each expert once per
+    /// tile of 64 slots, instead of a GEMV per slot (0: never). Default 0
+    /// until measured on a GPU: the kernels pass no device check yet.
+    pub moe_grouped_min_tokens: usize,
 }
 
 impl Default for CudaSection {
@@ -688,6 +698,7 @@ impl Default for CudaSection {
             tc_decode_min_rows: 64,
             tc_decode_fp8_min_rows: 64,
             custom_all_reduce: true,
+            moe_grouped_min_tokens: 0,
         }
     }
 }
@@ -772,8 +783,14 @@ impl CpuWeights {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Native => "native",
+            Self::Amx => "amx",
             Self::F32 => "f32",
         }
+    }
+
+    /// Whether quantized tensors stay in their blocks.
+    pub fn keeps_blocks(self) -> bool {
+        self != Self::F32
     }
 }
 

@@ -26,6 +26,7 @@
 //     and converted to bf16 in shared memory.
 #include "common.cuh"
 #include "kv_types.cuh"
+#include "mma.cuh"
 
 constexpr int DECODE_WARPS = 4;
 constexpr int DECODE_UNROLL = 4;
@@ -74,18 +75,6 @@ __device__ __forceinline__ float warp_reduce_scatter(Partials<V> p, int lane) {
 // 4 bf16 stages up to head_dim 128, 2 at 256; FP8 stages are half the
 // size, so twice as many keep the same bytes in flight.
 __host__ __device__ constexpr int decode_stages(int hd, int kv_bytes) { return (hd <= 128 ? 4 : 2) * (2 / kv_bytes); }
-
-// Asynchronous global -> shared copy of BYTES (4, 8 or 16) and its groups.
-template <int BYTES>
-__device__ __forceinline__ void cp_async(void* smem_dst, const void* gmem_src) {
-  const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(dst), "l"(gmem_src), "n"(BYTES) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
-}
 
 // A lane's piece of a K/V row into the ring: cp.async for 4 to 16 bytes;
 // the 2-byte pieces of FP8 at head_dim 64 (below cp.async's smallest size)
@@ -354,43 +343,6 @@ struct PrefillSmem {
   // FP8 caches also stage each K or V tile raw before converting it.
   static constexpr int bytes(int kv_bytes) { return BF16_BYTES + (kv_bytes == 1 ? KEY_TILE * HD : 0); }
 };
-
-// Four 8x8 b16 matrices from shared memory (bf16 tiles, or raw e4m3 bytes
-// read as b16 pairs).
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
-  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
-  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-
-// d += a (16x16, row-major) * b (16x8, col-major); bf16 in, f32 accumulate.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const unsigned*>(&v);
-}
-
-// 16-byte cp.async that skips L1: staged rows are reused across blocks
-// through L2 only.
-__device__ __forceinline__ void cp_async_cg16(void* smem_dst, const void* gmem_src) {
-  const unsigned dst = (unsigned)__cvta_generic_to_shared(smem_dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem_src) : "memory");
-}
 
 // Starts copying the tile's query rows (token r / G, head r % G of the kv
 // head's group; zeros past the tile's n tokens) into shared memory.

@@ -9,7 +9,7 @@
 // expert, in ascending expert order; a token's expert outputs are summed in
 // that order, and every slot's products are computed alone, so a token's
 // result does not depend on the batch.
-#include "common.cuh"
+#include "mma.cuh"
 
 #define MOE_MAX_TOP_K 16
 #define MOE_MAX_EXPERTS 256
@@ -200,4 +200,238 @@ extern "C" __global__ void moe_down_sum(const bf16* __restrict__ act, const bf16
   }
   out = warp_sum(out);
   if (lane == 0) residual[(size_t)t * hidden + r] += out;
+}
+
+// ---------------------------------------------------------------------------
+// Grouped expert GEMMs for prefill and large batches. The GEMVs above read
+// an expert's rows once per slot routed to it; here the step's slots are
+// sorted by expert (moe_align) into tiles of MOE_TILE_M slots of one expert,
+// and each tile multiplies its gathered rows by the expert's weights on the
+// tensor cores, so an expert is read once per tile. Every output element is
+// one row's dot product over K, whatever the tile's other rows: the order
+// of slots inside an expert's tiles does not change any bits.
+// ---------------------------------------------------------------------------
+
+#define MOE_TILE_M 64   // slots per tile
+#define MOE_TILE_N 128  // weight rows per tile (gate/up: 64 of each)
+#define MOE_TILE_K 32
+#define MOE_STAGES 3
+#define MOE_LD (MOE_TILE_K + 8)  // bf16 row stride: conflict-free ldmatrix
+#define MOE_GEMM_THREADS 128     // 4 warps, 2 (M) x 2 (N), 32 x 64 each
+
+// One block (1024 threads): `sorted[tiles * MOE_TILE_M]` lists the slots of
+// expert 0, padded with -1 to a whole tile, then expert 1's, ...; the rest
+// is -1. `tile_expert[i]` is tile i's expert, -1 for tiles past the last.
+// tiles >= ceil(slots / MOE_TILE_M) + min(experts, slots).
+extern "C" __global__ void moe_align(const int* __restrict__ ids, int slots, int experts, int tiles,
+                                     int* __restrict__ sorted, int* __restrict__ tile_expert) {
+  pdl_begin();
+  __shared__ int count[MOE_MAX_EXPERTS], start[MOE_MAX_EXPERTS + 1];
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) count[e] = 0;
+  for (int i = threadIdx.x; i < tiles * MOE_TILE_M; i += blockDim.x) sorted[i] = -1;
+  __syncthreads();
+  for (int s = threadIdx.x; s < slots; s += blockDim.x) atomicAdd(&count[ids[s]], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int at = 0;
+    for (int e = 0; e < experts; ++e) {
+      start[e] = at;
+      at += (count[e] + MOE_TILE_M - 1) / MOE_TILE_M * MOE_TILE_M;
+    }
+    start[experts] = at;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < tiles; i += blockDim.x) {
+    // The expert whose padded range holds tile i (the last start <= it).
+    const int at = i * MOE_TILE_M;
+    int lo = 0, hi = experts;  // start[lo] <= at < start[hi]
+    if (at >= start[experts]) {
+      tile_expert[i] = -1;
+      continue;
+    }
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      if (start[mid] <= at) lo = mid; else hi = mid;
+    }
+    tile_expert[i] = lo;
+  }
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) count[e] = 0;
+  __syncthreads();
+  for (int s = threadIdx.x; s < slots; s += blockDim.x) {
+    const int e = ids[s];
+    sorted[start[e] + atomicAdd(&count[e], 1)] = s;
+  }
+}
+
+// The grouped GEMM of one (tile, column block): rows are the tile's slots
+// (A row = `a[(slot / a_per_row) * K]`, zeros for padding), columns are
+// weight rows of expert e (`w[e]` is `[n, K]`, K contiguous).
+//   GATED: act[slot, c] = act(gate_e[c] · a) * (up_e[c] · a) in bf16, for
+//     the 64 columns c of the block (64 gate rows and 64 up rows staged).
+//   else:  out[slot, c] = w_e[c] · a in f32, for 128 columns.
+// Grid: (n / (GATED ? 64 : 128), tiles). K must be a multiple of 32.
+template <bool GATED, bool GELU>
+__device__ __forceinline__ void moe_grouped(const bf16* __restrict__ a, int a_per_row, const bf16* __restrict__ w0,
+                                            const bf16* __restrict__ w1, int n, int K, const int* __restrict__ sorted,
+                                            const int* __restrict__ tile_expert, bf16* __restrict__ act,
+                                            float* __restrict__ out) {
+  pdl_begin();
+  constexpr int BLOCK_N = GATED ? MOE_TILE_N / 2 : MOE_TILE_N;
+  __shared__ alignas(16) bf16 sa[MOE_STAGES][MOE_TILE_M * MOE_LD];
+  __shared__ alignas(16) bf16 sw[MOE_STAGES][MOE_TILE_N * MOE_LD];
+  __shared__ int rows[MOE_TILE_M];
+  const int tile = blockIdx.y, e = tile_expert[tile];
+  if (e < 0) return;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp & 1, wn = warp >> 1;
+  const int c0 = blockIdx.x * BLOCK_N;
+  if (tid < MOE_TILE_M) rows[tid] = sorted[tile * MOE_TILE_M + tid];
+  __syncthreads();
+
+  // This thread's pieces of every stage: 2 A rows and 4 weight rows, one
+  // 16-byte chunk each (4 chunks per 32-wide row).
+  const bf16* a_src[2];
+  int a_bytes[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int slot = rows[(tid + j * MOE_GEMM_THREADS) >> 2];
+    a_bytes[j] = slot < 0 ? 0 : 16;
+    a_src[j] = a + (slot < 0 ? 0 : (size_t)(slot / a_per_row) * K) + ((tid + j * MOE_GEMM_THREADS) & 3) * 8;
+  }
+  const bf16* w_src[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int r = (tid + j * MOE_GEMM_THREADS) >> 2;
+    const bf16* base = GATED && r >= BLOCK_N ? w1 : w0;
+    const int c = c0 + (GATED && r >= BLOCK_N ? r - BLOCK_N : r);
+    w_src[j] = base + ((size_t)e * n + c) * K + ((tid + j * MOE_GEMM_THREADS) & 3) * 8;
+  }
+  auto stage = [&](int st, int k0) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int idx = tid + j * MOE_GEMM_THREADS;
+      cp_async_cg16_fill(&sa[st][(idx >> 2) * MOE_LD + (idx & 3) * 8], a_src[j] + k0, a_bytes[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int idx = tid + j * MOE_GEMM_THREADS;
+      cp_async_cg16(&sw[st][(idx >> 2) * MOE_LD + (idx & 3) * 8], w_src[j] + k0);
+    }
+  };
+
+  // The warp's 8 column tiles of 8: GATED, 4 gate then the same 4 of up.
+  auto col_tile = [&](int j) {
+    return GATED ? (j < 4 ? 0 : BLOCK_N) + wn * 32 + 8 * (j & 3) : wn * 64 + 8 * j;
+  };
+  float acc[2][8][4] = {};
+  const int k_tiles = K / MOE_TILE_K;
+#pragma unroll
+  for (int s = 0; s < MOE_STAGES - 1; ++s) {
+    if (s < k_tiles) stage(s, s * MOE_TILE_K);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<MOE_STAGES - 2>();
+    __syncthreads();
+    const int next = kt + MOE_STAGES - 1;
+    if (next < k_tiles) stage(next % MOE_STAGES, next * MOE_TILE_K);
+    cp_async_commit();
+    const bf16* ta = sa[kt % MOE_STAGES];
+    const bf16* tw = sw[kt % MOE_STAGES];
+#pragma unroll
+    for (int kk = 0; kk < MOE_TILE_K; kk += 16) {
+      unsigned fa[2][4], fw[8][2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        ldmatrix_x4(fa[i], ta + (wm * 32 + i * 16 + (lane & 15)) * MOE_LD + kk + (lane >> 4) * 8);
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        unsigned r[4];
+        ldmatrix_x4(r, tw + (col_tile(2 * p) + (lane >> 4) * 8 + (lane & 7)) * MOE_LD + kk + ((lane >> 3) & 1) * 8);
+        fw[2 * p][0] = r[0];
+        fw[2 * p][1] = r[1];
+        fw[2 * p + 1][0] = r[2];
+        fw[2 * p + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) mma_bf16(acc[i][j], fa[i], fw[j][0], fw[j][1]);
+    }
+  }
+  cp_async_wait<0>();
+
+  // C fragment: rows lane / 4 and + 8, columns 2 * (lane % 4) and + 1.
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int slot = rows[wm * 32 + i * 16 + (lane >> 2) + 8 * h];
+      if (slot < 0) continue;
+      if constexpr (GATED) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float g0 = acc[i][j][2 * h], g1 = acc[i][j][2 * h + 1];
+          const float u0 = acc[i][j + 4][2 * h], u1 = acc[i][j + 4][2 * h + 1];
+          const float a0 = GELU ? gelu_tanh(g0) : g0 / (1.f + expf(-g0));
+          const float a1 = GELU ? gelu_tanh(g1) : g1 / (1.f + expf(-g1));
+          const int c = c0 + wn * 32 + 8 * j + 2 * (lane & 3);
+          *reinterpret_cast<__nv_bfloat162*>(act + (size_t)slot * n + c) = __floats2bfloat162_rn(a0 * u0, a1 * u1);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int c = c0 + wn * 64 + 8 * j + 2 * (lane & 3);
+          *reinterpret_cast<float2*>(out + (size_t)slot * n + c) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+        }
+      }
+    }
+}
+
+// act[slot, :] for every slot (x: the normed `[tokens, hidden]` bf16 rows;
+// slot s reads token s / k). width % 64 == 0, hidden % 32 == 0.
+extern "C" __global__ void __launch_bounds__(MOE_GEMM_THREADS)
+    moe_grouped_gate_up_silu(const bf16* x, int k, const bf16* gate, const bf16* up, int width, int hidden,
+                             const int* sorted, const int* tile_expert, bf16* act) {
+  moe_grouped<true, false>(x, k, gate, up, width, hidden, sorted, tile_expert, act, nullptr);
+}
+
+extern "C" __global__ void __launch_bounds__(MOE_GEMM_THREADS)
+    moe_grouped_gate_up_gelu_tanh(const bf16* x, int k, const bf16* gate, const bf16* up, int width, int hidden,
+                                  const int* sorted, const int* tile_expert, bf16* act) {
+  moe_grouped<true, true>(x, k, gate, up, width, hidden, sorted, tile_expert, act, nullptr);
+}
+
+// out[slot, :] = down_e · act[slot] in f32 (per slot, unweighted).
+// hidden % 128 == 0, width % 32 == 0.
+extern "C" __global__ void __launch_bounds__(MOE_GEMM_THREADS)
+    moe_grouped_down(const bf16* act, const bf16* down, int hidden, int width, const int* sorted,
+                     const int* tile_expert, float* out) {
+  moe_grouped<false, false>(act, 1, down, nullptr, hidden, width, sorted, tile_expert, nullptr, out);
+}
+
+// residual[t, :] += Σ_j weights[t * k + j] · out[t * k + j, :], j ascending.
+// Grid: tokens; hidden % 4 == 0.
+extern "C" __global__ void moe_weighted_sum(const float* __restrict__ out, const float* __restrict__ weights, int k,
+                                            int hidden, float* __restrict__ residual) {
+  pdl_begin();
+  const int t = blockIdx.x;
+  float* r = residual + (size_t)t * hidden;
+  for (int c = 4 * threadIdx.x; c < hidden; c += 4 * blockDim.x) {
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int j = 0; j < k; ++j) {
+      const float w = weights[t * k + j];
+      const float4 v = *reinterpret_cast<const float4*>(out + ((size_t)t * k + j) * hidden + c);
+      sum.x = fmaf(w, v.x, sum.x);
+      sum.y = fmaf(w, v.y, sum.y);
+      sum.z = fmaf(w, v.z, sum.z);
+      sum.w = fmaf(w, v.w, sum.w);
+    }
+    float4 cur = *reinterpret_cast<const float4*>(r + c);
+    cur.x += sum.x;
+    cur.y += sum.y;
+    cur.z += sum.z;
+    cur.w += sum.w;
+    *reinterpret_cast<float4*>(r + c) = cur;
+  }
 }

@@ -1,13 +1,15 @@
 //! Times the native quantized matmul (Q4_1, Q8_0, Q4_K, Q6_K weights) at the
 //! SmolLM2 prefill, verify and decode shapes, next to the f32 matmul:
 //! `cargo run --release -p ingot-runner-cpu --example quant_speed` (`ONLY=8x576x3072`: one shape).
+//! Where the CPU has AMX-INT8, the 32-block formats are timed on its tiles
+//! too (`model.cpu_weights = "amx"`).
 
 mod common;
 
 use std::time::Instant;
 
 use ingot_models::BlockData;
-use ingot_runner_cpu::quant::{ActScratch, QuantKind, QuantMatrix};
+use ingot_runner_cpu::quant::{amx_available, ActScratch, QuantKind, QuantMatrix};
 
 fn time(reps: usize, mut f: impl FnMut()) -> f64 {
     f();
@@ -58,16 +60,24 @@ fn main() {
             if k % kind.ggml().block_size() != 0 {
                 continue;
             }
-            let data = BlockData::Owned(common::blocks(kind, n, k, 0));
-            let mat = QuantMatrix::new(vec![(kind, data, n)], k).expect("valid blocks");
-            let mut scratch = ActScratch::default();
-            let s = time(reps, || mat.linear(&x, &mut out, m, &mut scratch));
-            println!(
-                "{m}x{k}x{n} {kind:?}: {:.3} ms, {:.1} GFLOP/s, {:.1} GB/s weights",
-                s * 1e3,
-                gflops(s),
-                mat.bytes() as f64 / s / 1e9
-            );
+            let mat = || {
+                let data = BlockData::Owned(common::blocks(kind, n, k, 0));
+                QuantMatrix::new(vec![(kind, data, n)], k).expect("valid blocks")
+            };
+            let mut mats = vec![("", mat())];
+            if amx_available() && kind.ggml().block_size() == 32 {
+                mats.push((" amx", mat().with_amx(true)));
+            }
+            for (tag, mat) in &mats {
+                let mut scratch = ActScratch::default();
+                let s = time(reps, || mat.linear(&x, &mut out, m, &mut scratch));
+                println!(
+                    "{m}x{k}x{n} {kind:?}{tag}: {:.3} ms, {:.1} GFLOP/s, {:.1} GB/s weights",
+                    s * 1e3,
+                    gflops(s),
+                    mat.bytes() as f64 / s / 1e9
+                );
+            }
         }
     }
 }

@@ -58,6 +58,9 @@ pub enum CpuWeights {
     /// tensor is dequantized and stored per [`CpuRunnerConfig::weight_dtype`].
     #[default]
     Native,
+    /// As [`CpuWeights::Native`], the 32-block formats on AMX tiles
+    /// ([`quant::amx_available`]; refused without).
+    Amx,
     /// Every tensor dequantized to f32 at load (then stored per
     /// `weight_dtype`): the exact reference path.
     F32,
@@ -235,6 +238,15 @@ impl CpuRunner {
             ));
         }
         let model_err = |e: ModelError| RunnerError::Backend(e.to_string());
+        let amx = weights == CpuWeights::Amx;
+        if amx && !quant::amx_available() {
+            return Err(RunnerError::Backend(
+                "model.cpu_weights = \"amx\" needs AMX-INT8 and AVX512 (Intel Xeon from \
+                 Sapphire Rapids on) and a kernel that grants the tile state; this CPU or OS \
+                 has none: use \"native\""
+                    .to_string(),
+            ));
+        }
         if weights == CpuWeights::F32 {
             let w = LlamaWeights::load(&config, source, progress).map_err(model_err)?;
             return Self::new(config, w, opts);
@@ -280,7 +292,7 @@ impl CpuRunner {
                 let rows = data.len() / cols.max(1);
                 let parts = vec![(kind, BlockData::Owned(blocks), rows)];
                 if let Some(m) = QuantMatrix::new(parts, cols) {
-                    return Matrix::Quant(m);
+                    return Matrix::Quant(m.with_amx(amx));
                 }
             }
             Matrix::new(data, opts.weight_dtype)
@@ -304,7 +316,7 @@ impl CpuRunner {
             if parts.len() == names.len() {
                 if let Some(m) = QuantMatrix::new(parts, cols) {
                     names.iter().for_each(|_| tick());
-                    return Ok(Matrix::Quant(m));
+                    return Ok(Matrix::Quant(m.with_amx(amx)));
                 }
             }
             let mut data = Vec::new();
@@ -340,7 +352,7 @@ impl CpuRunner {
                 expert_blocks(&names[1])?,
                 expert_blocks(&names[2])?,
             ] {
-                if let Some(e) = native_experts(router.clone(), g, u, d, &config) {
+                if let Some(e) = native_experts(router.clone(), g, u, d, (&config, amx)) {
                     names.iter().for_each(|_| tick());
                     return Ok(e);
                 }
@@ -545,7 +557,7 @@ fn native_experts(
     (gate_kind, gate): (QuantKind, Vec<BlockData>),
     (up_kind, up): (QuantKind, Vec<BlockData>),
     (down_kind, down): (QuantKind, Vec<BlockData>),
-    config: &ModelConfig,
+    (config, amx): (&ModelConfig, bool),
 ) -> Option<Experts> {
     let width = config.block.moe.as_ref()?.expert_intermediate_size;
     let hidden = config.hidden_size;
@@ -557,13 +569,13 @@ fn native_experts(
     };
     for ((g, u), d) in gate.into_iter().zip(up).zip(down) {
         let gate_up = vec![(gate_kind, g, width), (up_kind, u, width)];
-        experts
-            .gate_up
-            .push(Matrix::Quant(QuantMatrix::new(gate_up, hidden)?));
+        experts.gate_up.push(Matrix::Quant(
+            QuantMatrix::new(gate_up, hidden)?.with_amx(amx),
+        ));
         let down = vec![(down_kind, d, hidden)];
         experts
             .down
-            .push(Matrix::Quant(QuantMatrix::new(down, width)?));
+            .push(Matrix::Quant(QuantMatrix::new(down, width)?.with_amx(amx)));
     }
     Some(experts)
 }

@@ -10,7 +10,7 @@ use cudarc::driver::CudaEvent;
 
 use crate::device::{Arena, DevPtr, Gpu, Pinned};
 use crate::gemm::GEMV_MAX_TOKENS;
-use crate::kernels::{KvDtype, PREFILL_TILE};
+use crate::kernels::{self, KvDtype, PREFILL_TILE};
 use crate::kv_views::KvViews;
 use crate::CudaError;
 
@@ -218,28 +218,43 @@ pub struct Buffers {
 
 /// The expert blocks' buffers: router logits `[tokens, experts]` f32,
 /// each token's experts `[tokens, top_k]` i32 and weights f32, and the
-/// experts' activations `[tokens, top_k, width]` bf16.
+/// experts' activations `[tokens, top_k, width]` bf16; for the grouped
+/// GEMMs (`grouped_min_tokens > 0`), the slots sorted by expert, each
+/// tile's expert and every slot's down product `[tokens, top_k, hidden]`
+/// f32.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct MoeScratch {
     pub logits: DevPtr,
     pub ids: DevPtr,
     pub weights: DevPtr,
     pub act: DevPtr,
+    pub sorted: DevPtr,
+    pub tile_expert: DevPtr,
+    pub out: DevPtr,
+    /// Steps of at least this many tokens take the grouped GEMMs (0:
+    /// never; `cuda.moe_grouped_min_tokens`).
+    pub grouped_min_tokens: usize,
 }
 
-/// Bytes of the [`MoeScratch`] buffers for `t` tokens, in its order.
-fn moe_sizes(c: &ModelConfig, t: usize) -> [usize; 4] {
+/// Bytes of the [`MoeScratch`] buffers for `t` tokens, in its order; the
+/// grouped GEMMs' only when `grouped`.
+fn moe_sizes(c: &ModelConfig, t: usize, grouped: bool) -> [usize; 7] {
     match &c.block.moe {
         Some(m) => {
             let slots = t * m.experts_per_token;
+            let tiles = kernels::moe_grouped_tiles(slots, m.num_experts);
+            let g = usize::from(grouped);
             [
                 t * m.num_experts * 4,
                 slots * 4,
                 slots * 4,
                 slots * m.expert_intermediate_size * 2,
+                g * kernels::moe_sorted_bytes(slots, m.num_experts),
+                g * tiles * 4,
+                g * slots * c.hidden_size * 4,
             ]
         }
-        None => [0; 4],
+        None => [0; 7],
     }
 }
 
@@ -254,7 +269,13 @@ pub(crate) fn kv_page_bytes(c: &ModelConfig, bs: usize, dtype: KvDtype) -> usize
 }
 
 /// Bytes of each workspace buffer, in the order [`Buffers::new`] takes them.
-fn piece_sizes(c: &ModelConfig, t: usize, s: usize, layout: &InputLayout) -> [usize; 20] {
+fn piece_sizes(
+    c: &ModelConfig,
+    t: usize,
+    s: usize,
+    layout: &InputLayout,
+    moe_grouped: bool,
+) -> [usize; 23] {
     let (d, qd, kvd, ff, v) = (
         c.hidden_size,
         c.q_dim(),
@@ -262,7 +283,7 @@ fn piece_sizes(c: &ModelConfig, t: usize, s: usize, layout: &InputLayout) -> [us
         c.intermediate_size,
         c.vocab_size,
     );
-    let moe = moe_sizes(c, t);
+    let moe = moe_sizes(c, t, moe_grouped);
     // Tensor parallel: this rank's LM-head rows, and every rank's gathered.
     let (head_rows, ranks) = c
         .shard
@@ -286,6 +307,9 @@ fn piece_sizes(c: &ModelConfig, t: usize, s: usize, layout: &InputLayout) -> [us
         moe[1],
         moe[2],
         moe[3],
+        moe[4],
+        moe[5],
+        moe[6],
         head_rows,
         ranks * head_rows,
     ];
@@ -298,9 +322,17 @@ impl Buffers {
         InputLayout::new(t, s, c.max_context.div_ceil(bs), KvViews::of(c).count())
     }
 
-    /// Workspace bytes for `t` tokens and `s` sequences per step.
-    pub fn bytes(c: &ModelConfig, t: usize, s: usize, bs: usize) -> usize {
-        Arena::size_of(piece_sizes(c, t, s, &Self::layout(c, t, s, bs)))
+    /// Workspace bytes for `t` tokens and `s` sequences per step, with the
+    /// grouped expert GEMMs' scratch when `moe_grouped_min_tokens > 0`.
+    pub fn bytes(
+        c: &ModelConfig,
+        t: usize,
+        s: usize,
+        bs: usize,
+        moe_grouped_min_tokens: usize,
+    ) -> usize {
+        let layout = Self::layout(c, t, s, bs);
+        Arena::size_of(piece_sizes(c, t, s, &layout, moe_grouped_min_tokens > 0))
     }
 
     /// Carves the workspace out of `arena` (which also holds cuBLASLt's).
@@ -308,11 +340,12 @@ impl Buffers {
         gpu: &Gpu,
         c: &ModelConfig,
         (t, s, bs): (usize, usize, usize),
+        moe_grouped_min_tokens: usize,
         mut arena: Arena,
     ) -> Result<Self, CudaError> {
         let layout = Self::layout(c, t, s, bs);
-        let sizes = piece_sizes(c, t, s, &layout);
-        let mut p = [0; 20];
+        let sizes = piece_sizes(c, t, s, &layout, moe_grouped_min_tokens > 0);
+        let mut p = [0; 23];
         for (slot, &bytes) in p.iter_mut().zip(sizes.iter()) {
             *slot = arena.take(bytes)?;
         }
@@ -344,9 +377,13 @@ impl Buffers {
                 ids: p[15],
                 weights: p[16],
                 act: p[17],
+                sorted: p[18],
+                tile_expert: p[19],
+                out: p[20],
+                grouped_min_tokens: moe_grouped_min_tokens,
             },
-            head_shard: p[18],
-            head_gather: p[19],
+            head_shard: p[21],
+            head_gather: p[22],
             arena,
             kv_slices: Vec::new(),
             kv_dtype: KvDtype::Bf16,

@@ -76,6 +76,10 @@ pub struct CudaRunnerConfig {
     /// The same for an FP8 KV cache (`cuda.tc_decode_fp8_min_rows`; 0:
     /// never); the smaller non-zero threshold of the two applies.
     pub tc_decode_fp8_min_rows: usize,
+    /// Mixture of experts: steps of at least this many tokens run the
+    /// experts as grouped tensor-core GEMMs over the slots sorted by expert
+    /// instead of per-slot GEMVs (`cuda.moe_grouped_min_tokens`; 0: never).
+    pub moe_grouped_min_tokens: usize,
 }
 
 impl Default for CudaRunnerConfig {
@@ -102,6 +106,7 @@ impl Default for CudaRunnerConfig {
             tc_decode_min_rows: 0,
             tc_decode_fp8_min_rows: 0,
             custom_all_reduce: true,
+            moe_grouped_min_tokens: 0,
         }
     }
 }

@@ -71,6 +71,11 @@ pub struct Kernels {
     moe_gate_up_silu: Kernel,
     moe_gate_up_gelu_tanh: Kernel,
     moe_down_sum: Kernel,
+    moe_align: Kernel,
+    moe_grouped_gate_up_silu: Kernel,
+    moe_grouped_gate_up_gelu_tanh: Kernel,
+    moe_grouped_down: Kernel,
+    moe_weighted_sum: Kernel,
     decode_attention: Kernel,
     /// The tensor-core decode attention and its dynamic shared memory, for
     /// steps of at least `tc_decode_min_rows` decode rows (absent when off
@@ -174,6 +179,25 @@ pub(crate) fn tc_decode_rows(opts: &crate::CudaRunnerConfig) -> usize {
         .unwrap_or(0)
 }
 
+/// The fewest tokens of a step that take the grouped expert GEMMs
+/// (`cuda.moe_grouped_min_tokens`; 0: never): off for dense models, under
+/// `engine.deterministic` (the path would depend on the batch size) and
+/// for expert shapes the tiles do not cover.
+pub(crate) fn moe_grouped_min_tokens(
+    opts: &crate::CudaRunnerConfig,
+    config: &ModelConfig,
+) -> usize {
+    match &config.block.moe {
+        Some(m)
+            if !opts.deterministic
+                && moe_grouped_fits(config.hidden_size, m.expert_intermediate_size) =>
+        {
+            opts.moe_grouped_min_tokens
+        }
+        _ => 0,
+    }
+}
+
 impl Kernels {
     /// Loads the kernels for `config`'s head size and GQA group and a KV
     /// cache of `kv` elements; decode steps of at least `tc_decode_min_rows`
@@ -243,6 +267,11 @@ impl Kernels {
             moe_gate_up_silu: gpu.kernel("moe_gate_up_silu")?,
             moe_gate_up_gelu_tanh: gpu.kernel("moe_gate_up_gelu_tanh")?,
             moe_down_sum: gpu.kernel("moe_down_sum")?,
+            moe_align: gpu.kernel("moe_align")?,
+            moe_grouped_gate_up_silu: gpu.kernel("moe_grouped_gate_up_silu")?,
+            moe_grouped_gate_up_gelu_tanh: gpu.kernel("moe_grouped_gate_up_gelu_tanh")?,
+            moe_grouped_down: gpu.kernel("moe_grouped_down")?,
+            moe_weighted_sum: gpu.kernel("moe_weighted_sum")?,
             decode_attention,
             tc_decode_attention,
             tc_decode_min_rows,
@@ -771,6 +800,151 @@ impl MoeDownSum {
             1,
         );
         gpu.launch(&k.moe_down_sum, grid, (32 * MOE_WARPS) as u32, 0, &args)
+    }
+}
+
+/// Slots per tile of the grouped expert GEMMs (`MOE_TILE_M` in moe.cu).
+const MOE_TILE_M: usize = 64;
+/// Weight rows per tile (`MOE_TILE_N`): gate/up blocks take half of each.
+const MOE_TILE_N: usize = 128;
+/// Threads per block of the grouped GEMMs (`MOE_GEMM_THREADS`).
+const MOE_GEMM_THREADS: u32 = 128;
+
+/// Whether the grouped expert GEMMs take experts of `width` in a model of
+/// `hidden`: whole column blocks and K in steps of 32.
+pub fn moe_grouped_fits(hidden: usize, width: usize) -> bool {
+    width.is_multiple_of(MOE_TILE_N / 2) && hidden.is_multiple_of(MOE_TILE_N)
+}
+
+/// Tiles `moe_align` may fill for `slots` routed slots over `experts`:
+/// every expert's slots padded to whole tiles.
+pub fn moe_grouped_tiles(slots: usize, experts: usize) -> usize {
+    slots.div_ceil(MOE_TILE_M) + experts.min(slots)
+}
+
+/// Bytes of `moe_align`'s sorted slot list for `slots` slots.
+pub fn moe_sorted_bytes(slots: usize, experts: usize) -> usize {
+    moe_grouped_tiles(slots, experts) * MOE_TILE_M * 4
+}
+
+/// `moe_align`: the step's slots sorted by expert into tiles of one expert
+/// each (`sorted`, -1 padding) and each tile's expert (`tile_expert`).
+pub struct MoeAlign {
+    pub slots: usize,
+    pub experts: usize,
+    pub ids: DevPtr,
+    pub sorted: DevPtr,
+    pub tile_expert: DevPtr,
+}
+
+impl MoeAlign {
+    pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(self.ids),
+            Arg::I32(self.slots as i32),
+            Arg::I32(self.experts as i32),
+            Arg::I32(moe_grouped_tiles(self.slots, self.experts) as i32),
+            Arg::Ptr(self.sorted),
+            Arg::Ptr(self.tile_expert),
+        ];
+        gpu.launch(&k.moe_align, (1, 1, 1), 1024, 0, &args)
+    }
+}
+
+/// `moe_grouped_gate_up_*`: [`MoeGateUp`]'s output on the tensor cores,
+/// a tile of one expert's slots at a time (after [`MoeAlign`]).
+pub struct MoeGroupedGateUp {
+    pub slots: usize,
+    pub experts: usize,
+    pub activation: Activation,
+    pub x: DevPtr,
+    pub top_k: usize,
+    /// `(gate, up)` stacks, `[experts, width, hidden]` bf16 each.
+    pub weights: (DevPtr, DevPtr),
+    pub width: usize,
+    pub hidden: usize,
+    pub sorted: DevPtr,
+    pub tile_expert: DevPtr,
+    pub act: DevPtr,
+}
+
+impl MoeGroupedGateUp {
+    pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(self.x),
+            Arg::I32(self.top_k as i32),
+            Arg::Ptr(self.weights.0),
+            Arg::Ptr(self.weights.1),
+            Arg::I32(self.width as i32),
+            Arg::I32(self.hidden as i32),
+            Arg::Ptr(self.sorted),
+            Arg::Ptr(self.tile_expert),
+            Arg::Ptr(self.act),
+        ];
+        let grid = (
+            (self.width / (MOE_TILE_N / 2)) as u32,
+            moe_grouped_tiles(self.slots, self.experts) as u32,
+            1,
+        );
+        let kernel = match self.activation {
+            Activation::Silu => &k.moe_grouped_gate_up_silu,
+            Activation::GeluTanh => &k.moe_grouped_gate_up_gelu_tanh,
+        };
+        gpu.launch(kernel, grid, MOE_GEMM_THREADS, 0, &args)
+    }
+}
+
+/// `moe_grouped_down` then `moe_weighted_sum`: every slot's down product
+/// (`out`, `[slots, hidden]` f32) on the tensor cores, then each token's
+/// slots weighted and summed in ascending expert order into the residual.
+pub struct MoeGroupedDown {
+    pub tokens: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    pub act: DevPtr,
+    /// `[experts, hidden, width]` bf16.
+    pub down: DevPtr,
+    pub weights: DevPtr,
+    pub hidden: usize,
+    pub width: usize,
+    pub sorted: DevPtr,
+    pub tile_expert: DevPtr,
+    pub out: DevPtr,
+    pub residual: DevPtr,
+}
+
+impl MoeGroupedDown {
+    pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        let slots = self.tokens * self.top_k;
+        let args = [
+            Arg::Ptr(self.act),
+            Arg::Ptr(self.down),
+            Arg::I32(self.hidden as i32),
+            Arg::I32(self.width as i32),
+            Arg::Ptr(self.sorted),
+            Arg::Ptr(self.tile_expert),
+            Arg::Ptr(self.out),
+        ];
+        let grid = (
+            (self.hidden / MOE_TILE_N) as u32,
+            moe_grouped_tiles(slots, self.experts) as u32,
+            1,
+        );
+        gpu.launch(&k.moe_grouped_down, grid, MOE_GEMM_THREADS, 0, &args)?;
+        let args = [
+            Arg::Ptr(self.out),
+            Arg::Ptr(self.weights),
+            Arg::I32(self.top_k as i32),
+            Arg::I32(self.hidden as i32),
+            Arg::Ptr(self.residual),
+        ];
+        gpu.launch(
+            &k.moe_weighted_sum,
+            (self.tokens as u32, 1, 1),
+            256,
+            0,
+            &args,
+        )
     }
 }
 

@@ -22,9 +22,10 @@ use crate::fused::{AttentionOut, FusedBlock, FusedBlocks, NextQkv};
 use crate::gemm::{Gemm, OutType, GEMV_MAX_TOKENS};
 use crate::kernels::{
     ArgmaxRows, AttentionCombine, DecodeAttention, EmbedRows, GatedMul, GatedMulE4m3,
-    GatherVocabShards, GemvInput, Heads, Kernels, KvCache, KvDtype, MoeDownSum, MoeGateUp,
-    MoeRoute, MoeRouter, NextNormOut, PagedInputs, PostNormAdd, PrefillAttention, QkvRopeGemv,
-    RmsNorm, RmsNormE4m3, RopeQkv, RopeTarget, SoftcapRows,
+    GatherVocabShards, GemvInput, Heads, Kernels, KvCache, KvDtype, MoeAlign, MoeDownSum,
+    MoeGateUp, MoeGroupedDown, MoeGroupedGateUp, MoeRoute, MoeRouter, NextNormOut, PagedInputs,
+    PostNormAdd, PrefillAttention, QkvRopeGemv, RmsNorm, RmsNormE4m3, RopeQkv, RopeTarget,
+    SoftcapRows,
 };
 use crate::nccl::Communicator;
 use crate::peer::PeerReduce;
@@ -815,15 +816,20 @@ impl CudaOps<'_, '_> {
     }
 
     /// Every routed slot's gate/up and down products (experts of `width`),
-    /// weighted and summed per token into the residual.
+    /// weighted and summed per token into the residual: per-slot GEMVs, or
+    /// grouped GEMMs over the slots sorted by expert for steps of at least
+    /// `grouped_min_tokens` tokens.
     fn run_experts(
         &mut self,
         experts: &ExpertWeights,
-        width: usize,
+        (n, width): (usize, usize),
         spec: &MoeSpec,
     ) -> Result<(), CudaError> {
         let (gpu, kernels, b, c) = (self.m.gpu, self.m.kernels, self.m.buffers, self.m.config);
         let (t, d, s) = (self.plan.tokens, c.hidden_size, b.moe);
+        if s.grouped_min_tokens > 0 && t >= s.grouped_min_tokens {
+            return self.run_experts_grouped(experts, (n, width), spec);
+        }
         MoeGateUp {
             tokens: t,
             activation: spec.act,
@@ -845,6 +851,57 @@ impl CudaOps<'_, '_> {
             top_k: spec.top_k,
             hidden: d,
             width,
+            residual: b.x,
+        }
+        .launch(gpu, kernels)
+    }
+
+    /// [`Self::run_experts`] on the tensor cores: the slots sorted into
+    /// tiles of one expert, each tile's gate/up then down product, and the
+    /// weighted per-token sums (same order as the GEMVs').
+    fn run_experts_grouped(
+        &mut self,
+        experts: &ExpertWeights,
+        (n, width): (usize, usize),
+        spec: &MoeSpec,
+    ) -> Result<(), CudaError> {
+        let (gpu, kernels, b, c) = (self.m.gpu, self.m.kernels, self.m.buffers, self.m.config);
+        let (t, d, s) = (self.plan.tokens, c.hidden_size, b.moe);
+        let slots = t * spec.top_k;
+        MoeAlign {
+            slots,
+            experts: n,
+            ids: s.ids,
+            sorted: s.sorted,
+            tile_expert: s.tile_expert,
+        }
+        .launch(gpu, kernels)?;
+        MoeGroupedGateUp {
+            slots,
+            experts: n,
+            activation: spec.act,
+            x: b.xn,
+            top_k: spec.top_k,
+            weights: (experts.gate, experts.up),
+            width,
+            hidden: d,
+            sorted: s.sorted,
+            tile_expert: s.tile_expert,
+            act: s.act,
+        }
+        .launch(gpu, kernels)?;
+        MoeGroupedDown {
+            tokens: t,
+            experts: n,
+            top_k: spec.top_k,
+            act: s.act,
+            down: experts.down,
+            weights: s.weights,
+            hidden: d,
+            width,
+            sorted: s.sorted,
+            tile_expert: s.tile_expert,
+            out: s.out,
             residual: b.x,
         }
         .launch(gpu, kernels)
@@ -949,7 +1006,8 @@ impl DecoderOps for CudaOps<'_, '_> {
             // The experts add this rank's columns' products to zeros.
             self.m.gpu.zero(residual, t * config.hidden_size * 4)?;
         }
-        self.run_experts(&experts, moe.expert_intermediate_size, spec)?;
+        let shape = (moe.num_experts, moe.expert_intermediate_size);
+        self.run_experts(&experts, shape, spec)?;
         self.mark(Category::Experts)?;
         self.all_reduce(residual, (t, config.hidden_size), None)?;
         // The next block runs its own norm over the residual.

@@ -155,6 +155,7 @@ impl CudaRunner {
         let weights_ms = ms_since(weights_started);
         let max_tokens = opts.max_num_batched_tokens.max(opts.max_num_seqs);
         let max_seqs = opts.max_num_seqs;
+        let moe_grouped = kernels::moe_grouped_min_tokens(&opts, &config);
         let fp8_limits = fp8_limits(&config, format, max_tokens, max_seqs);
         let fp8_scratch = match weights.fp8_region {
             Some(_) => Gemm::fp8_scratch_bytes(fp8_limits),
@@ -169,7 +170,7 @@ impl CudaRunner {
         let mut workspace = Arena::new(
             &gpu,
             "workspace",
-            Buffers::bytes(&config, max_tokens, max_seqs, opts.block_size)
+            Buffers::bytes(&config, max_tokens, max_seqs, opts.block_size, moe_grouped)
                 + Gemm::workspace_bytes()
                 + fp8_scratch
                 + native_scratch,
@@ -195,6 +196,7 @@ impl CudaRunner {
             &gpu,
             &config,
             (max_tokens, max_seqs, opts.block_size),
+            moe_grouped,
             workspace,
         )?;
         buffers.deterministic = opts.deterministic;

@@ -122,6 +122,11 @@ impl QuantActs {
         }
     }
 
+    /// Values per row of the last [`QuantActs::quantize`].
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
     /// Rows `i..i + 2`, for the two-row kernels.
     #[inline]
     pub fn two_rows(&self, i: usize) -> [ActRow<'_>; 2] {

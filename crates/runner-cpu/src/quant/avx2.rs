@@ -57,7 +57,7 @@ unsafe fn f16_one(p: *const u8) -> f32 {
 /// `p` must be valid for 16 reads.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn nibbles(p: *const u8) -> __m256i {
+pub(super) unsafe fn nibbles(p: *const u8) -> __m256i {
     // SAFETY: 16 bytes readable (caller contract).
     let raw = unsafe { _mm_loadu_si128(p as *const __m128i) };
     let m = _mm_set1_epi8(0x0F);
@@ -69,7 +69,7 @@ unsafe fn nibbles(p: *const u8) -> __m256i {
 /// Bit `j` of `bits` → byte `j` = 0x10 or 0 (the fifth bit of Q5 blocks).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn fifth_bits(bits: u32) -> __m256i {
+pub(super) fn fifth_bits(bits: u32) -> __m256i {
     let v = _mm256_set1_epi32(bits as i32);
     // Byte j takes source byte j / 8 (in-lane shuffle; both lanes hold all
     // four bytes).
@@ -102,14 +102,14 @@ unsafe fn dot_u8i8<const VNNI: bool>(w: __m256i, x: __m256i) -> __m256i {
 }
 
 /// How far ahead of the block being read the weight rows are prefetched.
-const PREFETCH_BYTES: usize = 2048;
+pub(super) const PREFETCH_BYTES: usize = 2048;
 
 /// Asks for the cache lines of the `BYTES`-byte block `ahead` bytes past
 /// `p`: one line for the 32-blocks, three or four for the k-quants'
 /// super-blocks. The rows stream from memory (+55 % on a 49,152-row Q8_0
 /// product when added, quant_speed).
 #[inline(always)]
-fn prefetch_ahead<const BYTES: usize>(p: *const u8, ahead: usize) {
+pub(super) fn prefetch_ahead<const BYTES: usize>(p: *const u8, ahead: usize) {
     let at = p.wrapping_add(ahead);
     for line in 0..BYTES.div_ceil(64) {
         // SAFETY: a prefetch never faults, whatever the address.

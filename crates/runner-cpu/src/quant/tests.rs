@@ -351,3 +351,61 @@ fn k_quant_falls_back_to_q8_0_on_rows_256_does_not_divide() {
     assert_eq!(blocks.len(), 2 * 576 / 32 * 34);
     assert!(quantize(QuantKind::Q4_0, &x, 100).is_none());
 }
+
+#[test]
+fn amx_tiles_are_batch_invariant_and_close_to_the_avx2_kernels() {
+    if !amx_available() {
+        eprintln!("skipped: this CPU (or OS) has no AMX-INT8");
+        return;
+    }
+    // Every 32-block format; parts whose rows end mid-tile.
+    amx_against_avx2(
+        &[
+            (QuantKind::Q4_0, 9),
+            (QuantKind::Q4_1, 37),
+            (QuantKind::Q5_0, 11),
+            (QuantKind::Q5_1, 40),
+        ],
+        11,
+    );
+    amx_against_avx2(&[(QuantKind::Q8_0, 300)], 12);
+}
+
+fn amx_against_avx2(kinds: &[(QuantKind, usize)], seed: u64) {
+    let mut rng = Rng(seed);
+    let k = 512;
+    let (mut parts, mut deq) = (Vec::new(), Vec::new());
+    for &(kind, rows) in kinds {
+        let b = random_blocks(kind, rows * k / 32, &mut rng);
+        deq.extend(dequant(kind, &b, rows * k));
+        parts.push((kind, BlockData::Owned(b), rows));
+    }
+    let avx2 = QuantMatrix::new(parts.clone(), k).expect("valid parts");
+    let amx = QuantMatrix::new(parts, k)
+        .expect("valid parts")
+        .with_amx(true);
+    assert!(amx.amx);
+    // One row (lanes over weight rows), groups of 2..16 and a group of one
+    // after full groups: every row equals itself alone, bit for bit.
+    for m in [1, 2, 3, 16, 17, 33] {
+        rows_match_one_at_a_time(&amx, &deq, k, m, &mut rng);
+    }
+    // Exact integer block sums on both: only the f32 rounding differs.
+    let (m, n) = (5, amx.rows());
+    let x: Vec<f32> = (0..m * k).map(|_| rng.unit()).collect();
+    let mut scratch = ActScratch::default();
+    let (mut a, mut b) = (vec![0.0; m * n], vec![0.0; m * n]);
+    amx.linear(&x, &mut a, m, &mut scratch);
+    avx2.linear(&x, &mut b, m, &mut scratch);
+    for i in 0..m * n {
+        let mag: f32 = (0..k)
+            .map(|t| (x[(i / n) * k + t] * deq[(i % n) * k + t]).abs())
+            .sum();
+        assert!(
+            (a[i] - b[i]).abs() <= 1e-5 * mag + 1e-6,
+            "{i}: {} vs {}",
+            a[i],
+            b[i]
+        );
+    }
+}
