@@ -127,6 +127,12 @@ impl QuantActs {
         self.k
     }
 
+    /// Every row's values, scales and `d * Σq` sums (Q8: `[m][k]`,
+    /// `[m][k / 32]`, `[m][k / 32]`; the buffers may run past `m`).
+    pub fn parts(&self) -> (&[i8], &[f32], &[f32]) {
+        (&self.qs, &self.d, &self.s)
+    }
+
     /// Rows `i..i + 2`, for the two-row kernels.
     #[inline]
     pub fn two_rows(&self, i: usize) -> [ActRow<'_>; 2] {

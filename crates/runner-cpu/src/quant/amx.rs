@@ -1,35 +1,38 @@
 //! AMX tile products for the 32-block formats (Q4_0, Q4_1, Q5_0, Q5_1,
-//! Q8_0), taken with `model.cpu_amx` on CPUs with AMX-INT8 (Intel Xeon from
-//! Sapphire Rapids on).
+//! Q8_0), taken with `model.cpu_weights = "amx"` on CPUs with AMX-INT8
+//! (Intel Xeon from Sapphire Rapids on).
 //!
-//! A tile multiplies 16 weight rows by up to 16 activation rows over one
-//! 32-block in one `tdpbusd` (unsigned quants: Q4_1, Q5_1) or `tdpbssd`
-//! (signed: Q4_0 and Q5_0 as `q - 8` / `q - 16`, Q8_0), giving each pair's
-//! exact integer block sum `S`. Each pair then accumulates, block by block,
-//! `acc = fma(d_w, S · d_x, acc)` and, for formats with a min,
-//! `acc = fma(m_w, s_x, acc)` (`s_x = d_x Σq_x`). The weight rows of a task
-//! are unpacked to one byte a weight once, then every group of 16
-//! activation rows reuses them; a lone activation row reads its blocks as
-//! they are.
+//! One `tdpbssd` multiplies up to 16 activation rows (the A tile, read in
+//! place from the quantized activations) by 16 weight rows (the B tile,
+//! unpacked once per task to a byte a weight in the tiles' layout) over one
+//! 32-block, giving each pair's exact integer block sum `S` (unsigned
+//! quants fit i8; Q4_0 and Q5_0 are offset to `q - 8`, `q - 16`). Each pair
+//! then accumulates, block by block, `acc = fma(d_w, S · d_x, acc)` and,
+//! for formats with a min, `acc = fma(m_w, s_x, acc)` (`s_x = d_x Σq_x`).
+//! A lone activation row (decode) skips the tiles: an AVX-512 kernel reads
+//! the blocks as they are and computes the same block sums and operations.
 //!
-//! Every pair runs those operations in that order whatever the batch (one
-//! row vectorizes over weight rows, more over activation rows, with the
-//! same IEEE operations per lane), so results do not depend on the batch.
-//! They differ from the AVX2 kernels' in the last bits: those sum each
-//! block's integers in eight lanes before scaling.
+//! Every pair runs those operations in that order whatever the batch, so
+//! results do not depend on it. They differ from the AVX2 kernels' in the
+//! last bits: those sum each block's integers in eight lanes before
+//! scaling.
+//!
+//! The tile configuration stays loaded on a thread between products (a
+//! `ldtilecfg` costs about as much as a dozen tile products here); nothing
+//! else in the process uses the tiles.
 
 use std::arch::asm;
 use std::arch::x86_64::*;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::OnceLock;
 
 use super::act::{ActRow, QuantActs};
-use super::avx2::{fifth_bits, nibbles, prefetch_ahead, PREFETCH_BYTES};
-use super::{OutPtr, QuantKind};
+use super::avx2::{fifth_bits, nibbles, prefetch_ahead};
+use super::OutPtr;
 
 /// Weight rows per tile.
 pub const ROWS: usize = 16;
-/// Activation rows per tile (16 int32 columns of 64 bytes).
+/// Activation rows per tile.
 const COLS: usize = 16;
 
 /// `arch_prctl` request for permission to use an extended state component.
@@ -63,89 +66,39 @@ pub fn available() -> bool {
     })
 }
 
-/// Whether `kind` has AMX kernels.
-pub fn supports(kind: QuantKind) -> bool {
-    matches!(
-        kind,
-        QuantKind::Q4_0 | QuantKind::Q4_1 | QuantKind::Q5_0 | QuantKind::Q5_1 | QuantKind::Q8_0
-    )
-}
-
-/// Activation rows laid out for the tiles, groups of up to 16 rows: per
-/// block, the B tile (`[8][n][4]` bytes: four consecutive values of each
-/// row per tile row), and per block 16 scales `d` and sums `s` (zero past
-/// the group's rows).
+/// A byte buffer that starts on a cache line: tile rows (32 or 64 bytes
+/// at strides that are multiples of 64) then never straddle two lines.
 #[derive(Default)]
-pub struct AmxActs {
-    b: Vec<i8>,
-    d: Vec<f32>,
-    s: Vec<f32>,
-    m: usize,
-    k: usize,
-}
+struct Lines(Vec<Line>);
 
-/// One group of [`AmxActs`]: its rows, B tiles, scales and sums.
-struct Group<'a> {
-    first: usize,
-    n: usize,
-    b: &'a [i8],
-    d: &'a [f32],
-    s: &'a [f32],
-}
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
 
-impl AmxActs {
-    /// Lays out the `m` rows of `acts` (the Q8 layout).
-    pub fn pack(&mut self, acts: &QuantActs, m: usize) {
-        let k = acts.k();
-        let nb = k / 32;
-        let groups = m.div_ceil(COLS);
-        self.b.resize(m * k, 0);
-        self.d.clear();
-        self.d.resize(groups * nb * COLS, 0.0);
-        self.s.clear();
-        self.s.resize(groups * nb * COLS, 0.0);
-        self.m = m;
-        self.k = k;
-        for g in 0..groups {
-            let (first, n) = (g * COLS, COLS.min(m - g * COLS));
-            let b = &mut self.b[first * k..(first + n) * k];
-            for j in 0..n {
-                let row = acts.row(first + j);
-                for blk in 0..nb {
-                    let tile = &mut b[blk * 32 * n..(blk + 1) * 32 * n];
-                    for kq in 0..8 {
-                        let at = kq * 4 * n + j * 4;
-                        tile[at..at + 4]
-                            .copy_from_slice(&row.qs[blk * 32 + kq * 4..blk * 32 + kq * 4 + 4]);
-                    }
-                    self.d[(g * nb + blk) * COLS + j] = row.d[blk];
-                    self.s[(g * nb + blk) * COLS + j] = row.s[blk];
-                }
-            }
-        }
+impl Lines {
+    /// At least `len` bytes.
+    fn resize(&mut self, len: usize) {
+        self.0.resize(len.div_ceil(64), Line([0; 64]));
     }
 
-    fn group(&self, g: usize) -> Group<'_> {
-        let (k, nb) = (self.k, self.k / 32);
-        let (first, n) = (g * COLS, COLS.min(self.m - g * COLS));
-        let scales = (g * nb) * COLS..(g + 1) * nb * COLS;
-        Group {
-            first,
-            n,
-            b: &self.b[first * k..(first + n) * k],
-            d: &self.d[scales.clone()],
-            s: &self.s[scales],
-        }
+    fn as_ptr(&self) -> *const u8 {
+        self.0.as_ptr() as *const u8
     }
 
-    fn groups(&self) -> usize {
-        self.m.div_ceil(COLS)
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr() as *mut u8
     }
 }
 
-/// The tile configuration `ldtilecfg` reads: tmm0 the int32 result (16
-/// weight rows × `n` activation rows), tmm1 the weights (16 rows × 32
-/// bytes), tmm2 the activations (8 rows × `4n` bytes); tmm3-5 the same.
+/// A tile's int32 results: activation rows × weight rows, on cache lines.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Results([[i32; ROWS]; COLS]);
+
+/// The tile configuration `ldtilecfg` reads, for `n` activation rows:
+/// tmm0 the int32 results (`n` rows × 16 weight rows), tmm1 the
+/// activations (`n` rows × 32 bytes), tmm2 the weights (8 rows of four
+/// bytes of each of 16 weight rows); tmm3-5 the same.
 #[repr(C, align(64))]
 struct TileConfig {
     palette: u8,
@@ -164,27 +117,245 @@ impl TileConfig {
             colsb: [0; 16],
             rows: [0; 16],
         };
-        let n4 = (4 * n) as u16;
         for set in [0, 3] {
-            (c.rows[set], c.colsb[set]) = (ROWS as u8, n4);
-            (c.rows[set + 1], c.colsb[set + 1]) = (ROWS as u8, 32);
-            (c.rows[set + 2], c.colsb[set + 2]) = (8, n4);
+            (c.rows[set], c.colsb[set]) = (n as u8, 64);
+            (c.rows[set + 1], c.colsb[set + 1]) = (n as u8, 32);
+            (c.rows[set + 2], c.colsb[set + 2]) = (8, 64);
         }
         c
     }
 }
 
-/// A task's 16 weight rows unpacked to a byte a weight (`q`, row-major,
-/// `k` a row) with each block's 16 scales and mins as f32 (`[block][row]`).
+/// A task's 16 weight rows unpacked for the B tiles (`[block][8][16][4]`
+/// bytes: four consecutive quants of each row per tile row), with each
+/// block's 16 scales and mins as f32 (`[block][row]`).
 #[derive(Default)]
 struct Unpacked {
-    q: Vec<u8>,
+    w: Lines,
     d: Vec<f32>,
     m: Vec<f32>,
 }
 
 thread_local! {
     static UNPACKED: RefCell<Unpacked> = RefCell::default();
+    /// The activation rows the loaded tile configuration is for (0: none).
+    static CONFIGURED: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Loads the configuration for `n` activation rows unless it is loaded.
+///
+/// # Safety
+/// AMX available and permitted ([`available`]).
+#[inline(always)]
+unsafe fn configure(n: usize) {
+    if CONFIGURED.get() != n {
+        let cfg = TileConfig::new(n);
+        // SAFETY: a valid palette-1 configuration (caller contract).
+        unsafe { asm!("ldtilecfg [{0}]", in(reg) &cfg, options(nostack, readonly)) };
+        CONFIGURED.set(n);
+    }
+}
+
+/// Block bytes of `KIND`.
+const fn block_bytes(kind: u8) -> usize {
+    [18, 20, 22, 24, 34][kind as usize]
+}
+
+/// Dwords `t` of eight rows of eight: row t of the result holds dword t of
+/// each row (the standard unpack / permute transpose).
+///
+/// # Safety
+/// AVX2 available.
+#[inline(always)]
+unsafe fn transpose8(r: &[__m256i]) -> [__m256i; 8] {
+    // SAFETY: AVX2 (caller contract).
+    unsafe {
+        let lo = |a: __m256i, b: __m256i| _mm256_unpacklo_epi32(a, b);
+        let hi = |a: __m256i, b: __m256i| _mm256_unpackhi_epi32(a, b);
+        let (t0, t1, t2, t3) = (
+            lo(r[0], r[1]),
+            hi(r[0], r[1]),
+            lo(r[2], r[3]),
+            hi(r[2], r[3]),
+        );
+        let (t4, t5, t6, t7) = (
+            lo(r[4], r[5]),
+            hi(r[4], r[5]),
+            lo(r[6], r[7]),
+            hi(r[6], r[7]),
+        );
+        let (u0, u1) = (_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2));
+        let (u2, u3) = (_mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3));
+        let (u4, u5) = (_mm256_unpacklo_epi64(t4, t6), _mm256_unpackhi_epi64(t4, t6));
+        let (u6, u7) = (_mm256_unpacklo_epi64(t5, t7), _mm256_unpackhi_epi64(t5, t7));
+        [
+            _mm256_permute2x128_si256(u0, u4, 0x20),
+            _mm256_permute2x128_si256(u1, u5, 0x20),
+            _mm256_permute2x128_si256(u2, u6, 0x20),
+            _mm256_permute2x128_si256(u3, u7, 0x20),
+            _mm256_permute2x128_si256(u0, u4, 0x31),
+            _mm256_permute2x128_si256(u1, u5, 0x31),
+            _mm256_permute2x128_si256(u2, u6, 0x31),
+            _mm256_permute2x128_si256(u3, u7, 0x31),
+        ]
+    }
+}
+
+/// Unpacks the blocks of weight rows `w` into B tiles.
+///
+/// # Safety
+/// AVX512F and AVX2 available; every row is `k / 32` whole blocks of `KIND`.
+#[inline(always)]
+unsafe fn unpack_rows<const KIND: u8>(w: &[&[u8]; ROWS], k: usize, u: &mut Unpacked) {
+    let nb = k / 32;
+    u.w.resize(nb * 512);
+    u.d.resize(nb * ROWS, 0.0);
+    u.m.resize(nb * ROWS, 0.0);
+    // SAFETY: block b of each row is in bounds (caller contract); the
+    // stores stay inside the buffers sized above.
+    unsafe {
+        for b in 0..nb {
+            let mut q = [_mm256_setzero_si256(); ROWS];
+            let mut d = [0u16; ROWS];
+            let mut m = [0u16; ROWS];
+            for i in 0..ROWS {
+                (q[i], d[i], m[i]) = unpack_block::<KIND>(w[i].as_ptr().add(b * block_bytes(KIND)));
+            }
+            let (lo, hi) = (transpose8(&q[..8]), transpose8(&q[8..]));
+            let tile = u.w.as_mut_ptr().add(b * 512);
+            for t in 0..8 {
+                let row = _mm512_inserti64x4(_mm512_castsi256_si512(lo[t]), hi[t], 1);
+                _mm512_storeu_si512(tile.add(64 * t) as *mut _, row);
+            }
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(d.as_ptr() as *const __m256i));
+            _mm512_storeu_ps(u.d.as_mut_ptr().add(b * ROWS), d);
+            let m = _mm512_cvtph_ps(_mm256_loadu_si256(m.as_ptr() as *const __m256i));
+            _mm512_storeu_ps(u.m.as_mut_ptr().add(b * ROWS), m);
+        }
+    }
+}
+
+/// `C = 0; A = activations block; B = weights block; C += A · B` (signed
+/// bytes), C stored to `c` (rows 64 bytes apart), on tiles 0-2 (`set` 0)
+/// or 3-5 (`set` 1): consecutive blocks alternate, so one block's product
+/// runs while the last one's result is stored and scaled.
+///
+/// # Safety
+/// Tiles configured by [`configure`]; the pointers cover the configured
+/// rows at their strides.
+#[inline(always)]
+unsafe fn tile_product(set: usize, (a, a_stride): (*const i8, usize), b: *const u8, c: *mut i32) {
+    macro_rules! product {
+        ($c:literal, $a:literal, $b:literal) => {
+            asm!(concat!("tilezero ", $c), options(nostack, nomem));
+            asm!(concat!("tileloadd ", $a, ", [{0} + {1}]"), in(reg) a, in(reg) a_stride, options(nostack, readonly));
+            asm!(concat!("tileloadd ", $b, ", [{0} + {1}]"), in(reg) b, in(reg) 64usize, options(nostack, readonly));
+            asm!(concat!("tdpbssd ", $c, ", ", $a, ", ", $b), options(nostack, nomem));
+            asm!(concat!("tilestored [{0} + {1}], ", $c), in(reg) c, in(reg) 64usize, options(nostack));
+        };
+    }
+    // SAFETY: caller contract; the tile registers are used by nothing else.
+    unsafe {
+        if set == 0 {
+            product!("tmm0", "tmm1", "tmm2");
+        } else {
+            product!("tmm3", "tmm4", "tmm5");
+        }
+    }
+}
+
+/// Weight rows `w` (the first `rows` real) against the `m` activation rows
+/// of `acts` (Q8 layout): `out[a * n + col + i]` for activation row a and
+/// weight row i.
+///
+/// # Safety
+/// [`available`] is true; every row of `w` is `k / 32` whole blocks of
+/// `KIND`; the output indices are inside `out` and written by no other
+/// thread.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub unsafe fn rows<const KIND: u8>(
+    w: [&[u8]; ROWS],
+    rows: usize,
+    (acts, m): (&QuantActs, usize),
+    (out, n, col): (OutPtr, usize, usize),
+) {
+    let k = acts.k();
+    let (qs, d, s) = acts.parts();
+    UNPACKED.with_borrow_mut(|u| {
+        // SAFETY: forwarded contract.
+        unsafe {
+            unpack_rows::<KIND>(&w, k, u);
+            for first in (0..m).step_by(COLS) {
+                let group = COLS.min(m - first);
+                configure(group);
+                let nb = k / 32;
+                let x = (&qs[first * k..], &d[first * nb..], &s[first * nb..]);
+                let acc = if matches!(KIND, 1 | 3) {
+                    group_rows::<true>(u, k, x, group)
+                } else {
+                    group_rows::<false>(u, k, x, group)
+                };
+                let keep: __mmask16 = ((1u32 << rows) - 1) as u16;
+                for (j, acc) in acc.iter().enumerate().take(group) {
+                    _mm512_mask_storeu_ps(out.0.add((first + j) * n + col), keep, *acc);
+                }
+            }
+        }
+    });
+}
+
+/// A group of up to 16 activation rows (`qs`, `d`, `s` from its first)
+/// against the unpacked weight rows: lanes are weight rows.
+///
+/// # Safety
+/// As [`rows`], tiles configured for `group` rows.
+#[inline(always)]
+unsafe fn group_rows<const MIN: bool>(
+    u: &Unpacked,
+    k: usize,
+    (qs, d, s): (&[i8], &[f32], &[f32]),
+    group: usize,
+) -> [__m512; COLS] {
+    let nb = k / 32;
+    let mut c = [Results([[0; ROWS]; COLS]); 2];
+    // SAFETY: in-bounds block reads of the unpacked rows and the group.
+    unsafe {
+        let product = |b: usize, c: &mut Results| {
+            let a = (qs.as_ptr().add(32 * b), k);
+            tile_product(
+                b & 1,
+                a,
+                u.w.as_ptr().add(512 * b),
+                c.0.as_mut_ptr() as *mut i32,
+            );
+        };
+        let mut acc = [_mm512_setzero_ps(); COLS];
+        product(0, &mut c[0]);
+        for b in 0..nb {
+            // Block b + 1's product runs while block b is scaled.
+            if b + 1 < nb {
+                product(b + 1, &mut c[(b + 1) & 1]);
+            }
+            let c = &c[b & 1].0;
+            let dw = _mm512_loadu_ps(u.d.as_ptr().add(b * ROWS));
+            let mw = _mm512_loadu_ps(u.m.as_ptr().add(b * ROWS));
+            for j in 0..COLS {
+                if j < group {
+                    let sum = _mm512_cvtepi32_ps(_mm512_loadu_si512(c[j].as_ptr() as *const _));
+                    let t = _mm512_mul_ps(sum, _mm512_set1_ps(*d.get_unchecked(j * nb + b)));
+                    acc[j] = _mm512_fmadd_ps(dw, t, acc[j]);
+                    if MIN {
+                        acc[j] = _mm512_fmadd_ps(
+                            mw,
+                            _mm512_set1_ps(*s.get_unchecked(j * nb + b)),
+                            acc[j],
+                        );
+                    }
+                }
+            }
+        }
+        acc
+    }
 }
 
 /// The 32 quants of the block at `p` as tile bytes (signed formats offset
@@ -221,119 +392,6 @@ unsafe fn unpack_block<const KIND: u8>(p: *const u8) -> (__m256i, u16, u16) {
             _ => (_mm256_loadu_si256(p.add(2) as *const __m256i), h(0), 0),
         }
     }
-}
-
-/// Block bytes of `KIND`.
-const fn block_bytes(kind: u8) -> usize {
-    [18, 20, 22, 24, 34][kind as usize]
-}
-
-/// Unpacks the blocks of weight rows `w` (rows past `rows` repeat row 0).
-///
-/// # Safety
-/// AVX512F and AVX2 available; every row is `k / 32` whole blocks of `KIND`.
-#[inline(always)]
-unsafe fn unpack_rows<const KIND: u8>(w: &[&[u8]; ROWS], k: usize, u: &mut Unpacked) {
-    let nb = k / 32;
-    u.q.resize(ROWS * k, 0);
-    u.d.resize(nb * ROWS, 0.0);
-    u.m.resize(nb * ROWS, 0.0);
-    // SAFETY: block b of each row is in bounds (caller contract); the
-    // stores stay inside the buffers sized above.
-    unsafe {
-        for b in 0..nb {
-            let mut d = [0u16; ROWS];
-            let mut m = [0u16; ROWS];
-            for i in 0..ROWS {
-                let (q, di, mi) = unpack_block::<KIND>(w[i].as_ptr().add(b * block_bytes(KIND)));
-                _mm256_storeu_si256(u.q.as_mut_ptr().add(i * k + 32 * b) as *mut __m256i, q);
-                (d[i], m[i]) = (di, mi);
-            }
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(d.as_ptr() as *const __m256i));
-            _mm512_storeu_ps(u.d.as_mut_ptr().add(b * ROWS), d);
-            let m = _mm512_cvtph_ps(_mm256_loadu_si256(m.as_ptr() as *const __m256i));
-            _mm512_storeu_ps(u.m.as_mut_ptr().add(b * ROWS), m);
-        }
-    }
-}
-
-/// `C = 0; A = weights block; B = activations block; C += A · B`, C
-/// stored to `c` with a row stride of `c_stride` bytes, on tiles 0-2
-/// (`SET` 0) or 3-5 (`SET` 1): consecutive blocks alternate, so one block's
-/// product runs while the last one's result is stored and scaled.
-///
-/// # Safety
-/// Tiles configured by [`TileConfig`]; the pointers cover the configured
-/// rows at their strides.
-#[inline(always)]
-unsafe fn tile_product<const SIGNED: bool>(
-    set: usize,
-    (a, a_stride): (*const u8, usize),
-    (b, b_stride): (*const i8, usize),
-    (c, c_stride): (*mut i32, usize),
-) {
-    macro_rules! product {
-        ($c:literal, $a:literal, $b:literal) => {
-            asm!(concat!("tilezero ", $c), options(nostack, nomem));
-            asm!(concat!("tileloadd ", $a, ", [{0} + {1}]"), in(reg) a, in(reg) a_stride, options(nostack, readonly));
-            asm!(concat!("tileloadd ", $b, ", [{0} + {1}]"), in(reg) b, in(reg) b_stride, options(nostack, readonly));
-            if SIGNED {
-                asm!(concat!("tdpbssd ", $c, ", ", $a, ", ", $b), options(nostack, nomem));
-            } else {
-                asm!(concat!("tdpbusd ", $c, ", ", $a, ", ", $b), options(nostack, nomem));
-            }
-            asm!(concat!("tilestored [{0} + {1}], ", $c), in(reg) c, in(reg) c_stride, options(nostack));
-        };
-    }
-    // SAFETY: caller contract; the tile registers are used by nothing else.
-    unsafe {
-        if set == 0 {
-            product!("tmm0", "tmm1", "tmm2");
-        } else {
-            product!("tmm3", "tmm4", "tmm5");
-        }
-    }
-}
-
-/// Weight rows `w` (the first `rows` real) against every activation row of
-/// `acts`: `out[a * n + col[i]]` for activation row a and weight row i.
-///
-/// # Safety
-/// [`available`] is true; every row of `w` is `k / 32` whole blocks of
-/// `KIND`; the output indices are inside `out` and written by no other
-/// thread.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-pub unsafe fn rows<const KIND: u8>(
-    w: [&[u8]; ROWS],
-    rows: usize,
-    acts: &AmxActs,
-    (out, n, col): (OutPtr, usize, &[usize; ROWS]),
-) {
-    let signed = matches!(KIND, 0 | 2 | 4);
-    let min = matches!(KIND, 1 | 3);
-    UNPACKED.with_borrow_mut(|u| {
-        // SAFETY: forwarded contract.
-        unsafe {
-            unpack_rows::<KIND>(&w, acts.k, u);
-            for g in 0..acts.groups() {
-                let g = acts.group(g);
-                let cfg = TileConfig::new(g.n);
-                asm!("ldtilecfg [{0}]", in(reg) &cfg, options(nostack, readonly));
-                let v = match (g.n, signed) {
-                    (1, true) => one::<true>(u, acts.k, &g, min),
-                    (1, false) => one::<false>(u, acts.k, &g, min),
-                    (_, true) => many::<true>(u, acts.k, &g, min),
-                    (_, false) => many::<false>(u, acts.k, &g, min),
-                };
-                for (v, &c) in v.iter().zip(col).take(rows) {
-                    for (j, &v) in v.iter().enumerate().take(g.n) {
-                        out.write((g.first + j) * n + c, v);
-                    }
-                }
-            }
-            asm!("tilerelease", options(nostack, nomem));
-        }
-    });
 }
 
 /// The sums of four vectors of eight i32 lanes.
@@ -381,11 +439,13 @@ pub unsafe fn one_row<const KIND: u8>(
     w: [&[u8]; ROWS],
     rows: usize,
     x: ActRow<'_>,
-    (out, col): (OutPtr, &[usize; ROWS]),
+    (out, col): (OutPtr, usize),
 ) {
     let signed = matches!(KIND, 0 | 2 | 4);
     let min = matches!(KIND, 1 | 3);
     let nb = x.d.len().min(w[0].len() / block_bytes(KIND));
+    // The rows stream side by side: ask for the same block of the next 16.
+    let ahead = ROWS * w[0].len();
     // SAFETY: block b of every row and of `x` is in bounds (caller contract).
     unsafe {
         let mut acc = _mm512_setzero_ps();
@@ -395,7 +455,7 @@ pub unsafe fn one_row<const KIND: u8>(
             let (mut d, mut m) = ([0u16; ROWS], [0u16; ROWS]);
             for i in 0..ROWS {
                 let p = w[i].as_ptr().add(b * block_bytes(KIND));
-                prefetch_ahead::<64>(p, PREFETCH_BYTES);
+                prefetch_ahead::<34>(p, ahead);
                 let (q, di, mi) = unpack_block::<KIND>(p);
                 // vpdpbusd takes u8 × i8: signed weights move their sign
                 // onto the activations (the same exact products).
@@ -421,110 +481,7 @@ pub unsafe fn one_row<const KIND: u8>(
                 acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(*x.s.get_unchecked(b)), acc);
             }
         }
-        let mut lanes = [0f32; ROWS];
-        _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
-        for i in 0..rows {
-            out.write(col[i], lanes[i]);
-        }
-    }
-}
-
-/// One activation row: lanes are weight rows.
-///
-/// # Safety
-/// As [`rows`], tiles configured for one row.
-#[inline(always)]
-unsafe fn one<const SIGNED: bool>(
-    u: &Unpacked,
-    k: usize,
-    g: &Group<'_>,
-    min: bool,
-) -> [[f32; COLS]; ROWS] {
-    let nb = k / 32;
-    let mut c = [[0i32; ROWS]; 2];
-    // SAFETY: in-bounds block reads of the unpacked rows and the group.
-    unsafe {
-        let product = |b: usize, c: &mut [i32; ROWS]| {
-            let a = (u.q.as_ptr().add(32 * b), k);
-            tile_product::<SIGNED>(b & 1, a, (g.b.as_ptr().add(32 * b), 4), (c.as_mut_ptr(), 4));
-        };
-        let mut acc = _mm512_setzero_ps();
-        product(0, &mut c[0]);
-        for b in 0..nb {
-            // Block b + 1's product runs while block b is scaled.
-            if b + 1 < nb {
-                product(b + 1, &mut c[(b + 1) & 1]);
-            }
-            let t = _mm512_mul_ps(
-                _mm512_cvtepi32_ps(_mm512_loadu_si512(c[b & 1].as_ptr() as *const _)),
-                _mm512_set1_ps(*g.d.get_unchecked(b * COLS)),
-            );
-            acc = _mm512_fmadd_ps(_mm512_loadu_ps(u.d.as_ptr().add(b * ROWS)), t, acc);
-            if min {
-                let s = _mm512_set1_ps(*g.s.get_unchecked(b * COLS));
-                acc = _mm512_fmadd_ps(_mm512_loadu_ps(u.m.as_ptr().add(b * ROWS)), s, acc);
-            }
-        }
-        let mut lanes = [0f32; ROWS];
-        _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
-        let mut v = [[0f32; COLS]; ROWS];
-        for i in 0..ROWS {
-            v[i][0] = lanes[i];
-        }
-        v
-    }
-}
-
-/// Two to 16 activation rows: lanes are activation rows.
-///
-/// # Safety
-/// As [`rows`], tiles configured for `g.n` rows.
-#[inline(always)]
-unsafe fn many<const SIGNED: bool>(
-    u: &Unpacked,
-    k: usize,
-    g: &Group<'_>,
-    min: bool,
-) -> [[f32; COLS]; ROWS] {
-    let nb = k / 32;
-    let mut c = [[[0i32; COLS]; ROWS]; 2];
-    // SAFETY: in-bounds block reads of the unpacked rows and the group.
-    unsafe {
-        let product = |b: usize, c: &mut [[i32; COLS]; ROWS]| {
-            let a = (u.q.as_ptr().add(32 * b), k);
-            let x = (g.b.as_ptr().add(32 * b * g.n), 4 * g.n);
-            tile_product::<SIGNED>(b & 1, a, x, (c.as_mut_ptr() as *mut i32, 4 * COLS));
-        };
-        let mut acc = [_mm512_setzero_ps(); ROWS];
-        product(0, &mut c[0]);
-        for b in 0..nb {
-            // Block b + 1's product runs while block b is scaled.
-            if b + 1 < nb {
-                product(b + 1, &mut c[(b + 1) & 1]);
-            }
-            let c = &c[b & 1];
-            let dx = _mm512_loadu_ps(g.d.as_ptr().add(b * COLS));
-            let sx = _mm512_loadu_ps(g.s.as_ptr().add(b * COLS));
-            for i in 0..ROWS {
-                let t = _mm512_mul_ps(
-                    _mm512_cvtepi32_ps(_mm512_loadu_si512(c[i].as_ptr() as *const _)),
-                    dx,
-                );
-                acc[i] =
-                    _mm512_fmadd_ps(_mm512_set1_ps(*u.d.get_unchecked(b * ROWS + i)), t, acc[i]);
-                if min {
-                    acc[i] = _mm512_fmadd_ps(
-                        _mm512_set1_ps(*u.m.get_unchecked(b * ROWS + i)),
-                        sx,
-                        acc[i],
-                    );
-                }
-            }
-        }
-        let mut v = [[0f32; COLS]; ROWS];
-        for i in 0..ROWS {
-            _mm512_storeu_ps(v[i].as_mut_ptr(), acc[i]);
-        }
-        v
+        let keep: __mmask16 = ((1u32 << rows) - 1) as u16;
+        _mm512_mask_storeu_ps(out.0.add(col), keep, acc);
     }
 }

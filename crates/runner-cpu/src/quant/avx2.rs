@@ -102,7 +102,7 @@ unsafe fn dot_u8i8<const VNNI: bool>(w: __m256i, x: __m256i) -> __m256i {
 }
 
 /// How far ahead of the block being read the weight rows are prefetched.
-pub(super) const PREFETCH_BYTES: usize = 2048;
+const PREFETCH_BYTES: usize = 2048;
 
 /// Asks for the cache lines of the `BYTES`-byte block `ahead` bytes past
 /// `p`: one line for the 32-blocks, three or four for the k-quants'

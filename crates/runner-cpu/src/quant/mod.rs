@@ -294,14 +294,11 @@ fn has_avx2() -> bool {
         && std::is_x86_feature_detected!("f16c")
 }
 
-/// Activation buffers for both layouts (and the AMX tiles'), reused
-/// across calls.
+/// Activation buffers for both layouts, reused across calls.
 #[derive(Default)]
 pub struct ActScratch {
     q8: QuantActs,
     q8k: QuantActs,
-    #[cfg(target_arch = "x86_64")]
-    amx: amx::AmxActs,
 }
 
 /// Whether this CPU and OS run the AMX tile kernels (`model.cpu_amx`):
@@ -319,18 +316,20 @@ pub fn amx_available() -> bool {
 
 /// Up to this many activation rows run the AMX mode's one-row kernel once
 /// each (same bits): two cost less that way than as a tile (quant_speed,
-/// 576 x 3072 Q4_1: 0.136 against 0.160 ms), three more (0.20 / 0.155).
+/// 576 x 3072 Q4_1: 0.120 against 0.165-0.196 ms; Q8_0 0.091 against
+/// 0.140-0.146), three more.
 #[cfg(target_arch = "x86_64")]
 const AMX_ONE_ROW_MAX: usize = 2;
 
-/// The AMX kernel for `kind`'s 16 weight rows against every activation row.
+/// The AMX kernel for `kind`'s 16 weight rows (the first `rows` real)
+/// against `m` activation rows, written from an output column on.
 #[cfg(target_arch = "x86_64")]
-type AmxRowsFn =
-    unsafe fn([&[u8]; amx::ROWS], usize, &amx::AmxActs, (OutPtr, usize, &[usize; amx::ROWS]));
+type AmxRowsFn = unsafe fn([&[u8]; amx::ROWS], usize, (&QuantActs, usize), (OutPtr, usize, usize));
 
-/// The same against one activation row (same bits, no tiles).
+/// The same against one activation row (same bits, no tiles), written
+/// from an output index on.
 #[cfg(target_arch = "x86_64")]
-type AmxOneFn = unsafe fn([&[u8]; amx::ROWS], usize, ActRow<'_>, (OutPtr, &[usize; amx::ROWS]));
+type AmxOneFn = unsafe fn([&[u8]; amx::ROWS], usize, ActRow<'_>, (OutPtr, usize));
 
 #[cfg(target_arch = "x86_64")]
 fn amx_rows(kind: QuantKind) -> Option<(AmxRowsFn, AmxOneFn)> {
@@ -629,10 +628,6 @@ impl QuantMatrix {
         let needs = |f: ActFormat| self.parts.iter().any(|p| p.kind.act() == f);
         if needs(ActFormat::Q8) {
             scratch.q8.quantize(x, m, k, ActFormat::Q8);
-            #[cfg(target_arch = "x86_64")]
-            if self.amx && m > AMX_ONE_ROW_MAX && self.parts.iter().any(|p| amx::supports(p.kind)) {
-                scratch.amx.pack(&scratch.q8, m);
-            }
         }
         if needs(ActFormat::Q8K) {
             scratch.q8k.quantize(x, m, k, ActFormat::Q8K);
@@ -673,18 +668,17 @@ impl QuantMatrix {
                 let real = amx::ROWS.min(t.row0 + t.rows - r);
                 // Rows past the task's repeat its first (results dropped).
                 let ws = std::array::from_fn(|j| w(if j < real { r + j } else { r }));
-                let col = std::array::from_fn(|j| col_of(cols, r + j.min(real - 1)));
+                let col = col_of(cols, r);
                 // SAFETY: the AMX kernels of the part's format, on whole
                 // rows; `amx` is only set where `amx_available`; each task
                 // writes its own columns.
                 unsafe {
                     if m <= AMX_ONE_ROW_MAX {
                         for a in 0..m {
-                            let col = col.map(|c| a * n + c);
-                            one(ws, real, acts.row(a), (ptr, &col));
+                            one(ws, real, acts.row(a), (ptr, a * n + col));
                         }
                     } else {
-                        tiles(ws, real, &scratch.amx, (ptr, n, &col));
+                        tiles(ws, real, (acts, m), (ptr, n, col));
                     }
                 }
             }

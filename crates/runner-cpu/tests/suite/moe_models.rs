@@ -71,8 +71,18 @@ fn mixtral_directory_matches_reference() {
 fn open_gguf(dir: &Path, weights: CpuWeights) -> (ModelConfig, CpuRunner) {
     let files = ingot_models::open(&dir.join("model.gguf"), LoadFormat::Auto).unwrap();
     assert_eq!(files.format, "gguf");
-    let runner = load_runner(&files, weights, None, weights == CpuWeights::Native);
+    let runner = load_runner(&files, weights, None, weights != CpuWeights::F32);
     (files.config.clone(), runner)
+}
+
+/// The native kernels, and the AMX tiles where this CPU has them.
+fn native_paths() -> Vec<CpuWeights> {
+    let mut paths = vec![CpuWeights::Native];
+    match ingot_runner_cpu::quant::amx_available() {
+        true => paths.push(CpuWeights::Amx),
+        false => eprintln!("no AMX-INT8 here: the amx path is not run"),
+    }
+    paths
 }
 
 /// The GGUF on the exact path against the reference, and on the native
@@ -86,7 +96,17 @@ fn check_gguf(name: &str, arch: Architecture, moe: Option<MoeConfig>) {
     assert_eq!((c.architecture, c.block.moe.clone()), (arch, moe));
     check_against_reference(name, &mut exact, &r);
 
-    let (_, mut native) = open_gguf(&dir, CpuWeights::Native);
+    for weights in native_paths() {
+        check_native(name, &dir, &r, weights);
+    }
+}
+
+/// A native path (int8 activations) near the reference: every step's
+/// logits, teacher-forced on the reference's tokens, within a few percent,
+/// and the greedy tokens equal where the reference's margin exceeds the
+/// logit error.
+fn check_native(name: &str, dir: &Path, r: &Reference, weights: CpuWeights) {
+    let (_, mut native) = open_gguf(dir, weights);
     let mut pool = BlockPool::new(NUM_BLOCKS, BLOCK_SIZE, false);
     let mut table = BlockTable::new();
     let mut tokens = r.prompt.clone();
@@ -109,9 +129,12 @@ fn check_gguf(name: &str, arch: Architecture, moe: Option<MoeConfig>) {
         pos = tokens.len();
         tokens.push(r.greedy[step]);
     }
-    eprintln!("{name}: native path, worst rel L2 vs reference {worst:.4}");
-    assert!(worst < 0.03, "{name}: native rel L2 {worst}");
-    assert!(flips.is_empty(), "{name}: native greedy flips at {flips:?}");
+    eprintln!("{name}: {weights:?} path, worst rel L2 vs reference {worst:.4}");
+    assert!(worst < 0.03, "{name} {weights:?}: rel L2 {worst}");
+    assert!(
+        flips.is_empty(),
+        "{name} {weights:?}: greedy flips at {flips:?}"
+    );
 }
 
 #[test]
@@ -134,7 +157,7 @@ fn mixtral_gguf_as_llama_with_experts_matches_reference_exact_and_native() {
 
 /// Sequence A decoded alone, then with two other sequences in every step
 /// (prefills and decodes; their tokens route to other experts): A's logits
-/// are bit-identical, on both weight paths.
+/// are bit-identical, on every weight path.
 #[test]
 fn experts_are_batch_invariant_with_mixed_choices() {
     let (_tmp, dir) = generate("qwen3moe_gguf");
@@ -142,7 +165,7 @@ fn experts_are_batch_invariant_with_mixed_choices() {
     let a = r.prompt.clone();
     let b: Vec<u32> = a.iter().rev().map(|t| (t * 7 + 3) % 300).collect();
     let c: Vec<u32> = (0..11).map(|i| (i * 29 + 5) % 300).collect();
-    for weights in [CpuWeights::F32, CpuWeights::Native] {
+    for weights in [vec![CpuWeights::F32], native_paths()].concat() {
         let (_, mut runner) = open_gguf(&dir, weights);
         let alone = decode(&mut runner, &[&a], 4);
         let batched = decode(&mut runner, &[&a, &b, &c], 4);
