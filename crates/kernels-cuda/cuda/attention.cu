@@ -692,16 +692,6 @@ __device__ __forceinline__ void stage_decode_tile(unsigned char* stage, const KV
   cp_async_commit();
 }
 
-// d += a * b as mma_bf16, f16 in (exact for e4m3 K/V; 10 mantissa bits for
-// Q and P against bf16's 7).
-__device__ __forceinline__ void mma_f16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // Two e4m3 values (low byte first) as f16x2: exact, one instruction.
 __device__ __forceinline__ unsigned e4m3x2_to_f16x2(unsigned bits) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(bits & 0xffffu), __NV_E4M3);
