@@ -833,6 +833,30 @@ mod tests {
     use ingot_runner::SequenceChunk;
 
     use crate::test_configs::llama8b;
+
+    #[test]
+    fn grouped_expert_scratch_only_when_enabled() {
+        let mut c = llama8b();
+        c.block.moe = Some(ingot_models::MoeConfig {
+            num_experts: 128,
+            experts_per_token: 8,
+            expert_intermediate_size: 768,
+            normalize_top_k: true,
+            dense_layers: Vec::new(),
+        });
+        let (t, s, bs) = (2048, 256, 16);
+        let off = Buffers::bytes(&c, t, s, bs, 0);
+        let on = Buffers::bytes(&c, t, s, bs, 32);
+        // Every slot's f32 down product, the sorted slots and tile experts.
+        let slots = t * 8;
+        let grouped = slots * c.hidden_size * 4 + kernels::moe_sorted_bytes(slots, 128);
+        assert!(on >= off + grouped, "{on} vs {off} + {grouped}");
+        assert_eq!(
+            Buffers::bytes(&llama8b(), t, s, bs, 32),
+            Buffers::bytes(&llama8b(), t, s, bs, 0)
+        );
+    }
+
     #[test]
     fn splits_fill_the_gpu_at_batch_one_and_stay_within_the_partials() {
         let c = llama8b();

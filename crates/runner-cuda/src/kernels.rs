@@ -1273,6 +1273,67 @@ mod tests {
         assert_eq!((off.bytes, off.mode), (0, 0));
     }
 
+    /// Qwen3-30B-A3B's experts on the 8B's attention shape.
+    fn moe_model(width: usize) -> ModelConfig {
+        let mut c = crate::test_configs::llama8b();
+        c.hidden_size = 2048;
+        c.block.moe = Some(ingot_models::MoeConfig {
+            num_experts: 128,
+            experts_per_token: 8,
+            expert_intermediate_size: width,
+            normalize_top_k: true,
+            dense_layers: Vec::new(),
+        });
+        c
+    }
+
+    #[test]
+    fn grouped_experts_need_the_flag_fitting_shapes_and_no_determinism() {
+        let opts = |min, deterministic| crate::CudaRunnerConfig {
+            moe_grouped_min_tokens: min,
+            deterministic,
+            ..Default::default()
+        };
+        assert_eq!(
+            moe_grouped_min_tokens(&opts(32, false), &moe_model(768)),
+            32
+        );
+        assert_eq!(moe_grouped_min_tokens(&opts(0, false), &moe_model(768)), 0);
+        assert_eq!(moe_grouped_min_tokens(&opts(32, true), &moe_model(768)), 0);
+        // Column blocks of 64: a width of 96 takes the GEMVs.
+        assert_eq!(moe_grouped_min_tokens(&opts(32, false), &moe_model(96)), 0);
+        let dense = crate::test_configs::llama8b();
+        assert_eq!(moe_grouped_min_tokens(&opts(32, false), &dense), 0);
+    }
+
+    #[test]
+    fn moe_align_tiles_cover_every_routing() {
+        // Each touched expert's slots padded to whole tiles of 64 never
+        // exceed the tiles the grid and the sorted list are sized for.
+        let padded = |counts: &[usize]| -> usize { counts.iter().map(|c| c.div_ceil(64)).sum() };
+        for (slots, experts) in [(1, 128), (8, 128), (63, 2), (65, 2), (8192, 128), (500, 8)] {
+            let tiles = moe_grouped_tiles(slots, experts);
+            // All on one expert, spread evenly, and one slot on each but one.
+            let mut one = vec![0; experts];
+            one[experts - 1] = slots;
+            let even: Vec<usize> = (0..experts)
+                .map(|e| slots / experts + usize::from(e < slots % experts))
+                .collect();
+            let mut singles = vec![0; experts];
+            for (e, c) in singles.iter_mut().enumerate().take(slots.min(experts - 1)) {
+                *c = 1 + usize::from(e == 0) * (slots - slots.min(experts - 1));
+            }
+            for counts in [one, even, singles] {
+                assert_eq!(counts.iter().sum::<usize>(), slots);
+                assert!(
+                    padded(&counts) <= tiles,
+                    "{slots} over {experts}: {counts:?}"
+                );
+            }
+            assert_eq!(moe_sorted_bytes(slots, experts), tiles * 64 * 4);
+        }
+    }
+
     #[test]
     fn prefill_shared_memory_fits_hopper() {
         // 227 KiB per SM on sm_90: two blocks per SM for head_dim 128 (the
