@@ -38,7 +38,7 @@ pub struct ActRow<'a> {
     pub d: &'a [f32],
     /// Q8: `d * Σq` per block of 32 (empty for Q8K).
     pub s: &'a [f32],
-    /// Q8K: `Σq` per 16 values (empty for Q8).
+    /// `Σq` per block of 32 (Q8) or per 16 values (Q8K).
     pub bsums: &'a [i16],
 }
 
@@ -69,7 +69,10 @@ impl QuantActs {
         grow(&mut self.qs, m * k);
         grow(&mut self.d, m * nb);
         match format {
-            ActFormat::Q8 => grow(&mut self.s, m * nb),
+            ActFormat::Q8 => {
+                grow(&mut self.s, m * nb);
+                grow(&mut self.bsums, m * nb);
+            }
             ActFormat::Q8K => grow(&mut self.bsums, m * k / 16),
         }
         self.k = k;
@@ -80,21 +83,28 @@ impl QuantActs {
         match format {
             ActFormat::Q8 => {
                 let s = &mut self.s[..m * nb];
-                let row = |((x, q), (d, s)): RowBufs<'_, f32>| {
+                let bs = &mut self.bsums[..m * nb];
+                let row = |(((x, q), (d, s)), bs): (RowBufs<'_, f32>, &mut [i16])| {
                     quantize_row(x, q, d, 32);
-                    for ((s, d), q) in s.iter_mut().zip(d.iter()).zip(q.chunks_exact(32)) {
-                        *s = *d * q.iter().map(|&v| i32::from(v)).sum::<i32>() as f32;
+                    for (((s, b), d), q) in
+                        s.iter_mut().zip(bs).zip(d.iter()).zip(q.chunks_exact(32))
+                    {
+                        // |Σ| <= 32 * 127: fits i16.
+                        *b = q.iter().map(|&v| i16::from(v)).sum();
+                        *s = *d * f32::from(*b);
                     }
                 };
                 if m < PAR_MIN_ROWS {
                     x.chunks(k)
                         .zip(qs.chunks_mut(k))
                         .zip(d.chunks_mut(nb).zip(s.chunks_mut(nb)))
+                        .zip(bs.chunks_mut(nb))
                         .for_each(row);
                 } else {
                     x.par_chunks(k)
                         .zip(qs.par_chunks_mut(k))
                         .zip(d.par_chunks_mut(nb).zip(s.par_chunks_mut(nb)))
+                        .zip(bs.par_chunks_mut(nb))
                         .for_each(row);
                 }
             }
@@ -127,10 +137,10 @@ impl QuantActs {
         self.k
     }
 
-    /// Every row's values, scales and `d * Σq` sums (Q8: `[m][k]`,
-    /// `[m][k / 32]`, `[m][k / 32]`; the buffers may run past `m`).
-    pub fn parts(&self) -> (&[i8], &[f32], &[f32]) {
-        (&self.qs, &self.d, &self.s)
+    /// Every row's values, scales, `d * Σq` and `Σq` per block (Q8:
+    /// `[m][k]` then `[m][k / 32]` each; the buffers may run past `m`).
+    pub fn parts(&self) -> (&[i8], &[f32], &[f32], &[i16]) {
+        (&self.qs, &self.d, &self.s, &self.bsums)
     }
 
     /// Rows `i..i + 2`, for the two-row kernels.
@@ -155,7 +165,7 @@ impl QuantActs {
                 qs: &self.qs[i * k..(i + 1) * k],
                 d: &self.d[i * k / 32..(i + 1) * k / 32],
                 s: &self.s[i * k / 32..(i + 1) * k / 32],
-                bsums: &[],
+                bsums: &self.bsums[i * k / 32..(i + 1) * k / 32],
             },
             Some(ActFormat::Q8K) => ActRow {
                 qs: &self.qs[i * k..(i + 1) * k],

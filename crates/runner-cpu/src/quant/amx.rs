@@ -2,15 +2,23 @@
 //! Q8_0), taken with `model.cpu_weights = "amx"` on CPUs with AMX-INT8
 //! (Intel Xeon from Sapphire Rapids on).
 //!
-//! One `tdpbssd` multiplies up to 16 activation rows (the A tile, read in
-//! place from the quantized activations) by 16 weight rows (the B tile,
-//! unpacked once per task to a byte a weight in the tiles' layout) over one
-//! 32-block, giving each pair's exact integer block sum `S` (unsigned
-//! quants fit i8; Q4_0 and Q5_0 are offset to `q - 8`, `q - 16`). Each pair
-//! then accumulates, block by block, `acc = fma(d_w, S · d_x, acc)` and,
-//! for formats with a min, `acc = fma(m_w, s_x, acc)` (`s_x = d_x Σq_x`).
-//! A lone activation row (decode) skips the tiles: an AVX-512 kernel reads
-//! the blocks as they are and computes the same block sums and operations.
+//! At load each part's rows are repacked 16 at a time ([`Packed`]): per
+//! block, the quants as 8 tile rows of four consecutive values of each of
+//! the 16 rows (the B tile layout, and the layout `vpdpbusd` over 16 rows
+//! wants), 4-bit values two a byte, Q5's fifth bits as masks, Q8_0 offset
+//! to unsigned, then the 16 rows' f16 scales (and mins). The same bytes as
+//! the file's blocks, one copy.
+//!
+//! Many activation rows: one `tdpbsud` multiplies up to 16 activation rows
+//! (the A tile, read in place from the quantized activations) by the 16
+//! weight rows (the B tile, expanded to a byte a weight once per task) over
+//! one block. One or two rows skip the tiles: eight `vpdpbusd` of the 16
+//! rows' expanded tile rows by the broadcast activations give the same
+//! per-row integer sums. Either way each pair's exact block sum is
+//! `S = Σ u·x − offset·Σx` (unsigned quants `u`, offset 8 for Q4_0, 16 for
+//! Q5_0, 128 for Q8_0), then, block by block, `acc = fma(d_w, S · d_x, acc)`
+//! and, for formats with a min, `acc = fma(m_w, s_x, acc)`
+//! (`s_x = d_x Σq_x`).
 //!
 //! Every pair runs those operations in that order whatever the batch, so
 //! results do not depend on it. They differ from the AVX2 kernels' in the
@@ -27,10 +35,9 @@ use std::cell::{Cell, RefCell};
 use std::sync::OnceLock;
 
 use super::act::{ActRow, QuantActs};
-use super::avx2::{fifth_bits, nibbles, prefetch_ahead};
-use super::OutPtr;
+use super::{OutPtr, QuantKind};
 
-/// Weight rows per tile.
+/// Weight rows per tile (and per packed chunk).
 pub const ROWS: usize = 16;
 /// Activation rows per tile.
 const COLS: usize = 16;
@@ -41,8 +48,8 @@ const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
 const XFEATURE_XTILEDATA: libc::c_long = 18;
 
 /// Whether this CPU and OS run the AMX kernels: AMX-TILE and AMX-INT8
-/// (CPUID leaf 7), AVX512F/BW/VL, F16C, and the kernel's permission for the
-/// tile data state (Linux asks each process to request it).
+/// (CPUID leaf 7), AVX512F/BW/VL/VNNI, F16C, and the kernel's permission
+/// for the tile data state (Linux asks each process to request it).
 pub fn available() -> bool {
     static OK: OnceLock<bool> = OnceLock::new();
     *OK.get_or_init(|| {
@@ -51,6 +58,7 @@ pub fn available() -> bool {
         let simd = std::is_x86_feature_detected!("avx512f")
             && std::is_x86_feature_detected!("avx512bw")
             && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx512vnni")
             && std::is_x86_feature_detected!("avx2")
             && std::is_x86_feature_detected!("fma")
             && std::is_x86_feature_detected!("f16c");
@@ -87,6 +95,228 @@ impl Lines {
 
     fn as_mut_ptr(&mut self) -> *mut u8 {
         self.0.as_mut_ptr() as *mut u8
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: the lines are initialized bytes, contiguous.
+        unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), self.0.len() * 64) }
+    }
+}
+
+/// The formats, as the kernels' `KIND` (QuantKind's order).
+const Q4_0: u8 = 0;
+const Q4_1: u8 = 1;
+const Q5_0: u8 = 2;
+const Q5_1: u8 = 3;
+const Q8_0: u8 = 4;
+
+/// GGUF block bytes.
+const fn block_bytes(kind: u8) -> usize {
+    [18, 20, 22, 24, 34][kind as usize]
+}
+
+/// Bytes of one packed tile row: 64 values, two a byte below 8 bits.
+const fn qrow(kind: u8) -> usize {
+    if kind == Q8_0 {
+        64
+    } else {
+        32
+    }
+}
+
+/// Where a record's fifth-bit masks (Q5), scales and mins start.
+const fn fifth_at(kind: u8) -> usize {
+    8 * qrow(kind)
+}
+const fn scales_at(kind: u8) -> usize {
+    fifth_at(kind) + if matches!(kind, Q5_0 | Q5_1) { 64 } else { 0 }
+}
+const fn has_min(kind: u8) -> bool {
+    matches!(kind, Q4_1 | Q5_1)
+}
+
+/// Bytes of one (16 rows, one block) record, whole cache lines.
+const fn record(kind: u8) -> usize {
+    (scales_at(kind) + 32 + if has_min(kind) { 32 } else { 0 }).div_ceil(64) * 64
+}
+
+/// What the unsigned quants are offset by from the weights' integers.
+const fn offset(kind: u8) -> i32 {
+    [8, 0, 16, 0, 128][kind as usize]
+}
+
+/// Element `k` of a GGUF block of `kind` as its unsigned quant.
+fn quant(kind: u8, block: &[u8], k: usize) -> u8 {
+    let nibble = |q: &[u8]| {
+        if k < 16 {
+            q[k] & 15
+        } else {
+            q[k - 16] >> 4
+        }
+    };
+    let fifth = |at: usize| {
+        let qh = u32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]]);
+        (((qh >> k) & 1) as u8) << 4
+    };
+    match kind {
+        Q4_0 => nibble(&block[2..]),
+        Q4_1 => nibble(&block[4..]),
+        Q5_0 => nibble(&block[6..]) | fifth(2),
+        Q5_1 => nibble(&block[8..]) | fifth(4),
+        _ => (block[2 + k] as i8 as i16 + 128) as u8,
+    }
+}
+
+/// A part's rows repacked 16 at a time (module docs): record (chunk c,
+/// block b) at `(c * blocks + b) * record(kind)`; rows past the part's are
+/// zeros.
+pub struct Packed {
+    bytes: Lines,
+    kind: u8,
+    blocks: usize,
+}
+
+impl Packed {
+    /// `rows` rows of `cols` weights in `kind`'s GGUF blocks; `None` for
+    /// the formats without AMX kernels.
+    pub fn new(kind: QuantKind, data: &[u8], rows: usize, cols: usize) -> Option<Self> {
+        let kind = match kind {
+            QuantKind::Q4_0 => Q4_0,
+            QuantKind::Q4_1 => Q4_1,
+            QuantKind::Q5_0 => Q5_0,
+            QuantKind::Q5_1 => Q5_1,
+            QuantKind::Q8_0 => Q8_0,
+            _ => return None,
+        };
+        let (blocks, bb, rec) = (cols / 32, block_bytes(kind), record(kind));
+        let mut bytes = Lines::default();
+        bytes.resize(rows.div_ceil(ROWS) * blocks * rec);
+        let out = bytes.bytes_mut();
+        for row in 0..rows {
+            let (chunk, i) = (row / ROWS, row % ROWS);
+            for b in 0..blocks {
+                let block = &data[row * blocks * bb + b * bb..][..bb];
+                let r = &mut out[(chunk * blocks + b) * rec..][..rec];
+                for k in 0..32 {
+                    let (u, t, j) = (quant(kind, block, k), k / 4, 4 * i + k % 4);
+                    if kind == Q8_0 {
+                        r[t * 64 + j] = u;
+                        continue;
+                    }
+                    r[t * 32 + j % 32] |= (u & 15) << (4 * (j / 32));
+                    if u & 16 != 0 {
+                        r[fifth_at(kind) + t * 8 + j / 8] |= 1 << (j % 8);
+                    }
+                }
+                let s = scales_at(kind);
+                r[s + 2 * i..s + 2 * i + 2].copy_from_slice(&block[..2]);
+                if has_min(kind) {
+                    r[s + 32 + 2 * i..s + 34 + 2 * i].copy_from_slice(&block[2..4]);
+                }
+            }
+        }
+        Some(Self {
+            bytes,
+            kind,
+            blocks,
+        })
+    }
+
+    /// Chunk `c`'s records (weight rows `16c..16c + 16`).
+    fn chunk(&self, c: usize) -> *const u8 {
+        self.bytes
+            .as_ptr()
+            .wrapping_add(c * self.blocks * record(self.kind))
+    }
+}
+
+/// Tile row `t` of a record: 64 unsigned quants (four of each of the 16
+/// rows).
+///
+/// # Safety
+/// AVX512F/BW and AVX2 available; `rec` is a whole record of `KIND`.
+#[inline(always)]
+unsafe fn tile_row<const KIND: u8>(rec: *const u8, t: usize) -> __m512i {
+    // SAFETY: inside the record (caller contract).
+    unsafe {
+        if KIND == Q8_0 {
+            return _mm512_load_si512(rec.add(64 * t) as *const _);
+        }
+        let p = _mm256_load_si256(rec.add(32 * t) as *const __m256i);
+        let low = _mm256_set1_epi8(0x0F);
+        let lo = _mm256_and_si256(p, low);
+        let hi = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+        let q = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        if matches!(KIND, Q5_0 | Q5_1) {
+            let bits = std::ptr::read_unaligned(rec.add(fifth_at(KIND) + 8 * t) as *const u64);
+            return _mm512_or_si512(q, _mm512_maskz_mov_epi8(bits, _mm512_set1_epi8(0x10)));
+        }
+        q
+    }
+}
+
+/// The 16 rows' scales (and mins) of a record, as f32.
+///
+/// # Safety
+/// AVX512F available; `rec` is a whole record of `KIND`.
+#[inline(always)]
+unsafe fn scales<const KIND: u8>(rec: *const u8) -> (__m512, __m512) {
+    // SAFETY: inside the record (caller contract).
+    unsafe {
+        let at = rec.add(scales_at(KIND));
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(at as *const __m256i));
+        let m = match has_min(KIND) {
+            true => _mm512_cvtph_ps(_mm256_loadu_si256(at.add(32) as *const __m256i)),
+            false => _mm512_setzero_ps(),
+        };
+        (d, m)
+    }
+}
+
+/// 16 weight rows (a packed chunk, the first `rows` real) against one
+/// activation row: eight `vpdpbusd` a block give the rows' integer sums
+/// (lanes are weight rows), then the module's chain.
+///
+/// # Safety
+/// [`available`] is true; `chunk` holds `blocks` records of `KIND`; `x`
+/// holds as many blocks; the output indices `col..col + rows` are inside
+/// `out` and written by no other thread.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn one_row<const KIND: u8>(
+    (chunk, blocks): (*const u8, usize),
+    rows: usize,
+    x: ActRow<'_>,
+    (out, col): (OutPtr, usize),
+) {
+    // SAFETY: block b's record and activations are in bounds (caller
+    // contract); prefetches never fault.
+    unsafe {
+        let mut acc = _mm512_setzero_ps();
+        for b in 0..blocks {
+            let rec = chunk.add(b * record(KIND));
+            _mm_prefetch::<_MM_HINT_T0>(rec.wrapping_add(2048) as *const i8);
+            let xb = x.qs.as_ptr().add(32 * b);
+            let mut sum = _mm512_setzero_si512();
+            for t in 0..8 {
+                let xv = _mm512_set1_epi32(std::ptr::read_unaligned(xb.add(4 * t) as *const i32));
+                sum = _mm512_dpbusd_epi32(sum, tile_row::<KIND>(rec, t), xv);
+            }
+            if offset(KIND) != 0 {
+                let x_sum = i32::from(*x.bsums.get_unchecked(b));
+                sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(offset(KIND) * x_sum));
+            }
+            let (dw, mw) = scales::<KIND>(rec);
+            let t = _mm512_mul_ps(
+                _mm512_cvtepi32_ps(sum),
+                _mm512_set1_ps(*x.d.get_unchecked(b)),
+            );
+            acc = _mm512_fmadd_ps(dw, t, acc);
+            if has_min(KIND) {
+                acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(*x.s.get_unchecked(b)), acc);
+            }
+        }
+        let keep: __mmask16 = ((1u32 << rows) - 1) as u16;
+        _mm512_mask_storeu_ps(out.0.add(col), keep, acc);
     }
 }
 
@@ -126,18 +356,17 @@ impl TileConfig {
     }
 }
 
-/// A task's 16 weight rows unpacked for the B tiles (`[block][8][16][4]`
-/// bytes: four consecutive quants of each row per tile row), with each
-/// block's 16 scales and mins as f32 (`[block][row]`).
+/// A chunk expanded for the B tiles (`[block][8][64]` bytes), and each
+/// block's scales and mins (`[block][row]` f32).
 #[derive(Default)]
-struct Unpacked {
+struct Scratch {
     w: Lines,
     d: Vec<f32>,
     m: Vec<f32>,
 }
 
 thread_local! {
-    static UNPACKED: RefCell<Unpacked> = RefCell::default();
+    static SCRATCH: RefCell<Scratch> = RefCell::default();
     /// The activation rows the loaded tile configuration is for (0: none).
     static CONFIGURED: Cell<usize> = const { Cell::new(0) };
 }
@@ -156,89 +385,10 @@ unsafe fn configure(n: usize) {
     }
 }
 
-/// Block bytes of `KIND`.
-const fn block_bytes(kind: u8) -> usize {
-    [18, 20, 22, 24, 34][kind as usize]
-}
-
-/// Dwords `t` of eight rows of eight: row t of the result holds dword t of
-/// each row (the standard unpack / permute transpose).
-///
-/// # Safety
-/// AVX2 available.
-#[inline(always)]
-unsafe fn transpose8(r: &[__m256i]) -> [__m256i; 8] {
-    // SAFETY: AVX2 (caller contract).
-    unsafe {
-        let lo = |a: __m256i, b: __m256i| _mm256_unpacklo_epi32(a, b);
-        let hi = |a: __m256i, b: __m256i| _mm256_unpackhi_epi32(a, b);
-        let (t0, t1, t2, t3) = (
-            lo(r[0], r[1]),
-            hi(r[0], r[1]),
-            lo(r[2], r[3]),
-            hi(r[2], r[3]),
-        );
-        let (t4, t5, t6, t7) = (
-            lo(r[4], r[5]),
-            hi(r[4], r[5]),
-            lo(r[6], r[7]),
-            hi(r[6], r[7]),
-        );
-        let (u0, u1) = (_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2));
-        let (u2, u3) = (_mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3));
-        let (u4, u5) = (_mm256_unpacklo_epi64(t4, t6), _mm256_unpackhi_epi64(t4, t6));
-        let (u6, u7) = (_mm256_unpacklo_epi64(t5, t7), _mm256_unpackhi_epi64(t5, t7));
-        [
-            _mm256_permute2x128_si256(u0, u4, 0x20),
-            _mm256_permute2x128_si256(u1, u5, 0x20),
-            _mm256_permute2x128_si256(u2, u6, 0x20),
-            _mm256_permute2x128_si256(u3, u7, 0x20),
-            _mm256_permute2x128_si256(u0, u4, 0x31),
-            _mm256_permute2x128_si256(u1, u5, 0x31),
-            _mm256_permute2x128_si256(u2, u6, 0x31),
-            _mm256_permute2x128_si256(u3, u7, 0x31),
-        ]
-    }
-}
-
-/// Unpacks the blocks of weight rows `w` into B tiles.
-///
-/// # Safety
-/// AVX512F and AVX2 available; every row is `k / 32` whole blocks of `KIND`.
-#[inline(always)]
-unsafe fn unpack_rows<const KIND: u8>(w: &[&[u8]; ROWS], k: usize, u: &mut Unpacked) {
-    let nb = k / 32;
-    u.w.resize(nb * 512);
-    u.d.resize(nb * ROWS, 0.0);
-    u.m.resize(nb * ROWS, 0.0);
-    // SAFETY: block b of each row is in bounds (caller contract); the
-    // stores stay inside the buffers sized above.
-    unsafe {
-        for b in 0..nb {
-            let mut q = [_mm256_setzero_si256(); ROWS];
-            let mut d = [0u16; ROWS];
-            let mut m = [0u16; ROWS];
-            for i in 0..ROWS {
-                (q[i], d[i], m[i]) = unpack_block::<KIND>(w[i].as_ptr().add(b * block_bytes(KIND)));
-            }
-            let (lo, hi) = (transpose8(&q[..8]), transpose8(&q[8..]));
-            let tile = u.w.as_mut_ptr().add(b * 512);
-            for t in 0..8 {
-                let row = _mm512_inserti64x4(_mm512_castsi256_si512(lo[t]), hi[t], 1);
-                _mm512_storeu_si512(tile.add(64 * t) as *mut _, row);
-            }
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(d.as_ptr() as *const __m256i));
-            _mm512_storeu_ps(u.d.as_mut_ptr().add(b * ROWS), d);
-            let m = _mm512_cvtph_ps(_mm256_loadu_si256(m.as_ptr() as *const __m256i));
-            _mm512_storeu_ps(u.m.as_mut_ptr().add(b * ROWS), m);
-        }
-    }
-}
-
 /// `C = 0; A = activations block; B = weights block; C += A · B` (signed
-/// bytes), C stored to `c` (rows 64 bytes apart), on tiles 0-2 (`set` 0)
-/// or 3-5 (`set` 1): consecutive blocks alternate, so one block's product
-/// runs while the last one's result is stored and scaled.
+/// activations, unsigned weights), C stored to `c` (rows 64 bytes apart),
+/// on tiles 0-2 (`set` 0) or 3-5 (`set` 1): consecutive blocks alternate,
+/// so one block's product runs while the last one's result is scaled.
 ///
 /// # Safety
 /// Tiles configured by [`configure`]; the pointers cover the configured
@@ -250,7 +400,7 @@ unsafe fn tile_product(set: usize, (a, a_stride): (*const i8, usize), b: *const 
             asm!(concat!("tilezero ", $c), options(nostack, nomem));
             asm!(concat!("tileloadd ", $a, ", [{0} + {1}]"), in(reg) a, in(reg) a_stride, options(nostack, readonly));
             asm!(concat!("tileloadd ", $b, ", [{0} + {1}]"), in(reg) b, in(reg) 64usize, options(nostack, readonly));
-            asm!(concat!("tdpbssd ", $c, ", ", $a, ", ", $b), options(nostack, nomem));
+            asm!(concat!("tdpbsud ", $c, ", ", $a, ", ", $b), options(nostack, nomem));
             asm!(concat!("tilestored [{0} + {1}], ", $c), in(reg) c, in(reg) 64usize, options(nostack));
         };
     }
@@ -264,37 +414,33 @@ unsafe fn tile_product(set: usize, (a, a_stride): (*const i8, usize), b: *const 
     }
 }
 
-/// Weight rows `w` (the first `rows` real) against the `m` activation rows
-/// of `acts` (Q8 layout): `out[a * n + col + i]` for activation row a and
-/// weight row i.
+/// 16 weight rows (a packed chunk, the first `rows` real) against the `m`
+/// activation rows of `acts` (Q8 layout): `out[a * n + col + i]` for
+/// activation row a and weight row i.
 ///
 /// # Safety
-/// [`available`] is true; every row of `w` is `k / 32` whole blocks of
-/// `KIND`; the output indices are inside `out` and written by no other
-/// thread.
+/// [`available`] is true; `chunk` holds `blocks` records of `KIND`, and
+/// every activation row as many blocks; the output indices are inside `out`
+/// and written by no other thread.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 pub unsafe fn rows<const KIND: u8>(
-    w: [&[u8]; ROWS],
+    (chunk, blocks): (*const u8, usize),
     rows: usize,
     (acts, m): (&QuantActs, usize),
     (out, n, col): (OutPtr, usize, usize),
 ) {
     let k = acts.k();
-    let (qs, d, s) = acts.parts();
-    UNPACKED.with_borrow_mut(|u| {
+    let (qs, d, s, sums) = acts.parts();
+    SCRATCH.with_borrow_mut(|u| {
         // SAFETY: forwarded contract.
         unsafe {
-            unpack_rows::<KIND>(&w, k, u);
+            expand::<KIND>(chunk, blocks, u);
             for first in (0..m).step_by(COLS) {
                 let group = COLS.min(m - first);
                 configure(group);
-                let nb = k / 32;
-                let x = (&qs[first * k..], &d[first * nb..], &s[first * nb..]);
-                let acc = if matches!(KIND, 1 | 3) {
-                    group_rows::<true>(u, k, x, group)
-                } else {
-                    group_rows::<false>(u, k, x, group)
-                };
+                let at = first * blocks;
+                let x = (&qs[first * k..], (&d[at..], &s[at..], &sums[at..]));
+                let acc = group_rows::<KIND>(u, (k, blocks), x, group);
                 let keep: __mmask16 = ((1u32 << rows) - 1) as u16;
                 for (j, acc) in acc.iter().enumerate().take(group) {
                     _mm512_mask_storeu_ps(out.0.add((first + j) * n + col), keep, *acc);
@@ -304,21 +450,48 @@ pub unsafe fn rows<const KIND: u8>(
     });
 }
 
+/// Expands a chunk's records into B tiles and f32 scales.
+///
+/// # Safety
+/// AVX512F/BW and AVX2 available; `chunk` holds `blocks` records of `KIND`.
+#[inline(always)]
+unsafe fn expand<const KIND: u8>(chunk: *const u8, blocks: usize, u: &mut Scratch) {
+    u.w.resize(blocks * 512);
+    u.d.resize(blocks * ROWS, 0.0);
+    u.m.resize(blocks * ROWS, 0.0);
+    // SAFETY: the records are in bounds (caller contract); the stores stay
+    // inside the buffers sized above.
+    unsafe {
+        for b in 0..blocks {
+            let rec = chunk.add(b * record(KIND));
+            let tile = u.w.as_mut_ptr().add(512 * b);
+            for t in 0..8 {
+                _mm512_store_si512(tile.add(64 * t) as *mut _, tile_row::<KIND>(rec, t));
+            }
+            let (dw, mw) = scales::<KIND>(rec);
+            _mm512_storeu_ps(u.d.as_mut_ptr().add(b * ROWS), dw);
+            _mm512_storeu_ps(u.m.as_mut_ptr().add(b * ROWS), mw);
+        }
+    }
+}
+
+/// Activation rows' per-block scales, `d * Σq` and `Σq`.
+type Scales<'a> = (&'a [f32], &'a [f32], &'a [i16]);
+
 /// A group of up to 16 activation rows (`qs`, `d`, `s` from its first)
-/// against the unpacked weight rows: lanes are weight rows.
+/// against the expanded weight rows: lanes are weight rows.
 ///
 /// # Safety
 /// As [`rows`], tiles configured for `group` rows.
 #[inline(always)]
-unsafe fn group_rows<const MIN: bool>(
-    u: &Unpacked,
-    k: usize,
-    (qs, d, s): (&[i8], &[f32], &[f32]),
+unsafe fn group_rows<const KIND: u8>(
+    u: &Scratch,
+    (k, blocks): (usize, usize),
+    (qs, (d, s, sums)): (&[i8], Scales<'_>),
     group: usize,
 ) -> [__m512; COLS] {
-    let nb = k / 32;
     let mut c = [Results([[0; ROWS]; COLS]); 2];
-    // SAFETY: in-bounds block reads of the unpacked rows and the group.
+    // SAFETY: in-bounds block reads of the expanded rows and the group.
     unsafe {
         let product = |b: usize, c: &mut Results| {
             let a = (qs.as_ptr().add(32 * b), k);
@@ -331,9 +504,9 @@ unsafe fn group_rows<const MIN: bool>(
         };
         let mut acc = [_mm512_setzero_ps(); COLS];
         product(0, &mut c[0]);
-        for b in 0..nb {
+        for b in 0..blocks {
             // Block b + 1's product runs while block b is scaled.
-            if b + 1 < nb {
+            if b + 1 < blocks {
                 product(b + 1, &mut c[(b + 1) & 1]);
             }
             let c = &c[b & 1].0;
@@ -341,13 +514,20 @@ unsafe fn group_rows<const MIN: bool>(
             let mw = _mm512_loadu_ps(u.m.as_ptr().add(b * ROWS));
             for j in 0..COLS {
                 if j < group {
-                    let sum = _mm512_cvtepi32_ps(_mm512_loadu_si512(c[j].as_ptr() as *const _));
-                    let t = _mm512_mul_ps(sum, _mm512_set1_ps(*d.get_unchecked(j * nb + b)));
+                    let mut sum = _mm512_loadu_si512(c[j].as_ptr() as *const _);
+                    if offset(KIND) != 0 {
+                        let x_sum = i32::from(*sums.get_unchecked(j * blocks + b));
+                        sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(offset(KIND) * x_sum));
+                    }
+                    let t = _mm512_mul_ps(
+                        _mm512_cvtepi32_ps(sum),
+                        _mm512_set1_ps(*d.get_unchecked(j * blocks + b)),
+                    );
                     acc[j] = _mm512_fmadd_ps(dw, t, acc[j]);
-                    if MIN {
+                    if has_min(KIND) {
                         acc[j] = _mm512_fmadd_ps(
                             mw,
-                            _mm512_set1_ps(*s.get_unchecked(j * nb + b)),
+                            _mm512_set1_ps(*s.get_unchecked(j * blocks + b)),
                             acc[j],
                         );
                     }
@@ -358,130 +538,26 @@ unsafe fn group_rows<const MIN: bool>(
     }
 }
 
-/// The 32 quants of the block at `p` as tile bytes (signed formats offset
-/// to their signed values), its scale and min as f16 bits (min 0 where the
-/// format has none).
-///
-/// # Safety
-/// AVX2 available; `p` is a whole block of `KIND`.
-#[inline(always)]
-unsafe fn unpack_block<const KIND: u8>(p: *const u8) -> (__m256i, u16, u16) {
-    // SAFETY: reads inside the block (caller contract).
-    unsafe {
-        let h = |at: usize| std::ptr::read_unaligned(p.add(at) as *const u16);
-        match KIND {
-            0 => (
-                _mm256_sub_epi8(nibbles(p.add(2)), _mm256_set1_epi8(8)),
-                h(0),
-                0,
-            ),
-            1 => (nibbles(p.add(4)), h(0), h(2)),
-            2 => {
-                let qh = std::ptr::read_unaligned(p.add(2) as *const u32);
-                let q = _mm256_or_si256(nibbles(p.add(6)), fifth_bits(qh));
-                (_mm256_sub_epi8(q, _mm256_set1_epi8(16)), h(0), 0)
-            }
-            3 => {
-                let qh = std::ptr::read_unaligned(p.add(4) as *const u32);
-                (
-                    _mm256_or_si256(nibbles(p.add(8)), fifth_bits(qh)),
-                    h(0),
-                    h(2),
-                )
-            }
-            _ => (_mm256_loadu_si256(p.add(2) as *const __m256i), h(0), 0),
+/// The AMX kernels of a packed part: (many rows, one row).
+pub type Kernels = (
+    unsafe fn((*const u8, usize), usize, (&QuantActs, usize), (OutPtr, usize, usize)),
+    unsafe fn((*const u8, usize), usize, ActRow<'_>, (OutPtr, usize)),
+);
+
+impl Packed {
+    /// The kernels for this part's format.
+    pub fn kernels(&self) -> Kernels {
+        match self.kind {
+            Q4_0 => (rows::<Q4_0>, one_row::<Q4_0>),
+            Q4_1 => (rows::<Q4_1>, one_row::<Q4_1>),
+            Q5_0 => (rows::<Q5_0>, one_row::<Q5_0>),
+            Q5_1 => (rows::<Q5_1>, one_row::<Q5_1>),
+            _ => (rows::<Q8_0>, one_row::<Q8_0>),
         }
     }
-}
 
-/// The sums of four vectors of eight i32 lanes.
-///
-/// # Safety
-/// AVX2 available.
-#[inline(always)]
-unsafe fn sums4(a: __m256i, b: __m256i, c: __m256i, d: __m256i) -> __m128i {
-    // SAFETY: AVX2 (caller contract).
-    unsafe {
-        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
-        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1))
-    }
-}
-
-/// The sums of 16 vectors of eight i32 lanes, in order (integer adds are
-/// exact: any order gives the same sums).
-///
-/// # Safety
-/// AVX512F and AVX2 available.
-#[inline(always)]
-unsafe fn sums16(v: &[__m256i; ROWS]) -> __m512i {
-    // SAFETY: the features (caller contract).
-    unsafe {
-        let lo = _mm256_set_m128i(sums4(v[4], v[5], v[6], v[7]), sums4(v[0], v[1], v[2], v[3]));
-        let hi = _mm256_set_m128i(
-            sums4(v[12], v[13], v[14], v[15]),
-            sums4(v[8], v[9], v[10], v[11]),
-        );
-        _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
-    }
-}
-
-/// 16 weight rows (the first `rows` real) against one activation row,
-/// reading the blocks as they are (no tiles: a decode step): each pair's
-/// integer block sum from `vpdpbusd` over eight lanes, summed exactly, then
-/// the same operations as [`one`], so the same bits as a batch's tiles.
-///
-/// # Safety
-/// [`available`] is true; every row of `w` is `k / 32` whole blocks of
-/// `KIND`; `x` holds as many blocks; the output indices are inside `out`
-/// and written by no other thread.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn one_row<const KIND: u8>(
-    w: [&[u8]; ROWS],
-    rows: usize,
-    x: ActRow<'_>,
-    (out, col): (OutPtr, usize),
-) {
-    let signed = matches!(KIND, 0 | 2 | 4);
-    let min = matches!(KIND, 1 | 3);
-    let nb = x.d.len().min(w[0].len() / block_bytes(KIND));
-    // The rows stream side by side: ask for the same block of the next 16.
-    let ahead = ROWS * w[0].len();
-    // SAFETY: block b of every row and of `x` is in bounds (caller contract).
-    unsafe {
-        let mut acc = _mm512_setzero_ps();
-        for b in 0..nb {
-            let xv = _mm256_loadu_si256(x.qs.as_ptr().add(32 * b) as *const __m256i);
-            let mut v = [_mm256_setzero_si256(); ROWS];
-            let (mut d, mut m) = ([0u16; ROWS], [0u16; ROWS]);
-            for i in 0..ROWS {
-                let p = w[i].as_ptr().add(b * block_bytes(KIND));
-                prefetch_ahead::<34>(p, ahead);
-                let (q, di, mi) = unpack_block::<KIND>(p);
-                // vpdpbusd takes u8 × i8: signed weights move their sign
-                // onto the activations (the same exact products).
-                v[i] = if signed {
-                    _mm256_dpbusd_epi32(
-                        _mm256_setzero_si256(),
-                        _mm256_sign_epi8(q, q),
-                        _mm256_sign_epi8(xv, q),
-                    )
-                } else {
-                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xv)
-                };
-                (d[i], m[i]) = (di, mi);
-            }
-            let t = _mm512_mul_ps(
-                _mm512_cvtepi32_ps(sums16(&v)),
-                _mm512_set1_ps(*x.d.get_unchecked(b)),
-            );
-            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(d.as_ptr() as *const __m256i));
-            acc = _mm512_fmadd_ps(dw, t, acc);
-            if min {
-                let mw = _mm512_cvtph_ps(_mm256_loadu_si256(m.as_ptr() as *const __m256i));
-                acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(*x.s.get_unchecked(b)), acc);
-            }
-        }
-        let keep: __mmask16 = ((1u32 << rows) - 1) as u16;
-        _mm512_mask_storeu_ps(out.0.add(col), keep, acc);
+    /// Chunk `c` as the kernels take it.
+    pub fn chunk_arg(&self, c: usize) -> (*const u8, usize) {
+        (self.chunk(c), self.blocks)
     }
 }

@@ -57,7 +57,7 @@ unsafe fn f16_one(p: *const u8) -> f32 {
 /// `p` must be valid for 16 reads.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn nibbles(p: *const u8) -> __m256i {
+unsafe fn nibbles(p: *const u8) -> __m256i {
     // SAFETY: 16 bytes readable (caller contract).
     let raw = unsafe { _mm_loadu_si128(p as *const __m128i) };
     let m = _mm_set1_epi8(0x0F);
@@ -69,7 +69,7 @@ pub(super) unsafe fn nibbles(p: *const u8) -> __m256i {
 /// Bit `j` of `bits` → byte `j` = 0x10 or 0 (the fifth bit of Q5 blocks).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn fifth_bits(bits: u32) -> __m256i {
+fn fifth_bits(bits: u32) -> __m256i {
     let v = _mm256_set1_epi32(bits as i32);
     // Byte j takes source byte j / 8 (in-lane shuffle; both lanes hold all
     // four bytes).
@@ -109,7 +109,7 @@ const PREFETCH_BYTES: usize = 2048;
 /// super-blocks. The rows stream from memory (+55 % on a 49,152-row Q8_0
 /// product when added, quant_speed).
 #[inline(always)]
-pub(super) fn prefetch_ahead<const BYTES: usize>(p: *const u8, ahead: usize) {
+fn prefetch_ahead<const BYTES: usize>(p: *const u8, ahead: usize) {
     let at = p.wrapping_add(ahead);
     for line in 0..BYTES.div_ceil(64) {
         // SAFETY: a prefetch never faults, whatever the address.

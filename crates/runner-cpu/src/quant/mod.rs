@@ -315,33 +315,9 @@ pub fn amx_available() -> bool {
 }
 
 /// Up to this many activation rows run the AMX mode's one-row kernel once
-/// each (same bits): two cost less that way than as a tile (quant_speed,
-/// 576 x 3072 Q4_1: 0.120 against 0.165-0.196 ms; Q8_0 0.091 against
-/// 0.140-0.146), three more.
+/// each (same bits): two cost less that way than as a tile, three more.
 #[cfg(target_arch = "x86_64")]
 const AMX_ONE_ROW_MAX: usize = 2;
-
-/// The AMX kernel for `kind`'s 16 weight rows (the first `rows` real)
-/// against `m` activation rows, written from an output column on.
-#[cfg(target_arch = "x86_64")]
-type AmxRowsFn = unsafe fn([&[u8]; amx::ROWS], usize, (&QuantActs, usize), (OutPtr, usize, usize));
-
-/// The same against one activation row (same bits, no tiles), written
-/// from an output index on.
-#[cfg(target_arch = "x86_64")]
-type AmxOneFn = unsafe fn([&[u8]; amx::ROWS], usize, ActRow<'_>, (OutPtr, usize));
-
-#[cfg(target_arch = "x86_64")]
-fn amx_rows(kind: QuantKind) -> Option<(AmxRowsFn, AmxOneFn)> {
-    Some(match kind {
-        QuantKind::Q4_0 => (amx::rows::<0>, amx::one_row::<0>),
-        QuantKind::Q4_1 => (amx::rows::<1>, amx::one_row::<1>),
-        QuantKind::Q5_0 => (amx::rows::<2>, amx::one_row::<2>),
-        QuantKind::Q5_1 => (amx::rows::<3>, amx::one_row::<3>),
-        QuantKind::Q8_0 => (amx::rows::<4>, amx::one_row::<4>),
-        _ => return None,
-    })
-}
 
 /// Most tensors one matrix stacks (q, k, v).
 const MAX_PARTS: usize = 4;
@@ -525,8 +501,10 @@ pub struct QuantMatrix {
     cols: usize,
     rows: usize,
     tasks: Vec<Task>,
-    /// The 32-block parts run the AMX tile kernels ([`QuantMatrix::with_amx`]).
-    amx: bool,
+    /// The 32-block parts repacked for the AMX kernels, per part
+    /// ([`QuantMatrix::with_amx`]).
+    #[cfg(target_arch = "x86_64")]
+    packed: Vec<Option<amx::Packed>>,
 }
 
 impl QuantMatrix {
@@ -559,20 +537,42 @@ impl QuantMatrix {
             rows: out.iter().map(|p| p.rows).sum(),
             parts: out,
             cols,
-            amx: false,
+            #[cfg(target_arch = "x86_64")]
+            packed: Vec::new(),
         })
     }
 
     /// With `on` (and [`amx_available`]), the parts in Q4_0, Q4_1, Q5_0,
-    /// Q5_1 and Q8_0 run the AMX tile kernels (module `amx`): other bits
-    /// than the AVX2 kernels', batch-invariant as they are.
+    /// Q5_1 and Q8_0 are repacked 16 rows at a time and run the AMX
+    /// kernels (module `amx`): other bits than the AVX2 kernels',
+    /// batch-invariant as they are.
     pub fn with_amx(mut self, on: bool) -> Self {
-        self.amx = on && amx_available();
-        if self.amx {
-            // Whole tiles of weight rows per task.
-            self.tasks = tasks_of(&self.parts, 16);
+        #[cfg(target_arch = "x86_64")]
+        if on && amx_available() {
+            let cols = self.cols;
+            self.packed = self
+                .parts
+                .iter()
+                .map(|p| amx::Packed::new(p.kind, p.data.bytes(), p.rows, cols))
+                .collect();
+            // Whole chunks of 16 weight rows per task.
+            self.tasks = tasks_of(&self.parts, amx::ROWS);
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = on;
         self
+    }
+
+    /// Whether any part runs the AMX kernels.
+    pub fn uses_amx(&self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            self.packed.iter().any(Option::is_some)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
     }
 
     /// Output rows.
@@ -663,22 +663,22 @@ impl QuantMatrix {
         let w = |r: usize| &bytes[t.part][r * p.row_bytes..(r + 1) * p.row_bytes];
         let cols = (t.col0, t.row0);
         #[cfg(target_arch = "x86_64")]
-        if let Some((tiles, one)) = amx_rows(p.kind).filter(|_| self.amx) {
+        if let Some(packed) = self.packed.get(t.part).and_then(Option::as_ref) {
+            let (tiles, one) = packed.kernels();
             for r in (t.row0..t.row0 + t.rows).step_by(amx::ROWS) {
                 let real = amx::ROWS.min(t.row0 + t.rows - r);
-                // Rows past the task's repeat its first (results dropped).
-                let ws = std::array::from_fn(|j| w(if j < real { r + j } else { r }));
-                let col = col_of(cols, r);
-                // SAFETY: the AMX kernels of the part's format, on whole
-                // rows; `amx` is only set where `amx_available`; each task
-                // writes its own columns.
+                let (chunk, col) = (packed.chunk_arg(r / amx::ROWS), col_of(cols, r));
+                // SAFETY: the AMX kernels of the part's format on its
+                // packed rows (tasks start on whole chunks); `packed` is
+                // only set where `amx_available`; each task writes its own
+                // columns.
                 unsafe {
                     if m <= AMX_ONE_ROW_MAX {
                         for a in 0..m {
-                            one(ws, real, acts.row(a), (ptr, a * n + col));
+                            one(chunk, real, acts.row(a), (ptr, a * n + col));
                         }
                     } else {
-                        tiles(ws, real, (acts, m), (ptr, n, col));
+                        tiles(chunk, real, (acts, m), (ptr, n, col));
                     }
                 }
             }

@@ -384,7 +384,7 @@ fn amx_against_avx2(kinds: &[(QuantKind, usize)], seed: u64) {
     let amx = QuantMatrix::new(parts, k)
         .expect("valid parts")
         .with_amx(true);
-    assert!(amx.amx);
+    assert!(amx.uses_amx());
     // One row (lanes over weight rows), groups of 2..16 and a group of one
     // after full groups: every row equals itself alone, bit for bit.
     for m in [1, 2, 3, 16, 17, 33] {
