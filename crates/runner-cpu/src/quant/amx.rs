@@ -12,9 +12,9 @@
 //! Many activation rows: one `tdpbsud` multiplies up to 16 activation rows
 //! (the A tile, read in place from the quantized activations) by the 16
 //! weight rows (the B tile, expanded to a byte a weight once per task) over
-//! one block. One or two rows skip the tiles: eight `vpdpbusd` of the 16
-//! rows' expanded tile rows by the broadcast activations give the same
-//! per-row integer sums. Either way each pair's exact block sum is
+//! one block. Up to eight rows skip the tiles: each block's tile rows are
+//! expanded once, then eight `vpdpbusd` per activation row with its values
+//! broadcast give the same per-row integer sums (lanes are weight rows). Either way each pair's exact block sum is
 //! `S = Σ u·x − offset·Σx` (unsigned quants `u`, offset 8 for Q4_0, 16 for
 //! Q5_0, 128 for Q8_0), then, block by block, `acc = fma(d_w, S · d_x, acc)`
 //! and, for formats with a min, `acc = fma(m_w, s_x, acc)`
@@ -33,6 +33,8 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::{Cell, RefCell};
 use std::sync::OnceLock;
+
+use rayon::prelude::*;
 
 use super::act::{ActRow, QuantActs};
 use super::{OutPtr, QuantKind};
@@ -145,25 +147,46 @@ const fn offset(kind: u8) -> i32 {
     [8, 0, 16, 0, 128][kind as usize]
 }
 
-/// Element `k` of a GGUF block of `kind` as its unsigned quant.
-fn quant(kind: u8, block: &[u8], k: usize) -> u8 {
-    let nibble = |q: &[u8]| {
-        if k < 16 {
-            q[k] & 15
-        } else {
-            q[k - 16] >> 4
+/// Four bytes at `at` as a little-endian u32.
+fn u32_at(block: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]])
+}
+
+/// Row `i` of a chunk, block `block` of `kind`, into the block's record.
+fn pack_block(kind: u8, block: &[u8], i: usize, r: &mut [u8]) {
+    for t in 0..8 {
+        // Quants 4t..4t + 4: of a 32-block's 16 bytes, the low nibbles
+        // hold quants 0..16, the high ones 16..32.
+        if kind == Q8_0 {
+            let q = u32_at(block, 2 + 4 * t) ^ 0x8080_8080;
+            r[t * 64 + 4 * i..t * 64 + 4 * i + 4].copy_from_slice(&q.to_le_bytes());
+            continue;
         }
-    };
-    let fifth = |at: usize| {
-        let qh = u32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]]);
-        (((qh >> k) & 1) as u8) << 4
-    };
-    match kind {
-        Q4_0 => nibble(&block[2..]),
-        Q4_1 => nibble(&block[4..]),
-        Q5_0 => nibble(&block[6..]) | fifth(2),
-        Q5_1 => nibble(&block[8..]) | fifth(4),
-        _ => (block[2 + k] as i8 as i16 + 128) as u8,
+        let nibbles = [2, 4, 6, 8][kind as usize];
+        let v = u32_at(block, nibbles + 4 * (t % 4));
+        let q = if t < 4 {
+            v & 0x0F0F_0F0F
+        } else {
+            (v >> 4) & 0x0F0F_0F0F
+        };
+        // Rows 0..8 in the low nibbles of a tile row's 32 bytes, 8..16 high.
+        let at = t * 32 + 4 * (i % 8);
+        let mut word = u32_at(r, at);
+        word |= q << (4 * (i / 8));
+        r[at..at + 4].copy_from_slice(&word.to_le_bytes());
+        if matches!(kind, Q5_0 | Q5_1) {
+            let qh = u32_at(block, nibbles - 4);
+            let fifth = u64::from((qh >> (4 * t)) & 0xF) << (4 * i);
+            let at = fifth_at(kind) + 8 * t;
+            let mut bits = u64::from_le_bytes(r[at..at + 8].try_into().expect("8 bytes"));
+            bits |= fifth;
+            r[at..at + 8].copy_from_slice(&bits.to_le_bytes());
+        }
+    }
+    let s = scales_at(kind);
+    r[s + 2 * i..s + 2 * i + 2].copy_from_slice(&block[..2]);
+    if has_min(kind) {
+        r[s + 32 + 2 * i..s + 34 + 2 * i].copy_from_slice(&block[2..4]);
     }
 }
 
@@ -191,30 +214,20 @@ impl Packed {
         let (blocks, bb, rec) = (cols / 32, block_bytes(kind), record(kind));
         let mut bytes = Lines::default();
         bytes.resize(rows.div_ceil(ROWS) * blocks * rec);
-        let out = bytes.bytes_mut();
-        for row in 0..rows {
-            let (chunk, i) = (row / ROWS, row % ROWS);
-            for b in 0..blocks {
-                let block = &data[row * blocks * bb + b * bb..][..bb];
-                let r = &mut out[(chunk * blocks + b) * rec..][..rec];
-                for k in 0..32 {
-                    let (u, t, j) = (quant(kind, block, k), k / 4, 4 * i + k % 4);
-                    if kind == Q8_0 {
-                        r[t * 64 + j] = u;
-                        continue;
-                    }
-                    r[t * 32 + j % 32] |= (u & 15) << (4 * (j / 32));
-                    if u & 16 != 0 {
-                        r[fifth_at(kind) + t * 8 + j / 8] |= 1 << (j % 8);
+        // A chunk's records are its 16 rows' blocks: chunks pack apart.
+        bytes
+            .bytes_mut()
+            .par_chunks_mut(blocks * rec)
+            .take(rows.div_ceil(ROWS))
+            .enumerate()
+            .for_each(|(chunk, out)| {
+                for i in 0..ROWS.min(rows - chunk * ROWS) {
+                    let row = &data[(chunk * ROWS + i) * blocks * bb..][..blocks * bb];
+                    for (b, r) in out.chunks_exact_mut(rec).enumerate() {
+                        pack_block(kind, &row[b * bb..(b + 1) * bb], i, r);
                     }
                 }
-                let s = scales_at(kind);
-                r[s + 2 * i..s + 2 * i + 2].copy_from_slice(&block[..2]);
-                if has_min(kind) {
-                    r[s + 32 + 2 * i..s + 34 + 2 * i].copy_from_slice(&block[2..4]);
-                }
-            }
-        }
+            });
         Some(Self {
             bytes,
             kind,
@@ -273,50 +286,93 @@ unsafe fn scales<const KIND: u8>(rec: *const u8) -> (__m512, __m512) {
     }
 }
 
-/// 16 weight rows (a packed chunk, the first `rows` real) against one
-/// activation row: eight `vpdpbusd` a block give the rows' integer sums
-/// (lanes are weight rows), then the module's chain.
+/// 16 weight rows (a packed chunk, the first `rows` real) against `R`
+/// activation rows: each block's tile rows expanded once, then per
+/// activation row eight `vpdpbusd` with its values broadcast give the
+/// rows' integer sums (lanes are weight rows), then the module's chain.
 ///
 /// # Safety
-/// [`available`] is true; `chunk` holds `blocks` records of `KIND`; `x`
-/// holds as many blocks; the output indices `col..col + rows` are inside
-/// `out` and written by no other thread.
+/// [`available`] is true; `chunk` holds `blocks` records of `KIND`; every
+/// row of `x` holds as many blocks; the output indices `col[r]..col[r] +
+/// rows` are inside `out` and written by no other thread.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub unsafe fn one_row<const KIND: u8>(
+unsafe fn few_rows<const KIND: u8, const R: usize>(
     (chunk, blocks): (*const u8, usize),
     rows: usize,
-    x: ActRow<'_>,
-    (out, col): (OutPtr, usize),
+    x: [ActRow<'_>; R],
+    (out, col): (OutPtr, [usize; R]),
 ) {
     // SAFETY: block b's record and activations are in bounds (caller
     // contract); prefetches never fault.
     unsafe {
-        let mut acc = _mm512_setzero_ps();
+        let mut acc = [_mm512_setzero_ps(); R];
         for b in 0..blocks {
             let rec = chunk.add(b * record(KIND));
             _mm_prefetch::<_MM_HINT_T0>(rec.wrapping_add(2048) as *const i8);
-            let xb = x.qs.as_ptr().add(32 * b);
-            let mut sum = _mm512_setzero_si512();
-            for t in 0..8 {
-                let xv = _mm512_set1_epi32(std::ptr::read_unaligned(xb.add(4 * t) as *const i32));
-                sum = _mm512_dpbusd_epi32(sum, tile_row::<KIND>(rec, t), xv);
-            }
-            if offset(KIND) != 0 {
-                let x_sum = i32::from(*x.bsums.get_unchecked(b));
-                sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(offset(KIND) * x_sum));
-            }
+            let w: [__m512i; 8] = std::array::from_fn(|t| tile_row::<KIND>(rec, t));
             let (dw, mw) = scales::<KIND>(rec);
-            let t = _mm512_mul_ps(
-                _mm512_cvtepi32_ps(sum),
-                _mm512_set1_ps(*x.d.get_unchecked(b)),
-            );
-            acc = _mm512_fmadd_ps(dw, t, acc);
-            if has_min(KIND) {
-                acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(*x.s.get_unchecked(b)), acc);
+            for r in 0..R {
+                let xb = x[r].qs.as_ptr().add(32 * b);
+                let mut sum = _mm512_setzero_si512();
+                for (t, w) in w.iter().enumerate() {
+                    let xv =
+                        _mm512_set1_epi32(std::ptr::read_unaligned(xb.add(4 * t) as *const i32));
+                    sum = _mm512_dpbusd_epi32(sum, *w, xv);
+                }
+                if offset(KIND) != 0 {
+                    let x_sum = i32::from(*x[r].bsums.get_unchecked(b));
+                    sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(offset(KIND) * x_sum));
+                }
+                let t = _mm512_mul_ps(
+                    _mm512_cvtepi32_ps(sum),
+                    _mm512_set1_ps(*x[r].d.get_unchecked(b)),
+                );
+                acc[r] = _mm512_fmadd_ps(dw, t, acc[r]);
+                if has_min(KIND) {
+                    acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(*x[r].s.get_unchecked(b)), acc[r]);
+                }
             }
         }
         let keep: __mmask16 = ((1u32 << rows) - 1) as u16;
-        _mm512_mask_storeu_ps(out.0.add(col), keep, acc);
+        for r in 0..R {
+            _mm512_mask_storeu_ps(out.0.add(col[r]), keep, acc[r]);
+        }
+    }
+}
+
+/// [`few_rows`] over all `m` activation rows of `acts`, four at a time:
+/// `out[a * n + col + i]` as [`rows`] writes it.
+///
+/// # Safety
+/// As [`rows`].
+pub unsafe fn vnni_rows<const KIND: u8>(
+    chunk: (*const u8, usize),
+    rows: usize,
+    (acts, m): (&QuantActs, usize),
+    (out, n, col): (OutPtr, usize, usize),
+) {
+    let mut a = 0;
+    // SAFETY: forwarded contract, for each group of rows.
+    unsafe {
+        while a < m {
+            let r = 4.min(m - a);
+            let x = |i: usize| acts.row(a + i);
+            let c = |i: usize| (a + i) * n + col;
+            match r {
+                4 => few_rows::<KIND, 4>(
+                    chunk,
+                    rows,
+                    [x(0), x(1), x(2), x(3)],
+                    (out, [c(0), c(1), c(2), c(3)]),
+                ),
+                3 => {
+                    few_rows::<KIND, 3>(chunk, rows, [x(0), x(1), x(2)], (out, [c(0), c(1), c(2)]))
+                }
+                2 => few_rows::<KIND, 2>(chunk, rows, [x(0), x(1)], (out, [c(0), c(1)])),
+                _ => few_rows::<KIND, 1>(chunk, rows, [x(0)], (out, [c(0)])),
+            }
+            a += r;
+        }
     }
 }
 
@@ -538,21 +594,21 @@ unsafe fn group_rows<const KIND: u8>(
     }
 }
 
-/// The AMX kernels of a packed part: (many rows, one row).
-pub type Kernels = (
-    unsafe fn((*const u8, usize), usize, (&QuantActs, usize), (OutPtr, usize, usize)),
-    unsafe fn((*const u8, usize), usize, ActRow<'_>, (OutPtr, usize)),
-);
+/// A kernel of a packed part: a chunk's rows against every activation row.
+pub type RowsFn = unsafe fn((*const u8, usize), usize, (&QuantActs, usize), (OutPtr, usize, usize));
+
+/// The kernels of a packed part: (AMX tiles, AVX512-VNNI).
+pub type Kernels = (RowsFn, RowsFn);
 
 impl Packed {
     /// The kernels for this part's format.
     pub fn kernels(&self) -> Kernels {
         match self.kind {
-            Q4_0 => (rows::<Q4_0>, one_row::<Q4_0>),
-            Q4_1 => (rows::<Q4_1>, one_row::<Q4_1>),
-            Q5_0 => (rows::<Q5_0>, one_row::<Q5_0>),
-            Q5_1 => (rows::<Q5_1>, one_row::<Q5_1>),
-            _ => (rows::<Q8_0>, one_row::<Q8_0>),
+            Q4_0 => (rows::<Q4_0>, vnni_rows::<Q4_0>),
+            Q4_1 => (rows::<Q4_1>, vnni_rows::<Q4_1>),
+            Q5_0 => (rows::<Q5_0>, vnni_rows::<Q5_0>),
+            Q5_1 => (rows::<Q5_1>, vnni_rows::<Q5_1>),
+            _ => (rows::<Q8_0>, vnni_rows::<Q8_0>),
         }
     }
 

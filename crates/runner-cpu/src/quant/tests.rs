@@ -385,9 +385,10 @@ fn amx_against_avx2(kinds: &[(QuantKind, usize)], seed: u64) {
         .expect("valid parts")
         .with_amx(true);
     assert!(amx.uses_amx());
-    // One row (lanes over weight rows), groups of 2..16 and a group of one
-    // after full groups: every row equals itself alone, bit for bit.
-    for m in [1, 2, 3, 16, 17, 33] {
+    // The AVX512-VNNI kernel (four rows at a time, then the rest) and the
+    // tiles (groups of 16, then of one): every row equals itself alone,
+    // bit for bit.
+    for m in [1, 2, 3, 5, 8, 16, 17, 33] {
         rows_match_one_at_a_time(&amx, &deq, k, m, &mut rng);
     }
     // Exact integer block sums on both: only the f32 rounding differs.
