@@ -7,7 +7,17 @@ import asyncio
 
 import httpx2 as httpx
 
-from ingot_e2e import assert_error
+from ingot_e2e import assert_error, wait_for
+
+
+def settled(srv, **want):
+    """The server's metrics once every gauge or counter in `want` reads its
+    value: a finished request's gauges are updated just after its response
+    is sent, so they are polled (2 s at most) rather than read once."""
+    def check():
+        m = srv.metrics()
+        return m if all(m.get(name) == value for name, value in want.items()) else None
+    return wait_for(check, 2.0, what=f"metrics {want}")
 
 
 def test_overload_429(server_factory, model_name):
@@ -48,10 +58,8 @@ def test_overload_429(server_factory, model_name):
                                                "max_tokens": 4, "temperature": 0})
         assert r.status_code == 200, r.text
         assert "Paris" in r.json()["choices"][0]["text"]
-    m = srv.metrics()
-    assert m.get("ingot_num_requests_running") == 0
-    assert m.get("ingot_num_requests_waiting") == 0
-    assert m.get("ingot_request_success_total") == len(accepted) + 1
+    settled(srv, ingot_num_requests_running=0, ingot_num_requests_waiting=0,
+            ingot_request_success_total=len(accepted) + 1)
 
 
 def test_overload_streaming_429(server_factory, model_name):
@@ -105,7 +113,4 @@ def test_burst_within_queue_bound(server, model_name):
     results = asyncio.run(fire())
     bad = [(i, r) for i, r in enumerate(results) if r[0] != 200 or (i % 2 and r[1] != 4)]
     assert not bad, bad
-    m = server.metrics()
-    assert m.get("ingot_num_requests_running") == 0
-    assert m.get("ingot_num_requests_waiting") == 0
-    assert m.get("ingot_kv_cache_usage_perc") == 0
+    settled(server, ingot_num_requests_running=0, ingot_num_requests_waiting=0, ingot_kv_cache_usage_perc=0)

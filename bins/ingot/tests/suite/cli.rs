@@ -818,6 +818,34 @@ fn a_draft_model_keeps_the_answer() {
     assert_eq!(spec["acceptance"].as_f64(), Some(1.0), "{v}");
 }
 
+/// `--cpu-weights amx` answers where the CPU has AMX (the tile kernels on
+/// the default model's Q4_1 rows, one token at a time and the prompt on
+/// the tiles), and is refused in one line naming what is missing elsewhere.
+#[test]
+fn amx_weights_answer_or_are_refused_by_name() {
+    let m = model();
+    let o = ingot(&[
+        "generate",
+        "--model",
+        &m,
+        "--prompt",
+        "Here is a long story about a journey across the mountains. The capital of France is",
+        "--max-tokens",
+        "12",
+        "--cpu-weights",
+        "amx",
+    ]);
+    if o.status.success() {
+        assert!(stdout(&o).contains("Paris"), "{}", stdout(&o));
+    } else {
+        let err = stderr(&o);
+        assert!(
+            err.contains("needs AMX-INT8") && err.contains("\"native\""),
+            "{err}"
+        );
+    }
+}
+
 /// A draft of another tokenizer is refused at start, naming the first
 /// token the two disagree on.
 #[test]
