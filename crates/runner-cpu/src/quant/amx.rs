@@ -14,11 +14,11 @@
 //! weight rows (the B tile, expanded to a byte a weight once per task) over
 //! one block. Up to eight rows skip the tiles: each block's tile rows are
 //! expanded once, then eight `vpdpbusd` per activation row with its values
-//! broadcast give the same per-row integer sums (lanes are weight rows). Either way each pair's exact block sum is
-//! `S = Σ u·x − offset·Σx` (unsigned quants `u`, offset 8 for Q4_0, 16 for
-//! Q5_0, 128 for Q8_0), then, block by block, `acc = fma(d_w, S · d_x, acc)`
-//! and, for formats with a min, `acc = fma(m_w, s_x, acc)`
-//! (`s_x = d_x Σq_x`).
+//! broadcast give the same per-row integer sums (lanes are weight rows).
+//! Either way each pair's exact block sum is `S = Σ u·x − offset·Σx`
+//! (unsigned quants `u`, offset 8 for Q4_0, 16 for Q5_0, 128 for Q8_0),
+//! then, block by block, `acc = fma(d_w, S · d_x, acc)` and, for formats
+//! with a min, `acc = fma(m_w, s_x, acc)` (`s_x = d_x Σq_x`).
 //!
 //! Every pair runs those operations in that order whatever the batch, so
 //! results do not depend on it. They differ from the AVX2 kernels' in the
@@ -286,6 +286,36 @@ unsafe fn scales<const KIND: u8>(rec: *const u8) -> (__m512, __m512) {
     }
 }
 
+/// One block of one activation row into `acc` (lanes are weight rows):
+/// `sum` the integer sums of the unsigned quants against its values, then
+/// the module's chain with its block sum `x_sum`, scale `dx` and `d·Σq`
+/// `sx`, and the weight rows' scales and mins `(dw, mw)`. Both kernels
+/// run this, so their bits are the same.
+///
+/// # Safety
+/// AVX512F available.
+#[inline(always)]
+unsafe fn scale_block<const KIND: u8>(
+    acc: __m512,
+    sum: __m512i,
+    (x_sum, dx, sx): (i16, f32, f32),
+    (dw, mw): (__m512, __m512),
+) -> __m512 {
+    // SAFETY: AVX512F (caller contract).
+    unsafe {
+        let mut sum = sum;
+        if offset(KIND) != 0 {
+            sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(offset(KIND) * i32::from(x_sum)));
+        }
+        let t = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(dx));
+        let acc = _mm512_fmadd_ps(dw, t, acc);
+        match has_min(KIND) {
+            true => _mm512_fmadd_ps(mw, _mm512_set1_ps(sx), acc),
+            false => acc,
+        }
+    }
+}
+
 /// 16 weight rows (a packed chunk, the first `rows` real) against `R`
 /// activation rows: each block's tile rows expanded once, then per
 /// activation row eight `vpdpbusd` with its values broadcast give the
@@ -319,18 +349,12 @@ unsafe fn few_rows<const KIND: u8, const R: usize>(
                         _mm512_set1_epi32(std::ptr::read_unaligned(xb.add(4 * t) as *const i32));
                     sum = _mm512_dpbusd_epi32(sum, *w, xv);
                 }
-                if offset(KIND) != 0 {
-                    let x_sum = i32::from(*x[r].bsums.get_unchecked(b));
-                    sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(offset(KIND) * x_sum));
-                }
-                let t = _mm512_mul_ps(
-                    _mm512_cvtepi32_ps(sum),
-                    _mm512_set1_ps(*x[r].d.get_unchecked(b)),
+                let xr = (
+                    *x[r].bsums.get_unchecked(b),
+                    *x[r].d.get_unchecked(b),
+                    *x[r].s.get_unchecked(b),
                 );
-                acc[r] = _mm512_fmadd_ps(dw, t, acc[r]);
-                if has_min(KIND) {
-                    acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(*x[r].s.get_unchecked(b)), acc[r]);
-                }
+                acc[r] = scale_block::<KIND>(acc[r], sum, xr, (dw, mw));
             }
         }
         let keep: __mmask16 = ((1u32 << rows) - 1) as u16;
@@ -570,23 +594,14 @@ unsafe fn group_rows<const KIND: u8>(
             let mw = _mm512_loadu_ps(u.m.as_ptr().add(b * ROWS));
             for j in 0..COLS {
                 if j < group {
-                    let mut sum = _mm512_loadu_si512(c[j].as_ptr() as *const _);
-                    if offset(KIND) != 0 {
-                        let x_sum = i32::from(*sums.get_unchecked(j * blocks + b));
-                        sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(offset(KIND) * x_sum));
-                    }
-                    let t = _mm512_mul_ps(
-                        _mm512_cvtepi32_ps(sum),
-                        _mm512_set1_ps(*d.get_unchecked(j * blocks + b)),
+                    let sum = _mm512_loadu_si512(c[j].as_ptr() as *const _);
+                    let at = j * blocks + b;
+                    let xj = (
+                        *sums.get_unchecked(at),
+                        *d.get_unchecked(at),
+                        *s.get_unchecked(at),
                     );
-                    acc[j] = _mm512_fmadd_ps(dw, t, acc[j]);
-                    if has_min(KIND) {
-                        acc[j] = _mm512_fmadd_ps(
-                            mw,
-                            _mm512_set1_ps(*s.get_unchecked(j * blocks + b)),
-                            acc[j],
-                        );
-                    }
+                    acc[j] = scale_block::<KIND>(acc[j], sum, xj, (dw, mw));
                 }
             }
         }

@@ -301,8 +301,8 @@ pub struct ActScratch {
     q8k: QuantActs,
 }
 
-/// Whether this CPU and OS run the AMX tile kernels (`model.cpu_amx`):
-/// AMX-INT8 and AVX512, and Linux's permission for the tile state.
+/// Whether this CPU and OS run `model.cpu_weights = "amx"`: AMX-INT8,
+/// AVX512 with VNNI, and Linux's permission for the tile state.
 pub fn amx_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
