@@ -5,8 +5,9 @@ tokens per step: the per-slot GEMVs (moe_gate_up_silu + moe_down_sum) against
 the grouped tensor-core path (moe_align, moe_grouped_gate_up_silu,
 moe_grouped_down, moe_weighted_sum), on the same routing (each token's 8
 experts drawn uniformly). Prints one line per token count: µs per layer of
-each path, the grouped path's TFLOP/s, and which is faster: the crossover
-the runner's MOE_GROUPED_MIN_TOKENS is set from.
+each path (and of the GEMVs' gate/up kernel alone, with the GB/s the pair
+reads its slots' rows at), the grouped path's TFLOP/s, and which is faster:
+the crossover the runner's MOE_GROUPED_MIN_TOKENS is set from.
 
     python3 tests/gpu/bench_moe.py --cubins DIR [--tokens 1,8,16,...]
 """
@@ -56,7 +57,7 @@ def main():
     down = (torch.rand(E, D, FF, device="cuda") * 0.04 - 0.02).to(torch.bfloat16)
     fns = {n: m.fn(n) for n in ("moe_gate_up_silu", "moe_down_sum", "moe_align", "moe_grouped_gate_up_silu",
                                 "moe_grouped_down", "moe_weighted_sum")}
-    print(f"{'tokens':>6} {'gemv µs':>9} {'grouped µs':>10} {'TFLOP/s':>8}  faster   max rel diff")
+    print(f"{'tokens':>6} {'gemv µs':>9} {'gate/up':>8} {'GB/s':>6} {'grouped µs':>10} {'TFLOP/s':>8}  faster   max rel diff")
     for T in [int(t) for t in args.tokens.split(",")]:
         ids = torch.tensor(np.sort(np.stack([rng.choice(E, K, replace=False) for _ in range(T)]), 1),
                            dtype=torch.int32, device="cuda")
@@ -70,9 +71,12 @@ def main():
         srt = torch.empty(tiles * 64, dtype=torch.int32, device="cuda")
         te = torch.empty(tiles, dtype=torch.int32, device="cuda")
 
-        def gemv():
+        def gate_up():
             launch(fns["moe_gate_up_silu"], (T * K, FF // 8), 256,
                    [ptr(x), ptr(gate), ptr(up), ptr(ids), i32(K), i32(D), i32(FF), ptr(act)])
+
+        def gemv():
+            gate_up()
             launch(fns["moe_down_sum"], (T, D // 8), 256,
                    [ptr(act), ptr(down), ptr(ids), ptr(w), i32(K), i32(D), i32(FF), ptr(r_gemv)])
 
@@ -89,10 +93,12 @@ def main():
         torch.cuda.synchronize()
         diff = float((r_gemv - r_grp).abs().max() / r_gemv.abs().max().clamp_min(1e-30))
         t_gemv = graph_us(gemv, reps=10 if T <= 256 else 2) if T <= 2048 else float("nan")
+        t_gate_up = graph_us(gate_up, reps=10 if T <= 256 else 2) if T <= 2048 else float("nan")
+        gbs = T * K * 3 * FF * D * 2 / (t_gemv * 1e-6) / 1e9
         t_grp = graph_us(grouped)
         tflops = 2 * T * K * D * FF * 3 / (t_grp * 1e-6) / 1e12
         faster = "grouped" if t_grp < t_gemv else "gemv"
-        print(f"{T:6} {t_gemv:9.1f} {t_grp:10.1f} {tflops:8.1f}  {faster:8} {diff:.2e}")
+        print(f"{T:6} {t_gemv:9.1f} {t_gate_up:8.1f} {gbs:6.0f} {t_grp:10.1f} {tflops:8.1f}  {faster:8} {diff:.2e}")
 
 
 if __name__ == "__main__":

@@ -55,9 +55,18 @@
 #             qwen3moe-2l and mixtral-2l), then the Qwen3-30B-A3B-shaped dummy: batch 1 (graphs and
 #             eager), its eager per-step profile (attention, routing, experts), 16 x (128 in, 64 out)
 #   moegrp    the grouped expert GEMMs (cuda.moe_grouped_min_tokens): their kernel checks, the GEMV /
-#             grouped crossover (bench_moe.py), CUDA vs transformers with every step grouped, then
-#             the Qwen3-30B-A3B dummy: batch 1, prefill profile and 64 x (1024, 128) off / on,
-#             256 x (1024, 128) on
+#             grouped crossover (bench_moe.py), CUDA vs transformers with every step grouped
+#   moegrpbench the Qwen3-30B-A3B dummy, GEMVs only and grouped from 48 tokens: a 1,024-token prefill's
+#             profile, 64 x (1024, 128); 256 x (1024, 128) grouped
+#   moew      starts writing the Qwen3-30B-A3B shape as a bf16 GGUF of random weights in the background
+#             (61 GB; /dev/shm when it has room): `moew lcpp moelcpp` writes it while llama.cpp builds
+#   moeready  waits for that file and inspects it
+#   moelcpp   (after lcpp) that GGUF: batch 1 ingot / llama-bench alternated twice, 256 x (1024, 128)
+#             beside llama-batched-bench (MOE_GROUPED: the grouped threshold, default 48); moeb1 / moebatch:
+#             only the first / second half. (Carry .gpu-lcpp only on the call that builds it: a carried
+#             path replaces the machine's, build included.)
+#   moeserve  (after lcpp) the same file served by ingot, then llama-server, under one client (64
+#             concurrent, 1024 in / 128 out, PROMPTS_MOE prompts, default 128)
 #   tp        tensor parallel over all the machine's GPUs: the TP kernels, TP=N vs TP=1 on the 8B and
 #             Qwen3-30B-A3B dummies (compare_kv_dtype.py --ref/--test), 8B batch 1 TP=1 / TP=N
 #             alternated, the Llama-3.1-70B shape at TP=N (batch 1 bf16 and FP8, 64 x (1024, 128))
@@ -196,6 +205,24 @@ llama70b_q4km() {
   local L70="$W/llama-3.1-70b" G="$W/70b-Q4_K_M.gguf"
   mkdir -p "$L70"; cp tests/gpu/configs/llama-3.1-70b/config.json "$W"/tokenizers/llama3/* "$L70/"
   [ -f "$G" ] || python3 tests/gpu/write_gguf.py --config "$L70/config.json" --tokenizer "$L70" --out "$G" --dtype q4_k_m >&2
+  echo "$G"
+}
+# The Qwen3-30B-A3B shape's config and Qwen3's tokenizer in one directory; prints its path.
+qwen3moe_dir() {
+  local M="$W/qwen3-30b-a3b"
+  mkdir -p "$M"; cp tests/gpu/configs/qwen3-30b-a3b/config.json "$W"/tokenizers/qwen3/* "$M/"
+  echo "$M"
+}
+# The same shape as one bf16 GGUF of random weights (61 GB), written once: in /dev/shm when it
+# has room (the disk is 64 GB), else in $W; prints its path.
+qwen3moe_gguf() {
+  [ -n "${WMOE_PID:-}" ] && wait "$WMOE_PID"
+  local name=qwen3-30b-a3b-bf16.gguf G
+  for G in "/dev/shm/$name" "$W/$name"; do [ -f "$G" ] && { echo "$G"; return; }; done
+  G="$W/$name"
+  [ "$(df --output=avail -BG /dev/shm | tail -1 | tr -dc 0-9)" -ge 66 ] && G="/dev/shm/$name"
+  python3 tests/gpu/write_gguf.py --config "$(qwen3moe_dir)/config.json" --tokenizer "$(qwen3moe_dir)" --out "$G.part" >&2 &&
+    mv "$G.part" "$G"
   echo "$G"
 }
 # serve_bench LABEL TOKENIZER PROMPTS SEED SERVER-COMMAND...: starts the server (ingot or
@@ -478,18 +505,19 @@ for phase in "$@"; do
       timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only moe
       timeout -k 5 "$T" python3 tests/gpu/bench_moe.py --cubins "$W" | tee "$O/bench_moe.txt"
       INGOT_CUDA_MOE_GROUPED_MIN_TOKENS=1 python3 tests/gpu/compare_hf.py --ingot "$ING" --tokenizers "$W/tokenizers" \
-        --work "$W/hf" --models qwen3moe-2l mixtral-2l
-      M="$W/qwen3-30b-a3b"; mkdir -p "$M"; cp tests/gpu/configs/qwen3-30b-a3b/config.json "$W"/tokenizers/qwen3/* "$M/"
-      D="--model $M --load-format dummy --max-model-len 4096"
-      for g in 0 32; do
+        --work "$W/hf" --models qwen3moe-2l mixtral-2l ;;
+    moegrpbench)
+      # The Qwen3-30B-A3B dummy with the per-slot GEMVs only (0) and grouped from 48 tokens a step:
+      # a 1,024-token prefill's profile and 64 x (1024, 128); 256 x (1024, 128) grouped.
+      D="--model $(qwen3moe_dir) --load-format dummy --max-model-len 4096"
+      for g in 0 48; do
         echo "moe_grouped_min_tokens=$g"
-        INGOT_CUDA_MOE_GROUPED_MIN_TOKENS=$g "$ING" bench latency $D --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl"
         INGOT_CUDA_MOE_GROUPED_MIN_TOKENS=$g INGOT_CUDA_PROFILE=1 "$ING" bench latency $D --input-len 1024 --output-len 16 \
           --num-iters 1 --enforce-eager 2>&1 | grep "profile: prefill"
         INGOT_CUDA_MOE_GROUPED_MIN_TOKENS=$g timeout -k 5 "$T" "$ING" bench throughput $D --num-prompts 64 --max-num-seqs 64 \
           --input-len 1024 --output-len 128 --json | tee -a "$O/bench.jsonl"
       done
-      INGOT_CUDA_MOE_GROUPED_MIN_TOKENS=32 timeout -k 5 "$T" "$ING" bench throughput $D --num-prompts 256 --max-num-seqs 256 \
+      INGOT_CUDA_MOE_GROUPED_MIN_TOKENS=48 timeout -k 5 "$T" "$ING" bench throughput $D --num-prompts 256 --max-num-seqs 256 \
         --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl" ;;
     tp)
       # Tensor parallel over every GPU of the machine (nvidia-h200-x2 / -x4): the TP kernels, TP=N vs
@@ -565,6 +593,38 @@ for phase in "$@"; do
         for tp in 1 "$N"; do echo "8B batch 1, TP=$tp"; "$ING" $B1 --model "$M" --tensor-parallel-size $tp | tee -a "$O/bench.jsonl"; done
       done ;;
     w70b) llama70b_q4km > /dev/null & W70B_PID=$! ;;
+    moew) qwen3moe_gguf > /dev/null & WMOE_PID=$! ;;
+    moeready) G=$(qwen3moe_gguf); ls -la "$G"; "$ING" inspect "$G" | grep -E "tensor types|experts|active" ;;
+    moelcpp|moeb1|moebatch)
+      # Batch 1 alternated twice (llama-bench at depth 128: the positions ingot's 128-token prompt
+      # leaves), then 256 x (1024 in, 128 out) beside llama-batched-bench; the grouped GEMMs from
+      # MOE_GROUPED tokens a step (default 48, bench_moe.py's crossover). moeb1 / moebatch: one half.
+      LB=.gpu-lcpp/build/bin; G=$(qwen3moe_gguf)
+      [ -x "$LB/llama-bench" ] || { echo "no llama-bench (run lcpp first)"; continue; }
+      export INGOT_CUDA_MOE_GROUPED_MIN_TOKENS=${MOE_GROUPED:-48}
+      if [ $phase != moebatch ]; then
+        B1="bench latency --model $G --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json"
+        for round in 1 2; do
+          echo "round $round: ingot"; INGOT_LOG=info "$ING" $B1 2>&1 | grep -E "^\{|weights streamed|load" | tee -a "$O/bench.jsonl"
+          echo "round $round: llama.cpp"; timeout -k 5 "$T" "$LB/llama-bench" -m "$G" -ngl 99 -fa 1 -p 0 -n 256 -d 128 -r 3 -o jsonl | tee -a "$O/llama_bench.jsonl"
+        done
+      fi
+      if [ $phase != moeb1 ]; then
+        "$ING" bench throughput --model "$G" --max-model-len 4096 --num-prompts 256 --max-num-seqs 256 --input-len 1024 \
+          --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl"
+        timeout -k 5 $((2 * T)) "$LB/llama-batched-bench" -m "$G" -ngl 99 -fa on -c 300000 -b 8192 -ub 512 -npp 1024 -ntg 128 \
+          -npl 256 --output-format jsonl | tail -3 | tee -a "$O/llama_batched.jsonl"
+      fi
+      unset INGOT_CUDA_MOE_GROUPED_MIN_TOKENS ;;
+    moeserve)
+      # The same file served, ingot then llama-server (its recommended flags, a slot per client),
+      # under one client: 64 concurrent x (1024 in, 128 out), PROMPTS_MOE prompts (default 128).
+      LS=.gpu-lcpp/build/bin/llama-server; PORT=8765; G=$(qwen3moe_gguf)
+      [ -x "$LS" ] || { echo "no llama-server (run lcpp first)"; continue; }
+      export INGOT_CUDA_MOE_GROUPED_MIN_TOKENS=${MOE_GROUPED:-48}
+      serve_bench ingot "$(qwen3moe_dir)" "${PROMPTS_MOE:-128}" 1 "$ING_RAW" serve --model "$G" --max-model-len 4096 --max-num-seqs 64
+      serve_bench llama "$(qwen3moe_dir)" "${PROMPTS_MOE:-128}" 1 "$LS" -m "$G" -ngl 99 -fa on -np 64 -c 81920 --cache-ram 0
+      unset INGOT_CUDA_MOE_GROUPED_MIN_TOKENS ;;
     tpsm)
       LB=.gpu-lcpp/build/bin; G=$(llama70b_q4km); N=$(nvidia-smi -L | wc -l)
       [ -x "$LB/llama-bench" ] || { echo "no llama-bench (run lcpp first)"; continue; }

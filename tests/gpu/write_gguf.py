@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Writes a Llama-shaped GGUF with random weights (numpy only; the GPU
-machine has no gguf package and no network), for load benchmarks:
+"""Writes a Llama- or Qwen3-MoE-shaped GGUF with random weights (numpy only;
+the GPU machine has no gguf package and no network), for load and speed
+benchmarks beside llama.cpp:
 
     python3 tests/gpu/write_gguf.py --config CONFIG.json --tokenizer DIR \
         --out model.gguf [--layers N] [--dtype bf16|f16|q8_0|q4_k_m]
@@ -11,7 +12,11 @@ writes them; q4_k_m: random Q4_K and Q6_K blocks, Q6_K where llama-quantize's
 Q4_K_M puts it: attn_v and ffn_down of its "more bits" layers, and the output
 matrix; for shapes too large to write in bf16 first), norms in f32, under llama.cpp's tensor
 names; the tokenizer (DIR/tokenizer.json, a byte-level BPE such as
-Llama 3's) goes into the metadata the way llama.cpp's converter puts it.
+Llama 3's or Qwen3's) goes into the metadata the way llama.cpp's converter
+puts it, padded with [PAD] tokens to the config's vocab_size. A config with
+num_experts (Qwen3MoeForCausalLM) gives general.architecture `qwen3moe` as
+convert_hf_to_gguf.py writes it: per-head q/k norms, an f32 router
+(ffn_gate_inp) and the experts stacked as ffn_{gate,up,down}_exps.
 Values are small normals (std 0.02) drawn once into a pool and sliced at
 random offsets, so 16 GB are written in seconds, not minutes.
 """
@@ -93,7 +98,7 @@ def kv(key, ty, value):
     return out
 
 
-def tokenizer_kvs(tok_dir):
+def tokenizer_kvs(tok_dir, vocab_size, pre, bos, eos):
     tj = json.load(open(f"{tok_dir}/tokenizer.json"))
     vocab = dict(tj["model"]["vocab"])
     special = set()
@@ -101,7 +106,7 @@ def tokenizer_kvs(tok_dir):
         vocab[t["content"]] = t["id"]
         if t.get("special"):
             special.add(t["id"])
-    n = max(vocab.values()) + 1
+    n = max(max(vocab.values()) + 1, vocab_size)
     tokens = [f"[PAD{i}]" for i in range(n)]
     for t, i in vocab.items():
         tokens[i] = t
@@ -109,12 +114,12 @@ def tokenizer_kvs(tok_dir):
     merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
     return n, [
         kv("tokenizer.ggml.model", T_STR, "gpt2"),
-        kv("tokenizer.ggml.pre", T_STR, "llama-bpe"),
+        kv("tokenizer.ggml.pre", T_STR, pre),
         kv("tokenizer.ggml.tokens", T_ARR, (T_STR, tokens)),
         kv("tokenizer.ggml.token_type", T_ARR, (T_I32, types)),
         kv("tokenizer.ggml.merges", T_ARR, (T_STR, merges)),
-        kv("tokenizer.ggml.bos_token_id", T_U32, 128000),
-        kv("tokenizer.ggml.eos_token_id", T_U32, 128009),
+        kv("tokenizer.ggml.bos_token_id", T_U32, bos),
+        kv("tokenizer.ggml.eos_token_id", T_U32, eos),
     ]
 
 
@@ -132,23 +137,33 @@ def main():
     d, ff = c["hidden_size"], c["intermediate_size"]
     heads, kvh = c["num_attention_heads"], c["num_key_value_heads"]
     hd = c.get("head_dim", d // heads)
-    n_vocab, tok = tokenizer_kvs(a.tokenizer)
+    experts = c.get("num_experts", 0)
+    arch = "qwen3moe" if experts else "llama"
     vocab = c["vocab_size"]
-    assert n_vocab <= vocab, (n_vocab, vocab)
+    n_vocab, tok = tokenizer_kvs(a.tokenizer, vocab, "qwen2" if experts else "llama-bpe",
+                                 c.get("bos_token_id", 128000), c.get("eos_token_id", 128009))
+    assert n_vocab == vocab, (n_vocab, vocab)
     meta = [
-        kv("general.architecture", T_STR, "llama"),
-        kv("general.name", T_STR, "random llama (load benchmark)"),
-        kv("llama.block_count", T_U32, layers),
-        kv("llama.context_length", T_U32, c.get("max_position_embeddings", 8192)),
-        kv("llama.embedding_length", T_U32, d),
-        kv("llama.feed_forward_length", T_U32, ff),
-        kv("llama.attention.head_count", T_U32, heads),
-        kv("llama.attention.head_count_kv", T_U32, kvh),
-        kv("llama.attention.key_length", T_U32, hd),
-        kv("llama.attention.value_length", T_U32, hd),
-        kv("llama.attention.layer_norm_rms_epsilon", T_F32, c.get("rms_norm_eps", 1e-5)),
-        kv("llama.rope.freq_base", T_F32, c.get("rope_theta", 10000.0)),
+        kv("general.architecture", T_STR, arch),
+        kv("general.name", T_STR, f"random {arch} (benchmark)"),
+        kv(f"{arch}.block_count", T_U32, layers),
+        kv(f"{arch}.context_length", T_U32, c.get("max_position_embeddings", 8192)),
+        kv(f"{arch}.embedding_length", T_U32, d),
+        kv(f"{arch}.feed_forward_length", T_U32, ff),
+        kv(f"{arch}.attention.head_count", T_U32, heads),
+        kv(f"{arch}.attention.head_count_kv", T_U32, kvh),
+        kv(f"{arch}.attention.key_length", T_U32, hd),
+        kv(f"{arch}.attention.value_length", T_U32, hd),
+        kv(f"{arch}.attention.layer_norm_rms_epsilon", T_F32, c.get("rms_norm_eps", 1e-5)),
+        kv(f"{arch}.rope.freq_base", T_F32, c.get("rope_theta", 10000.0)),
     ] + tok
+    if experts:
+        assert c.get("norm_topk_prob", True) and not c.get("mlp_only_layers"), "llama.cpp's qwen3moe: all sparse, renormalised"
+        meta += [
+            kv(f"{arch}.expert_count", T_U32, experts),
+            kv(f"{arch}.expert_used_count", T_U32, c["num_experts_per_tok"]),
+            kv(f"{arch}.expert_feed_forward_length", T_U32, c["moe_intermediate_size"]),
+        ]
     # (name, numpy shape: outermost first)
     shapes = [("token_embd.weight", (vocab, d))]
     for i in range(layers):
@@ -160,15 +175,28 @@ def main():
             (b + "attn_v.weight", (kvh * hd, d)),
             (b + "attn_output.weight", (d, heads * hd)),
             (b + "ffn_norm.weight", (d,)),
-            (b + "ffn_gate.weight", (ff, d)),
-            (b + "ffn_up.weight", (ff, d)),
-            (b + "ffn_down.weight", (d, ff)),
         ]
+        if experts:
+            eff = c["moe_intermediate_size"]
+            shapes += [
+                (b + "attn_q_norm.weight", (hd,)),
+                (b + "attn_k_norm.weight", (hd,)),
+                (b + "ffn_gate_inp.weight", (experts, d)),
+                (b + "ffn_gate_exps.weight", (experts, eff, d)),
+                (b + "ffn_up_exps.weight", (experts, eff, d)),
+                (b + "ffn_down_exps.weight", (experts, d, eff)),
+            ]
+        else:
+            shapes += [
+                (b + "ffn_gate.weight", (ff, d)),
+                (b + "ffn_up.weight", (ff, d)),
+                (b + "ffn_down.weight", (d, ff)),
+            ]
     shapes += [("output_norm.weight", (d,)), ("output.weight", (vocab, d))]
     half = {"bf16": GGML_BF16, "f16": GGML_F16, "q8_0": GGML_Q8_0, "q4_k_m": GGML_Q4_K}[a.dtype]
 
     def type_of(name, shape):
-        if len(shape) == 1:
+        if len(shape) == 1 or name.endswith("ffn_gate_inp.weight"):  # norms, routers (as the converter)
             return GGML_F32
         if half != GGML_Q4_K:
             return half
@@ -210,13 +238,15 @@ def main():
         f.write(b"".join(meta) + infos)
         f.write(b"\0" * (-f.tell() % ALIGN))
         for name, shape, ty, nbytes in plan:
-            if ty == GGML_F32:
+            if ty == GGML_F32 and len(shape) == 1:
                 data = (1.0 + 0.1 * rng.standard_normal(shape[0])).astype("<f4").tobytes()
+            elif ty == GGML_F32:
+                data = sliced(rng, pool32, nbytes // 4).astype("<f4").tobytes()
             else:
                 data = sliced(rng, pool[ty], nbytes // unit[ty]).tobytes()
             f.write(data)
             f.write(b"\0" * (-f.tell() % ALIGN))
-    print(f"wrote {a.out}: {layers} layers, {a.dtype}, {offset / 1e9:.2f} GB of tensors")
+    print(f"wrote {a.out}: {arch}, {layers} layers, {a.dtype}, {offset / 1e9:.2f} GB of tensors")
 
 
 if __name__ == "__main__":

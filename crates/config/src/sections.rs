@@ -682,8 +682,10 @@ pub struct CudaSection {
     /// Mixture of experts: steps of at least this many tokens (prefill
     /// chunks, large batches) run the experts as grouped tensor-core GEMMs
     /// over the step's slots sorted by expert, reading each expert once per
-    /// tile of 64 slots, instead of a GEMV per slot (0: never). Default 0
-    /// until measured on a GPU: the kernels pass no device check yet.
+    /// tile of 64 slots, instead of a GEMV per slot (0: never). Default 48:
+    /// the crossover measured on an H200 at the Qwen3-30B-A3B shape
+    /// (`tests/gpu/bench_moe.py`); the grouped GEMMs match transformers
+    /// within its own bf16 error, and `engine.deterministic` turns them off.
     pub moe_grouped_min_tokens: usize,
 }
 
@@ -698,7 +700,7 @@ impl Default for CudaSection {
             tc_decode_min_rows: 64,
             tc_decode_fp8_min_rows: 64,
             custom_all_reduce: true,
-            moe_grouped_min_tokens: 0,
+            moe_grouped_min_tokens: 48,
         }
     }
 }

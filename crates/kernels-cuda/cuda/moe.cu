@@ -149,7 +149,7 @@ __device__ __forceinline__ void moe_gate_up(const bf16* __restrict__ x, const bf
   const uint4* u = reinterpret_cast<const uint4*>(up + row);
   const uint4* xr = reinterpret_cast<const uint4*>(x + (size_t)(s / k) * hidden);
   float ag = 0.f, au = 0.f;
-#pragma unroll 4
+#pragma unroll 8
   for (int i = lane; i < hidden / 8; i += 32) {
     const uint4 xv = xr[i];
     ag += moe_dot8(g[i], xv);
@@ -175,9 +175,11 @@ extern "C" __global__ void moe_gate_up_gelu_tanh(const bf16* x, const bf16* gate
 
 // residual[t, r] += Σ_j weights[t * k + j] · (down_e[r] · act[t * k + j]),
 // e = ids[t * k + j]: each expert's down projection and the weighted sum,
-// added to the f32 residual stream. A lane sums its chunks of every slot,
-// weighted, in ascending expert order, then the warp sums the lanes: the
-// loads of all k experts' rows are in flight together, and the order is
+// added to the f32 residual stream. The k rows' chunks form one list, slot
+// after slot, and a lane takes every 32nd: the loads are independent of each
+// other and unrolled, so many are in flight at once (at batch 1 this kernel
+// reads k rows of only `width` each). A lane sums its chunks weighted, in
+// slot (ascending expert) order, then the warp sums the lanes: the order is
 // fixed whatever the batch.
 // Grid: (tokens, ceil(hidden / MOE_WARPS)); MOE_WARPS warps, a row each.
 // width must be a multiple of 8.
@@ -185,18 +187,26 @@ extern "C" __global__ void moe_down_sum(const bf16* __restrict__ act, const bf16
                                         const int* __restrict__ ids, const float* __restrict__ weights, int k,
                                         int hidden, int width, float* __restrict__ residual) {
   pdl_begin();
+  __shared__ int expert[MOE_MAX_TOP_K];
+  __shared__ float weight[MOE_MAX_TOP_K];
+  const int t = blockIdx.x;
+  if (threadIdx.x < k) {
+    expert[threadIdx.x] = ids[t * k + threadIdx.x];
+    weight[threadIdx.x] = weights[t * k + threadIdx.x];
+  }
+  __syncthreads();
   const int lane = threadIdx.x & 31;
   const int r = blockIdx.y * MOE_WARPS + (threadIdx.x >> 5);
-  const int t = blockIdx.x;
   if (r >= hidden) return;
+  const int n8 = width / 8;
+  const uint4* a = reinterpret_cast<const uint4*>(act + (size_t)t * k * width);
+  const uint4* w = reinterpret_cast<const uint4*>(down);
   float out = 0.f;
-  for (int j = 0; j < k; ++j) {
-    const int s = t * k + j;
-    const uint4* w = reinterpret_cast<const uint4*>(down + ((size_t)ids[s] * hidden + r) * width);
-    const uint4* a = reinterpret_cast<const uint4*>(act + (size_t)s * width);
-    const float weight = weights[s];
-#pragma unroll 4
-    for (int i = lane; i < width / 8; i += 32) out = fmaf(weight, moe_dot8(w[i], a[i]), out);
+#pragma unroll 8
+  for (int f = lane; f < k * n8; f += 32) {
+    const int j = f / n8;
+    const size_t row = (size_t)expert[j] * hidden + r;
+    out = fmaf(weight[j], moe_dot8(w[row * n8 + (f - j * n8)], a[f]), out);
   }
   out = warp_sum(out);
   if (lane == 0) residual[(size_t)t * hidden + r] += out;
