@@ -143,6 +143,7 @@
 #   ncu       ncu sections of the decode attention at 256 x 1k (one launch)
 #   ncu1      per-kernel time and bandwidth of one batch-1 decode step (8B)
 #   ncu1fp8   the same with --quantization fp8
+#   ncumoe    the same for the Qwen3-30B-A3B dummy (700 launches, ~one decode step)
 #   ncustall  ncu's stall reasons, occupancy and throughputs of the batch-1 o_proj, gate/up and
 #             down GEMVs (8B), bf16 and FP8 weights
 #   gemvbench the batch-1 GEMVs alone on the 8B shapes, bf16 and FP8 (bench_gemv.py; the extra
@@ -788,6 +789,14 @@ for phase in "$@"; do
       grep -vE '^ +-+|^$' "$O/ncu_attention.txt" | grep -E 'paged|Duration|Throughput|Busy|Stall|Issue|Occupancy|Registers|Block Size|Grid Size|Warp Cycles|Eligible|Hit Rate|Bandwidth|Executed Ipc|One or More|No Eligible|Active Warps' | head -60 ;;
     decbench) timeout -k 5 "$T" python3 tests/gpu/bench_decode_attention.py this="$W" --rows 256,64 --splits 1,2,4,8 ;;
     ncu1) bash tests/gpu/ncu_decode.sh "$ING_RAW" "$(llama8b)" "$O/ncu_decode.csv" ;;
+    ncumoe)
+      # The Qwen3-30B-A3B dummy's batch-1 decode: every kernel of ~one step (700 launches from well
+      # inside the first request's decode), isolated by ncu, summed by name.
+      timeout -k 5 300 ncu --launch-skip 4000 --launch-count 700 --csv \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum "$ING_RAW" bench latency \
+        --model "$(qwen3moe_dir)" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 64 --num-iters 1 \
+        --enforce-eager > "$O/ncu_moe.csv" 2>/dev/null
+      python3 tests/gpu/ncu_summary.py "$O/ncu_moe.csv" ;;
     ncu1fp8) bash tests/gpu/ncu_decode.sh "$ING_RAW" "$(llama8b)" "$O/ncu_decode_fp8.csv" --quantization fp8 ;;
     ncustall)
       M=$(llama8b)
