@@ -234,6 +234,10 @@ struct Active {
     speculative: bool,
     /// How often its proposals were kept.
     acceptance: crate::speculative::Acceptance,
+    /// It proposed in the last step.
+    proposing: bool,
+    /// The context that backed its last guess (`Draft::matched`).
+    draft_matched: usize,
 }
 
 enum Delivery {
@@ -405,6 +409,8 @@ impl EngineLoop {
                             .map(|top| PromptScores::new(request.prompt.len(), top)),
                         speculative,
                         acceptance: Default::default(),
+                        proposing: false,
+                        draft_matched: 0,
                     },
                 );
                 self.scheduler.add(

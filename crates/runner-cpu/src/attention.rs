@@ -5,7 +5,7 @@
 use crate::kv_memory::KvSlots;
 use rayon::prelude::*;
 
-use crate::simd::{dot_fn, DotFn};
+use crate::simd::dot_fn;
 
 /// Largest head width the stack buffers hold.
 pub const MAX_HEAD_DIM: usize = 512;
@@ -51,9 +51,18 @@ pub struct TokenSite<'a> {
     pub pos: usize,
 }
 
+/// Most query heads one task attends with (sharing its key/value head's
+/// reads): the group of a grouped-query layer, or a divisor of it.
+const MAX_HEADS_PER_TASK: usize = 8;
+
 /// `out[t, h*hd..]` = softmax(q·Kᵀ·scale)·V over each token's causal prefix
 /// (its last `window` positions on sliding layers).
 /// `q` is `[tokens, num_heads * head_dim]`, as is `out`.
+///
+/// A task takes one token's query heads that share a key/value head (up to
+/// [`MAX_HEADS_PER_TASK`]), so each key and value row is read once for all
+/// of them; every head's arithmetic is [`attend_one`]'s, in its order, so
+/// the result is the same to the bit however the heads are grouped.
 pub fn paged_attention(
     shape: AttentionShape,
     q: &[f32],
@@ -63,22 +72,198 @@ pub fn paged_attention(
 ) {
     let hd = shape.head_dim;
     let group = shape.num_heads / shape.num_kv_heads;
-    let scale = shape.scale;
+    let heads = (1..=MAX_HEADS_PER_TASK.min(group))
+        .rev()
+        .find(|n| group.is_multiple_of(*n))
+        .unwrap_or(1);
     let dot = dot_fn();
-    out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
-        let (t, h) = (idx / shape.num_heads, idx % shape.num_heads);
-        let qh = &q[idx * hd..(idx + 1) * hd];
-        attend_one(shape, qh, kv, sites[t], (h / group, scale), dot, o);
-    });
+    let wide = wide_available();
+    out.par_chunks_mut(heads * hd)
+        .enumerate()
+        .for_each(|(task, o)| {
+            let first = task * heads;
+            let (t, h) = (first / shape.num_heads, first % shape.num_heads);
+            let task = HeadTask {
+                q: &q[first * hd..(first + heads) * hd],
+                site: sites[t],
+                kv_head: h / group,
+            };
+            if wide {
+                // SAFETY: `wide_available` found AVX2 and FMA.
+                unsafe { attend_heads_avx2(shape, kv, task, o) }
+            } else {
+                attend_heads(shape, kv, task, dot, o);
+            }
+        });
 }
 
+/// One task's query heads (consecutive, one key/value head).
+#[derive(Clone, Copy)]
+struct HeadTask<'a> {
+    /// `[heads, head_dim]`.
+    q: &'a [f32],
+    site: TokenSite<'a>,
+    kv_head: usize,
+}
+
+/// Whether [`attend_heads_avx2`] runs here (what [`dot_fn`] picks the
+/// AVX2 dot product on).
+fn wide_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// [`attend_heads`] with [`dot_fn`]'s AVX2 dot product inlined and the
+/// element loops vectorised 8 wide. Each lane does the scalar code's
+/// multiply and add (no fused multiply-add), so the bits are the same.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_heads_avx2(
+    shape: AttentionShape,
+    kv: &LayerKv,
+    task: HeadTask<'_>,
+    out: &mut [f32],
+) {
+    // SAFETY: this function's features are the dot product's.
+    attend_heads(
+        shape,
+        kv,
+        task,
+        |a, b| unsafe { crate::simd::dot_avx2(a, b) },
+        out,
+    );
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn attend_heads_avx2(
+    shape: AttentionShape,
+    kv: &LayerKv,
+    task: HeadTask<'_>,
+    out: &mut [f32],
+) {
+    attend_heads(shape, kv, task, crate::simd::dot_portable, out);
+}
+
+/// Online-softmax attention of `task`'s heads, block by block: per head the
+/// operations of [`attend_one`], in the same order. Each key row is loaded
+/// once for all the heads' scores; the value rows are then run head by head
+/// (a head's accumulator stays in registers across a block's positions).
+#[inline(always)]
+fn attend_heads(
+    shape: AttentionShape,
+    kv: &LayerKv,
+    task: HeadTask<'_>,
+    dot: impl Fn(&[f32], &[f32]) -> f32,
+    out: &mut [f32],
+) {
+    let hd = shape.head_dim;
+    let heads = task.q.len() / hd;
+    let bs = shape.block_size;
+    let row = shape.num_kv_heads * hd;
+    let mut acc = [[0f32; MAX_HEAD_DIM]; MAX_HEADS_PER_TASK];
+    let mut scores = [[0f32; MAX_BLOCK_SIZE]; MAX_HEADS_PER_TASK];
+    let mut max = [f32::NEG_INFINITY; MAX_HEADS_PER_TASK];
+    let mut denom = [0f32; MAX_HEADS_PER_TASK];
+    let site = task.site;
+    let len = site.pos + 1;
+    // First visible position: blocks wholly before it are skipped, and the
+    // block holding it is read from its offset on.
+    let first = shape.window.map_or(0, |w| len.saturating_sub(w));
+    let (ppb, part) = (shape.pages_per_block, shape.part);
+    let blocks = len.div_ceil(bs);
+    for b in first / bs..blocks {
+        let block = site.block_table[b * ppb + part];
+        let lo = first.saturating_sub(b * bs);
+        let n = bs.min(len - b * bs);
+        let base = block as usize * bs * row + task.kv_head * hd;
+        if b + 1 < blocks {
+            // Blocks are scattered in the pool: ask for the next one's rows
+            // while this one is computed.
+            let next =
+                site.block_table[(b + 1) * ppb + part] as usize * bs * row + task.kv_head * hd;
+            prefetch_rows(kv, next, (bs.min(len - (b + 1) * bs), row, hd));
+        }
+        let mut block_max = [f32::NEG_INFINITY; MAX_HEADS_PER_TASK];
+        for (j, k) in kv.k[base..].chunks(row).enumerate().take(n).skip(lo) {
+            let k = &k[..hd];
+            let per_head = task.q.chunks_exact(hd).zip(&mut scores).zip(&mut block_max);
+            for ((q, scores), block_max) in per_head {
+                let s = dot(q, k) * shape.scale;
+                scores[j] = s;
+                *block_max = block_max.max(s);
+            }
+        }
+        let per_head = scores
+            .iter()
+            .zip(&block_max)
+            .zip(&mut max)
+            .zip(&mut denom)
+            .zip(&mut acc);
+        for ((((scores, block_max), max), denom), acc) in per_head.take(heads) {
+            let new_max = max.max(*block_max);
+            let correction = (*max - new_max).exp();
+            *denom *= correction;
+            let acc = &mut acc[..hd];
+            for a in acc.iter_mut() {
+                *a *= correction;
+            }
+            *max = new_max;
+            for (v, &s) in kv.v[base..].chunks(row).zip(&scores[..n]).skip(lo) {
+                let e = (s - new_max).exp();
+                *denom += e;
+                for (a, x) in acc.iter_mut().zip(&v[..hd]) {
+                    *a += e * x;
+                }
+            }
+        }
+    }
+    for (g, o) in out.chunks_mut(hd).enumerate() {
+        let inv = 1.0 / denom[g];
+        for (o, a) in o.iter_mut().zip(&acc[g][..hd]) {
+            *o = a * inv;
+        }
+    }
+}
+
+/// Prefetches `n` key and value rows of `hd` floats, `row` apart, from
+/// slot offset `base` (a hint: no effect on results).
+#[inline(always)]
+fn prefetch_rows(kv: &LayerKv, base: usize, (n, row, hd): (usize, usize, usize)) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        for j in 0..n {
+            let at = base + j * row;
+            for line in (0..hd).step_by(16) {
+                for m in [&kv.k, &kv.v] {
+                    if let Some(x) = m.get(at + line) {
+                        // SAFETY: a prefetch of an address inside the slice.
+                        unsafe { _mm_prefetch::<_MM_HINT_T0>((x as *const f32).cast()) };
+                    }
+                }
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (kv, base, n, row, hd);
+}
+
+/// One head's attention, alone: what [`attend_heads`] computes for each of
+/// its heads (the reference its bit-identity is tested against).
+#[cfg(test)]
 fn attend_one(
     shape: AttentionShape,
     q: &[f32],
     kv: &LayerKv,
     site: TokenSite<'_>,
     (kv_head, scale): (usize, f32),
-    dot: DotFn,
+    dot: crate::simd::DotFn,
     out: &mut [f32],
 ) {
     let hd = shape.head_dim;
@@ -89,8 +274,6 @@ fn attend_one(
     let mut scores = [0f32; MAX_BLOCK_SIZE];
     let (mut max, mut denom) = (f32::NEG_INFINITY, 0f32);
     let len = site.pos + 1;
-    // First visible position: blocks wholly before it are skipped, and the
-    // block holding it is read from its offset on.
     let first = shape.window.map_or(0, |w| len.saturating_sub(w));
     let first_block = first / bs;
     let (ppb, part) = (shape.pages_per_block, shape.part);
@@ -203,6 +386,76 @@ mod tests {
                 assert!(
                     (out[h * 8 + d] as f64 - want[d]).abs() < 1e-5,
                     "window {window:?} head {h}"
+                );
+            }
+        }
+    }
+
+    /// Heads attended together, sharing their key/value rows (and the
+    /// element loops vectorised), give every head's one-at-a-time result to
+    /// the bit: grouped-query layers of 3, 8, 5 (prime) and 12 (two tasks)
+    /// heads a key/value head, several tokens, sliding windows.
+    #[test]
+    fn grouped_heads_equal_one_head_at_a_time() {
+        let mut seed = 7u32;
+        let mut rnd = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        for (num_heads, num_kv_heads, window) in [
+            (9, 3, None),
+            (16, 2, Some(13)),
+            (5, 1, None),
+            (24, 2, Some(40)),
+        ] {
+            let shape = AttentionShape {
+                num_heads,
+                num_kv_heads,
+                head_dim: 64,
+                block_size: 16,
+                scale: 0.125,
+                window,
+                pages_per_block: 1,
+                part: 0,
+            };
+            let row = num_kv_heads * 64;
+            let slots = 8 * 16;
+            let k: Vec<f32> = (0..slots * row).map(|_| rnd()).collect();
+            let v: Vec<f32> = (0..slots * row).map(|_| rnd()).collect();
+            let kv = LayerKv {
+                k: KvSlots::from_values(&k).unwrap(),
+                v: KvSlots::from_values(&v).unwrap(),
+            };
+            let table = [6u32, 0, 3, 7, 2, 5, 1, 4];
+            let sites: Vec<TokenSite<'_>> = [0, 15, 16, 57, 127]
+                .iter()
+                .map(|&pos| TokenSite {
+                    block_table: &table,
+                    pos,
+                })
+                .collect();
+            let q: Vec<f32> = (0..sites.len() * num_heads * 64).map(|_| rnd()).collect();
+            let mut out = vec![0.0; q.len()];
+            paged_attention(shape, &q, &kv, &sites, &mut out);
+            let group = num_heads / num_kv_heads;
+            for (idx, got) in out.chunks(64).enumerate() {
+                let (t, h) = (idx / num_heads, idx % num_heads);
+                let mut want = vec![0.0; 64];
+                let qh = &q[idx * 64..(idx + 1) * 64];
+                attend_one(
+                    shape,
+                    qh,
+                    &kv,
+                    sites[t],
+                    (h / group, 0.125),
+                    dot_fn(),
+                    &mut want,
+                );
+                let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(got),
+                    bits(&want),
+                    "{num_heads}/{num_kv_heads} heads, token {t}, head {h}"
                 );
             }
         }

@@ -19,11 +19,15 @@ pub fn dot_fn() -> DotFn {
 }
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) use x86::dot_avx2;
+
+#[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
 
     /// Dot product with four 8-wide FMA accumulators.
     #[target_feature(enable = "avx2,fma")]
+    #[inline]
     pub unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len().min(b.len());
         let (pa, pb) = (a.as_ptr(), b.as_ptr());

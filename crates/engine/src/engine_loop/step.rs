@@ -29,9 +29,9 @@ impl EngineLoop {
     fn expects_next(&self, chunks: &[ScheduledChunk]) -> bool {
         let may_speculate = self.speculation.as_ref().is_some_and(|s| {
             chunks.iter().any(|c| {
-                self.active
-                    .get(&c.id)
-                    .is_some_and(|a| a.speculative && s.may_propose(&a.acceptance, chunks.len()))
+                self.active.get(&c.id).is_some_and(|a| {
+                    a.speculative && s.may_propose(&a.acceptance, a.proposing, chunks.len())
+                })
             })
         });
         !may_speculate

@@ -49,6 +49,7 @@ impl EngineLoop {
         // proposal were whole), then one call for all of them.
         let mut wanted = Vec::new();
         for (&id, a) in self.active.iter_mut() {
+            a.proposing = false;
             if !a.speculative || a.done || a.first_token.is_none() || room == 0 {
                 continue;
             }
@@ -80,8 +81,14 @@ impl EngineLoop {
         let seqs: Vec<RequestId> = requests.iter().map(|r| r.seq).collect();
         drop(requests);
         for (id, draft) in seqs.into_iter().zip(drafts) {
-            if !draft.is_empty() {
-                self.scheduler.set_draft(id, &draft);
+            // Each guess cut to what pays, by how often guesses backed alike were kept.
+            let keep = spec.keep_of(&draft, running);
+            if let Some(a) = self.active.get_mut(&id) {
+                a.proposing = keep > 0;
+                a.draft_matched = draft.matched;
+            }
+            if keep > 0 {
+                self.scheduler.set_draft(id, &draft.tokens[..keep]);
             }
         }
     }
@@ -149,6 +156,9 @@ impl EngineLoop {
             self.scheduler.accept_draft(id, verified.kept);
             if let Some(a) = self.active.get_mut(&id) {
                 a.acceptance.record(proposed, verified.kept);
+                if let Some(spec) = self.speculation.as_mut() {
+                    spec.record_match(a.draft_matched, proposed, verified.kept);
+                }
             }
             self.metrics.speculation(proposed, verified.kept);
             let s = &self.stats;

@@ -14,7 +14,7 @@ use ingot_core::TokenId;
 use ingot_kv_cache::{BlockPool, BlockTable};
 use ingot_runner::{ForwardBatch, ModelRunner, RunnerError, SequenceChunk};
 
-use super::{ProposeRequest, Proposer, SpeculationError};
+use super::{Draft, ProposeRequest, Proposer, SpeculationError};
 use crate::handle::RequestId;
 
 /// Most prompt tokens of one sequence a catch-up forward takes.
@@ -258,7 +258,30 @@ fn greedy(
 }
 
 impl Proposer for DraftModelProposer {
-    fn propose(&mut self, requests: &[ProposeRequest<'_>]) -> Vec<Vec<TokenId>> {
+    fn propose(&mut self, requests: &[ProposeRequest<'_>]) -> Vec<Draft> {
+        self.propose_tokens(requests)
+            .into_iter()
+            .map(|tokens| Draft { tokens, matched: 0 })
+            .collect()
+    }
+
+    fn retain(&mut self, live: &dyn Fn(RequestId) -> bool) {
+        let ended: Vec<RequestId> = self.seqs.keys().copied().filter(|&id| !live(id)).collect();
+        for id in ended {
+            if let Some(mut seq) = self.seqs.remove(&id) {
+                self.pool.release_groups(&mut seq.tables);
+            }
+        }
+    }
+
+    fn seconds_per_token(&self) -> f64 {
+        self.seconds_per_token
+    }
+}
+
+impl DraftModelProposer {
+    /// Each request's greedy continuation by the draft model.
+    fn propose_tokens(&mut self, requests: &[ProposeRequest<'_>]) -> Vec<Vec<TokenId>> {
         let started = Instant::now();
         self.clock += 1;
         let mut out = vec![Vec::new(); requests.len()];
@@ -292,18 +315,5 @@ impl Proposer for DraftModelProposer {
             }
         }
         out
-    }
-
-    fn retain(&mut self, live: &dyn Fn(RequestId) -> bool) {
-        let ended: Vec<RequestId> = self.seqs.keys().copied().filter(|&id| !live(id)).collect();
-        for id in ended {
-            if let Some(mut seq) = self.seqs.remove(&id) {
-                self.pool.release_groups(&mut seq.tables);
-            }
-        }
-    }
-
-    fn seconds_per_token(&self) -> f64 {
-        self.seconds_per_token
     }
 }

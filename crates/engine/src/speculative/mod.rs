@@ -85,12 +85,31 @@ pub struct ProposeRequest<'a> {
     pub max: usize,
 }
 
+/// One sequence's guess.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Draft {
+    /// The tokens guessed to follow, in order (empty: no guess).
+    pub tokens: Vec<TokenId>,
+    /// How many tokens of context back the guess, where the proposer can
+    /// say (the n-gram proposer: the length of the suffix it matched); 0
+    /// where it cannot (a draft model).
+    pub matched: usize,
+}
+
 /// Guesses the tokens that follow sequences.
 pub trait Proposer: Send {
-    /// For each request, up to `max` tokens likely to follow its tokens;
-    /// empty where there is no guess. One call per step, every sequence
-    /// that speculates in it at once (a draft model batches them).
-    fn propose(&mut self, requests: &[ProposeRequest<'_>]) -> Vec<Vec<TokenId>>;
+    /// For each request, up to `max` tokens likely to follow its tokens
+    /// (no tokens where there is no guess). One call per step, every
+    /// sequence that speculates in it at once (a draft model batches them).
+    fn propose(&mut self, requests: &[ProposeRequest<'_>]) -> Vec<Draft>;
+
+    /// Whether its guesses cost nothing to make and say what backs them
+    /// ([`Draft::matched`]): the engine then asks for the most tokens and
+    /// the cost model cuts each guess by how often guesses backed alike
+    /// were kept, instead of deciding per sequence before the guess.
+    fn rates_guesses(&self) -> bool {
+        false
+    }
 
     /// Forgets the sequences `live` says have ended.
     fn retain(&mut self, live: &dyn Fn(RequestId) -> bool) {
@@ -104,11 +123,20 @@ pub trait Proposer: Send {
     }
 }
 
+/// Guesses backed by this many tokens of context or more share one
+/// acceptance estimate.
+const MATCH_CLASSES: usize = 8;
+
 /// The engine's speculation: its settings, proposer and step-cost fit.
 pub(crate) struct Speculation {
     pub config: SpeculativeConfig,
     pub proposer: Box<dyn Proposer>,
     pub cost: StepCost,
+    /// For a proposer that rates its guesses: how often guesses backed by
+    /// 1, 2, ... [`MATCH_CLASSES`]+ tokens of context were kept, over every
+    /// sequence (an n-gram guess from a 6-token match is right far more
+    /// often than one from a 1-token match, whatever the sequence).
+    by_match: [Acceptance; MATCH_CLASSES],
 }
 
 /// What stops an engine from speculating as configured.
@@ -150,6 +178,7 @@ impl Speculation {
             config: config.clone(),
             proposer,
             cost: StepCost::default(),
+            by_match: Default::default(),
         }))
     }
 
@@ -161,21 +190,118 @@ impl Speculation {
     }
 
     /// Whether a sequence of `acceptance` may propose in a step running
-    /// `running` sequences.
-    pub(crate) fn may_propose(&self, acceptance: &Acceptance, running: usize) -> bool {
+    /// `running` sequences; `proposing`: it proposed in the last step (what
+    /// says so for a proposer that rates its guesses after making them).
+    pub(crate) fn may_propose(
+        &self,
+        acceptance: &Acceptance,
+        proposing: bool,
+        running: usize,
+    ) -> bool {
         running <= self.config.disable_by_batch_size
-            && (!self.config.adaptive || acceptance.may_propose(self.threshold(running)))
+            && (!self.config.adaptive
+                || if self.proposer.rates_guesses() {
+                    proposing
+                } else {
+                    acceptance.may_propose(self.threshold(running))
+                })
     }
 
-    /// Tokens a sequence of `acceptance` proposes in a step running
-    /// `running` sequences (0: none).
+    /// Tokens a sequence of `acceptance` asks the proposer for in a step
+    /// running `running` sequences (0: none): all it may propose where the
+    /// guesses are rated after they are made ([`Self::keep_of`]).
     pub(crate) fn tokens_for(&self, acceptance: &mut Acceptance, running: usize) -> usize {
         if running > self.config.disable_by_batch_size {
             return 0;
         }
-        if !self.config.adaptive {
+        if !self.config.adaptive || self.proposer.rates_guesses() {
             return self.config.num_speculative_tokens;
         }
         acceptance.tokens_worth(self.threshold(running), self.config.num_speculative_tokens)
+    }
+
+    /// How many tokens of `draft` to propose in a step running `running`
+    /// sequences: the j-th pays while the keep rate of guesses backed as
+    /// well, to the j-th power, beats the step's threshold (all of it for a
+    /// proposer that does not rate its guesses, or without `adaptive`).
+    pub(crate) fn keep_of(&mut self, draft: &Draft, running: usize) -> usize {
+        if !self.config.adaptive || draft.matched == 0 || draft.tokens.is_empty() {
+            return draft.tokens.len();
+        }
+        let threshold = self.threshold(running);
+        self.by_match[match_class(draft.matched)].tokens_worth(threshold, draft.tokens.len())
+    }
+
+    /// A verification kept `kept` of `proposed` tokens of a guess backed by
+    /// `matched` tokens of context (0: unrated, nothing to record).
+    pub(crate) fn record_match(&mut self, matched: usize, proposed: usize, kept: usize) {
+        if matched > 0 {
+            self.by_match[match_class(matched)].record(proposed, kept);
+        }
+    }
+}
+
+/// The acceptance estimate of guesses backed by `matched` (> 0) tokens.
+fn match_class(matched: usize) -> usize {
+    matched.min(MATCH_CLASSES) - 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ngram(adaptive: bool) -> Speculation {
+        let config = SpeculativeConfig {
+            method: Some(SpeculativeMethod::Ngram),
+            num_speculative_tokens: 7,
+            adaptive,
+            ..SpeculativeConfig::default()
+        };
+        let limits = DraftLimits {
+            max_rows: 8,
+            max_tokens: 64,
+        };
+        match Speculation::new(&config, None, 100, limits) {
+            Ok(Some(s)) => s,
+            _ => panic!("n-gram speculation"),
+        }
+    }
+
+    fn draft(matched: usize) -> Draft {
+        Draft {
+            tokens: vec![1; 7],
+            matched,
+        }
+    }
+
+    /// The n-gram proposer is asked for the most tokens, and each guess is
+    /// cut by the record of guesses backed by as long a match: long matches
+    /// that held keep proposing deeply while short ones that failed stop.
+    #[test]
+    fn guesses_are_cut_by_how_often_alike_ones_held() {
+        let mut s = ngram(true);
+        assert_eq!(s.tokens_for(&mut Acceptance::default(), 1), 7);
+        // The prior: even odds against a step-cost threshold of 1/3.
+        assert_eq!(s.keep_of(&draft(6), 1), 1);
+        for _ in 0..20 {
+            s.record_match(6, 7, 7);
+            s.record_match(1, 3, 0);
+        }
+        assert_eq!(s.keep_of(&draft(6), 1), 7);
+        assert_eq!(s.keep_of(&draft(1), 1), 0);
+        // A match of another length has its own record (here the prior);
+        // those of 8 tokens and more share one.
+        assert_eq!(s.keep_of(&draft(2), 1), 1);
+        for _ in 0..20 {
+            s.record_match(9, 7, 7);
+        }
+        assert_eq!(s.keep_of(&draft(30), 1), 7);
+        // Unrated guesses (a draft model's) and the fixed mode keep all.
+        assert_eq!(s.keep_of(&draft(0), 1), 7);
+        assert_eq!(ngram(false).keep_of(&draft(1), 1), 7);
+        // Whether a sequence may propose next step is whether it just did.
+        let a = Acceptance::default();
+        assert!(s.may_propose(&a, true, 1) && !s.may_propose(&a, false, 1));
+        assert!(!s.may_propose(&a, true, 9), "above disable_by_batch_size");
     }
 }

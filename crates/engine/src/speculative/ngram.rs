@@ -5,7 +5,7 @@
 
 use ingot_core::TokenId;
 
-use super::{ProposeRequest, Proposer};
+use super::{Draft, ProposeRequest, Proposer};
 
 /// Proposes the tokens that followed the latest earlier occurrence of the
 /// longest suffix of `min..=max` tokens that occurred before (preferring
@@ -28,20 +28,26 @@ impl NgramProposer {
 }
 
 impl Proposer for NgramProposer {
-    fn propose(&mut self, requests: &[ProposeRequest<'_>]) -> Vec<Vec<TokenId>> {
+    fn propose(&mut self, requests: &[ProposeRequest<'_>]) -> Vec<Draft> {
         requests
             .iter()
             .map(|r| self.lookup(r.tokens, r.max))
             .collect()
     }
+
+    /// A guess is backed by its match: the longer, the likelier it holds.
+    fn rates_guesses(&self) -> bool {
+        true
+    }
 }
 
 impl NgramProposer {
-    /// Up to `max` tokens after `tokens`' latest matching suffix.
-    fn lookup(&self, tokens: &[TokenId], max: usize) -> Vec<TokenId> {
+    /// Up to `max` tokens after `tokens`' latest matching suffix, and that
+    /// suffix's length.
+    fn lookup(&self, tokens: &[TokenId], max: usize) -> Draft {
         let len = tokens.len();
         if max == 0 {
-            return Vec::new();
+            return Draft::default();
         }
         for n in (self.min..=self.max.min(len.saturating_sub(1))).rev() {
             let suffix = &tokens[len - n..];
@@ -55,10 +61,13 @@ impl NgramProposer {
                 .find(|&i| &tokens[i..i + n] == suffix);
             if let Some(i) = found {
                 let from = i + n;
-                return tokens[from..(from + max).min(len)].to_vec();
+                return Draft {
+                    tokens: tokens[from..(from + max).min(len)].to_vec(),
+                    matched: n,
+                };
             }
         }
-        Vec::new()
+        Draft::default()
     }
 }
 
@@ -71,8 +80,9 @@ mod tests {
         let p = NgramProposer::new(2, 3);
         // "1 2 3 4 5 | 1 2 3 9 | 1 2 3" -> the latest "1 2 3" went on with 9.
         let t = [1, 2, 3, 4, 5, 1, 2, 3, 9, 7, 1, 2, 3];
-        assert_eq!(p.lookup(&t, 3), vec![9, 7, 1]);
-        assert_eq!(p.lookup(&t, 1), vec![9]);
+        let d = p.lookup(&t, 3);
+        assert_eq!((d.tokens, d.matched), (vec![9, 7, 1], 3));
+        assert_eq!(p.lookup(&t, 1).tokens, vec![9]);
     }
 
     #[test]
@@ -80,9 +90,11 @@ mod tests {
         let p = NgramProposer::new(1, 3);
         // The suffix "8 2" occurred once (then 5); "2" alone last went on with 6.
         let t = [8, 2, 5, 5, 2, 6, 0, 8, 2];
-        assert_eq!(p.lookup(&t, 2), vec![5, 5]);
+        let d = p.lookup(&t, 2);
+        assert_eq!((d.tokens, d.matched), (vec![5, 5], 2));
         let p = NgramProposer::new(1, 1);
-        assert_eq!(p.lookup(&t, 2), vec![6, 0]);
+        let d = p.lookup(&t, 2);
+        assert_eq!((d.tokens, d.matched), (vec![6, 0], 1));
     }
 
     /// One call answers every sequence, each from its own tokens.
@@ -102,16 +114,22 @@ mod tests {
                 max: 2,
             },
         ];
-        assert_eq!(p.propose(&requests), vec![vec![5, 6], vec![]]);
+        let drafts = p.propose(&requests);
+        assert_eq!(drafts[0].tokens, vec![5, 6]);
+        assert_eq!(drafts[1], Draft::default());
     }
 
     #[test]
     fn nothing_to_copy_proposes_nothing() {
         let p = NgramProposer::new(2, 4);
-        assert!(p.lookup(&[1, 2, 3, 4, 5, 6], 4).is_empty());
-        assert!(p.lookup(&[1], 4).is_empty());
-        assert!(p.lookup(&[], 4).is_empty());
-        assert!(p.lookup(&[1, 2, 1, 2], 0).is_empty());
+        for (tokens, max) in [
+            (&[1, 2, 3, 4, 5, 6][..], 4),
+            (&[1], 4),
+            (&[], 4),
+            (&[1, 2, 1, 2], 0),
+        ] {
+            assert_eq!(p.lookup(tokens, max), Draft::default());
+        }
     }
 
     #[test]
@@ -119,9 +137,9 @@ mod tests {
         // A loop: the latest match with a whole proposal after it; a short
         // one where no match has.
         let p = NgramProposer::new(2, 2);
-        assert_eq!(p.lookup(&[7, 7, 7, 7], 4), vec![7, 7]);
-        assert_eq!(p.lookup(&[7; 8], 4), vec![7; 4]);
-        assert_eq!(p.lookup(&[1, 2, 1, 2, 1, 2], 4), vec![1, 2, 1, 2]);
-        assert_eq!(p.lookup(&[1, 2, 1, 2, 1, 2], 3), vec![1, 2, 1]);
+        assert_eq!(p.lookup(&[7, 7, 7, 7], 4).tokens, vec![7, 7]);
+        assert_eq!(p.lookup(&[7; 8], 4).tokens, vec![7; 4]);
+        assert_eq!(p.lookup(&[1, 2, 1, 2, 1, 2], 4).tokens, vec![1, 2, 1, 2]);
+        assert_eq!(p.lookup(&[1, 2, 1, 2, 1, 2], 3).tokens, vec![1, 2, 1]);
     }
 }
