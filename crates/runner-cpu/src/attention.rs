@@ -77,7 +77,7 @@ pub fn paged_attention(
         .find(|n| group.is_multiple_of(*n))
         .unwrap_or(1);
     let dot = dot_fn();
-    let wide = wide_available();
+    let wide = crate::simd::avx2_fma();
     out.par_chunks_mut(heads * hd)
         .enumerate()
         .for_each(|(task, o)| {
@@ -89,7 +89,7 @@ pub fn paged_attention(
                 kv_head: h / group,
             };
             if wide {
-                // SAFETY: `wide_available` found AVX2 and FMA.
+                // SAFETY: `avx2_fma` found AVX2 and FMA.
                 unsafe { attend_heads_avx2(shape, kv, task, o) }
             } else {
                 attend_heads(shape, kv, task, dot, o);
@@ -104,19 +104,6 @@ struct HeadTask<'a> {
     q: &'a [f32],
     site: TokenSite<'a>,
     kv_head: usize,
-}
-
-/// Whether [`attend_heads_avx2`] runs here (what [`dot_fn`] picks the
-/// AVX2 dot product on).
-fn wide_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
 }
 
 /// [`attend_heads`] with [`dot_fn`]'s AVX2 dot product inlined and the

@@ -8,7 +8,7 @@ pub type DotFn = fn(&[f32], &[f32]) -> f32;
 pub fn dot_fn() -> DotFn {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        if avx2_fma() {
             return |a, b| {
                 // SAFETY: the features were detected above.
                 unsafe { x86::dot_avx2(a, b) }
@@ -16,6 +16,19 @@ pub fn dot_fn() -> DotFn {
         }
     }
     dot_portable
+}
+
+/// Whether this CPU has AVX2 and FMA: what [`dot_fn`] picks [`dot_avx2`]
+/// on, and what code inlining it must check.
+pub(crate) fn avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
