@@ -140,8 +140,10 @@ def main():
     experts = c.get("num_experts", 0)
     arch = "qwen3moe" if experts else "llama"
     vocab = c["vocab_size"]
-    n_vocab, tok = tokenizer_kvs(a.tokenizer, vocab, "qwen2" if experts else "llama-bpe",
-                                 c.get("bos_token_id", 128000), c.get("eos_token_id", 128009))
+    # Llama: Llama 3 Instruct's ids as llama.cpp's converter writes them (eos the turn's end,
+    # <|eot_id|>); Qwen3: the config's.
+    pre, bos, eos = ("qwen2", c["bos_token_id"], c["eos_token_id"]) if experts else ("llama-bpe", 128000, 128009)
+    n_vocab, tok = tokenizer_kvs(a.tokenizer, vocab, pre, bos, eos)
     assert n_vocab == vocab, (n_vocab, vocab)
     meta = [
         kv("general.architecture", T_STR, arch),
