@@ -218,11 +218,12 @@ qwen3moe_dir() {
 # has room (the disk is 64 GB), else in $W; prints its path.
 qwen3moe_gguf() {
   [ -n "${WMOE_PID:-}" ] && wait "$WMOE_PID"
-  local name=qwen3-30b-a3b-bf16.gguf G
+  local name=qwen3-30b-a3b-bf16.gguf G M
   for G in "/dev/shm/$name" "$W/$name"; do [ -f "$G" ] && { echo "$G"; return; }; done
   G="$W/$name"
   [ "$(df --output=avail -BG /dev/shm | tail -1 | tr -dc 0-9)" -ge 66 ] && G="/dev/shm/$name"
-  python3 tests/gpu/write_gguf.py --config "$(qwen3moe_dir)/config.json" --tokenizer "$(qwen3moe_dir)" --out "$G.part" >&2 &&
+  M=$(qwen3moe_dir)
+  python3 tests/gpu/write_gguf.py --config "$M/config.json" --tokenizer "$M" --out "$G.part" >&2 &&
     mv "$G.part" "$G"
   echo "$G"
 }
