@@ -1072,20 +1072,25 @@ def moe_tiles(T, k, E):
     return -(-(T * k) // 64) + min(E, T * k)
 
 
-def moe_grouped_run(m, xb, ids, w, gate, up, down, resid, T, k, E, ff, d, gelu=False):
+def moe_grouped_run(m, xb, ids, w, gate, up, down, resid, T, k, E, ff, d, gelu=False, scales=None):
     """The grouped path (moe_align, moe_grouped_gate_up_*, moe_grouped_down, moe_weighted_sum) as
-    the runner launches it; returns (sorted, tile_expert, act)."""
+    the runner launches it; returns (sorted, tile_expert, act). With `scales` (gate's, up's and
+    down's row scales) the stacks are e4m3 and the *_e4m3 kernels run."""
     tiles = moe_tiles(T, k, E)
     sorted_ = torch.empty(tiles * 64, dtype=torch.int32, device="cuda")
     tile_expert = torch.empty(tiles, dtype=torch.int32, device="cuda")
     launch(m.fn("moe_align"), (1,), 1024, [ptr(ids), i32(T * k), i32(E), i32(tiles), ptr(sorted_), ptr(tile_expert)])
     act = torch.full((T * k, ff), float("nan"), dtype=torch.bfloat16, device="cuda")
     out = torch.full((T * k, d), float("nan"), dtype=torch.float32, device="cuda")
-    name = "moe_grouped_gate_up_gelu_tanh" if gelu else "moe_grouped_gate_up_silu"
+    suffix = "_e4m3" if scales else ""
+    gate_up_scales = [ptr(scales[0]), ptr(scales[1])] if scales else []
+    name = ("moe_grouped_gate_up_gelu_tanh" if gelu else "moe_grouped_gate_up_silu") + suffix
     launch(m.fn(name), (ff // 64, tiles), 128,
-           [ptr(xb), i32(k), ptr(gate), ptr(up), i32(ff), i32(d), ptr(sorted_), ptr(tile_expert), ptr(act)])
-    launch(m.fn("moe_grouped_down"), (d // 128, tiles), 128,
-           [ptr(act), ptr(down), i32(d), i32(ff), ptr(sorted_), ptr(tile_expert), ptr(out)])
+           [ptr(xb), i32(k), ptr(gate), ptr(up)] + gate_up_scales
+           + [i32(ff), i32(d), ptr(sorted_), ptr(tile_expert), ptr(act)])
+    launch(m.fn("moe_grouped_down" + suffix), (d // 128, tiles), 128,
+           [ptr(act), ptr(down)] + ([ptr(scales[2])] if scales else [])
+           + [i32(d), i32(ff), ptr(sorted_), ptr(tile_expert), ptr(out)])
     launch(m.fn("moe_weighted_sum"), (T,), 256, [ptr(out), ptr(w), i32(k), i32(d), ptr(resid)])
     return sorted_, tile_expert, act
 
@@ -1130,6 +1135,58 @@ def check_moe_grouped(m, rng):
                1e-5)
 
 
+def e4m3_rows(w):
+    """A stack's rows in e4m3 with row scales (absmax / 448, as quantize_rows_e4m3): the device
+    bytes, the device scales and the dequantized float64 values the kernels must multiply by."""
+    rows = w.reshape(-1, w.shape[-1])
+    s = np.maximum(np.abs(rows).max(1), 1e-30) / 448.0
+    q = torch.tensor(rows / s[:, None]).to(torch.float8_e4m3fn)
+    deq = (q.double().numpy() * s[:, None]).reshape(w.shape)
+    return q.view(torch.uint8).cuda(), dev(s, torch.float32), deq
+
+
+def check_moe_e4m3(m, rng):
+    """FP8 experts: the per-slot GEMVs (moe_gate_up_*_e4m3, moe_down_sum_e4m3) and the grouped
+    GEMMs over e4m3 stacks (B fragments converted from the staged bytes, row scales in the
+    epilogue) against float64 over the dequantized weights: at 37 tokens, then grouped at one
+    token, a few tiles and an expert spanning several tiles, GELU once."""
+    d, E, k, ff = 256, 40, 6, 128
+    (gq, gs, gate), (uq, us, up) = e4m3_rows(rnd(rng, E, ff, d, scale=0.1)), e4m3_rows(rnd(rng, E, ff, d, scale=0.1))
+    dq, ds, down = e4m3_rows(rnd(rng, E, d, ff, scale=0.1))
+    for T, gelu, grouped in ((37, False, False), (37, True, False), (1, False, True), (300, False, True),
+                             (300, True, True)):
+        # Half the tokens choose expert 5: at T = 300 it takes three tiles.
+        rest = np.array([x for x in range(E) if x != 5])
+        e = np.sort(np.stack([np.append(rng.choice(rest, k - 1, replace=False), 5) if t < T // 2
+                              else rng.choice(E, k, replace=False) for t in range(T)]), 1)
+        ids, flat = dev(e, torch.int32), e.reshape(-1)
+        wts = rng.uniform(0.05, 0.5, size=(T, k))
+        w = dev(wts, torch.float32)
+        xb = bf(rnd(rng, T, d))
+        base = rnd(rng, T, d).astype(np.float32).astype(np.float64)
+        resid = dev(base, torch.float32)
+        tag = f"T={T}{' gelu' if gelu else ''}"
+        if grouped:
+            _, _, act = moe_grouped_run(m, dev(xb, torch.bfloat16), ids, w, gq, uq, dq, resid, T, k, E, ff, d, gelu,
+                                        (gs, us, ds))
+            tag = "grouped " + tag
+        else:
+            act = torch.empty(T * k, ff, dtype=torch.bfloat16, device="cuda")
+            name = "moe_gate_up_gelu_tanh_e4m3" if gelu else "moe_gate_up_silu_e4m3"
+            launch(m.fn(name), (T * k, math.ceil(ff / 8)), 256,
+                   [ptr(dev(xb, torch.bfloat16)), ptr(gq), ptr(uq), ptr(gs), ptr(us), ptr(ids), i32(k), i32(d),
+                    i32(ff), ptr(act)])
+            launch(m.fn("moe_down_sum_e4m3"), (T, math.ceil(d / 8)), 256,
+                   [ptr(act), ptr(dq), ptr(ds), ptr(ids), ptr(w), i32(k), i32(d), i32(ff), ptr(resid)])
+        tok = np.repeat(np.arange(T), k)
+        gv = np.einsum("sfd,sd->sf", gate[flat], xb[tok])
+        uv = np.einsum("sfd,sd->sf", up[flat], xb[tok])
+        want_act = (gelu_tanh(gv) if gelu else gv / (1 + np.exp(-gv))) * uv
+        report(f"moe e4m3 gate_up {tag} (bf16 out)", rel(host(act), want_act), 8e-3)
+        per_slot = np.einsum("sdf,sf->sd", down[flat], host(act)) * wts.astype(np.float32).reshape(-1)[:, None]
+        report(f"moe e4m3 down sum {tag}", rel(host(resid), base + per_slot.reshape(T, k, d).sum(1)), 1e-5)
+
+
 # (name, module, check), in the order they run.
 CHECKS = [
     ("elementwise", "elementwise", check_elementwise),
@@ -1141,6 +1198,7 @@ CHECKS = [
     ("qkv_rope", "gemv", check_qkv_rope),
     ("fused_norm", "gemv", check_fused_norm),
     ("moe", "moe", check_moe),
+    ("moe_e4m3", "moe", check_moe_e4m3),
     ("collective", "collective", check_collective),
     ("fused_block", None, check_fused_block),  # takes every module
 ]

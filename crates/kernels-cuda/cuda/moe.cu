@@ -9,11 +9,20 @@
 // expert, in ascending expert order; a token's expert outputs are summed in
 // that order, and every slot's products are computed alone, so a token's
 // result does not depend on the batch.
+//
+// FP8 experts (`--quantization fp8`, the *_e4m3 kernels): the gate and up
+// stacks are one e4m3 matrix of 2 * experts * width rows (gate's, then
+// up's) and down's one of experts * hidden rows, each followed by its f32
+// row scales (fp8.cu's layout); the kernels take the bytes' and the scales'
+// bases of each stack and apply a row's scale once to its sum.
+#include "e4m3.cuh"
 #include "mma.cuh"
 
 #define MOE_MAX_TOP_K 16
 #define MOE_MAX_EXPERTS 256
 #define MOE_WARPS 8
+// 16-byte e4m3 loads a lane issues before using them (expert GEMVs).
+#define MOE_E4M3_BATCH 4
 
 // logits[t, e] = (x[t] / rms(x[t]) ⊙ norm) · router[e] in f32, from the f32
 // residual: the expert choice is made before any bf16 rounding of the normed
@@ -163,6 +172,61 @@ __device__ __forceinline__ void moe_gate_up(const bf16* __restrict__ x, const bf
   }
 }
 
+// moe_gate_up over e4m3 rows (16 weights a load); hidden % 16 == 0.
+template <bool GELU>
+__device__ __forceinline__ void moe_gate_up_e4m3(const bf16* __restrict__ x, const uint8_t* __restrict__ gate,
+                                                 const uint8_t* __restrict__ up, const float* __restrict__ gate_scales,
+                                                 const float* __restrict__ up_scales, const int* __restrict__ ids,
+                                                 int k, int hidden, int width, bf16* __restrict__ act) {
+  pdl_begin();
+  const int lane = threadIdx.x & 31;
+  const int r = blockIdx.y * MOE_WARPS + (threadIdx.x >> 5);
+  const int s = blockIdx.x;
+  if (r >= width) return;
+  const size_t row = (size_t)ids[s] * width + r;
+  const uint4* g = reinterpret_cast<const uint4*>(gate + row * hidden);
+  const uint4* u = reinterpret_cast<const uint4*>(up + row * hidden);
+  const uint4* xr = reinterpret_cast<const uint4*>(x + (size_t)(s / k) * hidden);
+  const int n16 = hidden / 16;
+  float ag = 0.f, au = 0.f;
+  // MOE_E4M3_BATCH loads of each row in flight before any arithmetic.
+  for (int i0 = lane; i0 < n16; i0 += 32 * MOE_E4M3_BATCH) {
+    uint4 gv[MOE_E4M3_BATCH], uv[MOE_E4M3_BATCH];
+#pragma unroll
+    for (int b = 0; b < MOE_E4M3_BATCH; ++b)
+      if (i0 + 32 * b < n16) {
+        gv[b] = g[i0 + 32 * b];
+        uv[b] = u[i0 + 32 * b];
+      }
+#pragma unroll
+    for (int b = 0; b < MOE_E4M3_BATCH; ++b) {
+      const int i = i0 + 32 * b;
+      if (i >= n16) break;
+      const uint4 x0 = xr[2 * i], x1 = xr[2 * i + 1];
+      dot16_e4m3(gv[b], x0, x1, ag);
+      dot16_e4m3(uv[b], x0, x1, au);
+    }
+  }
+  ag = warp_sum(ag) * gate_scales[row];
+  au = warp_sum(au) * up_scales[row];
+  if (lane == 0) {
+    const float a = GELU ? gelu_tanh(ag) : ag / (1.f + expf(-ag));
+    act[(size_t)s * width + r] = to_bf16(a * au);
+  }
+}
+
+extern "C" __global__ void moe_gate_up_silu_e4m3(const bf16* x, const uint8_t* gate, const uint8_t* up,
+                                                 const float* gate_scales, const float* up_scales, const int* ids,
+                                                 int k, int hidden, int width, bf16* act) {
+  moe_gate_up_e4m3<false>(x, gate, up, gate_scales, up_scales, ids, k, hidden, width, act);
+}
+
+extern "C" __global__ void moe_gate_up_gelu_tanh_e4m3(const bf16* x, const uint8_t* gate, const uint8_t* up,
+                                                      const float* gate_scales, const float* up_scales,
+                                                      const int* ids, int k, int hidden, int width, bf16* act) {
+  moe_gate_up_e4m3<true>(x, gate, up, gate_scales, up_scales, ids, k, hidden, width, act);
+}
+
 extern "C" __global__ void moe_gate_up_silu(const bf16* x, const bf16* gate, const bf16* up, const int* ids, int k,
                                             int hidden, int width, bf16* act) {
   moe_gate_up<false>(x, gate, up, ids, k, hidden, width, act);
@@ -207,6 +271,48 @@ extern "C" __global__ void moe_down_sum(const bf16* __restrict__ act, const bf16
     const int j = f / n8;
     const size_t row = (size_t)expert[j] * hidden + r;
     out = fmaf(weight[j], moe_dot8(w[row * n8 + (f - j * n8)], a[f]), out);
+  }
+  out = warp_sum(out);
+  if (lane == 0) residual[(size_t)t * hidden + r] += out;
+}
+
+// moe_down_sum over e4m3 rows (16 weights a chunk): each warp first folds
+// its row's scale into the k slot weights. width % 16 == 0.
+extern "C" __global__ void moe_down_sum_e4m3(const bf16* __restrict__ act, const uint8_t* __restrict__ down,
+                                             const float* __restrict__ down_scales, const int* __restrict__ ids,
+                                             const float* __restrict__ weights, int k, int hidden, int width,
+                                             float* __restrict__ residual) {
+  pdl_begin();
+  __shared__ int expert[MOE_MAX_TOP_K];
+  __shared__ float scaled[MOE_WARPS][MOE_MAX_TOP_K];
+  const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (threadIdx.x < k) expert[threadIdx.x] = ids[t * k + threadIdx.x];
+  __syncthreads();
+  const int r = blockIdx.y * MOE_WARPS + warp;
+  if (r >= hidden) return;
+  if (lane < k) scaled[warp][lane] = weights[t * k + lane] * down_scales[(size_t)expert[lane] * hidden + r];
+  __syncwarp();
+  const int n16 = width / 16;
+  const uint4* a = reinterpret_cast<const uint4*>(act + (size_t)t * k * width);
+  const uint4* w = reinterpret_cast<const uint4*>(down);
+  float out = 0.f;
+  for (int f0 = lane; f0 < k * n16; f0 += 32 * MOE_E4M3_BATCH) {
+    uint4 wv[MOE_E4M3_BATCH];
+#pragma unroll
+    for (int b = 0; b < MOE_E4M3_BATCH; ++b) {
+      const int f = f0 + 32 * b;
+      if (f >= k * n16) break;
+      const int j = f / n16;
+      wv[b] = w[((size_t)expert[j] * hidden + r) * n16 + (f - j * n16)];
+    }
+#pragma unroll
+    for (int b = 0; b < MOE_E4M3_BATCH; ++b) {
+      const int f = f0 + 32 * b;
+      if (f >= k * n16) break;
+      float dot = 0.f;
+      dot16_e4m3(wv[b], a[2 * f], a[2 * f + 1], dot);
+      out = fmaf(scaled[warp][f / n16], dot, out);
+    }
   }
   out = warp_sum(out);
   if (lane == 0) residual[(size_t)t * hidden + r] += out;
@@ -279,16 +385,25 @@ extern "C" __global__ void moe_align(const int* __restrict__ ids, int slots, int
 //   GATED: act[slot, c] = act(gate_e[c] · a) * (up_e[c] · a) in bf16, for
 //     the 64 columns c of the block (64 gate rows and 64 up rows staged).
 //   else:  out[slot, c] = w_e[c] · a in f32, for 128 columns.
+// FP8: the weights are e4m3 bytes (`w0`/`w1` then point at bytes), staged
+// as they are and converted to bf16 pairs (exactly) as the B fragments are
+// read; each column's sum is multiplied by its row scale (`s0`/`s1`,
+// `[experts * n]`) in the epilogue.
 // Grid: (n / (GATED ? 64 : 128), tiles). K must be a multiple of 32.
-template <bool GATED, bool GELU>
-__device__ __forceinline__ void moe_grouped(const bf16* __restrict__ a, int a_per_row, const bf16* __restrict__ w0,
-                                            const bf16* __restrict__ w1, int n, int K, const int* __restrict__ sorted,
-                                            const int* __restrict__ tile_expert, bf16* __restrict__ act,
-                                            float* __restrict__ out) {
+template <bool GATED, bool GELU, bool FP8>
+__device__ __forceinline__ void moe_grouped(const bf16* __restrict__ a, int a_per_row, const void* __restrict__ w0,
+                                            const void* __restrict__ w1, const float* __restrict__ s0,
+                                            const float* __restrict__ s1, int n, int K,
+                                            const int* __restrict__ sorted, const int* __restrict__ tile_expert,
+                                            bf16* __restrict__ act, float* __restrict__ out) {
   pdl_begin();
   constexpr int BLOCK_N = GATED ? MOE_TILE_N / 2 : MOE_TILE_N;
+  // A staged weight row: 32 bf16 (+8 pad), or 32 e4m3 bytes (+16 pad: the
+  // 8 rows a fragment read touches fall in distinct banks).
+  constexpr int W_LD = FP8 ? MOE_TILE_K + 16 : MOE_LD * 2;  // bytes
+  constexpr int W_CHUNKS = MOE_TILE_N * MOE_TILE_K * (FP8 ? 1 : 2) / 16 / MOE_GEMM_THREADS;
   __shared__ alignas(16) bf16 sa[MOE_STAGES][MOE_TILE_M * MOE_LD];
-  __shared__ alignas(16) bf16 sw[MOE_STAGES][MOE_TILE_N * MOE_LD];
+  __shared__ alignas(16) unsigned char sw[MOE_STAGES][MOE_TILE_N * W_LD];
   __shared__ int rows[MOE_TILE_M];
   const int tile = blockIdx.y, e = tile_expert[tile];
   if (e < 0) return;
@@ -298,8 +413,8 @@ __device__ __forceinline__ void moe_grouped(const bf16* __restrict__ a, int a_pe
   if (tid < MOE_TILE_M) rows[tid] = sorted[tile * MOE_TILE_M + tid];
   __syncthreads();
 
-  // This thread's pieces of every stage: 2 A rows and 4 weight rows, one
-  // 16-byte chunk each (4 chunks per 32-wide row).
+  // This thread's pieces of every stage: 2 A rows and W_CHUNKS weight
+  // chunks, 16 bytes each (a 32-wide row is 4 bf16 chunks or 2 e4m3 ones).
   const bf16* a_src[2];
   int a_bytes[2];
 #pragma unroll
@@ -308,13 +423,18 @@ __device__ __forceinline__ void moe_grouped(const bf16* __restrict__ a, int a_pe
     a_bytes[j] = slot < 0 ? 0 : 16;
     a_src[j] = a + (slot < 0 ? 0 : (size_t)(slot / a_per_row) * K) + ((tid + j * MOE_GEMM_THREADS) & 3) * 8;
   }
-  const bf16* w_src[4];
+  constexpr int ROW_CHUNKS = FP8 ? 2 : 4;
+  constexpr int ELEM = FP8 ? 1 : 2;
+  const unsigned char* w_src[W_CHUNKS];
+  int w_dst[W_CHUNKS];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int r = (tid + j * MOE_GEMM_THREADS) >> 2;
-    const bf16* base = GATED && r >= BLOCK_N ? w1 : w0;
+  for (int j = 0; j < W_CHUNKS; ++j) {
+    const int idx = tid + j * MOE_GEMM_THREADS;
+    const int r = idx / ROW_CHUNKS, part = idx % ROW_CHUNKS;
+    const void* base = GATED && r >= BLOCK_N ? w1 : w0;
     const int c = c0 + (GATED && r >= BLOCK_N ? r - BLOCK_N : r);
-    w_src[j] = base + ((size_t)e * n + c) * K + ((tid + j * MOE_GEMM_THREADS) & 3) * 8;
+    w_src[j] = static_cast<const unsigned char*>(base) + (((size_t)e * n + c) * K + part * (16 / ELEM)) * ELEM;
+    w_dst[j] = r * W_LD + part * 16;
   }
   auto stage = [&](int st, int k0) {
 #pragma unroll
@@ -323,10 +443,7 @@ __device__ __forceinline__ void moe_grouped(const bf16* __restrict__ a, int a_pe
       cp_async_cg16_fill(&sa[st][(idx >> 2) * MOE_LD + (idx & 3) * 8], a_src[j] + k0, a_bytes[j]);
     }
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int idx = tid + j * MOE_GEMM_THREADS;
-      cp_async_cg16(&sw[st][(idx >> 2) * MOE_LD + (idx & 3) * 8], w_src[j] + k0);
-    }
+    for (int j = 0; j < W_CHUNKS; ++j) cp_async_cg16(&sw[st][w_dst[j]], w_src[j] + k0 * ELEM);
   };
 
   // The warp's 8 column tiles of 8: GATED, 4 gate then the same 4 of up.
@@ -347,21 +464,34 @@ __device__ __forceinline__ void moe_grouped(const bf16* __restrict__ a, int a_pe
     if (next < k_tiles) stage(next % MOE_STAGES, next * MOE_TILE_K);
     cp_async_commit();
     const bf16* ta = sa[kt % MOE_STAGES];
-    const bf16* tw = sw[kt % MOE_STAGES];
+    const unsigned char* tw = sw[kt % MOE_STAGES];
 #pragma unroll
     for (int kk = 0; kk < MOE_TILE_K; kk += 16) {
       unsigned fa[2][4], fw[8][2];
 #pragma unroll
       for (int i = 0; i < 2; ++i)
         ldmatrix_x4(fa[i], ta + (wm * 32 + i * 16 + (lane & 15)) * MOE_LD + kk + (lane >> 4) * 8);
+      if constexpr (FP8) {
+        // B fragment: column lane / 4, k pairs 2 * (lane % 4) and + 8.
 #pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        unsigned r[4];
-        ldmatrix_x4(r, tw + (col_tile(2 * p) + (lane >> 4) * 8 + (lane & 7)) * MOE_LD + kk + ((lane >> 3) & 1) * 8);
-        fw[2 * p][0] = r[0];
-        fw[2 * p][1] = r[1];
-        fw[2 * p + 1][0] = r[2];
-        fw[2 * p + 1][1] = r[3];
+        for (int j = 0; j < 8; ++j) {
+          const unsigned char* p = tw + (col_tile(j) + (lane >> 2)) * W_LD + kk + 2 * (lane & 3);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float2 f = e4m3x2_to_float2(*reinterpret_cast<const __nv_fp8x2_storage_t*>(p + 8 * h));
+            fw[j][h] = pack_bf16(f.x, f.y);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+          unsigned r[4];
+          ldmatrix_x4(r, tw + ((col_tile(2 * p) + (lane >> 4) * 8 + (lane & 7)) * MOE_LD + kk + ((lane >> 3) & 1) * 8) * 2);
+          fw[2 * p][0] = r[0];
+          fw[2 * p][1] = r[1];
+          fw[2 * p + 1][0] = r[2];
+          fw[2 * p + 1][1] = r[3];
+        }
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i)
@@ -371,6 +501,8 @@ __device__ __forceinline__ void moe_grouped(const bf16* __restrict__ a, int a_pe
   }
   cp_async_wait<0>();
 
+  // A column's row scale (1 for bf16 weights).
+  auto scale = [&](const float* sc, int c) { return FP8 ? sc[(size_t)e * n + c] : 1.f; };
   // C fragment: rows lane / 4 and + 8, columns 2 * (lane % 4) and + 1.
 #pragma unroll
   for (int i = 0; i < 2; ++i)
@@ -381,18 +513,19 @@ __device__ __forceinline__ void moe_grouped(const bf16* __restrict__ a, int a_pe
       if constexpr (GATED) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const float g0 = acc[i][j][2 * h], g1 = acc[i][j][2 * h + 1];
-          const float u0 = acc[i][j + 4][2 * h], u1 = acc[i][j + 4][2 * h + 1];
+          const int c = c0 + wn * 32 + 8 * j + 2 * (lane & 3);
+          const float g0 = acc[i][j][2 * h] * scale(s0, c), g1 = acc[i][j][2 * h + 1] * scale(s0, c + 1);
+          const float u0 = acc[i][j + 4][2 * h] * scale(s1, c), u1 = acc[i][j + 4][2 * h + 1] * scale(s1, c + 1);
           const float a0 = GELU ? gelu_tanh(g0) : g0 / (1.f + expf(-g0));
           const float a1 = GELU ? gelu_tanh(g1) : g1 / (1.f + expf(-g1));
-          const int c = c0 + wn * 32 + 8 * j + 2 * (lane & 3);
           *reinterpret_cast<__nv_bfloat162*>(act + (size_t)slot * n + c) = __floats2bfloat162_rn(a0 * u0, a1 * u1);
         }
       } else {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const int c = c0 + wn * 64 + 8 * j + 2 * (lane & 3);
-          *reinterpret_cast<float2*>(out + (size_t)slot * n + c) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+          *reinterpret_cast<float2*>(out + (size_t)slot * n + c) =
+              make_float2(acc[i][j][2 * h] * scale(s0, c), acc[i][j][2 * h + 1] * scale(s0, c + 1));
         }
       }
     }
@@ -403,13 +536,13 @@ __device__ __forceinline__ void moe_grouped(const bf16* __restrict__ a, int a_pe
 extern "C" __global__ void __launch_bounds__(MOE_GEMM_THREADS)
     moe_grouped_gate_up_silu(const bf16* x, int k, const bf16* gate, const bf16* up, int width, int hidden,
                              const int* sorted, const int* tile_expert, bf16* act) {
-  moe_grouped<true, false>(x, k, gate, up, width, hidden, sorted, tile_expert, act, nullptr);
+  moe_grouped<true, false, false>(x, k, gate, up, nullptr, nullptr, width, hidden, sorted, tile_expert, act, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(MOE_GEMM_THREADS)
     moe_grouped_gate_up_gelu_tanh(const bf16* x, int k, const bf16* gate, const bf16* up, int width, int hidden,
                                   const int* sorted, const int* tile_expert, bf16* act) {
-  moe_grouped<true, true>(x, k, gate, up, width, hidden, sorted, tile_expert, act, nullptr);
+  moe_grouped<true, true, false>(x, k, gate, up, nullptr, nullptr, width, hidden, sorted, tile_expert, act, nullptr);
 }
 
 // out[slot, :] = down_e · act[slot] in f32 (per slot, unweighted).
@@ -417,7 +550,32 @@ extern "C" __global__ void __launch_bounds__(MOE_GEMM_THREADS)
 extern "C" __global__ void __launch_bounds__(MOE_GEMM_THREADS)
     moe_grouped_down(const bf16* act, const bf16* down, int hidden, int width, const int* sorted,
                      const int* tile_expert, float* out) {
-  moe_grouped<false, false>(act, 1, down, nullptr, hidden, width, sorted, tile_expert, nullptr, out);
+  moe_grouped<false, false, false>(act, 1, down, nullptr, nullptr, nullptr, hidden, width, sorted, tile_expert,
+                                   nullptr, out);
+}
+
+// The same three over e4m3 experts, with their row scales.
+extern "C" __global__ void __launch_bounds__(MOE_GEMM_THREADS)
+    moe_grouped_gate_up_silu_e4m3(const bf16* x, int k, const uint8_t* gate, const uint8_t* up,
+                                  const float* gate_scales, const float* up_scales, int width, int hidden,
+                                  const int* sorted, const int* tile_expert, bf16* act) {
+  moe_grouped<true, false, true>(x, k, gate, up, gate_scales, up_scales, width, hidden, sorted, tile_expert, act,
+                                 nullptr);
+}
+
+extern "C" __global__ void __launch_bounds__(MOE_GEMM_THREADS)
+    moe_grouped_gate_up_gelu_tanh_e4m3(const bf16* x, int k, const uint8_t* gate, const uint8_t* up,
+                                       const float* gate_scales, const float* up_scales, int width, int hidden,
+                                       const int* sorted, const int* tile_expert, bf16* act) {
+  moe_grouped<true, true, true>(x, k, gate, up, gate_scales, up_scales, width, hidden, sorted, tile_expert, act,
+                                nullptr);
+}
+
+extern "C" __global__ void __launch_bounds__(MOE_GEMM_THREADS)
+    moe_grouped_down_e4m3(const bf16* act, const uint8_t* down, const float* down_scales, int hidden, int width,
+                          const int* sorted, const int* tile_expert, float* out) {
+  moe_grouped<false, false, true>(act, 1, down, nullptr, down_scales, nullptr, hidden, width, sorted, tile_expert,
+                                  nullptr, out);
 }
 
 // residual[t, :] += Σ_j weights[t * k + j] · out[t * k + j, :], j ascending.

@@ -70,11 +70,17 @@ pub struct Kernels {
     moe_route: Kernel,
     moe_gate_up_silu: Kernel,
     moe_gate_up_gelu_tanh: Kernel,
+    moe_gate_up_silu_e4m3: Kernel,
+    moe_gate_up_gelu_tanh_e4m3: Kernel,
     moe_down_sum: Kernel,
+    moe_down_sum_e4m3: Kernel,
     moe_align: Kernel,
     moe_grouped_gate_up_silu: Kernel,
     moe_grouped_gate_up_gelu_tanh: Kernel,
+    moe_grouped_gate_up_silu_e4m3: Kernel,
+    moe_grouped_gate_up_gelu_tanh_e4m3: Kernel,
     moe_grouped_down: Kernel,
+    moe_grouped_down_e4m3: Kernel,
     moe_weighted_sum: Kernel,
     decode_attention: Kernel,
     /// The tensor-core decode attention and its dynamic shared memory, for
@@ -265,12 +271,18 @@ impl Kernels {
             moe_router: gpu.kernel("moe_router")?,
             moe_route: gpu.kernel("moe_route")?,
             moe_gate_up_silu: gpu.kernel("moe_gate_up_silu")?,
+            moe_gate_up_silu_e4m3: gpu.kernel("moe_gate_up_silu_e4m3")?,
             moe_gate_up_gelu_tanh: gpu.kernel("moe_gate_up_gelu_tanh")?,
+            moe_gate_up_gelu_tanh_e4m3: gpu.kernel("moe_gate_up_gelu_tanh_e4m3")?,
             moe_down_sum: gpu.kernel("moe_down_sum")?,
+            moe_down_sum_e4m3: gpu.kernel("moe_down_sum_e4m3")?,
             moe_align: gpu.kernel("moe_align")?,
             moe_grouped_gate_up_silu: gpu.kernel("moe_grouped_gate_up_silu")?,
+            moe_grouped_gate_up_silu_e4m3: gpu.kernel("moe_grouped_gate_up_silu_e4m3")?,
             moe_grouped_gate_up_gelu_tanh: gpu.kernel("moe_grouped_gate_up_gelu_tanh")?,
+            moe_grouped_gate_up_gelu_tanh_e4m3: gpu.kernel("moe_grouped_gate_up_gelu_tanh_e4m3")?,
             moe_grouped_down: gpu.kernel("moe_grouped_down")?,
+            moe_grouped_down_e4m3: gpu.kernel("moe_grouped_down_e4m3")?,
             moe_weighted_sum: gpu.kernel("moe_weighted_sum")?,
             decode_attention,
             tc_decode_attention,
@@ -733,8 +745,11 @@ pub struct MoeGateUp {
     pub tokens: usize,
     pub activation: Activation,
     pub x: DevPtr,
-    /// `(gate, up)` stacks, `[experts, width, hidden]` bf16 each.
+    /// `(gate, up)` stacks, `[experts, width, hidden]` bf16 each, or e4m3
+    /// with `scales`.
     pub weights: (DevPtr, DevPtr),
+    /// e4m3 stacks' row scales (gate's, up's).
+    pub scales: Option<(DevPtr, DevPtr)>,
     pub ids: DevPtr,
     pub top_k: usize,
     pub hidden: usize,
@@ -744,24 +759,31 @@ pub struct MoeGateUp {
 
 impl MoeGateUp {
     pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
-        let args = [
+        let mut args = vec![
             Arg::Ptr(self.x),
             Arg::Ptr(self.weights.0),
             Arg::Ptr(self.weights.1),
+        ];
+        if let Some((gate, up)) = self.scales {
+            args.extend([Arg::Ptr(gate), Arg::Ptr(up)]);
+        }
+        args.extend([
             Arg::Ptr(self.ids),
             Arg::I32(self.top_k as i32),
             Arg::I32(self.hidden as i32),
             Arg::I32(self.width as i32),
             Arg::Ptr(self.act),
-        ];
+        ]);
         let grid = (
             (self.tokens * self.top_k) as u32,
             self.width.div_ceil(MOE_WARPS) as u32,
             1,
         );
-        let kernel = match self.activation {
-            Activation::Silu => &k.moe_gate_up_silu,
-            Activation::GeluTanh => &k.moe_gate_up_gelu_tanh,
+        let kernel = match (self.activation, self.scales.is_some()) {
+            (Activation::Silu, false) => &k.moe_gate_up_silu,
+            (Activation::GeluTanh, false) => &k.moe_gate_up_gelu_tanh,
+            (Activation::Silu, true) => &k.moe_gate_up_silu_e4m3,
+            (Activation::GeluTanh, true) => &k.moe_gate_up_gelu_tanh_e4m3,
         };
         gpu.launch(kernel, grid, (32 * MOE_WARPS) as u32, 0, &args)
     }
@@ -772,8 +794,10 @@ impl MoeGateUp {
 pub struct MoeDownSum {
     pub tokens: usize,
     pub act: DevPtr,
-    /// `[experts, hidden, width]` bf16.
+    /// `[experts, hidden, width]` bf16, or e4m3 with `scales`.
     pub down: DevPtr,
+    /// An e4m3 stack's row scales.
+    pub scales: Option<DevPtr>,
     pub ids: DevPtr,
     pub weights: DevPtr,
     pub top_k: usize,
@@ -784,22 +808,26 @@ pub struct MoeDownSum {
 
 impl MoeDownSum {
     pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
-        let args = [
-            Arg::Ptr(self.act),
-            Arg::Ptr(self.down),
+        let mut args = vec![Arg::Ptr(self.act), Arg::Ptr(self.down)];
+        args.extend(self.scales.map(Arg::Ptr));
+        args.extend([
             Arg::Ptr(self.ids),
             Arg::Ptr(self.weights),
             Arg::I32(self.top_k as i32),
             Arg::I32(self.hidden as i32),
             Arg::I32(self.width as i32),
             Arg::Ptr(self.residual),
-        ];
+        ]);
         let grid = (
             self.tokens as u32,
             self.hidden.div_ceil(MOE_WARPS) as u32,
             1,
         );
-        gpu.launch(&k.moe_down_sum, grid, (32 * MOE_WARPS) as u32, 0, &args)
+        let kernel = match self.scales {
+            Some(_) => &k.moe_down_sum_e4m3,
+            None => &k.moe_down_sum,
+        };
+        gpu.launch(kernel, grid, (32 * MOE_WARPS) as u32, 0, &args)
     }
 }
 
@@ -859,8 +887,11 @@ pub struct MoeGroupedGateUp {
     pub activation: Activation,
     pub x: DevPtr,
     pub top_k: usize,
-    /// `(gate, up)` stacks, `[experts, width, hidden]` bf16 each.
+    /// `(gate, up)` stacks, `[experts, width, hidden]` bf16 each, or e4m3
+    /// with `scales`.
     pub weights: (DevPtr, DevPtr),
+    /// e4m3 stacks' row scales (gate's, up's).
+    pub scales: Option<(DevPtr, DevPtr)>,
     pub width: usize,
     pub hidden: usize,
     pub sorted: DevPtr,
@@ -870,25 +901,32 @@ pub struct MoeGroupedGateUp {
 
 impl MoeGroupedGateUp {
     pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
-        let args = [
+        let mut args = vec![
             Arg::Ptr(self.x),
             Arg::I32(self.top_k as i32),
             Arg::Ptr(self.weights.0),
             Arg::Ptr(self.weights.1),
+        ];
+        if let Some((gate, up)) = self.scales {
+            args.extend([Arg::Ptr(gate), Arg::Ptr(up)]);
+        }
+        args.extend([
             Arg::I32(self.width as i32),
             Arg::I32(self.hidden as i32),
             Arg::Ptr(self.sorted),
             Arg::Ptr(self.tile_expert),
             Arg::Ptr(self.act),
-        ];
+        ]);
         let grid = (
             (self.width / (MOE_TILE_N / 2)) as u32,
             moe_grouped_tiles(self.slots, self.experts) as u32,
             1,
         );
-        let kernel = match self.activation {
-            Activation::Silu => &k.moe_grouped_gate_up_silu,
-            Activation::GeluTanh => &k.moe_grouped_gate_up_gelu_tanh,
+        let kernel = match (self.activation, self.scales.is_some()) {
+            (Activation::Silu, false) => &k.moe_grouped_gate_up_silu,
+            (Activation::GeluTanh, false) => &k.moe_grouped_gate_up_gelu_tanh,
+            (Activation::Silu, true) => &k.moe_grouped_gate_up_silu_e4m3,
+            (Activation::GeluTanh, true) => &k.moe_grouped_gate_up_gelu_tanh_e4m3,
         };
         gpu.launch(kernel, grid, MOE_GEMM_THREADS, 0, &args)
     }
@@ -902,8 +940,10 @@ pub struct MoeGroupedDown {
     pub experts: usize,
     pub top_k: usize,
     pub act: DevPtr,
-    /// `[experts, hidden, width]` bf16.
+    /// `[experts, hidden, width]` bf16, or e4m3 with `scales`.
     pub down: DevPtr,
+    /// An e4m3 stack's row scales.
+    pub scales: Option<DevPtr>,
     pub weights: DevPtr,
     pub hidden: usize,
     pub width: usize,
@@ -916,21 +956,25 @@ pub struct MoeGroupedDown {
 impl MoeGroupedDown {
     pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
         let slots = self.tokens * self.top_k;
-        let args = [
-            Arg::Ptr(self.act),
-            Arg::Ptr(self.down),
+        let mut args = vec![Arg::Ptr(self.act), Arg::Ptr(self.down)];
+        args.extend(self.scales.map(Arg::Ptr));
+        args.extend([
             Arg::I32(self.hidden as i32),
             Arg::I32(self.width as i32),
             Arg::Ptr(self.sorted),
             Arg::Ptr(self.tile_expert),
             Arg::Ptr(self.out),
-        ];
+        ]);
         let grid = (
             (self.hidden / MOE_TILE_N) as u32,
             moe_grouped_tiles(slots, self.experts) as u32,
             1,
         );
-        gpu.launch(&k.moe_grouped_down, grid, MOE_GEMM_THREADS, 0, &args)?;
+        let kernel = match self.scales {
+            Some(_) => &k.moe_grouped_down_e4m3,
+            None => &k.moe_grouped_down,
+        };
+        gpu.launch(kernel, grid, MOE_GEMM_THREADS, 0, &args)?;
         let args = [
             Arg::Ptr(self.out),
             Arg::Ptr(self.weights),

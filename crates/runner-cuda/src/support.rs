@@ -75,18 +75,27 @@ pub fn supports(config: &ModelConfig) -> Result<(), CudaError> {
 /// 16 weights per load, so every matrix's input width must be a multiple
 /// of 16.
 pub(crate) fn supports_format(config: &ModelConfig, format: WeightFormat) -> Result<(), CudaError> {
-    if format.is_fp8() && config.block.moe.is_some() {
+    if format.fp8_from_file() && config.block.moe.is_some() {
         return Err(CudaError::Unsupported(
-            "FP8 weights (model.quantization = \"fp8\") for a mixture of experts: its \
-             experts run in bf16 on the CUDA backend for now"
+            "an FP8 checkpoint of a mixture of experts (model.cuda_weights = \"native\"): \
+             its experts load from bf16 weights only; load the bf16 checkpoint with \
+             --quantization fp8"
                 .into(),
         ));
     }
-    let widths = [config.hidden_size, config.q_dim(), config.intermediate_size];
+    let expert_width = config
+        .block
+        .moe
+        .as_ref()
+        .map(|m| m.expert_intermediate_size);
+    let widths = [config.hidden_size, config.q_dim(), config.intermediate_size]
+        .into_iter()
+        .chain(expert_width);
+    let widths: Vec<usize> = widths.collect();
     if format.is_fp8() && widths.iter().any(|w| !w.is_multiple_of(16)) {
         return Err(CudaError::Unsupported(format!(
             "FP8 weights (model.quantization = \"fp8\") need matrix widths that are \
-             multiples of 16; this model has {widths:?} (hidden, q, intermediate)"
+             multiples of 16; this model has {widths:?} (hidden, q, intermediate, and the experts' width)"
         )));
     }
     Ok(())

@@ -1,7 +1,7 @@
 //! Model shapes and weight formats shared by the unit tests.
 
 use ingot_models::{
-    Architecture, BlockOptions, ModelConfig, RopeConfig, RopeScaling, SlidingWindow,
+    Architecture, BlockOptions, ModelConfig, MoeConfig, RopeConfig, RopeScaling, SlidingWindow,
 };
 
 use crate::weights::WeightFormat;
@@ -37,6 +37,33 @@ pub(crate) fn llama8b() -> ModelConfig {
         tie_word_embeddings: false,
         shard: None,
         block: Default::default(),
+    }
+}
+
+/// Qwen3-30B-A3B's shape: 48 layers of 128 experts, top 8, of width 768;
+/// `dense_layers` keep a dense MLP.
+pub(crate) fn qwen3_moe(dense_layers: Vec<usize>) -> ModelConfig {
+    ModelConfig {
+        architecture: Architecture::Qwen3,
+        hidden_size: 2048,
+        intermediate_size: 6144,
+        num_layers: 48,
+        num_heads: 32,
+        num_kv_heads: 4,
+        head_dim: 128,
+        vocab_size: 151_936,
+        qk_norm: true,
+        block: BlockOptions {
+            moe: Some(MoeConfig {
+                num_experts: 128,
+                experts_per_token: 8,
+                expert_intermediate_size: 768,
+                normalize_top_k: true,
+                dense_layers,
+            }),
+            ..Default::default()
+        },
+        ..llama8b()
     }
 }
 

@@ -5,7 +5,9 @@
 
 use ingot_models::ModelConfig;
 
-use super::groups::{group_index, group_shape, matrix_part, GROUP_TENSORS, MATRIX_GROUPS};
+use super::groups::{
+    expert_part, group_index, layer_group_shape, matrix_part, GROUP_TENSORS, MATRIX_GROUPS,
+};
 use super::{scales_offset, WeightFormat, LM_HEAD};
 use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel};
 use crate::{CudaError, Fp8Keep};
@@ -22,18 +24,33 @@ pub(super) fn staged_for_fp8(name: &str, format: WeightFormat, keep: &Fp8Keep) -
         || (format.fp8_lm_head() && name == LM_HEAD)
 }
 
-/// [`matrix_part`] of a matrix that `keep` does not keep in bf16.
+/// [`matrix_part`] (or, on a sparse layer, [`expert_part`]) of a matrix
+/// that `keep` does not keep in bf16.
 pub(super) fn quantized_part(name: &str, keep: &Fp8Keep) -> Option<(usize, &'static str, usize)> {
-    matrix_part(name).filter(|(layer, group, _)| !keep.keeps(*layer, group_index(group)))
+    matrix_part(name)
+        .or_else(|| expert_part(name))
+        .filter(|(layer, group, _)| !keep.keeps(*layer, group_index(group)))
 }
 
-/// Byte offset of `group` in the one-layer staging arena (bf16).
-fn staging_offset(config: &ModelConfig, group: &str) -> usize {
+/// Rows of layer `layer`'s matrix `group` before part `part` (the up
+/// projections follow the gate's: a dense layer's `ff` rows, a sparse
+/// layer's whole stack of experts' rows).
+pub(super) fn part_rows(config: &ModelConfig, layer: usize, group: &str, part: usize) -> usize {
+    match (group, part) {
+        (_, 0) => 0,
+        ("gate_up", _) => layer_group_shape(config, layer, group).0 / 2,
+        _ => super::fused_offset_rows(config, group, part),
+    }
+}
+
+/// Byte offset of `group` in the one-layer staging arena (bf16), in
+/// layer `layer`'s layout.
+fn staging_offset(config: &ModelConfig, layer: usize, group: &str) -> usize {
     MATRIX_GROUPS
         .iter()
         .take_while(|g| **g != group)
         .map(|g| {
-            let (rows, cols) = group_shape(config, g);
+            let (rows, cols) = layer_group_shape(config, layer, g);
             (rows * cols * 2).next_multiple_of(256)
         })
         .sum()
@@ -49,10 +66,25 @@ pub(super) struct Fp8Matrix {
 }
 
 impl Fp8Matrix {
+    /// Rows of the matrix.
+    pub(super) fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Where row `row` of the matrix is staged (bf16).
+    pub(super) fn staged_at(&self, row: usize) -> DevPtr {
+        self.staged + (row * self.cols * 2) as u64
+    }
+
+    /// The row scales (`[rows]` f32) after the e4m3 bytes.
+    pub(super) fn scales(&self) -> DevPtr {
+        self.dst + scales_offset(self.rows, self.cols) as u64
+    }
+
     /// Where rows `row..` of the matrix go: their e4m3 bytes and their row
     /// scales (an FP8 checkpoint's tensor copied as it is).
     pub(super) fn rows_at(&self, row: usize) -> (DevPtr, DevPtr) {
-        let scales = self.dst + scales_offset(self.rows, self.cols) as u64;
+        let scales = self.scales();
         (
             self.dst + (row * self.cols) as u64,
             scales + (row * 4) as u64,
@@ -113,11 +145,10 @@ pub(super) fn quantize(
     matrices: &[Option<Fp8Matrix>],
 ) -> Result<(), CudaError> {
     for m in matrices.iter().flatten() {
-        let scales = m.dst + scales_offset(m.rows, m.cols) as u64;
         let args = [
             Arg::Ptr(m.staged),
             Arg::Ptr(m.dst),
-            Arg::Ptr(scales),
+            Arg::Ptr(m.scales()),
             Arg::I32(m.cols as i32),
         ];
         gpu.launch(kernel, (m.rows as u32, 1, 1), 256, 0, &args)?;
@@ -165,7 +196,7 @@ pub(super) fn layer_bytes(config: &ModelConfig, keep: &Fp8Keep) -> usize {
                     .enumerate()
                     .filter(|(i, _)| !keep.keeps(layer, *i))
                     .map(|(_, g)| {
-                        let (rows, cols) = group_shape(config, g);
+                        let (rows, cols) = layer_group_shape(config, layer, g);
                         fp8_matrix_bytes(rows, cols)
                     }),
             )
@@ -173,15 +204,19 @@ pub(super) fn layer_bytes(config: &ModelConfig, keep: &Fp8Keep) -> usize {
         .sum()
 }
 
-/// Bytes of the bf16 staging arena of an FP8 load: one layer, or an
-/// untied e4m3 LM head if larger (it loads alone, after the layers).
+/// Bytes of the bf16 staging arena of an FP8 load: the largest layer, or
+/// an untied e4m3 LM head if larger (it loads alone, after the layers).
 pub(super) fn staging_bytes(config: &ModelConfig, format: WeightFormat) -> usize {
     let head = if format.fp8_lm_head() && !config.tie_word_embeddings {
         config.lm_head_rows() * config.hidden_size * 2
     } else {
         0
     };
-    staging_offset(config, "").max(head)
+    let layer = (0..config.num_layers)
+        .map(|layer| staging_offset(config, layer, ""))
+        .max()
+        .unwrap_or(0);
+    layer.max(head)
 }
 
 /// Takes every layer's e4m3 matrices from `arena` (one region), then
@@ -203,13 +238,13 @@ pub(super) fn place(
             if keep.keeps(layer, i) {
                 continue;
             }
-            let (rows, cols) = group_shape(config, group);
+            let (rows, cols) = layer_group_shape(config, layer, group);
             let bytes = fp8_matrix_bytes(rows, cols);
             let dst = arena.take(bytes)?;
             start.get_or_insert(dst);
             end = dst + bytes as u64;
             *m = Some(Fp8Matrix {
-                staged: staging + staging_offset(config, group) as u64,
+                staged: staging + staging_offset(config, layer, group) as u64,
                 dst,
                 rows,
                 cols,
@@ -252,8 +287,8 @@ fn staged_tensors(matrices: &[Option<Fp8Matrix>; 4]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_configs::{llama8b, FP8, FP8_HEAD};
-    use crate::weights::EMBED;
+    use crate::test_configs::{llama8b, qwen3_moe, FP8, FP8_HEAD};
+    use crate::weights::{ExpertWeights, EMBED};
 
     #[test]
     fn fp8_takes_the_layer_matrices_only() {
@@ -286,7 +321,7 @@ mod tests {
         let c = llama8b();
         let none = Fp8Keep::default();
         let layer = staging_bytes(&c, FP8);
-        assert_eq!(layer, staging_offset(&c, ""));
+        assert_eq!(layer, staging_offset(&c, 0, ""));
         assert_eq!(staging_bytes(&c, FP8_HEAD), 128256 * 4096 * 2);
         assert!(staged_for_fp8(LM_HEAD, FP8_HEAD, &none));
         assert!(!staged_for_fp8(LM_HEAD, FP8, &none));
@@ -371,6 +406,85 @@ mod tests {
             ..layout
         };
         assert_eq!(with_head.progress(true).layers[2].1, 1);
+    }
+
+    /// A sparse layer's experts are two e4m3 matrices (gate's rows then
+    /// up's, and down's), counted in the layer's bytes and staged whole; a
+    /// dense layer of the same model keeps its own shapes, and staging
+    /// holds the largest layer.
+    #[test]
+    fn fp8_experts_are_two_stacked_matrices_per_sparse_layer() {
+        let c = qwen3_moe(vec![1]);
+        let none = Fp8Keep::default();
+        let (e, w, d) = (128, 768, 2048);
+        assert_eq!(layer_group_shape(&c, 0, "gate_up"), (2 * e * w, d));
+        assert_eq!(layer_group_shape(&c, 0, "down"), (e * d, w));
+        assert_eq!(layer_group_shape(&c, 1, "gate_up"), (2 * 6144, d));
+        assert_eq!(layer_group_shape(&c, 0, "qkv"), ((32 + 8) * 128, d));
+        for (name, part) in [
+            (
+                "model.layers.0.mlp.experts.gate_proj.weight",
+                (0, "gate_up", 0),
+            ),
+            (
+                "model.layers.0.mlp.experts.up_proj.weight",
+                (0, "gate_up", 1),
+            ),
+            (
+                "model.layers.0.mlp.experts.down_proj.weight",
+                (0, "down", 0),
+            ),
+        ] {
+            assert_eq!(quantized_part(name, &none), Some(part));
+            assert!(staged_for_fp8(name, FP8, &none));
+        }
+        assert!(quantized_part("model.layers.0.mlp.gate.weight", &none).is_none());
+        assert_eq!(part_rows(&c, 0, "gate_up", 1), e * w);
+        assert_eq!(part_rows(&c, 1, "gate_up", 1), 6144);
+        assert_eq!(part_rows(&c, 0, "qkv", 2), (32 + 4) * 128);
+        let experts = fp8_matrix_bytes(2 * e * w, d) + fp8_matrix_bytes(e * d, w);
+        let attention = fp8_matrix_bytes(5120, d) + fp8_matrix_bytes(d, 4096);
+        let sparse = Arena::size_of([
+            fp8_matrix_bytes(5120, d),
+            fp8_matrix_bytes(d, 4096),
+            fp8_matrix_bytes(2 * e * w, d),
+            fp8_matrix_bytes(e * d, w),
+        ]);
+        assert!(sparse >= experts + attention);
+        let one_dense = qwen3_moe((0..48).collect());
+        assert!(layer_bytes(&c, &none) > layer_bytes(&one_dense, &none));
+        // Staging takes the sparse layer's 3 x 128 x 768 x 2048 bf16 experts.
+        assert!(staging_bytes(&c, FP8) >= 3 * e * w * d * 2);
+        assert_eq!(staging_bytes(&c, FP8), staging_offset(&c, 0, ""));
+    }
+
+    /// FP8 experts read up's bytes and scales after gate's, in the one
+    /// gate/up matrix; bf16 experts keep their three stacks and no scales.
+    #[test]
+    fn fp8_experts_find_up_and_the_scales_in_the_stacked_matrix() {
+        let (e, w, d) = (128, 768, 2048);
+        let gu = Fp8Matrix {
+            staged: 0,
+            dst: 1 << 30,
+            rows: 2 * e * w,
+            cols: d,
+        };
+        let dn = Fp8Matrix {
+            staged: 0,
+            dst: 1 << 34,
+            rows: e * d,
+            cols: w,
+        };
+        let experts = ExpertWeights::new(7, (gu.dst, gu.dst, dn.dst), (Some(gu), Some(dn)));
+        assert_eq!(experts.up, gu.dst + (e * w * d) as u64);
+        let scales = gu.dst + scales_offset(2 * e * w, d) as u64;
+        let up_scales = scales + (e * w * 4) as u64;
+        assert_eq!(experts.gate_up_scales, Some((scales, up_scales)));
+        let down_scales = dn.dst + scales_offset(e * d, w) as u64;
+        assert_eq!(experts.down_scales, Some(down_scales));
+        let bf16 = ExpertWeights::new(7, (1, 2, 3), (None, None));
+        assert_eq!((bf16.gate, bf16.up, bf16.down), (1, 2, 3));
+        assert!(bf16.gate_up_scales.is_none() && bf16.down_scales.is_none());
     }
 
     /// The quantizer waits for a layer's seven matrices, refuses a

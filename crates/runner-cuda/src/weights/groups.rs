@@ -2,6 +2,7 @@
 //! fused q/k/v, o_proj, the fused gate/up and down_proj (the groups FP8 and
 //! native GGUF blocks store, each from one or more file tensors).
 
+use ingot_models::llama::{is_sparse, EXPERTS_DOWN, EXPERTS_GATE, EXPERTS_UP};
 use ingot_models::ModelConfig;
 
 /// A layer's matrices, in the order their last tensors load.
@@ -25,6 +26,42 @@ pub(super) fn group_shape(config: &ModelConfig, group: &str) -> (usize, usize) {
         "gate_up" => (2 * ff, d),
         _ => (d, ff),
     }
+}
+
+/// [`group_shape`] of layer `layer`: a sparse layer's "gate_up" and "down"
+/// are its stacked experts as one matrix each (gate's rows then up's,
+/// `[2 * experts * width, hidden]`; down's `[experts * hidden, width]`),
+/// as FP8 stores them.
+pub(super) fn layer_group_shape(config: &ModelConfig, layer: usize, group: &str) -> (usize, usize) {
+    match &config.block.moe {
+        Some(m) if is_sparse(config, layer) && group != "qkv" && group != "o_proj" => {
+            let (e, w, d) = (
+                m.num_experts,
+                m.expert_intermediate_size,
+                config.hidden_size,
+            );
+            if group == "gate_up" {
+                (2 * e * w, d)
+            } else {
+                (e * d, w)
+            }
+        }
+        _ => group_shape(config, group),
+    }
+}
+
+/// `(layer, group, part)` of a sparse layer's stacked expert tensor, as
+/// [`matrix_part`] names a dense layer's (see [`layer_group_shape`]).
+pub(super) fn expert_part(name: &str) -> Option<(usize, &'static str, usize)> {
+    let rest = name.strip_prefix("model.layers.")?;
+    let (layer, leaf) = rest.split_once('.')?;
+    let (group, part) = match leaf {
+        EXPERTS_GATE => ("gate_up", 0),
+        EXPERTS_UP => ("gate_up", 1),
+        EXPERTS_DOWN => ("down", 0),
+        _ => return None,
+    };
+    Some((layer.parse().ok()?, group, part))
 }
 
 /// The file tensors of each of [`MATRIX_GROUPS`], under a layer's prefix,
@@ -83,5 +120,14 @@ mod tests {
             matrix_part("model.layers.1.mlp.experts.0.down_proj.weight"),
             None
         );
+        assert_eq!(
+            expert_part("model.layers.4.mlp.experts.up_proj.weight"),
+            Some((4, "gate_up", 1))
+        );
+        assert_eq!(
+            expert_part("model.layers.4.mlp.experts.down_proj.weight"),
+            Some((4, "down", 0))
+        );
+        assert_eq!(expert_part("model.layers.4.mlp.down_proj.weight"), None);
     }
 }

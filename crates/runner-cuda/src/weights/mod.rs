@@ -49,7 +49,7 @@ use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel};
 use crate::{CudaError, Fp8Keep};
 use blocks::{BlocksLayout, PlacedBlocks, EMBED, LM_HEAD};
 pub use blocks::{NativeBlocks, Q8_0_BLOCK, Q8_0_BLOCK_BYTES};
-use fp8::{quantize, quantized_part, staged_for_fp8, Fp8Layout};
+use fp8::{quantize, quantized_part, staged_for_fp8, Fp8Layout, Fp8Matrix};
 use groups::group_index;
 use stager::Stager;
 
@@ -92,6 +92,39 @@ pub struct ExpertWeights {
     pub up: DevPtr,
     /// `[experts, hidden, width]`.
     pub down: DevPtr,
+    /// FP8 gate and up stacks (e4m3 bytes at `gate` and `up`): their row
+    /// scales, `[experts * width]` f32 each.
+    pub gate_up_scales: Option<(DevPtr, DevPtr)>,
+    /// FP8 down stack (e4m3 bytes at `down`): its row scales,
+    /// `[experts * hidden]` f32.
+    pub down_scales: Option<DevPtr>,
+}
+
+impl ExpertWeights {
+    /// A sparse layer's experts, `gate_up` and `down` its FP8 matrices
+    /// where they are e4m3 (gate's rows then up's in one matrix).
+    fn new(
+        router: DevPtr,
+        (gate, up, down): (DevPtr, DevPtr, DevPtr),
+        (gate_up, down_fp8): (Option<Fp8Matrix>, Option<Fp8Matrix>),
+    ) -> Self {
+        let (up, gate_up_scales) = match gate_up {
+            Some(m) => {
+                let half = m.rows() / 2;
+                let (up_bytes, up_scales) = m.rows_at(half);
+                (up_bytes, Some((m.scales(), up_scales)))
+            }
+            None => (up, None),
+        };
+        Self {
+            router,
+            gate,
+            up,
+            down,
+            gate_up_scales,
+            down_scales: down_fp8.map(|m| m.scales()),
+        }
+    }
 }
 
 /// How the decoder's weight matrices are stored on the device.
@@ -427,11 +460,7 @@ impl DeviceWeights {
                     .get(layer)
                     .and_then(|m| m[group_index(group)])
                     .ok_or_else(|| CudaError::Unsupported(format!("{name}: no such layer")))?;
-                let rows = if part == 0 {
-                    0
-                } else {
-                    fused_offset_rows(config, group, part)
-                };
+                let rows = fp8::part_rows(config, layer, group, part);
                 let placement = if format.fp8_from_file() {
                     let (dst, scales) = matrix.rows_at(rows);
                     Placement {
@@ -448,7 +477,7 @@ impl DeviceWeights {
                         name: name.clone(),
                         shape: shape.clone(),
                         dtype,
-                        dst: matrix.staged + (rows * row_bytes(shape, dtype)) as u64,
+                        dst: matrix.staged_at(rows),
                         fp8_slot: Some(layer),
                         quantized: Some(matrix.dst),
                         blocks: None,
@@ -534,12 +563,16 @@ impl DeviceWeights {
             let p = |s: &str| format!("model.layers.{i}.{s}");
             let sparse = is_sparse(config, i);
             let (gate_up, down, experts) = if sparse {
-                let experts = ExpertWeights {
-                    router: at(&p(ROUTER))?,
-                    gate: at(&p(EXPERTS_GATE))?,
-                    up: at(&p(EXPERTS_UP))?,
-                    down: at(&p(EXPERTS_DOWN))?,
-                };
+                let fp8_matrix = |g: &str| fp8.as_ref().and_then(|f| f.layers[i][group_index(g)]);
+                let experts = ExpertWeights::new(
+                    at(&p(ROUTER))?,
+                    (
+                        at(&p(EXPERTS_GATE))?,
+                        at(&p(EXPERTS_UP))?,
+                        at(&p(EXPERTS_DOWN))?,
+                    ),
+                    (fp8_matrix("gate_up"), fp8_matrix("down")),
+                );
                 (0, 0, Some(experts))
             } else {
                 let dense = (
