@@ -38,7 +38,8 @@
 #             --deterministic the same tokens from restored pages as from computed ones
 #   spec      speculative decoding (speculative.py) on SmolLM2 (needs its bundle): batch-1 decode of
 #             the prompt set with and without n-gram proposals, default and --deterministic (answers
-#             compared), and 64 concurrent requests with speculation allowed and not
+#             compared), and 64 concurrent requests with speculation allowed and not; specrated:
+#             the same with speculative.rate_by_match on
 #   structured  constrained answers and CUDA-vs-CPU prompt logprobs (structured_smoke.py, 1B dummy),
 #             then scripts/bench-structured on the 8B dummy
 #   launchahead greedy SmolLM2 answers that stop at different points, alone vs 32 at once,
@@ -58,6 +59,9 @@
 #             grouped crossover (bench_moe.py), CUDA vs transformers with every step grouped
 #   moegrpbench the Qwen3-30B-A3B dummy, GEMVs only and grouped from 48 tokens: a 1,024-token prefill's
 #             profile, 64 x (1024, 128); 256 x (1024, 128) grouped
+#   moefp8    FP8 experts: the e4m3 expert kernels vs float64, FP8 vs BF16 logits/greedy ids on the
+#             Qwen3-30B-A3B dummy (GEMVs, then every step grouped), batch 1 bf16 / FP8 alternated
+#             twice, 256 x (1024, 128) in FP8
 #   moew      starts writing the Qwen3-30B-A3B shape as a bf16 GGUF of random weights in the background
 #             (61 GB; /dev/shm when it has room): `moew lcpp moelcpp` writes it while llama.cpp builds
 #   moeready  waits for that file and inspects it
@@ -508,6 +512,25 @@ for phase in "$@"; do
       timeout -k 5 "$T" python3 tests/gpu/bench_moe.py --cubins "$W" | tee "$O/bench_moe.txt"
       INGOT_CUDA_MOE_GROUPED_MIN_TOKENS=1 python3 tests/gpu/compare_hf.py --ingot "$ING" --tokenizers "$W/tokenizers" \
         --work "$W/hf" --models qwen3moe-2l mixtral-2l ;;
+    moefp8)
+      # FP8 experts (issue 32): the e4m3 expert kernels against float64; FP8 vs BF16 logits and
+      # greedy ids on the Qwen3-30B-A3B dummy with per-slot GEMVs and with every step grouped;
+      # batch 1 in bf16 and FP8 alternated twice; 256 x (1024, 128) in FP8.
+      timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only moe_e4m3
+      M=$(qwen3moe_dir); D="--model $M --load-format dummy --max-model-len 4096"
+      for g in 48 1; do
+        echo "moe_grouped_min_tokens=$g"
+        INGOT_CUDA_MOE_GROUPED_MIN_TOKENS=$g timeout -k 5 $((2 * T)) python3 tests/gpu/compare_fp8.py --ingot "$ING_RAW" \
+          --model "$M" --dummy --prompts 3 | tee -a "$O/fp8_moe.txt"
+      done
+      for round in 1 2; do
+        for q in "" "--quantization fp8"; do
+          echo "round $round: ${q:-bf16}"
+          "$ING" bench latency $D $q --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl"
+        done
+      done
+      timeout -k 5 "$T" "$ING" bench throughput $D --quantization fp8 --num-prompts 256 --max-num-seqs 256 \
+        --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 --json | tee -a "$O/bench.jsonl" ;;
     moegrpbench)
       # The Qwen3-30B-A3B dummy with the per-slot GEMVs only (0) and grouped from 48 tokens a step:
       # a 1,024-token prefill's profile and 64 x (1024, 128); 256 x (1024, 128) grouped.
@@ -766,10 +789,12 @@ for phase in "$@"; do
     plogprobs)
       [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
       bash tests/gpu/prompt_logprobs_real.sh "$ING_RAW" "$SMOL" ;;
-    spec)
+    spec|specrated)
+      # specrated: the same with speculative.rate_by_match on.
       [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
+      S='{}'; [ $phase = specrated ] && S='{"rate_by_match": true}'
       timeout -k 5 540 python3 tests/gpu/speculative.py --ingot "$ING_RAW" --model "$SMOL" \
-        --prompts tests/fixtures/speculative_prompts.json ;;
+        --prompts tests/fixtures/speculative_prompts.json --spec "$S" ;;
     kvtiers) timeout -k 5 600 python3 tests/gpu/kv_tiers.py --ingot "$ING_RAW" --model "$(llama8b)" ;;
     cache) bash tests/gpu/cache_smoke.sh "$ING_RAW" "$(llama8b)" --load-format dummy --max-model-len 4096 --max-num-seqs 32 ;;
     embeddings)

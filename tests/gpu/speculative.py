@@ -5,7 +5,8 @@ one server), answers compared; the same under --deterministic, where every
 answer must be equal; and 64 concurrent requests with speculation allowed
 and not (the policy must make it cost nothing there).
 
-Usage: speculative.py --ingot BIN --model GGUF --prompts JSON [--max-tokens 128]"""
+Usage: speculative.py --ingot BIN --model GGUF --prompts JSON [--max-tokens 128]
+                      [--spec '{"rate_by_match": true}']"""
 
 import argparse
 import concurrent.futures as cf
@@ -107,7 +108,10 @@ def main():
     ap.add_argument("--prompts", required=True)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--spec", default="{}", help="JSON merged into the speculating servers' --speculative-config")
     a = ap.parse_args()
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 7, **json.loads(a.spec)})
+    print(f"## --speculative-config {spec}")
     prompts = json.load(open(a.prompts))["prompts"]
     # The baseline the way users run it: a server without speculation.
     plain = Server(a.ingot, a.model, spec=None)
@@ -125,7 +129,7 @@ def main():
     finally:
         plain.stop()
     for label, extra in (("default", ()), ("deterministic", ("--deterministic",))):
-        srv = Server(a.ingot, a.model, *extra)
+        srv = Server(a.ingot, a.model, *extra, spec=spec)
         try:
             for p in prompts[:4]:  # warm-up (graphs, allocator)
                 srv.chat(p["prompt"], True, 16)

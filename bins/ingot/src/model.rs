@@ -143,8 +143,8 @@ pub struct ModelArgs {
     /// Speculative decoding, as vLLM's flag: a JSON object with `method`
     /// (`ngram`, `draft` / `draft_model` or `none`), `model` (the draft
     /// model's path), `num_speculative_tokens`, `prompt_lookup_min`,
-    /// `prompt_lookup_max`, `disable_by_batch_size`, `adaptive`
-    /// [speculative.*; off].
+    /// `prompt_lookup_max`, `disable_by_batch_size`, `adaptive`,
+    /// `rate_by_match` [speculative.*; off].
     #[arg(long, value_name = "JSON")]
     pub speculative_config: Option<String>,
 }
@@ -933,9 +933,11 @@ fn speculative_flags(json: &str, flags: &mut FlagSet) -> anyhow::Result<()> {
             "prompt_lookup_max" => "speculative.prompt_lookup_max",
             "disable_by_batch_size" => "speculative.disable_by_batch_size",
             "adaptive" => "speculative.adaptive",
+            "rate_by_match" => "speculative.rate_by_match",
             other => anyhow::bail!(
                 "{FLAG}: unknown key {other:?} (known: method, model, num_speculative_tokens, \
-                 prompt_lookup_min, prompt_lookup_max, disable_by_batch_size, adaptive)"
+                 prompt_lookup_min, prompt_lookup_max, disable_by_batch_size, adaptive, \
+                 rate_by_match)"
             ),
         };
         flags.opt(FLAG, key, &Some(value));

@@ -127,6 +127,7 @@ fn speculative_config(s: &ingot_config::SpeculativeSection) -> SpeculativeConfig
         ngram_max: s.prompt_lookup_max,
         disable_by_batch_size: s.disable_by_batch_size,
         adaptive: s.adaptive,
+        rate_by_match: s.rate_by_match,
     }
 }
 

@@ -615,6 +615,13 @@ pub struct SpeculativeSection {
     /// acceptance against the step's measured cost per token); `false`:
     /// always `num_speculative_tokens` where the proposer has them.
     pub adaptive: bool,
+    /// n-gram only, with `adaptive`: look up `num_speculative_tokens` every
+    /// step and cut each guess by how often guesses backed by as long a
+    /// match were kept (across sequences), instead of each sequence's own
+    /// acceptance deciding before the lookup. Off by default: on the CPU it
+    /// proposed more of the input-grounded tokens at the same speed, and on
+    /// CUDA it was slower (docs/benchmarks.md, "Speculative decoding").
+    pub rate_by_match: bool,
 }
 
 impl Default for SpeculativeSection {
@@ -628,6 +635,7 @@ impl Default for SpeculativeSection {
             prompt_lookup_max: 4,
             disable_by_batch_size: 8,
             adaptive: true,
+            rate_by_match: false,
         }
     }
 }

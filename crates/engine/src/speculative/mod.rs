@@ -48,6 +48,10 @@ pub struct SpeculativeConfig {
     /// Propose as many tokens as pay (the cost model); off: always
     /// `num_speculative_tokens` where the proposer has them (vLLM's way).
     pub adaptive: bool,
+    /// The n-gram proposer rates its guesses by their match length
+    /// ([`Proposer::rates_guesses`]); off: each sequence's acceptance
+    /// decides before the lookup.
+    pub rate_by_match: bool,
 }
 
 impl Default for SpeculativeConfig {
@@ -59,6 +63,7 @@ impl Default for SpeculativeConfig {
             ngram_max: 4,
             disable_by_batch_size: 8,
             adaptive: true,
+            rate_by_match: false,
         }
     }
 }
@@ -165,9 +170,10 @@ impl Speculation {
     ) -> Result<Option<Self>, SpeculationError> {
         let proposer: Box<dyn Proposer> = match (config.method, draft) {
             (None, None) => return Ok(None),
-            (Some(SpeculativeMethod::Ngram), None) => {
-                Box::new(NgramProposer::new(config.ngram_min, config.ngram_max))
-            }
+            (Some(SpeculativeMethod::Ngram), None) => Box::new(
+                NgramProposer::new(config.ngram_min, config.ngram_max)
+                    .rating_guesses(config.rate_by_match),
+            ),
             (Some(SpeculativeMethod::Draft), Some(runner)) => {
                 Box::new(DraftModelProposer::new(runner, vocab_size, limits)?)
             }
@@ -190,8 +196,11 @@ impl Speculation {
     }
 
     /// Whether a sequence of `acceptance` may propose in a step running
-    /// `running` sequences; `proposing`: it proposed in the last step (what
-    /// says so for a proposer that rates its guesses after making them).
+    /// `running` sequences (the backend launches the next step ahead only
+    /// when none may); `proposing`: it proposed in the last step, which
+    /// also says so for a proposer that rates its guesses after making
+    /// them (its lookups run only in steps not launched ahead, so its own
+    /// acceptance keeps those coming as it does for other proposers).
     pub(crate) fn may_propose(
         &self,
         acceptance: &Acceptance,
@@ -200,11 +209,8 @@ impl Speculation {
     ) -> bool {
         running <= self.config.disable_by_batch_size
             && (!self.config.adaptive
-                || if self.proposer.rates_guesses() {
-                    proposing
-                } else {
-                    acceptance.may_propose(self.threshold(running))
-                })
+                || (proposing && self.proposer.rates_guesses())
+                || acceptance.may_propose(self.threshold(running)))
     }
 
     /// Tokens a sequence of `acceptance` asks the proposer for in a step
@@ -225,7 +231,8 @@ impl Speculation {
     /// well, to the j-th power, beats the step's threshold (all of it for a
     /// proposer that does not rate its guesses, or without `adaptive`).
     pub(crate) fn keep_of(&mut self, draft: &Draft, running: usize) -> usize {
-        if !self.config.adaptive || draft.matched == 0 || draft.tokens.is_empty() {
+        let rated = self.config.adaptive && self.proposer.rates_guesses();
+        if !rated || draft.matched == 0 || draft.tokens.is_empty() {
             return draft.tokens.len();
         }
         let threshold = self.threshold(running);
@@ -250,11 +257,12 @@ fn match_class(matched: usize) -> usize {
 mod tests {
     use super::*;
 
-    fn ngram(adaptive: bool) -> Speculation {
+    fn ngram(adaptive: bool, rate_by_match: bool) -> Speculation {
         let config = SpeculativeConfig {
             method: Some(SpeculativeMethod::Ngram),
             num_speculative_tokens: 7,
             adaptive,
+            rate_by_match,
             ..SpeculativeConfig::default()
         };
         let limits = DraftLimits {
@@ -279,7 +287,7 @@ mod tests {
     /// that held keep proposing deeply while short ones that failed stop.
     #[test]
     fn guesses_are_cut_by_how_often_alike_ones_held() {
-        let mut s = ngram(true);
+        let mut s = ngram(true, true);
         assert_eq!(s.tokens_for(&mut Acceptance::default(), 1), 7);
         // The prior: even odds against a step-cost threshold of 1/3.
         assert_eq!(s.keep_of(&draft(6), 1), 1);
@@ -298,10 +306,40 @@ mod tests {
         assert_eq!(s.keep_of(&draft(30), 1), 7);
         // Unrated guesses (a draft model's) and the fixed mode keep all.
         assert_eq!(s.keep_of(&draft(0), 1), 7);
-        assert_eq!(ngram(false).keep_of(&draft(1), 1), 7);
-        // Whether a sequence may propose next step is whether it just did.
-        let a = Acceptance::default();
-        assert!(s.may_propose(&a, true, 1) && !s.may_propose(&a, false, 1));
-        assert!(!s.may_propose(&a, true, 9), "above disable_by_batch_size");
+        assert_eq!(ngram(false, true).keep_of(&draft(1), 1), 7);
+        // A sequence may propose next step when it just did, or when its
+        // own acceptance says proposals pay (as for unrated proposers: the
+        // backend launches steps ahead only when none may).
+        let mut failing = Acceptance::default();
+        for _ in 0..20 {
+            failing.record(4, 0);
+        }
+        assert!(s.may_propose(&failing, true, 1) && !s.may_propose(&failing, false, 1));
+        assert!(s.may_propose(&Acceptance::default(), false, 1));
+        assert!(
+            !s.may_propose(&failing, true, 9),
+            "above disable_by_batch_size"
+        );
+    }
+
+    /// By default (`rate_by_match` off) each sequence's own acceptance
+    /// decides how many tokens it asks for, before the lookup, and a guess
+    /// is kept whole.
+    #[test]
+    fn unrated_ngram_asks_by_the_sequences_acceptance() {
+        let mut s = ngram(true, false);
+        // Even odds against the prior threshold of 1/3: one token.
+        assert_eq!(s.tokens_for(&mut Acceptance::default(), 1), 1);
+        let mut holding = Acceptance::default();
+        for _ in 0..20 {
+            holding.record(7, 7);
+        }
+        assert_eq!(s.tokens_for(&mut holding, 1), 7);
+        assert_eq!(s.keep_of(&draft(1), 1), 7);
+        let mut failing = Acceptance::default();
+        for _ in 0..20 {
+            failing.record(4, 0);
+        }
+        assert!(!s.may_propose(&failing, true, 1));
     }
 }

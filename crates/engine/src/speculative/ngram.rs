@@ -14,6 +14,8 @@ use super::{Draft, ProposeRequest, Proposer};
 pub struct NgramProposer {
     min: usize,
     max: usize,
+    /// Its guesses are rated by their match length (`rate_by_match`).
+    rated: bool,
 }
 
 impl NgramProposer {
@@ -23,7 +25,14 @@ impl NgramProposer {
         Self {
             min,
             max: max.max(min),
+            rated: false,
         }
+    }
+
+    /// Whether the engine rates this proposer's guesses by their match
+    /// length ([`Proposer::rates_guesses`]).
+    pub fn rating_guesses(self, rated: bool) -> Self {
+        Self { rated, ..self }
     }
 }
 
@@ -35,9 +44,10 @@ impl Proposer for NgramProposer {
             .collect()
     }
 
-    /// A guess is backed by its match: the longer, the likelier it holds.
+    /// A guess is backed by its match: the longer, the likelier it holds
+    /// (when asked to rate them).
     fn rates_guesses(&self) -> bool {
-        true
+        self.rated
     }
 }
 

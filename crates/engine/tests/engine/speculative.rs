@@ -31,6 +31,7 @@ fn speculating_on(k: usize, wrap: impl FnOnce(CpuRunner) -> Box<dyn ModelRunner>
             // may judge none worth making (its choices are unit-tested in
             // `speculative::policy`).
             adaptive: false,
+            rate_by_match: false,
         }
     })
 }
@@ -144,6 +145,7 @@ fn proposals_as_decode_rows_stay_within_the_runners_rows() {
                 // Always six proposals where the n-grams have them (see
                 // `speculating_on`): more than the rows left.
                 adaptive: false,
+                rate_by_match: false,
             };
         },
     );
