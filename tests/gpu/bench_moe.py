@@ -78,7 +78,8 @@ def main():
         def gemv():
             gate_up()
             launch(fns["moe_down_sum"], (T, D // 8), 256,
-                   [ptr(act), ptr(down), ptr(ids), ptr(w), i32(K), i32(D), i32(FF), ptr(r_gemv)])
+                   [ptr(act), ptr(down), ptr(ids), ptr(w), i32(K), i32(D), i32(FF), ptr(r_gemv), ptr(None),
+                    ptr(None), ptr(None)])
 
         def grouped():
             launch(fns["moe_align"], (1,), 1024, [ptr(ids), i32(T * K), i32(E), i32(tiles), ptr(srt), ptr(te)])

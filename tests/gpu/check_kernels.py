@@ -1023,11 +1023,18 @@ def check_moe(m, rng):
     router = bf(rnd(rng, E, d, scale=0.2))
     router[7] = router[3]  # experts 3 and 7 tie on every token
     logits = torch.empty(T, E, dtype=torch.float32, device="cuda")
+    xn_out = torch.full((T, d), float("nan"), dtype=torch.bfloat16, device="cuda")
     launch(m.fn("moe_router"), (T, math.ceil(E / 8)), 256, [ptr(dev(x, torch.float32)), ptr(dev(g, torch.float32)),
                                                             ptr(dev(router, torch.bfloat16)), i32(d), f32(eps), i32(E),
-                                                            ptr(logits)])
+                                                            ptr(logits), ptr(xn_out)])
     xn = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
     report("moe_router f32 logits", rel(host(logits), xn @ router.T), 1e-5)
+    report("moe_router: the normed row in bf16", rel(host(xn_out), xn), 8e-3)
+    again = torch.empty(T, E, dtype=torch.float32, device="cuda")
+    launch(m.fn("moe_router"), (T, math.ceil(E / 8)), 256, [ptr(dev(x, torch.float32)), ptr(dev(g, torch.float32)),
+                                                            ptr(dev(router, torch.bfloat16)), i32(d), f32(eps), i32(E),
+                                                            ptr(again), ptr(None)])
+    report("moe_router without xn: the same logits", float(np.max(np.abs(host(again) - host(logits)))), 1e-30)
     got_logits = host(logits)
     report("moe_router: tied experts get equal logits", float(np.max(np.abs(got_logits[:, 3] - got_logits[:, 7]))), 1e-30)
     # Route the kernel's own logits (so ties are exact), with expert 3/7 forced into contention on some rows.
@@ -1059,11 +1066,26 @@ def check_moe(m, rng):
     base = rnd(rng, T, d).astype(np.float32).astype(np.float64)
     resid = dev(base, torch.float32)
     launch(m.fn("moe_down_sum"), (T, math.ceil(d / 8)), 256,
-           [ptr(act), ptr(dev(down, torch.bfloat16)), ptr(ids), ptr(w), i32(k), i32(d), i32(ff), ptr(resid)])
+           [ptr(act), ptr(dev(down, torch.bfloat16)), ptr(ids), ptr(w), i32(k), i32(d), i32(ff), ptr(resid),
+            ptr(None), ptr(None), ptr(None)])
     a = host(act)
     per_slot = np.einsum("sdf,sf->sd", down[e], a) * host(w).reshape(-1)[:, None]
     want = base + per_slot.reshape(T, k, d).sum(1)
     report("moe_down_sum into the residual", rel(host(resid), want), 1e-5)
+    # Decode (8 tokens): the down sum also leaves the next norm fused for its GEMV, the updated
+    # rows' sums of squares (a partial per block) and the pre-scaled bf16 input.
+    n = 8
+    resid = dev(base[:n], torch.float32)
+    ssb = sumsq_buffer()
+    xg = torch.empty(n, d, dtype=torch.bfloat16, device="cuda")
+    launch(m.fn("moe_down_sum"), (n, math.ceil(d / 8)), 256,
+           [ptr(act), ptr(dev(down, torch.bfloat16)), ptr(ids), ptr(w), i32(k), i32(d), i32(ff), ptr(resid),
+            ptr(ssb), ptr(dev(g, torch.float32)), ptr(xg)])
+    report("moe_down_sum (8 tokens) into the residual", rel(host(resid), want[:n]), 1e-5)
+    got, blocks = sumsq_rows(ssb, n)
+    report("moe_down_sum: the updated rows' sums of squares", rel(got, (host(resid) ** 2).sum(-1)), 1e-5)
+    report("moe_down_sum: a partial per block of 8 rows", abs(blocks - d // 8), 0.5)
+    report("moe_down_sum: the next norm's pre-scaled input", rel(host(xg), host(resid) * g), 4e-3)
     check_moe_grouped(m, rng)
 
 
@@ -1177,7 +1199,8 @@ def check_moe_e4m3(m, rng):
                    [ptr(dev(xb, torch.bfloat16)), ptr(gq), ptr(uq), ptr(gs), ptr(us), ptr(ids), i32(k), i32(d),
                     i32(ff), ptr(act)])
             launch(m.fn("moe_down_sum_e4m3"), (T, math.ceil(d / 8)), 256,
-                   [ptr(act), ptr(dq), ptr(ds), ptr(ids), ptr(w), i32(k), i32(d), i32(ff), ptr(resid)])
+                   [ptr(act), ptr(dq), ptr(ds), ptr(ids), ptr(w), i32(k), i32(d), i32(ff), ptr(resid),
+                    ptr(None), ptr(None), ptr(None)])
         tok = np.repeat(np.arange(T), k)
         gv = np.einsum("sfd,sd->sf", gate[flat], xb[tok])
         uv = np.einsum("sfd,sd->sf", up[flat], xb[tok])

@@ -817,12 +817,13 @@ for phase in "$@"; do
     ncu1) bash tests/gpu/ncu_decode.sh "$ING_RAW" "$(llama8b)" "$O/ncu_decode.csv" ;;
     ncumoe)
       # The Qwen3-30B-A3B dummy's batch-1 decode: every kernel of ~one step (700 launches from well
-      # inside the first request's decode), isolated by ncu, summed by name.
+      # inside the first request's decode), isolated by ncu, summed by name. MOE_Q: engine flags
+      # (e.g. "--quantization fp8").
       timeout -k 5 300 ncu --launch-skip 4000 --launch-count 700 --csv \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum "$ING_RAW" bench latency \
         --model "$(qwen3moe_dir)" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 64 --num-iters 1 \
-        --enforce-eager > "$O/ncu_moe.csv" 2>/dev/null
-      python3 tests/gpu/ncu_summary.py "$O/ncu_moe.csv" ;;
+        --enforce-eager ${MOE_Q:-} > "$O/ncu_moe$(echo "${MOE_Q:-}" | tr -c 'a-z0-9' _).csv" 2>/dev/null
+      python3 tests/gpu/ncu_summary.py "$O/ncu_moe$(echo "${MOE_Q:-}" | tr -c 'a-z0-9' _).csv" ;;
     ncu1fp8) bash tests/gpu/ncu_decode.sh "$ING_RAW" "$(llama8b)" "$O/ncu_decode_fp8.csv" --quantization fp8 ;;
     ncustall)
       M=$(llama8b)

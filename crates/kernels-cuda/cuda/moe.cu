@@ -27,11 +27,14 @@
 // logits[t, e] = (x[t] / rms(x[t]) ⊙ norm) · router[e] in f32, from the f32
 // residual: the expert choice is made before any bf16 rounding of the normed
 // row (as the CPU's exact path makes it), so near-ties are decided as there.
+// With xn, the first block of each token also writes the normed row in bf16
+// (`bf16(x * inv * norm)`, add_rms_norm's formula), the experts' input: no
+// norm kernel of its own before them.
 // Grid: (tokens, ceil(experts / MOE_WARPS)); MOE_WARPS warps, an expert
 // each. hidden must be a multiple of 8.
 extern "C" __global__ void moe_router(const float* __restrict__ x, const float* __restrict__ norm,
                                       const bf16* __restrict__ router, int hidden, float eps, int experts,
-                                      float* __restrict__ logits) {
+                                      float* __restrict__ logits, bf16* __restrict__ xn) {
   pdl_begin();
   const int t = blockIdx.x, lane = threadIdx.x & 31;
   const float* xr = x + (size_t)t * hidden;
@@ -41,6 +44,14 @@ extern "C" __global__ void moe_router(const float* __restrict__ x, const float* 
     ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
   }
   const float inv = rsqrtf(block_sum(ss) / hidden + eps);
+  if (xn && blockIdx.y == 0)
+    for (int i = 4 * threadIdx.x; i < hidden; i += 4 * blockDim.x) {
+      const float4 v = *reinterpret_cast<const float4*>(xr + i);
+      const float4 g = *reinterpret_cast<const float4*>(norm + i);
+      __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(xn + (size_t)t * hidden + i);
+      o[0] = __floats2bfloat162_rn(v.x * inv * g.x, v.y * inv * g.y);
+      o[1] = __floats2bfloat162_rn(v.z * inv * g.z, v.w * inv * g.w);
+    }
   const int e = blockIdx.y * MOE_WARPS + (threadIdx.x >> 5);
   if (e >= experts) return;
   const bf16* w = router + (size_t)e * hidden;
@@ -237,6 +248,37 @@ extern "C" __global__ void moe_gate_up_gelu_tanh(const bf16* x, const bf16* gate
   moe_gate_up<true>(x, gate, up, ids, k, hidden, width, act);
 }
 
+// A down sum's last step: residual[t, r] += out (lane 0 of row r's warp).
+// With sumsq (decode, tokens <= SUMSQ_ROWS) the block also leaves its part
+// of the updated row's sum of squares for the next RMSNorm, fused into the
+// GEMV that consumes it (as gemv_sumsq: partial[t][blockIdx.y], fixed
+// order), and with next_norm the norm's pre-scaled input xg = bf16(v ⊙ g).
+// Every thread of the block calls it.
+__device__ __forceinline__ void moe_add_residual(float out, int t, int r, int hidden, float* __restrict__ residual,
+                                                 SumSq* __restrict__ sumsq, const float* __restrict__ next_norm,
+                                                 bf16* __restrict__ xg) {
+  __shared__ float s_sq[MOE_WARPS];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float sq = 0.f;
+  if (lane == 0 && r < hidden) {
+    const size_t o = (size_t)t * hidden + r;
+    const float v = residual[o] + out;
+    residual[o] = v;
+    sq = v * v;
+    if (next_norm) xg[o] = to_bf16(v * next_norm[r]);
+  }
+  if (!sumsq) return;
+  if (lane == 0) s_sq[warp] = sq;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < MOE_WARPS; ++w) total += s_sq[w];
+    sumsq->partial[t][blockIdx.y] = total;
+    if (t == 0 && blockIdx.y == 0) sumsq->blocks = gridDim.y;
+  }
+}
+
 // residual[t, r] += Σ_j weights[t * k + j] · (down_e[r] · act[t * k + j]),
 // e = ids[t * k + j]: each expert's down projection and the weighted sum,
 // added to the f32 residual stream. The k rows' chunks form one list, slot
@@ -244,12 +286,14 @@ extern "C" __global__ void moe_gate_up_gelu_tanh(const bf16* x, const bf16* gate
 // other and unrolled, so many are in flight at once (at batch 1 this kernel
 // reads k rows of only `width` each). A lane sums its chunks weighted, in
 // slot (ascending expert) order, then the warp sums the lanes: the order is
-// fixed whatever the batch.
+// fixed whatever the batch. sumsq, next_norm, xg: see moe_add_residual
+// (null: none).
 // Grid: (tokens, ceil(hidden / MOE_WARPS)); MOE_WARPS warps, a row each.
 // width must be a multiple of 8.
 extern "C" __global__ void moe_down_sum(const bf16* __restrict__ act, const bf16* __restrict__ down,
                                         const int* __restrict__ ids, const float* __restrict__ weights, int k,
-                                        int hidden, int width, float* __restrict__ residual) {
+                                        int hidden, int width, float* __restrict__ residual, SumSq* sumsq,
+                                        const float* next_norm, bf16* xg) {
   pdl_begin();
   __shared__ int expert[MOE_MAX_TOP_K];
   __shared__ float weight[MOE_MAX_TOP_K];
@@ -261,19 +305,20 @@ extern "C" __global__ void moe_down_sum(const bf16* __restrict__ act, const bf16
   __syncthreads();
   const int lane = threadIdx.x & 31;
   const int r = blockIdx.y * MOE_WARPS + (threadIdx.x >> 5);
-  if (r >= hidden) return;
   const int n8 = width / 8;
   const uint4* a = reinterpret_cast<const uint4*>(act + (size_t)t * k * width);
   const uint4* w = reinterpret_cast<const uint4*>(down);
   float out = 0.f;
+  if (r < hidden) {
 #pragma unroll 8
-  for (int f = lane; f < k * n8; f += 32) {
-    const int j = f / n8;
-    const size_t row = (size_t)expert[j] * hidden + r;
-    out = fmaf(weight[j], moe_dot8(w[row * n8 + (f - j * n8)], a[f]), out);
+    for (int f = lane; f < k * n8; f += 32) {
+      const int j = f / n8;
+      const size_t row = (size_t)expert[j] * hidden + r;
+      out = fmaf(weight[j], moe_dot8(w[row * n8 + (f - j * n8)], a[f]), out);
+    }
   }
   out = warp_sum(out);
-  if (lane == 0) residual[(size_t)t * hidden + r] += out;
+  moe_add_residual(out, t, r, hidden, residual, sumsq, next_norm, xg);
 }
 
 // moe_down_sum over e4m3 rows (16 weights a chunk): each warp first folds
@@ -281,7 +326,8 @@ extern "C" __global__ void moe_down_sum(const bf16* __restrict__ act, const bf16
 extern "C" __global__ void moe_down_sum_e4m3(const bf16* __restrict__ act, const uint8_t* __restrict__ down,
                                              const float* __restrict__ down_scales, const int* __restrict__ ids,
                                              const float* __restrict__ weights, int k, int hidden, int width,
-                                             float* __restrict__ residual) {
+                                             float* __restrict__ residual, SumSq* sumsq, const float* next_norm,
+                                             bf16* xg) {
   pdl_begin();
   __shared__ int expert[MOE_MAX_TOP_K];
   __shared__ float scaled[MOE_WARPS][MOE_MAX_TOP_K];
@@ -289,14 +335,14 @@ extern "C" __global__ void moe_down_sum_e4m3(const bf16* __restrict__ act, const
   if (threadIdx.x < k) expert[threadIdx.x] = ids[t * k + threadIdx.x];
   __syncthreads();
   const int r = blockIdx.y * MOE_WARPS + warp;
-  if (r >= hidden) return;
-  if (lane < k) scaled[warp][lane] = weights[t * k + lane] * down_scales[(size_t)expert[lane] * hidden + r];
+  if (lane < k && r < hidden)
+    scaled[warp][lane] = weights[t * k + lane] * down_scales[(size_t)expert[lane] * hidden + r];
   __syncwarp();
   const int n16 = width / 16;
   const uint4* a = reinterpret_cast<const uint4*>(act + (size_t)t * k * width);
   const uint4* w = reinterpret_cast<const uint4*>(down);
   float out = 0.f;
-  for (int f0 = lane; f0 < k * n16; f0 += 32 * MOE_E4M3_BATCH) {
+  for (int f0 = lane; r < hidden && f0 < k * n16; f0 += 32 * MOE_E4M3_BATCH) {
     uint4 wv[MOE_E4M3_BATCH];
 #pragma unroll
     for (int b = 0; b < MOE_E4M3_BATCH; ++b) {
@@ -315,7 +361,7 @@ extern "C" __global__ void moe_down_sum_e4m3(const bf16* __restrict__ act, const
     }
   }
   out = warp_sum(out);
-  if (lane == 0) residual[(size_t)t * hidden + r] += out;
+  moe_add_residual(out, t, r, hidden, residual, sumsq, next_norm, xg);
 }
 
 // ---------------------------------------------------------------------------

@@ -688,6 +688,8 @@ pub struct MoeRouter {
     pub eps: f32,
     pub experts: usize,
     pub logits: DevPtr,
+    /// Where the normed rows go in bf16 too (the experts' input; 0: not).
+    pub xn: DevPtr,
 }
 
 impl MoeRouter {
@@ -700,6 +702,7 @@ impl MoeRouter {
             Arg::F32(self.eps),
             Arg::I32(self.experts as i32),
             Arg::Ptr(self.logits),
+            Arg::Ptr(self.xn),
         ];
         let grid = (
             self.tokens as u32,
@@ -804,6 +807,10 @@ pub struct MoeDownSum {
     pub hidden: usize,
     pub width: usize,
     pub residual: DevPtr,
+    /// `(sumsq, weight, xg)`: leave the next RMSNorm of `weight` fused for
+    /// the GEMV that consumes it (decode, tokens <= 8): the updated rows'
+    /// sums of squares and the pre-scaled input `xg`.
+    pub next_norm: Option<(DevPtr, DevPtr, DevPtr)>,
 }
 
 impl MoeDownSum {
@@ -818,6 +825,8 @@ impl MoeDownSum {
             Arg::I32(self.width as i32),
             Arg::Ptr(self.residual),
         ]);
+        let (sumsq, weight, xg) = self.next_norm.unwrap_or_default();
+        args.extend([Arg::Ptr(sumsq), Arg::Ptr(weight), Arg::Ptr(xg)]);
         let grid = (
             self.tokens as u32,
             self.hidden.div_ceil(MOE_WARPS) as u32,

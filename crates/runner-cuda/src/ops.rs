@@ -782,10 +782,11 @@ impl CudaOps<'_, '_> {
     /// not alternate (its spec is the last one's), its q/k/v takes the
     /// fused rope GEMV (no q/k norm) and its KV cache is bf16.
     /// The router's logits over `n` experts and each token's top k (ids
-    /// and weights in the MoE scratch).
+    /// and weights in the MoE scratch); with `xn`, the router writes the
+    /// experts' normed input there too.
     fn route(
         &mut self,
-        norm: DevPtr,
+        (norm, xn): (DevPtr, DevPtr),
         router: DevPtr,
         n: usize,
         spec: &MoeSpec,
@@ -801,6 +802,7 @@ impl CudaOps<'_, '_> {
             eps: c.rms_norm_eps,
             experts: n,
             logits: s.logits,
+            xn,
         }
         .launch(gpu, kernels)?;
         MoeRoute {
@@ -819,15 +821,18 @@ impl CudaOps<'_, '_> {
     /// weighted and summed per token into the residual: per-slot GEMVs, or
     /// grouped GEMMs over the slots sorted by expert for steps of at least
     /// `grouped_min_tokens` tokens.
+    /// `next_norm` (`(weight, xg)` of [`Self::fuse_next`]): the GEMVs'
+    /// down sum leaves that norm fused for its consumer.
     fn run_experts(
         &mut self,
         experts: &ExpertWeights,
         (n, width): (usize, usize),
         spec: &MoeSpec,
+        next_norm: Option<(DevPtr, DevPtr)>,
     ) -> Result<(), CudaError> {
         let (gpu, kernels, b, c) = (self.m.gpu, self.m.kernels, self.m.buffers, self.m.config);
         let (t, d, s) = (self.plan.tokens, c.hidden_size, b.moe);
-        if s.grouped_min_tokens > 0 && t >= s.grouped_min_tokens {
+        if self.grouped_experts() {
             return self.run_experts_grouped(experts, (n, width), spec);
         }
         MoeGateUp {
@@ -854,8 +859,15 @@ impl CudaOps<'_, '_> {
             hidden: d,
             width,
             residual: b.x,
+            next_norm: next_norm.map(|(weight, xg)| (b.sumsq, weight, xg)),
         }
         .launch(gpu, kernels)
+    }
+
+    /// Whether this step's experts run as grouped GEMMs (else GEMVs).
+    fn grouped_experts(&self) -> bool {
+        let min = self.m.buffers.moe.grouped_min_tokens;
+        min > 0 && self.plan.tokens >= min
     }
 
     /// [`Self::run_experts`] on the tensor cores: the slots sorted into
@@ -985,7 +997,7 @@ impl DecoderOps for CudaOps<'_, '_> {
     /// top k on the device, then the chosen experts' gate/up and down
     /// products, summed into the residual: the expert choice never reaches
     /// the host.
-    fn moe(&mut self, i: usize, spec: &MoeSpec, _next: NextNorm) -> Result<(), CudaError> {
+    fn moe(&mut self, i: usize, spec: &MoeSpec, next: NextNorm) -> Result<(), CudaError> {
         let layer = self.layer(i)?;
         let experts = layer
             .experts
@@ -999,10 +1011,19 @@ impl DecoderOps for CudaOps<'_, '_> {
             .moe
             .as_ref()
             .ok_or_else(|| unsupported("experts in a dense model"))?;
-        if self.take_norm(NextNorm::Mlp(i), layer.mlp_norm, experts.router)? {
-            return Err(unsupported("a pre-scaled norm before experts"));
-        }
-        self.route(layer.mlp_norm, experts.router, moe.num_experts, spec)?;
+        // The router norms each row for its logits; it writes the experts'
+        // bf16 input too unless a fused producer already did.
+        let normed = matches!(self.prescaled, Some((n, _)) if n == NextNorm::Mlp(i));
+        let xn = if normed {
+            if self.take_norm(NextNorm::Mlp(i), layer.mlp_norm, experts.router)? {
+                return Err(unsupported("a pre-scaled norm before experts"));
+            }
+            0
+        } else {
+            self.prescaled = None;
+            self.m.buffers.xn
+        };
+        self.route((layer.mlp_norm, xn), experts.router, moe.num_experts, spec)?;
         self.mark(Category::Routing)?;
         let (b, t) = (self.m.buffers, self.plan.tokens);
         let residual = b.x;
@@ -1010,13 +1031,24 @@ impl DecoderOps for CudaOps<'_, '_> {
             // The experts add this rank's columns' products to zeros.
             self.m.gpu.zero(residual, t * config.hidden_size * 4)?;
         }
+        // The next block's norm: fused into its GEMV where norms are (the
+        // GEMVs' down sum, or under tensor parallelism the all-reduce,
+        // leaves its input); else it runs its own over the residual.
+        let next_norm = if self.grouped_experts() {
+            self.prescaled = None;
+            None
+        } else {
+            self.fuse_next(next)
+        };
+        let single = self.m.comm.is_none();
         let shape = (moe.num_experts, moe.expert_intermediate_size);
-        self.run_experts(&experts, shape, spec)?;
+        self.run_experts(&experts, shape, spec, next_norm.filter(|_| single))?;
         self.mark(Category::Experts)?;
-        self.all_reduce(residual, (t, config.hidden_size), None)?;
-        // The next block runs its own norm over the residual.
-        self.prescaled = None;
-        Ok(())
+        self.all_reduce(
+            residual,
+            (t, config.hidden_size),
+            next_norm.filter(|_| !single),
+        )
     }
 
     fn mlp(&mut self, i: usize, spec: &MlpSpec, next: NextNorm) -> Result<(), CudaError> {
