@@ -24,78 +24,22 @@
 // 16-byte e4m3 loads a lane issues before using them (expert GEMVs).
 #define MOE_E4M3_BATCH 4
 
-// logits[t, e] = (x[t] / rms(x[t]) ⊙ norm) · router[e] in f32, from the f32
-// residual: the expert choice is made before any bf16 rounding of the normed
-// row (as the CPU's exact path makes it), so near-ties are decided as there.
-// With xn, the first block of each token also writes the normed row in bf16
-// (`bf16(x * inv * norm)`, add_rms_norm's formula), the experts' input: no
-// norm kernel of its own before them.
-// Grid: (tokens, ceil(experts / MOE_WARPS)); MOE_WARPS warps, an expert
-// each. hidden must be a multiple of 8.
-extern "C" __global__ void moe_router(const float* __restrict__ x, const float* __restrict__ norm,
-                                      const bf16* __restrict__ router, int hidden, float eps, int experts,
-                                      float* __restrict__ logits, bf16* __restrict__ xn) {
-  pdl_begin();
-  const int t = blockIdx.x, lane = threadIdx.x & 31;
-  const float* xr = x + (size_t)t * hidden;
-  float ss = 0.f;
-  for (int i = 4 * threadIdx.x; i < hidden; i += 4 * blockDim.x) {
-    const float4 v = *reinterpret_cast<const float4*>(xr + i);
-    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-  }
-  const float inv = rsqrtf(block_sum(ss) / hidden + eps);
-  if (xn && blockIdx.y == 0)
-    for (int i = 4 * threadIdx.x; i < hidden; i += 4 * blockDim.x) {
-      const float4 v = *reinterpret_cast<const float4*>(xr + i);
-      const float4 g = *reinterpret_cast<const float4*>(norm + i);
-      __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(xn + (size_t)t * hidden + i);
-      o[0] = __floats2bfloat162_rn(v.x * inv * g.x, v.y * inv * g.y);
-      o[1] = __floats2bfloat162_rn(v.z * inv * g.z, v.w * inv * g.w);
-    }
-  const int e = blockIdx.y * MOE_WARPS + (threadIdx.x >> 5);
-  if (e >= experts) return;
-  const bf16* w = router + (size_t)e * hidden;
-  float acc = 0.f;
-#pragma unroll 4
-  for (int i = 8 * lane; i < hidden; i += 256) {
-    const uint4 wv = *reinterpret_cast<const uint4*>(w + i);
-    const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float4 xv = *reinterpret_cast<const float4*>(xr + i + 4 * h);
-      const float4 g = *reinterpret_cast<const float4*>(norm + i + 4 * h);
-      const float2 a = __bfloat1622float2(w2[2 * h]), b = __bfloat1622float2(w2[2 * h + 1]);
-      acc = fmaf(xv.x * g.x, a.x, acc);
-      acc = fmaf(xv.y * g.y, a.y, acc);
-      acc = fmaf(xv.z * g.z, b.x, acc);
-      acc = fmaf(xv.w * g.w, b.y, acc);
-    }
-  }
-  acc = warp_sum(acc);
-  if (lane == 0) logits[(size_t)t * experts + e] = acc * inv;
-}
-
-// A warp per token: `ids[t * k + j]` and `weights[t * k + j]` for its k
-// experts (the largest logits, ties to the lower index), weighted by their
-// softmax probabilities over all `experts` logits (divided by their sum when
-// `normalize`), written in ascending expert order. Every lane holds experts
-// lane, lane + 32, ...; the reductions run in a fixed order.
-// Grid: ceil(tokens / (blockDim.x / 32)). experts <= MOE_MAX_EXPERTS,
-// k <= MOE_MAX_TOP_K.
-extern "C" __global__ void moe_route(const float* __restrict__ logits, int tokens, int experts, int k, int normalize,
-                                     int* __restrict__ ids, float* __restrict__ weights) {
-  pdl_begin();
+// One warp routes token t: `ids[t * k + j]` and `weights[t * k + j]` for
+// its k experts (the largest logits, ties to the lower index), weighted by
+// their softmax probabilities over all `experts` logits (divided by their
+// sum when `normalize`), written in ascending expert order. Every lane holds
+// experts lane, lane + 32, ...; the reductions run in a fixed order. The
+// logits are read past L1 (moe_router's last block reads other blocks').
+__device__ __forceinline__ void route_token(const float* __restrict__ l, int t, int experts, int k, int normalize,
+                                            int* __restrict__ ids, float* __restrict__ weights) {
   constexpr int PER_LANE = MOE_MAX_EXPERTS / 32;
   const int lane = threadIdx.x & 31;
-  const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (t >= tokens) return;
-  const float* l = logits + (size_t)t * experts;
   float v[PER_LANE];
   float max = -INFINITY;
 #pragma unroll
   for (int i = 0; i < PER_LANE; ++i) {
     const int e = lane + 32 * i;
-    v[i] = e < experts ? l[e] : -INFINITY;
+    v[i] = e < experts ? __ldcg(l + e) : -INFINITY;
     max = fmaxf(max, v[i]);
   }
   max = warp_max(max);
@@ -142,6 +86,85 @@ extern "C" __global__ void moe_route(const float* __restrict__ logits, int token
     ids[t * k + rank] = mine;
     weights[t * k + rank] = normalize ? my_weight / chosen : my_weight;
   }
+}
+
+// route_token over logits already written, a warp per token (the routing
+// alone: the runner routes inside moe_router; tests/gpu checks both).
+// Grid: ceil(tokens / (blockDim.x / 32)). experts <= MOE_MAX_EXPERTS,
+// k <= MOE_MAX_TOP_K.
+extern "C" __global__ void moe_route(const float* __restrict__ logits, int tokens, int experts, int k, int normalize,
+                                     int* __restrict__ ids, float* __restrict__ weights) {
+  pdl_begin();
+  const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (t >= tokens) return;
+  route_token(logits + (size_t)t * experts, t, experts, k, normalize, ids, weights);
+}
+
+// logits[t, e] = (x[t] / rms(x[t]) ⊙ norm) · router[e] in f32, from the f32
+// residual: the expert choice is made before any bf16 rounding of the normed
+// row (as the CPU's exact path makes it), so near-ties are decided as there.
+// With xn, the first block of each token also writes the normed row in bf16
+// (`bf16(x * inv * norm)`, add_rms_norm's formula), the experts' input: no
+// norm kernel of its own before them. With `done` (a counter per token,
+// zero between launches), the last of a token's blocks to finish routes it
+// into ids and weights (route_token over the logits every block fenced
+// before counting itself in) and sets its counter back to zero (graph
+// replays included): no routing kernel of its own either.
+// Grid: (tokens, ceil(experts / MOE_WARPS)); MOE_WARPS warps, an expert
+// each. hidden must be a multiple of 8.
+extern "C" __global__ void moe_router(const float* __restrict__ x, const float* __restrict__ norm,
+                                      const bf16* __restrict__ router, int hidden, float eps, int experts,
+                                      float* __restrict__ logits, bf16* __restrict__ xn, int k, int normalize,
+                                      int* __restrict__ ids, float* __restrict__ weights, unsigned* done) {
+  pdl_begin();
+  const int t = blockIdx.x, lane = threadIdx.x & 31;
+  const float* xr = x + (size_t)t * hidden;
+  float ss = 0.f;
+  for (int i = 4 * threadIdx.x; i < hidden; i += 4 * blockDim.x) {
+    const float4 v = *reinterpret_cast<const float4*>(xr + i);
+    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+  }
+  const float inv = rsqrtf(block_sum(ss) / hidden + eps);
+  if (xn && blockIdx.y == 0)
+    for (int i = 4 * threadIdx.x; i < hidden; i += 4 * blockDim.x) {
+      const float4 v = *reinterpret_cast<const float4*>(xr + i);
+      const float4 g = *reinterpret_cast<const float4*>(norm + i);
+      __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(xn + (size_t)t * hidden + i);
+      o[0] = __floats2bfloat162_rn(v.x * inv * g.x, v.y * inv * g.y);
+      o[1] = __floats2bfloat162_rn(v.z * inv * g.z, v.w * inv * g.w);
+    }
+  const int e = blockIdx.y * MOE_WARPS + (threadIdx.x >> 5);
+  if (e < experts) {
+    const bf16* w = router + (size_t)e * hidden;
+    float acc = 0.f;
+#pragma unroll 4
+    for (int i = 8 * lane; i < hidden; i += 256) {
+      const uint4 wv = *reinterpret_cast<const uint4*>(w + i);
+      const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float4 xv = *reinterpret_cast<const float4*>(xr + i + 4 * h);
+        const float4 g = *reinterpret_cast<const float4*>(norm + i + 4 * h);
+        const float2 a = __bfloat1622float2(w2[2 * h]), b = __bfloat1622float2(w2[2 * h + 1]);
+        acc = fmaf(xv.x * g.x, a.x, acc);
+        acc = fmaf(xv.y * g.y, a.y, acc);
+        acc = fmaf(xv.z * g.z, b.x, acc);
+        acc = fmaf(xv.w * g.w, b.y, acc);
+      }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) logits[(size_t)t * experts + e] = acc * inv;
+  }
+  if (!done) return;
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(done + t, 1u) == gridDim.y - 1;
+  __syncthreads();
+  if (!last || threadIdx.x >= 32) return;
+  __threadfence();
+  route_token(logits + (size_t)t * experts, t, experts, k, normalize, ids, weights);
+  if (threadIdx.x == 0) done[t] = 0;
 }
 
 // The dot product of 8 bf16 pairs (16-byte chunks), alone.
@@ -199,27 +222,32 @@ __device__ __forceinline__ void moe_gate_up_e4m3(const bf16* __restrict__ x, con
   const uint4* u = reinterpret_cast<const uint4*>(up + row * hidden);
   const uint4* xr = reinterpret_cast<const uint4*>(x + (size_t)(s / k) * hidden);
   const int n16 = hidden / 16;
+  // The row scales load with the first weights (not after the sums).
+  const float sg = gate_scales[row], su = up_scales[row];
   float ag = 0.f, au = 0.f;
-  // MOE_E4M3_BATCH loads of each row in flight before any arithmetic.
+  // MOE_E4M3_BATCH loads of each row, and their inputs, in flight before
+  // any arithmetic: at batch 1 the kernel waits on memory, not math.
   for (int i0 = lane; i0 < n16; i0 += 32 * MOE_E4M3_BATCH) {
-    uint4 gv[MOE_E4M3_BATCH], uv[MOE_E4M3_BATCH];
-#pragma unroll
-    for (int b = 0; b < MOE_E4M3_BATCH; ++b)
-      if (i0 + 32 * b < n16) {
-        gv[b] = g[i0 + 32 * b];
-        uv[b] = u[i0 + 32 * b];
-      }
+    uint4 gv[MOE_E4M3_BATCH], uv[MOE_E4M3_BATCH], xv[MOE_E4M3_BATCH][2];
 #pragma unroll
     for (int b = 0; b < MOE_E4M3_BATCH; ++b) {
       const int i = i0 + 32 * b;
-      if (i >= n16) break;
-      const uint4 x0 = xr[2 * i], x1 = xr[2 * i + 1];
-      dot16_e4m3(gv[b], x0, x1, ag);
-      dot16_e4m3(uv[b], x0, x1, au);
+      if (i < n16) {
+        gv[b] = g[i];
+        uv[b] = u[i];
+        xv[b][0] = xr[2 * i];
+        xv[b][1] = xr[2 * i + 1];
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < MOE_E4M3_BATCH; ++b) {
+      if (i0 + 32 * b >= n16) break;
+      dot16_e4m3(gv[b], xv[b][0], xv[b][1], ag);
+      dot16_e4m3(uv[b], xv[b][0], xv[b][1], au);
     }
   }
-  ag = warp_sum(ag) * gate_scales[row];
-  au = warp_sum(au) * up_scales[row];
+  ag = warp_sum(ag) * sg;
+  au = warp_sum(au) * su;
   if (lane == 0) {
     const float a = GELU ? gelu_tanh(ag) : ag / (1.f + expf(-ag));
     act[(size_t)s * width + r] = to_bf16(a * au);
@@ -321,8 +349,8 @@ extern "C" __global__ void moe_down_sum(const bf16* __restrict__ act, const bf16
   moe_add_residual(out, t, r, hidden, residual, sumsq, next_norm, xg);
 }
 
-// moe_down_sum over e4m3 rows (16 weights a chunk): each warp first folds
-// its row's scale into the k slot weights. width % 16 == 0.
+// moe_down_sum over e4m3 rows (16 weights a chunk), each slot's weight
+// folded into its expert's row scale. width % 16 == 0.
 extern "C" __global__ void moe_down_sum_e4m3(const bf16* __restrict__ act, const uint8_t* __restrict__ down,
                                              const float* __restrict__ down_scales, const int* __restrict__ ids,
                                              const float* __restrict__ weights, int k, int hidden, int width,
@@ -330,34 +358,40 @@ extern "C" __global__ void moe_down_sum_e4m3(const bf16* __restrict__ act, const
                                              bf16* xg) {
   pdl_begin();
   __shared__ int expert[MOE_MAX_TOP_K];
-  __shared__ float scaled[MOE_WARPS][MOE_MAX_TOP_K];
   const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x < k) expert[threadIdx.x] = ids[t * k + threadIdx.x];
   __syncthreads();
   const int r = blockIdx.y * MOE_WARPS + warp;
-  if (lane < k && r < hidden)
-    scaled[warp][lane] = weights[t * k + lane] * down_scales[(size_t)expert[lane] * hidden + r];
-  __syncwarp();
-  const int n16 = width / 16;
+  // Lane j < k folds slot j's weight into its expert's row scale; the
+  // lanes take it by shuffle after the first weights' loads are issued.
+  float my_scale = 0.f;
+  if (lane < k && r < hidden) my_scale = weights[t * k + lane] * down_scales[(size_t)expert[lane] * hidden + r];
+  const int n16 = width / 16, total = k * n16;
   const uint4* a = reinterpret_cast<const uint4*>(act + (size_t)t * k * width);
   const uint4* w = reinterpret_cast<const uint4*>(down);
   float out = 0.f;
-  for (int f0 = lane; r < hidden && f0 < k * n16; f0 += 32 * MOE_E4M3_BATCH) {
-    uint4 wv[MOE_E4M3_BATCH];
+  // Warp-uniform rounds (the shuffles need every lane): the weights and
+  // their activations, MOE_E4M3_BATCH of each, in flight before any math.
+  for (int base = 0; r < hidden && base < total; base += 32 * MOE_E4M3_BATCH) {
+    uint4 wv[MOE_E4M3_BATCH], av[MOE_E4M3_BATCH][2];
 #pragma unroll
     for (int b = 0; b < MOE_E4M3_BATCH; ++b) {
-      const int f = f0 + 32 * b;
-      if (f >= k * n16) break;
-      const int j = f / n16;
-      wv[b] = w[((size_t)expert[j] * hidden + r) * n16 + (f - j * n16)];
+      const int f = base + lane + 32 * b;
+      if (f < total) {
+        const int j = f / n16;
+        wv[b] = w[((size_t)expert[j] * hidden + r) * n16 + (f - j * n16)];
+        av[b][0] = a[2 * f];
+        av[b][1] = a[2 * f + 1];
+      }
     }
 #pragma unroll
     for (int b = 0; b < MOE_E4M3_BATCH; ++b) {
-      const int f = f0 + 32 * b;
-      if (f >= k * n16) break;
+      const int f = base + lane + 32 * b;
+      const float sc = __shfl_sync(0xffffffffu, my_scale, min(f / n16, k - 1));
+      if (f >= total) continue;
       float dot = 0.f;
-      dot16_e4m3(wv[b], a[2 * f], a[2 * f + 1], dot);
-      out = fmaf(scaled[warp][f / n16], dot, out);
+      dot16_e4m3(wv[b], av[b][0], av[b][1], dot);
+      out = fmaf(sc, dot, out);
     }
   }
   out = warp_sum(out);

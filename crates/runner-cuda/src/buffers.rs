@@ -231,6 +231,9 @@ pub(crate) struct MoeScratch {
     pub sorted: DevPtr,
     pub tile_expert: DevPtr,
     pub out: DevPtr,
+    /// A u32 per token the router counts its blocks in (zero between
+    /// launches).
+    pub done: DevPtr,
     /// Steps of at least this many tokens take the grouped GEMMs (0:
     /// never; `cuda.moe_grouped_min_tokens`).
     pub grouped_min_tokens: usize,
@@ -238,7 +241,7 @@ pub(crate) struct MoeScratch {
 
 /// Bytes of the [`MoeScratch`] buffers for `t` tokens, in its order; the
 /// grouped GEMMs' only when `grouped`.
-fn moe_sizes(c: &ModelConfig, t: usize, grouped: bool) -> [usize; 7] {
+fn moe_sizes(c: &ModelConfig, t: usize, grouped: bool) -> [usize; 8] {
     match &c.block.moe {
         Some(m) => {
             let slots = t * m.experts_per_token;
@@ -252,9 +255,10 @@ fn moe_sizes(c: &ModelConfig, t: usize, grouped: bool) -> [usize; 7] {
                 g * kernels::moe_sorted_bytes(slots, m.num_experts),
                 g * tiles * 4,
                 g * slots * c.hidden_size * 4,
+                t * 4,
             ]
         }
-        None => [0; 7],
+        None => [0; 8],
     }
 }
 
@@ -275,7 +279,7 @@ fn piece_sizes(
     s: usize,
     layout: &InputLayout,
     moe_grouped: bool,
-) -> [usize; 23] {
+) -> [usize; 24] {
     let (d, qd, kvd, ff, v) = (
         c.hidden_size,
         c.q_dim(),
@@ -310,6 +314,7 @@ fn piece_sizes(
         moe[4],
         moe[5],
         moe[6],
+        moe[7],
         head_rows,
         ranks * head_rows,
     ];
@@ -345,10 +350,13 @@ impl Buffers {
     ) -> Result<Self, CudaError> {
         let layout = Self::layout(c, t, s, bs);
         let sizes = piece_sizes(c, t, s, &layout, moe_grouped_min_tokens > 0);
-        let mut p = [0; 23];
+        let mut p = [0; 24];
         for (slot, &bytes) in p.iter_mut().zip(sizes.iter()) {
             *slot = arena.take(bytes)?;
         }
+        // The router's per-token counters start at zero and stay so
+        // between its launches.
+        gpu.zero(p[21], sizes[21])?;
         Ok(Self {
             max_tokens: t,
             max_seqs: s,
@@ -380,10 +388,11 @@ impl Buffers {
                 sorted: p[18],
                 tile_expert: p[19],
                 out: p[20],
+                done: p[21],
                 grouped_min_tokens: moe_grouped_min_tokens,
             },
-            head_shard: p[21],
-            head_gather: p[22],
+            head_shard: p[22],
+            head_gather: p[23],
             arena,
             kv_slices: Vec::new(),
             kv_dtype: KvDtype::Bf16,
