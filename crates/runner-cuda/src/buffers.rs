@@ -231,9 +231,6 @@ pub(crate) struct MoeScratch {
     pub sorted: DevPtr,
     pub tile_expert: DevPtr,
     pub out: DevPtr,
-    /// A u32 per token the router counts its blocks in (zero between
-    /// launches).
-    pub done: DevPtr,
     /// Steps of at least this many tokens take the grouped GEMMs (0:
     /// never; `cuda.moe_grouped_min_tokens`).
     pub grouped_min_tokens: usize,
@@ -241,7 +238,7 @@ pub(crate) struct MoeScratch {
 
 /// Bytes of the [`MoeScratch`] buffers for `t` tokens, in its order; the
 /// grouped GEMMs' only when `grouped`.
-fn moe_sizes(c: &ModelConfig, t: usize, grouped: bool) -> [usize; 8] {
+fn moe_sizes(c: &ModelConfig, t: usize, grouped: bool) -> [usize; 7] {
     match &c.block.moe {
         Some(m) => {
             let slots = t * m.experts_per_token;
@@ -255,10 +252,9 @@ fn moe_sizes(c: &ModelConfig, t: usize, grouped: bool) -> [usize; 8] {
                 g * kernels::moe_sorted_bytes(slots, m.num_experts),
                 g * tiles * 4,
                 g * slots * c.hidden_size * 4,
-                t * 4,
             ]
         }
-        None => [0; 8],
+        None => [0; 7],
     }
 }
 
@@ -279,7 +275,7 @@ fn piece_sizes(
     s: usize,
     layout: &InputLayout,
     moe_grouped: bool,
-) -> [usize; 24] {
+) -> [usize; 23] {
     let (d, qd, kvd, ff, v) = (
         c.hidden_size,
         c.q_dim(),
@@ -314,7 +310,6 @@ fn piece_sizes(
         moe[4],
         moe[5],
         moe[6],
-        moe[7],
         head_rows,
         ranks * head_rows,
     ];
@@ -350,13 +345,10 @@ impl Buffers {
     ) -> Result<Self, CudaError> {
         let layout = Self::layout(c, t, s, bs);
         let sizes = piece_sizes(c, t, s, &layout, moe_grouped_min_tokens > 0);
-        let mut p = [0; 24];
+        let mut p = [0; 23];
         for (slot, &bytes) in p.iter_mut().zip(sizes.iter()) {
             *slot = arena.take(bytes)?;
         }
-        // The router's per-token counters start at zero and stay so
-        // between its launches.
-        gpu.zero(p[21], sizes[21])?;
         Ok(Self {
             max_tokens: t,
             max_seqs: s,
@@ -388,11 +380,10 @@ impl Buffers {
                 sorted: p[18],
                 tile_expert: p[19],
                 out: p[20],
-                done: p[21],
                 grouped_min_tokens: moe_grouped_min_tokens,
             },
-            head_shard: p[22],
-            head_gather: p[23],
+            head_shard: p[21],
+            head_gather: p[22],
             arena,
             kv_slices: Vec::new(),
             kv_dtype: KvDtype::Bf16,

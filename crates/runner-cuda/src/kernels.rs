@@ -67,6 +67,7 @@ pub struct Kernels {
     argmax_rows: Kernel,
     gather_vocab_shards: Kernel,
     moe_router: Kernel,
+    moe_route: Kernel,
     moe_gate_up_silu: Kernel,
     moe_gate_up_gelu_tanh: Kernel,
     moe_gate_up_silu_e4m3: Kernel,
@@ -268,6 +269,7 @@ impl Kernels {
             argmax_rows: gpu.kernel("argmax_rows")?,
             gather_vocab_shards: gpu.kernel("gather_vocab_shards")?,
             moe_router: gpu.kernel("moe_router")?,
+            moe_route: gpu.kernel("moe_route")?,
             moe_gate_up_silu: gpu.kernel("moe_gate_up_silu")?,
             moe_gate_up_silu_e4m3: gpu.kernel("moe_gate_up_silu_e4m3")?,
             moe_gate_up_gelu_tanh: gpu.kernel("moe_gate_up_gelu_tanh")?,
@@ -669,9 +671,9 @@ impl GatedMul {
 
 /// Warps (rows) per block of the expert GEMVs (`MOE_WARPS` in moe.cu).
 const MOE_WARPS: usize = 8;
-/// Most experts per token the router takes (`MOE_MAX_TOP_K` in moe.cu).
+/// Most experts per token `moe_route` takes (`MOE_MAX_TOP_K` in moe.cu).
 pub const MOE_MAX_TOP_K: usize = 16;
-/// Most experts the router takes (`MOE_MAX_EXPERTS` in moe.cu).
+/// Most experts `moe_route` takes (`MOE_MAX_EXPERTS` in moe.cu).
 pub const MOE_MAX_EXPERTS: usize = 256;
 
 /// `moe_router`: the router's f32 logits of every token, normed from the
@@ -688,23 +690,6 @@ pub struct MoeRouter {
     pub logits: DevPtr,
     /// Where the normed rows go in bf16 too (the experts' input; 0: not).
     pub xn: DevPtr,
-    /// Each token's top-k experts (ascending) and their weights, written by
-    /// the last of its blocks.
-    pub route: MoeRouting,
-}
-
-/// Where [`MoeRouter`] routes each token.
-pub struct MoeRouting {
-    pub top_k: usize,
-    /// The top-k weights are divided by their sum.
-    pub normalize: bool,
-    /// `[tokens, top_k]` i32.
-    pub ids: DevPtr,
-    /// `[tokens, top_k]` f32.
-    pub weights: DevPtr,
-    /// A u32 counter per token, zero between launches (the kernel sets it
-    /// back).
-    pub done: DevPtr,
 }
 
 impl MoeRouter {
@@ -718,11 +703,6 @@ impl MoeRouter {
             Arg::I32(self.experts as i32),
             Arg::Ptr(self.logits),
             Arg::Ptr(self.xn),
-            Arg::I32(self.route.top_k as i32),
-            Arg::I32(self.route.normalize as i32),
-            Arg::Ptr(self.route.ids),
-            Arg::Ptr(self.route.weights),
-            Arg::Ptr(self.route.done),
         ];
         let grid = (
             self.tokens as u32,
@@ -730,6 +710,35 @@ impl MoeRouter {
             1,
         );
         gpu.launch(&k.moe_router, grid, (32 * MOE_WARPS) as u32, 0, &args)
+    }
+}
+
+/// `moe_route`: each token's top-k experts (ascending) and their weights
+/// from the router's f32 logits.
+pub struct MoeRoute {
+    pub tokens: usize,
+    pub logits: DevPtr,
+    pub experts: usize,
+    pub top_k: usize,
+    pub normalize: bool,
+    pub ids: DevPtr,
+    pub weights: DevPtr,
+}
+
+impl MoeRoute {
+    pub fn launch(&self, gpu: &Gpu, k: &Kernels) -> Result<(), CudaError> {
+        let args = [
+            Arg::Ptr(self.logits),
+            Arg::I32(self.tokens as i32),
+            Arg::I32(self.experts as i32),
+            Arg::I32(self.top_k as i32),
+            Arg::I32(self.normalize as i32),
+            Arg::Ptr(self.ids),
+            Arg::Ptr(self.weights),
+        ];
+        // A warp per token.
+        let grid = (self.tokens.div_ceil(MOE_WARPS) as u32, 1, 1);
+        gpu.launch(&k.moe_route, grid, (32 * MOE_WARPS) as u32, 0, &args)
     }
 }
 

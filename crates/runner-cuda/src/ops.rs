@@ -23,7 +23,7 @@ use crate::gemm::{Gemm, OutType, GEMV_MAX_TOKENS};
 use crate::kernels::{
     ArgmaxRows, AttentionCombine, DecodeAttention, EmbedRows, GatedMul, GatedMulE4m3,
     GatherVocabShards, GemvInput, Heads, Kernels, KvCache, KvDtype, MoeAlign, MoeDownSum,
-    MoeGateUp, MoeGroupedDown, MoeGroupedGateUp, MoeRouter, MoeRouting, NextNormOut, PagedInputs,
+    MoeGateUp, MoeGroupedDown, MoeGroupedGateUp, MoeRoute, MoeRouter, NextNormOut, PagedInputs,
     PostNormAdd, PrefillAttention, QkvRopeGemv, RmsNorm, RmsNormE4m3, RopeQkv, RopeTarget,
     SoftcapRows,
 };
@@ -782,8 +782,8 @@ impl CudaOps<'_, '_> {
     /// not alternate (its spec is the last one's), its q/k/v takes the
     /// fused rope GEMV (no q/k norm) and its KV cache is bf16.
     /// The router's logits over `n` experts and each token's top k (ids
-    /// and weights in the MoE scratch), in one kernel; with `xn`, it writes
-    /// the experts' normed input there too.
+    /// and weights in the MoE scratch); with `xn`, the router writes the
+    /// experts' normed input there too.
     fn route(
         &mut self,
         (norm, xn): (DevPtr, DevPtr),
@@ -803,13 +803,16 @@ impl CudaOps<'_, '_> {
             experts: n,
             logits: s.logits,
             xn,
-            route: MoeRouting {
-                top_k: spec.top_k,
-                normalize: spec.normalize,
-                ids: s.ids,
-                weights: s.weights,
-                done: s.done,
-            },
+        }
+        .launch(gpu, kernels)?;
+        MoeRoute {
+            tokens: t,
+            logits: s.logits,
+            experts: n,
+            top_k: spec.top_k,
+            normalize: spec.normalize,
+            ids: s.ids,
+            weights: s.weights,
         }
         .launch(gpu, kernels)
     }
