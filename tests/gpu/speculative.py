@@ -110,8 +110,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--spec", default="{}", help="JSON merged into the speculating servers' --speculative-config")
     a = ap.parse_args()
-    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 7, **json.loads(a.spec)})
-    print(f"## --speculative-config {spec}")
+    spec_config = json.dumps({"method": "ngram", "num_speculative_tokens": 7, **json.loads(a.spec)})
+    print(f"## --speculative-config {spec_config}")
     prompts = json.load(open(a.prompts))["prompts"]
     # The baseline the way users run it: a server without speculation.
     plain = Server(a.ingot, a.model, spec=None)
@@ -129,7 +129,7 @@ def main():
     finally:
         plain.stop()
     for label, extra in (("default", ()), ("deterministic", ("--deterministic",))):
-        srv = Server(a.ingot, a.model, *extra, spec=spec)
+        srv = Server(a.ingot, a.model, *extra, spec=spec_config)
         try:
             for p in prompts[:4]:  # warm-up (graphs, allocator)
                 srv.chat(p["prompt"], True, 16)
