@@ -185,6 +185,11 @@ pub struct ModelSection {
     pub dtype: Dtype,
     /// CPU handling of quantized GGUF tensors: `native` or `f32`.
     pub cpu_weights: CpuWeights,
+    /// CPU attention's softmax weights from an 8-lane polynomial exp
+    /// (within 2 ulp) instead of the C library's `expf`: faster at long
+    /// contexts, not the same bits (answers may turn at near-ties). Off
+    /// until measured.
+    pub cpu_fast_exp: bool,
     /// CUDA handling of quantized GGUF tensors: `bf16` (expanded at load)
     /// or `native` (Q8_0, Q4_0/Q4_1 and Q4_K/Q5_K/Q6_K tensors kept in
     /// their blocks).
@@ -239,6 +244,7 @@ impl Default for ModelSection {
             device: Device::Auto,
             dtype: Dtype::F32,
             cpu_weights: CpuWeights::Native,
+            cpu_fast_exp: false,
             cuda_weights: CudaWeights::Bf16,
             quantization: Quantization::None,
             fp8_ignore: String::new(),

@@ -5,7 +5,7 @@
 use crate::kv_memory::KvSlots;
 use rayon::prelude::*;
 
-use crate::simd::dot_fn;
+use crate::simd::{dot_fn, exp_shifted};
 
 /// Largest head width the stack buffers hold.
 pub const MAX_HEAD_DIM: usize = 512;
@@ -40,6 +40,9 @@ pub struct AttentionShape {
     pub pages_per_block: usize,
     /// ...and the layer reads page `part` of each block.
     pub part: usize,
+    /// The softmax weights from an 8-lane polynomial exp instead of the C
+    /// library's (`model.cpu_fast_exp`; within 2 ulp, not the same bits).
+    pub fast_exp: bool,
 }
 
 /// Where a batch token sits: its sequence's block table and its position.
@@ -92,7 +95,7 @@ pub fn paged_attention(
                 // SAFETY: `avx2_fma` found AVX2 and FMA.
                 unsafe { attend_heads_avx2(shape, kv, task, o) }
             } else {
-                attend_heads(shape, kv, task, dot, o);
+                attend_heads(shape, kv, task, (dot, exp_shifted), o);
             }
         });
 }
@@ -117,14 +120,15 @@ unsafe fn attend_heads_avx2(
     task: HeadTask<'_>,
     out: &mut [f32],
 ) {
-    // SAFETY: this function's features are the dot product's.
-    attend_heads(
-        shape,
-        kv,
-        task,
-        |a, b| unsafe { crate::simd::dot_avx2(a, b) },
-        out,
-    );
+    // SAFETY: this function's features are the dot product's and the
+    // fast exp's.
+    let dot = |a: &[f32], b: &[f32]| unsafe { crate::simd::dot_avx2(a, b) };
+    if shape.fast_exp {
+        let exp = |xs: &mut [f32], m| unsafe { crate::simd::exp_shifted_avx2(xs, m) };
+        attend_heads(shape, kv, task, (dot, exp), out);
+    } else {
+        attend_heads(shape, kv, task, (dot, exp_shifted), out);
+    }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -134,19 +138,27 @@ unsafe fn attend_heads_avx2(
     task: HeadTask<'_>,
     out: &mut [f32],
 ) {
-    attend_heads(shape, kv, task, crate::simd::dot_portable, out);
+    attend_heads(
+        shape,
+        kv,
+        task,
+        (crate::simd::dot_portable, exp_shifted),
+        out,
+    );
 }
 
 /// Online-softmax attention of `task`'s heads, block by block: per head the
 /// operations of [`attend_one`], in the same order. Each key row is loaded
-/// once for all the heads' scores; the value rows are then run head by head
-/// (a head's accumulator stays in registers across a block's positions).
+/// once for all the heads' scores; a head's block of scores then becomes
+/// its softmax weights (`exp`: `xs[i] = e^(xs[i] - max)`, [`exp_shifted`]'s
+/// bits unless `fast_exp`), and the value rows run head by head (a head's
+/// accumulator stays in registers across a block's positions).
 #[inline(always)]
 fn attend_heads(
     shape: AttentionShape,
     kv: &LayerKv,
     task: HeadTask<'_>,
-    dot: impl Fn(&[f32], &[f32]) -> f32,
+    (dot, exp): (impl Fn(&[f32], &[f32]) -> f32, impl Fn(&mut [f32], f32)),
     out: &mut [f32],
 ) {
     let hd = shape.head_dim;
@@ -187,7 +199,7 @@ fn attend_heads(
             }
         }
         let per_head = scores
-            .iter()
+            .iter_mut()
             .zip(&block_max)
             .zip(&mut max)
             .zip(&mut denom)
@@ -201,8 +213,8 @@ fn attend_heads(
                 *a *= correction;
             }
             *max = new_max;
-            for (v, &s) in kv.v[base..].chunks(row).zip(&scores[..n]).skip(lo) {
-                let e = (s - new_max).exp();
+            exp(&mut scores[lo..n], new_max);
+            for (v, &e) in kv.v[base..].chunks(row).zip(&scores[..n]).skip(lo) {
                 *denom += e;
                 for (a, x) in acc.iter_mut().zip(&v[..hd]) {
                     *a += e * x;
@@ -324,7 +336,7 @@ mod tests {
 
     /// Paged attention of one token at position 9 (10 positions over 3
     /// blocks of 4) against the naive softmax over its visible positions.
-    fn check_against_naive(window: Option<usize>, table: [u32; 3]) {
+    fn check_against_naive(window: Option<usize>, table: [u32; 3], fast_exp: bool) {
         let shape = AttentionShape {
             num_heads: 4,
             num_kv_heads: 2,
@@ -334,6 +346,7 @@ mod tests {
             window,
             pages_per_block: 1,
             part: 0,
+            fast_exp,
         };
         let row = shape.num_kv_heads * shape.head_dim;
         let num_blocks = 6;
@@ -372,7 +385,7 @@ mod tests {
             for d in 0..8 {
                 assert!(
                     (out[h * 8 + d] as f64 - want[d]).abs() < 1e-5,
-                    "window {window:?} head {h}"
+                    "window {window:?} head {h} fast exp {fast_exp}"
                 );
             }
         }
@@ -404,6 +417,7 @@ mod tests {
                 window,
                 pages_per_block: 1,
                 part: 0,
+                fast_exp: false,
             };
             let row = num_kv_heads * 64;
             let slots = 8 * 16;
@@ -448,20 +462,25 @@ mod tests {
         }
     }
 
+    /// Both softmax exps (the C library's, the 8-lane polynomial).
     #[test]
     fn paged_matches_naive_across_scattered_blocks() {
-        check_against_naive(None, [5, 1, 3]);
+        for fast_exp in [false, true] {
+            check_against_naive(None, [5, 1, 3], fast_exp);
+        }
     }
 
     #[test]
     fn sliding_window_sees_only_the_last_positions() {
-        // Windows ending inside a block, on a block edge, covering the whole
-        // prefix and larger than it.
-        for w in [1, 3, 4, 5, 6, 10, 64] {
-            check_against_naive(Some(w), [5, 1, 3]);
+        for fast_exp in [false, true] {
+            // Windows ending inside a block, on a block edge, covering the
+            // whole prefix and larger than it.
+            for w in [1, 3, 4, 5, 6, 10, 64] {
+                check_against_naive(Some(w), [5, 1, 3], fast_exp);
+            }
+            // Blocks wholly outside the window are never read: a table
+            // entry past the pool (a freed block) is harmless.
+            check_against_naive(Some(6), [1000, 1, 3], fast_exp);
         }
-        // Blocks wholly outside the window are never read: a table entry
-        // past the pool (a freed block) is harmless.
-        check_against_naive(Some(6), [1000, 1, 3]);
     }
 }

@@ -26,6 +26,8 @@ pub(crate) struct CpuOps<'a, 'b> {
     pub kv: &'a mut [LayerKv],
     pub layout: &'a KvLayout,
     pub block_size: usize,
+    /// Attention's softmax from the 8-lane exp (`model.cpu_fast_exp`).
+    pub fast_exp: bool,
     /// `[position, head_dim / 2]` tables.
     pub cos: &'a [f32],
     pub sin: &'a [f32],
@@ -172,6 +174,7 @@ impl DecoderOps for CpuOps<'_, '_> {
             window: spec.window,
             pages_per_block: site.pages_per_block,
             part: site.part,
+            fast_exp: self.fast_exp,
         };
         let ws = &mut *self.ws;
         let kv = &self.kv[site.slice];

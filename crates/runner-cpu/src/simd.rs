@@ -32,7 +32,16 @@ pub(crate) fn avx2_fma() -> bool {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86::dot_avx2;
+pub(crate) use x86::{dot_avx2, exp_shifted_avx2};
+
+/// `xs[i] = e^(xs[i] - m)` with the C library's `expf`, one at a time:
+/// attention's softmax weights, to the bit what a scalar loop gives.
+#[inline]
+pub fn exp_shifted(xs: &mut [f32], m: f32) {
+    for x in xs {
+        *x = (*x - m).exp();
+    }
+}
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -76,6 +85,75 @@ mod x86 {
             sum
         }
     }
+
+    /// e^x in 8 lanes, Cephes' `expf` scheme: n = round(x / ln 2), the
+    /// remainder r = x - n ln 2 (ln 2 in two parts, so r is exact), e^r by
+    /// its degree-7 polynomial, times 2^n through the exponent bits. Within
+    /// 2 ulp of the true value on [-87, 88]; below -87 it flushes to 0
+    /// (a softmax weight that small adds nothing to a sum that has 1 in it).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn exp8(x: __m256) -> __m256 {
+        let x = _mm256_max_ps(
+            _mm256_min_ps(x, _mm256_set1_ps(88.376_26)),
+            _mm256_set1_ps(-87.336_54),
+        );
+        let n = _mm256_round_ps(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+        );
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm256_set1_ps(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            0.166_666_65,
+            0.5,
+        ] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+        }
+        let r2 = _mm256_mul_ps(r, r);
+        let e = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0));
+        let bits = _mm256_slli_epi32(
+            _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+            23,
+        );
+        let scaled = _mm256_mul_ps(e, _mm256_castsi256_ps(bits));
+        // 2^n underflows the exponent field below n = -126: flush to 0.
+        _mm256_and_ps(
+            scaled,
+            _mm256_cmp_ps(x, _mm256_set1_ps(-87.336_5), _CMP_GT_OQ),
+        )
+    }
+
+    /// [`super::exp_shifted`] 8 lanes at a time with [`exp8`] (not the C
+    /// library's bits: `model.cpu_fast_exp`).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    pub unsafe fn exp_shifted_avx2(xs: &mut [f32], m: f32) {
+        let mut chunks = xs.chunks_exact_mut(8);
+        let mv = _mm256_set1_ps(m);
+        for c in &mut chunks {
+            // SAFETY: c holds exactly 8 floats.
+            unsafe {
+                let v = _mm256_loadu_ps(c.as_ptr());
+                _mm256_storeu_ps(c.as_mut_ptr(), exp8(_mm256_sub_ps(v, mv)));
+            }
+        }
+        let rest = chunks.into_remainder();
+        if !rest.is_empty() {
+            let mut lane = [f32::NEG_INFINITY; 8];
+            lane[..rest.len()].copy_from_slice(rest);
+            // SAFETY: lane holds 8 floats.
+            unsafe {
+                let v = _mm256_loadu_ps(lane.as_ptr());
+                _mm256_storeu_ps(lane.as_mut_ptr(), exp8(_mm256_sub_ps(v, mv)));
+            }
+            rest.copy_from_slice(&lane[..rest.len()]);
+        }
+    }
 }
 
 /// Dot product with eight independent accumulators (lets the compiler vectorise).
@@ -93,4 +171,39 @@ pub fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
         sum += a[i] * b[i];
     }
     sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The 8-lane exp against f64 over a softmax's range (x - max <= 0),
+    /// remainders included: within 2 ulp, flushed to 0 below -87.3.
+    #[test]
+    fn fast_exp_is_within_two_ulp() {
+        if !avx2_fma() {
+            eprintln!("skipped: no AVX2/FMA on this CPU");
+            return;
+        }
+        let xs: Vec<f32> = (0..20_011).map(|i| -90.0 + i as f32 * 0.0045).collect();
+        let mut got = xs.clone();
+        // SAFETY: AVX2 and FMA were detected above.
+        unsafe { exp_shifted_avx2(&mut got, 0.0) };
+        for (x, g) in xs.iter().zip(&got) {
+            let want = (*x as f64).exp();
+            if *x < -87.3 {
+                assert!(*g == 0.0 || (*g as f64 - want).abs() < 1e-37, "{x}: {g}");
+                continue;
+            }
+            let ulp = (want as f32).to_bits().abs_diff(g.to_bits());
+            assert!(ulp <= 2, "e^{x}: {g} vs {want} ({ulp} ulp)");
+        }
+        let mut shifted = vec![1.0f32, 2.0, 3.0];
+        // SAFETY: as above.
+        unsafe { exp_shifted_avx2(&mut shifted, 3.0) };
+        let want = [(-2f32).exp(), (-1f32).exp(), 1.0];
+        for (g, w) in shifted.iter().zip(want) {
+            assert!(g.to_bits().abs_diff(w.to_bits()) <= 2, "{g} vs {w}");
+        }
+    }
 }
