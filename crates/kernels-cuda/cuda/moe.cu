@@ -24,15 +24,75 @@
 // 16-byte e4m3 loads a lane issues before using them (expert GEMVs).
 #define MOE_E4M3_BATCH 4
 
-// One warp routes token t: `ids[t * k + j]` and `weights[t * k + j]` for
-// its k experts (the largest logits, ties to the lower index), weighted by
-// their softmax probabilities over all `experts` logits (divided by their
-// sum when `normalize`), written in ascending expert order. Every lane holds
-// experts lane, lane + 32, ...; the reductions run in a fixed order.
-__device__ __forceinline__ void route_token(const float* __restrict__ l, int t, int experts, int k, int normalize,
-                                            int* __restrict__ ids, float* __restrict__ weights) {
+// logits[t, e] = (x[t] / rms(x[t]) ⊙ norm) · router[e] in f32, from the f32
+// residual: the expert choice is made before any bf16 rounding of the normed
+// row (as the CPU's exact path makes it), so near-ties are decided as there.
+// With xn, the first block of each token also writes the normed row in bf16
+// (`bf16(x * inv * norm)`, add_rms_norm's formula), the experts' input: no
+// norm kernel of its own before them. (Routing here too, by the last of a
+// token's blocks, measured slower than moe_route after it: the routing warp
+// then waits on the slowest block and a fence, where a kernel of its own
+// starts early under PDL; H200, Qwen3-30B-A3B batch 1, 306 -> 302 tok/s.)
+// Grid: (tokens, ceil(experts / MOE_WARPS)); MOE_WARPS warps, an expert
+// each. hidden must be a multiple of 8.
+extern "C" __global__ void moe_router(const float* __restrict__ x, const float* __restrict__ norm,
+                                      const bf16* __restrict__ router, int hidden, float eps, int experts,
+                                      float* __restrict__ logits, bf16* __restrict__ xn) {
+  pdl_begin();
+  const int t = blockIdx.x, lane = threadIdx.x & 31;
+  const float* xr = x + (size_t)t * hidden;
+  float ss = 0.f;
+  for (int i = 4 * threadIdx.x; i < hidden; i += 4 * blockDim.x) {
+    const float4 v = *reinterpret_cast<const float4*>(xr + i);
+    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+  }
+  const float inv = rsqrtf(block_sum(ss) / hidden + eps);
+  if (xn && blockIdx.y == 0)
+    for (int i = 4 * threadIdx.x; i < hidden; i += 4 * blockDim.x) {
+      const float4 v = *reinterpret_cast<const float4*>(xr + i);
+      const float4 g = *reinterpret_cast<const float4*>(norm + i);
+      __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(xn + (size_t)t * hidden + i);
+      o[0] = __floats2bfloat162_rn(v.x * inv * g.x, v.y * inv * g.y);
+      o[1] = __floats2bfloat162_rn(v.z * inv * g.z, v.w * inv * g.w);
+    }
+  const int e = blockIdx.y * MOE_WARPS + (threadIdx.x >> 5);
+  if (e >= experts) return;
+  const bf16* w = router + (size_t)e * hidden;
+  float acc = 0.f;
+#pragma unroll 4
+  for (int i = 8 * lane; i < hidden; i += 256) {
+    const uint4 wv = *reinterpret_cast<const uint4*>(w + i);
+    const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float4 xv = *reinterpret_cast<const float4*>(xr + i + 4 * h);
+      const float4 g = *reinterpret_cast<const float4*>(norm + i + 4 * h);
+      const float2 a = __bfloat1622float2(w2[2 * h]), b = __bfloat1622float2(w2[2 * h + 1]);
+      acc = fmaf(xv.x * g.x, a.x, acc);
+      acc = fmaf(xv.y * g.y, a.y, acc);
+      acc = fmaf(xv.z * g.z, b.x, acc);
+      acc = fmaf(xv.w * g.w, b.y, acc);
+    }
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) logits[(size_t)t * experts + e] = acc * inv;
+}
+
+// A warp per token: `ids[t * k + j]` and `weights[t * k + j]` for its k
+// experts (the largest logits, ties to the lower index), weighted by their
+// softmax probabilities over all `experts` logits (divided by their sum when
+// `normalize`), written in ascending expert order. Every lane holds experts
+// lane, lane + 32, ...; the reductions run in a fixed order.
+// Grid: ceil(tokens / (blockDim.x / 32)). experts <= MOE_MAX_EXPERTS,
+// k <= MOE_MAX_TOP_K.
+extern "C" __global__ void moe_route(const float* __restrict__ logits, int tokens, int experts, int k, int normalize,
+                                     int* __restrict__ ids, float* __restrict__ weights) {
+  pdl_begin();
   constexpr int PER_LANE = MOE_MAX_EXPERTS / 32;
   const int lane = threadIdx.x & 31;
+  const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (t >= tokens) return;
+  const float* l = logits + (size_t)t * experts;
   float v[PER_LANE];
   float max = -INFINITY;
 #pragma unroll
@@ -84,72 +144,6 @@ __device__ __forceinline__ void route_token(const float* __restrict__ l, int t, 
   if (lane < k) {
     ids[t * k + rank] = mine;
     weights[t * k + rank] = normalize ? my_weight / chosen : my_weight;
-  }
-}
-
-// route_token over moe_router's logits, a warp per token.
-// Grid: ceil(tokens / (blockDim.x / 32)). experts <= MOE_MAX_EXPERTS,
-// k <= MOE_MAX_TOP_K.
-extern "C" __global__ void moe_route(const float* __restrict__ logits, int tokens, int experts, int k, int normalize,
-                                     int* __restrict__ ids, float* __restrict__ weights) {
-  pdl_begin();
-  const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (t >= tokens) return;
-  route_token(logits + (size_t)t * experts, t, experts, k, normalize, ids, weights);
-}
-
-// logits[t, e] = (x[t] / rms(x[t]) ⊙ norm) · router[e] in f32, from the f32
-// residual: the expert choice is made before any bf16 rounding of the normed
-// row (as the CPU's exact path makes it), so near-ties are decided as there.
-// With xn, the first block of each token also writes the normed row in bf16
-// (`bf16(x * inv * norm)`, add_rms_norm's formula), the experts' input: no
-// norm kernel of its own before them. (Routing here too, by the last of a
-// token's blocks, measured slower than moe_route after it: the routing warp
-// then waits on the slowest block and a fence, where a kernel of its own
-// starts early under PDL; H200, Qwen3-30B-A3B batch 1, 306 -> 302 tok/s.)
-// Grid: (tokens, ceil(experts / MOE_WARPS)); MOE_WARPS warps, an expert
-// each. hidden must be a multiple of 8.
-extern "C" __global__ void moe_router(const float* __restrict__ x, const float* __restrict__ norm,
-                                      const bf16* __restrict__ router, int hidden, float eps, int experts,
-                                      float* __restrict__ logits, bf16* __restrict__ xn) {
-  pdl_begin();
-  const int t = blockIdx.x, lane = threadIdx.x & 31;
-  const float* xr = x + (size_t)t * hidden;
-  float ss = 0.f;
-  for (int i = 4 * threadIdx.x; i < hidden; i += 4 * blockDim.x) {
-    const float4 v = *reinterpret_cast<const float4*>(xr + i);
-    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-  }
-  const float inv = rsqrtf(block_sum(ss) / hidden + eps);
-  if (xn && blockIdx.y == 0)
-    for (int i = 4 * threadIdx.x; i < hidden; i += 4 * blockDim.x) {
-      const float4 v = *reinterpret_cast<const float4*>(xr + i);
-      const float4 g = *reinterpret_cast<const float4*>(norm + i);
-      __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(xn + (size_t)t * hidden + i);
-      o[0] = __floats2bfloat162_rn(v.x * inv * g.x, v.y * inv * g.y);
-      o[1] = __floats2bfloat162_rn(v.z * inv * g.z, v.w * inv * g.w);
-    }
-  const int e = blockIdx.y * MOE_WARPS + (threadIdx.x >> 5);
-  if (e < experts) {
-    const bf16* w = router + (size_t)e * hidden;
-    float acc = 0.f;
-#pragma unroll 4
-    for (int i = 8 * lane; i < hidden; i += 256) {
-      const uint4 wv = *reinterpret_cast<const uint4*>(w + i);
-      const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float4 xv = *reinterpret_cast<const float4*>(xr + i + 4 * h);
-        const float4 g = *reinterpret_cast<const float4*>(norm + i + 4 * h);
-        const float2 a = __bfloat1622float2(w2[2 * h]), b = __bfloat1622float2(w2[2 * h + 1]);
-        acc = fmaf(xv.x * g.x, a.x, acc);
-        acc = fmaf(xv.y * g.y, a.y, acc);
-        acc = fmaf(xv.z * g.z, b.x, acc);
-        acc = fmaf(xv.w * g.w, b.y, acc);
-      }
-    }
-    acc = warp_sum(acc);
-    if (lane == 0) logits[(size_t)t * experts + e] = acc * inv;
   }
 }
 
