@@ -231,8 +231,7 @@ impl Speculation {
     /// well, to the j-th power, beats the step's threshold (all of it for a
     /// proposer that does not rate its guesses, or without `adaptive`).
     pub(crate) fn keep_of(&mut self, draft: &Draft, running: usize) -> usize {
-        let rated = self.config.adaptive && self.proposer.rates_guesses();
-        if !rated || draft.matched == 0 || draft.tokens.is_empty() {
+        if !self.rates_guesses() || draft.matched == 0 || draft.tokens.is_empty() {
             return draft.tokens.len();
         }
         let threshold = self.threshold(running);
@@ -240,11 +239,18 @@ impl Speculation {
     }
 
     /// A verification kept `kept` of `proposed` tokens of a guess backed by
-    /// `matched` tokens of context (0: unrated, nothing to record).
+    /// `matched` tokens of context (nothing to record for unrated guesses:
+    /// `matched` 0, or guesses the engine does not rate).
     pub(crate) fn record_match(&mut self, matched: usize, proposed: usize, kept: usize) {
-        if matched > 0 {
+        if self.rates_guesses() && matched > 0 {
             self.by_match[match_class(matched)].record(proposed, kept);
         }
+    }
+
+    /// Whether guesses are cut by their match class (`by_match`) after
+    /// they are made: `adaptive`, and a proposer that rates them.
+    fn rates_guesses(&self) -> bool {
+        self.config.adaptive && self.proposer.rates_guesses()
     }
 }
 
