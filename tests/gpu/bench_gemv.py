@@ -168,7 +168,8 @@ def time_kernel(f, shape, grid, wbufs, bufs, launches):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--cubin", action="append", required=True)
+    p.add_argument("--cubin", action="append", required=True,
+                   help="PATH[:R]: R, the k-quant plain GEMVs' rows a warp at batch 1 (default 2, gemv.cuh plain_rows)")
     p.add_argument("--only", default="")
     p.add_argument("--launches", type=int, default=64)
     p.add_argument("--shape", default="", help="only shapes matching this regex (qkv, o_proj, gate_up, down, lm_head)")
@@ -192,7 +193,8 @@ def main():
         "vc": torch.zeros(64 * KVH * HD, dtype=torch.bfloat16, device="cuda"),
         "logits": torch.empty(VOCAB, dtype=torch.float32, device="cuda"),
     }
-    mods = [(path, Module(path)) for path in a.cubin]
+    cubins = [(c.rsplit(":", 1)[0], int(c.rsplit(":", 1)[1])) if re.search(r":\d+$", c) else (c, 2) for c in a.cubin]
+    mods = [(path, Module(path), kq_rows) for path, kq_rows in cubins]
     print(f"{'shape':8} {'type':5} {'cubin':10} {'kernel':26} {'us':>8} {'MB':>7} {'TB/s':>6}")
     for shape, (pattern, rows, cols, _) in SHAPES.items():
         if not re.search(a.shape, shape):
@@ -201,7 +203,7 @@ def main():
         kq = a.kq.split(",") if a.kq else KQ_OF_SHAPE.get(shape, ["q4_k"])
         for kind in kinds + kq:
             wbufs, nbytes = None, 0
-            for path, m in mods:
+            for path, m, kq_rows in mods:
                 names = kernel_names(m)
                 for name in names:
                     if kind_of(name) != (kind if kind in ("bf16", "fp8", "q8_0") else "kq"):
@@ -213,6 +215,8 @@ def main():
                         ref = None
                     f = m.fn(name)
                     grid = SHAPES[shape][3]
+                    if kind in KQ_TYPES and re.search(r"add_f32$|_f32$|^x[af]k", name):
+                        grid //= kq_rows  # rows a warp (gemv.cuh: plain_rows)
                     y = output_of(f, shape, grid, wbufs[0], bufs)
                     ref = y if ref is None else ref
                     err = float((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30))

@@ -149,6 +149,8 @@ def main():
         KINDS[ty] = ("gemv_kq", matrix_of(ty))
         check_gemv_fp8(gemv, rng, ty, sizes)
         check_fused_norm_fp8(gemv, rng, ty, d=1024, ff=1536)
+        check_fused_norm_fp8(gemv, rng, ty, d=1024, ff=1536, n=1)
+        check_gemv_fp8(gemv, rng, ty, [(1, 2048, 97)])  # an odd row count: the last pair is half
         check_dequant(quant, rng, ty)
         check_embed(elementwise, rng, ty)
     for n, H, KVH, hd, d in ((1, 9, 3, 64, 1024), (4, 32, 8, 128, 4096), (8, 16, 4, 128, 2048)):

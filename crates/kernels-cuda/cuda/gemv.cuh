@@ -521,8 +521,8 @@ constexpr int SHORT_ROW_LOADS = 8;
 __device__ __forceinline__ int warp_column() { return blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5); }
 
 // After an accumulating GEMV: this block's part of sum(x[n]^2) over the
-// updated residual rows into sumsq (see SumSq). `sq[n]` is this lane's
-// column squared (lane 0 of each warp; 0 elsewhere). Every thread of the
+// updated residual rows into sumsq (see SumSq). `sq[n]` is this warp's
+// columns squared (lane 0 of each warp; 0 elsewhere). Every thread of the
 // block must call it.
 template <int N>
 __device__ __forceinline__ void gemv_sumsq(SumSq* sumsq, const float (&sq)[N]) {
@@ -541,30 +541,48 @@ __device__ __forceinline__ void gemv_sumsq(SumSq* sumsq, const float (&sq)[N]) {
   if (blockIdx.x == 0 && threadIdx.x == 0) sumsq->blocks = gridDim.x;
 }
 
+// Rows a warp of gemv_plain: two for the 4- to 6-bit types at batch 1 (the
+// rows share each load and conversion of the activations: o_proj and down
+// of the 8B 10-20 % faster, bench_gemv.py), else one. The host's grid
+// follows (`Gemm::plain_rows` in gemm/gemv.rs). A pair never straddles two
+// segments of a k-quant matrix: their first rows are even (head sizes).
+template <typename W, int N>
+__host__ __device__ constexpr int plain_rows() {
+  return W::SCALE == WScale::Kq && N == 1 ? 2 : 1;
+}
+
 // MODE 0: bf16 out, 1: f32 out, 2: f32 accumulate (and, with sumsq, the
 // updated rows' sums of squares for the next fused RMSNorm; with next_norm,
 // also xg = bf16(y ⊙ next_norm), that norm's pre-scaled input).
 template <int N, int MODE, bool NORM = false, typename W = Bf16W, int U = W::ROW_UNROLL, int WHOLE = 0>
 __device__ __forceinline__ void gemv_plain(const bf16* x, const typename W::T* w, void* y, int in, int out, SumSq* sumsq,
                                            const float* next_norm, bf16* xg, NormIn norm = {}) {
-  const int col = warp_column();
-  const size_t rows[1] = {(size_t)min(col, out - 1)};
-  float acc[1][N];
-  gemv_rows<N, 1, NORM, W, U, WHOLE>(x, w, in, out, rows, acc, norm);
-  const bool writer = (threadIdx.x & 31) == 0 && col < out;
+  constexpr int R = plain_rows<W, N>();
+  const int first = R * warp_column();
+  size_t rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) rows[r] = (size_t)min(first + r, out - 1);
+  float acc[R][N];
+  gemv_rows<N, R, NORM, W, U, WHOLE>(x, w, in, out, rows, acc, norm);
+  const bool writer = (threadIdx.x & 31) == 0;
   float sq[N];
 #pragma unroll
-  for (int n = 0; n < N; ++n) {
-    const size_t o = (size_t)n * out + col;
-    sq[n] = 0.f;
-    if (!writer) continue;
-    if (MODE == 0) reinterpret_cast<bf16*>(y)[o] = to_bf16(acc[0][n]);
-    else if (MODE == 1) reinterpret_cast<float*>(y)[o] = acc[0][n];
-    else {
-      const float v = reinterpret_cast<float*>(y)[o] + acc[0][n];
-      reinterpret_cast<float*>(y)[o] = v;
-      sq[n] = v * v;
-      if (next_norm) xg[o] = to_bf16(v * next_norm[col]);
+  for (int n = 0; n < N; ++n) sq[n] = 0.f;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int col = first + r;
+    if (!writer || col >= out) continue;
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      const size_t o = (size_t)n * out + col;
+      if (MODE == 0) reinterpret_cast<bf16*>(y)[o] = to_bf16(acc[r][n]);
+      else if (MODE == 1) reinterpret_cast<float*>(y)[o] = acc[r][n];
+      else {
+        const float v = reinterpret_cast<float*>(y)[o] + acc[r][n];
+        reinterpret_cast<float*>(y)[o] = v;
+        sq[n] += v * v;
+        if (next_norm) xg[o] = to_bf16(v * next_norm[col]);
+      }
     }
   }
   if (MODE == 2 && sumsq) gemv_sumsq<N>(sumsq, sq);

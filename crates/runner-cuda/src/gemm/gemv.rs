@@ -78,6 +78,16 @@ impl Gemm {
         !self.deterministic && gemv_fits(tokens, inputs, align) && kq_sums_fit
     }
 
+    /// Output rows a warp of the plain GEMV kernels computes (gemv.cuh's
+    /// `plain_rows`): two for a k-quant matrix at one token, else one.
+    fn plain_rows(&self, w: DevPtr, tokens: usize) -> usize {
+        if tokens == 1 && self.kq_bytes(w).is_some() {
+            2
+        } else {
+            1
+        }
+    }
+
     /// The GEMV kernels for `w`'s type at `tokens` rows of `inputs`.
     pub(super) fn gemv_kernels(&self, w: DevPtr, tokens: usize, inputs: usize) -> &[Kernel; 10] {
         if let Some(k) = self.blocks_of(w) {
@@ -112,7 +122,11 @@ impl Gemm {
             OutType::AddF32 => (2, self.sumsq),
         };
         let (norm, xg) = next_norm.unwrap_or((0, 0));
-        let grid = (outputs.div_ceil(8) as u32, 1, 1);
+        let grid = (
+            outputs.div_ceil(8 * self.plain_rows(w, tokens)) as u32,
+            1,
+            1,
+        );
         let args = [
             Arg::Ptr(x),
             Arg::Ptr(w),
@@ -205,7 +219,11 @@ impl Gemm {
             Arg::I32(inputs as i32),
             Arg::I32(outputs as i32),
         ];
-        let grid = (outputs.div_ceil(8) as u32, 1, 1);
+        let grid = (
+            outputs.div_ceil(8 * self.plain_rows(w, tokens)) as u32,
+            1,
+            1,
+        );
         gpu.launch(
             &self.gemv_kernels(w, tokens, inputs)[7],
             grid,
