@@ -131,6 +131,9 @@
 #   int4      an 8B-shaped AWQ checkpoint (write_int4.py: random 4-bit weights, group 128) read as Q4_1:
 #             its tensor types, batch 1 --cuda-weights native beside the bf16 dummy of the same config,
 #             the native run's eager decode step profile
+#   int4ckpt  AWQ and GPTQ checkpoints (write_int4.py, group 128) under --cuda-weights native: a 2-layer
+#             1B-shaped one of each vs the CPU's exact f32 path (compare_backends.py), then batch 1 of the
+#             8B GPTQ and AWQ beside the bf16 dummy
 #   fp8ckpt   (fp8ckpt1b: only the 1B part, native; fp8ckpt8b: only the 8B part) an FP8 checkpoint (write_int4.py --method fp8: compressed-tensors, e4m3 with a scale per
 #             output channel) kept as it is under --cuda-weights native: a 2-layer 1B-shaped one vs the
 #             CPU's exact f32 path, native and bf16-expanded (compare_backends.py); the 8B: batch 1
@@ -426,6 +429,27 @@ for phase in "$@"; do
       echo "AWQ g128, native: decode step profile"
       INGOT_CUDA_PROFILE=1 "$ING" bench latency --model "$A" --cuda-weights native --max-model-len 4096 --input-len 128 \
         --output-len 64 --num-iters 1 --json 2>&1 | grep -iE "profile|gemm|gemv|attention|step" | tail -12 ;;
+    int4ckpt)
+      # AWQ and GPTQ checkpoints (write_int4.py: their published layouts, group 128) kept in blocks
+      # (--cuda-weights native): a 2-layer 1B-shaped one of each vs the CPU's exact f32 path (which
+      # dequantizes the same tensors), then the 8B GPTQ's batch 1 beside the AWQ's and the bf16 dummy.
+      M=$(llama8b); S="$W/llama-3.2-1b"; mkdir -p "$S"
+      cp tests/gpu/configs/llama-3.2-1b/config.json "$W"/tokenizers/llama3/* "$S/"
+      for method in awq gptq; do
+        C1="$W/$method-1b-2l"
+        [ -f "$C1/config.json" ] || python3 tests/gpu/write_int4.py --config "$S/config.json" --tokenizer "$S" --out "$C1" --method $method --layers 2
+        echo "$method 1B 2-layer: CUDA native vs the CPU's exact f32 path"
+        timeout -k 5 "$T" python3 tests/gpu/compare_backends.py --ingot "$ING_RAW" --model "$C1" --tokens 16 \
+          --cpu-flags "--cpu-weights f32" --cuda-flags "--cuda-weights native" | tee -a "$O/int4ckpt_compare.txt"
+      done
+      B1="bench latency --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json"
+      for method in gptq awq; do
+        C8="$W/8b-$method"
+        [ -f "$C8/config.json" ] || python3 tests/gpu/write_int4.py --config "$M/config.json" --tokenizer "$M" --out "$C8" --method $method --group 128
+        "$ING" inspect "$C8" | grep "tensor types"
+        echo "$method 8B, native"; "$ING" $B1 --model "$C8" --cuda-weights native | tee -a "$O/bench.jsonl"
+      done
+      echo "bf16 (dummy)"; "$ING" $B1 --model "$M" --load-format dummy | tee -a "$O/bench.jsonl" ;;
     fp8ckpt|fp8ckpt1b|fp8ckpt8b)
       M=$(llama8b); S="$W/llama-3.2-1b"; mkdir -p "$S"
       if [ "$phase" != fp8ckpt8b ]; then
