@@ -110,13 +110,16 @@ def check_gemv_fp8(m, rng, kind="fp8", sizes=((1, 576, 960), (3, 1536, 576), (8,
         xd = dev(x, torch.bfloat16)
         grid = (math.ceil(out / 8),)
         plain = (math.ceil(out / 8 / plain_rows(prefix, n)),)  # bf16, f32, add_f32
+        # The k-quant GEMVs at batch 1 take int16 activations (a scale a run of 16: rounding of
+        # 2^-16 of the run's largest value, gemv.cuh block_quantize_x); exact f32 elsewhere.
+        tol32 = 1e-4 if prefix == "gemv_kq" and n == 1 else 1e-5
         tag = f"{prefix} n={n} {inp}->{out}"
         y = torch.empty(n, out, dtype=torch.bfloat16, device="cuda")
         launch(m.fn(f"{prefix}_n{n}_bf16"), plain, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(None), ptr(None), ptr(None)])
         report(f"{tag} bf16 out", rel(host(y), want), 8e-3)
         y = torch.empty(n, out, dtype=torch.float32, device="cuda")
         launch(m.fn(f"{prefix}_n{n}_f32"), plain, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(None), ptr(None), ptr(None)])
-        report(f"{tag} f32 out", rel(host(y), want), 1e-5)
+        report(f"{tag} f32 out", rel(host(y), want), tol32)
         base = rnd(rng, n, out).astype(np.float32).astype(np.float64)
         y = dev(base, torch.float32)
         ssb = ck.sumsq_buffer()
@@ -124,7 +127,7 @@ def check_gemv_fp8(m, rng, kind="fp8", sizes=((1, 576, 960), (3, 1536, 576), (8,
         xg = torch.empty(n, out, dtype=torch.bfloat16, device="cuda")
         launch(m.fn(f"{prefix}_n{n}_add_f32"), plain, 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(ssb),
                                                          ptr(dev(g, torch.float32)), ptr(xg)])
-        report(f"{tag} f32 accumulate", rel(host(y), base + want), 1e-5)
+        report(f"{tag} f32 accumulate", rel(host(y), base + want), tol32)
         got, _ = ck.sumsq_rows(ssb, n)
         report(f"{tag} f32 accumulate: sums of squares", rel(got, ((base + want) ** 2).sum(-1)), 1e-5)
         w2d, w2 = matrix(rng, 2 * out, inp)

@@ -260,6 +260,90 @@ __device__ __forceinline__ void block_run_sums(const bf16* x, int in, float* sum
   __syncthreads();
 }
 
+// Batch 1, inputs up to KQ_INT_MAX_IN: the activations as int16, each run
+// of 16 with its own scale (|x| max / 32767), quantized once a block into
+// shared memory, so that the products take `dp2a` (two int16 x int8
+// products and an int32 add an instruction, exact) instead of a conversion
+// and an FMA a weight. The rounding is 2^-16 of the run's largest value,
+// far below bf16's own 2^-9 of each; the run's sum (for the types' mins
+// and offsets) stays the f32 sum of the bf16 values, as in the float path.
+constexpr int KQ_INT_MAX_IN = 16384;
+
+struct KqIntX {
+  int4 q[KQ_INT_MAX_IN / 8];         // 8 int16 a 16-byte vector, in input order
+  float2 run[KQ_INT_MAX_IN / 16];    // each run's (scale, sum)
+};
+
+// A block's shared view of its input: the run sums (float path, batch 1
+// and 2) or, at batch 1, the int16 activations.
+template <int N>
+union KqInputs {
+  float sums[N <= KQ_BLOCK_SUMS_MAX_N ? KQ_RUNSUM_CAP : 1];
+};
+template <>
+union KqInputs<1> {
+  float sums[KQ_RUNSUM_CAP];
+  KqIntX x16;
+};
+
+__device__ __forceinline__ void block_quantize_x(const bf16* x, int in, KqIntX& s) {
+  const uint4* xr = reinterpret_cast<const uint4*>(x);
+  for (int i = threadIdx.x; i < in / 16; i += blockDim.x) {
+    float f[16];
+    bf16x16_to_float(__ldg(xr + 2 * i), __ldg(xr + 2 * i + 1), f);
+    float amax = 0.f, sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      amax = fmaxf(amax, fabsf(f[k]));
+      sum += f[k];
+    }
+    const float inv = amax > 0.f ? 32767.f / amax : 0.f;
+    int packed[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int a = max(-32767, min(32767, __float2int_rn(f[2 * k] * inv)));
+      const int b = max(-32767, min(32767, __float2int_rn(f[2 * k + 1] * inv)));
+      packed[k] = (a & 0xffff) | (b << 16);
+    }
+    s.q[2 * i] = make_int4(packed[0], packed[1], packed[2], packed[3]);
+    s.q[2 * i + 1] = make_int4(packed[4], packed[5], packed[6], packed[7]);
+    s.run[i] = make_float2(amax / 32767.f, sum);
+  }
+  __syncthreads();
+}
+
+// Sum of quants x activations of one run of 16: the run's quants as bytes
+// (words q[k]: inputs 4k..4k+3) against its int16 activations (a, b: inputs
+// 0..7 and 8..15, two a word).
+__device__ __forceinline__ int run_dp2a(const unsigned (&q)[4], const int4& a, const int4& b) {
+  const int p[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  int d = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    d = __dp2a_lo(p[2 * k], (int)q[k], d);
+    d = __dp2a_hi(p[2 * k + 1], (int)q[k], d);
+  }
+  return d;
+}
+
+// kq_vector_dot on the int16 activations (batch 1): per run
+// s (q - OFFSET) + m summed = s xs sum(q xq) + (m - OFFSET s) sum(x).
+template <typename T, int ROWS, int U>
+__device__ __forceinline__ void kq_vector_dot_int(const KqRaw (&cur)[ROWS][U], int u, int v, const KqIntX& xs,
+                                                  float (&acc)[ROWS][1]) {
+  const int lo = T::lo_in(v) / 16, hi = T::hi_in(v) / 16;
+  const int4 la = xs.q[2 * lo], lb = xs.q[2 * lo + 1], ha = xs.q[2 * hi], hb = xs.q[2 * hi + 1];
+  const float2 rl = xs.run[lo], rh = xs.run[hi];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    KqRuns runs;
+    T::decode(cur[r][u], v, runs);
+    const float dl = (float)run_dp2a(runs.lo, la, lb), dh = (float)run_dp2a(runs.hi, ha, hb);
+    const float ml = runs.m_lo - T::OFFSET * runs.s_lo, mh = runs.m_hi - T::OFFSET * runs.s_hi;
+    acc[r][0] += fmaf(runs.s_lo * rl.x, dl, fmaf(runs.s_hi * rh.x, dh, fmaf(ml, rl.y, mh * rh.y)));
+  }
+}
+
 // acc[r][n] += x[n] · (vector v of row r), the raw loads in cur[r][u]. In
 // two halves of 8 weights a run, so that only 16 converted weights a row
 // and one 16-byte load of each run's activations are live at a time (the
@@ -350,10 +434,10 @@ __device__ __forceinline__ void kq_load(const unsigned char* const (&rp)[ROWS][K
 // kq_rows for one type T after the PDL wait: acc[r][n] += x[n] · row r over
 // the quant vectors [base, end) of this lane, the first U of them in
 // `cur`, the next U in flight while those are used.
-template <typename T, int N, int ROWS, int U>
+template <typename T, int N, int ROWS, int U, bool INT = false>
 __device__ __forceinline__ void kq_rows_t(const bf16* __restrict__ x, const unsigned char* const (&rp)[ROWS][KQ_MAX_PLANES],
                                           int in, int base, int end, KqRaw (&cur)[ROWS][U], const float* sums,
-                                          float (&acc)[ROWS][N]) {
+                                          const KqIntX* xs, float (&acc)[ROWS][N]) {
   const uint4* xr = reinterpret_cast<const uint4*>(x);
   const int xvecs = in / 8;
   for (; base < end; base += 32 * U) {
@@ -363,7 +447,8 @@ __device__ __forceinline__ void kq_rows_t(const bf16* __restrict__ x, const unsi
     for (int u = 0; u < U; ++u) {
       const int v = base + u * 32;
       if (v >= end) break;
-      kq_vector_dot<T, N, ROWS>(cur, u, v, xr, xvecs, sums, acc);
+      if constexpr (INT && N == 1) kq_vector_dot_int<T, ROWS, U>(cur, u, v, *xs, acc);
+      else kq_vector_dot<T, N, ROWS>(cur, u, v, xr, xvecs, sums, acc);
     }
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
@@ -410,12 +495,25 @@ __device__ __forceinline__ void kq_rows(const bf16* x, const KqMatrix* m, int in
   });
   pdl_wait();
   pdl_launch_dependents();
-  __shared__ float s_sums[N <= KQ_BLOCK_SUMS_MAX_N ? KQ_RUNSUM_CAP : 1];
-  if constexpr (N <= KQ_BLOCK_SUMS_MAX_N) block_run_sums<N>(x, in, s_sums);
-  const float* sums = s_sums;
+  // Batch 1 up to KQ_INT_MAX_IN inputs: int16 activations; else the run
+  // sums (batch 1 and 2) for the float path.
+  __shared__ KqInputs<N> s_in;
+  const bool int_x = N == 1 && in <= KQ_INT_MAX_IN;
+  const KqIntX* xs = nullptr;
+  if constexpr (N == 1) {
+    xs = &s_in.x16;
+    if (int_x) block_quantize_x(x, in, s_in.x16);
+    else block_run_sums<N>(x, in, s_in.sums);
+  } else if constexpr (N <= KQ_BLOCK_SUMS_MAX_N) {
+    block_run_sums<N>(x, in, s_in.sums);
+  }
   if (NORM) norm_scales<N>(norm, in, s_inv);
   if (!known) return;
-  kq_dispatch(type, [&](auto t) { kq_rows_t<decltype(t), N, ROWS, U>(x, rp, in, base, end, cur, sums, acc); });
+  kq_dispatch(type, [&](auto t) {
+    using T = decltype(t);
+    if (int_x) kq_rows_t<T, N, ROWS, U, true>(x, rp, in, base, end, cur, s_in.sums, xs, acc);
+    else kq_rows_t<T, N, ROWS, U>(x, rp, in, base, end, cur, s_in.sums, xs, acc);
+  });
 }
 
 // Over the 16-byte weight vectors [v0, v1) of the rows (v1 < 0: to the

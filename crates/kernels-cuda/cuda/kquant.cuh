@@ -55,19 +55,22 @@ struct KqRuns {
   float s_lo, m_lo, s_hi, m_hi;
 };
 
-// The 6-bit scale and min of sub-block `j` (0..7) of a Q4_K/Q5_K block
-// (llama.cpp's get_scale_min_k4) from the 12 packed bytes as three words:
-// byte j & 3 of each, no indexing (a run-time index into an array put it
-// in local memory).
-__device__ __forceinline__ void k4_scale_min(unsigned w0, unsigned w1, unsigned w2, int j, float& s, float& m) {
-  const int sh = 8 * (j & 3);
-  const unsigned a0 = (w0 >> sh) & 0xffu, a1 = (w1 >> sh) & 0xffu, a2 = (w2 >> sh) & 0xffu;
-  if (j < 4) {
-    s = (float)(a0 & 63);
-    m = (float)(a1 & 63);
-  } else {
-    s = (float)((a2 & 0xf) | ((a0 >> 6) << 4));
-    m = (float)((a2 >> 4) | ((a1 >> 6) << 4));
+// The 6-bit scales and mins of sub-blocks 2p and 2p + 1 (p = 0..3) of a
+// Q4_K/Q5_K block (llama.cpp's get_scale_min_k4) from its 12 packed bytes
+// as three words, all four sub-blocks of a half at once: scales 0..3 are
+// the low 6 bits of bytes 0..3 (mins: 4..7); scales 4..7 the low nibbles
+// of bytes 8..11 under the top two bits of bytes 0..3 (mins: the high
+// nibbles, under the top bits of 4..7). Each byte becomes a float by the
+// permute of quant_float.
+__device__ __forceinline__ void k4_scale_min_pair(unsigned w0, unsigned w1, unsigned w2, int p, float (&s)[2],
+                                                  float (&m)[2]) {
+  const unsigned sc = p < 2 ? w0 & 0x3f3f3f3fu : (w2 & 0x0f0f0f0fu) | ((w0 >> 2) & 0x30303030u);
+  const unsigned mn = p < 2 ? w1 & 0x3f3f3f3fu : ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u);
+  const int b = 2 * (p & 1);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    s[i] = __uint_as_float(__byte_perm(sc, 0x4B000000u, 0x7540u | (b + i))) - 8388608.f;
+    m[i] = __uint_as_float(__byte_perm(mn, 0x4B000000u, 0x7540u | (b + i))) - 8388608.f;
   }
 }
 
@@ -143,14 +146,12 @@ struct KqQ4_K {
   }
   __device__ static void decode_scales(const KqRaw& r, int v, KqRuns& o) {
     const float d = half_bits(r.s[0] & 0xffffu), dmin = half_bits(r.s[0] >> 16);
-    const int j = 2 * ((v >> 1) & 3);
-    float s, m;
-    k4_scale_min(r.s[1], r.s[2], r.s[3], j, s, m);
-    o.s_lo = d * s;
-    o.m_lo = -dmin * m;
-    k4_scale_min(r.s[1], r.s[2], r.s[3], j + 1, s, m);
-    o.s_hi = d * s;
-    o.m_hi = -dmin * m;
+    float s[2], m[2];
+    k4_scale_min_pair(r.s[1], r.s[2], r.s[3], (v >> 1) & 3, s, m);
+    o.s_lo = d * s[0];
+    o.m_lo = -dmin * m[0];
+    o.s_hi = d * s[1];
+    o.m_hi = -dmin * m[1];
   }
   __device__ static void decode(const KqRaw& r, int v, KqRuns& o) {
     low_high_nibbles(r.q, o.lo, o.hi);
