@@ -642,7 +642,7 @@ __device__ __forceinline__ void gemv_sumsq(SumSq* sumsq, const float (&sq)[N]) {
 // Rows a warp of gemv_plain: two for the 4- to 6-bit types at batch 1 (the
 // rows share each load and conversion of the activations: o_proj and down
 // of the 8B 10-20 % faster, bench_gemv.py), else one. The host's grid
-// follows (`Gemm::plain_rows` in gemm/gemv.rs). A pair never straddles two
+// follows (`Gemm::plain_grid` in gemm/gemv.rs). A pair never straddles two
 // segments of a k-quant matrix: their first rows are even (head sizes).
 template <typename W, int N>
 __host__ __device__ constexpr int plain_rows() {

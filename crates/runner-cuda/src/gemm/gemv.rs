@@ -25,6 +25,12 @@ fn kq_run_sums_fit(tokens: usize, inputs: usize) -> bool {
     tokens > BLOCK_SUMS_MAX_N || tokens * inputs / 16 <= RUNSUM_CAP
 }
 
+/// Blocks (8 warps each) that cover `outputs` rows at `rows_a_warp` rows a
+/// warp; the last block's spare warps skip their writes.
+fn plain_blocks(outputs: usize, rows_a_warp: usize) -> u32 {
+    outputs.div_ceil(8 * rows_a_warp) as u32
+}
+
 /// The GEMV kernel variants, in the order of [`Gemm`]'s `gemv` table.
 const GEMV_MODES: [&str; 10] = [
     "bf16",
@@ -78,14 +84,16 @@ impl Gemm {
         !self.deterministic && gemv_fits(tokens, inputs, align) && kq_sums_fit
     }
 
-    /// Output rows a warp of the plain GEMV kernels computes (gemv.cuh's
-    /// `plain_rows`): two for a k-quant matrix at one token, else one.
-    fn plain_rows(&self, w: DevPtr, tokens: usize) -> usize {
-        if tokens == 1 && self.kq_bytes(w).is_some() {
+    /// Blocks of the plain GEMV kernels for `outputs` rows: 8 warps a
+    /// block, each taking gemv.cuh's `plain_rows` rows (two for a k-quant
+    /// matrix at one token, else one).
+    fn plain_grid(&self, w: DevPtr, tokens: usize, outputs: usize) -> (u32, u32, u32) {
+        let rows_a_warp = if tokens == 1 && self.kq_bytes(w).is_some() {
             2
         } else {
             1
-        }
+        };
+        (plain_blocks(outputs, rows_a_warp), 1, 1)
     }
 
     /// The GEMV kernels for `w`'s type at `tokens` rows of `inputs`.
@@ -122,11 +130,7 @@ impl Gemm {
             OutType::AddF32 => (2, self.sumsq),
         };
         let (norm, xg) = next_norm.unwrap_or((0, 0));
-        let grid = (
-            outputs.div_ceil(8 * self.plain_rows(w, tokens)) as u32,
-            1,
-            1,
-        );
+        let grid = self.plain_grid(w, tokens, outputs);
         let args = [
             Arg::Ptr(x),
             Arg::Ptr(w),
@@ -219,11 +223,7 @@ impl Gemm {
             Arg::I32(inputs as i32),
             Arg::I32(outputs as i32),
         ];
-        let grid = (
-            outputs.div_ceil(8 * self.plain_rows(w, tokens)) as u32,
-            1,
-            1,
-        );
+        let grid = self.plain_grid(w, tokens, outputs);
         gpu.launch(
             &self.gemv_kernels(w, tokens, inputs)[7],
             grid,
@@ -252,6 +252,21 @@ impl Gemm {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn plain_blocks_cover_every_row_with_no_spare_block() {
+        for (outputs, rows_a_warp, blocks) in [
+            (960, 1, 120),
+            (960, 2, 60),
+            (97, 2, 7),
+            (97, 1, 13),
+            (16, 2, 1),
+        ] {
+            let b = super::plain_blocks(outputs, rows_a_warp) as usize;
+            assert_eq!(b, blocks, "{outputs} rows, {rows_a_warp} a warp");
+            assert!(b * 8 * rows_a_warp >= outputs && (b - 1) * 8 * rows_a_warp < outputs);
+        }
+    }
+
     #[test]
     fn k_quant_run_sums_fit_up_to_the_kernels_capacity() {
         // 65,536 inputs at batch 1 (4,096 runs), half that at batch 2.
