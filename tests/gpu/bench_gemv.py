@@ -215,7 +215,7 @@ def main():
                         ref = None
                     f = m.fn(name)
                     grid = SHAPES[shape][3]
-                    if kind in KQ_TYPES and re.search(r"add_f32$|_f32$|^x[af]k", name):
+                    if kind in KQ_TYPES and re.search(r"_f32$|^x[af]k", name):
                         grid //= kq_rows  # rows a warp (gemv.cuh: plain_rows)
                     y = output_of(f, shape, grid, wbufs[0], bufs)
                     ref = y if ref is None else ref

@@ -438,6 +438,7 @@ template <typename T, int N, int ROWS, int U, bool INT = false>
 __device__ __forceinline__ void kq_rows_t(const bf16* __restrict__ x, const unsigned char* const (&rp)[ROWS][KQ_MAX_PLANES],
                                           int in, int base, int end, KqRaw (&cur)[ROWS][U], const float* sums,
                                           const KqIntX* xs, float (&acc)[ROWS][N]) {
+  static_assert(!INT || N == 1, "int16 activations are a batch-1 path");
   const uint4* xr = reinterpret_cast<const uint4*>(x);
   const int xvecs = in / 8;
   for (; base < end; base += 32 * U) {
@@ -447,7 +448,7 @@ __device__ __forceinline__ void kq_rows_t(const bf16* __restrict__ x, const unsi
     for (int u = 0; u < U; ++u) {
       const int v = base + u * 32;
       if (v >= end) break;
-      if constexpr (INT && N == 1) kq_vector_dot_int<T, ROWS, U>(cur, u, v, *xs, acc);
+      if constexpr (INT) kq_vector_dot_int<T, ROWS, U>(cur, u, v, *xs, acc);
       else kq_vector_dot<T, N, ROWS>(cur, u, v, xr, xvecs, sums, acc);
     }
 #pragma unroll
@@ -498,12 +499,14 @@ __device__ __forceinline__ void kq_rows(const bf16* x, const KqMatrix* m, int in
   // Batch 1 up to KQ_INT_MAX_IN inputs: int16 activations; else the run
   // sums (batch 1 and 2) for the float path.
   __shared__ KqInputs<N> s_in;
-  const bool int_x = N == 1 && in <= KQ_INT_MAX_IN;
-  const KqIntX* xs = nullptr;
+  const KqIntX* xs = nullptr;  // set when the int16 path runs
   if constexpr (N == 1) {
-    xs = &s_in.x16;
-    if (int_x) block_quantize_x(x, in, s_in.x16);
-    else block_run_sums<N>(x, in, s_in.sums);
+    if (in <= KQ_INT_MAX_IN) {
+      block_quantize_x(x, in, s_in.x16);
+      xs = &s_in.x16;
+    } else {
+      block_run_sums<N>(x, in, s_in.sums);
+    }
   } else if constexpr (N <= KQ_BLOCK_SUMS_MAX_N) {
     block_run_sums<N>(x, in, s_in.sums);
   }
@@ -511,8 +514,10 @@ __device__ __forceinline__ void kq_rows(const bf16* x, const KqMatrix* m, int in
   if (!known) return;
   kq_dispatch(type, [&](auto t) {
     using T = decltype(t);
-    if (int_x) kq_rows_t<T, N, ROWS, U, true>(x, rp, in, base, end, cur, s_in.sums, xs, acc);
-    else kq_rows_t<T, N, ROWS, U>(x, rp, in, base, end, cur, s_in.sums, xs, acc);
+    if constexpr (N == 1) {
+      if (xs) return kq_rows_t<T, N, ROWS, U, true>(x, rp, in, base, end, cur, s_in.sums, xs, acc);
+    }
+    kq_rows_t<T, N, ROWS, U>(x, rp, in, base, end, cur, s_in.sums, xs, acc);
   });
 }
 
