@@ -63,6 +63,8 @@ KQ_TYPES = {
     "q4_k": (12, 256, 144, [128, 16], (1, [(0, 2e-4), (2, 2e-4)])),
     "q6_k": (14, 256, 210, [128, 64, 16, 2], (3, [(0, 5e-5)])),
     "q4_1": (3, 32, 20, [16, 4], (1, [(0, 6e-3), (2, -0.045)])),
+    "q5_k": (13, 256, 176, [128, 32, 16], (2, [(0, 2e-4), (2, 2e-4)])),
+    "q4_0": (2, 32, 18, [16, 2], (1, [(0, 6e-3)])),
 }
 
 
@@ -217,6 +219,12 @@ def main():
                     grid = SHAPES[shape][3]
                     if kind in KQ_TYPES and re.search(r"_f32$|^x[af]k", name):
                         grid //= kq_rows  # rows a warp (gemv.cuh: plain_rows)
+                    one_type = re.match(r"gemv_kq_(q\d_[0-9k])_n1_", name)
+                    if one_type and one_type.group(1) != kind:
+                        continue  # built for another type
+                    per_warp = re.search(r"c(\d)$", name)
+                    if per_warp or one_type:
+                        grid = -(-grid // int(per_warp.group(1) if per_warp else 2))  # gate/up columns a warp
                     y = output_of(f, shape, grid, wbufs[0], bufs)
                     ref = y if ref is None else ref
                     err = float((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
@@ -228,6 +236,10 @@ def main():
             torch.cuda.empty_cache()
 
 
+# gemv_kq_variants.cu's variant tags; `cN`: N gate/up columns a warp.
+KQ_VARIANTS = ("r0u1", "r0u2", "t4u1", "t4u2", "t4b4", "t6u1", "t6b3", "t4c2", "t4c3", "t4c4", "r0c2")
+
+
 def kernel_names(m):
     """The candidate kernels this module has: gemv.cu's batch-1 ones and any
     experimental variants `x{s,a,q}{f,b,8}_u{U}_p{P}` (gated / accumulate /
@@ -235,7 +247,8 @@ def kernel_names(m):
     cands = [f"{p}_n1_{k}" for p in ("gemv", "gemv_fp8", "gemv_q8_0", "gemv_kq")
              for k in ("qkv_rope_norm", "add_f32", "swiglu_norm", "f32")]
     cands += [f"x{k}{d}_u{u}_p{p}" for k in "saq" for d in "fb8" for u in (1, 2, 4, 8) for p in (0, 1)]
-    cands += [f"x{k}k_r0u{u}" for k in "afsq" for u in (1, 2)]
+    cands += [f"x{k}k_{t}" for k in "afsq" for t in KQ_VARIANTS]
+    cands += [f"gemv_kq_{t}_n1_swiglu_norm" for t in KQ_TYPES]
     out = []
     for name in cands:
         f = ctypes.c_void_p()

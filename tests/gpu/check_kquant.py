@@ -6,8 +6,8 @@ elementwise.cu) against float64 products of the same blocks dequantized by
 llama.cpp's own gguf-py (`gguf.quants.dequantize`, from the llama.cpp
 source the `lcpp` phase unpacks): every GEMV mode at n = 1..8, the q/k/v
 rope mode on a matrix whose v rows are Q6_K and q/k rows Q4_K (two row
-segments, as a Q4_K_M file's), the expansion of a whole matrix and of a row
-chunk, and the embedding lookup. Blocks are random bytes with f16 scales
+segments, as a Q4_K_M file's), the batch-1 gated kernels built for one type, the expansion of a whole
+matrix and of a row chunk, and the embedding lookup. Blocks are random bytes with f16 scales
 set to sizes that give weights of ~0.05; the device layout (a header of
 row segments, then each field of the blocks as a plane at a 256-byte
 boundary) is built here from the description in kquant.cuh, not by the
@@ -134,6 +134,34 @@ def check_embed(m, rng, ty):
     report(f"embed_kq {ty}: sums of squares", rel(got, (want ** 2).sum(-1)), 1e-5)
 
 
+# The types with batch-1 gated kernels of their own (gemv_kq.cu KQ_GATED_KERNELS).
+ONE_TYPE_GATED = ("q4_0", "q4_1", "q4_k")
+
+
+def check_gated_one_type(m, rng, ty, d=1024, ff=1536):
+    """Batch 1's gated GEMVs built for one type (gemv_kq_{ty}_n1_*: two
+    gate/up columns a warp, half the grid), with and without the fused
+    RMSNorm; ff odd leaves the last warp one column."""
+    eps = 1e-5
+    x = rnd(rng, 1, d, scale=3.0).astype(np.float32).astype(np.float64)
+    nw = (1 + 0.2 * rnd(rng, d)).astype(np.float32).astype(np.float64)
+    xg = bf(x * nw)
+    xn = xg / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps)
+    ssb = ck.sumsq_buffer((x ** 2).sum(-1))
+    for cols in (ff, 97):
+        wd, w2 = matrix_of(ty)(rng, 2 * cols, d)
+        grid = (math.ceil(cols / 16),)
+        y = torch.empty(1, cols, dtype=torch.bfloat16, device="cuda")
+        for norm, xin in ((False, xg), (True, xn)):
+            gate, up = xin @ w2[:cols].T, xin @ w2[cols:].T
+            head = [ptr(dev(xg, torch.bfloat16))] + ([f32(eps), ptr(ssb)] if norm else [])
+            for act, f in (("swiglu", gate / (1 + np.exp(-gate)) * up), ("geglu", ck.gelu_tanh(gate) * up)):
+                name = f"gemv_kq_{ty}_n1_{act}{'_norm' if norm else ''}"
+                y.fill_(float("nan"))
+                launch(m.fn(name), grid, 256, head + [ptr(wd), ptr(y), i32(d), i32(cols)])
+                report(f"{name} {d}->{cols}", rel(host(y), f), 8e-3)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cubins", required=True, help="folder with gemv_kq/quant/elementwise .sm_90.cubin")
@@ -151,6 +179,8 @@ def main():
         check_fused_norm_fp8(gemv, rng, ty, d=1024, ff=1536)
         check_fused_norm_fp8(gemv, rng, ty, d=1024, ff=1536, n=1)
         check_gemv_fp8(gemv, rng, ty, [(1, 2048, 97)])  # an odd row count: the last pair is half
+        if ty in ONE_TYPE_GATED:
+            check_gated_one_type(gemv, rng, ty)
         check_dequant(quant, rng, ty)
         check_embed(elementwise, rng, ty)
     for n, H, KVH, hd, d in ((1, 9, 3, 64, 1024), (4, 32, 8, 128, 4096), (8, 16, 4, 128, 2048)):

@@ -3,7 +3,11 @@
 // set per kernel. Named x{mode}k_{variant}: mode a (add_f32: o_proj, down),
 // f (f32: the LM head), s (swiglu_norm: gate/up), q (qkv_rope_norm);
 // variant r0u1: the production kernel (KqW); r0u2: two loads a row in
-// flight.
+// flight; t4u1/t4u2, t6u1: compiled for Q4_K (Q6_K) alone, one or two
+// loads a row in flight; t4b4/t6b3: the same capped for 4 (3) resident
+// blocks an SM; t4cN: Q4_K alone, N gate/up columns a warp (2N rows
+// sharing each activation load; the grid divides by N); r0c2: every type,
+// two columns.
 //
 //   nvcc -O3 -std=c++17 --use_fast_math -cubin -arch=sm_90 \
 //     -I crates/kernels-cuda/cuda -o DIR/kqx.cubin tests/gpu/gemv_kq_variants.cu
@@ -36,6 +40,36 @@
                                     num_heads, num_kv_heads, hd, block_size, NormIn{eps, sumsq});                \
   }
 
+#define XS2(NAME, W, U, COLS)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                               \
+      NAME(const bf16* xg, float eps, const SumSq* sumsq, const KqMatrix* w, void* y, int in, int out) {        \
+    gemv_swiglu<1, true, false, W, U, COLS>(xg, w, reinterpret_cast<bf16*>(y), in, out, NormIn{eps, sumsq});    \
+  }
+
+typedef KqWOf<1u << KQ_Q4_K> KqW4;
+typedef KqWOf<1u << KQ_Q6_K> KqW6;
+#define XSB(NAME, W, U, B)                                                                                     \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, B)                                            \
+      NAME(const bf16* xg, float eps, const SumSq* sumsq, const KqMatrix* w, void* y, int in, int out) {        \
+    gemv_swiglu<1, true, false, W, U>(xg, w, reinterpret_cast<bf16*>(y), in, out, NormIn{eps, sumsq});          \
+  }
+#define XAB(NAME, W, U, B)                                                                                     \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32, B)                                            \
+      NAME(const bf16* x, const KqMatrix* w, void* y, int in, int out, SumSq* sumsq, const float* next_norm,    \
+           bf16* xg) {                                                                                           \
+    gemv_plain<1, 2, false, W, U>(x, w, y, in, out, sumsq, next_norm, xg);                                       \
+  }
+XS(xsk_t4u1, KqW4, 1)
+XSB(xsk_t4b4, KqW4, 1, 4)
+XAB(xak_t4b4, KqW4, 1, 4)
+XAB(xak_t6b3, KqW6, 1, 3)
+XS(xsk_t4u2, KqW4, 2)
+XS2(xsk_t4c2, KqW4, 1, 2)
+XA(xak_t4u1, KqW4, 1)
+XA(xak_t6u1, KqW6, 1)
+XF(xfk_t6u1, KqW6, 1)
+XQ(xqk_t4u1, KqW4, 1)
+
 XA(xak_r0u1, KqW, 1)
 XA(xak_r0u2, KqW, 2)
 XF(xfk_r0u1, KqW, 1)
@@ -44,3 +78,8 @@ XS(xsk_r0u1, KqW, 1)
 XS(xsk_r0u2, KqW, 2)
 XQ(xqk_r0u1, KqW, 1)
 XQ(xqk_r0u2, KqW, 2)
+XS2(xsk_r0c2, KqW, 1, 2)
+XS2(xsk_t4c3, KqW4, 1, 3)
+XS2(xsk_t4c4, KqW4, 1, 4)
+typedef KqWOf<(1u << KQ_Q4_K) | (1u << KQ_Q5_K) | (1u << KQ_Q4_0) | (1u << KQ_Q4_1)> KqW45;
+XS2(xsk_t5c2, KqW45, 1, 2)

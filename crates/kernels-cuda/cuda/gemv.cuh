@@ -120,14 +120,18 @@ struct Q8W {
 // in flight (58 registers, 32 resident warps); two, or more through shared
 // memory (cp.async), measured slower, as did 8 or 16 lanes a row on the
 // 8B's 4,096-row o_proj and down_proj (tests/gpu/bench_gemv.py,
-// docs/perf/native-gguf.md).
-struct KqW {
+// docs/perf/native-gguf.md). KQ_TYPES: the types compiled in (a mask of
+// bits KQ_*; kernels built for one type hold fewer registers).
+template <unsigned KQ_TYPES = KQ_ALL_TYPES>
+struct KqWOf {
   typedef KqMatrix T;
   static constexpr int ELEMS = 32;
   static constexpr int ROW_UNROLL = 1;
   static constexpr int GATED_UNROLL = 1;
   static constexpr WScale SCALE = WScale::Kq;
+  static constexpr unsigned TYPES = KQ_TYPES;
 };
+typedef KqWOf<> KqW;
 
 // The block scales of the vectors a lane has in flight: nothing for
 // unscaled and row-scaled types; for Q8_0 one f16 per 16-byte vector (its
@@ -478,7 +482,7 @@ __device__ __forceinline__ void kq_row_planes(const KqMatrix* m, int in, const s
 // the host keeps gate/up in one type and a rotary pair lies in one part),
 // then runs that type's loop. The sum over the warp and the norm's scale
 // follow in gemv_rows.
-template <int N, int ROWS, bool NORM, int U>
+template <int N, int ROWS, bool NORM, int U, unsigned TYPES>
 __device__ __forceinline__ void kq_rows(const bf16* x, const KqMatrix* m, int in, const size_t (&rows)[ROWS],
                                         float (&acc)[ROWS][N], const NormIn& norm, float (&s_inv)[SUMSQ_ROWS],
                                         int v0, int v1) {
@@ -489,7 +493,7 @@ __device__ __forceinline__ void kq_rows(const bf16* x, const KqMatrix* m, int in
   // Two passes through the type switch: the first loads before the PDL
   // wait; the block-wide work on the input (its run sums, the norm's
   // scale) sits between them, where every thread reaches its barrier.
-  const bool known = kq_dispatch(type, [&](auto t) {
+  const bool known = kq_dispatch<TYPES>(type, [&](auto t) {
     using T = decltype(t);
     kq_row_planes<T, ROWS>(m, in, rows, rp);
     kq_load<T, ROWS, U>(rp, base, end, cur);
@@ -512,7 +516,7 @@ __device__ __forceinline__ void kq_rows(const bf16* x, const KqMatrix* m, int in
   }
   if (NORM) norm_scales<N>(norm, in, s_inv);
   if (!known) return;
-  kq_dispatch(type, [&](auto t) {
+  kq_dispatch<TYPES>(type, [&](auto t) {
     using T = decltype(t);
     if constexpr (N == 1) {
       if (xs) return kq_rows_t<T, N, ROWS, U, true>(x, rp, in, base, end, cur, s_in.sums, xs, acc);
@@ -539,7 +543,7 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
 #pragma unroll
     for (int n = 0; n < N; ++n) acc[r][n] = 0.f;
   if constexpr (W::SCALE == WScale::Kq) {
-    kq_rows<N, ROWS, NORM, U>(x, w, in, rows, acc, norm, s_inv, v0, v1);
+    kq_rows<N, ROWS, NORM, U, W::TYPES>(x, w, in, rows, acc, norm, s_inv, v0, v1);
   } else {
   const int lane = threadIdx.x & 31;
   const int vecs = in / W::ELEMS, end = v1 < 0 ? vecs : v1, xvecs = in / 8;
@@ -691,19 +695,34 @@ __device__ __forceinline__ void gemv_plain(const bf16* x, const typename W::T* w
   if (MODE == 2 && sumsq) gemv_sumsq<N>(sumsq, sq);
 }
 
-template <int N, bool NORM = false, bool GELU = false, typename W = Bf16W, int U = W::GATED_UNROLL>
+// COLS: output columns a warp (its rows: gate and up of each). Two for the
+// 4-bit k-quant kernels built for one type at batch 1 (gemv_kq.cu): four
+// rows share each activation load, and the 8B's Q4_K gate/up took 25.2 us
+// against 33.8 for the kernel of every type, one column (Q4_0 24.3 / 33.0,
+// Q4_1 25.6 / 33.5; tests/gpu/bench_gemv.py, docs/perf/native-gguf.md).
+// With every type compiled in, two columns took 184 registers (one block
+// an SM) and 31.6 us.
+template <int N, bool NORM = false, bool GELU = false, typename W = Bf16W, int U = W::GATED_UNROLL, int COLS = 1>
 __device__ __forceinline__ void gemv_swiglu(const bf16* x, const typename W::T* w, bf16* y, int in, int ff,
                                             NormIn norm = {}) {
-  const int col = warp_column();
-  const size_t c = min(col, ff - 1);
-  const size_t rows[2] = {c, c + ff};
-  float acc[2][N];
-  gemv_rows<N, 2, NORM, W, U>(x, w, in, 2 * (size_t)ff, rows, acc, norm);
-  if ((threadIdx.x & 31) != 0 || col >= ff) return;
+  const int first = COLS * warp_column();
+  size_t rows[2 * COLS];
 #pragma unroll
-  for (int n = 0; n < N; ++n) {
-    const float g = acc[0][n];
-    y[(size_t)n * ff + col] = to_bf16((GELU ? gelu_tanh(g) : g / (1.f + __expf(-g))) * acc[1][n]);
+  for (int c = 0; c < COLS; ++c) {
+    rows[2 * c] = (size_t)min(first + c, ff - 1);
+    rows[2 * c + 1] = rows[2 * c] + ff;
+  }
+  float acc[2 * COLS][N];
+  gemv_rows<N, 2 * COLS, NORM, W, U>(x, w, in, 2 * (size_t)ff, rows, acc, norm);
+  if ((threadIdx.x & 31) != 0) return;
+#pragma unroll
+  for (int c = 0; c < COLS; ++c) {
+    if (first + c >= ff) continue;
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      const float g = acc[2 * c][n];
+      y[(size_t)n * ff + first + c] = to_bf16((GELU ? gelu_tanh(g) : g / (1.f + __expf(-g))) * acc[2 * c + 1][n]);
+    }
   }
 }
 

@@ -313,17 +313,21 @@ __device__ __forceinline__ void kq_vector_weights(const KqSegment& s, size_t row
 // does not know (the host writes only these). An if-chain, not a switch:
 // ptxas gave the five inlined loops behind a switch 20-30 more registers
 // than the largest of them alone (fewer resident warps).
-template <typename F>
+// TYPES: a mask of the types compiled in (bit KQ_*), for kernels built
+// for one type.
+constexpr unsigned KQ_ALL_TYPES = (1u << KQ_Q4_0) | (1u << KQ_Q4_1) | (1u << KQ_Q4_K) | (1u << KQ_Q5_K) | (1u << KQ_Q6_K);
+template <unsigned TYPES = KQ_ALL_TYPES, typename F>
 __device__ __forceinline__ bool kq_dispatch(int type, F&& f) {
-  if (type == KQ_Q4_K) {
+  constexpr auto has = [](int t) { return (TYPES >> t) & 1u; };
+  if (has(KQ_Q4_K) && type == KQ_Q4_K) {
     f(KqQ4_K{});
-  } else if (type == KQ_Q6_K) {
+  } else if (has(KQ_Q6_K) && type == KQ_Q6_K) {
     f(KqQ6_K{});
-  } else if (type == KQ_Q5_K) {
+  } else if (has(KQ_Q5_K) && type == KQ_Q5_K) {
     f(KqQ5_K{});
-  } else if (type == KQ_Q4_0) {
+  } else if (has(KQ_Q4_0) && type == KQ_Q4_0) {
     f(KqQ4_0{});
-  } else if (type == KQ_Q4_1) {
+  } else if (has(KQ_Q4_1) && type == KQ_Q4_1) {
     f(KqQ4_1{});
   } else {
     return false;

@@ -185,7 +185,7 @@ impl CudaRunner {
                 q8_0: weights.q8_region,
                 kq: weights.kq_region,
                 max_elements: native_elements,
-                kq_bytes: weights.kq_bytes.iter().copied().collect(),
+                kq_matrices: weights.kq_matrices.iter().copied().collect(),
             };
             gemm.enable_native(&gpu, &mut workspace, regions)?;
         }

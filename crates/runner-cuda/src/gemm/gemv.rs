@@ -25,10 +25,11 @@ fn kq_run_sums_fit(tokens: usize, inputs: usize) -> bool {
     tokens > BLOCK_SUMS_MAX_N || tokens * inputs / 16 <= RUNSUM_CAP
 }
 
-/// Blocks (8 warps each) that cover `outputs` rows at `rows_a_warp` rows a
-/// warp; the last block's spare warps skip their writes.
-fn plain_blocks(outputs: usize, rows_a_warp: usize) -> u32 {
-    outputs.div_ceil(8 * rows_a_warp) as u32
+/// Blocks (8 warps each) that cover `outputs` outputs at `per_warp` a warp
+/// (rows of a plain GEMV, columns of a gated one); the last block's spare
+/// warps skip their writes.
+fn gemv_blocks(outputs: usize, per_warp: usize) -> u32 {
+    outputs.div_ceil(8 * per_warp) as u32
 }
 
 /// The GEMV kernel variants, in the order of [`Gemm`]'s `gemv` table.
@@ -93,7 +94,7 @@ impl Gemm {
         } else {
             1
         };
-        (plain_blocks(outputs, rows_a_warp), 1, 1)
+        (gemv_blocks(outputs, rows_a_warp), 1, 1)
     }
 
     /// The GEMV kernels for `w`'s type at `tokens` rows of `inputs`.
@@ -169,7 +170,14 @@ impl Gemm {
         if !self.gemv_fits(tokens, inputs, w) {
             return Ok(false);
         }
-        let grid = (outputs.div_ceil(8) as u32, 1, 1);
+        // A k-quant matrix of one type at one token: that type's kernel,
+        // two columns a warp.
+        let one_type = (tokens == 1).then(|| self.kq_gated_one_type(w)).flatten();
+        let grid = (
+            gemv_blocks(outputs, if one_type.is_some() { 2 } else { 1 }),
+            1,
+            1,
+        );
         let tail = [
             Arg::Ptr(w),
             Arg::Ptr(act),
@@ -182,19 +190,18 @@ impl Gemm {
             Some(eps) => (5, vec![Arg::Ptr(x), Arg::F32(eps), Arg::Ptr(self.sumsq)]),
             None => (3, vec![Arg::Ptr(x)]),
         };
-        let kernel = match (activation, kernel) {
-            (Activation::Silu, k) => k,
-            (Activation::GeluTanh, 5) => 9,
-            (Activation::GeluTanh, _) => 8,
+        let (kernel, one_type_mode) = match (activation, kernel) {
+            (Activation::Silu, 5) => (5, 1),
+            (Activation::Silu, k) => (k, 0),
+            (Activation::GeluTanh, 5) => (9, 3),
+            (Activation::GeluTanh, _) => (8, 2),
         };
         let args: Vec<Arg> = head.into_iter().chain(tail).collect();
-        gpu.launch(
-            &self.gemv_kernels(w, tokens, inputs)[kernel],
-            grid,
-            256,
-            0,
-            &args,
-        )?;
+        let kernel = match one_type {
+            Some(kernels) => &kernels[one_type_mode],
+            None => &self.gemv_kernels(w, tokens, inputs)[kernel],
+        };
+        gpu.launch(kernel, grid, 256, 0, &args)?;
         Ok(true)
     }
 
@@ -253,7 +260,7 @@ impl Gemm {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn plain_blocks_cover_every_row_with_no_spare_block() {
+    fn gemv_blocks_cover_every_output_with_no_spare_block() {
         for (outputs, rows_a_warp, blocks) in [
             (960, 1, 120),
             (960, 2, 60),
@@ -261,7 +268,7 @@ mod tests {
             (97, 1, 13),
             (16, 2, 1),
         ] {
-            let b = super::plain_blocks(outputs, rows_a_warp) as usize;
+            let b = super::gemv_blocks(outputs, rows_a_warp) as usize;
             assert_eq!(b, blocks, "{outputs} rows, {rows_a_warp} a warp");
             assert!(b * 8 * rows_a_warp >= outputs && (b - 1) * 8 * rows_a_warp < outputs);
         }

@@ -55,7 +55,7 @@ use fp8::{quantize_activations, Fp8};
 use gemv::{gemv_modes, gemv_table};
 use plan::{destroy_plan, Fixed, Plan};
 use quant::Native;
-pub use quant::NativeRegions;
+pub use quant::{KqMatrixInfo, NativeRegions};
 
 /// cuBLASLt's recommended workspace on Hopper.
 const WORKSPACE_BYTES: usize = 32 << 20;

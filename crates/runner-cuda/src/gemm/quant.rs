@@ -15,11 +15,31 @@ use crate::CudaError;
 /// Most blocks of the expansion kernels (they stride over the rest).
 const DEQUANT_MAX_BLOCKS: usize = 4096;
 
+/// A k-quant matrix as the GEMMs see it: its device bytes, and its GGML
+/// type when every row segment has the same one (the batch-1 gated GEMVs
+/// built for that type then take it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KqMatrixInfo {
+    pub bytes: usize,
+    pub single_type: Option<u32>,
+}
+
+/// The k-quant types with batch-1 gated GEMVs of their own (gemv_kq.cu:
+/// `gemv_kq_{name}_n1_{mode}`), by GGML type id: the 4-bit ones (Q5_K
+/// and Q6_K measured no faster that way).
+const KQ_ONE_TYPE_GATED: [(u32, &str); 3] = [(2, "q4_0"), (3, "q4_1"), (12, "q4_k")];
+
+/// The gated modes of those kernels, in [`Gemm::gated`]'s order.
+const GATED_MODES: [&str; 4] = ["swiglu", "swiglu_norm", "geglu", "geglu_norm"];
+
 /// One kind of kept blocks: where its matrices live and their kernels.
 pub(super) struct BlockKind {
     /// `[start, end)` of its matrices.
     pub(super) region: (DevPtr, DevPtr),
     pub(super) gemv: Vec<[Kernel; 10]>,
+    /// Batch 1's gated GEMVs for matrices of one type, by GGML type id
+    /// (k-quants only; two output columns a warp).
+    pub(super) gated_one_type: Vec<(u32, [Kernel; 4])>,
     dequant: Kernel,
     /// Weights a thread of `dequant` expands.
     per_thread: usize,
@@ -31,17 +51,34 @@ pub(super) struct Native {
     /// `[scratch_elements]` bf16.
     scratch: DevPtr,
     scratch_elements: usize,
-    /// Device bytes of each k-quant matrix, by pointer.
-    kq_bytes: HashMap<DevPtr, usize>,
+    /// Each k-quant matrix, by pointer.
+    kq: HashMap<DevPtr, KqMatrixInfo>,
 }
 
 /// What [`Gemm::enable_native`] is given: each kind's range, the largest
-/// matrix's weights, and each k-quant matrix's bytes.
+/// matrix's weights, and each k-quant matrix.
 pub struct NativeRegions {
     pub q8_0: Option<(DevPtr, DevPtr)>,
     pub kq: Option<(DevPtr, DevPtr)>,
     pub max_elements: usize,
-    pub kq_bytes: HashMap<DevPtr, usize>,
+    pub kq_matrices: HashMap<DevPtr, KqMatrixInfo>,
+}
+
+/// Batch 1's one-type gated GEMVs (see [`KQ_ONE_TYPE_GATED`]).
+fn gated_one_type_kernels(gpu: &Gpu) -> Result<Vec<(u32, [Kernel; 4])>, CudaError> {
+    KQ_ONE_TYPE_GATED
+        .iter()
+        .map(|&(ty, name)| {
+            let kernels = GATED_MODES
+                .iter()
+                .map(|mode| gpu.kernel(&format!("gemv_kq_{name}_n1_{mode}")))
+                .collect::<Result<Vec<_>, CudaError>>()?;
+            let kernels = kernels
+                .try_into()
+                .map_err(|_| CudaError::Unsupported("gated GEMV table size".into()))?;
+            Ok((ty, kernels))
+        })
+        .collect()
 }
 
 impl Gemm {
@@ -65,6 +102,7 @@ impl Gemm {
             kinds.push(BlockKind {
                 region,
                 gemv: gemv_table(gpu, "gemv_q8_0")?,
+                gated_one_type: Vec::new(),
                 dequant: gpu.kernel("dequant_q8_0_bf16")?,
                 per_thread: 16,
             });
@@ -73,6 +111,7 @@ impl Gemm {
             kinds.push(BlockKind {
                 region,
                 gemv: gemv_table(gpu, "gemv_kq")?,
+                gated_one_type: gated_one_type_kernels(gpu)?,
                 dequant: gpu.kernel("dequant_kq_bf16")?,
                 per_thread: 32,
             });
@@ -81,7 +120,7 @@ impl Gemm {
             kinds,
             scratch: arena.take(regions.max_elements * 2)?,
             scratch_elements: regions.max_elements,
-            kq_bytes: regions.kq_bytes,
+            kq: regions.kq_matrices,
         });
         Ok(())
     }
@@ -97,7 +136,18 @@ impl Gemm {
 
     /// Device bytes of the k-quant matrix at `w`, when it is one.
     pub(super) fn kq_bytes(&self, w: DevPtr) -> Option<usize> {
-        self.native.as_ref()?.kq_bytes.get(&w).copied()
+        Some(self.native.as_ref()?.kq.get(&w)?.bytes)
+    }
+
+    /// Batch 1's gated GEMVs built for `w`'s one type, when it is a
+    /// k-quant matrix of one type (mode order: [`GATED_MODES`]).
+    pub(super) fn kq_gated_one_type(&self, w: DevPtr) -> Option<&[Kernel; 4]> {
+        let ty = self.native.as_ref()?.kq.get(&w)?.single_type?;
+        let kind = self.blocks_of(w)?;
+        kind.gated_one_type
+            .iter()
+            .find(|(t, _)| *t == ty)
+            .map(|(_, k)| k)
     }
 
     /// The matrix cuBLASLt reads for `w` (`rows x cols`): `w` itself, or

@@ -19,6 +19,7 @@ use ingot_models::{ModelConfig, TensorSource};
 use super::fused_offset_rows;
 use super::groups::{group_index, group_shape, group_tensors, matrix_part, MATRIX_GROUPS};
 use crate::device::{Arena, DevPtr};
+use crate::gemm::KqMatrixInfo;
 use crate::CudaError;
 
 /// Weights per Q8_0 block.
@@ -400,8 +401,8 @@ pub(super) struct BlocksLayout {
     pub(super) q8_region: Option<(DevPtr, DevPtr)>,
     pub(super) kq_region: Option<(DevPtr, DevPtr)>,
     pub(super) headers: Vec<(DevPtr, Vec<u8>)>,
-    /// Each k-quant matrix's base and device bytes.
-    pub(super) kq_bytes: Vec<(DevPtr, usize)>,
+    /// Each k-quant matrix's base, device bytes and type.
+    pub(super) kq_matrices: Vec<(DevPtr, KqMatrixInfo)>,
 }
 
 /// The `KqMatrix` header of kquant.cuh for `segments`.
@@ -420,6 +421,15 @@ fn kq_header(segments: &[(&'static BlockFormat, usize, usize, DevPtr)]) -> Vec<u
     h.extend((segments.len() as i32).to_le_bytes());
     h.extend(0i32.to_le_bytes());
     h
+}
+
+/// The GGML type id of every segment, when they share one.
+fn single_type(segments: &[(&'static BlockFormat, usize, usize, DevPtr)]) -> Option<u32> {
+    let first = segments.first()?.0.ty.id();
+    segments
+        .iter()
+        .all(|(f, ..)| f.ty.id() == first)
+        .then_some(first)
 }
 
 /// `bytes` from `take`, extending `range` (one kind's address range) to
@@ -460,7 +470,7 @@ impl BlocksLayout {
             q8_region: None,
             kq_region: None,
             headers: Vec::new(),
-            kq_bytes: Vec::new(),
+            kq_matrices: Vec::new(),
         };
         // The Q8_0 matrices in one range.
         let mut range = None;
@@ -511,7 +521,9 @@ impl BlocksLayout {
             .map(|((f, first, rows), at)| (f, first, rows, base + at as u64))
             .collect();
         self.headers.push((base, kq_header(&segments)));
-        self.kq_bytes.push((base, bytes));
+        let single_type = single_type(&segments);
+        self.kq_matrices
+            .push((base, KqMatrixInfo { bytes, single_type }));
         Ok(PlacedMatrix {
             base,
             cols,
@@ -577,6 +589,20 @@ mod tests {
 
     fn format(ty: GgmlType) -> &'static BlockFormat {
         block_format(ty).unwrap_or(&FORMATS[0])
+    }
+
+    #[test]
+    fn a_matrix_has_one_type_only_when_every_segment_shares_it() {
+        let (q4k, q6k) = (format(GgmlType::Q4_K), format(GgmlType::Q6_K));
+        // q and k in Q4_K, v in Q6_K (a Q4_K_M layer's q/k/v): the kernels of
+        // every type take it.
+        let mixed = [(q4k, 0, 4096, 0), (q6k, 4096, 1024, 1 << 20)];
+        assert_eq!(single_type(&mixed), None);
+        let gate_up = [(q4k, 0, 28672, 0)];
+        assert_eq!(single_type(&gate_up), Some(GgmlType::Q4_K.id()));
+        let two_of_one = [(q6k, 0, 4096, 0), (q6k, 4096, 1024, 1 << 20)];
+        assert_eq!(single_type(&two_of_one), Some(GgmlType::Q6_K.id()));
+        assert_eq!(single_type(&[]), None);
     }
 
     #[test]

@@ -46,6 +46,7 @@ use ingot_models::llama::{
 use ingot_models::{ModelConfig, TensorSource};
 
 use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel};
+use crate::gemm::KqMatrixInfo;
 use crate::{CudaError, Fp8Keep};
 use blocks::{BlocksLayout, PlacedBlocks, EMBED, LM_HEAD};
 pub use blocks::{NativeBlocks, Q8_0_BLOCK, Q8_0_BLOCK_BYTES};
@@ -197,8 +198,8 @@ pub struct DeviceWeights {
     /// `[start, end)` of the Q4_0/Q4_1/Q4_K/Q5_K/Q6_K layer matrices
     /// (each pointer the model reads there is a `KqMatrix` header).
     pub kq_region: Option<(DevPtr, DevPtr)>,
-    /// Each k-quant matrix's header and device bytes.
-    pub kq_bytes: Vec<(DevPtr, usize)>,
+    /// Each k-quant matrix's header, device bytes and type.
+    pub kq_matrices: Vec<(DevPtr, KqMatrixInfo)>,
     pub arena: Arena,
 }
 
@@ -628,7 +629,7 @@ impl DeviceWeights {
             fp8_region: fp8.map(|f| f.region),
             q8_region: blocks.as_ref().and_then(|b| b.q8_region),
             kq_region: blocks.as_ref().and_then(|b| b.kq_region),
-            kq_bytes: blocks.map(|b| b.kq_bytes).unwrap_or_default(),
+            kq_matrices: blocks.map(|b| b.kq_matrices).unwrap_or_default(),
             arena,
         })
     }
