@@ -237,7 +237,7 @@ def main():
 
 
 # gemv_kq_variants.cu's variant tags; `cN`: N gate/up columns a warp.
-KQ_VARIANTS = ("r0u1", "r0u2", "t4u1", "t4u2", "t4b4", "t6u1", "t6b3", "t4c2", "t4c3", "t4c4", "r0c2")
+KQ_VARIANTS = ("r0u1", "r0u2", "t4u1", "t4u2", "t4b4", "t6u1", "t6b3", "t4c2", "t4c3", "t4c4", "r0c2", "t6u2")
 
 
 def kernel_names(m):

@@ -67,6 +67,8 @@ XS(xsk_t4u2, KqW4, 2)
 XS2(xsk_t4c2, KqW4, 1, 2)
 XA(xak_t4u1, KqW4, 1)
 XA(xak_t6u1, KqW6, 1)
+XA(xak_t4u2, KqW4, 2)
+XA(xak_t6u2, KqW6, 2)
 XF(xfk_t6u1, KqW6, 1)
 XQ(xqk_t4u1, KqW4, 1)
 
