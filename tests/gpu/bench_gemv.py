@@ -222,6 +222,8 @@ def main():
                     one_type = re.match(r"gemv_kq_(q\d_[0-9k])_n1_", name)
                     if one_type and one_type.group(1) != kind:
                         continue  # built for another type
+                    if re.search(r"s(\d)$", name):
+                        grid *= int(name[-1])  # that many warps a row pair (split inputs)
                     per_warp = re.search(r"c(\d)$", name)
                     if per_warp or one_type:
                         grid = -(-grid // int(per_warp.group(1) if per_warp else 2))  # gate/up columns a warp
@@ -237,7 +239,7 @@ def main():
 
 
 # gemv_kq_variants.cu's variant tags; `cN`: N gate/up columns a warp.
-KQ_VARIANTS = ("r0u1", "r0u2", "t4u1", "t4u2", "t4b4", "t6u1", "t6b3", "t4c2", "t4c3", "t4c4", "r0c2", "t6u2")
+KQ_VARIANTS = ("r0u1", "r0u2", "t4u1", "t4u2", "t4b4", "t6u1", "t6b3", "t4c2", "t4c3", "t4c4", "r0c2", "t6u2", "r0s2", "t4s2", "t6s2")
 
 
 def kernel_names(m):

@@ -85,3 +85,43 @@ XS2(xsk_t4c3, KqW4, 1, 3)
 XS2(xsk_t4c4, KqW4, 1, 4)
 typedef KqWOf<(1u << KQ_Q4_K) | (1u << KQ_Q5_K) | (1u << KQ_Q4_0) | (1u << KQ_Q4_1)> KqW45;
 XS2(xsk_t5c2, KqW45, 1, 2)
+
+// Accumulating plain GEMV with SPLIT warps a pair of rows, each over its
+// part of the input's vectors, the parts summed in order through shared
+// memory (as gemv_qkv_rope's two warps a rotary pair): twice the warps of
+// the down projection's 2,048, each with half the loads.
+template <typename W, int SPLIT>
+__device__ __forceinline__ void plain_add_split(const bf16* x, const KqMatrix* w, float* y, int in, int out) {
+  constexpr int R = 2;
+  const int task = warp_column(), pair = task / SPLIT, part = task % SPLIT;
+  const int first = R * pair, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  size_t rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) rows[r] = (size_t)min(first + r, out - 1);
+  const int per = in / 32 / SPLIT;
+  float acc[R][1];
+  gemv_rows<1, R, false, W, 1>(x, w, in, out, rows, acc, {}, part * per, part == SPLIT - 1 ? -1 : (part + 1) * per);
+  __shared__ float s_part[GEMV_WARPS][R];
+  if (lane == 0)
+#pragma unroll
+    for (int r = 0; r < R; ++r) s_part[warp][r] = acc[r][0];
+  __syncthreads();
+  if (part != 0 || lane != 0) return;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (first + r >= out) continue;
+    float v = 0.f;
+#pragma unroll
+    for (int p = 0; p < SPLIT; ++p) v += s_part[warp + p][r];
+    y[first + r] += v;
+  }
+}
+#define XAS(NAME, W, SPLIT)                                                                                    \
+  extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                               \
+      NAME(const bf16* x, const KqMatrix* w, void* y, int in, int out, SumSq* sumsq, const float* next_norm,    \
+           bf16* xg) {                                                                                           \
+    plain_add_split<W, SPLIT>(x, w, reinterpret_cast<float*>(y), in, out);                                      \
+  }
+XAS(xak_r0s2, KqW, 2)
+XAS(xak_t4s2, KqW4, 2)
+XAS(xak_t6s2, KqW6, 2)
