@@ -10,16 +10,19 @@
 // type). Not for Q5_K and Q6_K: two columns took them to 184 and 164
 // registers (one block an SM), and the 8B's gate/up from 36.6 to 36.1 us
 // (Q5_K) and 35.7 to 44.3 (Q6_K) (tests/gpu/bench_gemv.py).
+// Their gate/up columns a warp (the host's KQ_ONE_TYPE_GATED_COLS, gemm/quant.rs).
+constexpr int KQ_ONE_TYPE_GATED_COLS = 2;
 #define KQ_GATED_ONE_TYPE(TYPE, NAME, ACT, GELU)                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                               \
       gemv_kq_##NAME##_n1_##ACT(const bf16* x, const KqMatrix* w, void* y, int in, int out) {                  \
-    gemv_swiglu<1, false, GELU, KqWOf<1u << TYPE>, 1, 2>(x, w, reinterpret_cast<bf16*>(y), in, out);          \
+    gemv_swiglu<1, false, GELU, KqWOf<1u << TYPE>, 1, KQ_ONE_TYPE_GATED_COLS>(x, w, reinterpret_cast<bf16*>(y), \
+                                                                              in, out);                          \
   }                                                                                                            \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                               \
       gemv_kq_##NAME##_n1_##ACT##_norm(const bf16* xg, float eps, const SumSq* sumsq, const KqMatrix* w,      \
                                        void* y, int in, int out) {                                             \
-    gemv_swiglu<1, true, GELU, KqWOf<1u << TYPE>, 1, 2>(xg, w, reinterpret_cast<bf16*>(y), in, out,           \
-                                                        NormIn{eps, sumsq});                                   \
+    gemv_swiglu<1, true, GELU, KqWOf<1u << TYPE>, 1, KQ_ONE_TYPE_GATED_COLS>(                                 \
+        xg, w, reinterpret_cast<bf16*>(y), in, out, NormIn{eps, sumsq});                                        \
   }
 
 #ifndef GEMV_NO_INSTANCES

@@ -4,6 +4,7 @@
 
 use ingot_arch::Activation;
 
+use super::quant::KQ_ONE_TYPE_GATED_COLS;
 use super::{Gemm, OutType, GEMV_MAX_TOKENS};
 use crate::device::{Arg, DevPtr, Gpu, Kernel};
 use crate::weights::Q8_0_BLOCK;
@@ -56,9 +57,18 @@ pub(super) fn gemv_table(gpu: &Gpu, prefix: &str) -> Result<Vec<[Kernel; 10]>, C
 
 /// The GEMV kernels of every mode for `n` rows.
 pub(super) fn gemv_modes(gpu: &Gpu, prefix: &str, n: usize) -> Result<[Kernel; 10], CudaError> {
-    let kernels = GEMV_MODES
+    mode_kernels(gpu, &format!("{prefix}_n{n}"), &GEMV_MODES)
+}
+
+/// The kernels `{prefix}_{mode}` for each of `modes`, in their order.
+pub(super) fn mode_kernels<const M: usize>(
+    gpu: &Gpu,
+    prefix: &str,
+    modes: &[&str; M],
+) -> Result<[Kernel; M], CudaError> {
+    let kernels = modes
         .iter()
-        .map(|mode| gpu.kernel(&format!("{prefix}_n{n}_{mode}")))
+        .map(|mode| gpu.kernel(&format!("{prefix}_{mode}")))
         .collect::<Result<Vec<_>, CudaError>>()?;
     kernels
         .try_into()
@@ -171,13 +181,14 @@ impl Gemm {
             return Ok(false);
         }
         // A k-quant matrix of one type at one token: that type's kernel,
-        // two columns a warp.
+        // several columns a warp.
         let one_type = (tokens == 1).then(|| self.kq_gated_one_type(w)).flatten();
-        let grid = (
-            gemv_blocks(outputs, if one_type.is_some() { 2 } else { 1 }),
-            1,
-            1,
-        );
+        let cols_a_warp = if one_type.is_some() {
+            KQ_ONE_TYPE_GATED_COLS
+        } else {
+            1
+        };
+        let grid = (gemv_blocks(outputs, cols_a_warp), 1, 1);
         let tail = [
             Arg::Ptr(w),
             Arg::Ptr(act),

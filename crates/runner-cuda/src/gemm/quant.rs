@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 
+use super::gemv::mode_kernels;
 use super::{gemv_table, Gemm};
 use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel};
 use crate::CudaError;
@@ -31,6 +32,10 @@ const KQ_ONE_TYPE_GATED: [(u32, &str); 3] = [(2, "q4_0"), (3, "q4_1"), (12, "q4_
 
 /// The gated modes of those kernels, in [`Gemm::gated`]'s order.
 const GATED_MODES: [&str; 4] = ["swiglu", "swiglu_norm", "geglu", "geglu_norm"];
+
+/// Gate/up columns a warp of those kernels (gemv_kq.cu's
+/// `KQ_ONE_TYPE_GATED_COLS`): the host's grid divides by it.
+pub(super) const KQ_ONE_TYPE_GATED_COLS: usize = 2;
 
 /// One kind of kept blocks: where its matrices live and their kernels.
 pub(super) struct BlockKind {
@@ -69,14 +74,10 @@ fn gated_one_type_kernels(gpu: &Gpu) -> Result<Vec<(u32, [Kernel; 4])>, CudaErro
     KQ_ONE_TYPE_GATED
         .iter()
         .map(|&(ty, name)| {
-            let kernels = GATED_MODES
-                .iter()
-                .map(|mode| gpu.kernel(&format!("gemv_kq_{name}_n1_{mode}")))
-                .collect::<Result<Vec<_>, CudaError>>()?;
-            let kernels = kernels
-                .try_into()
-                .map_err(|_| CudaError::Unsupported("gated GEMV table size".into()))?;
-            Ok((ty, kernels))
+            Ok((
+                ty,
+                mode_kernels(gpu, &format!("gemv_kq_{name}_n1"), &GATED_MODES)?,
+            ))
         })
         .collect()
 }
