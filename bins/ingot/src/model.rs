@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::Args;
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
 use ingot_config::{Config, Layers, Loaded};
-use ingot_engine::{start_engine_with_draft, EngineConfig, EngineHandle};
+use ingot_engine::{start_engine_with_draft, Drafter, EngineConfig, EngineHandle};
 use ingot_models::{
     Bf16Tensor, E4m3Tensor, HostTensor, LoadFormat, ModelConfig, ModelError, ModelFiles,
     QuantTensor, TensorSource,
@@ -383,9 +383,10 @@ pub fn load_engine(config: &Config, engine: EngineConfig) -> anyhow::Result<Engi
     let (path, files, tokenizer) = open_target(config)?;
     let draft = load_draft(config, &tokenizer, max_num_seqs)?;
     let built = build_runner(config, path, files, max_num_seqs)?;
+    let drafter = drafter(config, draft, built.runner.as_ref(), max_num_seqs)?;
     Ok(start_engine_with_draft(
         built.runner,
-        draft,
+        drafter,
         tokenizer,
         engine,
     )?)
@@ -437,6 +438,59 @@ pub fn load_draft(
         built.runner.device_name()
     );
     Ok(Some(built.runner))
+}
+
+/// What speculation drafts with: the draft model `load_draft` loaded
+/// before the target, or for `method = "eagle3"` the EAGLE-3 head, built
+/// on `target`'s device beside it.
+pub fn drafter(
+    config: &Config,
+    draft: Option<Box<dyn ModelRunner>>,
+    target: &dyn ModelRunner,
+    max_num_seqs: usize,
+) -> anyhow::Result<Option<Drafter>> {
+    if let Some(runner) = draft {
+        return Ok(Some(Drafter::Model(runner)));
+    }
+    let s = &config.speculative;
+    if s.method != ingot_config::SpeculativeMethod::Eagle3 {
+        return Ok(None);
+    }
+    let path = s.model.as_deref().context(
+        "speculative.method = \"eagle3\" needs speculative.model (the head's directory)",
+    )?;
+    let cannot = || format!("cannot load the EAGLE-3 head {}", path.display());
+    let (head, weights) = ingot_models::eagle::load(path, target.config()).with_context(cannot)?;
+    let kv_tokens = head_kv_tokens(config, target.config(), max_num_seqs);
+    let head = target
+        .draft_head(head, weights, kv_tokens)
+        .with_context(cannot)?;
+    tracing::info!(
+        target: crate::served::STARTUP,
+        head = %path.display(),
+        aux_layers = ?head.config().aux_layers,
+        kv_tokens,
+        "speculative decoding with an EAGLE-3 head on {}",
+        target.device_name()
+    );
+    Ok(Some(Drafter::Head(head)))
+}
+
+/// Positions of KV cache an EAGLE-3 head keeps: as set, else room for
+/// every sequence that may propose at the target's context (one layer's
+/// worth each: a fraction of the target's cache).
+pub fn head_kv_tokens(
+    config: &Config,
+    model: &ingot_models::ModelConfig,
+    max_num_seqs: usize,
+) -> usize {
+    let s = &config.speculative;
+    let context = config
+        .model
+        .max_model_len
+        .map_or(model.max_context, |l| l.min(model.max_context));
+    let seqs = s.disable_by_batch_size.min(max_num_seqs).max(1);
+    s.draft_kv_cache_tokens.unwrap_or(seqs * context)
 }
 
 /// The config the draft model (`model`, from `speculative.model`) of

@@ -206,7 +206,9 @@ fn start_served_engine(
     // (a sliding-window layer group holds only its window).
     let (shape, layout) = (built.runner.kv_cache_shape(), built.runner.kv_layout());
     let step = engine.scheduler.largest_step();
-    let handle = ingot_engine::start_engine_with_draft(built.runner, draft, tokenizer, engine)?;
+    let max_num_seqs = engine.scheduler.max_num_seqs;
+    let drafter = model::drafter(&plan.config, draft, built.runner.as_ref(), max_num_seqs)?;
+    let handle = ingot_engine::start_engine_with_draft(built.runner, drafter, tokenizer, engine)?;
     if let Some(t) = handle.kv_tiers() {
         let k = &plan.config.kv_tiers;
         tracing::info!(
@@ -460,14 +462,14 @@ fn metadata(
 fn footprint(plan: &ModelPlan) -> anyhow::Result<u64> {
     let own = footprint_of(plan)?;
     let c = &plan.config;
-    let Some(path) = c
-        .speculative
-        .model
-        .as_ref()
-        .filter(|_| c.speculative.method == ingot_config::SpeculativeMethod::Draft)
-    else {
+    let Some(path) = c.speculative.model.as_ref() else {
         return Ok(own);
     };
+    match c.speculative.method {
+        ingot_config::SpeculativeMethod::Draft => {}
+        ingot_config::SpeculativeMethod::Eagle3 => return Ok(own + head_footprint(plan, path)?),
+        _ => return Ok(own),
+    }
     // The draft model's weights and KV cache count too.
     let files = model::open_files(path, c.model.load_format)?;
     let draft = ModelPlan {
@@ -481,6 +483,17 @@ fn footprint(plan: &ModelPlan) -> anyhow::Result<u64> {
 }
 
 /// [`footprint`] of the model alone.
+/// Bytes an EAGLE-3 head (`path`) of `plan`'s model holds on the CPU: its
+/// f32 weights and one layer of KV cache.
+fn head_footprint(plan: &ModelPlan, path: &Path) -> anyhow::Result<u64> {
+    let (_, model) = metadata(plan)?;
+    let head = ingot_models::eagle::load_config(path, &model)?;
+    let c = &plan.config;
+    let kv_tokens = model::head_kv_tokens(c, &model, c.scheduler.max_num_seqs);
+    let kv = kv_tokens * 2 * head.layer.kv_dim();
+    Ok(((head.num_params() + kv) * std::mem::size_of::<f32>()) as u64)
+}
+
 fn footprint_of(plan: &ModelPlan) -> anyhow::Result<u64> {
     let (c, path) = (&plan.config, plan.path.as_path());
     if plan.embedding {

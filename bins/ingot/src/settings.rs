@@ -121,6 +121,7 @@ fn speculative_config(s: &ingot_config::SpeculativeSection) -> SpeculativeConfig
             ingot_config::SpeculativeMethod::None => None,
             ingot_config::SpeculativeMethod::Ngram => Some(SpeculativeMethod::Ngram),
             ingot_config::SpeculativeMethod::Draft => Some(SpeculativeMethod::Draft),
+            ingot_config::SpeculativeMethod::Eagle3 => Some(SpeculativeMethod::Eagle3),
         },
         num_speculative_tokens: s.num_speculative_tokens,
         ngram_min: s.prompt_lookup_min,

@@ -234,9 +234,14 @@ fn speculative(c: &Config) -> Check {
             "speculative.model",
             "method \"draft\" needs the draft model's path",
         ),
-        (SpeculativeMethod::None | SpeculativeMethod::Ngram, Some(_)) => {
-            fail("speculative.model", "is read only with method \"draft\"")
-        }
+        (SpeculativeMethod::Eagle3, None) => fail(
+            "speculative.model",
+            "method \"eagle3\" needs the EAGLE-3 head's directory",
+        ),
+        (SpeculativeMethod::None | SpeculativeMethod::Ngram, Some(_)) => fail(
+            "speculative.model",
+            "is read only with method \"draft\" or \"eagle3\"",
+        ),
         _ => Ok(()),
     }
 }

@@ -594,16 +594,19 @@ impl KvTiersSection {
 #[serde(default, deny_unknown_fields)]
 pub struct SpeculativeSection {
     /// `none`, `ngram` (prompt lookup: what followed the latest earlier
-    /// occurrence of the last tokens, in the prompt or the output) or
+    /// occurrence of the last tokens, in the prompt or the output),
     /// `draft` (`draft_model` too: a smaller model of the same tokenizer,
-    /// `model`, run ahead greedily).
+    /// `model`, run ahead greedily) or `eagle3` (an EAGLE-3 head, `model`,
+    /// reading the target's hidden states; CPU backend).
     pub method: SpeculativeMethod,
     /// The draft model for `method = "draft"`: a GGUF file or a Hugging
     /// Face directory whose tokenizer is the target's (loaded on the
-    /// target's device, before it, with the target's model settings).
+    /// target's device, before it, with the target's model settings). For
+    /// `"eagle3"`: the head's directory (`config.json` and
+    /// `model.safetensors` as the EAGLE-3 authors publish them).
     pub model: Option<std::path::PathBuf>,
-    /// Tokens of KV cache the draft model keeps. Unset: room for every
-    /// sequence that may propose (`disable_by_batch_size`, at most
+    /// Tokens of KV cache the draft model (or head) keeps. Unset: room for
+    /// every sequence that may propose (`disable_by_batch_size`, at most
     /// `scheduler.max_num_seqs`) at the target's context length.
     pub draft_kv_cache_tokens: Option<usize>,
     /// Most tokens proposed per sequence and step.
@@ -657,6 +660,8 @@ pub enum SpeculativeMethod {
     /// A draft model (`speculative.model`).
     #[serde(alias = "draft_model")]
     Draft,
+    /// An EAGLE-3 head (`speculative.model`).
+    Eagle3,
 }
 
 /// CUDA backend switches (ignored on the CPU).

@@ -88,13 +88,15 @@ pub fn start_engine(
     start_engine_with_draft(runner, None, tokenizer, config)
 }
 
-/// [`start_engine`] with `draft`, the runner of the draft model that
+/// [`start_engine`] with `draft`: the runner of the draft model that
 /// `speculative.method = draft` proposes with (its own KV pool; it must
 /// share `runner`'s tokenizer, and take forwards of the scheduler's
-/// `max_num_seqs` rows and `max_num_batched_tokens` tokens).
+/// `max_num_seqs` rows and `max_num_batched_tokens` tokens), or the EAGLE-3
+/// head of `method = eagle3` (built by `runner`, which then hands it its
+/// hidden states).
 pub fn start_engine_with_draft(
-    runner: Box<dyn ModelRunner>,
-    draft: Option<Box<dyn ModelRunner>>,
+    mut runner: Box<dyn ModelRunner>,
+    draft: Option<crate::Drafter>,
     tokenizer: Arc<Tokenizer>,
     config: EngineConfig,
 ) -> std::io::Result<EngineHandle> {
@@ -158,6 +160,15 @@ pub fn start_engine_with_draft(
         draft_limits,
     )
     .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    if let Some(layers) = speculation
+        .as_ref()
+        .map(|s| s.proposer.hidden_layers())
+        .filter(|l| !l.is_empty())
+    {
+        runner
+            .capture_hidden(&layers)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+    }
     let state = EngineLoop {
         speculation,
         cpu,

@@ -40,4 +40,4 @@ pub use ingot_kv_tiers::TierUse;
 pub use ingot_structured::{Grammar, GrammarCompiler, GrammarError};
 pub use metrics::{MetricsConfig, TOKEN_COUNT_BUCKETS, TOKEN_COUNT_HISTOGRAMS};
 pub use sampler::TokenLogprob;
-pub use speculative::{SpeculativeConfig, SpeculativeMethod};
+pub use speculative::{Drafter, SpeculativeConfig, SpeculativeMethod};

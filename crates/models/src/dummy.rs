@@ -13,10 +13,13 @@ pub struct DummySource {
 impl DummySource {
     /// Weights are a pure function of (seed, tensor name).
     pub fn new(config: &ModelConfig, seed: u64) -> Self {
-        Self {
-            shapes: expected_shapes(config),
-            seed,
-        }
+        Self::with_shapes(expected_shapes(config), seed)
+    }
+
+    /// Random tensors of the given names and shapes (an EAGLE head's, see
+    /// [`crate::eagle::expected_shapes`]).
+    pub fn with_shapes(shapes: Vec<(String, Vec<usize>)>, seed: u64) -> Self {
+        Self { shapes, seed }
     }
 }
 

@@ -109,6 +109,31 @@ pub fn load_config(path: &Path) -> Result<ModelConfig, ModelError> {
     resolve(raw)
 }
 
+/// The decoder layer of an EAGLE-3 head's `config.json` (a Llama config
+/// named `LlamaForCausalLMEagle3` or `Eagle3LlamaForCausalLM`), resolved as
+/// a Llama layer; the head's own fields are read by [`crate::eagle`].
+pub(crate) fn load_eagle3_layer_config(path: &Path) -> Result<ModelConfig, ModelError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut raw: RawConfig = serde_json::from_str(&text).map_err(|e| ModelError::ConfigFile {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    let named = raw.architectures.first().map(String::as_str);
+    if !named.is_some_and(|n| crate::eagle::EAGLE3_ARCHITECTURES.contains(&n)) {
+        return Err(ModelError::InvalidConfig(format!(
+            "{} is not an EAGLE-3 head (architectures {:?}; expected one of {:?})",
+            path.display(),
+            raw.architectures,
+            crate::eagle::EAGLE3_ARCHITECTURES
+        )));
+    }
+    raw.architectures = vec!["LlamaForCausalLM".to_string()];
+    resolve(raw)
+}
+
 fn resolve(raw: RawConfig) -> Result<ModelConfig, ModelError> {
     let name = raw
         .architectures
@@ -427,6 +452,14 @@ impl SafetensorsSource {
                 Dtype::BF16 => bytes
                     .chunks_exact(2)
                     .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                    .collect(),
+                // Index tensors (an EAGLE-3 head's draft-to-target map):
+                // exact in f32 below 2^24.
+                Dtype::I64 => bytes
+                    .chunks_exact(8)
+                    .map(|b| {
+                        i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f32
+                    })
                     .collect(),
                 Dtype::F8_E4M3 => {
                     let values: Vec<f32> = bytes.iter().map(|&b| e4m3_to_f32(b)).collect();

@@ -15,6 +15,7 @@
 pub mod bert;
 pub mod config;
 pub mod dummy;
+pub mod eagle;
 mod error;
 pub mod gguf;
 pub mod gguf_model;

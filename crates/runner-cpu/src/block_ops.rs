@@ -20,6 +20,8 @@ pub(crate) struct CpuOps<'a, 'b> {
     pub embed: &'a Matrix,
     /// `None` when tied to `embed`.
     pub lm_head: Option<&'a Matrix>,
+    /// Layers whose input hidden states land in `ws.captured`.
+    pub capture: &'a [usize],
     pub norm: &'a [f32],
     pub layers: &'a [Layer],
     /// One K/V tensor per slice of a page (see [`KvLayout`]).
@@ -50,6 +52,21 @@ fn unsupported(what: &str) -> RunnerError {
 impl CpuOps<'_, '_> {
     fn tokens(&self) -> usize {
         self.ws.positions.len()
+    }
+
+    /// Copies the residual stream entering `layer` into `ws.captured`
+    /// when it is a captured layer.
+    fn capture_input(&mut self, layer: usize) {
+        let Some(slot) = self.capture.iter().position(|&l| l == layer) else {
+            return;
+        };
+        let (t, d) = (self.tokens(), self.config.hidden_size);
+        let width = self.capture.len() * d;
+        let ws = &mut *self.ws;
+        for (row, x) in ws.x[..t * d].chunks_exact(d).enumerate() {
+            let at = row * width + slot * d;
+            ws.captured[at..at + d].copy_from_slice(x);
+        }
     }
 
     /// q/k/v projection (+ bias), q/k norm, rope and the paged KV write of
@@ -121,6 +138,7 @@ impl DecoderOps for CpuOps<'_, '_> {
         grow(&mut ws.proj, t * d);
         grow(&mut ws.gate_up, t * 2 * ff);
         grow(&mut ws.act, t * ff);
+        grow(&mut ws.captured, t * self.capture.len() * d);
         ws.positions.clear();
         let groups = self.layout.groups().len();
         self.sites = vec![Vec::with_capacity(t); groups];
@@ -158,6 +176,7 @@ impl DecoderOps for CpuOps<'_, '_> {
         if spec.rope == RopeTable::Local && self.local_cos.is_empty() {
             return Err(unsupported("a local rope table without a local rope base"));
         }
+        self.capture_input(layer);
         self.project_qkv(layer, spec);
         let site = self.layout.site(layer);
         let c = self.config;

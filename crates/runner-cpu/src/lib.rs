@@ -18,6 +18,7 @@
 
 mod attention;
 mod block_ops;
+mod eagle;
 pub mod encoder;
 mod experts;
 mod kv_memory;
@@ -33,17 +34,19 @@ use attention::{LayerKv, MAX_BLOCK_SIZE, MAX_HEAD_DIM};
 use block_ops::CpuOps;
 use experts::{ExpertScratch, Experts};
 use ingot_kv_cache::{BlockId, KvLayout};
+use ingot_models::eagle::{EagleHeadConfig, EagleHeadWeights};
 use ingot_models::llama::{EXPERTS_DOWN, EXPERTS_GATE, EXPERTS_UP, ROUTER};
 use ingot_models::{
     BlockData, HostTensor, LlamaWeights, MlpWeights, ModelConfig, ModelError, TensorSource,
 };
-use ingot_runner::{ForwardBatch, KvCacheShape, ModelRunner, RunnerError};
+use ingot_runner::{DraftHead, ForwardBatch, KvCacheShape, ModelRunner, RunnerError};
 use kv_memory::KvSlots;
 use matrix::Matrix;
 pub use matrix::WeightDtype;
 pub use quant::QuantKind;
 use quant::{ActScratch, QuantMatrix};
 pub use sharded::forward_sharded;
+use std::sync::Arc;
 
 /// The embedding tensor's name.
 const EMBED: &str = "model.embed_tokens.weight";
@@ -132,6 +135,8 @@ struct Workspace {
     /// The expert blocks' buffers.
     experts: ExpertScratch,
     positions: Vec<usize>,
+    /// The captured hidden states (see [`ModelRunner::capture_hidden`]).
+    captured: Vec<f32>,
 }
 
 fn grow(buf: &mut Vec<f32>, len: usize) {
@@ -143,7 +148,8 @@ fn grow(buf: &mut Vec<f32>, len: usize) {
 /// The CPU backend.
 pub struct CpuRunner {
     config: ModelConfig,
-    embed: Matrix,
+    /// Shared with an EAGLE head that has none of its own.
+    embed: Arc<Matrix>,
     /// `None` when tied to `embed`.
     lm_head: Option<Matrix>,
     norm: Vec<f32>,
@@ -164,6 +170,10 @@ pub struct CpuRunner {
     /// Attention's softmax weights from the 8-lane polynomial exp
     /// ([`Self::with_fast_exp`]).
     fast_exp: bool,
+    /// Layers whose input hidden states each forward pass keeps.
+    capture: Vec<usize>,
+    /// How float matrices are stored (a draft head's too).
+    weight_dtype: WeightDtype,
 }
 
 impl CpuRunner {
@@ -460,7 +470,7 @@ impl CpuRunner {
             None => (Vec::new(), Vec::new()),
         };
         Ok(Self {
-            embed,
+            embed: Arc::new(embed),
             lm_head,
             norm,
             layers,
@@ -477,6 +487,8 @@ impl CpuRunner {
             ws: Workspace::default(),
             config,
             fast_exp: false,
+            capture: Vec::new(),
+            weight_dtype: opts.weight_dtype,
         })
     }
 
@@ -490,14 +502,14 @@ impl CpuRunner {
 
     /// True when any weight matrix uses the native quantized kernels.
     pub fn uses_quantized_weights(&self) -> bool {
-        std::iter::once(&self.embed)
+        std::iter::once(&*self.embed)
             .chain(self.layers.iter().flat_map(Layer::matrices))
             .any(|m| matches!(m, Matrix::Quant(_)))
     }
 
     /// Bytes of weight matrices held.
     pub fn weight_bytes(&self) -> usize {
-        std::iter::once(&self.embed)
+        std::iter::once(&*self.embed)
             .chain(self.lm_head.as_ref())
             .chain(self.layers.iter().flat_map(Layer::matrices))
             .map(Matrix::bytes)
@@ -720,6 +732,38 @@ impl ModelRunner for CpuRunner {
         let len = rayon::scope(|_| self.forward_in_pool(batch))?;
         Ok(&self.ws.logits[..len])
     }
+
+    fn capture_hidden(&mut self, layers: &[usize]) -> Result<(), RunnerError> {
+        if let Some(&l) = layers.iter().find(|&&l| l >= self.config.num_layers) {
+            return Err(RunnerError::Backend(format!(
+                "cannot capture the input of layer {l}: the model has {}",
+                self.config.num_layers
+            )));
+        }
+        self.capture = layers.to_vec();
+        Ok(())
+    }
+
+    fn captured_hidden(&self) -> &[f32] {
+        let width = self.capture.len() * self.config.hidden_size;
+        &self.ws.captured[..self.ws.positions.len() * width]
+    }
+
+    fn draft_head(
+        &self,
+        config: EagleHeadConfig,
+        weights: EagleHeadWeights,
+        kv_tokens: usize,
+    ) -> Result<Box<dyn DraftHead>, RunnerError> {
+        let head = eagle::CpuEagleHead::new(
+            config,
+            weights,
+            Arc::clone(&self.embed),
+            (kv_tokens, self.kv_shape.block_size),
+            self.weight_dtype,
+        )?;
+        Ok(Box::new(head.with_fast_exp(self.fast_exp)))
+    }
 }
 
 impl CpuRunner {
@@ -738,6 +782,7 @@ impl CpuRunner {
             config: &self.config,
             embed: &self.embed,
             lm_head: self.lm_head.as_ref(),
+            capture: &self.capture,
             norm: &self.norm,
             layers: &self.layers,
             kv: &mut self.kv,

@@ -5,6 +5,7 @@
 //! the engine owns the bookkeeping (block tables) and tells the runner which
 //! blocks each chunk uses.
 
+pub mod draft_head;
 pub mod sampling;
 pub mod scoring;
 
@@ -12,6 +13,7 @@ use ingot_core::TokenId;
 use ingot_kv_cache::{BlockId, BlockTable, KvLayout, NULL_BLOCK};
 use ingot_models::ModelConfig;
 
+pub use draft_head::{DraftHead, HeadBatch, HeadInput, HeadStep};
 pub use sampling::{apply_mask, Logprobs, Pick, RowSampling, TokenLogprob};
 pub use scoring::ScoredChunk;
 
@@ -246,6 +248,40 @@ pub trait ModelRunner: Send {
         let _ = (pages, data);
         Err(RunnerError::Backend(format!(
             "{} cannot copy KV pages",
+            self.device_name()
+        )))
+    }
+
+    /// From the next forward pass on, keep the hidden state entering each
+    /// of `layers` (the residual stream before the layer runs) for every
+    /// token of the batch: [`ModelRunner::captured_hidden`]. Empty: none.
+    fn capture_hidden(&mut self, layers: &[usize]) -> Result<(), RunnerError> {
+        let _ = layers;
+        Err(RunnerError::Backend(format!(
+            "{} does not hand out hidden states yet (EAGLE heads need them)",
+            self.device_name()
+        )))
+    }
+
+    /// The last forward pass's captured hidden states: per token of the
+    /// batch, in order, the rows of each captured layer side by side
+    /// (`layers.len() * hidden_size` values).
+    fn captured_hidden(&self) -> &[f32] {
+        &[]
+    }
+
+    /// An EAGLE-3 head on this runner's device, reading this model's
+    /// hidden states (its embedding shared unless the head has its own),
+    /// with a KV pool of `kv_tokens` positions.
+    fn draft_head(
+        &self,
+        config: ingot_models::eagle::EagleHeadConfig,
+        weights: ingot_models::eagle::EagleHeadWeights,
+        kv_tokens: usize,
+    ) -> Result<Box<dyn DraftHead>, RunnerError> {
+        let _ = (config, weights, kv_tokens);
+        Err(RunnerError::Backend(format!(
+            "{} does not run EAGLE heads yet",
             self.device_name()
         )))
     }

@@ -102,6 +102,7 @@ impl EngineLoop {
         );
         self.account_step(chunks, num_tokens, forward, started);
         self.deliver_step(prompts, empty, outputs);
+        self.observe_hidden(chunks);
     }
 
     /// A step's accounting, for plain and speculative steps alike: prefill

@@ -13,7 +13,7 @@ use super::step::{build_batch, RowOutcome};
 use super::{Active, EngineLoop};
 use crate::cpu_share::CpuArbiter;
 use crate::handle::RequestId;
-use crate::speculative::{verify_ids, verify_rows, ProposeRequest, Verified};
+use crate::speculative::{verify_ids, verify_rows, Observed, ProposeRequest, Verified};
 
 /// What a speculative step's rows gave, taken from the logits before they
 /// are released.
@@ -105,6 +105,42 @@ impl EngineLoop {
         }
     }
 
+    /// After a step (its tokens taken): hands a proposer that reads
+    /// hidden states the rows whose next token is now known. Steps of more
+    /// sequences than speculate skip it (the head starts a sequence over
+    /// when it next sees it).
+    pub(super) fn observe_hidden(&mut self, chunks: &[ScheduledChunk]) {
+        let Some(spec) = self.speculation.as_mut() else {
+            return;
+        };
+        if chunks.len() > spec.config.disable_by_batch_size
+            || spec.proposer.hidden_layers().is_empty()
+        {
+            return;
+        }
+        let mut rows = Vec::with_capacity(chunks.len());
+        let mut first_row = 0;
+        for c in chunks {
+            let first = first_row;
+            first_row += c.len;
+            let Some(v) = self.scheduler.view(c.id) else {
+                continue;
+            };
+            // Rows past the last taken token's position were refused
+            // proposals; the last token's own row waits for its successor.
+            let end = (c.start + c.len).min(v.tokens.len().saturating_sub(1));
+            if end > c.start {
+                rows.push(Observed {
+                    seq: c.id,
+                    start: c.start,
+                    next: &v.tokens[c.start + 1..end + 1],
+                    first_row: first,
+                });
+            }
+        }
+        spec.proposer.observe(&rows, self.runner.captured_hidden());
+    }
+
     /// A step in which some decode chunks end in proposals: one forward
     /// pass with a logits row for every position of those chunks (see
     /// [`lay_out`]), then each sampled chunk's tokens taken in order (the
@@ -178,6 +214,7 @@ impl EngineLoop {
         );
         self.account_step(chunks, num_tokens, forward, started);
         self.deliver_step(prompts, step.empty, outputs);
+        self.observe_hidden(chunks);
     }
 }
 

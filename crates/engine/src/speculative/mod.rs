@@ -7,24 +7,27 @@
 //! sampled: the same distribution) while a step may yield several tokens.
 //!
 //! Proposers: [`NgramProposer`] (prompt lookup: the tokens that followed
-//! the latest earlier occurrence of the sequence's last n tokens) and
+//! the latest earlier occurrence of the sequence's last n tokens),
 //! [`DraftModelProposer`] (a smaller model of the same tokenizer, run
-//! greedily ahead of the target in its own KV cache). How many tokens a
+//! greedily ahead of the target in its own KV cache) and [`EagleProposer`]
+//! (an EAGLE-3 head reading the target's hidden states). How many tokens a
 //! sequence proposes follows a cost model ([`policy`]): its recent
 //! acceptance against what an extra token costs in the step and, for a
 //! draft model, to make.
 
 mod draft;
+mod eagle;
 mod ngram;
 mod policy;
 mod verify;
 
 use ingot_core::TokenId;
-use ingot_runner::ModelRunner;
+use ingot_runner::{DraftHead, ModelRunner};
 
 use crate::handle::RequestId;
 
 pub use draft::{DraftLimits, DraftModelProposer};
+pub use eagle::EagleProposer;
 pub use ngram::NgramProposer;
 pub(crate) use policy::{Acceptance, StepCost};
 pub(crate) use verify::{verify_ids, verify_rows, Verified};
@@ -76,6 +79,30 @@ pub enum SpeculativeMethod {
     Ngram,
     /// A draft model (given to [`crate::start_engine_with_draft`]).
     Draft,
+    /// An EAGLE-3 head (given to [`crate::start_engine_with_draft`]).
+    Eagle3,
+}
+
+/// What a draft-based method proposes with.
+pub enum Drafter {
+    /// A draft model's runner (`method = "draft"`).
+    Model(Box<dyn ModelRunner>),
+    /// An EAGLE-3 head on the target's device (`method = "eagle3"`).
+    Head(Box<dyn DraftHead>),
+}
+
+/// A sequence's rows of a finished step whose next token is known: the
+/// hidden states a proposer that reads them ([`Proposer::observe`]) takes.
+#[derive(Debug, Clone, Copy)]
+pub struct Observed<'a> {
+    /// The sequence.
+    pub seq: RequestId,
+    /// Position of the first row.
+    pub start: usize,
+    /// The token that follows each row's position, one per row.
+    pub next: &'a [TokenId],
+    /// The first row's index among the step's captured rows.
+    pub first_row: usize,
 }
 
 /// One sequence's request for proposals.
@@ -116,6 +143,18 @@ pub trait Proposer: Send {
         false
     }
 
+    /// Target layers whose hidden states it reads (the engine has the
+    /// runner capture them and hands them to [`Proposer::observe`]).
+    fn hidden_layers(&self) -> Vec<usize> {
+        Vec::new()
+    }
+
+    /// After a step: the rows whose next token is known, and the captured
+    /// hidden states of every row of the step (in batch order).
+    fn observe(&mut self, rows: &[Observed<'_>], hidden: &[f32]) {
+        let _ = (rows, hidden);
+    }
+
     /// Forgets the sequences `live` says have ended.
     fn retain(&mut self, live: &dyn Fn(RequestId) -> bool) {
         let _ = live;
@@ -147,11 +186,11 @@ pub(crate) struct Speculation {
 /// What stops an engine from speculating as configured.
 #[derive(Debug, thiserror::Error)]
 pub enum SpeculationError {
-    /// `method = "draft"` without a draft model's runner.
-    #[error("speculative.method = \"draft\" needs a draft model (speculative.model)")]
-    NoDraftModel,
-    /// A draft runner given for another method.
-    #[error("a draft model was given, and speculative.method is not \"draft\"")]
+    /// `method = "draft"` or `"eagle3"` without its drafter.
+    #[error("speculative.method = \"{0}\" needs speculative.model")]
+    NoDraftModel(&'static str),
+    /// A drafter given for another method.
+    #[error("a draft model or head was given that speculative.method does not use")]
     UnusedDraftModel,
     /// The draft model cannot propose for the target.
     #[error("{0}")]
@@ -161,23 +200,26 @@ pub enum SpeculationError {
 impl Speculation {
     /// The speculation `config` asks for, if any, with `draft` the draft
     /// model's runner for `method = "draft"` (a forward of it within
-    /// `limits`); `vocab_size` the target's.
+    /// `limits`) or the head for `"eagle3"`; `vocab_size` the target's.
     pub(crate) fn new(
         config: &SpeculativeConfig,
-        draft: Option<Box<dyn ModelRunner>>,
+        draft: Option<Drafter>,
         vocab_size: usize,
         limits: DraftLimits,
     ) -> Result<Option<Self>, SpeculationError> {
+        use SpeculativeMethod as M;
         let proposer: Box<dyn Proposer> = match (config.method, draft) {
             (None, None) => return Ok(None),
-            (Some(SpeculativeMethod::Ngram), None) => Box::new(
+            (Some(M::Ngram), None) => Box::new(
                 NgramProposer::new(config.ngram_min, config.ngram_max)
                     .rating_guesses(config.rate_by_match),
             ),
-            (Some(SpeculativeMethod::Draft), Some(runner)) => {
+            (Some(M::Draft), Some(Drafter::Model(runner))) => {
                 Box::new(DraftModelProposer::new(runner, vocab_size, limits)?)
             }
-            (Some(SpeculativeMethod::Draft), None) => return Err(SpeculationError::NoDraftModel),
+            (Some(M::Eagle3), Some(Drafter::Head(head))) => Box::new(EagleProposer::new(head)),
+            (Some(M::Draft), None) => return Err(SpeculationError::NoDraftModel("draft")),
+            (Some(M::Eagle3), None) => return Err(SpeculationError::NoDraftModel("eagle3")),
             (_, Some(_)) => return Err(SpeculationError::UnusedDraftModel),
         };
         Ok((config.num_speculative_tokens > 0).then(|| Self {

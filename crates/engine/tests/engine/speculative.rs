@@ -9,7 +9,9 @@ use std::sync::atomic::Ordering;
 
 use super::common::*;
 use ingot_core::GrammarSpec;
-use ingot_engine::{EngineHandle, EngineRequest, SpeculativeConfig, SpeculativeMethod, TokenEvent};
+use ingot_engine::{
+    Drafter, EngineHandle, EngineRequest, SpeculativeConfig, SpeculativeMethod, TokenEvent,
+};
 use ingot_runner::{ModelRunner, RunnerError};
 use ingot_runner_cpu::CpuRunner;
 
@@ -291,7 +293,7 @@ fn drafting(
     };
     ingot_engine::start_engine_with_draft(
         target(tiny_runner(1, 256)),
-        Some(Box::new(draft)),
+        Some(Drafter::Model(Box::new(draft))),
         tokenizer(),
         config,
     )
@@ -409,7 +411,7 @@ fn mismatched_drafts_are_refused() {
             },
             ..Default::default()
         };
-        let draft = draft.map(|d| Box::new(d) as Box<dyn ModelRunner>);
+        let draft = draft.map(|d| Drafter::Model(Box::new(d)));
         match ingot_engine::start_engine_with_draft(
             Box::new(tiny_runner(1, 32)),
             draft,
@@ -421,10 +423,11 @@ fn mismatched_drafts_are_refused() {
         }
     };
     assert!(start(Some(SpeculativeMethod::Draft), Some(other)).contains("vocabulary (1000 tokens)"));
-    assert!(start(Some(SpeculativeMethod::Draft), None).contains("needs a draft model"));
+    assert!(start(Some(SpeculativeMethod::Draft), None).contains("needs speculative.model"));
     assert!(
         start(Some(SpeculativeMethod::Ngram), Some(tiny_runner(1, 16)))
-            .contains("draft model was given")
+            .contains("was given that speculative.method does not use")
     );
-    assert!(start(None, Some(tiny_runner(1, 16))).contains("draft model was given"));
+    assert!(start(None, Some(tiny_runner(1, 16)))
+        .contains("was given that speculative.method does not use"));
 }

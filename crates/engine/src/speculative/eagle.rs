@@ -1,0 +1,295 @@
+//! EAGLE-3 proposals: a draft head reads the target's hidden states.
+//!
+//! After every target step the engine hands over the hidden states of the
+//! positions whose next token is now known ([`Proposer::observe`]); the
+//! head runs them at once (position `i` reads the target's row of `i` and
+//! the embedding of token `i + 1`), so its KV cache follows the verified
+//! tokens and its output after the last one is the first proposal. A
+//! proposal step then drafts the rest one position at a time, each reading
+//! the head's own output row of the position before. Positions the head
+//! drafted past the verified ones are written again by the next
+//! observation, so refused proposals need no rollback.
+//!
+//! A sequence whose prompt began in the prefix cache has no hidden states
+//! for that prefix: the head starts at the first position it sees (its
+//! positions counted from there; rotary attention depends only on
+//! distances), with less context to draft from. A gap in what it sees
+//! (a step that captured nothing) starts it over the same way.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use ingot_core::TokenId;
+use ingot_kv_cache::{BlockPool, BlockTable};
+use ingot_runner::{DraftHead, HeadBatch, HeadInput, RunnerError, SequenceChunk};
+
+use super::{Draft, Observed, ProposeRequest, Proposer};
+use crate::handle::RequestId;
+
+/// Weight of the newest measure in the seconds-per-token average.
+const COST_SMOOTHING: f64 = 0.2;
+
+/// Proposes with an EAGLE-3 head.
+pub struct EagleProposer {
+    head: Box<dyn DraftHead>,
+    pool: BlockPool,
+    seqs: HashMap<RequestId, HeadSeq>,
+    /// Recent seconds a drafted position cost.
+    seconds_per_token: f64,
+    /// Calls so far: the least recently used sequence goes first when the
+    /// head's pool is full.
+    clock: u64,
+}
+
+/// One sequence in the head's cache.
+struct HeadSeq {
+    /// The target position the head counts as its 0.
+    base: usize,
+    /// Target positions `base..next` are in the head's cache, from the
+    /// target's hidden states.
+    next: usize,
+    /// The head's draft after position `next - 1` and its output row there.
+    pending: Option<(TokenId, Vec<f32>)>,
+    tables: Vec<BlockTable>,
+    last_used: u64,
+}
+
+impl EagleProposer {
+    /// Proposes with `head` (its KV pool empty).
+    pub fn new(head: Box<dyn DraftHead>) -> Self {
+        let shape = head.kv_cache_shape();
+        let pool =
+            BlockPool::with_layout(shape.num_blocks, shape.block_size, head.kv_layout(), false);
+        Self {
+            head,
+            pool,
+            seqs: HashMap::new(),
+            seconds_per_token: 0.0,
+            clock: 0,
+        }
+    }
+
+    /// Holds pages for `id`'s positions below `end` (the head's own
+    /// count), evicting the least recently used other sequences when the
+    /// pool is full. False when it cannot.
+    fn hold(&mut self, id: RequestId, end: usize) -> bool {
+        loop {
+            let Some(seq) = self.seqs.get_mut(&id) else {
+                return false;
+            };
+            let start = seq.next - seq.base;
+            if self
+                .pool
+                .reserve_groups(&mut seq.tables, start, end)
+                .is_ok()
+            {
+                return true;
+            }
+            let victim = self
+                .seqs
+                .iter()
+                .filter(|(k, s)| **k != id && s.last_used < self.clock)
+                .min_by_key(|(_, s)| s.last_used)
+                .map(|(k, _)| *k);
+            let Some(gone) = victim else {
+                return false;
+            };
+            self.forget(gone);
+        }
+    }
+
+    fn forget(&mut self, id: RequestId) {
+        if let Some(mut seq) = self.seqs.remove(&id) {
+            self.pool.release_groups(&mut seq.tables);
+        }
+    }
+
+    /// Readies `id` for rows of target positions `start..end`: the
+    /// position the head continues from, or `None` when it has them all.
+    fn resume_at(&mut self, id: RequestId, start: usize, end: usize) -> Option<usize> {
+        if let Some(seq) = self.seqs.get(&id) {
+            if start > seq.next || start < seq.base {
+                // A gap (or an earlier start than it has): begin again here.
+                self.forget(id);
+            }
+        }
+        let fresh = || HeadSeq {
+            base: start,
+            next: start,
+            pending: None,
+            tables: self.pool.new_tables(),
+            last_used: 0,
+        };
+        let seq = self.seqs.entry(id).or_insert_with(fresh);
+        seq.last_used = self.clock;
+        (seq.next < end).then_some(seq.next)
+    }
+
+    /// Forgets every sequence (after a failed forward: the cache's state
+    /// is unknown).
+    fn reset(&mut self) {
+        let ids: Vec<RequestId> = self.seqs.keys().copied().collect();
+        for id in ids {
+            self.forget(id);
+        }
+    }
+
+    /// Drafts past each started proposal (`out[i]` holds its first token,
+    /// `rows` the head's output row after the last verified position)
+    /// until each has its request's `max`; returns the forwards run.
+    fn draft(
+        &mut self,
+        requests: &[ProposeRequest<'_>],
+        out: &mut [Vec<TokenId>],
+        mut rows: Vec<(usize, Vec<f32>)>,
+    ) -> Result<usize, RunnerError> {
+        let h = self.head.hidden_size();
+        let mut forwards = 0;
+        rows.retain(|(i, _)| out[*i].len() < requests[*i].max);
+        while !rows.is_empty() {
+            let picks: Vec<TokenId> = rows
+                .iter()
+                .map(|(i, _)| out[*i][out[*i].len() - 1])
+                .collect();
+            let mut hidden = Vec::with_capacity(rows.len() * h);
+            let mut chunks = Vec::with_capacity(rows.len());
+            for ((i, row), pick) in rows.iter().zip(&picks) {
+                let r = &requests[*i];
+                let seq = &self.seqs[&r.seq];
+                // The row of the last pick sits after the verified tokens and
+                // the picks before it.
+                let pos = r.tokens.len() + out[*i].len() - 2;
+                hidden.extend_from_slice(row);
+                chunks.push(SequenceChunk::with_tables(
+                    std::slice::from_ref(pick),
+                    pos - seq.base,
+                    &seq.tables,
+                ));
+            }
+            let step = self.head.forward(&HeadBatch {
+                chunks,
+                input: HeadInput::Own(&hidden),
+            })?;
+            forwards += 1;
+            for (k, (i, row)) in rows.iter_mut().enumerate() {
+                out[*i].push(step.picks[k]);
+                row.copy_from_slice(&step.hidden[k * h..(k + 1) * h]);
+            }
+            rows.retain(|(i, _)| out[*i].len() < requests[*i].max);
+        }
+        Ok(forwards)
+    }
+}
+
+impl Proposer for EagleProposer {
+    fn propose(&mut self, requests: &[ProposeRequest<'_>]) -> Vec<Draft> {
+        let started = Instant::now();
+        self.clock += 1;
+        let mut out = vec![Vec::new(); requests.len()];
+        let mut rows = Vec::new();
+        for (i, r) in requests.iter().enumerate() {
+            let Some(last) = r.tokens.len().checked_sub(1).filter(|_| r.max > 0) else {
+                continue;
+            };
+            let Some(seq) = self.seqs.get_mut(&r.seq) else {
+                continue;
+            };
+            // The head must have run every verified position but the last
+            // token's (whose hidden state the next target step makes).
+            let Some((first, row)) = seq.pending.clone().filter(|_| seq.next == last) else {
+                continue;
+            };
+            seq.last_used = self.clock;
+            let end = last + r.max - 1 - seq.base;
+            out[i].push(first);
+            if r.max > 1 && self.hold(r.seq, end) {
+                rows.push((i, row));
+            }
+        }
+        match self.draft(requests, &mut out, rows) {
+            Ok(forwards) if forwards > 0 => {
+                let per_token = started.elapsed().as_secs_f64() / forwards as f64;
+                self.seconds_per_token += COST_SMOOTHING * (per_token - self.seconds_per_token);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "the EAGLE head failed; no proposals this step");
+                self.reset();
+                return vec![Draft::default(); requests.len()];
+            }
+        }
+        out.into_iter()
+            .map(|tokens| Draft { tokens, matched: 0 })
+            .collect()
+    }
+
+    fn hidden_layers(&self) -> Vec<usize> {
+        self.head.config().aux_layers.clone()
+    }
+
+    fn observe(&mut self, rows: &[Observed<'_>], hidden: &[f32]) {
+        let fw = self.head.feature_width();
+        self.clock += 1;
+        // (sequence, first target position to run, its next tokens, first row)
+        let mut work = Vec::with_capacity(rows.len());
+        for r in rows {
+            let end = r.start + r.next.len();
+            if hidden.len() < (r.first_row + r.next.len()) * fw {
+                continue;
+            }
+            let Some(from) = self.resume_at(r.seq, r.start, end) else {
+                continue;
+            };
+            let base = self.seqs[&r.seq].base;
+            if !self.hold(r.seq, end - base) {
+                self.forget(r.seq);
+                continue;
+            }
+            let skip = from - r.start;
+            work.push((r.seq, from, &r.next[skip..], r.first_row + skip));
+        }
+        if work.is_empty() {
+            return;
+        }
+        let mut features = Vec::with_capacity(work.iter().map(|w| w.2.len()).sum::<usize>() * fw);
+        for &(_, _, next, first) in &work {
+            features.extend_from_slice(&hidden[first * fw..(first + next.len()) * fw]);
+        }
+        let chunks = work
+            .iter()
+            .map(|&(id, from, next, _)| {
+                let seq = &self.seqs[&id];
+                SequenceChunk::with_tables(next, from - seq.base, &seq.tables)
+            })
+            .collect();
+        let step = self.head.forward(&HeadBatch {
+            chunks,
+            input: HeadInput::Target(&features),
+        });
+        let step = match step {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "the EAGLE head failed; its cache starts over");
+                return self.reset();
+            }
+        };
+        let h = self.head.hidden_size();
+        for (k, &(id, from, next, _)) in work.iter().enumerate() {
+            if let Some(seq) = self.seqs.get_mut(&id) {
+                seq.next = from + next.len();
+                seq.pending = Some((step.picks[k], step.hidden[k * h..(k + 1) * h].to_vec()));
+            }
+        }
+    }
+
+    fn retain(&mut self, live: &dyn Fn(RequestId) -> bool) {
+        let ended: Vec<RequestId> = self.seqs.keys().copied().filter(|&id| !live(id)).collect();
+        for id in ended {
+            self.forget(id);
+        }
+    }
+
+    fn seconds_per_token(&self) -> f64 {
+        self.seconds_per_token
+    }
+}
