@@ -57,15 +57,15 @@ impl CpuOps<'_, '_> {
     /// Copies the residual stream entering `layer` into `ws.captured`
     /// when it is a captured layer.
     fn capture_input(&mut self, layer: usize) {
-        let Some(slot) = self.capture.iter().position(|&l| l == layer) else {
-            return;
-        };
         let (t, d) = (self.tokens(), self.config.hidden_size);
         let width = self.capture.len() * d;
         let ws = &mut *self.ws;
-        for (row, x) in ws.x[..t * d].chunks_exact(d).enumerate() {
-            let at = row * width + slot * d;
-            ws.captured[at..at + d].copy_from_slice(x);
+        // A layer may be named twice (a small model's middle and high).
+        for (slot, _) in self.capture.iter().enumerate().filter(|(_, &l)| l == layer) {
+            for (row, x) in ws.x[..t * d].chunks_exact(d).enumerate() {
+                let at = row * width + slot * d;
+                ws.captured[at..at + d].copy_from_slice(x);
+            }
         }
     }
 

@@ -555,4 +555,39 @@ mod tests {
             "{err}"
         );
     }
+
+    /// The runner hands out the residual stream entering each named layer
+    /// for every token: layer 0's input is the embedding, a layer named
+    /// twice fills both slots, and a layer past the model is refused.
+    #[test]
+    fn the_runner_captures_the_input_of_named_layers() {
+        use ingot_runner::ModelRunner;
+        let config = target();
+        let source = DummySource::new(&config, 3);
+        let weights = ingot_models::LlamaWeights::load(&config, &source, &|_, _| {}).unwrap();
+        let embed = weights.embed_tokens.clone();
+        let opts = crate::CpuRunnerConfig {
+            num_blocks: 4,
+            block_size: 4,
+            weight_dtype: WeightDtype::F32,
+        };
+        let mut runner = crate::CpuRunner::new(config, weights, opts).unwrap();
+        assert!(runner.capture_hidden(&[6]).is_err());
+        runner.capture_hidden(&[0, 4, 4]).unwrap();
+        let tables = ingot_runner::solo_tables(&runner, 3).unwrap();
+        let batch = ForwardBatch {
+            chunks: vec![SequenceChunk::with_tables(&[7, 8, 9], 0, &tables)],
+            ..ForwardBatch::default()
+        };
+        runner.forward(&batch).unwrap();
+        let d = 32;
+        let rows = runner.captured_hidden();
+        assert_eq!(rows.len(), 3 * 3 * d);
+        for (i, row) in rows.chunks_exact(3 * d).enumerate() {
+            let token = 7 + i;
+            assert_eq!(&row[..d], &embed.data[token * d..(token + 1) * d]);
+            assert_eq!(&row[d..2 * d], &row[2 * d..]);
+            assert_ne!(&row[..d], &row[d..2 * d]);
+        }
+    }
 }

@@ -293,3 +293,162 @@ impl Proposer for EagleProposer {
         self.seconds_per_token
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use ingot_models::eagle::{head_like, EagleHeadConfig};
+    use ingot_models::{Architecture, ModelConfig, RopeConfig, RopeScaling};
+    use ingot_runner::{HeadStep, KvCacheShape};
+
+    use super::*;
+
+    /// What a head call saw: own rows or the target's, the first position,
+    /// the tokens and the first value of each row's input.
+    type Call = (bool, usize, Vec<TokenId>, Vec<f32>);
+
+    /// Drafts the token after each chunk's last one; its output row holds
+    /// that row's position.
+    struct FakeHead {
+        config: EagleHeadConfig,
+        calls: Arc<Mutex<Vec<Call>>>,
+    }
+
+    impl DraftHead for FakeHead {
+        fn config(&self) -> &EagleHeadConfig {
+            &self.config
+        }
+        fn kv_cache_shape(&self) -> KvCacheShape {
+            KvCacheShape {
+                num_blocks: 8,
+                block_size: 4,
+            }
+        }
+        fn forward(&mut self, batch: &HeadBatch<'_>) -> Result<HeadStep, RunnerError> {
+            let (own, rows, width) = match batch.input {
+                HeadInput::Own(r) => (true, r, self.hidden_size()),
+                HeadInput::Target(r) => (false, r, self.feature_width()),
+            };
+            let mut firsts = rows.chunks_exact(width).map(|r| r[0]);
+            let mut step = HeadStep::default();
+            for c in &batch.chunks {
+                let seen = firsts.by_ref().take(c.tokens.len()).collect();
+                let call = (own, c.start_pos, c.tokens.to_vec(), seen);
+                self.calls.lock().unwrap().push(call);
+                step.picks.push(c.tokens[c.tokens.len() - 1] + 1);
+                let last = (c.end_pos() - 1) as f32;
+                step.hidden
+                    .extend(std::iter::repeat_n(last, self.hidden_size()));
+            }
+            Ok(step)
+        }
+    }
+
+    fn target() -> ModelConfig {
+        ModelConfig {
+            architecture: Architecture::Llama,
+            hidden_size: 4,
+            intermediate_size: 8,
+            num_layers: 6,
+            num_heads: 2,
+            num_kv_heads: 1,
+            head_dim: 2,
+            vocab_size: 100,
+            max_context: 64,
+            rms_norm_eps: 1e-5,
+            rope: RopeConfig {
+                theta: 10000.0,
+                scaling: RopeScaling::None,
+            },
+            qkv_bias: false,
+            qk_norm: false,
+            tie_word_embeddings: true,
+            shard: None,
+            block: Default::default(),
+        }
+    }
+
+    /// Target rows `start..start + n` whose first value is their position.
+    fn rows(start: usize, n: usize, width: usize) -> Vec<f32> {
+        (start..start + n)
+            .flat_map(|p| std::iter::repeat_n(p as f32, width))
+            .collect()
+    }
+
+    fn proposer() -> (EagleProposer, Arc<Mutex<Vec<Call>>>, usize) {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let head = FakeHead {
+            config: head_like(&target()),
+            calls: calls.clone(),
+        };
+        let fw = head.feature_width();
+        (EagleProposer::new(Box::new(head)), calls, fw)
+    }
+
+    fn take(calls: &Mutex<Vec<Call>>) -> Vec<Call> {
+        std::mem::take(&mut *calls.lock().unwrap())
+    }
+
+    /// The head runs each verified row once, from the target's hidden
+    /// state and the token after it; drafts continue from its own rows;
+    /// rows after a refused proposal are run again from the target's.
+    #[test]
+    fn the_head_follows_the_verified_tokens_and_drafts_from_its_own_rows() {
+        let (mut p, calls, fw) = proposer();
+        assert_eq!(p.hidden_layers(), vec![2, 3, 3]);
+        let observed = |seq, start, next: &'static [TokenId]| Observed {
+            seq,
+            start,
+            next,
+            first_row: 0,
+        };
+        // The prompt 10 11 12 13 and the first token, 14.
+        p.observe(&[observed(1, 0, &[11, 12, 13, 14])], &rows(0, 4, fw));
+        assert_eq!(
+            take(&calls),
+            vec![(false, 0, vec![11, 12, 13, 14], vec![0.0, 1.0, 2.0, 3.0])]
+        );
+        let tokens = [10, 11, 12, 13, 14];
+        let request = |tokens, max| ProposeRequest {
+            seq: 1,
+            tokens,
+            max,
+        };
+        let drafts = p.propose(&[request(&tokens[..], 3)]);
+        assert_eq!(drafts[0].tokens, vec![15, 16, 17]);
+        // Position 4 reads the head's row of position 3, then 5 of 4.
+        assert_eq!(
+            take(&calls),
+            vec![
+                (true, 4, vec![15], vec![3.0]),
+                (true, 5, vec![16], vec![4.0])
+            ]
+        );
+        // The step kept 15 and took 20: positions 4 and 5 from the target.
+        p.observe(&[observed(1, 4, &[15, 20])], &rows(4, 2, fw));
+        assert_eq!(take(&calls), vec![(false, 4, vec![15, 20], vec![4.0, 5.0])]);
+        let tokens = [10, 11, 12, 13, 14, 15, 20];
+        assert_eq!(
+            p.propose(&[request(&tokens[..], 2)])[0].tokens,
+            vec![21, 22]
+        );
+        take(&calls);
+        // A sequence the head is behind on proposes nothing.
+        let longer = [10, 11, 12, 13, 14, 15, 20, 21, 22];
+        assert!(p.propose(&[request(&longer[..], 2)])[0].tokens.is_empty());
+        // A gap starts the sequence over from where the rows begin (a
+        // prompt from the prefix cache too): the head counts from there.
+        p.observe(&[observed(1, 10, &[30, 31])], &rows(10, 2, fw));
+        p.observe(&[observed(2, 8, &[40])], &rows(8, 1, fw));
+        assert_eq!(
+            take(&calls),
+            vec![
+                (false, 0, vec![30, 31], vec![10.0, 11.0]),
+                (false, 0, vec![40], vec![8.0])
+            ]
+        );
+        p.retain(&|id| id == 2);
+        assert_eq!(p.seqs.len(), 1);
+    }
+}

@@ -431,3 +431,87 @@ fn mismatched_drafts_are_refused() {
     assert!(start(None, Some(tiny_runner(1, 16)))
         .contains("was given that speculative.method does not use"));
 }
+
+/// An engine over the tiny target proposing with a random EAGLE-3 head,
+/// `k` tokens a step (always).
+fn eagle(k: usize, num_blocks: usize) -> EngineHandle {
+    let target = tiny_runner(1, num_blocks);
+    let head = ingot_models::eagle::head_like(&tiny_config());
+    let shapes = ingot_models::eagle::expected_shapes(&head);
+    let source = ingot_models::dummy::DummySource::with_shapes(shapes, 5);
+    let weights = ingot_models::eagle::load_weights(&source, &head).unwrap();
+    let head = target.draft_head(head, weights, 1024).unwrap();
+    let config = ingot_engine::EngineConfig {
+        scheduler: ingot_scheduler::SchedulerConfig {
+            max_num_batched_tokens: 64,
+            ..Default::default()
+        },
+        speculative: SpeculativeConfig {
+            method: Some(SpeculativeMethod::Eagle3),
+            num_speculative_tokens: k,
+            adaptive: false,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    ingot_engine::start_engine_with_draft(
+        Box::new(target),
+        Some(Drafter::Head(head)),
+        tokenizer(),
+        config,
+    )
+    .unwrap()
+}
+
+/// An EAGLE-3 head's proposals (a random head: mostly refused) leave the
+/// answers plain decoding's, alone and batched, with prompts split into
+/// chunks and sequences that start from the prefix cache.
+#[test]
+fn an_eagle_head_keeps_the_answers() {
+    let plain = engine(256, |_| {});
+    let spec = eagle(4, 256);
+    let reqs: Vec<_> = (0..5)
+        .map(|i| {
+            if i % 2 == 0 {
+                repeating(i, 30)
+            } else {
+                request(i, 20 + 30 * i as usize, 30)
+            }
+        })
+        .collect();
+    let alone = outputs(&plain, &reqs);
+    assert_eq!(alone, outputs(&spec, &reqs));
+    assert_eq!(ids(alone), run_concurrently(&spec, reqs.clone()));
+    let (proposed, kept) = kept(&spec);
+    assert!(proposed > 0, "{kept} of {proposed} kept");
+}
+
+/// The method without a head, and a head for another method, are refused
+/// at start by name.
+#[test]
+fn an_eagle_head_is_given_for_eagle3_only() {
+    let start = |method, with_head: bool| {
+        let target = tiny_runner(1, 32);
+        let head = with_head.then(|| {
+            let head = ingot_models::eagle::head_like(&tiny_config());
+            let shapes = ingot_models::eagle::expected_shapes(&head);
+            let source = ingot_models::dummy::DummySource::with_shapes(shapes, 5);
+            let weights = ingot_models::eagle::load_weights(&source, &head).unwrap();
+            Drafter::Head(target.draft_head(head, weights, 64).unwrap())
+        });
+        let config = ingot_engine::EngineConfig {
+            speculative: SpeculativeConfig {
+                method,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match ingot_engine::start_engine_with_draft(Box::new(target), head, tokenizer(), config) {
+            Ok(_) => String::new(),
+            Err(e) => e.to_string(),
+        }
+    };
+    assert!(start(Some(SpeculativeMethod::Eagle3), false).contains("\"eagle3\" needs"));
+    assert!(start(Some(SpeculativeMethod::Draft), true).contains("was given"));
+    assert_eq!(start(Some(SpeculativeMethod::Eagle3), true), "");
+}
