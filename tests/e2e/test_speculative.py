@@ -141,3 +141,68 @@ def test_a_draft_model_keeps_the_answers(model_name):
         assert proposed > 0 and kept == proposed, (kept, proposed)
     finally:
         srv.stop_and_check()
+
+
+def write_eagle3_head(out: pathlib.Path, **overrides) -> str:
+    """A random EAGLE-3 head for SmolLM2-135M (tests/reference/eagle3_head.py),
+    its draft vocabulary a subset of the target's."""
+    import subprocess
+    import sys
+
+    shape = {"hidden": 576, "intermediate": 1536, "heads": 9, "kv-heads": 3, "layers": 30,
+             "vocab": 49152, "draft-vocab": 8192, "rope-theta": 100000}
+    shape.update(overrides)
+    script = pathlib.Path(__file__).resolve().parents[1] / "reference/eagle3_head.py"
+    args = [f"--{k}={v}" for k, v in shape.items()]
+    subprocess.run([sys.executable, str(script), str(out), *args], check=True, capture_output=True)
+    return str(out)
+
+
+def test_an_eagle3_head_keeps_the_answers(model_name, tmp_path):
+    """An EAGLE-3 head in the published layout (random weights: its
+    proposals are mostly refused), through `ingot serve`: greedy answers
+    equal the same server's without speculation, several at once, and the
+    metrics count its proposals."""
+    head = write_eagle3_head(tmp_path / "head")
+    spec = json.dumps({"method": "eagle3", "model": head, "num_speculative_tokens": 3,
+                       "adaptive": False})
+    srv = Server("--speculative-config", spec, env={"INGOT_FLAG_COALESCING": "off"})
+    try:
+        prompts = [p["prompt"] for p in PROMPTS[:3] + PROMPTS[-3:]]
+
+        async def run_all():
+            client = srv.async_openai()
+
+            async def one(prompt: str, speculative: bool) -> str:
+                r = await client.chat.completions.create(
+                    model=model_name, messages=[{"role": "user", "content": prompt}], temperature=0,
+                    max_tokens=MAX_TOKENS, extra_body={} if speculative else {"speculative": False})
+                return r.choices[0].message.content
+
+            try:
+                off = await asyncio.gather(*(one(p, False) for p in prompts))
+                on = await asyncio.gather(*(one(p, True) for p in prompts))
+                return on, off
+            finally:
+                await client.close()
+
+        on, off = asyncio.run(run_all())
+        assert on == off
+        assert srv.metrics().get("vllm:spec_decode_num_draft_tokens_total") > 0
+    finally:
+        srv.stop_and_check()
+
+
+def test_an_eagle3_head_for_another_model_is_refused_at_start(tmp_path):
+    """A head of another hidden size stops `ingot serve` before it listens,
+    naming the head and what does not fit."""
+    import subprocess
+
+    from ingot_e2e import BIN, model_path
+
+    head = write_eagle3_head(tmp_path / "head", **{"hidden": 512, "heads": 8, "kv-heads": 4})
+    spec = json.dumps({"method": "eagle3", "model": head})
+    r = subprocess.run([str(BIN), "serve", "--model", model_path(), "--port", "0",
+                        "--speculative-config", spec], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "cannot load the EAGLE-3 head" in r.stderr and "hidden size 512" in r.stderr, r.stderr[-2000:]

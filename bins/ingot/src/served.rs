@@ -487,7 +487,8 @@ fn footprint(plan: &ModelPlan) -> anyhow::Result<u64> {
 /// f32 weights and one layer of KV cache.
 fn head_footprint(plan: &ModelPlan, path: &Path) -> anyhow::Result<u64> {
     let (_, model) = metadata(plan)?;
-    let head = ingot_models::eagle::load_config(path, &model)?;
+    let head = ingot_models::eagle::load_config(path, &model)
+        .with_context(|| format!("cannot load the EAGLE-3 head {}", path.display()))?;
     let c = &plan.config;
     let kv_tokens = model::head_kv_tokens(c, &model, c.scheduler.max_num_seqs);
     let kv = kv_tokens * 2 * head.layer.kv_dim();
