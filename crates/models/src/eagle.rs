@@ -301,7 +301,148 @@ pub fn load_weights(
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
+    use safetensors::{tensor::TensorView, Dtype};
+
     use super::*;
+    use crate::{Architecture, RopeConfig, RopeScaling};
+
+    fn target() -> ModelConfig {
+        ModelConfig {
+            architecture: Architecture::Qwen3,
+            hidden_size: 16,
+            intermediate_size: 24,
+            num_layers: 8,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 4,
+            vocab_size: 40,
+            max_context: 256,
+            rms_norm_eps: 1e-6,
+            rope: RopeConfig {
+                theta: 1e6,
+                scaling: RopeScaling::None,
+            },
+            qkv_bias: false,
+            qk_norm: true,
+            tie_word_embeddings: false,
+            shard: None,
+            block: Default::default(),
+        }
+    }
+
+    /// A head directory for `target()` in the published layout (bf16
+    /// weights, int64 `d2t` over 10 draft ids), `config` patched by `edit`
+    /// and the tensors named `prefix` + the published names.
+    fn head_dir(tag: &str, prefix: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("ingot-eagle3-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut config = serde_json::json!({
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "hidden_size": 16, "intermediate_size": 24, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "num_hidden_layers": 1, "vocab_size": 40,
+            "draft_vocab_size": 10, "rope_theta": 500000.0, "max_position_embeddings": 64,
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 4, 6]}
+        });
+        edit(&mut config);
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+        let head = EagleHeadConfig {
+            layer: ModelConfig {
+                vocab_size: 40,
+                ..head_like(&target()).layer
+            },
+            draft_vocab_size: 10,
+            aux_layers: vec![1, 4, 6],
+        };
+        let mut blobs: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = expected_shapes(&head)
+            .into_iter()
+            .map(|(name, shape)| {
+                let n: usize = shape.iter().product();
+                let bytes = (0..n)
+                    .flat_map(|i| half::bf16::from_f32(i as f32 / n as f32).to_le_bytes())
+                    .collect();
+                (format!("{prefix}{name}"), Dtype::BF16, shape, bytes)
+            })
+            .collect();
+        // Draft id i is target id 3 i + 1.
+        let d2t: Vec<u8> = (0..10i64).flat_map(|i| (2 * i + 1).to_le_bytes()).collect();
+        blobs.push((format!("{prefix}d2t"), Dtype::I64, vec![10], d2t));
+        let views: Vec<(String, TensorView<'_>)> = blobs
+            .iter()
+            .map(|(n, dt, shape, b)| (n.clone(), TensorView::new(*dt, shape.clone(), b).unwrap()))
+            .collect();
+        safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_published_head_loads_with_its_draft_vocabulary_and_aux_layers() {
+        for prefix in ["", "model."] {
+            let dir = head_dir(&format!("ok{}", prefix.len()), prefix, |_| {});
+            let (config, w) = load(&dir, &target()).unwrap();
+            assert_eq!(config.aux_layers, vec![1, 4, 6]);
+            assert_eq!(config.feature_width(), 48);
+            // The head's own rope and a plain Llama layer; the target's context.
+            assert_eq!(config.layer.rope.theta, 500000.0);
+            assert!(!config.layer.qk_norm);
+            assert_eq!(config.layer.max_context, 256);
+            assert_eq!(w.fc.shape, vec![16, 48]);
+            assert_eq!(w.q_proj.shape, vec![16, 32]);
+            assert_eq!(w.lm_head.shape, vec![10, 16]);
+            assert!(w.embed.is_none());
+            let map: Vec<u32> = (0..10).map(|i| 3 * i + 1).collect();
+            assert_eq!(w.draft_to_target, map);
+            std::fs::remove_dir_all(dir).ok();
+        }
+    }
+
+    #[test]
+    fn heads_that_do_not_fit_the_target_are_refused_by_name() {
+        type Edit = fn(&mut serde_json::Value);
+        let cases: [(&str, Edit, &str); 4] = [
+            (
+                "arch",
+                |c| c["architectures"] = serde_json::json!(["LlamaForCausalLM"]),
+                "not an EAGLE-3 head",
+            ),
+            (
+                "vocab",
+                |c| c["vocab_size"] = 41.into(),
+                "vocabulary of 41 tokens",
+            ),
+            (
+                "aux",
+                |c| {
+                    c["eagle_config"]["eagle_aux_hidden_state_layer_ids"] =
+                        serde_json::json!([1, 8, 2])
+                },
+                "aux layers",
+            ),
+            (
+                "layers",
+                |c| c["num_hidden_layers"] = 2.into(),
+                "2 decoder layers",
+            ),
+        ];
+        for (tag, edit, says) in cases {
+            let dir = head_dir(tag, "", edit);
+            let err = load(&dir, &target())
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains(says), "{tag}: {err}");
+            std::fs::remove_dir_all(dir).ok();
+        }
+        let dir = head_dir("bin", "", |_| {});
+        std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+        let err = load(&dir, &target())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("pytorch_model.bin converts"), "{err}");
+        std::fs::remove_dir_all(dir).ok();
+    }
 
     #[test]
     fn default_aux_layers_are_low_middle_and_high() {
