@@ -6,15 +6,34 @@
 use std::sync::Arc;
 
 use ingot_arch::Activation;
+use ingot_core::TokenId;
 use ingot_models::eagle::{EagleHeadConfig, EagleHeadWeights};
 use ingot_runner::{
-    argmax, DraftHead, ForwardBatch, HeadBatch, HeadInput, HeadStep, KvCacheShape, RunnerError,
+    argmax, DraftHead, ForwardBatch, HeadBatch, HeadInput, KvCacheShape, RunnerError,
 };
 
 use crate::attention::{paged_attention, AttentionShape, LayerKv, TokenSite, MAX_HEAD_DIM};
 use crate::matrix::{Matrix, WeightDtype};
-use crate::quant::ActScratch;
-use crate::{grow, layer_kv, ops};
+use crate::quant::{ActScratch, QuantKind};
+use crate::{float_matrix, grow, layer_kv, ops};
+
+/// How a head stores its matrices.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HeadStorage {
+    /// Float matrices' type.
+    pub dtype: WeightDtype,
+    /// Q8_0 blocks on the native kernels instead (where the target runs
+    /// them).
+    pub quantize: bool,
+}
+
+impl HeadStorage {
+    /// Rows of `cols` weights as this storage keeps them.
+    fn matrix(self, data: Vec<f32>, cols: usize) -> Matrix {
+        let kind = self.quantize.then_some(QuantKind::Q8_0);
+        float_matrix(data, cols, kind, (self.dtype, false))
+    }
+}
 
 /// The head's weights, KV pool and buffers.
 pub(crate) struct CpuEagleHead {
@@ -71,7 +90,7 @@ impl CpuEagleHead {
         w: EagleHeadWeights,
         target_embed: Arc<Matrix>,
         (kv_tokens, block_size): (usize, usize),
-        dt: WeightDtype,
+        storage: HeadStorage,
     ) -> Result<Self, RunnerError> {
         let c = &config.layer;
         if c.head_dim > MAX_HEAD_DIM || block_size == 0 {
@@ -83,21 +102,26 @@ impl CpuEagleHead {
         let num_blocks = kv_tokens.div_ceil(block_size).max(1);
         let kv = layer_kv(num_blocks * block_size * c.kv_dim())?;
         let (cos, sin) = c.rope.tables(c.head_dim, c.max_context);
+        let (d, ff, fw) = (c.hidden_size, c.intermediate_size, config.feature_width());
+        let m = |data, cols| storage.matrix(data, cols);
         Ok(Self {
             embed: match w.embed {
-                Some(e) => Arc::new(Matrix::new(e.data, dt)),
+                Some(e) => Arc::new(m(e.data, d)),
                 None => target_embed,
             },
-            fc: Matrix::new(w.fc.data, dt),
+            fc: m(w.fc.data, fw),
             input_norm: w.input_norm.data,
             hidden_norm: w.hidden_norm.data,
-            qkv: Matrix::new([w.q_proj.data, w.k_proj.data, w.v_proj.data].concat(), dt),
-            o_proj: Matrix::new(w.o_proj.data, dt),
+            qkv: m(
+                [w.q_proj.data, w.k_proj.data, w.v_proj.data].concat(),
+                2 * d,
+            ),
+            o_proj: m(w.o_proj.data, c.q_dim()),
             post_norm: w.post_attention_norm.data,
-            gate_up: Matrix::new([w.gate_proj.data, w.up_proj.data].concat(), dt),
-            down: Matrix::new(w.down_proj.data, dt),
+            gate_up: m([w.gate_proj.data, w.up_proj.data].concat(), d),
+            down: m(w.down_proj.data, ff),
             norm: w.norm.data,
-            lm_head: Matrix::new(w.lm_head.data, dt),
+            lm_head: m(w.lm_head.data, d),
             draft_to_target: w.draft_to_target,
             kv,
             kv_shape: KvCacheShape {
@@ -255,38 +279,16 @@ impl CpuEagleHead {
         ops::add_in_place(&mut ws.x[..t * d], &ws.proj[..t * d]);
     }
 
-    /// Each chunk's last row: its draft (a target id) and the row itself.
-    fn draft(&mut self, batch: &HeadBatch<'_>) -> HeadStep {
-        let c = &self.config.layer;
-        let (d, dv) = (c.hidden_size, self.config.draft_vocab_size);
-        let mut last_rows = Vec::with_capacity(batch.chunks.len());
+    /// Each chunk's last row of the residual stream.
+    fn last_rows(&self, batch: &HeadBatch<'_>) -> Vec<f32> {
+        let d = self.config.layer.hidden_size;
+        let mut rows = Vec::with_capacity(batch.chunks.len() * d);
         let mut end = 0;
         for chunk in &batch.chunks {
             end += chunk.tokens.len();
-            last_rows.push(end - 1);
+            rows.extend_from_slice(&self.ws.x[(end - 1) * d..end * d]);
         }
-        let n = last_rows.len();
-        let ws = &mut self.ws;
-        grow(&mut ws.last, n * d);
-        grow(&mut ws.logits, n * dv);
-        let mut hidden = Vec::with_capacity(n * d);
-        for (i, &row) in last_rows.iter().enumerate() {
-            let x = &ws.x[row * d..(row + 1) * d];
-            hidden.extend_from_slice(x);
-            ops::rms_norm_row(
-                x,
-                &self.norm,
-                c.rms_norm_eps,
-                &mut ws.last[i * d..(i + 1) * d],
-            );
-        }
-        self.lm_head
-            .linear(&ws.last, &mut ws.logits, (n, d, dv), &mut ws.acts);
-        let picks = ws.logits[..n * dv]
-            .chunks_exact(dv)
-            .map(|row| self.draft_to_target[argmax(row) as usize])
-            .collect();
-        HeadStep { picks, hidden }
+        rows
     }
 }
 
@@ -299,10 +301,10 @@ impl DraftHead for CpuEagleHead {
         self.kv_shape
     }
 
-    fn forward(&mut self, batch: &HeadBatch<'_>) -> Result<HeadStep, RunnerError> {
+    fn forward(&mut self, batch: &HeadBatch<'_>) -> Result<Vec<f32>, RunnerError> {
         let sites = self.check(batch)?;
         if sites.is_empty() {
-            return Ok(HeadStep::default());
+            return Ok(Vec::new());
         }
         // On a pool thread, as the target's forward (one wake-up per kernel
         // otherwise).
@@ -310,8 +312,32 @@ impl DraftHead for CpuEagleHead {
             self.fuse_inputs(batch);
             self.attention(&sites);
             self.mlp(sites.len());
-            Ok(self.draft(batch))
-        })
+        });
+        Ok(self.last_rows(batch))
+    }
+
+    fn pick(&mut self, rows: &[f32]) -> Result<Vec<TokenId>, RunnerError> {
+        let c = &self.config.layer;
+        let (d, dv) = (c.hidden_size, self.config.draft_vocab_size);
+        if !rows.len().is_multiple_of(d) {
+            return Err(RunnerError::InvalidBatch(format!(
+                "{} values are not rows of {d}",
+                rows.len()
+            )));
+        }
+        let n = rows.len() / d;
+        let ws = &mut self.ws;
+        grow(&mut ws.last, n * d);
+        grow(&mut ws.logits, n * dv);
+        ops::rms_norm(rows, &self.norm, c.rms_norm_eps, &mut ws.last[..n * d]);
+        rayon::scope(|_| {
+            self.lm_head
+                .linear(&ws.last, &mut ws.logits, (n, d, dv), &mut ws.acts)
+        });
+        Ok(ws.logits[..n * dv]
+            .chunks_exact(dv)
+            .map(|row| self.draft_to_target[argmax(row) as usize])
+            .collect())
     }
 }
 
@@ -321,6 +347,11 @@ mod tests {
     use ingot_models::dummy::DummySource;
     use ingot_models::{eagle, Architecture, HostTensor, ModelConfig, RopeConfig, RopeScaling};
     use ingot_runner::SequenceChunk;
+
+    const F32: HeadStorage = HeadStorage {
+        dtype: WeightDtype::F32,
+        quantize: false,
+    };
 
     fn target() -> ModelConfig {
         ModelConfig {
@@ -476,7 +507,7 @@ mod tests {
             weights(&config),
             shared,
             (64, 4),
-            WeightDtype::F32,
+            F32,
         )
         .unwrap();
         let w = weights(&config);
@@ -490,43 +521,47 @@ mod tests {
         let features: Vec<f32> = (0..6 * fw).map(|i| 2.0 * noise(i, 3)).collect();
         let next = [5u32, 9, 13, 2, 40, 17];
         // Positions 0..5 from the target.
-        let first = head
-            .forward(&HeadBatch {
-                chunks: vec![SequenceChunk::with_tables(&next[..5], 0, &tables)],
-                input: HeadInput::Target(&features[..5 * fw]),
-            })
-            .unwrap();
+        let mut run = |chunk, input| {
+            let hidden = head
+                .forward(&HeadBatch {
+                    chunks: vec![chunk],
+                    input,
+                })
+                .unwrap();
+            let picks = head.pick(&hidden).unwrap();
+            (hidden, picks)
+        };
+        let first = run(
+            SequenceChunk::with_tables(&next[..5], 0, &tables),
+            HeadInput::Target(&features[..5 * fw]),
+        );
         let mut rows: Vec<(u32, Vec<f64>)> = (0..5)
             .map(|p| (next[p], fuse(&features[p * fw..(p + 1) * fw])))
             .collect();
         let want = reference(&config, &w, &embed, &rows);
-        assert!(close(&first.hidden, &want[4].0));
-        assert_eq!(first.picks, vec![want[4].1]);
+        assert!(close(&first.0, &want[4].0));
+        assert_eq!(first.1, vec![want[4].1]);
         // Position 5 drafted from the head's own row, after its draft.
-        let drafted = head
-            .forward(&HeadBatch {
-                chunks: vec![SequenceChunk::with_tables(&first.picks, 5, &tables)],
-                input: HeadInput::Own(&first.hidden),
-            })
-            .unwrap();
-        let own: Vec<f64> = first.hidden.iter().map(|&v| v as f64).collect();
-        rows.push((first.picks[0], own));
+        let drafted = run(
+            SequenceChunk::with_tables(&first.1, 5, &tables),
+            HeadInput::Own(&first.0),
+        );
+        let own: Vec<f64> = first.0.iter().map(|&v| v as f64).collect();
+        rows.push((first.1[0], own));
         let want = reference(&config, &w, &embed, &rows);
-        assert!(close(&drafted.hidden, &want[5].0));
-        assert_eq!(drafted.picks, vec![want[5].1]);
+        assert!(close(&drafted.0, &want[5].0));
+        assert_eq!(drafted.1, vec![want[5].1]);
         // The target verified position 5 with another token: its row
         // replaces the draft's.
-        let verified = head
-            .forward(&HeadBatch {
-                chunks: vec![SequenceChunk::with_tables(&next[5..], 5, &tables)],
-                input: HeadInput::Target(&features[5 * fw..]),
-            })
-            .unwrap();
+        let verified = run(
+            SequenceChunk::with_tables(&next[5..], 5, &tables),
+            HeadInput::Target(&features[5 * fw..]),
+        );
         rows[5] = (next[5], fuse(&features[5 * fw..]));
         let want = reference(&config, &w, &embed, &rows);
-        assert!(close(&verified.hidden, &want[5].0));
-        assert_eq!(verified.picks, vec![want[5].1]);
-        assert_ne!(drafted.hidden, verified.hidden);
+        assert!(close(&verified.0, &want[5].0));
+        assert_eq!(verified.1, vec![want[5].1]);
+        assert_ne!(drafted.0, verified.0);
     }
 
     #[test]
@@ -538,7 +573,7 @@ mod tests {
             weights(&config),
             embed,
             (16, 4),
-            WeightDtype::F32,
+            F32,
         )
         .unwrap();
         let mut pool = ingot_kv_cache::BlockPool::new(4, 4, false);

@@ -301,14 +301,7 @@ impl CpuRunner {
         // them, and they cost the most accuracy per byte saved.
         let from_floats = |data: Vec<f32>, cols: usize, edge: bool| -> Matrix {
             let kind = quantize_floats.map(|k| if edge { QuantKind::Q8_0 } else { k });
-            if let Some((kind, blocks)) = kind.and_then(|k| quant::quantize(k, &data, cols)) {
-                let rows = data.len() / cols.max(1);
-                let parts = vec![(kind, BlockData::Owned(blocks), rows)];
-                if let Some(m) = QuantMatrix::new(parts, cols) {
-                    return Matrix::Quant(m.with_amx(amx));
-                }
-            }
-            Matrix::new(data, opts.weight_dtype)
+            float_matrix(data, cols, kind, (opts.weight_dtype, amx))
         };
         // Rows of `names` stacked into one matrix: native when every part
         // has a kernel, else all dequantized.
@@ -549,6 +542,24 @@ impl CpuRunner {
     }
 }
 
+/// Float rows of `cols` weights as a matrix: quantized to `kind` for the
+/// native kernels where given and the shape allows, else stored as `dtype`.
+fn float_matrix(
+    data: Vec<f32>,
+    cols: usize,
+    kind: Option<QuantKind>,
+    (dtype, amx): (WeightDtype, bool),
+) -> Matrix {
+    if let Some((kind, blocks)) = kind.and_then(|k| quant::quantize(k, &data, cols)) {
+        let rows = data.len() / cols.max(1);
+        let parts = vec![(kind, BlockData::Owned(blocks), rows)];
+        if let Some(m) = QuantMatrix::new(parts, cols) {
+            return Matrix::Quant(m.with_amx(amx));
+        }
+    }
+    Matrix::new(data, dtype)
+}
+
 /// Experts from their dequantized stacks (`[experts, width, hidden]` gate
 /// and up, `[experts, hidden, width]` down), each expert's matrices made by
 /// `make(rows, cols)`.
@@ -755,12 +766,18 @@ impl ModelRunner for CpuRunner {
         weights: EagleHeadWeights,
         kv_tokens: usize,
     ) -> Result<Box<dyn DraftHead>, RunnerError> {
+        // On the native kernels the head's matrices take Q8_0 blocks (a
+        // draft needs no more; it reads a quarter of the f32 bytes).
+        let storage = eagle::HeadStorage {
+            dtype: self.weight_dtype,
+            quantize: self.uses_quantized_weights(),
+        };
         let head = eagle::CpuEagleHead::new(
             config,
             weights,
             Arc::clone(&self.embed),
             (kv_tokens, self.kv_shape.block_size),
-            self.weight_dtype,
+            storage,
         )?;
         Ok(Box::new(head.with_fast_exp(self.fast_exp)))
     }

@@ -41,16 +41,6 @@ impl HeadBatch<'_> {
     }
 }
 
-/// What a head's forward pass gives back for each chunk's last token.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct HeadStep {
-    /// The greedy draft (a target token id) after each chunk.
-    pub picks: Vec<TokenId>,
-    /// Each chunk's last output row (`hidden_size` values each): the
-    /// [`HeadInput::Own`] row of the chunk's next position.
-    pub hidden: Vec<f32>,
-}
-
 /// A draft head on a device, with its own one-layer KV pool.
 pub trait DraftHead: Send {
     /// The head's shape.
@@ -75,6 +65,13 @@ pub trait DraftHead: Send {
     }
 
     /// Runs the batch (writing each token's K/V in the head's pool) and
-    /// drafts after each chunk.
-    fn forward(&mut self, batch: &HeadBatch<'_>) -> Result<HeadStep, RunnerError>;
+    /// returns each chunk's last output row (`hidden_size` values each):
+    /// what [`DraftHead::pick`] drafts from, and the [`HeadInput::Own`] row
+    /// of the chunk's next position.
+    fn forward(&mut self, batch: &HeadBatch<'_>) -> Result<Vec<f32>, RunnerError>;
+
+    /// The greedy draft (a target token id) of each output row: the final
+    /// norm, the head's LM head and its map to the target's vocabulary.
+    /// Apart from `forward` so that rows nobody drafts from cost no LM head.
+    fn pick(&mut self, rows: &[f32]) -> Result<Vec<TokenId>, RunnerError>;
 }

@@ -48,8 +48,8 @@ struct HeadSeq {
     /// Target positions `base..next` are in the head's cache, from the
     /// target's hidden states.
     next: usize,
-    /// The head's draft after position `next - 1` and its output row there.
-    pending: Option<(TokenId, Vec<f32>)>,
+    /// The head's output row of position `next - 1` (its first draft).
+    pending: Option<Vec<f32>>,
     tables: Vec<BlockTable>,
     last_used: u64,
 }
@@ -134,6 +134,14 @@ impl EagleProposer {
         }
     }
 
+    /// No proposals for `n` requests after the head failed; its cache
+    /// starts over.
+    fn failed(&mut self, e: &RunnerError, n: usize) -> Vec<Draft> {
+        tracing::warn!(error = %e, "the EAGLE head failed; no proposals this step");
+        self.reset();
+        vec![Draft::default(); n]
+    }
+
     /// Drafts past each started proposal (`out[i]` holds its first token,
     /// `rows` the head's output row after the last verified position)
     /// until each has its request's `max`; returns the forwards run.
@@ -166,14 +174,15 @@ impl EagleProposer {
                     &seq.tables,
                 ));
             }
-            let step = self.head.forward(&HeadBatch {
+            let next_rows = self.head.forward(&HeadBatch {
                 chunks,
                 input: HeadInput::Own(&hidden),
             })?;
+            let drafted = self.head.pick(&next_rows)?;
             forwards += 1;
             for (k, (i, row)) in rows.iter_mut().enumerate() {
-                out[*i].push(step.picks[k]);
-                row.copy_from_slice(&step.hidden[k * h..(k + 1) * h]);
+                out[*i].push(drafted[k]);
+                row.copy_from_slice(&next_rows[k * h..(k + 1) * h]);
             }
             rows.retain(|(i, _)| out[*i].len() < requests[*i].max);
         }
@@ -196,15 +205,25 @@ impl Proposer for EagleProposer {
             };
             // The head must have run every verified position but the last
             // token's (whose hidden state the next target step makes).
-            let Some((first, row)) = seq.pending.clone().filter(|_| seq.next == last) else {
+            let Some(row) = seq.pending.clone().filter(|_| seq.next == last) else {
                 continue;
             };
             seq.last_used = self.clock;
             let end = last + r.max - 1 - seq.base;
-            out[i].push(first);
-            if r.max > 1 && self.hold(r.seq, end) {
+            if r.max == 1 || self.hold(r.seq, end) {
                 rows.push((i, row));
             }
+        }
+        let first = rows
+            .iter()
+            .flat_map(|(_, row)| row.iter().copied())
+            .collect::<Vec<_>>();
+        let drafted = match self.head.pick(&first) {
+            Ok(d) => d,
+            Err(e) => return self.failed(&e, requests.len()),
+        };
+        for ((i, _), token) in rows.iter().zip(drafted) {
+            out[*i].push(token);
         }
         match self.draft(requests, &mut out, rows) {
             Ok(forwards) if forwards > 0 => {
@@ -212,11 +231,7 @@ impl Proposer for EagleProposer {
                 self.seconds_per_token += COST_SMOOTHING * (per_token - self.seconds_per_token);
             }
             Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, "the EAGLE head failed; no proposals this step");
-                self.reset();
-                return vec![Draft::default(); requests.len()];
-            }
+            Err(e) => return self.failed(&e, requests.len()),
         }
         out.into_iter()
             .map(|tokens| Draft { tokens, matched: 0 })
@@ -262,12 +277,12 @@ impl Proposer for EagleProposer {
                 SequenceChunk::with_tables(next, from - seq.base, &seq.tables)
             })
             .collect();
-        let step = self.head.forward(&HeadBatch {
+        let last_rows = self.head.forward(&HeadBatch {
             chunks,
             input: HeadInput::Target(&features),
         });
-        let step = match step {
-            Ok(s) => s,
+        let last_rows = match last_rows {
+            Ok(rows) => rows,
             Err(e) => {
                 tracing::warn!(error = %e, "the EAGLE head failed; its cache starts over");
                 return self.reset();
@@ -277,7 +292,7 @@ impl Proposer for EagleProposer {
         for (k, &(id, from, next, _)) in work.iter().enumerate() {
             if let Some(seq) = self.seqs.get_mut(&id) {
                 seq.next = from + next.len();
-                seq.pending = Some((step.picks[k], step.hidden[k * h..(k + 1) * h].to_vec()));
+                seq.pending = Some(last_rows[k * h..(k + 1) * h].to_vec());
             }
         }
     }
@@ -300,7 +315,7 @@ mod tests {
 
     use ingot_models::eagle::{head_like, EagleHeadConfig};
     use ingot_models::{Architecture, ModelConfig, RopeConfig, RopeScaling};
-    use ingot_runner::{HeadStep, KvCacheShape};
+    use ingot_runner::KvCacheShape;
 
     use super::*;
 
@@ -325,23 +340,29 @@ mod tests {
                 block_size: 4,
             }
         }
-        fn forward(&mut self, batch: &HeadBatch<'_>) -> Result<HeadStep, RunnerError> {
+        fn forward(&mut self, batch: &HeadBatch<'_>) -> Result<Vec<f32>, RunnerError> {
             let (own, rows, width) = match batch.input {
                 HeadInput::Own(r) => (true, r, self.hidden_size()),
                 HeadInput::Target(r) => (false, r, self.feature_width()),
             };
             let mut firsts = rows.chunks_exact(width).map(|r| r[0]);
-            let mut step = HeadStep::default();
+            let mut out = Vec::new();
             for c in &batch.chunks {
                 let seen = firsts.by_ref().take(c.tokens.len()).collect();
                 let call = (own, c.start_pos, c.tokens.to_vec(), seen);
                 self.calls.lock().unwrap().push(call);
-                step.picks.push(c.tokens[c.tokens.len() - 1] + 1);
-                let last = (c.end_pos() - 1) as f32;
-                step.hidden
-                    .extend(std::iter::repeat_n(last, self.hidden_size()));
+                // The row holds its position (read back as the next row's
+                // input) and its token (drafted from by `pick`).
+                let mut row = vec![0.0; self.hidden_size()];
+                row[0] = (c.end_pos() - 1) as f32;
+                row[1] = c.tokens[c.tokens.len() - 1] as f32;
+                out.extend(row);
             }
-            Ok(step)
+            Ok(out)
+        }
+        fn pick(&mut self, rows: &[f32]) -> Result<Vec<TokenId>, RunnerError> {
+            let h = self.hidden_size();
+            Ok(rows.chunks_exact(h).map(|r| r[1] as TokenId + 1).collect())
         }
     }
 
