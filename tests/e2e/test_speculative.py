@@ -105,6 +105,30 @@ def test_the_speculative_field_is_checked(spec_server, model_name):
     assert "speculative" in r.json()["error"]["message"]
 
 
+def answers_on_and_off(srv: Server, model_name: str) -> tuple[list[str], list[str]]:
+    """Six prompts' greedy answers from `srv` with speculation, then
+    without (`"speculative": false`), six at a time."""
+    prompts = [p["prompt"] for p in PROMPTS[:3] + PROMPTS[-3:]]
+
+    async def run_all():
+        client = srv.async_openai()
+
+        async def one(prompt: str, speculative: bool) -> str:
+            r = await client.chat.completions.create(
+                model=model_name, messages=[{"role": "user", "content": prompt}], temperature=0,
+                max_tokens=MAX_TOKENS, extra_body={} if speculative else {"speculative": False})
+            return r.choices[0].message.content
+
+        try:
+            off = await asyncio.gather(*(one(p, False) for p in prompts))
+            on = await asyncio.gather(*(one(p, True) for p in prompts))
+            return on, off
+        finally:
+            await client.close()
+
+    return asyncio.run(run_all())
+
+
 def test_a_draft_model_keeps_the_answers(model_name):
     """A draft model (the model itself: every proposal it makes holds),
     through `ingot serve`: greedy answers equal the same server's without
@@ -115,25 +139,7 @@ def test_a_draft_model_keeps_the_answers(model_name):
                         "adaptive": False})
     srv = Server("--speculative-config", draft, env={"INGOT_FLAG_COALESCING": "off"})
     try:
-        prompts = [p["prompt"] for p in PROMPTS[:3] + PROMPTS[-3:]]
-
-        async def run_all():
-            client = srv.async_openai()
-
-            async def one(prompt: str, speculative: bool) -> str:
-                r = await client.chat.completions.create(
-                    model=model_name, messages=[{"role": "user", "content": prompt}], temperature=0,
-                    max_tokens=MAX_TOKENS, extra_body={} if speculative else {"speculative": False})
-                return r.choices[0].message.content
-
-            try:
-                off = await asyncio.gather(*(one(p, False) for p in prompts))
-                on = await asyncio.gather(*(one(p, True) for p in prompts))
-                return on, off
-            finally:
-                await client.close()
-
-        on, off = asyncio.run(run_all())
+        on, off = answers_on_and_off(srv, model_name)
         assert on == off
         m = srv.metrics()
         proposed = m.get("vllm:spec_decode_num_draft_tokens_total")
@@ -168,25 +174,7 @@ def test_an_eagle3_head_keeps_the_answers(model_name, tmp_path):
                        "adaptive": False})
     srv = Server("--speculative-config", spec, env={"INGOT_FLAG_COALESCING": "off"})
     try:
-        prompts = [p["prompt"] for p in PROMPTS[:3] + PROMPTS[-3:]]
-
-        async def run_all():
-            client = srv.async_openai()
-
-            async def one(prompt: str, speculative: bool) -> str:
-                r = await client.chat.completions.create(
-                    model=model_name, messages=[{"role": "user", "content": prompt}], temperature=0,
-                    max_tokens=MAX_TOKENS, extra_body={} if speculative else {"speculative": False})
-                return r.choices[0].message.content
-
-            try:
-                off = await asyncio.gather(*(one(p, False) for p in prompts))
-                on = await asyncio.gather(*(one(p, True) for p in prompts))
-                return on, off
-            finally:
-                await client.close()
-
-        on, off = asyncio.run(run_all())
+        on, off = answers_on_and_off(srv, model_name)
         assert on == off
         assert srv.metrics().get("vllm:spec_decode_num_draft_tokens_total") > 0
     finally:

@@ -277,7 +277,45 @@ pub struct ModelConfig {
     pub shard: Option<crate::parallel::Shard>,
 }
 
+/// The sizes of a dense Llama ([`ModelConfig::llama`]).
+#[derive(Debug, Clone, Copy)]
+pub struct LlamaShape {
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab: usize,
+}
+
 impl ModelConfig {
+    /// A dense Llama of `shape` (rope base 10,000, RMSNorm eps 1e-5, tied
+    /// embeddings, 512 positions): small models for tests and benchmarks.
+    pub fn llama(shape: LlamaShape) -> Self {
+        Self {
+            architecture: Architecture::Llama,
+            hidden_size: shape.hidden,
+            intermediate_size: shape.intermediate,
+            num_layers: shape.layers,
+            num_heads: shape.heads,
+            num_kv_heads: shape.kv_heads,
+            head_dim: shape.head_dim,
+            vocab_size: shape.vocab,
+            max_context: 512,
+            rms_norm_eps: 1e-5,
+            rope: RopeConfig {
+                theta: 10000.0,
+                scaling: RopeScaling::None,
+            },
+            qkv_bias: false,
+            qk_norm: false,
+            tie_word_embeddings: true,
+            shard: None,
+            block: BlockOptions::default(),
+        }
+    }
+
     /// Width of the query projection output.
     pub fn q_dim(&self) -> usize {
         self.num_heads * self.head_dim

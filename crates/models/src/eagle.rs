@@ -306,29 +306,24 @@ mod tests {
     use safetensors::{tensor::TensorView, Dtype};
 
     use super::*;
-    use crate::{Architecture, RopeConfig, RopeScaling};
+    use crate::{Architecture, LlamaShape};
 
     fn target() -> ModelConfig {
+        let llama = ModelConfig::llama(LlamaShape {
+            hidden: 16,
+            intermediate: 24,
+            layers: 8,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 4,
+            vocab: 40,
+        });
         ModelConfig {
             architecture: Architecture::Qwen3,
-            hidden_size: 16,
-            intermediate_size: 24,
-            num_layers: 8,
-            num_heads: 4,
-            num_kv_heads: 2,
-            head_dim: 4,
-            vocab_size: 40,
             max_context: 256,
-            rms_norm_eps: 1e-6,
-            rope: RopeConfig {
-                theta: 1e6,
-                scaling: RopeScaling::None,
-            },
-            qkv_bias: false,
             qk_norm: true,
             tie_word_embeddings: false,
-            shard: None,
-            block: Default::default(),
+            ..llama
         }
     }
 

@@ -27,7 +27,8 @@ mod source;
 mod tensor;
 
 pub use config::{
-    Architecture, BlockOptions, ModelConfig, MoeConfig, RopeConfig, RopeScaling, SlidingWindow,
+    Architecture, BlockOptions, LlamaShape, ModelConfig, MoeConfig, RopeConfig, RopeScaling,
+    SlidingWindow,
 };
 pub use error::ModelError;
 pub use llama::{LayerWeights, LlamaWeights, MlpWeights};

@@ -345,7 +345,7 @@ impl DraftHead for CpuEagleHead {
 mod tests {
     use super::*;
     use ingot_models::dummy::DummySource;
-    use ingot_models::{eagle, Architecture, HostTensor, ModelConfig, RopeConfig, RopeScaling};
+    use ingot_models::{eagle, HostTensor, LlamaShape, ModelConfig};
     use ingot_runner::SequenceChunk;
 
     const F32: HeadStorage = HeadStorage {
@@ -355,25 +355,16 @@ mod tests {
 
     fn target() -> ModelConfig {
         ModelConfig {
-            architecture: Architecture::Llama,
-            hidden_size: 32,
-            intermediate_size: 48,
-            num_layers: 6,
-            num_heads: 4,
-            num_kv_heads: 2,
-            head_dim: 8,
-            vocab_size: 50,
             max_context: 64,
-            rms_norm_eps: 1e-5,
-            rope: RopeConfig {
-                theta: 10000.0,
-                scaling: RopeScaling::None,
-            },
-            qkv_bias: false,
-            qk_norm: false,
-            tie_word_embeddings: true,
-            shard: None,
-            block: Default::default(),
+            ..ModelConfig::llama(LlamaShape {
+                hidden: 32,
+                intermediate: 48,
+                layers: 6,
+                heads: 4,
+                kv_heads: 2,
+                head_dim: 8,
+                vocab: 50,
+            })
         }
     }
 
@@ -502,14 +493,8 @@ mod tests {
         let embed_values: Vec<f32> = (0..target.vocab_size * d).map(|i| noise(i, 1)).collect();
         let embed = HostTensor::new(vec![target.vocab_size, d], embed_values.clone());
         let shared = Arc::new(Matrix::F32(embed_values));
-        let mut head = CpuEagleHead::new(
-            config.clone(),
-            weights(&config),
-            shared,
-            (64, 4),
-            F32,
-        )
-        .unwrap();
+        let mut head =
+            CpuEagleHead::new(config.clone(), weights(&config), shared, (64, 4), F32).unwrap();
         let w = weights(&config);
         let fuse = |feat: &[f32]| -> Vec<f64> {
             let x: Vec<f64> = feat.iter().map(|&v| v as f64).collect();
@@ -568,14 +553,8 @@ mod tests {
     fn rows_of_the_wrong_width_are_refused() {
         let config = eagle::head_like(&target());
         let embed = Arc::new(Matrix::F32(vec![0.0; 50 * 32]));
-        let mut head = CpuEagleHead::new(
-            config.clone(),
-            weights(&config),
-            embed,
-            (16, 4),
-            F32,
-        )
-        .unwrap();
+        let mut head =
+            CpuEagleHead::new(config.clone(), weights(&config), embed, (16, 4), F32).unwrap();
         let mut pool = ingot_kv_cache::BlockPool::new(4, 4, false);
         let mut tables = pool.new_tables();
         pool.reserve_groups(&mut tables, 0, 4).unwrap();

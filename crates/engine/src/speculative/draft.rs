@@ -14,7 +14,7 @@ use ingot_core::TokenId;
 use ingot_kv_cache::{BlockPool, BlockTable};
 use ingot_runner::{ForwardBatch, ModelRunner, RunnerError, SequenceChunk};
 
-use super::{Draft, ProposeRequest, Proposer, SpeculationError};
+use super::{reserve_evicting, Draft, HeldPages, ProposeRequest, Proposer, SpeculationError};
 use crate::handle::RequestId;
 
 /// Most prompt tokens of one sequence a catch-up forward takes.
@@ -52,6 +52,15 @@ struct DraftSeq {
     cached: Vec<TokenId>,
     tables: Vec<BlockTable>,
     last_used: u64,
+}
+
+impl HeldPages for DraftSeq {
+    fn tables(&mut self) -> &mut Vec<BlockTable> {
+        &mut self.tables
+    }
+    fn last_used(&self) -> u64 {
+        self.last_used
+    }
 }
 
 impl DraftModelProposer {
@@ -123,28 +132,13 @@ impl DraftModelProposer {
         {
             return false;
         }
-        loop {
-            let Some(seq) = self.seqs.get_mut(&id) else {
-                return false;
-            };
-            if self
-                .pool
-                .reserve_groups(&mut seq.tables, common, end)
-                .is_ok()
-            {
-                return true;
-            }
-            let victim = self
-                .seqs
-                .iter()
-                .filter(|(k, s)| **k != id && s.last_used < self.clock)
-                .min_by_key(|(_, s)| s.last_used)
-                .map(|(k, _)| *k);
-            let Some(mut gone) = victim.and_then(|v| self.seqs.remove(&v)) else {
-                return false;
-            };
-            self.pool.release_groups(&mut gone.tables);
-        }
+        reserve_evicting(
+            &mut self.pool,
+            &mut self.seqs,
+            id,
+            (common, end),
+            self.clock,
+        )
     }
 
     /// Runs what each of `live`'s sequences gained since the draft last

@@ -23,7 +23,7 @@ use ingot_core::TokenId;
 use ingot_kv_cache::{BlockPool, BlockTable};
 use ingot_runner::{DraftHead, HeadBatch, HeadInput, RunnerError, SequenceChunk};
 
-use super::{Draft, Observed, ProposeRequest, Proposer};
+use super::{reserve_evicting, Draft, HeldPages, Observed, ProposeRequest, Proposer};
 use crate::handle::RequestId;
 
 /// Weight of the newest measure in the seconds-per-token average.
@@ -54,6 +54,15 @@ struct HeadSeq {
     last_used: u64,
 }
 
+impl HeldPages for HeadSeq {
+    fn tables(&mut self) -> &mut Vec<BlockTable> {
+        &mut self.tables
+    }
+    fn last_used(&self) -> u64 {
+        self.last_used
+    }
+}
+
 impl EagleProposer {
     /// Proposes with `head` (its KV pool empty).
     pub fn new(head: Box<dyn DraftHead>) -> Self {
@@ -73,29 +82,10 @@ impl EagleProposer {
     /// count), evicting the least recently used other sequences when the
     /// pool is full. False when it cannot.
     fn hold(&mut self, id: RequestId, end: usize) -> bool {
-        loop {
-            let Some(seq) = self.seqs.get_mut(&id) else {
-                return false;
-            };
-            let start = seq.next - seq.base;
-            if self
-                .pool
-                .reserve_groups(&mut seq.tables, start, end)
-                .is_ok()
-            {
-                return true;
-            }
-            let victim = self
-                .seqs
-                .iter()
-                .filter(|(k, s)| **k != id && s.last_used < self.clock)
-                .min_by_key(|(_, s)| s.last_used)
-                .map(|(k, _)| *k);
-            let Some(gone) = victim else {
-                return false;
-            };
-            self.forget(gone);
-        }
+        let Some(start) = self.seqs.get(&id).map(|s| s.next - s.base) else {
+            return false;
+        };
+        reserve_evicting(&mut self.pool, &mut self.seqs, id, (start, end), self.clock)
     }
 
     fn forget(&mut self, id: RequestId) {
@@ -314,7 +304,7 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use ingot_models::eagle::{head_like, EagleHeadConfig};
-    use ingot_models::{Architecture, ModelConfig, RopeConfig, RopeScaling};
+    use ingot_models::{LlamaShape, ModelConfig};
     use ingot_runner::KvCacheShape;
 
     use super::*;
@@ -367,27 +357,15 @@ mod tests {
     }
 
     fn target() -> ModelConfig {
-        ModelConfig {
-            architecture: Architecture::Llama,
-            hidden_size: 4,
-            intermediate_size: 8,
-            num_layers: 6,
-            num_heads: 2,
-            num_kv_heads: 1,
+        ModelConfig::llama(LlamaShape {
+            hidden: 4,
+            intermediate: 8,
+            layers: 6,
+            heads: 2,
+            kv_heads: 1,
             head_dim: 2,
-            vocab_size: 100,
-            max_context: 64,
-            rms_norm_eps: 1e-5,
-            rope: RopeConfig {
-                theta: 10000.0,
-                scaling: RopeScaling::None,
-            },
-            qkv_bias: false,
-            qk_norm: false,
-            tie_word_embeddings: true,
-            shard: None,
-            block: Default::default(),
-        }
+            vocab: 100,
+        })
     }
 
     /// Target rows `start..start + n` whose first value is their position.

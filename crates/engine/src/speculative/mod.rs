@@ -167,6 +167,43 @@ pub trait Proposer: Send {
     }
 }
 
+/// A sequence's pages in a proposer's own block pool (a draft model's or
+/// an EAGLE head's KV cache).
+trait HeldPages {
+    fn tables(&mut self) -> &mut Vec<ingot_kv_cache::BlockTable>;
+    /// The proposer call that last used them.
+    fn last_used(&self) -> u64;
+}
+
+/// Readies `id`'s tables in `pool` for positions `start..end`, giving back
+/// the pages of the least recently used other sequences (none used in call
+/// `clock`) while the pool is full. False when none is left to give.
+fn reserve_evicting<S: HeldPages>(
+    pool: &mut ingot_kv_cache::BlockPool,
+    seqs: &mut std::collections::HashMap<RequestId, S>,
+    id: RequestId,
+    (start, end): (usize, usize),
+    clock: u64,
+) -> bool {
+    loop {
+        let Some(seq) = seqs.get_mut(&id) else {
+            return false;
+        };
+        if pool.reserve_groups(seq.tables(), start, end).is_ok() {
+            return true;
+        }
+        let victim = seqs
+            .iter()
+            .filter(|(k, s)| **k != id && s.last_used() < clock)
+            .min_by_key(|(_, s)| s.last_used())
+            .map(|(k, _)| *k);
+        let Some(mut gone) = victim.and_then(|v| seqs.remove(&v)) else {
+            return false;
+        };
+        pool.release_groups(gone.tables());
+    }
+}
+
 /// Guesses backed by this many tokens of context or more share one
 /// acceptance estimate.
 const MATCH_CLASSES: usize = 8;

@@ -9,7 +9,7 @@ use ingot_engine::{
     start_engine, EngineConfig, EngineHandle, EngineRequest, RequestStream, TokenEvent,
 };
 use ingot_models::dummy::DummySource;
-use ingot_models::{Architecture, LlamaWeights, ModelConfig, RopeConfig, RopeScaling};
+use ingot_models::{LlamaShape, LlamaWeights, ModelConfig};
 use ingot_runner::ModelRunner;
 use ingot_runner_cpu::{CpuRunner, CpuRunnerConfig};
 use ingot_scheduler::SchedulerConfig;
@@ -21,27 +21,15 @@ pub fn tokenizer() -> Arc<Tokenizer> {
 }
 
 pub fn tiny_config() -> ModelConfig {
-    ModelConfig {
-        architecture: Architecture::Llama,
-        hidden_size: 64,
-        intermediate_size: 128,
-        num_layers: 2,
-        num_heads: 4,
-        num_kv_heads: 2,
+    ModelConfig::llama(LlamaShape {
+        hidden: 64,
+        intermediate: 128,
+        layers: 2,
+        heads: 4,
+        kv_heads: 2,
         head_dim: 16,
-        vocab_size: 49152,
-        max_context: 512,
-        rms_norm_eps: 1e-5,
-        rope: RopeConfig {
-            theta: 10000.0,
-            scaling: RopeScaling::None,
-        },
-        qkv_bias: false,
-        qk_norm: false,
-        tie_word_embeddings: true,
-        shard: None,
-        block: Default::default(),
-    }
+        vocab: 49152,
+    })
 }
 
 pub fn engine(num_blocks: usize, f: impl FnOnce(&mut EngineConfig)) -> EngineHandle {
