@@ -39,7 +39,9 @@
 #   spec      speculative decoding (speculative.py) on SmolLM2 (needs its bundle): batch-1 decode of
 #             the prompt set with and without n-gram proposals, default and --deterministic (answers
 #             compared), and 64 concurrent requests with speculation allowed and not; specrated:
-#             the same with speculative.rate_by_match on
+#             the same with speculative.rate_by_match on; specpeer (after lcpp): ingot beside
+#             llama-server's n-gram speculation (--spec-type ngram-simple) on the same file and prompts,
+#             engines alternated per round
 #   structured  constrained answers and CUDA-vs-CPU prompt logprobs (structured_smoke.py, 1B dummy),
 #             then scripts/bench-structured on the 8B dummy
 #   launchahead greedy SmolLM2 answers that stop at different points, alone vs 32 at once,
@@ -819,6 +821,12 @@ for phase in "$@"; do
       S='{}'; [ $phase = specrated ] && S='{"rate_by_match": true}'
       timeout -k 5 540 python3 tests/gpu/speculative.py --ingot "$ING_RAW" --model "$SMOL" \
         --prompts tests/fixtures/speculative_prompts.json --spec "$S" ;;
+    specpeer)
+      [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
+      LS=.gpu-lcpp/build/bin/llama-server
+      [ -x "$LS" ] || { echo "no llama-server (run lcpp first)"; continue; }
+      timeout -k 5 540 python3 tests/gpu/speculative.py --ingot "$ING_RAW" --model "$SMOL" \
+        --prompts tests/fixtures/speculative_prompts.json --llama-server "$LS" ;;
     kvtiers) timeout -k 5 600 python3 tests/gpu/kv_tiers.py --ingot "$ING_RAW" --model "$(llama8b)" ;;
     cache) bash tests/gpu/cache_smoke.sh "$ING_RAW" "$(llama8b)" --load-format dummy --max-model-len 4096 --max-num-seqs 32 ;;
     embeddings)

@@ -5,8 +5,15 @@ one server), answers compared; the same under --deterministic, where every
 answer must be equal; and 64 concurrent requests with speculation allowed
 and not (the policy must make it cost nothing there).
 
+With --llama-server PATH instead: ingot beside llama.cpp's own n-gram
+speculation on the same file and prompts, engines alternated per round:
+ingot's server (speculation on, the requests without it sent with
+`speculative: false`) against llama-server with `--spec-type ngram-simple
+--spec-draft-n-max 16` (its documented n-gram mode) and a second
+llama-server without it.
+
 Usage: speculative.py --ingot BIN --model GGUF --prompts JSON [--max-tokens 128]
-                      [--spec '{"rate_by_match": true}']"""
+                      [--spec '{"rate_by_match": true}'] [--llama-server PATH]"""
 
 import argparse
 import concurrent.futures as cf
@@ -54,26 +61,97 @@ class Server:
 
     def chat(self, prompt, speculative, max_tokens):
         """(answer, tokens after the first, seconds after the first token)."""
-        body = {"messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": max_tokens,
-                "stream": True, "stream_options": {"include_usage": True}}
-        if not speculative:
-            body["speculative"] = False
-        req = urllib.request.Request(self.url + "/v1/chat/completions", json.dumps(body).encode(),
-                                     {"content-type": "application/json"})
-        text, first, tokens = "", None, 0
-        with urllib.request.urlopen(req, timeout=600) as r:
-            for raw in r:
-                line = raw.decode().strip()
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if chunk.get("usage"):
-                    tokens = chunk["usage"]["completion_tokens"]
-                for c in chunk.get("choices", []):
-                    if c["delta"].get("content"):
-                        first = first or time.perf_counter()
-                        text += c["delta"]["content"]
-        return text, tokens - 1, time.perf_counter() - (first or time.perf_counter())
+        extra = {} if speculative else {"speculative": False}
+        return stream_chat(self.url, prompt, max_tokens, extra)
+
+
+def stream_chat(url, prompt, max_tokens, extra=None):
+    """One greedy streamed chat request: (answer, tokens after the first,
+    seconds after the first token); tokens from the usage chunk, else one a
+    content chunk."""
+    body = {"messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": max_tokens,
+            "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}
+    req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
+                                 {"content-type": "application/json"})
+    text, first, tokens, chunks = "", None, 0, 0
+    with urllib.request.urlopen(req, timeout=600) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            for c in chunk.get("choices", []):
+                if c.get("delta", {}).get("content"):
+                    first = first or time.perf_counter()
+                    text += c["delta"]["content"]
+                    chunks += 1
+    return text, (tokens or chunks) - 1, time.perf_counter() - (first or time.perf_counter())
+
+
+class LlamaServer:
+    """llama-server on the GPU (every layer offloaded), one slot."""
+
+    def __init__(self, path, model, port, *extra):
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen([path, "-m", model, "-ngl", "99", "--port", str(port), "-np", "1",
+                                      "--cache-ram", "0", *extra], stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            try:
+                if urllib.request.urlopen(self.url + "/health", timeout=5).status == 200:
+                    return
+            except Exception:
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.5)
+        raise SystemExit("llama-server never ready:\n" + open(self.log.name).read()[-3000:])
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(60)
+
+
+def side_by_side(a, prompts, spec_config):
+    """ingot and llama.cpp, each with and without its n-gram speculation,
+    the engines alternated per round; one table row per engine and kind."""
+    ingot = Server(a.ingot, a.model, spec=spec_config)
+    spec = LlamaServer(a.llama_server, a.model, 8792, "--spec-type", "ngram-simple", "--spec-draft-n-max", "16")
+    plain = LlamaServer(a.llama_server, a.model, 8793)
+    try:
+        for p in prompts[:4]:  # warm-up (graphs, allocator)
+            ingot.chat(p["prompt"], True, 16)
+            ingot.chat(p["prompt"], False, 16)
+            stream_chat(spec.url, p["prompt"], 16)
+            stream_chat(plain.url, p["prompt"], 16)
+        print(f"## side by side: ingot --speculative-config {spec_config}; llama-server --spec-type "
+              f"ngram-simple --spec-draft-n-max 16; {len(prompts)} prompts, max_tokens {a.max_tokens}")
+        print(f"{'round':5s} {'engine':6s} {'kind':9s} {'off tok/s':>10s} {'on tok/s':>10s} {'speedup':>8s} differ")
+        for rnd in range(a.rounds):
+            for who in (("ingot", "llama") if rnd % 2 == 0 else ("llama", "ingot")):
+                if who == "ingot":
+                    rates, differ = batch1(ingot, prompts, a.max_tokens, 1)
+                else:
+                    rates, differ = {(k, s): [0, 0.0] for k in ("grounded", "free") for s in (False, True)}, []
+                    for i, p in enumerate(prompts):
+                        answers = {}
+                        for on in ((False, True) if (i + rnd) % 2 == 0 else (True, False)):
+                            text, tokens, secs = stream_chat((spec if on else plain).url, p["prompt"], a.max_tokens)
+                            answers[on] = text
+                            rates[(p["kind"], on)][0] += tokens
+                            rates[(p["kind"], on)][1] += secs
+                        if answers[True] != answers[False]:
+                            differ.append(p["name"])
+                for kind in ("grounded", "free"):
+                    off, on = rates[(kind, False)], rates[(kind, True)]
+                    print(f"{rnd + 1:5d} {who:6s} {kind:9s} {off[0] / off[1]:10.1f} {on[0] / on[1]:10.1f} "
+                          f"{(on[0] / on[1]) / (off[0] / off[1]):7.2f}x {len(differ)}")
+    finally:
+        for srv in (ingot, spec, plain):
+            srv.stop()
 
 
 def batch1(srv, prompts, max_tokens, rounds):
@@ -109,10 +187,13 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--spec", default="{}", help="JSON merged into the speculating servers' --speculative-config")
+    ap.add_argument("--llama-server", help="run ingot beside this llama-server instead (see above)")
     a = ap.parse_args()
     spec_config = json.dumps({"method": "ngram", "num_speculative_tokens": 7, **json.loads(a.spec)})
     print(f"## --speculative-config {spec_config}")
     prompts = json.load(open(a.prompts))["prompts"]
+    if a.llama_server:
+        return side_by_side(a, prompts, spec_config)
     # The baseline the way users run it: a server without speculation.
     plain = Server(a.ingot, a.model, spec=None)
     try:

@@ -106,9 +106,10 @@ impl EngineLoop {
     }
 
     /// After a step (its tokens taken): hands a proposer that reads
-    /// hidden states the rows whose next token is now known. Steps of more
-    /// sequences than speculate skip it (the head starts a sequence over
-    /// when it next sees it).
+    /// hidden states the rows whose next token is now known, of the
+    /// sequences that may speculate. Steps of more sequences than
+    /// speculate skip it (the head starts a sequence over when it next
+    /// sees it).
     pub(super) fn observe_hidden(&mut self, chunks: &[ScheduledChunk]) {
         let Some(spec) = self.speculation.as_mut() else {
             return;
@@ -123,6 +124,10 @@ impl EngineLoop {
         for c in chunks {
             let first = first_row;
             first_row += c.len;
+            // Only sequences that may speculate (not opted out, not seeded).
+            if !self.active.get(&c.id).is_some_and(|a| a.speculative) {
+                continue;
+            }
             let Some(v) = self.scheduler.view(c.id) else {
                 continue;
             };
