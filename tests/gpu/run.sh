@@ -41,7 +41,8 @@
 #             compared), and 64 concurrent requests with speculation allowed and not; specrated:
 #             the same with speculative.rate_by_match on; specpeer (after lcpp): ingot beside
 #             llama-server's n-gram speculation (--spec-type ngram-simple) on the same file and prompts,
-#             engines alternated per round
+#             engines alternated per round; specsteps: where a speculative step's time goes (spec_steps.py:
+#             forward, step and step-to-step times from the engine's debug log, speculation on and off)
 #   structured  constrained answers and CUDA-vs-CPU prompt logprobs (structured_smoke.py, 1B dummy),
 #             then scripts/bench-structured on the 8B dummy
 #   launchahead greedy SmolLM2 answers that stop at different points, alone vs 32 at once,
@@ -827,6 +828,10 @@ for phase in "$@"; do
       [ -x "$LS" ] || { echo "no llama-server (run lcpp first)"; continue; }
       timeout -k 5 540 python3 tests/gpu/speculative.py --ingot "$ING_RAW" --model "$SMOL" \
         --prompts tests/fixtures/speculative_prompts.json --llama-server "$LS" ;;
+    specsteps)
+      [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
+      timeout -k 5 300 python3 tests/gpu/spec_steps.py --ingot "$ING_RAW" --model "$SMOL" \
+        --prompts tests/fixtures/speculative_prompts.json ;;
     kvtiers) timeout -k 5 600 python3 tests/gpu/kv_tiers.py --ingot "$ING_RAW" --model "$(llama8b)" ;;
     cache) bash tests/gpu/cache_smoke.sh "$ING_RAW" "$(llama8b)" --load-format dummy --max-model-len 4096 --max-num-seqs 32 ;;
     embeddings)

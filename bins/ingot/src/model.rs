@@ -146,8 +146,9 @@ pub struct ModelArgs {
     #[arg(long)]
     pub deterministic: bool,
     /// Speculative decoding, as vLLM's flag: a JSON object with `method`
-    /// (`ngram`, `draft` / `draft_model` or `none`), `model` (the draft
-    /// model's path), `num_speculative_tokens`, `prompt_lookup_min`,
+    /// (`ngram`, `draft` / `draft_model`, `eagle3` or `none`), `model` (the
+    /// draft model's path, or the EAGLE-3 head's directory),
+    /// `num_speculative_tokens`, `prompt_lookup_min`,
     /// `prompt_lookup_max`, `disable_by_batch_size`, `adaptive`,
     /// `rate_by_match` [speculative.*; off].
     #[arg(long, value_name = "JSON")]
