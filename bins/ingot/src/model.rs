@@ -486,12 +486,28 @@ pub fn head_kv_tokens(
     max_num_seqs: usize,
 ) -> usize {
     let s = &config.speculative;
+    s.draft_kv_cache_tokens
+        .unwrap_or_else(|| proposing_positions(config, model, max_num_seqs))
+}
+
+/// Positions of every sequence that may propose (`disable_by_batch_size`,
+/// at most `max_num_seqs`) at `model`'s served context: what a drafter's
+/// KV cache holds unless `speculative.draft_kv_cache_tokens` says.
+fn proposing_positions(
+    config: &Config,
+    model: &ingot_models::ModelConfig,
+    max_num_seqs: usize,
+) -> usize {
     let context = config
         .model
         .max_model_len
         .map_or(model.max_context, |l| l.min(model.max_context));
-    let seqs = s.disable_by_batch_size.min(max_num_seqs).max(1);
-    s.draft_kv_cache_tokens.unwrap_or(seqs * context)
+    let seqs = config
+        .speculative
+        .disable_by_batch_size
+        .min(max_num_seqs)
+        .max(1);
+    seqs * context
 }
 
 /// The config the draft model (`model`, from `speculative.model`) of
@@ -506,15 +522,10 @@ pub fn draft_config(
     let mut draft = config.clone();
     draft.model.path = s.model.clone();
     draft.model.tensor_parallel_size = 1;
-    let context = config
-        .model
-        .max_model_len
-        .map_or(model.max_context, |l| l.min(model.max_context));
-    let seqs = s.disable_by_batch_size.min(max_num_seqs).max(1);
     let pool = default_kv_tokens(model, config.engine.block_size) as usize;
     draft.model.kv_cache_tokens = Some(
         s.draft_kv_cache_tokens
-            .unwrap_or_else(|| (seqs * context).min(pool)),
+            .unwrap_or_else(|| proposing_positions(config, model, max_num_seqs).min(pool)),
     );
     draft
 }

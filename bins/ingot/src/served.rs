@@ -482,9 +482,9 @@ fn footprint(plan: &ModelPlan) -> anyhow::Result<u64> {
     Ok(own + footprint_of(&draft)?)
 }
 
-/// [`footprint`] of the model alone.
-/// Bytes an EAGLE-3 head (`path`) of `plan`'s model holds on the CPU: its
-/// f32 weights and one layer of KV cache.
+/// Bytes an EAGLE-3 head (`path`) of `plan`'s model holds on the CPU, at
+/// most: its weights as f32 (Q8_0 on the native kernels is less) and one
+/// layer of KV cache.
 fn head_footprint(plan: &ModelPlan, path: &Path) -> anyhow::Result<u64> {
     let (_, model) = metadata(plan)?;
     let head = ingot_models::eagle::load_config(path, &model)
@@ -495,6 +495,7 @@ fn head_footprint(plan: &ModelPlan, path: &Path) -> anyhow::Result<u64> {
     Ok(((head.num_params() + kv) * std::mem::size_of::<f32>()) as u64)
 }
 
+/// [`footprint`] of the model alone.
 fn footprint_of(plan: &ModelPlan) -> anyhow::Result<u64> {
     let (c, path) = (&plan.config, plan.path.as_path());
     if plan.embedding {

@@ -162,11 +162,11 @@ pub fn start_engine_with_draft(
     .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     if let Some(layers) = speculation
         .as_ref()
-        .map(|s| s.proposer.hidden_layers())
+        .map(|s| &s.hidden_layers)
         .filter(|l| !l.is_empty())
     {
         runner
-            .capture_hidden(&layers)
+            .capture_hidden(layers)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
     }
     let state = EngineLoop {

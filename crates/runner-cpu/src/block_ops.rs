@@ -219,20 +219,12 @@ impl DecoderOps for CpuOps<'_, '_> {
         let Mlp::Dense { gate_up, down } = &l.mlp else {
             return Err(unsupported("a dense MLP on a layer of experts"));
         };
-        ops::rms_norm(
-            &ws.x[..t * d],
-            &l.mlp_norm,
-            c.rms_norm_eps,
-            &mut ws.xn[..t * d],
-        );
-        gate_up.linear(&ws.xn, &mut ws.gate_up, (t, d, 2 * ff), &mut ws.acts);
-        ops::gated_mul(
+        ws.gated_mlp(
+            (t, d, ff),
+            (&l.mlp_norm, c.rms_norm_eps),
+            (gate_up, down),
             spec.act,
-            &ws.gate_up[..t * 2 * ff],
-            &mut ws.act[..t * ff],
-            ff,
         );
-        down.linear(&ws.act, &mut ws.proj, (t, ff, d), &mut ws.acts);
         let post = post_norm(spec.post_norm, l.post_norms.as_ref().map(|(_, m)| m))?;
         add_residual(ws, post, (t, d), c.rms_norm_eps);
         Ok(())

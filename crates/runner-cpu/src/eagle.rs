@@ -14,8 +14,8 @@ use ingot_runner::{
 
 use crate::attention::{paged_attention, AttentionShape, LayerKv, TokenSite, MAX_HEAD_DIM};
 use crate::matrix::{Matrix, WeightDtype};
-use crate::quant::{ActScratch, QuantKind};
-use crate::{float_matrix, grow, layer_kv, ops};
+use crate::quant::QuantKind;
+use crate::{float_matrix, grow, layer_kv, ops, Workspace};
 
 /// How a head stores its matrices.
 #[derive(Debug, Clone, Copy)]
@@ -59,27 +59,12 @@ pub(crate) struct CpuEagleHead {
     cos: Vec<f32>,
     sin: Vec<f32>,
     fast_exp: bool,
-    ws: HeadWorkspace,
-}
-
-/// Activation buffers, grown to the largest batch seen.
-#[derive(Default)]
-struct HeadWorkspace {
-    /// The fused rows, then the residual stream.
-    x: Vec<f32>,
+    /// The residual stream (`x`) and the layer's buffers, as the target's.
+    ws: Workspace,
+    /// The token embeddings of a batch.
     embedded: Vec<f32>,
-    /// `[normed embedding | normed fused row]` per token.
+    /// `[normed embedding | normed fused row]` per token: q/k/v's input.
     wide: Vec<f32>,
-    qkv: Vec<f32>,
-    q: Vec<f32>,
-    attn: Vec<f32>,
-    xn: Vec<f32>,
-    proj: Vec<f32>,
-    gate_up: Vec<f32>,
-    act: Vec<f32>,
-    last: Vec<f32>,
-    logits: Vec<f32>,
-    acts: ActScratch,
 }
 
 impl CpuEagleHead {
@@ -131,7 +116,9 @@ impl CpuEagleHead {
             cos,
             sin,
             fast_exp: false,
-            ws: HeadWorkspace::default(),
+            ws: Workspace::default(),
+            embedded: Vec::new(),
+            wide: Vec::new(),
             config,
         })
     }
@@ -177,10 +164,10 @@ impl CpuEagleHead {
         let c = &self.config.layer;
         let (t, d, eps) = (batch.num_tokens(), c.hidden_size, c.rms_norm_eps);
         let ws = &mut self.ws;
-        for buf in [&mut ws.x, &mut ws.embedded, &mut ws.xn, &mut ws.proj] {
+        for buf in [&mut ws.x, &mut ws.proj, &mut self.embedded] {
             grow(buf, t * d);
         }
-        grow(&mut ws.wide, t * 2 * d);
+        grow(&mut self.wide, t * 2 * d);
         match batch.input {
             HeadInput::Target(rows) => {
                 let fw = self.config.feature_width();
@@ -191,13 +178,13 @@ impl CpuEagleHead {
         let tokens = batch.chunks.iter().flat_map(|c| c.tokens);
         for (row, &tok) in tokens.enumerate() {
             self.embed
-                .row_into(tok as usize, &mut ws.embedded[row * d..(row + 1) * d]);
+                .row_into(tok as usize, &mut self.embedded[row * d..(row + 1) * d]);
         }
         for row in 0..t {
-            let wide = &mut ws.wide[row * 2 * d..(row + 1) * 2 * d];
+            let wide = &mut self.wide[row * 2 * d..(row + 1) * 2 * d];
             let (e, h) = wide.split_at_mut(d);
             let r = row * d..(row + 1) * d;
-            ops::rms_norm_row(&ws.embedded[r.clone()], &self.input_norm, eps, e);
+            ops::rms_norm_row(&self.embedded[r.clone()], &self.input_norm, eps, e);
             ops::rms_norm_row(&ws.x[r], &self.hidden_norm, eps, h);
         }
     }
@@ -213,7 +200,7 @@ impl CpuEagleHead {
         grow(&mut ws.q, t * qd);
         grow(&mut ws.attn, t * qd);
         self.qkv
-            .linear(&ws.wide, &mut ws.qkv, (t, 2 * d, qkv_w), &mut ws.acts);
+            .linear(&self.wide, &mut ws.qkv, (t, 2 * d, qkv_w), &mut ws.acts);
         for (row, site) in sites.iter().enumerate() {
             let r = &mut ws.qkv[row * qkv_w..(row + 1) * qkv_w];
             let (q, rest) = r.split_at_mut(qd);
@@ -258,24 +245,12 @@ impl CpuEagleHead {
         let c = &self.config.layer;
         let (d, ff) = (c.hidden_size, c.intermediate_size);
         let ws = &mut self.ws;
-        grow(&mut ws.gate_up, t * 2 * ff);
-        grow(&mut ws.act, t * ff);
-        ops::rms_norm(
-            &ws.x[..t * d],
-            &self.post_norm,
-            c.rms_norm_eps,
-            &mut ws.xn[..t * d],
-        );
-        self.gate_up
-            .linear(&ws.xn, &mut ws.gate_up, (t, d, 2 * ff), &mut ws.acts);
-        ops::gated_mul(
+        ws.gated_mlp(
+            (t, d, ff),
+            (&self.post_norm, c.rms_norm_eps),
+            (&self.gate_up, &self.down),
             Activation::Silu,
-            &ws.gate_up[..t * 2 * ff],
-            &mut ws.act[..t * ff],
-            ff,
         );
-        self.down
-            .linear(&ws.act, &mut ws.proj, (t, ff, d), &mut ws.acts);
         ops::add_in_place(&mut ws.x[..t * d], &ws.proj[..t * d]);
     }
 

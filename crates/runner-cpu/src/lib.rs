@@ -139,6 +139,32 @@ struct Workspace {
     captured: Vec<f32>,
 }
 
+impl Workspace {
+    /// The gated MLP of residual rows `..t` of `x` (width `d`, `ff` wide):
+    /// RMSNorm by `norm`, gate/up, `act`, down; the output lands in `proj`.
+    fn gated_mlp(
+        &mut self,
+        (t, d, ff): (usize, usize, usize),
+        (norm, eps): (&[f32], f32),
+        (gate_up, down): (&Matrix, &Matrix),
+        act: ingot_arch::Activation,
+    ) {
+        grow(&mut self.xn, t * d);
+        grow(&mut self.gate_up, t * 2 * ff);
+        grow(&mut self.act, t * ff);
+        grow(&mut self.proj, t * d);
+        ops::rms_norm(&self.x[..t * d], norm, eps, &mut self.xn[..t * d]);
+        gate_up.linear(&self.xn, &mut self.gate_up, (t, d, 2 * ff), &mut self.acts);
+        ops::gated_mul(
+            act,
+            &self.gate_up[..t * 2 * ff],
+            &mut self.act[..t * ff],
+            ff,
+        );
+        down.linear(&self.act, &mut self.proj, (t, ff, d), &mut self.acts);
+    }
+}
+
 fn grow(buf: &mut Vec<f32>, len: usize) {
     if buf.len() < len {
         buf.resize(len, 0.0);

@@ -114,9 +114,7 @@ impl EngineLoop {
         let Some(spec) = self.speculation.as_mut() else {
             return;
         };
-        if chunks.len() > spec.config.disable_by_batch_size
-            || spec.proposer.hidden_layers().is_empty()
-        {
+        if chunks.len() > spec.config.disable_by_batch_size || spec.hidden_layers.is_empty() {
             return;
         }
         let mut rows = Vec::with_capacity(chunks.len());

@@ -204,6 +204,9 @@ impl Proposer for EagleProposer {
                 rows.push((i, row));
             }
         }
+        if rows.is_empty() {
+            return vec![Draft::default(); requests.len()];
+        }
         let first = rows
             .iter()
             .flat_map(|(_, row)| row.iter().copied())

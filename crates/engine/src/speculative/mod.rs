@@ -212,6 +212,9 @@ const MATCH_CLASSES: usize = 8;
 pub(crate) struct Speculation {
     pub config: SpeculativeConfig,
     pub proposer: Box<dyn Proposer>,
+    /// The target layers the proposer reads ([`Proposer::hidden_layers`];
+    /// empty: none, and no step hands it hidden states).
+    pub hidden_layers: Vec<usize>,
     pub cost: StepCost,
     /// For a proposer that rates its guesses: how often guesses backed by
     /// 1, 2, ... [`MATCH_CLASSES`]+ tokens of context were kept, over every
@@ -261,6 +264,7 @@ impl Speculation {
         };
         Ok((config.num_speculative_tokens > 0).then(|| Self {
             config: config.clone(),
+            hidden_layers: proposer.hidden_layers(),
             proposer,
             cost: StepCost::default(),
             by_match: Default::default(),
