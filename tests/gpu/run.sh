@@ -43,6 +43,9 @@
 #             llama-server's n-gram speculation (--spec-type ngram-simple) on the same file and prompts,
 #             engines alternated per round; specsteps: where a speculative step's time goes (spec_steps.py:
 #             forward, step and step-to-step times from the engine's debug log, speculation on and off)
+#   rowsteps  ms a decode step of 1..8 rows on SmolLM2 (`bench throughput`, graphs), beside the
+#             previous build when one is carried as $GPU_BUNDLE/ingot-old.gz; rowsncu: per-kernel
+#             ncu times of an eager step of 1 and 5 rows (warm caches)
 #   structured  constrained answers and CUDA-vs-CPU prompt logprobs (structured_smoke.py, 1B dummy),
 #             then scripts/bench-structured on the 8B dummy
 #   launchahead greedy SmolLM2 answers that stop at different points, alone vs 32 at once,
@@ -176,6 +179,8 @@ W=${GPU_WORK:-/root/ingot-gpu}
 O=${OUT:-/tmp/ingot-out}
 mkdir -p "$W" "$O"
 if [ -f "$B/ingot.gz" ]; then gunzip -c "$B/ingot.gz" > "$W/ingot"; chmod +x "$W/ingot"; fi
+# A previous build for A/B phases (rowsteps), carried in a call of its own.
+if [ -f "$B/ingot-old.gz" ]; then gunzip -c "$B/ingot-old.gz" > "$W/ingot-old"; chmod +x "$W/ingot-old"; fi
 for f in "$B"/tokenizers/*/*.gz; do
   [ -e "$f" ] || continue
   name=$(basename "$(dirname "$f")"); mkdir -p "$W/tokenizers/$name"
@@ -828,6 +833,32 @@ for phase in "$@"; do
       [ -x "$LS" ] || { echo "no llama-server (run lcpp first)"; continue; }
       timeout -k 5 540 python3 tests/gpu/speculative.py --ingot "$ING_RAW" --model "$SMOL" \
         --prompts tests/fixtures/speculative_prompts.json --llama-server "$LS" ;;
+    rowsteps)
+      # ms a decode step of N rows on SmolLM2 (graphs), N = 1..8, this build and, when carried
+      # ($W/ingot-old), the previous one alternated per N.
+      [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
+      bins=("$ING_RAW"); [ -x "$W/ingot-old" ] && bins=("$W/ingot-old" "$ING_RAW")
+      for n in 1 2 3 4 5 6 7 8; do
+        for b in "${bins[@]}"; do
+          tps=$(timeout -k 5 120 "$b" bench throughput --model "$SMOL" --num-prompts $n --max-num-seqs $n \
+            --input-len 128 --output-len 512 2>&1 | sed -n 's/^decode after all prefills: \([0-9.]*\).*/\1/p')
+          python3 -c "import sys; n, t = int(sys.argv[1]), float(sys.argv[2] or 'nan'); print(f'{sys.argv[3]:10} rows {n}: {1000 * n / t:.3f} ms a decode step ({t:.0f} tok/s)')" \
+            "$n" "$tps" "$(basename "$b")"
+        done
+      done ;;
+    rowsncu)
+      # Per-kernel time of one eager decode step of N rows on SmolLM2, each kernel isolated by
+      # ncu with warm caches (--cache-control none), N = 1 and 5 (ROWS_NCU to change).
+      [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
+      for n in ${ROWS_NCU:-1 5}; do
+        echo "--- $n rows"
+        timeout -k 5 200 ncu --clock-control none --cache-control none \
+          --kernel-name regex:'gemv|paged|combine|argmax|embed|norm|advance' --launch-skip 2000 --launch-count 190 \
+          --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv \
+          "$ING_RAW" bench throughput --model "$SMOL" --num-prompts $n --max-num-seqs $n --input-len 32 \
+          --output-len 128 --enforce-eager > "$O/rowsncu-$n.csv" 2>/dev/null
+        python3 tests/gpu/ncu_summary.py "$O/rowsncu-$n.csv"
+      done ;;
     specsteps)
       [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
       timeout -k 5 300 python3 tests/gpu/spec_steps.py --ingot "$ING_RAW" --model "$SMOL" \

@@ -7,6 +7,6 @@
 EACH_N_1_TO_8(GEMV_KERNELS, Bf16W, , 0)
 EACH_N_1_TO_8(GEMV_KERNELS, Fp8W, _fp8, 0)
 EACH_N_1_TO_8(GEMV_KERNELS, Q8W, _q8_0, 0)
-// Batch 1 over rows of at most 2,048 bf16 inputs (see SHORT_ROW_LOADS).
-GEMV_KERNELS(1, Bf16W, _short, SHORT_ROW_LOADS)
+// Rows of at most 2,048 bf16 inputs (see SHORT_ROW_LOADS, StagedX).
+EACH_N_1_TO_8(GEMV_KERNELS, Bf16W, _short, SHORT_ROW_LOADS)
 #endif

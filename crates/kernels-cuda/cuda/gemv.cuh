@@ -37,8 +37,9 @@
 // stored (kquant.cuh): 32 weights per 16-byte load of quants, their
 // high bits and block scales from the type's other planes, each run of 16
 // weights' dot product scaled (and its min applied) once.
-// gemv_short_n1_...: batch 1 over bf16 rows of at most 2,048 inputs, each
-// lane's whole part of its rows loaded before the PDL wait (small models).
+// gemv_short_n{n}_...: bf16 rows of at most 2,048 inputs, each lane's
+// whole part of its rows loaded before the PDL wait and x staged in shared
+// memory (small models).
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -175,25 +176,34 @@ struct NormIn {
   const SumSq* sumsq;  // sums of squares of the residual rows
 };
 
-// With NORM, the first warp adds the residual writer's per-block partial
-// sums of squares (a fixed order) into s_inv[n] = 1/rms of row n; the block
-// reads them after a barrier at the end, so the loads overlap the weights.
+// With NORM, warp n adds the residual writer's per-block partial sums of
+// squares of row n (a fixed order) into s_inv[n] = 1/rms of that row; the
+// block reads them after a barrier at the end, so the loads overlap the
+// weights. A warp a row: one warp walking all N rows paid N dependent
+// round trips to L2 (~0.5 us each), longer than the weights at N = 8.
 template <int N>
 __device__ __forceinline__ void norm_scales(const NormIn& norm, int in, float (&s_inv)[SUMSQ_ROWS]) {
-  if (threadIdx.x >= 32) return;
-  const int lane = threadIdx.x, blocks = (int)norm.sumsq->blocks;
-#pragma unroll
-  for (int n = 0; n < N; ++n) {
-    float t = 0.f;
-    for (int b = lane; b < blocks; b += 32) t += norm.sumsq->partial[n][b];
-    t = warp_sum(t);
-    if (lane == 0) s_inv[n] = rsqrtf(t / in + norm.eps);
-  }
+  static_assert(N <= GEMV_WARPS, "a warp a row");
+  const int lane = threadIdx.x & 31, n = threadIdx.x >> 5, blocks = (int)norm.sumsq->blocks;
+  if (n >= N) return;
+  float t = 0.f;
+  for (int b = lane; b < blocks; b += 32) t += norm.sumsq->partial[n][b];
+  t = warp_sum(t);
+  if (lane == 0) s_inv[n] = rsqrtf(t / in + norm.eps);
+}
+
+// An activation vector from global memory (read-only path) or, with
+// SHARED, from the block's staged copy (see stage_x).
+template <bool SHARED>
+__device__ __forceinline__ uint4 load_x(const uint4* p) {
+  if constexpr (SHARED) return *p;
+  else return __ldg(p);
 }
 
 // acc[r][n] += x[n] · w_r over the vectors base, base + 32, ... (U of them,
-// those below end) whose weights are in `cur`.
-template <int N, int ROWS, typename W, int U>
+// those below end) whose weights are in `cur`; x in shared memory with
+// SHARED_X.
+template <int N, int ROWS, typename W, int U, bool SHARED_X = false>
 __device__ __forceinline__ void dot_batch(const uint4 (&cur)[ROWS][U], const VecScales<W, ROWS, U>& scales,
                                           const uint4* xr, int base, int end, int xvecs, float (&acc)[ROWS][N]) {
 #pragma unroll
@@ -209,7 +219,8 @@ __device__ __forceinline__ void dot_batch(const uint4 (&cur)[ROWS][U], const Vec
         const float s = scales.at(r, u);
 #pragma unroll
         for (int n = 0; n < N; ++n) {
-          const uint4 x0 = __ldg(xr + (size_t)n * xvecs + 2 * i), x1 = __ldg(xr + (size_t)n * xvecs + 2 * i + 1);
+          const uint4 x0 = load_x<SHARED_X>(xr + (size_t)n * xvecs + 2 * i),
+                      x1 = load_x<SHARED_X>(xr + (size_t)n * xvecs + 2 * i + 1);
           acc[r][n] = fmaf(s, dot16_f32(wf, x0, x1), acc[r][n]);
         }
       }
@@ -217,11 +228,12 @@ __device__ __forceinline__ void dot_batch(const uint4 (&cur)[ROWS][U], const Vec
 #pragma unroll
       for (int n = 0; n < N; ++n) {
         if constexpr (W::SCALE == WScale::Row) {
-          const uint4 x0 = __ldg(xr + (size_t)n * xvecs + 2 * i), x1 = __ldg(xr + (size_t)n * xvecs + 2 * i + 1);
+          const uint4 x0 = load_x<SHARED_X>(xr + (size_t)n * xvecs + 2 * i),
+                      x1 = load_x<SHARED_X>(xr + (size_t)n * xvecs + 2 * i + 1);
 #pragma unroll
           for (int r = 0; r < ROWS; ++r) dot16_e4m3(cur[r][u], x0, x1, acc[r][n]);
         } else {
-          const uint4 xv = __ldg(xr + (size_t)n * xvecs + i);
+          const uint4 xv = load_x<SHARED_X>(xr + (size_t)n * xvecs + i);
 #pragma unroll
           for (int r = 0; r < ROWS; ++r) dot8(cur[r][u], xv, acc[r][n]);
         }
@@ -525,6 +537,46 @@ __device__ __forceinline__ void kq_rows(const bf16* x, const KqMatrix* m, int in
   });
 }
 
+// Loads a lane holds in the `gemv_short_n{n}_*` kernels (WHOLE of
+// gemv_rows, over a kernel's rows): 8 x 16 bytes, 32 registers, so rows of
+// up to 2,048 bf16 inputs (q/k/v: two half rows of up to 1,024; gate/up:
+// two rows of up to 1,024) are loaded whole before the PDL wait. SmolLM2
+// batch 1 +6 % on an H100; the 8B's e4m3 o_proj and q/k/v measured 4 %
+// slower that way, and compiling the path into the general kernels cost
+// the 8B bf16 step 0.9 % (longer rows never take it), hence kernels of
+// their own (docs/perf/small-models.md). They also stage x in shared
+// memory (stage_x).
+constexpr int SHORT_ROW_LOADS = 8;
+constexpr int SHORT_ROW_INPUTS = SHORT_ROW_LOADS * 8 * 32;
+
+// The short kernels' N rows of activations (at most SHORT_ROW_INPUTS wide),
+// copied into shared memory by the whole block with every load in flight
+// at once. x was just written by the previous kernel, so each read of it
+// is an L2 round trip: the dot products otherwise wait for one per batch
+// of weight vectors (a row of 576 inputs is three), now for one in all.
+template <int N>
+struct StagedX {
+  static constexpr int PER_THREAD = N * SHORT_ROW_INPUTS / 8 / (GEMV_WARPS * 32);
+  uint4 held[PER_THREAD];
+  // Issues this thread's loads (call right after the PDL wait).
+  __device__ __forceinline__ void load(const uint4* xr, int vecs) {
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; ++k) {
+      const int i = threadIdx.x + k * GEMV_WARPS * 32;
+      if (i < vecs) held[k] = __ldg(xr + i);
+    }
+  }
+  // Stores them and waits for the block: every thread must call it.
+  __device__ __forceinline__ void store(uint4* dst, int vecs) {
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; ++k) {
+      const int i = threadIdx.x + k * GEMV_WARPS * 32;
+      if (i < vecs) dst[i] = held[k];
+    }
+    __syncthreads();
+  }
+};
+
 // Over the 16-byte weight vectors [v0, v1) of the rows (v1 < 0: to the
 // end). `total_rows`: the matrix's rows (where e4m3 scales start).
 // Weights do not depend on the previous kernel, so loads go out before
@@ -556,6 +608,24 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)
     sr[r] = W::SCALE == WScale::Block32 ? scales_after<__half>(w, total_rows, in) + rows[r] * (in / 32) : nullptr;
+  // The short kernels (WHOLE > 0) read x from shared memory.
+  constexpr bool SHARED_X = WHOLE > 0;
+  __shared__ uint4 s_x[SHARED_X ? N * SHORT_ROW_INPUTS / 8 : 1];
+  const uint4* xd = SHARED_X ? s_x : xr;
+  // After the weights' first loads: wait for the previous kernel, then
+  // what depends on it (the staged x, the norm's scales).
+  auto after_wait = [&]() {
+    pdl_wait();
+    pdl_launch_dependents();
+    if constexpr (SHARED_X) {
+      StagedX<N> staged;
+      staged.load(xr, N * xvecs);
+      if (NORM) norm_scales<N>(norm, in, s_inv);
+      staged.store(s_x, N * xvecs);
+    } else if (NORM) {
+      norm_scales<N>(norm, in, s_inv);
+    }
+  };
   bool done = false;
   if constexpr (WHOLE > 0) {
     if (end - v0 <= 32 * WHOLE) {
@@ -563,10 +633,8 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
       VecScales<W, ROWS, WHOLE> all_s;
       load_batch<ROWS, WHOLE>(wr, v0 + lane, end, all);
       all_s.load(sr, v0 + lane, end);
-      pdl_wait();
-      pdl_launch_dependents();
-      if (NORM) norm_scales<N>(norm, in, s_inv);
-      dot_batch<N, ROWS, W, WHOLE>(all, all_s, xr, v0 + lane, end, xvecs, acc);
+      after_wait();
+      dot_batch<N, ROWS, W, WHOLE, SHARED_X>(all, all_s, xd, v0 + lane, end, xvecs, acc);
       done = true;
     }
   }
@@ -575,15 +643,13 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
     VecScales<W, ROWS, U> cur_s;
     load_batch<ROWS, U>(wr, v0 + lane, end, cur);
     cur_s.load(sr, v0 + lane, end);
-    pdl_wait();
-    pdl_launch_dependents();
-    if (NORM) norm_scales<N>(norm, in, s_inv);
+    after_wait();
     for (int base = v0 + lane; base < end; base += 32 * U) {
       uint4 next[ROWS][U];
       VecScales<W, ROWS, U> next_s;
       load_batch<ROWS, U>(wr, base + 32 * U, end, next);
       next_s.load(sr, base + 32 * U, end);
-      dot_batch<N, ROWS, W, U>(cur, cur_s, xr, base, end, xvecs, acc);
+      dot_batch<N, ROWS, W, U, SHARED_X>(cur, cur_s, xd, base, end, xvecs, acc);
       cur_s = next_s;
 #pragma unroll
       for (int r = 0; r < ROWS; ++r)
@@ -613,15 +679,6 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
       for (int n = 0; n < N; ++n) acc[r][n] *= s_inv[n];
   }
 }
-
-// Loads a lane holds in the batch-1 `gemv_short_n1_*` kernels (WHOLE of
-// gemv_rows, over a kernel's rows): 8 x 16 bytes, 32 registers, so rows of
-// up to 2,048 bf16 inputs (q/k/v: two half rows of up to 1,024) are loaded
-// whole before the PDL wait. SmolLM2 batch 1 +6 % on an H100; the 8B's
-// e4m3 o_proj and q/k/v measured 4 % slower that way, and compiling the
-// path into the general kernels cost the 8B bf16 step 0.9 % (longer rows
-// never take it), hence kernels of their own (docs/perf/small-models.md).
-constexpr int SHORT_ROW_LOADS = 8;
 
 // The warp's output column; out-of-range warps compute a duplicate and skip
 // the write (they still take part in PDL and the block's barriers).
@@ -679,16 +736,26 @@ __device__ __forceinline__ void gemv_plain(const bf16* x, const typename W::T* w
   for (int r = 0; r < R; ++r) {
     const int col = first + r;
     if (!writer || col >= out) continue;
+    // Accumulating: every row's residual and the norm weight loaded before
+    // the first store (the compiler cannot move a load above a store that
+    // may alias it: N dependent round trips otherwise).
+    float old[N];
+    float g = 0.f;
+    if constexpr (MODE == 2) {
+#pragma unroll
+      for (int n = 0; n < N; ++n) old[n] = reinterpret_cast<const float*>(y)[(size_t)n * out + col];
+      if (next_norm) g = next_norm[col];
+    }
 #pragma unroll
     for (int n = 0; n < N; ++n) {
       const size_t o = (size_t)n * out + col;
       if (MODE == 0) reinterpret_cast<bf16*>(y)[o] = to_bf16(acc[r][n]);
       else if (MODE == 1) reinterpret_cast<float*>(y)[o] = acc[r][n];
       else {
-        const float v = reinterpret_cast<float*>(y)[o] + acc[r][n];
+        const float v = old[n] + acc[r][n];
         reinterpret_cast<float*>(y)[o] = v;
         sq[n] += v * v;
-        if (next_norm) xg[o] = to_bf16(v * next_norm[col]);
+        if (next_norm) xg[o] = to_bf16(v * g);
       }
     }
   }
@@ -702,7 +769,8 @@ __device__ __forceinline__ void gemv_plain(const bf16* x, const typename W::T* w
 // Q4_1 25.6 / 33.5; tests/gpu/bench_gemv.py, docs/perf/native-gguf.md).
 // With every type compiled in, two columns took 184 registers (one block
 // an SM) and 31.6 us.
-template <int N, bool NORM = false, bool GELU = false, typename W = Bf16W, int U = W::GATED_UNROLL, int COLS = 1>
+template <int N, bool NORM = false, bool GELU = false, typename W = Bf16W, int U = W::GATED_UNROLL, int COLS = 1,
+          int WHOLE = 0>
 __device__ __forceinline__ void gemv_swiglu(const bf16* x, const typename W::T* w, bf16* y, int in, int ff,
                                             NormIn norm = {}) {
   const int first = COLS * warp_column();
@@ -713,7 +781,7 @@ __device__ __forceinline__ void gemv_swiglu(const bf16* x, const typename W::T* 
     rows[2 * c + 1] = rows[2 * c] + ff;
   }
   float acc[2 * COLS][N];
-  gemv_rows<N, 2 * COLS, NORM, W, U>(x, w, in, 2 * (size_t)ff, rows, acc, norm);
+  gemv_rows<N, 2 * COLS, NORM, W, U, WHOLE>(x, w, in, 2 * (size_t)ff, rows, acc, norm);
   if ((threadIdx.x & 31) != 0) return;
 #pragma unroll
   for (int c = 0; c < COLS; ++c) {
@@ -765,25 +833,36 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const typename W::T
     acc[1][n] += s_upper[pair_slot][1][n];
   }
   const float b0 = bias ? bias[rows[0]] : 0.f, b1 = bias ? bias[rows[1]] : 0.f;
+  // Every row's slot and rotation loaded before the first store (see
+  // gemv_plain: stores that may alias would serialise N round trips).
+  const bool is_v = head >= num_heads + num_kv_heads;
+  long long slot[N];
+  float cs[N], sn[N];
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    slot[n] = slots[n];
+    if (!is_v) {
+      const size_t p = (size_t)positions[n] * half + i;
+      cs[n] = cos_t[p];
+      sn[n] = sin_t[p];
+    }
+  }
 #pragma unroll
   for (int n = 0; n < N; ++n) {
     const float a = acc[0][n] + b0, b = acc[1][n] + b1;
-    const long long slot = slots[n];
-    const long long block = slot / block_size;
-    const int offset = (int)(slot % block_size);
-    if (head >= num_heads + num_kv_heads) {
+    const long long block = slot[n] / block_size;
+    const int offset = (int)(slot[n] % block_size);
+    if (is_v) {
       bf16* v = v_cache + kv_index(block, head - num_heads - num_kv_heads, offset, num_kv_heads, block_size, hd);
       v[i] = to_bf16(a);
       v[i + half] = to_bf16(b);
       continue;
     }
-    const size_t p = (size_t)positions[n] * half + i;
-    const float cs = cos_t[p], sn = sin_t[p];
     bf16* dst = head < num_heads
                     ? q_out + (size_t)n * num_heads * hd + (size_t)head * hd
                     : k_cache + kv_index(block, head - num_heads, offset, num_kv_heads, block_size, hd);
-    dst[i] = to_bf16(a * cs - b * sn);
-    dst[i + half] = to_bf16(b * cs + a * sn);
+    dst[i] = to_bf16(a * cs[n] - b * sn[n]);
+    dst[i + half] = to_bf16(b * cs[n] + a * sn[n]);
   }
 }
 
@@ -805,16 +884,16 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const typename W::T
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
       gemv##PRE##_n##N##_swiglu(const bf16* x, const W::T* w, void* y, int in, int out) {                               \
-    gemv_swiglu<N, false, false, W>(x, w, reinterpret_cast<bf16*>(y), in, out);                                                   \
+    gemv_swiglu<N, false, false, W, W::GATED_UNROLL, 1, WH / 2>(x, w, reinterpret_cast<bf16*>(y), in, out);                                                   \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
       gemv##PRE##_n##N##_geglu(const bf16* x, const W::T* w, void* y, int in, int out) {                                \
-    gemv_swiglu<N, false, true, W>(x, w, reinterpret_cast<bf16*>(y), in, out);                                      \
+    gemv_swiglu<N, false, true, W, W::GATED_UNROLL, 1, WH / 2>(x, w, reinterpret_cast<bf16*>(y), in, out);                                      \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
       gemv##PRE##_n##N##_geglu_norm(const bf16* xg, float eps, const SumSq* sumsq, const W::T* w, void* y, int in,      \
                              int out) {                                                                          \
-    gemv_swiglu<N, true, true, W>(xg, w, reinterpret_cast<bf16*>(y), in, out, NormIn{eps, sumsq});                 \
+    gemv_swiglu<N, true, true, W, W::GATED_UNROLL, 1, WH / 2>(xg, w, reinterpret_cast<bf16*>(y), in, out, NormIn{eps, sumsq});                 \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv##PRE##_n##N##_qkv_rope(                            \
       const bf16* x, const W::T* w, int in, const float* bias, const int* positions, const long long* slots,    \
@@ -831,7 +910,7 @@ __device__ __forceinline__ void gemv_qkv_rope(const bf16* x, const typename W::T
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32)                                                  \
       gemv##PRE##_n##N##_swiglu_norm(const bf16* xg, float eps, const SumSq* sumsq, const W::T* w, void* y, int in,     \
                               int out) {                                                                         \
-    gemv_swiglu<N, true, false, W>(xg, w, reinterpret_cast<bf16*>(y), in, out, NormIn{eps, sumsq});                      \
+    gemv_swiglu<N, true, false, W, W::GATED_UNROLL, 1, WH / 2>(xg, w, reinterpret_cast<bf16*>(y), in, out, NormIn{eps, sumsq});                      \
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv##PRE##_n##N##_qkv_rope_norm(                       \
       const bf16* xg, float eps, const SumSq* sumsq, const W::T* w, int in, const float* bias,                   \

@@ -56,7 +56,7 @@ pub(super) fn gemv_table(gpu: &Gpu, prefix: &str) -> Result<Vec<[Kernel; 10]>, C
 }
 
 /// The GEMV kernels of every mode for `n` rows.
-pub(super) fn gemv_modes(gpu: &Gpu, prefix: &str, n: usize) -> Result<[Kernel; 10], CudaError> {
+fn gemv_modes(gpu: &Gpu, prefix: &str, n: usize) -> Result<[Kernel; 10], CudaError> {
     mode_kernels(gpu, &format!("{prefix}_n{n}"), &GEMV_MODES)
 }
 
@@ -75,9 +75,9 @@ pub(super) fn mode_kernels<const M: usize>(
         .map_err(|_| CudaError::Unsupported("GEMV table size".into()))
 }
 
-/// The most inputs of a bf16 matrix whose batch-1 GEMV loads each lane's
-/// whole row before its PDL wait (`gemv_short_n1_*`: gemv.cu's
-/// `SHORT_ROW_LOADS` = 8 loads of 8 a lane, over 32 lanes).
+/// The most inputs of a bf16 matrix whose GEMV loads each lane's whole row
+/// before its PDL wait and stages x in shared memory (`gemv_short_n{n}_*`:
+/// gemv.cuh's `SHORT_ROW_INPUTS`, 8 loads of 8 a lane, over 32 lanes).
 pub(super) const SHORT_ROW_INPUTS: usize = 8 * 8 * 32;
 
 impl Gemm {
@@ -114,7 +114,7 @@ impl Gemm {
         }
         match self.fp8_of(w) {
             Some(f) => &f.gemv[tokens - 1],
-            None if tokens == 1 && inputs <= SHORT_ROW_INPUTS => &self.gemv_short,
+            None if inputs <= SHORT_ROW_INPUTS => &self.gemv_short[tokens - 1],
             None => &self.gemv[tokens - 1],
         }
     }

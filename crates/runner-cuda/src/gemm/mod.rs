@@ -52,7 +52,7 @@ use crate::weights::scales_offset;
 use crate::CudaError;
 pub use fp8::Fp8Limits;
 use fp8::{quantize_activations, Fp8};
-use gemv::{gemv_modes, gemv_table};
+use gemv::gemv_table;
 use plan::{destroy_plan, Fixed, Plan};
 use quant::Native;
 pub use quant::{KqMatrixInfo, NativeRegions};
@@ -134,8 +134,10 @@ pub struct Gemm {
     /// then SwiGLU, q/k/v + rope and bf16 with the input RMSNorm fused,
     /// then GeGLU (GELU-tanh) without and with it.
     gemv: Vec<[Kernel; 10]>,
-    /// The same modes at batch 1 for rows of at most [`gemv::SHORT_ROW_INPUTS`].
-    gemv_short: [Kernel; 10],
+    /// The same for rows of at most [`gemv::SHORT_ROW_INPUTS`] (small
+    /// models: whole rows loaded before the PDL wait, x staged in shared
+    /// memory), n = 1..=8.
+    gemv_short: Vec<[Kernel; 10]>,
     /// Time the candidates of new shapes (only while buffers hold scratch).
     pub tune: bool,
     /// Batch-invariant products: no GEMV kernels, one split-K-free
@@ -168,7 +170,7 @@ impl Gemm {
             workspace: arena.take(WORKSPACE_BYTES)?,
             plans: RefCell::new(HashMap::new()),
             gemv: gemv_table(gpu, "gemv")?,
-            gemv_short: gemv_modes(gpu, "gemv_short", 1)?,
+            gemv_short: gemv_table(gpu, "gemv_short")?,
             tune: false,
             deterministic: false,
             fixed_algos: RefCell::new(HashMap::new()),
