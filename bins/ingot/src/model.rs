@@ -150,7 +150,7 @@ pub struct ModelArgs {
     /// draft model's path, or the EAGLE-3 head's directory),
     /// `num_speculative_tokens`, `prompt_lookup_min`,
     /// `prompt_lookup_max`, `disable_by_batch_size`, `adaptive`,
-    /// `rate_by_match` [speculative.*; off].
+    /// `rate_by_match`, `launch_ahead_unmatched` [speculative.*; off].
     #[arg(long, value_name = "JSON")]
     pub speculative_config: Option<String>,
 }
@@ -1012,10 +1012,11 @@ fn speculative_flags(json: &str, flags: &mut FlagSet) -> anyhow::Result<()> {
             "disable_by_batch_size" => "speculative.disable_by_batch_size",
             "adaptive" => "speculative.adaptive",
             "rate_by_match" => "speculative.rate_by_match",
+            "launch_ahead_unmatched" => "speculative.launch_ahead_unmatched",
             other => anyhow::bail!(
                 "{FLAG}: unknown key {other:?} (known: method, model, num_speculative_tokens, \
                  prompt_lookup_min, prompt_lookup_max, disable_by_batch_size, adaptive, \
-                 rate_by_match)"
+                 rate_by_match, launch_ahead_unmatched)"
             ),
         };
         flags.opt(FLAG, key, &Some(value));

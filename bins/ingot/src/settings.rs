@@ -129,6 +129,7 @@ fn speculative_config(s: &ingot_config::SpeculativeSection) -> SpeculativeConfig
         disable_by_batch_size: s.disable_by_batch_size,
         adaptive: s.adaptive,
         rate_by_match: s.rate_by_match,
+        launch_ahead_unmatched: s.launch_ahead_unmatched,
     }
 }
 

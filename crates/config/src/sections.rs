@@ -631,6 +631,12 @@ pub struct SpeculativeSection {
     /// proposed more of the input-grounded tokens at the same speed, and on
     /// CUDA it was slower (docs/benchmarks.md, "Speculative decoding").
     pub rate_by_match: bool,
+    /// n-gram only: a sequence whose lookup finds nothing to copy in its
+    /// tokens so far does not hold back the GPU's early launch of the next
+    /// decode step (its next guess then waits one step once a match
+    /// appears). Answers are unchanged; `false`: no step is launched ahead
+    /// while a sequence may propose.
+    pub launch_ahead_unmatched: bool,
 }
 
 impl Default for SpeculativeSection {
@@ -645,6 +651,7 @@ impl Default for SpeculativeSection {
             disable_by_batch_size: 8,
             adaptive: true,
             rate_by_match: false,
+            launch_ahead_unmatched: true,
         }
     }
 }

@@ -29,8 +29,10 @@ impl EngineLoop {
     fn expects_next(&self, chunks: &[ScheduledChunk]) -> bool {
         let may_speculate = self.speculation.as_ref().is_some_and(|s| {
             chunks.iter().any(|c| {
+                let tokens = self.scheduler.view(c.id).map_or(&[][..], |v| v.tokens);
                 self.active.get(&c.id).is_some_and(|a| {
-                    a.speculative && s.may_propose(&a.acceptance, a.proposing, chunks.len())
+                    a.speculative
+                        && s.holds_back_launch(&a.acceptance, a.proposing, chunks.len(), tokens)
                 })
             })
         });
@@ -53,6 +55,9 @@ impl EngineLoop {
         }
         let started = Instant::now();
         let expect_next = self.expects_next(chunks);
+        if let Some(s) = self.speculation.as_mut() {
+            s.launched_ahead = expect_next && self.runner.launches_ahead();
+        }
         if expect_next && self.runner.launches_ahead() {
             // Where a row's next position starts a new block, the step
             // launched ahead needs that block now: with many sequences at

@@ -63,6 +63,12 @@ impl EngineLoop {
                 room -= k;
             }
         }
+        if spec.launched_ahead {
+            // The runner has this step in flight as plain decode rows: no
+            // proposals (each sequence's quiet steps counted above, so
+            // its probes still come).
+            return;
+        }
         let requests: Vec<ProposeRequest<'_>> = wanted
             .iter()
             .filter_map(|&(seq, max)| {

@@ -55,6 +55,9 @@ pub struct SpeculativeConfig {
     /// ([`Proposer::rates_guesses`]); off: each sequence's acceptance
     /// decides before the lookup.
     pub rate_by_match: bool,
+    /// A sequence whose proposer knows it has nothing to guess
+    /// ([`Proposer::finds_nothing`]) lets the next step launch ahead.
+    pub launch_ahead_unmatched: bool,
 }
 
 impl Default for SpeculativeConfig {
@@ -67,6 +70,7 @@ impl Default for SpeculativeConfig {
             disable_by_batch_size: 8,
             adaptive: true,
             rate_by_match: false,
+            launch_ahead_unmatched: true,
         }
     }
 }
@@ -140,6 +144,14 @@ pub trait Proposer: Send {
     /// the cost model cuts each guess by how often guesses backed alike
     /// were kept, instead of deciding per sequence before the guess.
     fn rates_guesses(&self) -> bool {
+        false
+    }
+
+    /// Whether a guess after `tokens` is known to be empty without making
+    /// it (an n-gram lookup that finds no match); false where only a guess
+    /// tells (a model). The engine then lets the next step launch ahead.
+    fn finds_nothing(&self, tokens: &[TokenId]) -> bool {
+        let _ = tokens;
         false
     }
 
@@ -221,6 +233,9 @@ pub(crate) struct Speculation {
     /// sequence (an n-gram guess from a 6-token match is right far more
     /// often than one from a 1-token match, whatever the sequence).
     by_match: [Acceptance; MATCH_CLASSES],
+    /// The last step let the runner launch the next one ahead: a proposal
+    /// now would not match the step in flight, so none is made.
+    pub launched_ahead: bool,
 }
 
 /// What stops an engine from speculating as configured.
@@ -268,6 +283,7 @@ impl Speculation {
             proposer,
             cost: StepCost::default(),
             by_match: Default::default(),
+            launched_ahead: false,
         }))
     }
 
@@ -294,6 +310,21 @@ impl Speculation {
             && (!self.config.adaptive
                 || (proposing && self.proposer.rates_guesses())
                 || acceptance.may_propose(self.threshold(running)))
+    }
+
+    /// Whether a sequence holds back the early launch of the step after
+    /// this one: it may propose ([`Self::may_propose`]), unless
+    /// `launch_ahead_unmatched` and the proposer knows that nothing would
+    /// follow `tokens` (its guess then waits a step once there is one).
+    pub(crate) fn holds_back_launch(
+        &self,
+        acceptance: &Acceptance,
+        proposing: bool,
+        running: usize,
+        tokens: &[TokenId],
+    ) -> bool {
+        self.may_propose(acceptance, proposing, running)
+            && !(self.config.launch_ahead_unmatched && self.proposer.finds_nothing(tokens))
     }
 
     /// Tokens a sequence of `acceptance` asks the proposer for in a step

@@ -49,6 +49,10 @@ impl Proposer for NgramProposer {
     fn rates_guesses(&self) -> bool {
         self.rated
     }
+
+    fn finds_nothing(&self, tokens: &[TokenId]) -> bool {
+        self.lookup(tokens, 1).tokens.is_empty()
+    }
 }
 
 impl NgramProposer {
@@ -140,6 +144,9 @@ mod tests {
         ] {
             assert_eq!(p.lookup(tokens, max), Draft::default());
         }
+        // Known without a guess, so the next step may launch ahead.
+        assert!(p.finds_nothing(&[1, 2, 3, 4, 5, 6]) && p.finds_nothing(&[]));
+        assert!(!p.finds_nothing(&[1, 2, 3, 1, 2]));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! model, a draft cache too small for every sequence).
 
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 use super::common::*;
 use ingot_core::GrammarSpec;
@@ -34,6 +35,7 @@ fn speculating_on(k: usize, wrap: impl FnOnce(CpuRunner) -> Box<dyn ModelRunner>
             // `speculative::policy`).
             adaptive: false,
             rate_by_match: false,
+            launch_ahead_unmatched: true,
         }
     })
 }
@@ -148,6 +150,7 @@ fn proposals_as_decode_rows_stay_within_the_runners_rows() {
                 // `speculating_on`): more than the rows left.
                 adaptive: false,
                 rate_by_match: false,
+                launch_ahead_unmatched: true,
             };
         },
     );
@@ -180,6 +183,105 @@ fn greedy_answers_equal_plain_decoding_on(wrap: impl FnOnce(CpuRunner) -> Box<dy
         .map(|o| o.into_iter().map(|t| t.0).collect())
         .collect();
     assert_eq!(alone, together);
+}
+
+/// Each step's longest chunk and whether the runner was told a plain step
+/// follows it (`ForwardBatch::expect_next`).
+type StepRecord = Arc<Mutex<Vec<(usize, bool)>>>;
+
+/// The CPU runner saying it launches the next step ahead (as the CUDA
+/// runner does), recording its steps.
+struct LaunchingAhead(CpuRunner, StepRecord);
+
+impl LaunchingAhead {
+    fn record(&self, batch: &ingot_runner::ForwardBatch<'_>) {
+        let longest = batch
+            .chunks
+            .iter()
+            .map(|c| c.tokens.len())
+            .max()
+            .unwrap_or(0);
+        self.1.lock().unwrap().push((longest, batch.expect_next));
+    }
+}
+
+impl ModelRunner for LaunchingAhead {
+    fn config(&self) -> &ingot_models::ModelConfig {
+        self.0.config()
+    }
+
+    fn kv_cache_shape(&self) -> ingot_runner::KvCacheShape {
+        self.0.kv_cache_shape()
+    }
+
+    fn forward(&mut self, batch: &ingot_runner::ForwardBatch<'_>) -> Result<&[f32], RunnerError> {
+        self.record(batch);
+        self.0.forward(batch)
+    }
+
+    fn forward_greedy(
+        &mut self,
+        batch: &ingot_runner::ForwardBatch<'_>,
+    ) -> Result<Vec<u32>, RunnerError> {
+        self.record(batch);
+        self.0.forward_greedy(batch)
+    }
+
+    fn device_name(&self) -> String {
+        self.0.device_name()
+    }
+
+    fn launches_ahead(&self) -> bool {
+        true
+    }
+}
+
+/// Speculating over a runner that launches ahead, with or without
+/// `launch_ahead_unmatched`; its steps' record.
+fn speculating_ahead(unmatched: bool) -> (EngineHandle, StepRecord) {
+    let steps = Arc::new(Mutex::new(Vec::new()));
+    let log = steps.clone();
+    let e = engine_on(
+        256,
+        move |r| Box::new(LaunchingAhead(r, log)),
+        |c| {
+            c.speculative = SpeculativeConfig {
+                method: Some(SpeculativeMethod::Ngram),
+                num_speculative_tokens: 4,
+                ngram_min: 2,
+                ngram_max: 3,
+                adaptive: false,
+                launch_ahead_unmatched: unmatched,
+                ..SpeculativeConfig::default()
+            };
+        },
+    );
+    (e, steps)
+}
+
+#[test]
+fn sequences_with_nothing_to_copy_let_the_next_step_launch_ahead() {
+    let plain = engine(256, |_| {});
+    // Prompts with nothing to copy at first, then outputs that loop.
+    let reqs: Vec<_> = (0..4).map(|i| request(i, 10 + i as usize, 60)).collect();
+    let want = outputs(&plain, &reqs);
+    let (spec, steps) = speculating_ahead(true);
+    assert_eq!(want, outputs(&spec, &reqs));
+    let steps = steps.lock().unwrap().clone();
+    assert!(kept(&spec).1 > 0, "the loops are copied");
+    assert!(steps.iter().any(|s| s.1), "some steps launch ahead");
+    // The step after one launched ahead is the plain step in flight: it
+    // carries no proposals (the runner would have to discard it).
+    for w in steps.windows(2) {
+        assert!(
+            !(w[0].1 && w[1].0 > 1),
+            "proposals after a launched step: {steps:?}"
+        );
+    }
+    // Off: no step launches ahead while a sequence may propose.
+    let (spec, steps) = speculating_ahead(false);
+    assert_eq!(want, outputs(&spec, &reqs));
+    assert!(!steps.lock().unwrap().iter().any(|s| s.1));
 }
 
 #[test]
