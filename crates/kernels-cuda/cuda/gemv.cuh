@@ -549,6 +549,37 @@ __device__ __forceinline__ void kq_rows(const bf16* x, const KqMatrix* m, int in
 constexpr int SHORT_ROW_LOADS = 8;
 constexpr int SHORT_ROW_INPUTS = SHORT_ROW_LOADS * 8 * 32;
 
+// The fused norm's partial sums of squares of row n (by warp n) in the
+// short kernels: the first NORM_PREFETCH a lane sums, loaded with the
+// staged x before its barrier (the block count with them: loads past it
+// read stale partials, masked at the sum), and summed after the dot
+// products in norm_scales' order (the same bits). A chain of dependent
+// loads before the barrier would hold up the whole block.
+constexpr int NORM_PREFETCH = 8;
+
+template <int N>
+struct NormParts {
+  float v[NORM_PREFETCH];
+  unsigned blocks;
+  __device__ __forceinline__ void load(const NormIn& norm) {
+    const int lane = threadIdx.x & 31, n = threadIdx.x >> 5;
+    if (n >= N) return;
+    blocks = norm.sumsq->blocks;
+#pragma unroll
+    for (int j = 0; j < NORM_PREFETCH; ++j) v[j] = norm.sumsq->partial[n][lane + 32 * j];
+  }
+  __device__ __forceinline__ void finish(const NormIn& norm, int in, float (&s_inv)[SUMSQ_ROWS]) {
+    const int lane = threadIdx.x & 31, n = threadIdx.x >> 5;
+    if (n >= N) return;
+    float t = 0.f;
+#pragma unroll
+    for (int j = 0; j < NORM_PREFETCH; ++j) t += lane + 32 * j < (int)blocks ? v[j] : 0.f;
+    for (int b = lane + 32 * NORM_PREFETCH; b < (int)blocks; b += 32) t += norm.sumsq->partial[n][b];
+    t = warp_sum(t);
+    if (lane == 0) s_inv[n] = rsqrtf(t / in + norm.eps);
+  }
+};
+
 // The short kernels' N rows of activations (at most SHORT_ROW_INPUTS wide),
 // copied into shared memory by the whole block with every load in flight
 // at once. x was just written by the previous kernel, so each read of it
@@ -590,6 +621,7 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
                                           size_t total_rows, const size_t (&rows)[ROWS], float (&acc)[ROWS][N],
                                           NormIn norm = {}, int v0 = 0, int v1 = -1) {
   __shared__ float s_inv[SUMSQ_ROWS];
+  NormParts<N> parts;  // the short kernels' (see after_wait)
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)
 #pragma unroll
@@ -620,7 +652,7 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
     if constexpr (SHARED_X) {
       StagedX<N> staged;
       staged.load(xr, N * xvecs);
-      if (NORM) norm_scales<N>(norm, in, s_inv);
+      if (NORM) parts.load(norm);
       staged.store(s_x, N * xvecs);
     } else if (NORM) {
       norm_scales<N>(norm, in, s_inv);
@@ -672,6 +704,7 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
     }
   }
   if (NORM) {
+    if constexpr (W::SCALE != WScale::Kq && WHOLE > 0) parts.finish(norm, in, s_inv);
     __syncthreads();
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
