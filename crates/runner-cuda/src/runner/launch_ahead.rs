@@ -11,6 +11,8 @@
 //! stream runs it first, nothing else to undo). The step computes exactly
 //! what the engine would have asked for: this is not speculative decoding.
 
+use std::time::{Duration, Instant};
+
 use cudarc::driver::CudaEvent;
 use ingot_core::TokenId;
 use ingot_runner::{ForwardBatch, MaskSource, RowSampling, RunnerError, SequenceChunk};
@@ -72,7 +74,14 @@ impl CudaRunner {
             (None, None) => self.download_ids(n)?,
         };
         self.chain_next(batch, graph)?;
-        done.synchronize().map_err(CudaError::from)?;
+        if self.pending.is_some() {
+            // The next step is queued: the CPU's other work goes on meanwhile.
+            done.synchronize().map_err(CudaError::from)?;
+        } else {
+            // The device idles until the host answers: a blocking wait's
+            // wake-up (tens of µs) would be on that path.
+            wait_spinning(&done)?;
+        }
         let ids = self.ids_host[buffer].as_slice();
         self.last_ids = match id_rows {
             Some(kept) => kept.iter().map(|&j| ids[j] as TokenId).collect(),
@@ -168,6 +177,22 @@ impl CudaRunner {
         });
         Ok(())
     }
+}
+
+/// How long [`wait_spinning`] polls before it blocks: longer than a decode
+/// or verify step, shorter than a long prefill (a core busy for it).
+const SPIN_LIMIT: Duration = Duration::from_millis(20);
+
+/// Waits for `done` polling it, for at most [`SPIN_LIMIT`], then blocking.
+fn wait_spinning(done: &CudaEvent) -> Result<(), CudaError> {
+    let start = Instant::now();
+    while start.elapsed() < SPIN_LIMIT {
+        if done.try_is_complete()? {
+            return Ok(());
+        }
+        std::hint::spin_loop();
+    }
+    Ok(done.synchronize()?)
 }
 
 impl CudaRunner {
