@@ -7,18 +7,17 @@ the mean forward time (launch to ids on the host), step time (forward plus
 verification and delivery) and the interval from the step before (the rest
 is the engine loop between steps: proposals, schedule, staging).
 
+The server is speculative.py's (`Server`: CUDA, `--max-num-seqs 64`).
+
 Usage: spec_steps.py --ingot BIN --model GGUF --prompts JSON [--max-tokens 128] [--n 12]"""
 
 import argparse
 import json
 import re
 import statistics
-import subprocess
-import tempfile
-import time
 from datetime import datetime
 
-from speculative import stream_chat
+from speculative import Server
 
 LINE = re.compile(r"^(\S+Z)\s+DEBUG\s+\S+: (speculative step|step) (.*)$")
 
@@ -63,38 +62,21 @@ def main():
     ap.add_argument("--prompts", required=True)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--n", type=int, default=12)
-    ap.add_argument("--device", default="cuda")
     a = ap.parse_args()
     prompts = [p for p in json.load(open(a.prompts))["prompts"] if p["kind"] == "grounded"][: a.n]
-    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 7})
-    proc = subprocess.Popen([a.ingot, "serve", "--model", a.model, "--device", a.device, "--port", "0",
-                             "--speculative-config", spec, "--log-level", "info,ingot_engine=debug"],
-                            stdout=log, stderr=subprocess.STDOUT,
-                            env={"INGOT_FLAG_COALESCING": "off", "PATH": "/usr/bin:/bin"})
+    # speculative.py's server (n-gram, 7 tokens), with the engine's debug log.
+    srv = Server(a.ingot, a.model, "--log-level", "info,ingot_engine=debug")
     try:
-        url, deadline = None, time.time() + 300
-        while url is None and time.time() < deadline:
-            time.sleep(0.5)
-            m = re.search(r"listening on (http://\S+)", open(log.name).read())
-            url = m and m.group(1)
-        for _ in range(600):
-            try:
-                stream_chat(url, "hi", 4)
-                break
-            except Exception:
-                time.sleep(0.5)
         for p in prompts[:3]:  # warm-up
-            stream_chat(url, p["prompt"], 16)
+            srv.chat(p["prompt"], True, 16)
         print(f"{'':8s} {'kind':17s} {'steps':>6s} {'tokens':>7s} {'fwd ms':>9s} {'step ms':>8s} {'gap ms':>8s}")
         for on in (True, False):
-            start = len(open(log.name).read())
+            start = len(open(srv.log.name).read())
             for p in prompts:
-                stream_chat(url, p["prompt"], a.max_tokens, {} if on else {"speculative": False})
-            summary(parse(open(log.name).read()[start:]), "spec on" if on else "spec off")
+                srv.chat(p["prompt"], on, a.max_tokens)
+            summary(parse(open(srv.log.name).read()[start:]), "spec on" if on else "spec off")
     finally:
-        proc.terminate()
-        proc.wait(60)
+        srv.stop()
 
 
 if __name__ == "__main__":

@@ -193,7 +193,7 @@ __device__ __forceinline__ void norm_scales(const NormIn& norm, int in, float (&
 }
 
 // An activation vector from global memory (read-only path) or, with
-// SHARED, from the block's staged copy (see stage_x).
+// SHARED, from the block's staged copy (see StagedX).
 template <bool SHARED>
 __device__ __forceinline__ uint4 load_x(const uint4* p) {
   if constexpr (SHARED) return *p;
@@ -545,7 +545,7 @@ __device__ __forceinline__ void kq_rows(const bf16* x, const KqMatrix* m, int in
 // slower that way, and compiling the path into the general kernels cost
 // the 8B bf16 step 0.9 % (longer rows never take it), hence kernels of
 // their own (docs/perf/small-models.md). They also stage x in shared
-// memory (stage_x).
+// memory (StagedX).
 constexpr int SHORT_ROW_LOADS = 8;
 constexpr int SHORT_ROW_INPUTS = SHORT_ROW_LOADS * 8 * 32;
 
@@ -621,7 +621,10 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
                                           size_t total_rows, const size_t (&rows)[ROWS], float (&acc)[ROWS][N],
                                           NormIn norm = {}, int v0 = 0, int v1 = -1) {
   __shared__ float s_inv[SUMSQ_ROWS];
-  NormParts<N> parts;  // the short kernels' (see after_wait)
+  // The short kernels (WHOLE > 0) read x from shared memory, and their
+  // norm's partials come in with it (see after_wait).
+  constexpr bool SHARED_X = WHOLE > 0 && W::SCALE != WScale::Kq;
+  NormParts<N> parts;
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)
 #pragma unroll
@@ -640,8 +643,6 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)
     sr[r] = W::SCALE == WScale::Block32 ? scales_after<__half>(w, total_rows, in) + rows[r] * (in / 32) : nullptr;
-  // The short kernels (WHOLE > 0) read x from shared memory.
-  constexpr bool SHARED_X = WHOLE > 0;
   __shared__ uint4 s_x[SHARED_X ? N * SHORT_ROW_INPUTS / 8 : 1];
   const uint4* xd = SHARED_X ? s_x : xr;
   // After the weights' first loads: wait for the previous kernel, then
@@ -704,7 +705,7 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
     }
   }
   if (NORM) {
-    if constexpr (W::SCALE != WScale::Kq && WHOLE > 0) parts.finish(norm, in, s_inv);
+    if constexpr (SHARED_X) parts.finish(norm, in, s_inv);
     __syncthreads();
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)

@@ -29,8 +29,8 @@ impl EngineLoop {
     fn expects_next(&self, chunks: &[ScheduledChunk]) -> bool {
         let may_speculate = self.speculation.as_ref().is_some_and(|s| {
             chunks.iter().any(|c| {
-                let tokens = self.scheduler.view(c.id).map_or(&[][..], |v| v.tokens);
                 self.active.get(&c.id).is_some_and(|a| {
+                    let tokens = || self.scheduler.view(c.id).map_or(&[][..], |v| v.tokens);
                     a.speculative
                         && s.holds_back_launch(&a.acceptance, a.proposing, chunks.len(), tokens)
                 })

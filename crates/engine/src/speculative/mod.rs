@@ -315,16 +315,17 @@ impl Speculation {
     /// Whether a sequence holds back the early launch of the step after
     /// this one: it may propose ([`Self::may_propose`]), unless
     /// `launch_ahead_unmatched` and the proposer knows that nothing would
-    /// follow `tokens` (its guess then waits a step once there is one).
-    pub(crate) fn holds_back_launch(
+    /// follow its `tokens` (its guess then waits a step once there is one;
+    /// the tokens are read only when that question is asked).
+    pub(crate) fn holds_back_launch<'t>(
         &self,
         acceptance: &Acceptance,
         proposing: bool,
         running: usize,
-        tokens: &[TokenId],
+        tokens: impl FnOnce() -> &'t [TokenId],
     ) -> bool {
         self.may_propose(acceptance, proposing, running)
-            && !(self.config.launch_ahead_unmatched && self.proposer.finds_nothing(tokens))
+            && !(self.config.launch_ahead_unmatched && self.proposer.finds_nothing(tokens()))
     }
 
     /// Tokens a sequence of `acceptance` asks the proposer for in a step
