@@ -667,6 +667,31 @@ def check_attention(m, rng):
                            [ptr(part_acc), ptr(part_ml), ptr(None), ptr(out), i32(H), i32(hd), i32(splits)])
                 report(f"paged_attention{tc}{infix} hd={hd} g={g} splits={splits} window={window} ctx={lens}",
                        rel(host(out).reshape(n, H, hd), want), 2e-2)
+        # Rows of one sequence (a verification step: 5 tokens at the end of a 300-key context)
+        # beside a lone row: each row attends to the keys up to its own position only.
+        lens = [300, 40]
+        table, stride, k, v = paged_setup(rng, lens, KVH, hd, bs)
+        k, v = kv_round(k, kv_dtype), kv_round(v, kv_dtype)
+        pos, seqs = np.array([295, 296, 297, 298, 299, 39]), np.array([0, 0, 0, 0, 0, 1])
+        n = len(pos)
+        q = bf(rnd(rng, n, H * hd))
+        want = np.stack([reference_attention(q[i].reshape(H, hd), k, v, table, seqs[i], pos[i], H, KVH, hd, bs, window)
+                         for i in range(n)])
+        kd, vd = (dev(to_device_layout(a, KVH, hd, bs), kv_dtype) for a in (k, v))
+        for splits in (1, 4):
+            out = torch.zeros(n, H * hd, dtype=torch.bfloat16, device="cuda")
+            part_acc = torch.zeros(n * H * splits * hd, dtype=torch.float32, device="cuda")
+            part_ml = torch.zeros(n * H * splits * 2, dtype=torch.float32, device="cuda")
+            launch(m.fn(f"paged_attention{infix}_hd{hd}_g{g}"), (n, KVH, splits), 128,
+                   [ptr(dev(q, torch.bfloat16)), ptr(kd), ptr(vd), ptr(dev(table.reshape(-1), torch.int32)),
+                    ptr(dev([stride], torch.int32)), ptr(dev(seqs, torch.int32)), ptr(dev(pos, torch.int32)),
+                    ptr(None), ptr(out), ptr(part_acc), ptr(part_ml), i32(H), i32(KVH), i32(bs), f32(scale_log2),
+                    i32(splits), ptr(None), ctypes.c_uint64(0), i32(0), i32(window)])
+            if splits > 1:
+                launch(m.fn("attention_combine"), (n, H), 128,
+                       [ptr(part_acc), ptr(part_ml), ptr(None), ptr(out), i32(H), i32(hd), i32(splits)])
+            report(f"paged_attention{infix} hd={hd} g={g} splits={splits} window={window}: 5 rows of one sequence",
+                   rel(host(out).reshape(n, H, hd), want), 2e-2)
         if hd > 128:
             continue  # no tensor-core prefill kernel: prefill rows take the decode kernel
 
