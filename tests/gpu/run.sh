@@ -36,6 +36,8 @@
 #   kvtiers   KV tiers (kv_tiers.py), 8B dummy: a 16k-token prefix evicted to host memory and back
 #             (TTFT cold / device / host), copy bandwidth against the pinned floor, and with
 #             --deterministic the same tokens from restored pages as from computed ones
+#   eagle     EAGLE-3 heads on CUDA: capture and head vs the CPU runner (runner-cuda-tests in the
+#             bundle), greedy ids equal with a forced random head on the 8B dummy, batch-1 cost
 #   spec      speculative decoding (speculative.py) on SmolLM2 (needs its bundle): batch-1 decode of
 #             the prompt set with and without n-gram proposals, default and --deterministic (answers
 #             compared), and 64 concurrent requests with speculation allowed and not; specrated:
@@ -716,6 +718,34 @@ for phase in "$@"; do
       done
       for d in "$M" "$S"; do
         cmp -s "$W/draft-ids-none" "$W/draft-ids-$(basename "$d")" && echo "ids equal: $d" || echo "IDS DIFFER: $d"
+      done ;;
+    eagle)
+      # EAGLE-3 heads on CUDA: the runner-cuda test binary (scripts/gpu-bundle puts it in the bundle)
+      # checks the hidden-state capture and the head against the CPU runner's; then the 8B dummy
+      # with a random head (tests/reference/eagle3_head.py, draft vocabulary 32,000 as the published
+      # Llama-3.1-8B heads): greedy ids with 3 forced proposals a step equal plain decoding's under
+      # --deterministic, and batch 1 without a head, with it forced (no proposal holds: the cost of
+      # the machinery) and with the cost model deciding, alternated twice.
+      if [ -f "$B/runner-cuda-tests.gz" ]; then
+        gunzip -c "$B/runner-cuda-tests.gz" > "$W/runner-cuda-tests"; chmod +x "$W/runner-cuda-tests"
+        timeout -k 5 "$T" "$W/runner-cuda-tests" --ignored --nocapture eagle:: 2>&1 | grep -vE "^\s*$" | tail -8
+      else echo "no runner-cuda-tests in the bundle"; fi
+      M=$(llama8b); H="$W/eagle3-8b"; D="--load-format dummy --max-model-len 4096"
+      [ -f "$H/model.safetensors" ] || python3 tests/reference/eagle3_head.py "$H" --hidden 4096 --intermediate 14336 \
+        --heads 32 --kv-heads 8 --layers 32 --vocab 128256 --draft-vocab 32000 --rope-theta 500000 > /dev/null
+      spec() { printf '{"method": "eagle3", "model": "%s", "adaptive": %s, "num_speculative_tokens": 3}' "$H" "$1"; }
+      for s in none false; do
+        sc=(); [ "$s" = none ] || sc=(--speculative-config "$(spec "$s")")
+        "$ING" generate --model "$M" $D --deterministic --prompt "The capital of France is" --max-tokens 32 --ignore-eos \
+          --print-ids "${sc[@]}" 2>&1 >/dev/null | grep output_ids > "$W/eagle-ids-$s"
+      done
+      cmp -s "$W/eagle-ids-none" "$W/eagle-ids-false" && echo "ids equal with a forced head" || echo "IDS DIFFER with a forced head"
+      for round in 1 2; do
+        for s in none false true; do
+          sc=(); [ "$s" = none ] || sc=(--speculative-config "$(spec "$s")")
+          echo "round $round, head: $s (adaptive)"
+          "$ING" bench latency --model "$M" $D --input-len 128 --output-len 128 --num-iters 2 --json "${sc[@]}" | tee -a "$O/bench.jsonl"
+        done
       done ;;
     tp4)
       N=$(nvidia-smi -L | wc -l); M=$(llama8b); D="--load-format dummy --max-model-len 4096"; PORT=8765

@@ -29,7 +29,9 @@ pub enum Arg {
     F32(f32),
 }
 
-/// The device, its stream and the loaded kernel modules.
+/// The device, its stream and the loaded kernel modules. A clone shares
+/// them (an EAGLE head runs on its target's stream).
+#[derive(Clone)]
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
@@ -180,6 +182,38 @@ impl Gpu {
     /// overlap).
     pub fn copy_within(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<(), CudaError> {
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream())? };
+        Ok(())
+    }
+
+    /// Enqueues a device-to-device copy of `rows` rows of `width` bytes,
+    /// rows `pitches.0` bytes apart at `dst` and `pitches.1` at `src`
+    /// (capturable in a graph).
+    pub fn copy_rows(
+        &self,
+        (dst, src): (DevPtr, DevPtr),
+        pitches: (usize, usize),
+        width: usize,
+        rows: usize,
+    ) -> Result<(), CudaError> {
+        let copy = sys::CUDA_MEMCPY2D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            srcHost: std::ptr::null(),
+            srcDevice: src,
+            srcArray: std::ptr::null_mut(),
+            srcPitch: pitches.1,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            dstHost: std::ptr::null_mut(),
+            dstDevice: dst,
+            dstArray: std::ptr::null_mut(),
+            dstPitch: pitches.0,
+            WidthInBytes: width,
+            Height: rows,
+        };
+        unsafe { sys::cuMemcpy2DAsync_v2(&copy, self.stream.cu_stream()).result()? };
         Ok(())
     }
 

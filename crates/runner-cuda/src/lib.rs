@@ -22,6 +22,7 @@
 mod buffers;
 mod config;
 mod device;
+mod eagle;
 pub mod encoder;
 mod error;
 mod fused;

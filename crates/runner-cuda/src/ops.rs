@@ -49,6 +49,18 @@ pub struct Model<'a> {
     pub comm: Option<&'a Communicator>,
     /// Tensor parallel: the one-shot all-reduce for small messages.
     pub peer: Option<&'a PeerReduce>,
+    /// Residual rows to keep for an EAGLE head.
+    pub capture: Option<Capture<'a>>,
+}
+
+/// Where the residual rows entering chosen layers are copied for an EAGLE
+/// head: per token, every slot's row side by side.
+#[derive(Clone, Copy)]
+pub struct Capture<'a> {
+    /// The layer of each slot (a layer may fill several).
+    pub layers: &'a [usize],
+    /// `[tokens, layers.len() * hidden]` f32.
+    pub rows: DevPtr,
 }
 
 impl Model<'_> {
@@ -263,6 +275,25 @@ impl<'a, 'm> CudaOps<'a, 'm> {
             Some(marks) => marks.mark(self.m.gpu, category),
             None => Ok(()),
         }
+    }
+
+    /// Copies the residual rows entering layer `i` (complete here: every
+    /// writer before, fused blocks included, has run) into each capture
+    /// slot that names it.
+    fn capture_input(&mut self, i: usize) -> Result<(), CudaError> {
+        let Some(cap) = self.m.capture else {
+            return Ok(());
+        };
+        let row = self.m.config.hidden_size * 4;
+        let pitch = cap.layers.len() * row;
+        for (slot, _) in cap.layers.iter().enumerate().filter(|(_, &l)| l == i) {
+            let dst = cap.rows + (slot * row) as u64;
+            let rows = self.plan.tokens;
+            self.m
+                .gpu
+                .copy_rows((dst, self.m.buffers.x), (pitch, row), row, rows)?;
+        }
+        Ok(())
     }
 
     fn layer(&self, i: usize) -> Result<&'a LayerWeights, CudaError> {
@@ -975,6 +1006,7 @@ impl DecoderOps for CudaOps<'_, '_> {
             return Err(unsupported("attention score soft-capping"));
         }
         let (layer, kv) = (self.layer(i)?, self.kv_cache(i)?);
+        self.capture_input(i)?;
         let post = self.post_norm(spec.post_norm, layer, |(attn, _)| attn)?;
         let fused_norm = self.take_norm(NextNorm::Attention(i), layer.attn_norm, layer.qkv)?;
         if self.qkv_ready.take() != Some(i) {

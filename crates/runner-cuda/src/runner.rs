@@ -3,6 +3,7 @@
 //! [`ModelRunner`] steps. Graph capture and replay live in [`graphs`], the
 //! decode steps launched ahead of the engine in [`launch_ahead`].
 
+mod capture;
 mod graphs;
 mod launch_ahead;
 mod parallel;
@@ -73,6 +74,8 @@ pub struct CudaRunner {
     asleep: bool,
     /// Page copies for KV tiers, made at the first copy.
     kv_copier: Option<crate::kv_copy::KvCopier>,
+    /// EAGLE heads: the layers whose input rows each step keeps.
+    capture: Option<capture::HiddenCapture>,
     /// Start-up timings (logged once the graphs are captured).
     started: Option<Instant>,
     context_ms: f64,
@@ -221,6 +224,7 @@ impl CudaRunner {
             host_weights: None,
             asleep: false,
             kv_copier: None,
+            capture: None,
             memory: MemoryReport {
                 weights: weights.arena.size(),
                 workspace: 0,
@@ -447,6 +451,7 @@ impl CudaRunner {
             config: &self.config,
             comm: self.comm.as_ref(),
             peer: self.peer.as_ref(),
+            capture: self.capture.as_ref().map(|c| c.target()),
         }
     }
 
@@ -490,6 +495,7 @@ impl CudaRunner {
             Some((_, _, g)) => g.launch()?,
             None => ops::encode(&self.model(), &plan, marks.as_mut())?,
         }
+        self.download_captured(batch.num_tokens())?;
         if let (Some(p), Some(m)) = (self.profiler.as_mut(), marks) {
             self.gpu.sync()?;
             p.add(m, decode, batch.num_tokens(), started)?;
@@ -557,7 +563,7 @@ impl ModelRunner for CudaRunner {
     }
 
     fn launches_ahead(&self) -> bool {
-        true
+        !self.captures()
     }
 
     /// Decode rows replay the captured graphs; a multi-token chunk runs
@@ -632,6 +638,25 @@ impl ModelRunner for CudaRunner {
 
     fn forward_greedy(&mut self, batch: &ForwardBatch<'_>) -> Result<Vec<TokenId>, RunnerError> {
         self.forward_ids(batch, None)
+    }
+
+    fn capture_hidden(&mut self, layers: &[usize]) -> Result<(), RunnerError> {
+        self.set_capture(layers)
+    }
+
+    fn captured_hidden(&self) -> &[f32] {
+        self.capture.as_ref().map_or(&[], |c| c.rows())
+    }
+
+    fn draft_head(
+        &self,
+        config: ingot_models::eagle::EagleHeadConfig,
+        weights: ingot_models::eagle::EagleHeadWeights,
+        kv_tokens: usize,
+    ) -> Result<Box<dyn ingot_runner::DraftHead>, RunnerError> {
+        let head = crate::eagle::CudaEagleHead::new(self.head_parts(), config, weights, kv_tokens)
+            .map_err(|e| RunnerError::Backend(e.to_string()))?;
+        Ok(Box::new(head))
     }
 
     fn forward_sample(

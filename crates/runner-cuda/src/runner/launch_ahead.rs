@@ -122,7 +122,8 @@ impl CudaRunner {
         batch: &ForwardBatch<'_>,
         graph: Option<usize>,
     ) -> Result<(), RunnerError> {
-        match graph.filter(|_| batch.expect_next && self.profiler.is_none()) {
+        let ahead = batch.expect_next && self.profiler.is_none() && !self.captures();
+        match graph.filter(|_| ahead) {
             Some(size) => self.launch_next(batch, size),
             None => Ok(()),
         }
