@@ -38,6 +38,7 @@
 #             --deterministic the same tokens from restored pages as from computed ones
 #   eagle     EAGLE-3 heads on CUDA: capture and head vs the CPU runner (runner-cuda-tests in the
 #             bundle), greedy ids equal with a forced random head on the 8B dummy, batch-1 cost
+#   eaglesteps  where a step's time goes with that head forced (the engine's debug log)
 #   spec      speculative decoding (speculative.py) on SmolLM2 (needs its bundle): batch-1 decode of
 #             the prompt set with and without n-gram proposals, default and --deterministic (answers
 #             compared), and 64 concurrent requests with speculation allowed and not; specrated:
@@ -244,6 +245,15 @@ qwen3moe_gguf() {
     mv "$G.part" "$G"
   echo "$G"
 }
+# A random EAGLE-3 head for the Llama-3.1-8B shape (draft vocabulary 32,000, as the published
+# heads), written once; prints its path. `eagle_spec ADAPTIVE` is its speculative config, 3 tokens a step.
+eagle_head_8b() {
+  local H="$W/eagle3-8b"
+  [ -f "$H/model.safetensors" ] || python3 tests/reference/eagle3_head.py "$H" --hidden 4096 --intermediate 14336 \
+    --heads 32 --kv-heads 8 --layers 32 --vocab 128256 --draft-vocab 32000 --rope-theta 500000 > /dev/null
+  echo "$H"
+}
+eagle_spec() { printf '{"method": "eagle3", "model": "%s", "adaptive": %s, "num_speculative_tokens": 3}' "$W/eagle3-8b" "$1"; }
 # serve_bench LABEL TOKENIZER PROMPTS SEED SERVER-COMMAND...: starts the server (ingot or
 # llama-server, on $PORT), prints the seconds until it is ready (ingot's /ready: 200 once the model
 # is in; llama-server's /health), runs the one client (`ingot bench serve`, 64 concurrent, 1024 in
@@ -730,22 +740,30 @@ for phase in "$@"; do
         gunzip -c "$B/runner-cuda-tests.gz" > "$W/runner-cuda-tests"; chmod +x "$W/runner-cuda-tests"
         timeout -k 5 "$T" "$W/runner-cuda-tests" --ignored --nocapture eagle:: 2>&1 | grep -vE "^\s*$" | tail -8
       else echo "no runner-cuda-tests in the bundle"; fi
-      M=$(llama8b); H="$W/eagle3-8b"; D="--load-format dummy --max-model-len 4096"
-      [ -f "$H/model.safetensors" ] || python3 tests/reference/eagle3_head.py "$H" --hidden 4096 --intermediate 14336 \
-        --heads 32 --kv-heads 8 --layers 32 --vocab 128256 --draft-vocab 32000 --rope-theta 500000 > /dev/null
-      spec() { printf '{"method": "eagle3", "model": "%s", "adaptive": %s, "num_speculative_tokens": 3}' "$H" "$1"; }
+      M=$(llama8b); H=$(eagle_head_8b); D="--load-format dummy --max-model-len 4096"
       for s in none false; do
-        sc=(); [ "$s" = none ] || sc=(--speculative-config "$(spec "$s")")
+        sc=(); [ "$s" = none ] || sc=(--speculative-config "$(eagle_spec "$s")")
         "$ING" generate --model "$M" $D --deterministic --prompt "The capital of France is" --max-tokens 32 --ignore-eos \
           --print-ids "${sc[@]}" 2>&1 >/dev/null | grep output_ids > "$W/eagle-ids-$s"
       done
       cmp -s "$W/eagle-ids-none" "$W/eagle-ids-false" && echo "ids equal with a forced head" || echo "IDS DIFFER with a forced head"
       for round in 1 2; do
         for s in none false true; do
-          sc=(); [ "$s" = none ] || sc=(--speculative-config "$(spec "$s")")
+          sc=(); [ "$s" = none ] || sc=(--speculative-config "$(eagle_spec "$s")")
           echo "round $round, head: $s (adaptive)"
           "$ING" bench latency --model "$M" $D --input-len 128 --output-len 128 --num-iters 2 --json "${sc[@]}" | tee -a "$O/bench.jsonl"
         done
+      done ;;
+    eaglesteps)
+      # Where a step's time goes with the random 8B head forced to propose 3 tokens (the engine's
+      # debug log: verify forward, the head's observation of the verified rows, its proposals),
+      # and the same log without a head.
+      M=$(llama8b); H=$(eagle_head_8b); D="--load-format dummy --max-model-len 4096"
+      for s in none false; do
+        sc=(); [ "$s" = none ] || sc=(--speculative-config "$(eagle_spec "$s")")
+        echo "head: $s (adaptive)"
+        INGOT_LOG_LEVEL=debug "$ING" generate --model "$M" $D --prompt "The capital of France is" --max-tokens 128 \
+          --ignore-eos "${sc[@]}" 2>&1 >/dev/null | python3 tests/gpu/eagle_steps.py
       done ;;
     tp4)
       N=$(nvidia-smi -L | wc -l); M=$(llama8b); D="--load-format dummy --max-model-len 4096"; PORT=8765

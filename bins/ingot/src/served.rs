@@ -484,7 +484,10 @@ fn footprint(plan: &ModelPlan) -> anyhow::Result<u64> {
 
 /// Bytes an EAGLE-3 head (`path`) of `plan`'s model holds on the CPU, at
 /// most: its weights as f32 (Q8_0 on the native kernels is less) and one
-/// layer of KV cache.
+/// layer of KV cache. On the GPU the head's bf16 weights and KV take half
+/// of that, and its workspace and the target's captured rows about the
+/// other half (the Llama-3.1-8B shape's head: 1.7 GB estimated, ~1.7 GB
+/// held).
 fn head_footprint(plan: &ModelPlan, path: &Path) -> anyhow::Result<u64> {
     let (_, model) = metadata(plan)?;
     let head = ingot_models::eagle::load_config(path, &model)

@@ -29,8 +29,7 @@ pub enum Arg {
     F32(f32),
 }
 
-/// The device, its stream and the loaded kernel modules. A clone shares
-/// them (an EAGLE head runs on its target's stream).
+/// The device, its stream and the loaded kernel modules.
 #[derive(Clone)]
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
@@ -158,6 +157,14 @@ impl Gpu {
             })?;
         }
         Ok(())
+    }
+
+    /// The same device, kernels and switches on a new stream of its own.
+    pub fn with_own_stream(&self) -> Result<Self, CudaError> {
+        Ok(Self {
+            stream: self.ctx.new_stream()?,
+            ..self.clone()
+        })
     }
 
     /// Waits for all enqueued work.

@@ -504,6 +504,14 @@ impl CudaRunner {
     }
 }
 
+#[cfg(test)]
+impl CudaRunner {
+    /// Launch-ahead steps used whole so far.
+    pub(crate) fn launch_ahead_hits(&self) -> usize {
+        self.launch_ahead.hits
+    }
+}
+
 impl Drop for CudaRunner {
     fn drop(&mut self) {
         tracing::debug!(
@@ -563,7 +571,7 @@ impl ModelRunner for CudaRunner {
     }
 
     fn launches_ahead(&self) -> bool {
-        !self.captures()
+        true
     }
 
     /// Decode rows replay the captured graphs; a multi-token chunk runs
@@ -654,8 +662,10 @@ impl ModelRunner for CudaRunner {
         weights: ingot_models::eagle::EagleHeadWeights,
         kv_tokens: usize,
     ) -> Result<Box<dyn ingot_runner::DraftHead>, RunnerError> {
-        let head = crate::eagle::CudaEagleHead::new(self.head_parts(), config, weights, kv_tokens)
-            .map_err(|e| RunnerError::Backend(e.to_string()))?;
+        let backend = |e: CudaError| RunnerError::Backend(e.to_string());
+        let parts = self.head_parts().map_err(backend)?;
+        let head =
+            crate::eagle::CudaEagleHead::new(parts, config, weights, kv_tokens).map_err(backend)?;
         Ok(Box::new(head))
     }
 

@@ -83,7 +83,14 @@ impl EngineLoop {
         if requests.is_empty() {
             return;
         }
+        let started = Instant::now();
         let drafts = spec.proposer.propose(&requests);
+        tracing::debug!(
+            seqs = requests.len(),
+            tokens = drafts.iter().map(|d| d.tokens.len()).sum::<usize>(),
+            propose_ms = started.elapsed().as_secs_f64() * 1e3,
+            "proposals"
+        );
         let seqs: Vec<RequestId> = requests.iter().map(|r| r.seq).collect();
         drop(requests);
         for (id, draft) in seqs.into_iter().zip(drafts) {
@@ -147,7 +154,13 @@ impl EngineLoop {
                 });
             }
         }
+        let started = Instant::now();
         spec.proposer.observe(&rows, self.runner.captured_hidden());
+        tracing::debug!(
+            seqs = rows.len(),
+            observe_ms = started.elapsed().as_secs_f64() * 1e3,
+            "hidden states observed"
+        );
     }
 
     /// A step in which some decode chunks end in proposals: one forward

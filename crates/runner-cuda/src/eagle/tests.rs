@@ -206,24 +206,51 @@ fn capture_and_head_match_the_cpu_runner() {
         "captured prompt rows: rel L2 {prefill_err}"
     );
 
-    // One decode step of the CPU's tokens (a graph replay on the GPU).
+    // A decode step of the CPU's tokens (a graph replay on the GPU) that
+    // expects the next: the GPU launches it at once, with its own picks.
     let next: Vec<[u32; 1]> = cpu_next.iter().map(|&t| [t]).collect();
     let rows: Vec<&[u32]> = next.iter().map(|t| t.as_slice()).collect();
-    cuda.forward_greedy(&step(&gpu_tables, &rows, &lens))
+    let expecting = |tables, rows, start| ForwardBatch {
+        expect_next: true,
+        ..step(tables, rows, start)
+    };
+    let picked = cuda
+        .forward_greedy(&expecting(&gpu_tables, &rows, &lens))
         .unwrap();
     cpu.forward_greedy(&step(&cpu_tables, &rows, &lens))
         .unwrap();
     let decode_err = rel_l2(cuda.captured_hidden(), cpu.captured_hidden());
-    assert!(
-        decode_err < 2e-2,
-        "captured decode rows: rel L2 {decode_err}"
+    // The launched step, taken: its rows came back in a buffer of its own.
+    let after: Vec<usize> = lens.iter().map(|l| l + 1).collect();
+    let next: Vec<[u32; 1]> = picked.iter().map(|&t| [t]).collect();
+    let rows: Vec<&[u32]> = next.iter().map(|t| t.as_slice()).collect();
+    cuda.forward_greedy(&step(&gpu_tables, &rows, &after))
+        .unwrap();
+    cpu.forward_greedy(&step(&cpu_tables, &rows, &after))
+        .unwrap();
+    let launched_err = rel_l2(cuda.captured_hidden(), cpu.captured_hidden());
+    assert_eq!(
+        cuda.launch_ahead_hits(),
+        1,
+        "the step launched ahead was taken"
     );
     let agree = gpu_next
         .iter()
         .zip(&cpu_next)
         .filter(|(a, b)| a == b)
         .count();
-    eprintln!("captured rows rel L2: prompt {prefill_err:.2e}, decode {decode_err:.2e}; greedy {agree}/4 equal");
+    eprintln!(
+        "captured rows rel L2: prompt {prefill_err:.2e}, decode {decode_err:.2e}, \
+         launched ahead {launched_err:.2e}; greedy {agree}/4 equal"
+    );
+    assert!(
+        decode_err < 2e-2,
+        "captured decode rows: rel L2 {decode_err}"
+    );
+    assert!(
+        launched_err < 2e-2,
+        "captured rows of a launched step: rel L2 {launched_err}"
+    );
 
     // The head on both, fed the CPU's prompt rows: position i reads row i
     // and the token that follows it.

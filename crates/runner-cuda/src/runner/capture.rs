@@ -1,9 +1,10 @@
 //! Hidden states for EAGLE heads: each step copies the residual rows
 //! entering the chosen layers into device rows (inside the decode graphs
 //! too) and, right behind the step on the stream, into pinned host memory
-//! that `ModelRunner::captured_hidden` hands out once the step is read.
-//! While capturing no step is launched ahead: a launched step would
-//! overwrite the rows of the one the engine has not read yet.
+//! that `ModelRunner::captured_hidden` hands out once the step is read. A
+//! step launched ahead copies its rows into one of two buffers of its own,
+//! so the rows of the step the engine reads are never those of the step
+//! running behind it.
 
 use ingot_runner::RunnerError;
 
@@ -17,10 +18,32 @@ pub(super) struct HiddenCapture {
     layers: Vec<usize>,
     /// `[max_tokens, layers.len() * hidden]` f32.
     rows: DevPtr,
+    /// A step run when asked: up to the workspace's tokens.
     host: Pinned<f32>,
-    /// Values of the last step's rows in `host`.
-    len: usize,
+    /// Steps launched ahead (decode rows of at most `max_seqs` sequences),
+    /// used in turn.
+    launched: [Pinned<f32>; 2],
+    next_launched: usize,
+    /// Values of a row (every layer's).
+    width: usize,
+    /// What [`HiddenCapture::rows`] hands out.
+    current: Current,
     _arena: Arena,
+}
+
+/// Where the last step's rows are.
+enum Current {
+    None,
+    /// The first `n` values of `host`.
+    Step(usize),
+    /// The first `n` values of launched buffer `b`.
+    Launched {
+        b: usize,
+        n: usize,
+    },
+    /// The rows still running of a launched step some of whose rows
+    /// finished.
+    Kept(Vec<f32>),
 }
 
 impl HiddenCapture {
@@ -34,7 +57,12 @@ impl HiddenCapture {
 
     /// The last step's rows.
     pub(super) fn rows(&self) -> &[f32] {
-        &self.host.as_slice()[..self.len]
+        match &self.current {
+            Current::None => &[],
+            Current::Step(n) => &self.host.as_slice()[..*n],
+            Current::Launched { b, n } => &self.launched[*b].as_slice()[..*n],
+            Current::Kept(rows) => rows,
+        }
     }
 }
 
@@ -63,14 +91,19 @@ impl CudaRunner {
         self.gpu.sync()?;
         self.capture = None;
         if !layers.is_empty() {
-            let values = self.buffers.max_tokens * layers.len() * self.config.hidden_size;
+            let width = layers.len() * self.config.hidden_size;
+            let values = self.buffers.max_tokens * width;
             let mut arena = Arena::new(&self.gpu, "hidden capture", Arena::size_of([values * 4]))?;
-            self.memory.workspace += arena.size() + values * 4;
+            self.memory.workspace += arena.size();
+            let seqs = self.buffers.max_seqs * width;
             self.capture = Some(HiddenCapture {
                 layers: layers.to_vec(),
                 rows: arena.take(values * 4)?,
                 host: Pinned::new(&self.gpu, values)?,
-                len: 0,
+                launched: [Pinned::new(&self.gpu, seqs)?, Pinned::new(&self.gpu, seqs)?],
+                next_launched: 0,
+                width,
+                current: Current::None,
                 _arena: arena,
             });
         }
@@ -87,23 +120,54 @@ impl CudaRunner {
         let Some(c) = self.capture.as_mut() else {
             return Ok(());
         };
-        c.len = tokens * c.layers.len() * self.config.hidden_size;
-        self.gpu
-            .download(&mut c.host.as_mut_slice()[..c.len], c.rows)
+        let n = tokens * c.width;
+        c.current = Current::Step(n);
+        self.gpu.download(&mut c.host.as_mut_slice()[..n], c.rows)
     }
 
-    /// What an EAGLE head on this runner's device shares with it.
-    pub(super) fn head_parts(&self) -> HeadParts {
-        HeadParts {
-            gpu: self.gpu.clone(),
+    /// Enqueues the copy of a launched step's `rows` captured rows into the
+    /// next launched buffer; returns it.
+    pub(super) fn download_launched(&mut self, rows: usize) -> Result<Option<usize>, CudaError> {
+        let Some(c) = self.capture.as_mut() else {
+            return Ok(None);
+        };
+        let b = c.next_launched;
+        c.next_launched ^= 1;
+        let host = &mut c.launched[b].as_mut_slice()[..rows * c.width];
+        self.gpu.download(host, c.rows)?;
+        Ok(Some(b))
+    }
+
+    /// After the wait for a launched step of `rows` rows whose rows landed
+    /// in buffer `b`: its rows become the last step's (only `kept`, in
+    /// order, after a partial hit).
+    pub(super) fn take_launched_rows(&mut self, b: usize, rows: usize, kept: Option<&[usize]>) {
+        let Some(c) = self.capture.as_mut() else {
+            return;
+        };
+        let w = c.width;
+        c.current = match kept {
+            None => Current::Launched { b, n: rows * w },
+            Some(kept) => {
+                let all = c.launched[b].as_slice();
+                Current::Kept(
+                    kept.iter()
+                        .flat_map(|&j| &all[j * w..(j + 1) * w])
+                        .copied()
+                        .collect(),
+                )
+            }
+        };
+    }
+
+    /// What an EAGLE head on this runner's device shares with it (the
+    /// head gets a stream of its own: it runs beside a launched step).
+    pub(super) fn head_parts(&self) -> Result<HeadParts, CudaError> {
+        Ok(HeadParts {
+            gpu: self.gpu.with_own_stream()?,
             embed: (self.weights.embed, self.weights.embed_blocks),
             block_size: self.opts.block_size,
             max_seqs: self.opts.max_num_seqs,
-        }
-    }
-
-    /// Whether steps keep hidden rows (and so none launches ahead).
-    pub(super) fn captures(&self) -> bool {
-        self.capture.is_some()
+        })
     }
 }

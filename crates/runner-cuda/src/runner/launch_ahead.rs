@@ -30,6 +30,8 @@ pub(super) struct LaunchAhead {
     graph: usize,
     /// Which pinned id buffer its ids land in, and when they have.
     buffer: usize,
+    /// Which launched buffer its captured hidden rows land in (EAGLE).
+    capture: Option<usize>,
     done: CudaEvent,
 }
 
@@ -60,6 +62,9 @@ impl CudaRunner {
         let (launched, partial) = self.take_launched(batch);
         let partial = partial.as_deref();
         let graph = self.step_graph(batch, launched.as_ref(), partial)?;
+        let captured = launched
+            .as_ref()
+            .and_then(|s| s.capture.map(|b| (b, s.rows.len())));
         // Ids sampled here are in this batch's order; a greedy hit's were
         // picked by the launched step, in its rows' order.
         let id_rows = partial.filter(|_| rows.is_none());
@@ -81,6 +86,9 @@ impl CudaRunner {
             // The device idles until the host answers: a blocking wait's
             // wake-up (tens of µs) would be on that path.
             wait_spinning(&done)?;
+        }
+        if let Some((b, rows)) = captured {
+            self.take_launched_rows(b, rows, partial);
         }
         let ids = self.ids_host[buffer].as_slice();
         self.last_ids = match id_rows {
@@ -122,8 +130,7 @@ impl CudaRunner {
         batch: &ForwardBatch<'_>,
         graph: Option<usize>,
     ) -> Result<(), RunnerError> {
-        let ahead = batch.expect_next && self.profiler.is_none() && !self.captures();
-        match graph.filter(|_| ahead) {
+        match graph.filter(|_| batch.expect_next && self.profiler.is_none()) {
             Some(size) => self.launch_next(batch, size),
             None => Ok(()),
         }
@@ -169,11 +176,13 @@ impl CudaRunner {
         self.stage_next_step(batch, (size, splits))?;
         let (_, graph) = self.graph_for(size, max_ctx)?;
         graph.launch().map_err(CudaError::from)?;
+        let capture = self.download_launched(batch.chunks.len())?;
         let (buffer, done) = self.download_ids(batch.chunks.len())?;
         self.pending = Some(LaunchAhead {
             rows: next,
             graph: size,
             buffer,
+            capture,
             done,
         });
         Ok(())
