@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 const SOURCES: &[&str] = &[
     "gemv",
     "gemv_kq",
+    "gemv_tc",
     "fused_block",
     "attention",
     "sampling",

@@ -783,6 +783,28 @@ def check_gemv(m, rng):
         report(f"{pre} n={n} {inp}->{out} geglu (bf16 out)", rel(host(y), gelu_tanh(gate) * up), 8e-3)
 
 
+def check_gemv_tc(m, rng):
+    """The tensor-core GEMVs of 2-8 rows (cuda.tc_gemv_min_rows): bf16 and f32 out and f32 accumulate against
+    float64, on 8B-like widths; blocks of 16 outputs, chunks of 32 inputs split over 8 warps (a width
+    of 96 chunks leaves some warps fewer than others)."""
+    for n, inp, out in ((2, 4096, 1024), (4, 14336, 512), (5, 3104, 4096), (8, 4096, 1008)):
+        x = bf(rnd(rng, n, inp))
+        w = bf(rnd(rng, out, inp, scale=0.05))
+        want = x @ w.T
+        xd, wd = dev(x, torch.bfloat16), dev(w, torch.bfloat16)
+        args = lambda y: [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out)]
+        y = torch.empty(n, out, dtype=torch.bfloat16, device="cuda")
+        launch(m.fn(f"gemv_tc_n{n}_bf16"), (out // 16,), 256, args(y))
+        report(f"gemv_tc n={n} {inp}->{out} bf16 out", rel(host(y), want), 8e-3)
+        y = torch.empty(n, out, dtype=torch.float32, device="cuda")
+        launch(m.fn(f"gemv_tc_n{n}_f32"), (out // 16,), 256, args(y))
+        report(f"gemv_tc n={n} {inp}->{out} f32 out", rel(host(y), want), 1e-5)
+        base = rnd(rng, n, out).astype(np.float32).astype(np.float64)
+        y = dev(base, torch.float32)
+        launch(m.fn(f"gemv_tc_n{n}_add_f32"), (out // 16,), 256, args(y))
+        report(f"gemv_tc n={n} {inp}->{out} f32 accumulate", rel(host(y), base + want), 1e-5)
+
+
 def check_fused_norm(m, rng):
     """SwiGLU and q/k/v+rope GEMVs that apply the input RMSNorm themselves,
     from the pre-scaled input xg = bf16(x * g) and the sums of squares of x
@@ -1262,6 +1284,7 @@ CHECKS = [
     ("rope", "rope", check_rope),
     ("attention", "attention", check_attention),
     ("gemv", "gemv", check_gemv),
+    ("gemv_tc", "gemv_tc", check_gemv_tc),
     ("qkv_rope", "gemv", check_qkv_rope),
     ("fused_norm", "gemv", check_fused_norm),
     ("moe", "moe", check_moe),
@@ -1281,7 +1304,7 @@ def main():
     # needs just sampling's cubin).
     chosen = [c for c in CHECKS if args.only in (None, c[0])]
     names = {m for _, m, _ in chosen if m} if all(m for _, m, _ in chosen) else \
-        {"elementwise", "rope", "attention", "gemv", "sampling", "fused_block", "moe", "collective"}
+        {"elementwise", "rope", "attention", "gemv", "gemv_tc", "sampling", "fused_block", "moe", "collective"}
     mods = {n: Module(os.path.join(args.cubins, f"{n}.sm_90.cubin")) for n in names}
     for name, module, check in chosen:
         # Each group draws from its own seed: its data does not depend on

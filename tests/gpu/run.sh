@@ -39,6 +39,8 @@
 #   eagle     EAGLE-3 heads on CUDA: capture and head vs the CPU runner (runner-cuda-tests in the
 #             bundle), greedy ids equal with a forced random head on the 8B dummy, batch-1 cost
 #   eaglesteps  where a step's time goes with that head forced (the engine's debug log)
+#   tcgemv    cuda.tc_gemv_min_rows: tensor-core GEMVs of 2-8 rows vs float64, beside the CUDA-core ones
+#             on the 8B dummy (forced head's verify ids, decode of 2/3/4/8 sequences, batch 1 forced)
 #   spec      speculative decoding (speculative.py) on SmolLM2 (needs its bundle): batch-1 decode of
 #             the prompt set with and without n-gram proposals, default and --deterministic (answers
 #             compared), and 64 concurrent requests with speculation allowed and not; specrated:
@@ -752,6 +754,27 @@ for phase in "$@"; do
           sc=(); [ "$s" = none ] || sc=(--speculative-config "$(eagle_spec "$s")")
           echo "round $round, head: $s (adaptive)"
           "$ING" bench latency --model "$M" $D --input-len 128 --output-len 128 --num-iters 2 --json "${sc[@]}" | tee -a "$O/bench.jsonl"
+        done
+      done ;;
+    tcgemv)
+      # cuda.tc_gemv_min_rows: the tensor-core GEMVs of 2-8 rows against float64, then on the 8B dummy the
+      # forced random head's verify steps (4 rows) with and without them (the first step where the
+      # ids part, and the largest logprob difference before it), then speed alternated twice:
+      # decode of 2, 3, 4 and 8 sequences, and batch 1 with the head forced.
+      timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only gemv_tc | tail -14
+      M=$(llama8b); H=$(eagle_head_8b); D="--load-format dummy --max-model-len 4096"
+      timeout -k 5 $((2 * T)) python3 tests/gpu/compare_decode.py --a "$ING_RAW" --b "$ING_RAW" --b-env INGOT_CUDA_TC_GEMV_MIN_ROWS=2 \
+        --model "$M" --dummy --tokens 32 --prompts 3 -- --speculative-config "$(eagle_spec false)" | tail -6
+      for round in 1 2; do
+        for tc in 0 2; do
+          for n in 2 3 4 8; do
+            echo "round $round, tc_gemv_min_rows $tc, $n sequences"
+            INGOT_CUDA_TC_GEMV_MIN_ROWS=$tc "$ING" bench throughput --model "$M" $D --num-prompts $n --max-num-seqs $n \
+              --input-len 128 --output-len 256 --json | tee -a "$O/bench.jsonl"
+          done
+          echo "round $round, tc_gemv_min_rows $tc, batch 1, head forced"
+          INGOT_CUDA_TC_GEMV_MIN_ROWS=$tc "$ING" bench latency --model "$M" $D --input-len 128 --output-len 128 --num-iters 2 --json \
+            --speculative-config "$(eagle_spec false)" | tee -a "$O/bench.jsonl"
         done
       done ;;
     eaglesteps)

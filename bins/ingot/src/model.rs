@@ -903,6 +903,7 @@ fn cuda_runner(
         fp8_lm_head: m.fp8_lm_head,
         native_weights: m.cuda_weights == ingot_config::CudaWeights::Native,
         fused_block: cuda.fused_block,
+        tc_gemv_min_rows: cuda.tc_gemv_min_rows,
         custom_all_reduce: cuda.custom_all_reduce,
         deterministic: config.engine.deterministic,
         tc_decode_min_rows: cuda.tc_decode_min_rows,

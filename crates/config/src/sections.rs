@@ -691,6 +691,16 @@ pub struct CudaSection {
     /// one kernel with grid-wide barriers instead of five (same bits, fewer
     /// launches). Off: measured slower on the H100 (docs/perf/small-models.md).
     pub fused_block: bool,
+    /// Decode steps of this many rows up to 8 (speculative verification,
+    /// small batches) run the bf16 GEMVs of models wider than 2,048 on
+    /// tensor cores, with the norms, activation and rope as kernels of
+    /// their own, instead of the CUDA-core GEMVs that fuse them (0: never).
+    /// Default 3: from 3 rows it paid on an H200 (the 8B: 3 rows +12 %, 4
+    /// +19 %, 8 +78 %; 2 rows -3 %; docs/benchmarks.md). Batch 1 and
+    /// `engine.deterministic` never take it; the kernels match float64
+    /// within f32 rounding, and a row's bits already depend on its step's
+    /// size without it (the default kernels are not batch-invariant).
+    pub tc_gemv_min_rows: usize,
     /// Decode steps with at least this many decode rows run the tensor-core
     /// decode attention kernel (0: never; head sizes 64 and 128). Default
     /// 64: on an H100 it was faster than the SIMT kernel at 64 and 256
@@ -723,6 +733,7 @@ impl Default for CudaSection {
             l2_prefetch: None,
             pdl: true,
             fused_block: false,
+            tc_gemv_min_rows: 3,
             tc_decode_min_rows: 64,
             tc_decode_fp8_min_rows: 64,
             custom_all_reduce: true,

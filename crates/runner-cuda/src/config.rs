@@ -61,6 +61,9 @@ pub struct CudaRunnerConfig {
     /// next layer's q/k/v on small models at GEMV batch sizes
     /// (`cuda.fused_block`; off by default: measured slower).
     pub fused_block: bool,
+    /// GEMVs of this many rows up to 8 of wide bf16 models on tensor cores
+    /// (`cuda.tc_gemv_min_rows`; 0: never).
+    pub tc_gemv_min_rows: usize,
     /// Batch-invariant kernels (`engine.deterministic`): a row's result
     /// does not depend on what else is in the step. Linear layers run
     /// cuBLASLt with one split-K-free algorithm per matrix at every token
@@ -102,6 +105,7 @@ impl Default for CudaRunnerConfig {
             fp8_lm_head: false,
             native_weights: false,
             fused_block: false,
+            tc_gemv_min_rows: 3,
             deterministic: false,
             tc_decode_min_rows: 0,
             tc_decode_fp8_min_rows: 0,

@@ -246,7 +246,8 @@ impl<'a, 'm> CudaOps<'a, 'm> {
             m,
             plan,
             marks,
-            fuse_norms: gemv_sizes && d.div_ceil(8) <= SUMSQ_MAX_BLOCKS,
+            // Tensor-core GEMV steps take their norms apart.
+            fuse_norms: gemv_sizes && d.div_ceil(8) <= SUMSQ_MAX_BLOCKS && !m.gemm.tc_rows(t, d),
             prescaled: None,
             deferred: None,
             attention_spec: None,

@@ -180,6 +180,7 @@ impl CudaRunner {
         )?;
         let mut gemm = Gemm::new(&gpu, &mut workspace)?;
         gemm.deterministic = opts.deterministic;
+        gemm.tc_min_rows = opts.tc_gemv_min_rows;
         if let Some(region) = weights.fp8_region {
             gemm.enable_fp8(&gpu, &mut workspace, region, fp8_limits)?;
         }

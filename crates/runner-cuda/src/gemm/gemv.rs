@@ -75,6 +75,13 @@ pub(super) fn mode_kernels<const M: usize>(
         .map_err(|_| CudaError::Unsupported("GEMV table size".into()))
 }
 
+/// The tensor-core GEMVs `gemv_tc_n{n}_{bf16,f32,add_f32}` for n = 2..=8.
+pub(super) fn gemv_tc_table(gpu: &Gpu) -> Result<Vec<[Kernel; 3]>, CudaError> {
+    (2..=GEMV_MAX_TOKENS)
+        .map(|n| mode_kernels(gpu, &format!("gemv_tc_n{n}"), &["bf16", "f32", "add_f32"]))
+        .collect()
+}
+
 /// The most inputs of a bf16 matrix whose GEMV loads each lane's whole row
 /// before its PDL wait and stages x in shared memory (`gemv_short_n{n}_*`:
 /// gemv.cuh's `SHORT_ROW_INPUTS`, 8 loads of 8 a lane, over 32 lanes).
@@ -93,6 +100,28 @@ impl Gemm {
         };
         let kq_sums_fit = self.kq_bytes(w).is_none() || kq_run_sums_fit(tokens, inputs);
         !self.deterministic && gemv_fits(tokens, inputs, align) && kq_sums_fit
+    }
+
+    /// Whether steps of `tokens` rows of a model of width `hidden` take
+    /// the tensor-core GEMVs (`cuda.tc_gemv_min_rows` to 8 rows, bf16 weights, rows
+    /// longer than the short kernels'): their steps then run the norms,
+    /// the activation and rope apart, as the GEMM path does.
+    pub fn tc_rows(&self, tokens: usize, hidden: usize) -> bool {
+        self.tc_min_rows > 0
+            && !self.deterministic
+            && (self.tc_min_rows.max(2)..=GEMV_MAX_TOKENS).contains(&tokens)
+            && self.fp8.is_none()
+            && self.native.is_none()
+            && hidden > SHORT_ROW_INPUTS
+    }
+
+    /// Whether the tensor-core GEMV takes `w` at `tokens` rows of `inputs`
+    /// (its chunks are 32 inputs; its blocks 16 outputs, checked at launch).
+    fn tc_fits(&self, tokens: usize, inputs: usize, w: DevPtr) -> bool {
+        self.tc_rows(tokens, inputs)
+            && inputs.is_multiple_of(32)
+            && self.fp8_of(w).is_none()
+            && self.blocks_of(w).is_none()
     }
 
     /// Blocks of the plain GEMV kernels for `outputs` rows: 8 warps a
@@ -134,6 +163,23 @@ impl Gemm {
     ) -> Result<bool, CudaError> {
         if !self.gemv_fits(tokens, inputs, w) {
             return Ok(false);
+        }
+        if next_norm.is_none() && outputs.is_multiple_of(16) && self.tc_fits(tokens, inputs, w) {
+            let mode = match out {
+                OutType::Bf16 => 0,
+                OutType::F32 => 1,
+                OutType::AddF32 => 2,
+            };
+            let args = [
+                Arg::Ptr(x),
+                Arg::Ptr(w),
+                Arg::Ptr(y),
+                Arg::I32(inputs as i32),
+                Arg::I32(outputs as i32),
+            ];
+            let grid = ((outputs / 16) as u32, 1, 1);
+            gpu.launch(&self.gemv_tc[tokens - 2][mode], grid, 256, 0, &args)?;
+            return Ok(true);
         }
         let (mode, sumsq) = match out {
             OutType::Bf16 => (0, 0),
@@ -177,6 +223,10 @@ impl Gemm {
         outputs: usize,
         norm_eps: Option<f32>,
     ) -> Result<bool, CudaError> {
+        // Tensor-core steps run the gate/up product and the activation apart.
+        if self.tc_fits(tokens, inputs, w) {
+            return Ok(false);
+        }
         if !self.gemv_fits(tokens, inputs, w) {
             return Ok(false);
         }
@@ -263,7 +313,7 @@ impl Gemm {
         inputs: usize,
         norm: bool,
     ) -> Option<&Kernel> {
-        self.gemv_fits(tokens, inputs, w)
+        (self.gemv_fits(tokens, inputs, w) && !self.tc_fits(tokens, inputs, w))
             .then(|| &self.gemv_kernels(w, tokens, inputs)[if norm { 6 } else { 4 }])
     }
 }

@@ -52,7 +52,7 @@ use crate::weights::scales_offset;
 use crate::CudaError;
 pub use fp8::Fp8Limits;
 use fp8::{quantize_activations, Fp8};
-use gemv::gemv_table;
+use gemv::{gemv_table, gemv_tc_table};
 use plan::{destroy_plan, Fixed, Plan};
 use quant::Native;
 pub use quant::{KqMatrixInfo, NativeRegions};
@@ -138,6 +138,12 @@ pub struct Gemm {
     /// models: whole rows loaded before the PDL wait, x staged in shared
     /// memory), n = 1..=8.
     gemv_short: Vec<[Kernel; 10]>,
+    /// `[tokens - 2]`: the tensor-core GEMVs of 2-8 rows (bf16, f32, f32
+    /// accumulate), taken from [`Gemm::tc_min_rows`] rows.
+    gemv_tc: Vec<[Kernel; 3]>,
+    /// Run bf16 GEMVs of this many rows up to 8 of wide models on tensor
+    /// cores (`cuda.tc_gemv_min_rows`, 0: never; see [`Gemm::tc_rows`]).
+    pub tc_min_rows: usize,
     /// Time the candidates of new shapes (only while buffers hold scratch).
     pub tune: bool,
     /// Batch-invariant products: no GEMV kernels, one split-K-free
@@ -171,6 +177,8 @@ impl Gemm {
             plans: RefCell::new(HashMap::new()),
             gemv: gemv_table(gpu, "gemv")?,
             gemv_short: gemv_table(gpu, "gemv_short")?,
+            gemv_tc: gemv_tc_table(gpu)?,
+            tc_min_rows: 0,
             tune: false,
             deterministic: false,
             fixed_algos: RefCell::new(HashMap::new()),
