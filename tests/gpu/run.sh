@@ -39,6 +39,7 @@
 #   eagle     EAGLE-3 heads on CUDA: capture and head vs the CPU runner (runner-cuda-tests in the
 #             bundle), greedy ids equal with a forced random head on the 8B dummy, batch-1 cost
 #   eaglesteps  where a step's time goes with that head forced (the engine's debug log)
+#   eagleserve  64 concurrent (1024/128) with the random 8B head configured and without
 #   tcgemv    cuda.tc_gemv_min_rows: tensor-core GEMVs of 2-8 rows vs float64, beside the CUDA-core ones
 #             on the 8B dummy (forced head's verify ids, decode of 2/3/4/8 sequences, batch 1 forced)
 #   spec      speculative decoding (speculative.py) on SmolLM2 (needs its bundle): batch-1 decode of
@@ -776,6 +777,16 @@ for phase in "$@"; do
           INGOT_CUDA_TC_GEMV_MIN_ROWS=$tc "$ING" bench latency --model "$M" $D --input-len 128 --output-len 128 --num-iters 2 --json \
             --speculative-config "$(eagle_spec false)" | tee -a "$O/bench.jsonl"
         done
+      done ;;
+    eagleserve)
+      # Serving 64 concurrent (1024 in / 128 out, 128 prompts) with the random 8B head configured
+      # (the cost model deciding; above disable_by_batch_size nothing is observed or proposed, the
+      # captured rows still copied) and without, alternated twice.
+      M=$(llama8b); H=$(eagle_head_8b); PORT=8765
+      S="serve --model $M --load-format dummy --max-model-len 4096 --max-num-seqs 64"
+      for round in 1 2; do
+        serve_bench plain "$M" 128 "$round" "$ING_RAW" $S
+        serve_bench eagle "$M" 128 "$round" "$ING_RAW" $S --speculative-config "$(eagle_spec true)"
       done ;;
     eaglesteps)
       # Where a step's time goes with the random 8B head forced to propose 3 tokens (the engine's

@@ -160,13 +160,9 @@ pub fn start_engine_with_draft(
         draft_limits,
     )
     .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    if let Some(layers) = speculation
-        .as_ref()
-        .map(|s| &s.hidden_layers)
-        .filter(|l| !l.is_empty())
-    {
+    if let Some(s) = speculation.as_ref().filter(|s| !s.hidden_layers.is_empty()) {
         runner
-            .capture_hidden(layers)
+            .capture_hidden(&s.hidden_layers)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
     }
     let state = EngineLoop {

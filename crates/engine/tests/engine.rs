@@ -535,8 +535,7 @@ fn stepwise_logprobs(prompt: &[u32]) -> Vec<(f32, u32)> {
                     block_table: &table,
                     group_tables: &[],
                 }],
-                expect_next: false,
-                score: Vec::new(),
+                ..ForwardBatch::default()
             };
             let row = runner.forward(&batch).unwrap();
             let z = ingot_runner::sampling::log_sum_exp(row);

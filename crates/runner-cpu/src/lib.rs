@@ -770,6 +770,7 @@ impl ModelRunner for CpuRunner {
         Ok(&self.ws.logits[..len])
     }
 
+    /// Every step keeps its rows (the copies cost little beside the step).
     fn capture_hidden(&mut self, layers: &[usize]) -> Result<(), RunnerError> {
         if let Some(&l) = layers.iter().find(|&&l| l >= self.config.num_layers) {
             return Err(RunnerError::Backend(format!(

@@ -374,8 +374,7 @@ impl CudaRunner {
             .collect();
         let batch = ForwardBatch {
             chunks: vec![ingot_runner::SequenceChunk::with_tables(&ids, 0, &tables)],
-            expect_next: false,
-            score: Vec::new(),
+            ..ForwardBatch::default()
         };
         self.run(&batch, false)?;
         self.gpu.sync()?;
@@ -492,11 +491,20 @@ impl CudaRunner {
             None => None,
         };
         self.buffers.upload(&self.gpu, &plan)?;
+        // Rows of steps nobody reads are not copied (graphs copy them on
+        // the device, a few rows).
+        let keep = self.keeps_rows(batch);
         match graph {
             Some((_, _, g)) => g.launch()?,
-            None => ops::encode(&self.model(), &plan, marks.as_mut())?,
+            None => {
+                let model = ops::Model {
+                    capture: self.model().capture.filter(|_| keep),
+                    ..self.model()
+                };
+                ops::encode(&model, &plan, marks.as_mut())?
+            }
         }
-        self.download_captured(batch.num_tokens())?;
+        self.download_captured(batch.num_tokens(), keep)?;
         if let (Some(p), Some(m)) = (self.profiler.as_mut(), marks) {
             self.gpu.sync()?;
             p.add(m, decode, batch.num_tokens(), started)?;

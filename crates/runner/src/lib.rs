@@ -106,6 +106,10 @@ pub struct ForwardBatch<'a> {
     /// length limit). A backend may start that step before this one's
     /// results are read; it must check the next batch and discard on a miss.
     pub expect_next: bool,
+    /// The caller reads this step's hidden rows (an EAGLE head, see
+    /// [`ModelRunner::capture_hidden`]); false: the runner may keep none
+    /// (a GPU then copies none to the host).
+    pub keep_hidden: bool,
     /// Chunks whose positions are scored too (prompt logprobs): their rows
     /// follow the chunks' last-token rows in [`ModelRunner::forward`]'s
     /// output. Read by `forward` and [`ModelRunner::forward_scored`] only.
@@ -254,7 +258,8 @@ pub trait ModelRunner: Send {
 
     /// From the next forward pass on, keep the hidden state entering each
     /// of `layers` (the residual stream before the layer runs) for every
-    /// token of the batch: [`ModelRunner::captured_hidden`]. Empty: none.
+    /// token of a batch that asks for them ([`ForwardBatch::keep_hidden`]):
+    /// [`ModelRunner::captured_hidden`]. Empty: none.
     fn capture_hidden(&mut self, layers: &[usize]) -> Result<(), RunnerError> {
         let _ = layers;
         Err(RunnerError::Backend(format!(

@@ -71,7 +71,6 @@ fn one_chunk<'a>(
 ) -> ForwardBatch<'a> {
     ForwardBatch {
         chunks: vec![SequenceChunk::with_tables(tokens, start_pos, tables)],
-        expect_next: false,
-        score: Vec::new(),
+        ..ForwardBatch::default()
     }
 }

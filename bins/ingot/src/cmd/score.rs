@@ -63,8 +63,7 @@ pub fn score(
     let tables = ingot_runner::solo_tables(&*runner, ids.len())?;
     let batch = |start: usize, end: usize| ForwardBatch {
         chunks: vec![SequenceChunk::with_tables(&ids[start..end], start, &tables)],
-        expect_next: false,
-        score: Vec::new(),
+        ..ForwardBatch::default()
     };
     let last = context.len() - 1;
     if last > 0 {

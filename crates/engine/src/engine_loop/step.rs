@@ -69,7 +69,9 @@ impl EngineLoop {
         if !self.move_pages(chunks) {
             return;
         }
+        let keep_hidden = self.observes_hidden();
         let (mut batch, scored) = build_batch(&self.scheduler, &self.active, chunks);
+        batch.keep_hidden = keep_hidden;
         let num_tokens = batch.num_tokens();
         let mut masks = self.submit_masks(chunks);
         let greedy = batch.score.is_empty() && self.all_plain_greedy(chunks);

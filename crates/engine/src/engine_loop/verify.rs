@@ -118,16 +118,30 @@ impl EngineLoop {
         }
     }
 
+    /// Whether the step being built keeps its hidden rows for the
+    /// proposer: one reads them, and no more sequences run than speculate
+    /// (a head starts a sequence over where it next sees it, so the steps
+    /// of a large batch, its prompt chunks included, cost it nothing).
+    /// Recorded for [`Self::observe_hidden`].
+    pub(super) fn observes_hidden(&mut self) -> bool {
+        let running = self.scheduler.num_running();
+        let Some(spec) = self.speculation.as_mut() else {
+            return false;
+        };
+        spec.observing =
+            !spec.hidden_layers.is_empty() && running <= spec.config.disable_by_batch_size;
+        spec.observing
+    }
+
     /// After a step (its tokens taken): hands a proposer that reads
     /// hidden states the rows whose next token is now known, of the
-    /// sequences that may speculate. Steps of more sequences than
-    /// speculate skip it (the head starts a sequence over when it next
-    /// sees it).
+    /// sequences that may speculate, when the step kept them
+    /// ([`Self::observes_hidden`]).
     pub(super) fn observe_hidden(&mut self, chunks: &[ScheduledChunk]) {
         let Some(spec) = self.speculation.as_mut() else {
             return;
         };
-        if chunks.len() > spec.config.disable_by_batch_size || spec.hidden_layers.is_empty() {
+        if !spec.observing {
             return;
         }
         let mut rows = Vec::with_capacity(chunks.len());
@@ -175,9 +189,11 @@ impl EngineLoop {
         if !self.move_pages(chunks) {
             return;
         }
+        let keep_hidden = self.observes_hidden();
         let (batch, scored) = build_batch(&self.scheduler, &self.active, chunks);
         let as_rows = self.runner.verifies_as_decode_rows();
-        let (batch, layout) = lay_out(batch, chunks, as_rows);
+        let (mut batch, layout) = lay_out(batch, chunks, as_rows);
+        batch.keep_hidden = keep_hidden;
         let num_tokens = batch.num_tokens();
         let greedy = as_rows && batch.score.is_empty() && self.all_plain_greedy(chunks);
         let close = self.config.close_structured_near_limit;

@@ -246,8 +246,7 @@ fn greedy(
 ) -> Result<Vec<TokenId>, RunnerError> {
     runner.forward_greedy(&ForwardBatch {
         chunks,
-        expect_next: false,
-        score: Vec::new(),
+        ..ForwardBatch::default()
     })
 }
 

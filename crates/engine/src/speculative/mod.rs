@@ -236,6 +236,9 @@ pub(crate) struct Speculation {
     /// The last step let the runner launch the next one ahead: a proposal
     /// now would not match the step in flight, so none is made.
     pub launched_ahead: bool,
+    /// The step in flight keeps its hidden rows for the proposer
+    /// ([`ingot_runner::ForwardBatch::keep_hidden`]).
+    pub observing: bool,
 }
 
 /// What stops an engine from speculating as configured.
@@ -284,6 +287,7 @@ impl Speculation {
             cost: StepCost::default(),
             by_match: Default::default(),
             launched_ahead: false,
+            observing: false,
         }))
     }
 

@@ -108,6 +108,7 @@ fn greedy(
                 .map(|r| SequenceChunk::with_tables(&r.tokens[r.pos..], r.pos, &r.tables))
                 .collect(),
             expect_next: false,
+            keep_hidden: false,
             score: Vec::new(),
         };
         let logits = runner.forward(&batch).unwrap().to_vec();

@@ -160,6 +160,7 @@ pub(crate) fn forward(runner: &mut CpuRunner, chunks: Vec<SequenceChunk<'_>>) ->
         .forward(&ForwardBatch {
             chunks,
             expect_next: false,
+            keep_hidden: false,
             score: Vec::new(),
         })
         .unwrap();

@@ -97,6 +97,7 @@ fn smollm2_matches_f32_reference() {
                 })
                 .collect(),
             expect_next: false,
+            keep_hidden: false,
             score: Vec::new(),
         };
         let logits = runner.forward(&batch).unwrap().to_vec();
@@ -180,6 +181,7 @@ fn smollm2_bf16_weights_stay_close_to_the_reference() {
                 group_tables: &[],
             }],
             expect_next: false,
+            keep_hidden: false,
             score: Vec::new(),
         };
         let logits = runner.forward(&batch).unwrap();

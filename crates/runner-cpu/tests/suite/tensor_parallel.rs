@@ -59,6 +59,7 @@ fn compare(name: &str, size: usize) -> f32 {
         let batch = ForwardBatch {
             chunks,
             expect_next: false,
+            keep_hidden: false,
             score: Vec::new(),
         };
         let want = whole.forward(&batch).unwrap().to_vec();

@@ -173,6 +173,7 @@ fn capture_and_head_match_the_cpu_runner() {
     );
     let step = |tables, rows, start| ForwardBatch {
         chunks: chunks(tables, rows, start),
+        keep_hidden: true,
         ..ForwardBatch::default()
     };
     let rows: Vec<&[u32]> = prompts.iter().map(|p| p.as_slice()).collect();

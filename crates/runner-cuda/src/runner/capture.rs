@@ -6,7 +6,7 @@
 //! so the rows of the step the engine reads are never those of the step
 //! running behind it.
 
-use ingot_runner::RunnerError;
+use ingot_runner::{ForwardBatch, RunnerError};
 
 use super::CudaRunner;
 use crate::device::{Arena, DevPtr, Pinned};
@@ -114,21 +114,35 @@ impl CudaRunner {
         Ok(())
     }
 
+    /// Whether `batch`'s step keeps its rows (the caller reads them).
+    pub(super) fn keeps_rows(&self, batch: &ForwardBatch<'_>) -> bool {
+        self.capture.is_some() && batch.keep_hidden
+    }
+
     /// Enqueues the copy of a step's `tokens` captured rows to the host
-    /// (read once the step's ids or logits are).
-    pub(super) fn download_captured(&mut self, tokens: usize) -> Result<(), CudaError> {
+    /// (read once the step's ids or logits are); with `keep` false the
+    /// step has none.
+    pub(super) fn download_captured(&mut self, tokens: usize, keep: bool) -> Result<(), CudaError> {
         let Some(c) = self.capture.as_mut() else {
             return Ok(());
         };
+        if !keep {
+            c.current = Current::None;
+            return Ok(());
+        }
         let n = tokens * c.width;
         c.current = Current::Step(n);
         self.gpu.download(&mut c.host.as_mut_slice()[..n], c.rows)
     }
 
     /// Enqueues the copy of a launched step's `rows` captured rows into the
-    /// next launched buffer; returns it.
-    pub(super) fn download_launched(&mut self, rows: usize) -> Result<Option<usize>, CudaError> {
-        let Some(c) = self.capture.as_mut() else {
+    /// next launched buffer when `keep`; returns it.
+    pub(super) fn download_launched(
+        &mut self,
+        rows: usize,
+        keep: bool,
+    ) -> Result<Option<usize>, CudaError> {
+        let Some(c) = self.capture.as_mut().filter(|_| keep) else {
             return Ok(None);
         };
         let b = c.next_launched;
@@ -138,17 +152,22 @@ impl CudaRunner {
         Ok(Some(b))
     }
 
-    /// After the wait for a launched step of `rows` rows whose rows landed
-    /// in buffer `b`: its rows become the last step's (only `kept`, in
-    /// order, after a partial hit).
-    pub(super) fn take_launched_rows(&mut self, b: usize, rows: usize, kept: Option<&[usize]>) {
+    /// After the wait for a launched step whose `rows` rows landed in
+    /// buffer `b` (`captured`; none for a step that kept none): its rows
+    /// become the last step's (only `kept`, in order, after a partial hit).
+    pub(super) fn take_launched_rows(
+        &mut self,
+        captured: Option<(usize, usize)>,
+        kept: Option<&[usize]>,
+    ) {
         let Some(c) = self.capture.as_mut() else {
             return;
         };
         let w = c.width;
-        c.current = match kept {
-            None => Current::Launched { b, n: rows * w },
-            Some(kept) => {
+        c.current = match (captured, kept) {
+            (None, _) => Current::None,
+            (Some((b, rows)), None) => Current::Launched { b, n: rows * w },
+            (Some((b, _)), Some(kept)) => {
                 let all = c.launched[b].as_slice();
                 Current::Kept(
                     kept.iter()

@@ -62,6 +62,7 @@ impl CudaRunner {
         let (launched, partial) = self.take_launched(batch);
         let partial = partial.as_deref();
         let graph = self.step_graph(batch, launched.as_ref(), partial)?;
+        let launched_step = launched.is_some();
         let captured = launched
             .as_ref()
             .and_then(|s| s.capture.map(|b| (b, s.rows.len())));
@@ -87,8 +88,8 @@ impl CudaRunner {
             // wake-up (tens of µs) would be on that path.
             wait_spinning(&done)?;
         }
-        if let Some((b, rows)) = captured {
-            self.take_launched_rows(b, rows, partial);
+        if launched_step {
+            self.take_launched_rows(captured, partial);
         }
         let ids = self.ids_host[buffer].as_slice();
         self.last_ids = match id_rows {
@@ -176,7 +177,8 @@ impl CudaRunner {
         self.stage_next_step(batch, (size, splits))?;
         let (_, graph) = self.graph_for(size, max_ctx)?;
         graph.launch().map_err(CudaError::from)?;
-        let capture = self.download_launched(batch.chunks.len())?;
+        let keep = self.keeps_rows(batch);
+        let capture = self.download_launched(batch.chunks.len(), keep)?;
         let (buffer, done) = self.download_ids(batch.chunks.len())?;
         self.pending = Some(LaunchAhead {
             rows: next,

@@ -357,6 +357,8 @@ impl OwnedBatch {
                 })
                 .collect(),
             expect_next: self.expect_next,
+            // Tensor parallel keeps no hidden rows (no EAGLE head yet).
+            keep_hidden: false,
             score: self
                 .score
                 .iter()
@@ -452,8 +454,8 @@ impl ModelRunner for TpRunner {
         ingot_runner::check_rows(batch, rows)?;
         let batch = ForwardBatch {
             chunks: batch.chunks.clone(),
-            expect_next: false,
             score: batch.score.clone(),
+            ..ForwardBatch::default()
         };
         self.broadcast(&batch, Mode::Ids)?;
         let picks = self.lead.forward_sample(&batch, rows, masks);
@@ -484,6 +486,7 @@ mod tests {
                 SequenceChunk::with_tables(&b, 2, &tables[1..]),
             ],
             expect_next: true,
+            keep_hidden: false,
             score: vec![ScoredChunk {
                 chunk: 0,
                 next: &next,
