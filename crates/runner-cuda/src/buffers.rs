@@ -669,6 +669,15 @@ impl Buffers {
     pub(crate) fn input(&self, offset: usize) -> DevPtr {
         self.inputs + (offset * 4) as u64
     }
+
+    /// The decode attention's row list of `plan` (0: rows 0..tokens).
+    pub(crate) fn decode_ids(&self, plan: &StepPlan) -> DevPtr {
+        if plan.decode_list {
+            self.input(self.layout.decode_ids)
+        } else {
+            0
+        }
+    }
 }
 
 /// Lays out an eager step; in deterministic mode every token goes to the

@@ -26,9 +26,10 @@ use crate::buffers::{Buffers, StepPlan, SUMSQ_BYTES};
 use crate::device::{Arena, DevPtr, Gpu, Pinned};
 use crate::gemm::{Gemm, OutType};
 use crate::kernels::{
-    ArgmaxRows, DecodeAttention, EmbedRows, GatedMul, Heads, Kernels, KvCache, KvDtype,
-    L2PrefetchSpec, PagedInputs, PrefillAttention, RmsNorm, RopeQkv, RopeTarget,
+    ArgmaxRows, EmbedRows, GatedMul, Heads, Kernels, KvCache, KvDtype, L2PrefetchSpec, RmsNorm,
+    RopeQkv, RopeTarget,
 };
+use crate::ops::{paged_attention, AttentionSite};
 use crate::CudaError;
 
 /// Most tokens of one piece of a head's forward pass (its workspace).
@@ -313,49 +314,15 @@ impl CudaEagleHead {
             },
         }
         .launch(gpu, k)?;
-        let scale_log2 = std::f32::consts::LOG2_E / (c.head_dim as f32).sqrt();
-        let paged = PagedInputs {
-            tables: b.input(l.tables_of(0)),
-            stride: b.input(l.stride),
-            positions: b.input(l.positions),
+        let site = AttentionSite {
+            kv: (kv, 0),
+            heads,
+            scale_log2: std::f32::consts::LOG2_E / (c.head_dim as f32).sqrt(),
+            window: 0,
+            prefetch: (0, 0),
+            keep_partials: false,
         };
-        if plan.decode_tokens > 0 {
-            DecodeAttention {
-                tokens: plan.decode_tokens,
-                splits: plan.splits,
-                q: b.q,
-                kv,
-                paged,
-                token_seq: b.input(l.token_seq),
-                decode_ids: if plan.decode_list {
-                    b.input(l.decode_ids)
-                } else {
-                    0
-                },
-                out: b.attn,
-                part_acc: b.part_acc,
-                part_ml: b.part_ml,
-                heads,
-                scale_log2,
-                window: 0,
-                prefetch: (0, 0),
-            }
-            .launch(gpu, k)?;
-        }
-        if plan.tiles > 0 {
-            PrefillAttention {
-                num_tiles: plan.tiles,
-                tiles: b.input(l.tiles),
-                q: b.q,
-                kv,
-                paged,
-                out: b.attn,
-                heads,
-                scale_log2,
-                window: 0,
-            }
-            .launch(gpu, k)?;
-        }
+        paged_attention((gpu, k), b, plan, site)?;
         self.gemm
             .accumulate(gpu, b.attn, self.w.o_proj, b.x, t, qd, d, None)
     }

@@ -653,75 +653,106 @@ impl<'a, 'm> CudaOps<'a, 'm> {
         window: usize,
         keep_partials: bool,
     ) -> Result<(), CudaError> {
-        let (b, c, plan) = (self.m.buffers, self.m.config, self.plan);
-        let l = b.layout;
-        let heads = Heads::of(c);
+        let (c, plan) = (self.m.config, self.plan);
         let scale_log2 = match c.block.attention_scale {
             Some(scale) => std::f32::consts::LOG2_E * scale,
             None => std::f32::consts::LOG2_E / (c.head_dim as f32).sqrt(),
         };
-        let paged = PagedInputs {
-            tables: b.input(l.tables_of(view)),
-            stride: b.input(l.stride),
-            positions: b.input(l.positions),
+        // The output projection streams its weights only at GEMV sizes.
+        let o_bytes = if plan.decode_tokens > 0 && plan.tokens <= GEMV_MAX_TOKENS {
+            self.m.gemm.weight_bytes(o_proj, c.hidden_size, c.q_dim())
+        } else {
+            0
         };
-        if plan.decode_tokens > 0 {
-            // The output projection streams its weights only at GEMV sizes.
-            let o_bytes = if plan.tokens <= GEMV_MAX_TOKENS {
-                self.m.gemm.weight_bytes(o_proj, c.hidden_size, c.q_dim())
-            } else {
-                0
-            };
-            let attention = DecodeAttention {
-                tokens: plan.decode_tokens,
-                splits: plan.splits,
-                q: b.q,
-                kv,
-                paged,
-                token_seq: b.input(l.token_seq),
-                decode_ids: self.decode_ids(),
-                out: b.attn,
-                part_acc: b.part_acc,
-                part_ml: b.part_ml,
-                heads,
-                scale_log2,
-                window,
-                prefetch: (o_proj, o_bytes),
-            };
-            if keep_partials {
-                attention.launch_splits(self.m.gpu, self.m.kernels)?;
-            } else {
-                attention.launch(self.m.gpu, self.m.kernels)?;
-            }
-        }
-        if plan.tiles > 0 {
-            PrefillAttention {
-                num_tiles: plan.tiles,
-                tiles: b.input(l.tiles),
-                q: b.q,
-                kv,
-                paged,
-                out: b.attn,
-                heads,
-                scale_log2,
-                window,
-            }
-            .launch(self.m.gpu, self.m.kernels)?;
-        }
+        let site = AttentionSite {
+            kv: (kv, view),
+            heads: Heads::of(c),
+            scale_log2,
+            window,
+            prefetch: (o_proj, o_bytes),
+            keep_partials,
+        };
+        paged_attention((self.m.gpu, self.m.kernels), self.m.buffers, plan, site)?;
         self.mark(Category::Attention)
     }
+}
+
+/// What one layer's paged attention reads besides the step's buffers.
+pub(crate) struct AttentionSite {
+    /// The layer's K/V buffers and the view (tables, slots) it reads.
+    pub kv: (KvCache, usize),
+    pub heads: Heads,
+    pub scale_log2: f32,
+    /// The last this many positions (0: all).
+    pub window: usize,
+    /// What the decode kernel prefetches into L2 (`(0, 0)`: nothing).
+    pub prefetch: (DevPtr, usize),
+    /// The decode kernel's split partials are left for a fused block
+    /// instead of combined.
+    pub keep_partials: bool,
+}
+
+/// Paged attention of `plan`'s decode rows (the decode kernel, in
+/// `plan.splits` splits) and prefill tiles (the prefill kernel) into
+/// `attn`.
+pub(crate) fn paged_attention(
+    (gpu, kernels): (&Gpu, &Kernels),
+    b: &Buffers,
+    plan: &StepPlan,
+    site: AttentionSite,
+) -> Result<(), CudaError> {
+    let l = b.layout;
+    let (kv, view) = site.kv;
+    let paged = PagedInputs {
+        tables: b.input(l.tables_of(view)),
+        stride: b.input(l.stride),
+        positions: b.input(l.positions),
+    };
+    if plan.decode_tokens > 0 {
+        let attention = DecodeAttention {
+            tokens: plan.decode_tokens,
+            splits: plan.splits,
+            q: b.q,
+            kv,
+            paged,
+            token_seq: b.input(l.token_seq),
+            decode_ids: b.decode_ids(plan),
+            out: b.attn,
+            part_acc: b.part_acc,
+            part_ml: b.part_ml,
+            heads: site.heads,
+            scale_log2: site.scale_log2,
+            window: site.window,
+            prefetch: site.prefetch,
+        };
+        if site.keep_partials {
+            attention.launch_splits(gpu, kernels)?;
+        } else {
+            attention.launch(gpu, kernels)?;
+        }
+    }
+    if plan.tiles > 0 {
+        PrefillAttention {
+            num_tiles: plan.tiles,
+            tiles: b.input(l.tiles),
+            q: b.q,
+            kv,
+            paged,
+            out: b.attn,
+            heads: site.heads,
+            scale_log2: site.scale_log2,
+            window: site.window,
+        }
+        .launch(gpu, kernels)?;
+    }
+    Ok(())
 }
 
 /// The fused second half of a layer (see [`crate::fused`]).
 impl CudaOps<'_, '_> {
     /// The decode attention's row list (0: rows 0..tokens).
     fn decode_ids(&self) -> DevPtr {
-        let b = self.m.buffers;
-        if self.plan.decode_list {
-            b.input(b.layout.decode_ids)
-        } else {
-            0
-        }
+        self.m.buffers.decode_ids(self.plan)
     }
 
     /// Whether layer `i`'s o_proj and MLP run as one fused block: a small

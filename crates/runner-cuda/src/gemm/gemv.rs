@@ -165,11 +165,6 @@ impl Gemm {
             return Ok(false);
         }
         if next_norm.is_none() && outputs.is_multiple_of(16) && self.tc_fits(tokens, inputs, w) {
-            let mode = match out {
-                OutType::Bf16 => 0,
-                OutType::F32 => 1,
-                OutType::AddF32 => 2,
-            };
             let args = [
                 Arg::Ptr(x),
                 Arg::Ptr(w),
@@ -178,13 +173,14 @@ impl Gemm {
                 Arg::I32(outputs as i32),
             ];
             let grid = ((outputs / 16) as u32, 1, 1);
-            gpu.launch(&self.gemv_tc[tokens - 2][mode], grid, 256, 0, &args)?;
+            gpu.launch(&self.gemv_tc[tokens - 2][out.mode()], grid, 256, 0, &args)?;
             return Ok(true);
         }
-        let (mode, sumsq) = match out {
-            OutType::Bf16 => (0, 0),
-            OutType::F32 => (1, 0),
-            OutType::AddF32 => (2, self.sumsq),
+        let mode = out.mode();
+        let sumsq = if out == OutType::AddF32 {
+            self.sumsq
+        } else {
+            0
         };
         let (norm, xg) = next_norm.unwrap_or((0, 0));
         let grid = self.plain_grid(w, tokens, outputs);

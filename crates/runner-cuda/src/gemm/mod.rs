@@ -80,6 +80,17 @@ pub enum OutType {
     AddF32,
 }
 
+impl OutType {
+    /// The kernels' mode index of this output (bf16, f32, f32 accumulate).
+    fn mode(self) -> usize {
+        match self {
+            Self::Bf16 => 0,
+            Self::F32 => 1,
+            Self::AddF32 => 2,
+        }
+    }
+}
+
 /// Input (weight and activation) element type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum InType {
@@ -305,11 +316,7 @@ impl Gemm {
         match (&self.fp8, plan.fp8_epilogue, ops.scales) {
             (Some(fp8), true, Some((w_scales, x_scales))) => {
                 self.matmul(gpu, plan, &plan.algo, fp8.unscaled(ops))?;
-                let mode = match shape.out {
-                    OutType::Bf16 => 0,
-                    OutType::F32 => 1,
-                    OutType::AddF32 => 2,
-                };
+                let mode = shape.out.mode() as i32;
                 let args = [
                     Arg::Ptr(fp8.sums),
                     Arg::Ptr(x_scales),
