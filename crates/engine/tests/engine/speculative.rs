@@ -617,3 +617,93 @@ fn an_eagle_head_is_given_for_eagle3_only() {
     assert!(start(Some(SpeculativeMethod::Draft), true).contains("was given"));
     assert_eq!(start(Some(SpeculativeMethod::Eagle3), true), "");
 }
+
+/// The CPU runner, recording each forward pass's sequences and whether it
+/// asked to keep the hidden rows (`ForwardBatch::keep_hidden`).
+struct KeepsHidden(CpuRunner, Arc<Mutex<Vec<(usize, bool)>>>);
+
+impl KeepsHidden {
+    fn note(&self, batch: &ingot_runner::ForwardBatch<'_>) {
+        let mut steps = self.1.lock().unwrap();
+        steps.push((batch.chunks.len(), batch.keep_hidden));
+    }
+}
+
+impl ModelRunner for KeepsHidden {
+    fn config(&self) -> &ingot_models::ModelConfig {
+        self.0.config()
+    }
+
+    fn kv_cache_shape(&self) -> ingot_runner::KvCacheShape {
+        self.0.kv_cache_shape()
+    }
+
+    fn forward(&mut self, batch: &ingot_runner::ForwardBatch<'_>) -> Result<&[f32], RunnerError> {
+        self.note(batch);
+        self.0.forward(batch)
+    }
+
+    fn device_name(&self) -> String {
+        self.0.device_name()
+    }
+
+    fn capture_hidden(&mut self, layers: &[usize]) -> Result<(), RunnerError> {
+        self.0.capture_hidden(layers)
+    }
+
+    fn captured_hidden(&self) -> &[f32] {
+        self.0.captured_hidden()
+    }
+}
+
+/// A step keeps its hidden rows for the head only while no more
+/// sequences run than speculate: a lone request's steps do, the steps of
+/// four at once (more than `disable_by_batch_size`) do not, and the
+/// answers stay plain decoding's either way.
+#[test]
+fn hidden_rows_are_kept_only_while_few_sequences_run() {
+    let steps = Arc::new(Mutex::new(Vec::new()));
+    let target = tiny_runner(1, 256);
+    let head_config = ingot_models::eagle::head_like(&tiny_config());
+    let shapes = ingot_models::eagle::expected_shapes(&head_config);
+    let source = ingot_models::dummy::DummySource::with_shapes(shapes, 5);
+    let weights = ingot_models::eagle::load_weights(&source, &head_config).unwrap();
+    let head = target.draft_head(head_config, weights, 1024).unwrap();
+    let config = ingot_engine::EngineConfig {
+        speculative: SpeculativeConfig {
+            method: Some(SpeculativeMethod::Eagle3),
+            num_speculative_tokens: 2,
+            disable_by_batch_size: 2,
+            adaptive: false,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let spec = ingot_engine::start_engine_with_draft(
+        Box::new(KeepsHidden(target, steps.clone())),
+        Some(Drafter::Head(head)),
+        tokenizer(),
+        config,
+    )
+    .unwrap();
+    let plain = engine(256, |_| {});
+    let reqs: Vec<_> = (0..4).map(|i| request(i, 24, 12)).collect();
+    assert_eq!(outputs(&plain, &reqs[..1]), outputs(&spec, &reqs[..1]));
+    let alone = steps.lock().unwrap().clone();
+    assert!(
+        alone.iter().all(|&(seqs, keep)| seqs == 1 && keep),
+        "{alone:?}"
+    );
+    steps.lock().unwrap().clear();
+    let plain_ids = run_concurrently(&plain, reqs.clone());
+    assert_eq!(plain_ids, run_concurrently(&spec, reqs));
+    let together = steps.lock().unwrap().clone();
+    assert!(together.iter().any(|&(seqs, _)| seqs > 2), "{together:?}");
+    assert!(
+        together
+            .iter()
+            .filter(|&&(seqs, _)| seqs > 2)
+            .all(|&(_, keep)| !keep),
+        "{together:?}"
+    );
+}
