@@ -8,9 +8,7 @@ use std::sync::Arc;
 use ingot_arch::Activation;
 use ingot_core::TokenId;
 use ingot_models::eagle::{EagleHeadConfig, EagleHeadWeights};
-use ingot_runner::{
-    argmax, DraftHead, ForwardBatch, HeadBatch, HeadInput, KvCacheShape, RunnerError,
-};
+use ingot_runner::{argmax, DraftHead, HeadBatch, HeadInput, KvCacheShape, RunnerError};
 
 use crate::attention::{paged_attention, AttentionShape, LayerKv, TokenSite, MAX_HEAD_DIM};
 use crate::matrix::{Matrix, WeightDtype};
@@ -131,22 +129,7 @@ impl CpuEagleHead {
     /// The batch's rows checked against the head's context, pool and input
     /// widths; returns the token sites.
     fn check<'b>(&self, batch: &HeadBatch<'b>) -> Result<Vec<TokenSite<'b>>, RunnerError> {
-        let plain = ForwardBatch {
-            chunks: batch.chunks.clone(),
-            ..ForwardBatch::default()
-        };
-        ingot_runner::validate_batch(&self.config.layer, self.kv_shape, &plain)?;
-        let t = batch.num_tokens();
-        let (rows, width) = match batch.input {
-            HeadInput::Target(r) => (r, self.feature_width()),
-            HeadInput::Own(r) => (r, self.hidden_size()),
-        };
-        if rows.len() != t * width {
-            return Err(RunnerError::InvalidBatch(format!(
-                "{} hidden values for {t} tokens of {width}",
-                rows.len()
-            )));
-        }
+        ingot_runner::check_head_batch(&self.config, self.kv_shape, batch)?;
         Ok(batch
             .chunks
             .iter()
@@ -294,13 +277,7 @@ impl DraftHead for CpuEagleHead {
     fn pick(&mut self, rows: &[f32]) -> Result<Vec<TokenId>, RunnerError> {
         let c = &self.config.layer;
         let (d, dv) = (c.hidden_size, self.config.draft_vocab_size);
-        if !rows.len().is_multiple_of(d) {
-            return Err(RunnerError::InvalidBatch(format!(
-                "{} values are not rows of {d}",
-                rows.len()
-            )));
-        }
-        let n = rows.len() / d;
+        let n = ingot_runner::head_rows(rows, d)?;
         let ws = &mut self.ws;
         grow(&mut ws.last, n * d);
         grow(&mut ws.logits, n * dv);
@@ -321,7 +298,7 @@ mod tests {
     use super::*;
     use ingot_models::dummy::DummySource;
     use ingot_models::{eagle, HostTensor, LlamaShape, ModelConfig};
-    use ingot_runner::SequenceChunk;
+    use ingot_runner::{ForwardBatch, SequenceChunk};
 
     const F32: HeadStorage = HeadStorage {
         dtype: WeightDtype::F32,

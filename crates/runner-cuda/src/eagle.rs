@@ -8,9 +8,10 @@
 //! and the KV write into the head's own one-layer pool, paged attention,
 //! o_proj and the SwiGLU MLP accumulated into the f32 residual. `pick` is
 //! the final norm, the head's LM head and an argmax on the device; the
-//! draft ids map to target ids on the host (`d2t`). It shares the target's
-//! stream and embedding table (read only while the target is awake, as
-//! the engine runs it only then). Batches larger than the head's
+//! draft ids map to target ids on the host (`d2t`). It runs on a stream of
+//! its own (beside a step the target launched ahead) and reads the
+//! target's embedding table (only while the target is awake, as the engine
+//! runs it only then). Batches larger than the head's
 //! workspace run in pieces of whole or split chunks, in order.
 
 use half::bf16;
@@ -163,28 +164,6 @@ impl CudaEagleHead {
         };
         head.gpu.sync()?;
         Ok(head)
-    }
-
-    /// The batch's rows checked against the head's context, pool and
-    /// input widths.
-    fn check(&self, batch: &HeadBatch<'_>) -> Result<(), RunnerError> {
-        let plain = ForwardBatch {
-            chunks: batch.chunks.clone(),
-            ..ForwardBatch::default()
-        };
-        ingot_runner::validate_batch(&self.config.layer, self.kv_shape, &plain)?;
-        let t = batch.num_tokens();
-        let (rows, width) = match batch.input {
-            HeadInput::Target(r) => (r, self.config.feature_width()),
-            HeadInput::Own(r) => (r, self.config.layer.hidden_size),
-        };
-        if rows.len() != t * width {
-            return Err(RunnerError::InvalidBatch(format!(
-                "{} hidden values for {t} tokens of {width}",
-                rows.len()
-            )));
-        }
-        Ok(())
     }
 
     /// Runs one piece of a batch: `chunks` (parts of the batch's chunks,
@@ -479,7 +458,7 @@ impl DraftHead for CudaEagleHead {
     }
 
     fn forward(&mut self, batch: &HeadBatch<'_>) -> Result<Vec<f32>, RunnerError> {
-        self.check(batch)?;
+        ingot_runner::check_head_batch(&self.config, self.kv_shape, batch)?;
         if batch.num_tokens() == 0 {
             return Ok(Vec::new());
         }
@@ -487,13 +466,7 @@ impl DraftHead for CudaEagleHead {
     }
 
     fn pick(&mut self, rows: &[f32]) -> Result<Vec<TokenId>, RunnerError> {
-        let d = self.layer.hidden_size;
-        if !rows.len().is_multiple_of(d) {
-            return Err(RunnerError::InvalidBatch(format!(
-                "{} values are not rows of {d}",
-                rows.len()
-            )));
-        }
+        ingot_runner::head_rows(rows, self.layer.hidden_size)?;
         self.pick_all(rows).map_err(backend)
     }
 }

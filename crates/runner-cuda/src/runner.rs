@@ -497,10 +497,10 @@ impl CudaRunner {
         match graph {
             Some((_, _, g)) => g.launch()?,
             None => {
-                let model = ops::Model {
-                    capture: self.model().capture.filter(|_| keep),
-                    ..self.model()
-                };
+                let mut model = self.model();
+                if !keep {
+                    model.capture = None;
+                }
                 ops::encode(&model, &plan, marks.as_mut())?
             }
         }
@@ -672,7 +672,13 @@ impl ModelRunner for CudaRunner {
         kv_tokens: usize,
     ) -> Result<Box<dyn ingot_runner::DraftHead>, RunnerError> {
         let backend = |e: CudaError| RunnerError::Backend(e.to_string());
-        let parts = self.head_parts().map_err(backend)?;
+        // The head gets a stream of its own: it runs beside a launched step.
+        let parts = crate::eagle::HeadParts {
+            gpu: self.gpu.with_own_stream().map_err(backend)?,
+            embed: (self.weights.embed, self.weights.embed_blocks),
+            block_size: self.opts.block_size,
+            max_seqs: self.opts.max_num_seqs,
+        };
         let head =
             crate::eagle::CudaEagleHead::new(parts, config, weights, kv_tokens).map_err(backend)?;
         Ok(Box::new(head))

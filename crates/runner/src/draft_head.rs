@@ -9,7 +9,7 @@ use ingot_core::TokenId;
 use ingot_kv_cache::KvLayout;
 use ingot_models::eagle::EagleHeadConfig;
 
-use crate::{KvCacheShape, RunnerError, SequenceChunk};
+use crate::{ForwardBatch, KvCacheShape, RunnerError, SequenceChunk};
 
 /// What feeds each row of a head's forward pass.
 #[derive(Debug, Clone, Copy)]
@@ -74,4 +74,43 @@ pub trait DraftHead: Send {
     /// norm, the head's LM head and its map to the target's vocabulary.
     /// Apart from `forward` so that rows nobody drafts from cost no LM head.
     fn pick(&mut self, rows: &[f32]) -> Result<Vec<TokenId>, RunnerError>;
+}
+
+/// Checks `batch` for a head of `config` with a KV pool of `kv`: the
+/// chunks against the head's context and pool, and the input rows'
+/// count and width against the batch's tokens.
+pub fn check_head_batch(
+    config: &EagleHeadConfig,
+    kv: KvCacheShape,
+    batch: &HeadBatch<'_>,
+) -> Result<(), RunnerError> {
+    let plain = ForwardBatch {
+        chunks: batch.chunks.clone(),
+        ..ForwardBatch::default()
+    };
+    crate::validate_batch(&config.layer, kv, &plain)?;
+    let t = batch.num_tokens();
+    let (rows, width) = match batch.input {
+        HeadInput::Target(r) => (r, config.feature_width()),
+        HeadInput::Own(r) => (r, config.layer.hidden_size),
+    };
+    if rows.len() != t * width {
+        return Err(RunnerError::InvalidBatch(format!(
+            "{} hidden values for {t} tokens of {width}",
+            rows.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The number of `hidden`-wide rows in `rows` ([`DraftHead::pick`]'s
+/// input), or an error when they are not whole rows.
+pub fn head_rows(rows: &[f32], hidden: usize) -> Result<usize, RunnerError> {
+    if !rows.len().is_multiple_of(hidden) {
+        return Err(RunnerError::InvalidBatch(format!(
+            "{} values are not rows of {hidden}",
+            rows.len()
+        )));
+    }
+    Ok(rows.len() / hidden)
 }

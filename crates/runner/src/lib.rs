@@ -13,7 +13,7 @@ use ingot_core::TokenId;
 use ingot_kv_cache::{BlockId, BlockTable, KvLayout, NULL_BLOCK};
 use ingot_models::ModelConfig;
 
-pub use draft_head::{DraftHead, HeadBatch, HeadInput};
+pub use draft_head::{check_head_batch, head_rows, DraftHead, HeadBatch, HeadInput};
 pub use sampling::{apply_mask, Logprobs, Pick, RowSampling, TokenLogprob};
 pub use scoring::ScoredChunk;
 

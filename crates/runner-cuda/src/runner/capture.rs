@@ -10,7 +10,6 @@ use ingot_runner::{ForwardBatch, RunnerError};
 
 use super::CudaRunner;
 use crate::device::{Arena, DevPtr, Pinned};
-use crate::eagle::HeadParts;
 use crate::{ops, CudaError};
 
 /// The layers whose input rows each step keeps, and where.
@@ -177,16 +176,5 @@ impl CudaRunner {
                 )
             }
         };
-    }
-
-    /// What an EAGLE head on this runner's device shares with it (the
-    /// head gets a stream of its own: it runs beside a launched step).
-    pub(super) fn head_parts(&self) -> Result<HeadParts, CudaError> {
-        Ok(HeadParts {
-            gpu: self.gpu.with_own_stream()?,
-            embed: (self.weights.embed, self.weights.embed_blocks),
-            block_size: self.opts.block_size,
-            max_seqs: self.opts.max_num_seqs,
-        })
     }
 }

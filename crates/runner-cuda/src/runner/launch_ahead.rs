@@ -62,10 +62,11 @@ impl CudaRunner {
         let (launched, partial) = self.take_launched(batch);
         let partial = partial.as_deref();
         let graph = self.step_graph(batch, launched.as_ref(), partial)?;
-        let launched_step = launched.is_some();
+        // A launched step's captured rows: its buffer and row count (none
+        // when it kept no rows).
         let captured = launched
             .as_ref()
-            .and_then(|s| s.capture.map(|b| (b, s.rows.len())));
+            .map(|s| s.capture.map(|b| (b, s.rows.len())));
         // Ids sampled here are in this batch's order; a greedy hit's were
         // picked by the launched step, in its rows' order.
         let id_rows = partial.filter(|_| rows.is_none());
@@ -88,7 +89,7 @@ impl CudaRunner {
             // wake-up (tens of µs) would be on that path.
             wait_spinning(&done)?;
         }
-        if launched_step {
+        if let Some(captured) = captured {
             self.take_launched_rows(captured, partial);
         }
         let ids = self.ids_host[buffer].as_slice();
