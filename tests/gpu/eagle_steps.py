@@ -24,13 +24,17 @@ def main():
         stamp, msg, fields = m.groups()
         msg = msg.strip()
         kv = dict(FIELD.findall(fields))
+        if msg in ("speculative step", "step"):
+            steps.append(datetime.fromisoformat(stamp.replace("Z", "+00:00")))
+        if msg == "step" and "tokens" in kv and "seqs" in kv:
+            # Decode steps (a token a sequence) apart from those with prompt chunks.
+            msg = "step (decode)" if kv["tokens"] == kv["seqs"] else "step (prompt chunks)"
         counts[msg] += 1
         for k, v in kv.items():
             if k.endswith("_ms") or k in ("tokens", "seqs"):
                 sums[msg][k] += float(v)
-        if msg in ("speculative step", "step"):
-            steps.append(datetime.fromisoformat(stamp.replace("Z", "+00:00")))
-    for msg in ("step", "speculative step", "hidden states observed", "proposals"):
+    for msg in ("step", "step (decode)", "step (prompt chunks)", "speculative step", "hidden states observed",
+                "proposals"):
         n = counts.get(msg, 0)
         if n:
             means = ", ".join(f"{k} {v / n:.3f}" for k, v in sorted(sums[msg].items()))

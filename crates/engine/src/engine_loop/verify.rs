@@ -119,17 +119,19 @@ impl EngineLoop {
     }
 
     /// Whether the step being built keeps its hidden rows for the
-    /// proposer: one reads them, and no more sequences run than speculate
-    /// (a head starts a sequence over where it next sees it, so the steps
-    /// of a large batch, its prompt chunks included, cost it nothing).
+    /// proposer: one reads them, and no more sequences run or wait than
+    /// speculate (a head starts a sequence over where it next sees it, so
+    /// the steps of a large batch cost it nothing; counting the waiting
+    /// ones keeps a burst's first prompt chunks, admitted while the rest
+    /// queue, from being observed for proposals that never come).
     /// Recorded for [`Self::observe_hidden`].
     pub(super) fn observes_hidden(&mut self) -> bool {
-        let running = self.scheduler.num_running();
+        let sequences = self.scheduler.num_running() + self.scheduler.num_waiting();
         let Some(spec) = self.speculation.as_mut() else {
             return false;
         };
         spec.observing =
-            !spec.hidden_layers.is_empty() && running <= spec.config.disable_by_batch_size;
+            !spec.hidden_layers.is_empty() && sequences <= spec.config.disable_by_batch_size;
         spec.observing
     }
 

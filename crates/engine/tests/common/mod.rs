@@ -88,7 +88,7 @@ pub fn run(handle: &EngineHandle, req: EngineRequest) -> (Vec<u32>, FinishReason
 }
 
 /// Reads a request's stream to its end: its tokens and finish reason.
-fn drain(mut s: RequestStream) -> (Vec<u32>, FinishReason) {
+pub fn drain(mut s: RequestStream) -> (Vec<u32>, FinishReason) {
     let mut tokens = Vec::new();
     while let Some(e) = s.next_blocking() {
         match e {

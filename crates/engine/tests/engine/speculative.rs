@@ -619,57 +619,72 @@ fn an_eagle_head_is_given_for_eagle3_only() {
 }
 
 /// The CPU runner, recording each forward pass's sequences and whether it
-/// asked to keep the hidden rows (`ForwardBatch::keep_hidden`).
-struct KeepsHidden(CpuRunner, Arc<Mutex<Vec<(usize, bool)>>>);
+/// asked to keep the hidden rows (`ForwardBatch::keep_hidden`). With a
+/// gate, its first forward pass waits for a message on it.
+struct KeepsHidden {
+    runner: CpuRunner,
+    steps: Arc<Mutex<Vec<(usize, bool)>>>,
+    gate: Option<std::sync::mpsc::Receiver<()>>,
+}
 
 impl KeepsHidden {
-    fn note(&self, batch: &ingot_runner::ForwardBatch<'_>) {
-        let mut steps = self.1.lock().unwrap();
-        steps.push((batch.chunks.len(), batch.keep_hidden));
+    fn note(&mut self, batch: &ingot_runner::ForwardBatch<'_>) {
+        self.steps
+            .lock()
+            .unwrap()
+            .push((batch.chunks.len(), batch.keep_hidden));
+        if let Some(gate) = self.gate.take() {
+            gate.recv().unwrap();
+        }
     }
 }
 
 impl ModelRunner for KeepsHidden {
     fn config(&self) -> &ingot_models::ModelConfig {
-        self.0.config()
+        self.runner.config()
     }
 
     fn kv_cache_shape(&self) -> ingot_runner::KvCacheShape {
-        self.0.kv_cache_shape()
+        self.runner.kv_cache_shape()
     }
 
     fn forward(&mut self, batch: &ingot_runner::ForwardBatch<'_>) -> Result<&[f32], RunnerError> {
         self.note(batch);
-        self.0.forward(batch)
+        self.runner.forward(batch)
     }
 
     fn device_name(&self) -> String {
-        self.0.device_name()
+        self.runner.device_name()
     }
 
     fn capture_hidden(&mut self, layers: &[usize]) -> Result<(), RunnerError> {
-        self.0.capture_hidden(layers)
+        self.runner.capture_hidden(layers)
     }
 
     fn captured_hidden(&self) -> &[f32] {
-        self.0.captured_hidden()
+        self.runner.captured_hidden()
     }
 }
 
-/// A step keeps its hidden rows for the head only while no more
-/// sequences run than speculate: a lone request's steps do, the steps of
-/// four at once (more than `disable_by_batch_size`) do not, and the
-/// answers stay plain decoding's either way.
-#[test]
-fn hidden_rows_are_kept_only_while_few_sequences_run() {
-    let steps = Arc::new(Mutex::new(Vec::new()));
-    let target = tiny_runner(1, 256);
+/// An engine over the tiny target with a random EAGLE-3 head, proposing 2
+/// tokens a step (always) while at most 2 sequences run, over a runner
+/// recording its steps in `steps`, its first forward pass held by `gate`.
+fn observing(
+    steps: &Arc<Mutex<Vec<(usize, bool)>>>,
+    gate: Option<std::sync::mpsc::Receiver<()>>,
+    max_num_batched_tokens: usize,
+) -> EngineHandle {
+    let runner = tiny_runner(1, 256);
     let head_config = ingot_models::eagle::head_like(&tiny_config());
     let shapes = ingot_models::eagle::expected_shapes(&head_config);
     let source = ingot_models::dummy::DummySource::with_shapes(shapes, 5);
     let weights = ingot_models::eagle::load_weights(&source, &head_config).unwrap();
-    let head = target.draft_head(head_config, weights, 1024).unwrap();
+    let head = runner.draft_head(head_config, weights, 1024).unwrap();
     let config = ingot_engine::EngineConfig {
+        scheduler: ingot_scheduler::SchedulerConfig {
+            max_num_batched_tokens,
+            ..Default::default()
+        },
         speculative: SpeculativeConfig {
             method: Some(SpeculativeMethod::Eagle3),
             num_speculative_tokens: 2,
@@ -679,13 +694,28 @@ fn hidden_rows_are_kept_only_while_few_sequences_run() {
         },
         ..Default::default()
     };
-    let spec = ingot_engine::start_engine_with_draft(
-        Box::new(KeepsHidden(target, steps.clone())),
+    let runner = KeepsHidden {
+        runner,
+        steps: steps.clone(),
+        gate,
+    };
+    ingot_engine::start_engine_with_draft(
+        Box::new(runner),
         Some(Drafter::Head(head)),
         tokenizer(),
         config,
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// A step keeps its hidden rows for the head only while no more
+/// sequences run or wait than speculate: a lone request's steps do, the
+/// steps of four at once (more than `disable_by_batch_size`) do not, and
+/// the answers stay plain decoding's either way.
+#[test]
+fn hidden_rows_are_kept_only_while_few_sequences_run() {
+    let steps = Arc::new(Mutex::new(Vec::new()));
+    let spec = observing(&steps, None, 64);
     let plain = engine(256, |_| {});
     let reqs: Vec<_> = (0..4).map(|i| request(i, 24, 12)).collect();
     assert_eq!(outputs(&plain, &reqs[..1]), outputs(&spec, &reqs[..1]));
@@ -706,4 +736,38 @@ fn hidden_rows_are_kept_only_while_few_sequences_run() {
             .all(|&(_, keep)| !keep),
         "{together:?}"
     );
+}
+
+/// A burst admitted a prompt at a time: while the first request's prompt
+/// runs alone (nothing else has come) its step keeps its rows; once four
+/// more wait, the next step runs two sequences (the first's decode row and
+/// the second's prompt), within `disable_by_batch_size`, yet keeps none,
+/// as the batch is about to grow. Answers equal plain decoding's.
+#[test]
+fn a_burst_keeps_no_hidden_rows_while_requests_wait() {
+    let steps = Arc::new(Mutex::new(Vec::new()));
+    let (open, gate) = std::sync::mpsc::channel();
+    let spec = observing(&steps, Some(gate), 25);
+    let plain = engine(256, |_| {});
+    let reqs: Vec<_> = (0..5).map(|i| request(i, 24, 8)).collect();
+    let first = spec.submit(reqs[0].clone()).unwrap();
+    // Its first step has begun (and waits at the gate) before the rest come.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while steps.lock().unwrap().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no first step");
+        std::thread::yield_now();
+    }
+    let rest: Vec<_> = reqs[1..]
+        .iter()
+        .map(|r| spec.submit(r.clone()).unwrap())
+        .collect();
+    open.send(()).unwrap();
+    let ids: Vec<_> = std::iter::once(first)
+        .chain(rest)
+        .map(|s| drain(s).0)
+        .collect();
+    assert_eq!(ids, run_concurrently(&plain, reqs));
+    let burst = steps.lock().unwrap().clone();
+    assert_eq!(burst[0], (1, true), "{burst:?}");
+    assert_eq!(burst[1], (2, false), "{burst:?}");
 }
