@@ -786,8 +786,9 @@ def check_gemv(m, rng):
 def check_gemv_tc(m, rng):
     """The tensor-core GEMVs of 2-8 rows (cuda.tc_gemv_min_rows): bf16 and f32 out and f32 accumulate against
     float64, on 8B-like widths; blocks of 16 outputs, chunks of 32 inputs split over 8 warps (a width
-    of 96 chunks leaves some warps fewer than others)."""
-    for n, inp, out in ((2, 4096, 1024), (4, 14336, 512), (5, 3104, 4096), (8, 4096, 1008)):
+    of 96 chunks leaves some warps fewer than others), and SmolLM2's LM head width (576: 18 chunks,
+    fewer than the warps' first round of loads)."""
+    for n, inp, out in ((2, 4096, 1024), (4, 14336, 512), (5, 3104, 4096), (8, 4096, 1008), (6, 576, 4096)):
         x = bf(rnd(rng, n, inp))
         w = bf(rnd(rng, out, inp, scale=0.05))
         want = x @ w.T

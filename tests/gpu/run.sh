@@ -39,7 +39,10 @@
 #   eagle     EAGLE-3 heads on CUDA: capture and head vs the CPU runner (runner-cuda-tests in the
 #             bundle), greedy ids equal with a forced random head on the 8B dummy, batch-1 cost
 #   eaglesteps  where a step's time goes with that head forced (the engine's debug log)
-#   eagleserve  64 concurrent (1024/128) with the random 8B head configured and without
+#   eagleserve  64 concurrent (1024/128) with the random 8B head configured and without;
+#             eagleservelog: once each with the engine's debug log, its steps summarised
+#   tclmhead  (SmolLM2 bundle) the LM head of 2-8 rows on tensor cores for narrow models: its kernel check,
+#             decode steps of 2-8 rows and the prompt set's speculative batch-1 rows with and without
 #   tcgemv    cuda.tc_gemv_min_rows: tensor-core GEMVs of 2-8 rows vs float64, beside the CUDA-core ones
 #             on the 8B dummy (forced head's verify ids, decode of 2/3/4/8 sequences, batch 1 forced)
 #   spec      speculative decoding (speculative.py) on SmolLM2 (needs its bundle): batch-1 decode of
@@ -47,7 +50,8 @@
 #             compared), and 64 concurrent requests with speculation allowed and not; specrated:
 #             the same with speculative.rate_by_match on; specpeer (after lcpp): ingot beside
 #             llama-server's n-gram speculation (--spec-type ngram-simple) on the same file and prompts,
-#             engines alternated per round; specsteps: where a speculative step's time goes (spec_steps.py:
+#             engines alternated per round; specvar: the default path's batch-1 rows for each of
+#             $SPEC_VARIANTS (JSON lines merged into --speculative-config), alternated; specsteps: where a speculative step's time goes (spec_steps.py:
 #             forward, step and step-to-step times from the engine's debug log, speculation on and off)
 #   rowsteps  ms a decode step of 1..8 rows on SmolLM2 (`bench throughput`, graphs), beside the
 #             previous build when one is carried as $GPU_BUNDLE/ingot-old.gz; rowsncu: per-kernel
@@ -788,6 +792,16 @@ for phase in "$@"; do
         serve_bench plain "$M" 128 "$round" "$ING_RAW" $S
         serve_bench eagle "$M" 128 "$round" "$ING_RAW" $S --speculative-config "$(eagle_spec true)"
       done ;;
+    eagleservelog)
+      # eagleserve once each with the engine's debug log, summarised (eagle_steps.py): steps with
+      # prompt chunks and decode steps, their count and mean ms, and what the head did.
+      M=$(llama8b); H=$(eagle_head_8b); PORT=8765
+      S="serve --model $M --load-format dummy --max-model-len 4096 --max-num-seqs 64"
+      INGOT_LOG_LEVEL=debug serve_bench plain "$M" 128 1 "$ING_RAW" $S | grep -E "ready|output tokens|TTFT "
+      python3 tests/gpu/eagle_steps.py < "$W/serve-plain.log"
+      INGOT_LOG_LEVEL=debug serve_bench eagle "$M" 128 1 "$ING_RAW" $S --speculative-config "$(eagle_spec true)" \
+        | grep -E "ready|output tokens|TTFT "
+      python3 tests/gpu/eagle_steps.py < "$W/serve-eagle.log" ;;
     eaglesteps)
       # Where a step's time goes with the random 8B head forced to propose 3 tokens (the engine's
       # debug log: verify forward, the head's observation of the verified rows, its proposals),
@@ -909,6 +923,40 @@ for phase in "$@"; do
       S='{}'; [ $phase = specrated ] && S='{"rate_by_match": true}'
       timeout -k 5 540 python3 tests/gpu/speculative.py --ingot "$ING_RAW" --model "$SMOL" \
         --prompts tests/fixtures/speculative_prompts.json --spec "$S" ;;
+    specvar)
+      # n-gram settings side by side: the default path's batch-1 rows of the prompt set for each
+      # SPEC_VARIANTS entry (one JSON object a line, merged into --speculative-config), the
+      # variants alternated over two rounds, one server each.
+      [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
+      V=${SPEC_VARIANTS:-$'{}\n{"prompt_lookup_min": 1}\n{"prompt_lookup_min": 1, "rate_by_match": true}'}
+      for round in 1 2; do
+        while IFS= read -r S; do
+          [ -n "$S" ] || continue
+          echo "round $round"
+          timeout -k 5 240 python3 tests/gpu/speculative.py --ingot "$ING_RAW" --model "$SMOL" \
+            --prompts tests/fixtures/speculative_prompts.json --spec "$S" --default-only --rounds 1
+        done <<< "$V"
+      done ;;
+    tclmhead)
+      # The LM head of 2-8 rows on tensor cores for models narrow enough for the short GEMVs
+      # (cuda.tc_gemv_min_rows 0: never, 3: the default), SmolLM2: the kernel check at its width,
+      # ms a decode step of N rows, and the prompt set's default-path batch-1 rows, alternated.
+      [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
+      timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only gemv_tc | tail -16
+      for n in 2 3 4 5 6 8; do
+        for tc in 0 3; do
+          tps=$(INGOT_CUDA_TC_GEMV_MIN_ROWS=$tc timeout -k 5 120 "$ING_RAW" bench throughput --model "$SMOL" --num-prompts $n \
+            --max-num-seqs $n --input-len 128 --output-len 512 2>&1 | sed -n 's/^decode after all prefills: \([0-9.]*\).*/\1/p')
+          python3 -c "import sys; n, t = int(sys.argv[1]), float(sys.argv[2] or 'nan'); print(f'tc_gemv_min_rows {sys.argv[3]}: rows {n}: {1000 * n / t:.3f} ms a decode step')" "$n" "$tps" "$tc"
+        done
+      done
+      for round in 1 2; do
+        for tc in 0 3; do
+          echo "round $round, tc_gemv_min_rows $tc"
+          INGOT_CUDA_TC_GEMV_MIN_ROWS=$tc timeout -k 5 240 python3 tests/gpu/speculative.py --ingot "$ING_RAW" --model "$SMOL" \
+            --prompts tests/fixtures/speculative_prompts.json --default-only --rounds 1
+        done
+      done ;;
     specpeer)
       [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
       LS=.gpu-lcpp/build/bin/llama-server

@@ -18,6 +18,7 @@ Usage: speculative.py --ingot BIN --model GGUF --prompts JSON [--max-tokens 128]
 import argparse
 import concurrent.futures as cf
 import json
+import os
 import re
 import subprocess
 import tempfile
@@ -32,7 +33,10 @@ class Server:
         self.proc = subprocess.Popen(
             [ingot, "serve", "--model", model, "--device", "cuda", "--port", "0", "--max-num-seqs", "64",
              *spec_args, *extra],
-            stdout=self.log, stderr=subprocess.STDOUT, env={"INGOT_FLAG_COALESCING": "off", "PATH": "/usr/bin:/bin"})
+            stdout=self.log, stderr=subprocess.STDOUT,
+            # cuda.* settings given as INGOT_CUDA_* reach the server (A/B runs of one knob).
+            env={"INGOT_FLAG_COALESCING": "off", "PATH": "/usr/bin:/bin",
+                 **{k: v for k, v in os.environ.items() if k.startswith("INGOT_CUDA_")}})
         deadline = time.time() + 300
         self.url = None
         while time.time() < deadline and self.url is None:
@@ -188,12 +192,16 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--spec", default="{}", help="JSON merged into the speculating servers' --speculative-config")
     ap.add_argument("--llama-server", help="run ingot beside this llama-server instead (see above)")
+    ap.add_argument("--default-only", action="store_true",
+                    help="only the default path's batch-1 rows (to compare --spec variants in one call)")
     a = ap.parse_args()
     spec_config = json.dumps({"method": "ngram", "num_speculative_tokens": 7, **json.loads(a.spec)})
     print(f"## --speculative-config {spec_config}")
     prompts = json.load(open(a.prompts))["prompts"]
     if a.llama_server:
         return side_by_side(a, prompts, spec_config)
+    if a.default_only:
+        return speculating(a, prompts, spec_config, "default", (), concurrency=False)
     # The baseline the way users run it: a server without speculation.
     plain = Server(a.ingot, a.model, spec=None)
     try:
@@ -210,35 +218,41 @@ def main():
     finally:
         plain.stop()
     for label, extra in (("default", ()), ("deterministic", ("--deterministic",))):
-        srv = Server(a.ingot, a.model, *extra, spec=spec_config)
-        try:
-            for p in prompts[:4]:  # warm-up (graphs, allocator)
-                srv.chat(p["prompt"], True, 16)
-                srv.chat(p["prompt"], False, 16)
-            d0, k0 = srv.metric("ingot_spec_decode_num_draft_tokens_total"), srv.metric(
-                "ingot_spec_decode_num_accepted_tokens_total")
-            rates, differ = batch1(srv, prompts, a.max_tokens, a.rounds if label == "default" else 1)
-            d1, k1 = srv.metric("ingot_spec_decode_num_draft_tokens_total"), srv.metric(
-                "ingot_spec_decode_num_accepted_tokens_total")
-            print(f"## {label}: {len(prompts)} prompts, max_tokens {a.max_tokens}, greedy, batch 1; "
-                  f"kept {k1 - k0:.0f} of {d1 - d0:.0f} proposed")
-            print(f"{'kind':9s} {'tokens':>7s} {'off tok/s':>10s} {'on tok/s':>10s} {'speedup':>8s}")
-            for kind in ("grounded", "free"):
-                off, on = rates[(kind, False)], rates[(kind, True)]
-                print(f"{kind:9s} {on[0]:7d} {off[0] / off[1]:10.1f} {on[0] / on[1]:10.1f} "
-                      f"{(on[0] / on[1]) / (off[0] / off[1]):7.2f}x")
-            print(f"answers that differ ({len(differ)} of {len(prompts)}):", ", ".join(differ) or "none")
-            if label == "default":
-                rows = []
-                for rnd in range(2):
-                    for spec in ((True, False) if rnd % 2 == 0 else (False, True)):
-                        rows.append((spec, concurrent(srv, prompts, a.max_tokens, spec)))
-                on = [r for s, r in rows if s]
-                off = [r for s, r in rows if not s]
-                print(f"64 concurrent, output tok/s: speculation allowed {on}, off {off}, "
-                      f"ratio {sum(on) / sum(off):.3f}")
-        finally:
-            srv.stop()
+        speculating(a, prompts, spec_config, label, extra, concurrency=label == "default")
+
+
+def speculating(a, prompts, spec_config, label, extra, concurrency):
+    """Batch-1 rates with and without proposals on one speculating server
+    (and, with `concurrency`, 64 concurrent requests allowed and not)."""
+    srv = Server(a.ingot, a.model, *extra, spec=spec_config)
+    try:
+        for p in prompts[:4]:  # warm-up (graphs, allocator)
+            srv.chat(p["prompt"], True, 16)
+            srv.chat(p["prompt"], False, 16)
+        d0, k0 = srv.metric("ingot_spec_decode_num_draft_tokens_total"), srv.metric(
+            "ingot_spec_decode_num_accepted_tokens_total")
+        rates, differ = batch1(srv, prompts, a.max_tokens, a.rounds if label == "default" else 1)
+        d1, k1 = srv.metric("ingot_spec_decode_num_draft_tokens_total"), srv.metric(
+            "ingot_spec_decode_num_accepted_tokens_total")
+        print(f"## {label}: {len(prompts)} prompts, max_tokens {a.max_tokens}, greedy, batch 1; "
+              f"kept {k1 - k0:.0f} of {d1 - d0:.0f} proposed")
+        print(f"{'kind':9s} {'tokens':>7s} {'off tok/s':>10s} {'on tok/s':>10s} {'speedup':>8s}")
+        for kind in ("grounded", "free"):
+            off, on = rates[(kind, False)], rates[(kind, True)]
+            print(f"{kind:9s} {on[0]:7d} {off[0] / off[1]:10.1f} {on[0] / on[1]:10.1f} "
+                  f"{(on[0] / on[1]) / (off[0] / off[1]):7.2f}x")
+        print(f"answers that differ ({len(differ)} of {len(prompts)}):", ", ".join(differ) or "none")
+        if concurrency:
+            rows = []
+            for rnd in range(2):
+                for spec in ((True, False) if rnd % 2 == 0 else (False, True)):
+                    rows.append((spec, concurrent(srv, prompts, a.max_tokens, spec)))
+            on = [r for s, r in rows if s]
+            off = [r for s, r in rows if not s]
+            print(f"64 concurrent, output tok/s: speculation allowed {on}, off {off}, "
+                  f"ratio {sum(on) / sum(off):.3f}")
+    finally:
+        srv.stop()
 
 
 if __name__ == "__main__":

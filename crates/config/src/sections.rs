@@ -700,6 +700,8 @@ pub struct CudaSection {
     /// `engine.deterministic` never take it; the kernels match float64
     /// within f32 rounding, and a row's bits already depend on its step's
     /// size without it (the default kernels are not batch-invariant).
+    /// Narrower models take them for their LM head only (nothing fused
+    /// into it).
     pub tc_gemv_min_rows: usize,
     /// Decode steps with at least this many decode rows run the tensor-core
     /// decode attention kernel (0: never; head sizes 64 and 128). Default

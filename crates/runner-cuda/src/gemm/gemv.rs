@@ -107,21 +107,38 @@ impl Gemm {
     /// longer than the short kernels'): their steps then run the norms,
     /// the activation and rope apart, as the GEMM path does.
     pub fn tc_rows(&self, tokens: usize, hidden: usize) -> bool {
+        self.tc_row_count(tokens) && hidden > SHORT_ROW_INPUTS
+    }
+
+    /// Whether products of `tokens` rows may take the tensor-core GEMVs
+    /// at all (`cuda.tc_gemv_min_rows` to 8 rows, bf16 weights).
+    fn tc_row_count(&self, tokens: usize) -> bool {
         self.tc_min_rows > 0
             && !self.deterministic
             && (self.tc_min_rows.max(2)..=GEMV_MAX_TOKENS).contains(&tokens)
             && self.fp8.is_none()
             && self.native.is_none()
-            && hidden > SHORT_ROW_INPUTS
     }
 
     /// Whether the tensor-core GEMV takes `w` at `tokens` rows of `inputs`
-    /// (its chunks are 32 inputs; its blocks 16 outputs, checked at launch).
+    /// (its chunks are 32 inputs; its blocks 16 outputs, checked at launch)
+    /// in a tensor-core step ([`Gemm::tc_rows`]).
     fn tc_fits(&self, tokens: usize, inputs: usize, w: DevPtr) -> bool {
-        self.tc_rows(tokens, inputs)
-            && inputs.is_multiple_of(32)
-            && self.fp8_of(w).is_none()
-            && self.blocks_of(w).is_none()
+        self.tc_rows(tokens, inputs) && self.tc_takes(inputs, w)
+    }
+
+    /// Whether a product with nothing fused into it (bf16 or f32 out: no
+    /// residual add, whose kernels leave the next norm's sums of squares)
+    /// takes the tensor-core GEMV, in any step of `tokens` rows: the LM
+    /// head of a model narrow enough for the short kernels (SmolLM2's, of
+    /// 49,152 rows, cost 2.7x its one-row time at 6 rows on those).
+    fn tc_fits_plain(&self, tokens: usize, inputs: usize, w: DevPtr, out: OutType) -> bool {
+        out != OutType::AddF32 && self.tc_row_count(tokens) && self.tc_takes(inputs, w)
+    }
+
+    /// Whether the tensor-core kernel reads `w` (bf16) of `inputs` wide rows.
+    fn tc_takes(&self, inputs: usize, w: DevPtr) -> bool {
+        inputs.is_multiple_of(32) && self.fp8_of(w).is_none() && self.blocks_of(w).is_none()
     }
 
     /// Blocks of the plain GEMV kernels for `outputs` rows: 8 warps a
@@ -164,7 +181,8 @@ impl Gemm {
         if !self.gemv_fits(tokens, inputs, w) {
             return Ok(false);
         }
-        if next_norm.is_none() && outputs.is_multiple_of(16) && self.tc_fits(tokens, inputs, w) {
+        let tc = self.tc_fits(tokens, inputs, w) || self.tc_fits_plain(tokens, inputs, w, out);
+        if next_norm.is_none() && outputs.is_multiple_of(16) && tc {
             let args = [
                 Arg::Ptr(x),
                 Arg::Ptr(w),
