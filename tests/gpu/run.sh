@@ -41,6 +41,7 @@
 #   eaglesteps  where a step's time goes with that head forced (the engine's debug log)
 #   eagleserve  64 concurrent (1024/128) with the random 8B head configured and without;
 #             eagleservelog: once each with the engine's debug log, its steps summarised
+#   pdlab     batch 1 with cuda.pdl on and off alternated: the Qwen3-30B-A3B, 8B and SmolLM2-shaped dummies
 #   tclmhead  (SmolLM2 bundle) the LM head of 2-8 rows on tensor cores for narrow models: its kernel check,
 #             decode steps of 2-8 rows and the prompt set's speculative batch-1 rows with and without
 #   tcgemv    cuda.tc_gemv_min_rows: tensor-core GEMVs of 2-8 rows vs float64, beside the CUDA-core ones
@@ -936,6 +937,19 @@ for phase in "$@"; do
           timeout -k 5 240 python3 tests/gpu/speculative.py --ingot "$ING_RAW" --model "$SMOL" \
             --prompts tests/fixtures/speculative_prompts.json --spec "$S" --default-only --rounds 1
         done <<< "$V"
+      done ;;
+    pdlab)
+      # What programmatic dependent launch buys at batch 1 (cuda.pdl on / off alternated twice): the
+      # Qwen3-30B-A3B dummy, the 8B dummy and the SmolLM2 shape (dummy), 128 in / 256 out, graphs.
+      mkdir -p "$W/smollm2-dummy"; cp tests/gpu/configs/smollm2-135m/config.json "$W"/tokenizers/llama3/* "$W/smollm2-dummy/"
+      for m in "$(qwen3moe_dir)" "$(llama8b)" "$W/smollm2-dummy"; do
+        for round in 1 2; do
+          for pdl in true false; do
+            tps=$(INGOT_CUDA_PDL=$pdl "$ING" bench latency --model "$m" --load-format dummy --max-model-len 4096 --input-len 128 \
+              --output-len 256 --num-iters 3 --json | python3 -c "import json, sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['decode_tok_s'])" 2>/dev/null)
+            echo "$(basename "$m") round $round pdl $pdl: $tps tok/s"
+          done
+        done
       done ;;
     tclmhead)
       # The LM head of 2-8 rows on tensor cores for models narrow enough for the short GEMVs
