@@ -980,13 +980,13 @@ for phase in "$@"; do
     rowsteps)
       # ms a decode step of N rows on SmolLM2 (graphs), N = 1..8 (ROWSTEPS_N), this build and, when
       # carried ($W/ingot-old), the previous one alternated per N; ROWSTEPS_FLAGS: more bench flags
-      # (--enforce-eager).
+      # (--enforce-eager); ROWSTEPS_INPUT / ROWSTEPS_OUTPUT: the lengths (128 / 512).
       [ -f "$SMOL" ] || { echo "no SmolLM2 bundle"; continue; }
       bins=("$ING_RAW"); [ -x "$W/ingot-old" ] && bins=("$W/ingot-old" "$ING_RAW")
       for n in ${ROWSTEPS_N:-1 2 3 4 5 6 7 8}; do
         for b in "${bins[@]}"; do
           tps=$(timeout -k 5 120 "$b" bench throughput --model "$SMOL" --num-prompts $n --max-num-seqs $n \
-            --input-len 128 --output-len 512 ${ROWSTEPS_FLAGS:-} 2>&1 | sed -n 's/^decode after all prefills: \([0-9.]*\).*/\1/p')
+            --input-len ${ROWSTEPS_INPUT:-128} --output-len ${ROWSTEPS_OUTPUT:-512} ${ROWSTEPS_FLAGS:-} 2>&1 | sed -n 's/^decode after all prefills: \([0-9.]*\).*/\1/p')
           python3 -c "import sys; n, t = int(sys.argv[1]), float(sys.argv[2] or 'nan'); print(f'{sys.argv[3]:10} rows {n}: {1000 * n / t:.3f} ms a decode step ({t:.0f} tok/s)')" \
             "$n" "$tps" "$(basename "$b")"
         done

@@ -909,6 +909,7 @@ fn cuda_runner(
         tc_decode_min_rows: cuda.tc_decode_min_rows,
         tc_decode_fp8_min_rows: cuda.tc_decode_fp8_min_rows,
         moe_grouped_min_tokens: cuda.moe_grouped_min_tokens,
+        smem_carveout: cuda.smem_carveout,
     };
     let (model, tensors) = (files.config.clone(), files.tensors.as_ref());
     let cannot = || format!("cannot load {} on the GPU", path.display());

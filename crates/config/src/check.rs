@@ -42,6 +42,7 @@ pub(crate) fn check(config: &Config) -> Check {
     cache(config)?;
     kv_tiers(config)?;
     speculative(config)?;
+    cuda(config)?;
     log(config)?;
     tracing(config)?;
     limits(config)?;
@@ -211,6 +212,13 @@ fn limits(c: &Config) -> Check {
 
 fn redis(c: &Config) -> Check {
     c.redis.check().or_else(|(key, message)| fail(key, message))
+}
+
+fn cuda(c: &Config) -> Check {
+    match c.cuda.smem_carveout {
+        Some(p) if p > 100 => fail("cuda.smem_carveout", "must be a percentage from 0 to 100"),
+        _ => Ok(()),
+    }
 }
 
 fn speculative(c: &Config) -> Check {

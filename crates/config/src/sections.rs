@@ -725,6 +725,15 @@ pub struct CudaSection {
     /// (`tests/gpu/bench_moe.py`); the grouped GEMMs match transformers
     /// within its own bf16 error, and `engine.deterministic` turns them off.
     pub moe_grouped_min_tokens: usize,
+    /// The share of each SM's unified L1 / shared memory that every kernel
+    /// prefers as shared memory, in percent (unset: the driver picks per
+    /// kernel). Consecutive kernels whose picks differ make the SM change
+    /// its split between them, which loses the overlap PDL gives: on an
+    /// H200, SmolLM2's decode steps of 4-8 rows took 14-17 % less time at
+    /// 25, its batch 1 6 % more (docs/perf/small-models.md). Unset by
+    /// default until a setting that pays everywhere is measured.
+    #[schemars(range(max = 100))]
+    pub smem_carveout: Option<u8>,
 }
 
 impl Default for CudaSection {
@@ -740,6 +749,7 @@ impl Default for CudaSection {
             tc_decode_fp8_min_rows: 64,
             custom_all_reduce: true,
             moe_grouped_min_tokens: 48,
+            smem_carveout: None,
         }
     }
 }

@@ -232,6 +232,14 @@ fn out_of_range_values_name_the_bound() {
         "cache.ttl = \"0s\" (env INGOT_CACHE_TTL): must be more than 0"
     );
     let e = err(&Layers {
+        env: env(&[("INGOT_CUDA_SMEM_CARVEOUT", "101")]),
+        ..Layers::default()
+    });
+    assert_eq!(
+        e,
+        "cuda.smem_carveout = 101 (env INGOT_CUDA_SMEM_CARVEOUT): must be a percentage from 0 to 100"
+    );
+    let e = err(&Layers {
         env: env(&[("INGOT_ENGINE_BLOCK_SIZE", "32")]),
         ..Layers::default()
     });

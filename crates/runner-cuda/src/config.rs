@@ -83,6 +83,9 @@ pub struct CudaRunnerConfig {
     /// experts as grouped tensor-core GEMMs over the slots sorted by expert
     /// instead of per-slot GEMVs (`cuda.moe_grouped_min_tokens`; 0: never).
     pub moe_grouped_min_tokens: usize,
+    /// Every kernel's preferred shared-memory carveout in percent
+    /// (`cuda.smem_carveout`; `None`: the driver's choice per kernel).
+    pub smem_carveout: Option<u8>,
 }
 
 impl Default for CudaRunnerConfig {
@@ -111,6 +114,7 @@ impl Default for CudaRunnerConfig {
             tc_decode_fp8_min_rows: 0,
             custom_all_reduce: true,
             moe_grouped_min_tokens: 0,
+            smem_carveout: None,
         }
     }
 }

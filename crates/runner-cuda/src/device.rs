@@ -43,6 +43,9 @@ pub struct Gpu {
     /// kernel that failed (debugging only).
     check_each: bool,
     modules: Vec<(&'static str, Arc<CudaModule>)>,
+    /// The shared-memory carveout (percent) set on each kernel loaded
+    /// (`cuda.smem_carveout`; `None`: the driver's choice).
+    carveout: Option<u8>,
 }
 
 impl Gpu {
@@ -81,13 +84,30 @@ impl Gpu {
             pdl,
             check_each,
             modules,
+            carveout: None,
         })
+    }
+
+    /// Sets `percent` of the unified L1 / shared memory as the preferred
+    /// shared memory of every kernel loaded from now on (one split for
+    /// all, so the SM need not change it between kernels).
+    pub fn prefer_shared_memory(&mut self, percent: Option<u8>) {
+        self.carveout = percent;
     }
 
     /// A kernel by name from any loaded module.
     pub fn kernel(&self, name: &str) -> Result<Kernel, CudaError> {
         for (_, m) in &self.modules {
             if let Ok(f) = m.load_function(name) {
+                if let Some(percent) = self.carveout {
+                    unsafe {
+                        result::function::set_function_attribute(
+                            f.cu_function(),
+                            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                            i32::from(percent),
+                        )?
+                    };
+                }
                 return Ok(Kernel {
                     raw: f.cu_function(),
                     name: name.to_string(),

@@ -138,7 +138,8 @@ impl CudaRunner {
         }
         let prefetch = L2PrefetchSpec::parse(opts.l2_prefetch.as_deref())?;
         let started = Instant::now();
-        let gpu = Gpu::open(opts.device, opts.pdl, opts.check)?;
+        let mut gpu = Gpu::open(opts.device, opts.pdl, opts.check)?;
+        gpu.prefer_shared_memory(opts.smem_carveout);
         let tc_decode_min_rows = kernels::tc_decode_rows(&opts);
         let kernels = Kernels::load(
             &gpu,
