@@ -444,10 +444,6 @@ impl CudaEagleHead {
     }
 }
 
-fn backend(e: CudaError) -> RunnerError {
-    RunnerError::Backend(e.to_string())
-}
-
 impl DraftHead for CudaEagleHead {
     fn config(&self) -> &EagleHeadConfig {
         &self.config
@@ -462,12 +458,12 @@ impl DraftHead for CudaEagleHead {
         if batch.num_tokens() == 0 {
             return Ok(Vec::new());
         }
-        self.run_batch(batch).map_err(backend)
+        self.run_batch(batch).map_err(RunnerError::from)
     }
 
     fn pick(&mut self, rows: &[f32]) -> Result<Vec<TokenId>, RunnerError> {
         ingot_runner::head_rows(rows, self.layer.hidden_size)?;
-        self.pick_all(rows).map_err(backend)
+        self.pick_all(rows).map_err(RunnerError::from)
     }
 }
 

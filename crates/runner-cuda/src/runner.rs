@@ -593,11 +593,11 @@ impl ModelRunner for CudaRunner {
     fn sleep(&mut self) -> Result<u64, RunnerError> {
         CudaRunner::sleep(self)
             .map(|b| b as u64)
-            .map_err(|e| RunnerError::Backend(e.to_string()))
+            .map_err(RunnerError::from)
     }
 
     fn wake(&mut self) -> Result<(), RunnerError> {
-        CudaRunner::wake(self).map_err(|e| RunnerError::Backend(e.to_string()))
+        CudaRunner::wake(self).map_err(RunnerError::from)
     }
 
     /// Every page slice's K then V, in the pool's element type.
@@ -623,7 +623,7 @@ impl ModelRunner for CudaRunner {
         let copier = self.kv_copier.as_mut().ok_or_else(no_copier)?;
         copier
             .read(&self.gpu, pages, out)
-            .map_err(|e| RunnerError::Backend(e.to_string()))
+            .map_err(RunnerError::from)
     }
 
     fn write_kv_pages(&mut self, pages: &[BlockId], data: &[&[u8]]) -> Result<(), RunnerError> {
@@ -632,7 +632,7 @@ impl ModelRunner for CudaRunner {
         let copier = self.kv_copier.as_mut().ok_or_else(no_copier)?;
         copier
             .write(&self.gpu, pages, data)
-            .map_err(|e| RunnerError::Backend(e.to_string()))
+            .map_err(RunnerError::from)
     }
 
     fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<&[f32], RunnerError> {
@@ -672,16 +672,15 @@ impl ModelRunner for CudaRunner {
         weights: ingot_models::eagle::EagleHeadWeights,
         kv_tokens: usize,
     ) -> Result<Box<dyn ingot_runner::DraftHead>, RunnerError> {
-        let backend = |e: CudaError| RunnerError::Backend(e.to_string());
         // The head gets a stream of its own: it runs beside a launched step.
         let parts = crate::eagle::HeadParts {
-            gpu: self.gpu.with_own_stream().map_err(backend)?,
+            gpu: self.gpu.with_own_stream().map_err(RunnerError::from)?,
             embed: (self.weights.embed, self.weights.embed_blocks),
             block_size: self.opts.block_size,
             max_seqs: self.opts.max_num_seqs,
         };
-        let head =
-            crate::eagle::CudaEagleHead::new(parts, config, weights, kv_tokens).map_err(backend)?;
+        let head = crate::eagle::CudaEagleHead::new(parts, config, weights, kv_tokens)
+            .map_err(RunnerError::from)?;
         Ok(Box::new(head))
     }
 
@@ -802,7 +801,7 @@ impl CudaRunner {
             let pieces: Vec<_> = b.kv_slices.iter().flat_map(|&(k, v)| [k, v]).collect();
             let piece = b.block_size * self.config.kv_dim() * b.kv_dtype.bytes();
             let copier = crate::kv_copy::KvCopier::new(&self.gpu, &pieces, piece)
-                .map_err(|e| RunnerError::Backend(e.to_string()))?;
+                .map_err(RunnerError::from)?;
             self.kv_copier = Some(copier);
         }
         Ok(())

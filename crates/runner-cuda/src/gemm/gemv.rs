@@ -181,19 +181,6 @@ impl Gemm {
         if !self.gemv_fits(tokens, inputs, w) {
             return Ok(false);
         }
-        let tc = self.tc_fits(tokens, inputs, w) || self.tc_fits_plain(tokens, inputs, w, out);
-        if next_norm.is_none() && outputs.is_multiple_of(16) && tc {
-            let args = [
-                Arg::Ptr(x),
-                Arg::Ptr(w),
-                Arg::Ptr(y),
-                Arg::I32(inputs as i32),
-                Arg::I32(outputs as i32),
-            ];
-            let grid = ((outputs / 16) as u32, 1, 1);
-            gpu.launch(&self.gemv_tc[tokens - 2][out.mode()], grid, 256, 0, &args)?;
-            return Ok(true);
-        }
         let mode = out.mode();
         let sumsq = if out == OutType::AddF32 {
             self.sumsq
@@ -201,7 +188,6 @@ impl Gemm {
             0
         };
         let (norm, xg) = next_norm.unwrap_or((0, 0));
-        let grid = self.plain_grid(w, tokens, outputs);
         let args = [
             Arg::Ptr(x),
             Arg::Ptr(w),
@@ -212,6 +198,14 @@ impl Gemm {
             Arg::Ptr(norm),
             Arg::Ptr(xg),
         ];
+        let tc = self.tc_fits(tokens, inputs, w) || self.tc_fits_plain(tokens, inputs, w, out);
+        if next_norm.is_none() && outputs.is_multiple_of(16) && tc {
+            // The tensor-core kernels take x, w, y and the sizes only.
+            let grid = ((outputs / 16) as u32, 1, 1);
+            gpu.launch(&self.gemv_tc[tokens - 2][mode], grid, 256, 0, &args[..5])?;
+            return Ok(true);
+        }
+        let grid = self.plain_grid(w, tokens, outputs);
         gpu.launch(
             &self.gemv_kernels(w, tokens, inputs)[mode],
             grid,

@@ -80,8 +80,7 @@ impl CudaRunner {
                 self.config.num_layers
             )));
         }
-        self.make_capture(layers)
-            .map_err(|e| RunnerError::Backend(e.to_string()))
+        self.make_capture(layers).map_err(RunnerError::from)
     }
 
     fn make_capture(&mut self, layers: &[usize]) -> Result<(), CudaError> {

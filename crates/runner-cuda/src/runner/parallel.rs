@@ -230,8 +230,8 @@ impl Follower {
                             mode,
                             last_ids,
                         } => rank.follow(&batch.view(), mode, last_ids),
-                        Command::Sleep => rank.sleep().map(|_| ()).map_err(backend),
-                        Command::Wake => rank.wake().map_err(backend),
+                        Command::Sleep => rank.sleep().map(|_| ()).map_err(RunnerError::from),
+                        Command::Wake => rank.wake().map_err(RunnerError::from),
                     };
                     if outbox.send(done.map_err(|e| e.to_string())).is_err() {
                         break;
@@ -372,10 +372,6 @@ impl OwnedBatch {
     }
 }
 
-fn backend(e: CudaError) -> RunnerError {
-    RunnerError::Backend(e.to_string())
-}
-
 impl ModelRunner for TpRunner {
     fn config(&self) -> &ModelConfig {
         &self.config
@@ -411,7 +407,7 @@ impl ModelRunner for TpRunner {
         self.followers
             .iter()
             .try_for_each(|f| f.send(Command::Sleep))?;
-        let bytes = self.lead.sleep().map_err(backend);
+        let bytes = self.lead.sleep().map_err(RunnerError::from);
         self.gather()?;
         // Every rank holds the same bytes.
         Ok(bytes? as u64 * self.size() as u64)
@@ -421,7 +417,7 @@ impl ModelRunner for TpRunner {
         self.followers
             .iter()
             .try_for_each(|f| f.send(Command::Wake))?;
-        let woke = self.lead.wake().map_err(backend);
+        let woke = self.lead.wake().map_err(RunnerError::from);
         self.gather()?;
         woke
     }
