@@ -25,13 +25,13 @@ from check_kernels import Module, i32, moe_tiles, ptr, time_launches
 D, E, K, FF = 2048, 128, 8, 768
 
 
-def launch(f, grid, block, args):
+def launch(f, grid, block, args, smem=0):
     """A launch on torch's current stream without check_kernels' synchronize (so it can be
-    captured in a graph)."""
+    captured in a graph); `smem`: dynamic shared memory bytes (at most the default 48 KiB)."""
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
     g = tuple(grid) + (1,) * (3 - len(grid))
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-    ck.ok(ck.cu.cuLaunchKernel(f, g[0], g[1], g[2], block, 1, 1, 0, stream, params, None), "launch")
+    ck.ok(ck.cu.cuLaunchKernel(f, g[0], g[1], g[2], block, 1, 1, smem, stream, params, None), "launch")
 
 
 def graph_us(run, reps=10, iters=5):
@@ -73,13 +73,13 @@ def main():
 
         def gate_up():
             launch(fns["moe_gate_up_silu"], (T * K, FF // 8), 256,
-                   [ptr(x), ptr(gate), ptr(up), ptr(ids), i32(K), i32(D), i32(FF), ptr(act)])
+                   [ptr(x), ptr(gate), ptr(up), ptr(ids), i32(K), i32(D), i32(FF), ptr(act)], smem=2 * D)
 
         def gemv():
             gate_up()
             launch(fns["moe_down_sum"], (T, D // 8), 256,
                    [ptr(act), ptr(down), ptr(ids), ptr(w), i32(K), i32(D), i32(FF), ptr(r_gemv), ptr(None),
-                    ptr(None), ptr(None)])
+                    ptr(None), ptr(None)], smem=2 * K * FF)
 
         def grouped():
             launch(fns["moe_align"], (1,), 1024, [ptr(ids), i32(T * K), i32(E), i32(tiles), ptr(srt), ptr(te)])

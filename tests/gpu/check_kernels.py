@@ -1123,7 +1123,7 @@ def check_moe(m, rng):
     act = torch.empty(T * k, ff, dtype=torch.bfloat16, device="cuda")
     launch(m.fn("moe_gate_up_silu"), (T * k, math.ceil(ff / 8)), 256,
            [ptr(dev(xb, torch.bfloat16)), ptr(dev(gate, torch.bfloat16)), ptr(dev(up, torch.bfloat16)), ptr(ids), i32(k),
-            i32(d), i32(ff), ptr(act)])
+            i32(d), i32(ff), ptr(act)], smem=2 * d)
     e = ids.cpu().numpy().reshape(-1)
     tok = np.repeat(np.arange(T), k)
     gv = np.einsum("sfd,sd->sf", gate[e], xb[tok])
@@ -1134,7 +1134,7 @@ def check_moe(m, rng):
     resid = dev(base, torch.float32)
     launch(m.fn("moe_down_sum"), (T, math.ceil(d / 8)), 256,
            [ptr(act), ptr(dev(down, torch.bfloat16)), ptr(ids), ptr(w), i32(k), i32(d), i32(ff), ptr(resid),
-            ptr(None), ptr(None), ptr(None)])
+            ptr(None), ptr(None), ptr(None)], smem=2 * k * ff)
     a = host(act)
     per_slot = np.einsum("sdf,sf->sd", down[e], a) * host(w).reshape(-1)[:, None]
     want = base + per_slot.reshape(T, k, d).sum(1)
@@ -1147,13 +1147,42 @@ def check_moe(m, rng):
     xg = torch.empty(n, d, dtype=torch.bfloat16, device="cuda")
     launch(m.fn("moe_down_sum"), (n, math.ceil(d / 8)), 256,
            [ptr(act), ptr(dev(down, torch.bfloat16)), ptr(ids), ptr(w), i32(k), i32(d), i32(ff), ptr(resid),
-            ptr(ssb), ptr(dev(g, torch.float32)), ptr(xg)])
+            ptr(ssb), ptr(dev(g, torch.float32)), ptr(xg)], smem=2 * k * ff)
     report("moe_down_sum (8 tokens) into the residual", rel(host(resid), want[:n]), 1e-5)
     got, blocks = sumsq_rows(ssb, n)
     report("moe_down_sum: the updated rows' sums of squares", rel(got, (host(resid) ** 2).sum(-1)), 1e-5)
     report("moe_down_sum: a partial per block of 8 rows", abs(blocks - d // 8), 0.5)
     report("moe_down_sum: the next norm's pre-scaled input", rel(host(xg), host(resid) * g), 4e-3)
+    check_moe_wide(m, rng)
     check_moe_grouped(m, rng)
+
+
+def check_moe_wide(m, rng):
+    """Shapes past the kernels' loads in flight: a router row of 2,056 (its lanes load 2,048 before the
+    wait, the rest after) and a down sum of 8 slots of 1,024 (more chunks than a lane's group)."""
+    T, d, E, eps = 3, 2056, 24, 1e-6
+    x = rnd(rng, T, d).astype(np.float32).astype(np.float64)
+    g = (1 + 0.2 * rnd(rng, d)).astype(np.float32).astype(np.float64)
+    router = bf(rnd(rng, E, d, scale=0.2))
+    logits = torch.empty(T, E, dtype=torch.float32, device="cuda")
+    launch(m.fn("moe_router"), (T, math.ceil(E / 8)), 256,
+           [ptr(dev(x, torch.float32)), ptr(dev(g, torch.float32)), ptr(dev(router, torch.bfloat16)), i32(d), f32(eps),
+            i32(E), ptr(logits), ptr(None)])
+    xn = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
+    report(f"moe_router f32 logits, hidden {d}", rel(host(logits), xn @ router.T), 1e-5)
+    T, d, E, k, ff = 3, 64, 12, 8, 1024
+    e = np.stack([np.sort(rng.choice(E, k, replace=False)) for _ in range(T)])
+    wts = rng.uniform(0.05, 0.5, size=(T, k))
+    act = bf(rnd(rng, T * k, ff))
+    down = bf(rnd(rng, E, d, ff, scale=0.05))
+    base = rnd(rng, T, d).astype(np.float32).astype(np.float64)
+    resid = dev(base, torch.float32)
+    launch(m.fn("moe_down_sum"), (T, math.ceil(d / 8)), 256,
+           [ptr(dev(act, torch.bfloat16)), ptr(dev(down, torch.bfloat16)), ptr(dev(e, torch.int32)),
+            ptr(dev(wts, torch.float32)), i32(k), i32(d), i32(ff), ptr(resid), ptr(None), ptr(None), ptr(None)],
+           smem=2 * k * ff)
+    per_slot = np.einsum("sdf,sf->sd", down[e.reshape(-1)], act) * wts.astype(np.float32).reshape(-1)[:, None]
+    report(f"moe_down_sum, {k} slots of {ff}", rel(host(resid), base + per_slot.reshape(T, k, d).sum(1)), 1e-5)
 
 
 def moe_tiles(T, k, E):
@@ -1239,7 +1268,7 @@ def check_moe_e4m3(m, rng):
     GEMMs over e4m3 stacks (B fragments converted from the staged bytes, row scales in the
     epilogue) against float64 over the dequantized weights: at 37 tokens, then grouped at one
     token, a few tiles and an expert spanning several tiles, GELU once."""
-    d, E, k, ff = 256, 40, 6, 128
+    d, E, k, ff = 256, 40, 6, 384  # the e4m3 down sum: two rounds of loads a lane
     (gq, gs, gate), (uq, us, up) = e4m3_rows(rnd(rng, E, ff, d, scale=0.1)), e4m3_rows(rnd(rng, E, ff, d, scale=0.1))
     dq, ds, down = e4m3_rows(rnd(rng, E, d, ff, scale=0.1))
     for T, gelu, grouped in ((37, False, False), (37, True, False), (1, False, True), (300, False, True),
@@ -1264,7 +1293,7 @@ def check_moe_e4m3(m, rng):
             name = "moe_gate_up_gelu_tanh_e4m3" if gelu else "moe_gate_up_silu_e4m3"
             launch(m.fn(name), (T * k, math.ceil(ff / 8)), 256,
                    [ptr(dev(xb, torch.bfloat16)), ptr(gq), ptr(uq), ptr(gs), ptr(us), ptr(ids), i32(k), i32(d),
-                    i32(ff), ptr(act)])
+                    i32(ff), ptr(act)], smem=2 * d)
             launch(m.fn("moe_down_sum_e4m3"), (T, math.ceil(d / 8)), 256,
                    [ptr(act), ptr(dq), ptr(ds), ptr(ids), ptr(w), i32(k), i32(d), i32(ff), ptr(resid),
                     ptr(None), ptr(None), ptr(None)])

@@ -41,6 +41,7 @@
 #   eaglesteps  where a step's time goes with that head forced (the engine's debug log)
 #   eagleserve  64 concurrent (1024/128) with the random 8B head configured and without;
 #             eagleservelog: once each with the engine's debug log, its steps summarised
+#   moecarve  cuda.smem_carveout unset / 0 / 25 / 50 / 100 alternated on the Qwen3-30B-A3B dummy's batch 1
 #   pdlab     batch 1 with cuda.pdl on and off alternated: the Qwen3-30B-A3B, 8B and SmolLM2-shaped dummies
 #   tclmhead  (SmolLM2 bundle) the LM head of 2-8 rows on tensor cores for narrow models: its kernel check,
 #             decode steps of 2-8 rows and the prompt set's speculative batch-1 rows with and without
@@ -72,6 +73,11 @@
 #             the CPU backend vs transformers (compare_hf.py on
 #             qwen3moe-2l and mixtral-2l), then the Qwen3-30B-A3B-shaped dummy: batch 1 (graphs and
 #             eager), its eager per-step profile (attention, routing, experts), 16 x (128 in, 64 out)
+#   moecheck  after a MoE kernel change, in one call: the moe and moe_e4m3 kernel checks, CUDA vs
+#             transformers (qwen3moe-2l, mixtral-2l), FP8 vs BF16 on the dummy, bench_moe.py, batch 1
+#             bf16 / FP8 alternated twice
+#   moeab     the previous build (carried as ingot-old.gz in a call of its own) against this one:
+#             the Qwen3-30B-A3B dummy's batch 1, bf16 and FP8, alternated twice
 #   moegrp    the grouped expert GEMMs (cuda.moe_grouped_min_tokens): their kernel checks, the GEMV /
 #             grouped crossover (bench_moe.py), CUDA vs transformers with every step grouped
 #   moegrpbench the Qwen3-30B-A3B dummy, GEMVs only and grouped from 48 tokens: a 1,024-token prefill's
@@ -559,6 +565,37 @@ for phase in "$@"; do
       done
       INGOT_CUDA_PROFILE=1 "$ING" bench latency --model "$M" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 64 --num-iters 1 --json
       "$ING" bench throughput --model "$M" --load-format dummy --max-model-len 4096 --num-prompts 16 --max-num-seqs 16 --input-len 128 --output-len 64 --json | tee -a "$O/bench.jsonl" ;;
+    moecheck)
+      # One call after a MoE kernel change: the per-slot and e4m3 kernels against float64, CUDA vs
+      # transformers on the 2-layer Qwen3-MoE and Mixtral, FP8 vs BF16 on the dummy, the expert
+      # GEMVs alone (bench_moe.py), then batch 1 in bf16 and FP8 alternated twice.
+      timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only moe | grep -v "^ok" | tail -4
+      timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only moe_e4m3 | grep -v "^ok" | tail -4
+      python3 tests/gpu/compare_hf.py --ingot "$ING" --tokenizers "$W/tokenizers" --work "$W/hf" --models qwen3moe-2l mixtral-2l
+      M=$(qwen3moe_dir); D="--model $M --load-format dummy --max-model-len 4096"
+      timeout -k 5 "$T" python3 tests/gpu/compare_fp8.py --ingot "$ING_RAW" --model "$M" --dummy --prompts 3 | tail -4
+      timeout -k 5 "$T" python3 tests/gpu/bench_moe.py --cubins "$W" | tail -8
+      for round in 1 2; do
+        for q in "" "--quantization fp8"; do
+          tps=$("$ING" bench latency $D $q --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl" \
+            | python3 -c "import json, sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['decode_tok_s'])" 2>/dev/null)
+          echo "moecheck round $round ${q:-bf16}: $tps tok/s"
+        done
+      done ;;
+    moeab)
+      # The previous build ($W/ingot-old, carried in a call of its own) against this one on the
+      # Qwen3-30B-A3B dummy's batch 1, bf16 and FP8, alternated twice.
+      [ -x "$W/ingot-old" ] || { echo "no previous build carried"; continue; }
+      M=$(qwen3moe_dir)
+      for round in 1 2; do
+        for q in "" "--quantization fp8"; do
+          for bin in "$W/ingot-old" "$ING_RAW"; do
+            tps=$("$bin" bench latency --model "$M" --load-format dummy --max-model-len 4096 $q --input-len 128 --output-len 256 \
+              --num-iters 3 --json | python3 -c "import json, sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['decode_tok_s'])" 2>/dev/null)
+            echo "moeab round $round ${q:-bf16} $(basename "$bin"): $tps tok/s"
+          done
+        done
+      done ;;
     moegrp)
       timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only moe
       timeout -k 5 "$T" python3 tests/gpu/bench_moe.py --cubins "$W" | tee "$O/bench_moe.txt"
@@ -937,6 +974,16 @@ for phase in "$@"; do
           timeout -k 5 240 python3 tests/gpu/speculative.py --ingot "$ING_RAW" --model "$SMOL" \
             --prompts tests/fixtures/speculative_prompts.json --spec "$S" --default-only --rounds 1
         done <<< "$V"
+      done ;;
+    moecarve)
+      # cuda.smem_carveout on the Qwen3-30B-A3B dummy's batch 1 (unset: the driver's choice per kernel).
+      M=$(qwen3moe_dir)
+      for round in 1 2; do
+        for cv in unset ${CARVE_SET:-0 25 50 100}; do
+          tps=$( ( [ "$cv" = unset ] || export INGOT_CUDA_SMEM_CARVEOUT=$cv; "$ING" bench latency --model "$M" --load-format dummy \
+            --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json ) | python3 -c "import json, sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['decode_tok_s'])" 2>/dev/null)
+          echo "moecarve round $round carveout $cv: $tps tok/s"
+        done
       done ;;
     pdlab)
       # What programmatic dependent launch buys at batch 1 (cuda.pdl on / off alternated twice): the

@@ -68,10 +68,8 @@ pub struct Kernels {
     gather_vocab_shards: Kernel,
     moe_router: Kernel,
     moe_route: Kernel,
-    moe_gate_up_silu: Kernel,
-    moe_gate_up_gelu_tanh: Kernel,
-    moe_gate_up_silu_e4m3: Kernel,
-    moe_gate_up_gelu_tanh_e4m3: Kernel,
+    /// The per-slot gate/up GEMVs: (SiLU, GELU-tanh) x (bf16, e4m3).
+    moe_gate_up: [[Kernel; 2]; 2],
     moe_down_sum: Kernel,
     moe_down_sum_e4m3: Kernel,
     moe_align: Kernel,
@@ -245,6 +243,7 @@ impl Kernels {
                 tc_decode_shared_bytes(hd, kv),
             )?,
         };
+        let (moe_gate_up, moe_down_sum) = load_moe_gemvs(gpu, config)?;
         let prefill_attention = match gpu.kernel(&format!("prefill_attention{infix}_hd{hd}")) {
             Ok(k) => {
                 let bytes = prefill_shared_bytes(hd, kv) as u32;
@@ -270,11 +269,8 @@ impl Kernels {
             gather_vocab_shards: gpu.kernel("gather_vocab_shards")?,
             moe_router: gpu.kernel("moe_router")?,
             moe_route: gpu.kernel("moe_route")?,
-            moe_gate_up_silu: gpu.kernel("moe_gate_up_silu")?,
-            moe_gate_up_silu_e4m3: gpu.kernel("moe_gate_up_silu_e4m3")?,
-            moe_gate_up_gelu_tanh: gpu.kernel("moe_gate_up_gelu_tanh")?,
-            moe_gate_up_gelu_tanh_e4m3: gpu.kernel("moe_gate_up_gelu_tanh_e4m3")?,
-            moe_down_sum: gpu.kernel("moe_down_sum")?,
+            moe_gate_up,
+            moe_down_sum,
             moe_down_sum_e4m3: gpu.kernel("moe_down_sum_e4m3")?,
             moe_align: gpu.kernel("moe_align")?,
             moe_grouped_gate_up_silu: gpu.kernel("moe_grouped_gate_up_silu")?,
@@ -782,13 +778,10 @@ impl MoeGateUp {
             self.width.div_ceil(MOE_WARPS) as u32,
             1,
         );
-        let kernel = match (self.activation, self.scales.is_some()) {
-            (Activation::Silu, false) => &k.moe_gate_up_silu,
-            (Activation::GeluTanh, false) => &k.moe_gate_up_gelu_tanh,
-            (Activation::Silu, true) => &k.moe_gate_up_silu_e4m3,
-            (Activation::GeluTanh, true) => &k.moe_gate_up_gelu_tanh_e4m3,
-        };
-        gpu.launch(kernel, grid, (32 * MOE_WARPS) as u32, 0, &args)
+        let gelu = usize::from(self.activation == Activation::GeluTanh);
+        let kernel = &k.moe_gate_up[gelu][usize::from(self.scales.is_some())];
+        let shared = moe_gate_up_shared_bytes(self.hidden);
+        gpu.launch(kernel, grid, (32 * MOE_WARPS) as u32, shared, &args)
     }
 }
 
@@ -832,12 +825,66 @@ impl MoeDownSum {
             self.hidden.div_ceil(MOE_WARPS) as u32,
             1,
         );
-        let kernel = match self.scales {
-            Some(_) => &k.moe_down_sum_e4m3,
-            None => &k.moe_down_sum,
+        let (kernel, shared) = match self.scales {
+            Some(_) => (&k.moe_down_sum_e4m3, 0),
+            None => (
+                &k.moe_down_sum,
+                moe_down_shared_bytes(self.top_k, self.width),
+            ),
         };
-        gpu.launch(kernel, grid, (32 * MOE_WARPS) as u32, 0, &args)
+        gpu.launch(kernel, grid, (32 * MOE_WARPS) as u32, shared, &args)
     }
+}
+
+/// Dynamic shared memory of the per-slot gate/up GEMVs: the normed row.
+fn moe_gate_up_shared_bytes(hidden: usize) -> u32 {
+    (hidden * 2) as u32
+}
+
+/// Dynamic shared memory of the bf16 per-slot down sum: a token's `top_k`
+/// activation rows of `width`.
+fn moe_down_shared_bytes(top_k: usize, width: usize) -> u32 {
+    (top_k * width * 2) as u32
+}
+
+/// The per-slot expert GEMVs, allowed the shared memory a MoE `config`'s
+/// shapes need (above the default 48 KiB for wide experts, e.g. Mixtral's
+/// two of 14,336: 56 KiB; the driver refuses more than the device has).
+fn load_moe_gemvs(
+    gpu: &Gpu,
+    config: &ModelConfig,
+) -> Result<([[Kernel; 2]; 2], Kernel), CudaError> {
+    let load = |name: &str, bytes: u32| -> Result<Kernel, CudaError> {
+        let kernel = gpu.kernel(name)?;
+        if bytes > 48 * 1024 {
+            kernel.allow_shared_memory(bytes).map_err(|e| {
+                CudaError::Unsupported(format!(
+                    "{name} needs {bytes} bytes of shared memory for this model's experts: {e}"
+                ))
+            })?;
+        }
+        Ok(kernel)
+    };
+    let (gate_up, down) = match &config.block.moe {
+        Some(moe) => (
+            moe_gate_up_shared_bytes(config.hidden_size),
+            moe_down_shared_bytes(moe.experts_per_token, moe.expert_intermediate_size),
+        ),
+        None => (0, 0),
+    };
+    Ok((
+        [
+            [
+                load("moe_gate_up_silu", gate_up)?,
+                load("moe_gate_up_silu_e4m3", gate_up)?,
+            ],
+            [
+                load("moe_gate_up_gelu_tanh", gate_up)?,
+                load("moe_gate_up_gelu_tanh_e4m3", gate_up)?,
+            ],
+        ],
+        load("moe_down_sum", down)?,
+    ))
 }
 
 /// Slots per tile of the grouped expert GEMMs (`MOE_TILE_M` in moe.cu).
