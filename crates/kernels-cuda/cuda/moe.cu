@@ -311,6 +311,21 @@ __device__ __forceinline__ void moe_add_residual(float out, int t, int r, int hi
 // each that registers allowed when the activations were loaded beside the
 // weights (H200, Qwen3-30B-A3B batch 1: in the decode graph the down sum
 // took 11.7 µs a layer for its 25 MB; 316.5 -> 329.2 tok/s).
+// A lane's weight chunks base + lane + 32 b (b < G) of row r of its token's
+// slots' experts, in the down sums' one list of k slots' nc chunks each
+// (slot j's expert by shuffle from lane j): every lane must call it.
+template <int G>
+__device__ __forceinline__ void moe_down_chunks(const uint4* w, int my_e, int k, int hidden, int r, int nc, int base,
+                                                uint4 (&dst)[G]) {
+  const int total = k * nc;
+#pragma unroll
+  for (int b = 0; b < G; ++b) {
+    const int f = base + (int)(threadIdx.x & 31) + 32 * b, j = min(f / nc, k - 1);
+    const int e = __shfl_sync(0xffffffffu, my_e, j);
+    if (f < total && r < hidden) dst[b] = w[((size_t)e * hidden + r) * nc + (f - j * nc)];
+  }
+}
+
 #define MOE_DOWN_GROUP 24
 extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS, 2)
     moe_down_sum(const bf16* __restrict__ act, const bf16* __restrict__ down, const int* __restrict__ ids,
@@ -325,15 +340,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS, 2)
   const int my_e = lane < k ? __ldcg(ids + t * k + lane) : 0;
   const float my_w = lane < k ? __ldcg(weights + t * k + lane) : 0.f;
   uint4 wv[MOE_DOWN_GROUP];
-  auto load_group = [&](int base) {
-#pragma unroll
-    for (int b = 0; b < MOE_DOWN_GROUP; ++b) {
-      const int f = base + lane + 32 * b, j = min(f / n8, k - 1);
-      const int e = __shfl_sync(0xffffffffu, my_e, j);
-      if (f < total && r < hidden) wv[b] = w[((size_t)e * hidden + r) * n8 + (f - j * n8)];
-    }
-  };
-  load_group(0);
+  moe_down_chunks(w, my_e, k, hidden, r, n8, 0, wv);
   pdl_begin();
   const uint4* a = reinterpret_cast<const uint4*>(act + (size_t)t * k * width);
   for (int i = threadIdx.x; i < total; i += blockDim.x) s_act[i] = a[i];
@@ -348,7 +355,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS, 2)
     }
     base += 32 * MOE_DOWN_GROUP;
     if (base >= total) break;
-    load_group(base);
+    moe_down_chunks(w, my_e, k, hidden, r, n8, base, wv);
   }
   out = warp_sum(out);
   moe_add_residual(out, t, r, hidden, residual, sumsq, next_norm, xg);
@@ -371,18 +378,10 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS, 2)
   if (lane < k && r < hidden) my_scale = __ldcg(weights + t * k + lane) * down_scales[(size_t)my_e * hidden + r];
   const int n16 = width / 16, total = k * n16;
   const uint4* w = reinterpret_cast<const uint4*>(down);
-  uint4 wv[MOE_E4M3_BATCH];
   // Warp-uniform rounds (the shuffles need every lane): the weights and
   // their activations, MOE_E4M3_BATCH of each, in flight before any math.
-  auto load_weights = [&](int base) {
-#pragma unroll
-    for (int b = 0; b < MOE_E4M3_BATCH; ++b) {
-      const int f = base + lane + 32 * b, j = min(f / n16, k - 1);
-      const int e = __shfl_sync(0xffffffffu, my_e, j);
-      if (f < total && r < hidden) wv[b] = w[((size_t)e * hidden + r) * n16 + (f - j * n16)];
-    }
-  };
-  load_weights(0);
+  uint4 wv[MOE_E4M3_BATCH];
+  moe_down_chunks(w, my_e, k, hidden, r, n16, 0, wv);
   pdl_begin();
   const uint4* a = reinterpret_cast<const uint4*>(act + (size_t)t * k * width);
   float out = 0.f;
@@ -407,7 +406,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS, 2)
     }
     base += 32 * MOE_E4M3_BATCH;
     if (base >= total) break;
-    load_weights(base);
+    moe_down_chunks(w, my_e, k, hidden, r, n16, base, wv);
   }
   out = warp_sum(out);
   moe_add_residual(out, t, r, hidden, residual, sumsq, next_norm, xg);
