@@ -1120,39 +1120,44 @@ def check_moe(m, rng):
     gate, up = bf(rnd(rng, E, ff, d, scale=0.1)), bf(rnd(rng, E, ff, d, scale=0.1))
     down = bf(rnd(rng, E, d, ff, scale=0.1))
     xb = bf(xn)
-    act = torch.empty(T * k, ff, dtype=torch.bfloat16, device="cuda")
-    launch(m.fn("moe_gate_up_silu"), (T * k, math.ceil(ff / 8)), 256,
-           [ptr(dev(xb, torch.bfloat16)), ptr(dev(gate, torch.bfloat16)), ptr(dev(up, torch.bfloat16)), ptr(ids), i32(k),
-            i32(d), i32(ff), ptr(act)], smem=2 * d)
-    e = ids.cpu().numpy().reshape(-1)
-    tok = np.repeat(np.arange(T), k)
-    gv = np.einsum("sfd,sd->sf", gate[e], xb[tok])
-    uv = np.einsum("sfd,sd->sf", up[e], xb[tok])
-    want_act = gv / (1 + np.exp(-gv)) * uv
-    report("moe_gate_up_silu (bf16 out)", rel(host(act), want_act), 8e-3)
-    base = rnd(rng, T, d).astype(np.float32).astype(np.float64)
-    resid = dev(base, torch.float32)
-    launch(m.fn("moe_down_sum"), (T, math.ceil(d / 8)), 256,
-           [ptr(act), ptr(dev(down, torch.bfloat16)), ptr(ids), ptr(w), i32(k), i32(d), i32(ff), ptr(resid),
-            ptr(None), ptr(None), ptr(None)], smem=2 * k * ff)
-    a = host(act)
-    per_slot = np.einsum("sdf,sf->sd", down[e], a) * host(w).reshape(-1)[:, None]
-    want = base + per_slot.reshape(T, k, d).sum(1)
-    report("moe_down_sum into the residual", rel(host(resid), want), 1e-5)
-    # Decode (8 tokens): the down sum also leaves the next norm fused for its GEMV, the updated
-    # rows' sums of squares (a partial per block) and the pre-scaled bf16 input.
-    n = 8
-    resid = dev(base[:n], torch.float32)
-    ssb = sumsq_buffer()
-    xg = torch.empty(n, d, dtype=torch.bfloat16, device="cuda")
-    launch(m.fn("moe_down_sum"), (n, math.ceil(d / 8)), 256,
-           [ptr(act), ptr(dev(down, torch.bfloat16)), ptr(ids), ptr(w), i32(k), i32(d), i32(ff), ptr(resid),
-            ptr(ssb), ptr(dev(g, torch.float32)), ptr(xg)], smem=2 * k * ff)
-    report("moe_down_sum (8 tokens) into the residual", rel(host(resid), want[:n]), 1e-5)
-    got, blocks = sumsq_rows(ssb, n)
-    report("moe_down_sum: the updated rows' sums of squares", rel(got, (host(resid) ** 2).sum(-1)), 1e-5)
-    report("moe_down_sum: a partial per block of 8 rows", abs(blocks - d // 8), 0.5)
-    report("moe_down_sum: the next norm's pre-scaled input", rel(host(xg), host(resid) * g), 4e-3)
+    # The several-token kernels, then the one-token ones (`_b1`, inputs staged in shared memory;
+    # general in the token count, so checked at the same shapes).
+    for sfx in ("", "_b1"):
+        b1 = sfx == "_b1"
+        act = torch.empty(T * k, ff, dtype=torch.bfloat16, device="cuda")
+        launch(m.fn("moe_gate_up_silu" + sfx), (T * k, math.ceil(ff / 8)), 256,
+               [ptr(dev(xb, torch.bfloat16)), ptr(dev(gate, torch.bfloat16)), ptr(dev(up, torch.bfloat16)), ptr(ids),
+                i32(k), i32(d), i32(ff), ptr(act)], smem=2 * d if b1 else 0)
+        e = ids.cpu().numpy().reshape(-1)
+        tok = np.repeat(np.arange(T), k)
+        gv = np.einsum("sfd,sd->sf", gate[e], xb[tok])
+        uv = np.einsum("sfd,sd->sf", up[e], xb[tok])
+        want_act = gv / (1 + np.exp(-gv)) * uv
+        report(f"moe_gate_up_silu{sfx} (bf16 out)", rel(host(act), want_act), 8e-3)
+        base = rnd(rng, T, d).astype(np.float32).astype(np.float64)
+        resid = dev(base, torch.float32)
+        down_smem = 2 * k * ff if b1 else 0
+        launch(m.fn("moe_down_sum" + sfx), (T, math.ceil(d / 8)), 256,
+               [ptr(act), ptr(dev(down, torch.bfloat16)), ptr(ids), ptr(w), i32(k), i32(d), i32(ff), ptr(resid),
+                ptr(None), ptr(None), ptr(None)], smem=down_smem)
+        a = host(act)
+        per_slot = np.einsum("sdf,sf->sd", down[e], a) * host(w).reshape(-1)[:, None]
+        want = base + per_slot.reshape(T, k, d).sum(1)
+        report(f"moe_down_sum{sfx} into the residual", rel(host(resid), want), 1e-5)
+        # Decode (8 tokens): the down sum also leaves the next norm fused for its GEMV, the updated
+        # rows' sums of squares (a partial per block) and the pre-scaled bf16 input.
+        n = 8
+        resid = dev(base[:n], torch.float32)
+        ssb = sumsq_buffer()
+        xg = torch.empty(n, d, dtype=torch.bfloat16, device="cuda")
+        launch(m.fn("moe_down_sum" + sfx), (n, math.ceil(d / 8)), 256,
+               [ptr(act), ptr(dev(down, torch.bfloat16)), ptr(ids), ptr(w), i32(k), i32(d), i32(ff), ptr(resid),
+                ptr(ssb), ptr(dev(g, torch.float32)), ptr(xg)], smem=down_smem)
+        report(f"moe_down_sum{sfx} (8 tokens) into the residual", rel(host(resid), want[:n]), 1e-5)
+        got, blocks = sumsq_rows(ssb, n)
+        report(f"moe_down_sum{sfx}: the updated rows' sums of squares", rel(got, (host(resid) ** 2).sum(-1)), 1e-5)
+        report(f"moe_down_sum{sfx}: a partial per block of 8 rows", abs(blocks - d // 8), 0.5)
+        report(f"moe_down_sum{sfx}: the next norm's pre-scaled input", rel(host(xg), host(resid) * g), 4e-3)
     check_moe_wide(m, rng)
     check_moe_grouped(m, rng)
 
@@ -1176,13 +1181,15 @@ def check_moe_wide(m, rng):
     act = bf(rnd(rng, T * k, ff))
     down = bf(rnd(rng, E, d, ff, scale=0.05))
     base = rnd(rng, T, d).astype(np.float32).astype(np.float64)
-    resid = dev(base, torch.float32)
-    launch(m.fn("moe_down_sum"), (T, math.ceil(d / 8)), 256,
-           [ptr(dev(act, torch.bfloat16)), ptr(dev(down, torch.bfloat16)), ptr(dev(e, torch.int32)),
-            ptr(dev(wts, torch.float32)), i32(k), i32(d), i32(ff), ptr(resid), ptr(None), ptr(None), ptr(None)],
-           smem=2 * k * ff)
     per_slot = np.einsum("sdf,sf->sd", down[e.reshape(-1)], act) * wts.astype(np.float32).reshape(-1)[:, None]
-    report(f"moe_down_sum, {k} slots of {ff}", rel(host(resid), base + per_slot.reshape(T, k, d).sum(1)), 1e-5)
+    for sfx in ("", "_b1"):
+        resid = dev(base, torch.float32)
+        launch(m.fn("moe_down_sum" + sfx), (T, math.ceil(d / 8)), 256,
+               [ptr(dev(act, torch.bfloat16)), ptr(dev(down, torch.bfloat16)), ptr(dev(e, torch.int32)),
+                ptr(dev(wts, torch.float32)), i32(k), i32(d), i32(ff), ptr(resid), ptr(None), ptr(None), ptr(None)],
+               smem=2 * k * ff if sfx else 0)
+        report(f"moe_down_sum{sfx}, {k} slots of {ff}", rel(host(resid), base + per_slot.reshape(T, k, d).sum(1)),
+               1e-5)
 
 
 def moe_tiles(T, k, E):
@@ -1246,7 +1253,7 @@ def check_moe_grouped(m, rng):
         gv = np.einsum("sfd,sd->sf", gate[flat], xb[tok])
         uv = np.einsum("sfd,sd->sf", up[flat], xb[tok])
         want_act = (gelu_tanh(gv) if gelu else gv / (1 + np.exp(-gv))) * uv
-        tag = f"T={T}{' gelu' if gelu else ''}"
+        tag = f"T={T}{' gelu' if gelu else ''}{sfx}"
         report(f"moe_grouped_gate_up {tag} (bf16 out)", rel(host(act), want_act), 8e-3)
         per_slot = np.einsum("sdf,sf->sd", down[flat], host(act)) * host(w).reshape(-1)[:, None]
         report(f"moe_grouped_down + weighted_sum {tag}", rel(host(resid), base + per_slot.reshape(T, k, d).sum(1)),
@@ -1271,8 +1278,9 @@ def check_moe_e4m3(m, rng):
     d, E, k, ff = 256, 40, 6, 384  # the e4m3 down sum: two rounds of loads a lane
     (gq, gs, gate), (uq, us, up) = e4m3_rows(rnd(rng, E, ff, d, scale=0.1)), e4m3_rows(rnd(rng, E, ff, d, scale=0.1))
     dq, ds, down = e4m3_rows(rnd(rng, E, d, ff, scale=0.1))
-    for T, gelu, grouped in ((37, False, False), (37, True, False), (1, False, True), (300, False, True),
-                             (300, True, True)):
+    for T, gelu, grouped, sfx in ((37, False, False, ""), (37, True, False, ""), (37, False, False, "_b1"),
+                                  (37, True, False, "_b1"), (1, False, True, ""), (300, False, True, ""),
+                                  (300, True, True, "")):
         # Half the tokens choose expert 5: at T = 300 it takes three tiles.
         rest = np.array([x for x in range(E) if x != 5])
         e = np.sort(np.stack([np.append(rng.choice(rest, k - 1, replace=False), 5) if t < T // 2
@@ -1283,18 +1291,18 @@ def check_moe_e4m3(m, rng):
         xb = bf(rnd(rng, T, d))
         base = rnd(rng, T, d).astype(np.float32).astype(np.float64)
         resid = dev(base, torch.float32)
-        tag = f"T={T}{' gelu' if gelu else ''}"
+        tag = f"T={T}{' gelu' if gelu else ''}{sfx}"
         if grouped:
             _, _, act = moe_grouped_run(m, dev(xb, torch.bfloat16), ids, w, gq, uq, dq, resid, T, k, E, ff, d, gelu,
                                         (gs, us, ds))
             tag = "grouped " + tag
         else:
             act = torch.empty(T * k, ff, dtype=torch.bfloat16, device="cuda")
-            name = "moe_gate_up_gelu_tanh_e4m3" if gelu else "moe_gate_up_silu_e4m3"
+            name = ("moe_gate_up_gelu_tanh_e4m3" if gelu else "moe_gate_up_silu_e4m3") + sfx
             launch(m.fn(name), (T * k, math.ceil(ff / 8)), 256,
                    [ptr(dev(xb, torch.bfloat16)), ptr(gq), ptr(uq), ptr(gs), ptr(us), ptr(ids), i32(k), i32(d),
-                    i32(ff), ptr(act)], smem=2 * d)
-            launch(m.fn("moe_down_sum_e4m3"), (T, math.ceil(d / 8)), 256,
+                    i32(ff), ptr(act)], smem=2 * d if sfx else 0)
+            launch(m.fn("moe_down_sum_e4m3" + sfx), (T, math.ceil(d / 8)), 256,
                    [ptr(act), ptr(dq), ptr(ds), ptr(ids), ptr(w), i32(k), i32(d), i32(ff), ptr(resid),
                     ptr(None), ptr(None), ptr(None)])
         tok = np.repeat(np.arange(T), k)

@@ -169,8 +169,9 @@ __device__ __forceinline__ float moe_dot8(uint4 a, uint4 b) {
   return acc;
 }
 
-// act[s, r] = act(gate_e[r] · x[t]) * (up_e[r] · x[t]) for slot s = t * k + j
-// and e = ids[s]; x is the normed `[tokens, hidden]` bf16 input, staged in
+// One-token steps (batch-1 decode; the runner's `_b1` kernels): act[s, r] =
+// act(gate_e[r] · x[t]) * (up_e[r] · x[t]) for slot s = t * k + j and
+// e = ids[s]; x is the normed `[tokens, hidden]` bf16 input, staged in
 // shared memory (hidden bf16: the launch's dynamic shared memory). A lane
 // loads GROUP chunks of its gate row and of its up row at once, right
 // after the expert id, then uses them: the loads cannot start before the
@@ -254,10 +255,116 @@ __device__ __forceinline__ void moe_gate_up(const bf16* __restrict__ x, const vo
            const float* up_scales, const int* ids, int k, int hidden, int width, bf16* act) {                   \
     moe_gate_up<GELU, true, 4>(x, gate, up, gate_scales, up_scales, ids, k, hidden, width, act);                \
   }
-MOE_GATE_UP_BF16(moe_gate_up_silu, false)
-MOE_GATE_UP_BF16(moe_gate_up_gelu_tanh, true)
-MOE_GATE_UP_E4M3(moe_gate_up_silu_e4m3, false)
-MOE_GATE_UP_E4M3(moe_gate_up_gelu_tanh_e4m3, true)
+MOE_GATE_UP_BF16(moe_gate_up_silu_b1, false)
+MOE_GATE_UP_BF16(moe_gate_up_gelu_tanh_b1, true)
+MOE_GATE_UP_E4M3(moe_gate_up_silu_e4m3_b1, false)
+MOE_GATE_UP_E4M3(moe_gate_up_gelu_tanh_e4m3_b1, true)
+
+// Steps of several tokens (2 to moe_grouped_min_tokens - 1): act[s, r] =
+// act(gate_e[r] · x[t]) * (up_e[r] · x[t]) for slot s = t * k + j and
+// e = ids[s]; x is the normed `[tokens, hidden]` bf16 input, read from
+// global memory beside the weights: with several tokens' slots there are
+// warps enough in flight (the one-token kernels above measured 9-15 %
+// slower at 8-32 tokens, bench_moe.py, H200).
+// Grid: (tokens * k, ceil(width / MOE_WARPS)); MOE_WARPS warps, a row each.
+// hidden must be a multiple of 8.
+template <bool GELU>
+__device__ __forceinline__ void moe_gate_up_rows(const bf16* __restrict__ x, const bf16* __restrict__ gate,
+                                            const bf16* __restrict__ up, const int* __restrict__ ids, int k,
+                                            int hidden, int width, bf16* __restrict__ act) {
+  pdl_begin();
+  const int lane = threadIdx.x & 31;
+  const int r = blockIdx.y * MOE_WARPS + (threadIdx.x >> 5);
+  const int s = blockIdx.x;
+  if (r >= width) return;
+  const size_t row = ((size_t)ids[s] * width + r) * hidden;
+  const uint4* g = reinterpret_cast<const uint4*>(gate + row);
+  const uint4* u = reinterpret_cast<const uint4*>(up + row);
+  const uint4* xr = reinterpret_cast<const uint4*>(x + (size_t)(s / k) * hidden);
+  float ag = 0.f, au = 0.f;
+#pragma unroll 8
+  for (int i = lane; i < hidden / 8; i += 32) {
+    const uint4 xv = xr[i];
+    ag += moe_dot8(g[i], xv);
+    au += moe_dot8(u[i], xv);
+  }
+  ag = warp_sum(ag);
+  au = warp_sum(au);
+  if (lane == 0) {
+    const float a = GELU ? gelu_tanh(ag) : ag / (1.f + expf(-ag));
+    act[(size_t)s * width + r] = to_bf16(a * au);
+  }
+}
+
+// moe_gate_up over e4m3 rows (16 weights a load); hidden % 16 == 0.
+template <bool GELU>
+__device__ __forceinline__ void moe_gate_up_e4m3(const bf16* __restrict__ x, const uint8_t* __restrict__ gate,
+                                                 const uint8_t* __restrict__ up, const float* __restrict__ gate_scales,
+                                                 const float* __restrict__ up_scales, const int* __restrict__ ids,
+                                                 int k, int hidden, int width, bf16* __restrict__ act) {
+  pdl_begin();
+  const int lane = threadIdx.x & 31;
+  const int r = blockIdx.y * MOE_WARPS + (threadIdx.x >> 5);
+  const int s = blockIdx.x;
+  if (r >= width) return;
+  const size_t row = (size_t)ids[s] * width + r;
+  const uint4* g = reinterpret_cast<const uint4*>(gate + row * hidden);
+  const uint4* u = reinterpret_cast<const uint4*>(up + row * hidden);
+  const uint4* xr = reinterpret_cast<const uint4*>(x + (size_t)(s / k) * hidden);
+  const int n16 = hidden / 16;
+  // The row scales load with the first weights (not after the sums).
+  const float sg = gate_scales[row], su = up_scales[row];
+  float ag = 0.f, au = 0.f;
+  // MOE_E4M3_BATCH loads of each row, and their inputs, in flight before
+  // any arithmetic: at batch 1 the kernel waits on memory, not math.
+  for (int i0 = lane; i0 < n16; i0 += 32 * MOE_E4M3_BATCH) {
+    uint4 gv[MOE_E4M3_BATCH], uv[MOE_E4M3_BATCH], xv[MOE_E4M3_BATCH][2];
+#pragma unroll
+    for (int b = 0; b < MOE_E4M3_BATCH; ++b) {
+      const int i = i0 + 32 * b;
+      if (i < n16) {
+        gv[b] = g[i];
+        uv[b] = u[i];
+        xv[b][0] = xr[2 * i];
+        xv[b][1] = xr[2 * i + 1];
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < MOE_E4M3_BATCH; ++b) {
+      if (i0 + 32 * b >= n16) break;
+      dot16_e4m3(gv[b], xv[b][0], xv[b][1], ag);
+      dot16_e4m3(uv[b], xv[b][0], xv[b][1], au);
+    }
+  }
+  ag = warp_sum(ag) * sg;
+  au = warp_sum(au) * su;
+  if (lane == 0) {
+    const float a = GELU ? gelu_tanh(ag) : ag / (1.f + expf(-ag));
+    act[(size_t)s * width + r] = to_bf16(a * au);
+  }
+}
+
+extern "C" __global__ void moe_gate_up_silu_e4m3(const bf16* x, const uint8_t* gate, const uint8_t* up,
+                                                 const float* gate_scales, const float* up_scales, const int* ids,
+                                                 int k, int hidden, int width, bf16* act) {
+  moe_gate_up_e4m3<false>(x, gate, up, gate_scales, up_scales, ids, k, hidden, width, act);
+}
+
+extern "C" __global__ void moe_gate_up_gelu_tanh_e4m3(const bf16* x, const uint8_t* gate, const uint8_t* up,
+                                                      const float* gate_scales, const float* up_scales,
+                                                      const int* ids, int k, int hidden, int width, bf16* act) {
+  moe_gate_up_e4m3<true>(x, gate, up, gate_scales, up_scales, ids, k, hidden, width, act);
+}
+
+extern "C" __global__ void moe_gate_up_silu(const bf16* x, const bf16* gate, const bf16* up, const int* ids, int k,
+                                            int hidden, int width, bf16* act) {
+  moe_gate_up_rows<false>(x, gate, up, ids, k, hidden, width, act);
+}
+
+extern "C" __global__ void moe_gate_up_gelu_tanh(const bf16* x, const bf16* gate, const bf16* up, const int* ids,
+                                                 int k, int hidden, int width, bf16* act) {
+  moe_gate_up_rows<true>(x, gate, up, ids, k, hidden, width, act);
+}
 
 // A down sum's last step: residual[t, r] += out (lane 0 of row r's warp).
 // With sumsq (decode, tokens <= SUMSQ_ROWS) the block also leaves its part
@@ -290,6 +397,7 @@ __device__ __forceinline__ void moe_add_residual(float out, int t, int r, int hi
   }
 }
 
+// One-token steps (the `_b1` kernels; moe_down_sum below for more):
 // residual[t, r] += Σ_j weights[t * k + j] · (down_e[r] · act[t * k + j]),
 // e = ids[t * k + j]: each expert's down projection and the weighted sum,
 // added to the f32 residual stream. The k rows' chunks form one list, slot
@@ -328,7 +436,7 @@ __device__ __forceinline__ void moe_down_chunks(const uint4* w, int my_e, int k,
 
 #define MOE_DOWN_GROUP 24
 extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS, 2)
-    moe_down_sum(const bf16* __restrict__ act, const bf16* __restrict__ down, const int* __restrict__ ids,
+    moe_down_sum_b1(const bf16* __restrict__ act, const bf16* __restrict__ down, const int* __restrict__ ids,
                  const float* __restrict__ weights, int k, int hidden, int width, float* __restrict__ residual,
                  SumSq* sumsq, const float* next_norm, bf16* xg) {
   extern __shared__ __align__(16) unsigned char moe_act_smem[];
@@ -367,7 +475,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS, 2)
 // global memory: staging them in shared memory with 12 chunks in flight
 // measured slower here, 419.3 against 426.8 tok/s).
 extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS, 2)
-    moe_down_sum_e4m3(const bf16* __restrict__ act, const uint8_t* __restrict__ down,
+    moe_down_sum_e4m3_b1(const bf16* __restrict__ act, const uint8_t* __restrict__ down,
                       const float* __restrict__ down_scales, const int* __restrict__ ids,
                       const float* __restrict__ weights, int k, int hidden, int width, float* __restrict__ residual,
                       SumSq* sumsq, const float* next_norm, bf16* xg) {
@@ -407,6 +515,101 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS, 2)
     base += 32 * MOE_E4M3_BATCH;
     if (base >= total) break;
     moe_down_chunks(w, my_e, k, hidden, r, n16, base, wv);
+  }
+  out = warp_sum(out);
+  moe_add_residual(out, t, r, hidden, residual, sumsq, next_norm, xg);
+}
+
+// Steps of several tokens: residual[t, r] += Σ_j weights[t * k + j] ·
+// (down_e[r] · act[t * k + j]) as moe_down_sum_b1 above (the same order,
+// the same bits), the activations read from global memory beside the
+// weights and everything after the wait: with several tokens there are
+// warps enough in flight.
+// e = ids[t * k + j]: each expert's down projection and the weighted sum,
+// added to the f32 residual stream. The k rows' chunks form one list, slot
+// after slot, and a lane takes every 32nd: the loads are independent of each
+// other and unrolled, so many are in flight at once (at batch 1 this kernel
+// reads k rows of only `width` each). A lane sums its chunks weighted, in
+// slot (ascending expert) order, then the warp sums the lanes: the order is
+// fixed whatever the batch. sumsq, next_norm, xg: see moe_add_residual
+// (null: none).
+// Grid: (tokens, ceil(hidden / MOE_WARPS)); MOE_WARPS warps, a row each.
+// width must be a multiple of 8.
+extern "C" __global__ void moe_down_sum(const bf16* __restrict__ act, const bf16* __restrict__ down,
+                                        const int* __restrict__ ids, const float* __restrict__ weights, int k,
+                                        int hidden, int width, float* __restrict__ residual, SumSq* sumsq,
+                                        const float* next_norm, bf16* xg) {
+  pdl_begin();
+  __shared__ int expert[MOE_MAX_TOP_K];
+  __shared__ float weight[MOE_MAX_TOP_K];
+  const int t = blockIdx.x;
+  if (threadIdx.x < k) {
+    expert[threadIdx.x] = ids[t * k + threadIdx.x];
+    weight[threadIdx.x] = weights[t * k + threadIdx.x];
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const int r = blockIdx.y * MOE_WARPS + (threadIdx.x >> 5);
+  const int n8 = width / 8;
+  const uint4* a = reinterpret_cast<const uint4*>(act + (size_t)t * k * width);
+  const uint4* w = reinterpret_cast<const uint4*>(down);
+  float out = 0.f;
+  if (r < hidden) {
+#pragma unroll 8
+    for (int f = lane; f < k * n8; f += 32) {
+      const int j = f / n8;
+      const size_t row = (size_t)expert[j] * hidden + r;
+      out = fmaf(weight[j], moe_dot8(w[row * n8 + (f - j * n8)], a[f]), out);
+    }
+  }
+  out = warp_sum(out);
+  moe_add_residual(out, t, r, hidden, residual, sumsq, next_norm, xg);
+}
+
+// moe_down_sum over e4m3 rows (16 weights a chunk), each slot's weight
+// folded into its expert's row scale. width % 16 == 0.
+extern "C" __global__ void moe_down_sum_e4m3(const bf16* __restrict__ act, const uint8_t* __restrict__ down,
+                                             const float* __restrict__ down_scales, const int* __restrict__ ids,
+                                             const float* __restrict__ weights, int k, int hidden, int width,
+                                             float* __restrict__ residual, SumSq* sumsq, const float* next_norm,
+                                             bf16* xg) {
+  pdl_begin();
+  __shared__ int expert[MOE_MAX_TOP_K];
+  const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (threadIdx.x < k) expert[threadIdx.x] = ids[t * k + threadIdx.x];
+  __syncthreads();
+  const int r = blockIdx.y * MOE_WARPS + warp;
+  // Lane j < k folds slot j's weight into its expert's row scale; the
+  // lanes take it by shuffle after the first weights' loads are issued.
+  float my_scale = 0.f;
+  if (lane < k && r < hidden) my_scale = weights[t * k + lane] * down_scales[(size_t)expert[lane] * hidden + r];
+  const int n16 = width / 16, total = k * n16;
+  const uint4* a = reinterpret_cast<const uint4*>(act + (size_t)t * k * width);
+  const uint4* w = reinterpret_cast<const uint4*>(down);
+  float out = 0.f;
+  // Warp-uniform rounds (the shuffles need every lane): the weights and
+  // their activations, MOE_E4M3_BATCH of each, in flight before any math.
+  for (int base = 0; r < hidden && base < total; base += 32 * MOE_E4M3_BATCH) {
+    uint4 wv[MOE_E4M3_BATCH], av[MOE_E4M3_BATCH][2];
+#pragma unroll
+    for (int b = 0; b < MOE_E4M3_BATCH; ++b) {
+      const int f = base + lane + 32 * b;
+      if (f < total) {
+        const int j = f / n16;
+        wv[b] = w[((size_t)expert[j] * hidden + r) * n16 + (f - j * n16)];
+        av[b][0] = a[2 * f];
+        av[b][1] = a[2 * f + 1];
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < MOE_E4M3_BATCH; ++b) {
+      const int f = base + lane + 32 * b;
+      const float sc = __shfl_sync(0xffffffffu, my_scale, min(f / n16, k - 1));
+      if (f >= total) continue;
+      float dot = 0.f;
+      dot16_e4m3(wv[b], av[b][0], av[b][1], dot);
+      out = fmaf(sc, dot, out);
+    }
   }
   out = warp_sum(out);
   moe_add_residual(out, t, r, hidden, residual, sumsq, next_norm, xg);

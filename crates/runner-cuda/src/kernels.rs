@@ -68,10 +68,9 @@ pub struct Kernels {
     gather_vocab_shards: Kernel,
     moe_router: Kernel,
     moe_route: Kernel,
-    /// The per-slot gate/up GEMVs: (SiLU, GELU-tanh) x (bf16, e4m3).
-    moe_gate_up: [[Kernel; 2]; 2],
-    moe_down_sum: Kernel,
-    moe_down_sum_e4m3: Kernel,
+    /// The per-slot expert GEMVs, `[one token, several]`.
+    moe_gate_up: [GateUpKernels; 2],
+    moe_down_sum: [DownSumKernels; 2],
     moe_align: Kernel,
     moe_grouped_gate_up_silu: Kernel,
     moe_grouped_gate_up_gelu_tanh: Kernel,
@@ -271,7 +270,6 @@ impl Kernels {
             moe_route: gpu.kernel("moe_route")?,
             moe_gate_up,
             moe_down_sum,
-            moe_down_sum_e4m3: gpu.kernel("moe_down_sum_e4m3")?,
             moe_align: gpu.kernel("moe_align")?,
             moe_grouped_gate_up_silu: gpu.kernel("moe_grouped_gate_up_silu")?,
             moe_grouped_gate_up_silu_e4m3: gpu.kernel("moe_grouped_gate_up_silu_e4m3")?,
@@ -778,9 +776,14 @@ impl MoeGateUp {
             self.width.div_ceil(MOE_WARPS) as u32,
             1,
         );
+        let one = self.tokens == 1;
         let gelu = usize::from(self.activation == Activation::GeluTanh);
-        let kernel = &k.moe_gate_up[gelu][usize::from(self.scales.is_some())];
-        let shared = moe_gate_up_shared_bytes(self.hidden);
+        let kernel = &k.moe_gate_up[usize::from(!one)][gelu][usize::from(self.scales.is_some())];
+        let shared = if one {
+            moe_gate_up_shared_bytes(self.hidden)
+        } else {
+            0
+        };
         gpu.launch(kernel, grid, (32 * MOE_WARPS) as u32, shared, &args)
     }
 }
@@ -825,35 +828,51 @@ impl MoeDownSum {
             self.hidden.div_ceil(MOE_WARPS) as u32,
             1,
         );
-        let (kernel, shared) = match self.scales {
-            Some(_) => (&k.moe_down_sum_e4m3, 0),
-            None => (
-                &k.moe_down_sum,
-                moe_down_shared_bytes(self.top_k, self.width),
-            ),
+        let one = self.tokens == 1;
+        let kernel = &k.moe_down_sum[usize::from(!one)][usize::from(self.scales.is_some())];
+        let shared = if one && self.scales.is_none() {
+            moe_down_shared_bytes(self.top_k, self.width)
+        } else {
+            0
         };
         gpu.launch(kernel, grid, (32 * MOE_WARPS) as u32, shared, &args)
     }
 }
 
-/// Dynamic shared memory of the per-slot gate/up GEMVs: the normed row.
+/// Dynamic shared memory of the one-token gate/up GEMVs: the normed row.
 fn moe_gate_up_shared_bytes(hidden: usize) -> u32 {
     (hidden * 2) as u32
 }
 
-/// Dynamic shared memory of the bf16 per-slot down sum: a token's `top_k`
-/// activation rows of `width`.
+/// Dynamic shared memory of the one-token bf16 down sum: the token's
+/// `top_k` activation rows of `width`.
 fn moe_down_shared_bytes(top_k: usize, width: usize) -> u32 {
     (top_k * width * 2) as u32
 }
 
-/// The per-slot expert GEMVs, allowed the shared memory a MoE `config`'s
-/// shapes need (above the default 48 KiB for wide experts, e.g. Mixtral's
-/// two of 14,336: 56 KiB; the driver refuses more than the device has).
+/// One regime's gate/up GEMVs, `[SiLU, GELU-tanh][bf16, e4m3]`.
+type GateUpKernels = [[Kernel; 2]; 2];
+/// One regime's down sums, `[bf16, e4m3]`.
+type DownSumKernels = [Kernel; 2];
+
+/// The per-slot expert GEMVs (see [`Kernels`]'s fields). The one-token
+/// kernels (`_b1`: inputs staged in shared memory, many loads a lane in
+/// flight) are allowed the shared memory a MoE `config`'s shapes need
+/// (above the default 48 KiB for wide experts, e.g. Mixtral's two of
+/// 14,336: 56 KiB; the driver refuses more than the device has); the
+/// others read their inputs from global memory, which with several tokens'
+/// warps in flight measured faster (moe.cu).
 fn load_moe_gemvs(
     gpu: &Gpu,
     config: &ModelConfig,
-) -> Result<([[Kernel; 2]; 2], Kernel), CudaError> {
+) -> Result<([GateUpKernels; 2], [DownSumKernels; 2]), CudaError> {
+    let (gate_up, down) = match &config.block.moe {
+        Some(moe) => (
+            moe_gate_up_shared_bytes(config.hidden_size),
+            moe_down_shared_bytes(moe.experts_per_token, moe.expert_intermediate_size),
+        ),
+        None => (0, 0),
+    };
     let load = |name: &str, bytes: u32| -> Result<Kernel, CudaError> {
         let kernel = gpu.kernel(name)?;
         if bytes > 48 * 1024 {
@@ -865,25 +884,27 @@ fn load_moe_gemvs(
         }
         Ok(kernel)
     };
-    let (gate_up, down) = match &config.block.moe {
-        Some(moe) => (
-            moe_gate_up_shared_bytes(config.hidden_size),
-            moe_down_shared_bytes(moe.experts_per_token, moe.expert_intermediate_size),
-        ),
-        None => (0, 0),
+    let gate_ups = |suffix: &str, bytes: u32| -> Result<GateUpKernels, CudaError> {
+        Ok([
+            [
+                load(&format!("moe_gate_up_silu{suffix}"), bytes)?,
+                load(&format!("moe_gate_up_silu_e4m3{suffix}"), bytes)?,
+            ],
+            [
+                load(&format!("moe_gate_up_gelu_tanh{suffix}"), bytes)?,
+                load(&format!("moe_gate_up_gelu_tanh_e4m3{suffix}"), bytes)?,
+            ],
+        ])
     };
     Ok((
+        [gate_ups("_b1", gate_up)?, gate_ups("", 0)?],
         [
             [
-                load("moe_gate_up_silu", gate_up)?,
-                load("moe_gate_up_silu_e4m3", gate_up)?,
+                load("moe_down_sum_b1", down)?,
+                load("moe_down_sum_e4m3_b1", 0)?,
             ],
-            [
-                load("moe_gate_up_gelu_tanh", gate_up)?,
-                load("moe_gate_up_gelu_tanh_e4m3", gate_up)?,
-            ],
+            [load("moe_down_sum", 0)?, load("moe_down_sum_e4m3", 0)?],
         ],
-        load("moe_down_sum", down)?,
     ))
 }
 
