@@ -434,6 +434,23 @@ __device__ __forceinline__ void moe_down_chunks(const uint4* w, int my_e, int k,
   }
 }
 
+// One round of an e4m3 down sum: out += slot scale x (16 weights · their
+// activations) for a lane's chunks base + lane + 32 b in flight (every lane
+// calls it: the scales come by shuffle from lane j of slot j).
+__device__ __forceinline__ void moe_e4m3_round(const uint4 (&wv)[MOE_E4M3_BATCH],
+                                               const uint4 (&av)[MOE_E4M3_BATCH][2], float my_scale, int base,
+                                               int total, int n16, int k, bool row, float& out) {
+#pragma unroll
+  for (int b = 0; b < MOE_E4M3_BATCH; ++b) {
+    const int f = base + (int)(threadIdx.x & 31) + 32 * b;
+    const float sc = __shfl_sync(0xffffffffu, my_scale, min(f / n16, k - 1));
+    if (f >= total || !row) continue;
+    float dot = 0.f;
+    dot16_e4m3(wv[b], av[b][0], av[b][1], dot);
+    out = fmaf(sc, dot, out);
+  }
+}
+
 #define MOE_DOWN_GROUP 24
 extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS, 2)
     moe_down_sum_b1(const bf16* __restrict__ act, const bf16* __restrict__ down, const int* __restrict__ ids,
@@ -503,15 +520,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS, 2)
         av[b][1] = a[2 * f + 1];
       }
     }
-#pragma unroll
-    for (int b = 0; b < MOE_E4M3_BATCH; ++b) {
-      const int f = base + lane + 32 * b;
-      const float sc = __shfl_sync(0xffffffffu, my_scale, min(f / n16, k - 1));
-      if (f >= total || r >= hidden) continue;
-      float dot = 0.f;
-      dot16_e4m3(wv[b], av[b][0], av[b][1], dot);
-      out = fmaf(sc, dot, out);
-    }
+    moe_e4m3_round(wv, av, my_scale, base, total, n16, k, r < hidden, out);
     base += 32 * MOE_E4M3_BATCH;
     if (base >= total) break;
     moe_down_chunks(w, my_e, k, hidden, r, n16, base, wv);
@@ -601,15 +610,7 @@ extern "C" __global__ void moe_down_sum_e4m3(const bf16* __restrict__ act, const
         av[b][1] = a[2 * f + 1];
       }
     }
-#pragma unroll
-    for (int b = 0; b < MOE_E4M3_BATCH; ++b) {
-      const int f = base + lane + 32 * b;
-      const float sc = __shfl_sync(0xffffffffu, my_scale, min(f / n16, k - 1));
-      if (f >= total) continue;
-      float dot = 0.f;
-      dot16_e4m3(wv[b], av[b][0], av[b][1], dot);
-      out = fmaf(sc, dot, out);
-    }
+    moe_e4m3_round(wv, av, my_scale, base, total, n16, k, true, out);
   }
   out = warp_sum(out);
   moe_add_residual(out, t, r, hidden, residual, sumsq, next_norm, xg);
