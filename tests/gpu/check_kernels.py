@@ -1253,7 +1253,7 @@ def check_moe_grouped(m, rng):
         gv = np.einsum("sfd,sd->sf", gate[flat], xb[tok])
         uv = np.einsum("sfd,sd->sf", up[flat], xb[tok])
         want_act = (gelu_tanh(gv) if gelu else gv / (1 + np.exp(-gv))) * uv
-        tag = f"T={T}{' gelu' if gelu else ''}{sfx}"
+        tag = f"T={T}{' gelu' if gelu else ''}"
         report(f"moe_grouped_gate_up {tag} (bf16 out)", rel(host(act), want_act), 8e-3)
         per_slot = np.einsum("sdf,sf->sd", down[flat], host(act)) * host(w).reshape(-1)[:, None]
         report(f"moe_grouped_down + weighted_sum {tag}", rel(host(resid), base + per_slot.reshape(T, k, d).sum(1)),
