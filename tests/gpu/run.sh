@@ -272,6 +272,14 @@ eagle_spec() { printf '{"method": "eagle3", "model": "%s", "adaptive": %s, "num_
 # llama-server, on $PORT), prints the seconds until it is ready (ingot's /ready: 200 once the model
 # is in; llama-server's /health), runs the one client (`ingot bench serve`, 64 concurrent, 1024 in
 # / 128 out) and stops it.
+# Batch-1 decode tok/s of BIN on MODEL's dummy weights (`bench latency`, 128 in / 256 out, three
+# iterations; more flags after the model); its JSON line is kept in $O/bench.jsonl.
+b1_tps() {
+  local bin=$1 model=$2; shift 2
+  "$bin" bench latency --model "$model" --load-format dummy --max-model-len 4096 --input-len 128 --output-len 256 \
+    --num-iters 3 --json "$@" | tail -1 | tee -a "$O/bench.jsonl" \
+    | python3 -c "import json, sys; print(json.load(sys.stdin)['decode_tok_s'])" 2>/dev/null
+}
 serve_bench() {
   local label=$1 tok=$2 prompts=$3 seed=$4; shift 4
   local ready=health; [ "$label" = llama ] || ready=ready
@@ -572,13 +580,12 @@ for phase in "$@"; do
       timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only moe | grep -v "^ok" | tail -4
       timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only moe_e4m3 | grep -v "^ok" | tail -4
       python3 tests/gpu/compare_hf.py --ingot "$ING" --tokenizers "$W/tokenizers" --work "$W/hf" --models qwen3moe-2l mixtral-2l
-      M=$(qwen3moe_dir); D="--model $M --load-format dummy --max-model-len 4096"
+      M=$(qwen3moe_dir)
       timeout -k 5 "$T" python3 tests/gpu/compare_fp8.py --ingot "$ING_RAW" --model "$M" --dummy --prompts 3 | tail -4
       timeout -k 5 "$T" python3 tests/gpu/bench_moe.py --cubins "$W" | tail -8
       for round in 1 2; do
         for q in "" "--quantization fp8"; do
-          tps=$("$ING" bench latency $D $q --input-len 128 --output-len 256 --num-iters 3 --json | tee -a "$O/bench.jsonl" \
-            | python3 -c "import json, sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['decode_tok_s'])" 2>/dev/null)
+          tps=$(b1_tps "$ING" "$M" $q)
           echo "moecheck round $round ${q:-bf16}: $tps tok/s"
         done
       done ;;
@@ -590,8 +597,7 @@ for phase in "$@"; do
       for round in 1 2; do
         for q in "" "--quantization fp8"; do
           for bin in "$W/ingot-old" "$ING_RAW"; do
-            tps=$("$bin" bench latency --model "$M" --load-format dummy --max-model-len 4096 $q --input-len 128 --output-len 256 \
-              --num-iters 3 --json | python3 -c "import json, sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['decode_tok_s'])" 2>/dev/null)
+            tps=$(b1_tps "$bin" "$M" $q)
             echo "moeab round $round ${q:-bf16} $(basename "$bin"): $tps tok/s"
           done
         done
@@ -980,8 +986,7 @@ for phase in "$@"; do
       M=$(qwen3moe_dir)
       for round in 1 2; do
         for cv in unset ${CARVE_SET:-0 25 50 100}; do
-          tps=$( ( [ "$cv" = unset ] || export INGOT_CUDA_SMEM_CARVEOUT=$cv; "$ING" bench latency --model "$M" --load-format dummy \
-            --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 --json ) | python3 -c "import json, sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['decode_tok_s'])" 2>/dev/null)
+          tps=$([ "$cv" = unset ] || export INGOT_CUDA_SMEM_CARVEOUT=$cv; b1_tps "$ING" "$M")
           echo "moecarve round $round carveout $cv: $tps tok/s"
         done
       done ;;
@@ -992,8 +997,7 @@ for phase in "$@"; do
       for m in "$(qwen3moe_dir)" "$(llama8b)" "$W/smollm2-dummy"; do
         for round in 1 2; do
           for pdl in true false; do
-            tps=$(INGOT_CUDA_PDL=$pdl "$ING" bench latency --model "$m" --load-format dummy --max-model-len 4096 --input-len 128 \
-              --output-len 256 --num-iters 3 --json | python3 -c "import json, sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['decode_tok_s'])" 2>/dev/null)
+            tps=$(export INGOT_CUDA_PDL=$pdl; b1_tps "$ING" "$m")
             echo "$(basename "$m") round $round pdl $pdl: $tps tok/s"
           done
         done
