@@ -33,8 +33,9 @@
 // each warp sums its squares itself in the one pass over x that also makes
 // its logit; its router row does not depend on the kernel before, so it is
 // loaded before the wait (MOE_ROUTER_PRE chunks a lane: all of a row of up
-// to 2,048; H200, Qwen3-30B-A3B batch 1, 312.0 -> 315.7 tok/s against a
-// block reduction and a second pass after the wait). (Routing here too, by
+// to 2,048; H200, Qwen3-30B-A3B batch 1, 312.0 -> 315.7 tok/s in the
+// experiment build, against a block reduction and a second pass after the
+// wait). (Routing here too, by
 // the last of a token's blocks, measured slower than moe_route after it;
 // and a thread-block cluster whose first block routes the logits gathered
 // in its shared memory measured the same as the two kernels, 316.1.)
@@ -177,10 +178,11 @@ __device__ __forceinline__ float moe_dot8(uint4 a, uint4 b) {
 // after the expert id, then uses them: the loads cannot start before the
 // wait (the id comes from the kernel before), so what matters is how many
 // are in flight. Against x loaded beside the weights, a chunk pair at a
-// time (H200, Qwen3-30B-A3B batch 1): bf16 GROUP 2 at six blocks an SM
-// 329.2 -> 343.9 tok/s (GROUP 4 and 8, fewer blocks: 334.6, 334.9); e4m3
-// (16 weights a chunk) GROUP 4, four blocks an SM, 426.7 -> 439.9. A lane's
-// chunks are summed in ascending order, as before: the same bits.
+// time (H200, Qwen3-30B-A3B batch 1, the experiment build that chose
+// kernels by a switch; docs/perf/moe-cuda.md): bf16 GROUP 2 at six blocks
+// an SM 329.2 -> 343.9 tok/s (GROUP 4 and 8, fewer blocks: 334.6, 334.9);
+// e4m3 (16 weights a chunk) GROUP 4, four blocks an SM, 426.7 -> 439.9. A
+// lane's chunks are summed in ascending order, as before: the same bits.
 // Grid: (tokens * k, ceil(width / MOE_WARPS)); MOE_WARPS warps, a row each.
 // hidden must be a multiple of 8 (16 for e4m3).
 template <bool GELU, bool E4M3, int GROUP>
@@ -270,8 +272,8 @@ MOE_GATE_UP_E4M3(moe_gate_up_gelu_tanh_e4m3_b1, true)
 // hidden must be a multiple of 8.
 template <bool GELU>
 __device__ __forceinline__ void moe_gate_up_rows(const bf16* __restrict__ x, const bf16* __restrict__ gate,
-                                            const bf16* __restrict__ up, const int* __restrict__ ids, int k,
-                                            int hidden, int width, bf16* __restrict__ act) {
+                                                 const bf16* __restrict__ up, const int* __restrict__ ids, int k,
+                                                 int hidden, int width, bf16* __restrict__ act) {
   pdl_begin();
   const int lane = threadIdx.x & 31;
   const int r = blockIdx.y * MOE_WARPS + (threadIdx.x >> 5);
@@ -397,28 +399,6 @@ __device__ __forceinline__ void moe_add_residual(float out, int t, int r, int hi
   }
 }
 
-// One-token steps (the `_b1` kernels; moe_down_sum below for more):
-// residual[t, r] += Σ_j weights[t * k + j] · (down_e[r] · act[t * k + j]),
-// e = ids[t * k + j]: each expert's down projection and the weighted sum,
-// added to the f32 residual stream. The k rows' chunks form one list, slot
-// after slot, and a lane takes every 32nd; it sums its chunks weighted, in
-// slot (ascending expert) order, then the warp sums the lanes: the order is
-// fixed whatever the batch. The slots' experts and weights come from
-// moe_route, two kernels back: it completed before moe_gate_up's wait
-// returned, hence before this kernel's blocks could start, so they are read
-// (from L2) before the wait, and so are a lane's first weight chunks; only
-// the activations come from the kernel before. sumsq, next_norm, xg: see
-// moe_add_residual (null: none).
-// Grid: (tokens, ceil(hidden / MOE_WARPS)); MOE_WARPS warps, a row each.
-// width must be a multiple of 8 (16 for e4m3).
-//
-// bf16: the token's k activation rows are staged in shared memory (k *
-// width bf16, the launch's dynamic shared memory) and a lane loads
-// MOE_DOWN_GROUP weight chunks at once: at batch 1 the kernel's warps are
-// 15.5 an SM, too few to cover DRAM latency with the two or three loads
-// each that registers allowed when the activations were loaded beside the
-// weights (H200, Qwen3-30B-A3B batch 1: in the decode graph the down sum
-// took 11.7 µs a layer for its 25 MB; 316.5 -> 329.2 tok/s).
 // A lane's weight chunks base + lane + 32 b (b < G) of row r of its token's
 // slots' experts, in the down sums' one list of k slots' nc chunks each
 // (slot j's expert by shuffle from lane j): every lane must call it.
@@ -451,11 +431,34 @@ __device__ __forceinline__ void moe_e4m3_round(const uint4 (&wv)[MOE_E4M3_BATCH]
   }
 }
 
+// One-token steps (the `_b1` kernels; moe_down_sum below for more):
+// residual[t, r] += Σ_j weights[t * k + j] · (down_e[r] · act[t * k + j]),
+// e = ids[t * k + j]: each expert's down projection and the weighted sum,
+// added to the f32 residual stream. The k rows' chunks form one list, slot
+// after slot, and a lane takes every 32nd; it sums its chunks weighted, in
+// slot (ascending expert) order, then the warp sums the lanes: the order is
+// fixed whatever the batch. The slots' experts and weights come from
+// moe_route, two kernels back: it completed before moe_gate_up's wait
+// returned, hence before this kernel's blocks could start, so they are read
+// (from L2) before the wait, and so are a lane's first weight chunks; only
+// the activations come from the kernel before. sumsq, next_norm, xg: see
+// moe_add_residual (null: none).
+// Grid: (tokens, ceil(hidden / MOE_WARPS)); MOE_WARPS warps, a row each.
+// width must be a multiple of 8 (16 for e4m3).
+//
+// bf16: the token's k activation rows are staged in shared memory (k *
+// width bf16, the launch's dynamic shared memory) and a lane loads
+// MOE_DOWN_GROUP weight chunks at once: at batch 1 the kernel's warps are
+// 15.5 an SM, too few to cover DRAM latency with the two or three loads
+// each that registers allowed when the activations were loaded beside the
+// weights (H200, Qwen3-30B-A3B batch 1: in the decode graph the down sum
+// took 11.7 µs a layer for its 25 MB; 316.5 -> 329.2 tok/s in the
+// experiment build).
 #define MOE_DOWN_GROUP 24
 extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS, 2)
     moe_down_sum_b1(const bf16* __restrict__ act, const bf16* __restrict__ down, const int* __restrict__ ids,
-                 const float* __restrict__ weights, int k, int hidden, int width, float* __restrict__ residual,
-                 SumSq* sumsq, const float* next_norm, bf16* xg) {
+                    const float* __restrict__ weights, int k, int hidden, int width, float* __restrict__ residual,
+                    SumSq* sumsq, const float* next_norm, bf16* xg) {
   extern __shared__ __align__(16) unsigned char moe_act_smem[];
   uint4* s_act = reinterpret_cast<uint4*>(moe_act_smem);
   const int t = blockIdx.x, lane = threadIdx.x & 31;
@@ -493,9 +496,9 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS, 2)
 // measured slower here, 419.3 against 426.8 tok/s).
 extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS, 2)
     moe_down_sum_e4m3_b1(const bf16* __restrict__ act, const uint8_t* __restrict__ down,
-                      const float* __restrict__ down_scales, const int* __restrict__ ids,
-                      const float* __restrict__ weights, int k, int hidden, int width, float* __restrict__ residual,
-                      SumSq* sumsq, const float* next_norm, bf16* xg) {
+                         const float* __restrict__ down_scales, const int* __restrict__ ids,
+                         const float* __restrict__ weights, int k, int hidden, int width,
+                         float* __restrict__ residual, SumSq* sumsq, const float* next_norm, bf16* xg) {
   const int t = blockIdx.x, lane = threadIdx.x & 31;
   const int r = blockIdx.y * MOE_WARPS + (threadIdx.x >> 5);
   const int my_e = lane < k ? __ldcg(ids + t * k + lane) : 0;
@@ -529,19 +532,11 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS, 2)
   moe_add_residual(out, t, r, hidden, residual, sumsq, next_norm, xg);
 }
 
-// Steps of several tokens: residual[t, r] += Σ_j weights[t * k + j] ·
-// (down_e[r] · act[t * k + j]) as moe_down_sum_b1 above (the same order,
-// the same bits), the activations read from global memory beside the
-// weights and everything after the wait: with several tokens there are
-// warps enough in flight.
-// e = ids[t * k + j]: each expert's down projection and the weighted sum,
-// added to the f32 residual stream. The k rows' chunks form one list, slot
-// after slot, and a lane takes every 32nd: the loads are independent of each
-// other and unrolled, so many are in flight at once (at batch 1 this kernel
-// reads k rows of only `width` each). A lane sums its chunks weighted, in
-// slot (ascending expert) order, then the warp sums the lanes: the order is
-// fixed whatever the batch. sumsq, next_norm, xg: see moe_add_residual
-// (null: none).
+// Steps of several tokens (2 to moe_grouped_min_tokens - 1): the sum of
+// moe_down_sum_b1 above, in the same order (the same bits), with the
+// activations read from global memory beside the weights and everything
+// after the wait: with several tokens there are warps enough in flight.
+// sumsq, next_norm, xg: see moe_add_residual (null: none).
 // Grid: (tokens, ceil(hidden / MOE_WARPS)); MOE_WARPS warps, a row each.
 // width must be a multiple of 8.
 extern "C" __global__ void moe_down_sum(const bf16* __restrict__ act, const bf16* __restrict__ down,
