@@ -783,6 +783,33 @@ def check_gemv(m, rng):
         report(f"{pre} n={n} {inp}->{out} geglu (bf16 out)", rel(host(y), gelu_tanh(gate) * up), 8e-3)
 
 
+def check_gemv_whole4k(m, rng):
+    """Batch 1's whole-row f32 accumulate (rows of 2,049 to 4,096 inputs loaded whole before the wait,
+    x in shared memory) against float64 and bit for bit against the plain kernel (same order of sums):
+    the MoE o_proj's shape, a row shorter than a lane's 16 loads, and rows past the last warp."""
+    for inp, out in ((4096, 2048), (2056, 300), (3000, 1001)):
+        x = bf(rnd(rng, 1, inp))
+        w = bf(rnd(rng, out, inp, scale=0.05))
+        want = x @ w.T
+        xd, wd = dev(x, torch.bfloat16), dev(w, torch.bfloat16)
+        base = rnd(rng, 1, out).astype(np.float32).astype(np.float64)
+        g = (1 + 0.2 * rnd(rng, out)).astype(np.float32).astype(np.float64)
+        ys = []
+        for name in ("gemv_whole4k_n1_add_f32", "gemv_n1_add_f32"):
+            y, ssb = dev(base, torch.float32), sumsq_buffer()
+            xg = torch.empty(1, out, dtype=torch.bfloat16, device="cuda")
+            launch(m.fn(name), (math.ceil(out / 8),), 256, [ptr(xd), ptr(wd), ptr(y), i32(inp), i32(out), ptr(ssb),
+                                                            ptr(dev(g, torch.float32)), ptr(xg)])
+            ys.append((host(y), host(xg), sumsq_rows(ssb, 1)[0]))
+        (y, xg, sq), (y0, xg0, sq0) = ys
+        tag = f"gemv_whole4k {inp}->{out}"
+        report(f"{tag} f32 accumulate", rel(y, base + want), 1e-5)
+        report(f"{tag} pre-scaled bf16 copy", rel(xg, (base + want) * g), 4e-3)
+        report(f"{tag} sums of squares", rel(sq, ((base + want) ** 2).sum(-1)), 1e-5)
+        report(f"{tag} bit for bit the plain kernel (y, xg, sums of squares)",
+               float(np.abs(y - y0).max() + np.abs(xg - xg0).max() + np.abs(sq - sq0).max()), 1e-30)
+
+
 def check_gemv_tc(m, rng):
     """The tensor-core GEMVs of 2-8 rows (cuda.tc_gemv_min_rows): bf16 and f32 out and f32 accumulate against
     float64, on 8B-like widths; blocks of 16 outputs, chunks of 32 inputs split over 8 warps (a width
@@ -1322,6 +1349,7 @@ CHECKS = [
     ("rope", "rope", check_rope),
     ("attention", "attention", check_attention),
     ("gemv", "gemv", check_gemv),
+    ("gemv_whole4k", "gemv", check_gemv_whole4k),
     ("gemv_tc", "gemv_tc", check_gemv_tc),
     ("qkv_rope", "gemv", check_qkv_rope),
     ("fused_norm", "gemv", check_fused_norm),

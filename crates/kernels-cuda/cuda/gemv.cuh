@@ -585,9 +585,9 @@ struct NormParts {
 // at once. x was just written by the previous kernel, so each read of it
 // is an L2 round trip: the dot products otherwise wait for one per batch
 // of weight vectors (a row of 576 inputs is three), now for one in all.
-template <int N>
+template <int N, int XIN = SHORT_ROW_INPUTS>
 struct StagedX {
-  static constexpr int PER_THREAD = N * SHORT_ROW_INPUTS / 8 / (GEMV_WARPS * 32);
+  static constexpr int PER_THREAD = N * XIN / 8 / (GEMV_WARPS * 32);
   uint4 held[PER_THREAD];
   // Issues this thread's loads (call right after the PDL wait).
   __device__ __forceinline__ void load(const uint4* xr, int vecs) {
@@ -616,7 +616,8 @@ struct StagedX {
 // rows is at most WHOLE loads each, all of them (the rest of the kernel is
 // then only the dot products on the input). The sums are the same either
 // way: every lane adds its vectors in the same order.
-template <int N, int ROWS, bool NORM = false, typename W = Bf16W, int U = GEMV_UNROLL, int WHOLE = 0>
+template <int N, int ROWS, bool NORM = false, typename W = Bf16W, int U = GEMV_UNROLL, int WHOLE = 0,
+          int XIN = SHORT_ROW_INPUTS>
 __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const typename W::T* __restrict__ w, int in,
                                           size_t total_rows, const size_t (&rows)[ROWS], float (&acc)[ROWS][N],
                                           NormIn norm = {}, int v0 = 0, int v1 = -1) {
@@ -643,7 +644,7 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)
     sr[r] = W::SCALE == WScale::Block32 ? scales_after<__half>(w, total_rows, in) + rows[r] * (in / 32) : nullptr;
-  __shared__ uint4 s_x[SHARED_X ? N * SHORT_ROW_INPUTS / 8 : 1];
+  __shared__ uint4 s_x[SHARED_X ? N * XIN / 8 : 1];
   const uint4* xd = SHARED_X ? s_x : xr;
   // After the weights' first loads: wait for the previous kernel, then
   // what depends on it (the staged x, the norm's scales).
@@ -651,7 +652,7 @@ __device__ __forceinline__ void gemv_rows(const bf16* __restrict__ x, const type
     pdl_wait();
     pdl_launch_dependents();
     if constexpr (SHARED_X) {
-      StagedX<N> staged;
+      StagedX<N, XIN> staged;
       staged.load(xr, N * xvecs);
       if (NORM) parts.load(norm);
       staged.store(s_x, N * xvecs);
@@ -752,7 +753,8 @@ __host__ __device__ constexpr int plain_rows() {
 // MODE 0: bf16 out, 1: f32 out, 2: f32 accumulate (and, with sumsq, the
 // updated rows' sums of squares for the next fused RMSNorm; with next_norm,
 // also xg = bf16(y ⊙ next_norm), that norm's pre-scaled input).
-template <int N, int MODE, bool NORM = false, typename W = Bf16W, int U = W::ROW_UNROLL, int WHOLE = 0>
+template <int N, int MODE, bool NORM = false, typename W = Bf16W, int U = W::ROW_UNROLL, int WHOLE = 0,
+          int XIN = SHORT_ROW_INPUTS>
 __device__ __forceinline__ void gemv_plain(const bf16* x, const typename W::T* w, void* y, int in, int out, SumSq* sumsq,
                                            const float* next_norm, bf16* xg, NormIn norm = {}) {
   constexpr int R = plain_rows<W, N>();
@@ -761,7 +763,7 @@ __device__ __forceinline__ void gemv_plain(const bf16* x, const typename W::T* w
 #pragma unroll
   for (int r = 0; r < R; ++r) rows[r] = (size_t)min(first + r, out - 1);
   float acc[R][N];
-  gemv_rows<N, R, NORM, W, U, WHOLE>(x, w, in, out, rows, acc, norm);
+  gemv_rows<N, R, NORM, W, U, WHOLE, XIN>(x, w, in, out, rows, acc, norm);
   const bool writer = (threadIdx.x & 31) == 0;
   float sq[N];
 #pragma unroll

@@ -46,6 +46,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use cudarc::cublaslt::{result, sys};
+use cudarc::driver::sys::CUdevice_attribute;
 
 use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel};
 use crate::weights::scales_offset;
@@ -149,6 +150,12 @@ pub struct Gemm {
     /// models: whole rows loaded before the PDL wait, x staged in shared
     /// memory), n = 1..=8.
     gemv_short: Vec<[Kernel; 10]>,
+    /// Batch-1 f32 accumulate of bf16 rows of up to [`gemv::WHOLE_ROW_INPUTS`],
+    /// whole rows loaded before the PDL wait, for matrices of few rows
+    /// ([`Gemm::whole_row_fits`]).
+    gemv_whole4k: Kernel,
+    /// The device's SMs (how many rows a warp each fill it).
+    num_sms: usize,
     /// `[tokens - 2]`: the tensor-core GEMVs of 2-8 rows (bf16, f32, f32
     /// accumulate), taken from [`Gemm::tc_min_rows`] rows.
     gemv_tc: Vec<[Kernel; 3]>,
@@ -188,6 +195,11 @@ impl Gemm {
             plans: RefCell::new(HashMap::new()),
             gemv: gemv_table(gpu, "gemv")?,
             gemv_short: gemv_table(gpu, "gemv_short")?,
+            gemv_whole4k: gpu.kernel("gemv_whole4k_n1_add_f32")?,
+            num_sms: gpu
+                .ctx
+                .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+                as usize,
             gemv_tc: gemv_tc_table(gpu)?,
             tc_min_rows: 0,
             tune: false,
