@@ -73,11 +73,15 @@
 #             the CPU backend vs transformers (compare_hf.py on
 #             qwen3moe-2l and mixtral-2l), then the Qwen3-30B-A3B-shaped dummy: batch 1 (graphs and
 #             eager), its eager per-step profile (attention, routing, experts), 16 x (128 in, 64 out)
-#   moecheck  after a MoE kernel change, in one call: the moe and moe_e4m3 kernel checks, CUDA vs
-#             transformers (qwen3moe-2l, mixtral-2l), FP8 vs BF16 on the dummy, bench_moe.py, batch 1
-#             bf16 / FP8 alternated twice
+#   moecheck  after a MoE kernel change, in one call: the moe, moe_e4m3 and gemv_whole4k kernel checks,
+#             CUDA vs transformers (qwen3moe-2l, mixtral-2l), FP8 vs BF16 on the dummy, bench_moe.py,
+#             batch 1 bf16 / FP8 alternated twice
+#   moebound  the machine's read bandwidth (torch.sum), then batch 1 of the Qwen3-30B-A3B dummy, bf16
+#             and FP8, the previous build (when carried) and this one alternated three times, and
+#             this one with cuda.l2_prefetch = 0
 #   moeab     the previous build (carried as ingot-old.gz in a call of its own) against this one:
-#             the Qwen3-30B-A3B dummy's batch 1, bf16 and FP8, alternated twice
+#             greedy ids and logprobs of both (compare_decode), then the Qwen3-30B-A3B dummy's batch 1,
+#             bf16 and FP8, alternated twice
 #   moegrp    the grouped expert GEMMs (cuda.moe_grouped_min_tokens): their kernel checks, the GEMV /
 #             grouped crossover (bench_moe.py), CUDA vs transformers with every step grouped
 #   moegrpbench the Qwen3-30B-A3B dummy, GEMVs only and grouped from 48 tokens: a 1,024-token prefill's
@@ -579,6 +583,7 @@ for phase in "$@"; do
       # GEMVs alone (bench_moe.py), then batch 1 in bf16 and FP8 alternated twice.
       timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only moe | grep -v "^ok" | tail -4
       timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only moe_e4m3 | grep -v "^ok" | tail -4
+      timeout -k 5 "$T" python3 tests/gpu/check_kernels.py --cubins "$W" --only gemv_whole4k | grep -v "^ok" | tail -4
       python3 tests/gpu/compare_hf.py --ingot "$ING" --tokenizers "$W/tokenizers" --work "$W/hf" --models qwen3moe-2l mixtral-2l
       M=$(qwen3moe_dir)
       timeout -k 5 "$T" python3 tests/gpu/compare_fp8.py --ingot "$ING_RAW" --model "$M" --dummy --prompts 3 | tail -4
@@ -594,12 +599,48 @@ for phase in "$@"; do
       # Qwen3-30B-A3B dummy's batch 1, bf16 and FP8, alternated twice.
       [ -x "$W/ingot-old" ] || { echo "no previous build carried"; continue; }
       M=$(qwen3moe_dir)
+      for q in "" "--quantization fp8"; do
+        echo "compare_decode ${q:-bf16}: previous build vs this one"
+        timeout -k 5 300 python3 tests/gpu/compare_decode.py --a "$W/ingot-old" --b "$ING_RAW" --model "$M" --dummy \
+          --tokens 32 --prompts 2 -- $q | tail -1
+      done
       for round in 1 2; do
         for q in "" "--quantization fp8"; do
           for bin in "$W/ingot-old" "$ING_RAW"; do
             tps=$(b1_tps "$bin" "$M" $q)
             echo "moeab round $round ${q:-bf16} $(basename "$bin"): $tps tok/s"
           done
+        done
+      done ;;
+    moebound)
+      # Issue 32's batch-1 bound on this machine: its read bandwidth (torch.sum over 8 GiB of f32, best
+      # of 6), then the Qwen3-30B-A3B dummy's batch 1 (bf16, then FP8) with the previous build
+      # ($W/ingot-old, when carried) and this one alternated three times, and this one without the
+      # o_proj L2 prefetch (cuda.l2_prefetch = 0).
+      python3 - <<'PY' | tee -a "$O/readbw.txt"
+import time
+
+import torch
+
+x = torch.ones(2 << 30, dtype=torch.float32, device="cuda")
+best = 1e9
+for _ in range(6):
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    x.sum().item()
+    best = min(best, time.perf_counter() - t)
+gbs = x.numel() * 4 / best / 1e9
+print(f"read bandwidth (torch.sum, 8 GiB of f32, best of 6): {gbs:.0f} GB/s; "
+      f"Qwen3-30B-A3B bf16 batch-1 bound (6.08 GB a token) {gbs / 6.08:.1f} tok/s")
+PY
+      M=$(qwen3moe_dir)
+      bins=("$ING_RAW"); [ -x "$W/ingot-old" ] && bins=("$W/ingot-old" "$ING_RAW")
+      for round in 1 2 3; do
+        for q in "" "--quantization fp8"; do
+          for bin in "${bins[@]}"; do
+            echo "moebound round $round ${q:-bf16} $(basename "$bin"): $(b1_tps "$bin" "$M" $q) tok/s"
+          done
+          echo "moebound round $round ${q:-bf16} ingot l2_prefetch=0: $(INGOT_CUDA_L2_PREFETCH=0 b1_tps "$ING" "$M" $q) tok/s"
         done
       done ;;
     moegrp)
