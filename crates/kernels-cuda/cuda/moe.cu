@@ -181,7 +181,10 @@ __device__ __forceinline__ float moe_dot8(uint4 a, uint4 b) {
 // time (H200, Qwen3-30B-A3B batch 1, the experiment build that chose
 // kernels by a switch; docs/perf/moe-cuda.md): bf16 GROUP 2 at six blocks
 // an SM 329.2 -> 343.9 tok/s (GROUP 4 and 8, fewer blocks: 334.6, 334.9);
-// e4m3 (16 weights a chunk) GROUP 4, four blocks an SM, 426.7 -> 439.9. A
+// e4m3 (16 weights a chunk) GROUP 4, four blocks an SM, 426.7 -> 439.9;
+// with streaming loads (below) GROUP 2 at six blocks, as bf16, 454.9 ->
+// 464.0 (GROUP 8 at two: 442.3; bf16 GROUP 1 at eight blocks 357.8, 2 at
+// eight 355.3, 2 at four 354.6, 4 at four 347.1, against 358.8). A
 // lane's chunks are summed in ascending order, as before: the same bits.
 // Grid: (tokens * k, ceil(width / MOE_WARPS)); MOE_WARPS warps, a row each.
 // hidden must be a multiple of 8 (16 for e4m3).
@@ -253,10 +256,10 @@ __device__ __forceinline__ void moe_gate_up(const bf16* __restrict__ x, const vo
     moe_gate_up<GELU, false, 2>(x, gate, up, nullptr, nullptr, ids, k, hidden, width, act);                     \
   }
 #define MOE_GATE_UP_E4M3(NAME, GELU)                                                                               \
-  extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS, 4)                                               \
+  extern "C" __global__ void __launch_bounds__(32 * MOE_WARPS, 6)                                               \
       NAME(const bf16* x, const uint8_t* gate, const uint8_t* up, const float* gate_scales,                     \
            const float* up_scales, const int* ids, int k, int hidden, int width, bf16* act) {                   \
-    moe_gate_up<GELU, true, 4>(x, gate, up, gate_scales, up_scales, ids, k, hidden, width, act);                \
+    moe_gate_up<GELU, true, 2>(x, gate, up, gate_scales, up_scales, ids, k, hidden, width, act);                \
   }
 MOE_GATE_UP_BF16(moe_gate_up_silu_b1, false)
 MOE_GATE_UP_BF16(moe_gate_up_gelu_tanh_b1, true)

@@ -111,11 +111,13 @@ impl Gemm {
         !self.deterministic && gemv_fits(tokens, inputs, align) && kq_sums_fit
     }
 
-    /// Whether a batch-1 bf16 product of `inputs` to `outputs` takes the
-    /// whole-row kernel: rows longer than the short kernels', at most
-    /// [`WHOLE_ROW_INPUTS`], and too few of them to fill the SMs.
-    fn whole_row_fits(&self, tokens: usize, inputs: usize, outputs: usize, w: DevPtr) -> bool {
-        tokens == 1
+    /// Whether a batch-1 bf16 f32-accumulate product of `inputs` to
+    /// `outputs` (o_proj into the residual) takes the whole-row kernel: rows
+    /// longer than the short kernels', at most [`WHOLE_ROW_INPUTS`], and too
+    /// few of them to fill the SMs.
+    pub fn whole_row_fits(&self, tokens: usize, inputs: usize, outputs: usize, w: DevPtr) -> bool {
+        self.gemv_fits(tokens, inputs, w)
+            && tokens == 1
             && (SHORT_ROW_INPUTS + 1..=WHOLE_ROW_INPUTS).contains(&inputs)
             && outputs <= WHOLE_ROW_MAX_ROWS_PER_SM * self.num_sms
             && self.fp8_of(w).is_none()
