@@ -95,6 +95,14 @@ impl Gpu {
         self.carveout = percent;
     }
 
+    /// The device's streaming multiprocessors.
+    pub fn num_sms(&self) -> Result<usize, CudaError> {
+        let n = self
+            .ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        Ok(n as usize)
+    }
+
     /// A kernel by name from any loaded module.
     pub fn kernel(&self, name: &str) -> Result<Kernel, CudaError> {
         for (_, m) in &self.modules {

@@ -6,7 +6,6 @@
 //! gives the same bits as the unfused kernels; `cuda.fused_block` turns it
 //! off.
 
-use cudarc::driver::sys::CUdevice_attribute;
 use ingot_arch::Activation;
 use ingot_models::ModelConfig;
 
@@ -42,10 +41,7 @@ impl FusedBlocks {
         if !enabled || !fits(config) {
             return Ok(None);
         }
-        let sms = gpu
-            .ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
-            as usize;
+        let sms = gpu.num_sms()?;
         let load = |name: String| -> Result<(Kernel, usize), CudaError> {
             let k = gpu.kernel(&name)?;
             let resident = k.max_resident_blocks(BLOCK_THREADS)? * sms;

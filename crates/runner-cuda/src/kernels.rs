@@ -283,10 +283,7 @@ impl Kernels {
             tc_decode_min_rows,
             combine: gpu.kernel("attention_combine")?,
             prefill_attention,
-            num_sms: gpu
-                .ctx
-                .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
-                as usize,
+            num_sms: gpu.num_sms()?,
             l2_prefetch: L2Prefetch::new(
                 gpu.ctx
                     .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?

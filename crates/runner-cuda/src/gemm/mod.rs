@@ -46,7 +46,6 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use cudarc::cublaslt::{result, sys};
-use cudarc::driver::sys::CUdevice_attribute;
 
 use crate::device::{Arena, Arg, DevPtr, Gpu, Kernel};
 use crate::weights::scales_offset;
@@ -154,7 +153,7 @@ pub struct Gemm {
     /// whole rows loaded before the PDL wait, for matrices of few rows
     /// ([`Gemm::whole_row_fits`]).
     gemv_whole4k: Kernel,
-    /// The device's SMs (how many rows a warp each fill it).
+    /// The device's SM count (which matrices take the whole-row GEMV).
     num_sms: usize,
     /// `[tokens - 2]`: the tensor-core GEMVs of 2-8 rows (bf16, f32, f32
     /// accumulate), taken from [`Gemm::tc_min_rows`] rows.
@@ -196,10 +195,7 @@ impl Gemm {
             gemv: gemv_table(gpu, "gemv")?,
             gemv_short: gemv_table(gpu, "gemv_short")?,
             gemv_whole4k: gpu.kernel("gemv_whole4k_n1_add_f32")?,
-            num_sms: gpu
-                .ctx
-                .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
-                as usize,
+            num_sms: gpu.num_sms()?,
             gemv_tc: gemv_tc_table(gpu)?,
             tc_min_rows: 0,
             tune: false,
