@@ -96,6 +96,15 @@ pub(super) const WHOLE_ROW_INPUTS: usize = 16 * 8 * 32;
 /// 1.7 % end to end; a dense 8B's of 4,096 lost 0.6 %).
 const WHOLE_ROW_MAX_ROWS_PER_SM: usize = 16;
 
+/// The whole-row GEMV's shapes: one token, rows longer than the short
+/// kernels' and at most [`WHOLE_ROW_INPUTS`], too few of them to fill
+/// `num_sms` SMs with warps.
+fn whole_row_shape(tokens: usize, inputs: usize, outputs: usize, num_sms: usize) -> bool {
+    tokens == 1
+        && (SHORT_ROW_INPUTS + 1..=WHOLE_ROW_INPUTS).contains(&inputs)
+        && outputs <= WHOLE_ROW_MAX_ROWS_PER_SM * num_sms
+}
+
 impl Gemm {
     /// Whether the GEMV kernels take this product (never in deterministic
     /// mode: their per-row reduction order is not cuBLASLt's).
@@ -111,15 +120,12 @@ impl Gemm {
         !self.deterministic && gemv_fits(tokens, inputs, align) && kq_sums_fit
     }
 
-    /// Whether a batch-1 bf16 f32-accumulate product of `inputs` to
-    /// `outputs` (o_proj into the residual) takes the whole-row kernel: rows
-    /// longer than the short kernels', at most [`WHOLE_ROW_INPUTS`], and too
-    /// few of them to fill the SMs.
+    /// Whether a bf16 f32-accumulate product of `inputs` to `outputs` at
+    /// `tokens` rows (o_proj into the residual) takes the whole-row kernel
+    /// ([`whole_row_shape`]).
     pub fn whole_row_fits(&self, tokens: usize, inputs: usize, outputs: usize, w: DevPtr) -> bool {
         self.gemv_fits(tokens, inputs, w)
-            && tokens == 1
-            && (SHORT_ROW_INPUTS + 1..=WHOLE_ROW_INPUTS).contains(&inputs)
-            && outputs <= WHOLE_ROW_MAX_ROWS_PER_SM * self.num_sms
+            && whole_row_shape(tokens, inputs, outputs, self.num_sms)
             && self.fp8_of(w).is_none()
             && self.blocks_of(w).is_none()
             && self.kq_bytes(w).is_none()
@@ -355,6 +361,26 @@ impl Gemm {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn whole_rows_take_few_long_rows_at_one_token() {
+        let h200 = 132;
+        for (tokens, inputs, outputs, takes, what) in [
+            (1, 4096, 2048, true, "Qwen3-30B-A3B's o_proj"),
+            (1, 4096, 4096, false, "a dense 8B's o_proj: rows enough"),
+            (2, 4096, 2048, false, "two tokens"),
+            (1, 2048, 2048, false, "a short row (gemv_short's)"),
+            (1, 4104, 2048, false, "a row past 4,096 inputs"),
+            (1, 2056, 2112, true, "16 rows a SM"),
+            (1, 2056, 2113, false, "one row more"),
+        ] {
+            assert_eq!(
+                super::whole_row_shape(tokens, inputs, outputs, h200),
+                takes,
+                "{what}"
+            );
+        }
+    }
+
     #[test]
     fn gemv_blocks_cover_every_output_with_no_spare_block() {
         for (outputs, rows_a_warp, blocks) in [
