@@ -663,13 +663,12 @@ impl<'a, 'm> CudaOps<'a, 'm> {
         // a whole-row GEMV issues all of them before its wait already (a
         // prefetch then only doubles the traffic: Qwen3-30B-A3B batch 1,
         // H200, 358.8 -> 359.5 tok/s without it).
-        let whole_rows = o_adds
-            && self
-                .m
-                .gemm
-                .whole_row_fits(plan.tokens, c.q_dim(), c.hidden_size, o_proj);
-        let o_bytes = if plan.decode_tokens > 0 && plan.tokens <= GEMV_MAX_TOKENS && !whole_rows {
-            self.m.gemm.weight_bytes(o_proj, c.hidden_size, c.q_dim())
+        let gemm = self.m.gemm;
+        let streams = plan.decode_tokens > 0 && plan.tokens <= GEMV_MAX_TOKENS;
+        let o_bytes = if streams
+            && !(o_adds && gemm.whole_row_fits(plan.tokens, c.q_dim(), c.hidden_size, o_proj))
+        {
+            gemm.weight_bytes(o_proj, c.hidden_size, c.q_dim())
         } else {
             0
         };

@@ -124,8 +124,8 @@ impl Gemm {
     /// `tokens` rows (o_proj into the residual) takes the whole-row kernel
     /// ([`whole_row_shape`]).
     pub fn whole_row_fits(&self, tokens: usize, inputs: usize, outputs: usize, w: DevPtr) -> bool {
-        self.gemv_fits(tokens, inputs, w)
-            && whole_row_shape(tokens, inputs, outputs, self.num_sms)
+        whole_row_shape(tokens, inputs, outputs, self.num_sms)
+            && self.gemv_fits(tokens, inputs, w)
             && self.fp8_of(w).is_none()
             && self.blocks_of(w).is_none()
             && self.kq_bytes(w).is_none()
